@@ -1,0 +1,147 @@
+//! Assembles a running bridge from a `Config`: store, core, admin listener, endpoints; and
+//! takes it down again. Shutdown is one broadcast (a `CancellationToken`) that every
+//! listener and session watches; the store is closed last, after queued writes commit.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::{self, Readiness};
+use crate::config::Config;
+use crate::core::Core;
+use crate::protocols::{self, StartError};
+use crate::store::Store;
+use crate::telemetry;
+
+pub struct Bridge {
+    core: Arc<Core>,
+    admin: Option<SocketAddr>,
+    listeners: Vec<(&'static str, &'static str, SocketAddr)>,
+    tasks: Vec<JoinHandle<()>>,
+    shutdown: CancellationToken,
+}
+
+impl Bridge {
+    /// Starts everything the config asks for. Every listener is bound when this returns.
+    pub async fn start(config: Config) -> Result<Bridge, StartError> {
+        let metrics = telemetry::install();
+        let store = Store::open(&config.bridge.data_dir)
+            .await
+            .map_err(|e| StartError::new("store", e))?;
+        let core = Core::new(store.clone(), &config.routing);
+        let shutdown = CancellationToken::new();
+        let readiness = Readiness::default();
+        let mut tasks = Vec::new();
+        let mut listeners = Vec::new();
+
+        let admin = match &config.admin {
+            Some(section) => {
+                let listener = protocols::bind("admin", section.listen).await?;
+                let addr = listener
+                    .local_addr()
+                    .map_err(|e| StartError::new("admin", e))?;
+                tasks.push(protocols::serve(
+                    "admin",
+                    listener,
+                    admin::router(metrics, readiness.clone()),
+                    shutdown.clone(),
+                ));
+                listeners.push(("admin", "http", addr));
+                Some(addr)
+            }
+            None => None,
+        };
+
+        let endpoints = match protocols::start_all(&config, &core, &shutdown).await {
+            Ok(endpoints) => endpoints,
+            Err(e) => {
+                shutdown.cancel();
+                for task in tasks {
+                    let _ = task.await;
+                }
+                store.close().await;
+                return Err(e);
+            }
+        };
+        for endpoint in endpoints {
+            for (role, addr) in endpoint.listeners {
+                listeners.push((endpoint.name, role, addr));
+            }
+            tasks.extend(endpoint.tasks);
+        }
+        for (endpoint, role, addr) in &listeners {
+            tracing::info!(endpoint = %endpoint, role = %role, addr = %addr, "listening");
+        }
+        readiness.set_ready();
+        Ok(Bridge {
+            core,
+            admin,
+            listeners,
+            tasks,
+            shutdown,
+        })
+    }
+
+    /// The first address `endpoint` listens on.
+    pub fn addr(&self, endpoint: &str) -> Option<SocketAddr> {
+        self.listeners
+            .iter()
+            .find(|(name, _, _)| *name == endpoint)
+            .map(|(_, _, addr)| *addr)
+    }
+
+    /// Every listener, as (endpoint, role, address).
+    pub fn listeners(&self) -> &[(&'static str, &'static str, SocketAddr)] {
+        &self.listeners
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin
+    }
+
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    /// Stops listening, closes every connection, and closes the store once its queued
+    /// writes are committed.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        self.core.store.close().await;
+    }
+
+    /// Runs until SIGINT or SIGTERM, then shuts down.
+    pub async fn run_until_signal(self) {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        self.shutdown().await;
+    }
+}
+
+async fn wait_for_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}

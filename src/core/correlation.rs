@@ -1,0 +1,140 @@
+//! Message id → conversation links, and derived ids ↔ original ids.
+//!
+//! The index is a bounded in-memory cache of recent messages; `Core` falls back to the
+//! store for older ones, so it never needs to hold the whole history.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use uuid::Uuid;
+
+/// Namespace of every UUIDv5 the bridge derives. Fixed forever: derived ids must be stable
+/// across restarts and versions.
+pub const DERIVED_ID_NAMESPACE: Uuid = Uuid::from_u128(0x6a1f_5c0e_9d2b_4e71_a3c8_52f0_0b7e_d41c);
+
+/// A stable UUID for `original` in the given id space (`"message"`, `"agent"`, …).
+pub fn derived_uuid(space: &str, original: &str) -> Uuid {
+    let mut name = Vec::with_capacity(space.len() + 1 + original.len());
+    name.extend_from_slice(space.as_bytes());
+    name.push(b':');
+    name.extend_from_slice(original.as_bytes());
+    Uuid::new_v5(&DERIVED_ID_NAMESPACE, &name)
+}
+
+/// What the index knows about one message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub reply_to: Option<String>,
+    /// The id of the conversation's first message.
+    pub root: String,
+}
+
+pub struct CorrelationIndex {
+    capacity: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    links: HashMap<String, Link>,
+    order: VecDeque<String>,
+    /// derived id → original id.
+    originals: HashMap<String, String>,
+    derived_order: VecDeque<String>,
+}
+
+impl CorrelationIndex {
+    pub fn new(capacity: usize) -> Self {
+        CorrelationIndex {
+            capacity: capacity.max(1),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Records a message's place in its conversation.
+    pub fn record(&self, id: &str, reply_to: Option<&str>, correlation_id: Option<&str>) {
+        let link = Link {
+            reply_to: reply_to.map(str::to_owned),
+            root: correlation_id.unwrap_or(id).to_owned(),
+        };
+        let mut state = self.lock();
+        if state.links.insert(id.to_owned(), link).is_none() {
+            state.order.push_back(id.to_owned());
+        }
+        while state.order.len() > self.capacity {
+            if let Some(old) = state.order.pop_front() {
+                state.links.remove(&old);
+            }
+        }
+    }
+
+    pub fn link(&self, id: &str) -> Option<Link> {
+        self.lock().links.get(id).cloned()
+    }
+
+    /// Records that `derived` stands for `original` in a protocol that needs another id form.
+    pub fn record_derived(&self, derived: &str, original: &str) {
+        let mut state = self.lock();
+        if state
+            .originals
+            .insert(derived.to_owned(), original.to_owned())
+            .is_none()
+        {
+            state.derived_order.push_back(derived.to_owned());
+        }
+        while state.derived_order.len() > self.capacity {
+            if let Some(old) = state.derived_order.pop_front() {
+                state.originals.remove(&old);
+            }
+        }
+    }
+
+    pub fn original_of(&self, derived: &str) -> Option<String> {
+        self.lock().originals.get(derived).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roots_follow_the_first_message() {
+        let index = CorrelationIndex::new(10);
+        index.record("a", None, None);
+        index.record("b", Some("a"), Some("a"));
+        assert_eq!(index.link("a").unwrap().root, "a");
+        assert_eq!(
+            index.link("b").unwrap(),
+            Link {
+                reply_to: Some("a".into()),
+                root: "a".into()
+            }
+        );
+    }
+
+    #[test]
+    fn the_cache_is_bounded() {
+        let index = CorrelationIndex::new(2);
+        for id in ["a", "b", "c"] {
+            index.record(id, None, None);
+            index.record_derived(&format!("d-{id}"), id);
+        }
+        assert!(index.link("a").is_none());
+        assert!(index.link("c").is_some());
+        assert!(index.original_of("d-a").is_none());
+        assert_eq!(index.original_of("d-c").as_deref(), Some("c"));
+    }
+
+    #[test]
+    fn derived_uuids_are_stable_and_spaced() {
+        let a = derived_uuid("message", "msg-1");
+        assert_eq!(a, derived_uuid("message", "msg-1"));
+        assert_ne!(a, derived_uuid("agent", "msg-1"));
+        assert_eq!(a.get_version_num(), 5);
+    }
+}

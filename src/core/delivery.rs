@@ -1,0 +1,107 @@
+//! One accepted message on its way to its recipients.
+//!
+//! Fan-out shares a single `Arc<Delivery>` between every recipient's mailbox. The first
+//! recipient of a protocol to write it encodes the native frame and leaves it in the
+//! delivery's cache; every other recipient of that protocol reuses it, so a message is
+//! encoded once per protocol, not once per recipient.
+
+use std::any::Any;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::envelope::{Envelope, Protocol};
+
+type Encoded = Arc<dyn Any + Send + Sync>;
+
+pub struct Delivery {
+    pub envelope: Envelope,
+    /// When the bridge accepted the message; `route_duration_seconds` is measured from here.
+    pub accepted_at: Instant,
+    /// When an undelivered copy of it must be dropped (from the envelope's ttl).
+    pub expires_at: Option<Instant>,
+    encoded: Mutex<Vec<(Protocol, Encoded)>>,
+}
+
+impl Delivery {
+    pub fn new(envelope: Envelope) -> Self {
+        let accepted_at = Instant::now();
+        let expires_at = envelope
+            .ttl_secs
+            .map(|secs| accepted_at + std::time::Duration::from_secs(secs));
+        Delivery {
+            envelope,
+            accepted_at,
+            expires_at,
+            encoded: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn is_expired(&self, now: Instant) -> bool {
+        self.expires_at.is_some_and(|at| now >= at)
+    }
+
+    /// The message encoded for `protocol`, computed by `encode` on first use.
+    ///
+    /// The lock is not held while encoding: two recipients racing may both encode, and the
+    /// first result is kept; that is cheaper than making every reader wait.
+    pub fn encoded<T, F>(&self, protocol: Protocol, encode: F) -> T
+    where
+        T: Clone + Send + Sync + 'static,
+        F: FnOnce(&Envelope) -> T,
+    {
+        if let Some(hit) = self.cached::<T>(protocol) {
+            return hit;
+        }
+        let fresh = encode(&self.envelope);
+        let mut cache = self.encoded.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, existing)) = cache.iter().find(|(p, _)| *p == protocol)
+            && let Some(value) = existing.downcast_ref::<T>()
+        {
+            return value.clone();
+        }
+        cache.push((protocol, Arc::new(fresh.clone())));
+        fresh
+    }
+
+    fn cached<T: Clone + 'static>(&self, protocol: Protocol) -> Option<T> {
+        let cache = self.encoded.lock().unwrap_or_else(|e| e.into_inner());
+        cache
+            .iter()
+            .find(|(p, _)| *p == protocol)
+            .and_then(|(_, v)| v.downcast_ref::<T>().cloned())
+    }
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("id", &self.envelope.id)
+            .field("kind", &self.envelope.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::envelope::Kind;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn encodes_once_per_protocol() {
+        let delivery = Delivery::new(Envelope::new("test", "a", Kind::Chat));
+        let calls = AtomicUsize::new(0);
+        for _ in 0..10 {
+            let frame: Arc<str> = delivery.encoded("p1", |env| {
+                calls.fetch_add(1, Ordering::Relaxed);
+                Arc::from(env.id.as_str())
+            });
+            assert_eq!(&*frame, delivery.envelope.id);
+        }
+        let _: Arc<str> = delivery.encoded("p2", |_| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            Arc::from("other")
+        });
+        assert_eq!(calls.load(Ordering::Relaxed), 2);
+    }
+}

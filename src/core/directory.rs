@@ -1,0 +1,297 @@
+//! One namespace of agent names across every protocol.
+//!
+//! Each agent has one name in the bridge (a Skynet card name, a Tracker slug, a Synapse
+//! agent id, a Grid agent). The directory keeps who holds which name, how each protocol
+//! identifies it natively, and whether it is online, so that every endpoint can show every
+//! other agent as a native peer. Reads are lock-free on the hot path (sharded `DashMap`).
+
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use serde::Serialize;
+
+use super::envelope::Protocol;
+
+/// Whether an agent is a program or a person. Humans observe conversations in some protocols.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Agent,
+    Human,
+}
+
+/// Presence as the bridge tracks it; each protocol maps it onto its own vocabulary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Online,
+    Idle,
+    Busy,
+    Offline,
+    Error,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Online => "online",
+            Status::Idle => "idle",
+            Status::Busy => "busy",
+            Status::Offline => "offline",
+            Status::Error => "error",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Status> {
+        Some(match s {
+            "online" => Status::Online,
+            "idle" => Status::Idle,
+            "busy" => Status::Busy,
+            "offline" => Status::Offline,
+            "error" => Status::Error,
+            _ => return None,
+        })
+    }
+}
+
+/// What every protocol may show about an agent of another protocol.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AgentInfo {
+    /// The bridge-wide name.
+    pub name: String,
+    /// The protocol the agent speaks.
+    pub protocol: Protocol,
+    /// How its own protocol identifies it (a Skynet card UUID, a Tracker member id, …).
+    pub native_id: String,
+    pub role: Role,
+    /// A free-form type label from the agent's protocol (`claude-code`, `executor`, …).
+    pub agent_type: Option<String>,
+    /// A human-readable description (a Skynet role, a Tracker member name, …).
+    pub description: Option<String>,
+    pub capabilities: Vec<String>,
+    pub online: bool,
+    pub status: Status,
+    /// Milliseconds since the epoch.
+    pub created_at: i64,
+}
+
+impl AgentInfo {
+    pub fn new(name: impl Into<String>, protocol: Protocol, native_id: impl Into<String>) -> Self {
+        AgentInfo {
+            name: name.into(),
+            protocol,
+            native_id: native_id.into(),
+            role: Role::Agent,
+            agent_type: None,
+            description: None,
+            capabilities: Vec::new(),
+            online: false,
+            status: Status::Offline,
+            created_at: super::envelope::now_ms(),
+        }
+    }
+}
+
+/// A name is held by an agent of some protocol already.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("name '{name}' is already taken by {holder_protocol} {holder_role} '{name}'")]
+pub struct NameTaken {
+    pub name: String,
+    pub holder_protocol: Protocol,
+    pub holder_role: &'static str,
+}
+
+#[derive(Default)]
+pub struct Directory {
+    by_name: DashMap<String, AgentInfo>,
+    /// (protocol, native or alias id) → name.
+    by_native: DashMap<(Protocol, String), String>,
+}
+
+impl Directory {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Claims `info.name` for the agent. Re-registering the same agent (same protocol and
+    /// native id) updates its profile and keeps its presence.
+    pub fn register(&self, info: AgentInfo) -> Result<(), NameTaken> {
+        match self.by_name.entry(info.name.clone()) {
+            Entry::Occupied(mut held) => {
+                let current = held.get();
+                if current.protocol != info.protocol || current.native_id != info.native_id {
+                    return Err(NameTaken {
+                        name: info.name,
+                        holder_protocol: current.protocol,
+                        holder_role: match current.role {
+                            Role::Agent => "agent",
+                            Role::Human => "human",
+                        },
+                    });
+                }
+                let (online, status) = (current.online, current.status);
+                held.insert(AgentInfo {
+                    online,
+                    status,
+                    ..info
+                });
+            }
+            Entry::Vacant(free) => {
+                self.by_native
+                    .insert((info.protocol, info.native_id.clone()), info.name.clone());
+                free.insert(info);
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees the name, if `protocol` holds it. Returns the removed entry.
+    pub fn unregister(&self, name: &str, protocol: Protocol) -> Option<AgentInfo> {
+        let (_, info) = self
+            .by_name
+            .remove_if(name, |_, info| info.protocol == protocol)?;
+        self.by_native.retain(|_, n| n != name);
+        Some(info)
+    }
+
+    /// Checks whether `name` could be registered by anyone.
+    pub fn check_free(&self, name: &str) -> Result<(), NameTaken> {
+        match self.by_name.get(name) {
+            None => Ok(()),
+            Some(held) => Err(NameTaken {
+                name: name.to_owned(),
+                holder_protocol: held.protocol,
+                holder_role: match held.role {
+                    Role::Agent => "agent",
+                    Role::Human => "human",
+                },
+            }),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<AgentInfo> {
+        self.by_name.get(name).map(|e| e.clone())
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    pub fn protocol_of(&self, name: &str) -> Option<Protocol> {
+        self.by_name.get(name).map(|e| e.protocol)
+    }
+
+    /// The name behind a protocol-native id (or an alias an endpoint recorded for it).
+    pub fn by_native(&self, protocol: Protocol, id: &str) -> Option<String> {
+        self.by_native
+            .get(&(protocol, id.to_owned()))
+            .map(|n| n.clone())
+    }
+
+    /// Records that `protocol` refers to `name` by `alias` (a derived id it shows for a
+    /// foreign agent), so that the alias resolves like a native id.
+    pub fn add_alias(&self, protocol: Protocol, alias: String, name: &str) {
+        self.by_native.insert((protocol, alias), name.to_owned());
+    }
+
+    /// Updates presence; returns the previous `(online, status)` when the agent exists.
+    pub fn set_presence(&self, name: &str, online: bool, status: Status) -> Option<(bool, Status)> {
+        let mut entry = self.by_name.get_mut(name)?;
+        let before = (entry.online, entry.status);
+        entry.online = online;
+        entry.status = status;
+        Some(before)
+    }
+
+    /// Every agent, oldest registration first.
+    pub fn list(&self) -> Vec<AgentInfo> {
+        let mut all: Vec<AgentInfo> = self.by_name.iter().map(|e| e.clone()).collect();
+        all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.name.cmp(&b.name)));
+        all
+    }
+
+    /// Every online agent of a protocol other than `protocol`.
+    pub fn online_foreign(&self, protocol: Protocol) -> Vec<AgentInfo> {
+        let mut peers: Vec<AgentInfo> = self
+            .by_name
+            .iter()
+            .filter(|e| e.online && e.protocol != protocol)
+            .map(|e| e.clone())
+            .collect();
+        peers.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.name.cmp(&b.name)));
+        peers
+    }
+
+    /// Calls `f` with every agent, without cloning; `f` must not call back into the directory.
+    pub fn for_each(&self, mut f: impl FnMut(&AgentInfo)) {
+        for entry in self.by_name.iter() {
+            f(&entry);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_across_protocols() {
+        let dir = Directory::new();
+        dir.register(AgentInfo::new("coder", "tracker", "m1"))
+            .unwrap();
+        let err = dir
+            .register(AgentInfo::new("coder", "skynet", "u1"))
+            .unwrap_err();
+        assert_eq!(err.holder_protocol, "tracker");
+        assert_eq!(
+            err.to_string(),
+            "name 'coder' is already taken by tracker agent 'coder'"
+        );
+        // The holder may re-register itself.
+        let mut again = AgentInfo::new("coder", "tracker", "m1");
+        again.description = Some("Coder".into());
+        dir.register(again).unwrap();
+        assert_eq!(
+            dir.get("coder").unwrap().description.as_deref(),
+            Some("Coder")
+        );
+    }
+
+    #[test]
+    fn native_ids_and_aliases_resolve() {
+        let dir = Directory::new();
+        dir.register(AgentInfo::new("alice", "skynet", "uuid-a"))
+            .unwrap();
+        assert_eq!(dir.by_native("skynet", "uuid-a").as_deref(), Some("alice"));
+        assert_eq!(dir.by_native("tracker", "uuid-a"), None);
+        dir.add_alias("tracker", "derived-a".into(), "alice");
+        assert_eq!(
+            dir.by_native("tracker", "derived-a").as_deref(),
+            Some("alice")
+        );
+        dir.unregister("alice", "skynet").unwrap();
+        assert_eq!(dir.by_native("skynet", "uuid-a"), None);
+        assert_eq!(dir.by_native("tracker", "derived-a"), None);
+        assert!(dir.check_free("alice").is_ok());
+    }
+
+    #[test]
+    fn unregister_only_by_the_holder() {
+        let dir = Directory::new();
+        dir.register(AgentInfo::new("bob", "grid", "bob")).unwrap();
+        assert!(dir.unregister("bob", "skynet").is_none());
+        assert!(dir.contains("bob"));
+    }
+
+    #[test]
+    fn presence_is_kept_across_re_registration() {
+        let dir = Directory::new();
+        dir.register(AgentInfo::new("a", "skynet", "1")).unwrap();
+        dir.set_presence("a", true, Status::Busy);
+        dir.register(AgentInfo::new("a", "skynet", "1")).unwrap();
+        let a = dir.get("a").unwrap();
+        assert!(a.online);
+        assert_eq!(a.status, Status::Busy);
+        assert_eq!(dir.online_foreign("tracker").len(), 1);
+        assert!(dir.online_foreign("skynet").is_empty());
+    }
+}

@@ -1,0 +1,331 @@
+//! The canonical message every protocol maps onto.
+//!
+//! An `Envelope` is what crosses between endpoints. It carries the union of what the
+//! protocols need to keep a conversation intact (ids, reply chains, task state) and, in
+//! `origin.native`, the frame exactly as its sender's protocol gave it, so that peers of the
+//! same protocol get a lossless copy.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A protocol's name as the core sees it: an opaque label (`"skynet"`, `"tracker"`, …).
+pub type Protocol = &'static str;
+
+/// What a message is about. `as_str` is its stored and logged name; `family` its metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Chat,
+    TaskAssign,
+    TaskUpdate,
+    TaskResult,
+    PresenceJoin,
+    PresenceLeave,
+    PresenceStatus,
+    ControlInterrupt,
+    ControlForget,
+    ControlWatch,
+    ControlUnwatch,
+    ControlAbort,
+    Log,
+    Context,
+    DecisionRequest,
+    DecisionResponse,
+    VoteInitiate,
+    VoteSubmit,
+    VoteResult,
+    Error,
+    /// A message type the origin protocol has and no other does; relayed to peers of the
+    /// same protocol through `origin.native`, shown to others as a chat when it has text.
+    Custom,
+}
+
+impl Kind {
+    /// The low-cardinality label used in metrics.
+    pub fn family(self) -> &'static str {
+        match self {
+            Kind::Chat => "chat",
+            Kind::TaskAssign | Kind::TaskUpdate | Kind::TaskResult => "task",
+            Kind::PresenceJoin | Kind::PresenceLeave | Kind::PresenceStatus => "presence",
+            Kind::ControlInterrupt
+            | Kind::ControlForget
+            | Kind::ControlWatch
+            | Kind::ControlUnwatch
+            | Kind::ControlAbort => "control",
+            Kind::Log => "log",
+            Kind::Context => "context",
+            Kind::DecisionRequest | Kind::DecisionResponse => "decision",
+            Kind::VoteInitiate | Kind::VoteSubmit | Kind::VoteResult => "vote",
+            Kind::Error => "error",
+            Kind::Custom => "custom",
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Chat => "chat",
+            Kind::TaskAssign => "task.assign",
+            Kind::TaskUpdate => "task.update",
+            Kind::TaskResult => "task.result",
+            Kind::PresenceJoin => "presence.join",
+            Kind::PresenceLeave => "presence.leave",
+            Kind::PresenceStatus => "presence.status",
+            Kind::ControlInterrupt => "control.interrupt",
+            Kind::ControlForget => "control.forget",
+            Kind::ControlWatch => "control.watch",
+            Kind::ControlUnwatch => "control.unwatch",
+            Kind::ControlAbort => "control.abort",
+            Kind::Log => "log",
+            Kind::Context => "context",
+            Kind::DecisionRequest => "decision.request",
+            Kind::DecisionResponse => "decision.response",
+            Kind::VoteInitiate => "vote.initiate",
+            Kind::VoteSubmit => "vote.submit",
+            Kind::VoteResult => "vote.result",
+            Kind::Error => "error",
+            Kind::Custom => "custom",
+        }
+    }
+
+    pub fn is_presence(self) -> bool {
+        self.family() == "presence"
+    }
+}
+
+/// Who a message is for, beyond the names in `to` and `mentions`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type", content = "id")]
+pub enum Audience {
+    /// The agents named in `to` and `mentions`, plus every observer whose filter wants it.
+    #[default]
+    Addressed,
+    /// Only the agents named in `to` and `mentions`; observers do not see it.
+    Private,
+    /// Every agent that is online.
+    Everyone,
+    /// Every member of a group (and the named agents).
+    Group(String),
+}
+
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    High,
+    #[default]
+    Normal,
+    Low,
+}
+
+impl Priority {
+    /// Lane index in a mailbox: lower is served first.
+    pub fn lane(self) -> usize {
+        match self {
+            Priority::High => 0,
+            Priority::Normal => 1,
+            Priority::Low => 2,
+        }
+    }
+}
+
+/// Canonical task states; each protocol maps them in its own table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    Submitted,
+    Assigned,
+    Working,
+    Waiting,
+    InReview,
+    Completed,
+    Failed,
+    Cancelled,
+    Rejected,
+}
+
+/// Task details carried by task-kind messages.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskInfo {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<TaskState>,
+    /// Agent name of the assignee.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignee: Option<String>,
+    /// Progress in percent, when the origin reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<String>,
+}
+
+/// A file carried inside a message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attachment {
+    pub name: String,
+    pub mime_type: String,
+    /// Size in bytes of the decoded data.
+    pub size: u64,
+    /// Base64 of the file's bytes.
+    pub data: String,
+}
+
+/// Where a message came from: its protocol and the frame as that protocol gave it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Origin {
+    pub protocol: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<Value>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The origin's message id, kept verbatim.
+    pub id: String,
+    /// The sender's agent name.
+    pub from: String,
+    /// Explicit recipients (agent names).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub to: Vec<String>,
+    /// Agents mentioned (names), as the origin gave them after its own enrichment.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mentions: Vec<String>,
+    #[serde(default)]
+    pub audience: Audience,
+    /// The sender gets a copy of its own message, before anyone else.
+    #[serde(default)]
+    pub echo: bool,
+    pub kind: Kind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    /// The conversation the message belongs to (a chat room, a task's comment thread);
+    /// `None` is the shared lobby every protocol has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Structured payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
+    /// Milliseconds since the Unix epoch.
+    pub timestamp: i64,
+    #[serde(default)]
+    pub priority: Priority,
+    /// Seconds the message may wait for delivery before it is dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_secs: Option<u64>,
+    pub origin: Origin,
+}
+
+impl Envelope {
+    /// A new message of `kind` from `from`, with a fresh id and the current time.
+    pub fn new(protocol: Protocol, from: impl Into<String>, kind: Kind) -> Self {
+        Envelope {
+            id: new_message_id(),
+            from: from.into(),
+            to: Vec::new(),
+            mentions: Vec::new(),
+            audience: Audience::Addressed,
+            echo: false,
+            kind,
+            reply_to: None,
+            correlation_id: None,
+            thread: None,
+            task: None,
+            text: None,
+            data: None,
+            attachments: Vec::new(),
+            timestamp: now_ms(),
+            priority: Priority::Normal,
+            ttl_secs: None,
+            origin: Origin {
+                protocol: protocol.to_owned(),
+                native: None,
+            },
+        }
+    }
+
+    /// Every agent name the message is addressed to, `to` first, without repeats.
+    pub fn addressees(&self) -> impl Iterator<Item = &str> {
+        let mut seen: Vec<&str> = Vec::with_capacity(self.to.len() + self.mentions.len());
+        self.to
+            .iter()
+            .chain(self.mentions.iter())
+            .map(String::as_str)
+            .filter(move |name| {
+                if seen.contains(name) {
+                    false
+                } else {
+                    seen.push(name);
+                    true
+                }
+            })
+    }
+
+    /// Whether `name` is named in `to` or `mentions`.
+    pub fn names(&self, name: &str) -> bool {
+        self.to
+            .iter()
+            .chain(self.mentions.iter())
+            .any(|n| n == name)
+    }
+
+    pub fn origin_is(&self, protocol: Protocol) -> bool {
+        self.origin.protocol == protocol
+    }
+}
+
+/// A fresh message id: UUIDv7, so ids sort by creation time.
+pub fn new_message_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addressees_are_unique_and_ordered() {
+        let mut env = Envelope::new("test", "a", Kind::Chat);
+        env.to = vec!["b".into(), "c".into()];
+        env.mentions = vec!["c".into(), "d".into(), "b".into()];
+        let names: Vec<_> = env.addressees().collect();
+        assert_eq!(names, ["b", "c", "d"]);
+    }
+
+    #[test]
+    fn envelope_round_trips_through_json() {
+        let mut env = Envelope::new("test", "a", Kind::TaskAssign);
+        env.task = Some(TaskInfo {
+            id: "t1".into(),
+            state: Some(TaskState::Assigned),
+            ..Default::default()
+        });
+        env.audience = Audience::Group("g".into());
+        let json = serde_json::to_string(&env).unwrap();
+        let back: Envelope = serde_json::from_str(&json).unwrap();
+        assert_eq!(env, back);
+    }
+}

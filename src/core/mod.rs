@@ -1,0 +1,191 @@
+//! The protocol-agnostic heart of the bridge: the envelope, the directory of agents, the
+//! router with its mailboxes, and the correlation index. Nothing here knows a wire format.
+
+mod correlation;
+mod delivery;
+mod directory;
+mod envelope;
+mod mailbox;
+mod router;
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, derived_uuid};
+pub use delivery::Delivery;
+pub use directory::{AgentInfo, Directory, NameTaken, Role, Status};
+pub use envelope::{
+    Attachment, Audience, Envelope, Kind, Origin, Priority, Protocol, TaskInfo, TaskState,
+    new_message_id, now_ms,
+};
+pub use mailbox::{Closed, Mailbox, Pushed, WhenFull};
+pub use router::{AddressedOnly, Interest, OfflineSink, RouteReport, Router, Session};
+
+use crate::store::{Store, StoreError};
+use crate::telemetry;
+
+/// `[routing]`: how recipients' mailboxes behave.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingConfig {
+    /// Messages a connected recipient may have waiting before `when_full` applies.
+    pub mailbox_capacity: std::num::NonZeroUsize,
+    pub when_full: WhenFull,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig {
+            mailbox_capacity: std::num::NonZeroUsize::new(1024).expect("non-zero"),
+            when_full: WhenFull::DropOldest,
+        }
+    }
+}
+
+/// Recent messages whose conversation links are kept in memory.
+const CORRELATION_CACHE: usize = 100_000;
+
+pub struct Core {
+    pub directory: Arc<Directory>,
+    pub router: Router,
+    pub correlation: CorrelationIndex,
+    pub store: Store,
+}
+
+impl Core {
+    pub fn new(store: Store, routing: &RoutingConfig) -> Arc<Core> {
+        let directory = Arc::new(Directory::new());
+        Arc::new(Core {
+            router: Router::new(
+                directory.clone(),
+                routing.mailbox_capacity.get(),
+                routing.when_full,
+            ),
+            directory,
+            correlation: CorrelationIndex::new(CORRELATION_CACHE),
+            store,
+        })
+    }
+
+    /// Accepts a message: writes it to the store, then routes it. When this returns the
+    /// message is durable and queued for every recipient.
+    pub async fn publish(&self, mut env: Envelope) -> Result<Arc<Delivery>, StoreError> {
+        self.inherit_correlation(&mut env).await;
+        self.store.insert_message(&env).await?;
+        Ok(self.dispatch(env))
+    }
+
+    /// Routes a message that is not kept (control signals, status changes).
+    pub async fn publish_transient(&self, mut env: Envelope) -> Arc<Delivery> {
+        self.inherit_correlation(&mut env).await;
+        self.dispatch(env)
+    }
+
+    fn dispatch(&self, env: Envelope) -> Arc<Delivery> {
+        self.correlation.record(
+            &env.id,
+            env.reply_to.as_deref(),
+            env.correlation_id.as_deref(),
+        );
+        telemetry::message_received(&env.origin.protocol, env.kind.family());
+        let delivery = Arc::new(Delivery::new(env));
+        self.router.route(&delivery);
+        delivery
+    }
+
+    /// A reply without a correlation id joins its parent's conversation.
+    async fn inherit_correlation(&self, env: &mut Envelope) {
+        if env.correlation_id.is_some() {
+            return;
+        }
+        let Some(parent) = env.reply_to.as_deref() else {
+            return;
+        };
+        let root = match self.correlation.link(parent) {
+            Some(link) => Some(link.root),
+            None => self.store.correlation_root(parent).await.ok().flatten(),
+        };
+        // A parent the bridge never saw still starts the conversation.
+        env.correlation_id = Some(root.unwrap_or_else(|| parent.to_owned()));
+    }
+
+    /// The id to show for `original` in a protocol whose ids must be UUIDs: `original`
+    /// itself when it is one, else a derived UUIDv5, remembered so that `original_id` maps
+    /// it back.
+    pub async fn uuid_for(&self, original: &str) -> String {
+        if uuid::Uuid::parse_str(original).is_ok() {
+            return original.to_owned();
+        }
+        let derived = derived_uuid("message", original).to_string();
+        if self.correlation.original_of(&derived).is_none() {
+            self.correlation.record_derived(&derived, original);
+            if let Err(e) = self.store.insert_alias(&derived, original).await {
+                tracing::warn!(error = %e, "cannot persist a derived id");
+            }
+        }
+        derived
+    }
+
+    /// The original id behind an id `uuid_for` derived; any other id is returned unchanged.
+    pub async fn original_id(&self, id: &str) -> String {
+        if let Some(original) = self.correlation.original_of(id) {
+            return original;
+        }
+        match self.store.alias_original(id).await {
+            Ok(Some(original)) => {
+                self.correlation.record_derived(id, &original);
+                original
+            }
+            _ => id.to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::IN_MEMORY;
+
+    #[tokio::test]
+    async fn replies_inherit_the_conversation_root() {
+        let core = Core::new(
+            Store::open(IN_MEMORY).await.unwrap(),
+            &RoutingConfig::default(),
+        );
+        let first = Envelope::new("test", "a", Kind::Chat);
+        let first_id = first.id.clone();
+        core.publish(first).await.unwrap();
+
+        let mut second = Envelope::new("test", "b", Kind::Chat);
+        second.reply_to = Some(first_id.clone());
+        let second = core.publish(second).await.unwrap();
+        assert_eq!(
+            second.envelope.correlation_id.as_deref(),
+            Some(first_id.as_str())
+        );
+
+        let mut third = Envelope::new("test", "a", Kind::Chat);
+        third.reply_to = Some(second.envelope.id.clone());
+        let third = core.publish(third).await.unwrap();
+        assert_eq!(
+            third.envelope.correlation_id.as_deref(),
+            Some(first_id.as_str())
+        );
+    }
+
+    #[tokio::test]
+    async fn derived_ids_map_back_after_the_cache_forgets() {
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        let core = Core::new(store.clone(), &RoutingConfig::default());
+        let derived = core.uuid_for("msg-abc").await;
+        assert!(uuid::Uuid::parse_str(&derived).is_ok());
+        assert_eq!(core.original_id(&derived).await, "msg-abc");
+        let uuid = uuid::Uuid::new_v4().to_string();
+        assert_eq!(core.uuid_for(&uuid).await, uuid);
+
+        let fresh = Core::new(store, &RoutingConfig::default());
+        assert_eq!(fresh.original_id(&derived).await, "msg-abc");
+        assert_eq!(fresh.original_id("unknown").await, "unknown");
+    }
+}

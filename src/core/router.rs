@@ -1,0 +1,564 @@
+//! Decides who receives an accepted message and puts it in their mailboxes.
+//!
+//! Recipients are, in this order and each at most once: the sender (when the message asks
+//! for an echo), the agents named in `to` and `mentions` (or every online agent, or a group's
+//! members), and then the observers whose filter wants the message. Observers — a Skynet
+//! human who sees everything, a Tracker member listening to a whole project — are sessions
+//! with an `Interest`, not special cases here.
+//!
+//! The router never waits: each mailbox applies its own `when_full` policy, so one stalled
+//! recipient cannot slow the others. The session list is an `arc-swap` snapshot, read
+//! without locks on every message and replaced on the rare attach or detach.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+use dashmap::DashMap;
+
+use super::delivery::Delivery;
+use super::directory::Directory;
+use super::envelope::{Audience, Envelope, Protocol};
+use super::mailbox::{Mailbox, Pushed, WhenFull};
+use crate::telemetry;
+
+/// A connected recipient's say in what reaches it.
+pub trait Interest: Send + Sync {
+    /// Whether it wants a copy of a message that does not name it (it observes).
+    fn observes(&self, _env: &Envelope) -> bool {
+        false
+    }
+
+    /// Whether it takes a message that names it, or that goes to everyone.
+    fn accepts(&self, _env: &Envelope) -> bool {
+        true
+    }
+}
+
+/// Takes what is addressed to it and observes nothing else.
+pub struct AddressedOnly;
+impl Interest for AddressedOnly {}
+
+/// Where messages for an agent with no live session go (a callback, a poll queue, a file).
+pub trait OfflineSink: Send + Sync {
+    fn deliver(&self, agent: &str, delivery: &Arc<Delivery>);
+}
+
+/// One live connection of an agent.
+pub struct Session {
+    pub id: u64,
+    pub agent: String,
+    pub mailbox: Arc<Mailbox>,
+    interest: Arc<dyn Interest>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.id)
+            .field("agent", &self.agent)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What `route` did with one message.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RouteReport {
+    /// Mailboxes the message was queued in.
+    pub queued: usize,
+    /// Copies handed to offline sinks.
+    pub offline: usize,
+    /// Copies lost to full mailboxes.
+    pub dropped: usize,
+}
+
+pub struct Router {
+    directory: Arc<Directory>,
+    capacity: usize,
+    policy: WhenFull,
+    next_session: AtomicU64,
+    by_agent: DashMap<String, Vec<Arc<Session>>>,
+    sessions: ArcSwap<Vec<Arc<Session>>>,
+    offline: DashMap<Protocol, Arc<dyn OfflineSink>>,
+    groups: DashMap<String, Vec<String>>,
+}
+
+impl Router {
+    pub fn new(directory: Arc<Directory>, capacity: usize, policy: WhenFull) -> Self {
+        Router {
+            directory,
+            capacity,
+            policy,
+            next_session: AtomicU64::new(1),
+            by_agent: DashMap::new(),
+            sessions: ArcSwap::from_pointee(Vec::new()),
+            offline: DashMap::new(),
+            groups: DashMap::new(),
+        }
+    }
+
+    /// A mailbox sized and governed by the bridge's routing settings.
+    pub fn mailbox(&self, protocol: Protocol) -> Arc<Mailbox> {
+        Arc::new(Mailbox::new(protocol, self.capacity, self.policy))
+    }
+
+    /// Connects `mailbox` as a live session of `agent`.
+    pub fn attach(
+        &self,
+        agent: &str,
+        mailbox: Arc<Mailbox>,
+        interest: Arc<dyn Interest>,
+    ) -> Arc<Session> {
+        let session = Arc::new(Session {
+            id: self.next_session.fetch_add(1, Ordering::Relaxed),
+            agent: agent.to_owned(),
+            mailbox,
+            interest,
+        });
+        self.by_agent
+            .entry(agent.to_owned())
+            .or_default()
+            .push(session.clone());
+        self.sessions.rcu(|all| {
+            let mut next = Vec::with_capacity(all.len() + 1);
+            next.extend(all.iter().cloned());
+            next.push(session.clone());
+            next
+        });
+        session
+    }
+
+    /// Disconnects a session; messages stop reaching its mailbox.
+    pub fn detach(&self, session: &Session) {
+        if let dashmap::mapref::entry::Entry::Occupied(mut list) =
+            self.by_agent.entry(session.agent.clone())
+        {
+            list.get_mut().retain(|s| s.id != session.id);
+            if list.get().is_empty() {
+                list.remove();
+            }
+        }
+        self.sessions.rcu(|all| {
+            all.iter()
+                .filter(|s| s.id != session.id)
+                .cloned()
+                .collect::<Vec<_>>()
+        });
+    }
+
+    pub fn is_connected(&self, agent: &str) -> bool {
+        self.by_agent.contains_key(agent)
+    }
+
+    pub fn sessions_of(&self, agent: &str) -> Vec<Arc<Session>> {
+        self.by_agent
+            .get(agent)
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    /// Where messages for offline agents of `protocol` go.
+    pub fn set_offline_sink(&self, protocol: Protocol, sink: Arc<dyn OfflineSink>) {
+        self.offline.insert(protocol, sink);
+    }
+
+    pub fn set_group(&self, group: &str, members: Vec<String>) {
+        self.groups.insert(group.to_owned(), members);
+    }
+
+    pub fn remove_group(&self, group: &str) {
+        self.groups.remove(group);
+    }
+
+    /// Puts the message in the mailbox of each of its recipients, once each.
+    pub fn route(&self, delivery: &Arc<Delivery>) -> RouteReport {
+        let env = &delivery.envelope;
+        let mut report = RouteReport::default();
+        let mut reached = Reached::default();
+
+        if env.echo {
+            for session in self.sessions_of(&env.from) {
+                self.push(&session, delivery, &mut reached, &mut report);
+            }
+        }
+
+        let sessions = self.sessions.load();
+        match &env.audience {
+            Audience::Everyone => {
+                for session in sessions.iter() {
+                    if session.agent == env.from && !env.echo {
+                        continue;
+                    }
+                    if session.interest.accepts(env) {
+                        self.push(session, delivery, &mut reached, &mut report);
+                    }
+                }
+            }
+            Audience::Addressed | Audience::Private => {
+                for name in env.addressees() {
+                    self.deliver_to(name, delivery, &mut reached, &mut report);
+                }
+            }
+            Audience::Group(group) => {
+                let members = self
+                    .groups
+                    .get(group)
+                    .map(|m| m.clone())
+                    .unwrap_or_default();
+                for name in env.addressees().chain(members.iter().map(String::as_str)) {
+                    if name != env.from {
+                        self.deliver_to(name, delivery, &mut reached, &mut report);
+                    }
+                }
+            }
+        }
+
+        if env.audience != Audience::Private {
+            for session in sessions.iter() {
+                if !reached.contains(session.id)
+                    && session.agent != env.from
+                    && session.interest.observes(env)
+                {
+                    self.push(session, delivery, &mut reached, &mut report);
+                }
+            }
+        }
+        report
+    }
+
+    fn deliver_to(
+        &self,
+        name: &str,
+        delivery: &Arc<Delivery>,
+        reached: &mut Reached,
+        report: &mut RouteReport,
+    ) {
+        let env = &delivery.envelope;
+        match self.by_agent.get(name) {
+            Some(sessions) => {
+                for session in sessions.iter() {
+                    if session.interest.accepts(env) {
+                        self.push(session, delivery, reached, report);
+                    }
+                }
+            }
+            None => {
+                if !reached.insert_name(name) {
+                    return;
+                }
+                let sink = self
+                    .directory
+                    .protocol_of(name)
+                    .and_then(|p| self.offline.get(p).map(|s| s.clone()));
+                if let Some(sink) = sink {
+                    sink.deliver(name, delivery);
+                    report.offline += 1;
+                }
+            }
+        }
+    }
+
+    fn push(
+        &self,
+        session: &Session,
+        delivery: &Arc<Delivery>,
+        reached: &mut Reached,
+        report: &mut RouteReport,
+    ) {
+        if !reached.insert(session.id) {
+            return;
+        }
+        let protocol = session.mailbox.protocol();
+        match session.mailbox.push(delivery.clone()) {
+            Pushed::Queued => report.queued += 1,
+            Pushed::DroppedOldest => {
+                report.queued += 1;
+                report.dropped += 1;
+                telemetry::message_dropped(protocol, "mailbox_full_drop_oldest");
+            }
+            Pushed::DroppedNewest => {
+                report.dropped += 1;
+                telemetry::message_dropped(protocol, "mailbox_full_drop_newest");
+            }
+            Pushed::Disconnected => {
+                report.dropped += 1;
+                telemetry::message_dropped(protocol, "mailbox_full_disconnect");
+            }
+            Pushed::Closed => {}
+        }
+        telemetry::mailbox_depth(session.mailbox.len());
+    }
+}
+
+/// Sessions (and offline agents) a message has been given to. Fan-outs are usually small,
+/// so a vector scan beats hashing until it grows.
+#[derive(Default)]
+struct Reached {
+    sessions: Vec<u64>,
+    set: Option<HashSet<u64>>,
+    offline: Vec<String>,
+}
+
+impl Reached {
+    const SCAN_LIMIT: usize = 32;
+
+    fn contains(&self, id: u64) -> bool {
+        match &self.set {
+            Some(set) => set.contains(&id),
+            None => self.sessions.contains(&id),
+        }
+    }
+
+    /// Records `id`; false when it was there already.
+    fn insert(&mut self, id: u64) -> bool {
+        if let Some(set) = &mut self.set {
+            return set.insert(id);
+        }
+        if self.sessions.contains(&id) {
+            return false;
+        }
+        self.sessions.push(id);
+        if self.sessions.len() > Self::SCAN_LIMIT {
+            self.set = Some(self.sessions.drain(..).collect());
+        }
+        true
+    }
+
+    fn insert_name(&mut self, name: &str) -> bool {
+        if self.offline.iter().any(|n| n == name) {
+            return false;
+        }
+        self.offline.push(name.to_owned());
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::directory::AgentInfo;
+    use crate::core::envelope::Kind;
+    use crate::core::mailbox::Closed;
+    use std::sync::Mutex;
+
+    struct Observer;
+    impl Interest for Observer {
+        fn observes(&self, env: &Envelope) -> bool {
+            env.kind != Kind::Log
+        }
+    }
+
+    struct Refuses;
+    impl Interest for Refuses {
+        fn accepts(&self, _: &Envelope) -> bool {
+            false
+        }
+    }
+
+    fn router(capacity: usize, policy: WhenFull) -> Router {
+        Router::new(Arc::new(Directory::new()), capacity, policy)
+    }
+
+    fn connect(router: &Router, name: &str, interest: Arc<dyn Interest>) -> Arc<Session> {
+        router.attach(name, router.mailbox("test"), interest)
+    }
+
+    fn chat(from: &str, mentions: &[&str]) -> Arc<Delivery> {
+        let mut env = Envelope::new("test", from, Kind::Chat);
+        env.mentions = mentions.iter().map(|s| s.to_string()).collect();
+        Arc::new(Delivery::new(env))
+    }
+
+    fn received(session: &Session) -> Vec<String> {
+        let mut ids = Vec::new();
+        while let Ok(Some(d)) = session.mailbox.try_recv() {
+            ids.push(d.envelope.id.clone());
+        }
+        ids
+    }
+
+    #[test]
+    fn addressed_reaches_named_agents_and_observers_once() {
+        let r = router(16, WhenFull::DropOldest);
+        let a = connect(&r, "a", Arc::new(AddressedOnly));
+        let b = connect(&r, "b", Arc::new(AddressedOnly));
+        let c = connect(&r, "c", Arc::new(AddressedOnly));
+        let human = connect(&r, "h", Arc::new(Observer));
+
+        // Mentioned twice and observing: still one copy each.
+        let mut env = Envelope::new("test", "a", Kind::Chat);
+        env.to = vec!["b".into(), "h".into()];
+        env.mentions = vec!["b".into(), "h".into()];
+        let d = Arc::new(Delivery::new(env));
+        let report = r.route(&d);
+        assert_eq!(report.queued, 2);
+        assert_eq!(received(&b), vec![d.envelope.id.clone()]);
+        assert_eq!(received(&human), vec![d.envelope.id.clone()]);
+        assert!(received(&a).is_empty());
+        assert!(received(&c).is_empty());
+    }
+
+    #[test]
+    fn echo_goes_to_the_sender_first() {
+        let r = router(16, WhenFull::DropOldest);
+        let a = connect(&r, "a", Arc::new(AddressedOnly));
+        let d = chat("a", &[]);
+        let mut env = d.envelope.clone();
+        env.echo = true;
+        let d = Arc::new(Delivery::new(env));
+        assert_eq!(r.route(&d).queued, 1);
+        assert_eq!(received(&a), vec![d.envelope.id.clone()]);
+    }
+
+    #[test]
+    fn observers_filter_and_private_messages_skip_them() {
+        let r = router(16, WhenFull::DropOldest);
+        let human = connect(&r, "h", Arc::new(Observer));
+        let _b = connect(&r, "b", Arc::new(AddressedOnly));
+
+        let mut log = Envelope::new("test", "b", Kind::Log);
+        log.mentions = vec![];
+        r.route(&Arc::new(Delivery::new(log)));
+        assert!(received(&human).is_empty(), "observer filter refuses logs");
+
+        let mut control = Envelope::new("test", "b", Kind::ControlInterrupt);
+        control.to = vec!["b".into()];
+        control.audience = Audience::Private;
+        r.route(&Arc::new(Delivery::new(control)));
+        assert!(
+            received(&human).is_empty(),
+            "private messages are not observed"
+        );
+
+        // A human named in a log's mentions still gets it.
+        let mut log = Envelope::new("test", "b", Kind::Log);
+        log.mentions = vec!["h".into()];
+        let d = Arc::new(Delivery::new(log));
+        r.route(&d);
+        assert_eq!(received(&human), vec![d.envelope.id.clone()]);
+    }
+
+    #[test]
+    fn everyone_reaches_all_sessions_and_respects_echo() {
+        let r = router(16, WhenFull::DropOldest);
+        let a = connect(&r, "a", Arc::new(AddressedOnly));
+        let b = connect(&r, "b", Arc::new(AddressedOnly));
+        let h = connect(&r, "h", Arc::new(Observer));
+        let refuses = connect(&r, "r", Arc::new(Refuses));
+
+        let mut env = Envelope::new("test", "a", Kind::PresenceJoin);
+        env.audience = Audience::Everyone;
+        let d = Arc::new(Delivery::new(env.clone()));
+        assert_eq!(r.route(&d).queued, 2);
+        assert!(received(&a).is_empty());
+        assert_eq!(received(&b).len(), 1);
+        assert_eq!(received(&h).len(), 1);
+        assert!(received(&refuses).is_empty());
+
+        env.echo = true;
+        env.id = "second".into();
+        let d = Arc::new(Delivery::new(env));
+        assert_eq!(r.route(&d).queued, 3);
+        assert_eq!(received(&a), ["second"]);
+    }
+
+    #[test]
+    fn group_members_get_one_copy_even_when_also_addressed() {
+        let r = router(16, WhenFull::DropOldest);
+        let a = connect(&r, "a", Arc::new(AddressedOnly));
+        let b = connect(&r, "b", Arc::new(AddressedOnly));
+        let c = connect(&r, "c", Arc::new(AddressedOnly));
+        r.set_group("g", vec!["a".into(), "b".into()]);
+        let mut env = Envelope::new("test", "a", Kind::Chat);
+        env.audience = Audience::Group("g".into());
+        env.to = vec!["b".into()];
+        r.route(&Arc::new(Delivery::new(env)));
+        assert!(
+            received(&a).is_empty(),
+            "the sender is not its own group recipient"
+        );
+        assert_eq!(received(&b).len(), 1);
+        assert!(received(&c).is_empty());
+    }
+
+    #[test]
+    fn offline_agents_go_to_their_protocols_sink() {
+        struct Sink(Mutex<Vec<String>>);
+        impl OfflineSink for Sink {
+            fn deliver(&self, agent: &str, _: &Arc<Delivery>) {
+                self.0.lock().unwrap().push(agent.to_owned());
+            }
+        }
+        let dir = Arc::new(Directory::new());
+        dir.register(AgentInfo::new("away", "grid", "away"))
+            .unwrap();
+        dir.register(AgentInfo::new("nosink", "skynet", "x"))
+            .unwrap();
+        let r = Router::new(dir, 4, WhenFull::DropOldest);
+        let sink = Arc::new(Sink(Mutex::new(Vec::new())));
+        r.set_offline_sink("grid", sink.clone());
+        let report = r.route(&chat("a", &["away", "nosink", "away"]));
+        assert_eq!(report.offline, 1);
+        assert_eq!(*sink.0.lock().unwrap(), ["away"]);
+    }
+
+    #[test]
+    fn detached_sessions_receive_nothing() {
+        let r = router(16, WhenFull::DropOldest);
+        let b = connect(&r, "b", Arc::new(Observer));
+        r.detach(&b);
+        assert!(!r.is_connected("b"));
+        assert_eq!(r.route(&chat("a", &["b"])).queued, 0);
+        assert!(received(&b).is_empty());
+    }
+
+    #[test]
+    fn a_stalled_recipient_does_not_hold_back_the_others() {
+        for policy in [
+            WhenFull::DropOldest,
+            WhenFull::DropNewest,
+            WhenFull::Disconnect,
+        ] {
+            let r = router(4, policy);
+            let stalled = connect(&r, "stalled", Arc::new(AddressedOnly));
+            let live = connect(&r, "live", Arc::new(AddressedOnly));
+            // The stalled recipient never reads; the live one drains as it goes.
+            for i in 0..100 {
+                let report = r.route(&chat("a", &["stalled", "live"]));
+                assert!(report.queued >= 1, "{policy:?}: message {i} reached nobody");
+                assert_eq!(
+                    received(&live).len(),
+                    1,
+                    "{policy:?}: live missed message {i}"
+                );
+            }
+            match policy {
+                WhenFull::DropOldest | WhenFull::DropNewest => {
+                    assert_eq!(stalled.mailbox.len(), 4)
+                }
+                WhenFull::Disconnect => {
+                    assert_eq!(stalled.mailbox.try_recv().unwrap_err(), Closed::Overflow)
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn full_mailbox_policies_are_reported() {
+        let r = router(1, WhenFull::DropNewest);
+        let b = connect(&r, "b", Arc::new(AddressedOnly));
+        assert_eq!(r.route(&chat("a", &["b"])).queued, 1);
+        let report = r.route(&chat("a", &["b"]));
+        assert_eq!((report.queued, report.dropped), (0, 1));
+        assert_eq!(received(&b).len(), 1);
+
+        let r = router(1, WhenFull::DropOldest);
+        let b = connect(&r, "b", Arc::new(AddressedOnly));
+        r.route(&chat("a", &["b"]));
+        let last = chat("a", &["b"]);
+        let report = r.route(&last);
+        assert_eq!((report.queued, report.dropped), (1, 1));
+        assert_eq!(received(&b), vec![last.envelope.id.clone()]);
+    }
+}

@@ -1,0 +1,93 @@
+//! The endpoints, one folder per protocol, each built the same way: `config.rs` (its
+//! bridge.toml section), `wire.rs` (its frames), `translate.rs` (frame ⇄ Envelope), its
+//! listeners, and `start()`. An endpoint talks only to the core, never to another endpoint.
+//!
+//! Adding a protocol means adding its folder, its section in `Config`, and a line in
+//! `start_all` and `listeners` below.
+
+pub mod skynet;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::serve::ListenerExt;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::core::Core;
+
+/// An endpoint that is up: where it listens, and the task serving it.
+pub struct Running {
+    pub name: &'static str,
+    pub listeners: Vec<(&'static str, SocketAddr)>,
+    pub tasks: Vec<JoinHandle<()>>,
+}
+
+/// An endpoint could not start; the message names the cause.
+#[derive(Debug, thiserror::Error)]
+#[error("{endpoint}: {message}")]
+pub struct StartError {
+    pub endpoint: &'static str,
+    pub message: String,
+}
+
+impl StartError {
+    pub fn new(endpoint: &'static str, message: impl std::fmt::Display) -> Self {
+        StartError {
+            endpoint,
+            message: message.to_string(),
+        }
+    }
+}
+
+/// Starts every endpoint the config has a section for.
+pub async fn start_all(
+    config: &Config,
+    core: &Arc<Core>,
+    shutdown: &CancellationToken,
+) -> Result<Vec<Running>, StartError> {
+    let mut running = Vec::new();
+    if let Some(section) = &config.skynet {
+        running.push(skynet::start(section, core.clone(), shutdown.clone()).await?);
+    }
+    Ok(running)
+}
+
+/// Every listener the config asks for, as (endpoint, what it serves, address).
+pub fn listeners(config: &Config) -> Vec<(&'static str, &'static str, SocketAddr)> {
+    let mut out = Vec::new();
+    if let Some(section) = &config.skynet {
+        out.push((skynet::PROTOCOL, "http + websocket /ws", section.listen));
+    }
+    out
+}
+
+/// Binds a listener, naming the endpoint and address when it cannot.
+pub async fn bind(endpoint: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| StartError::new(endpoint, format!("cannot listen on {addr}: {e}")))
+}
+
+/// Serves an axum app until `shutdown`; open WebSocket sessions watch `shutdown` themselves.
+pub fn serve(
+    endpoint: &'static str,
+    listener: TcpListener,
+    app: axum::Router,
+    shutdown: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        // Small frames are the norm here: send them now rather than wait to coalesce.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(endpoint, error = %e, "listener failed");
+        }
+    })
+}

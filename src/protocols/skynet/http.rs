@@ -1,0 +1,377 @@
+//! Skynet's HTTP API: registration, listings, history and agent control, with the status
+//! codes and `{error}` bodies of Skynet's reference server.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State, WebSocketUpgrade};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Map, Value, json};
+
+use super::registry::{Profile, RegisterError};
+use super::{PROTOCOL, Skynet, ws};
+use crate::core::{Audience, Envelope, Kind, Origin, new_message_id, now_ms};
+use crate::store::MessageQuery;
+
+type Shared = State<Arc<Skynet>>;
+
+/// Headroom above `max_frame_bytes` within which an oversized frame still reaches us and
+/// gets an `error` event, rather than the socket being dropped by the WebSocket layer.
+const FRAME_HEADROOM: usize = 16 * 1024 * 1024;
+
+pub fn router(skynet: Arc<Skynet>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/api/agents", post(create_agent).get(list_agents))
+        .route("/api/agents/{id}", get(get_agent).delete(delete_agent))
+        .route("/api/agents/{id}/interrupt", post(interrupt))
+        .route("/api/agents/{id}/forget", post(forget))
+        .route("/api/agents/{id}/watch", post(watch))
+        .route("/api/agents/{id}/unwatch", post(unwatch))
+        .route("/api/humans", post(create_human).get(list_humans))
+        .route("/api/humans/{id}", get(get_human).delete(delete_human))
+        .route("/api/names/check", get(check_name))
+        .route("/api/members", get(members))
+        .route("/api/messages", get(messages))
+        .route("/ws", get(upgrade))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "Not found") })
+        .with_state(skynet)
+}
+
+/// An HTTP error with Skynet's `{error}` body.
+pub(super) struct ApiError(StatusCode, String);
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError(status, message.into())
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, axum::Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+fn error(status: StatusCode, message: &str) -> Response {
+    ApiError::new(status, message).into_response()
+}
+
+fn ok(value: Value) -> Response {
+    axum::Json(value).into_response()
+}
+
+/// The request body as a JSON object; an empty body is an empty object.
+fn body_object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::bad_request("body must be a JSON object")),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "body is not valid JSON: {e}"
+        ))),
+    }
+}
+
+/// An optional string field; present but not a string is an error.
+fn opt_string(body: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::bad_request(format!("{key} must be a string"))),
+    }
+}
+
+fn required_string(body: &Map<String, Value>, key: &str) -> Result<String, ApiError> {
+    match body.get(key) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        _ => Err(ApiError::bad_request(format!("{key} is required"))),
+    }
+}
+
+async fn health(State(skynet): Shared) -> Response {
+    ok(json!({ "status": "ok", "memberCount": skynet.member_count() }))
+}
+
+async fn create_agent(State(skynet): Shared, body: Bytes) -> ApiResult {
+    let body = body_object(&body)?;
+    let name = required_string(&body, "name")?;
+    let agent_type = required_string(&body, "type")?;
+    let role = opt_string(&body, "role")?;
+    let persona = opt_string(&body, "persona")?;
+    let profile = register(
+        &skynet,
+        &name,
+        Some(&agent_type),
+        role.as_deref(),
+        persona.as_deref(),
+    )
+    .await?;
+    Ok((StatusCode::CREATED, axum::Json(profile.to_json("offline"))).into_response())
+}
+
+async fn create_human(State(skynet): Shared, body: Bytes) -> ApiResult {
+    let body = body_object(&body)?;
+    let name = required_string(&body, "name")?;
+    let profile = register(&skynet, &name, None, None, None).await?;
+    Ok((StatusCode::CREATED, axum::Json(profile.to_json("offline"))).into_response())
+}
+
+async fn register(
+    skynet: &Skynet,
+    name: &str,
+    agent_type: Option<&str>,
+    role: Option<&str>,
+    persona: Option<&str>,
+) -> Result<Profile, ApiError> {
+    skynet
+        .registry
+        .create(name, agent_type, role, persona)
+        .await
+        .map_err(|e| match e {
+            RegisterError::Taken(taken) if taken.holder_protocol == PROTOCOL => ApiError::new(
+                StatusCode::CONFLICT,
+                format!("Name '{name}' is already taken"),
+            ),
+            RegisterError::Taken(taken) => ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "Name '{name}' is already taken by {} {} '{name}'",
+                    taken.holder_protocol, taken.holder_role
+                ),
+            ),
+            RegisterError::Store(e) => {
+                tracing::error!(error = %e, "skynet: cannot store a registration");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "cannot store the registration",
+                )
+            }
+        })
+}
+
+/// A profile with the member's live status, as `GET /api/agents` shows it.
+fn with_status(skynet: &Skynet, profile: &Profile) -> Value {
+    let status = skynet
+        .workspace
+        .status_of(&profile.id)
+        .unwrap_or_else(|| "offline".into());
+    profile.to_json(&status)
+}
+
+async fn list_agents(State(skynet): Shared) -> Response {
+    let agents: Vec<Value> = skynet
+        .registry
+        .list(false)
+        .iter()
+        .map(|p| with_status(&skynet, p))
+        .collect();
+    ok(Value::Array(agents))
+}
+
+async fn list_humans(State(skynet): Shared) -> Response {
+    let humans: Vec<Value> = skynet
+        .registry
+        .list(true)
+        .iter()
+        .map(|p| p.to_json("offline"))
+        .collect();
+    ok(Value::Array(humans))
+}
+
+async fn get_agent(State(skynet): Shared, Path(id): Path<String>) -> Response {
+    match skynet.registry.by_id_or_name(&id, false) {
+        Some(profile) => ok(with_status(&skynet, &profile)),
+        None => error(StatusCode::NOT_FOUND, "Agent not found"),
+    }
+}
+
+async fn get_human(State(skynet): Shared, Path(id): Path<String>) -> Response {
+    match skynet.registry.by_id_or_name(&id, true) {
+        Some(profile) => ok(profile.to_json("offline")),
+        None => error(StatusCode::NOT_FOUND, "Human not found"),
+    }
+}
+
+async fn delete_agent(State(skynet): Shared, Path(id): Path<String>) -> Response {
+    delete(&skynet, &id, false).await
+}
+
+async fn delete_human(State(skynet): Shared, Path(id): Path<String>) -> Response {
+    delete(&skynet, &id, true).await
+}
+
+/// Deletes by UUID only (a name is not found), never while the member is joined.
+async fn delete(skynet: &Skynet, id: &str, human: bool) -> Response {
+    let (not_found, connected) = if human {
+        (
+            "Human not found",
+            "Human is currently connected. Disconnect first.",
+        )
+    } else {
+        (
+            "Agent not found",
+            "Agent is currently connected. Disconnect it first.",
+        )
+    };
+    let Some(profile) = skynet.registry.by_id(id).filter(|p| p.is_human() == human) else {
+        return error(StatusCode::NOT_FOUND, not_found);
+    };
+    if skynet.workspace.is_member(&profile.id) {
+        return error(StatusCode::CONFLICT, connected);
+    }
+    match skynet.registry.delete(&profile.id).await {
+        Ok(_) => ok(json!({ "deleted": profile.to_json("offline") })),
+        Err(e) => {
+            tracing::error!(error = %e, "skynet: cannot delete a registration");
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "cannot delete the registration",
+            )
+        }
+    }
+}
+
+async fn check_name(State(skynet): Shared, Query(q): Query<HashMap<String, String>>) -> Response {
+    match q.get("name").filter(|n| !n.is_empty()) {
+        Some(name) => ok(json!({ "available": skynet.core.directory.check_free(name).is_ok() })),
+        None => error(StatusCode::BAD_REQUEST, "name query parameter is required"),
+    }
+}
+
+async fn members(State(skynet): Shared) -> Response {
+    ok(Value::Array(skynet.member_cards()))
+}
+
+async fn messages(State(skynet): Shared, Query(q): Query<HashMap<String, String>>) -> ApiResult {
+    let number = |key: &str| -> Result<Option<i64>, ApiError> {
+        match q.get(key).filter(|v| !v.is_empty()) {
+            None => Ok(None),
+            Some(v) => v
+                .parse::<i64>()
+                .map(Some)
+                .map_err(|_| ApiError::bad_request(format!("{key} must be an integer"))),
+        }
+    };
+    let (limit, before) = (number("limit")?, number("before")?);
+    let query = MessageQuery {
+        limit: limit.unwrap_or(100).clamp(0, 10_000) as usize,
+        // As Skynet's server does, `before=0` means no bound.
+        before: before.filter(|b| *b > 0),
+        ..Default::default()
+    };
+    let stored = skynet.core.store.messages(query).await.map_err(|e| {
+        tracing::error!(error = %e, "skynet: cannot read history");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "cannot read messages")
+    })?;
+    Ok(ok(Value::Array(
+        stored
+            .iter()
+            .filter_map(|m| skynet.encode(&m.envelope))
+            .collect(),
+    )))
+}
+
+async fn interrupt(State(skynet): Shared, Path(id): Path<String>, body: Bytes) -> Response {
+    control(&skynet, &id, &body, Kind::ControlInterrupt).await
+}
+
+async fn forget(State(skynet): Shared, Path(id): Path<String>, body: Bytes) -> Response {
+    control(&skynet, &id, &body, Kind::ControlForget).await
+}
+
+async fn watch(State(skynet): Shared, Path(id): Path<String>, body: Bytes) -> Response {
+    control(&skynet, &id, &body, Kind::ControlWatch).await
+}
+
+async fn unwatch(State(skynet): Shared, Path(id): Path<String>, body: Bytes) -> Response {
+    control(&skynet, &id, &body, Kind::ControlUnwatch).await
+}
+
+/// Sends an `agent.interrupt | forget | watch | unwatch` to the agent only, unstored.
+async fn control(skynet: &Skynet, id: &str, body: &Bytes, kind: Kind) -> Response {
+    let Some(agent) = skynet.registry.by_id_or_name(id, false) else {
+        return error(StatusCode::NOT_FOUND, "Agent not found");
+    };
+    if !skynet.workspace.is_connected(&agent.id) {
+        return error(StatusCode::CONFLICT, "Agent is not connected");
+    }
+    let body = match body_object(body) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let mut payload = Map::new();
+    payload.insert("agentId".into(), json!(agent.id));
+    let msg_type = match kind {
+        Kind::ControlWatch | Kind::ControlUnwatch => {
+            let Some(human_id) = body
+                .get("humanId")
+                .and_then(Value::as_str)
+                .filter(|h| !h.is_empty())
+            else {
+                return error(StatusCode::BAD_REQUEST, "humanId is required");
+            };
+            payload.insert("humanId".into(), json!(human_id));
+            if let Some(human) = skynet.registry.by_id_or_name(human_id, true) {
+                skynet
+                    .workspace
+                    .watch(&human.name, &agent.name, kind == Kind::ControlWatch);
+            }
+            if kind == Kind::ControlWatch {
+                "agent.watch"
+            } else {
+                "agent.unwatch"
+            }
+        }
+        Kind::ControlForget => "agent.forget",
+        _ => {
+            if let Some(reason) = body.get("reason").filter(|r| !r.is_null()) {
+                payload.insert("reason".into(), reason.clone());
+            }
+            "agent.interrupt"
+        }
+    };
+    let native = json!({
+        "id": new_message_id(),
+        "type": msg_type,
+        "from": agent.id,
+        "timestamp": now_ms(),
+        "payload": payload,
+        "mentions": [agent.id],
+    });
+    let mut env = Envelope::new(PROTOCOL, &agent.name, kind);
+    env.id = native["id"].as_str().unwrap_or_default().to_owned();
+    env.to = vec![agent.name.clone()];
+    env.audience = Audience::Private;
+    env.text = body
+        .get("reason")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    env.data = Some(Value::Object(payload));
+    env.origin = Origin {
+        protocol: PROTOCOL.to_owned(),
+        native: Some(native),
+    };
+    skynet.core.publish_transient(env).await;
+    ok(json!({ "ok": true, "agentId": agent.id }))
+}
+
+async fn upgrade(State(skynet): Shared, upgrade: WebSocketUpgrade) -> Response {
+    let limit = skynet.config.max_frame_bytes.saturating_add(FRAME_HEADROOM);
+    upgrade
+        .max_message_size(limit)
+        .max_frame_size(limit)
+        .on_upgrade(move |socket| ws::serve(socket, skynet))
+}

@@ -1,0 +1,119 @@
+//! Server-side mention enrichment, exactly as Skynet's workspace server does it: for chat
+//! messages whose text contains `@`, every registered member whose `@name` occurs in the
+//! lower-cased text (a plain substring test) is added, then `__all__` for `@all`.
+
+use serde_json::{Map, Value};
+
+use super::wire::MENTION_ALL;
+
+/// Enriches `msg.mentions` in place. `candidates` are `(card id, name)` in the order they
+/// are tried: registered agents, then humans, then agents of other protocols. The field is
+/// removed when the result is empty.
+pub fn enrich<'a>(
+    msg: &mut Map<String, Value>,
+    sender_id: &str,
+    candidates: impl IntoIterator<Item = (&'a str, &'a str)>,
+) {
+    let mut ids: Vec<String> = msg
+        .get("mentions")
+        .and_then(Value::as_array)
+        .map(|list| {
+            let mut unique: Vec<String> = Vec::with_capacity(list.len());
+            for id in list.iter().filter_map(Value::as_str) {
+                if !unique.iter().any(|u| u == id) {
+                    unique.push(id.to_owned());
+                }
+            }
+            unique
+        })
+        .unwrap_or_default();
+
+    let text = (msg.get("type").and_then(Value::as_str) == Some("chat"))
+        .then(|| msg.get("payload")?.get("text")?.as_str())
+        .flatten()
+        .filter(|t| t.contains('@'));
+    if let Some(text) = text {
+        let lower = text.to_lowercase();
+        for (id, name) in candidates {
+            if id == sender_id || ids.iter().any(|known| known == id) {
+                continue;
+            }
+            if lower.contains(&format!("@{}", name.to_lowercase())) {
+                ids.push(id.to_owned());
+            }
+        }
+        if !ids.iter().any(|id| id == MENTION_ALL) && lower.contains("@all") {
+            ids.push(MENTION_ALL.to_owned());
+        }
+    }
+
+    if ids.is_empty() {
+        msg.remove("mentions");
+    } else {
+        msg.insert(
+            "mentions".into(),
+            Value::Array(ids.into_iter().map(Value::String).collect()),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn enriched(msg: Value, sender: &str) -> Option<Value> {
+        let mut msg = msg.as_object().unwrap().clone();
+        let members = [("id-alice", "Alice"), ("id-bob", "bob"), ("id-al", "al")];
+        enrich(&mut msg, sender, members);
+        msg.get("mentions").cloned()
+    }
+
+    #[test]
+    fn names_are_found_case_insensitively_as_substrings() {
+        let m = enriched(
+            json!({"type":"chat","payload":{"text":"hey **@ALICE** and @bobby"}}),
+            "x",
+        );
+        // "@alice" also contains "@al": a plain substring test, as Skynet does it.
+        assert_eq!(m, Some(json!(["id-alice", "id-bob", "id-al"])));
+    }
+
+    #[test]
+    fn client_mentions_are_kept_first_without_duplicates() {
+        let m = enriched(
+            json!({"type":"chat","payload":{"text":"@bob"},"mentions":["id-bob","id-zed","id-bob"]}),
+            "x",
+        );
+        assert_eq!(m, Some(json!(["id-bob", "id-zed"])));
+    }
+
+    #[test]
+    fn the_sender_is_not_added_and_at_all_is() {
+        let m = enriched(
+            json!({"type":"chat","payload":{"text":"@bob @all"}}),
+            "id-bob",
+        );
+        // "@all" also matches the member "al": substring semantics again.
+        assert_eq!(m, Some(json!(["id-al", "__all__"])));
+    }
+
+    #[test]
+    fn only_chat_with_at_signs_is_enriched_and_empty_stays_absent() {
+        assert_eq!(
+            enriched(json!({"type":"task.assign","payload":{"text":"@bob"}}), "x"),
+            None
+        );
+        assert_eq!(
+            enriched(json!({"type":"chat","payload":{"text":"bob"}}), "x"),
+            None
+        );
+        assert_eq!(
+            enriched(
+                json!({"type":"chat","payload":{"text":"hi"},"mentions":[]}),
+                "x"
+            ),
+            None
+        );
+    }
+}

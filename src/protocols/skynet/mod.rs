@@ -1,0 +1,60 @@
+//! The Skynet endpoint: Skynet's HTTP registration API and its WebSocket workspace, as
+//! described in `skynet-protocol.md` and `skynet-workspace-rules.md`, on one listener.
+
+mod config;
+mod http;
+mod mentions;
+mod registry;
+mod translate;
+mod wire;
+mod workspace;
+mod ws;
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+
+use super::{Running, StartError};
+use crate::core::{Core, Protocol};
+use registry::Registry;
+use workspace::Workspace;
+
+pub const PROTOCOL: Protocol = "skynet";
+
+/// The endpoint's shared state.
+pub struct Skynet {
+    core: Arc<Core>,
+    config: Config,
+    registry: Registry,
+    workspace: Workspace,
+    shutdown: CancellationToken,
+}
+
+pub async fn start(
+    config: &Config,
+    core: Arc<Core>,
+    shutdown: CancellationToken,
+) -> Result<Running, StartError> {
+    let registry = Registry::load(core.clone())
+        .await
+        .map_err(|e| StartError::new(PROTOCOL, e))?;
+    let listener = super::bind(PROTOCOL, config.listen).await?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| StartError::new(PROTOCOL, e))?;
+    let skynet = Arc::new(Skynet {
+        core,
+        config: config.clone(),
+        registry,
+        workspace: Workspace::new(),
+        shutdown: shutdown.clone(),
+    });
+    let task = super::serve(PROTOCOL, listener, http::router(skynet), shutdown);
+    Ok(Running {
+        name: PROTOCOL,
+        listeners: vec![("http+ws", addr)],
+        tasks: vec![task],
+    })
+}

@@ -1,0 +1,269 @@
+//! Registered Skynet agents and humans: created over HTTP, kept in the store, claimed in
+//! the bridge's directory so their names are unique across every protocol.
+
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use rusqlite::params;
+use serde_json::{Map, Value, json};
+
+use super::PROTOCOL;
+use crate::core::{AgentInfo, Core, NameTaken, Role, Status};
+use crate::store::{Migration, StoreError};
+
+static MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    sql: "
+        CREATE TABLE skynet_agents (
+            id         TEXT PRIMARY KEY,
+            name       TEXT NOT NULL UNIQUE,
+            type       TEXT NOT NULL,
+            role       TEXT,
+            persona    TEXT,
+            created_at INTEGER NOT NULL
+        );
+        CREATE TABLE skynet_humans (
+            id         TEXT PRIMARY KEY,
+            name       TEXT NOT NULL UNIQUE,
+            created_at INTEGER NOT NULL
+        );
+    ",
+}];
+
+/// A registered agent (with its card's persistent fields) or human.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Profile {
+    pub id: String,
+    pub name: String,
+    /// The card `type`; `None` for humans.
+    pub agent_type: Option<String>,
+    pub role: Option<String>,
+    pub persona: Option<String>,
+    pub created_at: i64,
+}
+
+impl Profile {
+    pub fn is_human(&self) -> bool {
+        self.agent_type.is_none()
+    }
+
+    /// The AgentCard (agents) or HumanProfile (humans) as the HTTP API returns it.
+    pub fn to_json(&self, status: &str) -> Value {
+        let mut out = Map::new();
+        out.insert("id".into(), json!(self.id));
+        out.insert("name".into(), json!(self.name));
+        if let Some(agent_type) = &self.agent_type {
+            out.insert("type".into(), json!(agent_type));
+            if let Some(role) = &self.role {
+                out.insert("role".into(), json!(role));
+            }
+            if let Some(persona) = &self.persona {
+                out.insert("persona".into(), json!(persona));
+            }
+            out.insert("createdAt".into(), json!(self.created_at));
+            out.insert("status".into(), json!(status));
+        } else {
+            out.insert("createdAt".into(), json!(self.created_at));
+        }
+        Value::Object(out)
+    }
+
+    fn directory_entry(&self) -> AgentInfo {
+        let mut info = AgentInfo::new(&self.name, PROTOCOL, &self.id);
+        info.role = if self.is_human() {
+            Role::Human
+        } else {
+            Role::Agent
+        };
+        info.agent_type = Some(self.agent_type.clone().unwrap_or_else(|| "human".into()));
+        info.description = self.role.clone();
+        info.created_at = self.created_at;
+        info
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error(transparent)]
+    Taken(#[from] NameTaken),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+pub struct Registry {
+    core: Arc<Core>,
+    by_id: DashMap<String, Profile>,
+}
+
+impl Registry {
+    /// Loads every registered agent and human and claims their names.
+    pub async fn load(core: Arc<Core>) -> Result<Registry, StoreError> {
+        core.store.migrate("skynet", MIGRATIONS).await?;
+        let profiles = core
+            .store
+            .read(|conn| {
+                let mut out = Vec::new();
+                let mut agents = conn.prepare(
+                    "SELECT id, name, type, role, persona, created_at FROM skynet_agents",
+                )?;
+                for row in agents.query_map([], |r| {
+                    Ok(Profile {
+                        id: r.get(0)?,
+                        name: r.get(1)?,
+                        agent_type: Some(r.get(2)?),
+                        role: r.get(3)?,
+                        persona: r.get(4)?,
+                        created_at: r.get(5)?,
+                    })
+                })? {
+                    out.push(row?);
+                }
+                let mut humans = conn.prepare("SELECT id, name, created_at FROM skynet_humans")?;
+                for row in humans.query_map([], |r| {
+                    Ok(Profile {
+                        id: r.get(0)?,
+                        name: r.get(1)?,
+                        agent_type: None,
+                        role: None,
+                        persona: None,
+                        created_at: r.get(2)?,
+                    })
+                })? {
+                    out.push(row?);
+                }
+                Ok(out)
+            })
+            .await?;
+        let registry = Registry {
+            core,
+            by_id: DashMap::new(),
+        };
+        for profile in profiles {
+            if let Err(e) = registry.core.directory.register(profile.directory_entry()) {
+                tracing::warn!(error = %e, "skynet: a registered name is held elsewhere; it stays unreachable");
+                continue;
+            }
+            registry.by_id.insert(profile.id.clone(), profile);
+        }
+        Ok(registry)
+    }
+
+    /// Registers an agent (`agent_type` set) or a human (`None`).
+    pub async fn create(
+        &self,
+        name: &str,
+        agent_type: Option<&str>,
+        role: Option<&str>,
+        persona: Option<&str>,
+    ) -> Result<Profile, RegisterError> {
+        let profile = Profile {
+            id: uuid::Uuid::new_v4().to_string(),
+            name: name.to_owned(),
+            agent_type: agent_type.map(str::to_owned),
+            role: role.map(str::to_owned),
+            persona: persona.map(str::to_owned),
+            created_at: crate::core::now_ms(),
+        };
+        // Claim the name first: two racing registrations cannot both win.
+        self.core.directory.register(profile.directory_entry())?;
+        let row = profile.clone();
+        let stored = self
+            .core
+            .store
+            .write(move |conn| {
+                match &row.agent_type {
+                    Some(agent_type) => conn.execute(
+                        "INSERT INTO skynet_agents (id, name, type, role, persona, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        params![row.id, row.name, agent_type, row.role, row.persona, row.created_at],
+                    )?,
+                    None => conn.execute(
+                        "INSERT INTO skynet_humans (id, name, created_at) VALUES (?1, ?2, ?3)",
+                        params![row.id, row.name, row.created_at],
+                    )?,
+                };
+                Ok(())
+            })
+            .await;
+        if let Err(e) = stored {
+            self.core.directory.unregister(&profile.name, PROTOCOL);
+            return Err(e.into());
+        }
+        self.by_id.insert(profile.id.clone(), profile.clone());
+        Ok(profile)
+    }
+
+    /// Removes a registration by id.
+    pub async fn delete(&self, id: &str) -> Result<Option<Profile>, StoreError> {
+        let Some(profile) = self.by_id.get(id).map(|p| p.clone()) else {
+            return Ok(None);
+        };
+        let row_id = profile.id.clone();
+        let human = profile.is_human();
+        self.core
+            .store
+            .write(move |conn| {
+                let table = if human {
+                    "skynet_humans"
+                } else {
+                    "skynet_agents"
+                };
+                conn.execute(&format!("DELETE FROM {table} WHERE id = ?1"), [row_id])?;
+                Ok(())
+            })
+            .await?;
+        self.by_id.remove(id);
+        self.core.directory.unregister(&profile.name, PROTOCOL);
+        Ok(Some(profile))
+    }
+
+    pub fn by_id(&self, id: &str) -> Option<Profile> {
+        self.by_id.get(id).map(|p| p.clone())
+    }
+
+    /// By id, or else by name — as Skynet's `GET /api/agents/:id` looks agents up.
+    pub fn by_id_or_name(&self, key: &str, human: bool) -> Option<Profile> {
+        if let Some(p) = self.by_id(key).filter(|p| p.is_human() == human) {
+            return Some(p);
+        }
+        let id = self
+            .core
+            .directory
+            .get(key)
+            .filter(|a| a.protocol == PROTOCOL)?
+            .native_id;
+        self.by_id(&id).filter(|p| p.is_human() == human)
+    }
+
+    /// Every agent (or every human), oldest first.
+    pub fn list(&self, humans: bool) -> Vec<Profile> {
+        let mut all: Vec<Profile> = self
+            .by_id
+            .iter()
+            .filter(|p| p.is_human() == humans)
+            .map(|p| p.clone())
+            .collect();
+        all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        all
+    }
+}
+
+/// Skynet's status vocabulary → the bridge's.
+pub fn status_from_skynet(status: &str) -> Status {
+    match status {
+        "idle" => Status::Idle,
+        "busy" => Status::Busy,
+        "offline" => Status::Offline,
+        "error" => Status::Error,
+        _ => Status::Online,
+    }
+}
+
+/// The bridge's status vocabulary → Skynet's (`idle | busy | offline | error`).
+pub fn status_to_skynet(status: Status) -> &'static str {
+    match status {
+        Status::Online | Status::Idle => "idle",
+        Status::Busy => "busy",
+        Status::Offline => "offline",
+        Status::Error => "error",
+    }
+}

@@ -1,0 +1,487 @@
+//! SkynetMessage ⇄ Envelope. Pure functions: the only state they consult is how card ids
+//! and agent names correspond, through `Peers`.
+
+use serde_json::{Map, Value, json};
+
+use super::PROTOCOL;
+use super::wire;
+use crate::core::{Attachment, Audience, Envelope, Kind, Origin, TaskInfo, TaskState};
+
+/// How Skynet card ids and bridge agent names correspond.
+pub trait Peers {
+    /// The card id Skynet shows for agent `name`.
+    fn card_id(&self, name: &str) -> String;
+    /// The agent name behind a card id.
+    fn name_of(&self, card_id: &str) -> Option<String>;
+    /// The AgentCard Skynet shows for agent `name`.
+    fn card(&self, name: &str) -> Option<Value>;
+}
+
+/// Canonical task state → Skynet `TaskStatus`, and back. One table, both directions.
+const TASK_STATES: &[(TaskState, &str)] = &[
+    (TaskState::Submitted, "pending"),
+    (TaskState::Assigned, "assigned"),
+    (TaskState::Working, "in-progress"),
+    (TaskState::Completed, "completed"),
+    (TaskState::Failed, "failed"),
+    // Skynet has no words for these; the nearest is shown, and read back as the above.
+    (TaskState::Waiting, "in-progress"),
+    (TaskState::InReview, "in-progress"),
+    (TaskState::Cancelled, "failed"),
+    (TaskState::Rejected, "failed"),
+];
+
+pub fn task_state_to_skynet(state: TaskState) -> &'static str {
+    TASK_STATES
+        .iter()
+        .find(|(s, _)| *s == state)
+        .map(|(_, n)| *n)
+        .unwrap_or("pending")
+}
+
+pub fn task_state_from_skynet(status: &str) -> Option<TaskState> {
+    TASK_STATES
+        .iter()
+        .find(|(_, n)| *n == status)
+        .map(|(s, _)| *s)
+}
+
+/// A SkynetMessage the server has normalised (`from`, `id`, `timestamp` set, mentions
+/// enriched) → Envelope. `sender` is the sender's agent name.
+pub fn decode(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> Envelope {
+    let msg_type = str_field(msg, "type").unwrap_or_default();
+    let payload = msg.get("payload").cloned().unwrap_or(Value::Null);
+    let mut env = Envelope::new(PROTOCOL, sender, kind_of(msg_type));
+    if let Some(id) = str_field(msg, "id") {
+        env.id = id.to_owned();
+    }
+    if let Some(ts) = msg.get("timestamp").and_then(wire::as_millis) {
+        env.timestamp = ts;
+    }
+    env.reply_to = str_field(msg, "replyTo").map(str::to_owned);
+    env.echo = true;
+    for id in msg
+        .get("mentions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        if id == wire::MENTION_ALL {
+            env.audience = Audience::Everyone;
+        } else if let Some(name) = peers.name_of(id) {
+            if !env.mentions.contains(&name) {
+                env.mentions.push(name);
+            }
+        }
+    }
+
+    match env.kind {
+        Kind::Chat => {
+            env.text = payload
+                .get("text")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            env.attachments = payload
+                .get("attachments")
+                .and_then(Value::as_array)
+                .map(|list| list.iter().filter_map(attachment_from).collect())
+                .unwrap_or_default();
+        }
+        Kind::TaskAssign | Kind::TaskUpdate => {
+            env.task = Some(TaskInfo {
+                id: str_of(&payload, "taskId"),
+                title: opt_str(&payload, "title"),
+                description: opt_str(&payload, "description"),
+                state: payload
+                    .get("status")
+                    .and_then(Value::as_str)
+                    .and_then(task_state_from_skynet),
+                assignee: payload
+                    .get("assignee")
+                    .and_then(Value::as_str)
+                    .map(|id| peers.name_of(id).unwrap_or_else(|| id.to_owned())),
+                files: str_list(&payload, "files"),
+                ..Default::default()
+            });
+            env.data = payload.get("metadata").cloned();
+        }
+        Kind::TaskResult => {
+            let success = payload
+                .get("success")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            env.task = Some(TaskInfo {
+                id: str_of(&payload, "taskId"),
+                state: Some(if success {
+                    TaskState::Completed
+                } else {
+                    TaskState::Failed
+                }),
+                summary: opt_str(&payload, "summary"),
+                error: opt_str(&payload, "error"),
+                files: str_list(&payload, "filesChanged"),
+                ..Default::default()
+            });
+            env.text = opt_str(&payload, "summary");
+        }
+        Kind::Log => {
+            env.text = opt_str(&payload, "summary");
+            env.data = Some(payload.clone());
+        }
+        _ => {
+            env.text = payload
+                .get("text")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            if !payload.is_null() {
+                env.data = Some(payload.clone());
+            }
+        }
+    }
+    env.origin = Origin {
+        protocol: PROTOCOL.to_owned(),
+        native: Some(Value::Object(msg.clone())),
+    };
+    env
+}
+
+/// Envelope → the frame a Skynet client receives: a bare SkynetMessage, or for a status
+/// change a `status-change` event. `None` when Skynet has nothing to show for it.
+pub fn encode(env: &Envelope, peers: &impl Peers) -> Option<Value> {
+    if env.origin_is(PROTOCOL)
+        && let Some(native) = &env.origin.native
+    {
+        return Some(native.clone());
+    }
+    let from = peers.card_id(&env.from);
+    if env.kind == Kind::PresenceStatus {
+        let status = env
+            .data
+            .as_ref()
+            .and_then(|d| d.get("status"))
+            .and_then(Value::as_str)
+            .unwrap_or("idle");
+        return Some(wire::event_value(
+            wire::EVENT_STATUS_CHANGE,
+            json!({ "agentId": from, "status": status }),
+        ));
+    }
+    let (msg_type, payload) = match env.kind {
+        Kind::TaskAssign | Kind::TaskUpdate => {
+            let task = env.task.clone().unwrap_or_default();
+            let mut p = Map::new();
+            p.insert("taskId".into(), json!(task.id));
+            p.insert("title".into(), json!(task.title.unwrap_or_default()));
+            p.insert(
+                "description".into(),
+                json!(task.description.or(env.text.clone()).unwrap_or_default()),
+            );
+            if let Some(assignee) = &task.assignee {
+                p.insert("assignee".into(), json!(peers.card_id(assignee)));
+            }
+            p.insert(
+                "status".into(),
+                json!(task_state_to_skynet(task.state.unwrap_or(
+                    if env.kind == Kind::TaskAssign {
+                        TaskState::Assigned
+                    } else {
+                        TaskState::Working
+                    }
+                ))),
+            );
+            if !task.files.is_empty() {
+                p.insert("files".into(), json!(task.files));
+            }
+            let mut metadata = match &env.data {
+                Some(Value::Object(m)) => m.clone(),
+                Some(other) => Map::from_iter([("data".to_owned(), other.clone())]),
+                None => Map::new(),
+            };
+            if let Some(progress) = task.progress {
+                metadata.insert("progress".into(), json!(progress));
+            }
+            if env.kind == Kind::TaskUpdate
+                && let Some(text) = &env.text
+            {
+                metadata.entry("message").or_insert(json!(text));
+            }
+            if !metadata.is_empty() {
+                p.insert("metadata".into(), Value::Object(metadata));
+            }
+            let t = if env.kind == Kind::TaskAssign {
+                "task.assign"
+            } else {
+                "task.update"
+            };
+            (t, Value::Object(p))
+        }
+        Kind::TaskResult => {
+            let task = env.task.clone().unwrap_or_default();
+            let success = task.state == Some(TaskState::Completed);
+            let mut p = Map::new();
+            p.insert("taskId".into(), json!(task.id));
+            p.insert("success".into(), json!(success));
+            p.insert(
+                "summary".into(),
+                json!(task.summary.or(env.text.clone()).unwrap_or_default()),
+            );
+            if !task.files.is_empty() {
+                p.insert("filesChanged".into(), json!(task.files));
+            }
+            if let Some(error) = task.error.or((!success).then(|| "failed".to_owned())) {
+                p.insert("error".into(), json!(error));
+            }
+            ("task.result", Value::Object(p))
+        }
+        Kind::PresenceJoin => (
+            "agent.join",
+            json!({ "agent": peers.card(&env.from).unwrap_or_else(|| json!({ "id": from, "name": env.from })) }),
+        ),
+        Kind::PresenceLeave => ("agent.leave", json!({ "agentId": from })),
+        Kind::Log => {
+            let mut p = match &env.data {
+                Some(Value::Object(m)) => m.clone(),
+                _ => Map::new(),
+            };
+            p.entry("event").or_insert(json!("custom"));
+            p.entry("summary")
+                .or_insert(json!(env.text.clone().unwrap_or_default()));
+            p.entry("level").or_insert(json!("info"));
+            ("execution.log", Value::Object(p))
+        }
+        Kind::Context => {
+            let payload = match &env.data {
+                Some(Value::Object(m)) => Value::Object(m.clone()),
+                Some(other) => json!({ "metadata": { "data": other } }),
+                None => json!({ "metadata": { "text": env.text } }),
+            };
+            ("context.share", payload)
+        }
+        Kind::ControlInterrupt
+        | Kind::ControlForget
+        | Kind::ControlWatch
+        | Kind::ControlUnwatch
+        | Kind::ControlAbort => {
+            let target = env
+                .addressees()
+                .next()
+                .map(|n| peers.card_id(n))
+                .unwrap_or_default();
+            let mut p = Map::new();
+            p.insert("agentId".into(), json!(target));
+            if let Some(reason) = &env.text {
+                p.insert("reason".into(), json!(reason));
+            }
+            let t = match env.kind {
+                Kind::ControlForget => "agent.forget",
+                Kind::ControlWatch => "agent.watch",
+                Kind::ControlUnwatch => "agent.unwatch",
+                _ => "agent.interrupt",
+            };
+            (t, Value::Object(p))
+        }
+        _ => {
+            let text = env
+                .text
+                .clone()
+                .or_else(|| env.data.as_ref().map(Value::to_string))?;
+            let mut p = Map::new();
+            p.insert("text".into(), json!(text));
+            if !env.attachments.is_empty() {
+                p.insert(
+                    "attachments".into(),
+                    Value::Array(env.attachments.iter().map(attachment_to).collect()),
+                );
+            }
+            ("chat", Value::Object(p))
+        }
+    };
+
+    let mut msg = Map::new();
+    msg.insert("id".into(), json!(env.id));
+    msg.insert("type".into(), json!(msg_type));
+    msg.insert("from".into(), json!(from));
+    msg.insert("timestamp".into(), json!(env.timestamp));
+    msg.insert("payload".into(), payload);
+    if let Some(reply_to) = &env.reply_to {
+        msg.insert("replyTo".into(), json!(reply_to));
+    }
+    let mut mentions: Vec<String> = env.addressees().map(|n| peers.card_id(n)).collect();
+    if env.audience == Audience::Everyone && !env.kind.is_presence() {
+        mentions.push(wire::MENTION_ALL.to_owned());
+    }
+    if !mentions.is_empty() {
+        msg.insert("mentions".into(), json!(mentions));
+    }
+    Some(Value::Object(msg))
+}
+
+fn kind_of(msg_type: &str) -> Kind {
+    match msg_type {
+        "chat" => Kind::Chat,
+        "task.assign" => Kind::TaskAssign,
+        "task.update" => Kind::TaskUpdate,
+        "task.result" => Kind::TaskResult,
+        "context.share" | "file.change" => Kind::Context,
+        "agent.interrupt" => Kind::ControlInterrupt,
+        "agent.forget" => Kind::ControlForget,
+        "agent.watch" => Kind::ControlWatch,
+        "agent.unwatch" => Kind::ControlUnwatch,
+        "execution.log" => Kind::Log,
+        "agent.join" => Kind::PresenceJoin,
+        "agent.leave" => Kind::PresenceLeave,
+        _ => Kind::Custom,
+    }
+}
+
+fn attachment_from(v: &Value) -> Option<Attachment> {
+    Some(Attachment {
+        name: v.get("name")?.as_str()?.to_owned(),
+        mime_type: v
+            .get("mimeType")
+            .and_then(Value::as_str)
+            .unwrap_or("application/octet-stream")
+            .to_owned(),
+        size: v.get("size").and_then(Value::as_u64).unwrap_or(0),
+        data: v.get("data")?.as_str()?.to_owned(),
+    })
+}
+
+fn attachment_to(a: &Attachment) -> Value {
+    let kind = if a.mime_type.starts_with("image/") {
+        "image"
+    } else {
+        "file"
+    };
+    json!({ "type": kind, "mimeType": a.mime_type, "name": a.name, "data": a.data, "size": a.size })
+}
+
+fn str_field<'a>(msg: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
+    msg.get(key).and_then(Value::as_str)
+}
+
+fn opt_str(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(Value::as_str).map(str::to_owned)
+}
+
+fn str_of(v: &Value, key: &str) -> String {
+    opt_str(v, key).unwrap_or_default()
+}
+
+fn str_list(v: &Value, key: &str) -> Vec<String> {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map(|l| {
+            l.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    struct Table(HashMap<&'static str, &'static str>);
+    impl Peers for Table {
+        fn card_id(&self, name: &str) -> String {
+            self.0
+                .iter()
+                .find(|(_, n)| **n == name)
+                .map(|(id, _)| id.to_string())
+                .unwrap_or_else(|| format!("derived-{name}"))
+        }
+        fn name_of(&self, card_id: &str) -> Option<String> {
+            self.0.get(card_id).map(|n| n.to_string())
+        }
+        fn card(&self, name: &str) -> Option<Value> {
+            Some(json!({ "id": self.card_id(name), "name": name, "type": "generic" }))
+        }
+    }
+
+    fn peers() -> Table {
+        Table(HashMap::from([("id-a", "alice"), ("id-b", "bob")]))
+    }
+
+    fn message(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn chat_maps_mentions_to_names_and_all_to_everyone() {
+        let msg = message(json!({
+            "id": "m1", "type": "chat", "from": "id-a", "timestamp": 1000,
+            "payload": { "text": "hi @bob" }, "mentions": ["id-b", "unknown", "__all__"],
+            "replyTo": "m0"
+        }));
+        let env = decode(&msg, "alice", &peers());
+        assert_eq!(env.id, "m1");
+        assert_eq!(env.kind, Kind::Chat);
+        assert_eq!(env.mentions, ["bob"]);
+        assert_eq!(env.audience, Audience::Everyone);
+        assert_eq!(env.reply_to.as_deref(), Some("m0"));
+        assert_eq!(env.text.as_deref(), Some("hi @bob"));
+        assert_eq!(env.timestamp, 1000);
+        // Skynet peers get the frame back verbatim.
+        let frame = encode(&env, &peers()).unwrap();
+        assert_eq!(Value::Object(msg), frame);
+    }
+
+    #[test]
+    fn task_states_map_both_ways() {
+        for (state, name) in TASK_STATES.iter().take(5) {
+            assert_eq!(task_state_from_skynet(name), Some(*state));
+            assert_eq!(task_state_to_skynet(*state), *name);
+        }
+        assert_eq!(task_state_to_skynet(TaskState::Cancelled), "failed");
+    }
+
+    #[test]
+    fn foreign_task_result_becomes_task_result() {
+        let mut env = Envelope::new("tracker", "coder", Kind::TaskResult);
+        env.task = Some(TaskInfo {
+            id: "t1".into(),
+            state: Some(TaskState::Completed),
+            summary: Some("done".into()),
+            ..Default::default()
+        });
+        env.to = vec!["alice".into()];
+        env.reply_to = Some("m1".into());
+        let frame = encode(&env, &peers()).unwrap();
+        assert_eq!(frame["type"], "task.result");
+        assert_eq!(frame["from"], "derived-coder");
+        assert_eq!(frame["payload"]["taskId"], "t1");
+        assert_eq!(frame["payload"]["success"], true);
+        assert_eq!(frame["payload"]["summary"], "done");
+        assert_eq!(frame["mentions"], json!(["id-a"]));
+        assert_eq!(frame["replyTo"], "m1");
+    }
+
+    #[test]
+    fn foreign_status_becomes_a_status_change_event() {
+        let mut env = Envelope::new("tracker", "coder", Kind::PresenceStatus);
+        env.data = Some(json!({ "status": "busy" }));
+        let frame = encode(&env, &peers()).unwrap();
+        assert_eq!(
+            frame,
+            json!({ "event": "status-change", "data": { "agentId": "derived-coder", "status": "busy" } })
+        );
+    }
+
+    #[test]
+    fn control_messages_name_their_target() {
+        let mut env = Envelope::new("grid", "mc", Kind::ControlAbort);
+        env.to = vec!["bob".into()];
+        env.text = Some("stop".into());
+        let frame = encode(&env, &peers()).unwrap();
+        assert_eq!(frame["type"], "agent.interrupt");
+        assert_eq!(
+            frame["payload"],
+            json!({ "agentId": "id-b", "reason": "stop" })
+        );
+    }
+}

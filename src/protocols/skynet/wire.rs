@@ -1,0 +1,287 @@
+//! Skynet's wire vocabulary: client frames, server events, the texts clients match on.
+//!
+//! SkynetMessages are kept as JSON objects rather than structs so that fields this server
+//! does not know travel unchanged between Skynet clients.
+
+use serde_json::{Map, Value, json};
+
+pub const MENTION_ALL: &str = "__all__";
+/// Close code for a socket replaced by a newer one of the same agent.
+pub const WS_CLOSE_REPLACED: u16 = 4001;
+/// Largest attachment accepted inside a chat payload (5 MB).
+pub const MAX_ATTACHMENT_SIZE: u64 = 5 * 1024 * 1024;
+
+pub const EVENT_WORKSPACE_STATE: &str = "workspace.state";
+pub const EVENT_HEARTBEAT_ACK: &str = "heartbeat.ack";
+pub const EVENT_ERROR: &str = "error";
+pub const EVENT_STATUS_CHANGE: &str = "status-change";
+
+pub const ERR_INVALID_FORMAT: &str = "Invalid message format";
+pub const ERR_NOT_CONNECTED: &str = "Not connected to workspace";
+pub const ERR_UNKNOWN_AGENT: &str = "Unknown agent ID. Register via the HTTP API first.";
+pub const ERR_UNKNOWN_HUMAN: &str = "Unknown human ID. Register via the HTTP API first.";
+
+/// A server event: `{"event": name, "data": data}`.
+pub fn event_value(name: &str, data: Value) -> Value {
+    json!({ "event": name, "data": data })
+}
+
+/// A server event frame, as text.
+pub fn event(name: &str, data: Value) -> String {
+    event_value(name, data).to_string()
+}
+
+/// An `error` event. `detail`, when given, says precisely what was wrong; `message` stays
+/// the exact text Skynet clients match on.
+pub fn error_event(message: &str, detail: Option<&str>) -> String {
+    let mut data = Map::new();
+    data.insert("message".into(), json!(message));
+    if let Some(detail) = detail {
+        data.insert("detail".into(), json!(detail));
+    }
+    event(EVENT_ERROR, Value::Object(data))
+}
+
+/// A timestamp as milliseconds, from a JSON number.
+pub fn as_millis(v: &Value) -> Option<i64> {
+    v.as_i64().or_else(|| v.as_f64().map(|f| f as i64))
+}
+
+/// A client frame, checked for shape.
+#[derive(Debug)]
+pub enum ClientFrame {
+    Join(JoinRequest),
+    Leave,
+    Send(Map<String, Value>),
+    Heartbeat { status: Option<String> },
+}
+
+#[derive(Debug)]
+pub struct JoinRequest {
+    /// The AgentCard as the client sent it.
+    pub card: Map<String, Value>,
+    pub id: String,
+    pub human: bool,
+    pub last_seen: Option<i64>,
+}
+
+/// Why a frame was refused; `Display` is the error event's text.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FrameError {
+    /// Not JSON, or not the shape the action needs; the string says what was wrong.
+    Invalid(String),
+    UnknownAction(String),
+}
+
+pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| FrameError::Invalid(format!("frame is not valid JSON: {e}")))?;
+    let Value::Object(mut frame) = value else {
+        return Err(invalid("frame must be a JSON object {action, data}"));
+    };
+    let action = match frame.get("action") {
+        Some(Value::String(a)) => a.clone(),
+        // As Skynet's server does, a missing action is an unknown one.
+        None | Some(Value::Null) => return Err(FrameError::UnknownAction("undefined".into())),
+        Some(other) => return Err(FrameError::UnknownAction(other.to_string())),
+    };
+    let data = frame.remove("data").unwrap_or(Value::Null);
+    match action.as_str() {
+        "join" => parse_join(data).map(ClientFrame::Join),
+        "leave" => Ok(ClientFrame::Leave),
+        "send" => parse_send(data).map(ClientFrame::Send),
+        "heartbeat" => {
+            let status = match data.get("status") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(_) => return Err(invalid("data.status must be a string")),
+            };
+            Ok(ClientFrame::Heartbeat { status })
+        }
+        _ => Err(FrameError::UnknownAction(action)),
+    }
+}
+
+fn parse_join(data: Value) -> Result<JoinRequest, FrameError> {
+    let Value::Object(mut data) = data else {
+        return Err(invalid(
+            "data must be an object {agent, lastSeenTimestamp?}",
+        ));
+    };
+    let Some(Value::Object(card)) = data.remove("agent") else {
+        return Err(invalid("data.agent must be an AgentCard object"));
+    };
+    let Some(id) = card.get("id").and_then(Value::as_str).map(str::to_owned) else {
+        return Err(invalid("data.agent.id must be a string"));
+    };
+    let human = card.get("type").and_then(Value::as_str) == Some("human");
+    let last_seen = match data.get("lastSeenTimestamp") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            Some(as_millis(v).ok_or_else(|| invalid("data.lastSeenTimestamp must be a number"))?)
+        }
+    };
+    Ok(JoinRequest {
+        card,
+        id,
+        human,
+        last_seen,
+    })
+}
+
+fn parse_send(data: Value) -> Result<Map<String, Value>, FrameError> {
+    let Value::Object(msg) = data else {
+        return Err(invalid("data must be a SkynetMessage object"));
+    };
+    match msg.get("type") {
+        Some(Value::String(t)) if !t.is_empty() => {}
+        _ => return Err(invalid("data.type must be a non-empty string")),
+    }
+    if !msg.contains_key("payload") {
+        return Err(invalid("data.payload is required"));
+    }
+    for key in ["id", "replyTo"] {
+        if !matches!(
+            msg.get(key),
+            None | Some(Value::Null) | Some(Value::String(_))
+        ) {
+            return Err(invalid(&format!("data.{key} must be a string")));
+        }
+    }
+    if !matches!(
+        msg.get("timestamp"),
+        None | Some(Value::Null) | Some(Value::Number(_))
+    ) {
+        return Err(invalid("data.timestamp must be a number"));
+    }
+    match msg.get("mentions") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(ids)) if ids.iter().all(Value::is_string) => {}
+        Some(_) => return Err(invalid("data.mentions must be an array of agent ids")),
+    }
+    if msg.get("type").and_then(Value::as_str) == Some("chat") {
+        let payload = &msg["payload"];
+        if !payload.is_object() {
+            return Err(invalid(
+                "data.payload must be an object {text, attachments?}",
+            ));
+        }
+        if !matches!(payload.get("text"), None | Some(Value::String(_))) {
+            return Err(invalid("data.payload.text must be a string"));
+        }
+        match payload.get("attachments") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(list)) if list.iter().all(Value::is_object) => {}
+            Some(_) => {
+                return Err(invalid(
+                    "data.payload.attachments must be an array of attachments",
+                ));
+            }
+        }
+    }
+    Ok(msg)
+}
+
+fn invalid(detail: &str) -> FrameError {
+    FrameError::Invalid(detail.to_owned())
+}
+
+/// The first attachment over the 5 MB limit, as an error text.
+pub fn oversized_attachment(msg: &Map<String, Value>) -> Option<String> {
+    let list = msg.get("payload")?.get("attachments")?.as_array()?;
+    list.iter().find_map(|a| {
+        let declared = a.get("size").and_then(Value::as_u64).unwrap_or(0);
+        // Base64 carries 3 bytes in every 4 characters.
+        let decoded = a
+            .get("data")
+            .and_then(Value::as_str)
+            .map(|d| (d.trim_end_matches('=').len() as u64 * 3) / 4)
+            .unwrap_or(0);
+        let size = declared.max(decoded);
+        (size > MAX_ATTACHMENT_SIZE).then(|| {
+            let name = a.get("name").and_then(Value::as_str).unwrap_or("attachment");
+            format!(
+                "Attachment too large: '{name}' is {size} bytes; the limit is {MAX_ATTACHMENT_SIZE} bytes (5 MB)"
+            )
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> FrameError {
+        parse_client_frame(text).unwrap_err()
+    }
+
+    #[test]
+    fn bad_frames_say_what_was_wrong() {
+        assert!(matches!(err("not json"), FrameError::Invalid(d) if d.contains("not valid JSON")));
+        assert!(matches!(err("[1]"), FrameError::Invalid(d) if d.contains("object")));
+        assert_eq!(
+            err(r#"{"action":"dance"}"#),
+            FrameError::UnknownAction("dance".into())
+        );
+        assert_eq!(
+            err(r#"{"data":{}}"#),
+            FrameError::UnknownAction("undefined".into())
+        );
+        assert!(
+            matches!(err(r#"{"action":"join","data":{}}"#), FrameError::Invalid(d) if d.contains("data.agent"))
+        );
+        assert!(
+            matches!(err(r#"{"action":"join","data":{"agent":{"name":"x"}}}"#), FrameError::Invalid(d) if d.contains("data.agent.id"))
+        );
+        assert!(
+            matches!(err(r#"{"action":"send","data":{"payload":{}}}"#), FrameError::Invalid(d) if d.contains("data.type"))
+        );
+        assert!(
+            matches!(err(r#"{"action":"send","data":{"type":"chat"}}"#), FrameError::Invalid(d) if d.contains("payload"))
+        );
+        assert!(
+            matches!(err(r#"{"action":"send","data":{"type":"chat","payload":{"text":5}}}"#), FrameError::Invalid(d) if d.contains("text"))
+        );
+        assert!(
+            matches!(err(r#"{"action":"send","data":{"type":"chat","payload":{},"mentions":"x"}}"#), FrameError::Invalid(d) if d.contains("mentions"))
+        );
+        assert!(
+            matches!(err(r#"{"action":"send","data":{"type":"chat","payload":{},"timestamp":"now"}}"#), FrameError::Invalid(d) if d.contains("timestamp"))
+        );
+    }
+
+    #[test]
+    fn good_frames_parse() {
+        let join = parse_client_frame(
+            r#"{"action":"join","data":{"agent":{"id":"u1","name":"h","type":"human"},"lastSeenTimestamp":5}}"#,
+        )
+        .unwrap();
+        assert!(
+            matches!(join, ClientFrame::Join(j) if j.human && j.id == "u1" && j.last_seen == Some(5))
+        );
+        let send = parse_client_frame(
+            r#"{"action":"send","data":{"type":"custom.thing","payload":null}}"#,
+        )
+        .unwrap();
+        assert!(matches!(send, ClientFrame::Send(_)));
+    }
+
+    #[test]
+    fn attachments_over_5mb_are_named() {
+        let big = "A".repeat(7 * 1024 * 1024);
+        let msg: Map<String, Value> = serde_json::from_value(json!({
+            "type": "chat", "payload": { "text": "x", "attachments": [
+                { "type": "image", "name": "small.png", "mimeType": "image/png", "data": "AAAA", "size": 3 },
+                { "type": "image", "name": "big.png", "mimeType": "image/png", "data": big, "size": 10 }
+            ]}
+        }))
+        .unwrap();
+        let e = oversized_attachment(&msg).unwrap();
+        assert!(e.contains("big.png"), "{e}");
+        let declared: Map<String, Value> = serde_json::from_value(json!({
+            "type": "chat", "payload": { "attachments": [ { "name": "x", "data": "", "size": 6_000_000 } ] }
+        }))
+        .unwrap();
+        assert!(oversized_attachment(&declared).is_some());
+    }
+}

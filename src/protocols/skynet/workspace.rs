@@ -1,0 +1,500 @@
+//! The Skynet workspace: who is joined, on which connection, and the join / leave /
+//! heartbeat rules of Skynet's reference server.
+//!
+//! Members are kept under one std `Mutex` (never held across an `.await`); every broadcast
+//! they cause goes through the core as an Envelope, so agents of other protocols see them.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use serde_json::{Map, Value, json};
+use tokio::task::AbortHandle;
+
+use super::registry::{Profile, status_from_skynet, status_to_skynet};
+use super::translate::{self, Peers};
+use super::{PROTOCOL, Skynet, wire};
+use crate::core::{
+    AgentInfo, Audience, Closed, Envelope, Interest, Kind, Origin, Role, Session, Status,
+    derived_uuid, new_message_id, now_ms,
+};
+use crate::telemetry;
+
+/// human name → agent names whose execution logs the human watches.
+type Watching = Arc<DashMap<String, HashSet<String>>>;
+
+pub struct Workspace {
+    members: Mutex<Members>,
+    watching: Watching,
+    next_conn: AtomicU64,
+}
+
+#[derive(Default)]
+struct Members {
+    by_id: HashMap<String, Member>,
+    next_seq: u64,
+}
+
+struct Member {
+    name: String,
+    /// The AgentCard as sent in the join, with the latest heartbeat status.
+    card: Map<String, Value>,
+    status: Option<String>,
+    /// The connection currently holding the membership, while it is open.
+    live: Option<(u64, Arc<Session>)>,
+    pending_leave: Option<AbortHandle>,
+    seq: u64,
+}
+
+/// What a successful join gives the connection.
+pub struct Joined {
+    pub agent_id: String,
+    pub name: String,
+    pub human: bool,
+    pub session: Arc<Session>,
+    /// A genuinely new member (not a reconnect).
+    pub is_new: bool,
+}
+
+impl Workspace {
+    pub fn new() -> Self {
+        Workspace {
+            members: Mutex::new(Members::default()),
+            watching: Arc::new(DashMap::new()),
+            next_conn: AtomicU64::new(1),
+        }
+    }
+
+    pub fn next_conn_id(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Members> {
+        self.members.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn member_count(&self) -> usize {
+        self.lock().by_id.len()
+    }
+
+    /// Joined, whether or not its socket is open (a member in its grace period is joined).
+    pub fn is_member(&self, id: &str) -> bool {
+        self.lock().by_id.contains_key(id)
+    }
+
+    /// Joined with an open socket.
+    pub fn is_connected(&self, id: &str) -> bool {
+        self.lock().by_id.get(id).is_some_and(|m| m.live.is_some())
+    }
+
+    pub fn status_of(&self, id: &str) -> Option<String> {
+        self.lock().by_id.get(id).and_then(|m| m.status.clone())
+    }
+
+    pub fn card_of_name(&self, name: &str) -> Option<Value> {
+        let members = self.lock();
+        members
+            .by_id
+            .values()
+            .find(|m| m.name == name)
+            .map(|m| Value::Object(m.card.clone()))
+    }
+
+    /// The joined Skynet members' cards, in join order.
+    pub fn cards(&self) -> Vec<Value> {
+        let members = self.lock();
+        let mut list: Vec<&Member> = members.by_id.values().collect();
+        list.sort_by_key(|m| m.seq);
+        list.iter().map(|m| Value::Object(m.card.clone())).collect()
+    }
+
+    pub fn watch(&self, human: &str, agent: &str, on: bool) {
+        if on {
+            self.watching
+                .entry(human.to_owned())
+                .or_default()
+                .insert(agent.to_owned());
+        } else if let Some(mut set) = self.watching.get_mut(human) {
+            set.remove(agent);
+        }
+    }
+}
+
+/// A Skynet connection's say in routing: humans observe everything but execution logs of
+/// agents they do not watch; agents only take what names them.
+struct MemberInterest {
+    human: Option<(String, Watching)>,
+}
+
+impl Interest for MemberInterest {
+    fn observes(&self, env: &Envelope) -> bool {
+        let Some((name, watching)) = &self.human else {
+            return false;
+        };
+        env.kind != Kind::Log
+            || watching
+                .get(name)
+                .is_some_and(|agents| agents.contains(&env.from))
+    }
+}
+
+impl Skynet {
+    /// Joins `profile` on connection `conn_id`; an older connection of the same member is
+    /// told to close with 4001.
+    pub fn join(&self, conn_id: u64, profile: &Profile, card: Map<String, Value>) -> Joined {
+        let ws = &self.workspace;
+        let human = profile.is_human();
+        let status = card
+            .get("status")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let mut members = ws.lock();
+        let is_new = !members.by_id.contains_key(&profile.id);
+        if is_new {
+            let seq = members.next_seq;
+            members.next_seq += 1;
+            members.by_id.insert(
+                profile.id.clone(),
+                Member {
+                    name: profile.name.clone(),
+                    card: Map::new(),
+                    status: None,
+                    live: None,
+                    pending_leave: None,
+                    seq,
+                },
+            );
+        }
+        let member = members.by_id.get_mut(&profile.id).expect("just inserted");
+        if let Some(timer) = member.pending_leave.take() {
+            timer.abort();
+        }
+        member.card = card;
+        member.status = status.clone();
+        let session = match member.live.take() {
+            Some((live_conn, session)) if live_conn == conn_id => session,
+            older => {
+                if let Some((_, old)) = older {
+                    self.core.router.detach(&old);
+                    old.mailbox.close(Closed::Replaced);
+                }
+                let interest = MemberInterest {
+                    human: human.then(|| (profile.name.clone(), ws.watching.clone())),
+                };
+                self.core.router.attach(
+                    &profile.name,
+                    self.core.router.mailbox(PROTOCOL),
+                    Arc::new(interest),
+                )
+            }
+        };
+        member.live = Some((conn_id, session.clone()));
+        drop(members);
+
+        let status = status
+            .as_deref()
+            .map(status_from_skynet)
+            .unwrap_or(Status::Online);
+        if let Some((was_online, _)) = self
+            .core
+            .directory
+            .set_presence(&profile.name, true, status)
+            && !was_online
+        {
+            telemetry::agent_online(PROTOCOL, true);
+        }
+        Joined {
+            agent_id: profile.id.clone(),
+            name: profile.name.clone(),
+            human,
+            session,
+            is_new,
+        }
+    }
+
+    /// Broadcasts (and stores) the `agent.join` of a new member.
+    pub async fn announce_join(&self, joined: &Joined) {
+        let card = self
+            .workspace
+            .card_of_name(&joined.name)
+            .unwrap_or(Value::Null);
+        let native = json!({
+            "id": new_message_id(),
+            "type": "agent.join",
+            "from": joined.agent_id,
+            "timestamp": now_ms(),
+            "payload": { "agent": card },
+        });
+        let status = card.get("status").cloned().unwrap_or(json!("idle"));
+        let env = presence(
+            Kind::PresenceJoin,
+            &joined.name,
+            native,
+            json!({ "status": status }),
+        );
+        if let Err(e) = self.core.publish(env).await {
+            tracing::error!(error = %e, "skynet: cannot store agent.join");
+        }
+    }
+
+    /// The explicit `leave` action: the member is removed at once.
+    pub async fn leave(&self, agent_id: &str) {
+        let removed = {
+            let mut members = self.workspace.lock();
+            members.by_id.remove(agent_id)
+        };
+        let Some(member) = removed else { return };
+        if let Some(timer) = member.pending_leave {
+            timer.abort();
+        }
+        if let Some((_, session)) = member.live {
+            self.core.router.detach(&session);
+            session.mailbox.close(Closed::Gone);
+        }
+        self.announce_leave(agent_id, &member.name).await;
+    }
+
+    /// A connection closed: its member waits out the grace period before leaving.
+    pub fn disconnected(self: &Arc<Self>, agent_id: &str, conn_id: u64) {
+        let mut members = self.workspace.lock();
+        let Some(member) = members.by_id.get_mut(agent_id) else {
+            return;
+        };
+        match &member.live {
+            Some((live_conn, session)) if *live_conn == conn_id => {
+                self.core.router.detach(session);
+            }
+            // A newer connection took over (or the member already lost its socket).
+            _ => return,
+        }
+        member.live = None;
+        if member.pending_leave.is_none() {
+            let skynet = self.clone();
+            let id = agent_id.to_owned();
+            let grace = Duration::from_millis(self.config.disconnect_grace_ms);
+            let timer = tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                skynet.grace_expired(&id).await;
+            });
+            member.pending_leave = Some(timer.abort_handle());
+        }
+    }
+
+    async fn grace_expired(&self, agent_id: &str) {
+        let removed = {
+            let mut members = self.workspace.lock();
+            match members.by_id.get(agent_id) {
+                Some(m) if m.live.is_none() => members.by_id.remove(agent_id),
+                _ => None,
+            }
+        };
+        if let Some(member) = removed {
+            self.announce_leave(agent_id, &member.name).await;
+        }
+    }
+
+    async fn announce_leave(&self, agent_id: &str, name: &str) {
+        if let Some((true, _)) = self
+            .core
+            .directory
+            .set_presence(name, false, Status::Offline)
+        {
+            telemetry::agent_online(PROTOCOL, false);
+        }
+        let native = json!({
+            "id": new_message_id(),
+            "type": "agent.leave",
+            "from": agent_id,
+            "timestamp": now_ms(),
+            "payload": { "agentId": agent_id },
+        });
+        let env = presence(
+            Kind::PresenceLeave,
+            name,
+            native,
+            json!({ "status": "offline" }),
+        );
+        if let Err(e) = self.core.publish(env).await {
+            tracing::error!(error = %e, "skynet: cannot store agent.leave");
+        }
+    }
+
+    /// Records a heartbeat's status; a change is announced to every other member.
+    pub async fn heartbeat(&self, agent_id: &str, name: &str, status: Option<String>) {
+        let changed = {
+            let mut members = self.workspace.lock();
+            let Some(member) = members.by_id.get_mut(agent_id) else {
+                return;
+            };
+            let changed = member.status != status;
+            member.status = status.clone();
+            match &status {
+                Some(s) => member.card.insert("status".into(), json!(s)),
+                None => member.card.remove("status"),
+            };
+            changed
+        };
+        if !changed {
+            return;
+        }
+        let status = status.unwrap_or_default();
+        self.core
+            .directory
+            .set_presence(name, true, status_from_skynet(&status));
+        let native = wire::event_value(
+            wire::EVENT_STATUS_CHANGE,
+            json!({ "agentId": agent_id, "status": status }),
+        );
+        let env = presence(
+            Kind::PresenceStatus,
+            name,
+            native,
+            json!({ "status": status }),
+        );
+        self.core.publish_transient(env).await;
+    }
+
+    /// `(card id, name)` of everyone a chat may `@mention`, in the order Skynet tries them:
+    /// registered agents, registered humans, then agents of other protocols.
+    pub fn mention_candidates(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = self
+            .registry
+            .list(false)
+            .into_iter()
+            .chain(self.registry.list(true))
+            .map(|p| (p.id, p.name))
+            .collect();
+        let mut foreign = Vec::new();
+        self.core.directory.for_each(|agent| {
+            if agent.protocol != PROTOCOL {
+                foreign.push((agent.created_at, agent.name.clone()));
+            }
+        });
+        foreign.sort();
+        out.extend(
+            foreign
+                .into_iter()
+                .map(|(_, name)| (self.card_id(&name), name)),
+        );
+        out
+    }
+
+    /// Every member as Skynet shows them: joined Skynet members, then online agents of
+    /// other protocols as cards.
+    pub fn member_cards(&self) -> Vec<Value> {
+        let mut cards = self.workspace.cards();
+        for peer in self.core.directory.online_foreign(PROTOCOL) {
+            cards.push(self.foreign_card(&peer));
+        }
+        cards
+    }
+
+    pub fn member_count(&self) -> usize {
+        self.workspace.member_count() + self.core.directory.online_foreign(PROTOCOL).len()
+    }
+
+    /// The card shown for an agent of another protocol: a stable UUIDv5 id, `generic`.
+    fn foreign_card(&self, peer: &AgentInfo) -> Value {
+        let mut card = Map::new();
+        card.insert("id".into(), json!(self.card_id(&peer.name)));
+        card.insert("name".into(), json!(peer.name));
+        card.insert(
+            "type".into(),
+            json!(if peer.role == Role::Human {
+                "human"
+            } else {
+                "generic"
+            }),
+        );
+        if let Some(description) = &peer.description {
+            card.insert("role".into(), json!(description));
+        }
+        if !peer.capabilities.is_empty() {
+            card.insert("capabilities".into(), json!(peer.capabilities));
+        }
+        card.insert(
+            "status".into(),
+            json!(if peer.online {
+                status_to_skynet(peer.status)
+            } else {
+                "offline"
+            }),
+        );
+        card.insert("createdAt".into(), json!(peer.created_at));
+        Value::Object(card)
+    }
+
+    /// A message as Skynet clients see it.
+    pub fn encode(&self, env: &Envelope) -> Option<Value> {
+        translate::encode(env, self)
+    }
+}
+
+impl Peers for Skynet {
+    fn card_id(&self, name: &str) -> String {
+        match self.core.directory.get(name) {
+            Some(agent) if agent.protocol == PROTOCOL => agent.native_id,
+            _ => {
+                let id = derived_uuid("agent", name).to_string();
+                self.core.directory.add_alias(PROTOCOL, id.clone(), name);
+                id
+            }
+        }
+    }
+
+    fn name_of(&self, card_id: &str) -> Option<String> {
+        if let Some(name) = self.core.directory.by_native(PROTOCOL, card_id) {
+            return Some(name);
+        }
+        // A foreign agent whose derived id this process has not shown yet (after a restart).
+        let mut found = None;
+        self.core.directory.for_each(|agent| {
+            if found.is_none()
+                && agent.protocol != PROTOCOL
+                && derived_uuid("agent", &agent.name).to_string() == card_id
+            {
+                found = Some(agent.name.clone());
+            }
+        });
+        if let Some(name) = &found {
+            self.core
+                .directory
+                .add_alias(PROTOCOL, card_id.to_owned(), name);
+        }
+        found
+    }
+
+    fn card(&self, name: &str) -> Option<Value> {
+        if let Some(card) = self.workspace.card_of_name(name) {
+            return Some(card);
+        }
+        let agent = self.core.directory.get(name)?;
+        if agent.protocol == PROTOCOL {
+            let profile = self.registry.by_id(&agent.native_id)?;
+            return Some(profile.to_json(status_to_skynet(agent.status)));
+        }
+        Some(self.foreign_card(&agent))
+    }
+}
+
+fn presence(kind: Kind, name: &str, native: Value, data: Value) -> Envelope {
+    let mut env = Envelope::new(PROTOCOL, name, kind);
+    if let Some(id) = native.get("id").and_then(Value::as_str) {
+        env.id = id.to_owned();
+    }
+    env.audience = Audience::Everyone;
+    env.data = Some(data);
+    env.origin = Origin {
+        protocol: PROTOCOL.to_owned(),
+        native: Some(native),
+    };
+    env
+}
+
+impl Default for Workspace {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,326 @@
+//! One Skynet WebSocket connection: client actions in, routed messages out.
+//!
+//! A single task owns the socket and serves, in order, shutdown, the client's frames and
+//! the member's mailbox. Handling a frame to the end before taking the next mailbox item is
+//! what puts `workspace.state` on the wire before anything routed to a new member.
+
+use std::sync::Arc;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use futures_util::SinkExt;
+use serde_json::{Map, Value, json};
+
+use super::translate;
+use super::wire::{self, ClientFrame, FrameError, JoinRequest};
+use super::workspace::Joined;
+use super::{PROTOCOL, Skynet, mentions};
+use crate::core::{Closed, Delivery, Mailbox, new_message_id, now_ms};
+use crate::store::MessageQuery;
+use crate::telemetry::{self, ConnectionGuard};
+
+/// Routed messages written per flush, so a backlog drains in few syscalls.
+const WRITE_BATCH: usize = 64;
+/// Humans replay up to this many recent messages on join.
+const HUMAN_REPLAY: usize = 100;
+
+enum Flow {
+    Continue,
+    Close,
+}
+
+struct Connection {
+    id: u64,
+    socket: WebSocket,
+    skynet: Arc<Skynet>,
+    joined: Option<Joined>,
+}
+
+pub async fn serve(socket: WebSocket, skynet: Arc<Skynet>) {
+    let _counted = ConnectionGuard::new(PROTOCOL);
+    let mut conn = Connection {
+        id: skynet.workspace.next_conn_id(),
+        socket,
+        skynet: skynet.clone(),
+        joined: None,
+    };
+    let shutdown = skynet.shutdown.clone();
+    loop {
+        let mailbox = conn.joined.as_ref().map(|j| j.session.mailbox.clone());
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => {
+                conn.close(1001, "server shutting down").await;
+                break;
+            }
+            frame = conn.socket.recv() => {
+                let flow = match frame {
+                    Some(Ok(message)) => conn.on_frame(message).await,
+                    _ => Flow::Close,
+                };
+                if let Flow::Close = flow {
+                    break;
+                }
+            }
+            next = next_delivery(mailbox.as_deref()) => {
+                match next {
+                    Ok(first) => {
+                        if conn.write_deliveries(first, mailbox.as_deref()).await.is_err() {
+                            break;
+                        }
+                    }
+                    Err(Closed::Replaced) => {
+                        // The membership moved to a newer socket: no leave for this one.
+                        conn.joined = None;
+                        conn.close(wire::WS_CLOSE_REPLACED, "replaced").await;
+                        break;
+                    }
+                    Err(Closed::Overflow) => {
+                        conn.close(1008, "mailbox overflow: messages were not read fast enough").await;
+                        break;
+                    }
+                    Err(Closed::Gone) => conn.joined = None,
+                    Err(Closed::Shutdown) => break,
+                }
+            }
+        }
+    }
+    if let Some(joined) = conn.joined.take() {
+        skynet.disconnected(&joined.agent_id, conn.id);
+    }
+}
+
+async fn next_delivery(mailbox: Option<&Mailbox>) -> Result<Arc<Delivery>, Closed> {
+    match mailbox {
+        Some(mailbox) => mailbox.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Connection {
+    async fn on_frame(&mut self, message: Message) -> Flow {
+        let text = match &message {
+            Message::Text(text) => text.as_str(),
+            // Skynet's server reads binary frames as text too.
+            Message::Binary(bytes) => match std::str::from_utf8(bytes) {
+                Ok(text) => text,
+                Err(_) => {
+                    return self
+                        .refuse(FrameError::Invalid("frame is not UTF-8 text".into()))
+                        .await;
+                }
+            },
+            Message::Close(_) => return Flow::Close,
+            Message::Ping(_) | Message::Pong(_) => return Flow::Continue,
+        };
+        let limit = self.skynet.config.max_frame_bytes;
+        if text.len() > limit {
+            telemetry::decode_error(PROTOCOL);
+            let error = format!(
+                "Message too large: {} bytes; the limit is {limit} bytes",
+                text.len()
+            );
+            return self.send_event(wire::error_event(&error, None)).await;
+        }
+        match wire::parse_client_frame(text) {
+            Ok(ClientFrame::Join(request)) => self.on_join(request).await,
+            Ok(ClientFrame::Leave) => {
+                if let Some(joined) = self.joined.take() {
+                    self.skynet.leave(&joined.agent_id).await;
+                }
+                Flow::Continue
+            }
+            Ok(ClientFrame::Send(msg)) => self.on_send(msg).await,
+            Ok(ClientFrame::Heartbeat { status }) => self.on_heartbeat(status).await,
+            Err(e) => self.refuse(e).await,
+        }
+    }
+
+    async fn refuse(&mut self, error: FrameError) -> Flow {
+        telemetry::decode_error(PROTOCOL);
+        let event = match &error {
+            FrameError::Invalid(detail) => {
+                wire::error_event(wire::ERR_INVALID_FORMAT, Some(detail))
+            }
+            FrameError::UnknownAction(action) => {
+                wire::error_event(&format!("Unknown action: {action}"), None)
+            }
+        };
+        self.send_event(event).await
+    }
+
+    async fn on_join(&mut self, request: JoinRequest) -> Flow {
+        let skynet = self.skynet.clone();
+        let profile = skynet
+            .registry
+            .by_id(&request.id)
+            .filter(|p| p.is_human() == request.human);
+        let Some(profile) = profile else {
+            tracing::info!(id = %request.id, "skynet: refused an unregistered join");
+            let text = if request.human {
+                wire::ERR_UNKNOWN_HUMAN
+            } else {
+                wire::ERR_UNKNOWN_AGENT
+            };
+            let _ = self.send_event(wire::error_event(text, None)).await;
+            self.close(1000, "").await;
+            return Flow::Close;
+        };
+        // The same socket joining as someone else leaves its old membership behind.
+        if let Some(previous) = self.joined.take()
+            && previous.agent_id != profile.id
+        {
+            skynet.disconnected(&previous.agent_id, self.id);
+        }
+        let joined = skynet.join(self.id, &profile, request.card);
+        let recent = replay(&skynet, &joined, request.last_seen).await;
+        let frame = wire::event(
+            wire::EVENT_WORKSPACE_STATE,
+            json!({ "members": skynet.member_cards(), "recentMessages": recent }),
+        );
+        let is_new = joined.is_new;
+        tracing::info!(agent = %joined.name, reconnect = !is_new, "skynet: joined");
+        self.joined = Some(joined);
+        if let Flow::Close = self.send_event(frame).await {
+            return Flow::Close;
+        }
+        if is_new && let Some(joined) = &self.joined {
+            skynet.announce_join(joined).await;
+        }
+        Flow::Continue
+    }
+
+    async fn on_send(&mut self, mut msg: Map<String, Value>) -> Flow {
+        let Some(joined) = &self.joined else {
+            return self
+                .send_event(wire::error_event(wire::ERR_NOT_CONNECTED, None))
+                .await;
+        };
+        if let Some(error) = wire::oversized_attachment(&msg) {
+            telemetry::decode_error(PROTOCOL);
+            return self.send_event(wire::error_event(&error, None)).await;
+        }
+        // `from` is the socket's own member; a client's id and timestamp are kept.
+        msg.insert("from".into(), json!(joined.agent_id));
+        if !msg.get("id").is_some_and(Value::is_string) {
+            msg.insert("id".into(), json!(new_message_id()));
+        }
+        if !msg.get("timestamp").is_some_and(Value::is_number) {
+            msg.insert("timestamp".into(), json!(now_ms()));
+        }
+        if !msg.get("replyTo").is_some_and(Value::is_string) {
+            msg.remove("replyTo");
+        }
+        let skynet = self.skynet.clone();
+        mentions::enrich(
+            &mut msg,
+            &joined.agent_id,
+            skynet
+                .mention_candidates()
+                .iter()
+                .map(|(id, name)| (id.as_str(), name.as_str())),
+        );
+        let env = translate::decode(&msg, &joined.name, skynet.as_ref());
+        if let Err(e) = skynet.core.publish(env).await {
+            tracing::error!(error = %e, "skynet: cannot store a message");
+            return self
+                .send_event(wire::error_event(
+                    "Message could not be stored; it was not delivered",
+                    None,
+                ))
+                .await;
+        }
+        Flow::Continue
+    }
+
+    async fn on_heartbeat(&mut self, status: Option<String>) -> Flow {
+        let Some(joined) = &self.joined else {
+            return self
+                .send_event(wire::error_event(wire::ERR_NOT_CONNECTED, None))
+                .await;
+        };
+        let (id, name) = (joined.agent_id.clone(), joined.name.clone());
+        self.skynet.heartbeat(&id, &name, status).await;
+        self.send_event(wire::event(
+            wire::EVENT_HEARTBEAT_ACK,
+            json!({ "timestamp": now_ms() }),
+        ))
+        .await
+    }
+
+    /// Writes `first` and whatever else is already queued, then flushes once.
+    async fn write_deliveries(
+        &mut self,
+        first: Arc<Delivery>,
+        mailbox: Option<&Mailbox>,
+    ) -> Result<(), axum::Error> {
+        let mut next = Some(first);
+        let mut written = 0;
+        while let Some(delivery) = next.take() {
+            let skynet = &self.skynet;
+            let frame: Option<Utf8Bytes> = delivery.encoded(PROTOCOL, |env| {
+                skynet.encode(env).map(|v| Utf8Bytes::from(v.to_string()))
+            });
+            if let Some(frame) = frame {
+                self.socket.feed(Message::Text(frame)).await?;
+                let env = &delivery.envelope;
+                telemetry::message_delivered(
+                    &env.origin.protocol,
+                    PROTOCOL,
+                    env.kind.family(),
+                    delivery.accepted_at.elapsed(),
+                );
+            }
+            written += 1;
+            if written < WRITE_BATCH {
+                next = mailbox.and_then(|m| m.try_recv().ok().flatten());
+            }
+        }
+        self.socket.flush().await
+    }
+
+    async fn send_event(&mut self, frame: String) -> Flow {
+        match self.socket.send(Message::Text(frame.into())).await {
+            Ok(()) => Flow::Continue,
+            Err(_) => Flow::Close,
+        }
+    }
+
+    async fn close(&mut self, code: u16, reason: &'static str) {
+        let _ = self
+            .socket
+            .send(Message::Close(Some(CloseFrame {
+                code,
+                reason: reason.into(),
+            })))
+            .await;
+    }
+}
+
+/// The messages a (re)joining member is shown, as Skynet messages.
+async fn replay(skynet: &Skynet, joined: &Joined, since: Option<i64>) -> Vec<Value> {
+    let query = if joined.human {
+        MessageQuery {
+            after: since,
+            limit: HUMAN_REPLAY,
+            ..Default::default()
+        }
+    } else {
+        MessageQuery {
+            after: since,
+            recipients: Some(vec![joined.name.clone()]),
+            or_everyone: true,
+            limit: skynet.config.recent_mentions_limit,
+            ..Default::default()
+        }
+    };
+    match skynet.core.store.messages(query).await {
+        Ok(stored) => stored
+            .iter()
+            .filter_map(|m| skynet.encode(&m.envelope))
+            .collect(),
+        Err(e) => {
+            tracing::error!(error = %e, "skynet: cannot read replay");
+            Vec::new()
+        }
+    }
+}

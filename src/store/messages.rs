@@ -1,0 +1,389 @@
+//! The message log: every accepted envelope, written before it is delivered.
+//!
+//! Bodies are stored as the envelope's JSON; the columns beside it are what the replay
+//! queries filter on (time, recipients, reply links).
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{Migration, Store, StoreError};
+use crate::core::{Audience, Envelope};
+
+pub(super) static MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    sql: "
+        CREATE TABLE messages (
+            seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+            id             TEXT NOT NULL UNIQUE,
+            ts             INTEGER NOT NULL,
+            sender         TEXT NOT NULL,
+            kind           TEXT NOT NULL,
+            reply_to       TEXT,
+            correlation_id TEXT,
+            thread         TEXT,
+            everyone       INTEGER NOT NULL DEFAULT 0,
+            origin         TEXT NOT NULL,
+            body           TEXT NOT NULL
+        );
+        CREATE INDEX messages_by_time ON messages (ts, seq);
+        CREATE INDEX messages_by_reply ON messages (reply_to);
+        CREATE INDEX messages_by_thread ON messages (thread, ts);
+        -- Who a message names (its `to` and `mentions`), for per-recipient replay.
+        CREATE TABLE message_recipients (
+            name TEXT NOT NULL,
+            seq  INTEGER NOT NULL REFERENCES messages (seq) ON DELETE CASCADE,
+            PRIMARY KEY (name, seq)
+        ) WITHOUT ROWID;
+        CREATE INDEX message_recipients_by_seq ON message_recipients (seq);
+        -- Ids derived for protocols that need another id form (a UUID), and what they stand for.
+        CREATE TABLE id_aliases (
+            derived  TEXT PRIMARY KEY,
+            original TEXT NOT NULL
+        ) WITHOUT ROWID;
+    ",
+}];
+
+/// A message read back from the log.
+#[derive(Clone, Debug)]
+pub struct StoredMessage {
+    pub seq: i64,
+    pub envelope: Envelope,
+}
+
+/// Which stored messages to read back. Results are always chronological.
+#[derive(Clone, Debug, Default)]
+pub struct MessageQuery {
+    /// Only messages strictly older than this timestamp (ms).
+    pub before: Option<i64>,
+    /// Only messages strictly newer than this timestamp (ms).
+    pub after: Option<i64>,
+    /// Only messages that name one of these agents (or go to everyone, with `or_everyone`).
+    pub recipients: Option<Vec<String>>,
+    pub or_everyone: bool,
+    /// Only these kinds (by `Kind::as_str`).
+    pub kinds: Option<Vec<&'static str>>,
+    /// Only messages in this thread.
+    pub thread: Option<String>,
+    /// The newest `limit` of the matches.
+    pub limit: usize,
+}
+
+impl Store {
+    /// Writes `env` to the log, replacing a stored message with the same id.
+    pub async fn insert_message(&self, env: &Envelope) -> Result<(), StoreError> {
+        let row = Row::from(env)?;
+        self.write(move |conn| row.insert(conn)).await
+    }
+
+    pub async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError> {
+        let id = id.to_owned();
+        self.read(move |conn| {
+            conn.query_row("SELECT seq, body FROM messages WHERE id = ?1", [id], |r| {
+                Ok((r.get(0)?, r.get::<_, String>(1)?))
+            })
+            .optional()?
+            .map(decode)
+            .transpose()
+        })
+        .await
+    }
+
+    /// The correlation root recorded for a message: its own `correlation_id`, or its id.
+    pub async fn correlation_root(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let id = id.to_owned();
+        self.read(move |conn| {
+            Ok(conn
+                .query_row(
+                    "SELECT COALESCE(correlation_id, id) FROM messages WHERE id = ?1",
+                    [id],
+                    |r| r.get(0),
+                )
+                .optional()?)
+        })
+        .await
+    }
+
+    /// Messages that answer `id` (whose `reply_to` is `id`), oldest first.
+    pub async fn replies(&self, id: &str) -> Result<Vec<StoredMessage>, StoreError> {
+        let id = id.to_owned();
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT seq, body FROM messages WHERE reply_to = ?1 ORDER BY ts, seq",
+            )?;
+            let rows = stmt.query_map([id], |r| Ok((r.get(0)?, r.get::<_, String>(1)?)))?;
+            rows.map(|r| decode(r?)).collect()
+        })
+        .await
+    }
+
+    /// Remembers that `derived` stands for `original`.
+    pub async fn insert_alias(&self, derived: &str, original: &str) -> Result<(), StoreError> {
+        let (derived, original) = (derived.to_owned(), original.to_owned());
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "INSERT OR IGNORE INTO id_aliases (derived, original) VALUES (?1, ?2)",
+            )?
+            .execute([derived, original])?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn alias_original(&self, derived: &str) -> Result<Option<String>, StoreError> {
+        let derived = derived.to_owned();
+        self.read(move |conn| {
+            Ok(conn
+                .query_row(
+                    "SELECT original FROM id_aliases WHERE derived = ?1",
+                    [derived],
+                    |r| r.get(0),
+                )
+                .optional()?)
+        })
+        .await
+    }
+
+    pub async fn messages(&self, query: MessageQuery) -> Result<Vec<StoredMessage>, StoreError> {
+        self.read(move |conn| select(conn, &query)).await
+    }
+}
+
+fn select(conn: &Connection, q: &MessageQuery) -> Result<Vec<StoredMessage>, StoreError> {
+    let mut sql = String::from("SELECT m.seq, m.body FROM messages m WHERE 1 = 1");
+    let mut args: Vec<rusqlite::types::Value> = Vec::new();
+    if let Some(before) = q.before {
+        sql.push_str(" AND m.ts < ?");
+        args.push(before.into());
+    }
+    if let Some(after) = q.after {
+        sql.push_str(" AND m.ts > ?");
+        args.push(after.into());
+    }
+    if let Some(thread) = &q.thread {
+        sql.push_str(" AND m.thread = ?");
+        args.push(thread.clone().into());
+    }
+    if let Some(kinds) = &q.kinds {
+        sql.push_str(" AND m.kind IN (");
+        push_placeholders(&mut sql, kinds.len());
+        sql.push(')');
+        args.extend(
+            kinds
+                .iter()
+                .map(|k| rusqlite::types::Value::from(k.to_string())),
+        );
+    }
+    if let Some(names) = &q.recipients {
+        sql.push_str(" AND (");
+        if q.or_everyone {
+            sql.push_str("m.everyone = 1 OR ");
+        }
+        sql.push_str("m.seq IN (SELECT seq FROM message_recipients WHERE name IN (");
+        push_placeholders(&mut sql, names.len());
+        sql.push_str(")))");
+        args.extend(
+            names
+                .iter()
+                .map(|n| rusqlite::types::Value::from(n.clone())),
+        );
+    }
+    sql.push_str(" ORDER BY m.ts DESC, m.seq DESC LIMIT ?");
+    args.push((q.limit as i64).into());
+
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
+        Ok((r.get(0)?, r.get::<_, String>(1)?))
+    })?;
+    let mut out: Vec<StoredMessage> = rows.map(|r| decode(r?)).collect::<Result<_, _>>()?;
+    out.reverse();
+    Ok(out)
+}
+
+fn push_placeholders(sql: &mut String, n: usize) {
+    for i in 0..n.max(1) {
+        sql.push_str(if i == 0 { "?" } else { ", ?" });
+    }
+}
+
+fn decode((seq, body): (i64, String)) -> Result<StoredMessage, StoreError> {
+    let envelope = serde_json::from_str(&body)
+        .map_err(|e| StoreError::Corrupt(format!("message {seq}: {e}")))?;
+    Ok(StoredMessage { seq, envelope })
+}
+
+/// The columns of one message, prepared on the caller's thread.
+struct Row {
+    id: String,
+    ts: i64,
+    sender: String,
+    kind: &'static str,
+    reply_to: Option<String>,
+    correlation_id: Option<String>,
+    thread: Option<String>,
+    everyone: bool,
+    origin: String,
+    body: String,
+    recipients: Vec<String>,
+}
+
+impl Row {
+    fn from(env: &Envelope) -> Result<Row, StoreError> {
+        Ok(Row {
+            id: env.id.clone(),
+            ts: env.timestamp,
+            sender: env.from.clone(),
+            kind: env.kind.as_str(),
+            reply_to: env.reply_to.clone(),
+            correlation_id: env.correlation_id.clone(),
+            thread: env.thread.clone(),
+            // Presence is broadcast too, but it is not a message *for* everyone.
+            everyone: env.audience == Audience::Everyone && !env.kind.is_presence(),
+            origin: env.origin.protocol.clone(),
+            body: serde_json::to_string(env)
+                .map_err(|e| StoreError::Corrupt(format!("cannot encode message: {e}")))?,
+            recipients: env.addressees().map(str::to_owned).collect(),
+        })
+    }
+
+    fn insert(self, conn: &Connection) -> Result<(), StoreError> {
+        let seq: i64 = conn
+            .prepare_cached(
+                "INSERT INTO messages (id, ts, sender, kind, reply_to, correlation_id, thread, everyone, origin, body)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 ON CONFLICT (id) DO UPDATE SET
+                    ts = excluded.ts, sender = excluded.sender, kind = excluded.kind,
+                    reply_to = excluded.reply_to, correlation_id = excluded.correlation_id,
+                    thread = excluded.thread, everyone = excluded.everyone,
+                    origin = excluded.origin, body = excluded.body
+                 RETURNING seq",
+            )?
+            .query_row(
+                params![
+                    self.id,
+                    self.ts,
+                    self.sender,
+                    self.kind,
+                    self.reply_to,
+                    self.correlation_id,
+                    self.thread,
+                    self.everyone,
+                    self.origin,
+                    self.body
+                ],
+                |r| r.get(0),
+            )?;
+        conn.prepare_cached("DELETE FROM message_recipients WHERE seq = ?1")?
+            .execute([seq])?;
+        let mut add = conn.prepare_cached(
+            "INSERT OR IGNORE INTO message_recipients (name, seq) VALUES (?1, ?2)",
+        )?;
+        for name in &self.recipients {
+            add.execute(params![name, seq])?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Envelope, Kind};
+    use crate::store::IN_MEMORY;
+
+    fn chat(from: &str, ts: i64, mentions: &[&str]) -> Envelope {
+        let mut env = Envelope::new("test", from, Kind::Chat);
+        env.timestamp = ts;
+        env.mentions = mentions.iter().map(|s| s.to_string()).collect();
+        env
+    }
+
+    #[tokio::test]
+    async fn history_is_chronological_and_paginates_by_time() {
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        for ts in 1..=5 {
+            store
+                .insert_message(&chat("a", ts * 10, &[]))
+                .await
+                .unwrap();
+        }
+        let page = store
+            .messages(MessageQuery {
+                limit: 2,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let times: Vec<i64> = page.iter().map(|m| m.envelope.timestamp).collect();
+        assert_eq!(times, [40, 50]);
+        let older = store
+            .messages(MessageQuery {
+                limit: 10,
+                before: Some(40),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let times: Vec<i64> = older.iter().map(|m| m.envelope.timestamp).collect();
+        assert_eq!(times, [10, 20, 30]);
+    }
+
+    #[tokio::test]
+    async fn recipient_queries_include_everyone_messages() {
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        store.insert_message(&chat("a", 1, &["b"])).await.unwrap();
+        store.insert_message(&chat("a", 2, &["c"])).await.unwrap();
+        let mut all = chat("a", 3, &[]);
+        all.audience = Audience::Everyone;
+        store.insert_message(&all).await.unwrap();
+        let for_b = store
+            .messages(MessageQuery {
+                recipients: Some(vec!["b".into()]),
+                or_everyone: true,
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let times: Vec<i64> = for_b.iter().map(|m| m.envelope.timestamp).collect();
+        assert_eq!(times, [1, 3]);
+    }
+
+    #[tokio::test]
+    async fn same_id_replaces_and_replies_are_indexed() {
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        let mut first = chat("a", 1, &["b"]);
+        first.id = "m1".into();
+        store.insert_message(&first).await.unwrap();
+        first.text = Some("edited".into());
+        first.mentions = vec!["c".into()];
+        store.insert_message(&first).await.unwrap();
+        let mut reply = chat("b", 2, &[]);
+        reply.reply_to = Some("m1".into());
+        reply.correlation_id = Some("root".into());
+        store.insert_message(&reply).await.unwrap();
+
+        let stored = store.message("m1").await.unwrap().unwrap();
+        assert_eq!(stored.envelope.text.as_deref(), Some("edited"));
+        let for_b = store
+            .messages(MessageQuery {
+                recipients: Some(vec!["b".into()]),
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(
+            for_b.is_empty(),
+            "old recipients are replaced with the message"
+        );
+        let replies = store.replies("m1").await.unwrap();
+        assert_eq!(replies.len(), 1);
+        assert_eq!(
+            store.correlation_root(&reply.id).await.unwrap().as_deref(),
+            Some("root")
+        );
+        assert_eq!(
+            store.correlation_root("m1").await.unwrap().as_deref(),
+            Some("m1")
+        );
+    }
+}

@@ -1,0 +1,435 @@
+//! Embedded SQLite, kept off the async worker threads.
+//!
+//! One dedicated thread owns the only writing connection. Writes queue up while a
+//! transaction commits and then go in together (group commit): each write runs inside its
+//! own savepoint, so one failing write does not undo its neighbours, and every caller is
+//! answered only after the shared `COMMIT` returned. Reads use a small pool of read-only
+//! connections on `spawn_blocking` threads (WAL lets them run beside the writer); an
+//! in-memory database has one connection, so there reads queue with the writes.
+//!
+//! Each component owns its tables and brings its own migrations (`Store::migrate`); the
+//! store itself only knows how to run them once, in order.
+
+mod messages;
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use crate::telemetry;
+
+pub use messages::{MessageQuery, StoredMessage};
+
+/// Name of the database file inside `data_dir`.
+pub const DB_FILE: &str = "agentbridge.db";
+/// The `data_dir` value that keeps everything in memory (tests).
+pub const IN_MEMORY: &str = ":memory:";
+
+/// Most writes committed together in one transaction.
+const MAX_BATCH: usize = 512;
+/// Most read-only connections kept open.
+const MAX_READERS: usize = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot use data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot open database {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    #[error("the store is closed")]
+    Closed,
+}
+
+/// One migration step of one component. Versions start at 1 and only ever grow.
+pub struct Migration {
+    pub version: u32,
+    pub sql: &'static str,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    writer: Mutex<Option<mpsc::Sender<Box<dyn Job>>>>,
+    writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    readers: Option<ReaderPool>,
+}
+
+impl Store {
+    /// Opens (creating when needed) the database in `data_dir`, or an in-memory one for
+    /// `":memory:"`, and applies the core's migrations.
+    pub async fn open(data_dir: &str) -> Result<Store, StoreError> {
+        let (conn, readers) = if data_dir == IN_MEMORY {
+            let conn = Connection::open_in_memory().map_err(|source| StoreError::Open {
+                path: IN_MEMORY.into(),
+                source,
+            })?;
+            (conn, None)
+        } else {
+            let dir = PathBuf::from(data_dir);
+            let path = dir.join(DB_FILE);
+            tokio::task::spawn_blocking(move || open_file(&dir, &path))
+                .await
+                .map_err(|_| StoreError::Closed)??
+        };
+        configure(&conn)?;
+        let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
+        let thread = std::thread::Builder::new()
+            .name("agentbridge-store".into())
+            .spawn(move || write_loop(conn, rx))
+            .map_err(|e| StoreError::DataDir {
+                path: data_dir.into(),
+                source: e,
+            })?;
+        let store = Store {
+            inner: Arc::new(Inner {
+                writer: Mutex::new(Some(tx)),
+                writer_thread: Mutex::new(Some(thread)),
+                readers,
+            }),
+        };
+        store.migrate("core", messages::MIGRATIONS).await?;
+        Ok(store)
+    }
+
+    /// Applies `component`'s migrations that have not run yet, each in its own transaction.
+    pub async fn migrate(
+        &self,
+        component: &'static str,
+        steps: &'static [Migration],
+    ) -> Result<(), StoreError> {
+        self.write(move |conn| {
+            conn.execute_batch(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (
+                    component TEXT NOT NULL,
+                    version INTEGER NOT NULL,
+                    applied_at INTEGER NOT NULL,
+                    PRIMARY KEY (component, version)
+                ) WITHOUT ROWID;",
+            )?;
+            let applied: u32 = conn.query_row(
+                "SELECT COALESCE(MAX(version), 0) FROM schema_migrations WHERE component = ?1",
+                [component],
+                |row| row.get(0),
+            )?;
+            for step in steps.iter().filter(|s| s.version > applied) {
+                conn.execute_batch(step.sql)?;
+                conn.execute(
+                    "INSERT INTO schema_migrations (component, version, applied_at) VALUES (?1, ?2, ?3)",
+                    rusqlite::params![component, step.version, crate::core::now_ms()],
+                )?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Runs `f` on the writing connection, batched with other writes into one commit, and
+    /// returns once the commit is durable.
+    pub async fn write<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Box::new(WriteJob {
+            work: Some(f),
+            outcome: None,
+            reply: Some(reply),
+        }))?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Runs `f` on a read-only connection.
+    pub async fn read<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        match &self.inner.readers {
+            Some(pool) => {
+                let pool = pool.clone();
+                tokio::task::spawn_blocking(move || pool.with(f))
+                    .await
+                    .map_err(|_| StoreError::Closed)?
+            }
+            // In memory there is a single connection: the read waits its turn with writes.
+            None => self.write(f).await,
+        }
+    }
+
+    fn submit(&self, job: Box<dyn Job>) -> Result<(), StoreError> {
+        let writer = self.inner.writer.lock().unwrap_or_else(|e| e.into_inner());
+        writer
+            .as_ref()
+            .ok_or(StoreError::Closed)?
+            .send(job)
+            .map_err(|_| StoreError::Closed)
+    }
+
+    /// Finishes queued writes and closes the database. Later calls fail with `Closed`.
+    pub async fn close(&self) {
+        let sender = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(sender);
+        let thread = self
+            .inner
+            .writer_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(thread) = thread {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+}
+
+fn open_file(dir: &Path, path: &Path) -> Result<(Connection, Option<ReaderPool>), StoreError> {
+    std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let conn = Connection::open(path).map_err(|source| StoreError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    // Fail now, with the path named, rather than on the first write.
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(|source| StoreError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+    Ok((conn, Some(ReaderPool::new(path.to_owned()))))
+}
+
+fn configure(conn: &Connection) -> Result<(), StoreError> {
+    // WAL with synchronous=NORMAL survives a killed process (kill -9) without losing a
+    // committed transaction; only a power loss can take back the last commits.
+    conn.execute_batch(
+        "PRAGMA synchronous = NORMAL;
+         PRAGMA foreign_keys = ON;
+         PRAGMA busy_timeout = 5000;",
+    )?;
+    Ok(())
+}
+
+trait Job: Send {
+    /// Runs the work; false when it failed and its savepoint must be rolled back.
+    fn run(&mut self, conn: &Connection) -> bool;
+    /// Answers the caller once the batch's commit is known.
+    fn finish(self: Box<Self>, committed: Result<(), &rusqlite::Error>);
+}
+
+struct WriteJob<F, R> {
+    work: Option<F>,
+    outcome: Option<Result<R, StoreError>>,
+    reply: Option<oneshot::Sender<Result<R, StoreError>>>,
+}
+
+impl<F, R> Job for WriteJob<F, R>
+where
+    R: Send + 'static,
+    F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+{
+    fn run(&mut self, conn: &Connection) -> bool {
+        let Some(work) = self.work.take() else {
+            return false;
+        };
+        let outcome = work(conn);
+        let ok = outcome.is_ok();
+        self.outcome = Some(outcome);
+        ok
+    }
+
+    fn finish(mut self: Box<Self>, committed: Result<(), &rusqlite::Error>) {
+        let outcome = match (self.outcome.take(), committed) {
+            (Some(Ok(value)), Ok(())) => Ok(value),
+            (Some(Err(e)), _) => Err(e),
+            (Some(Ok(_)), Err(e)) => Err(StoreError::Corrupt(format!("commit failed: {e}"))),
+            (None, _) => Err(StoreError::Closed),
+        };
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send(outcome);
+        }
+    }
+}
+
+fn write_loop(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>) {
+    let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
+    while let Ok(first) = jobs.recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let started = Instant::now();
+        let committed = run_batch(&conn, &mut batch);
+        telemetry::store_write(started.elapsed(), batch.len());
+        if let Err(e) = &committed {
+            tracing::error!(error = %e, "store commit failed");
+        }
+        for job in batch.drain(..) {
+            job.finish(committed.as_ref().map(|_| ()));
+        }
+    }
+}
+
+fn run_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), rusqlite::Error> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    for job in batch.iter_mut() {
+        conn.execute_batch("SAVEPOINT job")?;
+        if job.run(conn) {
+            conn.execute_batch("RELEASE job")?;
+        } else {
+            conn.execute_batch("ROLLBACK TO job; RELEASE job")?;
+        }
+    }
+    let committed = conn.execute_batch("COMMIT");
+    if committed.is_err() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    committed
+}
+
+/// Read-only connections to the database file, opened on demand and reused.
+#[derive(Clone)]
+struct ReaderPool {
+    path: Arc<PathBuf>,
+    idle: Arc<Mutex<Vec<Connection>>>,
+}
+
+impl ReaderPool {
+    fn new(path: PathBuf) -> Self {
+        ReaderPool {
+            path: Arc::new(path),
+            idle: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    fn with<R>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let conn = match pooled {
+            Some(conn) => conn,
+            None => {
+                let conn = Connection::open_with_flags(
+                    &*self.path,
+                    rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+                        | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )?;
+                conn.execute_batch("PRAGMA busy_timeout = 5000;")?;
+                conn
+            }
+        };
+        let result = f(&conn);
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_READERS {
+            idle.push(conn);
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_failing_write_does_not_undo_its_batch_neighbours() {
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        store
+            .write(|c| Ok(c.execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)")?))
+            .await
+            .unwrap();
+        let mut writes = Vec::new();
+        for v in [1, 2, 1, 3] {
+            let s = store.clone();
+            writes.push(tokio::spawn(async move {
+                s.write(move |c| Ok(c.execute("INSERT INTO t (v) VALUES (?1)", [v])?))
+                    .await
+            }));
+        }
+        let results: Vec<bool> = futures_util::future::join_all(writes)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap().is_ok())
+            .collect();
+        assert_eq!(results.iter().filter(|ok| !**ok).count(), 1);
+        let count: i64 = store
+            .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?))
+            .await
+            .unwrap();
+        assert_eq!(count, 3);
+    }
+
+    #[tokio::test]
+    async fn migrations_run_once_and_survive_reopen() {
+        static STEPS: &[Migration] = &[
+            Migration {
+                version: 1,
+                sql: "CREATE TABLE m (v INTEGER)",
+            },
+            Migration {
+                version: 2,
+                sql: "INSERT INTO m VALUES (42)",
+            },
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_str().unwrap().to_owned();
+        for _ in 0..2 {
+            let store = Store::open(&path).await.unwrap();
+            store.migrate("test", STEPS).await.unwrap();
+            let rows: i64 = store
+                .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM m", [], |r| r.get(0))?))
+                .await
+                .unwrap();
+            assert_eq!(rows, 1);
+            store.close().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unusable_data_dir_is_named_in_the_error() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let bad = file.path().join("sub");
+        let err = match Store::open(bad.to_str().unwrap()).await {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("opened a data dir under a file"),
+        };
+        assert!(err.contains(bad.to_str().unwrap()), "{err}");
+    }
+
+    #[tokio::test]
+    async fn closed_store_refuses_work() {
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        store.close().await;
+        assert!(matches!(
+            store.write(|_| Ok(())).await,
+            Err(StoreError::Closed)
+        ));
+    }
+}

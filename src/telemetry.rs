@@ -1,0 +1,192 @@
+//! Every metric the bridge exports, named and described in this one place.
+//!
+//! Labels never carry agent names or ids: their cardinality would grow with the fleet.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+pub const MESSAGES_RECEIVED: &str = "agentbridge_messages_received_total";
+pub const MESSAGES_DELIVERED: &str = "agentbridge_messages_delivered_total";
+pub const MESSAGES_DROPPED: &str = "agentbridge_messages_dropped_total";
+pub const DECODE_ERRORS: &str = "agentbridge_decode_errors_total";
+pub const ROUTE_DURATION: &str = "agentbridge_route_duration_seconds";
+pub const CONNECTIONS: &str = "agentbridge_connections";
+pub const AGENTS_ONLINE: &str = "agentbridge_agents_online";
+pub const MAILBOX_DEPTH: &str = "agentbridge_mailbox_depth";
+pub const STORE_WRITE_DURATION: &str = "agentbridge_store_write_duration_seconds";
+pub const STORE_BATCH_SIZE: &str = "agentbridge_store_batch_size";
+pub const BUILD_INFO: &str = "agentbridge_build_info";
+
+/// Every metric name with its help text, for `describe` and the README.
+pub const METRICS: &[(&str, &str)] = &[
+    (
+        MESSAGES_RECEIVED,
+        "Messages accepted from senders, by origin protocol and kind.",
+    ),
+    (
+        MESSAGES_DELIVERED,
+        "Messages written to a recipient, by sender protocol, recipient protocol and kind.",
+    ),
+    (
+        MESSAGES_DROPPED,
+        "Messages not delivered, by recipient protocol and reason.",
+    ),
+    (DECODE_ERRORS, "Frames refused as malformed, by protocol."),
+    (
+        ROUTE_DURATION,
+        "Seconds from a message being accepted to it being written to a recipient.",
+    ),
+    (CONNECTIONS, "Open client connections, by protocol."),
+    (AGENTS_ONLINE, "Agents currently online, by protocol."),
+    (
+        MAILBOX_DEPTH,
+        "Messages waiting in a recipient's mailbox, observed at each enqueue.",
+    ),
+    (
+        STORE_WRITE_DURATION,
+        "Seconds per store commit (one commit holds a batch of writes).",
+    ),
+    (
+        STORE_BATCH_SIZE,
+        "Writes committed together in one store transaction.",
+    ),
+    (
+        BUILD_INFO,
+        "Always 1; the version label names the running build.",
+    ),
+];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the Prometheus recorder (once per process) and returns its handle.
+///
+/// Several bridges in one process (tests) share the recorder and so their metrics.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let latency = [
+                0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05,
+                0.1, 0.25, 0.5, 1.0, 2.5,
+            ];
+            let depth = [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0, 256.0, 1024.0, 4096.0];
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Full(ROUTE_DURATION.into()),
+                    &latency,
+                )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full(STORE_WRITE_DURATION.into()),
+                        &latency,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full(MAILBOX_DEPTH.into()),
+                        &depth,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full(STORE_BATCH_SIZE.into()),
+                        &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0],
+                    )
+                })
+                .expect("bucket lists are non-empty");
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
+            }
+            describe();
+            gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    for (name, help) in METRICS {
+        match *name {
+            ROUTE_DURATION | STORE_WRITE_DURATION => {
+                metrics::describe_histogram!(*name, metrics::Unit::Seconds, *help)
+            }
+            MAILBOX_DEPTH | STORE_BATCH_SIZE => metrics::describe_histogram!(*name, *help),
+            CONNECTIONS | AGENTS_ONLINE | BUILD_INFO => metrics::describe_gauge!(*name, *help),
+            _ => metrics::describe_counter!(*name, *help),
+        }
+    }
+}
+
+pub fn message_received(protocol: &str, kind: &'static str) {
+    counter!(MESSAGES_RECEIVED, "protocol" => protocol.to_owned(), "kind" => kind).increment(1);
+}
+
+pub fn message_delivered(
+    from_protocol: &str,
+    to_protocol: &'static str,
+    kind: &'static str,
+    since_accepted: Duration,
+) {
+    counter!(
+        MESSAGES_DELIVERED,
+        "from_protocol" => from_protocol.to_owned(),
+        "to_protocol" => to_protocol,
+        "kind" => kind
+    )
+    .increment(1);
+    histogram!(ROUTE_DURATION).record(since_accepted.as_secs_f64());
+}
+
+pub fn message_dropped(protocol: &'static str, reason: &'static str) {
+    counter!(MESSAGES_DROPPED, "protocol" => protocol, "reason" => reason).increment(1);
+}
+
+pub fn decode_error(protocol: &'static str) {
+    counter!(DECODE_ERRORS, "protocol" => protocol).increment(1);
+}
+
+pub fn mailbox_depth(depth: usize) {
+    histogram!(MAILBOX_DEPTH).record(depth as f64);
+}
+
+pub fn store_write(took: Duration, batch: usize) {
+    histogram!(STORE_WRITE_DURATION).record(took.as_secs_f64());
+    histogram!(STORE_BATCH_SIZE).record(batch as f64);
+}
+
+pub fn connection_opened(protocol: &'static str) {
+    gauge!(CONNECTIONS, "protocol" => protocol).increment(1.0);
+}
+
+pub fn connection_closed(protocol: &'static str) {
+    gauge!(CONNECTIONS, "protocol" => protocol).decrement(1.0);
+}
+
+pub fn agent_online(protocol: &'static str, online: bool) {
+    let g = gauge!(AGENTS_ONLINE, "protocol" => protocol);
+    if online {
+        g.increment(1.0)
+    } else {
+        g.decrement(1.0)
+    }
+}
+
+/// Counts a connection for as long as the guard lives.
+pub struct ConnectionGuard(&'static str);
+
+impl ConnectionGuard {
+    pub fn new(protocol: &'static str) -> Self {
+        connection_opened(protocol);
+        ConnectionGuard(protocol)
+    }
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        connection_closed(self.0);
+    }
+}
