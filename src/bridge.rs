@@ -75,6 +75,7 @@ impl Bridge {
             tracing::info!(endpoint = %endpoint, role = %role, addr = %addr, "listening");
         }
         readiness.set_ready();
+        tracing::info!("ready");
         Ok(Bridge {
             core,
             admin,

@@ -43,7 +43,7 @@ pub const METRICS: &[(&str, &str)] = &[
     (AGENTS_ONLINE, "Agents currently online, by protocol."),
     (
         MAILBOX_DEPTH,
-        "Messages waiting in a recipient's mailbox, observed at each enqueue.",
+        "Messages waiting in a recipient's mailbox, observed each time the recipient wakes to read.",
     ),
     (
         STORE_WRITE_DURATION,
@@ -149,8 +149,9 @@ pub fn decode_error(protocol: &'static str) {
     counter!(DECODE_ERRORS, "protocol" => protocol).increment(1);
 }
 
-pub fn mailbox_depth(depth: usize) {
-    histogram!(MAILBOX_DEPTH).record(depth as f64);
+/// The mailbox depth histogram, fetched once and shared by every mailbox.
+pub fn mailbox_depth_histogram() -> metrics::Histogram {
+    histogram!(MAILBOX_DEPTH)
 }
 
 pub fn store_write(took: Duration, batch: usize) {

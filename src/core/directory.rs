@@ -100,11 +100,13 @@ pub struct NameTaken {
     pub holder_role: &'static str,
 }
 
+type Map<K, V> = DashMap<K, V, foldhash::fast::RandomState>;
+
 #[derive(Default)]
 pub struct Directory {
-    by_name: DashMap<String, AgentInfo>,
+    by_name: Map<String, AgentInfo>,
     /// (protocol, native or alias id) → name.
-    by_native: DashMap<(Protocol, String), String>,
+    by_native: Map<(Protocol, String), String>,
 }
 
 impl Directory {

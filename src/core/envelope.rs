@@ -262,19 +262,25 @@ impl Envelope {
 
     /// Every agent name the message is addressed to, `to` first, without repeats.
     pub fn addressees(&self) -> impl Iterator<Item = &str> {
-        let mut seen: Vec<&str> = Vec::with_capacity(self.to.len() + self.mentions.len());
-        self.to
-            .iter()
-            .chain(self.mentions.iter())
-            .map(String::as_str)
-            .filter(move |name| {
-                if seen.contains(name) {
-                    false
-                } else {
-                    seen.push(name);
-                    true
-                }
+        // Most messages name a handful of agents: looking back over the earlier names costs
+        // less than allocating a set, until the list grows.
+        const SCAN_LIMIT: usize = 16;
+        let total = self.to.len() + self.mentions.len();
+        let mut hashed: Option<std::collections::HashSet<&str>> =
+            (total > SCAN_LIMIT).then(|| std::collections::HashSet::with_capacity(total));
+        let all = move || {
+            self.to
+                .iter()
+                .chain(self.mentions.iter())
+                .map(String::as_str)
+        };
+        all()
+            .enumerate()
+            .filter(move |(i, name)| match &mut hashed {
+                Some(set) => set.insert(name),
+                None => !all().take(*i).any(|earlier| earlier == *name),
             })
+            .map(|(_, name)| name)
     }
 
     /// Whether `name` is named in `to` or `mentions`.
@@ -313,6 +319,11 @@ mod tests {
         env.mentions = vec!["c".into(), "d".into(), "b".into()];
         let names: Vec<_> = env.addressees().collect();
         assert_eq!(names, ["b", "c", "d"]);
+
+        let many: Vec<String> = (0..40).map(|i| format!("n{}", i % 20)).collect();
+        env.to = many.clone();
+        env.mentions = many;
+        assert_eq!(env.addressees().count(), 20);
     }
 
     #[test]

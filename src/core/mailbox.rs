@@ -64,6 +64,9 @@ pub struct Mailbox {
     state: Mutex<Lanes>,
     notify: Notify,
     on_expired: Option<ExpiryHook>,
+    /// Where the depth is recorded each time the recipient wakes to read (a no-op handle by
+    /// default). Once per wake-up, not per message: under load a wake-up drains a batch.
+    depth: metrics::Histogram,
 }
 
 struct Lanes {
@@ -85,7 +88,14 @@ impl Mailbox {
             }),
             notify: Notify::new(),
             on_expired: None,
+            depth: metrics::Histogram::noop(),
         }
+    }
+
+    /// Records the mailbox's depth in `histogram` whenever `recv` returns a message.
+    pub fn with_depth_histogram(mut self, histogram: metrics::Histogram) -> Self {
+        self.depth = histogram;
+        self
     }
 
     /// Calls `hook` with every message that expires (its ttl ran out) before it is received.
@@ -150,7 +160,9 @@ impl Mailbox {
     /// Cancel-safe: a message is only taken from the lanes by the call that returns it.
     pub async fn recv(&self) -> Result<Arc<Delivery>, Closed> {
         loop {
+            let depth = self.len();
             if let Some(next) = self.try_recv()? {
+                self.depth.record(depth as f64);
                 return Ok(next);
             }
             // One consumer: a `notify_one` that finds no waiter leaves a permit, so a push
@@ -161,7 +173,6 @@ impl Mailbox {
 
     /// The next message if one is queued; `Err` once the mailbox is closed.
     pub fn try_recv(&self) -> Result<Option<Arc<Delivery>>, Closed> {
-        let now = Instant::now();
         loop {
             let next = {
                 let mut state = self.lock();
@@ -175,7 +186,7 @@ impl Mailbox {
                 state.lanes[lane].pop_front()
             };
             let Some(next) = next else { return Ok(None) };
-            if next.is_expired(now) {
+            if next.expires_at.is_some() && next.is_expired(Instant::now()) {
                 if let Some(hook) = &self.on_expired {
                     hook(next);
                 }

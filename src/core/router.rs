@@ -10,12 +10,12 @@
 //! recipient cannot slow the others. The session list is an `arc-swap` snapshot, read
 //! without locks on every message and replaced on the rare attach or detach.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
+use foldhash::HashSet;
 
 use super::delivery::Delivery;
 use super::directory::Directory;
@@ -78,10 +78,11 @@ pub struct Router {
     capacity: usize,
     policy: WhenFull,
     next_session: AtomicU64,
-    by_agent: DashMap<String, Vec<Arc<Session>>>,
+    by_agent: DashMap<String, Vec<Arc<Session>>, foldhash::fast::RandomState>,
     sessions: ArcSwap<Vec<Arc<Session>>>,
     offline: DashMap<Protocol, Arc<dyn OfflineSink>>,
     groups: DashMap<String, Vec<String>>,
+    mailbox_depth: metrics::Histogram,
 }
 
 impl Router {
@@ -91,16 +92,20 @@ impl Router {
             capacity,
             policy,
             next_session: AtomicU64::new(1),
-            by_agent: DashMap::new(),
+            by_agent: DashMap::default(),
             sessions: ArcSwap::from_pointee(Vec::new()),
             offline: DashMap::new(),
             groups: DashMap::new(),
+            mailbox_depth: telemetry::mailbox_depth_histogram(),
         }
     }
 
     /// A mailbox sized and governed by the bridge's routing settings.
     pub fn mailbox(&self, protocol: Protocol) -> Arc<Mailbox> {
-        Arc::new(Mailbox::new(protocol, self.capacity, self.policy))
+        Arc::new(
+            Mailbox::new(protocol, self.capacity, self.policy)
+                .with_depth_histogram(self.mailbox_depth.clone()),
+        )
     }
 
     /// Connects `mailbox` as a live session of `agent`.
@@ -196,7 +201,8 @@ impl Router {
                 }
             }
             Audience::Addressed | Audience::Private => {
-                for name in env.addressees() {
+                // Repeated names are harmless: `reached` keeps each session to one copy.
+                for name in env.to.iter().chain(env.mentions.iter()) {
                     self.deliver_to(name, delivery, &mut reached, &mut report);
                 }
             }
@@ -287,40 +293,46 @@ impl Router {
             }
             Pushed::Closed => {}
         }
-        telemetry::mailbox_depth(session.mailbox.len());
     }
 }
 
-/// Sessions (and offline agents) a message has been given to. Fan-outs are usually small,
-/// so a vector scan beats hashing until it grows.
+/// Sessions (and offline agents) a message has been given to. Fan-outs are usually small:
+/// the first few ids live inline, a scan beats hashing until the list grows, and nothing
+/// is allocated for the common one-to-a-few message.
 #[derive(Default)]
 struct Reached {
-    sessions: Vec<u64>,
-    set: Option<HashSet<u64>>,
+    inline: [u64; Reached::INLINE],
+    len: usize,
+    spilled: Option<HashSet<u64>>,
     offline: Vec<String>,
 }
 
 impl Reached {
-    const SCAN_LIMIT: usize = 32;
+    const INLINE: usize = 32;
 
     fn contains(&self, id: u64) -> bool {
-        match &self.set {
+        match &self.spilled {
             Some(set) => set.contains(&id),
-            None => self.sessions.contains(&id),
+            None => self.inline[..self.len].contains(&id),
         }
     }
 
     /// Records `id`; false when it was there already.
     fn insert(&mut self, id: u64) -> bool {
-        if let Some(set) = &mut self.set {
+        if let Some(set) = &mut self.spilled {
             return set.insert(id);
         }
-        if self.sessions.contains(&id) {
+        if self.inline[..self.len].contains(&id) {
             return false;
         }
-        self.sessions.push(id);
-        if self.sessions.len() > Self::SCAN_LIMIT {
-            self.set = Some(self.sessions.drain(..).collect());
+        if self.len < Self::INLINE {
+            self.inline[self.len] = id;
+            self.len += 1;
+        } else {
+            let mut set = HashSet::with_capacity_and_hasher(Self::INLINE * 4, Default::default());
+            set.extend(self.inline);
+            set.insert(id);
+            self.spilled = Some(set);
         }
         true
     }

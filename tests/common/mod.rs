@@ -1,0 +1,65 @@
+//! Helpers shared by the integration tests: a bridge on `127.0.0.1:0` ports, and thin real
+//! clients for each protocol. Every wait is bounded, so a broken bridge fails a test rather
+//! than hanging it.
+
+#![allow(dead_code)]
+
+pub mod process;
+pub mod skynet;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use agentbridge::{Bridge, Config};
+
+/// How long any single expected frame or response may take before the test fails.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// A bridge with every endpoint on an ephemeral loopback port and an in-memory store,
+/// plus `extra` TOML (which may override sections).
+pub async fn start_bridge(extra: &str) -> Bridge {
+    start_bridge_in(":memory:", extra).await
+}
+
+/// As `start_bridge`, with the store in `data_dir`.
+pub async fn start_bridge_in(data_dir: &str, extra: &str) -> Bridge {
+    let text = bridge_toml(data_dir, extra);
+    let config = Config::parse(&text, "test.toml").expect("test config parses");
+    Bridge::start(config).await.expect("bridge starts")
+}
+
+/// The test config: defaults for every endpoint, with `extra`'s sections replacing them.
+pub fn bridge_toml(data_dir: &str, extra: &str) -> String {
+    let mut sections = vec![
+        ("bridge", format!("data_dir = {data_dir:?}")),
+        ("admin", "listen = \"127.0.0.1:0\"".to_owned()),
+        ("skynet", "listen = \"127.0.0.1:0\"".to_owned()),
+    ];
+    // `extra` may replace a default section wholesale.
+    let mut text = String::new();
+    let overridden: Vec<&str> = extra
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix('[')?.strip_suffix(']'))
+        .collect();
+    sections.retain(|(name, _)| !overridden.contains(name));
+    for (name, body) in sections {
+        text.push_str(&format!("[{name}]\n{body}\n\n"));
+    }
+    text.push_str(extra);
+    text
+}
+
+pub fn http_url(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}
+
+pub fn ws_url(addr: SocketAddr, path: &str) -> String {
+    format!("ws://{addr}{path}")
+}
+
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(WAIT)
+        .build()
+        .expect("http client")
+}

@@ -1,0 +1,93 @@
+//! The `agentbridge` binary as a child process, for what only a real process can show:
+//! start-up failures, `check`, and surviving `kill -9`.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_agentbridge");
+
+pub struct BridgeProcess {
+    pub child: Child,
+    /// endpoint name → address it listens on, read from the start-up log.
+    pub addrs: HashMap<String, SocketAddr>,
+}
+
+impl BridgeProcess {
+    /// Runs `agentbridge run --config <config>` and waits until every listener is up.
+    pub fn spawn(config: &Path) -> BridgeProcess {
+        let mut child = Command::new(BIN)
+            .args(["run", "--log-format", "json", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("agentbridge starts");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut addrs = HashMap::new();
+        loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("agentbridge logs its listeners");
+            let Ok(entry) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            let fields = &entry["fields"];
+            match fields["message"].as_str() {
+                Some("listening") => {
+                    let name = fields["endpoint"].as_str().unwrap().to_owned();
+                    let addr = fields["addr"].as_str().unwrap().parse().unwrap();
+                    addrs.entry(name).or_insert(addr);
+                }
+                Some("ready") => break,
+                _ => {}
+            }
+        }
+        BridgeProcess { child, addrs }
+    }
+
+    pub fn addr(&self, endpoint: &str) -> SocketAddr {
+        self.addrs[endpoint]
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    pub fn kill_9(mut self) {
+        self.child.kill().expect("kill");
+        self.child.wait().expect("reaped");
+    }
+}
+
+impl Drop for BridgeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the binary to completion: (exit code, stdout, stderr).
+pub fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("agentbridge runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

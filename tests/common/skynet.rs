@@ -1,0 +1,217 @@
+//! A minimal Skynet client, written from the protocol documents: HTTP registration and the
+//! `{action, data}` WebSocket.
+
+use std::net::SocketAddr;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use super::{WAIT, http, http_url, ws_url};
+
+pub struct SkynetHttp {
+    pub base: String,
+    client: reqwest::Client,
+}
+
+impl SkynetHttp {
+    pub fn new(addr: SocketAddr) -> Self {
+        SkynetHttp {
+            base: http_url(addr),
+            client: http(),
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let res = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        (status, res.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let res = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        (status, res.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn post_raw(&self, path: &str, body: &'static str) -> (u16, Value) {
+        let res = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        (status, res.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        let res = self
+            .client
+            .delete(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        (status, res.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Registers an agent and returns its card.
+    pub async fn agent(&self, name: &str) -> Value {
+        let (status, card) = self
+            .post(
+                "/api/agents",
+                json!({ "name": name, "type": "claude-code" }),
+            )
+            .await;
+        assert_eq!(status, 201, "registering {name}: {card}");
+        card
+    }
+
+    /// Registers a human and returns its profile, shaped as a card for joining.
+    pub async fn human(&self, name: &str) -> Value {
+        let (status, profile) = self.post("/api/humans", json!({ "name": name })).await;
+        assert_eq!(status, 201, "registering {name}: {profile}");
+        json!({ "id": profile["id"], "name": name, "type": "human", "status": "idle" })
+    }
+}
+
+pub struct SkynetWs {
+    pub stream: WebSocketStream<MaybeTlsStream<TcpStream>>,
+}
+
+impl SkynetWs {
+    pub async fn connect(addr: SocketAddr) -> Self {
+        let (stream, _) = tokio_tungstenite::connect_async(ws_url(addr, "/ws"))
+            .await
+            .expect("websocket connects");
+        SkynetWs { stream }
+    }
+
+    /// Connects, joins as `card`, and returns the client with its `workspace.state` data.
+    pub async fn join(addr: SocketAddr, card: &Value) -> (Self, Value) {
+        Self::join_since(addr, card, None).await
+    }
+
+    pub async fn join_since(addr: SocketAddr, card: &Value, since: Option<i64>) -> (Self, Value) {
+        let mut ws = Self::connect(addr).await;
+        let state = ws.rejoin(card, since).await;
+        (ws, state)
+    }
+
+    /// Sends a join on this socket and waits for `workspace.state`.
+    pub async fn rejoin(&mut self, card: &Value, since: Option<i64>) -> Value {
+        let mut data = json!({ "agent": card });
+        if let Some(since) = since {
+            data["lastSeenTimestamp"] = json!(since);
+        }
+        self.action("join", data).await;
+        let state = self.next().await;
+        assert_eq!(
+            state["event"], "workspace.state",
+            "join answered with {state}"
+        );
+        state["data"].clone()
+    }
+
+    pub async fn action(&mut self, action: &str, data: Value) {
+        self.send_text(json!({ "action": action, "data": data }).to_string())
+            .await;
+    }
+
+    pub async fn send_text(&mut self, text: String) {
+        self.stream
+            .send(Message::Text(text.into()))
+            .await
+            .expect("send");
+    }
+
+    /// Sends a chat and returns the echo the server sends back.
+    pub async fn chat(&mut self, text: &str) -> Value {
+        self.chat_with(json!({ "type": "chat", "payload": { "text": text } }))
+            .await
+    }
+
+    /// Sends `message` (a partial SkynetMessage) and returns its echo.
+    pub async fn chat_with(&mut self, message: Value) -> Value {
+        self.action("send", message).await;
+        let echo = self.next_message().await;
+        echo
+    }
+
+    /// The next frame, as JSON (events and messages alike).
+    pub async fn next(&mut self) -> Value {
+        loop {
+            let frame = tokio::time::timeout(WAIT, self.stream.next())
+                .await
+                .expect("a frame within the wait")
+                .expect("the socket is open")
+                .expect("a valid frame");
+            match frame {
+                Message::Text(text) => return serde_json::from_str(&text).expect("JSON frame"),
+                Message::Close(close) => panic!("socket closed: {close:?}"),
+                _ => continue,
+            }
+        }
+    }
+
+    /// The next bare SkynetMessage, skipping `status-change` events.
+    pub async fn next_message(&mut self) -> Value {
+        loop {
+            let frame = self.next().await;
+            if frame.get("event").is_none() {
+                return frame;
+            }
+            if frame["event"] == "status-change" {
+                continue;
+            }
+            panic!("expected a message, got event {frame}");
+        }
+    }
+
+    /// The next frame that is the event `name`.
+    pub async fn next_event(&mut self, name: &str) -> Value {
+        let frame = self.next().await;
+        assert_eq!(frame["event"], name, "expected event {name}, got {frame}");
+        frame["data"].clone()
+    }
+
+    /// Waits for the server to close the socket and returns the close frame.
+    pub async fn closed(&mut self) -> Option<CloseFrame> {
+        loop {
+            let frame = tokio::time::timeout(WAIT, self.stream.next())
+                .await
+                .expect("the close within the wait");
+            match frame {
+                Some(Ok(Message::Close(close))) => return close,
+                Some(Ok(_)) => continue,
+                Some(Err(_)) | None => return None,
+            }
+        }
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.stream.close(None).await;
+    }
+}
+
+/// A chat message's text.
+pub fn text_of(msg: &Value) -> &str {
+    msg["payload"]["text"].as_str().unwrap_or_default()
+}

@@ -1,0 +1,159 @@
+//! The `agentbridge` binary itself: its command line, start-up failures, and a store that
+//! survives `kill -9`.
+
+mod common;
+
+use std::io::Write;
+
+use common::process::{BridgeProcess, run};
+use common::skynet::{SkynetHttp, SkynetWs, text_of};
+use serde_json::json;
+
+fn config_file(dir: &std::path::Path, text: &str) -> std::path::PathBuf {
+    let path = dir.join("bridge.toml");
+    let mut file = std::fs::File::create(&path).unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    path
+}
+
+#[test]
+fn help_is_available_everywhere() {
+    for args in [&["--help"][..], &["run", "--help"], &["check", "--help"]] {
+        let (code, out, _) = run(args);
+        assert_eq!(code, 0, "{args:?}");
+        assert!(out.contains("--config"), "{args:?}: {out}");
+    }
+    let (_, out, _) = run(&["--help"]);
+    assert!(out.contains("run") && out.contains("check"), "{out}");
+}
+
+#[test]
+fn check_prints_the_listeners_of_the_bundled_config() {
+    let bundled = concat!(env!("CARGO_MANIFEST_DIR"), "/bridge.toml");
+    let dir = tempfile::tempdir().unwrap();
+    // The bundled config with its data dir moved out of the source tree.
+    let text = std::fs::read_to_string(bundled).unwrap().replace(
+        "data_dir = \"./data\"",
+        &format!("data_dir = {:?}", dir.path().join("data")),
+    );
+    let path = config_file(dir.path(), &text);
+    let (code, out, err) = run(&["check", "--config", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("skynet") && out.contains("127.0.0.1:4117"),
+        "{out}"
+    );
+    assert!(
+        out.contains("admin") && out.contains("127.0.0.1:9464"),
+        "{out}"
+    );
+}
+
+#[test]
+fn bad_configs_fail_with_one_line_naming_file_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = config_file(
+        dir.path(),
+        "[skynet]\nlisten = \"127.0.0.1:0\"\nrecent_mentions = 5\n",
+    );
+    let shown = path.display().to_string();
+    for command in ["check", "run"] {
+        let (code, _, err) = run(&[command, "--config", &shown]);
+        assert_ne!(code, 0);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!("{shown}:3: skynet.recent_mentions: unknown field")),
+            "{err}"
+        );
+    }
+    let (code, _, err) = run(&["check", "--config", "/nonexistent/bridge.toml"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("/nonexistent/bridge.toml"), "{err}");
+}
+
+#[test]
+fn start_up_failures_name_their_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port already in use.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let path = config_file(
+        dir.path(),
+        &format!("[bridge]\ndata_dir = \":memory:\"\n[skynet]\nlisten = \"127.0.0.1:{port}\"\n"),
+    );
+    let (code, _, err) = run(&["run", "--config", path.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&format!("skynet: cannot listen on 127.0.0.1:{port}")),
+        "{err}"
+    );
+
+    // A data dir that cannot be created.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let bad_dir = file.join("data");
+    let path = config_file(
+        dir.path(),
+        &format!("[bridge]\ndata_dir = {:?}\n", bad_dir.display().to_string()),
+    );
+    for command in ["check", "run"] {
+        let (code, _, err) = run(&[command, "--config", path.to_str().unwrap()]);
+        assert_ne!(code, 0, "{command}");
+        assert!(
+            err.contains(&bad_dir.display().to_string()),
+            "{command}: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn accepted_messages_survive_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(
+        dir.path(),
+        &format!(
+            "[bridge]\ndata_dir = {:?}\n[admin]\nlisten = \"127.0.0.1:0\"\n[skynet]\nlisten = \"127.0.0.1:0\"\n",
+            dir.path().join("data").display().to_string()
+        ),
+    );
+    let (a, b);
+    {
+        let process = BridgeProcess::spawn(&config);
+        let addr = process.addr("skynet");
+        let http = SkynetHttp::new(addr);
+        a = http.agent("a").await;
+        b = http.agent("b").await;
+        let (mut ws_a, _) = SkynetWs::join(addr, &a).await;
+        // The echo comes back only after the message is stored.
+        for i in 1..=20 {
+            ws_a.chat(&format!("@b accepted {i}")).await;
+        }
+        process.kill_9();
+    }
+    let process = BridgeProcess::spawn(&config);
+    let addr = process.addr("skynet");
+    let http = SkynetHttp::new(addr);
+    let (_, history) = http.get("/api/messages").await;
+    let texts: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["type"] == "chat")
+        .map(text_of)
+        .collect();
+    let expected: Vec<String> = (1..=20).map(|i| format!("@b accepted {i}")).collect();
+    assert_eq!(texts, expected);
+    let (_ws_b, state) = SkynetWs::join(addr, &b).await;
+    let replay: Vec<&str> = state["recentMessages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text_of)
+        .collect();
+    assert_eq!(
+        replay,
+        ["@b accepted 18", "@b accepted 19", "@b accepted 20"]
+    );
+    assert_eq!(http.get("/api/agents/a").await.1["id"], json!(a["id"]));
+    process.kill_9();
+}
