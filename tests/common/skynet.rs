@@ -151,8 +151,7 @@ impl SkynetWs {
     /// Sends `message` (a partial SkynetMessage) and returns its echo.
     pub async fn chat_with(&mut self, message: Value) -> Value {
         self.action("send", message).await;
-        let echo = self.next_message().await;
-        echo
+        self.next_message().await
     }
 
     /// The next frame, as JSON (events and messages alike).
