@@ -258,6 +258,10 @@ impl Skynet {
 
     /// A connection closed: its member waits out the grace period before leaving.
     pub fn disconnected(self: &Arc<Self>, agent_id: &str, conn_id: u64) {
+        // The bridge is stopping: nobody is left to tell, and the store is closing.
+        if self.shutdown.is_cancelled() {
+            return;
+        }
         let mut members = self.workspace.lock();
         let Some(member) = members.by_id.get_mut(agent_id) else {
             return;
