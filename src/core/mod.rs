@@ -110,35 +110,30 @@ impl Core {
         env.correlation_id = Some(root.unwrap_or_else(|| parent.to_owned()));
     }
 
-    /// The id to show for `original` in a protocol whose ids must be UUIDs: `original`
-    /// itself when it is one, else a derived UUIDv5, remembered so that `original_id` maps
-    /// it back.
-    pub async fn uuid_for(&self, original: &str) -> String {
-        if uuid::Uuid::parse_str(original).is_ok() {
-            return original.to_owned();
-        }
-        let derived = derived_uuid("message", original).to_string();
-        if self.correlation.original_of(&derived).is_none() {
-            self.correlation.record_derived(&derived, original);
-            if let Err(e) = self.store.insert_alias(&derived, original).await {
-                tracing::warn!(error = %e, "cannot persist a derived id");
-            }
-        }
-        derived
-    }
-
-    /// The original id behind an id `uuid_for` derived; any other id is returned unchanged.
+    /// The original id behind a UUID that `uuid_form` derived for a message; any other id
+    /// is returned unchanged.
     pub async fn original_id(&self, id: &str) -> String {
         if let Some(original) = self.correlation.original_of(id) {
             return original;
         }
-        match self.store.alias_original(id).await {
+        match self.store.message_id_by_uuid(id).await {
             Ok(Some(original)) => {
-                self.correlation.record_derived(id, &original);
+                if original != id {
+                    self.correlation.record_derived(id, &original);
+                }
                 original
             }
             _ => id.to_owned(),
         }
+    }
+}
+
+/// `id` as a UUID, for protocols whose ids must be UUIDs: itself when it is one, else a
+/// stable UUIDv5 of it. `Core::original_id` maps a derived one back.
+pub fn uuid_form(id: &str) -> String {
+    match uuid::Uuid::parse_str(id) {
+        Ok(uuid) => uuid.hyphenated().to_string(),
+        Err(_) => derived_uuid("message", id).to_string(),
     }
 }
 
@@ -175,17 +170,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn derived_ids_map_back_after_the_cache_forgets() {
+    async fn derived_ids_map_back_to_stored_messages() {
         let store = Store::open(IN_MEMORY).await.unwrap();
         let core = Core::new(store.clone(), &RoutingConfig::default());
-        let derived = core.uuid_for("msg-abc").await;
+        let mut env = Envelope::new("test", "a", Kind::Chat);
+        env.id = "msg-abc".into();
+        core.publish(env).await.unwrap();
+        let derived = uuid_form("msg-abc");
         assert!(uuid::Uuid::parse_str(&derived).is_ok());
         assert_eq!(core.original_id(&derived).await, "msg-abc");
         let uuid = uuid::Uuid::new_v4().to_string();
-        assert_eq!(core.uuid_for(&uuid).await, uuid);
-
-        let fresh = Core::new(store, &RoutingConfig::default());
-        assert_eq!(fresh.original_id(&derived).await, "msg-abc");
-        assert_eq!(fresh.original_id("unknown").await, "unknown");
+        assert_eq!(uuid_form(&uuid), uuid);
+        assert_eq!(core.original_id("unknown").await, "unknown");
     }
 }

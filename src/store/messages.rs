@@ -14,6 +14,9 @@ pub(super) static MIGRATIONS: &[Migration] = &[Migration {
         CREATE TABLE messages (
             seq            INTEGER PRIMARY KEY AUTOINCREMENT,
             id             TEXT NOT NULL UNIQUE,
+            -- The id as a UUID: itself when it is one, else its UUIDv5 (`derived_uuid`), for
+            -- protocols whose ids must be UUIDs; looked up to map a reply back.
+            uuid           TEXT NOT NULL,
             ts             INTEGER NOT NULL,
             sender         TEXT NOT NULL,
             kind           TEXT NOT NULL,
@@ -25,6 +28,7 @@ pub(super) static MIGRATIONS: &[Migration] = &[Migration {
             body           TEXT NOT NULL
         );
         CREATE INDEX messages_by_time ON messages (ts, seq);
+        CREATE INDEX messages_by_uuid ON messages (uuid);
         CREATE INDEX messages_by_reply ON messages (reply_to);
         CREATE INDEX messages_by_thread ON messages (thread, ts);
         -- Who a message names (its `to` and `mentions`), for per-recipient replay.
@@ -34,11 +38,6 @@ pub(super) static MIGRATIONS: &[Migration] = &[Migration {
             PRIMARY KEY (name, seq)
         ) WITHOUT ROWID;
         CREATE INDEX message_recipients_by_seq ON message_recipients (seq);
-        -- Ids derived for protocols that need another id form (a UUID), and what they stand for.
-        CREATE TABLE id_aliases (
-            derived  TEXT PRIMARY KEY,
-            original TEXT NOT NULL
-        ) WITHOUT ROWID;
     ",
 }];
 
@@ -115,28 +114,13 @@ impl Store {
         .await
     }
 
-    /// Remembers that `derived` stands for `original`.
-    pub async fn insert_alias(&self, derived: &str, original: &str) -> Result<(), StoreError> {
-        let (derived, original) = (derived.to_owned(), original.to_owned());
-        self.write(move |conn| {
-            conn.prepare_cached(
-                "INSERT OR IGNORE INTO id_aliases (derived, original) VALUES (?1, ?2)",
-            )?
-            .execute([derived, original])?;
-            Ok(())
-        })
-        .await
-    }
-
-    pub async fn alias_original(&self, derived: &str) -> Result<Option<String>, StoreError> {
-        let derived = derived.to_owned();
+    /// The id of the stored message whose UUID form is `uuid`.
+    pub async fn message_id_by_uuid(&self, uuid: &str) -> Result<Option<String>, StoreError> {
+        let uuid = uuid.to_owned();
         self.read(move |conn| {
             Ok(conn
-                .query_row(
-                    "SELECT original FROM id_aliases WHERE derived = ?1",
-                    [derived],
-                    |r| r.get(0),
-                )
+                .prepare_cached("SELECT id FROM messages WHERE uuid = ?1 LIMIT 1")?
+                .query_row([uuid], |r| r.get(0))
                 .optional()?)
         })
         .await
@@ -213,6 +197,7 @@ fn decode((seq, body): (i64, String)) -> Result<StoredMessage, StoreError> {
 /// The columns of one message, prepared on the caller's thread.
 struct Row {
     id: String,
+    uuid: String,
     ts: i64,
     sender: String,
     kind: &'static str,
@@ -229,6 +214,7 @@ impl Row {
     fn from(env: &Envelope) -> Result<Row, StoreError> {
         Ok(Row {
             id: env.id.clone(),
+            uuid: crate::core::uuid_form(&env.id),
             ts: env.timestamp,
             sender: env.from.clone(),
             kind: env.kind.as_str(),
@@ -247,8 +233,8 @@ impl Row {
     fn insert(self, conn: &Connection) -> Result<(), StoreError> {
         let seq: i64 = conn
             .prepare_cached(
-                "INSERT INTO messages (id, ts, sender, kind, reply_to, correlation_id, thread, everyone, origin, body)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                "INSERT INTO messages (id, uuid, ts, sender, kind, reply_to, correlation_id, thread, everyone, origin, body)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
                  ON CONFLICT (id) DO UPDATE SET
                     ts = excluded.ts, sender = excluded.sender, kind = excluded.kind,
                     reply_to = excluded.reply_to, correlation_id = excluded.correlation_id,
@@ -259,6 +245,7 @@ impl Row {
             .query_row(
                 params![
                     self.id,
+                    self.uuid,
                     self.ts,
                     self.sender,
                     self.kind,
