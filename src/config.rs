@@ -21,6 +21,7 @@ pub struct Config {
     #[serde(default)]
     pub routing: RoutingConfig,
     pub skynet: Option<protocols::skynet::Config>,
+    pub tracker: Option<protocols::tracker::Config>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

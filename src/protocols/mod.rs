@@ -5,7 +5,9 @@
 //! Adding a protocol means adding its folder, its section in `Config`, and a line in
 //! `start_all` and `listeners` below.
 
+pub mod clock;
 pub mod skynet;
+pub mod tracker;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -52,6 +54,9 @@ pub async fn start_all(
     if let Some(section) = &config.skynet {
         running.push(skynet::start(section, core.clone(), shutdown.clone()).await?);
     }
+    if let Some(section) = &config.tracker {
+        running.push(tracker::start(section, core.clone(), shutdown.clone()).await?);
+    }
     Ok(running)
 }
 
@@ -60,6 +65,13 @@ pub fn listeners(config: &Config) -> Vec<(&'static str, &'static str, SocketAddr
     let mut out = Vec::new();
     if let Some(section) = &config.skynet {
         out.push((skynet::PROTOCOL, "http + websocket /ws", section.listen));
+    }
+    if let Some(section) = &config.tracker {
+        out.push((
+            tracker::PROTOCOL,
+            "rest /api/v1 + websocket /ws",
+            section.listen,
+        ));
     }
     out
 }

@@ -60,8 +60,8 @@ pub struct MessageQuery {
     pub or_everyone: bool,
     /// Only these kinds (by `Kind::as_str`).
     pub kinds: Option<Vec<&'static str>>,
-    /// Only messages in this thread.
-    pub thread: Option<String>,
+    /// Only messages in this thread: `Some(None)` is the lobby (no thread).
+    pub thread: Option<Option<String>>,
     /// The newest `limit` of the matches.
     pub limit: usize,
 }
@@ -142,9 +142,13 @@ fn select(conn: &Connection, q: &MessageQuery) -> Result<Vec<StoredMessage>, Sto
         sql.push_str(" AND m.ts > ?");
         args.push(after.into());
     }
-    if let Some(thread) = &q.thread {
-        sql.push_str(" AND m.thread = ?");
-        args.push(thread.clone().into());
+    match &q.thread {
+        None => {}
+        Some(None) => sql.push_str(" AND m.thread IS NULL"),
+        Some(Some(thread)) => {
+            sql.push_str(" AND m.thread = ?");
+            args.push(thread.clone().into());
+        }
     }
     if let Some(kinds) = &q.kinds {
         sql.push_str(" AND m.kind IN (");

@@ -6,6 +6,7 @@
 
 pub mod process;
 pub mod skynet;
+pub mod tracker;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -34,6 +35,7 @@ pub fn bridge_toml(data_dir: &str, extra: &str) -> String {
         ("bridge", format!("data_dir = {data_dir:?}")),
         ("admin", "listen = \"127.0.0.1:0\"".to_owned()),
         ("skynet", "listen = \"127.0.0.1:0\"".to_owned()),
+        ("tracker", TRACKER_SECTION.to_owned()),
     ];
     // `extra` may replace a default section wholesale.
     let mut text = String::new();
@@ -48,6 +50,47 @@ pub fn bridge_toml(data_dir: &str, extra: &str) -> String {
     text.push_str(extra);
     text
 }
+
+/// The Tracker's test setup: two projects and members with every listen setting.
+pub const TRACKER_SECTION: &str = r#"listen = "127.0.0.1:0"
+default_project = "team-board"
+
+[[tracker.projects]]
+slug = "team-board"
+name = "Team Board"
+
+[[tracker.projects]]
+slug = "side"
+name = "Side Project"
+
+[[tracker.members]]
+slug = "admin"
+name = "Admin"
+kind = "human"
+token = "tb-admin"
+chat_listen = "all"
+task_listen = "all"
+
+[[tracker.members]]
+slug = "coder"
+name = "Coder"
+token = "tb-coder"
+chat_listen = "mentions"
+task_listen = "assigned"
+capabilities = ["code"]
+
+[[tracker.members]]
+slug = "listener"
+token = "tb-listener"
+chat_listen = "all"
+task_listen = "all"
+
+[[tracker.members]]
+slug = "quiet"
+token = "tb-quiet"
+chat_listen = "none"
+task_listen = "none"
+"#;
 
 pub fn http_url(addr: SocketAddr) -> String {
     format!("http://{addr}")

@@ -1,0 +1,231 @@
+//! Posting and reading Tracker chat messages. Both the REST `POST /messages` and the
+//! WebSocket `chat.send` come here; a message becomes an envelope in the core's log (its
+//! `thread` is the chat, or the task for a task comment) and crosses to other protocols
+//! from there.
+
+use super::Tracker;
+use super::db::TaskRow;
+use super::translate::{self, decode_message, message_out};
+use super::wire::{AuthorType, MessageOut};
+use crate::core::now_ms;
+use crate::protocols::clock::iso8601;
+use crate::store::{MessageQuery, StoredMessage};
+
+/// A message as a Tracker member posts it.
+pub struct NewMessage {
+    pub author_slug: String,
+    pub author_type: AuthorType,
+    pub chat_id: Option<String>,
+    pub task_id: Option<String>,
+    pub content: String,
+    pub mentions: Vec<String>,
+    pub reply_to: Option<String>,
+}
+
+/// Why a message was not posted.
+#[derive(Debug)]
+pub enum PostError {
+    /// The chat or task it names does not exist; the text names which.
+    NotFound(String),
+    Store(crate::store::StoreError),
+}
+
+impl Tracker {
+    /// Posts a message; a comment on a task another protocol asked for is also sent to the
+    /// task's requester as progress.
+    pub async fn post_message(&self, new: NewMessage) -> Result<MessageOut, PostError> {
+        self.post(new, true).await
+    }
+
+    /// Posts a message without telling a task's requester (the caller already did).
+    pub async fn post_comment_quietly(&self, new: NewMessage) -> Result<MessageOut, PostError> {
+        self.post(new, false).await
+    }
+
+    async fn post(&self, new: NewMessage, notify_requester: bool) -> Result<MessageOut, PostError> {
+        let (thread, task) = self
+            .place(new.chat_id.as_deref(), new.task_id.as_deref())
+            .await?;
+        let mut mentions = new.mentions;
+        for name in self.mentioned_in(&new.content) {
+            if !mentions.contains(&name) {
+                mentions.push(name);
+            }
+        }
+        let reply_to = match &new.reply_to {
+            Some(id) => Some(self.core.original_id(id).await),
+            None => None,
+        };
+        let created = now_ms();
+        let out = MessageOut {
+            id: uuid::Uuid::new_v4().to_string(),
+            chat_id: if task.is_some() {
+                None
+            } else {
+                new.chat_id.clone()
+            },
+            task_id: task.as_ref().map(|t| t.id.clone()),
+            author_type: new.author_type,
+            author_slug: new.author_slug.clone(),
+            content: new.content.clone(),
+            mentions,
+            created_at: iso8601(created),
+            reply_to: new.reply_to.clone(),
+            attachments: Vec::new(),
+        };
+        let env = decode_message(&out, thread, reply_to, created);
+        self.core.publish(env).await.map_err(PostError::Store)?;
+
+        // A comment on a task another protocol asked for is news for the requester.
+        if let Some(task) = task
+            && task.requester.is_some()
+            && notify_requester
+        {
+            let id = task.id.clone();
+            let note = Some(new.content);
+            if let Err(e) = self.change_task(&id, note, None, |_| Ok(())).await {
+                tracing::error!(error = %e, "tracker: cannot report a task comment");
+            }
+        }
+        Ok(out)
+    }
+
+    /// The thread of a chat or task, and the task for a task comment.
+    async fn place(
+        &self,
+        chat_id: Option<&str>,
+        task_id: Option<&str>,
+    ) -> Result<(Option<String>, Option<TaskRow>), PostError> {
+        if let Some(task_id) = task_id {
+            let task = self
+                .db
+                .task(task_id)
+                .await
+                .map_err(PostError::Store)?
+                .ok_or_else(|| PostError::NotFound(format!("Task {task_id} not found")))?;
+            return Ok((Some(task.id.clone()), Some(task)));
+        }
+        let chat_id = chat_id.unwrap_or(&self.chats.lobby_chat_id);
+        if chat_id == self.chats.lobby_chat_id {
+            // The lobby is the conversation every protocol shares: no thread.
+            return Ok((None, None));
+        }
+        if self.chats.project_of_chat(chat_id).is_some() {
+            return Ok((Some(chat_id.to_owned()), None));
+        }
+        Err(PostError::NotFound(format!("Chat {chat_id} not found")))
+    }
+
+    /// Agents named as `@name` in text, against the whole directory (case-insensitive, and
+    /// the name must end there: `@coder` does not mention `coder-2`).
+    pub fn mentioned_in(&self, text: &str) -> Vec<String> {
+        if !text.contains('@') {
+            return Vec::new();
+        }
+        let lower = text.to_lowercase();
+        let mut found = Vec::new();
+        self.core.directory.for_each(|agent| {
+            let needle = format!("@{}", agent.name.to_lowercase());
+            let mentioned = lower.match_indices(&needle).any(|(at, _)| {
+                lower[at + needle.len()..]
+                    .chars()
+                    .next()
+                    .is_none_or(|c| !(c.is_alphanumeric() || c == '-' || c == '_'))
+            });
+            if mentioned {
+                found.push((agent.created_at, agent.name.clone()));
+            }
+        });
+        found.sort();
+        found.into_iter().map(|(_, name)| name).collect()
+    }
+
+    /// The newest `limit` messages of a chat (or a task's comments), oldest first.
+    pub async fn list_messages(
+        &self,
+        chat_id: Option<&str>,
+        task_id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<MessageOut>, PostError> {
+        let (thread, _) = self.place(chat_id, task_id).await?;
+        let query = MessageQuery {
+            thread: Some(thread),
+            kinds: Some(CHAT_KINDS.to_vec()),
+            limit,
+            ..Default::default()
+        };
+        let stored = self
+            .core
+            .store
+            .messages(query)
+            .await
+            .map_err(PostError::Store)?;
+        self.render(stored).await
+    }
+
+    /// Messages that answer `id` (a Tracker message id, or the UUID shown for another's).
+    pub async fn replies(&self, id: &str) -> Result<Option<Vec<MessageOut>>, PostError> {
+        let original = self.core.original_id(id).await;
+        if self
+            .core
+            .store
+            .message(&original)
+            .await
+            .map_err(PostError::Store)?
+            .is_none()
+        {
+            return Ok(None);
+        }
+        let stored = self
+            .core
+            .store
+            .replies(&original)
+            .await
+            .map_err(PostError::Store)?;
+        let chat: Vec<StoredMessage> = stored
+            .into_iter()
+            .filter(|m| translate::is_chat_like(&m.envelope))
+            .collect();
+        self.render(chat).await.map(Some)
+    }
+
+    /// Whether a stored message with this (Tracker-shown) id exists; its original id.
+    pub async fn find_message(&self, id: &str) -> Result<Option<StoredMessage>, PostError> {
+        let original = self.core.original_id(id).await;
+        self.core
+            .store
+            .message(&original)
+            .await
+            .map_err(PostError::Store)
+    }
+
+    async fn render(&self, stored: Vec<StoredMessage>) -> Result<Vec<MessageOut>, PostError> {
+        let mut out = Vec::with_capacity(stored.len());
+        for message in stored {
+            let mut rendered = message_out(&message.envelope, self);
+            rendered.attachments = self
+                .db
+                .attachments(&rendered.id, false)
+                .await
+                .map_err(PostError::Store)?
+                .iter()
+                .map(|a| self.attachment_out(a))
+                .collect();
+            out.push(rendered);
+        }
+        Ok(out)
+    }
+}
+
+/// Kinds listed as chat history (`Kind::as_str`).
+const CHAT_KINDS: &[&str] = &[
+    "chat",
+    "custom",
+    "context",
+    "decision.request",
+    "decision.response",
+    "vote.initiate",
+    "vote.submit",
+    "vote.result",
+    "error",
+];

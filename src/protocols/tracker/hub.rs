@@ -1,0 +1,235 @@
+//! The endpoint's own session: it observes task messages from other protocols that concern
+//! the Tracker — a task assigned to a member, progress or a result for a Tracker task — and
+//! applies them to the task table, in order, whether or not the members involved are
+//! connected. The resulting task events reach members through `emit_task_event`.
+
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+
+use super::db::TaskRow;
+use super::translate::status_for;
+use super::wire::{Priority, TaskStatus, TaskType};
+use super::{Chats, PROTOCOL, Tracker};
+use crate::core::{
+    Audience, Delivery, Directory, Envelope, Interest, Kind, Origin, TaskInfo, TaskState, uuid_form,
+};
+
+/// The hub's routing name; not an agent name any client can register.
+const HUB: &str = "\0tracker-hub";
+
+struct HubInterest {
+    chats: Arc<Chats>,
+    directory: Arc<Directory>,
+}
+
+impl HubInterest {
+    fn is_member(&self, name: &str) -> bool {
+        self.directory.protocol_of(name) == Some(PROTOCOL)
+    }
+
+    fn concerns_tracker(&self, env: &Envelope) -> bool {
+        if env.origin_is(PROTOCOL)
+            || !matches!(
+                env.kind,
+                Kind::TaskAssign | Kind::TaskUpdate | Kind::TaskResult
+            )
+        {
+            return false;
+        }
+        let task = env.task.as_ref();
+        task.is_some_and(|t| self.chats.task_id_for(&t.id).is_some())
+            || task
+                .and_then(|t| t.assignee.as_deref())
+                .is_some_and(|a| self.is_member(a))
+            || (env.kind == Kind::TaskAssign && env.addressees().any(|n| self.is_member(n)))
+    }
+}
+
+impl Interest for HubInterest {
+    fn observes(&self, env: &Envelope) -> bool {
+        self.concerns_tracker(env)
+    }
+
+    fn accepts(&self, env: &Envelope) -> bool {
+        self.concerns_tracker(env)
+    }
+}
+
+pub fn start(tracker: Arc<Tracker>) -> JoinHandle<()> {
+    let router = &tracker.core.router;
+    let mailbox = router.mailbox(PROTOCOL);
+    let session = router.attach(
+        HUB,
+        mailbox.clone(),
+        Arc::new(HubInterest {
+            chats: tracker.chats.clone(),
+            directory: tracker.core.directory.clone(),
+        }),
+    );
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tracker.shutdown.cancelled() => break,
+                next = mailbox.recv() => match next {
+                    Ok(delivery) => tracker.apply(&delivery).await,
+                    Err(_) => break,
+                },
+            }
+        }
+        tracker.core.router.detach(&session);
+    })
+}
+
+impl Tracker {
+    async fn apply(&self, delivery: &Delivery) {
+        let env = &delivery.envelope;
+        let known = env
+            .task
+            .as_ref()
+            .and_then(|t| self.chats.task_id_for(&t.id));
+        let result = match (env.kind, known) {
+            (_, Some(task_id)) => self.apply_progress(env, &task_id).await,
+            (Kind::TaskAssign, None) => self.apply_assignment(env).await,
+            _ => Ok(()),
+        };
+        if let Err(e) = result {
+            tracing::error!(error = %e, "tracker: cannot apply a task message");
+        }
+    }
+
+    /// A task assigned to a member from another protocol becomes a Tracker task.
+    async fn apply_assignment(&self, env: &Envelope) -> Result<(), crate::store::StoreError> {
+        let info = env.task.clone().unwrap_or_default();
+        let assignee = info
+            .assignee
+            .clone()
+            .filter(|a| self.members.contains(a))
+            .or_else(|| {
+                env.addressees()
+                    .find(|n| self.members.contains(n))
+                    .map(str::to_owned)
+            });
+        let Some(assignee) = assignee else {
+            return Ok(());
+        };
+        let Some(project) = &self.default_project else {
+            self.refuse(env, "the Tracker has no project to create the task in")
+                .await;
+            return Ok(());
+        };
+        let external_id = if info.id.is_empty() {
+            env.id.clone()
+        } else {
+            info.id.clone()
+        };
+        let text = env.text.clone().unwrap_or_default();
+        let title = info
+            .title
+            .clone()
+            .filter(|t| !t.is_empty())
+            .or_else(|| {
+                text.lines()
+                    .next()
+                    .map(str::to_owned)
+                    .filter(|t| !t.is_empty())
+            })
+            .unwrap_or_else(|| format!("Task from {}", env.from));
+        let now = crate::core::now_ms();
+        let task = TaskRow {
+            id: uuid_form(&external_id),
+            project_id: project.id.clone(),
+            project_slug: project.slug.clone(),
+            title,
+            description: info.description.clone().unwrap_or(text),
+            status: TaskStatus::Todo,
+            task_type: TaskType::Task,
+            priority: match env.priority {
+                crate::core::Priority::High => Priority::High,
+                crate::core::Priority::Normal => Priority::Medium,
+                crate::core::Priority::Low => Priority::Low,
+            },
+            assignee_slug: Some(assignee),
+            reviewer_slug: None,
+            author_slug: env.from.clone(),
+            watchers: Vec::new(),
+            external_id: Some(external_id),
+            requester: Some(env.from.clone()),
+            request_message_id: Some(env.id.clone()),
+            delegation_message_id: None,
+            created_at: now,
+            updated_at: now,
+        };
+        self.create_task(task).await?;
+        Ok(())
+    }
+
+    /// Progress or a result from another protocol for a Tracker task.
+    async fn apply_progress(
+        &self,
+        env: &Envelope,
+        task_id: &str,
+    ) -> Result<(), crate::store::StoreError> {
+        let info = env.task.clone().unwrap_or_default();
+        let state = info.state.or(match env.kind {
+            Kind::TaskAssign => Some(TaskState::Assigned),
+            _ => None,
+        });
+        let status = state.and_then(status_for);
+        let note = match (state, &info.error) {
+            (Some(TaskState::Failed), Some(error)) => Some(format!("failed: {error}")),
+            (Some(TaskState::Failed), None) => Some("failed".to_owned()),
+            _ => env.text.clone().or(info.summary.clone()),
+        };
+        if let Some(note) = note.as_ref().filter(|n| !n.is_empty()) {
+            self.comment(env, task_id, note).await;
+        }
+        let reassign = (env.kind == Kind::TaskAssign)
+            .then(|| info.assignee.clone())
+            .flatten();
+        // A task deleted meanwhile has nothing left to update.
+        let _applied = self
+            .change_task(task_id, None, Some(&env.from), move |task| {
+                if let Some(status) = status {
+                    task.status = status;
+                }
+                if let Some(assignee) = reassign {
+                    task.assignee_slug = Some(assignee);
+                }
+                Ok(())
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Records what another protocol's agent said about a task as a comment on it.
+    async fn comment(&self, env: &Envelope, task_id: &str, text: &str) {
+        let mut comment = Envelope::new(PROTOCOL, &env.from, Kind::Chat);
+        comment.id = format!("{}#comment", env.id);
+        comment.thread = Some(task_id.to_owned());
+        comment.task = Some(TaskInfo {
+            id: task_id.to_owned(),
+            ..Default::default()
+        });
+        comment.text = Some(text.to_owned());
+        comment.reply_to = Some(env.id.clone());
+        comment.timestamp = env.timestamp;
+        comment.origin = Origin {
+            protocol: env.origin.protocol.clone(),
+            native: None,
+        };
+        if let Err(e) = self.core.publish(comment).await {
+            tracing::error!(error = %e, "tracker: cannot store a task comment");
+        }
+    }
+
+    /// Tells the sender, in its own protocol, that its task could not be taken.
+    async fn refuse(&self, env: &Envelope, reason: &str) {
+        let mut error = Envelope::new(PROTOCOL, HUB.trim_start_matches('\0'), Kind::Error);
+        error.to = vec![env.from.clone()];
+        error.audience = Audience::Private;
+        error.reply_to = Some(env.id.clone());
+        error.text = Some(format!("task not created: {reason}"));
+        self.core.publish_transient(error).await;
+    }
+}

@@ -1,0 +1,173 @@
+//! Tracker members: who they are (cached from the store), how their tokens resolve, and
+//! whether they are online — a member is online while at least one of its connections is
+//! open and has not missed the heartbeat timeout.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use dashmap::DashMap;
+use sha2::{Digest, Sha256};
+
+use super::db::MemberRow;
+use super::wire::HeartbeatStatus;
+
+/// Tokens are stored and compared as their SHA-256; the token itself is never kept.
+pub fn hash_token(token: &str) -> String {
+    let digest = Sha256::digest(token.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A fresh member token: `tb-` and 128 random bits.
+pub fn new_token() -> String {
+    format!("tb-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A presence change worth announcing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transition {
+    CameOnline,
+    WentOffline,
+}
+
+#[derive(Default)]
+struct Presence {
+    /// connection id → whether it is alive (heartbeating within the timeout).
+    connections: HashMap<u64, bool>,
+    status: HeartbeatStatus,
+}
+
+impl Presence {
+    fn online(&self) -> bool {
+        self.connections.values().any(|alive| *alive)
+    }
+}
+
+#[derive(Default)]
+pub struct Members {
+    by_slug: DashMap<String, MemberRow>,
+    by_token: DashMap<String, String>,
+    presence: Mutex<HashMap<String, Presence>>,
+}
+
+impl Members {
+    pub fn insert(&self, member: MemberRow) {
+        if let Some(old) = self.by_slug.get(&member.slug) {
+            self.by_token.remove(&old.token_hash);
+        }
+        self.by_token
+            .insert(member.token_hash.clone(), member.slug.clone());
+        self.by_slug.insert(member.slug.clone(), member);
+    }
+
+    pub fn by_token(&self, token: &str) -> Option<MemberRow> {
+        let slug = self.by_token.get(&hash_token(token))?.clone();
+        self.get(&slug)
+    }
+
+    pub fn get(&self, slug: &str) -> Option<MemberRow> {
+        self.by_slug.get(slug).map(|m| m.clone())
+    }
+
+    pub fn contains(&self, slug: &str) -> bool {
+        self.by_slug.contains_key(slug)
+    }
+
+    /// Every member, oldest first.
+    pub fn list(&self) -> Vec<MemberRow> {
+        let mut all: Vec<MemberRow> = self.by_slug.iter().map(|m| m.clone()).collect();
+        all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.slug.cmp(&b.slug)));
+        all
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Presence>> {
+        self.presence.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies `change` to the member's presence and reports whether it crossed between
+    /// online and offline.
+    fn transition(&self, slug: &str, change: impl FnOnce(&mut Presence)) -> Option<Transition> {
+        let mut all = self.lock();
+        let presence = all.entry(slug.to_owned()).or_default();
+        let before = presence.online();
+        change(presence);
+        let after = presence.online();
+        if presence.connections.is_empty() {
+            all.remove(slug);
+        }
+        match (before, after) {
+            (false, true) => Some(Transition::CameOnline),
+            (true, false) => Some(Transition::WentOffline),
+            _ => None,
+        }
+    }
+
+    pub fn connected(&self, slug: &str, conn: u64) -> Option<Transition> {
+        self.transition(slug, |p| {
+            p.connections.insert(conn, true);
+        })
+    }
+
+    pub fn heartbeat(&self, slug: &str, conn: u64, status: HeartbeatStatus) -> Option<Transition> {
+        self.transition(slug, |p| {
+            p.connections.insert(conn, true);
+            p.status = status;
+        })
+    }
+
+    pub fn timed_out(&self, slug: &str, conn: u64) -> Option<Transition> {
+        self.transition(slug, |p| {
+            if let Some(alive) = p.connections.get_mut(&conn) {
+                *alive = false;
+            }
+        })
+    }
+
+    pub fn disconnected(&self, slug: &str, conn: u64) -> Option<Transition> {
+        self.transition(slug, |p| {
+            p.connections.remove(&conn);
+        })
+    }
+
+    /// `online | busy | idle | offline`.
+    pub fn status(&self, slug: &str) -> &'static str {
+        match self.lock().get(slug) {
+            Some(p) if p.online() => p.status.as_str(),
+            _ => "offline",
+        }
+    }
+
+    pub fn is_online(&self, slug: &str) -> bool {
+        self.lock().get(slug).is_some_and(Presence::online)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_hash_and_look_like_tracker_tokens() {
+        let token = new_token();
+        assert!(token.starts_with("tb-") && token.len() == 35, "{token}");
+        assert_eq!(hash_token("abc").len(), 64);
+        assert_ne!(hash_token(&token), token);
+    }
+
+    #[test]
+    fn online_while_any_connection_is_alive() {
+        let members = Members::default();
+        assert_eq!(members.connected("a", 1), Some(Transition::CameOnline));
+        assert_eq!(members.connected("a", 2), None);
+        assert_eq!(members.timed_out("a", 1), None);
+        assert_eq!(members.timed_out("a", 2), Some(Transition::WentOffline));
+        assert_eq!(members.status("a"), "offline");
+        assert_eq!(
+            members.heartbeat("a", 2, HeartbeatStatus::Busy),
+            Some(Transition::CameOnline)
+        );
+        assert_eq!(members.status("a"), "busy");
+        assert_eq!(members.disconnected("a", 1), None);
+        assert_eq!(members.disconnected("a", 2), Some(Transition::WentOffline));
+        assert!(!members.is_online("a"));
+    }
+}

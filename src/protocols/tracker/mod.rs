@@ -1,0 +1,371 @@
+//! The Tracker endpoint: the Team Board agent protocol (WebSocket `/ws` and REST
+//! `/api/v1`) on one listener, as `tracker-agent-protocol.md` describes it — including the
+//! parts it marks TODO (task events, attachments, REST authentication).
+//!
+//! Chat crosses protocols through the router like any message. Tasks are the Tracker's own
+//! state: the endpoint's `hub` session turns task messages from other protocols into
+//! Tracker tasks, and `tasks.rs` turns Tracker task changes into task messages for agents
+//! of other protocols. Task events (`task.created` …) are rendered from the task table and
+//! fanned out to the endpoint's own connections.
+
+mod chat;
+mod config;
+mod db;
+mod hub;
+mod members;
+mod rest;
+mod tasks;
+mod translate;
+mod wire;
+mod ws;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use arc_swap::ArcSwap;
+use dashmap::DashMap;
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+
+use super::{Running, StartError};
+use crate::core::{
+    AgentInfo, Audience, Core, Delivery, Envelope, Interest, Kind, Mailbox, Origin, Protocol, Role,
+    Status,
+};
+use crate::telemetry;
+use db::{Db, MemberRow, ProjectRow, TaskRow};
+use members::{Members, Transition, hash_token};
+use wire::{AuthorType, ChatListen, MemberKind, TaskListen};
+
+pub const PROTOCOL: Protocol = "tracker";
+
+/// What routing decisions need about chats and tasks, shared with connection interests.
+pub struct Chats {
+    lobby_chat_id: String,
+    projects: ArcSwap<Vec<ProjectRow>>,
+    /// task id → project id, for filtering task comments by subscription.
+    task_projects: DashMap<String, String>,
+    /// external (other-protocol) task id → Tracker task id.
+    external_tasks: DashMap<String, String>,
+}
+
+impl Chats {
+    fn project_of_chat(&self, chat_id: &str) -> Option<String> {
+        self.projects
+            .load()
+            .iter()
+            .find(|p| p.chat_id == chat_id)
+            .map(|p| p.id.clone())
+    }
+
+    /// The project a message's thread belongs to; `None` for the lobby.
+    fn project_of_thread(&self, thread: Option<&str>) -> Option<String> {
+        let thread = thread?;
+        self.project_of_chat(thread)
+            .or_else(|| self.task_projects.get(thread).map(|p| p.clone()))
+    }
+
+    /// The Tracker task a task id from any protocol refers to.
+    fn task_id_for(&self, id: &str) -> Option<String> {
+        if self.task_projects.contains_key(id) {
+            return Some(id.to_owned());
+        }
+        self.external_tasks.get(id).map(|t| t.clone())
+    }
+
+    fn index(&self, task: &TaskRow) {
+        self.task_projects
+            .insert(task.id.clone(), task.project_id.clone());
+        if let Some(external) = &task.external_id {
+            self.external_tasks
+                .insert(external.clone(), task.id.clone());
+        }
+    }
+
+    fn forget(&self, task: &TaskRow) {
+        self.task_projects.remove(&task.id);
+        if let Some(external) = &task.external_id {
+            self.external_tasks.remove(external);
+        }
+    }
+}
+
+/// One authenticated WebSocket connection.
+pub struct Conn {
+    id: u64,
+    slug: String,
+    mailbox: Arc<Mailbox>,
+    chat_listen: ChatListen,
+    task_listen: TaskListen,
+    subscriptions: RwLock<HashSet<String>>,
+    chats: Arc<Chats>,
+}
+
+impl Conn {
+    fn subscribed(&self, project_id: &str) -> bool {
+        self.subscriptions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(project_id)
+    }
+
+    /// Lobby messages reach everyone; a project's only its subscribers.
+    fn sees_thread(&self, thread: Option<&str>) -> bool {
+        match self.chats.project_of_thread(thread) {
+            None => true,
+            Some(project) => self.subscribed(&project),
+        }
+    }
+
+    /// Whether a task event reaches this connection (`task_listen`, subscriptions).
+    fn wants_task(&self, task: &TaskRow) -> bool {
+        let involved = task.assignee_slug.as_deref() == Some(&self.slug)
+            || task.reviewer_slug.as_deref() == Some(&self.slug)
+            || task.watchers.contains(&self.slug);
+        match self.task_listen {
+            TaskListen::None => false,
+            // What it is involved in reaches it wherever it is, so an assignment is never missed.
+            TaskListen::Assigned => involved,
+            TaskListen::All => involved || self.subscribed(&task.project_id),
+        }
+    }
+}
+
+/// Routing interest of a connection: chat filtered by `chat_listen` and subscriptions;
+/// presence always; task messages never (the hub turns them into task events).
+struct ConnInterest(Arc<Conn>);
+
+impl Interest for ConnInterest {
+    fn observes(&self, env: &Envelope) -> bool {
+        let conn = &self.0;
+        conn.chat_listen == ChatListen::All
+            && translate::is_chat_like(env)
+            && conn.sees_thread(env.thread.as_deref())
+    }
+
+    fn accepts(&self, env: &Envelope) -> bool {
+        let conn = &self.0;
+        if env.kind.is_presence() {
+            return env.from != conn.slug;
+        }
+        conn.chat_listen != ChatListen::None
+            && translate::is_chat_like(env)
+            && conn.sees_thread(env.thread.as_deref())
+    }
+}
+
+pub struct Tracker {
+    core: Arc<Core>,
+    config: Config,
+    db: Db,
+    chats: Arc<Chats>,
+    /// Where tasks from other protocols are created.
+    default_project: Option<ProjectRow>,
+    members: Members,
+    conns: DashMap<u64, Arc<Conn>>,
+    next_conn: AtomicU64,
+    shutdown: CancellationToken,
+}
+
+impl translate::Context for Tracker {
+    fn lobby_chat_id(&self) -> &str {
+        &self.chats.lobby_chat_id
+    }
+
+    fn is_project_chat(&self, thread: &str) -> bool {
+        self.chats.project_of_chat(thread).is_some()
+    }
+
+    fn author_type(&self, name: &str) -> AuthorType {
+        match self.core.directory.get(name).map(|a| a.role) {
+            Some(Role::Human) => AuthorType::Human,
+            _ => AuthorType::Agent,
+        }
+    }
+}
+
+pub async fn start(
+    config: &Config,
+    core: Arc<Core>,
+    shutdown: CancellationToken,
+) -> Result<Running, StartError> {
+    let fail = |e: &dyn std::fmt::Display| StartError::new(PROTOCOL, e);
+    let db = Db::open(core.store.clone()).await.map_err(|e| fail(&e))?;
+    let lobby_chat_id = db.lobby_chat_id().await.map_err(|e| fail(&e))?;
+    for project in &config.projects {
+        check_slug("project", &project.slug).map_err(|e| fail(&e))?;
+        db.put_project(&project.slug, &project.name, &project.description)
+            .await
+            .map_err(|e| fail(&e))?;
+    }
+    let projects = db.projects().await.map_err(|e| fail(&e))?;
+    let default_project = match &config.default_project {
+        Some(slug) => Some(
+            projects
+                .iter()
+                .find(|p| &p.slug == slug)
+                .cloned()
+                .ok_or_else(|| {
+                    fail(&format!(
+                        "default_project '{slug}' is not a declared project"
+                    ))
+                })?,
+        ),
+        None => projects.first().cloned(),
+    };
+    for declared in &config.members {
+        check_slug("member", &declared.slug).map_err(|e| fail(&e))?;
+        let row = MemberRow {
+            id: uuid::Uuid::new_v4().to_string(),
+            slug: declared.slug.clone(),
+            name: declared
+                .name
+                .clone()
+                .unwrap_or_else(|| declared.slug.clone()),
+            kind: declared.kind,
+            token_hash: hash_token(&declared.token),
+            chat_listen: declared.chat_listen,
+            task_listen: declared.task_listen,
+            capabilities: declared.capabilities.clone(),
+            prompt: declared.prompt.clone(),
+            model: declared.model.clone(),
+            created_at: crate::core::now_ms(),
+        };
+        db.put_member(row, true).await.map_err(|e| fail(&e))?;
+    }
+    let members = Members::default();
+    for member in db.members().await.map_err(|e| fail(&e))? {
+        core.directory
+            .register(directory_entry(&member))
+            .map_err(|e| fail(&format!("member '{}': {e}", member.slug)))?;
+        members.insert(member);
+    }
+    let chats = Arc::new(Chats {
+        lobby_chat_id,
+        projects: ArcSwap::from_pointee(projects),
+        task_projects: DashMap::new(),
+        external_tasks: DashMap::new(),
+    });
+    for task in db
+        .tasks(db::TaskFilter::default())
+        .await
+        .map_err(|e| fail(&e))?
+    {
+        chats.index(&task);
+    }
+
+    let listener = super::bind(PROTOCOL, config.listen).await?;
+    let addr = listener.local_addr().map_err(|e| fail(&e))?;
+    let tracker = Arc::new(Tracker {
+        core,
+        config: config.clone(),
+        db,
+        chats,
+        default_project,
+        members,
+        conns: DashMap::new(),
+        next_conn: AtomicU64::new(1),
+        shutdown: shutdown.clone(),
+    });
+    let hub = hub::start(tracker.clone());
+    let server = super::serve(PROTOCOL, listener, rest::router(tracker), shutdown);
+    Ok(Running {
+        name: PROTOCOL,
+        listeners: vec![("rest+ws", addr)],
+        tasks: vec![server, hub],
+    })
+}
+
+/// Slugs are `a-z`, `0-9` and `-`, as the protocol document says.
+pub fn check_slug(what: &str, slug: &str) -> Result<(), String> {
+    if !slug.is_empty()
+        && slug
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} slug '{slug}' must be non-empty and use only a-z, 0-9 and -"
+        ))
+    }
+}
+
+fn directory_entry(member: &MemberRow) -> AgentInfo {
+    let mut info = AgentInfo::new(&member.slug, PROTOCOL, &member.id);
+    info.role = match member.kind {
+        MemberKind::Agent => Role::Agent,
+        MemberKind::Human => Role::Human,
+    };
+    info.agent_type = Some(member.kind.as_str().to_owned());
+    info.description = Some(member.name.clone());
+    info.capabilities = member.capabilities.clone();
+    info.created_at = member.created_at;
+    info
+}
+
+impl Tracker {
+    fn next_conn_id(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Announces a member going online or offline to every protocol.
+    async fn announce(&self, slug: &str, transition: Option<Transition>) {
+        let Some(transition) = transition else { return };
+        let (kind, online, status) = match transition {
+            Transition::CameOnline => (Kind::PresenceJoin, true, "online"),
+            Transition::WentOffline => (Kind::PresenceLeave, false, "offline"),
+        };
+        self.core.directory.set_presence(
+            slug,
+            online,
+            if online {
+                Status::Online
+            } else {
+                Status::Offline
+            },
+        );
+        telemetry::agent_online(PROTOCOL, online);
+        let mut env = Envelope::new(PROTOCOL, slug, kind);
+        env.audience = Audience::Everyone;
+        env.data = Some(serde_json::json!({ "status": status }));
+        env.origin = Origin {
+            protocol: PROTOCOL.to_owned(),
+            native: Some(translate::agent_status(slug, status)),
+        };
+        if let Err(e) = self.core.publish(env).await {
+            tracing::error!(error = %e, "tracker: cannot store a presence change");
+        }
+    }
+
+    /// Sends a task event (`task.created`, `task.updated`, `task.assigned`) to every
+    /// connection that wants it.
+    fn emit_task_event(&self, kind: &str, task: &TaskRow) {
+        let frame = wire::event(kind, translate::task_out(task));
+        let mut env = Envelope::new(PROTOCOL, &task.author_slug, Kind::TaskUpdate);
+        env.origin = Origin {
+            protocol: PROTOCOL.to_owned(),
+            native: Some(frame),
+        };
+        let delivery = Arc::new(Delivery::new(env));
+        for conn in self.conns.iter() {
+            if conn.wants_task(task) {
+                conn.mailbox.push(delivery.clone());
+            }
+        }
+    }
+
+    /// Names of every online agent, whatever its protocol.
+    fn online_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        self.core.directory.for_each(|agent| {
+            if agent.online {
+                names.push((agent.created_at, agent.name.clone()));
+            }
+        });
+        names.sort();
+        names.into_iter().map(|(_, n)| n).collect()
+    }
+}

@@ -1,0 +1,141 @@
+//! `GET /members`, `GET /members/{slug}`, `POST /members` (the token is shown once).
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::response::Response;
+use serde_json::Value;
+
+use super::{ApiError, ApiResult, Body, Caller, Shared, created, ok};
+use crate::core::{AgentInfo, Role, derived_uuid};
+use crate::protocols::clock::iso8601;
+use crate::protocols::tracker::db::MemberRow;
+use crate::protocols::tracker::members::{hash_token, new_token};
+use crate::protocols::tracker::wire::{ChatListen, MemberKind, MemberOut, TaskListen};
+use crate::protocols::tracker::{PROTOCOL, Tracker, check_slug, directory_entry};
+
+impl Tracker {
+    fn member_out(&self, m: &MemberRow) -> MemberOut {
+        MemberOut {
+            id: m.id.clone(),
+            slug: m.slug.clone(),
+            name: m.name.clone(),
+            kind: m.kind,
+            capabilities: m.capabilities.clone(),
+            chat_listen: m.chat_listen,
+            task_listen: m.task_listen,
+            prompt: m.prompt.clone(),
+            model: m.model.clone(),
+            status: self.members.status(&m.slug).to_owned(),
+            is_online: self.members.is_online(&m.slug),
+            protocol: PROTOCOL.to_owned(),
+            created_at: iso8601(m.created_at),
+        }
+    }
+
+    /// An agent of another protocol, shown as a member.
+    fn peer_out(&self, a: &AgentInfo) -> MemberOut {
+        MemberOut {
+            id: derived_uuid("agent", &a.name).to_string(),
+            slug: a.name.clone(),
+            name: a.description.clone().unwrap_or_else(|| a.name.clone()),
+            kind: match a.role {
+                Role::Human => MemberKind::Human,
+                Role::Agent => MemberKind::Agent,
+            },
+            capabilities: a.capabilities.clone(),
+            chat_listen: ChatListen::Mentions,
+            task_listen: TaskListen::Assigned,
+            prompt: None,
+            model: None,
+            status: if a.online {
+                a.status.as_str()
+            } else {
+                "offline"
+            }
+            .to_owned(),
+            is_online: a.online,
+            protocol: a.protocol.to_owned(),
+            created_at: iso8601(a.created_at),
+        }
+    }
+}
+
+pub async fn list(State(tracker): Shared, _caller: Caller) -> Response {
+    let mut all: Vec<MemberOut> = tracker
+        .members
+        .list()
+        .iter()
+        .map(|m| tracker.member_out(m))
+        .collect();
+    for agent in tracker.core.directory.list() {
+        if agent.protocol != PROTOCOL {
+            all.push(tracker.peer_out(&agent));
+        }
+    }
+    ok(all)
+}
+
+pub async fn get(
+    State(tracker): Shared,
+    _caller: Caller,
+    Path(slug): Path<String>,
+) -> ApiResult<Response> {
+    if let Some(member) = tracker.members.get(&slug) {
+        return Ok(ok(tracker.member_out(&member)));
+    }
+    match tracker.core.directory.get(&slug) {
+        Some(agent) => Ok(ok(tracker.peer_out(&agent))),
+        None => Err(ApiError::not_found("Member not found")),
+    }
+}
+
+pub async fn create(State(tracker): Shared, _caller: Caller, body: Bytes) -> ApiResult<Response> {
+    let body = Body::parse(&body)?;
+    let slug = body.required("slug")?;
+    check_slug("member", &slug)
+        .map_err(|e| ApiError::field(&["body", "slug"], "string_pattern_mismatch", e))?;
+    let kind_key = if body.has("type") { "type" } else { "kind" };
+    let member = MemberRow {
+        id: uuid::Uuid::new_v4().to_string(),
+        name: body
+            .string("name")?
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| slug.clone()),
+        kind: body
+            .choice(kind_key, MemberKind::parse, MemberKind::ALL)?
+            .unwrap_or_default(),
+        token_hash: String::new(),
+        chat_listen: body
+            .choice("chat_listen", ChatListen::parse, ChatListen::ALL)?
+            .unwrap_or_default(),
+        task_listen: body
+            .choice("task_listen", TaskListen::parse, TaskListen::ALL)?
+            .unwrap_or_default(),
+        capabilities: body.strings("capabilities")?.unwrap_or_default(),
+        prompt: body.string("prompt")?,
+        model: body.string("model")?,
+        created_at: crate::core::now_ms(),
+        slug,
+    };
+    let token = new_token();
+    let member = MemberRow {
+        token_hash: hash_token(&token),
+        ..member
+    };
+    tracker
+        .core
+        .directory
+        .register(directory_entry(&member))
+        .map_err(|taken| ApiError::conflict(taken.to_string()))?;
+    let stored = match tracker.db.put_member(member.clone(), false).await {
+        Ok(stored) => stored,
+        Err(e) => {
+            tracker.core.directory.unregister(&member.slug, PROTOCOL);
+            return Err(ApiError::store(e));
+        }
+    };
+    tracker.members.insert(stored.clone());
+    let mut out = serde_json::to_value(tracker.member_out(&stored)).unwrap_or_default();
+    out["token"] = Value::String(token);
+    Ok(created(out))
+}

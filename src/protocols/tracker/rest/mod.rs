@@ -1,0 +1,322 @@
+//! The Tracker's REST API under `/api/v1`, one file per resource. Every call needs
+//! `Authorization: Bearer <member token>`. Errors follow the FastAPI conventions Tracker
+//! clients expect: `{"detail": "…"}`, and 422 `{"detail": [{"type", "loc", "msg"}]}` naming
+//! the offending field.
+
+mod attachments;
+mod members;
+mod messages;
+mod projects;
+mod steps;
+mod tasks;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{FromRequestParts, State, WebSocketUpgrade};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, patch, post};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use super::db::MemberRow;
+use super::{Tracker, ws};
+use crate::store::StoreError;
+
+type Shared = State<Arc<Tracker>>;
+
+pub fn router(tracker: Arc<Tracker>) -> Router {
+    let api = Router::new()
+        .route("/projects", get(projects::list))
+        .route("/projects/{slug}", get(projects::get))
+        .route("/tasks", get(tasks::list).post(tasks::create))
+        .route(
+            "/tasks/{id}",
+            get(tasks::get).patch(tasks::update).delete(tasks::delete),
+        )
+        .route("/tasks/{id}/take", post(tasks::take))
+        .route("/tasks/{id}/reject", post(tasks::reject))
+        .route("/tasks/{id}/assign", post(tasks::assign))
+        .route(
+            "/tasks/{id}/watch",
+            post(tasks::watch).delete(tasks::unwatch),
+        )
+        .route("/tasks/{id}/steps", get(steps::list).post(steps::create))
+        .route(
+            "/tasks/{id}/steps/{step}",
+            patch(steps::update).delete(steps::delete),
+        )
+        .route("/messages", get(messages::list).post(messages::create))
+        .route("/messages/{id}/replies", get(messages::replies))
+        .route(
+            "/messages/{id}/attachments",
+            post(attachments::upload).layer(axum::extract::DefaultBodyLimit::max(
+                attachments::MAX_UPLOAD_BODY,
+            )),
+        )
+        .route("/attachments", get(attachments::list))
+        .route("/attachments/{id}", get(attachments::download))
+        .route("/members", get(members::list).post(members::create))
+        .route("/members/{slug}", get(members::get));
+    Router::new()
+        .nest("/api/v1", api)
+        .route("/ws", get(upgrade))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "Not Found") })
+        .with_state(tracker)
+}
+
+async fn upgrade(State(tracker): Shared, upgrade: WebSocketUpgrade) -> Response {
+    upgrade.on_upgrade(move |socket| ws::serve(socket, tracker))
+}
+
+/// An error response: `{"detail": "…"}`, or for a field, 422 with FastAPI's list form.
+#[derive(Debug)]
+pub enum ApiError {
+    Detail(StatusCode, String),
+    Field {
+        loc: Vec<String>,
+        kind: &'static str,
+        msg: String,
+    },
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, detail: impl Into<String>) -> Self {
+        ApiError::Detail(status, detail.into())
+    }
+
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, detail)
+    }
+
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, detail)
+    }
+
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, detail)
+    }
+
+    /// A 422 naming `loc` (e.g. `["body", "title"]`).
+    pub fn field(loc: &[&str], kind: &'static str, msg: impl Into<String>) -> Self {
+        ApiError::Field {
+            loc: loc.iter().map(|s| s.to_string()).collect(),
+            kind,
+            msg: msg.into(),
+        }
+    }
+
+    pub fn store(e: StoreError) -> Self {
+        tracing::error!(error = %e, "tracker: store error");
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error")
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        ApiError::store(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match self {
+            ApiError::Detail(status, detail) => {
+                let mut response =
+                    (status, axum::Json(json!({ "detail": detail }))).into_response();
+                if status == StatusCode::UNAUTHORIZED {
+                    response.headers_mut().insert(
+                        header::WWW_AUTHENTICATE,
+                        header::HeaderValue::from_static("Bearer"),
+                    );
+                }
+                response
+            }
+            ApiError::Field { loc, kind, msg } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                axum::Json(json!({ "detail": [{ "type": kind, "loc": loc, "msg": msg }] })),
+            )
+                .into_response(),
+        }
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+pub fn created(value: impl Serialize) -> Response {
+    (StatusCode::CREATED, axum::Json(value)).into_response()
+}
+
+pub fn ok(value: impl Serialize) -> Response {
+    axum::Json(value).into_response()
+}
+
+/// The member a request's bearer token belongs to.
+pub struct Caller(pub MemberRow);
+
+impl FromRequestParts<Arc<Tracker>> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        tracker: &Arc<Tracker>,
+    ) -> Result<Self, Self::Rejection> {
+        let header = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|h| h.to_str().ok())
+            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "Not authenticated"))?;
+        let token = header
+            .strip_prefix("Bearer ")
+            .or_else(|| header.strip_prefix("bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "Authorization must be 'Bearer <token>'",
+                )
+            })?;
+        tracker
+            .members
+            .by_token(token)
+            .map(Caller)
+            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "Invalid token"))
+    }
+}
+
+impl Caller {
+    /// Refuses acting as another member (`slug` other than the caller's own).
+    pub fn must_be(&self, slug: &str, field: &str) -> ApiResult<()> {
+        if slug == self.0.slug {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!(
+                "{field} '{slug}' is not the token's member '{}'",
+                self.0.slug
+            )))
+        }
+    }
+}
+
+/// A JSON object request body; `body` locates errors in it.
+pub struct Body(pub Map<String, Value>);
+
+impl Body {
+    pub fn parse(bytes: &Bytes) -> ApiResult<Body> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(ApiError::field(&["body"], "missing", "Field required"));
+        }
+        match serde_json::from_slice::<Value>(bytes) {
+            Ok(Value::Object(map)) => Ok(Body(map)),
+            Ok(_) => Err(ApiError::field(
+                &["body"],
+                "dict_type",
+                "Input should be a valid dictionary",
+            )),
+            Err(e) => Err(ApiError::field(
+                &["body"],
+                "json_invalid",
+                format!("JSON decode error: {e}"),
+            )),
+        }
+    }
+
+    pub fn has(&self, key: &str) -> bool {
+        self.0.contains_key(key)
+    }
+
+    pub fn string(&self, key: &str) -> ApiResult<Option<String>> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(ApiError::field(
+                &["body", key],
+                "string_type",
+                "Input should be a valid string",
+            )),
+        }
+    }
+
+    pub fn required(&self, key: &str) -> ApiResult<String> {
+        match self.string(key)? {
+            Some(s) if !s.trim().is_empty() => Ok(s),
+            Some(_) => Err(ApiError::field(
+                &["body", key],
+                "string_too_short",
+                "String should have at least 1 character",
+            )),
+            None => Err(ApiError::field(&["body", key], "missing", "Field required")),
+        }
+    }
+
+    pub fn boolean(&self, key: &str) -> ApiResult<Option<bool>> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(ApiError::field(
+                &["body", key],
+                "bool_type",
+                "Input should be a valid boolean",
+            )),
+        }
+    }
+
+    pub fn strings(&self, key: &str) -> ApiResult<Option<Vec<String>>> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Array(list)) if list.iter().all(Value::is_string) => Ok(Some(
+                list.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect(),
+            )),
+            Some(_) => Err(ApiError::field(
+                &["body", key],
+                "list_type",
+                "Input should be a valid list of strings",
+            )),
+        }
+    }
+
+    /// One of a closed set of values (`parse`), naming the allowed ones when it is not.
+    pub fn choice<T>(
+        &self,
+        key: &str,
+        parse: fn(&str) -> Option<T>,
+        allowed: &[&str],
+    ) -> ApiResult<Option<T>> {
+        match self.string(key)? {
+            None => Ok(None),
+            Some(s) => parse(&s)
+                .map(Some)
+                .ok_or_else(|| not_one_of(&["body", key], allowed)),
+        }
+    }
+}
+
+/// The FastAPI-style "Input should be 'a', 'b' or 'c'" error.
+pub fn not_one_of(loc: &[&str], allowed: &[&str]) -> ApiError {
+    let quoted: Vec<String> = allowed.iter().map(|a| format!("'{a}'")).collect();
+    let list = match quoted.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => quoted.join(""),
+    };
+    ApiError::field(loc, "enum", format!("Input should be {list}"))
+}
+
+/// Query parameters.
+pub type Query = axum::extract::Query<HashMap<String, String>>;
+
+/// A query parameter that must be given.
+pub fn required_query(query: &HashMap<String, String>, key: &str) -> ApiResult<String> {
+    query
+        .get(key)
+        .filter(|v| !v.is_empty())
+        .cloned()
+        .ok_or_else(|| ApiError::field(&["query", key], "missing", "Field required"))
+}

@@ -1,0 +1,82 @@
+//! `/tasks/{id}/steps`: a task's checklist.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use super::{ApiError, ApiResult, Body, Caller, Shared, created, ok};
+use crate::protocols::clock::iso8601;
+use crate::protocols::tracker::Tracker;
+use crate::protocols::tracker::db::StepRow;
+use crate::protocols::tracker::wire::StepOut;
+
+fn step_out(s: &StepRow) -> StepOut {
+    StepOut {
+        id: s.id.clone(),
+        task_id: s.task_id.clone(),
+        title: s.title.clone(),
+        done: s.done,
+        position: s.position,
+        created_at: iso8601(s.created_at),
+    }
+}
+
+async fn existing_task(tracker: &Tracker, id: &str) -> ApiResult<()> {
+    match tracker.db.task(id).await? {
+        Some(_) => Ok(()),
+        None => Err(ApiError::not_found("Task not found")),
+    }
+}
+
+pub async fn list(
+    State(tracker): Shared,
+    _caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    existing_task(&tracker, &id).await?;
+    let steps = tracker.db.steps(&id).await?;
+    Ok(ok(steps.iter().map(step_out).collect::<Vec<_>>()))
+}
+
+pub async fn create(
+    State(tracker): Shared,
+    _caller: Caller,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    existing_task(&tracker, &id).await?;
+    let title = Body::parse(&body)?.required("title")?;
+    let step = tracker.db.insert_step(&id, &title).await?;
+    Ok(created(step_out(&step)))
+}
+
+pub async fn update(
+    State(tracker): Shared,
+    _caller: Caller,
+    Path((id, step)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let body = Body::parse(&body)?;
+    let title = match body.has("title") {
+        true => Some(body.required("title")?),
+        false => None,
+    };
+    let done = body.boolean("done")?;
+    match tracker.db.update_step(&id, &step, title, done).await? {
+        Some(step) => Ok(ok(step_out(&step))),
+        None => Err(ApiError::not_found("Step not found")),
+    }
+}
+
+pub async fn delete(
+    State(tracker): Shared,
+    _caller: Caller,
+    Path((id, step)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    if tracker.db.delete_step(&id, &step).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::not_found("Step not found"))
+    }
+}

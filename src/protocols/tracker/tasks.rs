@@ -1,0 +1,205 @@
+//! Task changes and what follows from them: the Tracker's own task events, and task
+//! messages for agents of other protocols — the one that asked for the task (its requester)
+//! and the one it was handed to (a foreign assignee).
+
+use super::db::TaskRow;
+use super::translate::{self, state_of};
+use super::wire::TaskStatus;
+use super::{PROTOCOL, Tracker};
+use crate::core::{Envelope, Kind, Origin, TaskInfo, TaskState, new_message_id};
+use crate::store::{MessageQuery, StoreError};
+
+/// Why a change to a task was refused.
+#[derive(Debug)]
+pub enum Refused {
+    /// No such task.
+    Missing,
+    /// The change does not apply (someone else holds it, …); the text says why.
+    Conflict(String),
+}
+
+/// What a task change did, for the caller's response.
+pub type Changed = Result<TaskRow, Refused>;
+
+impl Tracker {
+    /// Creates a task, announces it, and hands it over when its assignee is foreign.
+    pub async fn create_task(&self, task: TaskRow) -> Result<TaskRow, StoreError> {
+        let task = self.db.insert_task(task).await?;
+        self.chats.index(&task);
+        self.emit_task_event("task.created", &task);
+        if task.assignee_slug.is_some() {
+            self.emit_task_event("task.assigned", &task);
+        }
+        self.follow_up(None, task, None, None).await
+    }
+
+    /// Applies `change` to the task; `source` is the agent of another protocol the change
+    /// came from, if any (it is not told about its own change).
+    pub async fn change_task<F>(
+        &self,
+        id: &str,
+        note: Option<String>,
+        source: Option<&str>,
+        change: F,
+    ) -> Result<Changed, StoreError>
+    where
+        F: FnOnce(&mut TaskRow) -> Result<(), String> + Send + 'static,
+    {
+        let (before, after) = match self.db.update_task(id, change).await? {
+            None => return Ok(Err(Refused::Missing)),
+            Some(Err(reason)) => return Ok(Err(Refused::Conflict(reason))),
+            Some(Ok(pair)) => pair,
+        };
+        if after.assignee_slug.is_some() && after.assignee_slug != before.assignee_slug {
+            self.emit_task_event("task.assigned", &after);
+        } else if after != before {
+            self.emit_task_event("task.updated", &after);
+        }
+        Ok(Ok(self
+            .follow_up(Some(&before), after, note, source)
+            .await?))
+    }
+
+    pub async fn delete_task(&self, id: &str) -> Result<Option<TaskRow>, StoreError> {
+        let deleted = self.db.delete_task(id).await?;
+        if let Some(task) = &deleted {
+            self.chats.forget(task);
+        }
+        Ok(deleted)
+    }
+
+    /// Tells agents of other protocols what changed: the requester hears about progress and
+    /// the result; a newly assigned foreign agent receives the task.
+    async fn follow_up(
+        &self,
+        before: Option<&TaskRow>,
+        mut task: TaskRow,
+        note: Option<String>,
+        source: Option<&str>,
+    ) -> Result<TaskRow, StoreError> {
+        if let Some(assignee) = task.assignee_slug.clone()
+            && before.and_then(|b| b.assignee_slug.as_deref()) != Some(assignee.as_str())
+            && self.is_foreign(&assignee)
+            && Some(assignee.as_str()) != source
+        {
+            let message_id = new_message_id();
+            let mut env =
+                self.task_message(Kind::TaskAssign, &task, &assignee, TaskState::Assigned);
+            env.id = message_id.clone();
+            env.text = Some(task.description.clone()).filter(|d| !d.is_empty());
+            if let Err(e) = self.core.publish(env).await {
+                tracing::error!(error = %e, "tracker: cannot hand a task over");
+            } else if let Ok(Some(Ok((_, updated)))) = self
+                .db
+                .update_task(&task.id, move |t| {
+                    t.delegation_message_id = Some(message_id);
+                    Ok(())
+                })
+                .await
+            {
+                task = updated;
+            }
+        }
+
+        let Some(requester) = task
+            .requester
+            .clone()
+            .filter(|r| Some(r.as_str()) != source)
+        else {
+            return Ok(task);
+        };
+        let status_changed = before.is_some_and(|b| b.status != task.status);
+        let rejected = before.is_some_and(|b| b.assignee_slug.is_some())
+            && task.assignee_slug.is_none()
+            && task.status == TaskStatus::Backlog;
+        if !status_changed && note.is_none() && !rejected {
+            return Ok(task);
+        }
+        let state = if rejected {
+            TaskState::Rejected
+        } else {
+            state_of(task.status, task.assignee_slug.is_some())
+        };
+        let kind = match state {
+            TaskState::Completed | TaskState::Rejected => Kind::TaskResult,
+            _ => Kind::TaskUpdate,
+        };
+        let mut env = self.task_message(kind, &task, &requester, state);
+        let info = env.task.get_or_insert_with(TaskInfo::default);
+        match state {
+            TaskState::Completed => {
+                let summary = match note {
+                    Some(note) => note,
+                    None => self
+                        .last_comment(&task.id)
+                        .await
+                        .unwrap_or_else(|| task.title.clone()),
+                };
+                info.summary = Some(summary.clone());
+                env.text = Some(summary);
+            }
+            TaskState::Rejected => {
+                info.error = note.clone().or(Some("rejected".into()));
+                env.text = note;
+            }
+            _ => env.text = note,
+        }
+        if let Err(e) = self.core.publish(env).await {
+            tracing::error!(error = %e, "tracker: cannot report a task change");
+        }
+        Ok(task)
+    }
+
+    /// A task message from the task's author to `to`, in reply to the message that asked.
+    fn task_message(&self, kind: Kind, task: &TaskRow, to: &str, state: TaskState) -> Envelope {
+        let from = match (kind, &task.assignee_slug) {
+            (Kind::TaskAssign, _) | (_, None) => task.author_slug.clone(),
+            (_, Some(assignee)) => assignee.clone(),
+        };
+        let mut env = Envelope::new(PROTOCOL, from, kind);
+        env.to = vec![to.to_owned()];
+        // The requester knows the task by its own id.
+        let id = if Some(to) == task.requester.as_deref() {
+            task.external_id.clone().unwrap_or_else(|| task.id.clone())
+        } else {
+            task.id.clone()
+        };
+        env.task = Some(TaskInfo {
+            id,
+            title: Some(task.title.clone()),
+            description: Some(task.description.clone()).filter(|d| !d.is_empty()),
+            state: Some(state),
+            assignee: task.assignee_slug.clone(),
+            ..Default::default()
+        });
+        env.reply_to = if Some(to) == task.requester.as_deref() {
+            task.request_message_id.clone()
+        } else {
+            None
+        };
+        env.origin = Origin {
+            protocol: PROTOCOL.to_owned(),
+            native: Some(serde_json::to_value(translate::task_out(task)).unwrap_or_default()),
+        };
+        env
+    }
+
+    /// Whether `name` is an agent of another protocol.
+    pub fn is_foreign(&self, name: &str) -> bool {
+        self.core
+            .directory
+            .protocol_of(name)
+            .is_some_and(|p| p != PROTOCOL)
+    }
+
+    async fn last_comment(&self, task_id: &str) -> Option<String> {
+        let query = MessageQuery {
+            thread: Some(Some(task_id.to_owned())),
+            kinds: Some(vec![Kind::Chat.as_str()]),
+            limit: 1,
+            ..Default::default()
+        };
+        let stored = self.core.store.messages(query).await.ok()?;
+        stored.last().and_then(|m| m.envelope.text.clone())
+    }
+}

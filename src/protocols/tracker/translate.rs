@@ -1,0 +1,280 @@
+//! Tracker frames ⇄ Envelope. Pure functions over what `Context` tells them about chats
+//! and authors.
+
+use serde_json::{Value, json};
+
+use super::PROTOCOL;
+use super::db::TaskRow;
+use super::wire::{self, AuthorType, MessageOut, TaskOut, TaskStatus};
+use crate::core::{Envelope, Kind, Origin, TaskInfo, TaskState, uuid_form};
+use crate::protocols::clock::iso8601;
+
+/// What translation needs to know about the Tracker's chats and the directory.
+pub trait Context {
+    fn lobby_chat_id(&self) -> &str;
+    /// Whether `thread` is a project's chat id.
+    fn is_project_chat(&self, thread: &str) -> bool;
+    fn author_type(&self, name: &str) -> AuthorType;
+}
+
+/// Canonical task state → Tracker status (`None`: the status stays as it is).
+pub fn status_for(state: TaskState) -> Option<TaskStatus> {
+    Some(match state {
+        TaskState::Submitted | TaskState::Assigned => TaskStatus::Todo,
+        TaskState::Working | TaskState::Waiting => TaskStatus::InProgress,
+        TaskState::InReview => TaskStatus::InReview,
+        TaskState::Completed => TaskStatus::Done,
+        TaskState::Cancelled | TaskState::Rejected => TaskStatus::Backlog,
+        // The Tracker has no failed status: the task stays put and gets a comment.
+        TaskState::Failed => return None,
+    })
+}
+
+/// Tracker status → canonical task state.
+pub fn state_of(status: TaskStatus, assigned: bool) -> TaskState {
+    match status {
+        TaskStatus::Backlog | TaskStatus::Todo if assigned => TaskState::Assigned,
+        TaskStatus::Backlog | TaskStatus::Todo => TaskState::Submitted,
+        TaskStatus::InProgress => TaskState::Working,
+        TaskStatus::InReview => TaskState::InReview,
+        TaskStatus::Done => TaskState::Completed,
+    }
+}
+
+/// Kinds the Tracker shows as chat messages (`message.new`).
+pub fn is_chat_like(env: &Envelope) -> bool {
+    match env.kind {
+        Kind::Chat
+        | Kind::DecisionRequest
+        | Kind::DecisionResponse
+        | Kind::VoteInitiate
+        | Kind::VoteSubmit
+        | Kind::VoteResult
+        | Kind::Error => true,
+        Kind::Custom | Kind::Context => env.text.is_some(),
+        _ => false,
+    }
+}
+
+pub fn task_out(task: &TaskRow) -> TaskOut {
+    TaskOut {
+        id: task.id.clone(),
+        project_id: task.project_id.clone(),
+        project_slug: task.project_slug.clone(),
+        title: task.title.clone(),
+        description: task.description.clone(),
+        status: task.status,
+        task_type: task.task_type,
+        priority: task.priority,
+        assignee_slug: task.assignee_slug.clone(),
+        reviewer_slug: task.reviewer_slug.clone(),
+        author_slug: task.author_slug.clone(),
+        watchers: task.watchers.clone(),
+        external_id: task.external_id.clone(),
+        created_at: iso8601(task.created_at),
+        updated_at: iso8601(task.updated_at),
+    }
+}
+
+/// A message of any origin as the Tracker shows it.
+pub fn message_out(env: &Envelope, ctx: &impl Context) -> MessageOut {
+    if env.origin_is(PROTOCOL)
+        && let Some(out) = env
+            .origin
+            .native
+            .as_ref()
+            .and_then(|n| n.get("data"))
+            .and_then(|d| serde_json::from_value::<MessageOut>(d.clone()).ok())
+    {
+        return out;
+    }
+    let (chat_id, task_id) = locate(env, ctx);
+    MessageOut {
+        id: uuid_form(&env.id),
+        chat_id,
+        task_id,
+        author_type: ctx.author_type(&env.from),
+        author_slug: env.from.clone(),
+        content: content_of(env),
+        mentions: env.addressees().map(str::to_owned).collect(),
+        created_at: iso8601(env.timestamp),
+        reply_to: env.reply_to.as_deref().map(uuid_form),
+        attachments: Vec::new(),
+    }
+}
+
+/// Where a message lives: `(chat_id, task_id)`.
+fn locate(env: &Envelope, ctx: &impl Context) -> (Option<String>, Option<String>) {
+    match (&env.thread, &env.task) {
+        (Some(thread), Some(task)) if *thread == task.id => (None, Some(thread.clone())),
+        (Some(thread), _) if ctx.is_project_chat(thread) => (Some(thread.clone()), None),
+        // Threads the Tracker has no chat for (another protocol's rooms) land in the lobby.
+        _ => (Some(ctx.lobby_chat_id().to_owned()), None),
+    }
+}
+
+fn content_of(env: &Envelope) -> String {
+    if let Some(text) = &env.text {
+        return text.clone();
+    }
+    match &env.data {
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => String::new(),
+    }
+}
+
+/// Envelope → the frame a Tracker connection receives, `None` when the Tracker has nothing
+/// to show for it. Task events are not encoded here: the endpoint renders them from its
+/// own task table.
+pub fn encode(env: &Envelope, ctx: &impl Context) -> Option<Value> {
+    if env.origin_is(PROTOCOL)
+        && let Some(native) = &env.origin.native
+        && native.get("type").is_some()
+    {
+        return Some(native.clone());
+    }
+    match env.kind {
+        Kind::PresenceJoin => Some(agent_status(&env.from, "online")),
+        Kind::PresenceLeave => Some(agent_status(&env.from, "offline")),
+        // The Tracker announces only online / offline; busy and idle show in /members.
+        Kind::PresenceStatus => None,
+        _ if is_chat_like(env) => Some(wire::event("message.new", message_out(env, ctx))),
+        _ => None,
+    }
+}
+
+pub fn agent_status(slug: &str, status: &str) -> Value {
+    wire::event("agent.status", json!({ "slug": slug, "status": status }))
+}
+
+/// A Tracker message → Envelope. `reply_to` is already mapped back to the original id.
+pub fn decode_message(
+    out: &MessageOut,
+    thread: Option<String>,
+    reply_to: Option<String>,
+    timestamp: i64,
+) -> Envelope {
+    let mut env = Envelope::new(PROTOCOL, &out.author_slug, Kind::Chat);
+    env.id = out.id.clone();
+    env.timestamp = timestamp;
+    env.text = Some(out.content.clone());
+    env.mentions = out.mentions.clone();
+    env.reply_to = reply_to;
+    env.task = out.task_id.as_ref().map(|id| TaskInfo {
+        id: id.clone(),
+        ..Default::default()
+    });
+    env.thread = thread;
+    env.origin = Origin {
+        protocol: PROTOCOL.to_owned(),
+        native: Some(wire::event("message.new", out)),
+    };
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Ctx;
+    impl Context for Ctx {
+        fn lobby_chat_id(&self) -> &str {
+            "lobby"
+        }
+        fn is_project_chat(&self, thread: &str) -> bool {
+            thread == "project-chat"
+        }
+        fn author_type(&self, name: &str) -> AuthorType {
+            if name == "boss" {
+                AuthorType::Human
+            } else {
+                AuthorType::Agent
+            }
+        }
+    }
+
+    #[test]
+    fn statuses_map_both_ways() {
+        for status in [
+            TaskStatus::Todo,
+            TaskStatus::InProgress,
+            TaskStatus::InReview,
+            TaskStatus::Done,
+        ] {
+            assert_eq!(status_for(state_of(status, true)), Some(status));
+        }
+        assert_eq!(status_for(TaskState::Failed), None);
+        assert_eq!(status_for(TaskState::Cancelled), Some(TaskStatus::Backlog));
+        assert_eq!(state_of(TaskStatus::Todo, false), TaskState::Submitted);
+    }
+
+    #[test]
+    fn foreign_chat_renders_as_message_new_in_the_lobby() {
+        let mut env = Envelope::new("skynet", "alice", Kind::Chat);
+        env.id = "msg-1".into();
+        env.text = Some("hi @coder".into());
+        env.mentions = vec!["coder".into()];
+        env.reply_to = Some("msg-0".into());
+        let frame = encode(&env, &Ctx).unwrap();
+        assert_eq!(frame["type"], "message.new");
+        let data = &frame["data"];
+        assert_eq!(data["id"], uuid_form("msg-1"));
+        assert_eq!(data["chat_id"], "lobby");
+        assert_eq!(data["task_id"], Value::Null);
+        assert_eq!(data["author_slug"], "alice");
+        assert_eq!(data["author_type"], "agent");
+        assert_eq!(data["mentions"], json!(["coder"]));
+        assert_eq!(data["reply_to"], uuid_form("msg-0"));
+        assert!(data["created_at"].as_str().unwrap().ends_with('Z'));
+    }
+
+    #[test]
+    fn project_chats_and_task_comments_keep_their_place() {
+        let mut env = Envelope::new("skynet", "boss", Kind::Chat);
+        env.text = Some("x".into());
+        env.thread = Some("project-chat".into());
+        let out = message_out(&env, &Ctx);
+        assert_eq!(
+            (out.chat_id.as_deref(), out.author_type),
+            (Some("project-chat"), AuthorType::Human)
+        );
+        env.thread = Some("task-1".into());
+        env.task = Some(TaskInfo {
+            id: "task-1".into(),
+            ..Default::default()
+        });
+        let out = message_out(&env, &Ctx);
+        assert_eq!(
+            (out.chat_id, out.task_id.as_deref()),
+            (None, Some("task-1"))
+        );
+    }
+
+    #[test]
+    fn presence_becomes_agent_status_and_tracker_frames_pass_through() {
+        let env = Envelope::new("skynet", "alice", Kind::PresenceJoin);
+        assert_eq!(
+            encode(&env, &Ctx).unwrap(),
+            json!({ "type": "agent.status", "data": { "slug": "alice", "status": "online" } })
+        );
+        let out = MessageOut {
+            id: uuid::Uuid::new_v4().to_string(),
+            chat_id: Some("lobby".into()),
+            task_id: None,
+            author_type: AuthorType::Agent,
+            author_slug: "coder".into(),
+            content: "hello".into(),
+            mentions: vec![],
+            created_at: iso8601(0),
+            reply_to: None,
+            attachments: vec![],
+        };
+        let env = decode_message(&out, None, None, 0);
+        assert_eq!(
+            encode(&env, &Ctx).unwrap()["data"],
+            serde_json::to_value(&out).unwrap()
+        );
+        assert_eq!(message_out(&env, &Ctx), out);
+    }
+}

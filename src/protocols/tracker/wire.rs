@@ -1,0 +1,345 @@
+//! The Tracker's wire vocabulary: WebSocket frames, the REST resources (`…Out`), and the
+//! closed sets of values the protocol document fixes (task statuses, types, priorities,
+//! listen filters). Anything outside those sets is refused, naming the field.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// Declares a closed string enum with its wire names, parsing and printing.
+macro_rules! wire_enum {
+    ($(#[$m:meta])* $name:ident { $($variant:ident = $text:literal),+ $(,)? } default $default:ident) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name {
+            $(#[serde(rename = $text)] $variant),+
+        }
+
+        impl $name {
+            pub const ALL: &'static [&'static str] = &[$($text),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+
+            pub fn parse(s: &str) -> Option<Self> {
+                match s { $($text => Some($name::$variant),)+ _ => None }
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name::$default
+            }
+        }
+    };
+}
+
+wire_enum!(
+    /// `backlog | todo | in_progress | in_review | done`
+    TaskStatus { Backlog = "backlog", Todo = "todo", InProgress = "in_progress", InReview = "in_review", Done = "done" }
+    default Todo
+);
+wire_enum!(
+    /// `task | bug | epic | story`
+    TaskType { Task = "task", Bug = "bug", Epic = "epic", Story = "story" }
+    default Task
+);
+wire_enum!(
+    /// `low | medium | high | critical`
+    Priority { Low = "low", Medium = "medium", High = "high", Critical = "critical" }
+    default Medium
+);
+wire_enum!(
+    /// Which chat messages a member's connection receives.
+    ChatListen { All = "all", Mentions = "mentions", None = "none" }
+    default Mentions
+);
+wire_enum!(
+    /// Which task events a member's connection receives (`assigned`: as assignee, reviewer
+    /// or watcher).
+    TaskListen { All = "all", Assigned = "assigned", None = "none" }
+    default Assigned
+);
+wire_enum!(
+    MemberKind { Agent = "agent", Human = "human" }
+    default Agent
+);
+wire_enum!(
+    AuthorType { Human = "human", Agent = "agent", System = "system" }
+    default Agent
+);
+wire_enum!(
+    /// Heartbeat statuses a connection may report.
+    HeartbeatStatus { Online = "online", Busy = "busy", Idle = "idle" }
+    default Online
+);
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ProjectOut {
+    pub id: String,
+    pub slug: String,
+    pub name: String,
+    pub description: String,
+    /// The project's chat (for `chat.send` and `GET /messages?chat_id=`).
+    pub chat_id: String,
+    pub created_at: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TaskOut {
+    pub id: String,
+    pub project_id: String,
+    pub project_slug: String,
+    pub title: String,
+    pub description: String,
+    pub status: TaskStatus,
+    #[serde(rename = "type")]
+    pub task_type: TaskType,
+    pub priority: Priority,
+    pub assignee_slug: Option<String>,
+    pub reviewer_slug: Option<String>,
+    pub author_slug: String,
+    pub watchers: Vec<String>,
+    /// The id the task has in the protocol it came from, when it came from elsewhere.
+    pub external_id: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct StepOut {
+    pub id: String,
+    pub task_id: String,
+    pub title: String,
+    pub done: bool,
+    pub position: i64,
+    pub created_at: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MessageOut {
+    pub id: String,
+    pub chat_id: Option<String>,
+    pub task_id: Option<String>,
+    pub author_type: AuthorType,
+    pub author_slug: String,
+    pub content: String,
+    pub mentions: Vec<String>,
+    pub created_at: String,
+    /// The message this one answers, when it answers one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<AttachmentOut>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttachmentOut {
+    pub id: String,
+    pub message_id: String,
+    pub task_id: Option<String>,
+    pub filename: String,
+    pub mime_type: String,
+    pub size: i64,
+    pub url: String,
+    pub created_at: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MemberOut {
+    pub id: String,
+    pub slug: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: MemberKind,
+    pub capabilities: Vec<String>,
+    pub chat_listen: ChatListen,
+    pub task_listen: TaskListen,
+    pub prompt: Option<String>,
+    pub model: Option<String>,
+    /// `online | busy | idle | offline`.
+    pub status: String,
+    pub is_online: bool,
+    /// The protocol the member speaks (`tracker` for the Tracker's own members).
+    pub protocol: String,
+    pub created_at: String,
+}
+
+/// A client frame, checked for shape.
+#[derive(Debug, PartialEq)]
+pub enum ClientFrame {
+    Auth {
+        token: String,
+    },
+    Heartbeat {
+        status: HeartbeatStatus,
+    },
+    Subscribe {
+        project_id: String,
+    },
+    Unsubscribe {
+        project_id: String,
+    },
+    ChatSend {
+        chat_id: Option<String>,
+        task_id: Option<String>,
+        content: String,
+        mentions: Vec<String>,
+        reply_to: Option<String>,
+    },
+    Ack,
+}
+
+pub fn parse_client_frame(text: &str) -> Result<ClientFrame, String> {
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| format!("frame is not valid JSON: {e}"))?;
+    let Value::Object(frame) = value else {
+        return Err("frame must be a JSON object with a \"type\"".into());
+    };
+    let kind = match frame.get("type") {
+        Some(Value::String(t)) => t.as_str(),
+        _ => return Err("\"type\" must be a string".into()),
+    };
+    let string = |key: &str| -> Result<Option<String>, String> {
+        match frame.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(format!("\"{key}\" must be a string")),
+        }
+    };
+    let required = |key: &str| -> Result<String, String> {
+        string(key)?
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| format!("\"{key}\" is required for {kind}"))
+    };
+    Ok(match kind {
+        "auth" => ClientFrame::Auth {
+            token: required("token")?,
+        },
+        "heartbeat" => {
+            let status = match string("status")? {
+                None => HeartbeatStatus::Online,
+                Some(s) => HeartbeatStatus::parse(&s).ok_or_else(|| {
+                    format!(
+                        "\"status\" must be one of {}, not \"{s}\"",
+                        HeartbeatStatus::ALL.join(", ")
+                    )
+                })?,
+            };
+            ClientFrame::Heartbeat { status }
+        }
+        "project.subscribe" => ClientFrame::Subscribe {
+            project_id: required("project_id")?,
+        },
+        "project.unsubscribe" => ClientFrame::Unsubscribe {
+            project_id: required("project_id")?,
+        },
+        "chat.send" => {
+            let chat_id = string("chat_id")?;
+            let task_id = string("task_id")?;
+            if chat_id.is_none() && task_id.is_none() {
+                return Err("chat.send needs \"chat_id\" or \"task_id\"".into());
+            }
+            let content = match frame.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                _ => return Err("\"content\" must be a string".into()),
+            };
+            let mentions = match frame.get("mentions") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(list)) if list.iter().all(Value::is_string) => list
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect(),
+                Some(_) => return Err("\"mentions\" must be an array of slugs".into()),
+            };
+            ClientFrame::ChatSend {
+                chat_id,
+                task_id,
+                content,
+                mentions,
+                reply_to: string("reply_to")?,
+            }
+        }
+        "ack" => ClientFrame::Ack,
+        other => return Err(format!("unknown message type \"{other}\"")),
+    })
+}
+
+/// `{"type": kind, "data": data}`
+pub fn event(kind: &str, data: impl Serialize) -> Value {
+    json!({ "type": kind, "data": data })
+}
+
+/// `{"type": "error", "message": …}` — the shape of every error on the WebSocket.
+pub fn error_frame(message: &str) -> String {
+    json!({ "type": "error", "message": message }).to_string()
+}
+
+pub fn auth_error_frame(message: &str) -> String {
+    json!({ "type": "auth.error", "message": message }).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enums_parse_exactly_the_documented_values() {
+        assert_eq!(
+            TaskStatus::parse("in_progress"),
+            Some(TaskStatus::InProgress)
+        );
+        assert_eq!(TaskStatus::parse("in-progress"), None);
+        assert_eq!(
+            TaskStatus::ALL,
+            ["backlog", "todo", "in_progress", "in_review", "done"]
+        );
+        assert_eq!(TaskType::ALL, ["task", "bug", "epic", "story"]);
+        assert_eq!(Priority::ALL, ["low", "medium", "high", "critical"]);
+        assert_eq!(
+            serde_json::to_value(Priority::Critical).unwrap(),
+            "critical"
+        );
+    }
+
+    #[test]
+    fn frames_parse_and_bad_ones_say_why() {
+        assert_eq!(
+            parse_client_frame(r#"{"type":"auth","token":"tb-1"}"#).unwrap(),
+            ClientFrame::Auth {
+                token: "tb-1".into()
+            }
+        );
+        assert_eq!(
+            parse_client_frame(r#"{"type":"heartbeat","status":"busy"}"#).unwrap(),
+            ClientFrame::Heartbeat {
+                status: HeartbeatStatus::Busy
+            }
+        );
+        for (frame, says) in [
+            ("nope", "not valid JSON"),
+            ("[]", "JSON object"),
+            (r#"{"token":"x"}"#, "\"type\""),
+            (r#"{"type":"auth"}"#, "\"token\""),
+            (
+                r#"{"type":"heartbeat","status":"sleepy"}"#,
+                "online, busy, idle",
+            ),
+            (r#"{"type":"chat.send","content":"x"}"#, "chat_id"),
+            (
+                r#"{"type":"chat.send","chat_id":"c","content":1}"#,
+                "content",
+            ),
+            (
+                r#"{"type":"chat.send","chat_id":"c","content":"x","mentions":"a"}"#,
+                "mentions",
+            ),
+            (r#"{"type":"project.subscribe"}"#, "project_id"),
+            (r#"{"type":"dance"}"#, "unknown message type \"dance\""),
+        ] {
+            let err = parse_client_frame(frame).unwrap_err();
+            assert!(err.contains(says), "{frame}: {err}");
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! One Tracker WebSocket connection: `auth` first (within the auth timeout), then
+//! heartbeats, subscriptions, `chat.send` and `ack` in; `message.new`, `agent.status` and
+//! task events out. A connection that stops heartbeating is shown offline until it
+//! heartbeats again; the socket stays open.
+
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use futures_util::SinkExt;
+use serde_json::json;
+use tokio::time::{Instant, sleep_until};
+
+use super::chat::{NewMessage, PostError};
+use super::db::MemberRow;
+use super::wire::{self, AuthorType, ClientFrame, MemberKind};
+use super::{Conn, ConnInterest, PROTOCOL, Tracker, translate};
+use crate::core::{Delivery, Session};
+use crate::telemetry::{self, ConnectionGuard};
+
+const WRITE_BATCH: usize = 64;
+/// Far enough away to mean "not until the next heartbeat".
+const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
+
+pub async fn serve(mut socket: WebSocket, tracker: Arc<Tracker>) {
+    let _counted = ConnectionGuard::new(PROTOCOL);
+    let Some(member) = authenticate(&mut socket, &tracker).await else {
+        return;
+    };
+    let conn = Arc::new(Conn {
+        id: tracker.next_conn_id(),
+        slug: member.slug.clone(),
+        mailbox: tracker.core.router.mailbox(PROTOCOL),
+        chat_listen: member.chat_listen,
+        task_listen: member.task_listen,
+        subscriptions: RwLock::new(HashSet::new()),
+        chats: tracker.chats.clone(),
+    });
+    let session = tracker.core.router.attach(
+        &member.slug,
+        conn.mailbox.clone(),
+        Arc::new(ConnInterest(conn.clone())),
+    );
+    tracker.conns.insert(conn.id, conn.clone());
+    let came_online = tracker.members.connected(&member.slug, conn.id);
+    tracker.announce(&member.slug, came_online).await;
+
+    let projects: Vec<_> = tracker
+        .chats
+        .projects
+        .load()
+        .iter()
+        .map(|p| json!({ "id": p.id, "slug": p.slug, "name": p.name }))
+        .collect();
+    let ok = wire::event(
+        "auth.ok",
+        json!({
+            "slug": member.slug,
+            "lobby_chat_id": tracker.chats.lobby_chat_id,
+            "projects": projects,
+            "online": tracker.online_names(),
+        }),
+    );
+    tracing::info!(member = %member.slug, "tracker: authenticated");
+    let mut live = Live {
+        socket,
+        tracker: tracker.clone(),
+        conn: conn.clone(),
+        member,
+        session,
+    };
+    if live.send(ok.to_string()).await {
+        live.run().await;
+    }
+    live.finish().await;
+}
+
+/// Reads the first frame; answers `auth.ok` later, or `auth.error` and closes now.
+async fn authenticate(socket: &mut WebSocket, tracker: &Tracker) -> Option<MemberRow> {
+    let timeout = Duration::from_millis(tracker.config.auth_timeout_ms);
+    let refusal = match tokio::time::timeout(timeout, first_text(socket)).await {
+        Err(_) => format!(
+            "Authentication timeout: send {{\"type\":\"auth\",\"token\":…}} within {} s",
+            timeout.as_secs_f64()
+        ),
+        Ok(None) => return None,
+        Ok(Some(text)) => match wire::parse_client_frame(&text) {
+            Ok(ClientFrame::Auth { token }) => match tracker.members.by_token(&token) {
+                Some(member) => return Some(member),
+                None => "Invalid token".to_owned(),
+            },
+            Ok(_) => "First message must be auth".to_owned(),
+            Err(e) => format!("First message must be auth: {e}"),
+        },
+    };
+    telemetry::decode_error(PROTOCOL);
+    let _ = socket
+        .send(Message::Text(wire::auth_error_frame(&refusal).into()))
+        .await;
+    let _ = socket
+        .send(Message::Close(Some(CloseFrame {
+            code: 1008,
+            reason: "authentication failed".into(),
+        })))
+        .await;
+    None
+}
+
+/// The first text frame (binary frames are read as UTF-8 text).
+async fn first_text(socket: &mut WebSocket) -> Option<String> {
+    loop {
+        match socket.recv().await? {
+            Ok(Message::Text(text)) => return Some(text.to_string()),
+            Ok(Message::Binary(bytes)) => {
+                return Some(String::from_utf8_lossy(&bytes).into_owned());
+            }
+            Ok(Message::Close(_)) | Err(_) => return None,
+            Ok(_) => continue,
+        }
+    }
+}
+
+struct Live {
+    socket: WebSocket,
+    tracker: Arc<Tracker>,
+    conn: Arc<Conn>,
+    member: MemberRow,
+    session: Arc<Session>,
+}
+
+impl Live {
+    async fn run(&mut self) {
+        let timeout = Duration::from_millis(self.tracker.config.heartbeat_timeout_ms);
+        let mut deadline = Instant::now() + timeout;
+        let shutdown = self.tracker.shutdown.clone();
+        let mailbox = self.conn.mailbox.clone();
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => {
+                    let _ = self.socket.send(Message::Close(Some(CloseFrame {
+                        code: 1001,
+                        reason: "server shutting down".into(),
+                    }))).await;
+                    return;
+                }
+                frame = self.socket.recv() => {
+                    let text = match frame {
+                        Some(Ok(Message::Text(text))) => text.to_string(),
+                        Some(Ok(Message::Binary(bytes))) => String::from_utf8_lossy(&bytes).into_owned(),
+                        Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                        _ => return,
+                    };
+                    match wire::parse_client_frame(&text) {
+                        Ok(ClientFrame::Heartbeat { status }) => {
+                            deadline = Instant::now() + timeout;
+                            let change = self.tracker.members.heartbeat(&self.member.slug, self.conn.id, status);
+                            self.tracker.announce(&self.member.slug, change).await;
+                        }
+                        Ok(frame) => {
+                            if let Err(error) = self.on_frame(frame).await
+                                && !self.send(wire::error_frame(&error)).await
+                            {
+                                return;
+                            }
+                        }
+                        Err(error) => {
+                            telemetry::decode_error(PROTOCOL);
+                            if !self.send(wire::error_frame(&error)).await {
+                                return;
+                            }
+                        }
+                    }
+                }
+                next = mailbox.recv() => match next {
+                    Ok(delivery) => if !self.write(delivery).await { return },
+                    Err(_) => {
+                        let _ = self.socket.send(Message::Close(Some(CloseFrame {
+                            code: 1008,
+                            reason: "mailbox overflow: messages were not read fast enough".into(),
+                        }))).await;
+                        return;
+                    }
+                },
+                _ = sleep_until(deadline) => {
+                    deadline = Instant::now() + NEVER;
+                    let change = self.tracker.members.timed_out(&self.member.slug, self.conn.id);
+                    self.tracker.announce(&self.member.slug, change).await;
+                }
+            }
+        }
+    }
+
+    /// Handles a frame other than a heartbeat; `Err` is the error to send back.
+    async fn on_frame(&mut self, frame: ClientFrame) -> Result<(), String> {
+        match frame {
+            ClientFrame::Auth { .. } => Err("already authenticated".into()),
+            ClientFrame::Heartbeat { .. } | ClientFrame::Ack => Ok(()),
+            ClientFrame::Subscribe { project_id } => {
+                if !self
+                    .tracker
+                    .chats
+                    .projects
+                    .load()
+                    .iter()
+                    .any(|p| p.id == project_id)
+                {
+                    return Err(format!("unknown project_id \"{project_id}\""));
+                }
+                self.conn
+                    .subscriptions
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(project_id);
+                Ok(())
+            }
+            ClientFrame::Unsubscribe { project_id } => {
+                self.conn
+                    .subscriptions
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&project_id);
+                Ok(())
+            }
+            ClientFrame::ChatSend {
+                chat_id,
+                task_id,
+                content,
+                mentions,
+                reply_to,
+            } => {
+                let message = NewMessage {
+                    author_slug: self.member.slug.clone(),
+                    author_type: match self.member.kind {
+                        MemberKind::Agent => AuthorType::Agent,
+                        MemberKind::Human => AuthorType::Human,
+                    },
+                    chat_id,
+                    task_id,
+                    content,
+                    mentions,
+                    reply_to,
+                };
+                match self.tracker.post_message(message).await {
+                    Ok(_) => Ok(()),
+                    Err(PostError::NotFound(what)) => Err(what),
+                    Err(PostError::Store(e)) => {
+                        tracing::error!(error = %e, "tracker: cannot store a message");
+                        Err("message could not be stored; it was not delivered".into())
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes `first` and whatever else is queued, then flushes; false when the socket is gone.
+    async fn write(&mut self, first: Arc<Delivery>) -> bool {
+        let mut next = Some(first);
+        let mut written = 0;
+        while let Some(delivery) = next.take() {
+            let tracker = &self.tracker;
+            let frame: Option<Utf8Bytes> = delivery.encoded(PROTOCOL, |env| {
+                translate::encode(env, tracker.as_ref()).map(|v| Utf8Bytes::from(v.to_string()))
+            });
+            if let Some(frame) = frame {
+                if self.socket.feed(Message::Text(frame)).await.is_err() {
+                    return false;
+                }
+                let env = &delivery.envelope;
+                telemetry::message_delivered(
+                    &env.origin.protocol,
+                    PROTOCOL,
+                    env.kind.family(),
+                    delivery.accepted_at.elapsed(),
+                );
+            }
+            written += 1;
+            if written < WRITE_BATCH {
+                next = self.conn.mailbox.try_recv().ok().flatten();
+            }
+        }
+        self.socket.flush().await.is_ok()
+    }
+
+    async fn send(&mut self, frame: String) -> bool {
+        self.socket.send(Message::Text(frame.into())).await.is_ok()
+    }
+
+    async fn finish(self) {
+        self.tracker.core.router.detach(&self.session);
+        self.tracker.conns.remove(&self.conn.id);
+        let change = self
+            .tracker
+            .members
+            .disconnected(&self.member.slug, self.conn.id);
+        if !self.tracker.shutdown.is_cancelled() {
+            self.tracker.announce(&self.member.slug, change).await;
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! A minimal Tracker agent, written from tracker-agent-protocol.md: REST with a bearer
+//! token, and the `{"type": …}` WebSocket.
+
+use std::net::SocketAddr;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use super::{WAIT, http, http_url, ws_url};
+
+/// The `[tracker]` test section with `keys` added (e.g. `heartbeat_timeout_ms = 200`).
+pub fn section_with(keys: &str) -> String {
+    format!("[tracker]\n{keys}\n{}", super::TRACKER_SECTION)
+}
+
+#[derive(Clone)]
+pub struct TrackerHttp {
+    pub base: String,
+    pub token: Option<String>,
+    client: reqwest::Client,
+}
+
+impl TrackerHttp {
+    pub fn new(addr: SocketAddr, token: &str) -> Self {
+        TrackerHttp {
+            base: format!("{}/api/v1", http_url(addr)),
+            token: Some(token.to_owned()),
+            client: http(),
+        }
+    }
+
+    pub fn anonymous(addr: SocketAddr) -> Self {
+        TrackerHttp {
+            token: None,
+            ..Self::new(addr, "")
+        }
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let builder = self.client.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => builder.bearer_auth(token),
+            None => builder,
+        }
+    }
+
+    async fn finish(builder: reqwest::RequestBuilder) -> (u16, Value) {
+        let res = builder.send().await.unwrap();
+        let status = res.status().as_u16();
+        (status, res.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        Self::finish(self.request(reqwest::Method::GET, path)).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        Self::finish(self.request(reqwest::Method::POST, path).json(&body)).await
+    }
+
+    pub async fn post_raw(&self, path: &str, body: &'static str) -> (u16, Value) {
+        Self::finish(
+            self.request(reqwest::Method::POST, path)
+                .header("content-type", "application/json")
+                .body(body),
+        )
+        .await
+    }
+
+    pub async fn patch(&self, path: &str, body: Value) -> (u16, Value) {
+        Self::finish(self.request(reqwest::Method::PATCH, path).json(&body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        Self::finish(self.request(reqwest::Method::DELETE, path)).await
+    }
+
+    /// Uploads `data` as the multipart `file` part.
+    pub async fn upload(
+        &self,
+        path: &str,
+        filename: &str,
+        mime: &str,
+        data: Vec<u8>,
+    ) -> (u16, Value) {
+        let part = reqwest::multipart::Part::bytes(data)
+            .file_name(filename.to_owned())
+            .mime_str(mime)
+            .unwrap();
+        let form = reqwest::multipart::Form::new().part("file", part);
+        Self::finish(self.request(reqwest::Method::POST, path).multipart(form)).await
+    }
+
+    /// Raw bytes and content type of a download.
+    pub async fn download(&self, path: &str) -> (u16, String, Vec<u8>) {
+        let res = self
+            .request(reqwest::Method::GET, path)
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        let mime = res
+            .headers()
+            .get("content-type")
+            .map(|h| h.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        (status, mime, res.bytes().await.unwrap().to_vec())
+    }
+
+    /// Creates a task in `project` and returns it.
+    pub async fn task(&self, project: &str, body: Value) -> Value {
+        let (status, task) = self
+            .post(&format!("/tasks?project_slug={project}"), body)
+            .await;
+        assert_eq!(status, 201, "creating a task: {task}");
+        task
+    }
+
+    /// Posts a message and returns it.
+    pub async fn message(&self, body: Value) -> Value {
+        let (status, msg) = self.post("/messages", body).await;
+        assert_eq!(status, 201, "posting a message: {msg}");
+        msg
+    }
+}
+
+pub struct TrackerWs {
+    pub stream: WebSocketStream<MaybeTlsStream<TcpStream>>,
+}
+
+impl TrackerWs {
+    pub async fn connect(addr: SocketAddr) -> Self {
+        let (stream, _) = tokio_tungstenite::connect_async(ws_url(addr, "/ws"))
+            .await
+            .expect("websocket connects");
+        TrackerWs { stream }
+    }
+
+    /// Connects and authenticates; returns the client and the `auth.ok` data.
+    pub async fn auth(addr: SocketAddr, token: &str) -> (Self, Value) {
+        let mut ws = Self::connect(addr).await;
+        ws.send(json!({ "type": "auth", "token": token })).await;
+        let ok = ws.next().await;
+        assert_eq!(ok["type"], "auth.ok", "auth answered with {ok}");
+        (ws, ok["data"].clone())
+    }
+
+    /// Authenticates and subscribes to every project.
+    pub async fn auth_subscribed(addr: SocketAddr, token: &str) -> (Self, Value) {
+        let (mut ws, ok) = Self::auth(addr, token).await;
+        for project in ok["projects"].as_array().unwrap() {
+            ws.send(json!({ "type": "project.subscribe", "project_id": project["id"] }))
+                .await;
+        }
+        (ws, ok)
+    }
+
+    pub async fn send(&mut self, frame: Value) {
+        self.send_text(frame.to_string()).await;
+    }
+
+    pub async fn send_text(&mut self, text: String) {
+        self.stream
+            .send(Message::Text(text.into()))
+            .await
+            .expect("send");
+    }
+
+    pub async fn next(&mut self) -> Value {
+        loop {
+            let frame = tokio::time::timeout(WAIT, self.stream.next())
+                .await
+                .expect("a frame within the wait")
+                .expect("the socket is open")
+                .expect("a valid frame");
+            match frame {
+                Message::Text(text) => return serde_json::from_str(&text).expect("JSON frame"),
+                Message::Close(close) => panic!("socket closed: {close:?}"),
+                _ => continue,
+            }
+        }
+    }
+
+    /// The next frame of type `kind`, skipping `agent.status` frames when `kind` is another.
+    pub async fn next_of(&mut self, kind: &str) -> Value {
+        loop {
+            let frame = self.next().await;
+            if frame["type"] == kind {
+                return frame["data"].clone();
+            }
+            if frame["type"] == "agent.status" {
+                continue;
+            }
+            panic!("expected {kind}, got {frame}");
+        }
+    }
+
+    /// The next `message.new`'s content (skipping presence).
+    pub async fn next_content(&mut self) -> String {
+        self.next_of("message.new").await["content"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    pub async fn closed(&mut self) -> Option<CloseFrame> {
+        loop {
+            let frame = tokio::time::timeout(WAIT, self.stream.next())
+                .await
+                .expect("the close within the wait");
+            match frame {
+                Some(Ok(Message::Close(close))) => return close,
+                Some(Ok(_)) => continue,
+                Some(Err(_)) | None => return None,
+            }
+        }
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.stream.close(None).await;
+    }
+}
