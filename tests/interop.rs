@@ -1,0 +1,397 @@
+//! Agents of different protocols talking through the bridge, over real sockets: each side
+//! uses only its own protocol's client and sees the other as a native peer.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use agentbridge::Bridge;
+use common::skynet::{SkynetHttp, SkynetWs, text_of};
+use common::start_bridge;
+use common::tracker::{TrackerHttp, TrackerWs};
+use serde_json::{Value, json};
+
+struct World {
+    bridge: Bridge,
+    skynet: SocketAddr,
+    tracker: SocketAddr,
+    sk: SkynetHttp,
+}
+
+async fn world() -> World {
+    let bridge = start_bridge("").await;
+    let skynet = bridge.addr("skynet").unwrap();
+    let tracker = bridge.addr("tracker").unwrap();
+    World {
+        sk: SkynetHttp::new(skynet),
+        skynet,
+        tracker,
+        bridge,
+    }
+}
+
+fn card_named<'a>(members: &'a Value, name: &str) -> &'a Value {
+    members
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == name)
+        .unwrap_or_else(|| panic!("no member {name} in {members}"))
+}
+
+/// The next Skynet message that is not a presence message.
+async fn next_non_presence(ws: &mut SkynetWs) -> Value {
+    loop {
+        let msg = ws.next_message().await;
+        if !matches!(msg["type"].as_str(), Some("agent.join" | "agent.leave")) {
+            return msg;
+        }
+    }
+}
+
+mod skynet_tracker {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_skynet_mention_reaches_the_tracker_member_in_the_lobby() {
+        let w = world().await;
+        let alice = w.sk.agent("alice").await;
+        let boss = w.sk.human("boss").await;
+        let (mut coder, ok) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let lobby = ok["lobby_chat_id"].clone();
+        let (mut ws_alice, state) = SkynetWs::join(w.skynet, &alice).await;
+        let coder_card = card_named(&state["members"], "coder").clone();
+        assert_eq!(coder_card["type"], "generic");
+        assert!(uuid::Uuid::parse_str(coder_card["id"].as_str().unwrap()).is_ok());
+
+        // By text…
+        let echo = ws_alice.chat("@coder can you review?").await;
+        assert_eq!(echo["mentions"], json!([coder_card["id"]]));
+        let got = coder.next_of("message.new").await;
+        assert_eq!(got["content"], "@coder can you review?");
+        assert_eq!(got["author_slug"], "alice");
+        assert_eq!(got["author_type"], "agent");
+        assert_eq!(got["chat_id"], lobby);
+        assert_eq!(got["mentions"], json!(["coder"]));
+        assert_eq!(
+            got["id"],
+            json!(agentbridge::core::uuid_form(echo["id"].as_str().unwrap()))
+        );
+        // …and by the card id the bridge shows for coder.
+        ws_alice
+            .chat_with(json!({ "type": "chat", "payload": { "text": "by id" }, "mentions": [coder_card["id"]] }))
+            .await;
+        assert_eq!(coder.next_content().await, "by id");
+
+        let (mut ws_boss, _) = SkynetWs::join(w.skynet, &boss).await;
+        ws_boss.chat("@coder from a human").await;
+        let got = coder.next_of("message.new").await;
+        assert_eq!(
+            (got["author_slug"].as_str(), got["author_type"].as_str()),
+            (Some("boss"), Some("human"))
+        );
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_tracker_message_reaches_the_skynet_agent_from_the_listed_card() {
+        let w = world().await;
+        let alice = w.sk.agent("alice").await;
+        let (_coder_ws, ok) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let lobby = ok["lobby_chat_id"].clone();
+        let (mut ws_alice, state) = SkynetWs::join(w.skynet, &alice).await;
+        let coder_card = card_named(&state["members"], "coder").clone();
+        let coder = TrackerHttp::new(w.tracker, "tb-coder");
+
+        let posted = coder
+            .message(json!({ "chat_id": lobby, "content": "results are in", "mentions": ["alice"], "author_type": "agent", "author_slug": "coder" }))
+            .await;
+        let got = next_non_presence(&mut ws_alice).await;
+        assert_eq!(got["type"], "chat");
+        assert_eq!(got["from"], coder_card["id"]);
+        assert_eq!(text_of(&got), "results are in");
+        assert_eq!(got["id"], posted["id"]);
+        assert_eq!(got["mentions"], json!([alice["id"]]));
+
+        // `@name` in the content works as well, from the socket too.
+        let (mut coder_ws, _) = (_coder_ws, ());
+        coder_ws
+            .send(json!({ "type": "chat.send", "chat_id": lobby, "content": "ping @alice", "mentions": [] }))
+            .await;
+        let got = next_non_presence(&mut ws_alice).await;
+        assert_eq!(
+            (text_of(&got), got["from"].clone()),
+            ("ping @alice", coder_card["id"].clone())
+        );
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn presence_crosses_both_ways() {
+        let w = world().await;
+        let alice = w.sk.agent("alice").await;
+        let boss = w.sk.human("boss").await;
+        let (mut ws_boss, _) = SkynetWs::join(w.skynet, &boss).await;
+        let (mut admin, _) = TrackerWs::auth(w.tracker, "tb-admin").await;
+
+        // A Skynet agent joining is an online Tracker member…
+        let join = ws_boss.next_message().await;
+        assert_eq!(
+            (
+                join["type"].as_str(),
+                join["payload"]["agent"]["name"].as_str()
+            ),
+            (Some("agent.join"), Some("admin"))
+        );
+        let (ws_alice, _) = SkynetWs::join(w.skynet, &alice).await;
+        assert_eq!(
+            admin.next_of("agent.status").await,
+            json!({ "slug": "alice", "status": "online" })
+        );
+        let (_, members) = TrackerHttp::new(w.tracker, "tb-admin")
+            .get("/members/alice")
+            .await;
+        assert_eq!(
+            (members["protocol"].as_str(), members["is_online"].as_bool()),
+            (Some("skynet"), Some(true))
+        );
+        let (_coder, ok) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let online: Vec<&str> = ok["online"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(
+            online.contains(&"alice") && online.contains(&"boss") && online.contains(&"admin"),
+            "{online:?}"
+        );
+
+        // …a Tracker member connecting is a Skynet member.
+        assert_eq!(
+            ws_boss.next_message().await["payload"]["agent"]["name"],
+            "alice"
+        );
+        let coder_join = ws_boss.next_message().await;
+        assert_eq!(coder_join["type"], "agent.join");
+        assert_eq!(coder_join["payload"]["agent"]["name"], "coder");
+        let coder_id = coder_join["from"].clone();
+        let (_, members) = w.sk.get("/api/members").await;
+        assert_eq!(card_named(&members, "coder")["id"], coder_id);
+        admin.next_of("agent.status").await; // coder online
+
+        // Leaving crosses too.
+        ws_alice.close().await;
+        let mut alice_ws = SkynetWs::connect(w.skynet).await;
+        alice_ws.rejoin(&alice, None).await;
+        alice_ws.action("leave", json!({})).await;
+        assert_eq!(
+            admin.next_of("agent.status").await,
+            json!({ "slug": "alice", "status": "offline" })
+        );
+        _coder.close().await;
+        let mut left = ws_boss.next_message().await;
+        while left["type"] != "agent.leave" || left["from"] != coder_id {
+            left = ws_boss.next_message().await;
+        }
+        assert_eq!(left["payload"]["agentId"], coder_id);
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn reply_chains_survive_both_ways() {
+        let w = world().await;
+        let alice = w.sk.agent("alice").await;
+        let (mut coder, ok) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let lobby = ok["lobby_chat_id"].clone();
+        let (mut ws_alice, _) = SkynetWs::join(w.skynet, &alice).await;
+        let coder_http = TrackerHttp::new(w.tracker, "tb-coder");
+
+        // A: Skynet, with a non-UUID id the Tracker shows as a derived UUID.
+        ws_alice
+            .chat_with(json!({ "id": "sk-msg-1", "type": "chat", "payload": { "text": "@coder question" } }))
+            .await;
+        let first = coder.next_of("message.new").await;
+        let derived = first["id"].as_str().unwrap().to_owned();
+        assert_eq!(derived, agentbridge::core::uuid_form("sk-msg-1"));
+
+        // B: the Tracker answers it; Skynet sees its own original id in replyTo.
+        let reply = coder_http
+            .message(json!({ "chat_id": lobby, "content": "answer", "mentions": ["alice"], "reply_to": derived }))
+            .await;
+        let got = next_non_presence(&mut ws_alice).await;
+        assert_eq!(
+            (got["replyTo"].as_str(), text_of(&got)),
+            (Some("sk-msg-1"), "answer")
+        );
+
+        // A again, answering the Tracker's message by its id.
+        ws_alice
+            .chat_with(json!({ "type": "chat", "payload": { "text": "@coder thanks" }, "replyTo": reply["id"] }))
+            .await;
+        let third = coder.next_of("message.new").await;
+        assert_eq!(third["reply_to"], reply["id"]);
+
+        // B again.
+        coder_http
+            .message(json!({ "chat_id": lobby, "content": "welcome", "mentions": ["alice"], "reply_to": third["id"] }))
+            .await;
+        let fourth = next_non_presence(&mut ws_alice).await;
+        assert_eq!(fourth["replyTo"], json!(third["id"]));
+
+        // The thread of A's first message lists the cross-protocol reply.
+        let (_, thread) = coder_http
+            .get(&format!("/messages/{derived}/replies"))
+            .await;
+        assert_eq!(thread.as_array().unwrap().len(), 1);
+        assert_eq!(thread[0]["id"], reply["id"]);
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_skynet_task_for_a_tracker_agent_runs_to_its_result() {
+        let w = world().await;
+        let alice = w.sk.agent("alice").await;
+        let (mut coder, _) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let (mut ws_alice, state) = SkynetWs::join(w.skynet, &alice).await;
+        let coder_id = card_named(&state["members"], "coder")["id"].clone();
+        let coder_http = TrackerHttp::new(w.tracker, "tb-coder");
+        let task_id = uuid::Uuid::new_v4().to_string();
+
+        let assign = ws_alice
+            .chat_with(json!({
+                "id": "assign-1",
+                "type": "task.assign",
+                "payload": { "taskId": task_id, "title": "Add tests", "description": "Cover the parser", "assignee": coder_id, "status": "assigned" },
+                "mentions": [coder_id],
+            }))
+            .await;
+        assert_eq!(assign["type"], "task.assign");
+        let created = coder.next_of("task.created").await;
+        assert_eq!(
+            created["id"],
+            json!(task_id),
+            "the same task id on both sides"
+        );
+        assert_eq!(
+            (created["title"].as_str(), created["assignee_slug"].as_str()),
+            (Some("Add tests"), Some("coder"))
+        );
+        assert_eq!(created["description"], "Cover the parser");
+        assert_eq!(created["author_slug"], "alice");
+        let assigned = coder.next_of("task.assigned").await;
+        assert_eq!(assigned["id"], json!(task_id));
+
+        // Taking it is progress for the assigner.
+        let (status, _) = coder_http
+            .post(&format!("/tasks/{task_id}/take?slug=coder"), json!({}))
+            .await;
+        assert_eq!(status, 200);
+        let update = next_non_presence(&mut ws_alice).await;
+        assert_eq!(update["type"], "task.update");
+        assert_eq!(update["payload"]["taskId"], json!(task_id));
+        assert_eq!(update["payload"]["status"], "in-progress");
+        assert_eq!(update["from"], coder_id);
+        assert_eq!(update["replyTo"], "assign-1");
+
+        // A comment on the task comes back as an update carrying it.
+        coder_http
+            .message(json!({ "task_id": task_id, "content": "halfway there" }))
+            .await;
+        let comment = next_non_presence(&mut ws_alice).await;
+        assert_eq!(comment["type"], "task.update");
+        assert_eq!(comment["payload"]["metadata"]["message"], "halfway there");
+
+        // Done is the result, summarised by the last comment.
+        coder_http
+            .message(json!({ "task_id": task_id, "content": "all tests pass" }))
+            .await;
+        next_non_presence(&mut ws_alice).await;
+        let (status, _) = coder_http
+            .patch(&format!("/tasks/{task_id}"), json!({ "status": "done" }))
+            .await;
+        assert_eq!(status, 200);
+        let result = next_non_presence(&mut ws_alice).await;
+        assert_eq!(result["type"], "task.result");
+        assert_eq!(result["payload"]["taskId"], json!(task_id));
+        assert_eq!(result["payload"]["success"], true);
+        assert_eq!(result["payload"]["summary"], "all tests pass");
+        assert_eq!(result["replyTo"], "assign-1");
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_tracker_task_for_a_skynet_agent_comes_back_done() {
+        let w = world().await;
+        let alice = w.sk.agent("alice").await;
+        let (mut ws_alice, _) = SkynetWs::join(w.skynet, &alice).await;
+        let (mut admin, _) = TrackerWs::auth_subscribed(w.tracker, "tb-admin").await;
+        let admin_http = TrackerHttp::new(w.tracker, "tb-admin");
+
+        let task = admin_http
+            .task(
+                "team-board",
+                json!({ "title": "Write docs", "description": "README", "assignee_slug": "alice" }),
+            )
+            .await;
+        let id = task["id"].as_str().unwrap();
+        admin.next_of("task.created").await;
+        admin.next_of("task.assigned").await;
+        let assign = next_non_presence(&mut ws_alice).await;
+        assert_eq!(assign["type"], "task.assign");
+        assert_eq!(assign["payload"]["taskId"], json!(id));
+        assert_eq!(assign["payload"]["title"], "Write docs");
+        assert_eq!(assign["payload"]["assignee"], alice["id"]);
+        assert_eq!(assign["mentions"], json!([alice["id"]]));
+
+        ws_alice
+            .chat_with(json!({ "type": "task.update", "replyTo": assign["id"], "payload": { "taskId": id, "title": "Write docs", "description": "", "status": "in-progress" } }))
+            .await;
+        assert_eq!(admin.next_of("task.updated").await["status"], "in_progress");
+        ws_alice
+            .chat_with(json!({ "type": "task.result", "replyTo": assign["id"], "payload": { "taskId": id, "success": true, "summary": "README written" } }))
+            .await;
+        // The summary becomes a comment on the task, then the task is done.
+        let comment = admin.next_of("message.new").await;
+        assert_eq!(
+            (comment["task_id"].as_str(), comment["content"].as_str()),
+            (Some(id), Some("README written"))
+        );
+        let done = admin.next_of("task.updated").await;
+        assert_eq!(done["status"], "done");
+        let (_, comments) = admin_http.get(&format!("/messages?task_id={id}")).await;
+        let last = comments.as_array().unwrap().last().unwrap();
+        assert_eq!(
+            (last["content"].as_str(), last["author_slug"].as_str()),
+            (Some("README written"), Some("alice"))
+        );
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn names_are_one_namespace() {
+        let w = world().await;
+        let (status, body) =
+            w.sk.post("/api/agents", json!({ "name": "coder", "type": "generic" }))
+                .await;
+        assert_eq!(status, 409);
+        assert!(
+            body["error"].as_str().unwrap().contains("tracker"),
+            "{body}"
+        );
+        assert_eq!(
+            w.sk.get("/api/names/check?name=coder").await.1["available"],
+            false
+        );
+        w.sk.agent("alice").await;
+        let (status, body) = TrackerHttp::new(w.tracker, "tb-admin")
+            .post("/members", json!({ "slug": "alice" }))
+            .await;
+        assert_eq!(status, 409);
+        assert!(
+            body["detail"].as_str().unwrap().contains("skynet"),
+            "{body}"
+        );
+        w.bridge.shutdown().await;
+    }
+}
