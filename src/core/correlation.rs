@@ -27,6 +27,15 @@ pub struct Link {
     pub reply_to: Option<String>,
     /// The id of the conversation's first message.
     pub root: String,
+    /// Its sender.
+    pub from: String,
+}
+
+/// A task assignment: the message that asked and who asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskRequest {
+    pub message_id: String,
+    pub requester: String,
 }
 
 pub struct CorrelationIndex {
@@ -38,6 +47,9 @@ pub struct CorrelationIndex {
 struct State {
     links: HashMap<String, Link>,
     order: VecDeque<String>,
+    /// task id → its assignment.
+    tasks: HashMap<String, TaskRequest>,
+    task_order: VecDeque<String>,
     /// derived id → original id.
     originals: HashMap<String, String>,
     derived_order: VecDeque<String>,
@@ -52,10 +64,17 @@ impl CorrelationIndex {
     }
 
     /// Records a message's place in its conversation.
-    pub fn record(&self, id: &str, reply_to: Option<&str>, correlation_id: Option<&str>) {
+    pub fn record(
+        &self,
+        id: &str,
+        from: &str,
+        reply_to: Option<&str>,
+        correlation_id: Option<&str>,
+    ) {
         let link = Link {
             reply_to: reply_to.map(str::to_owned),
             root: correlation_id.unwrap_or(id).to_owned(),
+            from: from.to_owned(),
         };
         let mut state = self.lock();
         if state.links.insert(id.to_owned(), link).is_none() {
@@ -70,6 +89,23 @@ impl CorrelationIndex {
 
     pub fn link(&self, id: &str) -> Option<Link> {
         self.lock().links.get(id).cloned()
+    }
+
+    /// Records that `request` assigned task `task_id`.
+    pub fn record_task(&self, task_id: &str, request: TaskRequest) {
+        let mut state = self.lock();
+        if state.tasks.insert(task_id.to_owned(), request).is_none() {
+            state.task_order.push_back(task_id.to_owned());
+        }
+        while state.task_order.len() > self.capacity {
+            if let Some(old) = state.task_order.pop_front() {
+                state.tasks.remove(&old);
+            }
+        }
+    }
+
+    pub fn task(&self, task_id: &str) -> Option<TaskRequest> {
+        self.lock().tasks.get(task_id).cloned()
     }
 
     /// Records that `derived` stands for `original` in a protocol that needs another id form.
@@ -105,14 +141,15 @@ mod tests {
     #[test]
     fn roots_follow_the_first_message() {
         let index = CorrelationIndex::new(10);
-        index.record("a", None, None);
-        index.record("b", Some("a"), Some("a"));
+        index.record("a", "x", None, None);
+        index.record("b", "y", Some("a"), Some("a"));
         assert_eq!(index.link("a").unwrap().root, "a");
         assert_eq!(
             index.link("b").unwrap(),
             Link {
                 reply_to: Some("a".into()),
-                root: "a".into()
+                root: "a".into(),
+                from: "y".into(),
             }
         );
     }
@@ -121,7 +158,7 @@ mod tests {
     fn the_cache_is_bounded() {
         let index = CorrelationIndex::new(2);
         for id in ["a", "b", "c"] {
-            index.record(id, None, None);
+            index.record(id, "x", None, None);
             index.record_derived(&format!("d-{id}"), id);
         }
         assert!(index.link("a").is_none());

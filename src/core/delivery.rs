@@ -6,8 +6,11 @@
 //! encoded once per protocol, not once per recipient.
 
 use std::any::Any;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use tokio::sync::Notify;
 
 use super::envelope::{Envelope, Protocol};
 
@@ -20,6 +23,9 @@ pub struct Delivery {
     /// When an undelivered copy of it must be dropped (from the envelope's ttl).
     pub expires_at: Option<Instant>,
     encoded: Mutex<Vec<(Protocol, Encoded)>>,
+    /// Set once the message has been written to some recipient's connection.
+    written: AtomicBool,
+    written_notify: Notify,
 }
 
 impl Delivery {
@@ -33,6 +39,28 @@ impl Delivery {
             accepted_at,
             expires_at,
             encoded: Mutex::new(Vec::new()),
+            written: AtomicBool::new(false),
+            written_notify: Notify::new(),
+        }
+    }
+
+    /// Records that a recipient's connection took the message. Only the first call wakes
+    /// anyone, so writers pay one atomic swap.
+    pub fn mark_written(&self) {
+        if !self.written.swap(true, Ordering::AcqRel) {
+            self.written_notify.notify_waiters();
+        }
+    }
+
+    /// Waits until some recipient's connection took the message (a sender asking for
+    /// synchronous delivery waits on this).
+    pub async fn written(&self) {
+        loop {
+            let notified = self.written_notify.notified();
+            if self.written.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
         }
     }
 
@@ -103,5 +131,20 @@ mod tests {
             Arc::from("other")
         });
         assert_eq!(calls.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn waiting_for_the_write_ends_when_a_writer_marks_it() {
+        let delivery = Arc::new(Delivery::new(Envelope::new("test", "a", Kind::Chat)));
+        let waiter = {
+            let d = delivery.clone();
+            tokio::spawn(async move { d.written().await })
+        };
+        tokio::task::yield_now().await;
+        delivery.mark_written();
+        delivery.mark_written();
+        waiter.await.unwrap();
+        // Already written: returns at once.
+        delivery.written().await;
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, derived_uuid};
+pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, TaskRequest, derived_uuid};
 pub use delivery::Delivery;
 pub use directory::{AgentInfo, Directory, NameTaken, Role, Status};
 pub use envelope::{
@@ -71,43 +71,88 @@ impl Core {
     /// Accepts a message: writes it to the store, then routes it. When this returns the
     /// message is durable and queued for every recipient.
     pub async fn publish(&self, mut env: Envelope) -> Result<Arc<Delivery>, StoreError> {
-        self.inherit_correlation(&mut env).await;
+        self.link_conversation(&mut env).await;
         self.store.insert_message(&env).await?;
         Ok(self.dispatch(env))
     }
 
     /// Routes a message that is not kept (control signals, status changes).
     pub async fn publish_transient(&self, mut env: Envelope) -> Arc<Delivery> {
-        self.inherit_correlation(&mut env).await;
+        self.link_conversation(&mut env).await;
         self.dispatch(env)
     }
 
     fn dispatch(&self, env: Envelope) -> Arc<Delivery> {
         self.correlation.record(
             &env.id,
+            &env.from,
             env.reply_to.as_deref(),
             env.correlation_id.as_deref(),
         );
+        if env.kind == Kind::TaskAssign
+            && let Some(task) = env.task.as_ref().filter(|t| !t.id.is_empty())
+        {
+            self.correlation.record_task(
+                &task.id,
+                TaskRequest {
+                    message_id: env.id.clone(),
+                    requester: env.from.clone(),
+                },
+            );
+        }
         telemetry::message_received(&env.origin.protocol, env.kind.family());
         let delivery = Arc::new(Delivery::new(env));
         self.router.route(&delivery);
         delivery
     }
 
-    /// A reply without a correlation id joins its parent's conversation.
-    async fn inherit_correlation(&self, env: &mut Envelope) {
-        if env.correlation_id.is_some() {
-            return;
+    /// Places a message in its conversation:
+    /// - progress or a result for a task, with no `reply_to`, answers the task's assignment;
+    /// - a reply without a correlation id joins its parent's conversation;
+    /// - a reply (or task progress) reaches the agent it answers when that agent speaks
+    ///   another protocol, whose own routing rules would otherwise not deliver it there.
+    async fn link_conversation(&self, env: &mut Envelope) {
+        let mut answers: Option<String> = None;
+        if matches!(env.kind, Kind::TaskUpdate | Kind::TaskResult)
+            && let Some(task_id) = env
+                .task
+                .as_ref()
+                .map(|t| t.id.clone())
+                .filter(|id| !id.is_empty())
+        {
+            let request = match self.correlation.task(&task_id) {
+                Some(request) => Some(request),
+                None => self.store.task_request(&task_id).await.ok().flatten(),
+            };
+            if let Some(request) = request {
+                if env.reply_to.is_none() {
+                    env.reply_to = Some(request.message_id);
+                }
+                answers = Some(request.requester);
+            }
         }
-        let Some(parent) = env.reply_to.as_deref() else {
+        let Some(parent) = env.reply_to.clone() else {
             return;
         };
-        let root = match self.correlation.link(parent) {
-            Some(link) => Some(link.root),
-            None => self.store.correlation_root(parent).await.ok().flatten(),
+        let link = match self.correlation.link(&parent) {
+            Some(link) => Some(link),
+            None => self.store.link(&parent).await.ok().flatten(),
         };
-        // A parent the bridge never saw still starts the conversation.
-        env.correlation_id = Some(root.unwrap_or_else(|| parent.to_owned()));
+        if env.correlation_id.is_none() {
+            // A parent the bridge never saw still starts the conversation.
+            env.correlation_id = Some(link.as_ref().map_or(parent.clone(), |l| l.root.clone()));
+        }
+        let author = answers.or(link.map(|l| l.from));
+        if let Some(author) = author
+            && author != env.from
+            && !env.names(&author)
+            && self
+                .directory
+                .protocol_of(&author)
+                .is_some_and(|p| p != env.origin.protocol)
+        {
+            env.to.push(author);
+        }
     }
 
     /// The original id behind a UUID that `uuid_form` derived for a message; any other id

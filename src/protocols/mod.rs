@@ -7,6 +7,7 @@
 
 pub mod clock;
 pub mod skynet;
+pub mod synapse;
 pub mod tracker;
 
 use std::net::SocketAddr;
@@ -18,7 +19,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::core::Core;
+use crate::core::{Core, Delivery, Protocol};
+use crate::telemetry;
 
 /// An endpoint that is up: where it listens, and the task serving it.
 pub struct Running {
@@ -74,6 +76,19 @@ pub fn listeners(config: &Config) -> Vec<(&'static str, &'static str, SocketAddr
         ));
     }
     out
+}
+
+/// Records that `delivery` was written to a connection of protocol `to`: counted, timed,
+/// and marked written for a sender waiting on synchronous delivery.
+pub fn written(delivery: &Delivery, to: Protocol) {
+    let env = &delivery.envelope;
+    telemetry::message_delivered(
+        &env.origin.protocol,
+        to,
+        env.kind.family(),
+        delivery.accepted_at.elapsed(),
+    );
+    delivery.mark_written();
 }
 
 /// Binds a listener, naming the endpoint and address when it cannot.

@@ -6,7 +6,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{Migration, Store, StoreError};
-use crate::core::{Audience, Envelope};
+use crate::core::{Audience, Envelope, Link, TaskRequest};
 
 pub(super) static MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
@@ -23,6 +23,8 @@ pub(super) static MIGRATIONS: &[Migration] = &[Migration {
             reply_to       TEXT,
             correlation_id TEXT,
             thread         TEXT,
+            -- The task a task message is about.
+            task_id        TEXT,
             everyone       INTEGER NOT NULL DEFAULT 0,
             origin         TEXT NOT NULL,
             body           TEXT NOT NULL
@@ -31,6 +33,7 @@ pub(super) static MIGRATIONS: &[Migration] = &[Migration {
         CREATE INDEX messages_by_uuid ON messages (uuid);
         CREATE INDEX messages_by_reply ON messages (reply_to);
         CREATE INDEX messages_by_thread ON messages (thread, ts);
+        CREATE INDEX messages_by_task ON messages (task_id, kind);
         -- Who a message names (its `to` and `mentions`), for per-recipient replay.
         CREATE TABLE message_recipients (
             name TEXT NOT NULL,
@@ -86,16 +89,41 @@ impl Store {
         .await
     }
 
-    /// The correlation root recorded for a message: its own `correlation_id`, or its id.
-    pub async fn correlation_root(&self, id: &str) -> Result<Option<String>, StoreError> {
+    /// A stored message's place in its conversation.
+    pub async fn link(&self, id: &str) -> Result<Option<Link>, StoreError> {
         let id = id.to_owned();
         self.read(move |conn| {
             Ok(conn
-                .query_row(
-                    "SELECT COALESCE(correlation_id, id) FROM messages WHERE id = ?1",
-                    [id],
-                    |r| r.get(0),
-                )
+                .prepare_cached(
+                    "SELECT reply_to, COALESCE(correlation_id, id), sender FROM messages WHERE id = ?1",
+                )?
+                .query_row([id], |r| {
+                    Ok(Link {
+                        reply_to: r.get(0)?,
+                        root: r.get(1)?,
+                        from: r.get(2)?,
+                    })
+                })
+                .optional()?)
+        })
+        .await
+    }
+
+    /// The latest message that assigned task `task_id`.
+    pub async fn task_request(&self, task_id: &str) -> Result<Option<TaskRequest>, StoreError> {
+        let task_id = task_id.to_owned();
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT id, sender FROM messages WHERE task_id = ?1 AND kind = 'task.assign'
+                     ORDER BY seq DESC LIMIT 1",
+                )?
+                .query_row([task_id], |r| {
+                    Ok(TaskRequest {
+                        message_id: r.get(0)?,
+                        requester: r.get(1)?,
+                    })
+                })
                 .optional()?)
         })
         .await
@@ -208,6 +236,7 @@ struct Row {
     reply_to: Option<String>,
     correlation_id: Option<String>,
     thread: Option<String>,
+    task_id: Option<String>,
     everyone: bool,
     origin: String,
     body: String,
@@ -225,6 +254,11 @@ impl Row {
             reply_to: env.reply_to.clone(),
             correlation_id: env.correlation_id.clone(),
             thread: env.thread.clone(),
+            task_id: env
+                .task
+                .as_ref()
+                .map(|t| t.id.clone())
+                .filter(|id| !id.is_empty()),
             // Presence is broadcast too, but it is not a message *for* everyone.
             everyone: env.audience == Audience::Everyone && !env.kind.is_presence(),
             origin: env.origin.protocol.clone(),
@@ -237,12 +271,12 @@ impl Row {
     fn insert(self, conn: &Connection) -> Result<(), StoreError> {
         let seq: i64 = conn
             .prepare_cached(
-                "INSERT INTO messages (id, uuid, ts, sender, kind, reply_to, correlation_id, thread, everyone, origin, body)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+                "INSERT INTO messages (id, uuid, ts, sender, kind, reply_to, correlation_id, thread, task_id, everyone, origin, body)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
                  ON CONFLICT (id) DO UPDATE SET
                     ts = excluded.ts, sender = excluded.sender, kind = excluded.kind,
                     reply_to = excluded.reply_to, correlation_id = excluded.correlation_id,
-                    thread = excluded.thread, everyone = excluded.everyone,
+                    thread = excluded.thread, task_id = excluded.task_id, everyone = excluded.everyone,
                     origin = excluded.origin, body = excluded.body
                  RETURNING seq",
             )?
@@ -256,6 +290,7 @@ impl Row {
                     self.reply_to,
                     self.correlation_id,
                     self.thread,
+                    self.task_id,
                     self.everyone,
                     self.origin,
                     self.body
@@ -368,13 +403,8 @@ mod tests {
         );
         let replies = store.replies("m1").await.unwrap();
         assert_eq!(replies.len(), 1);
-        assert_eq!(
-            store.correlation_root(&reply.id).await.unwrap().as_deref(),
-            Some("root")
-        );
-        assert_eq!(
-            store.correlation_root("m1").await.unwrap().as_deref(),
-            Some("m1")
-        );
+        let link = store.link(&reply.id).await.unwrap().unwrap();
+        assert_eq!((link.root.as_str(), link.from.as_str()), ("root", "b"));
+        assert_eq!(store.link("m1").await.unwrap().unwrap().root, "m1");
     }
 }

@@ -172,19 +172,21 @@ impl Connection {
             skynet.disconnected(&previous.agent_id, self.id);
         }
         let joined = skynet.join(self.id, &profile, request.card);
+        // The replay is read before the join is stored (it is not part of its own history),
+        // and the join is announced before the joiner hears back, as Skynet's server does:
+        // whoever joins after this one never sees its `agent.join` live.
         let recent = replay(&skynet, &joined, request.last_seen).await;
+        if joined.is_new {
+            skynet.announce_join(&joined).await;
+        }
         let frame = wire::event(
             wire::EVENT_WORKSPACE_STATE,
             json!({ "members": skynet.member_cards(), "recentMessages": recent }),
         );
-        let is_new = joined.is_new;
-        tracing::info!(agent = %joined.name, reconnect = !is_new, "skynet: joined");
+        tracing::info!(agent = %joined.name, reconnect = !joined.is_new, "skynet: joined");
         self.joined = Some(joined);
         if let Flow::Close = self.send_event(frame).await {
             return Flow::Close;
-        }
-        if is_new && let Some(joined) = &self.joined {
-            skynet.announce_join(joined).await;
         }
         Flow::Continue
     }
@@ -262,13 +264,7 @@ impl Connection {
             });
             if let Some(frame) = frame {
                 self.socket.feed(Message::Text(frame)).await?;
-                let env = &delivery.envelope;
-                telemetry::message_delivered(
-                    &env.origin.protocol,
-                    PROTOCOL,
-                    env.kind.family(),
-                    delivery.accepted_at.elapsed(),
-                );
+                crate::protocols::written(&delivery, PROTOCOL);
             }
             written += 1;
             if written < WRITE_BATCH {

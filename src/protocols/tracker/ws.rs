@@ -267,13 +267,7 @@ impl Live {
                 if self.socket.feed(Message::Text(frame)).await.is_err() {
                     return false;
                 }
-                let env = &delivery.envelope;
-                telemetry::message_delivered(
-                    &env.origin.protocol,
-                    PROTOCOL,
-                    env.kind.family(),
-                    delivery.accepted_at.elapsed(),
-                );
+                crate::protocols::written(&delivery, PROTOCOL);
             }
             written += 1;
             if written < WRITE_BATCH {
