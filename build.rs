@@ -4,19 +4,29 @@
 
 use std::path::PathBuf;
 
-use prost::Message;
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let descriptors = protox::compile(["synapse.proto"], ["proto"])?;
+    let mut compiler = protox::Compiler::new(["proto"])?;
+    compiler
+        .include_imports(true)
+        .include_source_info(true)
+        // The wrapper and struct types ride along so that `Any` payloads holding them
+        // (text, JSON objects) have descriptors for the HTTP gateway's JSON.
+        .open_files([
+            "synapse.proto",
+            "google/protobuf/wrappers.proto",
+            "google/protobuf/struct.proto",
+        ])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    // The encoded set keeps the extension options (the `google.api.http` rules) that
+    // prost_types' structs would drop.
     std::fs::write(
         out.join("synapse_descriptor.bin"),
-        descriptors.encode_to_vec(),
+        compiler.encode_file_descriptor_set(),
     )?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        .compile_fds(descriptors)?;
+        .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

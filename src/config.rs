@@ -22,6 +22,7 @@ pub struct Config {
     pub routing: RoutingConfig,
     pub skynet: Option<protocols::skynet::Config>,
     pub tracker: Option<protocols::tracker::Config>,
+    pub synapse: Option<protocols::synapse::Config>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

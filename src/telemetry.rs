@@ -18,6 +18,7 @@ pub const AGENTS_ONLINE: &str = "agentbridge_agents_online";
 pub const MAILBOX_DEPTH: &str = "agentbridge_mailbox_depth";
 pub const STORE_WRITE_DURATION: &str = "agentbridge_store_write_duration_seconds";
 pub const STORE_BATCH_SIZE: &str = "agentbridge_store_batch_size";
+pub const CALLBACK_FAILURES: &str = "agentbridge_callback_failures_total";
 pub const BUILD_INFO: &str = "agentbridge_build_info";
 
 /// Every metric name with its help text, for `describe` and the README.
@@ -157,6 +158,10 @@ pub fn mailbox_depth_histogram() -> metrics::Histogram {
 pub fn store_write(took: Duration, batch: usize) {
     histogram!(STORE_WRITE_DURATION).record(took.as_secs_f64());
     histogram!(STORE_BATCH_SIZE).record(batch as f64);
+}
+
+pub fn callback_failed(protocol: &'static str, outcome: &'static str) {
+    counter!(CALLBACK_FAILURES, "protocol" => protocol, "outcome" => outcome).increment(1);
 }
 
 pub fn connection_opened(protocol: &'static str) {

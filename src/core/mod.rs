@@ -155,6 +155,42 @@ impl Core {
         }
     }
 
+    /// Marks an agent online or offline and tells every protocol (a presence message to
+    /// everyone, stored). `native` is the frame its own protocol announces it with, relayed
+    /// unchanged to peers of that protocol.
+    pub async fn announce_presence(
+        &self,
+        protocol: Protocol,
+        name: &str,
+        online: bool,
+        status: Status,
+        native: Option<serde_json::Value>,
+    ) {
+        let before = self.directory.set_presence(name, online, status);
+        if before.is_some_and(|(was, _)| was != online) {
+            telemetry::agent_online(protocol, online);
+        }
+        let kind = if online {
+            Kind::PresenceJoin
+        } else {
+            Kind::PresenceLeave
+        };
+        let mut env = Envelope::new(protocol, name, kind);
+        if let Some(id) = native
+            .as_ref()
+            .and_then(|n| n.get("id"))
+            .and_then(|i| i.as_str())
+        {
+            env.id = id.to_owned();
+        }
+        env.audience = Audience::Everyone;
+        env.data = Some(serde_json::json!({ "status": status.as_str() }));
+        env.origin.native = native;
+        if let Err(e) = self.publish(env).await {
+            tracing::error!(error = %e, agent = name, "cannot store a presence change");
+        }
+    }
+
     /// The original id behind a UUID that `uuid_form` derived for a message; any other id
     /// is returned unchanged.
     pub async fn original_id(&self, id: &str) -> String {

@@ -59,6 +59,9 @@ pub async fn start_all(
     if let Some(section) = &config.tracker {
         running.push(tracker::start(section, core.clone(), shutdown.clone()).await?);
     }
+    if let Some(section) = &config.synapse {
+        running.push(synapse::start(section, core.clone(), shutdown.clone()).await?);
+    }
     Ok(running)
 }
 

@@ -220,6 +220,11 @@ impl Skynet {
             .workspace
             .card_of_name(&joined.name)
             .unwrap_or(Value::Null);
+        let status = card
+            .get("status")
+            .and_then(Value::as_str)
+            .map(status_from_skynet)
+            .unwrap_or(Status::Online);
         let native = json!({
             "id": new_message_id(),
             "type": "agent.join",
@@ -227,16 +232,9 @@ impl Skynet {
             "timestamp": now_ms(),
             "payload": { "agent": card },
         });
-        let status = card.get("status").cloned().unwrap_or(json!("idle"));
-        let env = presence(
-            Kind::PresenceJoin,
-            &joined.name,
-            native,
-            json!({ "status": status }),
-        );
-        if let Err(e) = self.core.publish(env).await {
-            tracing::error!(error = %e, "skynet: cannot store agent.join");
-        }
+        self.core
+            .announce_presence(PROTOCOL, &joined.name, true, status, Some(native))
+            .await;
     }
 
     /// The explicit `leave` action: the member is removed at once.
@@ -300,13 +298,6 @@ impl Skynet {
     }
 
     async fn announce_leave(&self, agent_id: &str, name: &str) {
-        if let Some((true, _)) = self
-            .core
-            .directory
-            .set_presence(name, false, Status::Offline)
-        {
-            telemetry::agent_online(PROTOCOL, false);
-        }
         let native = json!({
             "id": new_message_id(),
             "type": "agent.leave",
@@ -314,15 +305,9 @@ impl Skynet {
             "timestamp": now_ms(),
             "payload": { "agentId": agent_id },
         });
-        let env = presence(
-            Kind::PresenceLeave,
-            name,
-            native,
-            json!({ "status": "offline" }),
-        );
-        if let Err(e) = self.core.publish(env).await {
-            tracing::error!(error = %e, "skynet: cannot store agent.leave");
-        }
+        self.core
+            .announce_presence(PROTOCOL, name, false, Status::Offline, Some(native))
+            .await;
     }
 
     /// Records a heartbeat's status; a change is announced to every other member.

@@ -1,1 +1,193 @@
+//! The Synapse endpoint: the six services of synapse.proto over gRPC (tonic), the standard
+//! gRPC health and reflection services, and the HTTP/JSON gateway built from the proto's
+//! `google.api.http` rules — all on one port.
+//!
+//! Synapse agents are known by their `agent_id`. They are reached by their transport mode:
+//! a live `StreamMessages` stream, a callback (the message POSTed as JSON to their callback
+//! URL), or polling (kept in an inbox until `ReceiveCallback` fetches it). Tasks submitted
+//! through `TaskService` are the endpoint's own records; the hub applies progress and
+//! results from whichever protocol the assignee speaks.
+
+mod agents;
+mod config;
+mod db;
+mod gateway;
+mod groups;
+mod inbound;
+mod outbound;
 pub mod proto;
+mod services;
+mod tasks;
+mod translate;
+mod wire;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use dashmap::{DashMap, DashSet};
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+
+use super::{Running, StartError};
+use crate::core::{Core, Protocol};
+use db::{AgentRow, Db, GroupRow, MemberRow};
+use proto::{AgentEndpoint, TaskStatusUpdate};
+
+pub const PROTOCOL: Protocol = "synapse";
+
+/// The bridge itself, as a Synapse agent: the sender of what it says on its own behalf
+/// and the subject of `GetCapabilities`.
+pub const BRIDGE_AGENT_ID: &str = "agentbridge";
+
+/// A group and its members.
+#[derive(Clone, Debug)]
+pub struct Group {
+    pub row: GroupRow,
+    pub members: Vec<MemberRow>,
+}
+
+pub struct Synapse {
+    core: Arc<Core>,
+    config: Config,
+    db: Db,
+    started: Instant,
+    /// Synapse agents (any protocol's agents are in the core's directory).
+    agents: DashMap<String, AgentRow>,
+    /// agent id → open `StreamMessages` streams.
+    streams: DashMap<String, usize>,
+    /// agent id → open `StreamGroupMessages` streams.
+    group_streams: DashMap<String, usize>,
+    groups: DashMap<String, Group>,
+    /// Ids of tasks submitted through `TaskService`.
+    tasks: Arc<DashSet<String>>,
+    /// task id → `StreamTaskStatus` subscribers.
+    task_watchers: DashMap<String, Vec<tokio::sync::mpsc::Sender<TaskStatusUpdate>>>,
+    /// Human-decision requests still waiting for an answer: request id → requester.
+    open_decisions: DashMap<String, String>,
+    outbound: outbound::Outbound,
+    shutdown: CancellationToken,
+}
+
+impl translate::Context for Synapse {
+    fn endpoint_of(&self, name: &str) -> AgentEndpoint {
+        if let Some(agent) = self.agents.get(name) {
+            return AgentEndpoint {
+                agent_id: agent.agent_id.clone(),
+                agent_name: agent.name.clone(),
+                system_id: agent.system_id.clone(),
+                endpoint: agent.endpoint.clone(),
+                version: agent.version.clone(),
+            };
+        }
+        match self.core.directory.get(name) {
+            Some(info) => AgentEndpoint {
+                agent_id: info.name.clone(),
+                agent_name: info.description.clone().unwrap_or(info.name),
+                system_id: info.protocol.to_owned(),
+                endpoint: String::new(),
+                version: String::new(),
+            },
+            None => AgentEndpoint {
+                agent_id: name.to_owned(),
+                agent_name: name.to_owned(),
+                system_id: String::new(),
+                endpoint: String::new(),
+                version: String::new(),
+            },
+        }
+    }
+
+    fn is_open_decision(&self, id: &str) -> bool {
+        self.open_decisions.contains_key(id)
+    }
+}
+
+pub async fn start(
+    config: &Config,
+    core: Arc<Core>,
+    shutdown: CancellationToken,
+) -> Result<Running, StartError> {
+    let fail = |e: &dyn std::fmt::Display| StartError::new(PROTOCOL, e);
+    let db = Db::open(core.store.clone()).await.map_err(|e| fail(&e))?;
+    let synapse = Arc::new(Synapse {
+        core: core.clone(),
+        config: config.clone(),
+        db: db.clone(),
+        started: Instant::now(),
+        agents: DashMap::new(),
+        streams: DashMap::new(),
+        group_streams: DashMap::new(),
+        groups: DashMap::new(),
+        tasks: Arc::new(DashSet::new()),
+        task_watchers: DashMap::new(),
+        open_decisions: DashMap::new(),
+        outbound: outbound::Outbound::new(config),
+        shutdown: shutdown.clone(),
+    });
+    synapse.load().await.map_err(|e| fail(&e))?;
+
+    let listener = super::bind(PROTOCOL, config.listen).await?;
+    let addr = listener.local_addr().map_err(|e| fail(&e))?;
+    let mut tasks = synapse.outbound.start(&synapse);
+    tasks.push(tasks::start_hub(synapse.clone()));
+    let app = services::router(synapse.clone()).merge(gateway::router(synapse.clone()));
+    let app = services::with_auth(app, config.token.clone());
+    tasks.push(super::serve(PROTOCOL, listener, app, shutdown));
+    Ok(Running {
+        name: PROTOCOL,
+        listeners: vec![("grpc+http", addr)],
+        tasks,
+    })
+}
+
+impl Synapse {
+    /// Loads agents, groups and task ids, and declares the configured agents.
+    async fn load(self: &Arc<Self>) -> Result<(), String> {
+        for declared in &self.config.agents {
+            let transport = wire::parse_transport(&declared.transport).ok_or_else(|| {
+                format!(
+                    "agent '{}': transport '{}' is not callback, polling, sync or hybrid",
+                    declared.agent_id, declared.transport
+                )
+            })?;
+            let row = AgentRow {
+                agent_id: declared.agent_id.clone(),
+                name: declared
+                    .name
+                    .clone()
+                    .unwrap_or_else(|| declared.agent_id.clone()),
+                system_id: PROTOCOL.to_owned(),
+                endpoint: declared.callback_url.clone().unwrap_or_default(),
+                version: translate::PROTOCOL_VERSION.to_owned(),
+                transport: transport as i32,
+                callback_url: declared.callback_url.clone(),
+                callback_token: declared.callback_token.clone(),
+                capabilities: declared.capabilities.clone(),
+                created_at: crate::core::now_ms(),
+            };
+            self.db.put_agent(row).await.map_err(|e| e.to_string())?;
+        }
+        for agent in self.db.agents().await.map_err(|e| e.to_string())? {
+            self.core
+                .directory
+                .register(agents::directory_entry(&agent))
+                .map_err(|e| format!("agent '{}': {e}", agent.agent_id))?;
+            self.agents.insert(agent.agent_id.clone(), agent);
+        }
+        for (row, members) in self.db.groups().await.map_err(|e| e.to_string())? {
+            self.core.router.set_group(
+                &row.id,
+                members.iter().map(|m| m.agent_id.clone()).collect(),
+            );
+            self.groups.insert(row.id.clone(), Group { row, members });
+        }
+        for id in self.db.task_ids().await.map_err(|e| e.to_string())? {
+            self.tasks.insert(id);
+        }
+        self.core
+            .router
+            .set_offline_sink(PROTOCOL, Arc::new(outbound::Sink(Arc::downgrade(self))));
+        Ok(())
+    }
+}

@@ -31,10 +31,8 @@ pub use config::Config;
 
 use super::{Running, StartError};
 use crate::core::{
-    AgentInfo, Audience, Core, Delivery, Envelope, Interest, Kind, Mailbox, Origin, Protocol, Role,
-    Status,
+    AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, Origin, Protocol, Role, Status,
 };
-use crate::telemetry;
 use db::{Db, MemberRow, ProjectRow, TaskRow};
 use members::{Members, Transition, hash_token};
 use wire::{AuthorType, ChatListen, MemberKind, TaskListen};
@@ -314,30 +312,14 @@ impl Tracker {
     /// Announces a member going online or offline to every protocol.
     async fn announce(&self, slug: &str, transition: Option<Transition>) {
         let Some(transition) = transition else { return };
-        let (kind, online, status) = match transition {
-            Transition::CameOnline => (Kind::PresenceJoin, true, "online"),
-            Transition::WentOffline => (Kind::PresenceLeave, false, "offline"),
+        let (online, status) = match transition {
+            Transition::CameOnline => (true, Status::Online),
+            Transition::WentOffline => (false, Status::Offline),
         };
-        self.core.directory.set_presence(
-            slug,
-            online,
-            if online {
-                Status::Online
-            } else {
-                Status::Offline
-            },
-        );
-        telemetry::agent_online(PROTOCOL, online);
-        let mut env = Envelope::new(PROTOCOL, slug, kind);
-        env.audience = Audience::Everyone;
-        env.data = Some(serde_json::json!({ "status": status }));
-        env.origin = Origin {
-            protocol: PROTOCOL.to_owned(),
-            native: Some(translate::agent_status(slug, status)),
-        };
-        if let Err(e) = self.core.publish(env).await {
-            tracing::error!(error = %e, "tracker: cannot store a presence change");
-        }
+        let native = translate::agent_status(slug, status.as_str());
+        self.core
+            .announce_presence(PROTOCOL, slug, online, status, Some(native))
+            .await;
     }
 
     /// Sends a task event (`task.created`, `task.updated`, `task.assigned`) to every

@@ -1,0 +1,217 @@
+//! Synapse agents: registered on first contact (or declared in bridge.toml), claimed in the
+//! bridge's directory, and online while they hold a message stream.
+
+use axum::http::HeaderMap;
+use tonic::Status;
+
+use super::db::AgentRow;
+use super::proto::{AgentEndpoint, TransportMode};
+use super::{PROTOCOL, Synapse, translate, wire};
+use crate::core::{AgentInfo, Status as Presence};
+
+/// Metadata naming the calling agent.
+pub const AGENT_HEADER: &str = "x-synapse-agent-id";
+/// Metadata choosing how the calling agent is reached: `callback`, `polling`, `sync`,
+/// `hybrid`.
+pub const TRANSPORT_HEADER: &str = "x-synapse-transport";
+pub const CALLBACK_URL_HEADER: &str = "x-synapse-callback-url";
+pub const CALLBACK_TOKEN_HEADER: &str = "x-synapse-callback-token";
+
+/// How a caller asked to be reached, from its request metadata.
+#[derive(Clone, Debug, Default)]
+pub struct Hints {
+    pub agent_id: Option<String>,
+    pub transport: Option<TransportMode>,
+    pub callback_url: Option<String>,
+    pub callback_token: Option<String>,
+}
+
+impl Hints {
+    pub fn from_headers(headers: &HeaderMap) -> Result<Hints, Status> {
+        let get = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        let transport = match get(TRANSPORT_HEADER) {
+            None => None,
+            Some(t) => Some(wire::parse_transport(&t).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "{TRANSPORT_HEADER}: '{t}' is not callback, polling, sync or hybrid"
+                ))
+            })?),
+        };
+        let callback_url = get(CALLBACK_URL_HEADER);
+        if let Some(url) = &callback_url {
+            check_url(url, CALLBACK_URL_HEADER)?;
+        }
+        Ok(Hints {
+            agent_id: get(AGENT_HEADER),
+            transport,
+            callback_url,
+            callback_token: get(CALLBACK_TOKEN_HEADER),
+        })
+    }
+}
+
+/// Callback URLs must be http(s) URLs.
+pub fn check_url(url: &str, field: &str) -> Result<(), Status> {
+    if (url.starts_with("http://") || url.starts_with("https://")) && url.len() > "http://".len() {
+        Ok(())
+    } else {
+        Err(Status::invalid_argument(format!(
+            "{field} must be an http:// or https:// URL, not '{url}'"
+        )))
+    }
+}
+
+pub fn directory_entry(agent: &AgentRow) -> AgentInfo {
+    let mut info = AgentInfo::new(&agent.agent_id, PROTOCOL, &agent.agent_id);
+    info.agent_type = Some(agent.system_id.clone()).filter(|s| !s.is_empty());
+    info.description = Some(agent.name.clone()).filter(|n| !n.is_empty());
+    info.capabilities = agent.capabilities.clone();
+    info.created_at = agent.created_at;
+    info
+}
+
+impl Synapse {
+    /// Registers the Synapse agent `endpoint` describes, or updates what changed about it.
+    /// `field` names where the endpoint came from, for errors.
+    pub async fn ensure_agent(
+        &self,
+        endpoint: &AgentEndpoint,
+        hints: &Hints,
+        field: &str,
+    ) -> Result<AgentRow, Status> {
+        let id = endpoint.agent_id.trim();
+        if id.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "{field}.agent_id is required"
+            )));
+        }
+        if let Some(holder) = self.core.directory.protocol_of(id)
+            && holder != PROTOCOL
+        {
+            return Err(Status::already_exists(format!(
+                "agent_id '{id}' is already taken by {holder} agent '{id}'"
+            )));
+        }
+        let url_in_endpoint = (endpoint.endpoint.starts_with("http://")
+            || endpoint.endpoint.starts_with("https://"))
+        .then(|| endpoint.endpoint.clone());
+        let current = self.agents.get(id).map(|a| a.clone());
+        let mut row = current.clone().unwrap_or_else(|| AgentRow {
+            agent_id: id.to_owned(),
+            name: id.to_owned(),
+            system_id: PROTOCOL.to_owned(),
+            endpoint: String::new(),
+            version: translate::PROTOCOL_VERSION.to_owned(),
+            transport: TransportMode::Hybrid as i32,
+            callback_url: None,
+            callback_token: None,
+            capabilities: Vec::new(),
+            created_at: crate::core::now_ms(),
+        });
+        if !endpoint.agent_name.is_empty() {
+            row.name = endpoint.agent_name.clone();
+        }
+        if !endpoint.system_id.is_empty() {
+            row.system_id = endpoint.system_id.clone();
+        }
+        if !endpoint.endpoint.is_empty() {
+            row.endpoint = endpoint.endpoint.clone();
+        }
+        if !endpoint.version.is_empty() {
+            row.version = endpoint.version.clone();
+        }
+        if let Some(transport) = hints.transport {
+            row.transport = transport as i32;
+        }
+        if let Some(url) = hints.callback_url.clone().or(url_in_endpoint) {
+            row.callback_url = Some(url);
+        }
+        if let Some(token) = &hints.callback_token {
+            row.callback_token = Some(token.clone());
+        }
+        if current.as_ref() == Some(&row) {
+            return Ok(row);
+        }
+        if current.is_none() {
+            self.core
+                .directory
+                .register(directory_entry(&row))
+                .map_err(|taken| Status::already_exists(taken.to_string()))?;
+        }
+        self.db.put_agent(row.clone()).await.map_err(internal)?;
+        self.agents.insert(row.agent_id.clone(), row.clone());
+        Ok(row)
+    }
+
+    /// Registers the caller named by `x-synapse-agent-id`, when there is one.
+    pub async fn caller(&self, hints: &Hints) -> Result<Option<String>, Status> {
+        let Some(id) = &hints.agent_id else {
+            return Ok(None);
+        };
+        let endpoint = AgentEndpoint {
+            agent_id: id.clone(),
+            ..Default::default()
+        };
+        self.ensure_agent(&endpoint, hints, AGENT_HEADER).await?;
+        Ok(Some(id.clone()))
+    }
+
+    /// How an agent is reached: its mode, and its callback URL and token.
+    pub fn reach(&self, agent_id: &str) -> (TransportMode, Option<String>, Option<String>) {
+        match self.agents.get(agent_id) {
+            Some(a) => (
+                TransportMode::try_from(a.transport).unwrap_or(TransportMode::Hybrid),
+                a.callback_url.clone(),
+                a.callback_token.clone(),
+            ),
+            None => (TransportMode::Hybrid, None, None),
+        }
+    }
+
+    pub async fn stream_opened(&self, agent_id: &str) {
+        let first = {
+            let mut count = self.streams.entry(agent_id.to_owned()).or_insert(0);
+            *count += 1;
+            *count == 1
+        };
+        if first {
+            self.core
+                .announce_presence(PROTOCOL, agent_id, true, Presence::Online, None)
+                .await;
+        }
+    }
+
+    pub async fn stream_closed(&self, agent_id: &str) {
+        let last = match self.streams.get_mut(agent_id) {
+            Some(mut count) => {
+                *count = count.saturating_sub(1);
+                *count == 0
+            }
+            None => false,
+        };
+        if last {
+            self.streams.remove_if(agent_id, |_, count| *count == 0);
+            if !self.shutdown.is_cancelled() {
+                self.core
+                    .announce_presence(PROTOCOL, agent_id, false, Presence::Offline, None)
+                    .await;
+            }
+        }
+    }
+
+    pub fn has_stream(&self, agent_id: &str) -> bool {
+        self.streams.get(agent_id).is_some_and(|c| *c > 0)
+    }
+}
+
+pub fn internal(e: impl std::fmt::Display) -> Status {
+    tracing::error!(error = %e, "synapse: internal error");
+    Status::internal("internal error; the request was not applied")
+}

@@ -1,0 +1,75 @@
+//! `[synapse]` in bridge.toml, with the agents it declares.
+
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// gRPC (HTTP/2) and the HTTP/JSON gateway (HTTP/1.1 or 2) on one port.
+    pub listen: SocketAddr,
+    /// When set, every call must carry it (`authorization: Bearer …`, or `x-synapse-token`);
+    /// otherwise UNAUTHENTICATED. The standard gRPC health service stays open.
+    pub token: Option<String>,
+    /// Attempts per callback delivery before it is counted as failed and kept for polling.
+    pub callback_attempts: u32,
+    /// Wait before the first retry; it doubles after each failure.
+    pub callback_backoff_ms: u64,
+    /// How long a synchronous send waits for the recipient's stream to take the message.
+    pub sync_timeout_ms: u64,
+    pub agents: Vec<AgentConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            token: None,
+            callback_attempts: 5,
+            callback_backoff_ms: 200,
+            sync_timeout_ms: 30_000,
+            agents: Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("agents", &self.agents)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An agent declared in bridge.toml, so it is known (and reachable) before it connects.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    pub agent_id: String,
+    pub name: Option<String>,
+    /// `callback`, `polling`, `sync` or `hybrid` (stream when connected, else callback).
+    #[serde(default = "hybrid")]
+    pub transport: String,
+    pub callback_url: Option<String>,
+    pub callback_token: Option<String>,
+    /// Task types (and skills) it takes: `SubmitTask` with one of these reaches it.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+}
+
+fn hybrid() -> String {
+    "hybrid".into()
+}
+
+impl std::fmt::Debug for AgentConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentConfig")
+            .field("agent_id", &self.agent_id)
+            .field("transport", &self.transport)
+            .field("callback_url", &self.callback_url)
+            .finish_non_exhaustive()
+    }
+}

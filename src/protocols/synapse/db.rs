@@ -1,0 +1,526 @@
+//! The Synapse endpoint's tables: its agents (with how to reach them), the tasks submitted
+//! through `TaskService` (with their files), groups, and the polling inbox.
+
+use rusqlite::{OptionalExtension, Row, params};
+
+use crate::store::{Migration, Store, StoreError};
+
+pub static MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    sql: "
+        CREATE TABLE synapse_agents (
+            agent_id       TEXT PRIMARY KEY,
+            name           TEXT NOT NULL,
+            system_id      TEXT NOT NULL,
+            endpoint       TEXT NOT NULL,
+            version        TEXT NOT NULL,
+            transport      INTEGER NOT NULL,
+            callback_url   TEXT,
+            callback_token TEXT,
+            capabilities   TEXT NOT NULL,
+            created_at     INTEGER NOT NULL
+        );
+        CREATE TABLE synapse_tasks (
+            id                 TEXT PRIMARY KEY,
+            task_type          TEXT NOT NULL,
+            status             INTEGER NOT NULL,
+            progress           INTEGER NOT NULL,
+            message            TEXT NOT NULL,
+            payload            BLOB,
+            external_task_id   TEXT UNIQUE,
+            priority           TEXT NOT NULL,
+            callback_url       TEXT,
+            callback_token     TEXT,
+            transport          INTEGER NOT NULL,
+            submitter          TEXT NOT NULL,
+            assignee           TEXT NOT NULL,
+            request_message_id TEXT NOT NULL,
+            result             BLOB,
+            error_code         TEXT NOT NULL,
+            error_message      TEXT NOT NULL,
+            created_at         INTEGER NOT NULL,
+            updated_at         INTEGER NOT NULL,
+            completed_at       INTEGER
+        );
+        CREATE INDEX synapse_tasks_by_status ON synapse_tasks (status, created_at);
+        CREATE TABLE synapse_task_files (
+            task_id    TEXT NOT NULL REFERENCES synapse_tasks (id) ON DELETE CASCADE,
+            position   INTEGER NOT NULL,
+            field_name TEXT NOT NULL,
+            filename   TEXT NOT NULL,
+            mime_type  TEXT NOT NULL,
+            data       BLOB NOT NULL,
+            PRIMARY KEY (task_id, position)
+        );
+        CREATE TABLE synapse_groups (
+            id             TEXT PRIMARY KEY,
+            name           TEXT NOT NULL,
+            description    TEXT NOT NULL,
+            coordinator_id TEXT NOT NULL,
+            status         TEXT NOT NULL,
+            created_at     INTEGER NOT NULL
+        );
+        CREATE TABLE synapse_group_members (
+            group_id  TEXT NOT NULL REFERENCES synapse_groups (id) ON DELETE CASCADE,
+            agent_id  TEXT NOT NULL,
+            role      TEXT NOT NULL,
+            joined_at INTEGER NOT NULL,
+            PRIMARY KEY (group_id, agent_id)
+        );
+        -- Messages kept for agents that poll (or whose callbacks failed), until fetched.
+        CREATE TABLE synapse_inbox (
+            seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+            agent_id   TEXT NOT NULL,
+            message    BLOB NOT NULL,
+            created_at INTEGER NOT NULL
+        );
+        CREATE INDEX synapse_inbox_by_agent ON synapse_inbox (agent_id, seq);
+    ",
+}];
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentRow {
+    pub agent_id: String,
+    pub name: String,
+    pub system_id: String,
+    pub endpoint: String,
+    pub version: String,
+    /// A `TransportMode` number.
+    pub transport: i32,
+    pub callback_url: Option<String>,
+    pub callback_token: Option<String>,
+    pub capabilities: Vec<String>,
+    pub created_at: i64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskRow {
+    pub id: String,
+    pub task_type: String,
+    /// A `TaskStatus` number.
+    pub status: i32,
+    pub progress: i32,
+    pub message: String,
+    /// The submitted payload, an encoded `google.protobuf.Any`.
+    pub payload: Option<Vec<u8>>,
+    pub external_task_id: Option<String>,
+    pub priority: String,
+    pub callback_url: Option<String>,
+    pub callback_token: Option<String>,
+    pub transport: i32,
+    /// Who submitted it (an agent name, or the gateway).
+    pub submitter: String,
+    /// Who it was given to.
+    pub assignee: String,
+    pub request_message_id: String,
+    /// The result, an encoded `google.protobuf.Any`.
+    pub result: Option<Vec<u8>>,
+    pub error_code: String,
+    pub error_message: String,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub completed_at: Option<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct FileRow {
+    pub field_name: String,
+    pub filename: String,
+    pub mime_type: String,
+    pub data: Vec<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupRow {
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    pub coordinator_id: String,
+    pub status: String,
+    pub created_at: i64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemberRow {
+    pub agent_id: String,
+    pub role: String,
+    pub joined_at: i64,
+}
+
+const TASK_COLUMNS: &str =
+    "id, task_type, status, progress, message, payload, external_task_id, priority,
+    callback_url, callback_token, transport, submitter, assignee, request_message_id, result,
+    error_code, error_message, created_at, updated_at, completed_at";
+
+fn task_from(r: &Row) -> rusqlite::Result<TaskRow> {
+    Ok(TaskRow {
+        id: r.get(0)?,
+        task_type: r.get(1)?,
+        status: r.get(2)?,
+        progress: r.get(3)?,
+        message: r.get(4)?,
+        payload: r.get(5)?,
+        external_task_id: r.get(6)?,
+        priority: r.get(7)?,
+        callback_url: r.get(8)?,
+        callback_token: r.get(9)?,
+        transport: r.get(10)?,
+        submitter: r.get(11)?,
+        assignee: r.get(12)?,
+        request_message_id: r.get(13)?,
+        result: r.get(14)?,
+        error_code: r.get(15)?,
+        error_message: r.get(16)?,
+        created_at: r.get(17)?,
+        updated_at: r.get(18)?,
+        completed_at: r.get(19)?,
+    })
+}
+
+fn get_task(conn: &rusqlite::Connection, id: &str) -> Result<Option<TaskRow>, StoreError> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {TASK_COLUMNS} FROM synapse_tasks WHERE id = ?1"
+        ))?
+        .query_row([id], task_from)
+        .optional()?)
+}
+
+#[derive(Clone)]
+pub struct Db {
+    store: Store,
+}
+
+impl Db {
+    pub async fn open(store: Store) -> Result<Db, StoreError> {
+        store.migrate("synapse", MIGRATIONS).await?;
+        Ok(Db { store })
+    }
+
+    pub async fn agents(&self) -> Result<Vec<AgentRow>, StoreError> {
+        self.store
+            .read(|conn| {
+                let mut stmt = conn.prepare(
+                    "SELECT agent_id, name, system_id, endpoint, version, transport, callback_url,
+                            callback_token, capabilities, created_at
+                     FROM synapse_agents ORDER BY created_at, agent_id",
+                )?;
+                let rows = stmt.query_map([], |r| {
+                    let caps: String = r.get(8)?;
+                    Ok(AgentRow {
+                        agent_id: r.get(0)?,
+                        name: r.get(1)?,
+                        system_id: r.get(2)?,
+                        endpoint: r.get(3)?,
+                        version: r.get(4)?,
+                        transport: r.get(5)?,
+                        callback_url: r.get(6)?,
+                        callback_token: r.get(7)?,
+                        capabilities: serde_json::from_str(&caps).unwrap_or_default(),
+                        created_at: r.get(9)?,
+                    })
+                })?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await
+    }
+
+    pub async fn put_agent(&self, agent: AgentRow) -> Result<(), StoreError> {
+        self.store
+            .write(move |conn| {
+                conn.execute(
+                    "INSERT INTO synapse_agents (agent_id, name, system_id, endpoint, version, transport,
+                        callback_url, callback_token, capabilities, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                     ON CONFLICT (agent_id) DO UPDATE SET name = excluded.name,
+                        system_id = excluded.system_id, endpoint = excluded.endpoint,
+                        version = excluded.version, transport = excluded.transport,
+                        callback_url = excluded.callback_url, callback_token = excluded.callback_token,
+                        capabilities = excluded.capabilities",
+                    params![
+                        agent.agent_id,
+                        agent.name,
+                        agent.system_id,
+                        agent.endpoint,
+                        agent.version,
+                        agent.transport,
+                        agent.callback_url,
+                        agent.callback_token,
+                        serde_json::to_string(&agent.capabilities).unwrap_or_else(|_| "[]".into()),
+                        agent.created_at
+                    ],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Inserts a task and its files; `None` when its external id is taken.
+    pub async fn insert_task(
+        &self,
+        task: TaskRow,
+        files: Vec<FileRow>,
+    ) -> Result<Option<TaskRow>, StoreError> {
+        self.store
+            .write(move |conn| {
+                if let Some(external) = &task.external_task_id {
+                    let taken: Option<String> = conn
+                        .query_row(
+                            "SELECT id FROM synapse_tasks WHERE external_task_id = ?1",
+                            [external],
+                            |r| r.get(0),
+                        )
+                        .optional()?;
+                    if taken.is_some() {
+                        return Ok(None);
+                    }
+                }
+                conn.execute(
+                    &format!(
+                        "INSERT INTO synapse_tasks ({TASK_COLUMNS}) VALUES
+                         (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"
+                    ),
+                    params![
+                        task.id,
+                        task.task_type,
+                        task.status,
+                        task.progress,
+                        task.message,
+                        task.payload,
+                        task.external_task_id,
+                        task.priority,
+                        task.callback_url,
+                        task.callback_token,
+                        task.transport,
+                        task.submitter,
+                        task.assignee,
+                        task.request_message_id,
+                        task.result,
+                        task.error_code,
+                        task.error_message,
+                        task.created_at,
+                        task.updated_at,
+                        task.completed_at
+                    ],
+                )?;
+                for (position, file) in files.iter().enumerate() {
+                    conn.execute(
+                        "INSERT INTO synapse_task_files (task_id, position, field_name, filename, mime_type, data)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        params![task.id, position as i64, file.field_name, file.filename, file.mime_type, file.data],
+                    )?;
+                }
+                Ok(Some(task))
+            })
+            .await
+    }
+
+    pub async fn task(&self, id: &str) -> Result<Option<TaskRow>, StoreError> {
+        let id = id.to_owned();
+        self.store.read(move |conn| get_task(conn, &id)).await
+    }
+
+    pub async fn task_ids(&self) -> Result<Vec<String>, StoreError> {
+        self.store
+            .read(|conn| {
+                let mut stmt = conn.prepare("SELECT id FROM synapse_tasks")?;
+                let rows = stmt.query_map([], |r| r.get(0))?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await
+    }
+
+    /// A page of tasks (newest first) and how many match in all.
+    pub async fn tasks(
+        &self,
+        status: Option<i32>,
+        limit: i64,
+        offset: i64,
+    ) -> Result<(Vec<TaskRow>, i64), StoreError> {
+        self.store
+            .read(move |conn| {
+                let (filter, args): (&str, Vec<i64>) = match status {
+                    Some(s) => ("WHERE status = ?1", vec![s as i64]),
+                    None => ("", vec![]),
+                };
+                let total: i64 = conn.query_row(
+                    &format!("SELECT COUNT(*) FROM synapse_tasks {filter}"),
+                    rusqlite::params_from_iter(args.iter()),
+                    |r| r.get(0),
+                )?;
+                let mut page_args = args.clone();
+                page_args.push(limit);
+                page_args.push(offset);
+                let n = page_args.len();
+                let mut stmt = conn.prepare(&format!(
+                    "SELECT {TASK_COLUMNS} FROM synapse_tasks {filter} ORDER BY created_at DESC, id LIMIT ?{} OFFSET ?{}",
+                    n - 1,
+                    n
+                ))?;
+                let rows = stmt.query_map(rusqlite::params_from_iter(page_args.iter()), task_from)?;
+                Ok((rows.collect::<Result<_, _>>()?, total))
+            })
+            .await
+    }
+
+    /// Applies `change` to the task atomically and returns the result; `None` when missing.
+    pub async fn update_task<F>(&self, id: &str, change: F) -> Result<Option<TaskRow>, StoreError>
+    where
+        F: FnOnce(&mut TaskRow) + Send + 'static,
+    {
+        let id = id.to_owned();
+        self.store
+            .write(move |conn| {
+                let Some(mut task) = get_task(conn, &id)? else {
+                    return Ok(None);
+                };
+                change(&mut task);
+                task.updated_at = crate::core::now_ms();
+                conn.execute(
+                    "UPDATE synapse_tasks SET status = ?2, progress = ?3, message = ?4, result = ?5,
+                        error_code = ?6, error_message = ?7, updated_at = ?8, completed_at = ?9
+                     WHERE id = ?1",
+                    params![
+                        id,
+                        task.status,
+                        task.progress,
+                        task.message,
+                        task.result,
+                        task.error_code,
+                        task.error_message,
+                        task.updated_at,
+                        task.completed_at
+                    ],
+                )?;
+                Ok(Some(task))
+            })
+            .await
+    }
+
+    pub async fn groups(&self) -> Result<Vec<(GroupRow, Vec<MemberRow>)>, StoreError> {
+        self.store
+            .read(|conn| {
+                let mut groups = conn.prepare(
+                    "SELECT id, name, description, coordinator_id, status, created_at FROM synapse_groups ORDER BY created_at",
+                )?;
+                let list: Vec<GroupRow> = groups
+                    .query_map([], |r| {
+                        Ok(GroupRow {
+                            id: r.get(0)?,
+                            name: r.get(1)?,
+                            description: r.get(2)?,
+                            coordinator_id: r.get(3)?,
+                            status: r.get(4)?,
+                            created_at: r.get(5)?,
+                        })
+                    })?
+                    .collect::<Result<_, _>>()?;
+                let mut members = conn.prepare(
+                    "SELECT agent_id, role, joined_at FROM synapse_group_members WHERE group_id = ?1 ORDER BY joined_at, agent_id",
+                )?;
+                let mut out = Vec::new();
+                for group in list {
+                    let rows: Vec<MemberRow> = members
+                        .query_map([&group.id], |r| {
+                            Ok(MemberRow {
+                                agent_id: r.get(0)?,
+                                role: r.get(1)?,
+                                joined_at: r.get(2)?,
+                            })
+                        })?
+                        .collect::<Result<_, _>>()?;
+                    out.push((group, rows));
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    pub async fn insert_group(
+        &self,
+        group: GroupRow,
+        members: Vec<MemberRow>,
+    ) -> Result<(), StoreError> {
+        self.store
+            .write(move |conn| {
+                conn.execute(
+                    "INSERT INTO synapse_groups (id, name, description, coordinator_id, status, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![group.id, group.name, group.description, group.coordinator_id, group.status, group.created_at],
+                )?;
+                for m in members {
+                    conn.execute(
+                        "INSERT OR IGNORE INTO synapse_group_members (group_id, agent_id, role, joined_at) VALUES (?1, ?2, ?3, ?4)",
+                        params![group.id, m.agent_id, m.role, m.joined_at],
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    pub async fn set_membership(
+        &self,
+        group_id: &str,
+        member: MemberRow,
+        present: bool,
+    ) -> Result<(), StoreError> {
+        let group_id = group_id.to_owned();
+        self.store
+            .write(move |conn| {
+                if present {
+                    conn.execute(
+                        "INSERT OR IGNORE INTO synapse_group_members (group_id, agent_id, role, joined_at) VALUES (?1, ?2, ?3, ?4)",
+                        params![group_id, member.agent_id, member.role, member.joined_at],
+                    )?;
+                } else {
+                    conn.execute(
+                        "DELETE FROM synapse_group_members WHERE group_id = ?1 AND agent_id = ?2",
+                        params![group_id, member.agent_id],
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    pub async fn delete_group(&self, group_id: &str) -> Result<(), StoreError> {
+        let group_id = group_id.to_owned();
+        self.store
+            .write(move |conn| {
+                conn.execute("DELETE FROM synapse_groups WHERE id = ?1", [group_id])?;
+                Ok(())
+            })
+            .await
+    }
+
+    pub async fn push_inbox(&self, agent_id: &str, message: Vec<u8>) -> Result<(), StoreError> {
+        let agent_id = agent_id.to_owned();
+        self.store
+            .write(move |conn| {
+                conn.execute(
+                    "INSERT INTO synapse_inbox (agent_id, message, created_at) VALUES (?1, ?2, ?3)",
+                    params![agent_id, message, crate::core::now_ms()],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Takes every message waiting for `agent_id`, oldest first.
+    pub async fn take_inbox(&self, agent_id: &str) -> Result<Vec<Vec<u8>>, StoreError> {
+        let agent_id = agent_id.to_owned();
+        self.store
+            .write(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "DELETE FROM synapse_inbox WHERE agent_id = ?1 RETURNING seq, message",
+                )?;
+                let mut rows: Vec<(i64, Vec<u8>)> = stmt
+                    .query_map([agent_id], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()?;
+                rows.sort_by_key(|(seq, _)| *seq);
+                Ok(rows.into_iter().map(|(_, m)| m).collect())
+            })
+            .await
+    }
+}

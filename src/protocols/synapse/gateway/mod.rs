@@ -1,0 +1,470 @@
+//! The HTTP/JSON gateway: every `google.api.http` rule of synapse.proto, served with
+//! proto3-canonical JSON. The route table is read from the descriptor's annotations at
+//! start, not written route by route: path variables fill request fields, `body: "*"` is
+//! the whole request, and the remaining fields of a GET come from the query string. Each
+//! call goes to the same service code the gRPC server runs. Errors are
+//! `{"code", "message", "details"}` with the matching HTTP status, as grpc-gateway does.
+
+mod openapi;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodFilter, MethodRouter, on};
+use prost::Message;
+use prost_reflect::{
+    DynamicMessage, FieldDescriptor, Kind, MessageDescriptor, MethodDescriptor, ReflectMessage,
+    Value as PValue,
+};
+use serde_json::{Value, json};
+use tonic::Status;
+use tonic::codegen::http::Extensions;
+use tonic::metadata::MetadataMap;
+
+use super::agents::Hints;
+use super::proto::SynapseMessage;
+use super::services::SynapseApi;
+use super::{Synapse, translate, wire};
+
+/// One HTTP binding of an RPC.
+#[derive(Clone, Debug)]
+pub struct Rule {
+    pub method: Method,
+    /// The path template, e.g. `/api/v1/synapse/task/{task_id}`.
+    pub path: String,
+    /// `"*"`, a field name, or empty.
+    pub body: String,
+    pub rpc: MethodDescriptor,
+}
+
+impl Rule {
+    /// The names of the `{variables}` in the path.
+    pub fn variables(&self) -> Vec<String> {
+        self.path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{')?.strip_suffix('}'))
+            .map(|v| v.split('=').next().unwrap_or(v).to_owned())
+            .collect()
+    }
+}
+
+/// Every `google.api.http` rule in the descriptor set, in declaration order.
+pub fn rules() -> Vec<Rule> {
+    let pool = &*wire::POOL;
+    let Some(http) = pool.get_extension_by_name("google.api.http") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for service in pool.services() {
+        for rpc in service.methods() {
+            let options = rpc.options();
+            if !options.has_extension(&http) {
+                continue;
+            }
+            let rule = options.get_extension(&http);
+            let Some(rule) = rule.as_message() else {
+                continue;
+            };
+            let text = |name: &str| {
+                rule.get_field_by_name(name)
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            };
+            let (method, path) = [
+                (Method::GET, "get"),
+                (Method::PUT, "put"),
+                (Method::POST, "post"),
+                (Method::DELETE, "delete"),
+                (Method::PATCH, "patch"),
+            ]
+            .into_iter()
+            .map(|(m, f)| (m, text(f)))
+            .find(|(_, p)| !p.is_empty())
+            .unwrap_or((Method::GET, String::new()));
+            if path.is_empty() {
+                continue;
+            }
+            out.push(Rule {
+                method,
+                path,
+                body: text("body"),
+                rpc: rpc.clone(),
+            });
+        }
+    }
+    out
+}
+
+struct Gateway {
+    api: SynapseApi,
+}
+
+pub fn router(synapse: Arc<Synapse>) -> Router {
+    let gateway = Arc::new(Gateway {
+        api: SynapseApi { synapse },
+    });
+    let mut by_path: BTreeMap<String, MethodRouter<Arc<Gateway>>> = BTreeMap::new();
+    for rule in rules() {
+        let filter = MethodFilter::try_from(rule.method.clone()).expect("a standard method");
+        let rule = Arc::new(rule);
+        let handler = {
+            let rule = rule.clone();
+            move |state: State<Arc<Gateway>>,
+                  path: Option<Path<BTreeMap<String, String>>>,
+                  query: Query<Vec<(String, String)>>,
+                  headers: HeaderMap,
+                  body: Bytes| async move {
+                handle(
+                    state,
+                    rule,
+                    path.map(|p| p.0).unwrap_or_default(),
+                    query,
+                    headers,
+                    body,
+                )
+                .await
+            }
+        };
+        let entry = by_path.remove(&rule.path).unwrap_or_default();
+        by_path.insert(rule.path.clone(), entry.merge(on(filter, handler)));
+    }
+    let mut router = Router::new().route(
+        "/api/v1/synapse/openapi.json",
+        axum::routing::get(openapi::serve),
+    );
+    for (path, methods) in by_path {
+        router = router.route(&path, methods);
+    }
+    router.with_state(gateway)
+}
+
+async fn handle(
+    State(gateway): State<Arc<Gateway>>,
+    rule: Arc<Rule>,
+    path: BTreeMap<String, String>,
+    Query(query): Query<Vec<(String, String)>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match call(&gateway, &rule, path, query, headers, body).await {
+        Ok(json) => axum::Json(json).into_response(),
+        Err(status) => error_response(&status, http_status(status.code())),
+    }
+}
+
+async fn call(
+    gateway: &Gateway,
+    rule: &Rule,
+    path: BTreeMap<String, String>,
+    query: Vec<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Value, Status> {
+    // ReceiveCallback's HTTP form ingests a message from a remote Synapse system.
+    if rule.rpc.full_name() == "synapse.SynapseMessageService.ReceiveCallback" {
+        return ingest(gateway, headers, &body).await;
+    }
+    let input = rule.rpc.input();
+    let mut request = match rule.body.as_str() {
+        "" => DynamicMessage::new(input.clone()),
+        "*" => from_body(&input, &body)?,
+        field => {
+            let mut request = DynamicMessage::new(input.clone());
+            let desc = input.get_field_by_name(field).ok_or_else(|| {
+                Status::internal(format!(
+                    "body field '{field}' is not in {}",
+                    input.full_name()
+                ))
+            })?;
+            let Kind::Message(inner) = desc.kind() else {
+                return Err(Status::internal("a body field must be a message"));
+            };
+            request.set_field(&desc, PValue::Message(from_body(&inner, &body)?));
+            request
+        }
+    };
+    for (name, value) in &path {
+        set_path(&mut request, name, value, "path")?;
+    }
+    if rule.body != "*" {
+        for (name, value) in &query {
+            set_path(&mut request, name, value, "query")?;
+        }
+    }
+    let bytes = request.encode_to_vec();
+    let metadata = MetadataMap::from_headers(headers);
+    let (output, response) = dispatch(&gateway.api, rule.rpc.full_name(), &bytes, metadata).await?;
+    let decoded = DynamicMessage::decode(output, response.as_slice())
+        .map_err(|e| Status::internal(e.to_string()))?;
+    Ok(json_of(&decoded))
+}
+
+/// A remote system's callback: the body is a SynapseMessage in JSON. Answered, in the
+/// server-streaming form grpc-gateway uses, with the bridge's acknowledgement.
+async fn ingest(gateway: &Gateway, headers: HeaderMap, body: &Bytes) -> Result<Value, Status> {
+    let json: Value = serde_json::from_slice(body)
+        .map_err(|e| Status::invalid_argument(format!("body is not valid JSON: {e}")))?;
+    // The message may come bare or wrapped as `{"message": …}`.
+    let json = match json.get("message") {
+        Some(inner) if inner.is_object() => inner.clone(),
+        _ => json,
+    };
+    let msg: SynapseMessage = wire::from_json(&json, "synapse.SynapseMessage")
+        .map_err(|e| Status::invalid_argument(format!("body is not a SynapseMessage: {e}")))?;
+    let hints = Hints::from_headers(&headers)?;
+    let synapse = &gateway.api.synapse;
+    let id = synapse.accept(msg.clone(), &hints).await?;
+    let mut acked = msg;
+    acked.id = id;
+    let ack = translate::ack(&acked, synapse.bridge_endpoint());
+    Ok(json!({ "result": wire::to_json(&ack, "synapse.SynapseMessage") }))
+}
+
+fn from_body(desc: &MessageDescriptor, body: &Bytes) -> Result<DynamicMessage, Status> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(DynamicMessage::new(desc.clone()));
+    }
+    let json: Value = serde_json::from_slice(body)
+        .map_err(|e| Status::invalid_argument(format!("body is not valid JSON: {e}")))?;
+    let options = prost_reflect::DeserializeOptions::new().deny_unknown_fields(false);
+    DynamicMessage::deserialize_with_options(desc.clone(), json, &options)
+        .map_err(|e| Status::invalid_argument(format!("body does not fit {}: {e}", desc.name())))
+}
+
+/// Sets `a.b.c` (by proto or JSON name) from a path or query value.
+fn set_path(
+    message: &mut DynamicMessage,
+    dotted: &str,
+    value: &str,
+    place: &str,
+) -> Result<(), Status> {
+    let mut parts = dotted.split('.').peekable();
+    let mut current = message;
+    while let Some(part) = parts.next() {
+        let desc = current.descriptor();
+        let field = desc
+            .get_field_by_name(part)
+            .or_else(|| desc.get_field_by_json_name(part))
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "{place} parameter '{dotted}': no field '{part}' in {}",
+                    desc.name()
+                ))
+            })?;
+        if parts.peek().is_none() {
+            let parsed = scalar(&field, value).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "{place} parameter '{dotted}': '{value}' is not a valid {:?}",
+                    field.kind()
+                ))
+            })?;
+            if field.is_list() {
+                if let PValue::List(list) = current.get_field_mut(&field) {
+                    list.push(parsed);
+                }
+            } else {
+                current.set_field(&field, parsed);
+            }
+            return Ok(());
+        }
+        let Kind::Message(_) = field.kind() else {
+            return Err(Status::invalid_argument(format!(
+                "{place} parameter '{dotted}': '{part}' is not a message"
+            )));
+        };
+        current = match current.get_field_mut(&field) {
+            PValue::Message(inner) => inner,
+            _ => {
+                return Err(Status::invalid_argument(format!(
+                    "{place} parameter '{dotted}' cannot be set"
+                )));
+            }
+        };
+    }
+    Ok(())
+}
+
+fn scalar(field: &FieldDescriptor, text: &str) -> Option<PValue> {
+    Some(match field.kind() {
+        Kind::String => PValue::String(text.to_owned()),
+        Kind::Bool => PValue::Bool(text.parse().ok()?),
+        Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => PValue::I32(text.parse().ok()?),
+        Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => PValue::I64(text.parse().ok()?),
+        Kind::Uint32 | Kind::Fixed32 => PValue::U32(text.parse().ok()?),
+        Kind::Uint64 | Kind::Fixed64 => PValue::U64(text.parse().ok()?),
+        Kind::Float => PValue::F32(text.parse().ok()?),
+        Kind::Double => PValue::F64(text.parse().ok()?),
+        Kind::Bytes => PValue::Bytes(text.as_bytes().to_vec().into()),
+        Kind::Enum(e) => PValue::EnumNumber(
+            e.get_value_by_name(text)
+                .map(|v| v.number())
+                .or_else(|| text.parse().ok())?,
+        ),
+        Kind::Message(_) => return None,
+    })
+}
+
+/// Proto3 JSON of a message: lowerCamelCase, every field, enums by name.
+pub fn json_of(message: &DynamicMessage) -> Value {
+    let options = prost_reflect::SerializeOptions::new()
+        .skip_default_fields(false)
+        .stringify_64_bit_integers(true);
+    message
+        .serialize_with_options(serde_json::value::Serializer, &options)
+        .unwrap_or(Value::Null)
+}
+
+/// grpc-gateway's mapping of gRPC codes to HTTP statuses.
+pub fn http_status(code: tonic::Code) -> StatusCode {
+    use tonic::Code;
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+            StatusCode::BAD_REQUEST
+        }
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// `{"code", "message", "details"}` with `http` as the status.
+pub fn error_response(status: &Status, http: StatusCode) -> Response {
+    (
+        http,
+        axum::Json(
+            json!({ "code": status.code() as i32, "message": status.message(), "details": [] }),
+        ),
+    )
+        .into_response()
+}
+
+/// Calls the RPC `name` with an encoded request; returns the response's descriptor and bytes.
+async fn dispatch(
+    api: &SynapseApi,
+    name: &str,
+    request: &[u8],
+    metadata: MetadataMap,
+) -> Result<(MessageDescriptor, Vec<u8>), Status> {
+    use super::proto::capabilities_service_server::CapabilitiesService;
+    use super::proto::group_service_server::GroupService;
+    use super::proto::health_service_server::HealthService;
+    use super::proto::synapse_message_service_server::SynapseMessageService;
+    use super::proto::task_service_server::TaskService;
+
+    macro_rules! unary {
+        ($service:ident :: $rpc:ident, $input:ty, $output:literal) => {{
+            let input =
+                <$input>::decode(request).map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let response = $service::$rpc(
+                api,
+                tonic::Request::from_parts(metadata, Extensions::default(), input),
+            )
+            .await?;
+            (
+                wire::descriptor($output),
+                response.into_inner().encode_to_vec(),
+            )
+        }};
+    }
+    use super::proto as pb;
+    Ok(match name {
+        "synapse.TaskService.SubmitTask" => unary!(
+            TaskService::submit_task,
+            pb::SubmitTaskRequest,
+            "synapse.SubmitTaskResponse"
+        ),
+        "synapse.TaskService.SubmitTaskWithFiles" => unary!(
+            TaskService::submit_task_with_files,
+            pb::SubmitTaskWithFilesRequest,
+            "synapse.SubmitTaskResponse"
+        ),
+        "synapse.TaskService.GetTask" => unary!(
+            TaskService::get_task,
+            pb::GetTaskRequest,
+            "synapse.TaskStatusResponse"
+        ),
+        "synapse.TaskService.GetTaskStatus" => unary!(
+            TaskService::get_task_status,
+            pb::GetTaskRequest,
+            "synapse.TaskStatusResponse"
+        ),
+        "synapse.TaskService.ListTasks" => unary!(
+            TaskService::list_tasks,
+            pb::ListTasksRequest,
+            "synapse.ListTasksResponse"
+        ),
+        "synapse.TaskService.CancelTask" => unary!(
+            TaskService::cancel_task,
+            pb::CancelTaskRequest,
+            "synapse.CancelTaskResponse"
+        ),
+        "synapse.SynapseMessageService.SendMessage" => unary!(
+            SynapseMessageService::send_message,
+            pb::SendMessageRequest,
+            "synapse.SendMessageResponse"
+        ),
+        "synapse.CapabilitiesService.GetCapabilities" => unary!(
+            CapabilitiesService::get_capabilities,
+            (),
+            "synapse.CapabilitiesResponse"
+        ),
+        "synapse.CapabilitiesService.QueryAgent" => unary!(
+            CapabilitiesService::query_agent,
+            pb::QueryAgentRequest,
+            "synapse.CapabilitiesResponse"
+        ),
+        "synapse.CapabilitiesService.ListAgents" => unary!(
+            CapabilitiesService::list_agents,
+            (),
+            "synapse.ListAgentsResponse"
+        ),
+        "synapse.GroupService.CreateGroup" => unary!(
+            GroupService::create_group,
+            pb::CreateGroupRequest,
+            "synapse.CreateGroupResponse"
+        ),
+        "synapse.GroupService.JoinGroup" => unary!(
+            GroupService::join_group,
+            pb::JoinGroupRequest,
+            "synapse.JoinGroupResponse"
+        ),
+        "synapse.GroupService.LeaveGroup" => unary!(
+            GroupService::leave_group,
+            pb::LeaveGroupRequest,
+            "synapse.LeaveGroupResponse"
+        ),
+        "synapse.GroupService.DisbandGroup" => unary!(
+            GroupService::disband_group,
+            pb::DisbandGroupRequest,
+            "synapse.DisbandGroupResponse"
+        ),
+        "synapse.GroupService.ListGroupMembers" => unary!(
+            GroupService::list_group_members,
+            pb::ListGroupMembersRequest,
+            "synapse.ListGroupMembersResponse"
+        ),
+        "synapse.HealthService.HealthCheck" => unary!(
+            HealthService::health_check,
+            (),
+            "synapse.HealthCheckResponse"
+        ),
+        other => {
+            return Err(Status::unimplemented(format!(
+                "{other} has no HTTP binding here"
+            )));
+        }
+    })
+}

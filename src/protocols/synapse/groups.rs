@@ -1,0 +1,202 @@
+//! Groups: named sets of agents — of any protocol — that a message with a `group_id`
+//! reaches. Kept in the store and mirrored into the router's group table.
+
+use tonic::Status;
+
+use super::agents::{Hints, internal};
+use super::db::{GroupRow, MemberRow};
+use super::proto::{AgentEndpoint, CreateGroupRequest, GroupInfo, GroupMember};
+use super::{Group, Synapse, translate::Context, wire};
+
+impl Synapse {
+    fn known_agent(&self, id: &str, field: &str) -> Result<(), Status> {
+        if self.core.directory.contains(id) {
+            Ok(())
+        } else {
+            Err(Status::not_found(format!(
+                "{field} '{id}' is not a known agent"
+            )))
+        }
+    }
+
+    pub fn group(&self, id: &str) -> Result<Group, Status> {
+        if id.is_empty() {
+            return Err(Status::invalid_argument("group_id is required"));
+        }
+        self.groups
+            .get(id)
+            .map(|g| g.clone())
+            .ok_or_else(|| Status::not_found(format!("group '{id}' not found")))
+    }
+
+    pub fn group_info(&self, group: &Group) -> GroupInfo {
+        GroupInfo {
+            id: group.row.id.clone(),
+            name: group.row.name.clone(),
+            description: group.row.description.clone(),
+            coordinator_id: group.row.coordinator_id.clone(),
+            status: group.row.status.clone(),
+            created_at: Some(wire::timestamp(group.row.created_at)),
+        }
+    }
+
+    pub async fn create_group(
+        &self,
+        request: CreateGroupRequest,
+        caller: Option<String>,
+    ) -> Result<Group, Status> {
+        if request.name.trim().is_empty() {
+            return Err(Status::invalid_argument("name is required"));
+        }
+        let coordinator = Some(request.coordinator_id.clone())
+            .filter(|c| !c.is_empty())
+            .or(caller)
+            .unwrap_or_default();
+        if !coordinator.is_empty() {
+            self.known_agent(&coordinator, "coordinator_id")?;
+        }
+        for member in &request.initial_members {
+            self.known_agent(member, "initial_members")?;
+        }
+        let now = crate::core::now_ms();
+        let mut members: Vec<MemberRow> = Vec::new();
+        if !coordinator.is_empty() {
+            members.push(MemberRow {
+                agent_id: coordinator.clone(),
+                role: "coordinator".into(),
+                joined_at: now,
+            });
+        }
+        for member in &request.initial_members {
+            if !members.iter().any(|m| &m.agent_id == member) {
+                members.push(MemberRow {
+                    agent_id: member.clone(),
+                    role: "member".into(),
+                    joined_at: now,
+                });
+            }
+        }
+        let row = GroupRow {
+            id: uuid::Uuid::new_v4().to_string(),
+            name: request.name.clone(),
+            description: request.description.clone(),
+            coordinator_id: coordinator,
+            status: "active".into(),
+            created_at: now,
+        };
+        self.db
+            .insert_group(row.clone(), members.clone())
+            .await
+            .map_err(internal)?;
+        let group = Group { row, members };
+        self.sync_group(&group);
+        self.groups.insert(group.row.id.clone(), group.clone());
+        Ok(group)
+    }
+
+    /// Adds an agent to a group: any known agent, or a new Synapse agent described by `agent`.
+    pub async fn join_group(
+        &self,
+        group_id: &str,
+        agent: &AgentEndpoint,
+        hints: &Hints,
+    ) -> Result<(), Status> {
+        let group = self.group(group_id)?;
+        if agent.agent_id.is_empty() {
+            return Err(Status::invalid_argument("agent.agent_id is required"));
+        }
+        if !self.core.directory.contains(&agent.agent_id) {
+            self.ensure_agent(agent, hints, "agent").await?;
+        }
+        if group.members.iter().any(|m| m.agent_id == agent.agent_id) {
+            return Err(Status::already_exists(format!(
+                "agent '{}' is already a member of group '{group_id}'",
+                agent.agent_id
+            )));
+        }
+        let member = MemberRow {
+            agent_id: agent.agent_id.clone(),
+            role: "member".into(),
+            joined_at: crate::core::now_ms(),
+        };
+        self.db
+            .set_membership(group_id, member.clone(), true)
+            .await
+            .map_err(internal)?;
+        self.update_group(group_id, |g| g.members.push(member));
+        Ok(())
+    }
+
+    pub async fn leave_group(&self, group_id: &str, agent_id: &str) -> Result<(), Status> {
+        let group = self.group(group_id)?;
+        if agent_id.is_empty() {
+            return Err(Status::invalid_argument("agent_id is required"));
+        }
+        let Some(member) = group
+            .members
+            .iter()
+            .find(|m| m.agent_id == agent_id)
+            .cloned()
+        else {
+            return Err(Status::failed_precondition(format!(
+                "agent '{agent_id}' is not a member of group '{group_id}'"
+            )));
+        };
+        self.db
+            .set_membership(group_id, member, false)
+            .await
+            .map_err(internal)?;
+        self.update_group(group_id, |g| g.members.retain(|m| m.agent_id != agent_id));
+        Ok(())
+    }
+
+    pub async fn disband_group(&self, group_id: &str) -> Result<(), Status> {
+        self.group(group_id)?;
+        self.db.delete_group(group_id).await.map_err(internal)?;
+        self.groups.remove(group_id);
+        self.core.router.remove_group(group_id);
+        Ok(())
+    }
+
+    pub fn group_members(&self, group: &Group) -> Vec<GroupMember> {
+        group
+            .members
+            .iter()
+            .map(|m| {
+                let endpoint = self.endpoint_of(&m.agent_id);
+                let online = self
+                    .core
+                    .directory
+                    .get(&m.agent_id)
+                    .is_some_and(|a| a.online);
+                GroupMember {
+                    agent_id: m.agent_id.clone(),
+                    agent_name: endpoint.agent_name,
+                    role: m.role.clone(),
+                    status: if online { "online" } else { "offline" }.into(),
+                    joined_at: Some(wire::timestamp(m.joined_at)),
+                }
+            })
+            .collect()
+    }
+
+    pub fn is_member(&self, group_id: &str, agent_id: &str) -> bool {
+        self.groups
+            .get(group_id)
+            .is_some_and(|g| g.members.iter().any(|m| m.agent_id == agent_id))
+    }
+
+    fn update_group(&self, group_id: &str, change: impl FnOnce(&mut Group)) {
+        if let Some(mut group) = self.groups.get_mut(group_id) {
+            change(&mut group);
+            self.sync_group(&group);
+        }
+    }
+
+    fn sync_group(&self, group: &Group) {
+        self.core.router.set_group(
+            &group.row.id,
+            group.members.iter().map(|m| m.agent_id.clone()).collect(),
+        );
+    }
+}

@@ -1,0 +1,285 @@
+//! How messages from Synapse agents enter the bridge (`SendMessage`, the streams, the HTTP
+//! callback ingest) and how an agent's open stream is served.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tonic::{Status, Streaming};
+
+use super::agents::{Hints, internal};
+use super::outbound::Route;
+use super::proto::{AgentEndpoint, MessageType, SynapseMessage, TransportMode};
+use super::{BRIDGE_AGENT_ID, PROTOCOL, Synapse, translate, wire};
+use crate::core::{Audience, Delivery, Envelope, Interest, Kind, new_message_id, now_ms};
+use crate::telemetry;
+
+/// Which traffic a stream carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamKind {
+    /// `StreamMessages`: everything addressed to the agent (group traffic too, unless the
+    /// agent also holds a group stream).
+    Messages,
+    /// `StreamGroupMessages`: the traffic of the agent's groups.
+    Groups,
+}
+
+impl Synapse {
+    /// The message as Synapse agents receive it, encoded once per message.
+    pub fn encode(&self, delivery: &Delivery) -> Option<SynapseMessage> {
+        delivery.encoded(PROTOCOL, |env| translate::encode(env, self))
+    }
+
+    /// The bridge as a Synapse endpoint.
+    pub fn bridge_endpoint(&self) -> AgentEndpoint {
+        AgentEndpoint {
+            agent_id: BRIDGE_AGENT_ID.into(),
+            agent_name: "agentbridge".into(),
+            system_id: "agentbridge".into(),
+            endpoint: String::new(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+
+    /// Accepts a message from a Synapse agent: checks it, registers its sender, applies
+    /// group housekeeping, and publishes it. Returns the message id once it is durable (for
+    /// a synchronous send, once the recipient's stream took it).
+    pub async fn accept(&self, mut msg: SynapseMessage, hints: &Hints) -> Result<String, Status> {
+        let msg_type = MessageType::try_from(msg.r#type).map_err(|_| {
+            Status::invalid_argument(format!("message.type: {} is not a MessageType", msg.r#type))
+        })?;
+        let mut sender = msg.sender.clone().unwrap_or_default();
+        if sender.agent_id.is_empty()
+            && let Some(id) = &hints.agent_id
+        {
+            sender.agent_id = id.clone();
+        }
+        if sender.agent_id.is_empty() {
+            return Err(Status::invalid_argument(
+                "message.sender.agent_id is required (or x-synapse-agent-id metadata)",
+            ));
+        }
+        self.ensure_agent(&sender, hints, "message.sender").await?;
+        msg.sender = Some(sender.clone());
+        if msg.id.is_empty() {
+            msg.id = new_message_id();
+        }
+        if msg.timestamp.is_none() {
+            msg.timestamp = Some(wire::timestamp(now_ms()));
+        }
+        if msg_type == MessageType::Heartbeat {
+            return Ok(msg.id);
+        }
+
+        let receiver = msg
+            .receiver
+            .as_ref()
+            .map(|r| r.agent_id.clone())
+            .filter(|r| !r.is_empty());
+        if !msg.group_id.is_empty() {
+            self.group(&msg.group_id)?;
+            let member = self.is_member(&msg.group_id, &sender.agent_id);
+            match (msg_type, member) {
+                (MessageType::GroupJoin, false) => {
+                    self.join_group(&msg.group_id, &sender, hints).await?;
+                }
+                (MessageType::GroupLeave, true) => {
+                    self.leave_group(&msg.group_id, &sender.agent_id).await?;
+                }
+                (MessageType::GroupJoin | MessageType::GroupLeave, _) => {}
+                (_, false) => {
+                    return Err(Status::failed_precondition(format!(
+                        "sender '{}' is not a member of group '{}'",
+                        sender.agent_id, msg.group_id
+                    )));
+                }
+                _ => {}
+            }
+        } else if let Some(receiver) = &receiver {
+            if !self.core.directory.contains(receiver) {
+                return Err(Status::not_found(format!(
+                    "message.receiver.agent_id '{receiver}' is not a known agent"
+                )));
+            }
+        } else if !matches!(
+            msg_type,
+            MessageType::Unspecified
+                | MessageType::HilDecisionRequest
+                | MessageType::GroupVoteResult
+        ) {
+            return Err(Status::invalid_argument(
+                "message.receiver.agent_id (or message.group_id) is required",
+            ));
+        }
+
+        match msg_type {
+            MessageType::HilDecisionRequest => {
+                self.open_decisions
+                    .insert(msg.id.clone(), sender.agent_id.clone());
+            }
+            MessageType::HilDecisionResponse if !msg.reply_to.is_empty() => {
+                self.open_decisions.remove(&msg.reply_to);
+            }
+            _ => {}
+        }
+
+        let env = translate::decode(&msg);
+        let sync = hints.transport == Some(TransportMode::Sync)
+            || receiver.as_deref().is_some_and(|r| {
+                self.reach(r).0 == TransportMode::Sync && self.agents.contains_key(r)
+            });
+        if !sync {
+            self.core.publish(env).await.map_err(internal)?;
+            return Ok(msg.id);
+        }
+        let Some(receiver) = receiver else {
+            return Err(Status::invalid_argument(
+                "a synchronous send needs message.receiver.agent_id",
+            ));
+        };
+        if !self.core.router.is_connected(&receiver) {
+            return Err(Status::unavailable(format!(
+                "receiver '{receiver}' has no open connection to deliver to synchronously"
+            )));
+        }
+        let delivery = self.core.publish(env).await.map_err(internal)?;
+        let timeout = Duration::from_millis(self.config.sync_timeout_ms);
+        tokio::time::timeout(timeout, delivery.written())
+            .await
+            .map_err(|_| {
+                Status::unavailable(format!(
+                    "receiver '{receiver}' did not take the message within {} ms",
+                    timeout.as_millis()
+                ))
+            })?;
+        Ok(msg.id)
+    }
+
+    /// A `P2P_NACK` from the bridge answering `msg`, carrying why it was refused.
+    pub fn nack(&self, msg: &SynapseMessage, why: &Status) -> SynapseMessage {
+        let mut nack = translate::ack(msg, self.bridge_endpoint());
+        nack.r#type = MessageType::P2pNack as i32;
+        nack.payload = Some(wire::text(&format!("{:?}: {}", why.code(), why.message())));
+        nack
+    }
+
+    /// Serves one open stream of `agent`: its messages in, what is addressed to it out,
+    /// until either side closes.
+    pub async fn serve_stream(
+        self: Arc<Self>,
+        agent: String,
+        kind: StreamKind,
+        first: Option<SynapseMessage>,
+        mut inbound: Streaming<SynapseMessage>,
+        hints: Hints,
+        out: mpsc::Sender<Result<SynapseMessage, Status>>,
+    ) {
+        let counts = match kind {
+            StreamKind::Messages => &self.streams,
+            StreamKind::Groups => &self.group_streams,
+        };
+        let mailbox = self.core.router.mailbox(PROTOCOL);
+        let session = self.core.router.attach(
+            &agent,
+            mailbox.clone(),
+            Arc::new(StreamInterest {
+                agent: agent.clone(),
+                kind,
+                synapse: Arc::downgrade(&self),
+            }),
+        );
+        match kind {
+            StreamKind::Messages => self.stream_opened(&agent).await,
+            StreamKind::Groups => *counts.entry(agent.clone()).or_insert(0) += 1,
+        }
+        let _counted = telemetry::ConnectionGuard::new(PROTOCOL);
+        let mut pending = first;
+        loop {
+            if let Some(msg) = pending.take() {
+                self.accept_from_stream(msg, kind, &hints, &out).await;
+                continue;
+            }
+            tokio::select! {
+                _ = self.shutdown.cancelled() => break,
+                _ = out.closed() => break,
+                next = inbound.next() => match next {
+                    Some(Ok(msg)) => pending = Some(msg),
+                    _ => break,
+                },
+                next = mailbox.recv() => match next {
+                    Ok(delivery) => {
+                        let Some(message) = self.encode(&delivery) else { continue };
+                        match self.route_for(&agent, true) {
+                            Route::Stream => {
+                                if out.send(Ok(message)).await.is_err() {
+                                    break;
+                                }
+                                crate::protocols::written(&delivery, PROTOCOL);
+                            }
+                            other => self.send_by(&agent, other, message),
+                        }
+                    }
+                    Err(_) => break,
+                },
+            }
+        }
+        self.core.router.detach(&session);
+        match kind {
+            StreamKind::Messages => self.stream_closed(&agent).await,
+            StreamKind::Groups => {
+                if let Some(mut count) = counts.get_mut(&agent) {
+                    *count = count.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    async fn accept_from_stream(
+        &self,
+        msg: SynapseMessage,
+        kind: StreamKind,
+        hints: &Hints,
+        out: &mpsc::Sender<Result<SynapseMessage, Status>>,
+    ) {
+        let refused = if kind == StreamKind::Groups && msg.group_id.is_empty() {
+            Some(Status::invalid_argument(
+                "message.group_id is required on StreamGroupMessages",
+            ))
+        } else {
+            self.accept(msg.clone(), hints).await.err()
+        };
+        if let Some(status) = refused {
+            telemetry::decode_error(PROTOCOL);
+            // An error in the stream's own terms: the stream itself stays open.
+            let _ = out.send(Ok(self.nack(&msg, &status))).await;
+        }
+    }
+}
+
+/// What an open stream of `agent` takes.
+struct StreamInterest {
+    agent: String,
+    kind: StreamKind,
+    synapse: std::sync::Weak<Synapse>,
+}
+
+impl Interest for StreamInterest {
+    fn accepts(&self, env: &Envelope) -> bool {
+        let group = matches!(env.audience, Audience::Group(_));
+        match self.kind {
+            StreamKind::Groups => group,
+            StreamKind::Messages => {
+                if env.kind == Kind::PresenceStatus {
+                    return false;
+                }
+                // Group traffic goes to the group stream when the agent holds one.
+                !group
+                    || self
+                        .synapse
+                        .upgrade()
+                        .is_none_or(|s| s.group_streams.get(&self.agent).is_none_or(|c| *c == 0))
+            }
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! How messages leave the bridge for Synapse agents that are not reading a stream: a
+//! callback (the message POSTed as proto3 JSON to the agent's callback URL, its token as
+//! bearer, retried with backoff) or the polling inbox. A callback that keeps failing is
+//! counted and its message kept in the inbox, so nothing accepted is lost.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::proto::{SynapseMessage, TransportMode};
+use super::{Config, PROTOCOL, Synapse, translate};
+use crate::core::{Delivery, OfflineSink};
+use crate::telemetry;
+
+/// Where one message for an agent goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Its open stream.
+    Stream,
+    Callback {
+        url: String,
+        token: Option<String>,
+    },
+    Inbox,
+}
+
+/// A message POSTed to a callback URL; `fallback` is the agent whose inbox keeps it when
+/// every attempt fails.
+pub struct Callback {
+    pub url: String,
+    pub token: Option<String>,
+    pub message: SynapseMessage,
+    pub fallback: Option<String>,
+}
+
+type Receivers = (
+    mpsc::UnboundedReceiver<Callback>,
+    mpsc::UnboundedReceiver<(String, SynapseMessage)>,
+);
+
+pub struct Outbound {
+    callbacks: mpsc::UnboundedSender<Callback>,
+    inbox: mpsc::UnboundedSender<(String, SynapseMessage)>,
+    receivers: Mutex<Option<Receivers>>,
+    http: reqwest::Client,
+    attempts: u32,
+    backoff: Duration,
+}
+
+impl Outbound {
+    pub fn new(config: &Config) -> Self {
+        let (callbacks, callback_rx) = mpsc::unbounded_channel();
+        let (inbox, inbox_rx) = mpsc::unbounded_channel();
+        Outbound {
+            callbacks,
+            inbox,
+            receivers: Mutex::new(Some((callback_rx, inbox_rx))),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("an HTTP client without TLS builds"),
+            attempts: config.callback_attempts.max(1),
+            backoff: Duration::from_millis(config.callback_backoff_ms),
+        }
+    }
+
+    /// Starts the inbox writer and the callback dispatcher.
+    pub fn start(&self, synapse: &Arc<Synapse>) -> Vec<JoinHandle<()>> {
+        let Some((mut callbacks, mut inbox)) = self
+            .receivers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return Vec::new();
+        };
+        // One writer keeps each agent's inbox in arrival order.
+        let db = synapse.db.clone();
+        let inbox_writer = tokio::spawn(async move {
+            while let Some((agent, message)) = inbox.recv().await {
+                if let Err(e) = db.push_inbox(&agent, message.encode_to_vec()).await {
+                    tracing::error!(error = %e, agent, "synapse: cannot keep a message for polling");
+                }
+            }
+        });
+        // One worker per callback URL: each destination gets its messages in order, and a
+        // slow or failing one does not hold back the others.
+        let http = self.http.clone();
+        let (attempts, backoff) = (self.attempts, self.backoff);
+        let inbox_tx = self.inbox.clone();
+        let shutdown = synapse.shutdown.clone();
+        let dispatcher = tokio::spawn(async move {
+            let workers: DashMap<String, mpsc::UnboundedSender<Callback>> = DashMap::new();
+            loop {
+                let job = tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    job = callbacks.recv() => match job { Some(job) => job, None => break },
+                };
+                let url = job.url.clone();
+                let worker = workers.entry(url).or_insert_with(|| {
+                    let (tx, mut rx) = mpsc::unbounded_channel::<Callback>();
+                    let (http, inbox_tx, shutdown) =
+                        (http.clone(), inbox_tx.clone(), shutdown.clone());
+                    tokio::spawn(async move {
+                        loop {
+                            let job = tokio::select! {
+                                _ = shutdown.cancelled() => break,
+                                job = rx.recv() => match job { Some(job) => job, None => break },
+                            };
+                            post_with_retries(&http, job, attempts, backoff, &inbox_tx).await;
+                        }
+                    });
+                    tx
+                });
+                let _ = worker.send(job);
+            }
+        });
+        vec![inbox_writer, dispatcher]
+    }
+
+    pub fn callback(&self, job: Callback) {
+        let _ = self.callbacks.send(job);
+    }
+
+    pub fn keep(&self, agent: &str, message: SynapseMessage) {
+        let _ = self.inbox.send((agent.to_owned(), message));
+    }
+}
+
+async fn post_with_retries(
+    http: &reqwest::Client,
+    job: Callback,
+    attempts: u32,
+    backoff: Duration,
+    inbox: &mpsc::UnboundedSender<(String, SynapseMessage)>,
+) {
+    let body = translate::callback_body(&job.message);
+    let mut wait = backoff;
+    for attempt in 1..=attempts {
+        let mut request = http.post(&job.url).json(&body);
+        if let Some(token) = &job.token {
+            request = request.bearer_auth(token);
+        }
+        match request.send().await {
+            Ok(response) if response.status().is_success() => return,
+            Ok(response) => {
+                tracing::warn!(url = %job.url, status = %response.status(), attempt, "synapse: callback refused");
+            }
+            Err(e) => {
+                tracing::warn!(url = %job.url, error = %e, attempt, "synapse: callback failed")
+            }
+        }
+        if attempt < attempts {
+            telemetry::callback_failed(PROTOCOL, "retry");
+            tokio::time::sleep(wait).await;
+            wait = wait.saturating_mul(2);
+        }
+    }
+    telemetry::callback_failed(PROTOCOL, "gave_up");
+    if let Some(agent) = job.fallback {
+        let _ = inbox.send((agent, job.message));
+    }
+}
+
+impl Synapse {
+    /// Where a message for `agent` goes, given whether the caller holds its open stream.
+    pub fn route_for(&self, agent: &str, from_stream: bool) -> Route {
+        let (mode, url, token) = self.reach(agent);
+        let callback = |url: Option<String>| match url {
+            Some(url) => Route::Callback {
+                url,
+                token: token.clone(),
+            },
+            None => Route::Inbox,
+        };
+        match mode {
+            TransportMode::Callback => callback(url),
+            TransportMode::Polling => Route::Inbox,
+            _ if from_stream => Route::Stream,
+            _ => callback(url),
+        }
+    }
+
+    /// Sends `message` to `agent` by `route` (other than its stream).
+    pub fn send_by(&self, agent: &str, route: Route, message: SynapseMessage) {
+        match route {
+            Route::Stream => {}
+            Route::Callback { url, token } => self.outbound.callback(Callback {
+                url,
+                token,
+                message,
+                fallback: Some(agent.to_owned()),
+            }),
+            Route::Inbox => self.outbound.keep(agent, message),
+        }
+    }
+}
+
+/// The router's way to Synapse agents with no open stream.
+pub struct Sink(pub Weak<Synapse>);
+
+impl OfflineSink for Sink {
+    fn deliver(&self, agent: &str, delivery: &Arc<Delivery>) {
+        let Some(synapse) = self.0.upgrade() else {
+            return;
+        };
+        let Some(message) = synapse.encode(delivery) else {
+            return;
+        };
+        let route = synapse.route_for(agent, false);
+        synapse.send_by(agent, route, message);
+        crate::protocols::written(delivery, PROTOCOL);
+    }
+}

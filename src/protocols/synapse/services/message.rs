@@ -1,0 +1,122 @@
+//! `SynapseMessageService`: send, stream, and poll (`ReceiveCallback`).
+
+use std::pin::Pin;
+
+use futures_util::Stream;
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::SynapseApi;
+use crate::protocols::synapse::agents::{AGENT_HEADER, internal};
+use crate::protocols::synapse::inbound::StreamKind;
+use crate::protocols::synapse::proto::synapse_message_service_server::SynapseMessageService;
+use crate::protocols::synapse::proto::{SendMessageRequest, SendMessageResponse, SynapseMessage};
+
+pub type MessageStream = Pin<Box<dyn Stream<Item = Result<SynapseMessage, Status>> + Send>>;
+
+/// How many outbound messages may wait for a slow stream reader before the mailbox
+/// policy takes over.
+const STREAM_BUFFER: usize = 64;
+
+impl SynapseApi {
+    /// Opens a stream for the agent named by metadata or by its first message.
+    pub async fn open_stream(
+        &self,
+        request: Request<Streaming<SynapseMessage>>,
+        kind: StreamKind,
+    ) -> Result<Response<MessageStream>, Status> {
+        let hints = self.hints(request.metadata())?;
+        let mut inbound = request.into_inner();
+        let (agent, first) = match &hints.agent_id {
+            Some(agent) => (agent.clone(), None),
+            None => {
+                let first = inbound
+                    .next()
+                    .await
+                    .ok_or_else(|| {
+                        Status::invalid_argument(format!(
+                            "the stream ended before identifying its agent (send {AGENT_HEADER} metadata or a first message)"
+                        ))
+                    })??;
+                let agent = first
+                    .sender
+                    .as_ref()
+                    .map(|s| s.agent_id.clone())
+                    .filter(|a| !a.is_empty())
+                    .ok_or_else(|| {
+                        Status::invalid_argument(format!(
+                            "the first message must name message.sender.agent_id (or send {AGENT_HEADER} metadata)"
+                        ))
+                    })?;
+                (agent, Some(first))
+            }
+        };
+        let endpoint = first.as_ref().and_then(|m| m.sender.clone()).unwrap_or(
+            crate::protocols::synapse::proto::AgentEndpoint {
+                agent_id: agent.clone(),
+                ..Default::default()
+            },
+        );
+        self.synapse
+            .ensure_agent(&endpoint, &hints, "message.sender")
+            .await?;
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let synapse = self.synapse.clone();
+        tokio::spawn(synapse.serve_stream(agent, kind, first, inbound, hints, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+#[tonic::async_trait]
+impl SynapseMessageService for SynapseApi {
+    async fn send_message(
+        &self,
+        request: Request<SendMessageRequest>,
+    ) -> Result<Response<SendMessageResponse>, Status> {
+        let hints = self.hints(request.metadata())?;
+        let message = request
+            .into_inner()
+            .message
+            .ok_or_else(|| Status::invalid_argument("message is required"))?;
+        let id = self.synapse.accept(message, &hints).await?;
+        Ok(Response::new(SendMessageResponse {
+            success: true,
+            message_id: id,
+            error: String::new(),
+        }))
+    }
+
+    type StreamMessagesStream = MessageStream;
+
+    async fn stream_messages(
+        &self,
+        request: Request<Streaming<SynapseMessage>>,
+    ) -> Result<Response<Self::StreamMessagesStream>, Status> {
+        self.open_stream(request, StreamKind::Messages).await
+    }
+
+    type ReceiveCallbackStream = MessageStream;
+
+    /// Polling: every message kept for the calling agent, oldest first; then the stream ends.
+    async fn receive_callback(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<Self::ReceiveCallbackStream>, Status> {
+        let hints = self.hints(request.metadata())?;
+        let agent = self.synapse.caller(&hints).await?.ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "{AGENT_HEADER} metadata names the agent whose messages to fetch"
+            ))
+        })?;
+        let kept = self.synapse.db.take_inbox(&agent).await.map_err(internal)?;
+        let messages: Vec<Result<SynapseMessage, Status>> = kept
+            .iter()
+            .filter_map(|bytes| SynapseMessage::decode(bytes.as_slice()).ok())
+            .map(Ok)
+            .collect();
+        Ok(Response::new(Box::pin(tokio_stream::iter(messages))))
+    }
+}

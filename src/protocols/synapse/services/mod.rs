@@ -1,0 +1,124 @@
+//! The gRPC services of synapse.proto, one file each, on one `SynapseApi`; the standard
+//! health and reflection services beside them; and the token check in front of all.
+
+mod capabilities;
+mod group;
+mod health;
+mod message;
+mod task;
+
+use std::sync::Arc;
+
+use axum::extract::Request;
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use tonic::Status;
+use tonic::metadata::MetadataMap;
+
+use super::Synapse;
+use super::agents::Hints;
+use super::proto::DESCRIPTOR_SET;
+use super::proto::capabilities_service_server::CapabilitiesServiceServer;
+use super::proto::group_service_server::GroupServiceServer;
+use super::proto::health_service_server::HealthServiceServer;
+use super::proto::synapse_message_service_server::SynapseMessageServiceServer;
+use super::proto::task_service_server::TaskServiceServer;
+
+/// Largest gRPC message accepted: files of up to 5 MiB ride inside `SubmitTaskWithFiles`.
+const MAX_MESSAGE: usize = 64 * 1024 * 1024;
+
+/// Every Synapse service; cheap to clone.
+#[derive(Clone)]
+pub struct SynapseApi {
+    pub synapse: Arc<Synapse>,
+}
+
+impl SynapseApi {
+    fn hints(&self, metadata: &MetadataMap) -> Result<Hints, Status> {
+        Hints::from_headers(&metadata.clone().into_headers())
+    }
+}
+
+pub fn router(synapse: Arc<Synapse>) -> axum::Router {
+    let api = SynapseApi { synapse };
+    let (health, health_service) = tonic_health::server::health_reporter();
+    tokio::spawn(async move {
+        health.set_serving::<TaskServiceServer<SynapseApi>>().await;
+        health
+            .set_serving::<SynapseMessageServiceServer<SynapseApi>>()
+            .await;
+        health
+            .set_serving::<CapabilitiesServiceServer<SynapseApi>>()
+            .await;
+        health.set_serving::<GroupServiceServer<SynapseApi>>().await;
+        health
+            .set_serving::<HealthServiceServer<SynapseApi>>()
+            .await;
+    });
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(DESCRIPTOR_SET)
+        .build_v1()
+        .expect("the descriptor set is valid");
+    tonic::service::Routes::new(
+        TaskServiceServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE),
+    )
+    .add_service(
+        SynapseMessageServiceServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE),
+    )
+    .add_service(CapabilitiesServiceServer::new(api.clone()))
+    .add_service(GroupServiceServer::new(api.clone()))
+    .add_service(HealthServiceServer::new(api))
+    .add_service(health_service)
+    .add_service(reflection)
+    .into_axum_router()
+}
+
+/// Refuses calls without the configured token: UNAUTHENTICATED for gRPC, 401 with the
+/// gateway's error body over HTTP. The standard health service stays open for probes.
+pub fn with_auth(app: axum::Router, token: Option<String>) -> axum::Router {
+    let Some(token) = token else { return app };
+    let token: Arc<str> = token.into();
+    app.layer(axum::middleware::from_fn(
+        move |request: Request, next: Next| {
+            let token = token.clone();
+            async move {
+                if request.uri().path().starts_with("/grpc.health.v1.Health/")
+                    || presented(&request) == Some(&*token)
+                {
+                    return next.run(request).await;
+                }
+                let status = match presented(&request) {
+                    None => Status::unauthenticated(
+                        "this call needs the Synapse token (authorization: Bearer <token>)",
+                    ),
+                    Some(_) => Status::unauthenticated("the Synapse token is not valid"),
+                };
+                let grpc = request
+                    .headers()
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|c| c.to_str().ok())
+                    .is_some_and(|c| c.starts_with("application/grpc"));
+                if grpc {
+                    status.into_http::<axum::body::Body>()
+                } else {
+                    super::gateway::error_response(&status, StatusCode::UNAUTHORIZED)
+                }
+            }
+        },
+    ))
+}
+
+fn presented(request: &Request) -> Option<&str> {
+    let headers = request.headers();
+    if let Some(token) = headers.get("x-synapse-token").and_then(|v| v.to_str().ok()) {
+        return Some(token.trim());
+    }
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+}

@@ -1,0 +1,413 @@
+//! Tasks submitted through `TaskService`: each is given to an agent (of any protocol) as a
+//! task assignment, and its record follows the assignee's progress and result — whichever
+//! protocol they arrive in — for `GetTask`, `ListTasks`, `StreamTaskStatus` watchers and the
+//! submitter's callback.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use dashmap::DashSet;
+use prost::Message;
+use serde_json::Value;
+use tokio::task::JoinHandle;
+use tonic::Status;
+
+use super::db::{FileRow, TaskRow};
+use super::outbound::Callback;
+use super::proto::{
+    MessageType, SubmitTaskRequest, SynapseMessage, TaskError, TaskInfo as TaskInfoPb, TaskResult,
+    TaskStatus, TaskStatusUpdate,
+};
+use super::{BRIDGE_AGENT_ID, PROTOCOL, Synapse, agents::internal, translate, wire};
+use crate::core::{
+    Attachment, Delivery, Directory, Envelope, Interest, Kind, Priority, TaskInfo, TaskState,
+    new_message_id,
+};
+
+/// Largest file accepted with a task.
+pub const MAX_FILE: usize = 5 * 1024 * 1024;
+
+/// The name tasks from anonymous callers (no `x-synapse-agent-id`) are sent under.
+pub const GATEWAY_SUBMITTER: &str = "synapse-gateway";
+
+/// The hub's routing name; not an agent name any client can register.
+const HUB: &str = "\0synapse-hub";
+
+impl Synapse {
+    /// Picks the agent for `task_type`: the agent of that name, else an agent (online
+    /// first) that lists it among its capabilities.
+    fn assignee_for(&self, task_type: &str) -> Option<String> {
+        if self.core.directory.contains(task_type) {
+            return Some(task_type.to_owned());
+        }
+        let mut best: Option<(bool, i64, String)> = None;
+        self.core.directory.for_each(|agent| {
+            if agent.capabilities.iter().any(|c| c == task_type) {
+                let candidate = (agent.online, -agent.created_at, agent.name.clone());
+                if best
+                    .as_ref()
+                    .is_none_or(|b| (candidate.0, candidate.1) > (b.0, b.1))
+                {
+                    best = Some(candidate);
+                }
+            }
+        });
+        best.map(|(_, _, name)| name)
+    }
+
+    pub async fn submit_task(
+        &self,
+        request: SubmitTaskRequest,
+        submitter: Option<String>,
+        files: Vec<FileRow>,
+    ) -> Result<TaskRow, Status> {
+        if request.task_type.trim().is_empty() {
+            return Err(Status::invalid_argument("task_type is required"));
+        }
+        let priority = match request.priority.to_ascii_lowercase().as_str() {
+            "" | "normal" | "medium" => Priority::Normal,
+            "high" | "urgent" | "critical" => Priority::High,
+            "low" => Priority::Low,
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "priority must be low, normal or high, not '{other}'"
+                )));
+            }
+        };
+        if !request.callback_url.is_empty() {
+            super::agents::check_url(&request.callback_url, "callback_url")?;
+        }
+        let assignee = self.assignee_for(&request.task_type).ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "no agent takes task_type '{}': name an agent, or a capability one declares",
+                request.task_type
+            ))
+        })?;
+        let submitter = submitter.unwrap_or_else(|| GATEWAY_SUBMITTER.to_owned());
+        let now = crate::core::now_ms();
+        let id = uuid::Uuid::new_v4().to_string();
+        let message_id = new_message_id();
+        let payload = wire::unpack(request.payload.as_ref());
+        let row = TaskRow {
+            id: id.clone(),
+            task_type: request.task_type.clone(),
+            status: TaskStatus::Received as i32,
+            progress: 0,
+            message: format!("assigned to {assignee}"),
+            payload: request.payload.as_ref().map(|p| p.encode_to_vec()),
+            external_task_id: Some(request.external_task_id.clone()).filter(|e| !e.is_empty()),
+            priority: request.priority.clone(),
+            callback_url: Some(request.callback_url.clone()).filter(|u| !u.is_empty()),
+            callback_token: Some(request.callback_token.clone()).filter(|t| !t.is_empty()),
+            transport: request.preferred_transport,
+            submitter: submitter.clone(),
+            assignee: assignee.clone(),
+            request_message_id: message_id.clone(),
+            result: None,
+            error_code: String::new(),
+            error_message: String::new(),
+            created_at: now,
+            updated_at: now,
+            completed_at: None,
+        };
+        let names: Vec<String> = files.iter().map(|f| f.filename.clone()).collect();
+        let attachments = files
+            .iter()
+            .map(|f| Attachment {
+                name: f.filename.clone(),
+                mime_type: f.mime_type.clone(),
+                size: f.data.len() as u64,
+                data: BASE64.encode(&f.data),
+            })
+            .collect();
+        let row = self
+            .db
+            .insert_task(row, files)
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| {
+                Status::already_exists(format!(
+                    "a task with external_task_id '{}' exists",
+                    request.external_task_id
+                ))
+            })?;
+        self.tasks.insert(id.clone());
+
+        let mut env = Envelope::new(PROTOCOL, &submitter, Kind::TaskAssign);
+        env.id = message_id;
+        env.to = vec![assignee.clone()];
+        env.priority = priority;
+        env.text = payload.text();
+        env.data = payload.json().filter(Value::is_object);
+        env.attachments = attachments;
+        env.task = Some(TaskInfo {
+            id: id.clone(),
+            title: Some(request.task_type.clone()),
+            description: payload.text(),
+            state: Some(TaskState::Assigned),
+            assignee: Some(assignee),
+            files: names,
+            ..Default::default()
+        });
+        self.core.publish(env).await.map_err(internal)?;
+        Ok(row)
+    }
+
+    pub async fn task(&self, id: &str) -> Result<TaskRow, Status> {
+        self.db
+            .task(id)
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| Status::not_found(format!("task '{id}' not found")))
+    }
+
+    /// Cancels a task that has not finished and tells its assignee.
+    pub async fn cancel_task(&self, id: &str) -> Result<TaskRow, Status> {
+        let task = self.task(id).await?;
+        let status = TaskStatus::try_from(task.status).unwrap_or(TaskStatus::Unspecified);
+        if wire::is_terminal(status) {
+            return Err(Status::failed_precondition(format!(
+                "task '{id}' is already {}",
+                status.as_str_name()
+            )));
+        }
+        let now = crate::core::now_ms();
+        let task = self
+            .db
+            .update_task(id, move |t| {
+                t.status = TaskStatus::Cancelled as i32;
+                t.message = "cancelled".into();
+                t.completed_at = Some(now);
+            })
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| Status::not_found(format!("task '{id}' not found")))?;
+        let mut env = Envelope::new(PROTOCOL, &task.submitter, Kind::TaskUpdate);
+        env.to = vec![task.assignee.clone()];
+        env.reply_to = Some(task.request_message_id.clone());
+        env.text = Some("cancelled".into());
+        env.task = Some(TaskInfo {
+            id: task.id.clone(),
+            title: Some(task.task_type.clone()),
+            state: Some(TaskState::Cancelled),
+            ..Default::default()
+        });
+        self.core.publish(env).await.map_err(internal)?;
+        self.task_changed(&task);
+        Ok(task)
+    }
+
+    pub fn task_info(&self, task: &TaskRow, with_result: bool) -> TaskInfoPb {
+        let failed = task.status == TaskStatus::Failed as i32;
+        TaskInfoPb {
+            id: task.id.clone(),
+            r#type: task.task_type.clone(),
+            status: task.status,
+            progress: task.progress,
+            message: task.message.clone(),
+            created_at: Some(wire::timestamp(task.created_at)),
+            updated_at: Some(wire::timestamp(task.updated_at)),
+            completed_at: task.completed_at.map(wire::timestamp),
+            eta: None,
+            result: if with_result {
+                task.result
+                    .as_ref()
+                    .and_then(|b| prost_types::Any::decode(b.as_slice()).ok())
+            } else {
+                None
+            },
+            error: failed.then(|| TaskError {
+                code: task.error_code.clone(),
+                message: task.error_message.clone(),
+            }),
+            external_task_id: task.external_task_id.clone().unwrap_or_default(),
+        }
+    }
+
+    pub fn status_update(task: &TaskRow) -> TaskStatusUpdate {
+        TaskStatusUpdate {
+            task_id: task.id.clone(),
+            status: task.status,
+            progress: task.progress,
+            message: task.message.clone(),
+            details: None,
+        }
+    }
+
+    /// Pushes a changed task to its watchers and its submitter's callback.
+    fn task_changed(&self, task: &TaskRow) {
+        let update = Self::status_update(task);
+        if let Some(mut watchers) = self.task_watchers.get_mut(&task.id) {
+            watchers.retain(|w| w.try_send(update.clone()).is_ok() || !w.is_closed());
+        }
+        if let Some(url) = &task.callback_url {
+            let status = TaskStatus::try_from(task.status).unwrap_or(TaskStatus::Unspecified);
+            let (msg_type, payload) = match status {
+                TaskStatus::Completed => (
+                    MessageType::P2pTaskComplete,
+                    wire::pack(
+                        wire::TASK_RESULT,
+                        &TaskResult {
+                            task_id: task.id.clone(),
+                            task_type: task.task_type.clone(),
+                            result: task
+                                .result
+                                .as_ref()
+                                .and_then(|b| prost_types::Any::decode(b.as_slice()).ok()),
+                            summary: task.message.clone(),
+                        },
+                    ),
+                ),
+                TaskStatus::Failed | TaskStatus::Rejected => (
+                    MessageType::P2pTaskFailed,
+                    wire::pack(
+                        wire::TASK_RESULT,
+                        &TaskResult {
+                            task_id: task.id.clone(),
+                            task_type: task.task_type.clone(),
+                            result: None,
+                            summary: task.error_message.clone(),
+                        },
+                    ),
+                ),
+                _ => (
+                    MessageType::P2pStatusUpdate,
+                    wire::pack(wire::TASK_STATUS_UPDATE, &update),
+                ),
+            };
+            let message = SynapseMessage {
+                id: new_message_id(),
+                version: translate::PROTOCOL_VERSION.to_owned(),
+                r#type: msg_type as i32,
+                sender: Some(translate::Context::endpoint_of(self, &task.assignee)),
+                receiver: Some(translate::Context::endpoint_of(self, &task.submitter)),
+                correlation_id: task.request_message_id.clone(),
+                reply_to: task.request_message_id.clone(),
+                group_id: String::new(),
+                timestamp: Some(wire::timestamp(task.updated_at)),
+                payload: Some(payload),
+                signature: String::new(),
+            };
+            self.outbound.callback(Callback {
+                url: url.clone(),
+                token: task.callback_token.clone(),
+                message,
+                fallback: (task.submitter != GATEWAY_SUBMITTER).then(|| task.submitter.clone()),
+            });
+        }
+    }
+
+    /// Applies progress or a result (from any protocol) to a submitted task.
+    async fn apply_progress(&self, env: &Envelope) {
+        let Some(info) = env.task.clone() else { return };
+        let state = info.state.unwrap_or(match env.kind {
+            Kind::TaskResult => TaskState::Completed,
+            _ => TaskState::Working,
+        });
+        let status = wire::status_for(state);
+        let text = env
+            .text
+            .clone()
+            .or(info.summary.clone())
+            .or(info.error.clone());
+        let result = env
+            .data
+            .as_ref()
+            .map(wire::json)
+            .or_else(|| info.summary.as_deref().map(wire::text))
+            .map(|any| any.encode_to_vec());
+        let now = crate::core::now_ms();
+        let updated = self
+            .db
+            .update_task(&info.id, move |t| {
+                if wire::is_terminal(
+                    TaskStatus::try_from(t.status).unwrap_or(TaskStatus::Unspecified),
+                ) {
+                    return;
+                }
+                t.status = status as i32;
+                if let Some(progress) = info.progress {
+                    t.progress = i32::from(progress);
+                }
+                if let Some(text) = &text {
+                    t.message = text.clone();
+                }
+                match status {
+                    TaskStatus::Completed => {
+                        t.progress = 100;
+                        t.result = result;
+                        t.completed_at = Some(now);
+                    }
+                    TaskStatus::Failed | TaskStatus::Rejected | TaskStatus::Cancelled => {
+                        t.error_code = status
+                            .as_str_name()
+                            .trim_start_matches("TASK_STATUS_")
+                            .to_owned();
+                        t.error_message = info.error.clone().or(text.clone()).unwrap_or_default();
+                        t.completed_at = Some(now);
+                    }
+                    _ => {}
+                }
+            })
+            .await;
+        match updated {
+            Ok(Some(task)) => self.task_changed(&task),
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "synapse: cannot record task progress"),
+        }
+    }
+}
+
+/// Observes progress and results for submitted tasks, from any protocol.
+struct HubInterest {
+    tasks: Arc<DashSet<String>>,
+    directory: Arc<Directory>,
+}
+
+impl HubInterest {
+    fn concerns(&self, env: &Envelope) -> bool {
+        matches!(env.kind, Kind::TaskUpdate | Kind::TaskResult)
+            && env.from != BRIDGE_AGENT_ID
+            && env
+                .task
+                .as_ref()
+                .is_some_and(|t| self.tasks.contains(&t.id))
+            // Updates the endpoint sent itself (cancellations) are not progress.
+            && !(env.origin_is(PROTOCOL) && env.origin.native.is_none())
+            && self.directory.contains(&env.from)
+    }
+}
+
+impl Interest for HubInterest {
+    fn observes(&self, env: &Envelope) -> bool {
+        self.concerns(env)
+    }
+
+    fn accepts(&self, env: &Envelope) -> bool {
+        self.concerns(env)
+    }
+}
+
+pub fn start_hub(synapse: Arc<Synapse>) -> JoinHandle<()> {
+    let router = &synapse.core.router;
+    let mailbox = router.mailbox(PROTOCOL);
+    let session = router.attach(
+        HUB,
+        mailbox.clone(),
+        Arc::new(HubInterest {
+            tasks: synapse.tasks.clone(),
+            directory: synapse.core.directory.clone(),
+        }),
+    );
+    tokio::spawn(async move {
+        loop {
+            let delivery: Arc<Delivery> = tokio::select! {
+                _ = synapse.shutdown.cancelled() => break,
+                next = mailbox.recv() => match next { Ok(d) => d, Err(_) => break },
+            };
+            synapse.apply_progress(&delivery.envelope).await;
+        }
+        synapse.core.router.detach(&session);
+    })
+}

@@ -1,0 +1,533 @@
+//! SynapseMessage ⇄ Envelope. Pure functions over what `Context` says about agents.
+//!
+//! | Synapse `MessageType` | Envelope kind |
+//! |---|---|
+//! | `UNSPECIFIED` (text or JSON payload) | chat |
+//! | `P2P_TASK_REQUEST`, `GROUP_TASK_SPLIT` | task assign |
+//! | `P2P_STATUS_UPDATE`, `P2P_INFO_MISSING` (waiting) | task update |
+//! | `P2P_TASK_COMPLETE`, `P2P_TASK_FAILED`, `GROUP_SUBTASK_RESULT`, `GROUP_RESULT_MERGE` | task result |
+//! | `P2P_ACK` | custom (not shown to other protocols) |
+//! | `P2P_NACK` | error |
+//! | `GROUP_INVITE`, `GROUP_JOIN`, `GROUP_LEAVE` | custom, with a text describing it |
+//! | `GROUP_VOTE_INITIATE` / `SUBMIT` / `RESULT` | vote initiate / submit / result |
+//! | `HIL_DECISION_REQUEST` / `RESPONSE` | decision request / response |
+//! | `HEARTBEAT` | presence status |
+
+use serde_json::Value;
+
+use super::PROTOCOL;
+use super::proto::{
+    AgentEndpoint, MessageType, SynapseMessage, TaskPayload, TaskResult, TaskStatusUpdate,
+};
+use super::wire::{self, Payload};
+use crate::core::{Audience, Envelope, Kind, Origin, TaskInfo, TaskState, new_message_id, now_ms};
+
+/// What translation needs to know about agents and open decisions.
+pub trait Context {
+    /// How Synapse shows agent `name` (of any protocol).
+    fn endpoint_of(&self, name: &str) -> AgentEndpoint;
+    /// Whether `id` is a human-decision request still waiting for its answer.
+    fn is_open_decision(&self, id: &str) -> bool;
+}
+
+pub const PROTOCOL_VERSION: &str = "1.0";
+
+/// A SynapseMessage as it arrived → Envelope.
+pub fn decode(msg: &SynapseMessage) -> Envelope {
+    let msg_type = wire::message_type(msg);
+    let payload = wire::unpack(msg.payload.as_ref());
+    let sender = msg
+        .sender
+        .as_ref()
+        .map(|s| s.agent_id.clone())
+        .unwrap_or_default();
+    let mut env = Envelope::new(PROTOCOL, sender, kind_of(msg_type));
+    if !msg.id.is_empty() {
+        env.id = msg.id.clone();
+    } else {
+        env.id = new_message_id();
+    }
+    if let Some(ts) = &msg.timestamp {
+        env.timestamp = wire::millis(ts);
+    }
+    env.reply_to = non_empty(&msg.reply_to);
+    env.correlation_id = non_empty(&msg.correlation_id);
+    let receiver = msg
+        .receiver
+        .as_ref()
+        .map(|r| r.agent_id.clone())
+        .filter(|r| !r.is_empty());
+    if !msg.group_id.is_empty() {
+        env.audience = Audience::Group(msg.group_id.clone());
+    }
+    if let Some(receiver) = &receiver {
+        env.to = vec![receiver.clone()];
+    }
+    env.text = payload.text();
+    env.data = match &payload {
+        Payload::Json(v) => Some(v.clone()),
+        _ => None,
+    };
+
+    match (&payload, env.kind) {
+        (Payload::Task(task), _) => {
+            env.task = Some(TaskInfo {
+                id: first_non_empty(&task.task_id, &env.id),
+                title: non_empty(&task.task_type),
+                description: wire::unpack(task.payload.as_ref()).text(),
+                assignee: receiver.clone(),
+                state: Some(TaskState::Assigned),
+                ..Default::default()
+            });
+            env.data = wire::unpack(task.payload.as_ref())
+                .json()
+                .filter(|v| v.is_object());
+        }
+        (Payload::Result(result), _) => {
+            let failed = msg_type == MessageType::P2pTaskFailed;
+            env.task = Some(TaskInfo {
+                id: result.task_id.clone(),
+                title: non_empty(&result.task_type),
+                state: Some(if failed {
+                    TaskState::Failed
+                } else {
+                    TaskState::Completed
+                }),
+                summary: non_empty(&result.summary),
+                error: failed
+                    .then(|| result.summary.clone())
+                    .filter(|s| !s.is_empty()),
+                ..Default::default()
+            });
+            env.text = non_empty(&result.summary);
+            env.data = wire::unpack(result.result.as_ref()).json();
+        }
+        (Payload::Status(status), _) => {
+            let state = if msg_type == MessageType::P2pInfoMissing {
+                Some(TaskState::Waiting)
+            } else {
+                wire::state_of(status.status).or(Some(TaskState::Working))
+            };
+            let failed = state == Some(TaskState::Failed);
+            env.task = Some(TaskInfo {
+                id: status.task_id.clone(),
+                state,
+                progress: (status.progress > 0).then(|| status.progress.clamp(0, 100) as u8),
+                error: failed
+                    .then(|| status.message.clone())
+                    .filter(|s| !s.is_empty()),
+                ..Default::default()
+            });
+            env.text = non_empty(&status.message);
+        }
+        (_, Kind::TaskAssign) => {
+            env.task = Some(TaskInfo {
+                id: env.id.clone(),
+                description: env.text.clone(),
+                assignee: receiver.clone(),
+                state: Some(TaskState::Assigned),
+                ..Default::default()
+            });
+        }
+        (_, Kind::TaskResult) => {
+            let failed = msg_type == MessageType::P2pTaskFailed;
+            env.task = Some(TaskInfo {
+                state: Some(if failed {
+                    TaskState::Failed
+                } else {
+                    TaskState::Completed
+                }),
+                summary: env.text.clone(),
+                error: failed.then(|| env.text.clone().unwrap_or_else(|| "failed".into())),
+                ..Default::default()
+            });
+        }
+        (_, Kind::TaskUpdate) => {
+            env.task = Some(TaskInfo {
+                state: Some(if msg_type == MessageType::P2pInfoMissing {
+                    TaskState::Waiting
+                } else {
+                    TaskState::Working
+                }),
+                ..Default::default()
+            });
+        }
+        _ => {}
+    }
+    if env.text.is_none() {
+        env.text = describe(msg_type, msg);
+    }
+    env.origin = Origin {
+        protocol: PROTOCOL.to_owned(),
+        native: Some(wire::to_json(msg, "synapse.SynapseMessage")),
+    };
+    env
+}
+
+/// Envelope → the SynapseMessage a Synapse agent receives; `None` when Synapse has nothing
+/// to show for it (presence, logs).
+pub fn encode(env: &Envelope, ctx: &impl Context) -> Option<SynapseMessage> {
+    if env.origin_is(PROTOCOL)
+        && let Some(native) = &env.origin.native
+        && let Ok(msg) = wire::from_json::<SynapseMessage>(native, "synapse.SynapseMessage")
+    {
+        return Some(msg);
+    }
+    let task = env.task.clone().unwrap_or_default();
+    let state = task.state;
+    let (msg_type, payload) = match env.kind {
+        Kind::TaskAssign => (
+            if matches!(env.audience, Audience::Group(_)) {
+                MessageType::GroupTaskSplit
+            } else {
+                MessageType::P2pTaskRequest
+            },
+            wire::pack(
+                wire::TASK_PAYLOAD,
+                &TaskPayload {
+                    task_id: task.id.clone(),
+                    task_type: task.title.clone().unwrap_or_default(),
+                    payload: Some(match &env.data {
+                        Some(data) if data.is_object() => wire::json(data),
+                        _ => wire::text(
+                            &task
+                                .description
+                                .clone()
+                                .or(env.text.clone())
+                                .unwrap_or_default(),
+                        ),
+                    }),
+                    external_task_id: String::new(),
+                },
+            ),
+        ),
+        Kind::TaskUpdate => (
+            if state == Some(TaskState::Waiting) {
+                MessageType::P2pInfoMissing
+            } else {
+                MessageType::P2pStatusUpdate
+            },
+            wire::pack(
+                wire::TASK_STATUS_UPDATE,
+                &TaskStatusUpdate {
+                    task_id: task.id.clone(),
+                    status: wire::status_for(state.unwrap_or(TaskState::Working)) as i32,
+                    progress: task.progress.map(i32::from).unwrap_or(0),
+                    message: env.text.clone().unwrap_or_default(),
+                    details: env.data.as_ref().map(wire::json),
+                },
+            ),
+        ),
+        Kind::TaskResult => {
+            let completed = state.is_none_or(|s| s == TaskState::Completed);
+            let summary = if completed {
+                task.summary.clone().or(env.text.clone())
+            } else {
+                task.error.clone().or(env.text.clone())
+            };
+            (
+                if completed {
+                    MessageType::P2pTaskComplete
+                } else {
+                    MessageType::P2pTaskFailed
+                },
+                wire::pack(
+                    wire::TASK_RESULT,
+                    &TaskResult {
+                        task_id: task.id.clone(),
+                        task_type: task.title.clone().unwrap_or_default(),
+                        result: env.data.as_ref().map(wire::json),
+                        summary: summary.unwrap_or_default(),
+                    },
+                ),
+            )
+        }
+        Kind::ControlAbort | Kind::ControlInterrupt if !task.id.is_empty() => (
+            MessageType::P2pStatusUpdate,
+            wire::pack(
+                wire::TASK_STATUS_UPDATE,
+                &TaskStatusUpdate {
+                    task_id: task.id.clone(),
+                    status: wire::status_for(TaskState::Cancelled) as i32,
+                    progress: 0,
+                    message: env.text.clone().unwrap_or_default(),
+                    details: None,
+                },
+            ),
+        ),
+        Kind::DecisionRequest => (MessageType::HilDecisionRequest, payload_of(env)?),
+        Kind::DecisionResponse => (MessageType::HilDecisionResponse, payload_of(env)?),
+        Kind::VoteInitiate => (MessageType::GroupVoteInitiate, payload_of(env)?),
+        Kind::VoteSubmit => (MessageType::GroupVoteSubmit, payload_of(env)?),
+        Kind::VoteResult => (MessageType::GroupVoteResult, payload_of(env)?),
+        Kind::Error => (MessageType::P2pNack, payload_of(env)?),
+        // An answer to an open human-decision request is the decision.
+        Kind::Chat
+            if env
+                .reply_to
+                .as_deref()
+                .is_some_and(|r| ctx.is_open_decision(r)) =>
+        {
+            (MessageType::HilDecisionResponse, payload_of(env)?)
+        }
+        Kind::Chat | Kind::Context | Kind::Custom => {
+            env.text.as_ref()?;
+            (MessageType::Unspecified, payload_of(env)?)
+        }
+        _ => return None,
+    };
+    Some(SynapseMessage {
+        id: env.id.clone(),
+        version: PROTOCOL_VERSION.to_owned(),
+        r#type: msg_type as i32,
+        sender: Some(ctx.endpoint_of(&env.from)),
+        receiver: env.addressees().next().map(|name| ctx.endpoint_of(name)),
+        correlation_id: env.correlation_id.clone().unwrap_or_default(),
+        reply_to: env.reply_to.clone().unwrap_or_default(),
+        group_id: match &env.audience {
+            Audience::Group(group) => group.clone(),
+            _ => String::new(),
+        },
+        timestamp: Some(wire::timestamp(env.timestamp)),
+        payload: Some(payload),
+        signature: String::new(),
+    })
+}
+
+/// Text as a `StringValue`, else structured data as a `Struct`.
+fn payload_of(env: &Envelope) -> Option<prost_types::Any> {
+    match (&env.text, &env.data) {
+        (Some(text), _) => Some(wire::text(text)),
+        (None, Some(data)) => Some(wire::json(data)),
+        (None, None) => None,
+    }
+}
+
+fn kind_of(msg_type: MessageType) -> Kind {
+    match msg_type {
+        MessageType::Unspecified => Kind::Chat,
+        MessageType::P2pTaskRequest | MessageType::GroupTaskSplit => Kind::TaskAssign,
+        MessageType::P2pStatusUpdate | MessageType::P2pInfoMissing => Kind::TaskUpdate,
+        MessageType::P2pTaskComplete
+        | MessageType::P2pTaskFailed
+        | MessageType::GroupSubtaskResult
+        | MessageType::GroupResultMerge => Kind::TaskResult,
+        MessageType::P2pAck
+        | MessageType::GroupInvite
+        | MessageType::GroupJoin
+        | MessageType::GroupLeave => Kind::Custom,
+        MessageType::P2pNack => Kind::Error,
+        MessageType::GroupVoteInitiate => Kind::VoteInitiate,
+        MessageType::GroupVoteSubmit => Kind::VoteSubmit,
+        MessageType::GroupVoteResult => Kind::VoteResult,
+        MessageType::HilDecisionRequest => Kind::DecisionRequest,
+        MessageType::HilDecisionResponse => Kind::DecisionResponse,
+        MessageType::Heartbeat => Kind::PresenceStatus,
+    }
+}
+
+/// Words for group housekeeping messages that carry no text of their own.
+fn describe(msg_type: MessageType, msg: &SynapseMessage) -> Option<String> {
+    let who = msg
+        .sender
+        .as_ref()
+        .map(|s| s.agent_id.as_str())
+        .unwrap_or("someone");
+    let group = &msg.group_id;
+    match msg_type {
+        MessageType::GroupInvite => Some(format!("{who} invites you to group {group}")),
+        MessageType::GroupJoin => Some(format!("{who} joined group {group}")),
+        MessageType::GroupLeave => Some(format!("{who} left group {group}")),
+        _ => None,
+    }
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+fn first_non_empty(a: &str, b: &str) -> String {
+    if a.is_empty() {
+        b.to_owned()
+    } else {
+        a.to_owned()
+    }
+}
+
+/// The JSON a Synapse agent's callback receives: the message in proto3 JSON.
+pub fn callback_body(msg: &SynapseMessage) -> Value {
+    wire::to_json(msg, "synapse.SynapseMessage")
+}
+
+/// A message saying `ack` to `msg` from the bridge.
+pub fn ack(msg: &SynapseMessage, bridge: AgentEndpoint) -> SynapseMessage {
+    SynapseMessage {
+        id: new_message_id(),
+        version: PROTOCOL_VERSION.to_owned(),
+        r#type: MessageType::P2pAck as i32,
+        sender: Some(bridge),
+        receiver: msg.sender.clone(),
+        correlation_id: first_non_empty(&msg.correlation_id, &msg.id),
+        reply_to: msg.id.clone(),
+        group_id: msg.group_id.clone(),
+        timestamp: Some(wire::timestamp(now_ms())),
+        payload: Some(wire::text("accepted")),
+        signature: String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Ctx;
+    impl Context for Ctx {
+        fn endpoint_of(&self, name: &str) -> AgentEndpoint {
+            AgentEndpoint {
+                agent_id: name.into(),
+                agent_name: name.into(),
+                system_id: "test".into(),
+                ..Default::default()
+            }
+        }
+        fn is_open_decision(&self, id: &str) -> bool {
+            id == "decide-1"
+        }
+    }
+
+    fn endpoint(id: &str) -> Option<AgentEndpoint> {
+        Some(AgentEndpoint {
+            agent_id: id.into(),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_task_request_becomes_an_assignment_and_back() {
+        let msg = SynapseMessage {
+            id: "req-1".into(),
+            r#type: MessageType::P2pTaskRequest as i32,
+            sender: endpoint("planner"),
+            receiver: endpoint("alice"),
+            payload: Some(wire::pack(
+                wire::TASK_PAYLOAD,
+                &TaskPayload {
+                    task_id: "t-1".into(),
+                    task_type: "code-review".into(),
+                    payload: Some(wire::text("review PR 7")),
+                    external_task_id: String::new(),
+                },
+            )),
+            ..Default::default()
+        };
+        let env = decode(&msg);
+        assert_eq!(
+            (env.kind, env.from.as_str(), env.to.clone()),
+            (Kind::TaskAssign, "planner", vec!["alice".to_string()])
+        );
+        let task = env.task.clone().unwrap();
+        assert_eq!(
+            (
+                task.id.as_str(),
+                task.title.as_deref(),
+                task.description.as_deref()
+            ),
+            ("t-1", Some("code-review"), Some("review PR 7"))
+        );
+        assert_eq!(task.assignee.as_deref(), Some("alice"));
+        // Synapse peers get the message itself back.
+        assert_eq!(encode(&env, &Ctx).unwrap(), msg);
+    }
+
+    #[test]
+    fn foreign_results_become_complete_or_failed() {
+        let mut env = Envelope::new("skynet", "alice", Kind::TaskResult);
+        env.to = vec!["planner".into()];
+        env.reply_to = Some("req-1".into());
+        env.correlation_id = Some("req-1".into());
+        env.task = Some(TaskInfo {
+            id: "t-1".into(),
+            state: Some(TaskState::Completed),
+            summary: Some("LGTM".into()),
+            ..Default::default()
+        });
+        let msg = encode(&env, &Ctx).unwrap();
+        assert_eq!(wire::message_type(&msg), MessageType::P2pTaskComplete);
+        assert_eq!(
+            (msg.reply_to.as_str(), msg.correlation_id.as_str()),
+            ("req-1", "req-1")
+        );
+        assert_eq!(msg.receiver.unwrap().agent_id, "planner");
+        let Payload::Result(result) = wire::unpack(msg.payload.as_ref()) else {
+            panic!("a TaskResult payload");
+        };
+        assert_eq!(
+            (result.task_id.as_str(), result.summary.as_str()),
+            ("t-1", "LGTM")
+        );
+
+        env.task.as_mut().unwrap().state = Some(TaskState::Failed);
+        env.task.as_mut().unwrap().error = Some("tests fail".into());
+        let msg = encode(&env, &Ctx).unwrap();
+        assert_eq!(wire::message_type(&msg), MessageType::P2pTaskFailed);
+        let Payload::Result(result) = wire::unpack(msg.payload.as_ref()) else {
+            panic!("a TaskResult payload");
+        };
+        assert_eq!(result.summary, "tests fail");
+    }
+
+    #[test]
+    fn chat_is_an_unspecified_text_message_and_answers_decisions() {
+        let mut env = Envelope::new("tracker", "boss", Kind::Chat);
+        env.text = Some("approve".into());
+        env.to = vec!["planner".into()];
+        let msg = encode(&env, &Ctx).unwrap();
+        assert_eq!(wire::message_type(&msg), MessageType::Unspecified);
+        assert_eq!(
+            wire::unpack(msg.payload.as_ref()),
+            Payload::Text("approve".into())
+        );
+        env.reply_to = Some("decide-1".into());
+        let msg = encode(&env, &Ctx).unwrap();
+        assert_eq!(wire::message_type(&msg), MessageType::HilDecisionResponse);
+
+        let back = decode(&SynapseMessage {
+            sender: endpoint("planner"),
+            payload: Some(wire::text("hello")),
+            ..Default::default()
+        });
+        assert_eq!(
+            (back.kind, back.text.as_deref()),
+            (Kind::Chat, Some("hello"))
+        );
+        assert!(!back.id.is_empty());
+    }
+
+    #[test]
+    fn status_updates_carry_state_and_progress() {
+        let msg = SynapseMessage {
+            id: "s".into(),
+            r#type: MessageType::P2pStatusUpdate as i32,
+            sender: endpoint("worker"),
+            payload: Some(wire::pack(
+                wire::TASK_STATUS_UPDATE,
+                &TaskStatusUpdate {
+                    task_id: "t".into(),
+                    status: super::super::proto::TaskStatus::Processing as i32,
+                    progress: 40,
+                    message: "halfway".into(),
+                    details: None,
+                },
+            )),
+            ..Default::default()
+        };
+        let env = decode(&msg);
+        let task = env.task.unwrap();
+        assert_eq!(
+            (task.state, task.progress),
+            (Some(TaskState::Working), Some(40))
+        );
+        assert_eq!(env.text.as_deref(), Some("halfway"));
+        assert!(encode(&Envelope::new("skynet", "a", Kind::PresenceJoin), &Ctx).is_none());
+    }
+}
