@@ -395,3 +395,414 @@ mod skynet_tracker {
         w.bridge.shutdown().await;
     }
 }
+
+mod synapse_others {
+    use super::*;
+    use agentbridge::protocols::synapse::proto::{
+        MessageType, SynapseMessage, TaskPayload, TaskResult, TaskStatus, TaskStatusUpdate,
+    };
+    use common::synapse::{Stream, chat, endpoint, task_request, text_of, unpack};
+
+    fn synapse_addr(w: &World) -> SocketAddr {
+        w.bridge.addr("synapse").unwrap()
+    }
+
+    fn result(
+        from: &str,
+        to: &str,
+        task_id: &str,
+        summary: &str,
+        reply_to: &str,
+        failed: bool,
+    ) -> SynapseMessage {
+        SynapseMessage {
+            r#type: if failed {
+                MessageType::P2pTaskFailed
+            } else {
+                MessageType::P2pTaskComplete
+            } as i32,
+            sender: endpoint(from),
+            receiver: endpoint(to),
+            reply_to: reply_to.into(),
+            payload: Some(prost_types::Any {
+                type_url: "type.googleapis.com/synapse.TaskResult".into(),
+                value: prost::Message::encode_to_vec(&TaskResult {
+                    task_id: task_id.into(),
+                    summary: summary.into(),
+                    ..Default::default()
+                }),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_synapse_task_for_a_skynet_agent_comes_back_complete_or_failed() {
+        let w = world().await;
+        let alice = w.sk.agent("alice").await;
+        let (mut ws_alice, _) = SkynetWs::join(w.skynet, &alice).await;
+        let mut planner = Stream::open(synapse_addr(&w), "planner").await;
+        next_non_presence_skip(&mut ws_alice).await;
+
+        for (task_id, success) in [("t-ok", true), ("t-bad", false)] {
+            planner
+                .send(task_request(
+                    "planner",
+                    "alice",
+                    task_id,
+                    "review",
+                    "check PR 7",
+                ))
+                .await;
+            let assign = next_non_presence(&mut ws_alice).await;
+            assert_eq!(assign["type"], "task.assign");
+            assert_eq!(assign["id"], json!(format!("req-{task_id}")));
+            assert_eq!(assign["payload"]["taskId"], task_id);
+            assert_eq!(assign["payload"]["title"], "review");
+            assert_eq!(assign["payload"]["description"], "check PR 7");
+            assert_eq!(assign["payload"]["assignee"], alice["id"]);
+            assert_eq!(assign["mentions"], json!([alice["id"]]));
+
+            // A plain task.result, no replyTo, no mentions: it still finds the requester.
+            let mut payload =
+                json!({ "taskId": task_id, "success": success, "summary": "looked at it" });
+            if !success {
+                payload["error"] = json!("tests fail");
+            }
+            ws_alice
+                .chat_with(json!({ "type": "task.result", "payload": payload }))
+                .await;
+            let back = planner.next().await;
+            let expected = if success {
+                MessageType::P2pTaskComplete
+            } else {
+                MessageType::P2pTaskFailed
+            };
+            assert_eq!(back.r#type, expected as i32);
+            assert_eq!(back.reply_to, format!("req-{task_id}"));
+            assert_eq!(back.correlation_id, format!("req-{task_id}"));
+            assert_eq!(back.sender.as_ref().unwrap().agent_id, "alice");
+            assert_eq!(back.sender.as_ref().unwrap().system_id, "skynet");
+            let result: TaskResult = unpack(&back);
+            assert_eq!(result.task_id, task_id);
+            assert_eq!(
+                result.summary,
+                if success {
+                    "looked at it"
+                } else {
+                    "tests fail"
+                }
+            );
+        }
+        w.bridge.shutdown().await;
+    }
+
+    /// Skips the presence of a newly opened Synapse stream on a Skynet socket.
+    async fn next_non_presence_skip(ws: &mut SkynetWs) {
+        let join = ws.next_message().await;
+        assert_eq!(join["type"], "agent.join", "{join}");
+    }
+
+    #[tokio::test]
+    async fn a_synapse_task_for_a_tracker_agent_reports_progress_and_completion() {
+        let w = world().await;
+        let (mut coder, _) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let coder_http = TrackerHttp::new(w.tracker, "tb-coder");
+        let mut planner = Stream::open(synapse_addr(&w), "planner").await;
+        let task_id = uuid::Uuid::new_v4().to_string();
+
+        planner
+            .send(task_request(
+                "planner",
+                "coder",
+                &task_id,
+                "Refactor the store",
+                "split the module",
+            ))
+            .await;
+        let created = coder.next_of("task.created").await;
+        assert_eq!(
+            (created["id"].as_str(), created["title"].as_str()),
+            (Some(task_id.as_str()), Some("Refactor the store"))
+        );
+        assert_eq!(created["author_slug"], "planner");
+        coder.next_of("task.assigned").await;
+
+        coder_http
+            .post(&format!("/tasks/{task_id}/take?slug=coder"), json!({}))
+            .await;
+        let progress = planner.next().await;
+        assert_eq!(progress.r#type, MessageType::P2pStatusUpdate as i32);
+        assert_eq!(progress.reply_to, format!("req-{task_id}"));
+        let update: TaskStatusUpdate = unpack(&progress);
+        assert_eq!(
+            (update.task_id.as_str(), update.status),
+            (task_id.as_str(), TaskStatus::Processing as i32)
+        );
+
+        coder_http
+            .message(json!({ "task_id": task_id, "content": "split into three files" }))
+            .await;
+        let comment = planner.next().await;
+        assert_eq!(comment.r#type, MessageType::P2pStatusUpdate as i32);
+        assert_eq!(
+            unpack::<TaskStatusUpdate>(&comment).message,
+            "split into three files"
+        );
+        coder_http
+            .patch(&format!("/tasks/{task_id}"), json!({ "status": "done" }))
+            .await;
+        let done = planner.next().await;
+        assert_eq!(done.r#type, MessageType::P2pTaskComplete as i32);
+        assert_eq!(
+            (done.reply_to.as_str(), done.correlation_id.as_str()),
+            (
+                format!("req-{task_id}").as_str(),
+                format!("req-{task_id}").as_str()
+            )
+        );
+        let result: TaskResult = unpack(&done);
+        assert_eq!(
+            (result.task_id.as_str(), result.summary.as_str()),
+            (task_id.as_str(), "split into three files")
+        );
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn skynet_and_tracker_give_tasks_to_a_synapse_agent() {
+        let w = world().await;
+        let alice = w.sk.agent("alice").await;
+        let mut worker = Stream::open(synapse_addr(&w), "worker").await;
+        let (mut ws_alice, state) = SkynetWs::join(w.skynet, &alice).await;
+        let worker_card = card_named(&state["members"], "worker").clone();
+
+        ws_alice
+            .chat_with(json!({
+                "id": "sk-assign", "type": "task.assign", "mentions": [worker_card["id"]],
+                "payload": { "taskId": "sk-task", "title": "translate", "description": "to French", "assignee": worker_card["id"], "status": "assigned" }
+            }))
+            .await;
+        let request = worker.next().await;
+        assert_eq!(request.r#type, MessageType::P2pTaskRequest as i32);
+        assert_eq!(request.id, "sk-assign");
+        assert_eq!(request.sender.as_ref().unwrap().agent_id, "alice");
+        let payload: TaskPayload = unpack(&request);
+        assert_eq!(
+            (payload.task_id.as_str(), payload.task_type.as_str()),
+            ("sk-task", "translate")
+        );
+        worker
+            .send(result(
+                "worker",
+                "alice",
+                "sk-task",
+                "bonjour",
+                &request.id,
+                false,
+            ))
+            .await;
+        let back = next_non_presence(&mut ws_alice).await;
+        assert_eq!(back["type"], "task.result");
+        assert_eq!(back["replyTo"], "sk-assign");
+        assert_eq!(
+            back["payload"],
+            json!({ "taskId": "sk-task", "success": true, "summary": "bonjour" })
+        );
+        assert_eq!(back["from"], worker_card["id"]);
+
+        // A Tracker task assigned to the Synapse agent.
+        let (mut admin, _) = TrackerWs::auth_subscribed(w.tracker, "tb-admin").await;
+        let admin_http = TrackerHttp::new(w.tracker, "tb-admin");
+        let task = admin_http
+            .task(
+                "team-board",
+                json!({ "title": "Summarise", "assignee_slug": "worker" }),
+            )
+            .await;
+        let id = task["id"].as_str().unwrap().to_owned();
+        admin.next_of("task.created").await;
+        admin.next_of("task.assigned").await;
+        let request = worker.next().await;
+        assert_eq!(request.r#type, MessageType::P2pTaskRequest as i32);
+        assert_eq!(unpack::<TaskPayload>(&request).task_id, id);
+        let mut update = SynapseMessage {
+            r#type: MessageType::P2pStatusUpdate as i32,
+            sender: endpoint("worker"),
+            receiver: endpoint("admin"),
+            reply_to: request.id.clone(),
+            ..Default::default()
+        };
+        update.payload = Some(prost_types::Any {
+            type_url: "type.googleapis.com/synapse.TaskStatusUpdate".into(),
+            value: prost::Message::encode_to_vec(&TaskStatusUpdate {
+                task_id: id.clone(),
+                status: TaskStatus::Processing as i32,
+                progress: 30,
+                message: String::new(),
+                details: None,
+            }),
+        });
+        worker.send(update).await;
+        assert_eq!(admin.next_of("task.updated").await["status"], "in_progress");
+        worker
+            .send(result(
+                "worker",
+                "admin",
+                &id,
+                "summary written",
+                &request.id,
+                false,
+            ))
+            .await;
+        assert_eq!(
+            admin.next_of("message.new").await["content"],
+            "summary written"
+        );
+        assert_eq!(admin.next_of("task.updated").await["status"], "done");
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn chat_crosses_synapse_skynet_and_tracker() {
+        let w = world().await;
+        let alice = w.sk.agent("alice").await;
+        let mut worker = Stream::open(synapse_addr(&w), "worker").await;
+        let (mut ws_alice, state) = SkynetWs::join(w.skynet, &alice).await;
+        let worker_card = card_named(&state["members"], "worker").clone();
+        let (mut coder, ok) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        next_non_presence_skip(&mut ws_alice).await; // coder's join
+
+        worker.send(chat("worker", "alice", "hi alice")).await;
+        let got = next_non_presence(&mut ws_alice).await;
+        assert_eq!(
+            (got["type"].as_str(), text_of_sk(&got), got["from"].clone()),
+            (Some("chat"), "hi alice", worker_card["id"].clone())
+        );
+        ws_alice.chat("@worker hello back").await;
+        let back = worker.next().await;
+        assert_eq!(
+            (back.r#type, text_of(&back)),
+            (
+                MessageType::Unspecified as i32,
+                "@worker hello back".to_owned()
+            )
+        );
+        assert_eq!(back.sender.as_ref().unwrap().system_id, "skynet");
+
+        worker.send(chat("worker", "coder", "hi coder")).await;
+        let got = coder.next_of("message.new").await;
+        assert_eq!(
+            (
+                got["author_slug"].as_str(),
+                got["content"].as_str(),
+                got["chat_id"].clone()
+            ),
+            (
+                Some("worker"),
+                Some("hi coder"),
+                ok["lobby_chat_id"].clone()
+            )
+        );
+        TrackerHttp::new(w.tracker, "tb-coder")
+            .message(json!({ "chat_id": ok["lobby_chat_id"], "content": "thanks @worker" }))
+            .await;
+        let back = worker.next().await;
+        assert_eq!(text_of(&back), "thanks @worker");
+        assert_eq!(back.sender.as_ref().unwrap().agent_id, "coder");
+        w.bridge.shutdown().await;
+    }
+
+    fn text_of_sk(msg: &Value) -> &str {
+        common::skynet::text_of(msg)
+    }
+
+    #[tokio::test]
+    async fn a_human_decision_request_is_answered_from_skynet_or_the_tracker() {
+        let w = world().await;
+        let boss = w.sk.human("boss").await;
+        let (mut ws_boss, _) = SkynetWs::join(w.skynet, &boss).await;
+        let (mut admin, ok) = TrackerWs::auth(w.tracker, "tb-admin").await;
+        let mut worker = Stream::open(synapse_addr(&w), "worker").await;
+        ws_boss.next_message().await; // admin joins
+        ws_boss.next_message().await; // worker joins
+
+        for (answerer, answer) in [("skynet", "yes, ship it"), ("tracker", "no, wait")] {
+            let request = SynapseMessage {
+                id: format!("decide-{answerer}"),
+                r#type: MessageType::HilDecisionRequest as i32,
+                sender: endpoint("worker"),
+                payload: Some(prost_types::Any {
+                    type_url: "type.googleapis.com/google.protobuf.StringValue".into(),
+                    value: prost::Message::encode_to_vec(&"Deploy to production?".to_owned()),
+                }),
+                ..Default::default()
+            };
+            worker.send(request).await;
+            // Humans on both sides see it as a chat.
+            let seen = next_non_presence(&mut ws_boss).await;
+            assert_eq!(
+                (seen["type"].as_str(), text_of_sk(&seen)),
+                (Some("chat"), "Deploy to production?")
+            );
+            let seen_tracker = admin.next_of("message.new").await;
+            assert_eq!(seen_tracker["content"], "Deploy to production?");
+            if answerer == "skynet" {
+                ws_boss
+                    .chat_with(json!({ "type": "chat", "payload": { "text": answer }, "replyTo": seen["id"] }))
+                    .await;
+                // The Tracker human sees the Skynet answer as well.
+                assert_eq!(admin.next_of("message.new").await["content"], answer);
+            } else {
+                TrackerHttp::new(w.tracker, "tb-admin")
+                    .message(json!({ "chat_id": ok["lobby_chat_id"], "content": answer, "reply_to": seen_tracker["id"] }))
+                    .await;
+                // The Skynet human sees the Tracker answer as well.
+                next_non_presence(&mut ws_boss).await;
+            }
+            let decision = worker.next().await;
+            assert_eq!(
+                decision.r#type,
+                MessageType::HilDecisionResponse as i32,
+                "answered from {answerer}"
+            );
+            assert_eq!(decision.reply_to, format!("decide-{answerer}"));
+            assert_eq!(decision.correlation_id, format!("decide-{answerer}"));
+            assert_eq!(text_of(&decision), answer);
+        }
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn synapse_agents_are_members_everywhere() {
+        let w = world().await;
+        let boss = w.sk.human("boss").await;
+        let (mut ws_boss, _) = SkynetWs::join(w.skynet, &boss).await;
+        let (mut admin, _) = TrackerWs::auth(w.tracker, "tb-admin").await;
+        ws_boss.next_message().await; // admin
+        let worker = Stream::open(synapse_addr(&w), "worker").await;
+        let join = ws_boss.next_message().await;
+        assert_eq!(
+            (
+                join["type"].as_str(),
+                join["payload"]["agent"]["name"].as_str()
+            ),
+            (Some("agent.join"), Some("worker"))
+        );
+        assert_eq!(
+            admin.next_of("agent.status").await,
+            json!({ "slug": "worker", "status": "online" })
+        );
+        let (_, member) = TrackerHttp::new(w.tracker, "tb-admin")
+            .get("/members/worker")
+            .await;
+        assert_eq!(member["protocol"], "synapse");
+        drop(worker);
+        assert_eq!(
+            admin.next_of("agent.status").await,
+            json!({ "slug": "worker", "status": "offline" })
+        );
+        assert_eq!(ws_boss.next_message().await["type"], "agent.leave");
+        w.bridge.shutdown().await;
+    }
+}

@@ -6,6 +6,7 @@
 
 pub mod process;
 pub mod skynet;
+pub mod synapse;
 pub mod tracker;
 
 use std::net::SocketAddr;
@@ -36,6 +37,10 @@ pub fn bridge_toml(data_dir: &str, extra: &str) -> String {
         ("admin", "listen = \"127.0.0.1:0\"".to_owned()),
         ("skynet", "listen = \"127.0.0.1:0\"".to_owned()),
         ("tracker", TRACKER_SECTION.to_owned()),
+        (
+            "synapse",
+            "listen = \"127.0.0.1:0\"\ncallback_backoff_ms = 20\nsync_timeout_ms = 5000".to_owned(),
+        ),
     ];
     // `extra` may replace a default section wholesale.
     let mut text = String::new();

@@ -92,6 +92,11 @@ impl Synapse {
                 "{field}.agent_id is required"
             )));
         }
+        if id == super::BRIDGE_AGENT_ID {
+            return Err(Status::already_exists(format!(
+                "agent_id '{id}' is the bridge's own"
+            )));
+        }
         if let Some(holder) = self.core.directory.protocol_of(id)
             && holder != PROTOCOL
         {

@@ -164,35 +164,47 @@ impl Synapse {
         nack
     }
 
-    /// Serves one open stream of `agent`: its messages in, what is addressed to it out,
-    /// until either side closes.
+    /// Connects an open stream of `agent` to the router (before the call is answered, so
+    /// anything sent to the agent after it sees the stream open reaches the stream).
+    pub async fn attach_stream(self: &Arc<Self>, agent: &str, kind: StreamKind) -> OpenStream {
+        let mailbox = self.core.router.mailbox(PROTOCOL);
+        let session = self.core.router.attach(
+            agent,
+            mailbox.clone(),
+            Arc::new(StreamInterest {
+                agent: agent.to_owned(),
+                kind,
+                synapse: Arc::downgrade(self),
+            }),
+        );
+        match kind {
+            StreamKind::Messages => self.stream_opened(agent).await,
+            StreamKind::Groups => *self.group_streams.entry(agent.to_owned()).or_insert(0) += 1,
+        }
+        OpenStream {
+            agent: agent.to_owned(),
+            kind,
+            mailbox,
+            session,
+        }
+    }
+
+    /// Serves an attached stream: its messages in, what is addressed to it out, until
+    /// either side closes.
     pub async fn serve_stream(
         self: Arc<Self>,
-        agent: String,
-        kind: StreamKind,
+        stream: OpenStream,
         first: Option<SynapseMessage>,
         mut inbound: Streaming<SynapseMessage>,
         hints: Hints,
         out: mpsc::Sender<Result<SynapseMessage, Status>>,
     ) {
-        let counts = match kind {
-            StreamKind::Messages => &self.streams,
-            StreamKind::Groups => &self.group_streams,
-        };
-        let mailbox = self.core.router.mailbox(PROTOCOL);
-        let session = self.core.router.attach(
-            &agent,
-            mailbox.clone(),
-            Arc::new(StreamInterest {
-                agent: agent.clone(),
-                kind,
-                synapse: Arc::downgrade(&self),
-            }),
-        );
-        match kind {
-            StreamKind::Messages => self.stream_opened(&agent).await,
-            StreamKind::Groups => *counts.entry(agent.clone()).or_insert(0) += 1,
-        }
+        let OpenStream {
+            agent,
+            kind,
+            mailbox,
+            session,
+        } = stream;
         let _counted = telemetry::ConnectionGuard::new(PROTOCOL);
         let mut pending = first;
         loop {
@@ -228,7 +240,7 @@ impl Synapse {
         match kind {
             StreamKind::Messages => self.stream_closed(&agent).await,
             StreamKind::Groups => {
-                if let Some(mut count) = counts.get_mut(&agent) {
+                if let Some(mut count) = self.group_streams.get_mut(&agent) {
                     *count = count.saturating_sub(1);
                 }
             }
@@ -255,6 +267,14 @@ impl Synapse {
             let _ = out.send(Ok(self.nack(&msg, &status))).await;
         }
     }
+}
+
+/// A stream connected to the router, waiting to be served.
+pub struct OpenStream {
+    agent: String,
+    kind: StreamKind,
+    mailbox: Arc<crate::core::Mailbox>,
+    session: Arc<crate::core::Session>,
 }
 
 /// What an open stream of `agent` takes.

@@ -168,6 +168,15 @@ impl Synapse {
             };
             self.db.put_agent(row).await.map_err(|e| e.to_string())?;
         }
+        // The bridge is an agent too: anonymous callers submit tasks through it, and
+        // answers to those tasks are addressed to it.
+        let mut bridge = crate::core::AgentInfo::new(BRIDGE_AGENT_ID, PROTOCOL, BRIDGE_AGENT_ID);
+        bridge.description = Some("agentbridge".into());
+        bridge.agent_type = Some("bridge".into());
+        self.core
+            .directory
+            .register(bridge)
+            .map_err(|e| format!("the bridge's own agent id: {e}"))?;
         for agent in self.db.agents().await.map_err(|e| e.to_string())? {
             self.core
                 .directory

@@ -208,6 +208,10 @@ impl OfflineSink for Sink {
         let Some(synapse) = self.0.upgrade() else {
             return;
         };
+        // The bridge itself reads its messages through the hub, not an inbox.
+        if agent == super::BRIDGE_AGENT_ID {
+            return;
+        }
         let Some(message) = synapse.encode(delivery) else {
             return;
         };

@@ -28,9 +28,6 @@ use crate::core::{
 /// Largest file accepted with a task.
 pub const MAX_FILE: usize = 5 * 1024 * 1024;
 
-/// The name tasks from anonymous callers (no `x-synapse-agent-id`) are sent under.
-pub const GATEWAY_SUBMITTER: &str = "synapse-gateway";
-
 /// The hub's routing name; not an agent name any client can register.
 const HUB: &str = "\0synapse-hub";
 
@@ -84,7 +81,8 @@ impl Synapse {
                 request.task_type
             ))
         })?;
-        let submitter = submitter.unwrap_or_else(|| GATEWAY_SUBMITTER.to_owned());
+        // Anonymous callers (no `x-synapse-agent-id`) submit through the bridge itself.
+        let submitter = submitter.unwrap_or_else(|| BRIDGE_AGENT_ID.to_owned());
         let now = crate::core::now_ms();
         let id = uuid::Uuid::new_v4().to_string();
         let message_id = new_message_id();
@@ -293,7 +291,7 @@ impl Synapse {
                 url: url.clone(),
                 token: task.callback_token.clone(),
                 message,
-                fallback: (task.submitter != GATEWAY_SUBMITTER).then(|| task.submitter.clone()),
+                fallback: (task.submitter != BRIDGE_AGENT_ID).then(|| task.submitter.clone()),
             });
         }
     }
@@ -368,14 +366,13 @@ struct HubInterest {
 impl HubInterest {
     fn concerns(&self, env: &Envelope) -> bool {
         matches!(env.kind, Kind::TaskUpdate | Kind::TaskResult)
+            // The bridge's own updates (cancellations) are not progress.
             && env.from != BRIDGE_AGENT_ID
+            && self.directory.contains(&env.from)
             && env
                 .task
                 .as_ref()
                 .is_some_and(|t| self.tasks.contains(&t.id))
-            // Updates the endpoint sent itself (cancellations) are not progress.
-            && !(env.origin_is(PROTOCOL) && env.origin.native.is_none())
-            && self.directory.contains(&env.from)
     }
 }
 

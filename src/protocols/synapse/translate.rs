@@ -169,8 +169,15 @@ pub fn decode(msg: &SynapseMessage) -> Envelope {
 pub fn encode(env: &Envelope, ctx: &impl Context) -> Option<SynapseMessage> {
     if env.origin_is(PROTOCOL)
         && let Some(native) = &env.origin.native
-        && let Ok(msg) = wire::from_json::<SynapseMessage>(native, "synapse.SynapseMessage")
+        && let Ok(mut msg) = wire::from_json::<SynapseMessage>(native, "synapse.SynapseMessage")
     {
+        // The sender's own message, with the conversation links the bridge filled in.
+        if msg.correlation_id.is_empty() {
+            msg.correlation_id = env.correlation_id.clone().unwrap_or_default();
+        }
+        if msg.reply_to.is_empty() {
+            msg.reply_to = env.reply_to.clone().unwrap_or_default();
+        }
         return Some(msg);
     }
     let task = env.task.clone().unwrap_or_default();

@@ -65,7 +65,8 @@ impl SynapseApi {
             .await?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let synapse = self.synapse.clone();
-        tokio::spawn(synapse.serve_stream(agent, kind, first, inbound, hints, tx));
+        let attached = synapse.attach_stream(&agent, kind).await;
+        tokio::spawn(synapse.serve_stream(attached, first, inbound, hints, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

@@ -110,7 +110,7 @@ impl TaskService for SynapseApi {
                     file.mime_type
                 },
                 filename: file.filename,
-                data: file.data.to_vec(),
+                data: file.data,
             });
         }
         self.submit(&metadata, task, files).await

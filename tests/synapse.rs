@@ -1,0 +1,1206 @@
+//! The Synapse endpoint over real sockets: a tonic client generated from synapse.proto for
+//! every RPC, both streams, every transport mode (callbacks against a local HTTP receiver),
+//! and the HTTP/JSON gateway with a plain HTTP client.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use agentbridge::Bridge;
+use agentbridge::protocols::synapse::proto::{
+    CancelTaskRequest, CreateGroupRequest, DisbandGroupRequest, FileUpload, GetTaskRequest,
+    JoinGroupRequest, LeaveGroupRequest, ListGroupMembersRequest, ListTasksRequest, MessageType,
+    QueryAgentRequest, SendMessageRequest, SubmitTaskRequest, SubmitTaskWithFilesRequest,
+    SynapseMessage, TaskPayload, TaskResult, TaskStatus, TaskStatusStreamRequest, TaskStatusUpdate,
+};
+use common::start_bridge;
+use common::synapse::{
+    CallbackReceiver, Clients, Stream, chat, clients, endpoint, send, text_of, unpack, with_meta,
+};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Request};
+
+struct World {
+    bridge: Bridge,
+    addr: SocketAddr,
+    c: Clients,
+    http: reqwest::Client,
+}
+
+async fn world() -> World {
+    world_with("").await
+}
+
+async fn world_with(extra: &str) -> World {
+    let bridge = start_bridge(extra).await;
+    let addr = bridge.addr("synapse").unwrap();
+    World {
+        c: clients(addr).await,
+        http: common::http(),
+        addr,
+        bridge,
+    }
+}
+
+impl World {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let res = self.http.get(self.url(path)).send().await.unwrap();
+        (
+            res.status().as_u16(),
+            res.json().await.unwrap_or(Value::Null),
+        )
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let res = self
+            .http
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (
+            res.status().as_u16(),
+            res.json().await.unwrap_or(Value::Null),
+        )
+    }
+
+    /// Registers `agent` with its transport hints, by a harmless call.
+    async fn register(&mut self, agent: &str, meta: &[(&'static str, &str)]) {
+        let mut all = vec![("x-synapse-agent-id", agent)];
+        all.extend_from_slice(meta);
+        self.c
+            .capabilities
+            .get_capabilities(with_meta((), &[]))
+            .await
+            .unwrap();
+        // Polling with identity registers the agent (and fetches nothing yet).
+        let mut polled = self
+            .c
+            .messages
+            .receive_callback(with_meta((), &all))
+            .await
+            .unwrap()
+            .into_inner();
+        while polled.next().await.is_some() {}
+    }
+
+    async fn poll(&mut self, agent: &str) -> Vec<SynapseMessage> {
+        let mut stream = self
+            .c
+            .messages
+            .receive_callback(with_meta((), &[("x-synapse-agent-id", agent)]))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(msg) = stream.next().await {
+            out.push(msg.unwrap());
+        }
+        out
+    }
+}
+
+fn status_update(
+    from: &str,
+    to: &str,
+    task_id: &str,
+    status: TaskStatus,
+    progress: i32,
+    text: &str,
+) -> SynapseMessage {
+    SynapseMessage {
+        r#type: MessageType::P2pStatusUpdate as i32,
+        sender: endpoint(from),
+        receiver: endpoint(to),
+        payload: Some(prost_types::Any {
+            type_url: "type.googleapis.com/synapse.TaskStatusUpdate".into(),
+            value: prost::Message::encode_to_vec(&TaskStatusUpdate {
+                task_id: task_id.into(),
+                status: status as i32,
+                progress,
+                message: text.into(),
+                details: None,
+            }),
+        }),
+        ..Default::default()
+    }
+}
+
+fn task_complete(
+    from: &str,
+    to: &str,
+    task_id: &str,
+    summary: &str,
+    reply_to: &str,
+) -> SynapseMessage {
+    SynapseMessage {
+        r#type: MessageType::P2pTaskComplete as i32,
+        sender: endpoint(from),
+        receiver: endpoint(to),
+        reply_to: reply_to.into(),
+        payload: Some(prost_types::Any {
+            type_url: "type.googleapis.com/synapse.TaskResult".into(),
+            value: prost::Message::encode_to_vec(&TaskResult {
+                task_id: task_id.into(),
+                task_type: String::new(),
+                result: None,
+                summary: summary.into(),
+            }),
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn health_capabilities_and_the_agent_list() {
+    let mut w = world().await;
+    let health =
+        w.c.health
+            .health_check(Request::new(()))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(health.status, "SERVING");
+    assert_eq!(health.version, env!("CARGO_PKG_VERSION"));
+
+    // The standard gRPC health service and server reflection answer too.
+    let mut standard =
+        tonic_health::pb::health_client::HealthClient::new(common::synapse::channel(w.addr).await);
+    let serving = standard
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "synapse.TaskService".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        serving.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    let mut reflection =
+        tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient::new(
+            common::synapse::channel(w.addr).await,
+        );
+    let ask = tonic_reflection::pb::v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            tonic_reflection::pb::v1::server_reflection_request::MessageRequest::ListServices(
+                String::new(),
+            ),
+        ),
+    };
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::iter(vec![ask]))
+        .await
+        .unwrap()
+        .into_inner();
+    let listed = format!("{:?}", answers.next().await.unwrap().unwrap());
+    for service in [
+        "synapse.TaskService",
+        "synapse.SynapseMessageService",
+        "synapse.GroupService",
+    ] {
+        assert!(listed.contains(service), "{listed}");
+    }
+
+    let caps =
+        w.c.capabilities
+            .get_capabilities(Request::new(()))
+            .await
+            .unwrap()
+            .into_inner();
+    let caps = caps.capabilities.unwrap();
+    assert_eq!(caps.agent_id, "agentbridge");
+    assert_eq!(caps.supported_transport_modes.len(), 4);
+    assert!(
+        caps.supported_task_types.iter().any(|t| t.r#type == "code"),
+        "coder's capability"
+    );
+
+    w.register("planner", &[]).await;
+    let agents =
+        w.c.capabilities
+            .list_agents(Request::new(()))
+            .await
+            .unwrap()
+            .into_inner();
+    let systems: Vec<(String, String)> = agents
+        .agents
+        .iter()
+        .map(|a| (a.agent_id.clone(), a.system_id.clone()))
+        .collect();
+    assert!(
+        systems.contains(&("coder".into(), "tracker".into())),
+        "{systems:?}"
+    );
+    assert!(
+        systems.contains(&("planner".into(), "synapse".into())),
+        "{systems:?}"
+    );
+    assert_eq!(agents.total as usize, agents.agents.len());
+
+    let coder =
+        w.c.capabilities
+            .query_agent(Request::new(QueryAgentRequest {
+                agent_id: "coder".into(),
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+            .capabilities
+            .unwrap();
+    assert_eq!(
+        (coder.system_id.as_str(), coder.agent_name.as_str()),
+        ("tracker", "Coder")
+    );
+    let missing =
+        w.c.capabilities
+            .query_agent(Request::new(QueryAgentRequest {
+                agent_id: "ghost".into(),
+            }))
+            .await
+            .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn streams_carry_messages_both_ways() {
+    let mut w = world().await;
+    let mut alpha = Stream::open(w.addr, "alpha").await;
+    w.register("beta", &[]).await;
+    let id = send(&mut w.c, chat("beta", "alpha", "hello alpha"))
+        .await
+        .unwrap();
+    let got = alpha.next().await;
+    assert_eq!(got.id, id);
+    assert_eq!(text_of(&got), "hello alpha");
+    assert_eq!(got.sender.as_ref().unwrap().agent_id, "beta");
+    assert_eq!(got.r#type, MessageType::Unspecified as i32);
+
+    // alpha answers on its stream; beta polls for it (it has no stream or callback).
+    let mut answer = chat("alpha", "beta", "hi beta");
+    answer.reply_to = id.clone();
+    alpha.send(answer).await;
+    // The answer is in the inbox once the bridge has taken it: wait for it by polling.
+    let mut polled = Vec::new();
+    for _ in 0..200 {
+        polled = w.poll("beta").await;
+        if !polled.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(polled.len(), 1);
+    assert_eq!(text_of(&polled[0]), "hi beta");
+    assert_eq!(polled[0].reply_to, id);
+    assert_eq!(
+        polled[0].correlation_id, id,
+        "a reply joins its parent's conversation"
+    );
+    assert!(w.poll("beta").await.is_empty(), "fetched messages are gone");
+
+    // A stream identified by its first message instead of metadata.
+    let mut client = agentbridge::protocols::synapse::proto::synapse_message_service_client::SynapseMessageServiceClient::new(
+        common::synapse::channel(w.addr).await,
+    );
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(chat("gamma", "alpha", "gamma here")).await.unwrap();
+    let mut gamma = client
+        .stream_messages(Request::new(ReceiverStream::new(rx)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(text_of(&alpha.next().await), "gamma here");
+    send(&mut w.c, chat("alpha", "gamma", "welcome"))
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(common::WAIT, gamma.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(text_of(&got), "welcome");
+
+    // A bad message on a stream gets a NACK; the stream stays open.
+    tx.send(chat("gamma", "nobody", "lost")).await.unwrap();
+    let nack = tokio::time::timeout(common::WAIT, gamma.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(nack.r#type, MessageType::P2pNack as i32);
+    assert!(text_of(&nack).contains("nobody"), "{}", text_of(&nack));
+    tx.send(chat("gamma", "alpha", "still open")).await.unwrap();
+    assert_eq!(text_of(&alpha.next().await), "still open");
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn send_message_errors_name_the_problem() {
+    let mut w = world().await;
+    w.register("beta", &[]).await;
+    let err =
+        w.c.messages
+            .send_message(Request::new(SendMessageRequest { message: None }))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("message"), "{}", err.message());
+    let mut no_sender = chat("", "beta", "x");
+    no_sender.sender = None;
+    let err = send(&mut w.c, no_sender).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("sender.agent_id"),
+        "{}",
+        err.message()
+    );
+    let err = send(&mut w.c, chat("beta", "ghost", "x"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(err.message().contains("ghost"), "{}", err.message());
+    let mut bad_type = chat("beta", "coder", "x");
+    bad_type.r#type = 99;
+    assert_eq!(
+        send(&mut w.c, bad_type).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    // A Synapse client cannot claim a name another protocol holds.
+    let err = send(&mut w.c, chat("coder", "beta", "impostor"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists);
+    assert!(err.message().contains("tracker"), "{}", err.message());
+    let err = send(
+        &mut w.c,
+        SynapseMessage {
+            group_id: "nope".into(),
+            ..chat("beta", "", "x")
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn callback_transport_posts_json_with_the_token_and_retries() {
+    let mut w = world().await;
+    let mut receiver = CallbackReceiver::start(2).await;
+    w.register(
+        "hooked",
+        &[
+            ("x-synapse-transport", "callback"),
+            ("x-synapse-callback-url", &receiver.url.clone()),
+            ("x-synapse-callback-token", "s3cret"),
+        ],
+    )
+    .await;
+    w.register("beta", &[]).await;
+    let id = send(&mut w.c, chat("beta", "hooked", "ring ring"))
+        .await
+        .unwrap();
+    // The first two attempts fail; the third lands.
+    let got = receiver.next().await;
+    assert_eq!(got.authorization.as_deref(), Some("Bearer s3cret"));
+    assert_eq!(got.body["id"], json!(id));
+    assert_eq!(got.body["type"], "MESSAGE_TYPE_UNSPECIFIED");
+    assert_eq!(got.body["sender"]["agentId"], "beta");
+    assert_eq!(got.body["payload"]["value"], "ring ring");
+
+    // A callback that never succeeds is counted, and its message kept for polling.
+    w.register(
+        "broken",
+        &[
+            ("x-synapse-transport", "callback"),
+            ("x-synapse-callback-url", "http://127.0.0.1:1/nothing"),
+        ],
+    )
+    .await;
+    send(&mut w.c, chat("beta", "broken", "keep me"))
+        .await
+        .unwrap();
+    let mut kept = Vec::new();
+    for _ in 0..300 {
+        kept = w.poll("broken").await;
+        if !kept.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(kept.iter().map(text_of).collect::<Vec<_>>(), ["keep me"]);
+    let (_, metrics) = {
+        let admin = w.bridge.admin_addr().unwrap();
+        let res = w
+            .http
+            .get(format!("http://{admin}/metrics"))
+            .send()
+            .await
+            .unwrap();
+        (res.status().as_u16(), res.text().await.unwrap())
+    };
+    assert!(
+        metrics.contains(
+            "agentbridge_callback_failures_total{protocol=\"synapse\",outcome=\"gave_up\"}"
+        ),
+        "{metrics}"
+    );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn polling_keeps_messages_in_order_until_fetched_even_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    {
+        let bridge = common::start_bridge_in(data, "").await;
+        let mut c = clients(bridge.addr("synapse").unwrap()).await;
+        let mut poller = c
+            .messages
+            .receive_callback(with_meta(
+                (),
+                &[
+                    ("x-synapse-agent-id", "poller"),
+                    ("x-synapse-transport", "polling"),
+                ],
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        while poller.next().await.is_some() {}
+        let mut sender = c
+            .messages
+            .receive_callback(with_meta((), &[("x-synapse-agent-id", "sender")]))
+            .await
+            .unwrap()
+            .into_inner();
+        while sender.next().await.is_some() {}
+        for i in 1..=3 {
+            send(&mut c, chat("sender", "poller", &format!("m{i}")))
+                .await
+                .unwrap();
+        }
+        // Let the inbox writer finish before stopping.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        bridge.shutdown().await;
+    }
+    let bridge = common::start_bridge_in(data, "").await;
+    let mut w = World {
+        c: clients(bridge.addr("synapse").unwrap()).await,
+        http: common::http(),
+        addr: bridge.addr("synapse").unwrap(),
+        bridge,
+    };
+    let got: Vec<String> = w.poll("poller").await.iter().map(text_of).collect();
+    assert_eq!(got, ["m1", "m2", "m3"]);
+    assert!(w.poll("poller").await.is_empty());
+    let err =
+        w.c.messages
+            .receive_callback(Request::new(()))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn sync_sends_wait_for_the_stream_or_are_unavailable() {
+    let mut w = world().await;
+    let mut live = Stream::open(w.addr, "live").await;
+    w.register("beta", &[]).await;
+    w.register("away", &[]).await;
+    let response =
+        w.c.messages
+            .send_message(with_meta(
+                SendMessageRequest {
+                    message: Some(chat("beta", "live", "now")),
+                },
+                &[("x-synapse-transport", "sync")],
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+    assert!(response.success);
+    assert_eq!(text_of(&live.next().await), "now");
+    let err =
+        w.c.messages
+            .send_message(with_meta(
+                SendMessageRequest {
+                    message: Some(chat("beta", "away", "later")),
+                },
+                &[("x-synapse-transport", "sync")],
+            ))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn hybrid_uses_the_stream_when_open_else_the_callback() {
+    let mut w = world().await;
+    let mut receiver = CallbackReceiver::start(0).await;
+    w.register(
+        "hy",
+        &[
+            ("x-synapse-transport", "hybrid"),
+            ("x-synapse-callback-url", &receiver.url.clone()),
+        ],
+    )
+    .await;
+    w.register("beta", &[]).await;
+    send(&mut w.c, chat("beta", "hy", "by callback"))
+        .await
+        .unwrap();
+    assert_eq!(
+        receiver.next().await.body["payload"]["value"],
+        "by callback"
+    );
+    let mut stream = Stream::open(w.addr, "hy").await;
+    send(&mut w.c, chat("beta", "hy", "by stream"))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&stream.next().await), "by stream");
+    assert_eq!(receiver.received.lock().unwrap().len(), 1);
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn submitted_tasks_follow_the_assignee_to_completion() {
+    let mut w = world().await;
+    let mut worker = Stream::open(w.addr, "worker").await;
+    let mut receiver = CallbackReceiver::start(0).await;
+    let submitted =
+        w.c.tasks
+            .submit_task(Request::new(SubmitTaskRequest {
+                task_type: "worker".into(),
+                payload: Some(prost_types::Any {
+                    type_url: "type.googleapis.com/google.protobuf.StringValue".into(),
+                    value: prost::Message::encode_to_vec(&"summarise the logs".to_owned()),
+                }),
+                external_task_id: "ext-1".into(),
+                priority: "high".into(),
+                callback_url: receiver.url.clone(),
+                callback_token: "tok".into(),
+                preferred_transport: 1,
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    assert!(submitted.success);
+    assert_eq!(submitted.status, TaskStatus::Received as i32);
+    let task_id = submitted.task_id.clone();
+
+    // A watcher sees the current status, then every change.
+    let (watch_tx, watch_rx) = mpsc::channel(8);
+    watch_tx
+        .send(TaskStatusStreamRequest {
+            task_id: task_id.clone(),
+            subscribe: true,
+        })
+        .await
+        .unwrap();
+    let mut watching =
+        w.c.tasks
+            .stream_task_status(Request::new(ReceiverStream::new(watch_rx)))
+            .await
+            .unwrap()
+            .into_inner();
+    let first = tokio::time::timeout(common::WAIT, watching.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.status, TaskStatus::Received as i32);
+
+    let request = worker.next().await;
+    assert_eq!(request.r#type, MessageType::P2pTaskRequest as i32);
+    let payload: TaskPayload = unpack(&request);
+    assert_eq!(
+        (payload.task_id.as_str(), payload.task_type.as_str()),
+        (task_id.as_str(), "worker")
+    );
+    let text: String = prost::Message::decode(payload.payload.unwrap().value.as_slice()).unwrap();
+    assert_eq!(text, "summarise the logs");
+
+    worker
+        .send(status_update(
+            "worker",
+            "agentbridge",
+            &task_id,
+            TaskStatus::Processing,
+            50,
+            "half",
+        ))
+        .await;
+    let update = tokio::time::timeout(common::WAIT, watching.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (update.status, update.progress, update.message.as_str()),
+        (TaskStatus::Processing as i32, 50, "half")
+    );
+    assert_eq!(
+        receiver.next().await.body["type"],
+        "MESSAGE_TYPE_P2P_STATUS_UPDATE"
+    );
+
+    worker
+        .send(task_complete(
+            "worker",
+            "agentbridge",
+            &task_id,
+            "3 errors found",
+            &request.id,
+        ))
+        .await;
+    let done = tokio::time::timeout(common::WAIT, watching.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (done.status, done.progress),
+        (TaskStatus::Completed as i32, 100)
+    );
+    let callback = receiver.next().await;
+    assert_eq!(callback.body["type"], "MESSAGE_TYPE_P2P_TASK_COMPLETE");
+    assert_eq!(callback.authorization.as_deref(), Some("Bearer tok"));
+    assert_eq!(callback.body["replyTo"], json!(request.id));
+
+    let got =
+        w.c.tasks
+            .get_task(Request::new(GetTaskRequest {
+                task_id: task_id.clone(),
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    let info = got.task.unwrap();
+    assert_eq!(
+        (info.status, info.external_task_id.as_str()),
+        (TaskStatus::Completed as i32, "ext-1")
+    );
+    assert!(info.completed_at.is_some());
+    let result: String = prost::Message::decode(info.result.unwrap().value.as_slice()).unwrap();
+    assert_eq!(result, "3 errors found");
+    let status =
+        w.c.tasks
+            .get_task_status(Request::new(GetTaskRequest {
+                task_id: task_id.clone(),
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(status.task.unwrap().status, TaskStatus::Completed as i32);
+
+    // Finished tasks cannot be cancelled; unknown ones are not found.
+    let err =
+        w.c.tasks
+            .cancel_task(Request::new(CancelTaskRequest {
+                task_id: task_id.clone(),
+            }))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let err =
+        w.c.tasks
+            .get_task(Request::new(GetTaskRequest {
+                task_id: "nope".into(),
+            }))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn task_submission_errors_listing_and_cancelling() {
+    let mut w = world().await;
+    let submit = |task_type: &str, external: &str| SubmitTaskRequest {
+        task_type: task_type.into(),
+        external_task_id: external.into(),
+        ..Default::default()
+    };
+    let err =
+        w.c.tasks
+            .submit_task(Request::new(submit("", "")))
+            .await
+            .unwrap_err();
+    assert_eq!(
+        (err.code(), err.message().contains("task_type")),
+        (Code::InvalidArgument, true)
+    );
+    let err =
+        w.c.tasks
+            .submit_task(Request::new(submit("astrology", "")))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let err =
+        w.c.tasks
+            .submit_task(Request::new(SubmitTaskRequest {
+                priority: "whenever".into(),
+                ..submit("coder", "")
+            }))
+            .await
+            .unwrap_err();
+    assert_eq!(
+        (err.code(), err.message().contains("priority")),
+        (Code::InvalidArgument, true)
+    );
+    let err =
+        w.c.tasks
+            .submit_task(Request::new(SubmitTaskRequest {
+                preferred_transport: 1,
+                ..submit("coder", "")
+            }))
+            .await
+            .unwrap_err();
+    assert!(err.message().contains("callback_url"), "{}", err.message());
+
+    // By capability: "code" is coder's.
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let r =
+            w.c.tasks
+                .submit_task(Request::new(submit("code", &format!("e{i}"))))
+                .await
+                .unwrap()
+                .into_inner();
+        ids.push(r.task_id);
+    }
+    let err =
+        w.c.tasks
+            .submit_task(Request::new(submit("code", "e0")))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists);
+
+    let cancelled =
+        w.c.tasks
+            .cancel_task(Request::new(CancelTaskRequest {
+                task_id: ids[0].clone(),
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(cancelled.status, TaskStatus::Cancelled as i32);
+    let page =
+        w.c.tasks
+            .list_tasks(Request::new(ListTasksRequest {
+                status: String::new(),
+                limit: 2,
+                offset: 0,
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(
+        (page.tasks.len(), page.total, page.has_more, page.limit),
+        (2, 3, true, 2)
+    );
+    let rest =
+        w.c.tasks
+            .list_tasks(Request::new(ListTasksRequest {
+                status: String::new(),
+                limit: 2,
+                offset: 2,
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!((rest.tasks.len(), rest.has_more), (1, false));
+    let received =
+        w.c.tasks
+            .list_tasks(Request::new(ListTasksRequest {
+                status: "TASK_STATUS_RECEIVED".into(),
+                limit: 0,
+                offset: 0,
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(received.total, 2);
+    let cancelled =
+        w.c.tasks
+            .list_tasks(Request::new(ListTasksRequest {
+                status: "cancelled".into(),
+                limit: 0,
+                offset: 0,
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(cancelled.tasks[0].id, ids[0]);
+    let err =
+        w.c.tasks
+            .list_tasks(Request::new(ListTasksRequest {
+                status: "sleeping".into(),
+                limit: 0,
+                offset: 0,
+            }))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    // Files: kept with the task, 5 MiB each at most.
+    let with_files = |size: usize| SubmitTaskWithFilesRequest {
+        request: Some(submit("coder", "")),
+        files: vec![FileUpload {
+            field_name: "file".into(),
+            filename: "log.txt".into(),
+            mime_type: "text/plain".into(),
+            data: vec![b'x'; size],
+        }],
+    };
+    let ok =
+        w.c.tasks
+            .submit_task_with_files(Request::new(with_files(1024)))
+            .await
+            .unwrap()
+            .into_inner();
+    assert!(ok.success);
+    let err =
+        w.c.tasks
+            .submit_task_with_files(Request::new(with_files(5 * 1024 * 1024 + 1)))
+            .await
+            .unwrap_err();
+    assert_eq!(
+        (err.code(), err.message().contains("log.txt")),
+        (Code::InvalidArgument, true)
+    );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn groups_reach_members_of_every_protocol() {
+    let mut w = world().await;
+    let skynet = common::skynet::SkynetHttp::new(w.bridge.addr("skynet").unwrap());
+    let alice = skynet.agent("alice").await;
+    let (mut ws_alice, _) =
+        common::skynet::SkynetWs::join(w.bridge.addr("skynet").unwrap(), &alice).await;
+    let lead = Stream::open_groups(w.addr, "lead").await;
+    let mut member = Stream::open_groups(w.addr, "member").await;
+
+    let created =
+        w.c.groups
+            .create_group(with_meta(
+                CreateGroupRequest {
+                    name: "crew".into(),
+                    description: "d".into(),
+                    coordinator_id: String::new(),
+                    initial_members: vec!["alice".into()],
+                },
+                &[("x-synapse-agent-id", "lead")],
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+    let group = created.group_id.clone();
+    assert_eq!(created.group.unwrap().coordinator_id, "lead");
+    w.c.groups
+        .join_group(Request::new(JoinGroupRequest {
+            group_id: group.clone(),
+            agent: endpoint("member"),
+        }))
+        .await
+        .unwrap();
+    let err =
+        w.c.groups
+            .join_group(Request::new(JoinGroupRequest {
+                group_id: group.clone(),
+                agent: endpoint("member"),
+            }))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists);
+    let members =
+        w.c.groups
+            .list_group_members(Request::new(ListGroupMembersRequest {
+                group_id: group.clone(),
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    let roles: Vec<(String, String)> = members
+        .members
+        .iter()
+        .map(|m| (m.agent_id.clone(), m.role.clone()))
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            ("lead".into(), "coordinator".into()),
+            ("alice".into(), "member".into()),
+            ("member".into(), "member".into())
+        ]
+    );
+
+    let mut msg = chat("lead", "", "crew, gather");
+    msg.receiver = None;
+    msg.group_id = group.clone();
+    lead.send(msg).await;
+    let got = member.next().await;
+    assert_eq!(
+        (text_of(&got), got.group_id.as_str()),
+        ("crew, gather".to_owned(), group.as_str())
+    );
+    let at_alice = ws_alice.next_message().await;
+    assert_eq!(common::skynet::text_of(&at_alice), "crew, gather");
+
+    w.c.groups
+        .leave_group(Request::new(LeaveGroupRequest {
+            group_id: group.clone(),
+            agent_id: "member".into(),
+        }))
+        .await
+        .unwrap();
+    let err =
+        w.c.groups
+            .leave_group(Request::new(LeaveGroupRequest {
+                group_id: group.clone(),
+                agent_id: "member".into(),
+            }))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    // Not a member any more: its group messages are refused (a NACK on its stream).
+    let mut msg = chat("member", "", "hello?");
+    msg.receiver = None;
+    msg.group_id = group.clone();
+    member.send(msg).await;
+    assert_eq!(member.next().await.r#type, MessageType::P2pNack as i32);
+
+    w.c.groups
+        .disband_group(Request::new(DisbandGroupRequest {
+            group_id: group.clone(),
+        }))
+        .await
+        .unwrap();
+    let err =
+        w.c.groups
+            .list_group_members(Request::new(ListGroupMembersRequest { group_id: group }))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err =
+        w.c.groups
+            .create_group(Request::new(CreateGroupRequest {
+                name: "x".into(),
+                initial_members: vec!["ghost".into()],
+                ..Default::default()
+            }))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err =
+        w.c.groups
+            .create_group(Request::new(CreateGroupRequest::default()))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_gateway_serves_every_http_rule() {
+    let w = world().await;
+    let mut worker = Stream::open(w.addr, "worker").await;
+
+    let (status, submitted) = w
+        .post("/api/v1/synapse/task", json!({ "taskType": "worker", "payload": { "@type": "type.googleapis.com/google.protobuf.StringValue", "value": "via http" }, "external_task_id": "h-1" }))
+        .await;
+    assert_eq!(status, 200, "{submitted}");
+    assert_eq!(submitted["success"], true);
+    assert_eq!(submitted["status"], "TASK_STATUS_RECEIVED");
+    let id = submitted["taskId"].as_str().unwrap().to_owned();
+    assert_eq!(
+        worker.next().await.r#type,
+        MessageType::P2pTaskRequest as i32
+    );
+
+    let (status, got) = w.get(&format!("/api/v1/synapse/task/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(got["task"]["id"], json!(id));
+    assert_eq!(got["task"]["externalTaskId"], "h-1");
+    assert_eq!(
+        w.get(&format!("/api/v1/synapse/task/{id}/status")).await.1["task"]["status"],
+        "TASK_STATUS_RECEIVED"
+    );
+    let (_, listed) = w
+        .get("/api/v1/synapse/tasks?status=TASK_STATUS_RECEIVED&limit=5")
+        .await;
+    assert_eq!(
+        (listed["total"].as_i64(), listed["limit"].as_i64()),
+        (Some(1), Some(5))
+    );
+    let (status, cancelled) = w
+        .post(&format!("/api/v1/synapse/task/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(
+        (status, cancelled["status"].as_str()),
+        (200, Some("TASK_STATUS_CANCELLED"))
+    );
+    let (status, files) = w
+        .post("/api/v1/synapse/task/multipart", json!({ "request": { "taskType": "worker" }, "files": [{ "filename": "a.txt", "data": "aGVsbG8=" }] }))
+        .await;
+    assert_eq!(
+        (status, files["success"].as_bool()),
+        (200, Some(true)),
+        "{files}"
+    );
+
+    let (status, sent) = w
+        .post("/api/v1/synapse/message", json!({ "message": { "sender": { "agentId": "web" }, "receiver": { "agentId": "worker" }, "payload": { "@type": "type.googleapis.com/google.protobuf.StringValue", "value": "hi from http" } } }))
+        .await;
+    assert_eq!(
+        (status, sent["success"].as_bool()),
+        (200, Some(true)),
+        "{sent}"
+    );
+    let mut next = worker.next().await;
+    while next.r#type != MessageType::Unspecified as i32 {
+        next = worker.next().await;
+    }
+    assert_eq!(text_of(&next), "hi from http");
+
+    assert_eq!(
+        w.get("/api/v1/synapse/capabilities").await.1["capabilities"]["agentId"],
+        "agentbridge"
+    );
+    let (_, agents) = w.get("/api/v1/synapse/agents").await;
+    assert!(
+        agents["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["agentId"] == "web")
+    );
+    assert_eq!(
+        w.get("/api/v1/synapse/agents/coder").await.1["capabilities"]["systemId"],
+        "tracker"
+    );
+    let (_, health) = w.get("/api/v1/synapse/health").await;
+    assert_eq!(health["status"], "SERVING");
+    assert!(
+        health["uptimeSeconds"].is_string(),
+        "int64 is a string in proto3 JSON"
+    );
+
+    let (_, group) = w
+        .post(
+            "/api/v1/synapse/group",
+            json!({ "name": "g", "coordinatorId": "web" }),
+        )
+        .await;
+    let gid = group["groupId"].as_str().unwrap().to_owned();
+    assert_eq!(
+        w.post(
+            &format!("/api/v1/synapse/group/{gid}/join"),
+            json!({ "agent": { "agentId": "worker" } })
+        )
+        .await
+        .0,
+        200
+    );
+    let (_, members) = w.get(&format!("/api/v1/synapse/group/{gid}/members")).await;
+    assert_eq!(members["members"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        w.post(
+            &format!("/api/v1/synapse/group/{gid}/leave"),
+            json!({ "agentId": "worker" })
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        w.post(&format!("/api/v1/synapse/group/{gid}/disband"), json!({}))
+            .await
+            .0,
+        200
+    );
+
+    // ReceiveCallback's HTTP form ingests a message from a remote Synapse system.
+    let (status, acked) = w
+        .post("/api/v1/synapse/callback", json!({ "id": "remote-1", "sender": { "agentId": "remote" }, "receiver": { "agentId": "worker" }, "payload": { "@type": "type.googleapis.com/google.protobuf.StringValue", "value": "from afar" } }))
+        .await;
+    assert_eq!(status, 200, "{acked}");
+    assert_eq!(acked["result"]["type"], "MESSAGE_TYPE_P2P_ACK");
+    assert_eq!(acked["result"]["replyTo"], "remote-1");
+    assert_eq!(text_of(&worker.next().await), "from afar");
+
+    // Errors: {code, message} with the matching HTTP status.
+    let (status, err) = w.get("/api/v1/synapse/task/nope").await;
+    assert_eq!((status, err["code"].as_i64()), (404, Some(5)));
+    assert!(err["message"].as_str().unwrap().contains("nope"));
+    let (status, err) = w.post("/api/v1/synapse/task", json!({})).await;
+    assert_eq!((status, err["code"].as_i64()), (400, Some(3)));
+    let (status, _) = w
+        .post("/api/v1/synapse/task", json!({ "taskType": 7 }))
+        .await;
+    assert_eq!(status, 400);
+    let (status, err) = w.get("/api/v1/synapse/tasks?limit=many").await;
+    assert_eq!(status, 400, "{err}");
+
+    let (status, openapi) = w.get("/api/v1/synapse/openapi.json").await;
+    assert_eq!(status, 200);
+    assert_eq!(openapi["info"]["title"], "Synapse Protocol API");
+    assert!(openapi["paths"]["/api/v1/synapse/group/{group_id}/join"]["post"].is_object());
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_configured_token_is_required() {
+    let extra = "[synapse]\nlisten = \"127.0.0.1:0\"\ntoken = \"letmein\"\n";
+    let mut w = world_with(extra).await;
+    let err = w.c.health.health_check(Request::new(())).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    let ok =
+        w.c.health
+            .health_check(with_meta((), &[("authorization", "Bearer letmein")]))
+            .await;
+    assert!(ok.is_ok());
+    let err =
+        w.c.health
+            .health_check(with_meta((), &[("authorization", "Bearer nope")]))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    let (status, body) = w.get("/api/v1/synapse/health").await;
+    assert_eq!((status, body["code"].as_i64()), (401, Some(16)));
+    let res = w
+        .http
+        .get(w.url("/api/v1/synapse/health"))
+        .bearer_auth("letmein")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    // The standard health service stays open for probes.
+    let mut standard =
+        tonic_health::pb::health_client::HealthClient::new(common::synapse::channel(w.addr).await);
+    assert!(
+        standard
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new()
+            })
+            .await
+            .is_ok()
+    );
+    w.bridge.shutdown().await;
+}
