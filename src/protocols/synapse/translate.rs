@@ -511,6 +511,56 @@ mod tests {
     }
 
     #[test]
+    fn every_message_type_has_a_kind_and_back() {
+        use MessageType as M;
+        for (msg_type, kind) in [
+            (M::Unspecified, Kind::Chat),
+            (M::P2pTaskRequest, Kind::TaskAssign),
+            (M::P2pTaskComplete, Kind::TaskResult),
+            (M::P2pTaskFailed, Kind::TaskResult),
+            (M::P2pStatusUpdate, Kind::TaskUpdate),
+            (M::P2pInfoMissing, Kind::TaskUpdate),
+            (M::P2pAck, Kind::Custom),
+            (M::P2pNack, Kind::Error),
+            (M::GroupInvite, Kind::Custom),
+            (M::GroupJoin, Kind::Custom),
+            (M::GroupLeave, Kind::Custom),
+            (M::GroupTaskSplit, Kind::TaskAssign),
+            (M::GroupSubtaskResult, Kind::TaskResult),
+            (M::GroupResultMerge, Kind::TaskResult),
+            (M::GroupVoteInitiate, Kind::VoteInitiate),
+            (M::GroupVoteSubmit, Kind::VoteSubmit),
+            (M::GroupVoteResult, Kind::VoteResult),
+            (M::HilDecisionRequest, Kind::DecisionRequest),
+            (M::HilDecisionResponse, Kind::DecisionResponse),
+            (M::Heartbeat, Kind::PresenceStatus),
+        ] {
+            assert_eq!(kind_of(msg_type), kind, "{msg_type:?}");
+        }
+        // Foreign votes and decisions come back as their Synapse types.
+        for (kind, msg_type) in [
+            (Kind::VoteInitiate, M::GroupVoteInitiate),
+            (Kind::VoteSubmit, M::GroupVoteSubmit),
+            (Kind::VoteResult, M::GroupVoteResult),
+            (Kind::DecisionRequest, M::HilDecisionRequest),
+            (Kind::DecisionResponse, M::HilDecisionResponse),
+            (Kind::Error, M::P2pNack),
+        ] {
+            let mut env = Envelope::new("grid", "mc", kind);
+            env.text = Some("x".into());
+            assert_eq!(wire::message_type(&encode(&env, &Ctx).unwrap()), msg_type);
+        }
+        let join = decode(&SynapseMessage {
+            r#type: M::GroupJoin as i32,
+            sender: endpoint("a"),
+            group_id: "g".into(),
+            ..Default::default()
+        });
+        assert_eq!(join.text.as_deref(), Some("a joined group g"));
+        assert_eq!(join.audience, Audience::Group("g".into()));
+    }
+
+    #[test]
     fn status_updates_carry_state_and_progress() {
         let msg = SynapseMessage {
             id: "s".into(),
