@@ -53,6 +53,9 @@ pub struct Outbound {
 
 impl Outbound {
     pub fn new(config: &Config) -> Self {
+        // HTTPS callbacks use rustls with the ring provider (pure Rust and C, no cmake);
+        // installing it twice (several bridges in one process) is harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let (callbacks, callback_rx) = mpsc::unbounded_channel();
         let (inbox, inbox_rx) = mpsc::unbounded_channel();
         Outbound {
@@ -62,7 +65,7 @@ impl Outbound {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
                 .build()
-                .expect("an HTTP client without TLS builds"),
+                .expect("the HTTP client builds"),
             attempts: config.callback_attempts.max(1),
             backoff: Duration::from_millis(config.callback_backoff_ms),
         }
