@@ -29,6 +29,8 @@ pub struct Link {
     pub root: String,
     /// Its sender.
     pub from: String,
+    /// The task it assigned, when it is an assignment.
+    pub task_id: Option<String>,
 }
 
 /// A task assignment: the message that asked and who asked.
@@ -70,11 +72,13 @@ impl CorrelationIndex {
         from: &str,
         reply_to: Option<&str>,
         correlation_id: Option<&str>,
+        assigned_task: Option<&str>,
     ) {
         let link = Link {
             reply_to: reply_to.map(str::to_owned),
             root: correlation_id.unwrap_or(id).to_owned(),
             from: from.to_owned(),
+            task_id: assigned_task.map(str::to_owned),
         };
         let mut state = self.lock();
         if state.links.insert(id.to_owned(), link).is_none() {
@@ -141,8 +145,8 @@ mod tests {
     #[test]
     fn roots_follow_the_first_message() {
         let index = CorrelationIndex::new(10);
-        index.record("a", "x", None, None);
-        index.record("b", "y", Some("a"), Some("a"));
+        index.record("a", "x", None, None, Some("t"));
+        index.record("b", "y", Some("a"), Some("a"), None);
         assert_eq!(index.link("a").unwrap().root, "a");
         assert_eq!(
             index.link("b").unwrap(),
@@ -150,15 +154,17 @@ mod tests {
                 reply_to: Some("a".into()),
                 root: "a".into(),
                 from: "y".into(),
+                task_id: None,
             }
         );
+        assert_eq!(index.link("a").unwrap().task_id.as_deref(), Some("t"));
     }
 
     #[test]
     fn the_cache_is_bounded() {
         let index = CorrelationIndex::new(2);
         for id in ["a", "b", "c"] {
-            index.record(id, "x", None, None);
+            index.record(id, "x", None, None, None);
             index.record_derived(&format!("d-{id}"), id);
         }
         assert!(index.link("a").is_none());

@@ -46,6 +46,12 @@ impl Default for RoutingConfig {
 /// Recent messages whose conversation links are kept in memory.
 const CORRELATION_CACHE: usize = 100_000;
 
+/// The bridge's own name in the directory: the sender of what the bridge says itself
+/// (expiry notices, refusals) and the submitter of tasks from anonymous callers.
+pub const BRIDGE_AGENT: &str = "agentbridge";
+/// The directory "protocol" of the bridge's own agent.
+pub const BRIDGE_PROTOCOL: Protocol = "bridge";
+
 pub struct Core {
     pub directory: Arc<Directory>,
     pub router: Router,
@@ -56,7 +62,13 @@ pub struct Core {
 impl Core {
     pub fn new(store: Store, routing: &RoutingConfig) -> Arc<Core> {
         let directory = Arc::new(Directory::new());
-        Arc::new(Core {
+        let mut bridge = AgentInfo::new(BRIDGE_AGENT, BRIDGE_PROTOCOL, BRIDGE_AGENT);
+        bridge.description = Some("agentbridge".into());
+        bridge.agent_type = Some("bridge".into());
+        directory
+            .register(bridge)
+            .expect("an empty directory has room for the bridge");
+        let core = Arc::new(Core {
             router: Router::new(
                 directory.clone(),
                 routing.mailbox_capacity.get(),
@@ -65,7 +77,47 @@ impl Core {
             directory,
             correlation: CorrelationIndex::new(CORRELATION_CACHE),
             store,
-        })
+        });
+        let weak = Arc::downgrade(&core);
+        core.router
+            .set_expiry_handler(Arc::new(move |delivery, protocol| {
+                if let Some(core) = weak.upgrade() {
+                    core.expired(&delivery, protocol);
+                }
+            }));
+        core
+    }
+
+    /// A message that waited longer than its ttl for a recipient of `protocol`: dropped,
+    /// counted, and its sender told with an error message (`TTL_EXPIRED`) answering it.
+    pub fn expired(self: &Arc<Self>, delivery: &Delivery, protocol: Protocol) {
+        telemetry::message_dropped(protocol, "ttl_expired");
+        let env = &delivery.envelope;
+        if env.from == BRIDGE_AGENT || env.kind == Kind::Error {
+            return;
+        }
+        let mut notice = Envelope::new(BRIDGE_PROTOCOL, BRIDGE_AGENT, Kind::Error);
+        notice.to = vec![env.from.clone()];
+        notice.audience = Audience::Private;
+        notice.reply_to = Some(env.id.clone());
+        notice.correlation_id = Some(env.id.clone());
+        notice.priority = Priority::High;
+        notice.text = Some(format!(
+            "message {} was not delivered within its ttl of {} s",
+            env.id,
+            env.ttl_secs.unwrap_or(0)
+        ));
+        notice.data = Some(serde_json::json!({
+            "error_code": "TTL_EXPIRED",
+            "error_message": notice.text,
+            "recoverable": true,
+        }));
+        let core = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = core.publish(notice).await {
+                tracing::error!(error = %e, "cannot store a ttl notice");
+            }
+        });
     }
 
     /// Accepts a message: writes it to the store, then routes it. When this returns the
@@ -83,11 +135,16 @@ impl Core {
     }
 
     fn dispatch(&self, env: Envelope) -> Arc<Delivery> {
+        let assigned = (env.kind == Kind::TaskAssign)
+            .then(|| env.task.as_ref().map(|t| t.id.as_str()))
+            .flatten()
+            .filter(|id| !id.is_empty());
         self.correlation.record(
             &env.id,
             &env.from,
             env.reply_to.as_deref(),
             env.correlation_id.as_deref(),
+            assigned,
         );
         if env.kind == Kind::TaskAssign
             && let Some(task) = env.task.as_ref().filter(|t| !t.id.is_empty())
@@ -112,6 +169,25 @@ impl Core {
     /// - a reply (or task progress) reaches the agent it answers when that agent speaks
     ///   another protocol, whose own routing rules would otherwise not deliver it there.
     async fn link_conversation(&self, env: &mut Envelope) {
+        // Progress that names no task is about the task its parent assigned.
+        if matches!(env.kind, Kind::TaskUpdate | Kind::TaskResult)
+            && env.task.as_ref().is_some_and(|t| t.id.is_empty())
+            && let Some(parent) = env.reply_to.clone()
+        {
+            let assigned = match self.correlation.link(&parent) {
+                Some(link) => link.task_id,
+                None => self
+                    .store
+                    .link(&parent)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|l| l.task_id),
+            };
+            if let (Some(task), Some(id)) = (env.task.as_mut(), assigned) {
+                task.id = id;
+            }
+        }
         let mut answers: Option<String> = None;
         if matches!(env.kind, Kind::TaskUpdate | Kind::TaskResult)
             && let Some(task_id) = env

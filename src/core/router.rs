@@ -83,7 +83,11 @@ pub struct Router {
     offline: DashMap<Protocol, Arc<dyn OfflineSink>>,
     groups: DashMap<String, Vec<String>>,
     mailbox_depth: metrics::Histogram,
+    expiry: std::sync::OnceLock<ExpiryHandler>,
 }
+
+/// What becomes of a message whose ttl ran out in a mailbox of the given protocol.
+pub type ExpiryHandler = Arc<dyn Fn(Arc<Delivery>, Protocol) + Send + Sync>;
 
 impl Router {
     pub fn new(directory: Arc<Directory>, capacity: usize, policy: WhenFull) -> Self {
@@ -97,15 +101,25 @@ impl Router {
             offline: DashMap::new(),
             groups: DashMap::new(),
             mailbox_depth: telemetry::mailbox_depth_histogram(),
+            expiry: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets what happens to messages that expire in mailboxes (once).
+    pub fn set_expiry_handler(&self, handler: ExpiryHandler) {
+        let _ = self.expiry.set(handler);
     }
 
     /// A mailbox sized and governed by the bridge's routing settings.
     pub fn mailbox(&self, protocol: Protocol) -> Arc<Mailbox> {
-        Arc::new(
-            Mailbox::new(protocol, self.capacity, self.policy)
-                .with_depth_histogram(self.mailbox_depth.clone()),
-        )
+        let mut mailbox = Mailbox::new(protocol, self.capacity, self.policy)
+            .with_depth_histogram(self.mailbox_depth.clone());
+        if let Some(handler) = self.expiry.get() {
+            let handler = handler.clone();
+            mailbox =
+                mailbox.with_expiry_hook(Arc::new(move |delivery| handler(delivery, protocol)));
+        }
+        Arc::new(mailbox)
     }
 
     /// Connects `mailbox` as a live session of `agent`.

@@ -95,13 +95,16 @@ impl Store {
         self.read(move |conn| {
             Ok(conn
                 .prepare_cached(
-                    "SELECT reply_to, COALESCE(correlation_id, id), sender FROM messages WHERE id = ?1",
+                    "SELECT reply_to, COALESCE(correlation_id, id), sender,
+                            CASE WHEN kind = 'task.assign' THEN task_id END
+                     FROM messages WHERE id = ?1",
                 )?
                 .query_row([id], |r| {
                     Ok(Link {
                         reply_to: r.get(0)?,
                         root: r.get(1)?,
                         from: r.get(2)?,
+                        task_id: r.get(3)?,
                     })
                 })
                 .optional()?)

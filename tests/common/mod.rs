@@ -106,6 +106,8 @@ pub fn ws_url(addr: SocketAddr, path: &str) -> String {
 }
 
 pub fn http() -> reqwest::Client {
+    // reqwest is built with rustls but no default crypto provider (the bridge picks ring).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .timeout(WAIT)
         .build()

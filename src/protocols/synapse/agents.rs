@@ -92,7 +92,7 @@ impl Synapse {
                 "{field}.agent_id is required"
             )));
         }
-        if id == super::BRIDGE_AGENT_ID {
+        if id == crate::core::BRIDGE_AGENT {
             return Err(Status::already_exists(format!(
                 "agent_id '{id}' is the bridge's own"
             )));

@@ -11,7 +11,8 @@ use tonic::{Status, Streaming};
 use super::agents::{Hints, internal};
 use super::outbound::Route;
 use super::proto::{AgentEndpoint, MessageType, SynapseMessage, TransportMode};
-use super::{BRIDGE_AGENT_ID, PROTOCOL, Synapse, translate, wire};
+use super::{PROTOCOL, Synapse, translate, wire};
+use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
 use crate::core::{Audience, Delivery, Envelope, Interest, Kind, new_message_id, now_ms};
 use crate::telemetry;
 

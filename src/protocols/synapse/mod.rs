@@ -36,10 +36,6 @@ use proto::{AgentEndpoint, TaskStatusUpdate};
 
 pub const PROTOCOL: Protocol = "synapse";
 
-/// The bridge itself, as a Synapse agent: the sender of what it says on its own behalf
-/// and the subject of `GetCapabilities`.
-pub const BRIDGE_AGENT_ID: &str = "agentbridge";
-
 /// A group and its members.
 #[derive(Clone, Debug)]
 pub struct Group {
@@ -168,15 +164,6 @@ impl Synapse {
             };
             self.db.put_agent(row).await.map_err(|e| e.to_string())?;
         }
-        // The bridge is an agent too: anonymous callers submit tasks through it, and
-        // answers to those tasks are addressed to it.
-        let mut bridge = crate::core::AgentInfo::new(BRIDGE_AGENT_ID, PROTOCOL, BRIDGE_AGENT_ID);
-        bridge.description = Some("agentbridge".into());
-        bridge.agent_type = Some("bridge".into());
-        self.core
-            .directory
-            .register(bridge)
-            .map_err(|e| format!("the bridge's own agent id: {e}"))?;
         for agent in self.db.agents().await.map_err(|e| e.to_string())? {
             self.core
                 .directory

@@ -212,7 +212,7 @@ impl OfflineSink for Sink {
             return;
         };
         // The bridge itself reads its messages through the hub, not an inbox.
-        if agent == super::BRIDGE_AGENT_ID {
+        if agent == crate::core::BRIDGE_AGENT {
             return;
         }
         let Some(message) = synapse.encode(delivery) else {

@@ -19,7 +19,8 @@ use super::proto::{
     MessageType, SubmitTaskRequest, SynapseMessage, TaskError, TaskInfo as TaskInfoPb, TaskResult,
     TaskStatus, TaskStatusUpdate,
 };
-use super::{BRIDGE_AGENT_ID, PROTOCOL, Synapse, agents::internal, translate, wire};
+use super::{PROTOCOL, Synapse, agents::internal, translate, wire};
+use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
 use crate::core::{
     Attachment, Delivery, Directory, Envelope, Interest, Kind, Priority, TaskInfo, TaskState,
     new_message_id,

@@ -4,6 +4,8 @@ use tonic::{Request, Response, Status};
 
 use super::SynapseApi;
 use crate::core::AgentInfo;
+use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
+use crate::protocols::synapse::PROTOCOL;
 use crate::protocols::synapse::proto::capabilities_service_server::CapabilitiesService;
 use crate::protocols::synapse::proto::{
     AgentCapabilities, AgentInfo as AgentInfoPb, CapabilitiesResponse, ListAgentsResponse,
@@ -11,7 +13,6 @@ use crate::protocols::synapse::proto::{
 };
 use crate::protocols::synapse::tasks::MAX_FILE;
 use crate::protocols::synapse::translate::PROTOCOL_VERSION;
-use crate::protocols::synapse::{BRIDGE_AGENT_ID, PROTOCOL};
 
 const ALL_TRANSPORTS: [TransportMode; 4] = [
     TransportMode::Callback,
