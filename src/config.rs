@@ -23,6 +23,7 @@ pub struct Config {
     pub skynet: Option<protocols::skynet::Config>,
     pub tracker: Option<protocols::tracker::Config>,
     pub synapse: Option<protocols::synapse::Config>,
+    pub grid: Option<protocols::grid::Config>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -86,6 +87,13 @@ impl Config {
         let mut config = Config::parse(&text, &path.display().to_string())?;
         let base = path.parent().unwrap_or(Path::new("."));
         config.bridge.data_dir = resolve_data_dir(base, &config.bridge.data_dir);
+        if let Some(grid) = &mut config.grid {
+            for pad in &mut grid.scratchpad.0 {
+                if pad.is_relative() {
+                    *pad = base.join(&*pad);
+                }
+            }
+        }
         Ok(config)
     }
 

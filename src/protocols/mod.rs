@@ -6,6 +6,7 @@
 //! `start_all` and `listeners` below.
 
 pub mod clock;
+pub mod grid;
 pub mod skynet;
 pub mod synapse;
 pub mod tracker;
@@ -61,6 +62,9 @@ pub async fn start_all(
     }
     if let Some(section) = &config.synapse {
         running.push(synapse::start(section, core.clone(), shutdown.clone()).await?);
+    }
+    if let Some(section) = &config.grid {
+        running.push(grid::start(section, core.clone(), shutdown.clone()).await?);
     }
     Ok(running)
 }

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod grid;
 pub mod process;
 pub mod skynet;
 pub mod synapse;
@@ -40,6 +41,10 @@ pub fn bridge_toml(data_dir: &str, extra: &str) -> String {
         (
             "synapse",
             "listen = \"127.0.0.1:0\"\ncallback_backoff_ms = 20\nsync_timeout_ms = 5000".to_owned(),
+        ),
+        (
+            "grid",
+            "listen = \"127.0.0.1:0\"\nexpiry_check_ms = 50\nscratchpad_poll_ms = 20".to_owned(),
         ),
     ];
     // `extra` may replace a default section wholesale.

@@ -83,8 +83,18 @@ impl Outbound {
         };
         // One writer keeps each agent's inbox in arrival order.
         let db = synapse.db.clone();
+        let stop = synapse.shutdown.clone();
         let inbox_writer = tokio::spawn(async move {
-            while let Some((agent, message)) = inbox.recv().await {
+            loop {
+                // At shutdown, what is already waiting is still kept.
+                let (agent, message) = tokio::select! {
+                    biased;
+                    next = inbox.recv() => match next { Some(next) => next, None => break },
+                    _ = stop.cancelled() => match inbox.try_recv() {
+                        Ok(next) => next,
+                        Err(_) => break,
+                    },
+                };
                 if let Err(e) = db.push_inbox(&agent, message.encode_to_vec()).await {
                     tracing::error!(error = %e, agent, "synapse: cannot keep a message for polling");
                 }

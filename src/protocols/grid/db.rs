@@ -1,0 +1,242 @@
+//! The Grid endpoint's tables: known programs, the queue of messages waiting for programs
+//! that poll, and what has been read of each scratchpad file.
+
+use rusqlite::{OptionalExtension, params};
+
+use crate::store::{Migration, Store, StoreError};
+
+pub static MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    sql: "
+        CREATE TABLE grid_agents (
+            agent      TEXT PRIMARY KEY,
+            created_at INTEGER NOT NULL
+        );
+        -- Messages waiting for a program that has no open socket, until it polls.
+        CREATE TABLE grid_queue (
+            seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+            agent      TEXT NOT NULL,
+            message_id TEXT NOT NULL,
+            priority   INTEGER NOT NULL,
+            ts         INTEGER NOT NULL,
+            expires_at INTEGER,
+            body       TEXT NOT NULL,
+            UNIQUE (agent, message_id)
+        );
+        CREATE INDEX grid_queue_by_agent ON grid_queue (agent, priority, seq);
+        CREATE INDEX grid_queue_by_expiry ON grid_queue (expires_at);
+        -- How far each scratchpad file has been read, and which file that was.
+        CREATE TABLE grid_scratchpads (
+            path   TEXT PRIMARY KEY,
+            dev    INTEGER NOT NULL,
+            ino    INTEGER NOT NULL,
+            offset INTEGER NOT NULL
+        );
+        -- Entries already routed (or refused), by the hash of their text: no entry twice.
+        CREATE TABLE grid_scratchpad_seen (
+            hash TEXT PRIMARY KEY,
+            seen_at INTEGER NOT NULL
+        ) WITHOUT ROWID;
+    ",
+}];
+
+/// A queued message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Queued {
+    pub message_id: String,
+    pub agent: String,
+    /// The `message:` object, as JSON text.
+    pub body: String,
+}
+
+/// Where reading a scratchpad file stopped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Position {
+    pub dev: u64,
+    pub ino: u64,
+    pub offset: u64,
+}
+
+#[derive(Clone)]
+pub struct Db {
+    store: Store,
+}
+
+impl Db {
+    pub async fn open(store: Store) -> Result<Db, StoreError> {
+        store.migrate("grid", MIGRATIONS).await?;
+        Ok(Db { store })
+    }
+
+    pub async fn agents(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        self.store
+            .read(|conn| {
+                let mut stmt = conn.prepare(
+                    "SELECT agent, created_at FROM grid_agents ORDER BY created_at, agent",
+                )?;
+                let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await
+    }
+
+    pub async fn add_agent(&self, agent: &str, created_at: i64) -> Result<(), StoreError> {
+        let agent = agent.to_owned();
+        self.store
+            .write(move |conn| {
+                conn.execute(
+                    "INSERT OR IGNORE INTO grid_agents (agent, created_at) VALUES (?1, ?2)",
+                    params![agent, created_at],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    pub async fn enqueue(
+        &self,
+        agent: &str,
+        message_id: &str,
+        lane: usize,
+        ts: i64,
+        expires_at: Option<i64>,
+        body: String,
+    ) -> Result<(), StoreError> {
+        let (agent, message_id) = (agent.to_owned(), message_id.to_owned());
+        self.store
+            .write(move |conn| {
+                conn.execute(
+                    "INSERT OR IGNORE INTO grid_queue (agent, message_id, priority, ts, expires_at, body)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![agent, message_id, lane as i64, ts, expires_at, body],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Takes the messages waiting for `agent`: higher priority first, then oldest first;
+    /// only those stamped after `since` (ms) when given.
+    pub async fn take(&self, agent: &str, since: Option<i64>) -> Result<Vec<Queued>, StoreError> {
+        let agent = agent.to_owned();
+        self.store
+            .write(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "DELETE FROM grid_queue WHERE agent = ?1 AND ts > ?2
+                     RETURNING seq, priority, message_id, agent, body",
+                )?;
+                let mut rows: Vec<(i64, i64, Queued)> = stmt
+                    .query_map(params![agent, since.unwrap_or(i64::MIN)], |r| {
+                        Ok((
+                            r.get(0)?,
+                            r.get(1)?,
+                            Queued {
+                                message_id: r.get(2)?,
+                                agent: r.get(3)?,
+                                body: r.get(4)?,
+                            },
+                        ))
+                    })?
+                    .collect::<Result<_, _>>()?;
+                rows.sort_by_key(|(seq, priority, _)| (*priority, *seq));
+                Ok(rows.into_iter().map(|(_, _, q)| q).collect())
+            })
+            .await
+    }
+
+    /// Removes and returns the queued messages whose ttl ran out by `now` (ms).
+    pub async fn take_expired(&self, now: i64) -> Result<Vec<Queued>, StoreError> {
+        self.store
+            .write(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "DELETE FROM grid_queue WHERE expires_at IS NOT NULL AND expires_at <= ?1
+                     RETURNING message_id, agent, body",
+                )?;
+                let rows = stmt.query_map([now], |r| {
+                    Ok(Queued {
+                        message_id: r.get(0)?,
+                        agent: r.get(1)?,
+                        body: r.get(2)?,
+                    })
+                })?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await
+    }
+
+    pub async fn position(&self, path: &str) -> Result<Option<Position>, StoreError> {
+        let path = path.to_owned();
+        self.store
+            .read(move |conn| {
+                Ok(conn
+                    .query_row(
+                        "SELECT dev, ino, offset FROM grid_scratchpads WHERE path = ?1",
+                        [path],
+                        |r| {
+                            Ok(Position {
+                                dev: r.get::<_, i64>(0)? as u64,
+                                ino: r.get::<_, i64>(1)? as u64,
+                                offset: r.get::<_, i64>(2)? as u64,
+                            })
+                        },
+                    )
+                    .optional()?)
+            })
+            .await
+    }
+
+    /// Records what was read, and the entries routed from it, in one commit.
+    pub async fn advance(
+        &self,
+        path: &str,
+        position: Position,
+        seen: Vec<String>,
+    ) -> Result<(), StoreError> {
+        let path = path.to_owned();
+        self.store
+            .write(move |conn| {
+                conn.execute(
+                    "INSERT INTO grid_scratchpads (path, dev, ino, offset) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (path) DO UPDATE SET dev = excluded.dev, ino = excluded.ino, offset = excluded.offset",
+                    params![path, position.dev as i64, position.ino as i64, position.offset as i64],
+                )?;
+                let now = crate::core::now_ms();
+                for hash in seen {
+                    conn.execute(
+                        "INSERT OR IGNORE INTO grid_scratchpad_seen (hash, seen_at) VALUES (?1, ?2)",
+                        params![hash, now],
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    pub async fn mark_seen(&self, hash: String) -> Result<(), StoreError> {
+        self.store
+            .write(move |conn| {
+                conn.execute(
+                    "INSERT OR IGNORE INTO grid_scratchpad_seen (hash, seen_at) VALUES (?1, ?2)",
+                    params![hash, crate::core::now_ms()],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    pub async fn seen(&self, hash: &str) -> Result<bool, StoreError> {
+        let hash = hash.to_owned();
+        self.store
+            .read(move |conn| {
+                Ok(conn
+                    .query_row(
+                        "SELECT 1 FROM grid_scratchpad_seen WHERE hash = ?1",
+                        [hash],
+                        |_| Ok(()),
+                    )
+                    .optional()?
+                    .is_some())
+            })
+            .await
+    }
+}

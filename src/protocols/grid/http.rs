@@ -1,0 +1,249 @@
+//! The Grid's HTTP interface: post messages (YAML, or JSON), poll for messages, list who
+//! is there, and the WebSocket upgrade. Answers are YAML unless the request was JSON or
+//! asks for it (`Accept: application/json`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Query, State, WebSocketUpgrade};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use super::wire::{self, Invalid, Message};
+use super::{Grid, Source, ws};
+use crate::core::Role;
+use crate::protocols::clock::parse_iso8601;
+
+type Shared = State<Arc<Grid>>;
+
+pub fn router(grid: Arc<Grid>) -> Router {
+    Router::new()
+        .route("/grid/v1/messages", post(post_messages).get(poll))
+        .route("/grid/v1/agents", get(agents))
+        .route("/grid/v1/ws", get(upgrade))
+        .fallback(|headers: HeaderMap| async move {
+            let missing = Invalid {
+                code: "NOT_FOUND",
+                ..invalid(
+                    "path",
+                    "no such Grid resource; see /grid/v1/messages, /grid/v1/agents, /grid/v1/ws"
+                        .into(),
+                )
+            };
+            error(&missing, wants_json(&headers, false))
+        })
+        .with_state(grid)
+}
+
+fn wants_json(headers: &HeaderMap, sent_json: bool) -> bool {
+    sent_json
+        || headers
+            .get(header::ACCEPT)
+            .and_then(|a| a.to_str().ok())
+            .is_some_and(|a| a.contains("application/json"))
+}
+
+/// A YAML (or JSON) answer.
+fn answer(status: StatusCode, body: &Value, json: bool) -> Response {
+    if json {
+        return (status, axum::Json(body.clone())).into_response();
+    }
+    let yaml = serde_saphyr::to_string(body).unwrap_or_default();
+    (status, [(header::CONTENT_TYPE, "application/yaml")], yaml).into_response()
+}
+
+/// A Grid error message as the answer, with the status its code calls for.
+fn error(invalid: &Invalid, json: bool) -> Response {
+    let status = match invalid.code {
+        "UNKNOWN_RECEIVER" | "NOT_FOUND" => StatusCode::NOT_FOUND,
+        "NAME_TAKEN" => StatusCode::CONFLICT,
+        "STORE_FAILED" => StatusCode::INTERNAL_SERVER_ERROR,
+        _ => StatusCode::BAD_REQUEST,
+    };
+    answer(
+        status,
+        &json!({ "message": wire::error_message(invalid) }),
+        json,
+    )
+}
+
+fn invalid(field: &str, message: String) -> Invalid {
+    Invalid {
+        code: "VALIDATION_FAILED",
+        field: field.into(),
+        message,
+        id: None,
+        sender: None,
+    }
+}
+
+async fn post_messages(State(grid): Shared, headers: HeaderMap, body: Bytes) -> Response {
+    let sent_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|c| c.to_str().ok())
+        .is_some_and(|c| c.contains("json"));
+    let json = wants_json(&headers, sent_json);
+    let Ok(text) = std::str::from_utf8(&body) else {
+        return error(&invalid("body", "the body is not UTF-8 text".into()), json);
+    };
+    let docs = match wire::parse_documents(text, sent_json) {
+        Ok(docs) => docs,
+        Err(e) => return error(&e, json),
+    };
+    // Every message is checked before any is accepted: a bad one refuses the request.
+    let mut messages: Vec<Message> = Vec::with_capacity(docs.len());
+    for (i, doc) in docs.iter().enumerate() {
+        match wire::validate(doc) {
+            Ok(msg) => messages.push(msg),
+            Err(mut e) => {
+                if docs.len() > 1 {
+                    e.message = format!("document {}: {}", i + 1, e.message);
+                }
+                return error(&e, json);
+            }
+        }
+    }
+    for msg in &messages {
+        if !msg.receiver.is_broadcast()
+            && !grid.core.directory.contains(&msg.receiver.agent)
+            && msg.receiver.agent != msg.sender.agent
+        {
+            let refusal = Invalid {
+                code: "UNKNOWN_RECEIVER",
+                field: "receiver.agent".into(),
+                message: format!(
+                    "receiver.agent '{}' is not an agent the bridge knows",
+                    msg.receiver.agent
+                ),
+                id: Some(msg.id.clone()),
+                sender: Some(Box::new(msg.sender.clone())),
+            };
+            return error(&refusal, json);
+        }
+    }
+    let mut accepted = Vec::with_capacity(messages.len());
+    for msg in messages {
+        match grid.accept(msg, Source::Http).await {
+            Ok(id) => accepted.push(id),
+            Err(e) => return error(&e, json),
+        }
+    }
+    answer(StatusCode::ACCEPTED, &json!({ "accepted": accepted }), json)
+}
+
+/// `since`: an ISO-8601 time or milliseconds since the epoch.
+fn since(query: &HashMap<String, String>) -> Result<Option<i64>, Invalid> {
+    match query.get("since").filter(|s| !s.is_empty()) {
+        None => Ok(None),
+        Some(text) => text
+            .parse::<i64>()
+            .ok()
+            .or_else(|| parse_iso8601(text))
+            .map(Some)
+            .ok_or_else(|| {
+                invalid(
+                    "since",
+                    format!("since must be an ISO-8601 time or milliseconds, not '{text}'"),
+                )
+            }),
+    }
+}
+
+/// The messages waiting for `agent` (highest priority first); fetched messages are gone.
+async fn poll(
+    State(grid): Shared,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let json = wants_json(&headers, false);
+    let Some(agent) = query.get("agent").filter(|a| !a.is_empty()).cloned() else {
+        return error(
+            &invalid(
+                "agent",
+                "agent (the polling program's name) is required".into(),
+            ),
+            json,
+        );
+    };
+    let since = match since(&query) {
+        Ok(since) => since,
+        Err(e) => return error(&e, json),
+    };
+    if let Err(e) = grid.register(&agent).await {
+        return error(&e, json);
+    }
+    let queued = match grid.db.take(&agent, since).await {
+        Ok(queued) => queued,
+        Err(e) => {
+            tracing::error!(error = %e, "grid: cannot read the queue");
+            return error(
+                &Invalid {
+                    code: "STORE_FAILED",
+                    ..invalid("agent", "the queue could not be read".into())
+                },
+                json,
+            );
+        }
+    };
+    let instance = query.get("instance_id");
+    let messages: Vec<Value> = queued
+        .iter()
+        .filter_map(|q| serde_json::from_str::<Value>(&q.body).ok())
+        .filter(|m| {
+            let target = m
+                .get("receiver")
+                .and_then(|r| r.get("instance_id"))
+                .and_then(Value::as_str);
+            target.is_none_or(|t| instance.is_none_or(|i| i == t))
+        })
+        .collect();
+    if json {
+        return answer(StatusCode::OK, &json!({ "messages": messages }), true);
+    }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/yaml")],
+        wire::to_yaml_stream(&messages),
+    )
+        .into_response()
+}
+
+/// Who is there: every agent the bridge knows, of every protocol, and whether it is online.
+async fn agents(State(grid): Shared, headers: HeaderMap) -> Response {
+    answer(
+        StatusCode::OK,
+        &json!({ "agents": grid.roster() }),
+        wants_json(&headers, false),
+    )
+}
+
+impl Grid {
+    pub fn roster(&self) -> Vec<Value> {
+        self.core
+            .directory
+            .list()
+            .into_iter()
+            .map(|a| {
+                json!({
+                    "agent": a.name,
+                    "protocol": a.protocol,
+                    "role": match a.role { Role::Human => "human", Role::Agent => "agent" },
+                    "online": a.online,
+                    "status": if a.online { a.status.as_str() } else { "offline" },
+                })
+            })
+            .collect()
+    }
+}
+
+async fn upgrade(
+    State(grid): Shared,
+    Query(query): Query<HashMap<String, String>>,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    upgrade.on_upgrade(move |socket| ws::serve(socket, grid, query))
+}

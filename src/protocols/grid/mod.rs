@@ -1,0 +1,419 @@
+//! The Grid endpoint: YAML messages over HTTP (`POST`/`GET /grid/v1/messages`) and a
+//! WebSocket (`/grid/v1/ws`), and the shared scratchpad file(s) Grid programs read and
+//! append to, as `grid-message-protocol.md` describes them.
+//!
+//! A Grid program is known by its `sender.agent`. A message for a program with an open
+//! socket goes there; otherwise it is queued for `GET /grid/v1/messages` and appended to
+//! the scratchpad. `receiver: broadcast` reaches every Grid program (and is observed by the
+//! humans of other protocols); another protocol's message to everyone reaches every Grid
+//! program as a broadcast.
+
+mod config;
+mod db;
+mod http;
+mod scratchpad;
+mod translate;
+mod wire;
+mod ws;
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use dashmap::DashSet;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+
+use super::{Running, StartError};
+use crate::core::{AgentInfo, Core, Delivery, Envelope, Interest, Kind, OfflineSink, Protocol};
+use crate::telemetry;
+use db::Db;
+use wire::{Invalid, Message};
+
+pub const PROTOCOL: Protocol = "grid";
+
+/// Ids of messages read from a scratchpad, remembered so they are not written back to it.
+const FROM_SCRATCHPAD_MEMORY: usize = 10_000;
+
+/// A bounded memory of recent ids.
+#[derive(Default)]
+struct Recent {
+    ids: HashSet<String>,
+    order: VecDeque<String>,
+}
+
+/// Where an accepted message came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Http,
+    Socket,
+    Scratchpad,
+}
+
+/// Work for the writer that keeps queued messages and scratchpad appends in order.
+enum Outgoing {
+    /// Queue for a program that polls.
+    Queue {
+        agent: String,
+        delivery: Arc<Delivery>,
+        message: Value,
+    },
+    /// Append to the scratchpad.
+    Append(Value),
+}
+
+pub struct Grid {
+    core: Arc<Core>,
+    config: Config,
+    db: Db,
+    /// Grid programs the bridge knows.
+    programs: DashSet<String>,
+    /// program → open sockets.
+    connections: dashmap::DashMap<String, usize>,
+    from_scratchpad: Mutex<Recent>,
+    outgoing: mpsc::UnboundedSender<Outgoing>,
+    shutdown: CancellationToken,
+}
+
+pub async fn start(
+    config: &Config,
+    core: Arc<Core>,
+    shutdown: CancellationToken,
+) -> Result<Running, StartError> {
+    let fail = |e: &dyn std::fmt::Display| StartError::new(PROTOCOL, e);
+    let db = Db::open(core.store.clone()).await.map_err(|e| fail(&e))?;
+    let (outgoing, outgoing_rx) = mpsc::unbounded_channel();
+    let grid = Arc::new(Grid {
+        core: core.clone(),
+        config: config.clone(),
+        db: db.clone(),
+        programs: DashSet::new(),
+        connections: dashmap::DashMap::new(),
+        from_scratchpad: Mutex::new(Recent::default()),
+        outgoing,
+        shutdown: shutdown.clone(),
+    });
+    for (agent, created_at) in db.agents().await.map_err(|e| fail(&e))? {
+        grid.claim(&agent, created_at)
+            .map_err(|e| fail(&e.message))?;
+    }
+    core.router
+        .set_offline_sink(PROTOCOL, Arc::new(Sink(Arc::downgrade(&grid))));
+
+    let listener = super::bind(PROTOCOL, config.listen).await?;
+    let addr = listener.local_addr().map_err(|e| fail(&e))?;
+    let mut tasks = vec![
+        tokio::spawn(grid.clone().write_outgoing(outgoing_rx)),
+        tokio::spawn(grid.clone().expire_queued()),
+        hub(grid.clone()),
+    ];
+    if !config.scratchpad.0.is_empty() {
+        tasks.push(tokio::spawn(grid.clone().watch_scratchpads()));
+    }
+    tasks.push(super::serve(
+        PROTOCOL,
+        listener,
+        http::router(grid),
+        shutdown,
+    ));
+    Ok(Running {
+        name: PROTOCOL,
+        listeners: vec![("http+ws", addr)],
+        tasks,
+    })
+}
+
+impl Grid {
+    /// Claims `agent` in the directory as a Grid program (a no-op when it is one already).
+    fn claim(&self, agent: &str, created_at: i64) -> Result<bool, Invalid> {
+        if self.programs.contains(agent) {
+            return Ok(false);
+        }
+        let mut info = AgentInfo::new(agent, PROTOCOL, agent);
+        info.agent_type = Some("grid-program".into());
+        info.created_at = created_at;
+        self.core
+            .directory
+            .register(info)
+            .map_err(|taken| Invalid {
+                code: "NAME_TAKEN",
+                field: "sender.agent".into(),
+                message: taken.to_string(),
+                id: None,
+                sender: None,
+            })?;
+        self.programs.insert(agent.to_owned());
+        Ok(true)
+    }
+
+    /// Registers a program the first time it is seen.
+    async fn register(&self, agent: &str) -> Result<(), Invalid> {
+        let now = crate::core::now_ms();
+        if self.claim(agent, now)?
+            && let Err(e) = self.db.add_agent(agent, now).await
+        {
+            tracing::error!(error = %e, agent, "grid: cannot store a program");
+        }
+        Ok(())
+    }
+
+    /// Accepts a message from a Grid program: registers its sender, checks its receiver,
+    /// and publishes it. A message whose id was accepted before is not routed again.
+    pub async fn accept(&self, msg: Message, source: Source) -> Result<String, Invalid> {
+        let refuse = |code: &'static str, field: &str, message: String| Invalid {
+            code,
+            field: field.into(),
+            message,
+            id: Some(msg.id.clone()),
+            sender: Some(Box::new(msg.sender.clone())),
+        };
+        self.register(&msg.sender.agent).await.map_err(|mut e| {
+            e.id = Some(msg.id.clone());
+            e.sender = Some(Box::new(msg.sender.clone()));
+            e
+        })?;
+        if !msg.receiver.is_broadcast() && !self.core.directory.contains(&msg.receiver.agent) {
+            return Err(refuse(
+                "UNKNOWN_RECEIVER",
+                "receiver.agent",
+                format!(
+                    "receiver.agent '{}' is not an agent the bridge knows",
+                    msg.receiver.agent
+                ),
+            ));
+        }
+        match self.core.store.message(&msg.id).await {
+            Ok(Some(_)) => return Ok(msg.id),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "grid: cannot check for a repeated message"),
+        }
+        if source == Source::Scratchpad {
+            self.remember_from_scratchpad(&msg.id);
+        }
+        let id = msg.id.clone();
+        let env = translate::decode(&msg);
+        self.core.publish(env).await.map_err(|e| {
+            tracing::error!(error = %e, "grid: cannot store a message");
+            refuse(
+                "STORE_FAILED",
+                "message",
+                "the message could not be stored; it was not delivered".into(),
+            )
+        })?;
+        Ok(id)
+    }
+
+    /// Tells the sender of a refused message what was wrong, in a Grid `type: error`
+    /// message — over its socket, queue and scratchpad like any other message.
+    pub async fn report(&self, invalid: &Invalid) {
+        telemetry::decode_error(PROTOCOL);
+        let Some(sender) = &invalid.sender else {
+            return;
+        };
+        if !self.programs.contains(&sender.agent) {
+            return;
+        }
+        let error = wire::error_message(invalid);
+        let mut env = Envelope::new(
+            crate::core::BRIDGE_PROTOCOL,
+            crate::core::BRIDGE_AGENT,
+            Kind::Error,
+        );
+        env.to = vec![sender.agent.clone()];
+        env.audience = crate::core::Audience::Private;
+        env.priority = crate::core::Priority::High;
+        env.reply_to = invalid.id.clone();
+        env.text = Some(invalid.message.clone());
+        env.data = Some(error["content"]["payload"].clone());
+        if let Err(e) = self.core.publish(env).await {
+            tracing::error!(error = %e, "grid: cannot report an error");
+        }
+    }
+
+    fn remember_from_scratchpad(&self, id: &str) {
+        let mut recent = self
+            .from_scratchpad
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if recent.ids.insert(id.to_owned()) {
+            recent.order.push_back(id.to_owned());
+        }
+        while recent.order.len() > FROM_SCRATCHPAD_MEMORY {
+            if let Some(old) = recent.order.pop_front() {
+                recent.ids.remove(&old);
+            }
+        }
+    }
+
+    fn came_from_scratchpad(&self, id: &str) -> bool {
+        self.from_scratchpad
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ids
+            .contains(id)
+    }
+
+    /// The message as Grid programs receive it, encoded once per message.
+    pub fn encode(&self, delivery: &Delivery) -> Option<Value> {
+        delivery.encoded(PROTOCOL, translate::encode)
+    }
+
+    /// Keeps a message for a program that is not connected: queued for polling, and
+    /// appended to the scratchpad.
+    fn hold(&self, agent: &str, delivery: &Arc<Delivery>) {
+        let Some(message) = self.encode(delivery) else {
+            return;
+        };
+        if !self.config.scratchpad.0.is_empty() && !self.came_from_scratchpad(&delivery.envelope.id)
+        {
+            let _ = self.outgoing.send(Outgoing::Append(message.clone()));
+        }
+        let _ = self.outgoing.send(Outgoing::Queue {
+            agent: agent.to_owned(),
+            delivery: delivery.clone(),
+            message,
+        });
+    }
+
+    async fn write_outgoing(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Outgoing>) {
+        loop {
+            // At shutdown, what is already waiting is still written.
+            let job = tokio::select! {
+                biased;
+                job = rx.recv() => match job { Some(job) => job, None => return },
+                _ = self.shutdown.cancelled() => match rx.try_recv() {
+                    Ok(job) => job,
+                    Err(_) => return,
+                },
+            };
+            match job {
+                Outgoing::Queue {
+                    agent,
+                    delivery,
+                    message,
+                } => {
+                    let env = &delivery.envelope;
+                    let expires_at = env
+                        .ttl_secs
+                        .map(|ttl| env.timestamp.max(crate::core::now_ms()) + ttl as i64 * 1000);
+                    if let Err(e) = self
+                        .db
+                        .enqueue(
+                            &agent,
+                            &env.id,
+                            env.priority.lane(),
+                            env.timestamp,
+                            expires_at,
+                            message.to_string(),
+                        )
+                        .await
+                    {
+                        tracing::error!(error = %e, agent, "grid: cannot queue a message");
+                    }
+                }
+                Outgoing::Append(message) => {
+                    if let Err(e) = self.append_to_scratchpad(&message).await {
+                        tracing::error!(error = %e, "grid: cannot append to the scratchpad");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drops queued messages whose ttl ran out, telling their senders.
+    async fn expire_queued(self: Arc<Self>) {
+        let every = Duration::from_millis(self.config.expiry_check_ms.max(10));
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let expired = match self.db.take_expired(crate::core::now_ms()).await {
+                Ok(expired) => expired,
+                Err(e) => {
+                    tracing::error!(error = %e, "grid: cannot check queued messages");
+                    continue;
+                }
+            };
+            for queued in expired {
+                if let Ok(Some(stored)) = self.core.store.message(&queued.message_id).await {
+                    self.core.expired(&Delivery::new(stored.envelope), PROTOCOL);
+                }
+            }
+        }
+    }
+}
+
+/// The router's way to Grid programs with no open socket.
+struct Sink(Weak<Grid>);
+
+impl OfflineSink for Sink {
+    fn deliver(&self, agent: &str, delivery: &Arc<Delivery>) {
+        if let Some(grid) = self.0.upgrade() {
+            grid.hold(agent, delivery);
+            crate::protocols::written(delivery, PROTOCOL);
+        }
+    }
+}
+
+/// The hub's routing name; not an agent name any client can register.
+const HUB: &str = "\0grid-hub";
+
+/// The endpoint's own session: messages for every Grid program (Grid broadcasts, other
+/// protocols' messages to everyone) are kept for the programs that are not connected.
+struct HubInterest;
+
+impl HubInterest {
+    fn wants(env: &Envelope) -> bool {
+        !env.kind.is_presence() && env.kind != Kind::Log && translate::is_broadcast(env)
+    }
+}
+
+impl Interest for HubInterest {
+    fn observes(&self, env: &Envelope) -> bool {
+        Self::wants(env)
+    }
+
+    fn accepts(&self, env: &Envelope) -> bool {
+        Self::wants(env)
+    }
+}
+
+fn hub(grid: Arc<Grid>) -> JoinHandle<()> {
+    let mailbox = grid.core.router.mailbox(PROTOCOL);
+    let session = grid
+        .core
+        .router
+        .attach(HUB, mailbox.clone(), Arc::new(HubInterest));
+    tokio::spawn(async move {
+        loop {
+            let delivery = tokio::select! {
+                _ = grid.shutdown.cancelled() => break,
+                next = mailbox.recv() => match next { Ok(d) => d, Err(_) => break },
+            };
+            let Some(message) = grid.encode(&delivery) else {
+                continue;
+            };
+            if !grid.config.scratchpad.0.is_empty()
+                && !grid.came_from_scratchpad(&delivery.envelope.id)
+            {
+                let _ = grid.outgoing.send(Outgoing::Append(message.clone()));
+            }
+            let programs: Vec<String> = grid.programs.iter().map(|p| p.clone()).collect();
+            for program in programs {
+                if program != delivery.envelope.from && !grid.core.router.is_connected(&program) {
+                    let _ = grid.outgoing.send(Outgoing::Queue {
+                        agent: program,
+                        delivery: delivery.clone(),
+                        message: message.clone(),
+                    });
+                }
+            }
+        }
+        grid.core.router.detach(&session);
+    })
+}

@@ -1,0 +1,681 @@
+//! Grid messages: YAML documents holding one `message:` each, validated as the protocol
+//! document's "When receiving" asks, and the scratchpad's entry form:
+//!
+//! ````markdown
+//! ### [2026-01-24T16:30:00Z] notification | executor-001 -> broadcast
+//!
+//! ```yaml
+//! message:
+//!   action: "discovery"
+//!   payload: { … }
+//! ```
+//! ````
+//!
+//! Messages are kept as JSON values (`serde_json::Value`) so fields the bridge does not know
+//! travel unchanged between Grid programs.
+
+use serde_json::{Map, Value, json};
+
+use crate::core::{Priority, new_message_id};
+use crate::protocols::clock::{iso8601, parse_iso8601};
+
+pub const TYPES: &[&str] = &["request", "response", "notification", "error"];
+pub const BROADCAST: &str = "broadcast";
+
+/// Why a message was refused: the field at fault and what was wrong, with what is known
+/// of the message to address the answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Invalid {
+    pub code: &'static str,
+    pub field: String,
+    pub message: String,
+    pub id: Option<String>,
+    /// Boxed: an error stays small enough to return by value cheaply.
+    pub sender: Option<Box<Party>>,
+}
+
+impl Invalid {
+    fn new(field: &str, message: impl Into<String>) -> Self {
+        Invalid {
+            code: "VALIDATION_FAILED",
+            field: field.to_owned(),
+            message: message.into(),
+            id: None,
+            sender: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Party {
+    pub agent: String,
+    pub instance_id: Option<String>,
+}
+
+impl Party {
+    pub fn broadcast() -> Self {
+        Party {
+            agent: BROADCAST.into(),
+            instance_id: None,
+        }
+    }
+
+    pub fn is_broadcast(&self) -> bool {
+        self.agent == BROADCAST
+    }
+
+    pub fn to_json(&self) -> Value {
+        let mut out = Map::new();
+        out.insert("agent".into(), json!(self.agent));
+        if let Some(instance) = &self.instance_id {
+            out.insert("instance_id".into(), json!(instance));
+        }
+        Value::Object(out)
+    }
+
+    fn from(value: &Value, field: &str, required: bool) -> Result<Option<Party>, Invalid> {
+        let agent = match value.get("agent") {
+            Some(Value::String(a)) if !a.trim().is_empty() => a.trim().to_owned(),
+            None | Some(Value::Null) if !required => return Ok(None),
+            Some(Value::String(_)) | None | Some(Value::Null) => {
+                return Err(Invalid::new(
+                    &format!("{field}.agent"),
+                    format!("{field}.agent is required"),
+                ));
+            }
+            Some(_) => {
+                return Err(Invalid::new(
+                    &format!("{field}.agent"),
+                    format!("{field}.agent must be a string"),
+                ));
+            }
+        };
+        let instance_id = match value.get("instance_id") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(i)) => Some(i.clone()).filter(|i| !i.is_empty()),
+            Some(_) => {
+                return Err(Invalid::new(
+                    &format!("{field}.instance_id"),
+                    format!("{field}.instance_id must be a string"),
+                ));
+            }
+        };
+        Ok(Some(Party { agent, instance_id }))
+    }
+}
+
+/// A message that passed validation, with the defaults filled in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Message {
+    pub id: String,
+    pub timestamp: i64,
+    pub msg_type: String,
+    pub sender: Party,
+    pub receiver: Party,
+    pub correlation_id: Option<String>,
+    pub action: Option<String>,
+    pub payload: Value,
+    pub context: Value,
+    pub priority: Priority,
+    pub ttl: Option<u64>,
+    /// The whole `message:` object as it arrived, with id and timestamp filled in.
+    pub raw: Value,
+}
+
+/// Parses a request body: a YAML stream of `message:` documents, or JSON (one document or
+/// an array of them).
+pub fn parse_documents(body: &str, json: bool) -> Result<Vec<Value>, Invalid> {
+    if json {
+        return match serde_json::from_str::<Value>(body) {
+            Ok(Value::Array(docs)) => Ok(docs),
+            Ok(doc) => Ok(vec![doc]),
+            Err(e) => Err(Invalid::new("body", format!("body is not valid JSON: {e}"))),
+        };
+    }
+    let docs: Vec<Value> = serde_saphyr::from_multiple(body)
+        .map_err(|e| Invalid::new("body", format!("body is not valid YAML: {e}")))?;
+    let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
+    if docs.is_empty() {
+        return Err(Invalid::new("message", "the body holds no message"));
+    }
+    Ok(docs)
+}
+
+/// Checks one `{message: …}` document; fills in a `msg-{uuid}` id and the current time when
+/// they are missing.
+pub fn validate(doc: &Value) -> Result<Message, Invalid> {
+    let Some(Value::Object(msg)) = doc.get("message") else {
+        return Err(Invalid::new(
+            "message",
+            "each document must hold a `message:` mapping",
+        ));
+    };
+    let string = |key: &str| -> Result<Option<String>, Invalid> {
+        match msg.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone()).filter(|s| !s.is_empty())),
+            Some(Value::Number(n)) => Ok(Some(n.to_string())),
+            Some(_) => Err(Invalid::new(key, format!("{key} must be a string"))),
+        }
+    };
+    let id = string("id")?;
+    let with_id = |mut e: Invalid| {
+        e.id = id.clone();
+        e
+    };
+    let sender = Party::from(msg.get("sender").unwrap_or(&Value::Null), "sender", true)
+        .map_err(with_id)?
+        .expect("required");
+    let with_sender = |mut e: Invalid| {
+        e.id = id.clone();
+        e.sender = Some(Box::new(sender.clone()));
+        e
+    };
+    let msg_type = string("type").map_err(with_sender)?.ok_or_else(|| {
+        with_sender(Invalid::new(
+            "type",
+            "type is required (request, response, notification or error)",
+        ))
+    })?;
+    if !TYPES.contains(&msg_type.as_str()) {
+        return Err(with_sender(Invalid::new(
+            "type",
+            format!("type must be request, response, notification or error, not '{msg_type}'"),
+        )));
+    }
+    let timestamp = match string("timestamp").map_err(with_sender)? {
+        None => crate::core::now_ms(),
+        Some(text) => parse_iso8601(&text).ok_or_else(|| {
+            with_sender(Invalid::new(
+                "timestamp",
+                format!("timestamp must be ISO-8601, not '{text}'"),
+            ))
+        })?,
+    };
+    let receiver = Party::from(
+        msg.get("receiver").unwrap_or(&Value::Null),
+        "receiver",
+        false,
+    )
+    .map_err(with_sender)?
+    .unwrap_or_else(Party::broadcast);
+    let correlation_id = string("correlation_id").map_err(with_sender)?;
+    if correlation_id.is_none() && (msg_type == "response" || msg_type == "error") {
+        return Err(with_sender(Invalid::new(
+            "correlation_id",
+            format!("a {msg_type} must carry correlation_id (the id of the message it answers)"),
+        )));
+    }
+    // The scratchpad's short form puts action and payload right under `message:`.
+    let content = msg
+        .get("content")
+        .filter(|c| c.is_object())
+        .unwrap_or(doc.get("message").unwrap_or(&Value::Null));
+    let action = match content.get("action") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(a)) => Some(a.clone()),
+        Some(_) => {
+            return Err(with_sender(Invalid::new(
+                "content.action",
+                "content.action must be a string",
+            )));
+        }
+    };
+    let payload = content.get("payload").cloned().unwrap_or(Value::Null);
+    let context = content.get("context").cloned().unwrap_or(Value::Null);
+    let metadata = msg.get("metadata").cloned().unwrap_or(Value::Null);
+    let priority = match metadata.get("priority") {
+        None | Some(Value::Null) => Priority::Normal,
+        Some(Value::String(p)) => match p.as_str() {
+            "high" => Priority::High,
+            "normal" => Priority::Normal,
+            "low" => Priority::Low,
+            other => {
+                return Err(with_sender(Invalid::new(
+                    "metadata.priority",
+                    format!("metadata.priority must be high, normal or low, not '{other}'"),
+                )));
+            }
+        },
+        Some(_) => {
+            return Err(with_sender(Invalid::new(
+                "metadata.priority",
+                "metadata.priority must be a string",
+            )));
+        }
+    };
+    let ttl = match metadata.get("ttl") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_u64().ok_or_else(|| {
+            with_sender(Invalid::new(
+                "metadata.ttl",
+                "metadata.ttl must be a whole number of seconds",
+            ))
+        })?),
+    };
+    let id = id.unwrap_or_else(|| format!("msg-{}", uuid::Uuid::new_v4()));
+    let mut raw = msg.clone();
+    // The short form becomes the full one: action, payload and context under `content`.
+    if !raw.get("content").is_some_and(Value::is_object) {
+        let mut content = Map::new();
+        for key in ["action", "payload", "context"] {
+            if let Some(value) = raw.remove(key) {
+                content.insert(key.into(), value);
+            }
+        }
+        if !content.is_empty() {
+            raw.insert("content".into(), Value::Object(content));
+        }
+    }
+    raw.insert("id".into(), json!(id));
+    raw.insert("timestamp".into(), json!(iso8601(timestamp)));
+    raw.insert("type".into(), json!(msg_type));
+    Ok(Message {
+        id,
+        timestamp,
+        msg_type,
+        sender,
+        receiver,
+        correlation_id,
+        action,
+        payload,
+        context,
+        priority,
+        ttl,
+        raw: Value::Object(raw),
+    })
+}
+
+/// `{message: …}` as YAML.
+pub fn to_yaml(message: &Value) -> String {
+    serde_saphyr::to_string(&json!({ "message": message })).unwrap_or_default()
+}
+
+/// Several messages as a YAML stream.
+pub fn to_yaml_stream(messages: &[Value]) -> String {
+    messages
+        .iter()
+        .map(|m| format!("---\n{}", to_yaml(m)))
+        .collect::<Vec<_>>()
+        .join("")
+}
+
+/// A Grid `type: error` message from the bridge answering a refused message.
+pub fn error_message(invalid: &Invalid) -> Value {
+    let mut msg = Map::new();
+    msg.insert("id".into(), json!(new_message_id_grid()));
+    msg.insert("timestamp".into(), json!(iso8601(crate::core::now_ms())));
+    msg.insert("type".into(), json!("error"));
+    msg.insert(
+        "sender".into(),
+        json!({ "agent": crate::core::BRIDGE_AGENT }),
+    );
+    if let Some(sender) = &invalid.sender {
+        msg.insert("receiver".into(), sender.to_json());
+    }
+    if let Some(id) = &invalid.id {
+        msg.insert("correlation_id".into(), json!(id));
+    }
+    msg.insert(
+        "content".into(),
+        json!({
+            "action": "error_report",
+            "payload": {
+                "error_code": invalid.code,
+                "error_message": invalid.message,
+                "field": invalid.field,
+                "recoverable": true,
+            }
+        }),
+    );
+    msg.insert("metadata".into(), json!({ "priority": "high" }));
+    Value::Object(msg)
+}
+
+/// A fresh id in the documented `msg-{uuid}` form.
+pub fn new_message_id_grid() -> String {
+    format!("msg-{}", new_message_id())
+}
+
+/// One scratchpad entry for `message` (a `message:` object with type, sender, receiver).
+pub fn entry(message: &Value) -> String {
+    let field = |path: &[&str]| {
+        path.iter()
+            .try_fold(message, |v, k| v.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    let timestamp = Some(field(&["timestamp"]))
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| iso8601(crate::core::now_ms()));
+    let sender = match (
+        field(&["sender", "agent"]),
+        field(&["sender", "instance_id"]),
+    ) {
+        (agent, instance) if instance.is_empty() => agent,
+        (_, instance) => instance,
+    };
+    let receiver = Some(field(&["receiver", "agent"]))
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| BROADCAST.into());
+    format!(
+        "\n### [{timestamp}] {} | {sender} -> {receiver}\n\n```yaml\n{}```\n",
+        field(&["type"]),
+        to_yaml(message)
+    )
+}
+
+/// A scratchpad entry found in a file: its text, and the message it holds or why not.
+#[derive(Debug)]
+pub struct Entry<'a> {
+    pub text: &'a str,
+    pub message: Result<Message, Invalid>,
+}
+
+/// The complete entries in `text`, and how many bytes of it were consumed (an entry still
+/// being written is left for the next read).
+pub fn parse_entries(text: &str) -> (Vec<Entry<'_>>, usize) {
+    let mut entries = Vec::new();
+    let mut consumed = 0;
+    let mut at = 0;
+    while let Some(found) = text[at..].find("### [") {
+        let start = at + found;
+        // Only headings at the start of a line.
+        if start > 0 && text.as_bytes()[start - 1] != b'\n' {
+            at = start + 5;
+            continue;
+        }
+        let heading_end = match text[start..].find('\n') {
+            Some(n) => start + n,
+            None => return (entries, start),
+        };
+        let heading = text[start..heading_end].trim_end_matches('\r');
+        let rest = &text[heading_end + 1..];
+        // The fenced block must follow, after blank lines.
+        let trimmed = rest.trim_start_matches(['\n', '\r', ' ', '\t']);
+        let fence_start = heading_end + 1 + (rest.len() - trimmed.len());
+        if !(trimmed.starts_with("```yaml") || trimmed.starts_with("```yml")) {
+            let first = trimmed.split('\n').next().unwrap_or("");
+            if !trimmed.contains('\n')
+                && ("```yaml".starts_with(first) || "```yml".starts_with(first))
+            {
+                // The block may not be written yet.
+                return (entries, start);
+            }
+            // A heading of that shape with no yaml block is just markdown.
+            at = heading_end;
+            consumed = heading_end;
+            continue;
+        }
+        let body_start = match text[fence_start..].find('\n') {
+            Some(n) => fence_start + n + 1,
+            None => return (entries, start),
+        };
+        let Some(close) = find_fence_end(&text[body_start..]) else {
+            return (entries, start);
+        };
+        let body = &text[body_start..body_start + close.0];
+        let end = body_start + close.1;
+        entries.push(Entry {
+            text: &text[start..end],
+            message: parse_entry(heading, body),
+        });
+        consumed = end;
+        at = end;
+    }
+    // The rest is plain text, except a last line still being written, which may yet
+    // become a heading.
+    let complete = text[consumed..]
+        .rfind('\n')
+        .map_or(consumed, |n| consumed + n + 1);
+    (entries, complete)
+}
+
+/// The closing fence: (offset of the line, offset after it).
+fn find_fence_end(body: &str) -> Option<(usize, usize)> {
+    let mut offset = 0;
+    for line in body.split_inclusive('\n') {
+        if line.trim_end() == "```" {
+            if !line.ends_with('\n') {
+                // The fence line itself may still be growing.
+                return None;
+            }
+            return Some((offset, offset + line.len()));
+        }
+        offset += line.len();
+    }
+    None
+}
+
+fn parse_entry(heading: &str, body: &str) -> Result<Message, Invalid> {
+    let (timestamp, msg_type, sender, receiver) = parse_heading(heading)?;
+    let with_sender = |mut e: Invalid| {
+        e.sender = Some(Box::new(Party {
+            agent: sender.clone(),
+            instance_id: None,
+        }));
+        e
+    };
+    let doc: Value = serde_saphyr::from_str(body).map_err(|e| {
+        with_sender(Invalid::new(
+            "message",
+            format!("the entry's yaml does not parse: {e}"),
+        ))
+    })?;
+    let Some(Value::Object(mut msg)) = doc.get("message").cloned() else {
+        return Err(with_sender(Invalid::new(
+            "message",
+            "the entry's yaml must hold a `message:` mapping",
+        )));
+    };
+    // The heading supplies what the block leaves out.
+    msg.entry("timestamp").or_insert(json!(timestamp));
+    msg.entry("type").or_insert(json!(msg_type));
+    msg.entry("sender").or_insert(json!({ "agent": sender }));
+    msg.entry("receiver")
+        .or_insert(json!({ "agent": receiver }));
+    validate(&json!({ "message": msg }))
+}
+
+/// `### [time] type | sender -> receiver`
+fn parse_heading(heading: &str) -> Result<(String, String, String, String), Invalid> {
+    let bad = || {
+        Invalid::new(
+            "heading",
+            format!(
+                "entry heading must be `### [ISO-time] type | sender -> receiver`, not `{heading}`"
+            ),
+        )
+    };
+    let rest = heading.strip_prefix("### [").ok_or_else(bad)?;
+    let (timestamp, rest) = rest.split_once(']').ok_or_else(bad)?;
+    let (msg_type, rest) = rest.split_once('|').ok_or_else(bad)?;
+    let (sender, receiver) = rest.split_once("->").ok_or_else(bad)?;
+    let (msg_type, sender, receiver) = (msg_type.trim(), sender.trim(), receiver.trim());
+    if msg_type.is_empty()
+        || sender.is_empty()
+        || receiver.is_empty()
+        || sender.contains(' ')
+        || receiver.contains(' ')
+    {
+        let mut e = bad();
+        if !sender.is_empty() && !sender.contains(' ') {
+            e.sender = Some(Box::new(Party {
+                agent: sender.to_owned(),
+                instance_id: None,
+            }));
+        }
+        return Err(e);
+    }
+    Ok((
+        timestamp.trim().to_owned(),
+        msg_type.to_owned(),
+        sender.to_owned(),
+        receiver.to_owned(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(yaml: &str) -> Value {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn the_documents_examples_validate() {
+        let request = validate(&doc(
+            "message:\n  id: \"msg-abc123\"\n  type: \"request\"\n  sender:\n    agent: \"executor\"\n    instance_id: \"exec-001\"\n  receiver:\n    agent: \"mc\"\n  content:\n    action: \"request_context\"\n    payload:\n      context_type: \"warmth\"\n      since: \"2026-01-24T10:00:00Z\"\n",
+        ))
+        .unwrap();
+        assert_eq!(request.id, "msg-abc123");
+        assert_eq!(
+            request.sender,
+            Party {
+                agent: "executor".into(),
+                instance_id: Some("exec-001".into())
+            }
+        );
+        assert_eq!(request.receiver.agent, "mc");
+        assert_eq!(request.action.as_deref(), Some("request_context"));
+        assert_eq!(request.payload["context_type"], "warmth");
+        assert_eq!(request.priority, Priority::Normal);
+
+        let response = validate(&doc(
+            "message:\n  id: msg-def456\n  type: response\n  correlation_id: msg-abc123\n  sender: { agent: mc }\n  receiver: { agent: executor, instance_id: exec-001 }\n  content: { action: context_provided, payload: { warmth: { gotchas: [x] } } }\n  metadata: { priority: high, ttl: 300 }\n",
+        ))
+        .unwrap();
+        assert_eq!(
+            (
+                response.correlation_id.as_deref(),
+                response.priority,
+                response.ttl
+            ),
+            (Some("msg-abc123"), Priority::High, Some(300))
+        );
+    }
+
+    #[test]
+    fn every_validation_error_names_its_field() {
+        for (yaml, field) in [
+            ("just: text", "message"),
+            ("message: { type: request }", "sender.agent"),
+            ("message: { type: request, sender: {} }", "sender.agent"),
+            ("message: { sender: { agent: x } }", "type"),
+            ("message: { type: shout, sender: { agent: x } }", "type"),
+            (
+                "message: { type: response, sender: { agent: x } }",
+                "correlation_id",
+            ),
+            (
+                "message: { type: error, sender: { agent: x } }",
+                "correlation_id",
+            ),
+            (
+                "message: { type: request, sender: { agent: x }, timestamp: yesterday }",
+                "timestamp",
+            ),
+            (
+                "message: { type: request, sender: { agent: x }, metadata: { priority: urgent } }",
+                "metadata.priority",
+            ),
+            (
+                "message: { type: request, sender: { agent: x }, metadata: { ttl: -1 } }",
+                "metadata.ttl",
+            ),
+            (
+                "message: { type: request, sender: { agent: x }, receiver: { agent: 5 } }",
+                "receiver.agent",
+            ),
+        ] {
+            let err = validate(&doc(yaml)).unwrap_err();
+            assert_eq!(err.field, field, "{yaml}: {err:?}");
+        }
+        let generated = validate(&doc(
+            "message: { type: notification, sender: { agent: x } }",
+        ))
+        .unwrap();
+        assert!(generated.id.starts_with("msg-"), "{}", generated.id);
+        assert!(uuid::Uuid::parse_str(&generated.id[4..]).is_ok());
+        assert!(generated.receiver.is_broadcast());
+    }
+
+    #[test]
+    fn streams_of_documents_and_json_parse() {
+        let docs = parse_documents("message: { type: request, sender: { agent: a } }\n---\nmessage: { type: notification, sender: { agent: b } }\n", false).unwrap();
+        assert_eq!(docs.len(), 2);
+        let docs = parse_documents(
+            r#"[{"message":{"type":"request","sender":{"agent":"a"}}}]"#,
+            true,
+        )
+        .unwrap();
+        assert_eq!(docs.len(), 1);
+        assert_eq!(
+            parse_documents("key: [unclosed", false).unwrap_err().field,
+            "body"
+        );
+    }
+
+    #[test]
+    fn scratchpad_entries_parse_from_the_documented_form() {
+        let text = "# Scratchpad\n\nsome notes\n\n### [2026-01-24T16:30:00Z] notification | executor-001 -> broadcast\n\n```yaml\nmessage:\n  action: \"discovery\"\n  payload:\n    topic: \"auth\"\n```\n\nmore notes\n";
+        let (entries, consumed) = parse_entries(text);
+        assert_eq!(consumed, text.len());
+        assert_eq!(entries.len(), 1);
+        let msg = entries[0].message.as_ref().unwrap();
+        assert_eq!(
+            (msg.msg_type.as_str(), msg.sender.agent.as_str()),
+            ("notification", "executor-001")
+        );
+        assert!(msg.receiver.is_broadcast());
+        assert_eq!(msg.action.as_deref(), Some("discovery"));
+        assert_eq!(msg.payload["topic"], "auth");
+        assert_eq!(
+            msg.timestamp,
+            parse_iso8601("2026-01-24T16:30:00Z").unwrap()
+        );
+        assert_eq!(
+            msg.raw["content"]["action"], "discovery",
+            "the short form is normalised"
+        );
+        assert!(msg.raw.get("action").is_none());
+    }
+
+    #[test]
+    fn an_entry_being_written_is_left_for_later() {
+        let whole = "### [2026-01-24T16:30:00Z] request | planner -> executor\n\n```yaml\nmessage:\n  action: mission_assigned\n```\n";
+        for cut in [10, 40, 60, 75, whole.len() - 2] {
+            let (entries, consumed) = parse_entries(&whole[..cut]);
+            assert!(entries.is_empty(), "cut at {cut}");
+            assert_eq!(consumed, 0, "cut at {cut}");
+        }
+        let (entries, consumed) = parse_entries(whole);
+        assert_eq!((entries.len(), consumed), (1, whole.len()));
+    }
+
+    #[test]
+    fn malformed_entries_are_reported_with_their_sender() {
+        let text = "### [2026-01-24T16:30:00Z] request | planner -> executor\n\n```yaml\nmessage: [not, a, map\n```\n### [bad heading\n\n```yaml\nmessage: {}\n```\n";
+        let (entries, consumed) = parse_entries(text);
+        assert_eq!((entries.len(), consumed), (2, text.len()));
+        let first = entries[0].message.as_ref().unwrap_err();
+        assert_eq!(first.sender.as_ref().unwrap().agent, "planner");
+        assert_eq!(entries[1].message.as_ref().unwrap_err().field, "heading");
+    }
+
+    #[test]
+    fn entries_written_by_the_bridge_read_back() {
+        let msg = validate(&doc("message: { id: msg-1, type: request, sender: { agent: mc }, receiver: { agent: executor }, content: { action: abort, payload: { reason: stop } } }")).unwrap();
+        let text = entry(&msg.raw);
+        let (entries, consumed) = parse_entries(&text);
+        assert_eq!(consumed, text.len());
+        let back = entries[0].message.as_ref().unwrap();
+        assert_eq!(
+            (back.id.as_str(), back.receiver.agent.as_str()),
+            ("msg-1", "executor")
+        );
+        assert_eq!(back.payload["reason"], "stop");
+    }
+}

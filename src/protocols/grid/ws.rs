@@ -1,0 +1,231 @@
+//! One Grid WebSocket connection. A program identifies itself with `?agent=` (and
+//! `instance_id=`) or by its first message; it sends YAML messages as text frames and
+//! receives, one per frame, the messages for its agent name, its instance, or everyone.
+//! On identifying it is sent who is there (`action: agents_present`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::ws::{CloseFrame, Message as Frame, Utf8Bytes, WebSocket};
+use serde_json::{Value, json};
+
+use super::wire::{self, Invalid, Party};
+use super::{Grid, PROTOCOL, Source, translate};
+use crate::core::{Delivery, Envelope, Interest, Kind, Mailbox, Session, Status};
+use crate::protocols::clock::iso8601;
+use crate::telemetry::ConnectionGuard;
+
+/// What a program's connection takes: what is for its agent (and its instance, when the
+/// message names one), and what is for every Grid program.
+struct ProgramInterest {
+    instance: Option<String>,
+}
+
+impl Interest for ProgramInterest {
+    fn observes(&self, env: &Envelope) -> bool {
+        !env.kind.is_presence() && env.kind != Kind::Log && translate::is_broadcast(env)
+    }
+
+    fn accepts(&self, env: &Envelope) -> bool {
+        env.kind != Kind::PresenceStatus
+            && translate::target_instance(env).is_none_or(|t| self.instance.as_deref() == Some(t))
+    }
+}
+
+struct Connection {
+    socket: WebSocket,
+    grid: Arc<Grid>,
+    identity: Option<(Party, Arc<Session>)>,
+}
+
+pub async fn serve(socket: WebSocket, grid: Arc<Grid>, query: HashMap<String, String>) {
+    let _counted = ConnectionGuard::new(PROTOCOL);
+    let mut conn = Connection {
+        socket,
+        grid: grid.clone(),
+        identity: None,
+    };
+    if let Some(agent) = query.get("agent").filter(|a| !a.is_empty()) {
+        let party = Party {
+            agent: agent.clone(),
+            instance_id: query.get("instance_id").cloned().filter(|i| !i.is_empty()),
+        };
+        if !conn.identify(party).await {
+            return;
+        }
+    }
+    let shutdown = grid.shutdown.clone();
+    loop {
+        let mailbox = conn.identity.as_ref().map(|(_, s)| s.mailbox.clone());
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => {
+                conn.close(1001, "server shutting down").await;
+                break;
+            }
+            frame = conn.socket.recv() => {
+                let text = match frame {
+                    Some(Ok(Frame::Text(text))) => text.to_string(),
+                    Some(Ok(Frame::Binary(bytes))) => String::from_utf8_lossy(&bytes).into_owned(),
+                    Some(Ok(Frame::Ping(_) | Frame::Pong(_))) => continue,
+                    _ => break,
+                };
+                if !conn.on_text(&text).await {
+                    break;
+                }
+            }
+            next = next_delivery(mailbox.as_deref()) => match next {
+                Ok(delivery) => {
+                    if !conn.write(&delivery).await {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    conn.close(1008, "mailbox overflow: messages were not read fast enough").await;
+                    break;
+                }
+            },
+        }
+    }
+    conn.finish().await;
+}
+
+async fn next_delivery(mailbox: Option<&Mailbox>) -> Result<Arc<Delivery>, crate::core::Closed> {
+    match mailbox {
+        Some(mailbox) => mailbox.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Connection {
+    /// Connects the program; false when it cannot be (its name is another protocol's).
+    async fn identify(&mut self, party: Party) -> bool {
+        if let Err(mut refusal) = self.grid.register(&party.agent).await {
+            refusal.sender = Some(Box::new(party));
+            let _ = self
+                .send(&json!({ "message": wire::error_message(&refusal) }))
+                .await;
+            self.close(1008, "name taken").await;
+            return false;
+        }
+        let first = {
+            let mut count = self
+                .grid
+                .connections
+                .entry(party.agent.clone())
+                .or_insert(0);
+            *count += 1;
+            *count == 1
+        };
+        let session = self.grid.core.router.attach(
+            &party.agent,
+            self.grid.core.router.mailbox(PROTOCOL),
+            Arc::new(ProgramInterest {
+                instance: party.instance_id.clone(),
+            }),
+        );
+        if first {
+            self.grid
+                .core
+                .announce_presence(PROTOCOL, &party.agent, true, Status::Online, None)
+                .await;
+        }
+        let welcome = json!({
+            "message": {
+                "id": wire::new_message_id_grid(),
+                "timestamp": iso8601(crate::core::now_ms()),
+                "type": "notification",
+                "sender": { "agent": crate::core::BRIDGE_AGENT },
+                "receiver": party.to_json(),
+                "content": { "action": "agents_present", "payload": { "agents": self.grid.roster() } },
+            }
+        });
+        self.identity = Some((party, session));
+        self.send(&welcome).await
+    }
+
+    /// Handles a text frame; false when the socket is gone.
+    async fn on_text(&mut self, text: &str) -> bool {
+        let docs = match wire::parse_documents(text, text.trim_start().starts_with(['{', '['])) {
+            Ok(docs) => docs,
+            Err(e) => return self.refuse(e).await,
+        };
+        for doc in docs {
+            let msg = match wire::validate(&doc) {
+                Ok(msg) => msg,
+                Err(e) => {
+                    if !self.refuse(e).await {
+                        return false;
+                    }
+                    continue;
+                }
+            };
+            if self.identity.is_none() && !self.identify(msg.sender.clone()).await {
+                return false;
+            }
+            if let Err(e) = self.grid.accept(msg, Source::Socket).await
+                && !self.refuse(e).await
+            {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Answers a refused frame with a Grid error message; the connection stays open.
+    async fn refuse(&mut self, mut invalid: Invalid) -> bool {
+        crate::telemetry::decode_error(PROTOCOL);
+        if invalid.sender.is_none() {
+            invalid.sender = self.identity.as_ref().map(|(p, _)| Box::new(p.clone()));
+        }
+        self.send(&json!({ "message": wire::error_message(&invalid) }))
+            .await
+    }
+
+    async fn write(&mut self, delivery: &Arc<Delivery>) -> bool {
+        let frame: Option<Utf8Bytes> = delivery.encoded(PROTOCOL, |env| {
+            translate::encode(env).map(|m| Utf8Bytes::from(wire::to_yaml(&m)))
+        });
+        let Some(frame) = frame else { return true };
+        if self.socket.send(Frame::Text(frame)).await.is_err() {
+            return false;
+        }
+        crate::protocols::written(delivery, PROTOCOL);
+        true
+    }
+
+    async fn send(&mut self, doc: &Value) -> bool {
+        let yaml = serde_saphyr::to_string(doc).unwrap_or_default();
+        self.socket.send(Frame::Text(yaml.into())).await.is_ok()
+    }
+
+    async fn close(&mut self, code: u16, reason: &'static str) {
+        let _ = self
+            .socket
+            .send(Frame::Close(Some(CloseFrame {
+                code,
+                reason: reason.into(),
+            })))
+            .await;
+    }
+
+    async fn finish(self) {
+        let Some((party, session)) = self.identity else {
+            return;
+        };
+        self.grid.core.router.detach(&session);
+        let last = match self.grid.connections.get_mut(&party.agent) {
+            Some(mut count) => {
+                *count = count.saturating_sub(1);
+                *count == 0
+            }
+            None => false,
+        };
+        if last && !self.grid.shutdown.is_cancelled() {
+            self.grid
+                .core
+                .announce_presence(PROTOCOL, &party.agent, false, Status::Offline, None)
+                .await;
+        }
+    }
+}

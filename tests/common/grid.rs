@@ -1,0 +1,167 @@
+//! A Grid program's clients, written from grid-message-protocol.md: YAML over HTTP and
+//! over a WebSocket.
+
+use std::net::SocketAddr;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use super::{WAIT, http};
+
+pub fn yaml(text: &str) -> Value {
+    serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("not YAML ({e}): {text}"))
+}
+
+pub fn yaml_stream(text: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple::<Value>(text)
+        .unwrap_or_else(|e| panic!("not a YAML stream ({e}): {text}"))
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+pub struct GridHttp {
+    base: String,
+    client: reqwest::Client,
+}
+
+impl GridHttp {
+    pub fn new(addr: SocketAddr) -> Self {
+        GridHttp {
+            base: format!("http://{addr}/grid/v1"),
+            client: http(),
+        }
+    }
+
+    /// Posts a YAML body; returns the status and the YAML answer.
+    pub async fn post(&self, body: &str) -> (u16, Value) {
+        let res = self
+            .client
+            .post(format!("{}/messages", self.base))
+            .header("content-type", "application/yaml")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        let text = res.text().await.unwrap();
+        (status, yaml(&text))
+    }
+
+    pub async fn post_json(&self, body: Value) -> (u16, Value) {
+        let res = self
+            .client
+            .post(format!("{}/messages", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (res.status().as_u16(), res.json().await.unwrap())
+    }
+
+    /// Posts and expects it accepted; returns the accepted ids.
+    pub async fn send(&self, body: &str) -> Vec<String> {
+        let (status, answer) = self.post(body).await;
+        assert_eq!(status, 202, "{answer}");
+        answer["accepted"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|id| id.as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// The `message:` objects waiting for `agent`.
+    pub async fn poll(&self, query: &str) -> Vec<Value> {
+        let res = self
+            .client
+            .get(format!("{}/messages?{query}", self.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 200);
+        let text = res.text().await.unwrap();
+        yaml_stream(&text)
+            .into_iter()
+            .map(|d| d["message"].clone())
+            .collect()
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let res = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        let text = res.text().await.unwrap();
+        (status, yaml(&text))
+    }
+}
+
+pub struct GridWs {
+    pub stream: WebSocketStream<MaybeTlsStream<TcpStream>>,
+}
+
+impl GridWs {
+    /// Connects as `agent` (identified by the query) and reads the welcome.
+    pub async fn connect(addr: SocketAddr, agent: &str, instance: Option<&str>) -> (Self, Value) {
+        let mut url = format!("ws://{addr}/grid/v1/ws?agent={agent}");
+        if let Some(instance) = instance {
+            url.push_str(&format!("&instance_id={instance}"));
+        }
+        let (stream, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("ws connects");
+        let mut ws = GridWs { stream };
+        let welcome = ws.next().await;
+        assert_eq!(welcome["content"]["action"], "agents_present", "{welcome}");
+        (ws, welcome)
+    }
+
+    /// Connects without identifying.
+    pub async fn anonymous(addr: SocketAddr) -> Self {
+        let (stream, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/grid/v1/ws"))
+            .await
+            .expect("ws connects");
+        GridWs { stream }
+    }
+
+    pub async fn send(&mut self, yaml_text: &str) {
+        self.stream
+            .send(Message::Text(yaml_text.to_owned().into()))
+            .await
+            .expect("send");
+    }
+
+    /// The next frame's `message:` object.
+    pub async fn next(&mut self) -> Value {
+        loop {
+            let frame = tokio::time::timeout(WAIT, self.stream.next())
+                .await
+                .expect("a frame within the wait")
+                .expect("the socket is open")
+                .expect("a valid frame");
+            match frame {
+                Message::Text(text) => return yaml(&text)["message"].clone(),
+                Message::Close(close) => panic!("socket closed: {close:?}"),
+                _ => continue,
+            }
+        }
+    }
+
+    /// The next message that is not a presence notification.
+    pub async fn next_message(&mut self) -> Value {
+        loop {
+            let msg = self.next().await;
+            let action = msg["content"]["action"].as_str().unwrap_or_default();
+            if action != "agent_online" && action != "agent_offline" {
+                return msg;
+            }
+        }
+    }
+}

@@ -1,0 +1,504 @@
+//! The Grid endpoint over real sockets and a real scratchpad file: YAML over HTTP and the
+//! WebSocket, polling, every validation error, priority, ttl expiry, and the scratchpad in
+//! a temporary directory (routed, appended, malformed, restarted, truncated, moved).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agentbridge::Bridge;
+use common::grid::{GridHttp, GridWs};
+use common::{start_bridge, start_bridge_in};
+use serde_json::{Value, json};
+
+struct World {
+    bridge: Bridge,
+    addr: SocketAddr,
+    http: GridHttp,
+}
+
+async fn world() -> World {
+    world_from(start_bridge("").await)
+}
+
+fn world_from(bridge: Bridge) -> World {
+    let addr = bridge.addr("grid").unwrap();
+    World {
+        http: GridHttp::new(addr),
+        addr,
+        bridge,
+    }
+}
+
+fn grid_section(pad: &Path) -> String {
+    format!(
+        "[grid]\nlisten = \"127.0.0.1:0\"\nexpiry_check_ms = 50\nscratchpad_poll_ms = 20\nscratchpad = {:?}\n",
+        pad.display().to_string()
+    )
+}
+
+fn request(id: &str, from: &str, to: &str, action: &str) -> String {
+    format!(
+        "message:\n  id: \"{id}\"\n  timestamp: \"2026-01-24T10:00:00Z\"\n  type: \"request\"\n  sender:\n    agent: \"{from}\"\n  receiver:\n    agent: \"{to}\"\n  content:\n    action: \"{action}\"\n    payload:\n      text: \"{id}\"\n"
+    )
+}
+
+/// Registers programs by polling as them.
+async fn programs(w: &World, names: &[&str]) {
+    for name in names {
+        w.http.poll(&format!("agent={name}")).await;
+    }
+}
+
+#[tokio::test]
+async fn the_documents_request_is_accepted_and_polled() {
+    let w = world().await;
+    programs(&w, &["mc"]).await;
+    // The protocol document's own example, verbatim.
+    let example = "message:\n  id: \"msg-abc123\"\n  type: \"request\"\n  sender:\n    agent: \"executor\"\n    instance_id: \"exec-001\"\n  receiver:\n    agent: \"mc\"\n  content:\n    action: \"request_context\"\n    payload:\n      context_type: \"warmth\"\n      since: \"2026-01-24T10:00:00Z\"\n";
+    assert_eq!(w.http.send(example).await, ["msg-abc123"]);
+    let got = w.http.poll("agent=mc").await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["id"], "msg-abc123");
+    assert_eq!(got[0]["sender"]["instance_id"], "exec-001");
+    assert_eq!(got[0]["content"]["payload"]["context_type"], "warmth");
+    assert!(got[0]["timestamp"].is_string());
+    assert!(
+        w.http.poll("agent=mc").await.is_empty(),
+        "fetched messages are gone"
+    );
+
+    // A YAML stream of several, ids generated in the documented form, and JSON.
+    let ids = w
+        .http
+        .send("message: { type: notification, sender: { agent: executor }, receiver: { agent: mc }, content: { action: progress_update, payload: { percent: 10 } } }\n---\nmessage: { type: notification, sender: { agent: executor }, receiver: { agent: mc }, content: { action: progress_update, payload: { percent: 20 } } }\n")
+        .await;
+    assert_eq!(ids.len(), 2);
+    assert!(
+        ids.iter()
+            .all(|id| id.starts_with("msg-") && uuid::Uuid::parse_str(&id[4..]).is_ok()),
+        "{ids:?}"
+    );
+    let (status, answer) = w
+        .http
+        .post_json(json!({ "message": { "type": "notification", "sender": { "agent": "executor" }, "receiver": { "agent": "mc" }, "content": { "action": "task_started" } } }))
+        .await;
+    assert_eq!(status, 202);
+    assert_eq!(answer["accepted"].as_array().unwrap().len(), 1);
+    let got = w.http.poll("agent=mc").await;
+    let actions: Vec<&str> = got
+        .iter()
+        .map(|m| m["content"]["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        actions,
+        ["progress_update", "progress_update", "task_started"]
+    );
+    // `since` leaves out what is older.
+    w.http.send(&request("old", "executor", "mc", "note")).await;
+    w.http.send("message: { id: new, timestamp: \"2026-06-01T00:00:00Z\", type: request, sender: { agent: executor }, receiver: { agent: mc } }").await;
+    let got = w.http.poll("agent=mc&since=2026-03-01T00:00:00Z").await;
+    assert_eq!(
+        got.iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["new"]
+    );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn every_validation_error_is_a_400_naming_the_field() {
+    let w = world().await;
+    programs(&w, &["mc"]).await;
+    for (body, field) in [
+        (
+            "message: { type: request, receiver: { agent: mc } }",
+            "sender.agent",
+        ),
+        (
+            "message: { sender: { agent: x }, receiver: { agent: mc } }",
+            "type",
+        ),
+        (
+            "message: { type: yell, sender: { agent: x }, receiver: { agent: mc } }",
+            "type",
+        ),
+        (
+            "message: { type: response, sender: { agent: x }, receiver: { agent: mc } }",
+            "correlation_id",
+        ),
+        (
+            "message: { type: error, sender: { agent: x }, receiver: { agent: mc } }",
+            "correlation_id",
+        ),
+        (
+            "message: { type: request, timestamp: soon, sender: { agent: x }, receiver: { agent: mc } }",
+            "timestamp",
+        ),
+        (
+            "message: { type: request, sender: { agent: x }, receiver: { agent: mc }, metadata: { priority: asap } }",
+            "metadata.priority",
+        ),
+        (
+            "message: { type: request, sender: { agent: x }, receiver: { agent: mc }, metadata: { ttl: soon } }",
+            "metadata.ttl",
+        ),
+        ("not: a message", "message"),
+        ("message: [unclosed", "body"),
+    ] {
+        let (status, answer) = w.http.post(body).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        let error = &answer["message"];
+        assert_eq!(error["type"], "error", "{answer}");
+        assert_eq!(error["content"]["action"], "error_report");
+        assert_eq!(
+            error["content"]["payload"]["error_code"],
+            "VALIDATION_FAILED"
+        );
+        assert_eq!(
+            error["content"]["payload"]["field"], field,
+            "{body}: {answer}"
+        );
+    }
+    let (status, answer) = w
+        .http
+        .post(&request("msg-x", "executor", "nobody", "hello"))
+        .await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        answer["message"]["content"]["payload"]["error_code"],
+        "UNKNOWN_RECEIVER"
+    );
+    assert_eq!(answer["message"]["correlation_id"], "msg-x");
+    // A bad second document refuses the whole request: nothing was accepted.
+    let (status, _) = w
+        .http
+        .post(&format!(
+            "{}---\nmessage: {{ type: request }}\n",
+            request("first", "executor", "mc", "a")
+        ))
+        .await;
+    assert_eq!(status, 400);
+    assert!(w.http.poll("agent=mc").await.is_empty());
+    let (status, answer) = w.http.get("/messages").await;
+    assert_eq!(
+        (
+            status,
+            answer["message"]["content"]["payload"]["field"].as_str()
+        ),
+        (400, Some("agent"))
+    );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_websocket_carries_yaml_both_ways() {
+    let w = world().await;
+    let (mut mc, welcome) = GridWs::connect(w.addr, "mc", None).await;
+    assert!(
+        welcome["content"]["payload"]["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["agent"] == "mc")
+    );
+    let (mut exec1, _) = GridWs::connect(w.addr, "executor", Some("exec-001")).await;
+    let (mut exec2, _) = GridWs::connect(w.addr, "executor", Some("exec-002")).await;
+
+    exec1
+        .send(&request("msg-1", "executor", "mc", "request_context"))
+        .await;
+    let got = mc.next_message().await;
+    assert_eq!(
+        (got["id"].as_str(), got["content"]["action"].as_str()),
+        (Some("msg-1"), Some("request_context"))
+    );
+
+    // To one instance only.
+    mc.send("message: { id: msg-2, type: response, correlation_id: msg-1, sender: { agent: mc }, receiver: { agent: executor, instance_id: exec-002 }, content: { action: context_provided, payload: { warmth: {} } } }").await;
+    let got = exec2.next_message().await;
+    assert_eq!(
+        (got["id"].as_str(), got["correlation_id"].as_str()),
+        (Some("msg-2"), Some("msg-1"))
+    );
+    // To the agent: every instance.
+    mc.send("message: { id: msg-3, type: request, sender: { agent: mc }, receiver: { agent: executor }, content: { action: abort } }").await;
+    assert_eq!(
+        exec1.next_message().await["id"],
+        "msg-3",
+        "exec-001 never saw msg-2"
+    );
+    assert_eq!(exec2.next_message().await["id"], "msg-3");
+    // Broadcast: every Grid program but the sender.
+    exec1.send("message: { id: msg-4, type: notification, sender: { agent: executor, instance_id: exec-001 }, receiver: { agent: broadcast }, content: { action: discovery, payload: { topic: auth } } }").await;
+    assert_eq!(mc.next_message().await["id"], "msg-4");
+
+    // A bad frame gets an error message; the socket stays open.
+    mc.send("message: { type: request, sender: { agent: mc }, receiver: { agent: ghost } }")
+        .await;
+    let error = mc.next_message().await;
+    assert_eq!(
+        (
+            error["type"].as_str(),
+            error["content"]["payload"]["error_code"].as_str()
+        ),
+        (Some("error"), Some("UNKNOWN_RECEIVER"))
+    );
+    mc.send("message: [unclosed").await;
+    assert_eq!(
+        mc.next_message().await["content"]["payload"]["field"],
+        "body"
+    );
+    mc.send(&request("msg-5", "mc", "executor", "still-here"))
+        .await;
+    assert_eq!(exec1.next_message().await["id"], "msg-5");
+
+    // Identified by the first message instead of the query.
+    let mut scout = GridWs::anonymous(w.addr).await;
+    scout.send(&request("msg-6", "scout", "mc", "found")).await;
+    assert_eq!(scout.next().await["content"]["action"], "agents_present");
+    assert_eq!(mc.next_message().await["id"], "msg-6");
+    mc.send(&request("msg-7", "mc", "scout", "thanks")).await;
+    assert_eq!(scout.next_message().await["id"], "msg-7");
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_queue_serves_high_before_normal_before_low() {
+    let w = world().await;
+    programs(&w, &["mc", "planner"]).await;
+    for (id, priority) in [
+        ("low-1", "low"),
+        ("normal-1", "normal"),
+        ("high-1", "high"),
+        ("low-2", "low"),
+        ("high-2", "high"),
+    ] {
+        w.http
+            .send(&format!("message: {{ id: {id}, type: request, sender: {{ agent: planner }}, receiver: {{ agent: mc }}, metadata: {{ priority: {priority} }} }}"))
+            .await;
+    }
+    let got: Vec<String> = w
+        .http
+        .poll("agent=mc")
+        .await
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(got, ["high-1", "high-2", "normal-1", "low-1", "low-2"]);
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_expired_message_is_dropped_and_its_sender_told() {
+    let w = world().await;
+    programs(&w, &["sleeper"]).await;
+    let (mut planner, _) = GridWs::connect(w.addr, "planner", None).await;
+    planner
+        .send("message: { id: msg-ttl, type: request, sender: { agent: planner }, receiver: { agent: sleeper }, content: { action: mission_assigned }, metadata: { ttl: 1 } }")
+        .await;
+    let error = planner.next_message().await;
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["correlation_id"], "msg-ttl");
+    assert_eq!(error["content"]["payload"]["error_code"], "TTL_EXPIRED");
+    assert!(
+        w.http.poll("agent=sleeper").await.is_empty(),
+        "the expired message is gone"
+    );
+    let admin = w.bridge.admin_addr().unwrap();
+    let metrics = common::http()
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            "agentbridge_messages_dropped_total{protocol=\"grid\",reason=\"ttl_expired\"}"
+        ),
+        "{metrics}"
+    );
+    w.bridge.shutdown().await;
+}
+
+/// Appends `text` to `path` as another program would.
+fn write_entry(path: &Path, text: &str) {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+}
+
+fn entry(from: &str, to: &str, body: &str) -> String {
+    format!(
+        "\n### [2026-01-24T16:30:00Z] request | {from} -> {to}\n\n```yaml\nmessage:\n{body}```\n"
+    )
+}
+
+/// Waits until `path` contains `needle`.
+async fn file_contains(path: &Path, needle: &str) -> String {
+    for _ in 0..500 {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(needle) {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{} never contained {needle}", path.display());
+}
+
+#[tokio::test]
+async fn the_scratchpad_is_read_and_appended() {
+    let dir = tempfile::tempdir().unwrap();
+    let pad: PathBuf = dir.path().join(".grid").join("SCRATCHPAD.md");
+    let w = world_from(start_bridge(&grid_section(&pad)).await);
+    let (mut mc, _) = GridWs::connect(w.addr, "mc", None).await;
+    programs(&w, &["executor"]).await;
+
+    // The file does not exist yet: it is picked up once created.
+    std::fs::create_dir_all(pad.parent().unwrap()).unwrap();
+    std::fs::write(&pad, "# Scratchpad\n\nNotes by hand.\n").unwrap();
+    write_entry(
+        &pad,
+        &entry(
+            "executor",
+            "mc",
+            "  action: \"discovery\"\n  payload:\n    finding: \"Middleware runs before validation\"\n",
+        ),
+    );
+    let got = mc.next_message().await;
+    assert_eq!(got["content"]["action"], "discovery");
+    assert_eq!(got["sender"]["agent"], "executor");
+    assert_eq!(
+        got["content"]["payload"]["finding"],
+        "Middleware runs before validation"
+    );
+    assert!(got["id"].as_str().unwrap().starts_with("msg-"));
+
+    // A message for a program that is not connected is appended in the same form.
+    mc.send("message: { id: msg-out, type: request, sender: { agent: mc }, receiver: { agent: executor }, content: { action: mission_assigned, payload: { block: block-02 } } }").await;
+    let text = file_contains(&pad, "msg-out").await;
+    assert!(
+        text.starts_with("# Scratchpad\n\nNotes by hand.\n"),
+        "what others wrote is untouched"
+    );
+    assert!(text.contains("] request | mc -> executor\n"), "{text}");
+    // …and queued for polling too; and never read back as a new message.
+    assert_eq!(w.http.poll("agent=executor").await[0]["id"], "msg-out");
+
+    // A malformed entry is skipped, and its sender told.
+    write_entry(&pad, &entry("mc", "executor", "  action: [unclosed\n"));
+    let error = mc.next_message().await;
+    assert_eq!(
+        (
+            error["type"].as_str(),
+            error["content"]["payload"]["error_code"].as_str()
+        ),
+        (Some("error"), Some("VALIDATION_FAILED"))
+    );
+    write_entry(
+        &pad,
+        &entry("executor", "mc", "  id: msg-after\n  action: \"next\"\n"),
+    );
+    assert_eq!(mc.next_message().await["id"], "msg-after");
+    w.bridge.shutdown().await;
+}
+
+/// Polls `agent`'s queue until something arrives.
+async fn poll_until_some(w: &World, agent: &str) -> Vec<Value> {
+    for _ in 0..500 {
+        let got = w.http.poll(&format!("agent={agent}")).await;
+        if !got.is_empty() {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("nothing arrived for {agent}");
+}
+
+#[tokio::test]
+async fn a_restart_reads_nothing_twice_and_skips_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let pad = dir.path().join("SCRATCHPAD.md");
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    {
+        let w = world_from(start_bridge_in(data, &grid_section(&pad)).await);
+        let (mut mc, _) = GridWs::connect(w.addr, "mc", None).await;
+        write_entry(&pad, &entry("executor", "mc", "  action: \"first\"\n"));
+        assert_eq!(mc.next_message().await["content"]["action"], "first");
+        w.bridge.shutdown().await;
+    }
+    // Written while the bridge was down: read at start, for mc (not connected) to poll.
+    write_entry(&pad, &entry("executor", "mc", "  action: \"second\"\n"));
+    let w = world_from(start_bridge_in(data, &grid_section(&pad)).await);
+    let got = poll_until_some(&w, "mc").await;
+    let actions: Vec<&str> = got
+        .iter()
+        .map(|m| m["content"]["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["second"]);
+    w.http
+        .send(&request("sentinel", "executor", "mc", "sentinel"))
+        .await;
+    let got = poll_until_some(&w, "mc").await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["id"], "sentinel", "'first' was not routed again");
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_truncated_or_moved_scratchpad_is_read_from_its_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let pad = dir.path().join("SCRATCHPAD.md");
+    let w = world_from(start_bridge(&grid_section(&pad)).await);
+    let (mut mc, _) = GridWs::connect(w.addr, "mc", None).await;
+    write_entry(&pad, &entry("executor", "mc", "  action: \"one\"\n"));
+    write_entry(&pad, &entry("executor", "mc", "  action: \"two\"\n"));
+    assert_eq!(mc.next_message().await["content"]["action"], "one");
+    assert_eq!(mc.next_message().await["content"]["action"], "two");
+
+    // Someone truncates it and starts over: the new entry is routed, the old not again.
+    std::fs::write(&pad, "").unwrap();
+    write_entry(&pad, &entry("executor", "mc", "  action: \"three\"\n"));
+    assert_eq!(mc.next_message().await["content"]["action"], "three");
+
+    // Someone moves it away and writes a new one.
+    std::fs::rename(&pad, dir.path().join("old.md")).unwrap();
+    write_entry(&pad, &entry("executor", "mc", "  action: \"three\"\n"));
+    write_entry(&pad, &entry("executor", "mc", "  action: \"four\"\n"));
+    assert_eq!(
+        mc.next_message().await["content"]["action"],
+        "four",
+        "an entry identical to one routed is not routed again"
+    );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn who_is_there() {
+    let w = world().await;
+    let (_mc, _) = GridWs::connect(w.addr, "mc", None).await;
+    let (status, roster) = w.http.get("/agents").await;
+    assert_eq!(status, 200);
+    let agents = roster["agents"].as_array().unwrap();
+    let mc = agents.iter().find(|a| a["agent"] == "mc").unwrap();
+    assert_eq!(
+        (mc["protocol"].as_str(), mc["online"].as_bool()),
+        (Some("grid"), Some(true))
+    );
+    let coder = agents.iter().find(|a| a["agent"] == "coder").unwrap();
+    assert_eq!(
+        (coder["protocol"].as_str(), coder["online"].as_bool()),
+        (Some("tracker"), Some(false))
+    );
+    w.bridge.shutdown().await;
+}
