@@ -806,3 +806,233 @@ mod synapse_others {
         w.bridge.shutdown().await;
     }
 }
+
+mod grid_others {
+    use super::*;
+    use agentbridge::protocols::synapse::proto::{MessageType, TaskPayload, TaskResult};
+    use common::grid::{GridHttp, GridWs};
+    use common::synapse::{Stream, endpoint, unpack};
+
+    fn grid_addr(w: &World) -> SocketAddr {
+        w.bridge.addr("grid").unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_grid_mission_for_a_skynet_agent_is_answered_as_a_grid_response() {
+        let w = world().await;
+        let alice = w.sk.agent("alice").await;
+        let (mut ws_alice, _) = SkynetWs::join(w.skynet, &alice).await;
+        let (mut mc, _) = GridWs::connect(grid_addr(&w), "mc", None).await;
+        ws_alice.next_message().await; // mc joins
+
+        mc.send("message: { id: msg-mission, type: request, sender: { agent: mc }, receiver: { agent: alice }, content: { action: mission_assigned, payload: { block: block-01, description: Build the login API } } }").await;
+        let assign = next_non_presence(&mut ws_alice).await;
+        assert_eq!(assign["type"], "task.assign");
+        assert_eq!(assign["id"], "msg-mission");
+        assert_eq!(assign["payload"]["taskId"], "block-01");
+        assert_eq!(assign["payload"]["description"], "Build the login API");
+        assert_eq!(assign["payload"]["assignee"], alice["id"]);
+
+        ws_alice
+            .chat_with(json!({ "type": "task.update", "payload": { "taskId": "block-01", "title": "", "description": "", "status": "in-progress", "metadata": { "progress": 50 } } }))
+            .await;
+        let progress = mc.next_message().await;
+        assert_eq!(
+            (
+                progress["content"]["action"].as_str(),
+                progress["correlation_id"].as_str()
+            ),
+            (Some("progress_update"), Some("msg-mission"))
+        );
+        ws_alice
+            .chat_with(json!({ "type": "task.result", "payload": { "taskId": "block-01", "success": true, "summary": "API done" } }))
+            .await;
+        let done = mc.next_message().await;
+        assert_eq!(done["type"], "response");
+        assert_eq!(done["correlation_id"], "msg-mission");
+        assert_eq!(done["content"]["action"], "task_complete");
+        assert_eq!(done["content"]["payload"]["summary"], "API done");
+        assert_eq!(done["sender"]["agent"], "alice");
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_grid_request_to_a_tracker_agent_is_a_chat_and_its_answer_a_response() {
+        let w = world().await;
+        let (mut coder, ok) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let (mut executor, _) = GridWs::connect(grid_addr(&w), "executor", Some("exec-001")).await;
+        executor.send("message: { id: msg-ctx, type: request, sender: { agent: executor, instance_id: exec-001 }, receiver: { agent: coder }, content: { action: request_context, payload: { text: What auth pattern do we use? } } }").await;
+        let asked = coder.next_of("message.new").await;
+        assert_eq!(
+            (asked["author_slug"].as_str(), asked["content"].as_str()),
+            (Some("executor"), Some("What auth pattern do we use?"))
+        );
+        assert_eq!(asked["chat_id"], ok["lobby_chat_id"]);
+        TrackerHttp::new(w.tracker, "tb-coder")
+            .message(json!({ "chat_id": ok["lobby_chat_id"], "content": "JWT in middleware", "reply_to": asked["id"] }))
+            .await;
+        let answer = executor.next_message().await;
+        assert_eq!(answer["type"], "response");
+        assert_eq!(answer["correlation_id"], "msg-ctx");
+        assert_eq!(answer["content"]["payload"]["text"], "JWT in middleware");
+        assert_eq!(answer["sender"]["agent"], "coder");
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn grid_and_synapse_exchange_tasks() {
+        let w = world().await;
+        let mut worker = Stream::open(w.bridge.addr("synapse").unwrap(), "worker").await;
+        let (mut mc, welcome) = GridWs::connect(grid_addr(&w), "mc", None).await;
+        let present = &welcome["content"]["payload"]["agents"];
+        assert!(
+            present
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a["agent"] == "worker" && a["online"] == true),
+            "{present}"
+        );
+        mc.send("message: { id: msg-m2, type: request, sender: { agent: mc }, receiver: { agent: worker }, content: { action: mission_assigned, payload: { task_id: t-9, title: index, description: Index the repo } } }").await;
+        let request = worker.next().await;
+        assert_eq!(request.r#type, MessageType::P2pTaskRequest as i32);
+        assert_eq!(request.id, "msg-m2");
+        let payload: TaskPayload = unpack(&request);
+        assert_eq!(
+            (payload.task_id.as_str(), payload.task_type.as_str()),
+            ("t-9", "index")
+        );
+        worker
+            .send(agentbridge::protocols::synapse::proto::SynapseMessage {
+                r#type: MessageType::P2pTaskComplete as i32,
+                sender: endpoint("worker"),
+                receiver: endpoint("mc"),
+                reply_to: request.id.clone(),
+                payload: Some(prost_types::Any {
+                    type_url: "type.googleapis.com/synapse.TaskResult".into(),
+                    value: prost::Message::encode_to_vec(&TaskResult {
+                        task_id: "t-9".into(),
+                        summary: "indexed 120 files".into(),
+                        ..Default::default()
+                    }),
+                }),
+                ..Default::default()
+            })
+            .await;
+        let done = mc.next_message().await;
+        assert_eq!(
+            (done["type"].as_str(), done["correlation_id"].as_str()),
+            (Some("response"), Some("msg-m2"))
+        );
+        assert_eq!(done["content"]["payload"]["summary"], "indexed 120 files");
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_skynet_task_for_a_grid_program_reports_progress_and_failure() {
+        let w = world().await;
+        let alice = w.sk.agent("alice").await;
+        let (mut executor, _) = GridWs::connect(grid_addr(&w), "executor", None).await;
+        let (mut ws_alice, state) = SkynetWs::join(w.skynet, &alice).await;
+        let executor_card = card_named(&state["members"], "executor").clone();
+        assert_eq!(executor.next().await["content"]["action"], "agent_online"); // alice
+        ws_alice
+            .chat_with(json!({ "id": "sk-1", "type": "task.assign", "mentions": [executor_card["id"]], "payload": { "taskId": "t-1", "title": "migrate", "description": "Migrate the DB", "assignee": executor_card["id"], "status": "assigned" } }))
+            .await;
+        let mission = executor.next_message().await;
+        assert_eq!(
+            (
+                mission["type"].as_str(),
+                mission["content"]["action"].as_str()
+            ),
+            (Some("request"), Some("mission_assigned"))
+        );
+        assert_eq!(mission["content"]["payload"]["task_id"], "t-1");
+        assert_eq!(mission["id"], "sk-1");
+
+        executor.send("message: { type: notification, correlation_id: sk-1, sender: { agent: executor }, receiver: { agent: alice }, content: { action: progress_update, payload: { percent: 40, status: copying tables } } }").await;
+        let update = next_non_presence(&mut ws_alice).await;
+        assert_eq!(update["type"], "task.update");
+        assert_eq!(update["payload"]["taskId"], "t-1");
+        assert_eq!(update["payload"]["status"], "in-progress");
+        assert_eq!(update["payload"]["metadata"]["progress"], 40);
+        assert_eq!(update["replyTo"], "sk-1");
+        executor.send("message: { type: error, correlation_id: sk-1, sender: { agent: executor }, receiver: { agent: alice }, content: { action: error_report, payload: { error_code: MIGRATION_FAILED, error_message: disk full, recoverable: false } } }").await;
+        let failed = next_non_presence(&mut ws_alice).await;
+        assert_eq!(failed["type"], "task.result");
+        assert_eq!(failed["payload"]["taskId"], "t-1");
+        assert_eq!(failed["payload"]["success"], false);
+        assert!(
+            failed["payload"]["error"]
+                .as_str()
+                .unwrap()
+                .contains("disk full"),
+            "{failed}"
+        );
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_is_a_human_decision_answered_from_skynet() {
+        let w = world().await;
+        let boss = w.sk.human("boss").await;
+        let (mut ws_boss, _) = SkynetWs::join(w.skynet, &boss).await;
+        let (mut executor, _) = GridWs::connect(grid_addr(&w), "executor", None).await;
+        ws_boss.next_message().await; // executor joins
+        executor.send("message: { id: msg-cp, type: request, sender: { agent: executor }, receiver: { agent: broadcast }, content: { action: checkpoint_request, payload: { question: Drop the legacy table? } } }").await;
+        let asked = next_non_presence(&mut ws_boss).await;
+        assert_eq!(
+            (asked["type"].as_str(), common::skynet::text_of(&asked)),
+            (Some("chat"), "Drop the legacy table?")
+        );
+        ws_boss
+            .chat_with(json!({ "type": "chat", "payload": { "text": "yes" }, "replyTo": "msg-cp" }))
+            .await;
+        let decision = executor.next_message().await;
+        assert_eq!(decision["type"], "response");
+        assert_eq!(decision["correlation_id"], "msg-cp");
+        assert_eq!(decision["content"]["action"], "checkpoint_response");
+        assert_eq!(decision["content"]["payload"]["decision"], "yes");
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn broadcasts_reach_every_grid_program_and_human_observers() {
+        let w = world().await;
+        let alice = w.sk.agent("alice").await;
+        let boss = w.sk.human("boss").await;
+        let (mut ws_boss, _) = SkynetWs::join(w.skynet, &boss).await;
+        let (mut ws_alice, _) = SkynetWs::join(w.skynet, &alice).await;
+        let (mut admin, _) = TrackerWs::auth(w.tracker, "tb-admin").await;
+        let (mut mc, _) = GridWs::connect(grid_addr(&w), "mc", None).await;
+        let (mut scout, _) = GridWs::connect(grid_addr(&w), "scout", None).await;
+        let polling = GridHttp::new(grid_addr(&w));
+        polling.poll("agent=planner").await; // a program that only polls
+        assert_eq!(mc.next().await["content"]["action"], "agent_online"); // scout
+
+        scout.send("message: { id: msg-b, type: notification, sender: { agent: scout }, receiver: { agent: broadcast }, content: { action: discovery, payload: { text: Found the auth bug } } }").await;
+        assert_eq!(mc.next_message().await["id"], "msg-b");
+        assert_eq!(polling.poll("agent=planner").await[0]["id"], "msg-b");
+        let seen = next_non_presence(&mut ws_boss).await;
+        assert_eq!(common::skynet::text_of(&seen), "Found the auth bug");
+        assert_eq!(
+            admin.next_of("message.new").await["content"],
+            "Found the auth bug"
+        );
+
+        // Another protocol's message to everyone is a Grid broadcast.
+        ws_alice.chat("@all standup in 5").await;
+        let got = mc.next_message().await;
+        assert_eq!(
+            (
+                got["receiver"]["agent"].as_str(),
+                got["content"]["payload"]["text"].as_str()
+            ),
+            (Some("broadcast"), Some("@all standup in 5"))
+        );
+        // The Skynet agent was not sent the Grid broadcast: its next message is the echo of its own.
+        let echo = next_non_presence(&mut ws_alice).await;
+        assert_eq!(common::skynet::text_of(&echo), "@all standup in 5");
+        w.bridge.shutdown().await;
+    }
+}

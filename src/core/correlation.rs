@@ -31,6 +31,8 @@ pub struct Link {
     pub from: String,
     /// The task it assigned, when it is an assignment.
     pub task_id: Option<String>,
+    /// Whether it asked a human for a decision.
+    pub asks_decision: bool,
 }
 
 /// A task assignment: the message that asked and who asked.
@@ -73,12 +75,14 @@ impl CorrelationIndex {
         reply_to: Option<&str>,
         correlation_id: Option<&str>,
         assigned_task: Option<&str>,
+        asks_decision: bool,
     ) {
         let link = Link {
             reply_to: reply_to.map(str::to_owned),
             root: correlation_id.unwrap_or(id).to_owned(),
             from: from.to_owned(),
             task_id: assigned_task.map(str::to_owned),
+            asks_decision,
         };
         let mut state = self.lock();
         if state.links.insert(id.to_owned(), link).is_none() {
@@ -145,8 +149,8 @@ mod tests {
     #[test]
     fn roots_follow_the_first_message() {
         let index = CorrelationIndex::new(10);
-        index.record("a", "x", None, None, Some("t"));
-        index.record("b", "y", Some("a"), Some("a"), None);
+        index.record("a", "x", None, None, Some("t"), false);
+        index.record("b", "y", Some("a"), Some("a"), None, false);
         assert_eq!(index.link("a").unwrap().root, "a");
         assert_eq!(
             index.link("b").unwrap(),
@@ -155,6 +159,7 @@ mod tests {
                 root: "a".into(),
                 from: "y".into(),
                 task_id: None,
+                asks_decision: false,
             }
         );
         assert_eq!(index.link("a").unwrap().task_id.as_deref(), Some("t"));
@@ -164,7 +169,7 @@ mod tests {
     fn the_cache_is_bounded() {
         let index = CorrelationIndex::new(2);
         for id in ["a", "b", "c"] {
-            index.record(id, "x", None, None, None);
+            index.record(id, "x", None, None, None, false);
             index.record_derived(&format!("d-{id}"), id);
         }
         assert!(index.link("a").is_none());

@@ -145,6 +145,7 @@ impl Core {
             env.reply_to.as_deref(),
             env.correlation_id.as_deref(),
             assigned,
+            env.kind == Kind::DecisionRequest,
         );
         if env.kind == Kind::TaskAssign
             && let Some(task) = env.task.as_ref().filter(|t| !t.id.is_empty())
@@ -166,12 +167,14 @@ impl Core {
     /// Places a message in its conversation:
     /// - progress or a result for a task, with no `reply_to`, answers the task's assignment;
     /// - a reply without a correlation id joins its parent's conversation;
+    /// - a chat answering a request for a human decision is that decision;
     /// - a reply (or task progress) reaches the agent it answers when that agent speaks
     ///   another protocol, whose own routing rules would otherwise not deliver it there.
     async fn link_conversation(&self, env: &mut Envelope) {
-        // Progress that names no task is about the task its parent assigned.
-        if matches!(env.kind, Kind::TaskUpdate | Kind::TaskResult)
-            && env.task.as_ref().is_some_and(|t| t.id.is_empty())
+        // Progress that names no task is about the task its parent assigned; an error
+        // answering an assignment is that task's failure.
+        if matches!(env.kind, Kind::TaskUpdate | Kind::TaskResult | Kind::Error)
+            && env.task.as_ref().is_none_or(|t| t.id.is_empty())
             && let Some(parent) = env.reply_to.clone()
         {
             let assigned = match self.correlation.link(&parent) {
@@ -184,8 +187,18 @@ impl Core {
                     .flatten()
                     .and_then(|l| l.task_id),
             };
-            if let (Some(task), Some(id)) = (env.task.as_mut(), assigned) {
-                task.id = id;
+            if let Some(id) = assigned {
+                if env.kind == Kind::Error {
+                    env.kind = Kind::TaskResult;
+                    let task = env.task.get_or_insert_with(TaskInfo::default);
+                    task.state = Some(TaskState::Failed);
+                    if task.error.is_none() {
+                        task.error = env.text.clone();
+                    }
+                }
+                if let Some(task) = env.task.as_mut() {
+                    task.id = id;
+                }
             }
         }
         let mut answers: Option<String> = None;
@@ -217,6 +230,10 @@ impl Core {
         if env.correlation_id.is_none() {
             // A parent the bridge never saw still starts the conversation.
             env.correlation_id = Some(link.as_ref().map_or(parent.clone(), |l| l.root.clone()));
+        }
+        // A human's answer to a request for a decision is the decision.
+        if env.kind == Kind::Chat && link.as_ref().is_some_and(|l| l.asks_decision) {
+            env.kind = Kind::DecisionResponse;
         }
         let author = answers.or(link.map(|l| l.from));
         if let Some(author) = author

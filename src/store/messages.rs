@@ -96,7 +96,8 @@ impl Store {
             Ok(conn
                 .prepare_cached(
                     "SELECT reply_to, COALESCE(correlation_id, id), sender,
-                            CASE WHEN kind = 'task.assign' THEN task_id END
+                            CASE WHEN kind = 'task.assign' THEN task_id END,
+                            kind = 'decision.request'
                      FROM messages WHERE id = ?1",
                 )?
                 .query_row([id], |r| {
@@ -105,6 +106,7 @@ impl Store {
                         root: r.get(1)?,
                         from: r.get(2)?,
                         task_id: r.get(3)?,
+                        asks_decision: r.get(4)?,
                     })
                 })
                 .optional()?)

@@ -114,17 +114,6 @@ impl Synapse {
             ));
         }
 
-        match msg_type {
-            MessageType::HilDecisionRequest => {
-                self.open_decisions
-                    .insert(msg.id.clone(), sender.agent_id.clone());
-            }
-            MessageType::HilDecisionResponse if !msg.reply_to.is_empty() => {
-                self.open_decisions.remove(&msg.reply_to);
-            }
-            _ => {}
-        }
-
         let env = translate::decode(&msg);
         let sync = hints.transport == Some(TransportMode::Sync)
             || receiver.as_deref().is_some_and(|r| {

@@ -59,8 +59,6 @@ pub struct Synapse {
     tasks: Arc<DashSet<String>>,
     /// task id → `StreamTaskStatus` subscribers.
     task_watchers: DashMap<String, Vec<tokio::sync::mpsc::Sender<TaskStatusUpdate>>>,
-    /// Human-decision requests still waiting for an answer: request id → requester.
-    open_decisions: DashMap<String, String>,
     outbound: outbound::Outbound,
     shutdown: CancellationToken,
 }
@@ -93,10 +91,6 @@ impl translate::Context for Synapse {
             },
         }
     }
-
-    fn is_open_decision(&self, id: &str) -> bool {
-        self.open_decisions.contains_key(id)
-    }
 }
 
 pub async fn start(
@@ -117,7 +111,6 @@ pub async fn start(
         groups: DashMap::new(),
         tasks: Arc::new(DashSet::new()),
         task_watchers: DashMap::new(),
-        open_decisions: DashMap::new(),
         outbound: outbound::Outbound::new(config),
         shutdown: shutdown.clone(),
     });

@@ -22,12 +22,10 @@ use super::proto::{
 use super::wire::{self, Payload};
 use crate::core::{Audience, Envelope, Kind, Origin, TaskInfo, TaskState, new_message_id, now_ms};
 
-/// What translation needs to know about agents and open decisions.
+/// What translation needs to know about agents.
 pub trait Context {
     /// How Synapse shows agent `name` (of any protocol).
     fn endpoint_of(&self, name: &str) -> AgentEndpoint;
-    /// Whether `id` is a human-decision request still waiting for its answer.
-    fn is_open_decision(&self, id: &str) -> bool;
 }
 
 pub const PROTOCOL_VERSION: &str = "1.0";
@@ -268,15 +266,6 @@ pub fn encode(env: &Envelope, ctx: &impl Context) -> Option<SynapseMessage> {
         Kind::VoteSubmit => (MessageType::GroupVoteSubmit, payload_of(env)?),
         Kind::VoteResult => (MessageType::GroupVoteResult, payload_of(env)?),
         Kind::Error => (MessageType::P2pNack, payload_of(env)?),
-        // An answer to an open human-decision request is the decision.
-        Kind::Chat
-            if env
-                .reply_to
-                .as_deref()
-                .is_some_and(|r| ctx.is_open_decision(r)) =>
-        {
-            (MessageType::HilDecisionResponse, payload_of(env)?)
-        }
         Kind::Chat | Kind::Context | Kind::Custom => {
             env.text.as_ref()?;
             (MessageType::Unspecified, payload_of(env)?)
@@ -397,9 +386,6 @@ mod tests {
                 ..Default::default()
             }
         }
-        fn is_open_decision(&self, id: &str) -> bool {
-            id == "decide-1"
-        }
     }
 
     fn endpoint(id: &str) -> Option<AgentEndpoint> {
@@ -484,7 +470,7 @@ mod tests {
     }
 
     #[test]
-    fn chat_is_an_unspecified_text_message_and_answers_decisions() {
+    fn chat_is_an_unspecified_text_message() {
         let mut env = Envelope::new("tracker", "boss", Kind::Chat);
         env.text = Some("approve".into());
         env.to = vec!["planner".into()];
@@ -494,10 +480,6 @@ mod tests {
             wire::unpack(msg.payload.as_ref()),
             Payload::Text("approve".into())
         );
-        env.reply_to = Some("decide-1".into());
-        let msg = encode(&env, &Ctx).unwrap();
-        assert_eq!(wire::message_type(&msg), MessageType::HilDecisionResponse);
-
         let back = decode(&SynapseMessage {
             sender: endpoint("planner"),
             payload: Some(wire::text("hello")),
