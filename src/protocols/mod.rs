@@ -6,6 +6,7 @@
 //! `start_all` and `listeners` below.
 
 pub mod clock;
+pub mod contract;
 pub mod grid;
 pub mod skynet;
 pub mod synapse;
@@ -79,6 +80,20 @@ pub fn listeners(config: &Config) -> Vec<(&'static str, &'static str, SocketAddr
         out.push((
             tracker::PROTOCOL,
             "rest /api/v1 + websocket /ws",
+            section.listen,
+        ));
+    }
+    if let Some(section) = &config.synapse {
+        out.push((
+            synapse::PROTOCOL,
+            "grpc + http/json gateway /v1",
+            section.listen,
+        ));
+    }
+    if let Some(section) = &config.grid {
+        out.push((
+            grid::PROTOCOL,
+            "http /grid/v1 + websocket /grid/v1/ws",
             section.listen,
         ));
     }

@@ -12,8 +12,8 @@ mod config;
 mod db;
 mod http;
 mod scratchpad;
-mod translate;
-mod wire;
+pub(crate) mod translate;
+pub(crate) mod wire;
 mod ws;
 
 use std::collections::{HashSet, VecDeque};

@@ -19,6 +19,7 @@ use super::PROTOCOL;
 use super::wire::{BROADCAST, Message, Party};
 use crate::core::{Audience, Envelope, Kind, Origin, Priority, TaskInfo, TaskState};
 use crate::protocols::clock::iso8601;
+use crate::protocols::contract::Frame;
 
 pub fn decode(msg: &Message) -> Envelope {
     let action = msg.action.as_deref().unwrap_or("");
@@ -355,6 +356,19 @@ pub fn encode(env: &Envelope) -> Option<Value> {
     }
     msg.insert("metadata".into(), Value::Object(metadata));
     Some(Value::Object(msg))
+}
+
+/// What a Grid program is shown for `env`, for the translation contract.
+pub fn preview(env: &Envelope) -> Vec<Frame> {
+    let Some(msg) = encode(env) else {
+        return Vec::new();
+    };
+    let label = format!(
+        "`{}` / `{}`",
+        msg["type"].as_str().unwrap_or_default(),
+        msg["content"]["action"].as_str().unwrap_or_default()
+    );
+    vec![Frame { label, body: msg }]
 }
 
 /// Whether a Grid message is for every Grid program.

@@ -5,7 +5,7 @@ mod config;
 mod http;
 mod mentions;
 mod registry;
-mod translate;
+pub(crate) mod translate;
 mod wire;
 mod workspace;
 mod ws;

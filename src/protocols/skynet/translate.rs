@@ -6,6 +6,7 @@ use serde_json::{Map, Value, json};
 use super::PROTOCOL;
 use super::wire;
 use crate::core::{Attachment, Audience, Envelope, Kind, Origin, TaskInfo, TaskState};
+use crate::protocols::contract::Frame;
 
 /// How Skynet card ids and bridge agent names correspond.
 pub trait Peers {
@@ -315,6 +316,31 @@ pub fn encode(env: &Envelope, peers: &impl Peers) -> Option<Value> {
         msg.insert("mentions".into(), json!(mentions));
     }
     Some(Value::Object(msg))
+}
+
+/// What a Skynet client is shown for `env`, for the translation contract.
+pub fn preview(env: &Envelope) -> Vec<Frame> {
+    struct Names;
+    impl Peers for Names {
+        fn card_id(&self, name: &str) -> String {
+            name.to_owned()
+        }
+        fn name_of(&self, _: &str) -> Option<String> {
+            None
+        }
+        fn card(&self, _: &str) -> Option<Value> {
+            None
+        }
+    }
+    let Some(frame) = encode(env, &Names) else {
+        return Vec::new();
+    };
+    let label = match (frame.get("event"), frame.get("type")) {
+        (Some(event), _) => format!("`{}` event", event.as_str().unwrap_or_default()),
+        (_, Some(t)) => format!("`{}`", t.as_str().unwrap_or_default()),
+        _ => String::new(),
+    };
+    vec![Frame { label, body: frame }]
 }
 
 fn kind_of(msg_type: &str) -> Kind {

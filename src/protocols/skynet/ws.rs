@@ -222,6 +222,17 @@ impl Connection {
                 .map(|(id, name)| (id.as_str(), name.as_str())),
         );
         let env = translate::decode(&msg, &joined.name, skynet.as_ref());
+        let unknown: Vec<String> = msg
+            .get("mentions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .filter(|id| {
+                *id != wire::MENTION_ALL && translate::Peers::name_of(skynet.as_ref(), id).is_none()
+            })
+            .map(str::to_owned)
+            .collect();
         if let Err(e) = skynet.core.publish(env).await {
             tracing::error!(error = %e, "skynet: cannot store a message");
             return self
@@ -229,6 +240,14 @@ impl Connection {
                     "Message could not be stored; it was not delivered",
                     None,
                 ))
+                .await;
+        }
+        if !unknown.is_empty() {
+            // Delivered to whom it could be; the sender hears who it could not reach.
+            let text = format!("Unknown recipient: {}", unknown.join(", "));
+            let detail = "no member of this workspace, and no agent of another protocol, has that id; the message reached its other recipients";
+            return self
+                .send_event(wire::error_event(&text, Some(detail)))
                 .await;
         }
         Flow::Continue

@@ -18,8 +18,8 @@ mod outbound;
 pub mod proto;
 mod services;
 mod tasks;
-mod translate;
-mod wire;
+pub(crate) mod translate;
+pub(crate) mod wire;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -21,6 +21,7 @@ use super::proto::{
 };
 use super::wire::{self, Payload};
 use crate::core::{Audience, Envelope, Kind, Origin, TaskInfo, TaskState, new_message_id, now_ms};
+use crate::protocols::contract::Frame;
 
 /// What translation needs to know about agents.
 pub trait Context {
@@ -153,7 +154,7 @@ pub fn decode(msg: &SynapseMessage) -> Envelope {
         _ => {}
     }
     if env.text.is_none() {
-        env.text = describe(msg_type, msg);
+        env.text = housekeeping_text(msg_type, msg);
     }
     env.origin = Origin {
         protocol: PROTOCOL.to_owned(),
@@ -290,6 +291,26 @@ pub fn encode(env: &Envelope, ctx: &impl Context) -> Option<SynapseMessage> {
     })
 }
 
+/// What a Synapse agent is shown for `env`, for the translation contract.
+pub fn preview(env: &Envelope) -> Vec<Frame> {
+    struct Names;
+    impl Context for Names {
+        fn endpoint_of(&self, name: &str) -> AgentEndpoint {
+            AgentEndpoint {
+                agent_id: name.to_owned(),
+                ..Default::default()
+            }
+        }
+    }
+    let Some(msg) = encode(env, &Names) else {
+        return Vec::new();
+    };
+    vec![Frame {
+        label: format!("`{}`", wire::message_type(&msg).as_str_name()),
+        body: wire::to_json(&msg, "synapse.SynapseMessage"),
+    }]
+}
+
 /// Text as a `StringValue`, else structured data as a `Struct`.
 fn payload_of(env: &Envelope) -> Option<prost_types::Any> {
     match (&env.text, &env.data) {
@@ -323,7 +344,7 @@ fn kind_of(msg_type: MessageType) -> Kind {
 }
 
 /// Words for group housekeeping messages that carry no text of their own.
-fn describe(msg_type: MessageType, msg: &SynapseMessage) -> Option<String> {
+fn housekeeping_text(msg_type: MessageType, msg: &SynapseMessage) -> Option<String> {
     let who = msg
         .sender
         .as_ref()

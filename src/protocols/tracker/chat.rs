@@ -27,6 +27,8 @@ pub struct NewMessage {
 pub enum PostError {
     /// The chat or task it names does not exist; the text names which.
     NotFound(String),
+    /// A mention names nobody the bridge knows.
+    UnknownMention(String),
     Store(crate::store::StoreError),
 }
 

@@ -7,13 +7,9 @@ use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
-use super::db::TaskRow;
-use super::translate::status_for;
-use super::wire::{Priority, TaskStatus, TaskType};
+use super::translate::{TaskChange, task_change, task_from};
 use super::{Chats, PROTOCOL, Tracker};
-use crate::core::{
-    Audience, Delivery, Directory, Envelope, Interest, Kind, Origin, TaskInfo, TaskState, uuid_form,
-};
+use crate::core::{Audience, Delivery, Directory, Envelope, Interest, Kind, Origin, TaskInfo};
 
 /// The hub's routing name; not an agent name any client can register.
 const HUB: &str = "\0tracker-hub";
@@ -118,48 +114,7 @@ impl Tracker {
                 .await;
             return Ok(());
         };
-        let external_id = if info.id.is_empty() {
-            env.id.clone()
-        } else {
-            info.id.clone()
-        };
-        let text = env.text.clone().unwrap_or_default();
-        let title = info
-            .title
-            .clone()
-            .filter(|t| !t.is_empty())
-            .or_else(|| {
-                text.lines()
-                    .next()
-                    .map(str::to_owned)
-                    .filter(|t| !t.is_empty())
-            })
-            .unwrap_or_else(|| format!("Task from {}", env.from));
-        let now = crate::core::now_ms();
-        let task = TaskRow {
-            id: uuid_form(&external_id),
-            project_id: project.id.clone(),
-            project_slug: project.slug.clone(),
-            title,
-            description: info.description.clone().unwrap_or(text),
-            status: TaskStatus::Todo,
-            task_type: TaskType::Task,
-            priority: match env.priority {
-                crate::core::Priority::High => Priority::High,
-                crate::core::Priority::Normal => Priority::Medium,
-                crate::core::Priority::Low => Priority::Low,
-            },
-            assignee_slug: Some(assignee),
-            reviewer_slug: None,
-            author_slug: env.from.clone(),
-            watchers: Vec::new(),
-            external_id: Some(external_id),
-            requester: Some(env.from.clone()),
-            request_message_id: Some(env.id.clone()),
-            delegation_message_id: None,
-            created_at: now,
-            updated_at: now,
-        };
+        let task = task_from(env, assignee, project, crate::core::now_ms());
         self.create_task(task).await?;
         Ok(())
     }
@@ -170,23 +125,14 @@ impl Tracker {
         env: &Envelope,
         task_id: &str,
     ) -> Result<(), crate::store::StoreError> {
-        let info = env.task.clone().unwrap_or_default();
-        let state = info.state.or(match env.kind {
-            Kind::TaskAssign => Some(TaskState::Assigned),
-            _ => None,
-        });
-        let status = state.and_then(status_for);
-        let note = match (state, &info.error) {
-            (Some(TaskState::Failed), Some(error)) => Some(format!("failed: {error}")),
-            (Some(TaskState::Failed), None) => Some("failed".to_owned()),
-            _ => env.text.clone().or(info.summary.clone()),
-        };
+        let TaskChange {
+            status,
+            note,
+            reassign,
+        } = task_change(env);
         if let Some(note) = note.as_ref().filter(|n| !n.is_empty()) {
             self.comment(env, task_id, note).await;
         }
-        let reassign = (env.kind == Kind::TaskAssign)
-            .then(|| info.assignee.clone())
-            .flatten();
         // A task deleted meanwhile has nothing left to update.
         let _applied = self
             .change_task(task_id, None, Some(&env.from), move |task| {

@@ -15,7 +15,7 @@ mod hub;
 mod members;
 mod rest;
 mod tasks;
-mod translate;
+pub(crate) mod translate;
 mod wire;
 mod ws;
 

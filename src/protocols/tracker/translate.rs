@@ -4,10 +4,11 @@
 use serde_json::{Value, json};
 
 use super::PROTOCOL;
-use super::db::TaskRow;
-use super::wire::{self, AuthorType, MessageOut, TaskOut, TaskStatus};
+use super::db::{ProjectRow, TaskRow};
+use super::wire::{self, AuthorType, MessageOut, Priority, TaskOut, TaskStatus, TaskType};
 use crate::core::{Envelope, Kind, Origin, TaskInfo, TaskState, uuid_form};
 use crate::protocols::clock::iso8601;
+use crate::protocols::contract::Frame;
 
 /// What translation needs to know about the Tracker's chats and the directory.
 pub trait Context {
@@ -141,6 +142,151 @@ pub fn encode(env: &Envelope, ctx: &impl Context) -> Option<Value> {
         Kind::PresenceStatus => None,
         _ if is_chat_like(env) => Some(wire::event("message.new", message_out(env, ctx))),
         _ => None,
+    }
+}
+
+/// What a Tracker member is shown for `env`, for the translation contract: task messages
+/// go through the task table (`task_from`, `task_change`, applied by hub.rs), the rest
+/// through `encode`.
+pub fn preview(env: &Envelope) -> Vec<Frame> {
+    struct Names;
+    impl Context for Names {
+        fn lobby_chat_id(&self) -> &str {
+            "lobby"
+        }
+        fn is_project_chat(&self, _: &str) -> bool {
+            false
+        }
+        fn author_type(&self, _: &str) -> AuthorType {
+            AuthorType::Agent
+        }
+    }
+    let frame = |label: &str, body: Value| Frame {
+        label: format!("`{label}`"),
+        body,
+    };
+    match env.kind {
+        Kind::TaskAssign => {
+            let project = ProjectRow {
+                id: "project".into(),
+                slug: "project".into(),
+                name: String::new(),
+                description: String::new(),
+                chat_id: "project-chat".into(),
+                created_at: 0,
+            };
+            let assignee = env.task.as_ref().and_then(|t| t.assignee.clone());
+            let task = task_from(env, assignee.unwrap_or_default(), &project, 0);
+            vec![frame(
+                "task.created",
+                wire::event("task.created", task_out(&task)),
+            )]
+        }
+        Kind::TaskUpdate | Kind::TaskResult => {
+            let change = task_change(env);
+            let mut frames = Vec::new();
+            if let Some(status) = change.status {
+                frames.push(frame(
+                    "task.updated",
+                    wire::event("task.updated", json!({ "status": status })),
+                ));
+            }
+            if let Some(note) = change.note {
+                let mut comment = env.clone();
+                comment.kind = Kind::Chat;
+                comment.text = Some(note);
+                comment.thread = env.task.as_ref().map(|t| t.id.clone());
+                frames.push(frame(
+                    "message.new",
+                    wire::event("message.new", message_out(&comment, &Names)),
+                ));
+            }
+            frames
+        }
+        _ => encode(env, &Names)
+            .map(|body| {
+                let label = body["type"].as_str().unwrap_or_default().to_owned();
+                vec![frame(&label, body)]
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// The Tracker task that a task assigned from another protocol becomes: the sender's task
+/// id is kept as `external_id` (and, in UUID form, as the task's id), so the Tracker's task
+/// events name the task the sender knows.
+pub fn task_from(env: &Envelope, assignee: String, project: &ProjectRow, now: i64) -> TaskRow {
+    let info = env.task.clone().unwrap_or_default();
+    let external_id = if info.id.is_empty() {
+        env.id.clone()
+    } else {
+        info.id.clone()
+    };
+    let text = env.text.clone().unwrap_or_default();
+    let title = info
+        .title
+        .clone()
+        .filter(|t| !t.is_empty())
+        .or_else(|| {
+            text.lines()
+                .next()
+                .map(str::to_owned)
+                .filter(|t| !t.is_empty())
+        })
+        .unwrap_or_else(|| format!("Task from {}", env.from));
+    TaskRow {
+        id: uuid_form(&external_id),
+        project_id: project.id.clone(),
+        project_slug: project.slug.clone(),
+        title,
+        description: info.description.clone().unwrap_or(text),
+        status: TaskStatus::Todo,
+        task_type: TaskType::Task,
+        priority: match env.priority {
+            crate::core::Priority::High => Priority::High,
+            crate::core::Priority::Normal => Priority::Medium,
+            crate::core::Priority::Low => Priority::Low,
+        },
+        assignee_slug: Some(assignee),
+        reviewer_slug: None,
+        author_slug: env.from.clone(),
+        watchers: Vec::new(),
+        external_id: Some(external_id),
+        requester: Some(env.from.clone()),
+        request_message_id: Some(env.id.clone()),
+        delegation_message_id: None,
+        created_at: now,
+        updated_at: now,
+    }
+}
+
+/// What a task message from another protocol does to a Tracker task it names.
+#[derive(Debug, Default, PartialEq)]
+pub struct TaskChange {
+    /// The new status; `None` leaves it (the Tracker has no `failed`).
+    pub status: Option<TaskStatus>,
+    /// Said on the task's thread as a comment by the sender.
+    pub note: Option<String>,
+    pub reassign: Option<String>,
+}
+
+pub fn task_change(env: &Envelope) -> TaskChange {
+    let info = env.task.clone().unwrap_or_default();
+    let state = info.state.or(match env.kind {
+        Kind::TaskAssign => Some(TaskState::Assigned),
+        _ => None,
+    });
+    let note = match (state, &info.error) {
+        (Some(TaskState::Failed), Some(error)) => Some(format!("failed: {error}")),
+        (Some(TaskState::Failed), None) => Some("failed".to_owned()),
+        _ => env.text.clone().or(info.summary.clone()),
+    };
+    TaskChange {
+        status: state.and_then(status_for),
+        note,
+        reassign: (env.kind == Kind::TaskAssign)
+            .then(|| info.assignee.clone())
+            .flatten(),
     }
 }
 

@@ -245,6 +245,9 @@ impl Live {
                 match self.tracker.post_message(message).await {
                     Ok(_) => Ok(()),
                     Err(PostError::NotFound(what)) => Err(what),
+                    Err(PostError::UnknownMention(name)) => Err(format!(
+                        "unknown mention '{name}': no agent of any protocol has that name"
+                    )),
                     Err(PostError::Store(e)) => {
                         tracing::error!(error = %e, "tracker: cannot store a message");
                         Err("message could not be stored; it was not delivered".into())

@@ -14,6 +14,11 @@ const MAX_LIMIT: usize = 1000;
 fn post_error(e: PostError) -> ApiError {
     match e {
         PostError::NotFound(what) => ApiError::not_found(what),
+        PostError::UnknownMention(name) => ApiError::field(
+            &["body", "mentions"],
+            "value_error",
+            format!("Unknown member '{name}': no agent of any protocol has that name"),
+        ),
         PostError::Store(e) => ApiError::store(e),
     }
 }
