@@ -72,6 +72,8 @@ pub struct AgentInfo {
     pub status: Status,
     /// Milliseconds since the epoch.
     pub created_at: i64,
+    /// Whether listings show it; the bridge's own agent is addressable but not a peer.
+    pub listed: bool,
 }
 
 impl AgentInfo {
@@ -87,6 +89,7 @@ impl AgentInfo {
             online: false,
             status: Status::Offline,
             created_at: super::envelope::now_ms(),
+            listed: true,
         }
     }
 }
@@ -204,9 +207,14 @@ impl Directory {
         Some(before)
     }
 
-    /// Every agent, oldest registration first.
+    /// Every listed agent, oldest registration first.
     pub fn list(&self) -> Vec<AgentInfo> {
-        let mut all: Vec<AgentInfo> = self.by_name.iter().map(|e| e.clone()).collect();
+        let mut all: Vec<AgentInfo> = self
+            .by_name
+            .iter()
+            .filter(|e| e.listed)
+            .map(|e| e.clone())
+            .collect();
         all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.name.cmp(&b.name)));
         all
     }
@@ -216,16 +224,17 @@ impl Directory {
         let mut peers: Vec<AgentInfo> = self
             .by_name
             .iter()
-            .filter(|e| e.online && e.protocol != protocol)
+            .filter(|e| e.listed && e.online && e.protocol != protocol)
             .map(|e| e.clone())
             .collect();
         peers.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.name.cmp(&b.name)));
         peers
     }
 
-    /// Calls `f` with every agent, without cloning; `f` must not call back into the directory.
+    /// Calls `f` with every listed agent, without cloning; `f` must not call back into
+    /// the directory.
     pub fn for_each(&self, mut f: impl FnMut(&AgentInfo)) {
-        for entry in self.by_name.iter() {
+        for entry in self.by_name.iter().filter(|e| e.listed) {
             f(&entry);
         }
     }

@@ -255,27 +255,27 @@ impl Router {
         report: &mut RouteReport,
     ) {
         let env = &delivery.envelope;
-        match self.by_agent.get(name) {
-            Some(sessions) => {
-                for session in sessions.iter() {
-                    if session.interest.accepts(env) {
-                        self.push(session, delivery, reached, report);
-                    }
+        let mut taken = false;
+        if let Some(sessions) = self.by_agent.get(name) {
+            for session in sessions.iter() {
+                if session.interest.accepts(env) {
+                    taken = true;
+                    self.push(session, delivery, reached, report);
                 }
             }
-            None => {
-                if !reached.insert_name(name) {
-                    return;
-                }
-                let sink = self
-                    .directory
-                    .protocol_of(name)
-                    .and_then(|p| self.offline.get(p).map(|s| s.clone()));
-                if let Some(sink) = sink {
-                    sink.deliver(name, delivery);
-                    report.offline += 1;
-                }
-            }
+        }
+        // No live session takes it (none is open, or those open serve another part of the
+        // agent, like a group-only stream): it waits where the agent's protocol keeps mail.
+        if taken || !reached.insert_name(name) {
+            return;
+        }
+        let sink = self
+            .directory
+            .protocol_of(name)
+            .and_then(|p| self.offline.get(p).map(|s| s.clone()));
+        if let Some(sink) = sink {
+            sink.deliver(name, delivery);
+            report.offline += 1;
         }
     }
 
@@ -527,6 +527,33 @@ mod tests {
         let report = r.route(&chat("a", &["away", "nosink", "away"]));
         assert_eq!(report.offline, 1);
         assert_eq!(*sink.0.lock().unwrap(), ["away"]);
+    }
+
+    #[test]
+    fn a_session_that_refuses_leaves_the_message_for_the_sink() {
+        struct Refuses;
+        impl Interest for Refuses {
+            fn accepts(&self, _: &Envelope) -> bool {
+                false
+            }
+        }
+        struct Sink(Mutex<Vec<String>>);
+        impl OfflineSink for Sink {
+            fn deliver(&self, agent: &str, _: &Arc<Delivery>) {
+                self.0.lock().unwrap().push(agent.to_owned());
+            }
+        }
+        let dir = Arc::new(Directory::new());
+        dir.register(AgentInfo::new("grouped", "grid", "grouped"))
+            .unwrap();
+        let r = Router::new(dir, 4, WhenFull::DropOldest);
+        let sink = Arc::new(Sink(Mutex::new(Vec::new())));
+        r.set_offline_sink("grid", sink.clone());
+        let stream = connect(&r, "grouped", Arc::new(Refuses));
+        let report = r.route(&chat("a", &["grouped", "grouped"]));
+        assert_eq!((report.queued, report.offline), (0, 1));
+        assert!(received(&stream).is_empty());
+        assert_eq!(*sink.0.lock().unwrap(), ["grouped"]);
     }
 
     #[test]
