@@ -57,7 +57,7 @@ mod skynet_tracker {
         let w = world().await;
         let alice = w.sk.agent("alice").await;
         let boss = w.sk.human("boss").await;
-        let (mut coder, ok) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let (mut coder, ok) = TrackerWs::auth_subscribed(w.tracker, "tb-coder").await;
         let lobby = ok["lobby_chat_id"].clone();
         let (mut ws_alice, state) = SkynetWs::join(w.skynet, &alice).await;
         let coder_card = card_named(&state["members"], "coder").clone();
@@ -97,7 +97,7 @@ mod skynet_tracker {
     async fn a_tracker_message_reaches_the_skynet_agent_from_the_listed_card() {
         let w = world().await;
         let alice = w.sk.agent("alice").await;
-        let (_coder_ws, ok) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let (_coder_ws, ok) = TrackerWs::auth_subscribed(w.tracker, "tb-coder").await;
         let lobby = ok["lobby_chat_id"].clone();
         let (mut ws_alice, state) = SkynetWs::join(w.skynet, &alice).await;
         let coder_card = card_named(&state["members"], "coder").clone();
@@ -132,7 +132,7 @@ mod skynet_tracker {
         let alice = w.sk.agent("alice").await;
         let boss = w.sk.human("boss").await;
         let (mut ws_boss, _) = SkynetWs::join(w.skynet, &boss).await;
-        let (mut admin, _) = TrackerWs::auth(w.tracker, "tb-admin").await;
+        let (mut admin, _) = TrackerWs::auth_subscribed(w.tracker, "tb-admin").await;
 
         // A Skynet agent joining is an online Tracker member…
         let join = ws_boss.next_message().await;
@@ -155,7 +155,7 @@ mod skynet_tracker {
             (members["protocol"].as_str(), members["is_online"].as_bool()),
             (Some("skynet"), Some(true))
         );
-        let (_coder, ok) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let (_coder, ok) = TrackerWs::auth_subscribed(w.tracker, "tb-coder").await;
         let online: Vec<&str> = ok["online"]
             .as_array()
             .unwrap()
@@ -202,7 +202,7 @@ mod skynet_tracker {
     async fn reply_chains_survive_both_ways() {
         let w = world().await;
         let alice = w.sk.agent("alice").await;
-        let (mut coder, ok) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let (mut coder, ok) = TrackerWs::auth_subscribed(w.tracker, "tb-coder").await;
         let lobby = ok["lobby_chat_id"].clone();
         let (mut ws_alice, _) = SkynetWs::join(w.skynet, &alice).await;
         let coder_http = TrackerHttp::new(w.tracker, "tb-coder");
@@ -249,10 +249,43 @@ mod skynet_tracker {
     }
 
     #[tokio::test]
+    async fn a_tracker_members_busy_heartbeat_is_a_skynet_status_change() {
+        let w = world().await;
+        let alice = w.sk.agent("alice").await;
+        let (mut coder, _) = TrackerWs::auth_subscribed(w.tracker, "tb-coder").await;
+        let (mut ws_alice, state) = SkynetWs::join(w.skynet, &alice).await;
+        let coder_id = card_named(&state["members"], "coder")["id"].clone();
+        assert_eq!(card_named(&state["members"], "coder")["status"], "idle");
+
+        coder
+            .send(json!({ "type": "heartbeat", "status": "busy" }))
+            .await;
+        assert_eq!(
+            ws_alice.next_event("status-change").await,
+            json!({ "agentId": coder_id, "status": "busy" })
+        );
+        let (_, members) = w.sk.get("/api/members").await;
+        assert_eq!(card_named(&members, "coder")["status"], "busy");
+
+        // The same status again is no change; plain online is Skynet's idle.
+        coder
+            .send(json!({ "type": "heartbeat", "status": "busy" }))
+            .await;
+        coder
+            .send(json!({ "type": "heartbeat", "status": "online" }))
+            .await;
+        assert_eq!(
+            ws_alice.next_event("status-change").await,
+            json!({ "agentId": coder_id, "status": "idle" })
+        );
+        w.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
     async fn a_skynet_task_for_a_tracker_agent_runs_to_its_result() {
         let w = world().await;
         let alice = w.sk.agent("alice").await;
-        let (mut coder, _) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let (mut coder, _) = TrackerWs::auth_subscribed(w.tracker, "tb-coder").await;
         let (mut ws_alice, state) = SkynetWs::join(w.skynet, &alice).await;
         let coder_id = card_named(&state["members"], "coder")["id"].clone();
         let coder_http = TrackerHttp::new(w.tracker, "tb-coder");
@@ -282,11 +315,18 @@ mod skynet_tracker {
         let assigned = coder.next_of("task.assigned").await;
         assert_eq!(assigned["id"], json!(task_id));
 
-        // Taking it is progress for the assigner.
+        // Taking what is already its own changes nothing; starting work is progress for
+        // the assigner.
         let (status, _) = coder_http
             .post(&format!("/tasks/{task_id}/take?slug=coder"), json!({}))
             .await;
         assert_eq!(status, 200);
+        coder_http
+            .patch(
+                &format!("/tasks/{task_id}"),
+                json!({ "status": "in_progress" }),
+            )
+            .await;
         let update = next_non_presence(&mut ws_alice).await;
         assert_eq!(update["type"], "task.update");
         assert_eq!(update["payload"]["taskId"], json!(task_id));
@@ -506,7 +546,7 @@ mod synapse_others {
     #[tokio::test]
     async fn a_synapse_task_for_a_tracker_agent_reports_progress_and_completion() {
         let w = world().await;
-        let (mut coder, _) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let (mut coder, _) = TrackerWs::auth_subscribed(w.tracker, "tb-coder").await;
         let coder_http = TrackerHttp::new(w.tracker, "tb-coder");
         let mut planner = Stream::open(synapse_addr(&w), "planner").await;
         let task_id = uuid::Uuid::new_v4().to_string();
@@ -529,7 +569,10 @@ mod synapse_others {
         coder.next_of("task.assigned").await;
 
         coder_http
-            .post(&format!("/tasks/{task_id}/take?slug=coder"), json!({}))
+            .patch(
+                &format!("/tasks/{task_id}"),
+                json!({ "status": "in_progress" }),
+            )
             .await;
         let progress = planner.next().await;
         assert_eq!(progress.r#type, MessageType::P2pStatusUpdate as i32);
@@ -670,7 +713,7 @@ mod synapse_others {
         let mut worker = Stream::open(synapse_addr(&w), "worker").await;
         let (mut ws_alice, state) = SkynetWs::join(w.skynet, &alice).await;
         let worker_card = card_named(&state["members"], "worker").clone();
-        let (mut coder, ok) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let (mut coder, ok) = TrackerWs::auth_subscribed(w.tracker, "tb-coder").await;
         next_non_presence_skip(&mut ws_alice).await; // coder's join
 
         worker.send(chat("worker", "alice", "hi alice")).await;
@@ -722,7 +765,7 @@ mod synapse_others {
         let w = world().await;
         let boss = w.sk.human("boss").await;
         let (mut ws_boss, _) = SkynetWs::join(w.skynet, &boss).await;
-        let (mut admin, ok) = TrackerWs::auth(w.tracker, "tb-admin").await;
+        let (mut admin, ok) = TrackerWs::auth_subscribed(w.tracker, "tb-admin").await;
         let mut worker = Stream::open(synapse_addr(&w), "worker").await;
         ws_boss.next_message().await; // admin joins
         ws_boss.next_message().await; // worker joins
@@ -778,7 +821,7 @@ mod synapse_others {
         let w = world().await;
         let boss = w.sk.human("boss").await;
         let (mut ws_boss, _) = SkynetWs::join(w.skynet, &boss).await;
-        let (mut admin, _) = TrackerWs::auth(w.tracker, "tb-admin").await;
+        let (mut admin, _) = TrackerWs::auth_subscribed(w.tracker, "tb-admin").await;
         ws_boss.next_message().await; // admin
         let worker = Stream::open(synapse_addr(&w), "worker").await;
         let join = ws_boss.next_message().await;
@@ -859,7 +902,7 @@ mod grid_others {
     #[tokio::test]
     async fn a_grid_request_to_a_tracker_agent_is_a_chat_and_its_answer_a_response() {
         let w = world().await;
-        let (mut coder, ok) = TrackerWs::auth(w.tracker, "tb-coder").await;
+        let (mut coder, ok) = TrackerWs::auth_subscribed(w.tracker, "tb-coder").await;
         let (mut executor, _) = GridWs::connect(grid_addr(&w), "executor", Some("exec-001")).await;
         executor.send("message: { id: msg-ctx, type: request, sender: { agent: executor, instance_id: exec-001 }, receiver: { agent: coder }, content: { action: request_context, payload: { text: What auth pattern do we use? } } }").await;
         let asked = coder.next_of("message.new").await;
@@ -1003,7 +1046,7 @@ mod grid_others {
         let boss = w.sk.human("boss").await;
         let (mut ws_boss, _) = SkynetWs::join(w.skynet, &boss).await;
         let (mut ws_alice, _) = SkynetWs::join(w.skynet, &alice).await;
-        let (mut admin, _) = TrackerWs::auth(w.tracker, "tb-admin").await;
+        let (mut admin, _) = TrackerWs::auth_subscribed(w.tracker, "tb-admin").await;
         let (mut mc, _) = GridWs::connect(grid_addr(&w), "mc", None).await;
         let (mut scout, _) = GridWs::connect(grid_addr(&w), "scout", None).await;
         let polling = GridHttp::new(grid_addr(&w));

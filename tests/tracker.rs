@@ -319,16 +319,17 @@ async fn take_is_atomic_and_reject_returns_the_task() {
         .post(&format!("/tasks/{id}/take?slug=coder"), json!({}))
         .await;
     assert_eq!(status, 200);
+    // Taking assigns and nothing else: the status is the agent's to change.
     assert_eq!(
         (taken["assignee_slug"].as_str(), taken["status"].as_str()),
-        (Some("coder"), Some("in_progress"))
+        (Some("coder"), Some("todo"))
     );
     let (status, body) = listener
         .post(&format!("/tasks/{id}/take?slug=listener"), json!({}))
         .await;
     assert_eq!(status, 409, "{body}");
     assert!(body["detail"].as_str().unwrap().contains("coder"));
-    // Taking again is harmless; taking for someone else is not allowed.
+    // Taking again is harmless; the slug must name a member.
     assert_eq!(
         w.coder
             .post(&format!("/tasks/{id}/take?slug=coder"), json!({}))
@@ -336,13 +337,12 @@ async fn take_is_atomic_and_reject_returns_the_task() {
             .0,
         200
     );
-    assert_eq!(
-        w.coder
-            .post(&format!("/tasks/{id}/take?slug=listener"), json!({}))
-            .await
-            .0,
-        403
-    );
+    let (status, body) = w
+        .coder
+        .post(&format!("/tasks/{id}/take?slug=nobody"), json!({}))
+        .await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("nobody"));
     assert_eq!(
         w.coder
             .post(&format!("/tasks/{id}/take"), json!({}))
@@ -901,11 +901,12 @@ async fn chat_send_over_the_socket_and_its_errors() {
 async fn task_events_follow_task_listen() {
     let w = world().await;
     let (mut admin, _) = TrackerWs::auth_subscribed(w.addr, "tb-admin").await;
-    let (mut coder, _) = TrackerWs::auth(w.addr, "tb-coder").await;
+    let (mut coder, _) = TrackerWs::auth_subscribed(w.addr, "tb-coder").await;
     let (mut listener, _) = TrackerWs::auth(w.addr, "tb-listener").await;
     admin.next_of("agent.status").await;
 
     // task_listen=all on a subscribed project: every event. assigned: only its own.
+    // Without a subscription to the project, none at all.
     let task = w
         .admin
         .task("team-board", json!({ "title": "Unassigned" }))
@@ -936,19 +937,29 @@ async fn task_events_follow_task_listen() {
     assert_eq!(coder.next_of("task.updated").await["priority"], "critical");
     assert_eq!(admin.next_of("task.updated").await["priority"], "critical");
 
-    // listener (task_listen=all) is not subscribed: it sees nothing until it watches.
+    // listener (task_listen=all) is not subscribed: it sees nothing, even what it watches,
+    // until it subscribes.
     let other = task["id"].as_str().unwrap();
-    w.admin
-        .post(&format!("/tasks/{other}/watch?slug=admin"), json!({}))
-        .await;
-    admin.next_of("task.updated").await;
     let listener_http = TrackerHttp::new(w.addr, "tb-listener");
     listener_http
         .post(&format!("/tasks/{other}/watch?slug=listener"), json!({}))
         .await;
     assert_eq!(
-        listener.next_of("task.updated").await["watchers"],
-        json!(["admin", "listener"])
+        admin.next_of("task.updated").await["watchers"],
+        json!(["listener"])
+    );
+    listener
+        .send(json!({ "type": "project.subscribe", "project_id": task["project_id"] }))
+        .await;
+    listener.settle().await;
+    w.admin
+        .patch(&format!("/tasks/{other}"), json!({ "priority": "low" }))
+        .await;
+    // Its first task event is this one: the watch before it did not reach it.
+    let updated = listener.next_of("task.updated").await;
+    assert_eq!(
+        (updated["id"].as_str(), updated["priority"].as_str()),
+        (Some(other), Some("low"))
     );
     w.bridge.shutdown().await;
 }

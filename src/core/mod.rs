@@ -65,6 +65,7 @@ impl Core {
         let mut bridge = AgentInfo::new(BRIDGE_AGENT, BRIDGE_PROTOCOL, BRIDGE_AGENT);
         bridge.description = Some("agentbridge".into());
         bridge.agent_type = Some("bridge".into());
+        bridge.listed = false;
         directory
             .register(bridge)
             .expect("an empty directory has room for the bridge");
@@ -282,6 +283,16 @@ impl Core {
         if let Err(e) = self.publish(env).await {
             tracing::error!(error = %e, agent = name, "cannot store a presence change");
         }
+    }
+
+    /// Tells every protocol that an online agent is now busy, idle or plain online. Not
+    /// kept: only the latest status matters, and the directory holds it.
+    pub async fn announce_status(&self, protocol: Protocol, name: &str, status: Status) {
+        self.directory.set_presence(name, true, status);
+        let mut env = Envelope::new(protocol, name, Kind::PresenceStatus);
+        env.audience = Audience::Everyone;
+        env.data = Some(serde_json::json!({ "status": status.as_str() }));
+        self.publish_transient(env).await;
     }
 
     /// The original id behind a UUID that `uuid_form` derived for a message; any other id

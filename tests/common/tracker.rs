@@ -156,7 +156,22 @@ impl TrackerWs {
             ws.send(json!({ "type": "project.subscribe", "project_id": project["id"] }))
                 .await;
         }
+        ws.settle().await;
         (ws, ok)
+    }
+
+    /// Returns once the frames sent before are handled: the Tracker acknowledges neither
+    /// subscriptions nor heartbeats, but answers an unknown frame, in order.
+    pub async fn settle(&mut self) {
+        self.send(json!({ "type": "settle" })).await;
+        loop {
+            let frame = self.next().await;
+            if frame["type"] == "error" {
+                assert!(frame.to_string().contains("settle"), "{frame}");
+                return;
+            }
+            assert_eq!(frame["type"], "agent.status", "unexpected {frame}");
+        }
     }
 
     pub async fn send(&mut self, frame: Value) {

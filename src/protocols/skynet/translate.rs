@@ -163,6 +163,11 @@ pub fn encode(env: &Envelope, peers: &impl Peers) -> Option<Value> {
             .and_then(|d| d.get("status"))
             .and_then(Value::as_str)
             .unwrap_or("idle");
+        // Skynet's statuses are idle | busy | offline | error; "online" is idle there.
+        let status = match status {
+            "busy" | "offline" | "error" => status,
+            _ => "idle",
+        };
         return Some(wire::event_value(
             wire::EVENT_STATUS_CHANGE,
             json!({ "agentId": from, "status": status }),

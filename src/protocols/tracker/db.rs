@@ -507,6 +507,10 @@ impl Db {
                 if let Err(reason) = change(&mut after) {
                     return Ok(Some(Err(reason)));
                 }
+                if after == before {
+                    // Nothing changed: no write, and `updated_at` stays, so no event follows.
+                    return Ok(Some(Ok((before, after))));
+                }
                 after.updated_at = crate::core::now_ms();
                 conn.execute(
                     "UPDATE tracker_tasks SET title = ?2, description = ?3, status = ?4, type = ?5,

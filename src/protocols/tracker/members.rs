@@ -27,6 +27,8 @@ pub fn new_token() -> String {
 pub enum Transition {
     CameOnline,
     WentOffline,
+    /// Still online, now `busy`, `idle` or plain `online`.
+    StatusChanged(HeartbeatStatus),
 }
 
 #[derive(Default)]
@@ -88,15 +90,16 @@ impl Members {
     fn transition(&self, slug: &str, change: impl FnOnce(&mut Presence)) -> Option<Transition> {
         let mut all = self.lock();
         let presence = all.entry(slug.to_owned()).or_default();
-        let before = presence.online();
+        let (before, status_before) = (presence.online(), presence.status);
         change(presence);
-        let after = presence.online();
+        let (after, status) = (presence.online(), presence.status);
         if presence.connections.is_empty() {
             all.remove(slug);
         }
         match (before, after) {
             (false, true) => Some(Transition::CameOnline),
             (true, false) => Some(Transition::WentOffline),
+            (true, true) if status != status_before => Some(Transition::StatusChanged(status)),
             _ => None,
         }
     }

@@ -35,7 +35,7 @@ use crate::core::{
 };
 use db::{Db, MemberRow, ProjectRow, TaskRow};
 use members::{Members, Transition, hash_token};
-use wire::{AuthorType, ChatListen, MemberKind, TaskListen};
+use wire::{AuthorType, ChatListen, HeartbeatStatus, MemberKind, TaskListen};
 
 pub const PROTOCOL: Protocol = "tracker";
 
@@ -122,12 +122,13 @@ impl Conn {
         let involved = task.assignee_slug.as_deref() == Some(&self.slug)
             || task.reviewer_slug.as_deref() == Some(&self.slug)
             || task.watchers.contains(&self.slug);
-        match self.task_listen {
-            TaskListen::None => false,
-            // What it is involved in reaches it wherever it is, so an assignment is never missed.
-            TaskListen::Assigned => involved,
-            TaskListen::All => involved || self.subscribed(&task.project_id),
-        }
+        // As the document says: without a subscription to the task's project, no task events.
+        self.subscribed(&task.project_id)
+            && match self.task_listen {
+                TaskListen::None => false,
+                TaskListen::Assigned => involved,
+                TaskListen::All => true,
+            }
     }
 }
 
@@ -315,6 +316,15 @@ impl Tracker {
         let (online, status) = match transition {
             Transition::CameOnline => (true, Status::Online),
             Transition::WentOffline => (false, Status::Offline),
+            Transition::StatusChanged(status) => {
+                let status = match status {
+                    HeartbeatStatus::Busy => Status::Busy,
+                    HeartbeatStatus::Idle => Status::Idle,
+                    HeartbeatStatus::Online => Status::Online,
+                };
+                self.core.announce_status(PROTOCOL, slug, status).await;
+                return;
+            }
         };
         let native = translate::agent_status(slug, status.as_str());
         self.core

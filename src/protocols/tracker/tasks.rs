@@ -50,9 +50,16 @@ impl Tracker {
             Some(Err(reason)) => return Ok(Err(Refused::Conflict(reason))),
             Some(Ok(pair)) => pair,
         };
-        if after.assignee_slug.is_some() && after.assignee_slug != before.assignee_slug {
+        let reassigned = after.assignee_slug != before.assignee_slug;
+        if reassigned && after.assignee_slug.is_some() {
             self.emit_task_event("task.assigned", &after);
-        } else if after != before {
+        }
+        let otherwise_changed = TaskRow {
+            assignee_slug: before.assignee_slug.clone(),
+            updated_at: before.updated_at,
+            ..after.clone()
+        } != before;
+        if otherwise_changed || (reassigned && after.assignee_slug.is_none()) {
             self.emit_task_event("task.updated", &after);
         }
         Ok(Ok(self
