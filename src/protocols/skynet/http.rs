@@ -305,7 +305,8 @@ async fn control(skynet: &Skynet, id: &str, body: &Bytes, kind: Kind) -> Respons
     let Some(agent) = skynet.registry.by_id_or_name(id, false) else {
         return error(StatusCode::NOT_FOUND, "Agent not found");
     };
-    if !skynet.workspace.is_connected(&agent.id) {
+    // "Connected" as Skynet's server means it: joined, a member in its grace period included.
+    if !skynet.workspace.is_member(&agent.id) {
         return error(StatusCode::CONFLICT, "Agent is not connected");
     }
     let body = match body_object(body) {

@@ -102,6 +102,15 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
     }
 }
 
+/// The `action` of a frame, when it is a JSON object with a string action.
+pub fn action_of(text: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Action {
+        action: String,
+    }
+    serde_json::from_str::<Action>(text).ok().map(|a| a.action)
+}
+
 fn parse_join(data: Value) -> Result<JoinRequest, FrameError> {
     let Value::Object(mut data) = data else {
         return Err(invalid(

@@ -84,11 +84,6 @@ impl Workspace {
         self.lock().by_id.contains_key(id)
     }
 
-    /// Joined with an open socket.
-    pub fn is_connected(&self, id: &str) -> bool {
-        self.lock().by_id.get(id).is_some_and(|m| m.live.is_some())
-    }
-
     pub fn status_of(&self, id: &str) -> Option<String> {
         self.lock().by_id.get(id).and_then(|m| m.status.clone())
     }

@@ -131,6 +131,13 @@ impl Connection {
             }
             Ok(ClientFrame::Send(msg)) => self.on_send(msg).await,
             Ok(ClientFrame::Heartbeat { status }) => self.on_heartbeat(status).await,
+            // As Skynet's server does: a send before join is refused for that, whatever its shape.
+            Err(FrameError::Invalid(_))
+                if self.joined.is_none() && wire::action_of(text).as_deref() == Some("send") =>
+            {
+                self.send_event(wire::error_event(wire::ERR_NOT_CONNECTED, None))
+                    .await
+            }
             Err(e) => self.refuse(e).await,
         }
     }
@@ -254,10 +261,9 @@ impl Connection {
     }
 
     async fn on_heartbeat(&mut self, status: Option<String>) -> Flow {
+        // Skynet's server ignores a heartbeat before join: no ack, no error.
         let Some(joined) = &self.joined else {
-            return self
-                .send_event(wire::error_event(wire::ERR_NOT_CONNECTED, None))
-                .await;
+            return Flow::Continue;
         };
         let (id, name) = (joined.agent_id.clone(), joined.name.clone());
         self.skynet.heartbeat(&id, &name, status).await;
