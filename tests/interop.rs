@@ -1079,3 +1079,444 @@ mod grid_others {
         w.bridge.shutdown().await;
     }
 }
+
+/// The translation contract's matrix: every ordered pair of protocols (A, B) × {a chat
+/// with a mention; a task assigned → progress → result; a reply chain A→B→A→B; a message
+/// to an unknown recipient}. Each cell is its own test, named `matrix::<a>_to_<b>::<scenario>`.
+mod matrix {
+    use crate::common::peers::{Net, Peer, Proto, What, now_ms};
+
+    /// How far a timestamp a protocol shows may be from the test's clock: the bridge runs
+    /// on the same machine, so only second-granular formats and scheduling separate them.
+    const CLOCK_TOLERANCE_MS: i64 = 5_000;
+
+    fn assert_recent(peer: &Peer, ts: Option<i64>, what: &str) {
+        let ts = ts.unwrap_or_else(|| panic!("{:?} shows no timestamp on {what}", peer.proto));
+        let skew = (now_ms() - ts).abs();
+        assert!(
+            skew < CLOCK_TOLERANCE_MS,
+            "{:?}: {what} timestamp {ts} is {skew} ms off",
+            peer.proto
+        );
+    }
+
+    /// Connects B first, so A's protocol already lists it.
+    async fn peers(a: Proto, b: Proto) -> (Net, Peer, Peer) {
+        let net = Net::start().await;
+        let pb = net.peer(b).await;
+        let pa = net.peer(a).await;
+        (net, pa, pb)
+    }
+
+    pub async fn chat_with_a_mention(a: Proto, b: Proto) {
+        let (net, mut pa, mut pb) = peers(a, b).await;
+        let text = format!("@{} please review, from {}", b.agent(), a.agent());
+        let sent = pa.chat(b.agent(), &text, None).await;
+        let seen = pb.next(What::Chat).await;
+        assert_eq!(seen.id, sent, "{a:?}→{b:?}: the id is kept: {}", seen.raw);
+        assert_eq!(seen.from, a.agent(), "{}", seen.raw);
+        assert_eq!(seen.text, text, "{}", seen.raw);
+        assert_eq!(seen.reply_to, None, "{}", seen.raw);
+        assert_recent(&pb, seen.timestamp, "a chat");
+        net.bridge.shutdown().await;
+    }
+
+    pub async fn task_assigned_progress_result(a: Proto, b: Proto) {
+        let (net, mut pa, mut pb) = peers(a, b).await;
+        let (task_id, assignment_id) = pa.assign(b.agent(), "Write the parser").await;
+        let task = pb.next_assignment().await;
+        assert_eq!(
+            task.task_id, task_id,
+            "{a:?}→{b:?}: the same task id on both sides"
+        );
+        assert_eq!(task.from, a.agent());
+        if let Some(id) = &assignment_id
+            && b != Proto::Tracker
+        {
+            assert_eq!(&task.message_id, id, "the assignment keeps its id");
+        }
+
+        pb.progress(&task, "halfway there").await;
+        let progress = pa.next(What::TaskProgress).await;
+        assert_eq!(
+            progress.task_id.as_deref(),
+            Some(task_id.as_str()),
+            "{}",
+            progress.raw
+        );
+        assert_recent(&pa, progress.timestamp, "progress");
+        if let Some(id) = &assignment_id {
+            assert_eq!(
+                progress.reply_to.as_ref(),
+                Some(id),
+                "progress answers the assignment: {}",
+                progress.raw
+            );
+        }
+        if a != Proto::Tracker {
+            // A Tracker task event names the task's author; everyone else names the sender.
+            assert_eq!(progress.from, b.agent(), "{}", progress.raw);
+        }
+
+        pb.complete(&task, "parser written").await;
+        let done = pa.next(What::TaskDone).await;
+        assert_eq!(
+            done.task_id.as_deref(),
+            Some(task_id.as_str()),
+            "{}",
+            done.raw
+        );
+        if let Some(id) = &assignment_id {
+            assert_eq!(
+                done.reply_to.as_ref(),
+                Some(id),
+                "the result answers the assignment: {}",
+                done.raw
+            );
+        }
+        if a != Proto::Tracker {
+            assert_eq!(done.from, b.agent());
+            assert_eq!(done.text, "parser written", "{}", done.raw);
+        }
+        net.bridge.shutdown().await;
+    }
+
+    pub async fn three_hop_reply_chain(a: Proto, b: Proto) {
+        let (net, mut pa, mut pb) = peers(a, b).await;
+        let m1 = pa.chat(b.agent(), "one", None).await;
+        let s1 = pb.next(What::Chat).await;
+        assert_eq!(s1.id, m1);
+
+        let m2 = pb.chat(a.agent(), "two", Some(&s1.id)).await;
+        let s2 = pa.next(What::Chat).await;
+        assert_eq!((s2.id.as_str(), s2.text.as_str()), (m2.as_str(), "two"));
+        assert_eq!(
+            s2.reply_to.as_ref(),
+            Some(&m1),
+            "{a:?} gets its own id back: {}",
+            s2.raw
+        );
+
+        let m3 = pa.chat(b.agent(), "three", Some(&s2.id)).await;
+        let s3 = pb.next(What::Chat).await;
+        assert_eq!(
+            s3.reply_to.as_ref(),
+            Some(&m2),
+            "{b:?} gets its own id back: {}",
+            s3.raw
+        );
+
+        pb.chat(a.agent(), "four", Some(&s3.id)).await;
+        let s4 = pa.next(What::Chat).await;
+        assert_eq!(s4.text, "four");
+        assert_eq!(s4.reply_to.as_ref(), Some(&m3), "{}", s4.raw);
+        assert_eq!(s4.from, b.agent());
+        net.bridge.shutdown().await;
+    }
+
+    pub async fn unknown_recipient_is_an_error_in_the_senders_protocol(a: Proto, b: Proto) {
+        let (net, mut pa, mut pb) = peers(a, b).await;
+        let ghost = format!("ghost-of-{}", b.agent());
+        let error = pa.chat_to_unknown(&ghost).await;
+        assert!(
+            error.contains(&ghost),
+            "{a:?}: the error names the recipient: {error}"
+        );
+        // B's next message is the next real one: nothing of the refused one reached it.
+        let sent = pa.chat(b.agent(), "the real one", None).await;
+        let seen = pb.next(What::Chat).await;
+        assert_eq!((seen.id, seen.text.as_str()), (sent, "the real one"));
+        net.bridge.shutdown().await;
+    }
+
+    macro_rules! cells {
+        ($($name:ident: $a:ident => $b:ident;)*) => {$(
+            mod $name {
+                use super::*;
+
+                #[tokio::test]
+                async fn chat_with_a_mention() {
+                    super::chat_with_a_mention(Proto::$a, Proto::$b).await;
+                }
+
+                #[tokio::test]
+                async fn task_assigned_progress_result() {
+                    super::task_assigned_progress_result(Proto::$a, Proto::$b).await;
+                }
+
+                #[tokio::test]
+                async fn three_hop_reply_chain() {
+                    super::three_hop_reply_chain(Proto::$a, Proto::$b).await;
+                }
+
+                #[tokio::test]
+                async fn unknown_recipient_is_an_error_in_the_senders_protocol() {
+                    super::unknown_recipient_is_an_error_in_the_senders_protocol(
+                        Proto::$a,
+                        Proto::$b,
+                    )
+                    .await;
+                }
+            }
+        )*};
+    }
+
+    cells! {
+        skynet_to_tracker: Skynet => Tracker;
+        skynet_to_synapse: Skynet => Synapse;
+        skynet_to_grid: Skynet => Grid;
+        tracker_to_skynet: Tracker => Skynet;
+        tracker_to_synapse: Tracker => Synapse;
+        tracker_to_grid: Tracker => Grid;
+        synapse_to_skynet: Synapse => Skynet;
+        synapse_to_tracker: Synapse => Tracker;
+        synapse_to_grid: Synapse => Grid;
+        grid_to_skynet: Grid => Skynet;
+        grid_to_tracker: Grid => Tracker;
+        grid_to_synapse: Grid => Synapse;
+    }
+}
+
+/// The rest of the translation contract: each message reaches each recipient once, every
+/// protocol lists the same agents, and a name is one agent's across protocols.
+mod contract_rules {
+    use super::*;
+    use crate::common::grid::GridHttp;
+    use crate::common::peers::{Net, Proto, What};
+    use crate::common::synapse::{self, Stream, chat as synapse_chat, clients, with_meta};
+    use agentbridge::protocols::synapse::proto::CreateGroupRequest;
+    use std::collections::BTreeSet;
+
+    /// The next Skynet chat's text, skipping presence and status changes.
+    async fn next_chat_text(ws: &mut SkynetWs) -> String {
+        loop {
+            let msg = ws.next_message().await;
+            if msg["type"] == "chat" {
+                return msg["payload"]["text"].as_str().unwrap().to_owned();
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_skynet_human_mentioned_gets_one_copy() {
+        let net = Net::start().await;
+        let sk = SkynetHttp::new(net.skynet);
+        let boss = sk.human("boss").await;
+        let (mut ws_boss, _) = SkynetWs::join(net.skynet, &boss).await;
+        let sky = net.peer(Proto::Skynet).await;
+        let mut syn = net.peer(Proto::Synapse).await;
+
+        // Observer of everything and named: one copy. Then a message it only observes.
+        syn.chat("boss", "for the boss", None).await;
+        syn.chat(&sky.name, "sentinel", None).await;
+        assert_eq!(next_chat_text(&mut ws_boss).await, "for the boss");
+        assert_eq!(next_chat_text(&mut ws_boss).await, "sentinel");
+        net.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_tracker_member_listening_to_all_and_mentioned_gets_one_copy() {
+        let net = Net::start().await;
+        let (mut listener, _) = TrackerWs::auth_subscribed(net.tracker, "tb-listener").await;
+        let coder = net.peer(Proto::Tracker).await;
+        let mut grid = net.peer(Proto::Grid).await;
+
+        grid.chat("listener", "for the listener", None).await;
+        grid.chat(&coder.name, "sentinel", None).await;
+        assert_eq!(listener.next_content().await, "for the listener");
+        assert_eq!(listener.next_content().await, "sentinel");
+        net.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn mentioned_twice_is_received_once() {
+        let net = Net::start().await;
+        let mut coder = net.peer(Proto::Tracker).await;
+        let sk = SkynetHttp::new(net.skynet);
+        let sky_card = sk.agent("sky").await;
+        let (mut sky, state) = SkynetWs::join(net.skynet, &sky_card).await;
+        let coder_id = card_named(&state["members"], "coder")["id"].clone();
+
+        // Named in `mentions` twice and as `@coder` in the text.
+        sky.chat_with(json!({
+            "type": "chat", "payload": { "text": "@coder twice" }, "mentions": [coder_id, coder_id],
+        }))
+        .await;
+        sky.chat_with(
+            json!({ "type": "chat", "payload": { "text": "sentinel" }, "mentions": [coder_id] }),
+        )
+        .await;
+        assert_eq!(coder.next(What::Chat).await.text, "@coder twice");
+        assert_eq!(coder.next(What::Chat).await.text, "sentinel");
+
+        // The other way: a Tracker post naming the Skynet agent twice.
+        let coder_http = TrackerHttp::new(net.tracker, "tb-coder");
+        let lobby = coder.lobby().unwrap();
+        coder_http
+            .message(
+                json!({ "chat_id": lobby, "content": "@sky twice", "mentions": ["sky", "sky"] }),
+            )
+            .await;
+        coder_http
+            .message(json!({ "chat_id": lobby, "content": "sentinel", "mentions": ["sky"] }))
+            .await;
+        assert_eq!(next_chat_text(&mut sky).await, "@sky twice");
+        assert_eq!(next_chat_text(&mut sky).await, "sentinel");
+        net.bridge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_group_member_also_addressed_directly_gets_one_copy() {
+        let net = Net::start().await;
+        let sk = SkynetHttp::new(net.skynet);
+        let sky_card = sk.agent("sky").await;
+        let (mut sky, _) = SkynetWs::join(net.skynet, &sky_card).await;
+        let _lead = Stream::open(net.synapse, "lead").await;
+        let mut c = clients(net.synapse).await;
+        let group = c
+            .groups
+            .create_group(with_meta(
+                CreateGroupRequest {
+                    name: "crew".into(),
+                    description: String::new(),
+                    coordinator_id: String::new(),
+                    initial_members: vec!["sky".into()],
+                },
+                &[("x-synapse-agent-id", "lead")],
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .group_id;
+
+        let mut to_group_and_sky = synapse_chat("lead", "sky", "for the crew, and sky");
+        to_group_and_sky.group_id = group;
+        synapse::send(&mut c, to_group_and_sky).await.unwrap();
+        synapse::send(&mut c, synapse_chat("lead", "sky", "sentinel"))
+            .await
+            .unwrap();
+        assert_eq!(next_chat_text(&mut sky).await, "for the crew, and sky");
+        assert_eq!(next_chat_text(&mut sky).await, "sentinel");
+        net.bridge.shutdown().await;
+    }
+
+    /// Every protocol's listing shows the same agents online. A Grid program learns who is
+    /// there from `GET /grid/v1/agents` (see README, Grid).
+    #[tokio::test]
+    async fn one_directory_through_every_protocols_listing() {
+        let net = Net::start().await;
+        let _sky = net.peer(Proto::Skynet).await;
+        let _coder = net.peer(Proto::Tracker).await;
+        let _syn = net.peer(Proto::Synapse).await;
+        let _grid = net.peer(Proto::Grid).await;
+        let (_listener, ok) = TrackerWs::auth_subscribed(net.tracker, "tb-listener").await;
+        let expected: BTreeSet<String> = ["sky", "coder", "syn", "executor", "listener"]
+            .map(String::from)
+            .into();
+        let names =
+            |list: &Value, key: &str, online: &dyn Fn(&Value) -> bool| -> BTreeSet<String> {
+                list.as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|a| online(a))
+                    .map(|a| a[key].as_str().unwrap().to_owned())
+                    .collect()
+            };
+
+        let (_, skynet) = SkynetHttp::new(net.skynet).get("/api/members").await;
+        assert_eq!(
+            names(&skynet, "name", &|_| true),
+            expected,
+            "Skynet /api/members"
+        );
+
+        let tracker_online: BTreeSet<String> = ok["online"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(tracker_online, expected, "Tracker auth.ok online");
+        let (_, members) = TrackerHttp::new(net.tracker, "tb-admin")
+            .get("/members")
+            .await;
+        assert_eq!(
+            names(&members, "slug", &|m| m["is_online"] == true),
+            expected,
+            "Tracker /members"
+        );
+        assert!(
+            names(&members, "slug", &|m| m["is_online"] == false).contains("admin"),
+            "offline members are listed offline: {members}"
+        );
+
+        let listed = clients(net.synapse)
+            .await
+            .capabilities
+            .list_agents(())
+            .await
+            .unwrap()
+            .into_inner();
+        let synapse_online: BTreeSet<String> = listed
+            .agents
+            .iter()
+            .filter(|a| a.is_active)
+            .map(|a| a.agent_id.clone())
+            .collect();
+        assert_eq!(synapse_online, expected, "Synapse ListAgents");
+
+        let (_, grid) = GridHttp::new(net.grid).get("/agents").await;
+        assert_eq!(
+            names(&grid["agents"], "agent", &|a| a["online"] == true),
+            expected,
+            "Grid /grid/v1/agents"
+        );
+        net.bridge.shutdown().await;
+    }
+
+    /// A name held in one protocol is refused in each other one, naming the holder.
+    #[tokio::test]
+    async fn name_clashes_name_the_holder_in_the_newcomers_protocol() {
+        let net = Net::start().await;
+        let _sky = net.peer(Proto::Skynet).await;
+        let _syn = net.peer(Proto::Synapse).await;
+        let _grid = net.peer(Proto::Grid).await;
+
+        // Skynet, for a Tracker member's name.
+        let (status, body) = SkynetHttp::new(net.skynet)
+            .post("/api/agents", json!({ "name": "coder", "type": "generic" }))
+            .await;
+        assert_eq!(status, 409);
+        let error = body["error"].as_str().unwrap();
+        assert!(
+            error.contains("tracker") && error.contains("coder"),
+            "{body}"
+        );
+
+        // The Tracker, for a Skynet agent's name.
+        let (status, body) = TrackerHttp::new(net.tracker, "tb-admin")
+            .post("/members", json!({ "slug": "sky" }))
+            .await;
+        assert_eq!(status, 409);
+        assert!(
+            body["detail"].as_str().unwrap().contains("skynet"),
+            "{body}"
+        );
+
+        // Synapse, for a Grid program's name.
+        let mut c = clients(net.synapse).await;
+        let status = synapse::send(&mut c, synapse_chat("executor", "syn", "hi"))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::AlreadyExists, "{status:?}");
+        assert!(status.message().contains("grid"), "{status:?}");
+
+        // Grid, for a Synapse agent's name.
+        let (status, body) = GridHttp::new(net.grid)
+            .post("message: { id: m1, timestamp: \"2026-01-24T10:00:00Z\", type: notification, sender: { agent: syn }, receiver: { agent: executor }, content: { action: message, payload: { text: hi } } }")
+            .await;
+        assert_eq!(status, 409, "{body}");
+        assert!(body.to_string().contains("synapse"), "{body}");
+        net.bridge.shutdown().await;
+    }
+}

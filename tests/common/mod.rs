@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod grid;
+pub mod peers;
 pub mod process;
 pub mod skynet;
 pub mod synapse;

@@ -48,6 +48,14 @@ impl Tracker {
         let (thread, task) = self
             .place(new.chat_id.as_deref(), new.task_id.as_deref())
             .await?;
+        // An explicit mention is a recipient: one nobody holds is refused, not dropped.
+        if let Some(unknown) = new
+            .mentions
+            .iter()
+            .find(|m| !self.core.directory.contains(m))
+        {
+            return Err(PostError::UnknownMention(unknown.clone()));
+        }
         let mut mentions = new.mentions;
         for name in self.mentioned_in(&new.content) {
             if !mentions.contains(&name) {
