@@ -408,6 +408,49 @@ mod skynet_tracker {
         w.bridge.shutdown().await;
     }
 
+    /// The Tracker's comment restating a Skynet agent's result is the Tracker's alone: a
+    /// Skynet human sees the result once, as Skynet sent it, and no chat besides.
+    #[tokio::test]
+    async fn tracker_comments_restating_a_skynet_result_stay_in_the_tracker() {
+        let w = world().await;
+        let alice = w.sk.agent("alice").await;
+        let boss = w.sk.human("boss").await;
+        let (mut ws_alice, _) = SkynetWs::join(w.skynet, &alice).await;
+        let (mut admin, _) = TrackerWs::auth_subscribed(w.tracker, "tb-admin").await;
+        let (mut ws_boss, _) = SkynetWs::join(w.skynet, &boss).await;
+        let task = TrackerHttp::new(w.tracker, "tb-admin")
+            .task(
+                "team-board",
+                json!({ "title": "Write docs", "assignee_slug": "alice" }),
+            )
+            .await;
+        let id = task["id"].as_str().unwrap();
+        admin.next_of("task.created").await;
+        admin.next_of("task.assigned").await;
+        let assign = next_non_presence(&mut ws_alice).await;
+        assert_eq!(next_non_presence(&mut ws_boss).await["id"], assign["id"]);
+
+        ws_alice
+            .chat_with(json!({ "type": "task.result", "replyTo": assign["id"], "payload": { "taskId": id, "success": true, "summary": "README written" } }))
+            .await;
+        assert_eq!(
+            admin.next_of("message.new").await["content"],
+            "README written"
+        );
+        ws_alice.chat("sentinel").await;
+        assert_eq!(next_non_presence(&mut ws_boss).await["type"], "task.result");
+        assert_eq!(
+            next_non_presence(&mut ws_boss).await["payload"]["text"],
+            "sentinel"
+        );
+        let (_, history) = w.sk.get("/api/messages").await;
+        assert!(
+            !history.to_string().contains("\"text\":\"README written\""),
+            "no restated chat in Skynet's history: {history}"
+        );
+        w.bridge.shutdown().await;
+    }
+
     #[tokio::test]
     async fn names_are_one_namespace() {
         let w = world().await;

@@ -8,9 +8,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::{Migration, Store, StoreError};
 use crate::core::{Audience, Envelope, Link, TaskRequest};
 
-pub(super) static MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: "
+pub(super) static MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sql: "
         CREATE TABLE messages (
             seq            INTEGER PRIMARY KEY AUTOINCREMENT,
             id             TEXT NOT NULL UNIQUE,
@@ -42,7 +43,14 @@ pub(super) static MIGRATIONS: &[Migration] = &[Migration {
         ) WITHOUT ROWID;
         CREATE INDEX message_recipients_by_seq ON message_recipients (seq);
     ",
-}];
+    },
+    Migration {
+        version: 2,
+        // Messages only their named recipients may see (`Audience::Private`): kept out of
+        // public histories.
+        sql: "ALTER TABLE messages ADD COLUMN private INTEGER NOT NULL DEFAULT 0;",
+    },
+];
 
 /// A message read back from the log.
 #[derive(Clone, Debug)]
@@ -65,6 +73,8 @@ pub struct MessageQuery {
     pub kinds: Option<Vec<&'static str>>,
     /// Only messages in this thread: `Some(None)` is the lobby (no thread).
     pub thread: Option<Option<String>>,
+    /// Leave out private messages (for a history anyone may read).
+    pub public_only: bool,
     /// The newest `limit` of the matches.
     pub limit: usize,
 }
@@ -183,6 +193,9 @@ fn select(conn: &Connection, q: &MessageQuery) -> Result<Vec<StoredMessage>, Sto
             args.push(thread.clone().into());
         }
     }
+    if q.public_only {
+        sql.push_str(" AND m.private = 0");
+    }
     if let Some(kinds) = &q.kinds {
         sql.push_str(" AND m.kind IN (");
         push_placeholders(&mut sql, kinds.len());
@@ -243,6 +256,7 @@ struct Row {
     thread: Option<String>,
     task_id: Option<String>,
     everyone: bool,
+    private: bool,
     origin: String,
     body: String,
     recipients: Vec<String>,
@@ -266,6 +280,7 @@ impl Row {
                 .filter(|id| !id.is_empty()),
             // Presence is broadcast too, but it is not a message *for* everyone.
             everyone: env.audience == Audience::Everyone && !env.kind.is_presence(),
+            private: env.audience == Audience::Private,
             origin: env.origin.protocol.clone(),
             body: serde_json::to_string(env)
                 .map_err(|e| StoreError::Corrupt(format!("cannot encode message: {e}")))?,
@@ -276,13 +291,13 @@ impl Row {
     fn insert(self, conn: &Connection) -> Result<(), StoreError> {
         let seq: i64 = conn
             .prepare_cached(
-                "INSERT INTO messages (id, uuid, ts, sender, kind, reply_to, correlation_id, thread, task_id, everyone, origin, body)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                "INSERT INTO messages (id, uuid, ts, sender, kind, reply_to, correlation_id, thread, task_id, everyone, origin, body, private)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
                  ON CONFLICT (id) DO UPDATE SET
                     ts = excluded.ts, sender = excluded.sender, kind = excluded.kind,
                     reply_to = excluded.reply_to, correlation_id = excluded.correlation_id,
                     thread = excluded.thread, task_id = excluded.task_id, everyone = excluded.everyone,
-                    origin = excluded.origin, body = excluded.body
+                    origin = excluded.origin, body = excluded.body, private = excluded.private
                  RETURNING seq",
             )?
             .query_row(
@@ -298,7 +313,8 @@ impl Row {
                     self.task_id,
                     self.everyone,
                     self.origin,
-                    self.body
+                    self.body,
+                    self.private
                 ],
                 |r| r.get(0),
             )?;

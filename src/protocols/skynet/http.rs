@@ -270,6 +270,7 @@ async fn messages(State(skynet): Shared, Query(q): Query<HashMap<String, String>
         limit: limit.unwrap_or(100).clamp(0, 10_000) as usize,
         // As Skynet's server does, `before=0` means no bound.
         before: before.filter(|b| *b > 0),
+        public_only: true,
         ..Default::default()
     };
     let stored = skynet.core.store.messages(query).await.map_err(|e| {

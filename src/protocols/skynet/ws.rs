@@ -323,6 +323,7 @@ async fn replay(skynet: &Skynet, joined: &Joined, since: Option<i64>) -> Vec<Val
         MessageQuery {
             after: since,
             limit: HUMAN_REPLAY,
+            public_only: true,
             ..Default::default()
         }
     } else {

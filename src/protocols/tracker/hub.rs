@@ -148,7 +148,10 @@ impl Tracker {
         Ok(())
     }
 
-    /// Records what another protocol's agent said about a task as a comment on it.
+    /// Records what another protocol's agent said about a task as a comment on it. The
+    /// comment is the Tracker's rendering of a message every other protocol already has:
+    /// kept private (out of other protocols' histories and observers) and shown to the
+    /// Tracker's own connections here.
     async fn comment(&self, env: &Envelope, task_id: &str, text: &str) {
         let mut comment = Envelope::new(PROTOCOL, &env.from, Kind::Chat);
         comment.id = format!("{}#comment", env.id);
@@ -160,12 +163,14 @@ impl Tracker {
         comment.text = Some(text.to_owned());
         comment.reply_to = Some(env.id.clone());
         comment.timestamp = env.timestamp;
+        comment.audience = Audience::Private;
         comment.origin = Origin {
             protocol: env.origin.protocol.clone(),
             native: None,
         };
-        if let Err(e) = self.core.publish(comment).await {
-            tracing::error!(error = %e, "tracker: cannot store a task comment");
+        match self.core.publish(comment).await {
+            Ok(delivery) => self.show_locally(&delivery),
+            Err(e) => tracing::error!(error = %e, "tracker: cannot store a task comment"),
         }
     }
 

@@ -349,6 +349,16 @@ impl Tracker {
         }
     }
 
+    /// Shows a message only to the Tracker's connections whose filters want it, as an
+    /// observer would get it from the router.
+    fn show_locally(&self, delivery: &Arc<Delivery>) {
+        for conn in self.conns.iter() {
+            if ConnInterest(conn.clone()).observes(&delivery.envelope) {
+                conn.mailbox.push(delivery.clone());
+            }
+        }
+    }
+
     /// Names of every online agent, whatever its protocol.
     fn online_names(&self) -> Vec<String> {
         let mut names = Vec::new();
