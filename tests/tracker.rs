@@ -765,6 +765,29 @@ async fn attachments_upload_download_and_list() {
         404
     );
     assert_eq!(w.coder.get("/attachments").await.0, 422);
+    let (status, body) = w
+        .coder
+        .get(&format!("/attachments?task_id={}", uuid::Uuid::new_v4()))
+        .await;
+    assert_eq!(status, 404, "{body}");
+    // A body that is not a form is a JSON error naming it; an unknown message still 404.
+    let (status, body) = w
+        .coder
+        .post(
+            &format!("/messages/{msg}/attachments"),
+            json!({ "file": "x" }),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["detail"][0]["loc"], json!(["body"]));
+    let (status, _) = w
+        .coder
+        .post(
+            &format!("/messages/{}/attachments", uuid::Uuid::new_v4()),
+            json!({ "file": "x" }),
+        )
+        .await;
+    assert_eq!(status, 404);
     w.bridge.shutdown().await;
 }
 

@@ -1,6 +1,7 @@
 //! Attachments: files on messages (a file for a task goes on one of its comments).
 //! Upload is `multipart/form-data` with a `file` part, up to 5 MiB.
 
+use axum::extract::multipart::MultipartRejection;
 use axum::extract::{Multipart, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -42,13 +43,21 @@ pub async fn upload(
     State(tracker): Shared,
     _caller: Caller,
     Path(message_id): Path<String>,
-    mut multipart: Multipart,
+    multipart: Result<Multipart, MultipartRejection>,
 ) -> ApiResult<Response> {
     let stored = tracker
         .find_message(&message_id)
         .await
         .map_err(|_| ApiError::not_found("Message not found"))?
         .ok_or_else(|| ApiError::not_found("Message not found"))?;
+    // Checked after the message, so an unknown id is a 404 whatever the body.
+    let mut multipart = multipart.map_err(|e| {
+        ApiError::field(
+            &["body"],
+            "value_error",
+            format!("expected multipart/form-data: {e}"),
+        )
+    })?;
     let bad_form = |e: axum::extract::multipart::MultipartError| {
         ApiError::field(
             &["body", "file"],
@@ -129,6 +138,9 @@ pub async fn download(
 
 pub async fn list(State(tracker): Shared, _caller: Caller, query: Query) -> ApiResult<Response> {
     let task_id = required_query(&query, "task_id")?;
+    if tracker.db.task(&task_id).await?.is_none() {
+        return Err(ApiError::not_found("Task not found"));
+    }
     let rows = tracker.db.attachments(&task_id, true).await?;
     Ok(ok(rows
         .iter()
