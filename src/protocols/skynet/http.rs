@@ -19,9 +19,10 @@ use crate::store::MessageQuery;
 
 type Shared = State<Arc<Skynet>>;
 
-/// Headroom above `max_frame_bytes` within which an oversized frame still reaches us and
-/// gets an `error` event, rather than the socket being dropped by the WebSocket layer.
-const FRAME_HEADROOM: usize = 16 * 1024 * 1024;
+/// The largest frame the WebSocket layer reads: Skynet's server (Node `ws`) closes the
+/// socket above its default `maxPayload` of 100 MiB, so up to that an oversized frame still
+/// reaches us and gets an `error` event (above `max_frame_bytes`) with the socket open.
+const WS_READ_LIMIT: usize = 100 * 1024 * 1024;
 
 pub fn router(skynet: Arc<Skynet>) -> Router {
     Router::new()
@@ -371,7 +372,7 @@ async fn control(skynet: &Skynet, id: &str, body: &Bytes, kind: Kind) -> Respons
 }
 
 async fn upgrade(State(skynet): Shared, upgrade: WebSocketUpgrade) -> Response {
-    let limit = skynet.config.max_frame_bytes.saturating_add(FRAME_HEADROOM);
+    let limit = skynet.config.max_frame_bytes.max(WS_READ_LIMIT);
     upgrade
         .max_message_size(limit)
         .max_frame_size(limit)

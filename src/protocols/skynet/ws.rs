@@ -4,6 +4,7 @@
 //! the member's mailbox. Handling a frame to the end before taking the next mailbox item is
 //! what puts `workspace.state` on the wire before anything routed to a new member.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
@@ -33,6 +34,9 @@ struct Connection {
     socket: WebSocket,
     skynet: Arc<Skynet>,
     joined: Option<Joined>,
+    /// Ids shown in the join's replay. The session is attached before the replay is read,
+    /// so a message stored in between arrives live too; it is shown once.
+    replayed: HashSet<String>,
 }
 
 pub async fn serve(socket: WebSocket, skynet: Arc<Skynet>) {
@@ -42,6 +46,7 @@ pub async fn serve(socket: WebSocket, skynet: Arc<Skynet>) {
         socket,
         skynet: skynet.clone(),
         joined: None,
+        replayed: HashSet::new(),
     };
     let shutdown = skynet.shutdown.clone();
     loop {
@@ -182,7 +187,8 @@ impl Connection {
         // The replay is read before the join is stored (it is not part of its own history),
         // and the join is announced before the joiner hears back, as Skynet's server does:
         // whoever joins after this one never sees its `agent.join` live.
-        let recent = replay(&skynet, &joined, request.last_seen).await;
+        let (recent, replayed) = replay(&skynet, &joined, request.last_seen).await;
+        self.replayed = replayed;
         if joined.is_new {
             skynet.announce_join(&joined).await;
         }
@@ -283,6 +289,11 @@ impl Connection {
         let mut next = Some(first);
         let mut written = 0;
         while let Some(delivery) = next.take() {
+            if !self.replayed.is_empty() && self.replayed.remove(&delivery.envelope.id) {
+                crate::protocols::written(&delivery, PROTOCOL);
+                next = mailbox.and_then(|m| m.try_recv().ok().flatten());
+                continue;
+            }
             let skynet = &self.skynet;
             let frame: Option<Utf8Bytes> = delivery.encoded(PROTOCOL, |env| {
                 skynet.encode(env).map(|v| Utf8Bytes::from(v.to_string()))
@@ -317,8 +328,12 @@ impl Connection {
     }
 }
 
-/// The messages a (re)joining member is shown, as Skynet messages.
-async fn replay(skynet: &Skynet, joined: &Joined, since: Option<i64>) -> Vec<Value> {
+/// The messages a (re)joining member is shown, as Skynet messages, and their ids.
+async fn replay(
+    skynet: &Skynet,
+    joined: &Joined,
+    since: Option<i64>,
+) -> (Vec<Value>, HashSet<String>) {
     let query = if joined.human {
         MessageQuery {
             after: since,
@@ -338,11 +353,11 @@ async fn replay(skynet: &Skynet, joined: &Joined, since: Option<i64>) -> Vec<Val
     match skynet.core.store.messages(query).await {
         Ok(stored) => stored
             .iter()
-            .filter_map(|m| skynet.encode(&m.envelope))
-            .collect(),
+            .filter_map(|m| Some((skynet.encode(&m.envelope)?, m.envelope.id.clone())))
+            .unzip(),
         Err(e) => {
             tracing::error!(error = %e, "skynet: cannot read replay");
-            Vec::new()
+            (Vec::new(), HashSet::new())
         }
     }
 }
