@@ -1,0 +1,332 @@
+//! loadgen: measures agentbridge. It drives N sender → N receiver agents over a pair of
+//! protocols against a bridge it starts (in a child process, on loopback) or one given by
+//! URL, and the same load through baselines — `raw-relay` (a forwarder that does nothing
+//! but relay frames) and NATS's WebSocket listener when `nats-server` is installed — or
+//! through any other Skynet server. It reports msgs/s, latency percentiles, losses and the
+//! server's peak RSS as a table and as JSON. `loadgen idle` measures memory per idle
+//! connection. See BENCHMARKS.md.
+
+mod agents;
+mod idle;
+mod marker;
+mod nats;
+mod relay;
+mod report;
+mod run;
+mod server;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use agents::{Endpoints, Error, Proto, Receiver, Sender};
+use report::Row;
+use run::Load;
+use server::Server;
+
+#[derive(Parser)]
+#[command(version, about = "Load generator and benchmark for agentbridge")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the load over each path and baseline and reports the results.
+    Run(RunArgs),
+    /// Measures the bridge's resident memory per idle connection.
+    Idle(IdleArgs),
+    /// Runs a bridge for the load (used by `run` and `idle` as their child process).
+    #[command(hide = true)]
+    Serve {
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// `sender:receiver` protocols, e.g. `skynet:tracker`; repeat for several paths.
+    #[arg(long = "path", value_parser = parse_path, default_value = "skynet:skynet")]
+    paths: Vec<(Proto, Proto)>,
+    /// Sender → receiver agent pairs.
+    #[arg(long, default_value_t = 4)]
+    pairs: usize,
+    /// Messages each sender may have in flight (sent, not yet received).
+    #[arg(long, default_value_t = 64)]
+    window: usize,
+    /// Offered messages per second over all senders; without it, flat out within the window.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Seconds of sending.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Stop after this many messages, if before the duration.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Filler bytes in each message's text, beyond the timing marker.
+    #[arg(long, default_value_t = 64)]
+    payload: usize,
+    /// Baselines to run the same load through: `raw-relay`, `nats`.
+    #[arg(long = "baseline", default_values_t = vec!["raw-relay".to_owned()])]
+    baselines: Vec<String>,
+    /// Also run skynet→skynet against this Skynet server (`http://host:port`); repeatable.
+    #[arg(long = "skynet-server")]
+    skynet_servers: Vec<String>,
+    /// Use a running agentbridge instead of starting one: `skynet=http://127.0.0.1:4117`,
+    /// `tracker=…`, `synapse=…`, `grid=…`; repeatable.
+    #[arg(long = "bridge", value_parser = parse_endpoint)]
+    bridge: Vec<(Proto, String)>,
+    /// With `--bridge`: a Tracker member token allowed to create members.
+    #[arg(long)]
+    tracker_token: Option<String>,
+    /// With `--bridge`: the bridge's pid, to report its peak RSS.
+    #[arg(long)]
+    bridge_pid: Option<u32>,
+    /// Run the started bridge in this process instead of a child (its RSS then includes
+    /// the load generator).
+    #[arg(long)]
+    in_process: bool,
+    /// Keep the started bridge's store in memory instead of on disk.
+    #[arg(long)]
+    memory: bool,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct IdleArgs {
+    /// `skynet`, `tracker` or `grid`.
+    #[arg(long, default_value = "skynet")]
+    protocol: Proto,
+    #[arg(long, default_value_t = 5000)]
+    connections: usize,
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn parse_path(text: &str) -> Result<(Proto, Proto), String> {
+    let (a, b) = text
+        .split_once(':')
+        .ok_or("expected sender:receiver, e.g. skynet:tracker")?;
+    let proto = |s: &str| <Proto as clap::ValueEnum>::from_str(s, true);
+    Ok((proto(a)?, proto(b)?))
+}
+
+fn parse_endpoint(text: &str) -> Result<(Proto, String), String> {
+    let (proto, url) = text
+        .split_once('=')
+        .ok_or("expected protocol=url, e.g. skynet=http://127.0.0.1:4117")?;
+    Ok((
+        <Proto as clap::ValueEnum>::from_str(proto, true)?,
+        url.trim_end_matches('/').to_owned(),
+    ))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run_all(args).await,
+            Command::Idle(args) => idle(args).await,
+            Command::Serve { config } => server::serve(&config).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn spinner(what: &str) -> ProgressBar {
+    let bar = ProgressBar::new_spinner().with_prefix(what.to_owned());
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {prefix:30} {elapsed:>4} {msg}")
+            .expect("a valid template"),
+    );
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
+}
+
+async fn run_all(args: RunArgs) -> Result<(), Error> {
+    rustls::crypto::ring::default_provider()
+        .install_default()
+        .ok();
+    let load = Load {
+        window: args.window.max(1),
+        rate: args.rate,
+        duration: Duration::from_secs_f64(args.duration),
+        count: args.count,
+        payload: args.payload,
+    };
+    let mut rows = Vec::new();
+
+    for baseline in &args.baselines {
+        match baseline.as_str() {
+            "raw-relay" => rows.push(raw_relay(&args, &load).await?),
+            "nats" if nats::installed() => rows.push(nats_run(&args, &load).await?),
+            "nats" => {
+                eprintln!("loadgen: nats-server is not installed; skipping the NATS baseline")
+            }
+            other => return Err(format!("unknown baseline {other:?} (raw-relay, nats)")),
+        }
+    }
+    for &(from, to) in &args.paths {
+        rows.push(bridge_run(&args, &load, from, to).await?);
+    }
+    for url in &args.skynet_servers {
+        let endpoints = Endpoints {
+            skynet: Some(url.clone()),
+            ..Default::default()
+        };
+        let bar = spinner(&format!("{url} skynet→skynet"));
+        let pairs = connect(&endpoints, Proto::Skynet, Proto::Skynet, args.pairs).await?;
+        let outcome = run::run(pairs, &load, &bar).await;
+        bar.finish_and_clear();
+        rows.push(Row::new(url, "skynet→skynet", args.pairs, &load, &outcome));
+    }
+
+    report::compare(&mut rows);
+    print!("{}", report::table(&rows));
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
+        std::fs::write(path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The load over `from`→`to` through agentbridge.
+async fn bridge_run(args: &RunArgs, load: &Load, from: Proto, to: Proto) -> Result<Row, Error> {
+    let path = format!("{}→{}", from.name(), to.name());
+    let bar = spinner(&format!("agentbridge {path}"));
+    let (endpoints, server) = if args.bridge.is_empty() {
+        // Every window of every pair fits in a mailbox: losses are the bridge's, not the
+        // policy's.
+        let capacity = (args.window * 2).max(1024);
+        let server = Server::start(args.in_process, !args.memory, capacity).await?;
+        (server.endpoints.clone(), Some(server))
+    } else {
+        let mut endpoints = Endpoints {
+            tracker_admin_token: args.tracker_token.clone(),
+            ..Default::default()
+        };
+        for (proto, url) in &args.bridge {
+            let slot = match proto {
+                Proto::Skynet => &mut endpoints.skynet,
+                Proto::Tracker => &mut endpoints.tracker,
+                Proto::Synapse => &mut endpoints.synapse,
+                Proto::Grid => &mut endpoints.grid,
+            };
+            *slot = Some(url.clone());
+        }
+        (endpoints, None)
+    };
+    let pairs = connect(&endpoints, from, to, args.pairs).await?;
+    let outcome = run::run(pairs, load, &bar).await;
+    bar.finish_and_clear();
+    let mut row = Row::new("agentbridge", &path, args.pairs, load, &outcome);
+    let pid = server.as_ref().map(|s| s.pid).or(args.bridge_pid);
+    row.peak_rss_kib = pid.and_then(server::rss_kib).map(|(_, peak)| peak);
+    if let Some(server) = server {
+        server.stop().await;
+    }
+    Ok(row)
+}
+
+/// Connects `pairs` receivers of `to`, then a sender of `from` for each.
+async fn connect(
+    endpoints: &Endpoints,
+    from: Proto,
+    to: Proto,
+    pairs: usize,
+) -> Result<Vec<(Sender, Receiver)>, Error> {
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    let mut receivers = Vec::new();
+    for i in 0..pairs {
+        receivers.push(agents::receiver(endpoints, to, &format!("lg{run}-r{i}")).await?);
+    }
+    let mut out = Vec::new();
+    for (i, receiver) in receivers.into_iter().enumerate() {
+        let sender = agents::sender(agents::Pairing {
+            endpoints,
+            from,
+            to,
+            sender: format!("lg{run}-s{i}"),
+            receiver: format!("lg{run}-r{i}"),
+        })
+        .await?;
+        out.push((sender, receiver));
+    }
+    Ok(out)
+}
+
+/// The same load through the raw relay, with Skynet-sized frames.
+async fn raw_relay(args: &RunArgs, load: &Load) -> Result<Row, Error> {
+    let bar = spinner("raw-relay");
+    let addr = relay::start().await.map_err(|e| e.to_string())?;
+    let mut pairs = Vec::new();
+    for i in 0..args.pairs {
+        let receiver = agents::plain::receiver(&format!("ws://{addr}/?me=r{i}")).await?;
+        let sender = agents::plain::sender(&format!("ws://{addr}/?me=s{i}&to=r{i}"), |_, text| {
+            format!(
+                r#"{{"action":"send","data":{{"type":"chat","payload":{{"text":"{text}"}},"mentions":["00000000-0000-0000-0000-000000000000"]}}}}"#
+            )
+        })
+        .await?;
+        pairs.push((sender, receiver));
+    }
+    let outcome = run::run(pairs, load, &bar).await;
+    bar.finish_and_clear();
+    let mut row = Row::new("raw-relay", "ws→ws", args.pairs, load, &outcome);
+    row.peak_rss_kib = None;
+    Ok(row)
+}
+
+/// The same load through NATS's WebSocket listener.
+async fn nats_run(args: &RunArgs, load: &Load) -> Result<Row, Error> {
+    let bar = spinner("nats");
+    let server = nats::start().await?;
+    let mut pairs = Vec::new();
+    for i in 0..args.pairs {
+        let receiver = nats::receiver(&server.ws_url, &format!("r{i}")).await?;
+        let sender = nats::sender(&server.ws_url, &format!("r{i}")).await?;
+        pairs.push((sender, receiver));
+    }
+    let outcome = run::run(pairs, load, &bar).await;
+    bar.finish_and_clear();
+    let mut row = Row::new("nats", "ws→ws", args.pairs, load, &outcome);
+    row.peak_rss_kib = server::rss_kib(server.pid()).map(|(_, peak)| peak);
+    Ok(row)
+}
+
+async fn idle(args: IdleArgs) -> Result<(), Error> {
+    let bar = ProgressBar::new(args.connections as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} idle connections {elapsed}")
+            .expect("a valid template"),
+    );
+    let report = idle::measure(args.protocol, args.connections, &bar).await?;
+    bar.finish_and_clear();
+    println!(
+        "{} idle {} connections: bridge RSS {:.1} → {:.1} MiB, {:.1} KiB per connection",
+        report.connections,
+        report.protocol.name(),
+        report.rss_before_kib as f64 / 1024.0,
+        report.rss_after_kib as f64 / 1024.0,
+        report.kib_per_connection
+    );
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,162 @@
+//! Results: one row per measured target, as a plain-text table and as JSON.
+
+use serde::Serialize;
+
+use super::run::Outcome;
+
+#[derive(Debug, Serialize)]
+pub struct Row {
+    /// What carried the load: `agentbridge`, `raw-relay`, `nats`, or a Skynet server URL.
+    pub target: String,
+    /// `sender→receiver` protocols.
+    pub path: String,
+    pub pairs: usize,
+    pub window: usize,
+    pub offered_rate: Option<f64>,
+    pub sent: u64,
+    pub delivered: u64,
+    pub lost: u64,
+    pub send_errors: u64,
+    pub msgs_per_sec: f64,
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub max_us: u64,
+    /// Peak resident set of the server process, when it is measurable.
+    pub peak_rss_kib: Option<u64>,
+    /// msgs/s as a fraction of the raw-relay baseline's in the same run.
+    pub vs_raw_relay: Option<f64>,
+    /// p99 as a multiple of the raw-relay baseline's in the same run.
+    pub p99_vs_raw_relay: Option<f64>,
+}
+
+impl Row {
+    pub fn new(
+        target: &str,
+        path: &str,
+        pairs: usize,
+        load: &super::run::Load,
+        outcome: &Outcome,
+    ) -> Row {
+        let q = |p: f64| outcome.latency.value_at_quantile(p);
+        Row {
+            target: target.to_owned(),
+            path: path.to_owned(),
+            pairs,
+            window: load.window,
+            offered_rate: load.rate,
+            sent: outcome.sent,
+            delivered: outcome.delivered,
+            lost: outcome.lost(),
+            send_errors: outcome.send_errors,
+            msgs_per_sec: outcome.rate(),
+            p50_us: q(0.5),
+            p90_us: q(0.9),
+            p99_us: q(0.99),
+            p999_us: q(0.999),
+            max_us: outcome.latency.max(),
+            peak_rss_kib: None,
+            vs_raw_relay: None,
+            p99_vs_raw_relay: None,
+        }
+    }
+}
+
+/// Fills in each row's ratios to the raw-relay row, when there is one.
+pub fn compare(rows: &mut [Row]) {
+    let Some((rate, p99)) = rows
+        .iter()
+        .find(|r| r.target == "raw-relay")
+        .map(|r| (r.msgs_per_sec, r.p99_us))
+    else {
+        return;
+    };
+    for row in rows.iter_mut().filter(|r| r.target != "raw-relay") {
+        row.vs_raw_relay = Some(row.msgs_per_sec / rate.max(1e-9));
+        row.p99_vs_raw_relay = Some(row.p99_us as f64 / (p99.max(1)) as f64);
+    }
+}
+
+pub fn table(rows: &[Row]) -> String {
+    let header = [
+        "target",
+        "path",
+        "pairs",
+        "window",
+        "rate",
+        "sent",
+        "delivered",
+        "lost",
+        "msg/s",
+        "p50",
+        "p90",
+        "p99",
+        "p99.9",
+        "peak RSS",
+        "vs raw",
+        "p99 vs raw",
+    ];
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.target.clone(),
+                r.path.clone(),
+                r.pairs.to_string(),
+                r.window.to_string(),
+                r.offered_rate.map_or("max".into(), |x| format!("{x:.0}")),
+                r.sent.to_string(),
+                r.delivered.to_string(),
+                r.lost.to_string(),
+                format!("{:.0}", r.msgs_per_sec),
+                micros(r.p50_us),
+                micros(r.p90_us),
+                micros(r.p99_us),
+                micros(r.p999_us),
+                r.peak_rss_kib
+                    .map_or("-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0)),
+                r.vs_raw_relay
+                    .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
+                r.p99_vs_raw_relay
+                    .map_or("-".into(), |x| format!("{x:.2}×")),
+            ]
+        })
+        .collect();
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            cells
+                .iter()
+                .map(|row| row[i].chars().count())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    let line = |out: &mut String, row: Vec<&str>| {
+        for (i, cell) in row.iter().enumerate() {
+            let pad = widths[i] - cell.chars().count();
+            if i > 0 {
+                out.push_str("  ");
+            }
+            out.push_str(cell);
+            out.push_str(&" ".repeat(pad));
+        }
+        out.truncate(out.trim_end().len());
+        out.push('\n');
+    };
+    line(&mut out, header.to_vec());
+    for row in &cells {
+        line(&mut out, row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+fn micros(us: u64) -> String {
+    if us >= 10_000 {
+        format!("{:.1} ms", us as f64 / 1000.0)
+    } else {
+        format!("{us} µs")
+    }
+}
