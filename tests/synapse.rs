@@ -1204,3 +1204,82 @@ async fn a_configured_token_is_required() {
     );
     w.bridge.shutdown().await;
 }
+
+/// A client awaits the call's response headers before it sends anything (as generated
+/// clients do when the first message is produced after `stream_messages` returns): the
+/// bridge answers at once and identifies the stream from its first message.
+#[tokio::test]
+async fn a_stream_is_answered_before_its_first_message() {
+    use agentbridge::protocols::synapse::proto::group_service_client::GroupServiceClient;
+    use agentbridge::protocols::synapse::proto::synapse_message_service_client::SynapseMessageServiceClient;
+
+    let mut w = world().await;
+    let mut alpha = Stream::open(w.addr, "alpha").await;
+    let mut client = SynapseMessageServiceClient::new(common::synapse::channel(w.addr).await);
+    let (tx, rx) = mpsc::channel(8);
+    let mut late = tokio::time::timeout(
+        common::WAIT,
+        client.stream_messages(Request::new(ReceiverStream::new(rx))),
+    )
+    .await
+    .expect("StreamMessages is answered before the first message")
+    .unwrap()
+    .into_inner();
+    tx.send(chat("late", "alpha", "late here")).await.unwrap();
+    assert_eq!(text_of(&alpha.next().await), "late here");
+    send(&mut w.c, chat("alpha", "late", "welcome"))
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(common::WAIT, late.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(text_of(&got), "welcome");
+
+    // The group stream too: its first message joins a group.
+    let mut lead = Stream::open_groups(w.addr, "lead").await;
+    let group =
+        w.c.groups
+            .create_group(with_meta(
+                CreateGroupRequest {
+                    name: "crew".into(),
+                    ..Default::default()
+                },
+                &[("x-synapse-agent-id", "lead")],
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .group_id;
+    let mut groups = GroupServiceClient::new(common::synapse::channel(w.addr).await);
+    let (gtx, grx) = mpsc::channel(8);
+    let mut glate = tokio::time::timeout(
+        common::WAIT,
+        groups.stream_group_messages(Request::new(ReceiverStream::new(grx))),
+    )
+    .await
+    .expect("StreamGroupMessages is answered before the first message")
+    .unwrap()
+    .into_inner();
+    gtx.send(SynapseMessage {
+        r#type: MessageType::GroupJoin as i32,
+        sender: endpoint("glate"),
+        group_id: group.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(lead.next().await.r#type, MessageType::GroupJoin as i32);
+    let mut hello = chat("lead", "", "welcome aboard");
+    hello.receiver = None;
+    hello.group_id = group;
+    lead.send(hello).await;
+    let got = tokio::time::timeout(common::WAIT, glate.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(text_of(&got), "welcome aboard");
+    w.bridge.shutdown().await;
+}

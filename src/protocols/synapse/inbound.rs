@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tonic::{Status, Streaming};
 
-use super::agents::{Hints, internal};
+use super::agents::{AGENT_HEADER, Hints, internal};
 use super::outbound::Route;
 use super::proto::{AgentEndpoint, MessageType, SynapseMessage, TransportMode};
 use super::{PROTOCOL, Synapse, translate, wire};
@@ -177,6 +177,57 @@ impl Synapse {
             mailbox,
             session,
         }
+    }
+
+    /// Serves a stream that names its agent in its first message: waits for that message,
+    /// registers its sender, connects the stream, then serves it. A stream that ends first,
+    /// or whose first message names no sender, ends with the error.
+    pub async fn identify_and_serve(
+        self: Arc<Self>,
+        kind: StreamKind,
+        mut inbound: Streaming<SynapseMessage>,
+        hints: Hints,
+        out: mpsc::Sender<Result<SynapseMessage, Status>>,
+    ) {
+        let first = tokio::select! {
+            _ = self.shutdown.cancelled() => return,
+            _ = out.closed() => return,
+            first = self.identify(&mut inbound, &hints) => first,
+        };
+        match first {
+            Ok((agent, first)) => {
+                let attached = self.attach_stream(&agent, kind).await;
+                self.serve_stream(attached, Some(first), inbound, hints, out)
+                    .await;
+            }
+            Err(status) => {
+                let _ = out.send(Err(status)).await;
+            }
+        }
+    }
+
+    /// The first message of a stream and the agent it names (registered).
+    async fn identify(
+        &self,
+        inbound: &mut Streaming<SynapseMessage>,
+        hints: &Hints,
+    ) -> Result<(String, SynapseMessage), Status> {
+        let first = inbound.next().await.ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "the stream ended before identifying its agent (send {AGENT_HEADER} metadata or a first message)"
+            ))
+        })??;
+        let sender = first
+            .sender
+            .clone()
+            .filter(|s| !s.agent_id.is_empty())
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "the first message must name message.sender.agent_id (or send {AGENT_HEADER} metadata)"
+                ))
+            })?;
+        self.ensure_agent(&sender, hints, "message.sender").await?;
+        Ok((sender.agent_id, first))
     }
 
     /// Serves an attached stream: its messages in, what is addressed to it out, until
