@@ -1283,3 +1283,29 @@ async fn a_stream_is_answered_before_its_first_message() {
     assert_eq!(text_of(&got), "welcome aboard");
     w.bridge.shutdown().await;
 }
+
+/// `ReceiveCallback` right after `SendMessage` returns sees the message: the poll waits
+/// for the inbox writer to catch up with everything accepted before it.
+#[tokio::test]
+async fn a_poll_sees_every_message_accepted_before_it() {
+    let mut w = world().await;
+    w.register("inbox", &[("x-synapse-transport", "polling")])
+        .await;
+    w.register("beta", &[]).await;
+    for round in 0..20 {
+        let sends = (0..10).map(|i| {
+            let mut client = w.c.messages.clone();
+            async move {
+                client
+                    .send_message(Request::new(SendMessageRequest {
+                        message: Some(chat("beta", "inbox", &format!("r{round} m{i}"))),
+                    }))
+                    .await
+                    .unwrap()
+            }
+        });
+        futures_util::future::join_all(sends).await;
+        assert_eq!(w.poll("inbox").await.len(), 10, "round {round}");
+    }
+    w.bridge.shutdown().await;
+}

@@ -3,13 +3,12 @@
 use std::pin::Pin;
 
 use futures_util::Stream;
-use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::SynapseApi;
-use crate::protocols::synapse::agents::{AGENT_HEADER, internal};
+use crate::protocols::synapse::agents::AGENT_HEADER;
 use crate::protocols::synapse::inbound::StreamKind;
 use crate::protocols::synapse::proto::synapse_message_service_server::SynapseMessageService;
 use crate::protocols::synapse::proto::{
@@ -98,10 +97,11 @@ impl SynapseMessageService for SynapseApi {
                 "{AGENT_HEADER} metadata names the agent whose messages to fetch"
             ))
         })?;
-        let kept = self.synapse.db.take_inbox(&agent).await.map_err(internal)?;
-        let messages: Vec<Result<SynapseMessage, Status>> = kept
-            .iter()
-            .filter_map(|bytes| SynapseMessage::decode(bytes.as_slice()).ok())
+        let messages: Vec<Result<SynapseMessage, Status>> = self
+            .synapse
+            .take_inbox(&agent)
+            .await?
+            .into_iter()
             .map(Ok)
             .collect();
         Ok(Response::new(Box::pin(tokio_stream::iter(messages))))
