@@ -1309,3 +1309,25 @@ async fn a_poll_sees_every_message_accepted_before_it() {
     }
     w.bridge.shutdown().await;
 }
+
+/// What waited in an agent's inbox while it was away arrives, in order, on the stream it
+/// opens, and leaves the inbox.
+#[tokio::test]
+async fn messages_kept_while_offline_arrive_in_order_when_the_stream_opens() {
+    let mut w = world().await;
+    w.register("sleeper", &[]).await;
+    w.register("beta", &[]).await;
+    for i in 1..=3 {
+        send(&mut w.c, chat("beta", "sleeper", &format!("m{i}")))
+            .await
+            .unwrap();
+    }
+    let mut stream = Stream::open(w.addr, "sleeper").await;
+    for i in 1..=3 {
+        assert_eq!(text_of(&stream.next().await), format!("m{i}"));
+    }
+    send(&mut w.c, chat("beta", "sleeper", "m4")).await.unwrap();
+    assert_eq!(text_of(&stream.next().await), "m4");
+    assert!(w.poll("sleeper").await.is_empty(), "delivered, so gone");
+    w.bridge.shutdown().await;
+}

@@ -248,6 +248,19 @@ impl Synapse {
         } = stream;
         let _counted = telemetry::ConnectionGuard::new(PROTOCOL);
         let mut pending = first;
+        let mut backlog = self.backlog(&agent, kind).await.into_iter();
+        for message in backlog.by_ref() {
+            if let Err(unsent) = out.send(Ok(message)).await {
+                if let Ok(message) = unsent.0 {
+                    self.outbound.keep(&agent, message);
+                }
+                break;
+            }
+        }
+        // The client left during the backlog: what it did not get stays kept.
+        for message in backlog {
+            self.outbound.keep(&agent, message);
+        }
         loop {
             if let Some(msg) = pending.take() {
                 self.accept_from_stream(msg, kind, &hints, &out).await;
@@ -286,6 +299,20 @@ impl Synapse {
                 }
             }
         }
+    }
+
+    /// What waited in the agent's inbox while it was away, oldest first, for a stream that
+    /// is now its way in. The messages leave the inbox as they are taken.
+    async fn backlog(&self, agent: &str, kind: StreamKind) -> Vec<SynapseMessage> {
+        // A group stream carries group traffic only; an agent that polls or takes callbacks
+        // keeps its inbox for those.
+        if kind != StreamKind::Messages || self.route_for(agent, true) != Route::Stream {
+            return Vec::new();
+        }
+        self.take_inbox(agent).await.unwrap_or_else(|status| {
+            tracing::error!(agent, error = %status.message(), "synapse: cannot read the inbox");
+            Vec::new()
+        })
     }
 
     async fn accept_from_stream(
