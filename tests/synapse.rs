@@ -1331,3 +1331,85 @@ async fn messages_kept_while_offline_arrive_in_order_when_the_stream_opens() {
     assert!(w.poll("sleeper").await.is_empty(), "delivered, so gone");
     w.bridge.shutdown().await;
 }
+
+/// The number a test message carries at the start of its text.
+fn seq_of(msg: &SynapseMessage) -> usize {
+    text_of(msg)
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("a numbered message")
+}
+
+/// Sends `total` numbered messages of about 8 KiB, more than a stream on a narrow channel
+/// that is not read can take in (HTTP/2 window, output buffer), so some wait at the bridge.
+async fn flood(w: &mut World, to: &str, total: usize) {
+    let pad = "x".repeat(8 * 1024);
+    for i in 0..total {
+        send(&mut w.c, chat("beta", to, &format!("{i} {pad}")))
+            .await
+            .unwrap();
+    }
+}
+
+/// A stream that ends (the client closes its side) leaves nothing behind: what it did not
+/// write yet goes back to the agent's inbox.
+#[tokio::test]
+async fn deliveries_queued_for_an_ending_stream_go_back_to_the_inbox() {
+    let mut w = world().await;
+    w.register("beta", &[]).await;
+    let narrow = common::synapse::narrow_channel(w.addr).await;
+    let Stream { out, mut inbound } = Stream::open_on(narrow, "closing").await;
+    let total = 300;
+    flood(&mut w, "closing", total).await;
+    // The client is done sending: the bridge ends the stream.
+    drop(out);
+    let mut seen = Vec::new();
+    while let Some(msg) = tokio::time::timeout(common::WAIT, inbound.next())
+        .await
+        .expect("the stream ends within the wait")
+    {
+        seen.push(seq_of(&msg.unwrap()));
+    }
+    seen.extend(w.poll("closing").await.iter().map(seq_of));
+    assert_eq!(seen, (0..total).collect::<Vec<_>>());
+    w.bridge.shutdown().await;
+}
+
+/// A client that goes away (cancels the call) mid-stream: what the bridge still held for
+/// it is kept in its inbox, in order, up to the last message.
+#[tokio::test]
+async fn deliveries_held_for_a_vanished_client_are_kept() {
+    let mut w = world().await;
+    w.register("beta", &[]).await;
+    let narrow = common::synapse::narrow_channel(w.addr).await;
+    let Stream { out, mut inbound } = Stream::open_on(narrow, "gone").await;
+    let total = 300;
+    flood(&mut w, "gone", total).await;
+    let mut read = Vec::new();
+    for _ in 0..5 {
+        let msg = tokio::time::timeout(common::WAIT, inbound.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        read.push(seq_of(&msg));
+    }
+    assert_eq!(read, [0, 1, 2, 3, 4]);
+    drop(inbound);
+    drop(out);
+    // The bridge notices the cancel on its own time: poll until the last message is kept.
+    let mut kept = Vec::new();
+    for _ in 0..500 {
+        kept.extend(w.poll("gone").await.iter().map(seq_of));
+        if kept.last() == Some(&(total - 1)) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // What was in flight on the connection is gone with it; the rest is kept, in order.
+    let first = *kept.first().expect("something was kept");
+    assert!(first > 4, "{kept:?}");
+    assert_eq!(kept, (first..total).collect::<Vec<_>>());
+    w.bridge.shutdown().await;
+}

@@ -3,13 +3,11 @@
 use std::pin::Pin;
 
 use futures_util::Stream;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::SynapseApi;
 use crate::protocols::synapse::agents::AGENT_HEADER;
-use crate::protocols::synapse::inbound::StreamKind;
+use crate::protocols::synapse::inbound::{self, StreamKind};
 use crate::protocols::synapse::proto::synapse_message_service_server::SynapseMessageService;
 use crate::protocols::synapse::proto::{
     AgentEndpoint, SendMessageRequest, SendMessageResponse, SynapseMessage,
@@ -32,7 +30,7 @@ impl SynapseApi {
     ) -> Result<Response<MessageStream>, Status> {
         let hints = self.hints(request.metadata())?;
         let inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let (outlet, outgoing) = inbound::outlet(STREAM_BUFFER);
         let synapse = self.synapse.clone();
         match hints.agent_id.clone() {
             // Connected before the call is answered, so anything sent to the agent once it
@@ -46,13 +44,13 @@ impl SynapseApi {
                     .ensure_agent(&endpoint, &hints, AGENT_HEADER)
                     .await?;
                 let attached = synapse.attach_stream(&agent, kind).await;
-                tokio::spawn(synapse.serve_stream(attached, None, inbound, hints, tx));
+                tokio::spawn(synapse.serve_stream(attached, None, inbound, hints, outlet));
             }
             None => {
-                tokio::spawn(synapse.identify_and_serve(kind, inbound, hints, tx));
+                tokio::spawn(synapse.identify_and_serve(kind, inbound, hints, outlet));
             }
         }
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(outgoing)))
     }
 }
 
