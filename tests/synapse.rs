@@ -1413,3 +1413,158 @@ async fn deliveries_held_for_a_vanished_client_are_kept() {
     assert_eq!(kept, (first..total).collect::<Vec<_>>());
     w.bridge.shutdown().await;
 }
+
+/// Waits for the next update on a `StreamTaskStatus` stream.
+async fn next_update(watching: &mut tonic::Streaming<TaskStatusUpdate>) -> TaskStatusUpdate {
+    tokio::time::timeout(common::WAIT, watching.next())
+        .await
+        .expect("an update within the wait")
+        .expect("the watch is open")
+        .expect("an update, not an error")
+}
+
+/// Opens `StreamTaskStatus` subscribed to `ids`; returns the sender (kept open) and stream.
+async fn watch(
+    w: &mut World,
+    ids: &[&str],
+) -> (
+    mpsc::Sender<TaskStatusStreamRequest>,
+    tonic::Streaming<TaskStatusUpdate>,
+) {
+    let (tx, rx) = mpsc::channel(8);
+    for id in ids {
+        tx.send(TaskStatusStreamRequest {
+            task_id: (*id).to_owned(),
+            subscribe: true,
+        })
+        .await
+        .unwrap();
+    }
+    let watching =
+        w.c.tasks
+            .stream_task_status(Request::new(ReceiverStream::new(rx)))
+            .await
+            .unwrap()
+            .into_inner();
+    (tx, watching)
+}
+
+async fn submit_type(w: &mut World, task_type: &str) -> String {
+    let submitted =
+        w.c.tasks
+            .submit_task(Request::new(SubmitTaskRequest {
+                task_type: task_type.into(),
+                payload: Some(prost_types::Any {
+                    type_url: "type.googleapis.com/google.protobuf.StringValue".into(),
+                    value: prost::Message::encode_to_vec(&format!("a {task_type} job")),
+                }),
+                ..Default::default()
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    assert!(submitted.success);
+    assert_eq!(submitted.status, TaskStatus::Received as i32);
+    submitted.task_id
+}
+
+/// An `Any` of a type the bridge has no descriptor for is relayed byte for byte: on
+/// streams, in callbacks' JSON as `{"@type", "value": base64}`, from that JSON back, and in
+/// a task's result. A payload that cannot be relayed is refused, never dropped.
+#[tokio::test]
+async fn payloads_of_unknown_types_are_relayed_unchanged() {
+    let mut w = world().await;
+    let mut receiver = CallbackReceiver::start(0).await;
+    w.register(
+        "hooked",
+        &[
+            ("x-synapse-transport", "callback"),
+            ("x-synapse-callback-url", &receiver.url.clone()),
+        ],
+    )
+    .await;
+    let mut streamed = Stream::open(w.addr, "streamed").await;
+    w.register("beta", &[]).await;
+    let secret = prost_types::Any {
+        type_url: "type.googleapis.com/acme.Secret".into(),
+        value: vec![1, 2, 3, 250],
+    };
+    let opaque = |to: &str| SynapseMessage {
+        payload: Some(secret.clone()),
+        ..chat("beta", to, "")
+    };
+
+    send(&mut w.c, opaque("streamed")).await.unwrap();
+    assert_eq!(streamed.next().await.payload, Some(secret.clone()));
+
+    send(&mut w.c, opaque("hooked")).await.unwrap();
+    let body = receiver.next().await.body;
+    assert_eq!(
+        body["payload"],
+        json!({ "@type": "type.googleapis.com/acme.Secret", "value": "AQID+g==" })
+    );
+    // A remote Synapse system relaying that JSON to us: the bytes come through unchanged.
+    let mut relayed = body.clone();
+    relayed["id"] = json!("relay-1");
+    relayed["receiver"] = json!({ "agentId": "streamed" });
+    let (status, acked) = w.post("/api/v1/synapse/callback", relayed).await;
+    assert_eq!(status, 200, "{acked}");
+    let got = streamed.next().await;
+    assert_eq!(
+        (got.id.as_str(), got.payload),
+        ("relay-1", Some(secret.clone()))
+    );
+
+    // A task whose result is of an unknown type keeps it, over gRPC and the gateway.
+    let task_id = submit_type(&mut w, "streamed").await;
+    let (_tx, mut watching) = watch(&mut w, &[&task_id]).await;
+    assert_eq!(
+        next_update(&mut watching).await.status,
+        TaskStatus::Received as i32
+    );
+    let request = streamed.next().await;
+    assert_eq!(request.r#type, MessageType::P2pTaskRequest as i32);
+    let mut done = task_complete("streamed", "agentbridge", &task_id, "", &request.id);
+    done.payload = Some(prost_types::Any {
+        type_url: "type.googleapis.com/synapse.TaskResult".into(),
+        value: prost::Message::encode_to_vec(&TaskResult {
+            task_id: task_id.clone(),
+            task_type: "streamed".into(),
+            result: Some(secret.clone()),
+            summary: "sealed".into(),
+        }),
+    });
+    streamed.send(done).await;
+    assert_eq!(
+        next_update(&mut watching).await.status,
+        TaskStatus::Completed as i32
+    );
+    let info =
+        w.c.tasks
+            .get_task(Request::new(GetTaskRequest {
+                task_id: task_id.clone(),
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+            .task
+            .unwrap();
+    assert_eq!(info.result, Some(secret.clone()));
+    let (status, got) = w.get(&format!("/api/v1/synapse/task/{task_id}")).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(
+        got["task"]["result"],
+        json!({ "@type": "type.googleapis.com/acme.Secret", "value": "AQID+g==" })
+    );
+
+    // Claims a type the bridge knows, but its bytes are not that type: refused.
+    let mut broken = opaque("streamed");
+    broken.payload = Some(prost_types::Any {
+        type_url: "type.googleapis.com/synapse.TaskPayload".into(),
+        value: vec![0xff, 0xff, 0xff],
+    });
+    let err = send(&mut w.c, broken).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("payload"), "{}", err.message());
+    w.bridge.shutdown().await;
+}

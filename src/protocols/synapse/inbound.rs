@@ -61,7 +61,6 @@ impl Synapse {
                 "message.sender.agent_id is required (or x-synapse-agent-id metadata)",
             ));
         }
-        self.ensure_agent(&sender, hints, "message.sender").await?;
         msg.sender = Some(sender.clone());
         if msg.id.is_empty() {
             msg.id = new_message_id();
@@ -69,6 +68,11 @@ impl Synapse {
         if msg.timestamp.is_none() {
             msg.timestamp = Some(wire::timestamp(now_ms()));
         }
+        // A message the bridge could not relay as it came is refused now, while its sender
+        // can still hear why, rather than lost on the way.
+        let env = translate::decode(&msg)
+            .map_err(|e| Status::invalid_argument(format!("message cannot be relayed: {e}")))?;
+        self.ensure_agent(&sender, hints, "message.sender").await?;
         if msg_type == MessageType::Heartbeat {
             return Ok(msg.id);
         }
@@ -114,7 +118,6 @@ impl Synapse {
             ));
         }
 
-        let env = translate::decode(&msg);
         let sync = hints.transport == Some(TransportMode::Sync)
             || receiver.as_deref().is_some_and(|r| {
                 self.reach(r).0 == TransportMode::Sync && self.agents.contains_key(r)

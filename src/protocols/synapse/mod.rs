@@ -14,6 +14,7 @@ mod db;
 mod gateway;
 mod groups;
 mod inbound;
+mod json;
 mod outbound;
 pub mod proto;
 mod services;

@@ -178,7 +178,19 @@ async fn post_with_retries(
     backoff: Duration,
     inbox: &mpsc::UnboundedSender<InboxJob>,
 ) {
-    let body = translate::callback_body(&job.message);
+    let body = match translate::callback_body(&job.message) {
+        Ok(body) => body,
+        Err(e) => {
+            // Only a message the bridge built itself can get here (Synapse input is
+            // checked on the way in); it waits in the inbox, where it is kept whole.
+            tracing::error!(url = %job.url, error = %e, "synapse: cannot write a callback body");
+            telemetry::callback_failed(PROTOCOL, "unencodable");
+            if let Some(agent) = job.fallback {
+                let _ = inbox.send(InboxJob::Keep(agent, job.message));
+            }
+            return;
+        }
+    };
     let mut wait = backoff;
     for attempt in 1..=attempts {
         let mut request = http.post(&job.url).json(&body);

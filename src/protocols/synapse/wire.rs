@@ -5,10 +5,11 @@
 use std::sync::LazyLock;
 
 use prost::Message;
-use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, SerializeOptions};
+use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use prost_types::{Any, Timestamp};
 use serde_json::{Map, Number, Value};
 
+use super::json;
 use super::proto::{
     DESCRIPTOR_SET, MessageType, SynapseMessage, TaskPayload, TaskResult, TaskStatus,
     TaskStatusUpdate, TransportMode,
@@ -31,24 +32,18 @@ pub fn descriptor(full_name: &str) -> MessageDescriptor {
         .unwrap_or_else(|| panic!("{full_name} is in synapse.proto's descriptor set"))
 }
 
-/// Proto3 JSON of a message, as the HTTP gateway writes it: lowerCamelCase names, enums by
-/// name, 64-bit integers as strings, every field present (as grpc-gateway does).
-pub fn to_json<M: Message>(message: &M, full_name: &str) -> Value {
+/// Proto3 JSON of a message, as the HTTP gateway writes it (see `json`); an error when the
+/// message cannot be written (a payload claiming a known type that its bytes are not, a
+/// timestamp out of range, `Any`s nested too deep).
+pub fn to_json<M: Message>(message: &M, full_name: &str) -> Result<Value, String> {
     let dynamic = DynamicMessage::decode(descriptor(full_name), message.encode_to_vec().as_slice())
-        .expect("a message decodes as its own descriptor");
-    let options = SerializeOptions::new()
-        .skip_default_fields(false)
-        .stringify_64_bit_integers(true);
-    dynamic
-        .serialize_with_options(serde_json::value::Serializer, &options)
-        .unwrap_or(Value::Null)
+        .map_err(|e| e.to_string())?;
+    json::to_json(&dynamic)
 }
 
 /// A message from proto3 JSON; unknown fields are ignored, as grpc-gateway does.
 pub fn from_json<M: Message + Default>(json: &Value, full_name: &str) -> Result<M, String> {
-    let options = prost_reflect::DeserializeOptions::new().deny_unknown_fields(false);
-    let dynamic = DynamicMessage::deserialize_with_options(descriptor(full_name), json, &options)
-        .map_err(|e| e.to_string())?;
+    let dynamic = json::from_json(&descriptor(full_name), json)?;
     M::decode(dynamic.encode_to_vec().as_slice()).map_err(|e| e.to_string())
 }
 
@@ -76,10 +71,12 @@ pub fn text(text: &str) -> Any {
 }
 
 /// A JSON value as a `google.protobuf.Struct` (objects) or a `StringValue` (anything else,
-/// as its JSON text).
+/// as its JSON text); an unknown `Any` that went out as JSON comes back as itself.
 pub fn json(value: &Value) -> Any {
     match value {
-        Value::Object(map) => pack(STRUCT, &to_struct(map)),
+        Value::Object(map) => {
+            json::from_opaque(map).unwrap_or_else(|| pack(STRUCT, &to_struct(map)))
+        }
         Value::String(s) => text(s),
         other => text(&other.to_string()),
     }
@@ -151,8 +148,10 @@ impl Payload {
                 "taskId": s.task_id, "status": status_name(s.status), "progress": s.progress,
                 "message": s.message,
             })),
-            Payload::Opaque { type_url, bytes } => Some(serde_json::json!({
-                "@type": type_url, "size": bytes.len(),
+            // Kept whole, so that it can come back to a Synapse agent unchanged.
+            Payload::Opaque { type_url, bytes } => Some(json::opaque(&Any {
+                type_url: type_url.clone(),
+                value: bytes.clone(),
             })),
         }
     }
@@ -332,7 +331,7 @@ mod tests {
             payload: Some(text("hi")),
             ..Default::default()
         };
-        let value = to_json(&msg, "synapse.SynapseMessage");
+        let value = to_json(&msg, "synapse.SynapseMessage").unwrap();
         assert_eq!(value["type"], "MESSAGE_TYPE_P2P_TASK_REQUEST");
         assert_eq!(value["timestamp"], "2026-01-01T00:00:00.123Z");
         assert_eq!(value["payload"]["@type"], STRING_VALUE);

@@ -26,10 +26,10 @@ use tonic::Status;
 use tonic::codegen::http::Extensions;
 use tonic::metadata::MetadataMap;
 
-use super::agents::Hints;
+use super::agents::{Hints, internal};
 use super::proto::SynapseMessage;
 use super::services::SynapseApi;
-use super::{Synapse, translate, wire};
+use super::{Synapse, json, translate, wire};
 
 /// One HTTP binding of an RPC.
 #[derive(Clone, Debug)]
@@ -201,7 +201,7 @@ async fn call(
     let (output, response) = dispatch(&gateway.api, rule.rpc.full_name(), &bytes, metadata).await?;
     let decoded = DynamicMessage::decode(output, response.as_slice())
         .map_err(|e| Status::internal(e.to_string()))?;
-    Ok(json_of(&decoded))
+    json_of(&decoded)
 }
 
 /// A remote system's callback: the body is a SynapseMessage in JSON. Answered, in the
@@ -222,7 +222,8 @@ async fn ingest(gateway: &Gateway, headers: HeaderMap, body: &Bytes) -> Result<V
     let mut acked = msg;
     acked.id = id;
     let ack = translate::ack(&acked, synapse.bridge_endpoint());
-    Ok(json!({ "result": wire::to_json(&ack, "synapse.SynapseMessage") }))
+    let ack = wire::to_json(&ack, "synapse.SynapseMessage").map_err(internal)?;
+    Ok(json!({ "result": ack }))
 }
 
 fn from_body(desc: &MessageDescriptor, body: &Bytes) -> Result<DynamicMessage, Status> {
@@ -231,8 +232,7 @@ fn from_body(desc: &MessageDescriptor, body: &Bytes) -> Result<DynamicMessage, S
     }
     let json: Value = serde_json::from_slice(body)
         .map_err(|e| Status::invalid_argument(format!("body is not valid JSON: {e}")))?;
-    let options = prost_reflect::DeserializeOptions::new().deny_unknown_fields(false);
-    DynamicMessage::deserialize_with_options(desc.clone(), json, &options)
+    json::from_json(desc, &json)
         .map_err(|e| Status::invalid_argument(format!("body does not fit {}: {e}", desc.name())))
 }
 
@@ -309,14 +309,9 @@ fn scalar(field: &FieldDescriptor, text: &str) -> Option<PValue> {
     })
 }
 
-/// Proto3 JSON of a message: lowerCamelCase, every field, enums by name.
-pub fn json_of(message: &DynamicMessage) -> Value {
-    let options = prost_reflect::SerializeOptions::new()
-        .skip_default_fields(false)
-        .stringify_64_bit_integers(true);
-    message
-        .serialize_with_options(serde_json::value::Serializer, &options)
-        .unwrap_or(Value::Null)
+/// Proto3 JSON of a response: lowerCamelCase, every field, enums by name.
+pub fn json_of(message: &DynamicMessage) -> Result<Value, Status> {
+    json::to_json(message).map_err(internal)
 }
 
 /// grpc-gateway's mapping of gRPC codes to HTTP statuses.
