@@ -1568,3 +1568,55 @@ async fn payloads_of_unknown_types_are_relayed_unchanged() {
     assert!(err.message().contains("payload"), "{}", err.message());
     w.bridge.shutdown().await;
 }
+
+/// Timestamps outside what a Timestamp may hold are refused with INVALID_ARGUMENT, as are
+/// payloads nested beyond reason; the bridge neither panics nor overflows its stack.
+#[tokio::test]
+async fn out_of_range_input_is_refused_without_a_panic() {
+    let mut w = world().await;
+    w.register("beta", &[]).await;
+    w.register("gamma", &[]).await;
+    for (seconds, nanos) in [
+        (i64::MAX, 0),
+        (i64::MIN, 0),
+        (0, -1),
+        (0, 2_000_000_000),
+        (400_000_000_000, 0),
+    ] {
+        let mut msg = chat("beta", "gamma", "when?");
+        msg.timestamp = Some(prost_types::Timestamp { seconds, nanos });
+        let err = send(&mut w.c, msg).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            Code::InvalidArgument,
+            "{seconds}/{nanos}: {err:?}"
+        );
+        assert!(err.message().contains("timestamp"), "{}", err.message());
+    }
+    // A task payload holding a task payload holding … thousands deep.
+    let mut nested = prost::Message::encode_to_vec(&"core".to_owned());
+    let mut url = "type.googleapis.com/google.protobuf.StringValue".to_owned();
+    for _ in 0..5000 {
+        nested = prost::Message::encode_to_vec(&TaskPayload {
+            task_id: String::new(),
+            task_type: "doll".into(),
+            payload: Some(prost_types::Any {
+                type_url: url,
+                value: nested,
+            }),
+            external_task_id: String::new(),
+        });
+        url = "type.googleapis.com/synapse.TaskPayload".to_owned();
+    }
+    let mut msg = chat("beta", "gamma", "");
+    msg.r#type = MessageType::P2pTaskRequest as i32;
+    msg.payload = Some(prost_types::Any {
+        type_url: url,
+        value: nested,
+    });
+    let err = send(&mut w.c, msg).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    // Still serving.
+    w.c.health.health_check(Request::new(())).await.unwrap();
+    w.bridge.shutdown().await;
+}

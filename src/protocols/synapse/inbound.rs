@@ -65,8 +65,10 @@ impl Synapse {
         if msg.id.is_empty() {
             msg.id = new_message_id();
         }
-        if msg.timestamp.is_none() {
-            msg.timestamp = Some(wire::timestamp(now_ms()));
+        match &msg.timestamp {
+            None => msg.timestamp = Some(wire::timestamp(now_ms())),
+            Some(ts) => wire::check_timestamp(ts)
+                .map_err(|e| Status::invalid_argument(format!("message.timestamp: {e}")))?,
         }
         // A message the bridge could not relay as it came is refused now, while its sender
         // can still hear why, rather than lost on the way.
