@@ -1620,3 +1620,57 @@ async fn out_of_range_input_is_refused_without_a_panic() {
     w.c.health.health_check(Request::new(())).await.unwrap();
     w.bridge.shutdown().await;
 }
+
+/// A finished task gets no second CANCELLED or COMPLETED update when a late message about
+/// it arrives: the next update a watcher sees is another task's.
+#[tokio::test]
+async fn a_finished_task_reports_its_end_once() {
+    let mut w = world().await;
+    let mut worker = Stream::open(w.addr, "worker").await;
+    let first = submit_type(&mut w, "worker").await;
+    let second = submit_type(&mut w, "worker").await;
+    let (_tx, mut watching) = watch(&mut w, &[&first, &second]).await;
+    for id in [&first, &second] {
+        assert_eq!(&next_update(&mut watching).await.task_id, id);
+    }
+    let request = worker.next().await;
+    assert_eq!(unpack::<TaskPayload>(&request).task_id, first);
+    w.c.tasks
+        .cancel_task(Request::new(CancelTaskRequest {
+            task_id: first.clone(),
+        }))
+        .await
+        .unwrap();
+    let cancelled = next_update(&mut watching).await;
+    assert_eq!(
+        (cancelled.task_id.as_str(), cancelled.status),
+        (first.as_str(), TaskStatus::Cancelled as i32)
+    );
+    // The worker finishes the cancelled task anyway, then starts the second.
+    worker
+        .send(task_complete(
+            "worker",
+            "agentbridge",
+            &first,
+            "done anyway",
+            &request.id,
+        ))
+        .await;
+    worker
+        .send(status_update(
+            "worker",
+            "agentbridge",
+            &second,
+            TaskStatus::Processing,
+            10,
+            "started",
+        ))
+        .await;
+    let next = next_update(&mut watching).await;
+    assert_eq!(
+        (next.task_id.as_str(), next.status),
+        (second.as_str(), TaskStatus::Processing as i32),
+        "no second end for {first}"
+    );
+    w.bridge.shutdown().await;
+}

@@ -122,6 +122,16 @@ pub struct TaskRow {
     pub completed_at: Option<i64>,
 }
 
+/// What `update_task` did.
+#[derive(Debug)]
+pub enum Update {
+    /// There is no such task.
+    Missing,
+    /// The change left the task as it was; nothing was written.
+    Unchanged(TaskRow),
+    Changed(TaskRow),
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct FileRow {
     pub field_name: String,
@@ -363,8 +373,9 @@ impl Db {
             .await
     }
 
-    /// Applies `change` to the task atomically and returns the result; `None` when missing.
-    pub async fn update_task<F>(&self, id: &str, change: F) -> Result<Option<TaskRow>, StoreError>
+    /// Applies `change` to the task atomically. Only a real change is written (and gets a
+    /// new `updated_at`): watchers are told of changes, not of every attempt.
+    pub async fn update_task<F>(&self, id: &str, change: F) -> Result<Update, StoreError>
     where
         F: FnOnce(&mut TaskRow) + Send + 'static,
     {
@@ -372,9 +383,13 @@ impl Db {
         self.store
             .write(move |conn| {
                 let Some(mut task) = get_task(conn, &id)? else {
-                    return Ok(None);
+                    return Ok(Update::Missing);
                 };
+                let before = task.clone();
                 change(&mut task);
+                if task == before {
+                    return Ok(Update::Unchanged(task));
+                }
                 task.updated_at = crate::core::now_ms();
                 conn.execute(
                     "UPDATE synapse_tasks SET status = ?2, progress = ?3, message = ?4, result = ?5,
@@ -392,7 +407,7 @@ impl Db {
                         task.completed_at
                     ],
                 )?;
-                Ok(Some(task))
+                Ok(Update::Changed(task))
             })
             .await
     }

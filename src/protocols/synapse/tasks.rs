@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::task::JoinHandle;
 use tonic::Status;
 
-use super::db::{FileRow, TaskRow};
+use super::db::{FileRow, TaskRow, Update};
 use super::outbound::Callback;
 use super::proto::{
     MessageType, SubmitTaskRequest, SynapseMessage, TaskError, TaskInfo as TaskInfoPb, TaskResult,
@@ -163,25 +163,28 @@ impl Synapse {
 
     /// Cancels a task that has not finished and tells its assignee.
     pub async fn cancel_task(&self, id: &str) -> Result<TaskRow, Status> {
-        let task = self.task(id).await?;
-        let status = TaskStatus::try_from(task.status).unwrap_or(TaskStatus::Unspecified);
-        if wire::is_terminal(status) {
-            return Err(Status::failed_precondition(format!(
-                "task '{id}' is already {}",
-                status.as_str_name()
-            )));
-        }
         let now = crate::core::now_ms();
-        let task = self
+        let update = self
             .db
             .update_task(id, move |t| {
-                t.status = TaskStatus::Cancelled as i32;
-                t.message = "cancelled".into();
-                t.completed_at = Some(now);
+                if !is_finished(t) {
+                    t.status = TaskStatus::Cancelled as i32;
+                    t.message = "cancelled".into();
+                    t.completed_at = Some(now);
+                }
             })
             .await
-            .map_err(internal)?
-            .ok_or_else(|| Status::not_found(format!("task '{id}' not found")))?;
+            .map_err(internal)?;
+        let task = match update {
+            Update::Changed(task) => task,
+            Update::Unchanged(task) => {
+                return Err(Status::failed_precondition(format!(
+                    "task '{id}' is already {}",
+                    wire::status_name(task.status)
+                )));
+            }
+            Update::Missing => return Err(Status::not_found(format!("task '{id}' not found"))),
+        };
         let mut env = Envelope::new(PROTOCOL, &task.submitter, Kind::TaskUpdate);
         env.to = vec![task.assignee.clone()];
         env.reply_to = Some(task.request_message_id.clone());
@@ -320,9 +323,7 @@ impl Synapse {
         let updated = self
             .db
             .update_task(&info.id, move |t| {
-                if wire::is_terminal(
-                    TaskStatus::try_from(t.status).unwrap_or(TaskStatus::Unspecified),
-                ) {
+                if is_finished(t) {
                     return;
                 }
                 t.status = status as i32;
@@ -351,11 +352,16 @@ impl Synapse {
             })
             .await;
         match updated {
-            Ok(Some(task)) => self.task_changed(&task),
-            Ok(None) => {}
+            Ok(Update::Changed(task)) => self.task_changed(&task),
+            // Late news of a finished task, or nothing new: no one is told twice.
+            Ok(Update::Unchanged(_) | Update::Missing) => {}
             Err(e) => tracing::error!(error = %e, "synapse: cannot record task progress"),
         }
     }
+}
+
+fn is_finished(task: &TaskRow) -> bool {
+    wire::is_terminal(TaskStatus::try_from(task.status).unwrap_or(TaskStatus::Unspecified))
 }
 
 /// Observes progress and results for submitted tasks, from any protocol.
