@@ -746,12 +746,6 @@ async fn task_submission_errors_listing_and_cancelling() {
     );
     let err =
         w.c.tasks
-            .submit_task(Request::new(submit("astrology", "")))
-            .await
-            .unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition);
-    let err =
-        w.c.tasks
             .submit_task(Request::new(SubmitTaskRequest {
                 priority: "whenever".into(),
                 ..submit("coder", "")
@@ -1673,4 +1667,107 @@ async fn a_finished_task_reports_its_end_once() {
         "no second end for {first}"
     );
     w.bridge.shutdown().await;
+}
+
+/// SubmitTask takes a task no agent takes yet: it waits (RECEIVED) and can be read,
+/// listed, watched and cancelled, and goes to the first agent that appears with that name
+/// or capability.
+#[tokio::test]
+async fn a_task_nobody_takes_yet_waits_for_a_capable_agent() {
+    let mut w = world().await;
+    let by_name = submit_type(&mut w, "translator").await;
+    let by_skill = submit_type(&mut w, "proofread").await;
+    let dropped = submit_type(&mut w, "astrology").await;
+    let info =
+        w.c.tasks
+            .get_task(Request::new(GetTaskRequest {
+                task_id: by_name.clone(),
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+            .task
+            .unwrap();
+    assert_eq!(info.status, TaskStatus::Received as i32);
+    let listed =
+        w.c.tasks
+            .list_tasks(Request::new(ListTasksRequest {
+                status: "received".into(),
+                limit: 0,
+                offset: 0,
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(listed.total, 3);
+    let cancelled =
+        w.c.tasks
+            .cancel_task(Request::new(CancelTaskRequest {
+                task_id: dropped.clone(),
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(cancelled.status, TaskStatus::Cancelled as i32);
+
+    let (_tx, mut watching) = watch(&mut w, &[&by_name, &by_skill]).await;
+    for _ in 0..2 {
+        assert_eq!(
+            next_update(&mut watching).await.status,
+            TaskStatus::Received as i32
+        );
+    }
+    // An agent of that name appears.
+    let mut translator = Stream::open(w.addr, "translator").await;
+    let request = translator.next().await;
+    assert_eq!(request.r#type, MessageType::P2pTaskRequest as i32);
+    let payload: TaskPayload = unpack(&request);
+    assert_eq!(
+        (payload.task_id.as_str(), payload.task_type.as_str()),
+        (by_name.as_str(), "translator")
+    );
+    let assigned = next_update(&mut watching).await;
+    assert_eq!(assigned.task_id, by_name);
+    assert!(assigned.message.contains("translator"), "{assigned:?}");
+
+    // A Tracker member that declares the capability comes online.
+    let tracker = w.bridge.addr("tracker").unwrap();
+    let admin = common::tracker::TrackerHttp::new(tracker, "tb-admin");
+    let (status, editor) = admin
+        .post(
+            "/members",
+            json!({ "slug": "editor", "type": "agent", "capabilities": ["proofread"] }),
+        )
+        .await;
+    assert_eq!(status, 201, "{editor}");
+    let (_ws, _) =
+        common::tracker::TrackerWs::auth(tracker, editor["token"].as_str().unwrap()).await;
+    let assigned = next_update(&mut watching).await;
+    assert_eq!(assigned.task_id, by_skill);
+    assert!(assigned.message.contains("editor"), "{assigned:?}");
+    w.bridge.shutdown().await;
+}
+
+/// A task left waiting when the bridge stops still goes to its agent after a restart.
+#[tokio::test]
+async fn a_waiting_task_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let task_id = {
+        let bridge = common::start_bridge_in(data, "").await;
+        let mut w = World {
+            c: clients(bridge.addr("synapse").unwrap()).await,
+            http: common::http(),
+            addr: bridge.addr("synapse").unwrap(),
+            bridge,
+        };
+        let id = submit_type(&mut w, "nightshift").await;
+        w.bridge.shutdown().await;
+        id
+    };
+    let bridge = common::start_bridge_in(data, "").await;
+    let mut stream = Stream::open(bridge.addr("synapse").unwrap(), "nightshift").await;
+    let request = stream.next().await;
+    assert_eq!(unpack::<TaskPayload>(&request).task_id, task_id);
+    bridge.shutdown().await;
 }

@@ -3,6 +3,7 @@
 
 use rusqlite::{OptionalExtension, Row, params};
 
+use super::proto::TaskStatus;
 use crate::store::{Migration, Store, StoreError};
 
 pub static MIGRATIONS: &[Migration] = &[Migration {
@@ -335,6 +336,72 @@ impl Db {
             .read(|conn| {
                 let mut stmt = conn.prepare("SELECT id FROM synapse_tasks")?;
                 let rows = stmt.query_map([], |r| r.get(0))?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await
+    }
+
+    /// Tasks no agent took yet (no assignee, still RECEIVED), oldest first.
+    pub async fn waiting_tasks(&self) -> Result<Vec<TaskRow>, StoreError> {
+        self.store
+            .read(|conn| {
+                let mut stmt = conn.prepare(&format!(
+                    "SELECT {TASK_COLUMNS} FROM synapse_tasks WHERE assignee = '' AND status = ?1
+                     ORDER BY created_at, id"
+                ))?;
+                let rows = stmt.query_map([TaskStatus::Received as i32], task_from)?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await
+    }
+
+    /// Gives a waiting task to `assignee`; `None` when it is no longer waiting (taken by
+    /// another agent first, or cancelled).
+    pub async fn assign_task(
+        &self,
+        id: &str,
+        assignee: &str,
+        message: &str,
+    ) -> Result<Option<TaskRow>, StoreError> {
+        let (id, assignee, message) = (id.to_owned(), assignee.to_owned(), message.to_owned());
+        self.store
+            .write(move |conn| {
+                let claimed = conn.execute(
+                    "UPDATE synapse_tasks SET assignee = ?2, message = ?3, updated_at = ?4
+                     WHERE id = ?1 AND assignee = '' AND status = ?5",
+                    params![
+                        id,
+                        assignee,
+                        message,
+                        crate::core::now_ms(),
+                        TaskStatus::Received as i32
+                    ],
+                )?;
+                if claimed == 0 {
+                    return Ok(None);
+                }
+                get_task(conn, &id)
+            })
+            .await
+    }
+
+    /// A task's files, in the order they were given.
+    pub async fn task_files(&self, id: &str) -> Result<Vec<FileRow>, StoreError> {
+        let id = id.to_owned();
+        self.store
+            .read(move |conn| {
+                let mut stmt = conn.prepare(
+                    "SELECT field_name, filename, mime_type, data FROM synapse_task_files
+                     WHERE task_id = ?1 ORDER BY position",
+                )?;
+                let rows = stmt.query_map([id], |r| {
+                    Ok(FileRow {
+                        field_name: r.get(0)?,
+                        filename: r.get(1)?,
+                        mime_type: r.get(2)?,
+                        data: r.get(3)?,
+                    })
+                })?;
                 Ok(rows.collect::<Result<_, _>>()?)
             })
             .await
