@@ -1771,3 +1771,67 @@ async fn a_waiting_task_survives_a_restart() {
     assert_eq!(unpack::<TaskPayload>(&request).task_id, task_id);
     bridge.shutdown().await;
 }
+
+/// Reads one HTTP/1.1 response from a raw socket: its status and JSON body.
+async fn raw_response(socket: &mut tokio::net::TcpStream) -> (u16, Value) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(common::WAIT, socket.read(&mut chunk))
+            .await
+            .expect("a response within the wait")
+            .unwrap();
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).to_string();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().unwrap())
+                })
+                .expect("a content-length");
+            if body.len() >= length || n == 0 {
+                let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+                return (status, serde_json::from_str(body).unwrap_or(Value::Null));
+            }
+        }
+        assert!(n > 0, "connection closed mid-response: {text}");
+    }
+}
+
+/// Files of several MiB go through the gateway's `SubmitTaskWithFiles`; a body over the
+/// gateway's limit is refused at once with its usual JSON error.
+#[tokio::test]
+async fn the_gateway_takes_large_files_and_refuses_huge_bodies_in_json() {
+    use base64::Engine;
+    let w = world().await;
+    let data = base64::engine::general_purpose::STANDARD.encode(vec![7u8; 4 * 1024 * 1024]);
+    let (status, body) = w
+        .post(
+            "/api/v1/synapse/task/multipart",
+            json!({ "request": { "taskType": "coder" }, "files": [{ "filename": "big.bin", "data": data }] }),
+        )
+        .await;
+    assert_eq!(
+        (status, body["success"].as_bool()),
+        (200, Some(true)),
+        "{body}"
+    );
+
+    use tokio::io::AsyncWriteExt;
+    let mut socket = tokio::net::TcpStream::connect(w.addr).await.unwrap();
+    socket
+        .write_all(
+            b"POST /api/v1/synapse/task HTTP/1.1\r\nhost: bridge\r\ncontent-type: application/json\r\ncontent-length: 1000000000\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let (status, err) = raw_response(&mut socket).await;
+    assert_eq!(status, 413, "{err}");
+    assert_eq!(err["code"].as_i64(), Some(8), "{err}");
+    assert!(err["message"].as_str().unwrap().contains("limit"), "{err}");
+    w.bridge.shutdown().await;
+}
