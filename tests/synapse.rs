@@ -1835,3 +1835,34 @@ async fn the_gateway_takes_large_files_and_refuses_huge_bodies_in_json() {
     assert!(err["message"].as_str().unwrap().contains("limit"), "{err}");
     w.bridge.shutdown().await;
 }
+
+/// The bridge's own directory entry is not one of the agents ListAgents shows.
+#[tokio::test]
+async fn the_agent_list_leaves_out_the_bridge_itself() {
+    let mut w = world().await;
+    let agents =
+        w.c.capabilities
+            .list_agents(Request::new(()))
+            .await
+            .unwrap()
+            .into_inner();
+    assert!(!agents.agents.is_empty());
+    assert!(
+        agents
+            .agents
+            .iter()
+            .all(|a| a.agent_id != "agentbridge" && a.system_id != "bridge"),
+        "{:?}",
+        agents.agents
+    );
+    assert_eq!(agents.total as usize, agents.agents.len());
+    let (_, listed) = w.get("/api/v1/synapse/agents").await;
+    assert!(
+        listed["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["agentId"] != "agentbridge")
+    );
+    w.bridge.shutdown().await;
+}
