@@ -41,8 +41,8 @@ pub struct Callback {
 
 /// What the inbox writer does, one job at a time in the order asked.
 enum InboxJob {
-    /// Keep a message for an agent.
-    Keep(String, SynapseMessage),
+    /// Keep a message for an agent (boxed: a message is far larger than a barrier).
+    Keep(String, Box<SynapseMessage>),
     /// Answered once everything asked before it is written: a barrier for readers.
     Flush(oneshot::Sender<()>),
 }
@@ -157,7 +157,9 @@ impl Outbound {
     }
 
     pub fn keep(&self, agent: &str, message: SynapseMessage) {
-        let _ = self.inbox.send(InboxJob::Keep(agent.to_owned(), message));
+        let _ = self
+            .inbox
+            .send(InboxJob::Keep(agent.to_owned(), Box::new(message)));
     }
 
     /// Waits until every message kept before this call is in the store, so that a reader
@@ -186,7 +188,7 @@ async fn post_with_retries(
             tracing::error!(url = %job.url, error = %e, "synapse: cannot write a callback body");
             telemetry::callback_failed(PROTOCOL, "unencodable");
             if let Some(agent) = job.fallback {
-                let _ = inbox.send(InboxJob::Keep(agent, job.message));
+                let _ = inbox.send(InboxJob::Keep(agent, Box::new(job.message)));
             }
             return;
         }
@@ -214,7 +216,7 @@ async fn post_with_retries(
     }
     telemetry::callback_failed(PROTOCOL, "gave_up");
     if let Some(agent) = job.fallback {
-        let _ = inbox.send(InboxJob::Keep(agent, job.message));
+        let _ = inbox.send(InboxJob::Keep(agent, Box::new(job.message)));
     }
 }
 
