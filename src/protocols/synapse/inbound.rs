@@ -459,8 +459,8 @@ impl futures_util::Stream for Outgoing {
 
 impl Drop for Outgoing {
     fn drop(&mut self) {
-        // Closed first, so the serving task sees the client gone only once nothing more
-        // can be queued; then whatever is queued is handed back.
+        // Closed first, so that nothing can be queued behind the drain; then whatever is
+        // queued is handed back to the serving task (or its stand-in).
         self.rx.close();
         let mut unread = Vec::new();
         while let Ok(item) = self.rx.try_recv() {
