@@ -746,12 +746,6 @@ async fn task_submission_errors_listing_and_cancelling() {
     );
     let err =
         w.c.tasks
-            .submit_task(Request::new(submit("astrology", "")))
-            .await
-            .unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition);
-    let err =
-        w.c.tasks
             .submit_task(Request::new(SubmitTaskRequest {
                 priority: "whenever".into(),
                 ..submit("coder", "")
@@ -1201,6 +1195,674 @@ async fn a_configured_token_is_required() {
             })
             .await
             .is_ok()
+    );
+    w.bridge.shutdown().await;
+}
+
+/// A client awaits the call's response headers before it sends anything (as generated
+/// clients do when the first message is produced after `stream_messages` returns): the
+/// bridge answers at once and identifies the stream from its first message.
+#[tokio::test]
+async fn a_stream_is_answered_before_its_first_message() {
+    use agentbridge::protocols::synapse::proto::group_service_client::GroupServiceClient;
+    use agentbridge::protocols::synapse::proto::synapse_message_service_client::SynapseMessageServiceClient;
+
+    let mut w = world().await;
+    let mut alpha = Stream::open(w.addr, "alpha").await;
+    let mut client = SynapseMessageServiceClient::new(common::synapse::channel(w.addr).await);
+    let (tx, rx) = mpsc::channel(8);
+    let mut late = tokio::time::timeout(
+        common::WAIT,
+        client.stream_messages(Request::new(ReceiverStream::new(rx))),
+    )
+    .await
+    .expect("StreamMessages is answered before the first message")
+    .unwrap()
+    .into_inner();
+    tx.send(chat("late", "alpha", "late here")).await.unwrap();
+    assert_eq!(text_of(&alpha.next().await), "late here");
+    send(&mut w.c, chat("alpha", "late", "welcome"))
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(common::WAIT, late.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(text_of(&got), "welcome");
+
+    // The group stream too: its first message joins a group.
+    let mut lead = Stream::open_groups(w.addr, "lead").await;
+    let group =
+        w.c.groups
+            .create_group(with_meta(
+                CreateGroupRequest {
+                    name: "crew".into(),
+                    ..Default::default()
+                },
+                &[("x-synapse-agent-id", "lead")],
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .group_id;
+    let mut groups = GroupServiceClient::new(common::synapse::channel(w.addr).await);
+    let (gtx, grx) = mpsc::channel(8);
+    let mut glate = tokio::time::timeout(
+        common::WAIT,
+        groups.stream_group_messages(Request::new(ReceiverStream::new(grx))),
+    )
+    .await
+    .expect("StreamGroupMessages is answered before the first message")
+    .unwrap()
+    .into_inner();
+    gtx.send(SynapseMessage {
+        r#type: MessageType::GroupJoin as i32,
+        sender: endpoint("glate"),
+        group_id: group.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(lead.next().await.r#type, MessageType::GroupJoin as i32);
+    let mut hello = chat("lead", "", "welcome aboard");
+    hello.receiver = None;
+    hello.group_id = group;
+    lead.send(hello).await;
+    let got = tokio::time::timeout(common::WAIT, glate.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(text_of(&got), "welcome aboard");
+    w.bridge.shutdown().await;
+}
+
+/// `ReceiveCallback` right after `SendMessage` returns sees the message: the poll waits
+/// for the inbox writer to catch up with everything accepted before it.
+#[tokio::test]
+async fn a_poll_sees_every_message_accepted_before_it() {
+    let mut w = world().await;
+    w.register("inbox", &[("x-synapse-transport", "polling")])
+        .await;
+    w.register("beta", &[]).await;
+    for round in 0..20 {
+        let sends = (0..10).map(|i| {
+            let mut client = w.c.messages.clone();
+            async move {
+                client
+                    .send_message(Request::new(SendMessageRequest {
+                        message: Some(chat("beta", "inbox", &format!("r{round} m{i}"))),
+                    }))
+                    .await
+                    .unwrap()
+            }
+        });
+        futures_util::future::join_all(sends).await;
+        assert_eq!(w.poll("inbox").await.len(), 10, "round {round}");
+    }
+    w.bridge.shutdown().await;
+}
+
+/// What waited in an agent's inbox while it was away arrives, in order, on the stream it
+/// opens, and leaves the inbox.
+#[tokio::test]
+async fn messages_kept_while_offline_arrive_in_order_when_the_stream_opens() {
+    let mut w = world().await;
+    w.register("sleeper", &[]).await;
+    w.register("beta", &[]).await;
+    for i in 1..=3 {
+        send(&mut w.c, chat("beta", "sleeper", &format!("m{i}")))
+            .await
+            .unwrap();
+    }
+    let mut stream = Stream::open(w.addr, "sleeper").await;
+    for i in 1..=3 {
+        assert_eq!(text_of(&stream.next().await), format!("m{i}"));
+    }
+    send(&mut w.c, chat("beta", "sleeper", "m4")).await.unwrap();
+    assert_eq!(text_of(&stream.next().await), "m4");
+    assert!(w.poll("sleeper").await.is_empty(), "delivered, so gone");
+    w.bridge.shutdown().await;
+}
+
+/// The number a test message carries at the start of its text.
+fn seq_of(msg: &SynapseMessage) -> usize {
+    text_of(msg)
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("a numbered message")
+}
+
+/// Sends `total` numbered messages of about 8 KiB, more than a stream on a narrow channel
+/// that is not read can take in (HTTP/2 window, output buffer), so some wait at the bridge.
+async fn flood(w: &mut World, to: &str, total: usize) {
+    let pad = "x".repeat(8 * 1024);
+    for i in 0..total {
+        send(&mut w.c, chat("beta", to, &format!("{i} {pad}")))
+            .await
+            .unwrap();
+    }
+}
+
+/// A stream that ends (the client closes its side) leaves nothing behind: what it did not
+/// write yet goes back to the agent's inbox.
+#[tokio::test]
+async fn deliveries_queued_for_an_ending_stream_go_back_to_the_inbox() {
+    let mut w = world().await;
+    w.register("beta", &[]).await;
+    let narrow = common::synapse::narrow_channel(w.addr).await;
+    let Stream { out, mut inbound } = Stream::open_on(narrow, "closing").await;
+    let total = 300;
+    flood(&mut w, "closing", total).await;
+    // The client is done sending: the bridge ends the stream.
+    drop(out);
+    let mut seen = Vec::new();
+    while let Some(msg) = tokio::time::timeout(common::WAIT, inbound.next())
+        .await
+        .expect("the stream ends within the wait")
+    {
+        seen.push(seq_of(&msg.unwrap()));
+    }
+    seen.extend(w.poll("closing").await.iter().map(seq_of));
+    assert_eq!(seen, (0..total).collect::<Vec<_>>());
+    w.bridge.shutdown().await;
+}
+
+/// A client that goes away (cancels the call) mid-stream: what the bridge still held for
+/// it is kept in its inbox, in order, up to the last message.
+#[tokio::test]
+async fn deliveries_held_for_a_vanished_client_are_kept() {
+    let mut w = world().await;
+    w.register("beta", &[]).await;
+    let narrow = common::synapse::narrow_channel(w.addr).await;
+    let Stream { out, mut inbound } = Stream::open_on(narrow, "gone").await;
+    let total = 300;
+    flood(&mut w, "gone", total).await;
+    let mut read = Vec::new();
+    for _ in 0..5 {
+        let msg = tokio::time::timeout(common::WAIT, inbound.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        read.push(seq_of(&msg));
+    }
+    assert_eq!(read, [0, 1, 2, 3, 4]);
+    drop(inbound);
+    drop(out);
+    // The bridge notices the cancel on its own time: poll until the last message is kept.
+    let mut kept = Vec::new();
+    for _ in 0..500 {
+        kept.extend(w.poll("gone").await.iter().map(seq_of));
+        if kept.last() == Some(&(total - 1)) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // What was in flight on the connection is gone with it; the rest is kept, in order.
+    let first = *kept.first().expect("something was kept");
+    assert!(first > 4, "{kept:?}");
+    assert_eq!(kept, (first..total).collect::<Vec<_>>());
+    w.bridge.shutdown().await;
+}
+
+/// Waits for the next update on a `StreamTaskStatus` stream.
+async fn next_update(watching: &mut tonic::Streaming<TaskStatusUpdate>) -> TaskStatusUpdate {
+    tokio::time::timeout(common::WAIT, watching.next())
+        .await
+        .expect("an update within the wait")
+        .expect("the watch is open")
+        .expect("an update, not an error")
+}
+
+/// Opens `StreamTaskStatus` subscribed to `ids`; returns the sender (kept open) and stream.
+async fn watch(
+    w: &mut World,
+    ids: &[&str],
+) -> (
+    mpsc::Sender<TaskStatusStreamRequest>,
+    tonic::Streaming<TaskStatusUpdate>,
+) {
+    let (tx, rx) = mpsc::channel(8);
+    for id in ids {
+        tx.send(TaskStatusStreamRequest {
+            task_id: (*id).to_owned(),
+            subscribe: true,
+        })
+        .await
+        .unwrap();
+    }
+    let watching =
+        w.c.tasks
+            .stream_task_status(Request::new(ReceiverStream::new(rx)))
+            .await
+            .unwrap()
+            .into_inner();
+    (tx, watching)
+}
+
+async fn submit_type(w: &mut World, task_type: &str) -> String {
+    let submitted =
+        w.c.tasks
+            .submit_task(Request::new(SubmitTaskRequest {
+                task_type: task_type.into(),
+                payload: Some(prost_types::Any {
+                    type_url: "type.googleapis.com/google.protobuf.StringValue".into(),
+                    value: prost::Message::encode_to_vec(&format!("a {task_type} job")),
+                }),
+                ..Default::default()
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    assert!(submitted.success);
+    assert_eq!(submitted.status, TaskStatus::Received as i32);
+    submitted.task_id
+}
+
+/// An `Any` of a type the bridge has no descriptor for is relayed byte for byte: on
+/// streams, in callbacks' JSON as `{"@type", "value": base64}`, from that JSON back, and in
+/// a task's result. A payload that cannot be relayed is refused, never dropped.
+#[tokio::test]
+async fn payloads_of_unknown_types_are_relayed_unchanged() {
+    let mut w = world().await;
+    let mut receiver = CallbackReceiver::start(0).await;
+    w.register(
+        "hooked",
+        &[
+            ("x-synapse-transport", "callback"),
+            ("x-synapse-callback-url", &receiver.url.clone()),
+        ],
+    )
+    .await;
+    let mut streamed = Stream::open(w.addr, "streamed").await;
+    w.register("beta", &[]).await;
+    let secret = prost_types::Any {
+        type_url: "type.googleapis.com/acme.Secret".into(),
+        value: vec![1, 2, 3, 250],
+    };
+    let opaque = |to: &str| SynapseMessage {
+        payload: Some(secret.clone()),
+        ..chat("beta", to, "")
+    };
+
+    send(&mut w.c, opaque("streamed")).await.unwrap();
+    assert_eq!(streamed.next().await.payload, Some(secret.clone()));
+
+    send(&mut w.c, opaque("hooked")).await.unwrap();
+    let body = receiver.next().await.body;
+    assert_eq!(
+        body["payload"],
+        json!({ "@type": "type.googleapis.com/acme.Secret", "value": "AQID+g==" })
+    );
+    // A remote Synapse system relaying that JSON to us: the bytes come through unchanged.
+    let mut relayed = body.clone();
+    relayed["id"] = json!("relay-1");
+    relayed["receiver"] = json!({ "agentId": "streamed" });
+    let (status, acked) = w.post("/api/v1/synapse/callback", relayed).await;
+    assert_eq!(status, 200, "{acked}");
+    let got = streamed.next().await;
+    assert_eq!(
+        (got.id.as_str(), got.payload),
+        ("relay-1", Some(secret.clone()))
+    );
+
+    // A task whose result is of an unknown type keeps it, over gRPC and the gateway.
+    let task_id = submit_type(&mut w, "streamed").await;
+    let (_tx, mut watching) = watch(&mut w, &[&task_id]).await;
+    assert_eq!(
+        next_update(&mut watching).await.status,
+        TaskStatus::Received as i32
+    );
+    let request = streamed.next().await;
+    assert_eq!(request.r#type, MessageType::P2pTaskRequest as i32);
+    let mut done = task_complete("streamed", "agentbridge", &task_id, "", &request.id);
+    done.payload = Some(prost_types::Any {
+        type_url: "type.googleapis.com/synapse.TaskResult".into(),
+        value: prost::Message::encode_to_vec(&TaskResult {
+            task_id: task_id.clone(),
+            task_type: "streamed".into(),
+            result: Some(secret.clone()),
+            summary: "sealed".into(),
+        }),
+    });
+    streamed.send(done).await;
+    assert_eq!(
+        next_update(&mut watching).await.status,
+        TaskStatus::Completed as i32
+    );
+    let info =
+        w.c.tasks
+            .get_task(Request::new(GetTaskRequest {
+                task_id: task_id.clone(),
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+            .task
+            .unwrap();
+    assert_eq!(info.result, Some(secret.clone()));
+    let (status, got) = w.get(&format!("/api/v1/synapse/task/{task_id}")).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(
+        got["task"]["result"],
+        json!({ "@type": "type.googleapis.com/acme.Secret", "value": "AQID+g==" })
+    );
+
+    // Claims a type the bridge knows, but its bytes are not that type: refused.
+    let mut broken = opaque("streamed");
+    broken.payload = Some(prost_types::Any {
+        type_url: "type.googleapis.com/synapse.TaskPayload".into(),
+        value: vec![0xff, 0xff, 0xff],
+    });
+    let err = send(&mut w.c, broken).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("payload"), "{}", err.message());
+    w.bridge.shutdown().await;
+}
+
+/// Timestamps outside what a Timestamp may hold are refused with INVALID_ARGUMENT, as are
+/// payloads nested beyond reason; the bridge neither panics nor overflows its stack.
+#[tokio::test]
+async fn out_of_range_input_is_refused_without_a_panic() {
+    let mut w = world().await;
+    w.register("beta", &[]).await;
+    w.register("gamma", &[]).await;
+    for (seconds, nanos) in [
+        (i64::MAX, 0),
+        (i64::MIN, 0),
+        (0, -1),
+        (0, 2_000_000_000),
+        (400_000_000_000, 0),
+    ] {
+        let mut msg = chat("beta", "gamma", "when?");
+        msg.timestamp = Some(prost_types::Timestamp { seconds, nanos });
+        let err = send(&mut w.c, msg).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            Code::InvalidArgument,
+            "{seconds}/{nanos}: {err:?}"
+        );
+        assert!(err.message().contains("timestamp"), "{}", err.message());
+    }
+    // A task payload holding a task payload holding … thousands deep.
+    let mut nested = prost::Message::encode_to_vec(&"core".to_owned());
+    let mut url = "type.googleapis.com/google.protobuf.StringValue".to_owned();
+    for _ in 0..5000 {
+        nested = prost::Message::encode_to_vec(&TaskPayload {
+            task_id: String::new(),
+            task_type: "doll".into(),
+            payload: Some(prost_types::Any {
+                type_url: url,
+                value: nested,
+            }),
+            external_task_id: String::new(),
+        });
+        url = "type.googleapis.com/synapse.TaskPayload".to_owned();
+    }
+    let mut msg = chat("beta", "gamma", "");
+    msg.r#type = MessageType::P2pTaskRequest as i32;
+    msg.payload = Some(prost_types::Any {
+        type_url: url,
+        value: nested,
+    });
+    let err = send(&mut w.c, msg).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    // Still serving.
+    w.c.health.health_check(Request::new(())).await.unwrap();
+    w.bridge.shutdown().await;
+}
+
+/// A finished task gets no second CANCELLED or COMPLETED update when a late message about
+/// it arrives: the next update a watcher sees is another task's.
+#[tokio::test]
+async fn a_finished_task_reports_its_end_once() {
+    let mut w = world().await;
+    let mut worker = Stream::open(w.addr, "worker").await;
+    let first = submit_type(&mut w, "worker").await;
+    let second = submit_type(&mut w, "worker").await;
+    let (_tx, mut watching) = watch(&mut w, &[&first, &second]).await;
+    for id in [&first, &second] {
+        assert_eq!(&next_update(&mut watching).await.task_id, id);
+    }
+    let request = worker.next().await;
+    assert_eq!(unpack::<TaskPayload>(&request).task_id, first);
+    w.c.tasks
+        .cancel_task(Request::new(CancelTaskRequest {
+            task_id: first.clone(),
+        }))
+        .await
+        .unwrap();
+    let cancelled = next_update(&mut watching).await;
+    assert_eq!(
+        (cancelled.task_id.as_str(), cancelled.status),
+        (first.as_str(), TaskStatus::Cancelled as i32)
+    );
+    // The worker finishes the cancelled task anyway, then starts the second.
+    worker
+        .send(task_complete(
+            "worker",
+            "agentbridge",
+            &first,
+            "done anyway",
+            &request.id,
+        ))
+        .await;
+    worker
+        .send(status_update(
+            "worker",
+            "agentbridge",
+            &second,
+            TaskStatus::Processing,
+            10,
+            "started",
+        ))
+        .await;
+    let next = next_update(&mut watching).await;
+    assert_eq!(
+        (next.task_id.as_str(), next.status),
+        (second.as_str(), TaskStatus::Processing as i32),
+        "no second end for {first}"
+    );
+    w.bridge.shutdown().await;
+}
+
+/// SubmitTask takes a task no agent takes yet: it waits (RECEIVED) and can be read,
+/// listed, watched and cancelled, and goes to the first agent that appears with that name
+/// or capability.
+#[tokio::test]
+async fn a_task_nobody_takes_yet_waits_for_a_capable_agent() {
+    let mut w = world().await;
+    let by_name = submit_type(&mut w, "translator").await;
+    let by_skill = submit_type(&mut w, "proofread").await;
+    let dropped = submit_type(&mut w, "astrology").await;
+    let info =
+        w.c.tasks
+            .get_task(Request::new(GetTaskRequest {
+                task_id: by_name.clone(),
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+            .task
+            .unwrap();
+    assert_eq!(info.status, TaskStatus::Received as i32);
+    let listed =
+        w.c.tasks
+            .list_tasks(Request::new(ListTasksRequest {
+                status: "received".into(),
+                limit: 0,
+                offset: 0,
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(listed.total, 3);
+    let cancelled =
+        w.c.tasks
+            .cancel_task(Request::new(CancelTaskRequest {
+                task_id: dropped.clone(),
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    assert_eq!(cancelled.status, TaskStatus::Cancelled as i32);
+
+    let (_tx, mut watching) = watch(&mut w, &[&by_name, &by_skill]).await;
+    for _ in 0..2 {
+        assert_eq!(
+            next_update(&mut watching).await.status,
+            TaskStatus::Received as i32
+        );
+    }
+    // An agent of that name appears.
+    let mut translator = Stream::open(w.addr, "translator").await;
+    let request = translator.next().await;
+    assert_eq!(request.r#type, MessageType::P2pTaskRequest as i32);
+    let payload: TaskPayload = unpack(&request);
+    assert_eq!(
+        (payload.task_id.as_str(), payload.task_type.as_str()),
+        (by_name.as_str(), "translator")
+    );
+    let assigned = next_update(&mut watching).await;
+    assert_eq!(assigned.task_id, by_name);
+    assert!(assigned.message.contains("translator"), "{assigned:?}");
+
+    // A Tracker member that declares the capability comes online.
+    let tracker = w.bridge.addr("tracker").unwrap();
+    let admin = common::tracker::TrackerHttp::new(tracker, "tb-admin");
+    let (status, editor) = admin
+        .post(
+            "/members",
+            json!({ "slug": "editor", "type": "agent", "capabilities": ["proofread"] }),
+        )
+        .await;
+    assert_eq!(status, 201, "{editor}");
+    let (_ws, _) =
+        common::tracker::TrackerWs::auth(tracker, editor["token"].as_str().unwrap()).await;
+    let assigned = next_update(&mut watching).await;
+    assert_eq!(assigned.task_id, by_skill);
+    assert!(assigned.message.contains("editor"), "{assigned:?}");
+    w.bridge.shutdown().await;
+}
+
+/// A task left waiting when the bridge stops still goes to its agent after a restart.
+#[tokio::test]
+async fn a_waiting_task_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let task_id = {
+        let bridge = common::start_bridge_in(data, "").await;
+        let mut w = World {
+            c: clients(bridge.addr("synapse").unwrap()).await,
+            http: common::http(),
+            addr: bridge.addr("synapse").unwrap(),
+            bridge,
+        };
+        let id = submit_type(&mut w, "nightshift").await;
+        w.bridge.shutdown().await;
+        id
+    };
+    let bridge = common::start_bridge_in(data, "").await;
+    let mut stream = Stream::open(bridge.addr("synapse").unwrap(), "nightshift").await;
+    let request = stream.next().await;
+    assert_eq!(unpack::<TaskPayload>(&request).task_id, task_id);
+    bridge.shutdown().await;
+}
+
+/// Reads one HTTP/1.1 response from a raw socket: its status and JSON body.
+async fn raw_response(socket: &mut tokio::net::TcpStream) -> (u16, Value) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(common::WAIT, socket.read(&mut chunk))
+            .await
+            .expect("a response within the wait")
+            .unwrap();
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).to_string();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().unwrap())
+                })
+                .expect("a content-length");
+            if body.len() >= length || n == 0 {
+                let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+                return (status, serde_json::from_str(body).unwrap_or(Value::Null));
+            }
+        }
+        assert!(n > 0, "connection closed mid-response: {text}");
+    }
+}
+
+/// Files of several MiB go through the gateway's `SubmitTaskWithFiles`; a body over the
+/// gateway's limit is refused at once with its usual JSON error.
+#[tokio::test]
+async fn the_gateway_takes_large_files_and_refuses_huge_bodies_in_json() {
+    use base64::Engine;
+    let w = world().await;
+    let data = base64::engine::general_purpose::STANDARD.encode(vec![7u8; 4 * 1024 * 1024]);
+    let (status, body) = w
+        .post(
+            "/api/v1/synapse/task/multipart",
+            json!({ "request": { "taskType": "coder" }, "files": [{ "filename": "big.bin", "data": data }] }),
+        )
+        .await;
+    assert_eq!(
+        (status, body["success"].as_bool()),
+        (200, Some(true)),
+        "{body}"
+    );
+
+    use tokio::io::AsyncWriteExt;
+    let mut socket = tokio::net::TcpStream::connect(w.addr).await.unwrap();
+    socket
+        .write_all(
+            b"POST /api/v1/synapse/task HTTP/1.1\r\nhost: bridge\r\ncontent-type: application/json\r\ncontent-length: 1000000000\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let (status, err) = raw_response(&mut socket).await;
+    assert_eq!(status, 413, "{err}");
+    assert_eq!(err["code"].as_i64(), Some(8), "{err}");
+    assert!(err["message"].as_str().unwrap().contains("limit"), "{err}");
+    w.bridge.shutdown().await;
+}
+
+/// The bridge's own directory entry is not one of the agents ListAgents shows.
+#[tokio::test]
+async fn the_agent_list_leaves_out_the_bridge_itself() {
+    let mut w = world().await;
+    let agents =
+        w.c.capabilities
+            .list_agents(Request::new(()))
+            .await
+            .unwrap()
+            .into_inner();
+    assert!(!agents.agents.is_empty());
+    assert!(
+        agents
+            .agents
+            .iter()
+            .all(|a| a.agent_id != "agentbridge" && a.system_id != "bridge"),
+        "{:?}",
+        agents.agents
+    );
+    assert_eq!(agents.total as usize, agents.agents.len());
+    let (_, listed) = w.get("/api/v1/synapse/agents").await;
+    assert!(
+        listed["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["agentId"] != "agentbridge")
     );
     w.bridge.shutdown().await;
 }

@@ -30,6 +30,18 @@ pub async fn channel(addr: SocketAddr) -> Channel {
         .expect("gRPC connects")
 }
 
+/// A channel whose HTTP/2 receive windows are the protocol's minimum (64 KiB), so a
+/// stream that is not read soon leaves messages waiting at the bridge.
+pub async fn narrow_channel(addr: SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .expect("gRPC connects")
+}
+
 pub struct Clients {
     pub tasks: TaskServiceClient<Channel>,
     pub messages: SynapseMessageServiceClient<Channel>,
@@ -140,7 +152,12 @@ pub struct Stream {
 impl Stream {
     /// Opens `StreamMessages` as `agent`, identified by metadata.
     pub async fn open(addr: SocketAddr, agent: &str) -> Stream {
-        let mut client = SynapseMessageServiceClient::new(channel(addr).await);
+        Self::open_on(channel(addr).await, agent).await
+    }
+
+    /// Opens `StreamMessages` as `agent` on `channel`.
+    pub async fn open_on(channel: Channel, agent: &str) -> Stream {
+        let mut client = SynapseMessageServiceClient::new(channel);
         let (out, rx) = mpsc::channel(64);
         let request = with_meta(ReceiverStream::new(rx), &[("x-synapse-agent-id", agent)]);
         // The bridge has connected the stream by the time it answers the call.

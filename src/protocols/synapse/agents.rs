@@ -152,6 +152,10 @@ impl Synapse {
         }
         self.db.put_agent(row.clone()).await.map_err(internal)?;
         self.agents.insert(row.agent_id.clone(), row.clone());
+        if current.is_none() {
+            // A new agent may be the one a waiting task was submitted for.
+            self.assign_pending().await;
+        }
         Ok(row)
     }
 

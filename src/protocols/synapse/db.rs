@@ -3,6 +3,7 @@
 
 use rusqlite::{OptionalExtension, Row, params};
 
+use super::proto::TaskStatus;
 use crate::store::{Migration, Store, StoreError};
 
 pub static MIGRATIONS: &[Migration] = &[Migration {
@@ -120,6 +121,16 @@ pub struct TaskRow {
     pub created_at: i64,
     pub updated_at: i64,
     pub completed_at: Option<i64>,
+}
+
+/// What `update_task` did.
+#[derive(Debug)]
+pub enum Update {
+    /// There is no such task.
+    Missing,
+    /// The change left the task as it was; nothing was written.
+    Unchanged(TaskRow),
+    Changed(TaskRow),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -330,6 +341,72 @@ impl Db {
             .await
     }
 
+    /// Tasks no agent took yet (no assignee, still RECEIVED), oldest first.
+    pub async fn waiting_tasks(&self) -> Result<Vec<TaskRow>, StoreError> {
+        self.store
+            .read(|conn| {
+                let mut stmt = conn.prepare(&format!(
+                    "SELECT {TASK_COLUMNS} FROM synapse_tasks WHERE assignee = '' AND status = ?1
+                     ORDER BY created_at, id"
+                ))?;
+                let rows = stmt.query_map([TaskStatus::Received as i32], task_from)?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await
+    }
+
+    /// Gives a waiting task to `assignee`; `None` when it is no longer waiting (taken by
+    /// another agent first, or cancelled).
+    pub async fn assign_task(
+        &self,
+        id: &str,
+        assignee: &str,
+        message: &str,
+    ) -> Result<Option<TaskRow>, StoreError> {
+        let (id, assignee, message) = (id.to_owned(), assignee.to_owned(), message.to_owned());
+        self.store
+            .write(move |conn| {
+                let claimed = conn.execute(
+                    "UPDATE synapse_tasks SET assignee = ?2, message = ?3, updated_at = ?4
+                     WHERE id = ?1 AND assignee = '' AND status = ?5",
+                    params![
+                        id,
+                        assignee,
+                        message,
+                        crate::core::now_ms(),
+                        TaskStatus::Received as i32
+                    ],
+                )?;
+                if claimed == 0 {
+                    return Ok(None);
+                }
+                get_task(conn, &id)
+            })
+            .await
+    }
+
+    /// A task's files, in the order they were given.
+    pub async fn task_files(&self, id: &str) -> Result<Vec<FileRow>, StoreError> {
+        let id = id.to_owned();
+        self.store
+            .read(move |conn| {
+                let mut stmt = conn.prepare(
+                    "SELECT field_name, filename, mime_type, data FROM synapse_task_files
+                     WHERE task_id = ?1 ORDER BY position",
+                )?;
+                let rows = stmt.query_map([id], |r| {
+                    Ok(FileRow {
+                        field_name: r.get(0)?,
+                        filename: r.get(1)?,
+                        mime_type: r.get(2)?,
+                        data: r.get(3)?,
+                    })
+                })?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await
+    }
+
     /// A page of tasks (newest first) and how many match in all.
     pub async fn tasks(
         &self,
@@ -363,8 +440,9 @@ impl Db {
             .await
     }
 
-    /// Applies `change` to the task atomically and returns the result; `None` when missing.
-    pub async fn update_task<F>(&self, id: &str, change: F) -> Result<Option<TaskRow>, StoreError>
+    /// Applies `change` to the task atomically. Only a real change is written (and gets a
+    /// new `updated_at`): watchers are told of changes, not of every attempt.
+    pub async fn update_task<F>(&self, id: &str, change: F) -> Result<Update, StoreError>
     where
         F: FnOnce(&mut TaskRow) + Send + 'static,
     {
@@ -372,9 +450,13 @@ impl Db {
         self.store
             .write(move |conn| {
                 let Some(mut task) = get_task(conn, &id)? else {
-                    return Ok(None);
+                    return Ok(Update::Missing);
                 };
+                let before = task.clone();
                 change(&mut task);
+                if task == before {
+                    return Ok(Update::Unchanged(task));
+                }
                 task.updated_at = crate::core::now_ms();
                 conn.execute(
                     "UPDATE synapse_tasks SET status = ?2, progress = ?3, message = ?4, result = ?5,
@@ -392,7 +474,7 @@ impl Db {
                         task.completed_at
                     ],
                 )?;
-                Ok(Some(task))
+                Ok(Update::Changed(task))
             })
             .await
     }

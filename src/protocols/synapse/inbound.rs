@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
 use tonic::{Status, Streaming};
 
-use super::agents::{Hints, internal};
+use super::agents::{AGENT_HEADER, Hints, internal};
 use super::outbound::Route;
 use super::proto::{AgentEndpoint, MessageType, SynapseMessage, TransportMode};
 use super::{PROTOCOL, Synapse, translate, wire};
@@ -61,14 +61,20 @@ impl Synapse {
                 "message.sender.agent_id is required (or x-synapse-agent-id metadata)",
             ));
         }
-        self.ensure_agent(&sender, hints, "message.sender").await?;
         msg.sender = Some(sender.clone());
         if msg.id.is_empty() {
             msg.id = new_message_id();
         }
-        if msg.timestamp.is_none() {
-            msg.timestamp = Some(wire::timestamp(now_ms()));
+        match &msg.timestamp {
+            None => msg.timestamp = Some(wire::timestamp(now_ms())),
+            Some(ts) => wire::check_timestamp(ts)
+                .map_err(|e| Status::invalid_argument(format!("message.timestamp: {e}")))?,
         }
+        // A message the bridge could not relay as it came is refused now, while its sender
+        // can still hear why, rather than lost on the way.
+        let env = translate::decode(&msg)
+            .map_err(|e| Status::invalid_argument(format!("message cannot be relayed: {e}")))?;
+        self.ensure_agent(&sender, hints, "message.sender").await?;
         if msg_type == MessageType::Heartbeat {
             return Ok(msg.id);
         }
@@ -114,7 +120,6 @@ impl Synapse {
             ));
         }
 
-        let env = translate::decode(&msg);
         let sync = hints.transport == Some(TransportMode::Sync)
             || receiver.as_deref().is_some_and(|r| {
                 self.reach(r).0 == TransportMode::Sync && self.agents.contains_key(r)
@@ -179,15 +184,139 @@ impl Synapse {
         }
     }
 
-    /// Serves an attached stream: its messages in, what is addressed to it out, until
-    /// either side closes.
+    /// Serves a stream that names its agent in its first message: waits for that message,
+    /// registers its sender, connects the stream, then serves it. A stream that ends first,
+    /// or whose first message names no sender, ends with the error.
+    pub async fn identify_and_serve(
+        self: Arc<Self>,
+        kind: StreamKind,
+        mut inbound: Streaming<SynapseMessage>,
+        hints: Hints,
+        out: Outlet,
+    ) {
+        let first = tokio::select! {
+            _ = self.shutdown.cancelled() => return,
+            _ = out.tx.closed() => return,
+            first = self.identify(&mut inbound, &hints) => first,
+        };
+        match first {
+            Ok((agent, first)) => {
+                let attached = self.attach_stream(&agent, kind).await;
+                self.serve_stream(attached, Some(first), inbound, hints, out)
+                    .await;
+            }
+            Err(status) => {
+                let _ = out.tx.send(Err(status)).await;
+            }
+        }
+    }
+
+    /// The first message of a stream and the agent it names (registered).
+    async fn identify(
+        &self,
+        inbound: &mut Streaming<SynapseMessage>,
+        hints: &Hints,
+    ) -> Result<(String, SynapseMessage), Status> {
+        let first = inbound.next().await.ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "the stream ended before identifying its agent (send {AGENT_HEADER} metadata or a first message)"
+            ))
+        })??;
+        let sender = first
+            .sender
+            .clone()
+            .filter(|s| !s.agent_id.is_empty())
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "the first message must name message.sender.agent_id (or send {AGENT_HEADER} metadata)"
+                ))
+            })?;
+        self.ensure_agent(&sender, hints, "message.sender").await?;
+        Ok((sender.agent_id, first))
+    }
+
+    /// Serves an attached stream: first the agent's backlog, then its messages in and what
+    /// is addressed to it out, until either side closes; then closes it without losing
+    /// what it still held.
     pub async fn serve_stream(
         self: Arc<Self>,
         stream: OpenStream,
         first: Option<SynapseMessage>,
-        mut inbound: Streaming<SynapseMessage>,
+        inbound: Streaming<SynapseMessage>,
         hints: Hints,
-        out: mpsc::Sender<Result<SynapseMessage, Status>>,
+        out: Outlet,
+    ) {
+        let _counted = telemetry::ConnectionGuard::new(PROTOCOL);
+        let mut unsent = self.send_backlog(&stream, &out.tx).await;
+        if unsent.is_empty() {
+            unsent.extend(self.relay(&stream, first, inbound, &hints, &out.tx).await);
+        }
+        self.close_stream(stream, out, unsent).await;
+    }
+
+    /// Sends the agent's backlog; returns what the client did not take (it left).
+    async fn send_backlog(
+        &self,
+        stream: &OpenStream,
+        out: &mpsc::Sender<Result<SynapseMessage, Status>>,
+    ) -> Vec<SynapseMessage> {
+        let mut backlog = self.backlog(&stream.agent, stream.kind).await.into_iter();
+        while let Some(message) = backlog.next() {
+            if let Err(refused) = out.send(Ok(message)).await {
+                return refused.0.into_iter().chain(backlog).collect();
+            }
+        }
+        Vec::new()
+    }
+
+    /// The stream's traffic both ways until either side closes. Returns the message a
+    /// departed client could not take, if any.
+    async fn relay(
+        &self,
+        stream: &OpenStream,
+        first: Option<SynapseMessage>,
+        mut inbound: Streaming<SynapseMessage>,
+        hints: &Hints,
+        out: &mpsc::Sender<Result<SynapseMessage, Status>>,
+    ) -> Option<SynapseMessage> {
+        let mut pending = first;
+        loop {
+            if let Some(msg) = pending.take() {
+                self.accept_from_stream(msg, stream.kind, hints, out).await;
+                continue;
+            }
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return None,
+                _ = out.closed() => return None,
+                next = inbound.next() => match next {
+                    Some(Ok(msg)) => pending = Some(msg),
+                    _ => return None,
+                },
+                next = stream.mailbox.recv() => {
+                    let Ok(delivery) = next else { return None };
+                    let Some(message) = self.encode(&delivery) else { continue };
+                    match self.route_for(&stream.agent, true) {
+                        Route::Stream => {
+                            if let Err(refused) = out.send(Ok(message)).await {
+                                return refused.0.ok();
+                            }
+                            crate::protocols::written(&delivery, PROTOCOL);
+                        }
+                        other => self.send_by(&stream.agent, other, message),
+                    }
+                },
+            }
+        }
+    }
+
+    /// Disconnects a stream. What it held and the client never read — its unread output,
+    /// `unsent`, its mailbox — goes where the agent's messages go while it is offline, in
+    /// that order (oldest first), before the client sees the stream end.
+    async fn close_stream(
+        self: &Arc<Self>,
+        stream: OpenStream,
+        out: Outlet,
+        unsent: Vec<SynapseMessage>,
     ) {
         let OpenStream {
             agent,
@@ -195,38 +324,31 @@ impl Synapse {
             mailbox,
             session,
         } = stream;
-        let _counted = telemetry::ConnectionGuard::new(PROTOCOL);
-        let mut pending = first;
-        loop {
-            if let Some(msg) = pending.take() {
-                self.accept_from_stream(msg, kind, &hints, &out).await;
-                continue;
-            }
-            tokio::select! {
-                _ = self.shutdown.cancelled() => break,
-                _ = out.closed() => break,
-                next = inbound.next() => match next {
-                    Some(Ok(msg)) => pending = Some(msg),
-                    _ => break,
-                },
-                next = mailbox.recv() => match next {
-                    Ok(delivery) => {
-                        let Some(message) = self.encode(&delivery) else { continue };
-                        match self.route_for(&agent, true) {
-                            Route::Stream => {
-                                if out.send(Ok(message)).await.is_err() {
-                                    break;
-                                }
-                                crate::protocols::written(&delivery, PROTOCOL);
-                            }
-                            other => self.send_by(&agent, other, message),
-                        }
-                    }
-                    Err(_) => break,
-                },
-            }
+        let Outlet { tx, unread } = out;
+        let mut held = Vec::new();
+        if tx.is_closed() {
+            // The client is gone: its output came back when tonic dropped it.
+            held.extend(unread.await.unwrap_or_default());
+        } else {
+            // The bridge ends the stream: the client still reads what is queued, and only
+            // what it leaves unread when it goes comes back, later.
+            let synapse = self.clone();
+            let agent = agent.clone();
+            tokio::spawn(async move {
+                for message in unread.await.unwrap_or_default() {
+                    synapse.send_offline(&agent, message);
+                }
+            });
         }
+        held.extend(unsent);
+        self.drain(&mailbox, &mut held);
         self.core.router.detach(&session);
+        // A message routed while detaching may have landed after the first drain.
+        self.drain(&mailbox, &mut held);
+        for message in held {
+            self.send_offline(&agent, message);
+        }
+        drop(tx);
         match kind {
             StreamKind::Messages => self.stream_closed(&agent).await,
             StreamKind::Groups => {
@@ -235,6 +357,36 @@ impl Synapse {
                 }
             }
         }
+    }
+
+    /// Moves what waits in a closing stream's mailbox into `held`, encoded.
+    fn drain(&self, mailbox: &crate::core::Mailbox, held: &mut Vec<SynapseMessage>) {
+        while let Ok(Some(delivery)) = mailbox.try_recv() {
+            if let Some(message) = self.encode(&delivery) {
+                held.push(message);
+                crate::protocols::written(&delivery, PROTOCOL);
+            }
+        }
+    }
+
+    /// Sends `message` to `agent` the way it is reached with no stream open.
+    fn send_offline(&self, agent: &str, message: SynapseMessage) {
+        let route = self.route_for(agent, false);
+        self.send_by(agent, route, message);
+    }
+
+    /// What waited in the agent's inbox while it was away, oldest first, for a stream that
+    /// is now its way in. The messages leave the inbox as they are taken.
+    async fn backlog(&self, agent: &str, kind: StreamKind) -> Vec<SynapseMessage> {
+        // A group stream carries group traffic only; an agent that polls or takes callbacks
+        // keeps its inbox for those.
+        if kind != StreamKind::Messages || self.route_for(agent, true) != Route::Stream {
+            return Vec::new();
+        }
+        self.take_inbox(agent).await.unwrap_or_else(|status| {
+            tracing::error!(agent, error = %status.message(), "synapse: cannot read the inbox");
+            Vec::new()
+        })
     }
 
     async fn accept_from_stream(
@@ -265,6 +417,59 @@ pub struct OpenStream {
     kind: StreamKind,
     mailbox: Arc<crate::core::Mailbox>,
     session: Arc<crate::core::Session>,
+}
+
+/// The bridge's end of a stream's output.
+pub struct Outlet {
+    pub tx: mpsc::Sender<Result<SynapseMessage, Status>>,
+    /// What the client left unread, once its end (`Outgoing`) is dropped.
+    unread: oneshot::Receiver<Vec<SynapseMessage>>,
+}
+
+/// The client's end of a stream's output, as tonic sends it. When tonic drops it (the
+/// client went away) the messages still queued in it are handed back rather than lost.
+pub struct Outgoing {
+    rx: mpsc::Receiver<Result<SynapseMessage, Status>>,
+    unread: Option<oneshot::Sender<Vec<SynapseMessage>>>,
+}
+
+/// A stream's output queue, `capacity` messages deep.
+pub fn outlet(capacity: usize) -> (Outlet, Outgoing) {
+    let (tx, rx) = mpsc::channel(capacity);
+    let (unread_tx, unread) = oneshot::channel();
+    (
+        Outlet { tx, unread },
+        Outgoing {
+            rx,
+            unread: Some(unread_tx),
+        },
+    )
+}
+
+impl futures_util::Stream for Outgoing {
+    type Item = Result<SynapseMessage, Status>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.get_mut().rx.poll_recv(cx)
+    }
+}
+
+impl Drop for Outgoing {
+    fn drop(&mut self) {
+        // Closed first, so that nothing can be queued behind the drain; then whatever is
+        // queued is handed back to the serving task (or its stand-in).
+        self.rx.close();
+        let mut unread = Vec::new();
+        while let Ok(item) = self.rx.try_recv() {
+            unread.extend(item.ok());
+        }
+        if let Some(back) = self.unread.take() {
+            let _ = back.send(unread);
+        }
+    }
 }
 
 /// What an open stream of `agent` takes.

@@ -14,6 +14,7 @@ mod db;
 mod gateway;
 mod groups;
 mod inbound;
+mod json;
 mod outbound;
 pub mod proto;
 mod services;
@@ -57,6 +58,8 @@ pub struct Synapse {
     groups: DashMap<String, Group>,
     /// Ids of tasks submitted through `TaskService`.
     tasks: Arc<DashSet<String>>,
+    /// Ids of those still waiting for an agent that takes their type.
+    pending: Arc<DashSet<String>>,
     /// task id → `StreamTaskStatus` subscribers.
     task_watchers: DashMap<String, Vec<tokio::sync::mpsc::Sender<TaskStatusUpdate>>>,
     outbound: outbound::Outbound,
@@ -110,6 +113,7 @@ pub async fn start(
         group_streams: DashMap::new(),
         groups: DashMap::new(),
         tasks: Arc::new(DashSet::new()),
+        pending: Arc::new(DashSet::new()),
         task_watchers: DashMap::new(),
         outbound: outbound::Outbound::new(config),
         shutdown: shutdown.clone(),
@@ -120,6 +124,8 @@ pub async fn start(
     let addr = listener.local_addr().map_err(|e| fail(&e))?;
     let mut tasks = synapse.outbound.start(&synapse);
     tasks.push(tasks::start_hub(synapse.clone()));
+    // Agents of the endpoints started before this one may take tasks left waiting.
+    synapse.assign_pending().await;
     let app = services::router(synapse.clone()).merge(gateway::router(synapse.clone()));
     let app = services::with_auth(app, config.token.clone());
     tasks.push(super::serve(PROTOCOL, listener, app, shutdown));
@@ -173,6 +179,9 @@ impl Synapse {
         }
         for id in self.db.task_ids().await.map_err(|e| e.to_string())? {
             self.tasks.insert(id);
+        }
+        for task in self.db.waiting_tasks().await.map_err(|e| e.to_string())? {
+            self.pending.insert(task.id);
         }
         self.core
             .router

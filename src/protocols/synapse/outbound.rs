@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use prost::Message;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tonic::Status;
 
+use super::agents::internal;
 use super::proto::{SynapseMessage, TransportMode};
 use super::{Config, PROTOCOL, Synapse, translate};
 use crate::core::{Delivery, OfflineSink};
@@ -37,14 +39,22 @@ pub struct Callback {
     pub fallback: Option<String>,
 }
 
+/// What the inbox writer does, one job at a time in the order asked.
+enum InboxJob {
+    /// Keep a message for an agent (boxed: a message is far larger than a barrier).
+    Keep(String, Box<SynapseMessage>),
+    /// Answered once everything asked before it is written: a barrier for readers.
+    Flush(oneshot::Sender<()>),
+}
+
 type Receivers = (
     mpsc::UnboundedReceiver<Callback>,
-    mpsc::UnboundedReceiver<(String, SynapseMessage)>,
+    mpsc::UnboundedReceiver<InboxJob>,
 );
 
 pub struct Outbound {
     callbacks: mpsc::UnboundedSender<Callback>,
-    inbox: mpsc::UnboundedSender<(String, SynapseMessage)>,
+    inbox: mpsc::UnboundedSender<InboxJob>,
     receivers: Mutex<Option<Receivers>>,
     http: reqwest::Client,
     attempts: u32,
@@ -87,7 +97,7 @@ impl Outbound {
         let inbox_writer = tokio::spawn(async move {
             loop {
                 // At shutdown, what is already waiting is still kept.
-                let (agent, message) = tokio::select! {
+                let job = tokio::select! {
                     biased;
                     next = inbox.recv() => match next { Some(next) => next, None => break },
                     _ = stop.cancelled() => match inbox.try_recv() {
@@ -95,8 +105,15 @@ impl Outbound {
                         Err(_) => break,
                     },
                 };
-                if let Err(e) = db.push_inbox(&agent, message.encode_to_vec()).await {
-                    tracing::error!(error = %e, agent, "synapse: cannot keep a message for polling");
+                match job {
+                    InboxJob::Keep(agent, message) => {
+                        if let Err(e) = db.push_inbox(&agent, message.encode_to_vec()).await {
+                            tracing::error!(error = %e, agent, "synapse: cannot keep a message for polling");
+                        }
+                    }
+                    InboxJob::Flush(done) => {
+                        let _ = done.send(());
+                    }
                 }
             }
         });
@@ -140,7 +157,19 @@ impl Outbound {
     }
 
     pub fn keep(&self, agent: &str, message: SynapseMessage) {
-        let _ = self.inbox.send((agent.to_owned(), message));
+        let _ = self
+            .inbox
+            .send(InboxJob::Keep(agent.to_owned(), Box::new(message)));
+    }
+
+    /// Waits until every message kept before this call is in the store, so that a reader
+    /// of the inbox sees everything the bridge accepted before it read.
+    pub async fn flush(&self) {
+        let (done, written) = oneshot::channel();
+        if self.inbox.send(InboxJob::Flush(done)).is_ok() {
+            // An error means the writer stopped (shutdown): nothing more will be written.
+            let _ = written.await;
+        }
     }
 }
 
@@ -149,9 +178,21 @@ async fn post_with_retries(
     job: Callback,
     attempts: u32,
     backoff: Duration,
-    inbox: &mpsc::UnboundedSender<(String, SynapseMessage)>,
+    inbox: &mpsc::UnboundedSender<InboxJob>,
 ) {
-    let body = translate::callback_body(&job.message);
+    let body = match translate::callback_body(&job.message) {
+        Ok(body) => body,
+        Err(e) => {
+            // Only a message the bridge built itself can get here (Synapse input is
+            // checked on the way in); it waits in the inbox, where it is kept whole.
+            tracing::error!(url = %job.url, error = %e, "synapse: cannot write a callback body");
+            telemetry::callback_failed(PROTOCOL, "unencodable");
+            if let Some(agent) = job.fallback {
+                let _ = inbox.send(InboxJob::Keep(agent, Box::new(job.message)));
+            }
+            return;
+        }
+    };
     let mut wait = backoff;
     for attempt in 1..=attempts {
         let mut request = http.post(&job.url).json(&body);
@@ -175,11 +216,22 @@ async fn post_with_retries(
     }
     telemetry::callback_failed(PROTOCOL, "gave_up");
     if let Some(agent) = job.fallback {
-        let _ = inbox.send((agent, job.message));
+        let _ = inbox.send(InboxJob::Keep(agent, Box::new(job.message)));
     }
 }
 
 impl Synapse {
+    /// Takes every message kept for `agent`, oldest first, including any accepted but not
+    /// yet written when this was called.
+    pub async fn take_inbox(&self, agent: &str) -> Result<Vec<SynapseMessage>, Status> {
+        self.outbound.flush().await;
+        let kept = self.db.take_inbox(agent).await.map_err(internal)?;
+        Ok(kept
+            .iter()
+            .filter_map(|bytes| SynapseMessage::decode(bytes.as_slice()).ok())
+            .collect())
+    }
+
     /// Where a message for `agent` goes, given whether the caller holds its open stream.
     pub fn route_for(&self, agent: &str, from_stream: bool) -> Route {
         let (mode, url, token) = self.reach(agent);

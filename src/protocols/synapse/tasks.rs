@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::task::JoinHandle;
 use tonic::Status;
 
-use super::db::{FileRow, TaskRow};
+use super::db::{FileRow, TaskRow, Update};
 use super::outbound::Callback;
 use super::proto::{
     MessageType, SubmitTaskRequest, SynapseMessage, TaskError, TaskInfo as TaskInfoPb, TaskResult,
@@ -54,6 +54,8 @@ impl Synapse {
         best.map(|(_, _, name)| name)
     }
 
+    /// Records a task and gives it to the agent that takes its type. When no agent does
+    /// yet, it waits (RECEIVED) for one to appear, as a broker keeps work for a worker.
     pub async fn submit_task(
         &self,
         request: SubmitTaskRequest,
@@ -63,46 +65,38 @@ impl Synapse {
         if request.task_type.trim().is_empty() {
             return Err(Status::invalid_argument("task_type is required"));
         }
-        let priority = match request.priority.to_ascii_lowercase().as_str() {
-            "" | "normal" | "medium" => Priority::Normal,
-            "high" | "urgent" | "critical" => Priority::High,
-            "low" => Priority::Low,
-            other => {
-                return Err(Status::invalid_argument(format!(
-                    "priority must be low, normal or high, not '{other}'"
-                )));
-            }
-        };
+        if priority_of(&request.priority).is_none() {
+            return Err(Status::invalid_argument(format!(
+                "priority must be low, normal or high, not '{}'",
+                request.priority
+            )));
+        }
         if !request.callback_url.is_empty() {
             super::agents::check_url(&request.callback_url, "callback_url")?;
         }
-        let assignee = self.assignee_for(&request.task_type).ok_or_else(|| {
-            Status::failed_precondition(format!(
-                "no agent takes task_type '{}': name an agent, or a capability one declares",
-                request.task_type
-            ))
-        })?;
+        let assignee = self.assignee_for(&request.task_type);
         // Anonymous callers (no `x-synapse-agent-id`) submit through the bridge itself.
         let submitter = submitter.unwrap_or_else(|| BRIDGE_AGENT_ID.to_owned());
         let now = crate::core::now_ms();
         let id = uuid::Uuid::new_v4().to_string();
-        let message_id = new_message_id();
-        let payload = wire::unpack(request.payload.as_ref());
         let row = TaskRow {
             id: id.clone(),
             task_type: request.task_type.clone(),
             status: TaskStatus::Received as i32,
             progress: 0,
-            message: format!("assigned to {assignee}"),
+            message: match &assignee {
+                Some(assignee) => format!("assigned to {assignee}"),
+                None => format!("waiting for an agent that takes '{}'", request.task_type),
+            },
             payload: request.payload.as_ref().map(|p| p.encode_to_vec()),
             external_task_id: Some(request.external_task_id.clone()).filter(|e| !e.is_empty()),
             priority: request.priority.clone(),
             callback_url: Some(request.callback_url.clone()).filter(|u| !u.is_empty()),
             callback_token: Some(request.callback_token.clone()).filter(|t| !t.is_empty()),
             transport: request.preferred_transport,
-            submitter: submitter.clone(),
-            assignee: assignee.clone(),
-            request_message_id: message_id.clone(),
+            submitter,
+            assignee: assignee.clone().unwrap_or_default(),
+            request_message_id: new_message_id(),
             result: None,
             error_code: String::new(),
             error_message: String::new(),
@@ -110,16 +104,7 @@ impl Synapse {
             updated_at: now,
             completed_at: None,
         };
-        let names: Vec<String> = files.iter().map(|f| f.filename.clone()).collect();
-        let attachments = files
-            .iter()
-            .map(|f| Attachment {
-                name: f.filename.clone(),
-                mime_type: f.mime_type.clone(),
-                size: f.data.len() as u64,
-                data: BASE64.encode(&f.data),
-            })
-            .collect();
+        let attached = attachments(&files);
         let row = self
             .db
             .insert_task(row, files)
@@ -132,25 +117,63 @@ impl Synapse {
                 ))
             })?;
         self.tasks.insert(id.clone());
-
-        let mut env = Envelope::new(PROTOCOL, &submitter, Kind::TaskAssign);
-        env.id = message_id;
-        env.to = vec![assignee.clone()];
-        env.priority = priority;
-        env.text = payload.text();
-        env.data = payload.json().filter(Value::is_object);
-        env.attachments = attachments;
-        env.task = Some(TaskInfo {
-            id: id.clone(),
-            title: Some(request.task_type.clone()),
-            description: payload.text(),
-            state: Some(TaskState::Assigned),
-            assignee: Some(assignee),
-            files: names,
-            ..Default::default()
-        });
-        self.core.publish(env).await.map_err(internal)?;
+        if assignee.is_some() {
+            self.core
+                .publish(assignment(&row, attached))
+                .await
+                .map_err(internal)?;
+        } else {
+            self.pending.insert(id);
+            // An agent may have appeared since it was looked for.
+            self.assign_pending().await;
+        }
         Ok(row)
+    }
+
+    /// Gives waiting tasks, oldest first, to the agents that take them now. Called when an
+    /// agent appears: a Synapse agent registers, or an agent of any protocol comes online.
+    pub async fn assign_pending(&self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let waiting = match self.db.waiting_tasks().await {
+            Ok(waiting) => waiting,
+            Err(e) => {
+                tracing::error!(error = %e, "synapse: cannot read waiting tasks");
+                return;
+            }
+        };
+        for task in waiting {
+            if let Some(assignee) = self.assignee_for(&task.task_type) {
+                self.assign(&task.id, &assignee).await;
+            }
+        }
+    }
+
+    /// Gives a waiting task to `assignee`, unless someone else did first.
+    async fn assign(&self, id: &str, assignee: &str) {
+        let message = format!("assigned to {assignee}");
+        let claimed = match self.db.assign_task(id, assignee, &message).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                tracing::error!(error = %e, task = id, "synapse: cannot assign a waiting task");
+                return;
+            }
+        };
+        self.pending.remove(id);
+        let Some(task) = claimed else { return };
+        let files = self.db.task_files(id).await.unwrap_or_else(|e| {
+            tracing::error!(error = %e, task = id, "synapse: cannot read a task's files");
+            Vec::new()
+        });
+        if let Err(e) = self
+            .core
+            .publish(assignment(&task, attachments(&files)))
+            .await
+        {
+            tracing::error!(error = %e, task = id, "synapse: cannot send a task assignment");
+        }
+        self.task_changed(&task);
     }
 
     pub async fn task(&self, id: &str) -> Result<TaskRow, Status> {
@@ -163,25 +186,34 @@ impl Synapse {
 
     /// Cancels a task that has not finished and tells its assignee.
     pub async fn cancel_task(&self, id: &str) -> Result<TaskRow, Status> {
-        let task = self.task(id).await?;
-        let status = TaskStatus::try_from(task.status).unwrap_or(TaskStatus::Unspecified);
-        if wire::is_terminal(status) {
-            return Err(Status::failed_precondition(format!(
-                "task '{id}' is already {}",
-                status.as_str_name()
-            )));
-        }
         let now = crate::core::now_ms();
-        let task = self
+        let update = self
             .db
             .update_task(id, move |t| {
-                t.status = TaskStatus::Cancelled as i32;
-                t.message = "cancelled".into();
-                t.completed_at = Some(now);
+                if !is_finished(t) {
+                    t.status = TaskStatus::Cancelled as i32;
+                    t.message = "cancelled".into();
+                    t.completed_at = Some(now);
+                }
             })
             .await
-            .map_err(internal)?
-            .ok_or_else(|| Status::not_found(format!("task '{id}' not found")))?;
+            .map_err(internal)?;
+        let task = match update {
+            Update::Changed(task) => task,
+            Update::Unchanged(task) => {
+                return Err(Status::failed_precondition(format!(
+                    "task '{id}' is already {}",
+                    wire::status_name(task.status)
+                )));
+            }
+            Update::Missing => return Err(Status::not_found(format!("task '{id}' not found"))),
+        };
+        self.pending.remove(id);
+        if task.assignee.is_empty() {
+            // Still waiting for an agent: no one to tell.
+            self.task_changed(&task);
+            return Ok(task);
+        }
         let mut env = Envelope::new(PROTOCOL, &task.submitter, Kind::TaskUpdate);
         env.to = vec![task.assignee.clone()];
         env.reply_to = Some(task.request_message_id.clone());
@@ -320,9 +352,7 @@ impl Synapse {
         let updated = self
             .db
             .update_task(&info.id, move |t| {
-                if wire::is_terminal(
-                    TaskStatus::try_from(t.status).unwrap_or(TaskStatus::Unspecified),
-                ) {
+                if is_finished(t) {
                     return;
                 }
                 t.status = status as i32;
@@ -351,21 +381,81 @@ impl Synapse {
             })
             .await;
         match updated {
-            Ok(Some(task)) => self.task_changed(&task),
-            Ok(None) => {}
+            Ok(Update::Changed(task)) => self.task_changed(&task),
+            // Late news of a finished task, or nothing new: no one is told twice.
+            Ok(Update::Unchanged(_) | Update::Missing) => {}
             Err(e) => tracing::error!(error = %e, "synapse: cannot record task progress"),
         }
     }
 }
 
-/// Observes progress and results for submitted tasks, from any protocol.
+fn priority_of(text: &str) -> Option<Priority> {
+    match text.to_ascii_lowercase().as_str() {
+        "" | "normal" | "medium" => Some(Priority::Normal),
+        "high" | "urgent" | "critical" => Some(Priority::High),
+        "low" => Some(Priority::Low),
+        _ => None,
+    }
+}
+
+/// A task's files as its assignment carries them: their names, and the files.
+fn attachments(files: &[FileRow]) -> (Vec<String>, Vec<Attachment>) {
+    let names = files.iter().map(|f| f.filename.clone()).collect();
+    let attachments = files
+        .iter()
+        .map(|f| Attachment {
+            name: f.filename.clone(),
+            mime_type: f.mime_type.clone(),
+            size: f.data.len() as u64,
+            data: BASE64.encode(&f.data),
+        })
+        .collect();
+    (names, attachments)
+}
+
+/// The message giving `task` to its assignee, from its submitter.
+fn assignment(task: &TaskRow, (names, attachments): (Vec<String>, Vec<Attachment>)) -> Envelope {
+    let payload = task
+        .payload
+        .as_ref()
+        .and_then(|bytes| prost_types::Any::decode(bytes.as_slice()).ok());
+    let payload = wire::unpack(payload.as_ref());
+    let mut env = Envelope::new(PROTOCOL, &task.submitter, Kind::TaskAssign);
+    env.id = task.request_message_id.clone();
+    env.to = vec![task.assignee.clone()];
+    env.priority = priority_of(&task.priority).unwrap_or(Priority::Normal);
+    env.text = payload.text();
+    env.data = payload.json().filter(Value::is_object);
+    env.attachments = attachments;
+    env.task = Some(TaskInfo {
+        id: task.id.clone(),
+        title: Some(task.task_type.clone()),
+        description: payload.text(),
+        state: Some(TaskState::Assigned),
+        assignee: Some(task.assignee.clone()),
+        files: names,
+        ..Default::default()
+    });
+    env
+}
+
+fn is_finished(task: &TaskRow) -> bool {
+    wire::is_terminal(TaskStatus::try_from(task.status).unwrap_or(TaskStatus::Unspecified))
+}
+
+/// Observes progress and results for submitted tasks, from any protocol, and agents
+/// coming online while tasks wait for one.
 struct HubInterest {
     tasks: Arc<DashSet<String>>,
+    pending: Arc<DashSet<String>>,
     directory: Arc<Directory>,
 }
 
 impl HubInterest {
     fn concerns(&self, env: &Envelope) -> bool {
+        if env.kind == Kind::PresenceJoin {
+            return !self.pending.is_empty();
+        }
         matches!(env.kind, Kind::TaskUpdate | Kind::TaskResult)
             // The bridge's own updates (cancellations) are not progress.
             && env.from != BRIDGE_AGENT_ID
@@ -395,6 +485,7 @@ pub fn start_hub(synapse: Arc<Synapse>) -> JoinHandle<()> {
         mailbox.clone(),
         Arc::new(HubInterest {
             tasks: synapse.tasks.clone(),
+            pending: synapse.pending.clone(),
             directory: synapse.core.directory.clone(),
         }),
     );
@@ -404,7 +495,10 @@ pub fn start_hub(synapse: Arc<Synapse>) -> JoinHandle<()> {
                 _ = synapse.shutdown.cancelled() => break,
                 next = mailbox.recv() => match next { Ok(d) => d, Err(_) => break },
             };
-            synapse.apply_progress(&delivery.envelope).await;
+            match delivery.envelope.kind {
+                Kind::PresenceJoin => synapse.assign_pending().await,
+                _ => synapse.apply_progress(&delivery.envelope).await,
+            }
         }
         synapse.core.router.detach(&session);
     })

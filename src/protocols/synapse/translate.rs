@@ -31,8 +31,10 @@ pub trait Context {
 
 pub const PROTOCOL_VERSION: &str = "1.0";
 
-/// A SynapseMessage as it arrived → Envelope.
-pub fn decode(msg: &SynapseMessage) -> Envelope {
+/// A SynapseMessage as it arrived → Envelope; an error when the message cannot be relayed
+/// as it came (its proto3 JSON, kept for Synapse peers and callbacks, cannot be written).
+pub fn decode(msg: &SynapseMessage) -> Result<Envelope, String> {
+    let native = wire::to_json(msg, "synapse.SynapseMessage")?;
     let msg_type = wire::message_type(msg);
     let payload = wire::unpack(msg.payload.as_ref());
     let sender = msg
@@ -64,7 +66,7 @@ pub fn decode(msg: &SynapseMessage) -> Envelope {
     }
     env.text = payload.text();
     env.data = match &payload {
-        Payload::Json(v) => Some(v.clone()),
+        Payload::Json(_) | Payload::Opaque { .. } => payload.json(),
         _ => None,
     };
 
@@ -158,9 +160,9 @@ pub fn decode(msg: &SynapseMessage) -> Envelope {
     }
     env.origin = Origin {
         protocol: PROTOCOL.to_owned(),
-        native: Some(wire::to_json(msg, "synapse.SynapseMessage")),
+        native: Some(native),
     };
-    env
+    Ok(env)
 }
 
 /// Envelope → the SynapseMessage a Synapse agent receives; `None` when Synapse has nothing
@@ -305,9 +307,12 @@ pub fn preview(env: &Envelope) -> Vec<Frame> {
     let Some(msg) = encode(env, &Names) else {
         return Vec::new();
     };
+    let Ok(body) = wire::to_json(&msg, "synapse.SynapseMessage") else {
+        return Vec::new();
+    };
     vec![Frame {
         label: format!("`{}`", wire::message_type(&msg).as_str_name()),
-        body: wire::to_json(&msg, "synapse.SynapseMessage"),
+        body,
     }]
 }
 
@@ -372,7 +377,7 @@ fn first_non_empty(a: &str, b: &str) -> String {
 }
 
 /// The JSON a Synapse agent's callback receives: the message in proto3 JSON.
-pub fn callback_body(msg: &SynapseMessage) -> Value {
+pub fn callback_body(msg: &SynapseMessage) -> Result<Value, String> {
     wire::to_json(msg, "synapse.SynapseMessage")
 }
 
@@ -434,7 +439,7 @@ mod tests {
             )),
             ..Default::default()
         };
-        let env = decode(&msg);
+        let env = decode(&msg).unwrap();
         assert_eq!(
             (env.kind, env.from.as_str(), env.to.clone()),
             (Kind::TaskAssign, "planner", vec!["alice".to_string()])
@@ -505,7 +510,8 @@ mod tests {
             sender: endpoint("planner"),
             payload: Some(wire::text("hello")),
             ..Default::default()
-        });
+        })
+        .unwrap();
         assert_eq!(
             (back.kind, back.text.as_deref()),
             (Kind::Chat, Some("hello"))
@@ -558,7 +564,8 @@ mod tests {
             sender: endpoint("a"),
             group_id: "g".into(),
             ..Default::default()
-        });
+        })
+        .unwrap();
         assert_eq!(join.text.as_deref(), Some("a joined group g"));
         assert_eq!(join.audience, Audience::Group("g".into()));
     }
@@ -581,7 +588,7 @@ mod tests {
             )),
             ..Default::default()
         };
-        let env = decode(&msg);
+        let env = decode(&msg).unwrap();
         let task = env.task.unwrap();
         assert_eq!(
             (task.state, task.progress),

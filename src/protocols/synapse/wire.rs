@@ -5,10 +5,11 @@
 use std::sync::LazyLock;
 
 use prost::Message;
-use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, SerializeOptions};
+use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use prost_types::{Any, Timestamp};
 use serde_json::{Map, Number, Value};
 
+use super::json;
 use super::proto::{
     DESCRIPTOR_SET, MessageType, SynapseMessage, TaskPayload, TaskResult, TaskStatus,
     TaskStatusUpdate, TransportMode,
@@ -31,36 +32,54 @@ pub fn descriptor(full_name: &str) -> MessageDescriptor {
         .unwrap_or_else(|| panic!("{full_name} is in synapse.proto's descriptor set"))
 }
 
-/// Proto3 JSON of a message, as the HTTP gateway writes it: lowerCamelCase names, enums by
-/// name, 64-bit integers as strings, every field present (as grpc-gateway does).
-pub fn to_json<M: Message>(message: &M, full_name: &str) -> Value {
+/// Proto3 JSON of a message, as the HTTP gateway writes it (see `json`); an error when the
+/// message cannot be written (a payload claiming a known type that its bytes are not, a
+/// timestamp out of range, `Any`s nested too deep).
+pub fn to_json<M: Message>(message: &M, full_name: &str) -> Result<Value, String> {
     let dynamic = DynamicMessage::decode(descriptor(full_name), message.encode_to_vec().as_slice())
-        .expect("a message decodes as its own descriptor");
-    let options = SerializeOptions::new()
-        .skip_default_fields(false)
-        .stringify_64_bit_integers(true);
-    dynamic
-        .serialize_with_options(serde_json::value::Serializer, &options)
-        .unwrap_or(Value::Null)
+        .map_err(|e| e.to_string())?;
+    json::to_json(&dynamic)
 }
 
 /// A message from proto3 JSON; unknown fields are ignored, as grpc-gateway does.
 pub fn from_json<M: Message + Default>(json: &Value, full_name: &str) -> Result<M, String> {
-    let options = prost_reflect::DeserializeOptions::new().deny_unknown_fields(false);
-    let dynamic = DynamicMessage::deserialize_with_options(descriptor(full_name), json, &options)
-        .map_err(|e| e.to_string())?;
+    let dynamic = json::from_json(&descriptor(full_name), json)?;
     M::decode(dynamic.encode_to_vec().as_slice()).map_err(|e| e.to_string())
 }
 
+/// Seconds of the earliest and latest instants a `Timestamp` may hold (0001-01-01 and
+/// 9999-12-31T23:59:59Z); proto3 JSON cannot write any other.
+const TIMESTAMP_SECONDS: std::ops::RangeInclusive<i64> = -62_135_596_800..=253_402_300_799;
+
+/// A `Timestamp` for `ms` since the epoch, clamped into the range a `Timestamp` may hold:
+/// times from other protocols are whatever their clients said.
 pub fn timestamp(ms: i64) -> Timestamp {
+    let earliest = TIMESTAMP_SECONDS.start() * 1000;
+    let latest = TIMESTAMP_SECONDS.end() * 1000 + 999;
+    let ms = ms.clamp(earliest, latest);
     Timestamp {
         seconds: ms.div_euclid(1000),
         nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
     }
 }
 
+/// Milliseconds since the epoch; saturates rather than overflows on a timestamp no clock
+/// could show.
 pub fn millis(ts: &Timestamp) -> i64 {
-    ts.seconds * 1000 + (ts.nanos / 1_000_000) as i64
+    ts.seconds
+        .saturating_mul(1000)
+        .saturating_add(i64::from(ts.nanos / 1_000_000))
+}
+
+/// Whether `ts` is a valid `Timestamp`: within years 1 to 9999, nanos within a second.
+pub fn check_timestamp(ts: &Timestamp) -> Result<(), String> {
+    if !TIMESTAMP_SECONDS.contains(&ts.seconds) {
+        return Err(format!("seconds {} is outside years 1 to 9999", ts.seconds));
+    }
+    if !(0..1_000_000_000).contains(&ts.nanos) {
+        return Err(format!("nanos {} is not within 0..1e9", ts.nanos));
+    }
+    Ok(())
 }
 
 pub fn pack<M: Message>(type_url: &str, message: &M) -> Any {
@@ -76,10 +95,12 @@ pub fn text(text: &str) -> Any {
 }
 
 /// A JSON value as a `google.protobuf.Struct` (objects) or a `StringValue` (anything else,
-/// as its JSON text).
+/// as its JSON text); an unknown `Any` that went out as JSON comes back as itself.
 pub fn json(value: &Value) -> Any {
     match value {
-        Value::Object(map) => pack(STRUCT, &to_struct(map)),
+        Value::Object(map) => {
+            json::from_opaque(map).unwrap_or_else(|| pack(STRUCT, &to_struct(map)))
+        }
         Value::String(s) => text(s),
         other => text(&other.to_string()),
     }
@@ -135,26 +156,43 @@ impl Payload {
 
     /// The payload as JSON, for other protocols' structured data.
     pub fn json(&self) -> Option<Value> {
+        self.json_within(json::MAX_DEPTH)
+    }
+
+    /// As `json`, with nested payloads written out `depth` levels deep at most.
+    fn json_within(&self, depth: usize) -> Option<Value> {
         match self {
             Payload::None => None,
             Payload::Text(t) => Some(Value::String(t.clone())),
             Payload::Json(v) => Some(v.clone()),
             Payload::Task(t) => Some(serde_json::json!({
                 "taskId": t.task_id, "taskType": t.task_type, "externalTaskId": t.external_task_id,
-                "payload": unpack(t.payload.as_ref()).json(),
+                "payload": nested_json(t.payload.as_ref(), depth),
             })),
             Payload::Result(r) => Some(serde_json::json!({
                 "taskId": r.task_id, "taskType": r.task_type, "summary": r.summary,
-                "result": unpack(r.result.as_ref()).json(),
+                "result": nested_json(r.result.as_ref(), depth),
             })),
             Payload::Status(s) => Some(serde_json::json!({
                 "taskId": s.task_id, "status": status_name(s.status), "progress": s.progress,
                 "message": s.message,
             })),
-            Payload::Opaque { type_url, bytes } => Some(serde_json::json!({
-                "@type": type_url, "size": bytes.len(),
+            // Kept whole, so that it can come back to a Synapse agent unchanged.
+            Payload::Opaque { type_url, bytes } => Some(json::opaque(&Any {
+                type_url: type_url.clone(),
+                value: bytes.clone(),
             })),
         }
+    }
+}
+
+/// A payload inside a payload as JSON; past `depth` levels, as its bytes (each level is
+/// decoded on its own, so only a limit bounds the recursion).
+fn nested_json(any: Option<&Any>, depth: usize) -> Option<Value> {
+    let any = any?;
+    match depth.checked_sub(1) {
+        Some(depth) => unpack(Some(any)).json_within(depth),
+        None => Some(json::opaque(any)),
     }
 }
 
@@ -332,7 +370,7 @@ mod tests {
             payload: Some(text("hi")),
             ..Default::default()
         };
-        let value = to_json(&msg, "synapse.SynapseMessage");
+        let value = to_json(&msg, "synapse.SynapseMessage").unwrap();
         assert_eq!(value["type"], "MESSAGE_TYPE_P2P_TASK_REQUEST");
         assert_eq!(value["timestamp"], "2026-01-01T00:00:00.123Z");
         assert_eq!(value["payload"]["@type"], STRING_VALUE);
@@ -349,5 +387,51 @@ mod tests {
     fn timestamps_convert() {
         assert_eq!(millis(&timestamp(1234)), 1234);
         assert_eq!(millis(&timestamp(-1)), -1);
+        let huge = Timestamp {
+            seconds: i64::MAX,
+            nanos: 999_999_999,
+        };
+        assert_eq!(millis(&huge), i64::MAX);
+        assert_eq!(
+            millis(&Timestamp {
+                seconds: i64::MIN,
+                nanos: -999_999_999
+            }),
+            i64::MIN
+        );
+        assert!(check_timestamp(&huge).is_err());
+        assert!(
+            check_timestamp(&Timestamp {
+                seconds: 0,
+                nanos: -1
+            })
+            .is_err()
+        );
+        assert!(check_timestamp(&timestamp(1_767_225_600_123)).is_ok());
+        // Other protocols' times are clamped into what a Timestamp may hold.
+        assert!(check_timestamp(&timestamp(i64::MAX)).is_ok());
+        assert!(check_timestamp(&timestamp(i64::MIN)).is_ok());
+    }
+
+    #[test]
+    fn nested_payloads_stop_at_the_depth_limit() {
+        let mut any = text("core");
+        for _ in 0..1000 {
+            any = pack(
+                TASK_PAYLOAD,
+                &TaskPayload {
+                    payload: Some(any),
+                    ..Default::default()
+                },
+            );
+        }
+        let mut json = unpack(Some(&any)).json().unwrap();
+        let mut levels = 0;
+        while json["payload"]["taskId"].is_string() {
+            json = json["payload"].take();
+            levels += 1;
+        }
+        assert_eq!(levels, json::MAX_DEPTH);
+        assert_eq!(json["payload"]["@type"], TASK_PAYLOAD);
     }
 }

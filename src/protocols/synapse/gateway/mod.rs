@@ -12,8 +12,10 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
 use prost::Message;
@@ -26,10 +28,10 @@ use tonic::Status;
 use tonic::codegen::http::Extensions;
 use tonic::metadata::MetadataMap;
 
-use super::agents::Hints;
+use super::agents::{Hints, internal};
 use super::proto::SynapseMessage;
 use super::services::SynapseApi;
-use super::{Synapse, translate, wire};
+use super::{Synapse, json, translate, wire};
 
 /// One HTTP binding of an RPC.
 #[derive(Clone, Debug)]
@@ -100,6 +102,10 @@ pub fn rules() -> Vec<Rule> {
     out
 }
 
+/// Largest request body: as large as a gRPC request may be, so that `SubmitTaskWithFiles`
+/// takes 5 MiB files here too (base64 makes them a third larger in JSON).
+const MAX_BODY: usize = super::services::MAX_MESSAGE;
+
 struct Gateway {
     api: SynapseApi,
 }
@@ -118,7 +124,11 @@ pub fn router(synapse: Arc<Synapse>) -> Router {
                   path: Option<Path<BTreeMap<String, String>>>,
                   query: Query<Vec<(String, String)>>,
                   headers: HeaderMap,
-                  body: Bytes| async move {
+                  body: Result<Bytes, BytesRejection>| async move {
+                let body = match body {
+                    Ok(body) => body,
+                    Err(rejection) => return body_refused(&rejection),
+                };
                 handle(
                     state,
                     rule,
@@ -140,7 +150,41 @@ pub fn router(synapse: Arc<Synapse>) -> Router {
     for (path, methods) in by_path {
         router = router.route(&path, methods);
     }
-    router.with_state(gateway)
+    router
+        .with_state(gateway)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn(refuse_declared_oversize))
+}
+
+/// Refuses a body that says it is over the limit before reading any of it.
+async fn refuse_declared_oversize(request: Request, next: Next) -> Response {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > MAX_BODY as u64) {
+        return too_large();
+    }
+    next.run(request).await
+}
+
+/// A body that could not be read, in the gateway's error shape rather than axum's text.
+fn body_refused(rejection: &BytesRejection) -> Response {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return too_large();
+    }
+    error_response(
+        &Status::invalid_argument(rejection.body_text()),
+        StatusCode::BAD_REQUEST,
+    )
+}
+
+fn too_large() -> Response {
+    let status = Status::resource_exhausted(format!(
+        "the request body is over the gateway's limit of {MAX_BODY} bytes"
+    ));
+    error_response(&status, StatusCode::PAYLOAD_TOO_LARGE)
 }
 
 async fn handle(
@@ -201,7 +245,7 @@ async fn call(
     let (output, response) = dispatch(&gateway.api, rule.rpc.full_name(), &bytes, metadata).await?;
     let decoded = DynamicMessage::decode(output, response.as_slice())
         .map_err(|e| Status::internal(e.to_string()))?;
-    Ok(json_of(&decoded))
+    json_of(&decoded)
 }
 
 /// A remote system's callback: the body is a SynapseMessage in JSON. Answered, in the
@@ -222,7 +266,8 @@ async fn ingest(gateway: &Gateway, headers: HeaderMap, body: &Bytes) -> Result<V
     let mut acked = msg;
     acked.id = id;
     let ack = translate::ack(&acked, synapse.bridge_endpoint());
-    Ok(json!({ "result": wire::to_json(&ack, "synapse.SynapseMessage") }))
+    let ack = wire::to_json(&ack, "synapse.SynapseMessage").map_err(internal)?;
+    Ok(json!({ "result": ack }))
 }
 
 fn from_body(desc: &MessageDescriptor, body: &Bytes) -> Result<DynamicMessage, Status> {
@@ -231,8 +276,7 @@ fn from_body(desc: &MessageDescriptor, body: &Bytes) -> Result<DynamicMessage, S
     }
     let json: Value = serde_json::from_slice(body)
         .map_err(|e| Status::invalid_argument(format!("body is not valid JSON: {e}")))?;
-    let options = prost_reflect::DeserializeOptions::new().deny_unknown_fields(false);
-    DynamicMessage::deserialize_with_options(desc.clone(), json, &options)
+    json::from_json(desc, &json)
         .map_err(|e| Status::invalid_argument(format!("body does not fit {}: {e}", desc.name())))
 }
 
@@ -309,14 +353,9 @@ fn scalar(field: &FieldDescriptor, text: &str) -> Option<PValue> {
     })
 }
 
-/// Proto3 JSON of a message: lowerCamelCase, every field, enums by name.
-pub fn json_of(message: &DynamicMessage) -> Value {
-    let options = prost_reflect::SerializeOptions::new()
-        .skip_default_fields(false)
-        .stringify_64_bit_integers(true);
-    message
-        .serialize_with_options(serde_json::value::Serializer, &options)
-        .unwrap_or(Value::Null)
+/// Proto3 JSON of a response: lowerCamelCase, every field, enums by name.
+pub fn json_of(message: &DynamicMessage) -> Result<Value, Status> {
+    json::to_json(message).map_err(internal)
 }
 
 /// grpc-gateway's mapping of gRPC codes to HTTP statuses.

@@ -3,17 +3,15 @@
 use std::pin::Pin;
 
 use futures_util::Stream;
-use prost::Message;
-use tokio::sync::mpsc;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::SynapseApi;
-use crate::protocols::synapse::agents::{AGENT_HEADER, internal};
-use crate::protocols::synapse::inbound::StreamKind;
+use crate::protocols::synapse::agents::AGENT_HEADER;
+use crate::protocols::synapse::inbound::{self, StreamKind};
 use crate::protocols::synapse::proto::synapse_message_service_server::SynapseMessageService;
-use crate::protocols::synapse::proto::{SendMessageRequest, SendMessageResponse, SynapseMessage};
+use crate::protocols::synapse::proto::{
+    AgentEndpoint, SendMessageRequest, SendMessageResponse, SynapseMessage,
+};
 
 pub type MessageStream = Pin<Box<dyn Stream<Item = Result<SynapseMessage, Status>> + Send>>;
 
@@ -22,52 +20,37 @@ pub type MessageStream = Pin<Box<dyn Stream<Item = Result<SynapseMessage, Status
 const STREAM_BUFFER: usize = 64;
 
 impl SynapseApi {
-    /// Opens a stream for the agent named by metadata or by its first message.
+    /// Opens a stream for the agent named by metadata or by its first message. The call is
+    /// answered at once either way: a client may well send its first message only once it
+    /// has the answer, so waiting for that message here would deadlock both sides.
     pub async fn open_stream(
         &self,
         request: Request<Streaming<SynapseMessage>>,
         kind: StreamKind,
     ) -> Result<Response<MessageStream>, Status> {
         let hints = self.hints(request.metadata())?;
-        let mut inbound = request.into_inner();
-        let (agent, first) = match &hints.agent_id {
-            Some(agent) => (agent.clone(), None),
-            None => {
-                let first = inbound
-                    .next()
-                    .await
-                    .ok_or_else(|| {
-                        Status::invalid_argument(format!(
-                            "the stream ended before identifying its agent (send {AGENT_HEADER} metadata or a first message)"
-                        ))
-                    })??;
-                let agent = first
-                    .sender
-                    .as_ref()
-                    .map(|s| s.agent_id.clone())
-                    .filter(|a| !a.is_empty())
-                    .ok_or_else(|| {
-                        Status::invalid_argument(format!(
-                            "the first message must name message.sender.agent_id (or send {AGENT_HEADER} metadata)"
-                        ))
-                    })?;
-                (agent, Some(first))
-            }
-        };
-        let endpoint = first.as_ref().and_then(|m| m.sender.clone()).unwrap_or(
-            crate::protocols::synapse::proto::AgentEndpoint {
-                agent_id: agent.clone(),
-                ..Default::default()
-            },
-        );
-        self.synapse
-            .ensure_agent(&endpoint, &hints, "message.sender")
-            .await?;
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let inbound = request.into_inner();
+        let (outlet, outgoing) = inbound::outlet(STREAM_BUFFER);
         let synapse = self.synapse.clone();
-        let attached = synapse.attach_stream(&agent, kind).await;
-        tokio::spawn(synapse.serve_stream(attached, first, inbound, hints, tx));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        match hints.agent_id.clone() {
+            // Connected before the call is answered, so anything sent to the agent once it
+            // has the answer reaches the stream.
+            Some(agent) => {
+                let endpoint = AgentEndpoint {
+                    agent_id: agent.clone(),
+                    ..Default::default()
+                };
+                synapse
+                    .ensure_agent(&endpoint, &hints, AGENT_HEADER)
+                    .await?;
+                let attached = synapse.attach_stream(&agent, kind).await;
+                tokio::spawn(synapse.serve_stream(attached, None, inbound, hints, outlet));
+            }
+            None => {
+                tokio::spawn(synapse.identify_and_serve(kind, inbound, hints, outlet));
+            }
+        }
+        Ok(Response::new(Box::pin(outgoing)))
     }
 }
 
@@ -112,10 +95,11 @@ impl SynapseMessageService for SynapseApi {
                 "{AGENT_HEADER} metadata names the agent whose messages to fetch"
             ))
         })?;
-        let kept = self.synapse.db.take_inbox(&agent).await.map_err(internal)?;
-        let messages: Vec<Result<SynapseMessage, Status>> = kept
-            .iter()
-            .filter_map(|bytes| SynapseMessage::decode(bytes.as_slice()).ok())
+        let messages: Vec<Result<SynapseMessage, Status>> = self
+            .synapse
+            .take_inbox(&agent)
+            .await?
+            .into_iter()
             .map(Ok)
             .collect();
         Ok(Response::new(Box::pin(tokio_stream::iter(messages))))

@@ -25,7 +25,7 @@ use super::proto::synapse_message_service_server::SynapseMessageServiceServer;
 use super::proto::task_service_server::TaskServiceServer;
 
 /// Largest gRPC message accepted: files of up to 5 MiB ride inside `SubmitTaskWithFiles`.
-const MAX_MESSAGE: usize = 64 * 1024 * 1024;
+pub const MAX_MESSAGE: usize = 64 * 1024 * 1024;
 
 /// Every Synapse service; cheap to clone.
 #[derive(Clone)]

@@ -167,7 +167,7 @@ impl TaskService for SynapseApi {
         Ok(Response::new(ListTasksResponse {
             success: true,
             tasks,
-            total: total as i32,
+            total: i32::try_from(total).unwrap_or(i32::MAX),
             limit,
             offset: request.offset,
             has_more,
