@@ -5,7 +5,6 @@ use tonic::{Request, Response, Status};
 use super::SynapseApi;
 use crate::core::AgentInfo;
 use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
-use crate::core::BRIDGE_PROTOCOL;
 use crate::protocols::synapse::PROTOCOL;
 use crate::protocols::synapse::proto::capabilities_service_server::CapabilitiesService;
 use crate::protocols::synapse::proto::{
@@ -129,7 +128,8 @@ impl CapabilitiesService for SynapseApi {
     }
 
     /// Every agent the bridge knows, whatever its protocol (`system_id`); not the bridge
-    /// itself, which is the service answering rather than a peer (`GetCapabilities`).
+    /// itself (the directory does not list it), which is the service answering rather
+    /// than a peer (`GetCapabilities`).
     async fn list_agents(
         &self,
         _request: Request<()>,
@@ -140,7 +140,6 @@ impl CapabilitiesService for SynapseApi {
             .directory
             .list()
             .into_iter()
-            .filter(|a| a.protocol != BRIDGE_PROTOCOL)
             .map(|a| AgentInfoPb {
                 id: a.native_id.clone(),
                 agent_id: a.name.clone(),
