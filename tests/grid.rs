@@ -502,3 +502,23 @@ async fn who_is_there() {
     );
     w.bridge.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_huge_ttl_is_a_long_life_not_a_crash() {
+    let w = world().await;
+    programs(&w, &["mc"]).await;
+    let (status, answer) = w
+        .http
+        .post_json(json!({ "message": { "id": "msg-forever", "timestamp": "2026-01-24T10:00:00Z", "type": "request", "sender": { "agent": "planner" }, "receiver": { "agent": "mc" }, "metadata": { "ttl": u64::MAX } } }))
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    let got = w.http.poll("agent=mc").await;
+    assert_eq!(got[0]["id"], "msg-forever");
+    assert_eq!(got[0]["metadata"]["ttl"], u64::MAX);
+    // The bridge still works.
+    w.http
+        .send(&request("after", "planner", "mc", "next"))
+        .await;
+    assert_eq!(w.http.poll("agent=mc").await[0]["id"], "after");
+    w.bridge.shutdown().await;
+}

@@ -297,9 +297,7 @@ impl Grid {
                     message,
                 } => {
                     let env = &delivery.envelope;
-                    let expires_at = env
-                        .ttl_secs
-                        .map(|ttl| env.timestamp.max(crate::core::now_ms()) + ttl as i64 * 1000);
+                    let expires_at = queue_expiry(env, crate::core::now_ms());
                     if let Err(e) = self
                         .db
                         .enqueue(
@@ -346,6 +344,15 @@ impl Grid {
             }
         }
     }
+}
+
+/// When a queued copy of `env` must be dropped (ms): its ttl counted from when it was sent,
+/// or from `now` when its timestamp is older. A ttl past what the clock can count saturates:
+/// the sender's number is not a reason to fail.
+fn queue_expiry(env: &Envelope, now: i64) -> Option<i64> {
+    let ttl = env.ttl_secs?;
+    let ttl_ms = i64::try_from(ttl).unwrap_or(i64::MAX).saturating_mul(1000);
+    Some(env.timestamp.max(now).saturating_add(ttl_ms))
 }
 
 /// The router's way to Grid programs with no open socket.

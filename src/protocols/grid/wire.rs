@@ -165,7 +165,7 @@ pub fn validate(doc: &Value) -> Result<Message, Invalid> {
     };
     let sender = Party::from(msg.get("sender").unwrap_or(&Value::Null), "sender", true)
         .map_err(with_id)?
-        .expect("required");
+        .ok_or_else(|| with_id(Invalid::new("sender.agent", "sender.agent is required")))?;
     let with_sender = |mut e: Invalid| {
         e.id = id.clone();
         e.sender = Some(Box::new(sender.clone()));
