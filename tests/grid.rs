@@ -259,7 +259,6 @@ async fn the_websocket_carries_yaml_both_ways() {
     // Identified by the first message instead of the query.
     let mut scout = GridWs::anonymous(w.addr).await;
     scout.send(&request("msg-6", "scout", "mc", "found")).await;
-    assert_eq!(scout.next().await["content"]["action"], "agents_present");
     assert_eq!(mc.next_message().await["id"], "msg-6");
     mc.send(&request("msg-7", "mc", "scout", "thanks")).await;
     assert_eq!(scout.next_message().await["id"], "msg-7");
@@ -520,5 +519,37 @@ async fn a_huge_ttl_is_a_long_life_not_a_crash() {
         .send(&request("after", "planner", "mc", "next"))
         .await;
     assert_eq!(w.http.poll("agent=mc").await[0]["id"], "after");
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_socket_is_sent_presence_only_when_it_asks() {
+    let w = world().await;
+    let mut mc = GridWs::quiet(w.addr, "mc", None).await;
+    let mut scout = GridWs::quiet(w.addr, "scout", None).await;
+    scout.send(&request("msg-hi", "scout", "mc", "found")).await;
+    assert_eq!(
+        mc.next().await["id"],
+        "msg-hi",
+        "no welcome and no agent_online first"
+    );
+    // Asked for: the roster on arrival, and who comes and goes.
+    let (mut watcher, welcome) = GridWs::connect(w.addr, "recognizer", None).await;
+    assert!(
+        welcome["content"]["payload"]["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["agent"] == "scout" && a["online"] == true)
+    );
+    drop(scout);
+    let left = watcher.next().await;
+    assert_eq!(
+        (
+            left["content"]["action"].as_str(),
+            left["content"]["payload"]["agent"].as_str()
+        ),
+        (Some("agent_offline"), Some("scout"))
+    );
     w.bridge.shutdown().await;
 }

@@ -108,19 +108,33 @@ pub struct GridWs {
 }
 
 impl GridWs {
-    /// Connects as `agent` (identified by the query) and reads the welcome.
+    /// Connects as `agent` (identified by the query), asking for presence, and reads the
+    /// welcome (`agents_present`).
     pub async fn connect(addr: SocketAddr, agent: &str, instance: Option<&str>) -> (Self, Value) {
+        let mut ws = Self::open(&format!("{}&presence=1", Self::url(addr, agent, instance))).await;
+        let welcome = ws.next().await;
+        assert_eq!(welcome["content"]["action"], "agents_present", "{welcome}");
+        (ws, welcome)
+    }
+
+    /// Connects as `agent` without asking for presence: only messages arrive.
+    pub async fn quiet(addr: SocketAddr, agent: &str, instance: Option<&str>) -> Self {
+        Self::open(&Self::url(addr, agent, instance)).await
+    }
+
+    fn url(addr: SocketAddr, agent: &str, instance: Option<&str>) -> String {
         let mut url = format!("ws://{addr}/grid/v1/ws?agent={agent}");
         if let Some(instance) = instance {
             url.push_str(&format!("&instance_id={instance}"));
         }
+        url
+    }
+
+    async fn open(url: &str) -> Self {
         let (stream, _) = tokio_tungstenite::connect_async(url)
             .await
             .expect("ws connects");
-        let mut ws = GridWs { stream };
-        let welcome = ws.next().await;
-        assert_eq!(welcome["content"]["action"], "agents_present", "{welcome}");
-        (ws, welcome)
+        GridWs { stream }
     }
 
     /// Connects without identifying.

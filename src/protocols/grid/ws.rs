@@ -1,7 +1,12 @@
 //! One Grid WebSocket connection. A program identifies itself with `?agent=` (and
 //! `instance_id=`) or by its first message; it sends YAML messages as text frames and
 //! receives, one per frame, the messages for its agent name, its instance, or everyone.
-//! On identifying it is sent who is there (`action: agents_present`).
+//!
+//! Only the protocol's messages are sent unless the socket asks for presence with
+//! `?presence=1`: then it is sent who is there on identifying (`action: agents_present`)
+//! and told of every `agent_online` / `agent_offline`. These frames are the bridge's own,
+//! not the document's, so a program that did not ask never has to skip them; it can learn
+//! who is there from `GET /grid/v1/agents`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,9 +21,10 @@ use crate::protocols::clock::iso8601;
 use crate::telemetry::ConnectionGuard;
 
 /// What a program's connection takes: what is for its agent (and its instance, when the
-/// message names one), and what is for every Grid program.
+/// message names one), what is for every Grid program, and presence when it asked.
 struct ProgramInterest {
     instance: Option<String>,
+    presence: bool,
 }
 
 impl Interest for ProgramInterest {
@@ -27,8 +33,10 @@ impl Interest for ProgramInterest {
     }
 
     fn accepts(&self, env: &Envelope) -> bool {
-        env.kind != Kind::PresenceStatus
-            && translate::target_instance(env).is_none_or(|t| self.instance.as_deref() == Some(t))
+        if env.kind.is_presence() {
+            return self.presence && env.kind != Kind::PresenceStatus;
+        }
+        translate::target_instance(env).is_none_or(|t| self.instance.as_deref() == Some(t))
     }
 }
 
@@ -36,6 +44,8 @@ struct Connection {
     socket: WebSocket,
     grid: Arc<Grid>,
     identity: Option<(Party, Arc<Session>)>,
+    /// Whether the program asked for presence (`?presence=1`).
+    presence: bool,
 }
 
 pub async fn serve(socket: WebSocket, grid: Arc<Grid>, query: HashMap<String, String>) {
@@ -44,6 +54,9 @@ pub async fn serve(socket: WebSocket, grid: Arc<Grid>, query: HashMap<String, St
         socket,
         grid: grid.clone(),
         identity: None,
+        presence: query
+            .get("presence")
+            .is_some_and(|p| matches!(p.as_str(), "1" | "true" | "yes")),
     };
     if let Some(agent) = query.get("agent").filter(|a| !a.is_empty()) {
         let party = Party {
@@ -122,6 +135,7 @@ impl Connection {
             self.grid.core.router.mailbox(PROTOCOL),
             Arc::new(ProgramInterest {
                 instance: party.instance_id.clone(),
+                presence: self.presence,
             }),
         );
         if first {
@@ -129,6 +143,10 @@ impl Connection {
                 .core
                 .announce_presence(PROTOCOL, &party.agent, true, Status::Online, None)
                 .await;
+        }
+        self.identity = Some((party.clone(), session));
+        if !self.presence {
+            return true;
         }
         let welcome = json!({
             "message": {
@@ -140,7 +158,6 @@ impl Connection {
                 "content": { "action": "agents_present", "payload": { "agents": self.grid.roster() } },
             }
         });
-        self.identity = Some((party, session));
         self.send(&welcome).await
     }
 
