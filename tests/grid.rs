@@ -56,7 +56,8 @@ async fn programs(w: &World, names: &[&str]) {
 async fn the_documents_request_is_accepted_and_polled() {
     let w = world().await;
     programs(&w, &["mc"]).await;
-    // The protocol document's own example, verbatim.
+    // The protocol document's own example, stamped with the timestamp the document asks
+    // every sender to include.
     let example = "message:\n  id: \"msg-abc123\"\n  type: \"request\"\n  sender:\n    agent: \"executor\"\n    instance_id: \"exec-001\"\n  receiver:\n    agent: \"mc\"\n  content:\n    action: \"request_context\"\n    payload:\n      context_type: \"warmth\"\n      since: \"2026-01-24T10:00:00Z\"\n";
     assert_eq!(w.http.send(example).await, ["msg-abc123"]);
     let got = w.http.poll("agent=mc").await;
@@ -83,7 +84,7 @@ async fn the_documents_request_is_accepted_and_polled() {
     );
     let (status, answer) = w
         .http
-        .post_json(json!({ "message": { "type": "notification", "sender": { "agent": "executor" }, "receiver": { "agent": "mc" }, "content": { "action": "task_started" } } }))
+        .post_json(json!({ "message": { "type": "notification", "timestamp": "2026-01-24T10:00:00Z", "sender": { "agent": "executor" }, "receiver": { "agent": "mc" }, "content": { "action": "task_started" } } }))
         .await;
     assert_eq!(status, 202);
     assert_eq!(answer["accepted"].as_array().unwrap().len(), 1);
@@ -127,11 +128,11 @@ async fn every_validation_error_is_a_400_naming_the_field() {
             "type",
         ),
         (
-            "message: { type: response, sender: { agent: x }, receiver: { agent: mc } }",
+            "message: { timestamp: \"2026-01-24T10:00:00Z\", type: response, sender: { agent: x }, receiver: { agent: mc } }",
             "correlation_id",
         ),
         (
-            "message: { type: error, sender: { agent: x }, receiver: { agent: mc } }",
+            "message: { timestamp: \"2026-01-24T10:00:00Z\", type: error, sender: { agent: x }, receiver: { agent: mc } }",
             "correlation_id",
         ),
         (
@@ -139,11 +140,15 @@ async fn every_validation_error_is_a_400_naming_the_field() {
             "timestamp",
         ),
         (
-            "message: { type: request, sender: { agent: x }, receiver: { agent: mc }, metadata: { priority: asap } }",
+            "message: { type: request, sender: { agent: x }, receiver: { agent: mc } }",
+            "timestamp",
+        ),
+        (
+            "message: { timestamp: \"2026-01-24T10:00:00Z\", type: request, sender: { agent: x }, receiver: { agent: mc }, metadata: { priority: asap } }",
             "metadata.priority",
         ),
         (
-            "message: { type: request, sender: { agent: x }, receiver: { agent: mc }, metadata: { ttl: soon } }",
+            "message: { timestamp: \"2026-01-24T10:00:00Z\", type: request, sender: { agent: x }, receiver: { agent: mc }, metadata: { ttl: soon } }",
             "metadata.ttl",
         ),
         ("not: a message", "message"),
@@ -550,6 +555,42 @@ async fn a_socket_is_sent_presence_only_when_it_asks() {
             left["content"]["payload"]["agent"].as_str()
         ),
         (Some("agent_offline"), Some("scout"))
+    );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn timestamps_are_required_and_relayed_as_written() {
+    let w = world().await;
+    programs(&w, &["mc"]).await;
+    let (status, answer) = w
+        .http
+        .post("message: { id: msg-when, type: request, sender: { agent: planner }, receiver: { agent: mc } }")
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(
+        answer["message"]["content"]["payload"]["field"],
+        "timestamp"
+    );
+
+    // With an offset, kept as written; without one, taken as UTC.
+    w.http
+        .send("message: { id: msg-plus2, timestamp: \"2026-01-24T12:00:00+02:00\", type: request, sender: { agent: planner }, receiver: { agent: mc } }")
+        .await;
+    w.http
+        .send("message: { id: msg-local, timestamp: \"2026-01-24T10:00:00\", type: request, sender: { agent: planner }, receiver: { agent: mc } }")
+        .await;
+    let got = w.http.poll("agent=mc&since=2026-01-24T09:59:59Z").await;
+    let stamps: Vec<(&str, &str)> = got
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["timestamp"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        stamps,
+        [
+            ("msg-plus2", "2026-01-24T12:00:00+02:00"),
+            ("msg-local", "2026-01-24T10:00:00")
+        ]
     );
     w.bridge.shutdown().await;
 }

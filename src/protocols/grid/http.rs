@@ -16,7 +16,6 @@ use serde_json::{Value, json};
 use super::wire::{self, Invalid, Message};
 use super::{Grid, Source, ws};
 use crate::core::Role;
-use crate::protocols::clock::parse_iso8601;
 
 type Shared = State<Arc<Grid>>;
 
@@ -142,7 +141,7 @@ fn since(query: &HashMap<String, String>) -> Result<Option<i64>, Invalid> {
         Some(text) => text
             .parse::<i64>()
             .ok()
-            .or_else(|| parse_iso8601(text))
+            .or_else(|| wire::parse_timestamp(text))
             .map(Some)
             .ok_or_else(|| {
                 invalid(

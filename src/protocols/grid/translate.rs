@@ -403,8 +403,14 @@ mod tests {
     use super::*;
     use crate::protocols::grid::wire::validate;
 
+    /// A message from YAML, stamped with a timestamp (required) when it has none.
     fn message(yaml: &str) -> Message {
-        validate(&serde_saphyr::from_str(yaml).unwrap()).unwrap()
+        let mut doc: Value = serde_saphyr::from_str(yaml).unwrap();
+        if let Some(Value::Object(msg)) = doc.get_mut("message") {
+            msg.entry("timestamp")
+                .or_insert(json!("2026-01-24T10:00:00Z"));
+        }
+        validate(&doc).unwrap()
     }
 
     #[test]

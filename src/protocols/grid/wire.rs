@@ -14,7 +14,11 @@
 //! Messages are kept as JSON values (`serde_json::Value`) so fields the bridge does not know
 //! travel unchanged between Grid programs.
 
+use std::sync::LazyLock;
+
 use serde_json::{Map, Value, json};
+use time::PrimitiveDateTime;
+use time::format_description::OwnedFormatItem;
 
 use crate::core::{Priority, new_message_id};
 use crate::protocols::clock::{iso8601, parse_iso8601};
@@ -141,8 +145,25 @@ pub fn parse_documents(body: &str, json: bool) -> Result<Vec<Value>, Invalid> {
     Ok(docs)
 }
 
-/// Checks one `{message: …}` document; fills in a `msg-{uuid}` id and the current time when
-/// they are missing.
+/// An ISO-8601 date-time without a UTC offset, which the Grid takes as UTC.
+static WITHOUT_OFFSET: LazyLock<OwnedFormatItem> = LazyLock::new(|| {
+    time::format_description::parse_owned::<2>(
+        "[year]-[month]-[day][first [T][t][ ]][hour]:[minute][optional [:[second][optional [[first [.][,]][subsecond]]]]]",
+    )
+    .expect("a valid format description")
+});
+
+/// An ISO-8601 timestamp as milliseconds since the epoch: RFC 3339 with any offset, or a
+/// date-time with none (UTC, as Grid programs often write them).
+pub fn parse_timestamp(text: &str) -> Option<i64> {
+    parse_iso8601(text).or_else(|| {
+        let at = PrimitiveDateTime::parse(text.trim(), &*WITHOUT_OFFSET).ok()?;
+        Some((at.assume_utc().unix_timestamp_nanos() / 1_000_000) as i64)
+    })
+}
+
+/// Checks one `{message: …}` document; fills in a `msg-{uuid}` id when it is missing (the
+/// issue asks for that; the timestamp, also required, is not invented).
 pub fn validate(doc: &Value) -> Result<Message, Invalid> {
     let Some(Value::Object(msg)) = doc.get("message") else {
         return Err(Invalid::new(
@@ -184,8 +205,13 @@ pub fn validate(doc: &Value) -> Result<Message, Invalid> {
         )));
     }
     let timestamp = match string("timestamp").map_err(with_sender)? {
-        None => crate::core::now_ms(),
-        Some(text) => parse_iso8601(&text).ok_or_else(|| {
+        None => {
+            return Err(with_sender(Invalid::new(
+                "timestamp",
+                "timestamp is required (ISO-8601, when the message was created)",
+            )));
+        }
+        Some(text) => parse_timestamp(&text).ok_or_else(|| {
             with_sender(Invalid::new(
                 "timestamp",
                 format!("timestamp must be ISO-8601, not '{text}'"),
@@ -267,8 +293,8 @@ pub fn validate(doc: &Value) -> Result<Message, Invalid> {
             raw.insert("content".into(), Value::Object(content));
         }
     }
+    // The timestamp stays as its sender wrote it: Grid programs receive it unchanged.
     raw.insert("id".into(), json!(id));
-    raw.insert("timestamp".into(), json!(iso8601(timestamp)));
     raw.insert("type".into(), json!(msg_type));
     Ok(Message {
         id,
@@ -527,7 +553,7 @@ mod tests {
     #[test]
     fn the_documents_examples_validate() {
         let request = validate(&doc(
-            "message:\n  id: \"msg-abc123\"\n  type: \"request\"\n  sender:\n    agent: \"executor\"\n    instance_id: \"exec-001\"\n  receiver:\n    agent: \"mc\"\n  content:\n    action: \"request_context\"\n    payload:\n      context_type: \"warmth\"\n      since: \"2026-01-24T10:00:00Z\"\n",
+            "message:\n  id: \"msg-abc123\"\n  timestamp: \"2026-01-24T10:00:00Z\"\n  type: \"request\"\n  sender:\n    agent: \"executor\"\n    instance_id: \"exec-001\"\n  receiver:\n    agent: \"mc\"\n  content:\n    action: \"request_context\"\n    payload:\n      context_type: \"warmth\"\n      since: \"2026-01-24T10:00:00Z\"\n",
         ))
         .unwrap();
         assert_eq!(request.id, "msg-abc123");
@@ -544,7 +570,7 @@ mod tests {
         assert_eq!(request.priority, Priority::Normal);
 
         let response = validate(&doc(
-            "message:\n  id: msg-def456\n  type: response\n  correlation_id: msg-abc123\n  sender: { agent: mc }\n  receiver: { agent: executor, instance_id: exec-001 }\n  content: { action: context_provided, payload: { warmth: { gotchas: [x] } } }\n  metadata: { priority: high, ttl: 300 }\n",
+            "message:\n  id: msg-def456\n  timestamp: 2026-01-24T10:00:05Z\n  type: response\n  correlation_id: msg-abc123\n  sender: { agent: mc }\n  receiver: { agent: executor, instance_id: exec-001 }\n  content: { action: context_provided, payload: { warmth: { gotchas: [x] } } }\n  metadata: { priority: high, ttl: 300 }\n",
         ))
         .unwrap();
         assert_eq!(
@@ -566,11 +592,11 @@ mod tests {
             ("message: { sender: { agent: x } }", "type"),
             ("message: { type: shout, sender: { agent: x } }", "type"),
             (
-                "message: { type: response, sender: { agent: x } }",
+                "message: { timestamp: 2026-01-24T10:00:00Z, type: response, sender: { agent: x } }",
                 "correlation_id",
             ),
             (
-                "message: { type: error, sender: { agent: x } }",
+                "message: { timestamp: 2026-01-24T10:00:00Z, type: error, sender: { agent: x } }",
                 "correlation_id",
             ),
             (
@@ -578,15 +604,19 @@ mod tests {
                 "timestamp",
             ),
             (
-                "message: { type: request, sender: { agent: x }, metadata: { priority: urgent } }",
+                "message: { type: request, sender: { agent: x } }",
+                "timestamp",
+            ),
+            (
+                "message: { timestamp: 2026-01-24T10:00:00Z, type: request, sender: { agent: x }, metadata: { priority: urgent } }",
                 "metadata.priority",
             ),
             (
-                "message: { type: request, sender: { agent: x }, metadata: { ttl: -1 } }",
+                "message: { timestamp: 2026-01-24T10:00:00Z, type: request, sender: { agent: x }, metadata: { ttl: -1 } }",
                 "metadata.ttl",
             ),
             (
-                "message: { type: request, sender: { agent: x }, receiver: { agent: 5 } }",
+                "message: { timestamp: 2026-01-24T10:00:00Z, type: request, sender: { agent: x }, receiver: { agent: 5 } }",
                 "receiver.agent",
             ),
         ] {
@@ -594,12 +624,36 @@ mod tests {
             assert_eq!(err.field, field, "{yaml}: {err:?}");
         }
         let generated = validate(&doc(
-            "message: { type: notification, sender: { agent: x } }",
+            "message: { timestamp: 2026-01-24T10:00:00Z, type: notification, sender: { agent: x } }",
         ))
         .unwrap();
         assert!(generated.id.starts_with("msg-"), "{}", generated.id);
         assert!(uuid::Uuid::parse_str(&generated.id[4..]).is_ok());
         assert!(generated.receiver.is_broadcast());
+    }
+
+    #[test]
+    fn timestamps_without_an_offset_are_utc_and_kept_as_written() {
+        let utc = parse_iso8601("2026-01-24T10:00:00Z");
+        for text in [
+            "2026-01-24T10:00:00",
+            "2026-01-24 10:00:00",
+            "2026-01-24T10:00",
+            "2026-01-24T12:00:00+02:00",
+        ] {
+            assert_eq!(parse_timestamp(text), utc, "{text}");
+        }
+        assert_eq!(
+            parse_timestamp("2026-01-24T10:00:00.250"),
+            utc.map(|ms| ms + 250)
+        );
+        assert_eq!(parse_timestamp("2026-01-24"), None);
+        let msg = validate(&doc(
+            "message: { type: request, timestamp: \"2026-01-24T12:00:00+02:00\", sender: { agent: x } }",
+        ))
+        .unwrap();
+        assert_eq!(msg.timestamp, utc.unwrap());
+        assert_eq!(msg.raw["timestamp"], "2026-01-24T12:00:00+02:00");
     }
 
     #[test]
@@ -667,7 +721,7 @@ mod tests {
 
     #[test]
     fn entries_written_by_the_bridge_read_back() {
-        let msg = validate(&doc("message: { id: msg-1, type: request, sender: { agent: mc }, receiver: { agent: executor }, content: { action: abort, payload: { reason: stop } } }")).unwrap();
+        let msg = validate(&doc("message: { timestamp: 2026-01-24T10:00:00Z, id: msg-1, type: request, sender: { agent: mc }, receiver: { agent: executor }, content: { action: abort, payload: { reason: stop } } }")).unwrap();
         let text = entry(&msg.raw);
         let (entries, consumed) = parse_entries(&text);
         assert_eq!(consumed, text.len());
