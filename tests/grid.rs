@@ -594,3 +594,43 @@ async fn timestamps_are_required_and_relayed_as_written() {
     );
     w.bridge.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_program_the_document_names_is_reachable_before_it_is_seen() {
+    let w = world().await;
+    // Nobody has polled or connected as mc: it is one of the Grid's own programs.
+    w.http
+        .send(&request("msg-early", "executor", "mc", "request_context"))
+        .await;
+    assert_eq!(w.http.poll("agent=mc").await[0]["id"], "msg-early");
+    let (status, answer) = w
+        .http
+        .post(&request("msg-lost", "executor", "nobody", "hello"))
+        .await;
+    assert_eq!(
+        (
+            status,
+            answer["message"]["content"]["payload"]["error_code"].as_str()
+        ),
+        (404, Some("UNKNOWN_RECEIVER"))
+    );
+    w.bridge.shutdown().await;
+
+    // The list is configurable.
+    let w = world_from(
+        start_bridge(
+            "[grid]\nlisten = \"127.0.0.1:0\"\nexpiry_check_ms = 50\nprograms = [\"custodian\"]\n",
+        )
+        .await,
+    );
+    w.http
+        .send(&request("msg-c", "executor", "custodian", "sweep"))
+        .await;
+    assert_eq!(w.http.poll("agent=custodian").await[0]["id"], "msg-c");
+    let (status, _) = w
+        .http
+        .post(&request("msg-mc", "executor", "mc", "hello"))
+        .await;
+    assert_eq!(status, 404, "mc is not a program of this configuration");
+    w.bridge.shutdown().await;
+}

@@ -107,20 +107,7 @@ async fn post_messages(State(grid): Shared, headers: HeaderMap, body: Bytes) -> 
         }
     }
     for msg in &messages {
-        if !msg.receiver.is_broadcast()
-            && !grid.core.directory.contains(&msg.receiver.agent)
-            && msg.receiver.agent != msg.sender.agent
-        {
-            let refusal = Invalid {
-                code: "UNKNOWN_RECEIVER",
-                field: "receiver.agent".into(),
-                message: format!(
-                    "receiver.agent '{}' is not an agent the bridge knows",
-                    msg.receiver.agent
-                ),
-                id: Some(msg.id.clone()),
-                sender: Some(Box::new(msg.sender.clone())),
-            };
+        if let Err(refusal) = grid.check_receiver(msg).await {
             return error(&refusal, json);
         }
     }

@@ -161,6 +161,34 @@ impl Grid {
         Ok(())
     }
 
+    /// Checks that `msg` can reach its receiver: everyone, its own sender, an agent some
+    /// protocol knows, or one of the configured Grid programs — claimed now if it has not
+    /// been seen, so what is sent to it waits in its queue.
+    pub async fn check_receiver(&self, msg: &Message) -> Result<(), Invalid> {
+        let receiver = &msg.receiver.agent;
+        if msg.receiver.is_broadcast()
+            || *receiver == msg.sender.agent
+            || self.core.directory.contains(receiver)
+        {
+            return Ok(());
+        }
+        let answering = |mut e: Invalid| {
+            e.id = Some(msg.id.clone());
+            e.sender = Some(Box::new(msg.sender.clone()));
+            e
+        };
+        if self.config.programs.iter().any(|p| p == receiver) {
+            return self.register(receiver).await.map_err(answering);
+        }
+        Err(answering(Invalid {
+            code: "UNKNOWN_RECEIVER",
+            field: "receiver.agent".into(),
+            message: format!("receiver.agent '{receiver}' is not an agent the bridge knows"),
+            id: None,
+            sender: None,
+        }))
+    }
+
     /// Accepts a message from a Grid program: registers its sender, checks its receiver,
     /// and publishes it. A message whose id was accepted before is not routed again.
     pub async fn accept(&self, msg: Message, source: Source) -> Result<String, Invalid> {
@@ -176,16 +204,7 @@ impl Grid {
             e.sender = Some(Box::new(msg.sender.clone()));
             e
         })?;
-        if !msg.receiver.is_broadcast() && !self.core.directory.contains(&msg.receiver.agent) {
-            return Err(refuse(
-                "UNKNOWN_RECEIVER",
-                "receiver.agent",
-                format!(
-                    "receiver.agent '{}' is not an agent the bridge knows",
-                    msg.receiver.agent
-                ),
-            ));
-        }
+        self.check_receiver(&msg).await?;
         match self.core.store.message(&msg.id).await {
             Ok(Some(_)) => return Ok(msg.id),
             Ok(None) => {}
