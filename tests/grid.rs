@@ -634,3 +634,27 @@ async fn a_program_the_document_names_is_reachable_before_it_is_seen() {
     assert_eq!(status, 404, "mc is not a program of this configuration");
     w.bridge.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_poll_sees_every_message_accepted_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = world_from(start_bridge_in(dir.path().to_str().unwrap(), "").await);
+    let pollers: Vec<String> = (0..20).map(|i| format!("poller-{i}")).collect();
+    for name in &pollers {
+        w.http.poll(&format!("agent={name}")).await;
+    }
+    // Broadcasts and direct messages, accepted in one request…
+    let mut body = String::new();
+    for i in 0..30 {
+        body.push_str(&format!("---\nmessage: {{ id: b-{i}, type: notification, sender: {{ agent: executor }}, receiver: {{ agent: broadcast }} }}\n"));
+        body.push_str(&format!("---\nmessage: {{ id: d-{i}, type: request, sender: {{ agent: executor }}, receiver: {{ agent: poller-19 }} }}\n"));
+    }
+    assert_eq!(w.http.send(&body).await.len(), 60);
+    // …are all there for a poll that follows at once.
+    for name in &pollers {
+        let got = w.http.poll(&format!("agent={name}")).await;
+        let expected = if name == "poller-19" { 60 } else { 30 };
+        assert_eq!(got.len(), expected, "{name}");
+    }
+    w.bridge.shutdown().await;
+}

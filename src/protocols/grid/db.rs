@@ -93,23 +93,27 @@ impl Db {
             .await
     }
 
+    /// Queues one message for each of `agents` (a message already queued for an agent is
+    /// not queued twice).
     pub async fn enqueue(
         &self,
-        agent: &str,
+        agents: Vec<String>,
         message_id: &str,
         lane: usize,
         ts: i64,
         expires_at: Option<i64>,
         body: String,
     ) -> Result<(), StoreError> {
-        let (agent, message_id) = (agent.to_owned(), message_id.to_owned());
+        let message_id = message_id.to_owned();
         self.store
             .write(move |conn| {
-                conn.execute(
+                let mut stmt = conn.prepare_cached(
                     "INSERT OR IGNORE INTO grid_queue (agent, message_id, priority, ts, expires_at, body)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                    params![agent, message_id, lane as i64, ts, expires_at, body],
                 )?;
+                for agent in agents {
+                    stmt.execute(params![agent, message_id, lane as i64, ts, expires_at, body])?;
+                }
                 Ok(())
             })
             .await

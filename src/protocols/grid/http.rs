@@ -162,6 +162,8 @@ async fn poll(
     if let Err(e) = grid.register(&agent).await {
         return error(&e, json);
     }
+    // What was accepted before this poll may still be on its way to the queue.
+    grid.flush().await;
     let queued = match grid.db.take(&agent, since).await {
         Ok(queued) => queued,
         Err(e) => {

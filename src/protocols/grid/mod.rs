@@ -22,14 +22,16 @@ use std::time::Duration;
 
 use dashmap::DashSet;
 use serde_json::Value;
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
 use super::{Running, StartError};
-use crate::core::{AgentInfo, Core, Delivery, Envelope, Interest, Kind, OfflineSink, Protocol};
+use crate::core::{
+    AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, OfflineSink, Protocol, Session,
+    WhenFull,
+};
 use crate::telemetry;
 use db::Db;
 use wire::{Invalid, Message};
@@ -64,6 +66,9 @@ enum Outgoing {
     },
     /// Append to the scratchpad.
     Append(Value),
+    /// Answered once everything sent before it, and every broadcast routed before it, is
+    /// written: a poll waits for this, so it sees every message accepted before it.
+    Flush(oneshot::Sender<()>),
 }
 
 pub struct Grid {
@@ -106,10 +111,11 @@ pub async fn start(
 
     let listener = super::bind(PROTOCOL, config.listen).await?;
     let addr = listener.local_addr().map_err(|e| fail(&e))?;
+    let hub = hub_mailbox(&core);
+    let hub_session = core.router.attach(HUB, hub.clone(), Arc::new(HubInterest));
     let mut tasks = vec![
-        tokio::spawn(grid.clone().write_outgoing(outgoing_rx)),
+        tokio::spawn(grid.clone().write_outgoing(outgoing_rx, hub, hub_session)),
         tokio::spawn(grid.clone().expire_queued()),
-        hub(grid.clone()),
     ];
     if !config.scratchpad.0.is_empty() {
         tasks.push(tokio::spawn(grid.clone().watch_scratchpads()));
@@ -298,46 +304,114 @@ impl Grid {
         });
     }
 
-    async fn write_outgoing(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Outgoing>) {
+    /// Writes queued messages and scratchpad appends in the order they were sent, and keeps
+    /// every broadcast for the programs that are not connected. The hub's mailbox is read
+    /// here rather than by a task of its own, so a flush can take in what it holds.
+    async fn write_outgoing(
+        self: Arc<Self>,
+        mut rx: mpsc::UnboundedReceiver<Outgoing>,
+        hub: Arc<Mailbox>,
+        hub_session: Arc<Session>,
+    ) {
         loop {
-            // At shutdown, what is already waiting is still written.
-            let job = tokio::select! {
+            tokio::select! {
                 biased;
-                job = rx.recv() => match job { Some(job) => job, None => return },
-                _ = self.shutdown.cancelled() => match rx.try_recv() {
-                    Ok(job) => job,
-                    Err(_) => return,
+                job = rx.recv() => match job {
+                    Some(job) => self.run(job, &hub).await,
+                    None => break,
                 },
-            };
-            match job {
-                Outgoing::Queue {
-                    agent,
-                    delivery,
-                    message,
-                } => {
-                    let env = &delivery.envelope;
-                    let expires_at = queue_expiry(env, crate::core::now_ms());
-                    if let Err(e) = self
-                        .db
-                        .enqueue(
-                            &agent,
-                            &env.id,
-                            env.priority.lane(),
-                            env.timestamp,
-                            expires_at,
-                            message.to_string(),
-                        )
-                        .await
-                    {
-                        tracing::error!(error = %e, agent, "grid: cannot queue a message");
+                next = hub.recv() => match next {
+                    Ok(delivery) => self.keep_broadcast(&delivery).await,
+                    Err(_) => break,
+                },
+                _ = self.shutdown.cancelled() => {
+                    // At shutdown, what is already waiting is still written.
+                    self.drain_hub(&hub).await;
+                    while let Ok(job) = rx.try_recv() {
+                        self.run(job, &hub).await;
                     }
-                }
-                Outgoing::Append(message) => {
-                    if let Err(e) = self.append_to_scratchpad(&message).await {
-                        tracing::error!(error = %e, "grid: cannot append to the scratchpad");
-                    }
+                    break;
                 }
             }
+        }
+        self.core.router.detach(&hub_session);
+    }
+
+    async fn run(&self, job: Outgoing, hub: &Mailbox) {
+        match job {
+            Outgoing::Queue {
+                agent,
+                delivery,
+                message,
+            } => self.queue(vec![agent], &delivery, &message).await,
+            Outgoing::Append(message) => {
+                if let Err(e) = self.append_to_scratchpad(&message).await {
+                    tracing::error!(error = %e, "grid: cannot append to the scratchpad");
+                }
+            }
+            Outgoing::Flush(done) => {
+                self.drain_hub(hub).await;
+                let _ = done.send(());
+            }
+        }
+    }
+
+    /// Waits until every message accepted so far is in the queue.
+    pub async fn flush(&self) {
+        let (done, flushed) = oneshot::channel();
+        if self.outgoing.send(Outgoing::Flush(done)).is_ok() {
+            // An error means the writer stopped (shutdown): nothing more will be written.
+            let _ = flushed.await;
+        }
+    }
+
+    async fn drain_hub(&self, hub: &Mailbox) {
+        while let Ok(Some(delivery)) = hub.try_recv() {
+            self.keep_broadcast(&delivery).await;
+        }
+    }
+
+    /// A message for every Grid program: appended to the scratchpad, and queued for each
+    /// program that is not connected.
+    async fn keep_broadcast(&self, delivery: &Arc<Delivery>) {
+        let Some(message) = self.encode(delivery) else {
+            return;
+        };
+        if !self.config.scratchpad.0.is_empty() && !self.came_from_scratchpad(&delivery.envelope.id)
+        {
+            if let Err(e) = self.append_to_scratchpad(&message).await {
+                tracing::error!(error = %e, "grid: cannot append to the scratchpad");
+            }
+        }
+        let programs: Vec<String> = self
+            .programs
+            .iter()
+            .map(|p| p.clone())
+            .filter(|p| *p != delivery.envelope.from && !self.core.router.is_connected(p))
+            .collect();
+        self.queue(programs, delivery, &message).await;
+    }
+
+    /// Queues `message` for each of `agents`, in one commit.
+    async fn queue(&self, agents: Vec<String>, delivery: &Delivery, message: &Value) {
+        if agents.is_empty() {
+            return;
+        }
+        let env = &delivery.envelope;
+        let expires_at = queue_expiry(env, crate::core::now_ms());
+        if let Err(e) = self
+            .db
+            .enqueue(
+                agents,
+                &env.id,
+                env.priority.lane(),
+                env.timestamp,
+                expires_at,
+                message.to_string(),
+            )
+            .await
+        {
+            tracing::error!(error = %e, message = %env.id, "grid: cannot queue a message");
         }
     }
 
@@ -409,37 +483,18 @@ impl Interest for HubInterest {
     }
 }
 
-fn hub(grid: Arc<Grid>) -> JoinHandle<()> {
-    let mailbox = grid.core.router.mailbox(PROTOCOL);
-    let session = grid
-        .core
-        .router
-        .attach(HUB, mailbox.clone(), Arc::new(HubInterest));
-    tokio::spawn(async move {
-        loop {
-            let delivery = tokio::select! {
-                _ = grid.shutdown.cancelled() => break,
-                next = mailbox.recv() => match next { Ok(d) => d, Err(_) => break },
-            };
-            let Some(message) = grid.encode(&delivery) else {
-                continue;
-            };
-            if !grid.config.scratchpad.0.is_empty()
-                && !grid.came_from_scratchpad(&delivery.envelope.id)
-            {
-                let _ = grid.outgoing.send(Outgoing::Append(message.clone()));
-            }
-            let programs: Vec<String> = grid.programs.iter().map(|p| p.clone()).collect();
-            for program in programs {
-                if program != delivery.envelope.from && !grid.core.router.is_connected(&program) {
-                    let _ = grid.outgoing.send(Outgoing::Queue {
-                        agent: program,
-                        delivery: delivery.clone(),
-                        message: message.clone(),
-                    });
+/// The hub's mailbox: unbounded, as its reader only moves messages to the store (a
+/// bounded one would drop broadcasts under a burst). A broadcast whose ttl runs out before
+/// it is kept is answered like any expired message.
+fn hub_mailbox(core: &Arc<Core>) -> Arc<Mailbox> {
+    let weak = Arc::downgrade(core);
+    Arc::new(
+        Mailbox::new(PROTOCOL, usize::MAX, WhenFull::DropNewest).with_expiry_hook(Arc::new(
+            move |delivery| {
+                if let Some(core) = weak.upgrade() {
+                    core.expired(&delivery, PROTOCOL);
                 }
-            }
-        }
-        grid.core.router.detach(&session);
-    })
+            },
+        )),
+    )
 }
