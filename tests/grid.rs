@@ -658,3 +658,32 @@ async fn a_poll_sees_every_message_accepted_before_it() {
     }
     w.bridge.shutdown().await;
 }
+
+#[tokio::test]
+async fn polling_as_an_instance_takes_only_what_it_is_given() {
+    let w = world().await;
+    programs(&w, &["executor"]).await;
+    for (id, instance) in [("for-1", "exec-001"), ("for-2", "exec-002")] {
+        w.http
+            .send(&format!("message: {{ id: {id}, type: request, sender: {{ agent: mc }}, receiver: {{ agent: executor, instance_id: {instance} }} }}"))
+            .await;
+    }
+    w.http
+        .send("message: { id: for-all, type: request, sender: { agent: mc }, receiver: { agent: executor } }")
+        .await;
+    let ids = |got: Vec<Value>| -> Vec<String> {
+        got.iter()
+            .map(|m| m["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        ids(w.http.poll("agent=executor&instance_id=exec-001").await),
+        ["for-1", "for-all"]
+    );
+    assert_eq!(
+        ids(w.http.poll("agent=executor&instance_id=exec-002").await),
+        ["for-2"],
+        "exec-001's poll left exec-002's message"
+    );
+    w.bridge.shutdown().await;
+}

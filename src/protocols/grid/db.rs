@@ -5,9 +5,10 @@ use rusqlite::{OptionalExtension, params};
 
 use crate::store::{Migration, Store, StoreError};
 
-pub static MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: "
+pub static MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sql: "
         CREATE TABLE grid_agents (
             agent      TEXT PRIMARY KEY,
             created_at INTEGER NOT NULL
@@ -38,7 +39,17 @@ pub static MIGRATIONS: &[Migration] = &[Migration {
             seen_at INTEGER NOT NULL
         ) WITHOUT ROWID;
     ",
-}];
+    },
+    Migration {
+        version: 2,
+        sql: "
+        -- The instance a queued message is for, when it names one: a poll or a socket of
+        -- another instance leaves it.
+        ALTER TABLE grid_queue ADD COLUMN instance TEXT;
+        UPDATE grid_queue SET instance = json_extract(body, '$.receiver.instance_id');
+    ",
+    },
+];
 
 /// A queued message.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,6 +58,15 @@ pub struct Queued {
     pub agent: String,
     /// The `message:` object, as JSON text.
     pub body: String,
+}
+
+/// Which of an agent's queued messages a reader takes.
+#[derive(Clone, Copy, Debug)]
+pub enum Instances<'a> {
+    /// Everything for the agent (a poll that names no instance).
+    All,
+    /// What names no instance, and what names this one.
+    Of(Option<&'a str>),
 }
 
 /// Where reading a scratchpad file stopped.
@@ -94,11 +114,13 @@ impl Db {
     }
 
     /// Queues one message for each of `agents` (a message already queued for an agent is
-    /// not queued twice).
+    /// not queued twice). `instance` is the instance the message names, if any.
+    #[allow(clippy::too_many_arguments)]
     pub async fn enqueue(
         &self,
         agents: Vec<String>,
         message_id: &str,
+        instance: Option<String>,
         lane: usize,
         ts: i64,
         expires_at: Option<i64>,
@@ -108,39 +130,61 @@ impl Db {
         self.store
             .write(move |conn| {
                 let mut stmt = conn.prepare_cached(
-                    "INSERT OR IGNORE INTO grid_queue (agent, message_id, priority, ts, expires_at, body)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    "INSERT OR IGNORE INTO grid_queue (agent, message_id, instance, priority, ts, expires_at, body)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 )?;
                 for agent in agents {
-                    stmt.execute(params![agent, message_id, lane as i64, ts, expires_at, body])?;
+                    stmt.execute(params![
+                        agent,
+                        message_id,
+                        instance,
+                        lane as i64,
+                        ts,
+                        expires_at,
+                        body
+                    ])?;
                 }
                 Ok(())
             })
             .await
     }
 
-    /// Takes the messages waiting for `agent`: higher priority first, then oldest first;
-    /// only those stamped after `since` (ms) when given.
-    pub async fn take(&self, agent: &str, since: Option<i64>) -> Result<Vec<Queued>, StoreError> {
+    /// Takes the messages waiting for `agent` that `instances` covers: higher priority
+    /// first, then oldest first; only those stamped after `since` (ms) when given. Only what
+    /// is returned leaves the queue.
+    pub async fn take(
+        &self,
+        agent: &str,
+        since: Option<i64>,
+        instances: Instances<'_>,
+    ) -> Result<Vec<Queued>, StoreError> {
         let agent = agent.to_owned();
+        let (all, instance) = match instances {
+            Instances::All => (true, None),
+            Instances::Of(instance) => (false, instance.map(str::to_owned)),
+        };
         self.store
             .write(move |conn| {
                 let mut stmt = conn.prepare_cached(
-                    "DELETE FROM grid_queue WHERE agent = ?1 AND ts > ?2
+                    "DELETE FROM grid_queue
+                     WHERE agent = ?1 AND ts > ?2 AND (?3 OR instance IS NULL OR instance = ?4)
                      RETURNING seq, priority, message_id, agent, body",
                 )?;
                 let mut rows: Vec<(i64, i64, Queued)> = stmt
-                    .query_map(params![agent, since.unwrap_or(i64::MIN)], |r| {
-                        Ok((
-                            r.get(0)?,
-                            r.get(1)?,
-                            Queued {
-                                message_id: r.get(2)?,
-                                agent: r.get(3)?,
-                                body: r.get(4)?,
-                            },
-                        ))
-                    })?
+                    .query_map(
+                        params![agent, since.unwrap_or(i64::MIN), all, instance],
+                        |r| {
+                            Ok((
+                                r.get(0)?,
+                                r.get(1)?,
+                                Queued {
+                                    message_id: r.get(2)?,
+                                    agent: r.get(3)?,
+                                    body: r.get(4)?,
+                                },
+                            ))
+                        },
+                    )?
                     .collect::<Result<_, _>>()?;
                 rows.sort_by_key(|(seq, priority, _)| (*priority, *seq));
                 Ok(rows.into_iter().map(|(_, _, q)| q).collect())

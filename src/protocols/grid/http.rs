@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
+use super::db::Instances;
 use super::wire::{self, Invalid, Message};
 use super::{Grid, Source, ws};
 use crate::core::Role;
@@ -164,7 +165,13 @@ async fn poll(
     }
     // What was accepted before this poll may still be on its way to the queue.
     grid.flush().await;
-    let queued = match grid.db.take(&agent, since).await {
+    // A poll that names its instance takes what is for the agent and for that instance,
+    // and leaves what is for the others.
+    let instances = match query.get("instance_id").filter(|i| !i.is_empty()) {
+        Some(instance) => Instances::Of(Some(instance)),
+        None => Instances::All,
+    };
+    let queued = match grid.db.take(&agent, since, instances).await {
         Ok(queued) => queued,
         Err(e) => {
             tracing::error!(error = %e, "grid: cannot read the queue");
@@ -177,17 +184,9 @@ async fn poll(
             );
         }
     };
-    let instance = query.get("instance_id");
     let messages: Vec<Value> = queued
         .iter()
         .filter_map(|q| serde_json::from_str::<Value>(&q.body).ok())
-        .filter(|m| {
-            let target = m
-                .get("receiver")
-                .and_then(|r| r.get("instance_id"))
-                .and_then(Value::as_str);
-            target.is_none_or(|t| instance.is_none_or(|i| i == t))
-        })
         .collect();
     if json {
         return answer(StatusCode::OK, &json!({ "messages": messages }), true);

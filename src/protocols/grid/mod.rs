@@ -399,11 +399,15 @@ impl Grid {
         }
         let env = &delivery.envelope;
         let expires_at = queue_expiry(env, crate::core::now_ms());
+        let instance = message["receiver"]["instance_id"]
+            .as_str()
+            .map(str::to_owned);
         if let Err(e) = self
             .db
             .enqueue(
                 agents,
                 &env.id,
+                instance,
                 env.priority.lane(),
                 env.timestamp,
                 expires_at,
