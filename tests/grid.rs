@@ -687,3 +687,26 @@ async fn polling_as_an_instance_takes_only_what_it_is_given() {
     );
     w.bridge.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_message_for_an_instance_without_a_socket_is_queued() {
+    let w = world().await;
+    let mut exec1 = GridWs::quiet(w.addr, "executor", Some("exec-001")).await;
+    w.http
+        .send("message: { id: for-2, type: request, sender: { agent: mc }, receiver: { agent: executor, instance_id: exec-002 } }")
+        .await;
+    w.http
+        .send("message: { id: for-all, type: request, sender: { agent: mc }, receiver: { agent: executor } }")
+        .await;
+    assert_eq!(
+        exec1.next().await["id"],
+        "for-all",
+        "exec-001 is not given exec-002's message"
+    );
+    let got = w.http.poll("agent=executor&instance_id=exec-002").await;
+    assert_eq!(
+        got.iter().map(|m| m["id"].as_str().unwrap()).collect::<Vec<_>>(),
+        ["for-2"]
+    );
+    w.bridge.shutdown().await;
+}

@@ -12,6 +12,7 @@ mod config;
 mod db;
 mod http;
 mod scratchpad;
+mod sockets;
 pub(crate) mod translate;
 pub(crate) mod wire;
 mod ws;
@@ -77,8 +78,8 @@ pub struct Grid {
     db: Db,
     /// Grid programs the bridge knows.
     programs: DashSet<String>,
-    /// program → open sockets.
-    connections: dashmap::DashMap<String, usize>,
+    /// Programs' open sockets.
+    sockets: sockets::Sockets,
     from_scratchpad: Mutex<Recent>,
     outgoing: mpsc::UnboundedSender<Outgoing>,
     shutdown: CancellationToken,
@@ -97,7 +98,7 @@ pub async fn start(
         config: config.clone(),
         db: db.clone(),
         programs: DashSet::new(),
-        connections: dashmap::DashMap::new(),
+        sockets: sockets::Sockets::default(),
         from_scratchpad: Mutex::new(Recent::default()),
         outgoing,
         shutdown: shutdown.clone(),

@@ -9,7 +9,7 @@
 //! who is there from `GET /grid/v1/agents`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use axum::extract::ws::{CloseFrame, Message as Frame, Utf8Bytes, WebSocket};
 use serde_json::{Value, json};
@@ -21,8 +21,13 @@ use crate::protocols::clock::iso8601;
 use crate::telemetry::ConnectionGuard;
 
 /// What a program's connection takes: what is for its agent (and its instance, when the
-/// message names one), what is for every Grid program, and presence when it asked.
+/// message names one), what is for every Grid program, and presence when it asked. A
+/// message for an instance with no socket is taken by one socket of the agent, which
+/// queues it rather than let it be lost.
 struct ProgramInterest {
+    grid: Weak<Grid>,
+    agent: String,
+    socket: u64,
     instance: Option<String>,
     presence: bool,
 }
@@ -36,7 +41,14 @@ impl Interest for ProgramInterest {
         if env.kind.is_presence() {
             return self.presence && env.kind != Kind::PresenceStatus;
         }
-        translate::target_instance(env).is_none_or(|t| self.instance.as_deref() == Some(t))
+        match translate::target_instance(env) {
+            None => true,
+            Some(target) if self.instance.as_deref() == Some(target) => true,
+            Some(target) => self
+                .grid
+                .upgrade()
+                .is_some_and(|grid| grid.sockets.keeps_for(&self.agent, target, self.socket)),
+        }
     }
 }
 
@@ -44,6 +56,8 @@ struct Connection {
     socket: WebSocket,
     grid: Arc<Grid>,
     identity: Option<(Party, Arc<Session>)>,
+    /// This socket's id among the program's sockets, once identified.
+    socket_id: u64,
     /// Whether the program asked for presence (`?presence=1`).
     presence: bool,
 }
@@ -54,6 +68,7 @@ pub async fn serve(socket: WebSocket, grid: Arc<Grid>, query: HashMap<String, St
         socket,
         grid: grid.clone(),
         identity: None,
+        socket_id: 0,
         presence: query
             .get("presence")
             .is_some_and(|p| matches!(p.as_str(), "1" | "true" | "yes")),
@@ -121,23 +136,24 @@ impl Connection {
             self.close(1008, "name taken").await;
             return false;
         }
-        let first = {
-            let mut count = self
-                .grid
-                .connections
-                .entry(party.agent.clone())
-                .or_insert(0);
-            *count += 1;
-            *count == 1
-        };
+        // Recorded before attaching, so the socket's interest finds itself among them.
+        let (socket_id, first) = self
+            .grid
+            .sockets
+            .open(&party.agent, party.instance_id.as_deref());
+        self.socket_id = socket_id;
         let session = self.grid.core.router.attach(
             &party.agent,
             self.grid.core.router.mailbox(PROTOCOL),
             Arc::new(ProgramInterest {
+                grid: Arc::downgrade(&self.grid),
+                agent: party.agent.clone(),
+                socket: socket_id,
                 instance: party.instance_id.clone(),
                 presence: self.presence,
             }),
         );
+        self.grid.sockets.attached(&party.agent);
         if first {
             self.grid
                 .core
@@ -200,6 +216,14 @@ impl Connection {
     }
 
     async fn write(&mut self, delivery: &Arc<Delivery>) -> bool {
+        if self.keeps_for_another(delivery)
+            && let Some((party, _)) = &self.identity
+        {
+            // For an instance with no socket: queued for it to poll or connect.
+            self.grid.hold(&party.agent, delivery);
+            crate::protocols::written(delivery, PROTOCOL);
+            return true;
+        }
         let frame: Option<Utf8Bytes> = delivery.encoded(PROTOCOL, |env| {
             translate::encode(env).map(|m| Utf8Bytes::from(wire::to_yaml(&m)))
         });
@@ -209,6 +233,16 @@ impl Connection {
         }
         crate::protocols::written(delivery, PROTOCOL);
         true
+    }
+
+    /// Whether `delivery` names another instance than this socket's (this socket took it
+    /// because that instance has none).
+    fn keeps_for_another(&self, delivery: &Delivery) -> bool {
+        let mine = self
+            .identity
+            .as_ref()
+            .and_then(|(p, _)| p.instance_id.as_deref());
+        translate::target_instance(&delivery.envelope).is_some_and(|t| Some(t) != mine)
     }
 
     async fn send(&mut self, doc: &Value) -> bool {
@@ -230,14 +264,8 @@ impl Connection {
         let Some((party, session)) = self.identity else {
             return;
         };
+        let last = self.grid.sockets.close(&party.agent, self.socket_id);
         self.grid.core.router.detach(&session);
-        let last = match self.grid.connections.get_mut(&party.agent) {
-            Some(mut count) => {
-                *count = count.saturating_sub(1);
-                *count == 0
-            }
-            None => false,
-        };
         if last && !self.grid.shutdown.is_cancelled() {
             self.grid
                 .core
