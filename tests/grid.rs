@@ -705,8 +705,67 @@ async fn a_message_for_an_instance_without_a_socket_is_queued() {
     );
     let got = w.http.poll("agent=executor&instance_id=exec-002").await;
     assert_eq!(
-        got.iter().map(|m| m["id"].as_str().unwrap()).collect::<Vec<_>>(),
+        got.iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect::<Vec<_>>(),
         ["for-2"]
+    );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_socket_is_given_what_was_queued_for_it_first() {
+    let w = world().await;
+    programs(&w, &["mc"]).await;
+    for (id, priority) in [("q-1", "normal"), ("q-2", "low"), ("q-3", "high")] {
+        w.http
+            .send(&format!("message: {{ id: {id}, type: request, sender: {{ agent: planner }}, receiver: {{ agent: mc }}, metadata: {{ priority: {priority} }} }}"))
+            .await;
+    }
+    let mut mc = GridWs::quiet(w.addr, "mc", None).await;
+    for id in ["q-3", "q-1", "q-2"] {
+        assert_eq!(mc.next().await["id"], id);
+    }
+    w.http.send(&request("live", "planner", "mc", "next")).await;
+    assert_eq!(mc.next().await["id"], "live");
+    assert!(
+        w.http.poll("agent=mc").await.is_empty(),
+        "what the socket was given left the queue"
+    );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn what_a_closed_socket_had_not_sent_is_queued_again() {
+    let w = world().await;
+    // A reader with a small window that never reads: the bridge's writes back up.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let tcp = socket.connect(w.addr).await.unwrap();
+    let (stream, _) =
+        tokio_tungstenite::client_async(format!("ws://{}/grid/v1/ws?agent=mc", w.addr), tcp)
+            .await
+            .unwrap();
+    let big = "x".repeat(512 * 1024);
+    let ids: Vec<String> = (0..24).map(|i| format!("big-{i}")).collect();
+    for id in &ids {
+        let (status, _) = w
+            .http
+            .post_json(json!({ "message": { "id": id, "timestamp": "2026-01-24T10:00:00Z", "type": "request", "sender": { "agent": "planner" }, "receiver": { "agent": "mc" }, "content": { "payload": { "text": big } } } }))
+            .await;
+        assert_eq!(status, 202);
+    }
+    // The program goes away without reading.
+    drop(stream.into_inner());
+    let got: Vec<String> = poll_until_some(&w, "mc")
+        .await
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        ids.ends_with(&got),
+        "the rest, in order: {:?}",
+        got.iter().collect::<Vec<_>>()
     );
     w.bridge.shutdown().await;
 }

@@ -51,13 +51,33 @@ pub static MIGRATIONS: &[Migration] = &[
     },
 ];
 
-/// A queued message.
+/// A queued message: a row of `grid_queue`, whole, so that one taken can be put back.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Queued {
-    pub message_id: String,
+    pub seq: i64,
     pub agent: String,
+    pub message_id: String,
+    pub instance: Option<String>,
+    pub priority: i64,
+    pub ts: i64,
+    pub expires_at: Option<i64>,
     /// The `message:` object, as JSON text.
     pub body: String,
+}
+
+const QUEUED_COLUMNS: &str = "seq, agent, message_id, instance, priority, ts, expires_at, body";
+
+fn queued(r: &rusqlite::Row<'_>) -> rusqlite::Result<Queued> {
+    Ok(Queued {
+        seq: r.get(0)?,
+        agent: r.get(1)?,
+        message_id: r.get(2)?,
+        instance: r.get(3)?,
+        priority: r.get(4)?,
+        ts: r.get(5)?,
+        expires_at: r.get(6)?,
+        body: r.get(7)?,
+    })
 }
 
 /// Which of an agent's queued messages a reader takes.
@@ -165,29 +185,19 @@ impl Db {
         };
         self.store
             .write(move |conn| {
-                let mut stmt = conn.prepare_cached(
+                let mut stmt = conn.prepare_cached(&format!(
                     "DELETE FROM grid_queue
                      WHERE agent = ?1 AND ts > ?2 AND (?3 OR instance IS NULL OR instance = ?4)
-                     RETURNING seq, priority, message_id, agent, body",
-                )?;
-                let mut rows: Vec<(i64, i64, Queued)> = stmt
+                     RETURNING {QUEUED_COLUMNS}"
+                ))?;
+                let mut rows: Vec<Queued> = stmt
                     .query_map(
                         params![agent, since.unwrap_or(i64::MIN), all, instance],
-                        |r| {
-                            Ok((
-                                r.get(0)?,
-                                r.get(1)?,
-                                Queued {
-                                    message_id: r.get(2)?,
-                                    agent: r.get(3)?,
-                                    body: r.get(4)?,
-                                },
-                            ))
-                        },
+                        queued,
                     )?
                     .collect::<Result<_, _>>()?;
-                rows.sort_by_key(|(seq, priority, _)| (*priority, *seq));
-                Ok(rows.into_iter().map(|(_, _, q)| q).collect())
+                rows.sort_by_key(|q| (q.priority, q.seq));
+                Ok(rows)
             })
             .await
     }
@@ -196,18 +206,41 @@ impl Db {
     pub async fn take_expired(&self, now: i64) -> Result<Vec<Queued>, StoreError> {
         self.store
             .write(move |conn| {
-                let mut stmt = conn.prepare_cached(
+                let mut stmt = conn.prepare_cached(&format!(
                     "DELETE FROM grid_queue WHERE expires_at IS NOT NULL AND expires_at <= ?1
-                     RETURNING message_id, agent, body",
-                )?;
-                let rows = stmt.query_map([now], |r| {
-                    Ok(Queued {
-                        message_id: r.get(0)?,
-                        agent: r.get(1)?,
-                        body: r.get(2)?,
-                    })
-                })?;
+                     RETURNING {QUEUED_COLUMNS}"
+                ))?;
+                let rows = stmt.query_map([now], queued)?;
                 Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await
+    }
+
+    /// Puts taken messages back where they were (same sequence numbers, so the same
+    /// order); one queued again meanwhile is kept once.
+    pub async fn restore(&self, rows: Vec<Queued>) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.store
+            .write(move |conn| {
+                let mut stmt = conn.prepare_cached(&format!(
+                    "INSERT OR IGNORE INTO grid_queue ({QUEUED_COLUMNS})
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+                ))?;
+                for q in rows {
+                    stmt.execute(params![
+                        q.seq,
+                        q.agent,
+                        q.message_id,
+                        q.instance,
+                        q.priority,
+                        q.ts,
+                        q.expires_at,
+                        q.body
+                    ])?;
+                }
+                Ok(())
             })
             .await
     }

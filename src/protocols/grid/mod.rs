@@ -308,6 +308,22 @@ impl Grid {
     /// Writes queued messages and scratchpad appends in the order they were sent, and keeps
     /// every broadcast for the programs that are not connected. The hub's mailbox is read
     /// here rather than by a task of its own, so a flush can take in what it holds.
+    /// Queues again a message a socket took but did not send. Not presence, which is news
+    /// only while it is new; not appended to the scratchpad, as it was for a socket.
+    fn requeue(&self, agent: &str, delivery: &Arc<Delivery>) {
+        if delivery.envelope.kind.is_presence() {
+            return;
+        }
+        let Some(message) = self.encode(delivery) else {
+            return;
+        };
+        let _ = self.outgoing.send(Outgoing::Queue {
+            agent: agent.to_owned(),
+            delivery: delivery.clone(),
+            message,
+        });
+    }
+
     async fn write_outgoing(
         self: Arc<Self>,
         mut rx: mpsc::UnboundedReceiver<Outgoing>,
@@ -373,7 +389,8 @@ impl Grid {
     }
 
     /// A message for every Grid program: appended to the scratchpad, and queued for each
-    /// program that is not connected.
+    /// program it did not reach: one with no socket, or whose first socket attached after
+    /// the message was routed.
     async fn keep_broadcast(&self, delivery: &Arc<Delivery>) {
         let Some(message) = self.encode(delivery) else {
             return;
@@ -388,9 +405,14 @@ impl Grid {
             .programs
             .iter()
             .map(|p| p.clone())
-            .filter(|p| *p != delivery.envelope.from && !self.core.router.is_connected(p))
+            .filter(|p| *p != delivery.envelope.from && !self.reached_by_broadcast(p, delivery))
             .collect();
         self.queue(programs, delivery, &message).await;
+    }
+
+    fn reached_by_broadcast(&self, program: &str, delivery: &Delivery) -> bool {
+        self.core.router.is_connected(program)
+            && self.sockets.attached_by(program, delivery.accepted_at)
     }
 
     /// Queues `message` for each of `agents`, in one commit.

@@ -59,6 +59,15 @@ impl Sockets {
         last
     }
 
+    /// Whether the agent has had a socket attached since `at` or earlier, so that a message
+    /// routed to everyone at `at` reached it.
+    pub fn attached_by(&self, agent: &str, at: Instant) -> bool {
+        self.by_agent
+            .get(agent)
+            .and_then(|open| open.since)
+            .is_some_and(|since| since <= at)
+    }
+
     /// Whether socket `id` keeps a message for `instance` of `agent`: the agent's oldest
     /// socket does when that instance has none, so that exactly one takes it (to queue it).
     /// With no socket recorded, every session still attached keeps it: it is closing and
@@ -101,5 +110,30 @@ mod tests {
             sockets.keeps_for("executor", "exec-002", b),
             "closing: keep, to queue"
         );
+    }
+
+    #[test]
+    fn a_program_is_attached_from_its_first_socket_on() {
+        let sockets = Sockets::default();
+        let before = Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        let (a, _) = sockets.open("mc", None);
+        assert!(
+            !sockets.attached_by("mc", Instant::now()),
+            "not attached yet"
+        );
+        sockets.attached("mc");
+        let after = Instant::now();
+        assert!(sockets.attached_by("mc", after));
+        assert!(!sockets.attached_by("mc", before));
+        let (b, _) = sockets.open("mc", None);
+        sockets.attached("mc");
+        assert!(
+            !sockets.attached_by("mc", before),
+            "the first socket's time counts"
+        );
+        sockets.close("mc", a);
+        sockets.close("mc", b);
+        assert!(!sockets.attached_by("mc", Instant::now()));
     }
 }

@@ -8,12 +8,13 @@
 //! not the document's, so a program that did not ask never has to skip them; it can learn
 //! who is there from `GET /grid/v1/agents`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
 use axum::extract::ws::{CloseFrame, Message as Frame, Utf8Bytes, WebSocket};
 use serde_json::{Value, json};
 
+use super::db::Instances;
 use super::wire::{self, Invalid, Party};
 use super::{Grid, PROTOCOL, Source, translate};
 use crate::core::{Delivery, Envelope, Interest, Kind, Mailbox, Session, Status};
@@ -58,6 +59,11 @@ struct Connection {
     identity: Option<(Party, Arc<Session>)>,
     /// This socket's id among the program's sockets, once identified.
     socket_id: u64,
+    /// Ids of the queued messages sent on connecting: a copy that also reached the
+    /// mailbox (routed while the socket attached) is not sent twice.
+    from_backlog: HashSet<String>,
+    /// A delivery the socket failed to send: queued again when the connection ends.
+    unsent: Vec<Arc<Delivery>>,
     /// Whether the program asked for presence (`?presence=1`).
     presence: bool,
 }
@@ -69,6 +75,8 @@ pub async fn serve(socket: WebSocket, grid: Arc<Grid>, query: HashMap<String, St
         grid: grid.clone(),
         identity: None,
         socket_id: 0,
+        from_backlog: HashSet::new(),
+        unsent: Vec::new(),
         presence: query
             .get("presence")
             .is_some_and(|p| matches!(p.as_str(), "1" | "true" | "yes")),
@@ -161,9 +169,14 @@ impl Connection {
                 .await;
         }
         self.identity = Some((party.clone(), session));
-        if !self.presence {
-            return true;
+        if self.presence && !self.welcome(&party).await {
+            return false;
         }
+        self.send_backlog(&party).await
+    }
+
+    /// Tells a socket that asked for presence who is there.
+    async fn welcome(&mut self, party: &Party) -> bool {
         let welcome = json!({
             "message": {
                 "id": wire::new_message_id_grid(),
@@ -175,6 +188,46 @@ impl Connection {
             }
         });
         self.send(&welcome).await
+    }
+
+    /// Sends what was queued for the program while it had no socket, in queue order (high
+    /// priority first). It is taken from the queue before it is sent, so that two sockets
+    /// of the program opening at once do not both send it; what could not be sent is put
+    /// back.
+    async fn send_backlog(&mut self, party: &Party) -> bool {
+        // What was accepted before the socket attached may still be on its way to the queue.
+        self.grid.flush().await;
+        let taken = self
+            .grid
+            .db
+            .take(
+                &party.agent,
+                None,
+                Instances::Of(party.instance_id.as_deref()),
+            )
+            .await;
+        let backlog = match taken {
+            Ok(backlog) => backlog,
+            Err(e) => {
+                tracing::error!(error = %e, agent = %party.agent, "grid: cannot read the queue");
+                return true;
+            }
+        };
+        let mut rest = backlog.into_iter();
+        while let Some(queued) = rest.next() {
+            let Ok(message) = serde_json::from_str::<Value>(&queued.body) else {
+                continue;
+            };
+            self.from_backlog.insert(queued.message_id.clone());
+            if !self.send(&json!({ "message": message })).await {
+                let unsent = std::iter::once(queued).chain(rest).collect();
+                if let Err(e) = self.grid.db.restore(unsent).await {
+                    tracing::error!(error = %e, agent = %party.agent, "grid: cannot queue again");
+                }
+                return false;
+            }
+        }
+        true
     }
 
     /// Handles a text frame; false when the socket is gone.
@@ -216,6 +269,9 @@ impl Connection {
     }
 
     async fn write(&mut self, delivery: &Arc<Delivery>) -> bool {
+        if self.from_backlog.remove(&delivery.envelope.id) {
+            return true;
+        }
         if self.keeps_for_another(delivery)
             && let Some((party, _)) = &self.identity
         {
@@ -229,6 +285,7 @@ impl Connection {
         });
         let Some(frame) = frame else { return true };
         if self.socket.send(Frame::Text(frame)).await.is_err() {
+            self.unsent.push(delivery.clone());
             return false;
         }
         crate::protocols::written(delivery, PROTOCOL);
@@ -260,12 +317,23 @@ impl Connection {
             .await;
     }
 
-    async fn finish(self) {
-        let Some((party, session)) = self.identity else {
+    async fn finish(mut self) {
+        let Some((party, session)) = self.identity.take() else {
             return;
         };
         let last = self.grid.sockets.close(&party.agent, self.socket_id);
         self.grid.core.router.detach(&session);
+        // Nothing accepted is lost with the socket: what it had not sent is queued again.
+        let mut left = std::mem::take(&mut self.unsent);
+        while let Ok(Some(delivery)) = session.mailbox.try_recv() {
+            left.push(delivery);
+        }
+        for delivery in left {
+            // What names no instance reached the program's other sockets too, if it has any.
+            if last || translate::target_instance(&delivery.envelope).is_some() {
+                self.grid.requeue(&party.agent, &delivery);
+            }
+        }
         if last && !self.grid.shutdown.is_cancelled() {
             self.grid
                 .core
