@@ -769,3 +769,27 @@ async fn what_a_closed_socket_had_not_sent_is_queued_again() {
     );
     w.bridge.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_expired_broadcast_is_one_notice() {
+    let w = world().await;
+    programs(&w, &["sleeper-1", "sleeper-2", "sleeper-3"]).await;
+    let mut planner = GridWs::quiet(w.addr, "planner", None).await;
+    planner
+        .send("message: { id: msg-all, type: notification, sender: { agent: planner }, receiver: { agent: broadcast }, content: { action: discovery }, metadata: { ttl: 1 } }")
+        .await;
+    let notice = planner.next().await;
+    assert_eq!(
+        (
+            notice["correlation_id"].as_str(),
+            notice["content"]["payload"]["error_code"].as_str()
+        ),
+        (Some("msg-all"), Some("TTL_EXPIRED"))
+    );
+    // The next thing the planner hears is its own sentinel, not a second notice.
+    w.http
+        .send(&request("sentinel", "executor", "planner", "sentinel"))
+        .await;
+    assert_eq!(planner.next().await["id"], "sentinel");
+    w.bridge.shutdown().await;
+}

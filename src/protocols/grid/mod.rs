@@ -39,14 +39,31 @@ use wire::{Invalid, Message};
 
 pub const PROTOCOL: Protocol = "grid";
 
-/// Ids of messages read from a scratchpad, remembered so they are not written back to it.
-const FROM_SCRATCHPAD_MEMORY: usize = 10_000;
+/// Ids of messages read from a scratchpad, remembered so they are not written back to it;
+/// and of expired messages whose sender was told, so it is told once.
+const RECENT_MEMORY: usize = 10_000;
 
 /// A bounded memory of recent ids.
 #[derive(Default)]
 struct Recent {
     ids: HashSet<String>,
     order: VecDeque<String>,
+}
+
+impl Recent {
+    /// Remembers `id`; false when it was remembered already.
+    fn remember(&mut self, id: &str) -> bool {
+        if !self.ids.insert(id.to_owned()) {
+            return false;
+        }
+        self.order.push_back(id.to_owned());
+        while self.order.len() > RECENT_MEMORY {
+            if let Some(old) = self.order.pop_front() {
+                self.ids.remove(&old);
+            }
+        }
+        true
+    }
 }
 
 /// Where an accepted message came from.
@@ -81,6 +98,8 @@ pub struct Grid {
     /// Programs' open sockets.
     sockets: sockets::Sockets,
     from_scratchpad: Mutex<Recent>,
+    /// Expired messages whose sender was told.
+    expiry_told: Mutex<Recent>,
     outgoing: mpsc::UnboundedSender<Outgoing>,
     shutdown: CancellationToken,
 }
@@ -100,6 +119,7 @@ pub async fn start(
         programs: DashSet::new(),
         sockets: sockets::Sockets::default(),
         from_scratchpad: Mutex::new(Recent::default()),
+        expiry_told: Mutex::new(Recent::default()),
         outgoing,
         shutdown: shutdown.clone(),
     });
@@ -261,18 +281,10 @@ impl Grid {
     }
 
     fn remember_from_scratchpad(&self, id: &str) {
-        let mut recent = self
-            .from_scratchpad
+        self.from_scratchpad
             .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if recent.ids.insert(id.to_owned()) {
-            recent.order.push_back(id.to_owned());
-        }
-        while recent.order.len() > FROM_SCRATCHPAD_MEMORY {
-            if let Some(old) = recent.order.pop_front() {
-                recent.ids.remove(&old);
-            }
-        }
+            .unwrap_or_else(|e| e.into_inner())
+            .remember(id);
     }
 
     fn came_from_scratchpad(&self, id: &str) -> bool {
@@ -458,10 +470,26 @@ impl Grid {
                 }
             };
             for queued in expired {
-                if let Ok(Some(stored)) = self.core.store.message(&queued.message_id).await {
-                    self.core.expired(&Delivery::new(stored.envelope), PROTOCOL);
-                }
+                self.expired(&queued.message_id).await;
             }
+        }
+    }
+
+    /// A queued copy of a message expired: counted for each copy, but its sender is told
+    /// once per message, not once per program it was queued for.
+    async fn expired(self: &Arc<Self>, message_id: &str) {
+        let first = self
+            .expiry_told
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remember(message_id);
+        if !first {
+            telemetry::message_dropped(PROTOCOL, "ttl_expired");
+            return;
+        }
+        match self.core.store.message(message_id).await {
+            Ok(Some(stored)) => self.core.expired(&Delivery::new(stored.envelope), PROTOCOL),
+            _ => telemetry::message_dropped(PROTOCOL, "ttl_expired"),
         }
     }
 }
