@@ -793,3 +793,57 @@ async fn an_expired_broadcast_is_one_notice() {
     assert_eq!(planner.next().await["id"], "sentinel");
     w.bridge.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_unclosed_fence_spoils_only_its_own_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let pad = dir.path().join("SCRATCHPAD.md");
+    let w = world_from(start_bridge(&grid_section(&pad)).await);
+    let mut mc = GridWs::quiet(w.addr, "mc", None).await;
+    let broken = "\n### [2026-01-24T16:30:00Z] request | mc -> executor\n\n```yaml\nmessage:\n  action: \"never closed\"\n";
+    write_entry(
+        &pad,
+        &format!(
+            "{broken}{}",
+            entry("executor", "mc", "  id: msg-next\n  action: \"next\"\n")
+        ),
+    );
+    let error = mc.next().await;
+    assert_eq!(
+        (
+            error["type"].as_str(),
+            error["content"]["payload"]["error_code"].as_str()
+        ),
+        (Some("error"), Some("VALIDATION_FAILED")),
+        "{error}"
+    );
+    assert_eq!(mc.next().await["id"], "msg-next");
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn entries_written_again_after_a_rewrite_are_routed_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let pad = dir.path().join("SCRATCHPAD.md");
+    let w = world_from(start_bridge(&grid_section(&pad)).await);
+    let mut mc = GridWs::quiet(w.addr, "mc", None).await;
+    let one = entry("executor", "mc", "  action: \"one\"\n");
+    std::fs::write(&pad, format!("# Scratchpad, first session\n{one}")).unwrap();
+    assert_eq!(mc.next().await["content"]["action"], "one");
+
+    // Replaced in place, at once, by a file that begins differently and is longer.
+    let two = entry("executor", "mc", "  action: \"two\"\n");
+    std::fs::write(&pad, format!("# Second\n{one}{two}")).unwrap();
+    assert_eq!(
+        mc.next().await["content"]["action"],
+        "one",
+        "the same words written again are a new message"
+    );
+    assert_eq!(mc.next().await["content"]["action"], "two");
+
+    // Emptied, then the same entry once more.
+    std::fs::write(&pad, "").unwrap();
+    write_entry(&pad, &one);
+    assert_eq!(mc.next().await["content"]["action"], "one");
+    w.bridge.shutdown().await;
+}

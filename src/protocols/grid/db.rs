@@ -49,6 +49,26 @@ pub static MIGRATIONS: &[Migration] = &[
         UPDATE grid_queue SET instance = json_extract(body, '$.receiver.instance_id');
     ",
     },
+    Migration {
+        version: 3,
+        sql: "
+        -- A rewrite in place (truncated, or changed before where reading stopped) is told
+        -- by the fingerprint; each one starts a new generation of entry ids.
+        ALTER TABLE grid_scratchpads ADD COLUMN fingerprint TEXT NOT NULL DEFAULT '';
+        ALTER TABLE grid_scratchpads ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+        -- Entries seen, per file: a file rewritten in place forgets its own.
+        CREATE TABLE grid_scratchpad_seen_by_path (
+            path    TEXT NOT NULL,
+            hash    TEXT NOT NULL,
+            seen_at INTEGER NOT NULL,
+            PRIMARY KEY (path, hash)
+        ) WITHOUT ROWID;
+        INSERT INTO grid_scratchpad_seen_by_path (path, hash, seen_at)
+            SELECT p.path, s.hash, s.seen_at FROM grid_scratchpad_seen s CROSS JOIN grid_scratchpads p;
+        DROP TABLE grid_scratchpad_seen;
+        ALTER TABLE grid_scratchpad_seen_by_path RENAME TO grid_scratchpad_seen;
+    ",
+    },
 ];
 
 /// A queued message: a row of `grid_queue`, whole, so that one taken can be put back.
@@ -90,11 +110,17 @@ pub enum Instances<'a> {
 }
 
 /// Where reading a scratchpad file stopped.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Position {
     pub dev: u64,
     pub ino: u64,
     pub offset: u64,
+    /// A hash of the file's first bytes and of those just before `offset`: when they
+    /// change, the file was rewritten in place (empty for a position from before it).
+    pub fingerprint: String,
+    /// How many times the file was rewritten in place: part of the id of an entry that
+    /// has none, so the same words written again are a new message.
+    pub generation: u64,
 }
 
 #[derive(Clone)]
@@ -251,13 +277,16 @@ impl Db {
             .read(move |conn| {
                 Ok(conn
                     .query_row(
-                        "SELECT dev, ino, offset FROM grid_scratchpads WHERE path = ?1",
+                        "SELECT dev, ino, offset, fingerprint, generation FROM grid_scratchpads
+                         WHERE path = ?1",
                         [path],
                         |r| {
                             Ok(Position {
                                 dev: r.get::<_, i64>(0)? as u64,
                                 ino: r.get::<_, i64>(1)? as u64,
                                 offset: r.get::<_, i64>(2)? as u64,
+                                fingerprint: r.get(3)?,
+                                generation: r.get::<_, i64>(4)? as u64,
                             })
                         },
                     )
@@ -277,42 +306,52 @@ impl Db {
         self.store
             .write(move |conn| {
                 conn.execute(
-                    "INSERT INTO grid_scratchpads (path, dev, ino, offset) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (path) DO UPDATE SET dev = excluded.dev, ino = excluded.ino, offset = excluded.offset",
-                    params![path, position.dev as i64, position.ino as i64, position.offset as i64],
+                    "INSERT INTO grid_scratchpads (path, dev, ino, offset, fingerprint, generation)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                     ON CONFLICT (path) DO UPDATE SET dev = excluded.dev, ino = excluded.ino,
+                        offset = excluded.offset, fingerprint = excluded.fingerprint,
+                        generation = excluded.generation",
+                    params![
+                        path,
+                        position.dev as i64,
+                        position.ino as i64,
+                        position.offset as i64,
+                        position.fingerprint,
+                        position.generation as i64
+                    ],
                 )?;
-                let now = crate::core::now_ms();
-                for hash in seen {
-                    conn.execute(
-                        "INSERT OR IGNORE INTO grid_scratchpad_seen (hash, seen_at) VALUES (?1, ?2)",
-                        params![hash, now],
-                    )?;
-                }
-                Ok(())
+                insert_seen(conn, &path, seen)
             })
             .await
     }
 
-    pub async fn mark_seen(&self, hash: String) -> Result<(), StoreError> {
+    /// Marks entries of `path` as seen.
+    pub async fn mark_seen(&self, path: &str, hash: String) -> Result<(), StoreError> {
+        let path = path.to_owned();
+        self.store
+            .write(move |conn| insert_seen(conn, &path, vec![hash]))
+            .await
+    }
+
+    /// Forgets the entries seen in `path`: it was rewritten, and what is in it now is new.
+    pub async fn forget_seen(&self, path: &str) -> Result<(), StoreError> {
+        let path = path.to_owned();
         self.store
             .write(move |conn| {
-                conn.execute(
-                    "INSERT OR IGNORE INTO grid_scratchpad_seen (hash, seen_at) VALUES (?1, ?2)",
-                    params![hash, crate::core::now_ms()],
-                )?;
+                conn.execute("DELETE FROM grid_scratchpad_seen WHERE path = ?1", [path])?;
                 Ok(())
             })
             .await
     }
 
-    pub async fn seen(&self, hash: &str) -> Result<bool, StoreError> {
-        let hash = hash.to_owned();
+    pub async fn seen(&self, path: &str, hash: &str) -> Result<bool, StoreError> {
+        let (path, hash) = (path.to_owned(), hash.to_owned());
         self.store
             .read(move |conn| {
                 Ok(conn
                     .query_row(
-                        "SELECT 1 FROM grid_scratchpad_seen WHERE hash = ?1",
-                        [hash],
+                        "SELECT 1 FROM grid_scratchpad_seen WHERE path = ?1 AND hash = ?2",
+                        [path, hash],
                         |_| Ok(()),
                     )
                     .optional()?
@@ -320,4 +359,19 @@ impl Db {
             })
             .await
     }
+}
+
+fn insert_seen(
+    conn: &rusqlite::Connection,
+    path: &str,
+    hashes: Vec<String>,
+) -> Result<(), StoreError> {
+    let now = crate::core::now_ms();
+    let mut stmt = conn.prepare_cached(
+        "INSERT OR IGNORE INTO grid_scratchpad_seen (path, hash, seen_at) VALUES (?1, ?2, ?3)",
+    )?;
+    for hash in hashes {
+        stmt.execute(params![path, hash, now])?;
+    }
+    Ok(())
 }

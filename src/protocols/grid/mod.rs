@@ -226,17 +226,19 @@ impl Grid {
             id: Some(msg.id.clone()),
             sender: Some(Box::new(msg.sender.clone())),
         };
+        // A repeat is acknowledged before anything else: it changes nothing (a scratchpad
+        // rewritten in place holds entries, some the bridge's own, routed before).
+        match self.core.store.message(&msg.id).await {
+            Ok(Some(_)) => return Ok(msg.id),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "grid: cannot check for a repeated message"),
+        }
         self.register(&msg.sender.agent).await.map_err(|mut e| {
             e.id = Some(msg.id.clone());
             e.sender = Some(Box::new(msg.sender.clone()));
             e
         })?;
         self.check_receiver(&msg).await?;
-        match self.core.store.message(&msg.id).await {
-            Ok(Some(_)) => return Ok(msg.id),
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "grid: cannot check for a repeated message"),
-        }
         if source == Source::Scratchpad {
             self.remember_from_scratchpad(&msg.id);
         }

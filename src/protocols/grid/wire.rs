@@ -438,14 +438,19 @@ pub fn parse_entries(text: &str) -> (Vec<Entry<'_>>, usize) {
             Some(n) => fence_start + n + 1,
             None => return (entries, start),
         };
-        let Some(close) = find_fence_end(&text[body_start..]) else {
-            return (entries, start);
+        let (message, end) = match find_fence_end(&text[body_start..]) {
+            FenceEnd::Pending => return (entries, start),
+            FenceEnd::Closed { line, after } => (
+                parse_entry(heading, &text[body_start..body_start + line]),
+                body_start + after,
+            ),
+            // The next entry began before this one's block was closed: this entry alone is
+            // refused, and the next is read as itself.
+            FenceEnd::Unclosed { next } => (Err(unclosed(heading)), body_start + next),
         };
-        let body = &text[body_start..body_start + close.0];
-        let end = body_start + close.1;
         entries.push(Entry {
             text: &text[start..end],
-            message: parse_entry(heading, body),
+            message,
         });
         consumed = end;
         at = end;
@@ -458,20 +463,53 @@ pub fn parse_entries(text: &str) -> (Vec<Entry<'_>>, usize) {
     (entries, complete)
 }
 
-/// The closing fence: (offset of the line, offset after it).
-fn find_fence_end(body: &str) -> Option<(usize, usize)> {
+/// How an entry's fenced block ends.
+enum FenceEnd {
+    /// At the closing fence: the offset of its line, and of what follows it.
+    Closed { line: usize, after: usize },
+    /// Not before the next entry's heading, at this offset.
+    Unclosed { next: usize },
+    /// Not yet: the block may still be being written.
+    Pending,
+}
+
+fn find_fence_end(body: &str) -> FenceEnd {
     let mut offset = 0;
     for line in body.split_inclusive('\n') {
         if line.trim_end() == "```" {
             if !line.ends_with('\n') {
                 // The fence line itself may still be growing.
-                return None;
+                return FenceEnd::Pending;
             }
-            return Some((offset, offset + line.len()));
+            return FenceEnd::Closed {
+                line: offset,
+                after: offset + line.len(),
+            };
+        }
+        if line.starts_with("### [") {
+            return FenceEnd::Unclosed { next: offset };
         }
         offset += line.len();
     }
-    None
+    FenceEnd::Pending
+}
+
+/// Why an entry whose block was never closed is refused, addressed to its sender.
+fn unclosed(heading: &str) -> Invalid {
+    let mut invalid = Invalid::new(
+        "message",
+        "the entry's ```yaml block is not closed (no ``` line) before the next entry",
+    );
+    match parse_heading(heading) {
+        Ok((_, _, sender, _)) => {
+            invalid.sender = Some(Box::new(Party {
+                agent: sender,
+                instance_id: None,
+            }))
+        }
+        Err(heading_invalid) => invalid.sender = heading_invalid.sender,
+    }
+    invalid
 }
 
 fn parse_entry(heading: &str, body: &str) -> Result<Message, Invalid> {
@@ -717,6 +755,28 @@ mod tests {
         let first = entries[0].message.as_ref().unwrap_err();
         assert_eq!(first.sender.as_ref().unwrap().agent, "planner");
         assert_eq!(entries[1].message.as_ref().unwrap_err().field, "heading");
+    }
+
+    #[test]
+    fn an_unclosed_block_is_refused_alone() {
+        let text = "### [2026-01-24T16:30:00Z] request | planner -> executor\n\n```yaml\nmessage:\n  action: lost\n\n### [2026-01-24T16:31:00Z] request | mc -> executor\n\n```yaml\nmessage:\n  action: next\n```\n";
+        let (entries, consumed) = parse_entries(text);
+        assert_eq!((entries.len(), consumed), (2, text.len()));
+        let refused = entries[0].message.as_ref().unwrap_err();
+        assert_eq!(refused.sender.as_ref().unwrap().agent, "planner");
+        assert!(
+            entries[0].text.ends_with("action: lost\n\n"),
+            "{:?}",
+            entries[0].text
+        );
+        let next = entries[1].message.as_ref().unwrap();
+        assert_eq!(
+            (next.sender.agent.as_str(), next.action.as_deref()),
+            ("mc", Some("next"))
+        );
+        // With no next entry yet, an open block is still being written.
+        let (entries, consumed) = parse_entries(&text[..70]);
+        assert_eq!((entries.len(), consumed), (0, 0));
     }
 
     #[test]
