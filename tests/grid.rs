@@ -847,3 +847,28 @@ async fn entries_written_again_after_a_rewrite_are_routed_again() {
     assert_eq!(mc.next().await["content"]["action"], "one");
     w.bridge.shutdown().await;
 }
+
+#[tokio::test]
+async fn structured_data_from_another_protocol_reaches_the_grid_payload() {
+    let w = world().await;
+    let skynet = w.bridge.addr("skynet").unwrap();
+    let sk = common::skynet::SkynetHttp::new(skynet);
+    let mut executor = GridWs::quiet(w.addr, "executor", None).await;
+    let alice = sk.agent("alice").await;
+    let (mut ws_alice, state) = common::skynet::SkynetWs::join(skynet, &alice).await;
+    let card = state["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "executor")
+        .unwrap()
+        .clone();
+    ws_alice
+        .chat_with(json!({ "id": "sk-data", "type": "task.assign", "mentions": [card["id"]], "payload": { "taskId": "t-7", "title": "lint", "description": "Lint the repo", "assignee": card["id"], "status": "assigned", "metadata": { "repo": "agentbridge", "task_id": "not-this" } } }))
+        .await;
+    let mission = executor.next().await;
+    let payload = &mission["content"]["payload"];
+    assert_eq!(payload["repo"], "agentbridge", "{mission}");
+    assert_eq!(payload["task_id"], "t-7", "what the bridge sets stays");
+    w.bridge.shutdown().await;
+}
