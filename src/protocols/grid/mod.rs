@@ -2,8 +2,9 @@
 //! WebSocket (`/grid/v1/ws`), and the shared scratchpad file(s) Grid programs read and
 //! append to, as `grid-message-protocol.md` describes them.
 //!
-//! A Grid program is known by its `sender.agent`. A message for a program with an open
-//! socket goes there; otherwise it is queued for `GET /grid/v1/messages` and appended to
+//! A Grid program is known by its `sender.agent` (the configured `programs` are known
+//! before they are seen). A message for a program with an open socket goes there; otherwise
+//! it is queued for `GET /grid/v1/messages` (or the program's next socket) and appended to
 //! the scratchpad. `receiver: broadcast` reaches every Grid program (and is observed by the
 //! humans of other protocols); another protocol's message to everyone reaches every Grid
 //! program as a broadcast.
@@ -319,9 +320,6 @@ impl Grid {
         });
     }
 
-    /// Writes queued messages and scratchpad appends in the order they were sent, and keeps
-    /// every broadcast for the programs that are not connected. The hub's mailbox is read
-    /// here rather than by a task of its own, so a flush can take in what it holds.
     /// Queues again a message a socket took but did not send. Not presence, which is news
     /// only while it is new; not appended to the scratchpad, as it was for a socket.
     fn requeue(&self, agent: &str, delivery: &Arc<Delivery>) {
@@ -338,6 +336,9 @@ impl Grid {
         });
     }
 
+    /// Writes queued messages and scratchpad appends in the order they were sent, and keeps
+    /// every broadcast for the programs that are not connected. The hub's mailbox is read
+    /// here rather than by a task of its own, so a flush can take in what it holds.
     async fn write_outgoing(
         self: Arc<Self>,
         mut rx: mpsc::UnboundedReceiver<Outgoing>,

@@ -329,6 +329,9 @@ impl Connection {
             left.push(delivery);
         }
         for delivery in left {
+            if self.from_backlog.contains(&delivery.envelope.id) {
+                continue; // sent with the backlog
+            }
             // What names no instance reached the program's other sockets too, if it has any.
             if last || translate::target_instance(&delivery.envelope).is_some() {
                 self.grid.requeue(&party.agent, &delivery);
