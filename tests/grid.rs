@@ -56,7 +56,8 @@ async fn programs(w: &World, names: &[&str]) {
 async fn the_documents_request_is_accepted_and_polled() {
     let w = world().await;
     programs(&w, &["mc"]).await;
-    // The protocol document's own example, verbatim.
+    // The protocol document's own example, stamped with the timestamp the document asks
+    // every sender to include.
     let example = "message:\n  id: \"msg-abc123\"\n  type: \"request\"\n  sender:\n    agent: \"executor\"\n    instance_id: \"exec-001\"\n  receiver:\n    agent: \"mc\"\n  content:\n    action: \"request_context\"\n    payload:\n      context_type: \"warmth\"\n      since: \"2026-01-24T10:00:00Z\"\n";
     assert_eq!(w.http.send(example).await, ["msg-abc123"]);
     let got = w.http.poll("agent=mc").await;
@@ -83,7 +84,7 @@ async fn the_documents_request_is_accepted_and_polled() {
     );
     let (status, answer) = w
         .http
-        .post_json(json!({ "message": { "type": "notification", "sender": { "agent": "executor" }, "receiver": { "agent": "mc" }, "content": { "action": "task_started" } } }))
+        .post_json(json!({ "message": { "type": "notification", "timestamp": "2026-01-24T10:00:00Z", "sender": { "agent": "executor" }, "receiver": { "agent": "mc" }, "content": { "action": "task_started" } } }))
         .await;
     assert_eq!(status, 202);
     assert_eq!(answer["accepted"].as_array().unwrap().len(), 1);
@@ -127,11 +128,11 @@ async fn every_validation_error_is_a_400_naming_the_field() {
             "type",
         ),
         (
-            "message: { type: response, sender: { agent: x }, receiver: { agent: mc } }",
+            "message: { timestamp: \"2026-01-24T10:00:00Z\", type: response, sender: { agent: x }, receiver: { agent: mc } }",
             "correlation_id",
         ),
         (
-            "message: { type: error, sender: { agent: x }, receiver: { agent: mc } }",
+            "message: { timestamp: \"2026-01-24T10:00:00Z\", type: error, sender: { agent: x }, receiver: { agent: mc } }",
             "correlation_id",
         ),
         (
@@ -139,11 +140,15 @@ async fn every_validation_error_is_a_400_naming_the_field() {
             "timestamp",
         ),
         (
-            "message: { type: request, sender: { agent: x }, receiver: { agent: mc }, metadata: { priority: asap } }",
+            "message: { type: request, sender: { agent: x }, receiver: { agent: mc } }",
+            "timestamp",
+        ),
+        (
+            "message: { timestamp: \"2026-01-24T10:00:00Z\", type: request, sender: { agent: x }, receiver: { agent: mc }, metadata: { priority: asap } }",
             "metadata.priority",
         ),
         (
-            "message: { type: request, sender: { agent: x }, receiver: { agent: mc }, metadata: { ttl: soon } }",
+            "message: { timestamp: \"2026-01-24T10:00:00Z\", type: request, sender: { agent: x }, receiver: { agent: mc }, metadata: { ttl: soon } }",
             "metadata.ttl",
         ),
         ("not: a message", "message"),
@@ -259,7 +264,6 @@ async fn the_websocket_carries_yaml_both_ways() {
     // Identified by the first message instead of the query.
     let mut scout = GridWs::anonymous(w.addr).await;
     scout.send(&request("msg-6", "scout", "mc", "found")).await;
-    assert_eq!(scout.next().await["content"]["action"], "agents_present");
     assert_eq!(mc.next_message().await["id"], "msg-6");
     mc.send(&request("msg-7", "mc", "scout", "thanks")).await;
     assert_eq!(scout.next_message().await["id"], "msg-7");
@@ -500,5 +504,371 @@ async fn who_is_there() {
         (coder["protocol"].as_str(), coder["online"].as_bool()),
         (Some("tracker"), Some(false))
     );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_huge_ttl_is_a_long_life_not_a_crash() {
+    let w = world().await;
+    programs(&w, &["mc"]).await;
+    let (status, answer) = w
+        .http
+        .post_json(json!({ "message": { "id": "msg-forever", "timestamp": "2026-01-24T10:00:00Z", "type": "request", "sender": { "agent": "planner" }, "receiver": { "agent": "mc" }, "metadata": { "ttl": u64::MAX } } }))
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    let got = w.http.poll("agent=mc").await;
+    assert_eq!(got[0]["id"], "msg-forever");
+    assert_eq!(got[0]["metadata"]["ttl"], u64::MAX);
+    // The bridge still works.
+    w.http
+        .send(&request("after", "planner", "mc", "next"))
+        .await;
+    assert_eq!(w.http.poll("agent=mc").await[0]["id"], "after");
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_socket_is_sent_presence_only_when_it_asks() {
+    let w = world().await;
+    let mut mc = GridWs::quiet(w.addr, "mc", None).await;
+    let mut scout = GridWs::quiet(w.addr, "scout", None).await;
+    scout.send(&request("msg-hi", "scout", "mc", "found")).await;
+    assert_eq!(
+        mc.next().await["id"],
+        "msg-hi",
+        "no welcome and no agent_online first"
+    );
+    // Asked for: the roster on arrival, and who comes and goes.
+    let (mut watcher, welcome) = GridWs::connect(w.addr, "recognizer", None).await;
+    assert!(
+        welcome["content"]["payload"]["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["agent"] == "scout" && a["online"] == true)
+    );
+    drop(scout);
+    let left = watcher.next().await;
+    assert_eq!(
+        (
+            left["content"]["action"].as_str(),
+            left["content"]["payload"]["agent"].as_str()
+        ),
+        (Some("agent_offline"), Some("scout"))
+    );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn timestamps_are_required_and_relayed_as_written() {
+    let w = world().await;
+    programs(&w, &["mc"]).await;
+    let (status, answer) = w
+        .http
+        .post("message: { id: msg-when, type: request, sender: { agent: planner }, receiver: { agent: mc } }")
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(
+        answer["message"]["content"]["payload"]["field"],
+        "timestamp"
+    );
+
+    // With an offset, kept as written; without one, taken as UTC.
+    w.http
+        .send("message: { id: msg-plus2, timestamp: \"2026-01-24T12:00:00+02:00\", type: request, sender: { agent: planner }, receiver: { agent: mc } }")
+        .await;
+    w.http
+        .send("message: { id: msg-local, timestamp: \"2026-01-24T10:00:00\", type: request, sender: { agent: planner }, receiver: { agent: mc } }")
+        .await;
+    let got = w.http.poll("agent=mc&since=2026-01-24T09:59:59Z").await;
+    let stamps: Vec<(&str, &str)> = got
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["timestamp"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        stamps,
+        [
+            ("msg-plus2", "2026-01-24T12:00:00+02:00"),
+            ("msg-local", "2026-01-24T10:00:00")
+        ]
+    );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_program_the_document_names_is_reachable_before_it_is_seen() {
+    let w = world().await;
+    // Nobody has polled or connected as mc: it is one of the Grid's own programs.
+    w.http
+        .send(&request("msg-early", "executor", "mc", "request_context"))
+        .await;
+    assert_eq!(w.http.poll("agent=mc").await[0]["id"], "msg-early");
+    let (status, answer) = w
+        .http
+        .post(&request("msg-lost", "executor", "nobody", "hello"))
+        .await;
+    assert_eq!(
+        (
+            status,
+            answer["message"]["content"]["payload"]["error_code"].as_str()
+        ),
+        (404, Some("UNKNOWN_RECEIVER"))
+    );
+    w.bridge.shutdown().await;
+
+    // The list is configurable.
+    let w = world_from(
+        start_bridge(
+            "[grid]\nlisten = \"127.0.0.1:0\"\nexpiry_check_ms = 50\nprograms = [\"custodian\"]\n",
+        )
+        .await,
+    );
+    w.http
+        .send(&request("msg-c", "executor", "custodian", "sweep"))
+        .await;
+    assert_eq!(w.http.poll("agent=custodian").await[0]["id"], "msg-c");
+    let (status, _) = w
+        .http
+        .post(&request("msg-mc", "executor", "mc", "hello"))
+        .await;
+    assert_eq!(status, 404, "mc is not a program of this configuration");
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_poll_sees_every_message_accepted_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = world_from(start_bridge_in(dir.path().to_str().unwrap(), "").await);
+    let pollers: Vec<String> = (0..20).map(|i| format!("poller-{i}")).collect();
+    for name in &pollers {
+        w.http.poll(&format!("agent={name}")).await;
+    }
+    // Broadcasts and direct messages, accepted in one request…
+    let mut body = String::new();
+    for i in 0..30 {
+        body.push_str(&format!("---\nmessage: {{ id: b-{i}, type: notification, sender: {{ agent: executor }}, receiver: {{ agent: broadcast }} }}\n"));
+        body.push_str(&format!("---\nmessage: {{ id: d-{i}, type: request, sender: {{ agent: executor }}, receiver: {{ agent: poller-19 }} }}\n"));
+    }
+    assert_eq!(w.http.send(&body).await.len(), 60);
+    // …are all there for a poll that follows at once.
+    for name in &pollers {
+        let got = w.http.poll(&format!("agent={name}")).await;
+        let expected = if name == "poller-19" { 60 } else { 30 };
+        assert_eq!(got.len(), expected, "{name}");
+    }
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn polling_as_an_instance_takes_only_what_it_is_given() {
+    let w = world().await;
+    programs(&w, &["executor"]).await;
+    for (id, instance) in [("for-1", "exec-001"), ("for-2", "exec-002")] {
+        w.http
+            .send(&format!("message: {{ id: {id}, type: request, sender: {{ agent: mc }}, receiver: {{ agent: executor, instance_id: {instance} }} }}"))
+            .await;
+    }
+    w.http
+        .send("message: { id: for-all, type: request, sender: { agent: mc }, receiver: { agent: executor } }")
+        .await;
+    let ids = |got: Vec<Value>| -> Vec<String> {
+        got.iter()
+            .map(|m| m["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        ids(w.http.poll("agent=executor&instance_id=exec-001").await),
+        ["for-1", "for-all"]
+    );
+    assert_eq!(
+        ids(w.http.poll("agent=executor&instance_id=exec-002").await),
+        ["for-2"],
+        "exec-001's poll left exec-002's message"
+    );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_message_for_an_instance_without_a_socket_is_queued() {
+    let w = world().await;
+    let mut exec1 = GridWs::quiet(w.addr, "executor", Some("exec-001")).await;
+    w.http
+        .send("message: { id: for-2, type: request, sender: { agent: mc }, receiver: { agent: executor, instance_id: exec-002 } }")
+        .await;
+    w.http
+        .send("message: { id: for-all, type: request, sender: { agent: mc }, receiver: { agent: executor } }")
+        .await;
+    assert_eq!(
+        exec1.next().await["id"],
+        "for-all",
+        "exec-001 is not given exec-002's message"
+    );
+    let got = w.http.poll("agent=executor&instance_id=exec-002").await;
+    assert_eq!(
+        got.iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["for-2"]
+    );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_socket_is_given_what_was_queued_for_it_first() {
+    let w = world().await;
+    programs(&w, &["mc"]).await;
+    for (id, priority) in [("q-1", "normal"), ("q-2", "low"), ("q-3", "high")] {
+        w.http
+            .send(&format!("message: {{ id: {id}, type: request, sender: {{ agent: planner }}, receiver: {{ agent: mc }}, metadata: {{ priority: {priority} }} }}"))
+            .await;
+    }
+    let mut mc = GridWs::quiet(w.addr, "mc", None).await;
+    for id in ["q-3", "q-1", "q-2"] {
+        assert_eq!(mc.next().await["id"], id);
+    }
+    w.http.send(&request("live", "planner", "mc", "next")).await;
+    assert_eq!(mc.next().await["id"], "live");
+    assert!(
+        w.http.poll("agent=mc").await.is_empty(),
+        "what the socket was given left the queue"
+    );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn what_a_closed_socket_had_not_sent_is_queued_again() {
+    let w = world().await;
+    // A reader with a small window that never reads: the bridge's writes back up.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let tcp = socket.connect(w.addr).await.unwrap();
+    let (stream, _) =
+        tokio_tungstenite::client_async(format!("ws://{}/grid/v1/ws?agent=mc", w.addr), tcp)
+            .await
+            .unwrap();
+    let big = "x".repeat(512 * 1024);
+    let ids: Vec<String> = (0..24).map(|i| format!("big-{i}")).collect();
+    for id in &ids {
+        let (status, _) = w
+            .http
+            .post_json(json!({ "message": { "id": id, "timestamp": "2026-01-24T10:00:00Z", "type": "request", "sender": { "agent": "planner" }, "receiver": { "agent": "mc" }, "content": { "payload": { "text": big } } } }))
+            .await;
+        assert_eq!(status, 202);
+    }
+    // The program goes away without reading.
+    drop(stream.into_inner());
+    let got: Vec<String> = poll_until_some(&w, "mc")
+        .await
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        ids.ends_with(&got),
+        "the rest, in order: {:?}",
+        got.iter().collect::<Vec<_>>()
+    );
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_expired_broadcast_is_one_notice() {
+    let w = world().await;
+    programs(&w, &["sleeper-1", "sleeper-2", "sleeper-3"]).await;
+    let mut planner = GridWs::quiet(w.addr, "planner", None).await;
+    planner
+        .send("message: { id: msg-all, type: notification, sender: { agent: planner }, receiver: { agent: broadcast }, content: { action: discovery }, metadata: { ttl: 1 } }")
+        .await;
+    let notice = planner.next().await;
+    assert_eq!(
+        (
+            notice["correlation_id"].as_str(),
+            notice["content"]["payload"]["error_code"].as_str()
+        ),
+        (Some("msg-all"), Some("TTL_EXPIRED"))
+    );
+    // The next thing the planner hears is its own sentinel, not a second notice.
+    w.http
+        .send(&request("sentinel", "executor", "planner", "sentinel"))
+        .await;
+    assert_eq!(planner.next().await["id"], "sentinel");
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unclosed_fence_spoils_only_its_own_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let pad = dir.path().join("SCRATCHPAD.md");
+    let w = world_from(start_bridge(&grid_section(&pad)).await);
+    let mut mc = GridWs::quiet(w.addr, "mc", None).await;
+    let broken = "\n### [2026-01-24T16:30:00Z] request | mc -> executor\n\n```yaml\nmessage:\n  action: \"never closed\"\n";
+    write_entry(
+        &pad,
+        &format!(
+            "{broken}{}",
+            entry("executor", "mc", "  id: msg-next\n  action: \"next\"\n")
+        ),
+    );
+    let error = mc.next().await;
+    assert_eq!(
+        (
+            error["type"].as_str(),
+            error["content"]["payload"]["error_code"].as_str()
+        ),
+        (Some("error"), Some("VALIDATION_FAILED")),
+        "{error}"
+    );
+    assert_eq!(mc.next().await["id"], "msg-next");
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn entries_written_again_after_a_rewrite_are_routed_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let pad = dir.path().join("SCRATCHPAD.md");
+    let w = world_from(start_bridge(&grid_section(&pad)).await);
+    let mut mc = GridWs::quiet(w.addr, "mc", None).await;
+    let one = entry("executor", "mc", "  action: \"one\"\n");
+    std::fs::write(&pad, format!("# Scratchpad, first session\n{one}")).unwrap();
+    assert_eq!(mc.next().await["content"]["action"], "one");
+
+    // Replaced in place, at once, by a file that begins differently and is longer.
+    let two = entry("executor", "mc", "  action: \"two\"\n");
+    std::fs::write(&pad, format!("# Second\n{one}{two}")).unwrap();
+    assert_eq!(
+        mc.next().await["content"]["action"],
+        "one",
+        "the same words written again are a new message"
+    );
+    assert_eq!(mc.next().await["content"]["action"], "two");
+
+    // Emptied, then the same entry once more.
+    std::fs::write(&pad, "").unwrap();
+    write_entry(&pad, &one);
+    assert_eq!(mc.next().await["content"]["action"], "one");
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn structured_data_from_another_protocol_reaches_the_grid_payload() {
+    let w = world().await;
+    let skynet = w.bridge.addr("skynet").unwrap();
+    let sk = common::skynet::SkynetHttp::new(skynet);
+    let mut executor = GridWs::quiet(w.addr, "executor", None).await;
+    let alice = sk.agent("alice").await;
+    let (mut ws_alice, state) = common::skynet::SkynetWs::join(skynet, &alice).await;
+    let card = state["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "executor")
+        .unwrap()
+        .clone();
+    ws_alice
+        .chat_with(json!({ "id": "sk-data", "type": "task.assign", "mentions": [card["id"]], "payload": { "taskId": "t-7", "title": "lint", "description": "Lint the repo", "assignee": card["id"], "status": "assigned", "metadata": { "repo": "agentbridge", "task_id": "not-this" } } }))
+        .await;
+    let mission = executor.next().await;
+    let payload = &mission["content"]["payload"];
+    assert_eq!(payload["repo"], "agentbridge", "{mission}");
+    assert_eq!(payload["task_id"], "t-7", "what the bridge sets stays");
     w.bridge.shutdown().await;
 }

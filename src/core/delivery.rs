@@ -31,9 +31,10 @@ pub struct Delivery {
 impl Delivery {
     pub fn new(envelope: Envelope) -> Self {
         let accepted_at = Instant::now();
+        // A ttl too long for the clock to represent is a message that never expires.
         let expires_at = envelope
             .ttl_secs
-            .map(|secs| accepted_at + std::time::Duration::from_secs(secs));
+            .and_then(|secs| accepted_at.checked_add(std::time::Duration::from_secs(secs)));
         Delivery {
             envelope,
             accepted_at,
@@ -131,6 +132,15 @@ mod tests {
             Arc::from("other")
         });
         assert_eq!(calls.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_ttl_beyond_the_clock_never_expires() {
+        let mut env = Envelope::new("test", "a", Kind::Chat);
+        env.ttl_secs = Some(u64::MAX);
+        let delivery = Delivery::new(env);
+        assert_eq!(delivery.expires_at, None);
+        assert!(!delivery.is_expired(Instant::now()));
     }
 
     #[tokio::test]

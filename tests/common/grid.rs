@@ -15,6 +15,33 @@ pub fn yaml(text: &str) -> Value {
     serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("not YAML ({e}): {text}"))
 }
 
+/// `text` with a `timestamp` stamped on each message that lacks one, as the document asks
+/// every sender to include; text that does not parse is returned as it is.
+pub fn stamped(text: &str) -> String {
+    let Ok(mut docs) = serde_saphyr::from_multiple::<Value>(text) else {
+        return text.to_owned();
+    };
+    let now = time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .expect("now formats");
+    let mut changed = false;
+    for doc in &mut docs {
+        if let Some(Value::Object(msg)) = doc.get_mut("message")
+            && !msg.contains_key("timestamp")
+        {
+            msg.insert("timestamp".into(), Value::String(now.clone()));
+            changed = true;
+        }
+    }
+    if !changed {
+        return text.to_owned();
+    }
+    docs.iter()
+        .filter(|d| !d.is_null())
+        .map(|d| format!("---\n{}", serde_saphyr::to_string(d).expect("yaml")))
+        .collect()
+}
+
 pub fn yaml_stream(text: &str) -> Vec<Value> {
     serde_saphyr::from_multiple::<Value>(text)
         .unwrap_or_else(|e| panic!("not a YAML stream ({e}): {text}"))
@@ -62,9 +89,10 @@ impl GridHttp {
         (res.status().as_u16(), res.json().await.unwrap())
     }
 
-    /// Posts and expects it accepted; returns the accepted ids.
+    /// Posts (stamping a timestamp where one is missing) and expects it accepted; returns
+    /// the accepted ids.
     pub async fn send(&self, body: &str) -> Vec<String> {
-        let (status, answer) = self.post(body).await;
+        let (status, answer) = self.post(&stamped(body)).await;
         assert_eq!(status, 202, "{answer}");
         answer["accepted"]
             .as_array()
@@ -108,19 +136,33 @@ pub struct GridWs {
 }
 
 impl GridWs {
-    /// Connects as `agent` (identified by the query) and reads the welcome.
+    /// Connects as `agent` (identified by the query), asking for presence, and reads the
+    /// welcome (`agents_present`).
     pub async fn connect(addr: SocketAddr, agent: &str, instance: Option<&str>) -> (Self, Value) {
+        let mut ws = Self::open(&format!("{}&presence=1", Self::url(addr, agent, instance))).await;
+        let welcome = ws.next().await;
+        assert_eq!(welcome["content"]["action"], "agents_present", "{welcome}");
+        (ws, welcome)
+    }
+
+    /// Connects as `agent` without asking for presence: only messages arrive.
+    pub async fn quiet(addr: SocketAddr, agent: &str, instance: Option<&str>) -> Self {
+        Self::open(&Self::url(addr, agent, instance)).await
+    }
+
+    fn url(addr: SocketAddr, agent: &str, instance: Option<&str>) -> String {
         let mut url = format!("ws://{addr}/grid/v1/ws?agent={agent}");
         if let Some(instance) = instance {
             url.push_str(&format!("&instance_id={instance}"));
         }
+        url
+    }
+
+    async fn open(url: &str) -> Self {
         let (stream, _) = tokio_tungstenite::connect_async(url)
             .await
             .expect("ws connects");
-        let mut ws = GridWs { stream };
-        let welcome = ws.next().await;
-        assert_eq!(welcome["content"]["action"], "agents_present", "{welcome}");
-        (ws, welcome)
+        GridWs { stream }
     }
 
     /// Connects without identifying.
@@ -131,7 +173,13 @@ impl GridWs {
         GridWs { stream }
     }
 
+    /// Sends a frame, stamping a timestamp on messages that lack one.
     pub async fn send(&mut self, yaml_text: &str) {
+        self.send_raw(&stamped(yaml_text)).await;
+    }
+
+    /// Sends a frame as it is.
+    pub async fn send_raw(&mut self, yaml_text: &str) {
         self.stream
             .send(Message::Text(yaml_text.to_owned().into()))
             .await

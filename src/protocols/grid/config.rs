@@ -18,7 +18,14 @@ pub struct Config {
     pub scratchpad_poll_ms: u64,
     /// How often queued messages are checked for an expired `metadata.ttl`.
     pub expiry_check_ms: u64,
+    /// The Grid's own programs: a message to one is accepted (and queued) before it has
+    /// posted, polled or connected. Each is claimed as a Grid agent when first addressed,
+    /// so the name stays free for another protocol's agent until then.
+    pub programs: Vec<String>,
 }
+
+/// The programs `grid-message-protocol.md` names as senders and receivers.
+pub const DOCUMENTED_PROGRAMS: &[&str] = &["executor", "planner", "recognizer", "scout", "mc"];
 
 impl Default for Config {
     fn default() -> Self {
@@ -27,6 +34,7 @@ impl Default for Config {
             scratchpad: Scratchpads::default(),
             scratchpad_poll_ms: 250,
             expiry_check_ms: 1000,
+            programs: DOCUMENTED_PROGRAMS.iter().map(|p| p.to_string()).collect(),
         }
     }
 }

@@ -5,9 +5,10 @@ use rusqlite::{OptionalExtension, params};
 
 use crate::store::{Migration, Store, StoreError};
 
-pub static MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: "
+pub static MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sql: "
         CREATE TABLE grid_agents (
             agent      TEXT PRIMARY KEY,
             created_at INTEGER NOT NULL
@@ -38,23 +39,88 @@ pub static MIGRATIONS: &[Migration] = &[Migration {
             seen_at INTEGER NOT NULL
         ) WITHOUT ROWID;
     ",
-}];
+    },
+    Migration {
+        version: 2,
+        sql: "
+        -- The instance a queued message is for, when it names one: a poll or a socket of
+        -- another instance leaves it.
+        ALTER TABLE grid_queue ADD COLUMN instance TEXT;
+        UPDATE grid_queue SET instance = json_extract(body, '$.receiver.instance_id');
+    ",
+    },
+    Migration {
+        version: 3,
+        sql: "
+        -- A rewrite in place (truncated, or changed before where reading stopped) is told
+        -- by the fingerprint; each one starts a new generation of entry ids.
+        ALTER TABLE grid_scratchpads ADD COLUMN fingerprint TEXT NOT NULL DEFAULT '';
+        ALTER TABLE grid_scratchpads ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+        -- Entries seen, per file: a file rewritten in place forgets its own.
+        CREATE TABLE grid_scratchpad_seen_by_path (
+            path    TEXT NOT NULL,
+            hash    TEXT NOT NULL,
+            seen_at INTEGER NOT NULL,
+            PRIMARY KEY (path, hash)
+        ) WITHOUT ROWID;
+        INSERT INTO grid_scratchpad_seen_by_path (path, hash, seen_at)
+            SELECT p.path, s.hash, s.seen_at FROM grid_scratchpad_seen s CROSS JOIN grid_scratchpads p;
+        DROP TABLE grid_scratchpad_seen;
+        ALTER TABLE grid_scratchpad_seen_by_path RENAME TO grid_scratchpad_seen;
+    ",
+    },
+];
 
-/// A queued message.
+/// A queued message: a row of `grid_queue`, whole, so that one taken can be put back.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Queued {
-    pub message_id: String,
+    pub seq: i64,
     pub agent: String,
+    pub message_id: String,
+    pub instance: Option<String>,
+    pub priority: i64,
+    pub ts: i64,
+    pub expires_at: Option<i64>,
     /// The `message:` object, as JSON text.
     pub body: String,
 }
 
+const QUEUED_COLUMNS: &str = "seq, agent, message_id, instance, priority, ts, expires_at, body";
+
+fn queued(r: &rusqlite::Row<'_>) -> rusqlite::Result<Queued> {
+    Ok(Queued {
+        seq: r.get(0)?,
+        agent: r.get(1)?,
+        message_id: r.get(2)?,
+        instance: r.get(3)?,
+        priority: r.get(4)?,
+        ts: r.get(5)?,
+        expires_at: r.get(6)?,
+        body: r.get(7)?,
+    })
+}
+
+/// Which of an agent's queued messages a reader takes.
+#[derive(Clone, Copy, Debug)]
+pub enum Instances<'a> {
+    /// Everything for the agent (a poll that names no instance).
+    All,
+    /// What names no instance, and what names this one.
+    Of(Option<&'a str>),
+}
+
 /// Where reading a scratchpad file stopped.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Position {
     pub dev: u64,
     pub ino: u64,
     pub offset: u64,
+    /// A hash of the file's first bytes and of those just before `offset`: when they
+    /// change, the file was rewritten in place (empty for a position from before it).
+    pub fingerprint: String,
+    /// How many times the file was rewritten in place: part of the id of an entry that
+    /// has none, so the same words written again are a new message.
+    pub generation: u64,
 }
 
 #[derive(Clone)]
@@ -93,53 +159,71 @@ impl Db {
             .await
     }
 
+    /// Queues one message for each of `agents` (a message already queued for an agent is
+    /// not queued twice). `instance` is the instance the message names, if any.
+    #[allow(clippy::too_many_arguments)]
     pub async fn enqueue(
         &self,
-        agent: &str,
+        agents: Vec<String>,
         message_id: &str,
+        instance: Option<String>,
         lane: usize,
         ts: i64,
         expires_at: Option<i64>,
         body: String,
     ) -> Result<(), StoreError> {
-        let (agent, message_id) = (agent.to_owned(), message_id.to_owned());
+        let message_id = message_id.to_owned();
         self.store
             .write(move |conn| {
-                conn.execute(
-                    "INSERT OR IGNORE INTO grid_queue (agent, message_id, priority, ts, expires_at, body)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                    params![agent, message_id, lane as i64, ts, expires_at, body],
+                let mut stmt = conn.prepare_cached(
+                    "INSERT OR IGNORE INTO grid_queue (agent, message_id, instance, priority, ts, expires_at, body)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 )?;
+                for agent in agents {
+                    stmt.execute(params![
+                        agent,
+                        message_id,
+                        instance,
+                        lane as i64,
+                        ts,
+                        expires_at,
+                        body
+                    ])?;
+                }
                 Ok(())
             })
             .await
     }
 
-    /// Takes the messages waiting for `agent`: higher priority first, then oldest first;
-    /// only those stamped after `since` (ms) when given.
-    pub async fn take(&self, agent: &str, since: Option<i64>) -> Result<Vec<Queued>, StoreError> {
+    /// Takes the messages waiting for `agent` that `instances` covers: higher priority
+    /// first, then oldest first; only those stamped after `since` (ms) when given. Only what
+    /// is returned leaves the queue.
+    pub async fn take(
+        &self,
+        agent: &str,
+        since: Option<i64>,
+        instances: Instances<'_>,
+    ) -> Result<Vec<Queued>, StoreError> {
         let agent = agent.to_owned();
+        let (all, instance) = match instances {
+            Instances::All => (true, None),
+            Instances::Of(instance) => (false, instance.map(str::to_owned)),
+        };
         self.store
             .write(move |conn| {
-                let mut stmt = conn.prepare_cached(
-                    "DELETE FROM grid_queue WHERE agent = ?1 AND ts > ?2
-                     RETURNING seq, priority, message_id, agent, body",
-                )?;
-                let mut rows: Vec<(i64, i64, Queued)> = stmt
-                    .query_map(params![agent, since.unwrap_or(i64::MIN)], |r| {
-                        Ok((
-                            r.get(0)?,
-                            r.get(1)?,
-                            Queued {
-                                message_id: r.get(2)?,
-                                agent: r.get(3)?,
-                                body: r.get(4)?,
-                            },
-                        ))
-                    })?
+                let mut stmt = conn.prepare_cached(&format!(
+                    "DELETE FROM grid_queue
+                     WHERE agent = ?1 AND ts > ?2 AND (?3 OR instance IS NULL OR instance = ?4)
+                     RETURNING {QUEUED_COLUMNS}"
+                ))?;
+                let mut rows: Vec<Queued> = stmt
+                    .query_map(
+                        params![agent, since.unwrap_or(i64::MIN), all, instance],
+                        queued,
+                    )?
                     .collect::<Result<_, _>>()?;
-                rows.sort_by_key(|(seq, priority, _)| (*priority, *seq));
-                Ok(rows.into_iter().map(|(_, _, q)| q).collect())
+                rows.sort_by_key(|q| (q.priority, q.seq));
+                Ok(rows)
             })
             .await
     }
@@ -148,18 +232,41 @@ impl Db {
     pub async fn take_expired(&self, now: i64) -> Result<Vec<Queued>, StoreError> {
         self.store
             .write(move |conn| {
-                let mut stmt = conn.prepare_cached(
+                let mut stmt = conn.prepare_cached(&format!(
                     "DELETE FROM grid_queue WHERE expires_at IS NOT NULL AND expires_at <= ?1
-                     RETURNING message_id, agent, body",
-                )?;
-                let rows = stmt.query_map([now], |r| {
-                    Ok(Queued {
-                        message_id: r.get(0)?,
-                        agent: r.get(1)?,
-                        body: r.get(2)?,
-                    })
-                })?;
+                     RETURNING {QUEUED_COLUMNS}"
+                ))?;
+                let rows = stmt.query_map([now], queued)?;
                 Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await
+    }
+
+    /// Puts taken messages back where they were (same sequence numbers, so the same
+    /// order); one queued again meanwhile is kept once.
+    pub async fn restore(&self, rows: Vec<Queued>) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.store
+            .write(move |conn| {
+                let mut stmt = conn.prepare_cached(&format!(
+                    "INSERT OR IGNORE INTO grid_queue ({QUEUED_COLUMNS})
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+                ))?;
+                for q in rows {
+                    stmt.execute(params![
+                        q.seq,
+                        q.agent,
+                        q.message_id,
+                        q.instance,
+                        q.priority,
+                        q.ts,
+                        q.expires_at,
+                        q.body
+                    ])?;
+                }
+                Ok(())
             })
             .await
     }
@@ -170,13 +277,16 @@ impl Db {
             .read(move |conn| {
                 Ok(conn
                     .query_row(
-                        "SELECT dev, ino, offset FROM grid_scratchpads WHERE path = ?1",
+                        "SELECT dev, ino, offset, fingerprint, generation FROM grid_scratchpads
+                         WHERE path = ?1",
                         [path],
                         |r| {
                             Ok(Position {
                                 dev: r.get::<_, i64>(0)? as u64,
                                 ino: r.get::<_, i64>(1)? as u64,
                                 offset: r.get::<_, i64>(2)? as u64,
+                                fingerprint: r.get(3)?,
+                                generation: r.get::<_, i64>(4)? as u64,
                             })
                         },
                     )
@@ -196,42 +306,52 @@ impl Db {
         self.store
             .write(move |conn| {
                 conn.execute(
-                    "INSERT INTO grid_scratchpads (path, dev, ino, offset) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (path) DO UPDATE SET dev = excluded.dev, ino = excluded.ino, offset = excluded.offset",
-                    params![path, position.dev as i64, position.ino as i64, position.offset as i64],
+                    "INSERT INTO grid_scratchpads (path, dev, ino, offset, fingerprint, generation)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                     ON CONFLICT (path) DO UPDATE SET dev = excluded.dev, ino = excluded.ino,
+                        offset = excluded.offset, fingerprint = excluded.fingerprint,
+                        generation = excluded.generation",
+                    params![
+                        path,
+                        position.dev as i64,
+                        position.ino as i64,
+                        position.offset as i64,
+                        position.fingerprint,
+                        position.generation as i64
+                    ],
                 )?;
-                let now = crate::core::now_ms();
-                for hash in seen {
-                    conn.execute(
-                        "INSERT OR IGNORE INTO grid_scratchpad_seen (hash, seen_at) VALUES (?1, ?2)",
-                        params![hash, now],
-                    )?;
-                }
-                Ok(())
+                insert_seen(conn, &path, seen)
             })
             .await
     }
 
-    pub async fn mark_seen(&self, hash: String) -> Result<(), StoreError> {
+    /// Marks entries of `path` as seen.
+    pub async fn mark_seen(&self, path: &str, hash: String) -> Result<(), StoreError> {
+        let path = path.to_owned();
+        self.store
+            .write(move |conn| insert_seen(conn, &path, vec![hash]))
+            .await
+    }
+
+    /// Forgets the entries seen in `path`: it was rewritten, and what is in it now is new.
+    pub async fn forget_seen(&self, path: &str) -> Result<(), StoreError> {
+        let path = path.to_owned();
         self.store
             .write(move |conn| {
-                conn.execute(
-                    "INSERT OR IGNORE INTO grid_scratchpad_seen (hash, seen_at) VALUES (?1, ?2)",
-                    params![hash, crate::core::now_ms()],
-                )?;
+                conn.execute("DELETE FROM grid_scratchpad_seen WHERE path = ?1", [path])?;
                 Ok(())
             })
             .await
     }
 
-    pub async fn seen(&self, hash: &str) -> Result<bool, StoreError> {
-        let hash = hash.to_owned();
+    pub async fn seen(&self, path: &str, hash: &str) -> Result<bool, StoreError> {
+        let (path, hash) = (path.to_owned(), hash.to_owned());
         self.store
             .read(move |conn| {
                 Ok(conn
                     .query_row(
-                        "SELECT 1 FROM grid_scratchpad_seen WHERE hash = ?1",
-                        [hash],
+                        "SELECT 1 FROM grid_scratchpad_seen WHERE path = ?1 AND hash = ?2",
+                        [path, hash],
                         |_| Ok(()),
                     )
                     .optional()?
@@ -239,4 +359,19 @@ impl Db {
             })
             .await
     }
+}
+
+fn insert_seen(
+    conn: &rusqlite::Connection,
+    path: &str,
+    hashes: Vec<String>,
+) -> Result<(), StoreError> {
+    let now = crate::core::now_ms();
+    let mut stmt = conn.prepare_cached(
+        "INSERT OR IGNORE INTO grid_scratchpad_seen (path, hash, seen_at) VALUES (?1, ?2, ?3)",
+    )?;
+    for hash in hashes {
+        stmt.execute(params![path, hash, now])?;
+    }
+    Ok(())
 }

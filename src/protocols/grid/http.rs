@@ -13,10 +13,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
+use super::db::Instances;
 use super::wire::{self, Invalid, Message};
 use super::{Grid, Source, ws};
 use crate::core::Role;
-use crate::protocols::clock::parse_iso8601;
 
 type Shared = State<Arc<Grid>>;
 
@@ -108,20 +108,7 @@ async fn post_messages(State(grid): Shared, headers: HeaderMap, body: Bytes) -> 
         }
     }
     for msg in &messages {
-        if !msg.receiver.is_broadcast()
-            && !grid.core.directory.contains(&msg.receiver.agent)
-            && msg.receiver.agent != msg.sender.agent
-        {
-            let refusal = Invalid {
-                code: "UNKNOWN_RECEIVER",
-                field: "receiver.agent".into(),
-                message: format!(
-                    "receiver.agent '{}' is not an agent the bridge knows",
-                    msg.receiver.agent
-                ),
-                id: Some(msg.id.clone()),
-                sender: Some(Box::new(msg.sender.clone())),
-            };
+        if let Err(refusal) = grid.check_receiver(msg).await {
             return error(&refusal, json);
         }
     }
@@ -142,7 +129,7 @@ fn since(query: &HashMap<String, String>) -> Result<Option<i64>, Invalid> {
         Some(text) => text
             .parse::<i64>()
             .ok()
-            .or_else(|| parse_iso8601(text))
+            .or_else(|| wire::parse_timestamp(text))
             .map(Some)
             .ok_or_else(|| {
                 invalid(
@@ -176,7 +163,15 @@ async fn poll(
     if let Err(e) = grid.register(&agent).await {
         return error(&e, json);
     }
-    let queued = match grid.db.take(&agent, since).await {
+    // What was accepted before this poll may still be on its way to the queue.
+    grid.flush().await;
+    // A poll that names its instance takes what is for the agent and for that instance,
+    // and leaves what is for the others.
+    let instances = match query.get("instance_id").filter(|i| !i.is_empty()) {
+        Some(instance) => Instances::Of(Some(instance)),
+        None => Instances::All,
+    };
+    let queued = match grid.db.take(&agent, since, instances).await {
         Ok(queued) => queued,
         Err(e) => {
             tracing::error!(error = %e, "grid: cannot read the queue");
@@ -189,17 +184,9 @@ async fn poll(
             );
         }
     };
-    let instance = query.get("instance_id");
     let messages: Vec<Value> = queued
         .iter()
         .filter_map(|q| serde_json::from_str::<Value>(&q.body).ok())
-        .filter(|m| {
-            let target = m
-                .get("receiver")
-                .and_then(|r| r.get("instance_id"))
-                .and_then(Value::as_str);
-            target.is_none_or(|t| instance.is_none_or(|i| i == t))
-        })
         .collect();
     if json {
         return answer(StatusCode::OK, &json!({ "messages": messages }), true);

@@ -2,8 +2,9 @@
 //! WebSocket (`/grid/v1/ws`), and the shared scratchpad file(s) Grid programs read and
 //! append to, as `grid-message-protocol.md` describes them.
 //!
-//! A Grid program is known by its `sender.agent`. A message for a program with an open
-//! socket goes there; otherwise it is queued for `GET /grid/v1/messages` and appended to
+//! A Grid program is known by its `sender.agent` (the configured `programs` are known
+//! before they are seen). A message for a program with an open socket goes there; otherwise
+//! it is queued for `GET /grid/v1/messages` (or the program's next socket) and appended to
 //! the scratchpad. `receiver: broadcast` reaches every Grid program (and is observed by the
 //! humans of other protocols); another protocol's message to everyone reaches every Grid
 //! program as a broadcast.
@@ -12,6 +13,7 @@ mod config;
 mod db;
 mod http;
 mod scratchpad;
+mod sockets;
 pub(crate) mod translate;
 pub(crate) mod wire;
 mod ws;
@@ -22,28 +24,47 @@ use std::time::Duration;
 
 use dashmap::DashSet;
 use serde_json::Value;
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
 use super::{Running, StartError};
-use crate::core::{AgentInfo, Core, Delivery, Envelope, Interest, Kind, OfflineSink, Protocol};
+use crate::core::{
+    AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, OfflineSink, Protocol, Session,
+    WhenFull,
+};
 use crate::telemetry;
 use db::Db;
 use wire::{Invalid, Message};
 
 pub const PROTOCOL: Protocol = "grid";
 
-/// Ids of messages read from a scratchpad, remembered so they are not written back to it.
-const FROM_SCRATCHPAD_MEMORY: usize = 10_000;
+/// Ids of messages read from a scratchpad, remembered so they are not written back to it;
+/// and of expired messages whose sender was told, so it is told once.
+const RECENT_MEMORY: usize = 10_000;
 
 /// A bounded memory of recent ids.
 #[derive(Default)]
 struct Recent {
     ids: HashSet<String>,
     order: VecDeque<String>,
+}
+
+impl Recent {
+    /// Remembers `id`; false when it was remembered already.
+    fn remember(&mut self, id: &str) -> bool {
+        if !self.ids.insert(id.to_owned()) {
+            return false;
+        }
+        self.order.push_back(id.to_owned());
+        while self.order.len() > RECENT_MEMORY {
+            if let Some(old) = self.order.pop_front() {
+                self.ids.remove(&old);
+            }
+        }
+        true
+    }
 }
 
 /// Where an accepted message came from.
@@ -64,6 +85,9 @@ enum Outgoing {
     },
     /// Append to the scratchpad.
     Append(Value),
+    /// Answered once everything sent before it, and every broadcast routed before it, is
+    /// written: a poll waits for this, so it sees every message accepted before it.
+    Flush(oneshot::Sender<()>),
 }
 
 pub struct Grid {
@@ -72,9 +96,11 @@ pub struct Grid {
     db: Db,
     /// Grid programs the bridge knows.
     programs: DashSet<String>,
-    /// program → open sockets.
-    connections: dashmap::DashMap<String, usize>,
+    /// Programs' open sockets.
+    sockets: sockets::Sockets,
     from_scratchpad: Mutex<Recent>,
+    /// Expired messages whose sender was told.
+    expiry_told: Mutex<Recent>,
     outgoing: mpsc::UnboundedSender<Outgoing>,
     shutdown: CancellationToken,
 }
@@ -92,8 +118,9 @@ pub async fn start(
         config: config.clone(),
         db: db.clone(),
         programs: DashSet::new(),
-        connections: dashmap::DashMap::new(),
+        sockets: sockets::Sockets::default(),
         from_scratchpad: Mutex::new(Recent::default()),
+        expiry_told: Mutex::new(Recent::default()),
         outgoing,
         shutdown: shutdown.clone(),
     });
@@ -106,10 +133,11 @@ pub async fn start(
 
     let listener = super::bind(PROTOCOL, config.listen).await?;
     let addr = listener.local_addr().map_err(|e| fail(&e))?;
+    let hub = hub_mailbox(&core);
+    let hub_session = core.router.attach(HUB, hub.clone(), Arc::new(HubInterest));
     let mut tasks = vec![
-        tokio::spawn(grid.clone().write_outgoing(outgoing_rx)),
+        tokio::spawn(grid.clone().write_outgoing(outgoing_rx, hub, hub_session)),
         tokio::spawn(grid.clone().expire_queued()),
-        hub(grid.clone()),
     ];
     if !config.scratchpad.0.is_empty() {
         tasks.push(tokio::spawn(grid.clone().watch_scratchpads()));
@@ -161,6 +189,34 @@ impl Grid {
         Ok(())
     }
 
+    /// Checks that `msg` can reach its receiver: everyone, its own sender, an agent some
+    /// protocol knows, or one of the configured Grid programs — claimed now if it has not
+    /// been seen, so what is sent to it waits in its queue.
+    pub async fn check_receiver(&self, msg: &Message) -> Result<(), Invalid> {
+        let receiver = &msg.receiver.agent;
+        if msg.receiver.is_broadcast()
+            || *receiver == msg.sender.agent
+            || self.core.directory.contains(receiver)
+        {
+            return Ok(());
+        }
+        let answering = |mut e: Invalid| {
+            e.id = Some(msg.id.clone());
+            e.sender = Some(Box::new(msg.sender.clone()));
+            e
+        };
+        if self.config.programs.iter().any(|p| p == receiver) {
+            return self.register(receiver).await.map_err(answering);
+        }
+        Err(answering(Invalid {
+            code: "UNKNOWN_RECEIVER",
+            field: "receiver.agent".into(),
+            message: format!("receiver.agent '{receiver}' is not an agent the bridge knows"),
+            id: None,
+            sender: None,
+        }))
+    }
+
     /// Accepts a message from a Grid program: registers its sender, checks its receiver,
     /// and publishes it. A message whose id was accepted before is not routed again.
     pub async fn accept(&self, msg: Message, source: Source) -> Result<String, Invalid> {
@@ -171,26 +227,19 @@ impl Grid {
             id: Some(msg.id.clone()),
             sender: Some(Box::new(msg.sender.clone())),
         };
-        self.register(&msg.sender.agent).await.map_err(|mut e| {
-            e.id = Some(msg.id.clone());
-            e.sender = Some(Box::new(msg.sender.clone()));
-            e
-        })?;
-        if !msg.receiver.is_broadcast() && !self.core.directory.contains(&msg.receiver.agent) {
-            return Err(refuse(
-                "UNKNOWN_RECEIVER",
-                "receiver.agent",
-                format!(
-                    "receiver.agent '{}' is not an agent the bridge knows",
-                    msg.receiver.agent
-                ),
-            ));
-        }
+        // A repeat is acknowledged before anything else: it changes nothing (a scratchpad
+        // rewritten in place holds entries, some the bridge's own, routed before).
         match self.core.store.message(&msg.id).await {
             Ok(Some(_)) => return Ok(msg.id),
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "grid: cannot check for a repeated message"),
         }
+        self.register(&msg.sender.agent).await.map_err(|mut e| {
+            e.id = Some(msg.id.clone());
+            e.sender = Some(Box::new(msg.sender.clone()));
+            e
+        })?;
+        self.check_receiver(&msg).await?;
         if source == Source::Scratchpad {
             self.remember_from_scratchpad(&msg.id);
         }
@@ -235,18 +284,10 @@ impl Grid {
     }
 
     fn remember_from_scratchpad(&self, id: &str) {
-        let mut recent = self
-            .from_scratchpad
+        self.from_scratchpad
             .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if recent.ids.insert(id.to_owned()) {
-            recent.order.push_back(id.to_owned());
-        }
-        while recent.order.len() > FROM_SCRATCHPAD_MEMORY {
-            if let Some(old) = recent.order.pop_front() {
-                recent.ids.remove(&old);
-            }
-        }
+            .unwrap_or_else(|e| e.into_inner())
+            .remember(id);
     }
 
     fn came_from_scratchpad(&self, id: &str) -> bool {
@@ -279,48 +320,140 @@ impl Grid {
         });
     }
 
-    async fn write_outgoing(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Outgoing>) {
+    /// Queues again a message a socket took but did not send. Not presence, which is news
+    /// only while it is new; not appended to the scratchpad, as it was for a socket.
+    fn requeue(&self, agent: &str, delivery: &Arc<Delivery>) {
+        if delivery.envelope.kind.is_presence() {
+            return;
+        }
+        let Some(message) = self.encode(delivery) else {
+            return;
+        };
+        let _ = self.outgoing.send(Outgoing::Queue {
+            agent: agent.to_owned(),
+            delivery: delivery.clone(),
+            message,
+        });
+    }
+
+    /// Writes queued messages and scratchpad appends in the order they were sent, and keeps
+    /// every broadcast for the programs that are not connected. The hub's mailbox is read
+    /// here rather than by a task of its own, so a flush can take in what it holds.
+    async fn write_outgoing(
+        self: Arc<Self>,
+        mut rx: mpsc::UnboundedReceiver<Outgoing>,
+        hub: Arc<Mailbox>,
+        hub_session: Arc<Session>,
+    ) {
         loop {
-            // At shutdown, what is already waiting is still written.
-            let job = tokio::select! {
+            tokio::select! {
                 biased;
-                job = rx.recv() => match job { Some(job) => job, None => return },
-                _ = self.shutdown.cancelled() => match rx.try_recv() {
-                    Ok(job) => job,
-                    Err(_) => return,
+                job = rx.recv() => match job {
+                    Some(job) => self.run(job, &hub).await,
+                    None => break,
                 },
-            };
-            match job {
-                Outgoing::Queue {
-                    agent,
-                    delivery,
-                    message,
-                } => {
-                    let env = &delivery.envelope;
-                    let expires_at = env
-                        .ttl_secs
-                        .map(|ttl| env.timestamp.max(crate::core::now_ms()) + ttl as i64 * 1000);
-                    if let Err(e) = self
-                        .db
-                        .enqueue(
-                            &agent,
-                            &env.id,
-                            env.priority.lane(),
-                            env.timestamp,
-                            expires_at,
-                            message.to_string(),
-                        )
-                        .await
-                    {
-                        tracing::error!(error = %e, agent, "grid: cannot queue a message");
+                next = hub.recv() => match next {
+                    Ok(delivery) => self.keep_broadcast(&delivery).await,
+                    Err(_) => break,
+                },
+                _ = self.shutdown.cancelled() => {
+                    // At shutdown, what is already waiting is still written.
+                    self.drain_hub(&hub).await;
+                    while let Ok(job) = rx.try_recv() {
+                        self.run(job, &hub).await;
                     }
-                }
-                Outgoing::Append(message) => {
-                    if let Err(e) = self.append_to_scratchpad(&message).await {
-                        tracing::error!(error = %e, "grid: cannot append to the scratchpad");
-                    }
+                    break;
                 }
             }
+        }
+        self.core.router.detach(&hub_session);
+    }
+
+    async fn run(&self, job: Outgoing, hub: &Mailbox) {
+        match job {
+            Outgoing::Queue {
+                agent,
+                delivery,
+                message,
+            } => self.queue(vec![agent], &delivery, &message).await,
+            Outgoing::Append(message) => {
+                if let Err(e) = self.append_to_scratchpad(&message).await {
+                    tracing::error!(error = %e, "grid: cannot append to the scratchpad");
+                }
+            }
+            Outgoing::Flush(done) => {
+                self.drain_hub(hub).await;
+                let _ = done.send(());
+            }
+        }
+    }
+
+    /// Waits until every message accepted so far is in the queue.
+    pub async fn flush(&self) {
+        let (done, flushed) = oneshot::channel();
+        if self.outgoing.send(Outgoing::Flush(done)).is_ok() {
+            // An error means the writer stopped (shutdown): nothing more will be written.
+            let _ = flushed.await;
+        }
+    }
+
+    async fn drain_hub(&self, hub: &Mailbox) {
+        while let Ok(Some(delivery)) = hub.try_recv() {
+            self.keep_broadcast(&delivery).await;
+        }
+    }
+
+    /// A message for every Grid program: appended to the scratchpad, and queued for each
+    /// program it did not reach: one with no socket, or whose first socket attached after
+    /// the message was routed.
+    async fn keep_broadcast(&self, delivery: &Arc<Delivery>) {
+        let Some(message) = self.encode(delivery) else {
+            return;
+        };
+        if !self.config.scratchpad.0.is_empty() && !self.came_from_scratchpad(&delivery.envelope.id)
+        {
+            if let Err(e) = self.append_to_scratchpad(&message).await {
+                tracing::error!(error = %e, "grid: cannot append to the scratchpad");
+            }
+        }
+        let programs: Vec<String> = self
+            .programs
+            .iter()
+            .map(|p| p.clone())
+            .filter(|p| *p != delivery.envelope.from && !self.reached_by_broadcast(p, delivery))
+            .collect();
+        self.queue(programs, delivery, &message).await;
+    }
+
+    fn reached_by_broadcast(&self, program: &str, delivery: &Delivery) -> bool {
+        self.core.router.is_connected(program)
+            && self.sockets.attached_by(program, delivery.accepted_at)
+    }
+
+    /// Queues `message` for each of `agents`, in one commit.
+    async fn queue(&self, agents: Vec<String>, delivery: &Delivery, message: &Value) {
+        if agents.is_empty() {
+            return;
+        }
+        let env = &delivery.envelope;
+        let expires_at = queue_expiry(env, crate::core::now_ms());
+        let instance = message["receiver"]["instance_id"]
+            .as_str()
+            .map(str::to_owned);
+        if let Err(e) = self
+            .db
+            .enqueue(
+                agents,
+                &env.id,
+                instance,
+                env.priority.lane(),
+                env.timestamp,
+                expires_at,
+                message.to_string(),
+            )
+            .await
+        {
+            tracing::error!(error = %e, message = %env.id, "grid: cannot queue a message");
         }
     }
 
@@ -340,12 +473,37 @@ impl Grid {
                 }
             };
             for queued in expired {
-                if let Ok(Some(stored)) = self.core.store.message(&queued.message_id).await {
-                    self.core.expired(&Delivery::new(stored.envelope), PROTOCOL);
-                }
+                self.expired(&queued.message_id).await;
             }
         }
     }
+
+    /// A queued copy of a message expired: counted for each copy, but its sender is told
+    /// once per message, not once per program it was queued for.
+    async fn expired(self: &Arc<Self>, message_id: &str) {
+        let first = self
+            .expiry_told
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remember(message_id);
+        if !first {
+            telemetry::message_dropped(PROTOCOL, "ttl_expired");
+            return;
+        }
+        match self.core.store.message(message_id).await {
+            Ok(Some(stored)) => self.core.expired(&Delivery::new(stored.envelope), PROTOCOL),
+            _ => telemetry::message_dropped(PROTOCOL, "ttl_expired"),
+        }
+    }
+}
+
+/// When a queued copy of `env` must be dropped (ms): its ttl counted from when it was sent,
+/// or from `now` when its timestamp is older. A ttl past what the clock can count saturates:
+/// the sender's number is not a reason to fail.
+fn queue_expiry(env: &Envelope, now: i64) -> Option<i64> {
+    let ttl = env.ttl_secs?;
+    let ttl_ms = i64::try_from(ttl).unwrap_or(i64::MAX).saturating_mul(1000);
+    Some(env.timestamp.max(now).saturating_add(ttl_ms))
 }
 
 /// The router's way to Grid programs with no open socket.
@@ -383,37 +541,18 @@ impl Interest for HubInterest {
     }
 }
 
-fn hub(grid: Arc<Grid>) -> JoinHandle<()> {
-    let mailbox = grid.core.router.mailbox(PROTOCOL);
-    let session = grid
-        .core
-        .router
-        .attach(HUB, mailbox.clone(), Arc::new(HubInterest));
-    tokio::spawn(async move {
-        loop {
-            let delivery = tokio::select! {
-                _ = grid.shutdown.cancelled() => break,
-                next = mailbox.recv() => match next { Ok(d) => d, Err(_) => break },
-            };
-            let Some(message) = grid.encode(&delivery) else {
-                continue;
-            };
-            if !grid.config.scratchpad.0.is_empty()
-                && !grid.came_from_scratchpad(&delivery.envelope.id)
-            {
-                let _ = grid.outgoing.send(Outgoing::Append(message.clone()));
-            }
-            let programs: Vec<String> = grid.programs.iter().map(|p| p.clone()).collect();
-            for program in programs {
-                if program != delivery.envelope.from && !grid.core.router.is_connected(&program) {
-                    let _ = grid.outgoing.send(Outgoing::Queue {
-                        agent: program,
-                        delivery: delivery.clone(),
-                        message: message.clone(),
-                    });
+/// The hub's mailbox: unbounded, as its reader only moves messages to the store (a
+/// bounded one would drop broadcasts under a burst). A broadcast whose ttl runs out before
+/// it is kept is answered like any expired message.
+fn hub_mailbox(core: &Arc<Core>) -> Arc<Mailbox> {
+    let weak = Arc::downgrade(core);
+    Arc::new(
+        Mailbox::new(PROTOCOL, usize::MAX, WhenFull::DropNewest).with_expiry_hook(Arc::new(
+            move |delivery| {
+                if let Some(core) = weak.upgrade() {
+                    core.expired(&delivery, PROTOCOL);
                 }
-            }
-        }
-        grid.core.router.detach(&session);
-    })
+            },
+        )),
+    )
 }

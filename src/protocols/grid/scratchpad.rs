@@ -3,11 +3,15 @@
 //!
 //! The bridge only appends, each entry in one `write` on a file opened for appending, and
 //! never rewrites or truncates. It remembers, in the store, which file (device and inode)
-//! it read and how far, and the hash of every entry it routed, so after a restart, a move
-//! or a truncation by someone else no entry is routed twice and none is skipped: a file
-//! that is new (another inode) or shorter than what was read is read again from the start,
-//! and entries already seen are passed over. Entries without an id get one derived from
-//! their text, so even one routed just before a crash is recognised when read again.
+//! it read, how far, a fingerprint of the file's first bytes and of those just before that
+//! point, and the hash of every entry it routed from it. So after a restart or a move no
+//! entry is routed twice and none is skipped: a file that is new (another inode) is read
+//! from its start and entries already seen are passed over. A file rewritten in place —
+//! shorter than what was read, or with another fingerprint, even when truncated and
+//! refilled between two reads — is read from its start as new: its seen entries are
+//! forgotten, and entries without an id get ids of a new generation, so the same words
+//! written again are a new message. Entries without an id get one derived from their text
+//! (and generation), so even one routed just before a crash is recognised when read again.
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
@@ -51,26 +55,35 @@ impl Grid {
         let key = path.display().to_string();
         let stored = self.db.position(&key).await.map_err(|e| e.to_string())?;
         let owned = path.to_owned();
-        let read =
-            tokio::task::spawn_blocking(move || read_from(&owned, stored.unwrap_or_default()))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
-        let Some((mut position, text)) = read else {
+        let from = stored.clone().unwrap_or_default();
+        let read = tokio::task::spawn_blocking(move || read_from(&owned, from))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let Some(read) = read else {
             return Ok(());
         };
-        let (entries, consumed) = wire::parse_entries(&text);
+        if read.rewritten {
+            self.db.forget_seen(&key).await.map_err(|e| e.to_string())?;
+        }
+        let (entries, consumed) = wire::parse_entries(&read.text);
+        let generation = read.position.generation;
         let mut seen = Vec::with_capacity(entries.len());
         for entry in entries {
             let digest = hash(entry.text);
-            if self.db.seen(&digest).await.map_err(|e| e.to_string())? {
+            if self
+                .db
+                .seen(&key, &digest)
+                .await
+                .map_err(|e| e.to_string())?
+            {
                 continue;
             }
-            self.route_entry(entry, &digest).await;
+            self.route_entry(entry, &digest, generation).await;
             seen.push(digest);
         }
-        position.offset += consumed as u64;
-        if stored != Some(position) || !seen.is_empty() {
+        let position = read.advanced(consumed);
+        if stored.as_ref() != Some(&position) || !seen.is_empty() {
             self.db
                 .advance(&key, position, seen)
                 .await
@@ -79,12 +92,18 @@ impl Grid {
         Ok(())
     }
 
-    async fn route_entry(&self, entry: Entry<'_>, digest: &str) {
+    async fn route_entry(&self, entry: Entry<'_>, digest: &str, generation: u64) {
+        let derived_id = || {
+            format!(
+                "msg-{}",
+                derived_uuid("grid-entry", &entry_key(digest, generation))
+            )
+        };
         let result = match entry.message {
             Ok(mut msg) => {
                 if !entry.text.contains(&msg.id) {
                     // No id in the entry: one derived from its text, the same every read.
-                    msg.id = format!("msg-{}", derived_uuid("grid-entry", digest));
+                    msg.id = derived_id();
                     if let Value::Object(raw) = &mut msg.raw {
                         raw.insert("id".into(), Value::String(msg.id.clone()));
                     }
@@ -96,9 +115,7 @@ impl Grid {
         if let Err(mut invalid) = result {
             tracing::warn!(field = %invalid.field, reason = %invalid.message, "grid: skipped a malformed scratchpad entry");
             // The error answers the entry by the id it would have had.
-            invalid
-                .id
-                .get_or_insert_with(|| format!("msg-{}", derived_uuid("grid-entry", digest)));
+            invalid.id.get_or_insert_with(derived_id);
             self.report(&invalid).await;
         }
     }
@@ -111,7 +128,7 @@ impl Grid {
         };
         let entry = wire::entry(message);
         self.db
-            .mark_seen(hash(&entry))
+            .mark_seen(&path.display().to_string(), hash(&entry))
             .await
             .map_err(|e| e.to_string())?;
         tokio::task::spawn_blocking(move || append(&path, &entry))
@@ -121,10 +138,78 @@ impl Grid {
     }
 }
 
-/// Reads what is new in `path` since `position`: `None` when the file is absent or has
-/// nothing new. A file that is not the one read before, or is shorter than what was read,
-/// is read from its start.
-fn read_from(path: &Path, position: Position) -> std::io::Result<Option<(Position, String)>> {
+/// The fingerprint covers this many of the file's first bytes…
+const HEAD: u64 = 4096;
+/// …and this many of those before where reading stopped.
+const TAIL: u64 = 1024;
+
+/// What the key of an entry without an id is derived from: its hash, and the generation of
+/// the file it was read from (none for the first, so ids from before generations hold).
+fn entry_key(digest: &str, generation: u64) -> String {
+    match generation {
+        0 => digest.to_owned(),
+        g => format!("{digest}/{g}"),
+    }
+}
+
+/// A hash of `head` up to `offset` and of the `TAIL` bytes before `offset`, taken from
+/// `around`, the bytes of the file from `around_start` on.
+fn fingerprint(head: &[u8], around: &[u8], around_start: u64, offset: u64) -> String {
+    let head = &head[..head.len().min(offset as usize)];
+    let from = offset.saturating_sub(TAIL).max(around_start) - around_start;
+    let to = (offset - around_start).min(around.len() as u64);
+    let tail = &around[(from.min(to)) as usize..to as usize];
+    let mut hasher = Sha256::new();
+    hasher.update(head);
+    hasher.update([0xff]);
+    hasher.update(tail);
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// What a read of a scratchpad file found.
+struct Found {
+    /// Where reading started: the stored position, or the start of a file that is new or
+    /// was rewritten in place.
+    position: Position,
+    /// The file is the one read before, but was rewritten in place.
+    rewritten: bool,
+    /// Its first bytes (up to `HEAD`).
+    head: Vec<u8>,
+    /// The bytes before `position.offset` (up to `TAIL`).
+    before: Vec<u8>,
+    /// What follows `position.offset`.
+    text: String,
+}
+
+impl Found {
+    /// The position after `consumed` bytes of `text`, with its fingerprint.
+    fn advanced(&self, consumed: usize) -> Position {
+        let start = self.position.offset - self.before.len() as u64;
+        let offset = self.position.offset + consumed as u64;
+        let around = [self.before.as_slice(), self.text.as_bytes()].concat();
+        Position {
+            offset,
+            fingerprint: fingerprint(&self.head, &around, start, offset),
+            ..self.position.clone()
+        }
+    }
+}
+
+fn read_at(file: &mut std::fs::File, from: u64, len: u64) -> std::io::Result<Vec<u8>> {
+    file.seek(SeekFrom::Start(from))?;
+    let mut bytes = Vec::new();
+    file.take(len).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Reads what is new in `path` since `position`: `None` when the file is absent. A file
+/// that is not the one read before is read from its start; so is one rewritten in place
+/// (shorter than what was read, or with another fingerprint), in a new generation.
+fn read_from(path: &Path, position: Position) -> std::io::Result<Option<Found>> {
     let mut file = match std::fs::File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -132,20 +217,36 @@ fn read_from(path: &Path, position: Position) -> std::io::Result<Option<(Positio
     };
     let meta = file.metadata()?;
     let mut position = position;
-    if position.dev != meta.dev() || position.ino != meta.ino() || meta.len() < position.offset {
+    let same_file = position.dev == meta.dev() && position.ino == meta.ino();
+    if !same_file {
         position = Position {
             dev: meta.dev(),
             ino: meta.ino(),
             offset: 0,
+            fingerprint: String::new(),
+            generation: position.generation,
         };
     }
-    if meta.len() == position.offset {
-        return Ok(Some((position, String::new())));
+    let head = read_at(&mut file, 0, HEAD.min(meta.len()))?;
+    let mut rewritten = same_file && meta.len() < position.offset;
+    let mut before = Vec::new();
+    if same_file && !rewritten && position.offset > 0 {
+        let start = position.offset.saturating_sub(TAIL);
+        before = read_at(&mut file, start, position.offset - start)?;
+        rewritten = !position.fingerprint.is_empty()
+            && fingerprint(&head, &before, start, position.offset) != position.fingerprint;
     }
-    file.seek(SeekFrom::Start(position.offset))?;
-    let mut bytes = Vec::with_capacity((meta.len() - position.offset) as usize);
-    file.take(meta.len() - position.offset)
-        .read_to_end(&mut bytes)?;
+    if rewritten {
+        position.offset = 0;
+        position.fingerprint = String::new();
+        position.generation += 1;
+        before.clear();
+    }
+    let bytes = read_at(
+        &mut file,
+        position.offset,
+        meta.len().saturating_sub(position.offset),
+    )?;
     // An entry cut mid-character by a writer in progress is left for the next read.
     let text = match String::from_utf8(bytes) {
         Ok(text) => text,
@@ -156,7 +257,13 @@ fn read_from(path: &Path, position: Position) -> std::io::Result<Option<(Positio
             String::from_utf8(bytes).unwrap_or_default()
         }
     };
-    Ok(Some((position, text)))
+    Ok(Some(Found {
+        position,
+        rewritten,
+        head,
+        before,
+        text,
+    }))
 }
 
 /// Appends `entry` in one write, starting on a fresh line.

@@ -12,6 +12,9 @@
 //! | `abort` | control abort |
 //! | `type: error` (`error_report`) | error; a task failure when it answers an assignment |
 //! | anything else | chat, its text from `payload.text` / `payload.message` or the payload |
+//!
+//! Going out, another protocol's structured data (`data`) stays in the payload: an object's
+//! keys join those of a task assignment, update or chat; a task result's is `result`.
 
 use serde_json::{Map, Value, json};
 
@@ -187,11 +190,12 @@ pub fn encode(env: &Envelope) -> Option<Value> {
             if !task.files.is_empty() {
                 put("files", json!(task.files));
             }
+            keep_data(&mut payload, env.data.as_ref());
             ("request", "mission_assigned")
         }
         Kind::TaskUpdate => {
             put("task_id", json!(task.id));
-            match state {
+            let kind = match state {
                 Some(TaskState::Waiting) => {
                     put("question", json!(env.text));
                     ("request", "checkpoint_request")
@@ -216,13 +220,19 @@ pub fn encode(env: &Envelope) -> Option<Value> {
                     );
                     ("notification", "progress_update")
                 }
-            }
+            };
+            keep_data(&mut payload, env.data.as_ref());
+            kind
         }
         Kind::TaskResult if state.is_none_or(|s| s == TaskState::Completed) => {
             put("task_id", json!(task.id));
             put("summary", json!(task.summary.clone().or(env.text.clone())));
             if !task.files.is_empty() {
                 put("commits", json!(task.files));
+            }
+            // A result's structured output is the result, not more fields beside the summary.
+            if let Some(data) = env.data.clone().filter(|d| !d.is_null()) {
+                payload.entry("result").or_insert(data);
             }
             (answer, "task_complete")
         }
@@ -358,6 +368,23 @@ pub fn encode(env: &Envelope) -> Option<Value> {
     Some(Value::Object(msg))
 }
 
+/// Structured data from another protocol, kept in the payload, as the document asks
+/// ("structured data in payload"): an object's keys join it (the keys set from the
+/// envelope win), anything else goes under `data`.
+fn keep_data(payload: &mut Map<String, Value>, data: Option<&Value>) {
+    match data {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(fields)) => {
+            for (key, value) in fields {
+                payload.entry(key.clone()).or_insert(value.clone());
+            }
+        }
+        Some(other) => {
+            payload.entry("data").or_insert(other.clone());
+        }
+    }
+}
+
 /// What a Grid program is shown for `env`, for the translation contract.
 pub fn preview(env: &Envelope) -> Vec<Frame> {
     let Some(msg) = encode(env) else {
@@ -403,8 +430,14 @@ mod tests {
     use super::*;
     use crate::protocols::grid::wire::validate;
 
+    /// A message from YAML, stamped with a timestamp (required) when it has none.
     fn message(yaml: &str) -> Message {
-        validate(&serde_saphyr::from_str(yaml).unwrap()).unwrap()
+        let mut doc: Value = serde_saphyr::from_str(yaml).unwrap();
+        if let Some(Value::Object(msg)) = doc.get_mut("message") {
+            msg.entry("timestamp")
+                .or_insert(json!("2026-01-24T10:00:00Z"));
+        }
+        validate(&doc).unwrap()
     }
 
     #[test]
@@ -501,6 +534,45 @@ mod tests {
             (Some("notification"), Some("broadcast"))
         );
         assert_eq!(msg["content"]["payload"]["text"], "standup");
+    }
+
+    #[test]
+    fn structured_data_is_kept_in_the_payload() {
+        let mut assign = Envelope::new("synapse", "planner", Kind::TaskAssign);
+        assign.task = Some(TaskInfo {
+            id: "t-1".into(),
+            ..Default::default()
+        });
+        assign.data = Some(json!({ "repo": "agentbridge", "task_id": "other" }));
+        let payload = &encode(&assign).unwrap()["content"]["payload"];
+        assert_eq!(
+            (payload["repo"].as_str(), payload["task_id"].as_str()),
+            (Some("agentbridge"), Some("t-1"))
+        );
+
+        let mut update = Envelope::new("synapse", "worker", Kind::TaskUpdate);
+        update.task = Some(TaskInfo {
+            id: "t-1".into(),
+            state: Some(TaskState::Working),
+            ..Default::default()
+        });
+        update.data = Some(json!([1, 2]));
+        assert_eq!(
+            encode(&update).unwrap()["content"]["payload"]["data"],
+            json!([1, 2])
+        );
+
+        let mut result = Envelope::new("synapse", "worker", Kind::TaskResult);
+        result.task = Some(TaskInfo {
+            id: "t-1".into(),
+            state: Some(TaskState::Completed),
+            summary: Some("indexed".into()),
+            ..Default::default()
+        });
+        result.data = Some(json!({ "files": 120 }));
+        let payload = &encode(&result).unwrap()["content"]["payload"];
+        assert_eq!(payload["result"], json!({ "files": 120 }));
+        assert_eq!(payload["summary"], "indexed");
     }
 
     #[test]

@@ -14,7 +14,11 @@
 //! Messages are kept as JSON values (`serde_json::Value`) so fields the bridge does not know
 //! travel unchanged between Grid programs.
 
+use std::sync::LazyLock;
+
 use serde_json::{Map, Value, json};
+use time::PrimitiveDateTime;
+use time::format_description::OwnedFormatItem;
 
 use crate::core::{Priority, new_message_id};
 use crate::protocols::clock::{iso8601, parse_iso8601};
@@ -141,8 +145,25 @@ pub fn parse_documents(body: &str, json: bool) -> Result<Vec<Value>, Invalid> {
     Ok(docs)
 }
 
-/// Checks one `{message: …}` document; fills in a `msg-{uuid}` id and the current time when
-/// they are missing.
+/// An ISO-8601 date-time without a UTC offset, which the Grid takes as UTC.
+static WITHOUT_OFFSET: LazyLock<OwnedFormatItem> = LazyLock::new(|| {
+    time::format_description::parse_owned::<2>(
+        "[year]-[month]-[day][first [T][t][ ]][hour]:[minute][optional [:[second][optional [[first [.][,]][subsecond]]]]]",
+    )
+    .expect("a valid format description")
+});
+
+/// An ISO-8601 timestamp as milliseconds since the epoch: RFC 3339 with any offset, or a
+/// date-time with none (UTC, as Grid programs often write them).
+pub fn parse_timestamp(text: &str) -> Option<i64> {
+    parse_iso8601(text).or_else(|| {
+        let at = PrimitiveDateTime::parse(text.trim(), &*WITHOUT_OFFSET).ok()?;
+        Some((at.assume_utc().unix_timestamp_nanos() / 1_000_000) as i64)
+    })
+}
+
+/// Checks one `{message: …}` document; fills in a `msg-{uuid}` id when it is missing (the
+/// issue asks for that; the timestamp, also required, is not invented).
 pub fn validate(doc: &Value) -> Result<Message, Invalid> {
     let Some(Value::Object(msg)) = doc.get("message") else {
         return Err(Invalid::new(
@@ -165,7 +186,7 @@ pub fn validate(doc: &Value) -> Result<Message, Invalid> {
     };
     let sender = Party::from(msg.get("sender").unwrap_or(&Value::Null), "sender", true)
         .map_err(with_id)?
-        .expect("required");
+        .ok_or_else(|| with_id(Invalid::new("sender.agent", "sender.agent is required")))?;
     let with_sender = |mut e: Invalid| {
         e.id = id.clone();
         e.sender = Some(Box::new(sender.clone()));
@@ -184,8 +205,13 @@ pub fn validate(doc: &Value) -> Result<Message, Invalid> {
         )));
     }
     let timestamp = match string("timestamp").map_err(with_sender)? {
-        None => crate::core::now_ms(),
-        Some(text) => parse_iso8601(&text).ok_or_else(|| {
+        None => {
+            return Err(with_sender(Invalid::new(
+                "timestamp",
+                "timestamp is required (ISO-8601, when the message was created)",
+            )));
+        }
+        Some(text) => parse_timestamp(&text).ok_or_else(|| {
             with_sender(Invalid::new(
                 "timestamp",
                 format!("timestamp must be ISO-8601, not '{text}'"),
@@ -267,8 +293,8 @@ pub fn validate(doc: &Value) -> Result<Message, Invalid> {
             raw.insert("content".into(), Value::Object(content));
         }
     }
+    // The timestamp stays as its sender wrote it: Grid programs receive it unchanged.
     raw.insert("id".into(), json!(id));
-    raw.insert("timestamp".into(), json!(iso8601(timestamp)));
     raw.insert("type".into(), json!(msg_type));
     Ok(Message {
         id,
@@ -412,14 +438,19 @@ pub fn parse_entries(text: &str) -> (Vec<Entry<'_>>, usize) {
             Some(n) => fence_start + n + 1,
             None => return (entries, start),
         };
-        let Some(close) = find_fence_end(&text[body_start..]) else {
-            return (entries, start);
+        let (message, end) = match find_fence_end(&text[body_start..]) {
+            FenceEnd::Pending => return (entries, start),
+            FenceEnd::Closed { line, after } => (
+                parse_entry(heading, &text[body_start..body_start + line]),
+                body_start + after,
+            ),
+            // The next entry began before this one's block was closed: this entry alone is
+            // refused, and the next is read as itself.
+            FenceEnd::Unclosed { next } => (Err(unclosed(heading)), body_start + next),
         };
-        let body = &text[body_start..body_start + close.0];
-        let end = body_start + close.1;
         entries.push(Entry {
             text: &text[start..end],
-            message: parse_entry(heading, body),
+            message,
         });
         consumed = end;
         at = end;
@@ -432,20 +463,53 @@ pub fn parse_entries(text: &str) -> (Vec<Entry<'_>>, usize) {
     (entries, complete)
 }
 
-/// The closing fence: (offset of the line, offset after it).
-fn find_fence_end(body: &str) -> Option<(usize, usize)> {
+/// How an entry's fenced block ends.
+enum FenceEnd {
+    /// At the closing fence: the offset of its line, and of what follows it.
+    Closed { line: usize, after: usize },
+    /// Not before the next entry's heading, at this offset.
+    Unclosed { next: usize },
+    /// Not yet: the block may still be being written.
+    Pending,
+}
+
+fn find_fence_end(body: &str) -> FenceEnd {
     let mut offset = 0;
     for line in body.split_inclusive('\n') {
         if line.trim_end() == "```" {
             if !line.ends_with('\n') {
                 // The fence line itself may still be growing.
-                return None;
+                return FenceEnd::Pending;
             }
-            return Some((offset, offset + line.len()));
+            return FenceEnd::Closed {
+                line: offset,
+                after: offset + line.len(),
+            };
+        }
+        if line.starts_with("### [") {
+            return FenceEnd::Unclosed { next: offset };
         }
         offset += line.len();
     }
-    None
+    FenceEnd::Pending
+}
+
+/// Why an entry whose block was never closed is refused, addressed to its sender.
+fn unclosed(heading: &str) -> Invalid {
+    let mut invalid = Invalid::new(
+        "message",
+        "the entry's ```yaml block is not closed (no ``` line) before the next entry",
+    );
+    match parse_heading(heading) {
+        Ok((_, _, sender, _)) => {
+            invalid.sender = Some(Box::new(Party {
+                agent: sender,
+                instance_id: None,
+            }))
+        }
+        Err(heading_invalid) => invalid.sender = heading_invalid.sender,
+    }
+    invalid
 }
 
 fn parse_entry(heading: &str, body: &str) -> Result<Message, Invalid> {
@@ -527,7 +591,7 @@ mod tests {
     #[test]
     fn the_documents_examples_validate() {
         let request = validate(&doc(
-            "message:\n  id: \"msg-abc123\"\n  type: \"request\"\n  sender:\n    agent: \"executor\"\n    instance_id: \"exec-001\"\n  receiver:\n    agent: \"mc\"\n  content:\n    action: \"request_context\"\n    payload:\n      context_type: \"warmth\"\n      since: \"2026-01-24T10:00:00Z\"\n",
+            "message:\n  id: \"msg-abc123\"\n  timestamp: \"2026-01-24T10:00:00Z\"\n  type: \"request\"\n  sender:\n    agent: \"executor\"\n    instance_id: \"exec-001\"\n  receiver:\n    agent: \"mc\"\n  content:\n    action: \"request_context\"\n    payload:\n      context_type: \"warmth\"\n      since: \"2026-01-24T10:00:00Z\"\n",
         ))
         .unwrap();
         assert_eq!(request.id, "msg-abc123");
@@ -544,7 +608,7 @@ mod tests {
         assert_eq!(request.priority, Priority::Normal);
 
         let response = validate(&doc(
-            "message:\n  id: msg-def456\n  type: response\n  correlation_id: msg-abc123\n  sender: { agent: mc }\n  receiver: { agent: executor, instance_id: exec-001 }\n  content: { action: context_provided, payload: { warmth: { gotchas: [x] } } }\n  metadata: { priority: high, ttl: 300 }\n",
+            "message:\n  id: msg-def456\n  timestamp: 2026-01-24T10:00:05Z\n  type: response\n  correlation_id: msg-abc123\n  sender: { agent: mc }\n  receiver: { agent: executor, instance_id: exec-001 }\n  content: { action: context_provided, payload: { warmth: { gotchas: [x] } } }\n  metadata: { priority: high, ttl: 300 }\n",
         ))
         .unwrap();
         assert_eq!(
@@ -566,11 +630,11 @@ mod tests {
             ("message: { sender: { agent: x } }", "type"),
             ("message: { type: shout, sender: { agent: x } }", "type"),
             (
-                "message: { type: response, sender: { agent: x } }",
+                "message: { timestamp: 2026-01-24T10:00:00Z, type: response, sender: { agent: x } }",
                 "correlation_id",
             ),
             (
-                "message: { type: error, sender: { agent: x } }",
+                "message: { timestamp: 2026-01-24T10:00:00Z, type: error, sender: { agent: x } }",
                 "correlation_id",
             ),
             (
@@ -578,15 +642,19 @@ mod tests {
                 "timestamp",
             ),
             (
-                "message: { type: request, sender: { agent: x }, metadata: { priority: urgent } }",
+                "message: { type: request, sender: { agent: x } }",
+                "timestamp",
+            ),
+            (
+                "message: { timestamp: 2026-01-24T10:00:00Z, type: request, sender: { agent: x }, metadata: { priority: urgent } }",
                 "metadata.priority",
             ),
             (
-                "message: { type: request, sender: { agent: x }, metadata: { ttl: -1 } }",
+                "message: { timestamp: 2026-01-24T10:00:00Z, type: request, sender: { agent: x }, metadata: { ttl: -1 } }",
                 "metadata.ttl",
             ),
             (
-                "message: { type: request, sender: { agent: x }, receiver: { agent: 5 } }",
+                "message: { timestamp: 2026-01-24T10:00:00Z, type: request, sender: { agent: x }, receiver: { agent: 5 } }",
                 "receiver.agent",
             ),
         ] {
@@ -594,12 +662,36 @@ mod tests {
             assert_eq!(err.field, field, "{yaml}: {err:?}");
         }
         let generated = validate(&doc(
-            "message: { type: notification, sender: { agent: x } }",
+            "message: { timestamp: 2026-01-24T10:00:00Z, type: notification, sender: { agent: x } }",
         ))
         .unwrap();
         assert!(generated.id.starts_with("msg-"), "{}", generated.id);
         assert!(uuid::Uuid::parse_str(&generated.id[4..]).is_ok());
         assert!(generated.receiver.is_broadcast());
+    }
+
+    #[test]
+    fn timestamps_without_an_offset_are_utc_and_kept_as_written() {
+        let utc = parse_iso8601("2026-01-24T10:00:00Z");
+        for text in [
+            "2026-01-24T10:00:00",
+            "2026-01-24 10:00:00",
+            "2026-01-24T10:00",
+            "2026-01-24T12:00:00+02:00",
+        ] {
+            assert_eq!(parse_timestamp(text), utc, "{text}");
+        }
+        assert_eq!(
+            parse_timestamp("2026-01-24T10:00:00.250"),
+            utc.map(|ms| ms + 250)
+        );
+        assert_eq!(parse_timestamp("2026-01-24"), None);
+        let msg = validate(&doc(
+            "message: { type: request, timestamp: \"2026-01-24T12:00:00+02:00\", sender: { agent: x } }",
+        ))
+        .unwrap();
+        assert_eq!(msg.timestamp, utc.unwrap());
+        assert_eq!(msg.raw["timestamp"], "2026-01-24T12:00:00+02:00");
     }
 
     #[test]
@@ -666,8 +758,30 @@ mod tests {
     }
 
     #[test]
+    fn an_unclosed_block_is_refused_alone() {
+        let text = "### [2026-01-24T16:30:00Z] request | planner -> executor\n\n```yaml\nmessage:\n  action: lost\n\n### [2026-01-24T16:31:00Z] request | mc -> executor\n\n```yaml\nmessage:\n  action: next\n```\n";
+        let (entries, consumed) = parse_entries(text);
+        assert_eq!((entries.len(), consumed), (2, text.len()));
+        let refused = entries[0].message.as_ref().unwrap_err();
+        assert_eq!(refused.sender.as_ref().unwrap().agent, "planner");
+        assert!(
+            entries[0].text.ends_with("action: lost\n\n"),
+            "{:?}",
+            entries[0].text
+        );
+        let next = entries[1].message.as_ref().unwrap();
+        assert_eq!(
+            (next.sender.agent.as_str(), next.action.as_deref()),
+            ("mc", Some("next"))
+        );
+        // With no next entry yet, an open block is still being written.
+        let (entries, consumed) = parse_entries(&text[..70]);
+        assert_eq!((entries.len(), consumed), (0, 0));
+    }
+
+    #[test]
     fn entries_written_by_the_bridge_read_back() {
-        let msg = validate(&doc("message: { id: msg-1, type: request, sender: { agent: mc }, receiver: { agent: executor }, content: { action: abort, payload: { reason: stop } } }")).unwrap();
+        let msg = validate(&doc("message: { timestamp: 2026-01-24T10:00:00Z, id: msg-1, type: request, sender: { agent: mc }, receiver: { agent: executor }, content: { action: abort, payload: { reason: stop } } }")).unwrap();
         let text = entry(&msg.raw);
         let (entries, consumed) = parse_entries(&text);
         assert_eq!(consumed, text.len());

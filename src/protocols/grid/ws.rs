@@ -1,14 +1,20 @@
 //! One Grid WebSocket connection. A program identifies itself with `?agent=` (and
 //! `instance_id=`) or by its first message; it sends YAML messages as text frames and
 //! receives, one per frame, the messages for its agent name, its instance, or everyone.
-//! On identifying it is sent who is there (`action: agents_present`).
+//!
+//! Only the protocol's messages are sent unless the socket asks for presence with
+//! `?presence=1`: then it is sent who is there on identifying (`action: agents_present`)
+//! and told of every `agent_online` / `agent_offline`. These frames are the bridge's own,
+//! not the document's, so a program that did not ask never has to skip them; it can learn
+//! who is there from `GET /grid/v1/agents`.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
 
 use axum::extract::ws::{CloseFrame, Message as Frame, Utf8Bytes, WebSocket};
 use serde_json::{Value, json};
 
+use super::db::Instances;
 use super::wire::{self, Invalid, Party};
 use super::{Grid, PROTOCOL, Source, translate};
 use crate::core::{Delivery, Envelope, Interest, Kind, Mailbox, Session, Status};
@@ -16,9 +22,15 @@ use crate::protocols::clock::iso8601;
 use crate::telemetry::ConnectionGuard;
 
 /// What a program's connection takes: what is for its agent (and its instance, when the
-/// message names one), and what is for every Grid program.
+/// message names one), what is for every Grid program, and presence when it asked. A
+/// message for an instance with no socket is taken by one socket of the agent, which
+/// queues it rather than let it be lost.
 struct ProgramInterest {
+    grid: Weak<Grid>,
+    agent: String,
+    socket: u64,
     instance: Option<String>,
+    presence: bool,
 }
 
 impl Interest for ProgramInterest {
@@ -27,8 +39,17 @@ impl Interest for ProgramInterest {
     }
 
     fn accepts(&self, env: &Envelope) -> bool {
-        env.kind != Kind::PresenceStatus
-            && translate::target_instance(env).is_none_or(|t| self.instance.as_deref() == Some(t))
+        if env.kind.is_presence() {
+            return self.presence && env.kind != Kind::PresenceStatus;
+        }
+        match translate::target_instance(env) {
+            None => true,
+            Some(target) if self.instance.as_deref() == Some(target) => true,
+            Some(target) => self
+                .grid
+                .upgrade()
+                .is_some_and(|grid| grid.sockets.keeps_for(&self.agent, target, self.socket)),
+        }
     }
 }
 
@@ -36,6 +57,15 @@ struct Connection {
     socket: WebSocket,
     grid: Arc<Grid>,
     identity: Option<(Party, Arc<Session>)>,
+    /// This socket's id among the program's sockets, once identified.
+    socket_id: u64,
+    /// Ids of the queued messages sent on connecting: a copy that also reached the
+    /// mailbox (routed while the socket attached) is not sent twice.
+    from_backlog: HashSet<String>,
+    /// A delivery the socket failed to send: queued again when the connection ends.
+    unsent: Vec<Arc<Delivery>>,
+    /// Whether the program asked for presence (`?presence=1`).
+    presence: bool,
 }
 
 pub async fn serve(socket: WebSocket, grid: Arc<Grid>, query: HashMap<String, String>) {
@@ -44,6 +74,12 @@ pub async fn serve(socket: WebSocket, grid: Arc<Grid>, query: HashMap<String, St
         socket,
         grid: grid.clone(),
         identity: None,
+        socket_id: 0,
+        from_backlog: HashSet::new(),
+        unsent: Vec::new(),
+        presence: query
+            .get("presence")
+            .is_some_and(|p| matches!(p.as_str(), "1" | "true" | "yes")),
     };
     if let Some(agent) = query.get("agent").filter(|a| !a.is_empty()) {
         let party = Party {
@@ -108,28 +144,39 @@ impl Connection {
             self.close(1008, "name taken").await;
             return false;
         }
-        let first = {
-            let mut count = self
-                .grid
-                .connections
-                .entry(party.agent.clone())
-                .or_insert(0);
-            *count += 1;
-            *count == 1
-        };
+        // Recorded before attaching, so the socket's interest finds itself among them.
+        let (socket_id, first) = self
+            .grid
+            .sockets
+            .open(&party.agent, party.instance_id.as_deref());
+        self.socket_id = socket_id;
         let session = self.grid.core.router.attach(
             &party.agent,
             self.grid.core.router.mailbox(PROTOCOL),
             Arc::new(ProgramInterest {
+                grid: Arc::downgrade(&self.grid),
+                agent: party.agent.clone(),
+                socket: socket_id,
                 instance: party.instance_id.clone(),
+                presence: self.presence,
             }),
         );
+        self.grid.sockets.attached(&party.agent);
         if first {
             self.grid
                 .core
                 .announce_presence(PROTOCOL, &party.agent, true, Status::Online, None)
                 .await;
         }
+        self.identity = Some((party.clone(), session));
+        if self.presence && !self.welcome(&party).await {
+            return false;
+        }
+        self.send_backlog(&party).await
+    }
+
+    /// Tells a socket that asked for presence who is there.
+    async fn welcome(&mut self, party: &Party) -> bool {
         let welcome = json!({
             "message": {
                 "id": wire::new_message_id_grid(),
@@ -140,8 +187,47 @@ impl Connection {
                 "content": { "action": "agents_present", "payload": { "agents": self.grid.roster() } },
             }
         });
-        self.identity = Some((party, session));
         self.send(&welcome).await
+    }
+
+    /// Sends what was queued for the program while it had no socket, in queue order (high
+    /// priority first). It is taken from the queue before it is sent, so that two sockets
+    /// of the program opening at once do not both send it; what could not be sent is put
+    /// back.
+    async fn send_backlog(&mut self, party: &Party) -> bool {
+        // What was accepted before the socket attached may still be on its way to the queue.
+        self.grid.flush().await;
+        let taken = self
+            .grid
+            .db
+            .take(
+                &party.agent,
+                None,
+                Instances::Of(party.instance_id.as_deref()),
+            )
+            .await;
+        let backlog = match taken {
+            Ok(backlog) => backlog,
+            Err(e) => {
+                tracing::error!(error = %e, agent = %party.agent, "grid: cannot read the queue");
+                return true;
+            }
+        };
+        let mut rest = backlog.into_iter();
+        while let Some(queued) = rest.next() {
+            let Ok(message) = serde_json::from_str::<Value>(&queued.body) else {
+                continue;
+            };
+            self.from_backlog.insert(queued.message_id.clone());
+            if !self.send(&json!({ "message": message })).await {
+                let unsent = std::iter::once(queued).chain(rest).collect();
+                if let Err(e) = self.grid.db.restore(unsent).await {
+                    tracing::error!(error = %e, agent = %party.agent, "grid: cannot queue again");
+                }
+                return false;
+            }
+        }
+        true
     }
 
     /// Handles a text frame; false when the socket is gone.
@@ -183,15 +269,37 @@ impl Connection {
     }
 
     async fn write(&mut self, delivery: &Arc<Delivery>) -> bool {
+        if self.from_backlog.remove(&delivery.envelope.id) {
+            return true;
+        }
+        if self.keeps_for_another(delivery)
+            && let Some((party, _)) = &self.identity
+        {
+            // For an instance with no socket: queued for it to poll or connect.
+            self.grid.hold(&party.agent, delivery);
+            crate::protocols::written(delivery, PROTOCOL);
+            return true;
+        }
         let frame: Option<Utf8Bytes> = delivery.encoded(PROTOCOL, |env| {
             translate::encode(env).map(|m| Utf8Bytes::from(wire::to_yaml(&m)))
         });
         let Some(frame) = frame else { return true };
         if self.socket.send(Frame::Text(frame)).await.is_err() {
+            self.unsent.push(delivery.clone());
             return false;
         }
         crate::protocols::written(delivery, PROTOCOL);
         true
+    }
+
+    /// Whether `delivery` names another instance than this socket's (this socket took it
+    /// because that instance has none).
+    fn keeps_for_another(&self, delivery: &Delivery) -> bool {
+        let mine = self
+            .identity
+            .as_ref()
+            .and_then(|(p, _)| p.instance_id.as_deref());
+        translate::target_instance(&delivery.envelope).is_some_and(|t| Some(t) != mine)
     }
 
     async fn send(&mut self, doc: &Value) -> bool {
@@ -209,18 +317,26 @@ impl Connection {
             .await;
     }
 
-    async fn finish(self) {
-        let Some((party, session)) = self.identity else {
+    async fn finish(mut self) {
+        let Some((party, session)) = self.identity.take() else {
             return;
         };
+        let last = self.grid.sockets.close(&party.agent, self.socket_id);
         self.grid.core.router.detach(&session);
-        let last = match self.grid.connections.get_mut(&party.agent) {
-            Some(mut count) => {
-                *count = count.saturating_sub(1);
-                *count == 0
+        // Nothing accepted is lost with the socket: what it had not sent is queued again.
+        let mut left = std::mem::take(&mut self.unsent);
+        while let Ok(Some(delivery)) = session.mailbox.try_recv() {
+            left.push(delivery);
+        }
+        for delivery in left {
+            if self.from_backlog.contains(&delivery.envelope.id) {
+                continue; // sent with the backlog
             }
-            None => false,
-        };
+            // What names no instance reached the program's other sockets too, if it has any.
+            if last || translate::target_instance(&delivery.envelope).is_some() {
+                self.grid.requeue(&party.agent, &delivery);
+            }
+        }
         if last && !self.grid.shutdown.is_cancelled() {
             self.grid
                 .core
