@@ -476,16 +476,25 @@ async fn workspace_state_replays_by_role_and_last_seen() {
     let (a, b) = (w.http.agent("a").await, w.http.agent("b").await);
     let h = w.http.human("boss").await;
     let (mut ws_a, _) = SkynetWs::join(w.addr, &a).await;
+    // Clients may stamp their messages; distinct stamps keep lastSeenTimestamp exact even
+    // when several messages go out within one millisecond.
+    let start = agentbridge::core::now_ms();
     let mut stamps = Vec::new();
     for i in 1..=5 {
+        let stamped = |text: String, at: i64| json!({ "type": "chat", "payload": { "text": text }, "timestamp": at });
         stamps.push(
-            ws_a.chat(&format!("@b number {i}")).await["timestamp"]
+            ws_a.chat_with(stamped(format!("@b number {i}"), start + i * 10))
+                .await["timestamp"]
                 .as_i64()
                 .unwrap(),
         );
-        ws_a.chat(&format!("not for b {i}")).await;
+        ws_a.chat_with(stamped(format!("not for b {i}"), start + i * 10 + 5))
+            .await;
     }
-    ws_a.chat("@all everyone").await;
+    ws_a.chat_with(
+        json!({ "type": "chat", "payload": { "text": "@all everyone" }, "timestamp": start + 100 }),
+    )
+    .await;
 
     // An agent gets only what mentions it (or @all), at most recent_mentions_limit (3).
     let (ws_b, state) = SkynetWs::join(w.addr, &b).await;
@@ -513,8 +522,15 @@ async fn workspace_state_replays_by_role_and_last_seen() {
     let (_ws_h, state) = SkynetWs::join(w.addr, &h).await;
     let recent = state["recentMessages"].as_array().unwrap();
     assert_eq!(recent.len(), 13, "{recent:?}");
-    assert_eq!(recent[0]["type"], "agent.join");
-    assert_eq!(text_of(&recent[2]), "not for b 1");
+    let joins = recent.iter().filter(|m| m["type"] == "agent.join").count();
+    assert_eq!(joins, 2, "{recent:?}");
+    let chats: Vec<&str> = recent
+        .iter()
+        .filter(|m| m["type"] == "chat")
+        .map(text_of)
+        .collect();
+    assert_eq!(chats[..2], ["@b number 1", "not for b 1"]);
+    assert_eq!(chats.last(), Some(&"@all everyone"));
     let members = state["members"].as_array().unwrap();
     assert!(
         members.iter().any(|m| m["id"] == h["id"]),

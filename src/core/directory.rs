@@ -5,6 +5,8 @@
 //! identifies it natively, and whether it is online, so that every endpoint can show every
 //! other agent as a native peer. Reads are lock-free on the hot path (sharded `DashMap`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use serde::Serialize;
@@ -110,6 +112,9 @@ pub struct Directory {
     by_name: Map<String, AgentInfo>,
     /// (protocol, native or alias id) → name.
     by_native: Map<(Protocol, String), String>,
+    /// Bumped whenever a name is registered, updated or freed (not on presence), so that
+    /// endpoints can cache what they derive from the set of agents.
+    generation: AtomicU64,
 }
 
 impl Directory {
@@ -120,6 +125,14 @@ impl Directory {
     /// Claims `info.name` for the agent. Re-registering the same agent (same protocol and
     /// native id) updates its profile and keeps its presence.
     pub fn register(&self, info: AgentInfo) -> Result<(), NameTaken> {
+        let registered = self.claim(info);
+        if registered.is_ok() {
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+        registered
+    }
+
+    fn claim(&self, info: AgentInfo) -> Result<(), NameTaken> {
         match self.by_name.entry(info.name.clone()) {
             Entry::Occupied(mut held) => {
                 let current = held.get();
@@ -155,6 +168,7 @@ impl Directory {
             .by_name
             .remove_if(name, |_, info| info.protocol == protocol)?;
         self.by_native.retain(|_, n| n != name);
+        self.generation.fetch_add(1, Ordering::Release);
         Some(info)
     }
 
@@ -171,6 +185,11 @@ impl Directory {
                 },
             }),
         }
+    }
+
+    /// Changes whenever the set of names or their profiles changes.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     pub fn get(&self, name: &str) -> Option<AgentInfo> {

@@ -8,6 +8,7 @@ mod envelope;
 mod mailbox;
 mod router;
 
+use std::pin::Pin;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -51,6 +52,20 @@ const CORRELATION_CACHE: usize = 100_000;
 pub const BRIDGE_AGENT: &str = "agentbridge";
 /// The directory "protocol" of the bridge's own agent.
 pub const BRIDGE_PROTOCOL: Protocol = "bridge";
+
+/// A message whose store write is queued (see `Core::stage`).
+pub struct Staged {
+    env: Envelope,
+    written: Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>,
+}
+
+impl Staged {
+    /// The message, once its write is durable.
+    pub async fn durable(self) -> Result<Envelope, StoreError> {
+        self.written.await?;
+        Ok(self.env)
+    }
+}
 
 pub struct Core {
     pub directory: Arc<Directory>,
@@ -123,19 +138,39 @@ impl Core {
 
     /// Accepts a message: writes it to the store, then routes it. When this returns the
     /// message is durable and queued for every recipient.
-    pub async fn publish(&self, mut env: Envelope) -> Result<Arc<Delivery>, StoreError> {
+    pub async fn publish(&self, env: Envelope) -> Result<Arc<Delivery>, StoreError> {
+        let env = self.stage(env).await.durable().await?;
+        Ok(self.route(env))
+    }
+
+    /// The first half of `publish`, for a connection that keeps reading while its earlier
+    /// messages are written: places the message in its conversation and queues its store
+    /// write, in call order. Once `Staged::durable` resolves, `route` delivers it; routing
+    /// staged messages in the order they were staged keeps a sender's messages in order.
+    pub async fn stage(&self, mut env: Envelope) -> Staged {
         self.link_conversation(&mut env).await;
-        self.store.insert_message(&env).await?;
-        Ok(self.dispatch(env))
+        self.remember(&env);
+        let written = Box::pin(self.store.insert_message(&env));
+        Staged { env, written }
     }
 
     /// Routes a message that is not kept (control signals, status changes).
     pub async fn publish_transient(&self, mut env: Envelope) -> Arc<Delivery> {
         self.link_conversation(&mut env).await;
-        self.dispatch(env)
+        self.remember(&env);
+        self.route(env)
     }
 
-    fn dispatch(&self, env: Envelope) -> Arc<Delivery> {
+    /// Delivers an accepted message to its recipients' mailboxes.
+    pub fn route(&self, env: Envelope) -> Arc<Delivery> {
+        telemetry::message_received(&env.origin.protocol, env.kind.family());
+        let delivery = Arc::new(Delivery::new(env));
+        self.router.route(&delivery);
+        delivery
+    }
+
+    /// Records the message's place in its conversation, for the replies that follow.
+    fn remember(&self, env: &Envelope) {
         let assigned = (env.kind == Kind::TaskAssign)
             .then(|| env.task.as_ref().map(|t| t.id.as_str()))
             .flatten()
@@ -159,10 +194,6 @@ impl Core {
                 },
             );
         }
-        telemetry::message_received(&env.origin.protocol, env.kind.family());
-        let delivery = Arc::new(Delivery::new(env));
-        self.router.route(&delivery);
-        delivery
     }
 
     /// Places a message in its conversation:

@@ -140,20 +140,25 @@ impl Store {
         .await
     }
 
-    /// Runs `f` on the writing connection, batched with other writes into one commit, and
-    /// returns once the commit is durable.
-    pub async fn write<R, F>(&self, f: F) -> Result<R, StoreError>
+    /// Queues `f` for the writing connection now, in call order, batched with other writes
+    /// into one commit; the returned future resolves once that commit is durable. Queuing
+    /// at the call (not at the first poll) lets a caller keep several writes in flight and
+    /// know they commit in the order it made them.
+    pub fn write<R, F>(&self, f: F) -> impl Future<Output = Result<R, StoreError>> + Send + 'static
     where
         R: Send + 'static,
         F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
-        self.submit(Box::new(WriteJob {
+        let queued = self.submit(Box::new(WriteJob {
             work: Some(f),
             outcome: None,
             reply: Some(reply),
-        }))?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        }));
+        async move {
+            queued?;
+            answer.await.map_err(|_| StoreError::Closed)?
+        }
     }
 
     /// Runs `f` on a read-only connection.
@@ -225,8 +230,12 @@ fn open_file(dir: &Path, path: &Path) -> Result<(Connection, Option<ReaderPool>)
 fn configure(conn: &Connection) -> Result<(), StoreError> {
     // WAL with synchronous=NORMAL survives a killed process (kill -9) without losing a
     // committed transaction; only a power loss can take back the last commits.
+    // Each write in a group commit runs in its own savepoint, whose undo pages go to a
+    // sub-journal; in memory that costs no file writes (it was half the writer's time).
     conn.execute_batch(
         "PRAGMA synchronous = NORMAL;
+         PRAGMA temp_store = MEMORY;
+         PRAGMA cache_size = -8192;
          PRAGMA foreign_keys = ON;
          PRAGMA busy_timeout = 5000;",
     )?;
@@ -297,16 +306,18 @@ fn write_loop(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>) {
 }
 
 fn run_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), rusqlite::Error> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let exec = |sql: &str| conn.prepare_cached(sql)?.execute([]).map(|_| ());
+    exec("BEGIN IMMEDIATE")?;
     for job in batch.iter_mut() {
-        conn.execute_batch("SAVEPOINT job")?;
+        exec("SAVEPOINT job")?;
         if job.run(conn) {
-            conn.execute_batch("RELEASE job")?;
+            exec("RELEASE job")?;
         } else {
-            conn.execute_batch("ROLLBACK TO job; RELEASE job")?;
+            exec("ROLLBACK TO job")?;
+            exec("RELEASE job")?;
         }
     }
-    let committed = conn.execute_batch("COMMIT");
+    let committed = exec("COMMIT");
     if committed.is_err() {
         let _ = conn.execute_batch("ROLLBACK");
     }

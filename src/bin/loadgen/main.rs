@@ -71,7 +71,7 @@ struct RunArgs {
     /// Filler bytes in each message's text, beyond the timing marker.
     #[arg(long, default_value_t = 64)]
     payload: usize,
-    /// Baselines to run the same load through: `raw-relay`, `nats`.
+    /// Baselines to run the same load through: `raw-relay`, `nats`, or `none`.
     #[arg(long = "baseline", default_values_t = vec!["raw-relay".to_owned()])]
     baselines: Vec<String>,
     /// Also run skynet→skynet against this Skynet server (`http://host:port`); repeatable.
@@ -177,7 +177,12 @@ async fn run_all(args: RunArgs) -> Result<(), Error> {
             "nats" => {
                 eprintln!("loadgen: nats-server is not installed; skipping the NATS baseline")
             }
-            other => return Err(format!("unknown baseline {other:?} (raw-relay, nats)")),
+            "none" => {}
+            other => {
+                return Err(format!(
+                    "unknown baseline {other:?} (raw-relay, nats, none)"
+                ));
+            }
         }
     }
     for &(from, to) in &args.paths {

@@ -2,6 +2,8 @@
 //! messages whose text contains `@`, every registered member whose `@name` occurs in the
 //! lower-cased text (a plain substring test) is added, then `__all__` for `@all`.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
 
 use super::wire::MENTION_ALL;
@@ -9,10 +11,10 @@ use super::wire::MENTION_ALL;
 /// Enriches `msg.mentions` in place. `candidates` are `(card id, name)` in the order they
 /// are tried: registered agents, then humans, then agents of other protocols. The field is
 /// removed when the result is empty.
-pub fn enrich<'a>(
+pub fn enrich(
     msg: &mut Map<String, Value>,
     sender_id: &str,
-    candidates: impl IntoIterator<Item = (&'a str, &'a str)>,
+    candidates: impl FnOnce() -> Arc<Vec<(String, String)>>,
 ) {
     let mut ids: Vec<String> = msg
         .get("mentions")
@@ -34,12 +36,13 @@ pub fn enrich<'a>(
         .filter(|t| t.contains('@'));
     if let Some(text) = text {
         let lower = text.to_lowercase();
-        for (id, name) in candidates {
+        // Only a text with an `@` pays for the member list.
+        for (id, name) in candidates().iter() {
             if id == sender_id || ids.iter().any(|known| known == id) {
                 continue;
             }
             if lower.contains(&format!("@{}", name.to_lowercase())) {
-                ids.push(id.to_owned());
+                ids.push(id.clone());
             }
         }
         if !ids.iter().any(|id| id == MENTION_ALL) && lower.contains("@all") {
@@ -65,7 +68,14 @@ mod tests {
     fn enriched(msg: Value, sender: &str) -> Option<Value> {
         let mut msg = msg.as_object().unwrap().clone();
         let members = [("id-alice", "Alice"), ("id-bob", "bob"), ("id-al", "al")];
-        enrich(&mut msg, sender, members);
+        enrich(&mut msg, sender, || {
+            Arc::new(
+                members
+                    .iter()
+                    .map(|(id, name)| (id.to_string(), name.to_string()))
+                    .collect(),
+            )
+        });
         msg.get("mentions").cloned()
     }
 

@@ -12,6 +12,8 @@ mod ws;
 
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
@@ -29,6 +31,8 @@ pub struct Skynet {
     config: Config,
     registry: Registry,
     workspace: Workspace,
+    /// `(directory generation, (card id, name) of everyone a chat may @mention)`.
+    mention_cache: ArcSwap<(u64, Arc<Vec<(String, String)>>)>,
     shutdown: CancellationToken,
 }
 
@@ -49,6 +53,8 @@ pub async fn start(
         config: config.clone(),
         registry,
         workspace: Workspace::new(),
+        // No generation is u64::MAX: the first use builds the list.
+        mention_cache: ArcSwap::from_pointee((u64::MAX, Arc::default())),
         shutdown: shutdown.clone(),
     });
     let task = super::serve(PROTOCOL, listener, http::router(skynet), shutdown);

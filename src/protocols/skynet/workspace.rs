@@ -342,7 +342,14 @@ impl Skynet {
 
     /// `(card id, name)` of everyone a chat may `@mention`, in the order Skynet tries them:
     /// registered agents, registered humans, then agents of other protocols.
-    pub fn mention_candidates(&self) -> Vec<(String, String)> {
+    pub fn mention_candidates(&self) -> Arc<Vec<(String, String)>> {
+        // Rebuilt only when an agent is registered, changed or removed anywhere: every
+        // chat with an `@` in it asks for this list.
+        let generation = self.core.directory.generation();
+        let cached = self.mention_cache.load();
+        if cached.0 == generation {
+            return cached.1.clone();
+        }
         let mut out: Vec<(String, String)> = self
             .registry
             .list(false)
@@ -362,6 +369,9 @@ impl Skynet {
                 .into_iter()
                 .map(|(_, name)| (self.card_id(&name), name)),
         );
+        let out = Arc::new(out);
+        self.mention_cache
+            .store(Arc::new((generation, out.clone())));
         out
     }
 
@@ -413,6 +423,15 @@ impl Skynet {
     /// A message as Skynet clients see it.
     pub fn encode(&self, env: &Envelope) -> Option<Value> {
         translate::encode(env, self)
+    }
+
+    /// `encode`, as the text written to a socket. A Skynet client's own frame is written
+    /// as it came, without an intermediate copy.
+    pub fn encode_text(&self, env: &Envelope) -> Option<String> {
+        match &env.origin.native {
+            Some(native) if env.origin_is(PROTOCOL) => serde_json::to_string(native).ok(),
+            _ => self.encode(env).map(|v| v.to_string()),
+        }
     }
 }
 

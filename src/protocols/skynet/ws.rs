@@ -5,24 +5,33 @@
 //! what puts `workspace.state` on the wire before anything routed to a new member.
 
 use std::collections::HashSet;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
-use futures_util::SinkExt;
+use futures_util::stream::FuturesOrdered;
+use futures_util::{SinkExt, StreamExt};
 use serde_json::{Map, Value, json};
 
 use super::translate;
 use super::wire::{self, ClientFrame, FrameError, JoinRequest};
 use super::workspace::Joined;
 use super::{PROTOCOL, Skynet, mentions};
-use crate::core::{Closed, Delivery, Mailbox, new_message_id, now_ms};
-use crate::store::MessageQuery;
+use crate::core::{Closed, Delivery, Envelope, Mailbox, new_message_id, now_ms};
+use crate::store::{MessageQuery, StoreError};
 use crate::telemetry::{self, ConnectionGuard};
 
 /// Routed messages written per flush, so a backlog drains in few syscalls.
 const WRITE_BATCH: usize = 64;
 /// Humans replay up to this many recent messages on join.
 const HUMAN_REPLAY: usize = 100;
+/// Messages of one connection being written to the store at once. The connection keeps
+/// reading while they are; past this many it waits, so a fast sender cannot queue
+/// without bound.
+const MAX_PENDING: usize = 256;
+
+/// A sent message on its way to the store, with the mentions it could not resolve.
+type Pending = Pin<Box<dyn Future<Output = (Result<Envelope, StoreError>, Vec<String>)> + Send>>;
 
 enum Flow {
     Continue,
@@ -37,6 +46,8 @@ struct Connection {
     /// Ids shown in the join's replay. The session is attached before the replay is read,
     /// so a message stored in between arrives live too; it is shown once.
     replayed: HashSet<String>,
+    /// Sent messages being stored, routed in the order they were sent once durable.
+    pending: FuturesOrdered<Pending>,
 }
 
 pub async fn serve(socket: WebSocket, skynet: Arc<Skynet>) {
@@ -47,6 +58,7 @@ pub async fn serve(socket: WebSocket, skynet: Arc<Skynet>) {
         skynet: skynet.clone(),
         joined: None,
         replayed: HashSet::new(),
+        pending: FuturesOrdered::new(),
     };
     let shutdown = skynet.shutdown.clone();
     loop {
@@ -57,7 +69,12 @@ pub async fn serve(socket: WebSocket, skynet: Arc<Skynet>) {
                 conn.close(1001, "server shutting down").await;
                 break;
             }
-            frame = conn.socket.recv() => {
+            Some((stored, unknown)) = conn.pending.next(), if !conn.pending.is_empty() => {
+                if let Flow::Close = conn.on_stored(stored, unknown).await {
+                    break;
+                }
+            }
+            frame = conn.socket.recv(), if conn.pending.len() < MAX_PENDING => {
                 let flow = match frame {
                     Some(Ok(message)) => conn.on_frame(message).await,
                     _ => Flow::Close,
@@ -87,6 +104,12 @@ pub async fn serve(socket: WebSocket, skynet: Arc<Skynet>) {
                     Err(Closed::Shutdown) => break,
                 }
             }
+        }
+    }
+    // What was sent before the socket went is delivered all the same.
+    while let Some((stored, _)) = conn.pending.next().await {
+        if let Ok(env) = stored {
+            skynet.core.route(env);
         }
     }
     if let Some(joined) = conn.joined.take() {
@@ -226,14 +249,7 @@ impl Connection {
             msg.remove("replyTo");
         }
         let skynet = self.skynet.clone();
-        mentions::enrich(
-            &mut msg,
-            &joined.agent_id,
-            skynet
-                .mention_candidates()
-                .iter()
-                .map(|(id, name)| (id.as_str(), name.as_str())),
-        );
+        mentions::enrich(&mut msg, &joined.agent_id, || skynet.mention_candidates());
         let env = translate::decode(&msg, &joined.name, skynet.as_ref());
         let unknown: Vec<String> = msg
             .get("mentions")
@@ -246,14 +262,32 @@ impl Connection {
             })
             .map(str::to_owned)
             .collect();
-        if let Err(e) = skynet.core.publish(env).await {
-            tracing::error!(error = %e, "skynet: cannot store a message");
-            return self
-                .send_event(wire::error_event(
-                    "Message could not be stored; it was not delivered",
-                    None,
-                ))
-                .await;
+        let staged = skynet.core.stage(env).await;
+        self.pending
+            .push_back(Box::pin(async move { (staged.durable().await, unknown) }));
+        Flow::Continue
+    }
+
+    /// A sent message is durable (or could not be stored): it is routed, the sender's echo
+    /// first, and the sender hears of any mention it could not resolve.
+    async fn on_stored(
+        &mut self,
+        stored: Result<Envelope, StoreError>,
+        unknown: Vec<String>,
+    ) -> Flow {
+        match stored {
+            Ok(env) => {
+                self.skynet.core.route(env);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "skynet: cannot store a message");
+                return self
+                    .send_event(wire::error_event(
+                        "Message could not be stored; it was not delivered",
+                        None,
+                    ))
+                    .await;
+            }
         }
         if !unknown.is_empty() {
             // Delivered to whom it could be; the sender hears who it could not reach.
@@ -295,9 +329,8 @@ impl Connection {
                 continue;
             }
             let skynet = &self.skynet;
-            let frame: Option<Utf8Bytes> = delivery.encoded(PROTOCOL, |env| {
-                skynet.encode(env).map(|v| Utf8Bytes::from(v.to_string()))
-            });
+            let frame: Option<Utf8Bytes> =
+                delivery.encoded(PROTOCOL, |env| skynet.encode_text(env).map(Utf8Bytes::from));
             if let Some(frame) = frame {
                 self.socket.feed(Message::Text(frame)).await?;
                 crate::protocols::written(&delivery, PROTOCOL);
