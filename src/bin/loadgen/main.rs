@@ -130,6 +130,10 @@ fn parse_endpoint(text: &str) -> Result<(Proto, String), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // reqwest is built without a default TLS provider (as the bridge's own callbacks are).
+    rustls::crypto::ring::default_provider()
+        .install_default()
+        .ok();
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let result = runtime.block_on(async {
         match cli.command {
@@ -158,9 +162,6 @@ fn spinner(what: &str) -> ProgressBar {
 }
 
 async fn run_all(args: RunArgs) -> Result<(), Error> {
-    rustls::crypto::ring::default_provider()
-        .install_default()
-        .ok();
     let load = Load {
         window: args.window.max(1),
         rate: args.rate,

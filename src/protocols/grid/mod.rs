@@ -14,8 +14,10 @@ mod db;
 mod http;
 mod scratchpad;
 mod sockets;
-pub(crate) mod translate;
-pub(crate) mod wire;
+/// Grid message ⇄ Envelope; public for `benches/translate.rs`.
+pub mod translate;
+/// Grid messages: parsing, validation, YAML; public for `benches/translate.rs`.
+pub mod wire;
 mod ws;
 
 use std::collections::{HashSet, VecDeque};

@@ -3,10 +3,13 @@
 
 mod config;
 mod http;
-mod mentions;
+/// Server-side `@name` enrichment of chat messages; public for `benches/translate.rs`.
+pub mod mentions;
 mod registry;
-pub(crate) mod translate;
-mod wire;
+/// SkynetMessage ⇄ Envelope; public for `benches/translate.rs`.
+pub mod translate;
+/// Skynet's client frames and server events; public for `benches/translate.rs`.
+pub mod wire;
 mod workspace;
 mod ws;
 
@@ -26,13 +29,16 @@ use workspace::Workspace;
 pub const PROTOCOL: Protocol = "skynet";
 
 /// The endpoint's shared state.
+/// `(card id, name)` of everyone a chat may `@mention`, in the order they are tried.
+pub type MentionCandidates = Arc<Vec<(String, String)>>;
+
 pub struct Skynet {
     core: Arc<Core>,
     config: Config,
     registry: Registry,
     workspace: Workspace,
-    /// `(directory generation, (card id, name) of everyone a chat may @mention)`.
-    mention_cache: ArcSwap<(u64, Arc<Vec<(String, String)>>)>,
+    /// Everyone a chat may @mention, as of a directory generation.
+    mention_cache: ArcSwap<(u64, MentionCandidates)>,
     shutdown: CancellationToken,
 }
 

@@ -15,7 +15,7 @@ use tokio::task::AbortHandle;
 
 use super::registry::{Profile, status_from_skynet, status_to_skynet};
 use super::translate::{self, Peers};
-use super::{PROTOCOL, Skynet, wire};
+use super::{MentionCandidates, PROTOCOL, Skynet, wire};
 use crate::core::{
     AgentInfo, Audience, Closed, Envelope, Interest, Kind, Origin, Role, Session, Status,
     derived_uuid, new_message_id, now_ms,
@@ -342,7 +342,7 @@ impl Skynet {
 
     /// `(card id, name)` of everyone a chat may `@mention`, in the order Skynet tries them:
     /// registered agents, registered humans, then agents of other protocols.
-    pub fn mention_candidates(&self) -> Arc<Vec<(String, String)>> {
+    pub fn mention_candidates(&self) -> MentionCandidates {
         // Rebuilt only when an agent is registered, changed or removed anywhere: every
         // chat with an `@` in it asks for this list.
         let generation = self.core.directory.generation();

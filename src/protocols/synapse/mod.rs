@@ -19,8 +19,10 @@ mod outbound;
 pub mod proto;
 mod services;
 mod tasks;
-pub(crate) mod translate;
-pub(crate) mod wire;
+/// SynapseMessage ⇄ Envelope; public for `benches/translate.rs`.
+pub mod translate;
+/// `Any` payloads, timestamps and proto3 JSON; public for `benches/translate.rs`.
+pub mod wire;
 
 use std::sync::Arc;
 use std::time::Instant;

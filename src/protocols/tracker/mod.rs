@@ -15,8 +15,10 @@ mod hub;
 mod members;
 mod rest;
 mod tasks;
-pub(crate) mod translate;
-mod wire;
+/// Tracker frames ⇄ Envelope; public for `benches/translate.rs`.
+pub mod translate;
+/// The Tracker's frames and resources; public for `benches/translate.rs`.
+pub mod wire;
 mod ws;
 
 use std::collections::HashSet;
