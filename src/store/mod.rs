@@ -352,7 +352,9 @@ impl ReaderPool {
                     rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
                         | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
                 )?;
-                conn.execute_batch("PRAGMA busy_timeout = 5000;")?;
+                // Readers answer history and lookups; the OS already caches the file, so
+                // each keeps a small page cache of its own (the default is 8 MiB).
+                conn.execute_batch("PRAGMA busy_timeout = 5000; PRAGMA cache_size = -1024;")?;
                 conn
             }
         };
