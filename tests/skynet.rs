@@ -942,3 +942,28 @@ async fn history_and_registrations_survive_a_restart() {
     );
     bridge.shutdown().await;
 }
+
+/// The bridge sends long messages as fragments of a few KiB (so no connection keeps a
+/// buffer the size of its largest message); a client still reads each as one message.
+#[tokio::test]
+async fn long_messages_arrive_whole_and_plain_gets_of_ws_are_refused() {
+    let w = world().await;
+    let (a, b) = (w.http.agent("a").await, w.http.agent("b").await);
+    let (mut ws_b, _) = SkynetWs::join(w.addr, &b).await;
+    let (mut ws_a, _) = SkynetWs::join(w.addr, &a).await;
+    assert_eq!(ws_b.next_message().await["type"], "agent.join");
+    // Multi-byte characters, so fragment boundaries fall inside some of them.
+    let text = format!("@b {}", "héllo wörld ✓ ".repeat(20_000));
+    let echo = ws_a.chat(&text).await;
+    assert_eq!(text_of(&echo), text);
+    let got = ws_b.next_message().await;
+    assert_eq!(text_of(&got), text);
+
+    let plain = reqwest::get(format!("http://{}/ws", w.addr)).await.unwrap();
+    assert_eq!(plain.status(), 400);
+    assert_eq!(
+        plain.text().await.unwrap(),
+        "Connection header did not include 'upgrade'"
+    );
+    w.bridge.shutdown().await;
+}

@@ -11,6 +11,7 @@ pub mod grid;
 pub mod skynet;
 pub mod synapse;
 pub mod tracker;
+pub mod websocket;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Memory per idle connection: the bridge runs in a child process; N agents connect and
 //! stay idle (Skynet: registered and joined; Tracker: created and authenticated), and the
-//! child's resident set is read before and after. The first `WARM` connections are not
-//! counted, so one-time allocations (thread pools, caches) do not flatter or blame them.
+//! child's resident set is read before and after. `WARM` connections are made first and
+//! not counted, so one-time allocations (thread pools, caches) do not flatter or blame them.
 
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ pub async fn measure(
 ) -> Result<IdleReport, Error> {
     let server = Server::start(false, true, 1024).await?;
     let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
-    let names: Vec<String> = (0..connections.max(WARM + 1))
+    let names: Vec<String> = (0..WARM + connections.max(1))
         .map(|i| format!("idle{run}-{i}"))
         .collect();
     let (warm, counted) = names.split_at(WARM);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Query, State, WebSocketUpgrade};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -230,7 +230,7 @@ impl Grid {
 async fn upgrade(
     State(grid): Shared,
     Query(query): Query<HashMap<String, String>>,
-    upgrade: WebSocketUpgrade,
+    upgrade: crate::protocols::websocket::Upgrade,
 ) -> Response {
     upgrade.on_upgrade(move |socket| ws::serve(socket, grid, query))
 }

@@ -11,7 +11,6 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
-use axum::extract::ws::{CloseFrame, Message as Frame, Utf8Bytes, WebSocket};
 use serde_json::{Value, json};
 
 use super::db::Instances;
@@ -19,6 +18,7 @@ use super::wire::{self, Invalid, Party};
 use super::{Grid, PROTOCOL, Source, translate};
 use crate::core::{Delivery, Envelope, Interest, Kind, Mailbox, Session, Status};
 use crate::protocols::clock::iso8601;
+use crate::protocols::websocket::{Message as Frame, Socket, Utf8Bytes};
 use crate::telemetry::ConnectionGuard;
 
 /// What a program's connection takes: what is for its agent (and its instance, when the
@@ -54,7 +54,7 @@ impl Interest for ProgramInterest {
 }
 
 struct Connection {
-    socket: WebSocket,
+    socket: Socket,
     grid: Arc<Grid>,
     identity: Option<(Party, Arc<Session>)>,
     /// This socket's id among the program's sockets, once identified.
@@ -68,7 +68,7 @@ struct Connection {
     presence: bool,
 }
 
-pub async fn serve(socket: WebSocket, grid: Arc<Grid>, query: HashMap<String, String>) {
+pub async fn serve(socket: Socket, grid: Arc<Grid>, query: HashMap<String, String>) {
     let _counted = ConnectionGuard::new(PROTOCOL);
     let mut conn = Connection {
         socket,
@@ -86,7 +86,7 @@ pub async fn serve(socket: WebSocket, grid: Arc<Grid>, query: HashMap<String, St
             agent: agent.clone(),
             instance_id: query.get("instance_id").cloned().filter(|i| !i.is_empty()),
         };
-        if !conn.identify(party).await {
+        if !Box::pin(conn.identify(party)).await {
             return;
         }
     }
@@ -106,13 +106,13 @@ pub async fn serve(socket: WebSocket, grid: Arc<Grid>, query: HashMap<String, St
                     Some(Ok(Frame::Ping(_) | Frame::Pong(_))) => continue,
                     _ => break,
                 };
-                if !conn.on_text(&text).await {
+                if !Box::pin(conn.on_text(&text)).await {
                     break;
                 }
             }
             next = next_delivery(mailbox.as_deref()) => match next {
                 Ok(delivery) => {
-                    if !conn.write(&delivery).await {
+                    if !Box::pin(conn.write(&delivery)).await {
                         break;
                     }
                 }
@@ -123,7 +123,7 @@ pub async fn serve(socket: WebSocket, grid: Arc<Grid>, query: HashMap<String, St
             },
         }
     }
-    conn.finish().await;
+    Box::pin(conn.finish()).await;
 }
 
 async fn next_delivery(mailbox: Option<&Mailbox>) -> Result<Arc<Delivery>, crate::core::Closed> {
@@ -308,13 +308,7 @@ impl Connection {
     }
 
     async fn close(&mut self, code: u16, reason: &'static str) {
-        let _ = self
-            .socket
-            .send(Frame::Close(Some(CloseFrame {
-                code,
-                reason: reason.into(),
-            })))
-            .await;
+        self.socket.close(code, reason).await;
     }
 
     async fn finish(mut self) {

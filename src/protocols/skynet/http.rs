@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State, WebSocketUpgrade};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -371,10 +371,9 @@ async fn control(skynet: &Skynet, id: &str, body: &Bytes, kind: Kind) -> Respons
     ok(json!({ "ok": true, "agentId": agent.id }))
 }
 
-async fn upgrade(State(skynet): Shared, upgrade: WebSocketUpgrade) -> Response {
+async fn upgrade(State(skynet): Shared, upgrade: crate::protocols::websocket::Upgrade) -> Response {
     let limit = skynet.config.max_frame_bytes.max(WS_READ_LIMIT);
     upgrade
         .max_message_size(limit)
-        .max_frame_size(limit)
         .on_upgrade(move |socket| ws::serve(socket, skynet))
 }

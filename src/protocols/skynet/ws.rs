@@ -8,9 +8,8 @@ use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
-use futures_util::{SinkExt, StreamExt};
 use serde_json::{Map, Value, json};
 
 use super::translate;
@@ -18,6 +17,7 @@ use super::wire::{self, ClientFrame, FrameError, JoinRequest};
 use super::workspace::Joined;
 use super::{PROTOCOL, Skynet, mentions};
 use crate::core::{Closed, Delivery, Envelope, Mailbox, new_message_id, now_ms};
+use crate::protocols::websocket::{self, Message, Socket, Utf8Bytes};
 use crate::store::{MessageQuery, StoreError};
 use crate::telemetry::{self, ConnectionGuard};
 
@@ -40,7 +40,7 @@ enum Flow {
 
 struct Connection {
     id: u64,
-    socket: WebSocket,
+    socket: Socket,
     skynet: Arc<Skynet>,
     joined: Option<Joined>,
     /// Ids shown in the join's replay. The session is attached before the replay is read,
@@ -50,7 +50,7 @@ struct Connection {
     pending: FuturesOrdered<Pending>,
 }
 
-pub async fn serve(socket: WebSocket, skynet: Arc<Skynet>) {
+pub async fn serve(socket: Socket, skynet: Arc<Skynet>) {
     let _counted = ConnectionGuard::new(PROTOCOL);
     let mut conn = Connection {
         id: skynet.workspace.next_conn_id(),
@@ -70,13 +70,13 @@ pub async fn serve(socket: WebSocket, skynet: Arc<Skynet>) {
                 break;
             }
             Some((stored, unknown)) = conn.pending.next(), if !conn.pending.is_empty() => {
-                if let Flow::Close = conn.on_stored(stored, unknown).await {
+                if let Flow::Close = Box::pin(conn.on_stored(stored, unknown)).await {
                     break;
                 }
             }
             frame = conn.socket.recv(), if conn.pending.len() < MAX_PENDING => {
                 let flow = match frame {
-                    Some(Ok(message)) => conn.on_frame(message).await,
+                    Some(Ok(message)) => Box::pin(conn.on_frame(message)).await,
                     _ => Flow::Close,
                 };
                 if let Flow::Close = flow {
@@ -86,7 +86,7 @@ pub async fn serve(socket: WebSocket, skynet: Arc<Skynet>) {
             next = next_delivery(mailbox.as_deref()) => {
                 match next {
                     Ok(first) => {
-                        if conn.write_deliveries(first, mailbox.as_deref()).await.is_err() {
+                        if Box::pin(conn.write_deliveries(first, mailbox.as_deref())).await.is_err() {
                             break;
                         }
                     }
@@ -138,7 +138,7 @@ impl Connection {
                 }
             },
             Message::Close(_) => return Flow::Close,
-            Message::Ping(_) | Message::Pong(_) => return Flow::Continue,
+            Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return Flow::Continue,
         };
         let limit = self.skynet.config.max_frame_bytes;
         if text.len() > limit {
@@ -319,7 +319,7 @@ impl Connection {
         &mut self,
         first: Arc<Delivery>,
         mailbox: Option<&Mailbox>,
-    ) -> Result<(), axum::Error> {
+    ) -> Result<(), websocket::Error> {
         let mut next = Some(first);
         let mut written = 0;
         while let Some(delivery) = next.take() {
@@ -351,13 +351,7 @@ impl Connection {
     }
 
     async fn close(&mut self, code: u16, reason: &'static str) {
-        let _ = self
-            .socket
-            .send(Message::Close(Some(CloseFrame {
-                code,
-                reason: reason.into(),
-            })))
-            .await;
+        self.socket.close(code, reason).await;
     }
 }
 

@@ -7,8 +7,6 @@ use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
-use futures_util::SinkExt;
 use serde_json::json;
 use tokio::time::{Instant, sleep_until};
 
@@ -17,15 +15,16 @@ use super::db::MemberRow;
 use super::wire::{self, AuthorType, ClientFrame, MemberKind};
 use super::{Conn, ConnInterest, PROTOCOL, Tracker, translate};
 use crate::core::{Delivery, Session};
+use crate::protocols::websocket::{Message, Socket, Utf8Bytes};
 use crate::telemetry::{self, ConnectionGuard};
 
 const WRITE_BATCH: usize = 64;
 /// Far enough away to mean "not until the next heartbeat".
 const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
-pub async fn serve(mut socket: WebSocket, tracker: Arc<Tracker>) {
+pub async fn serve(mut socket: Socket, tracker: Arc<Tracker>) {
     let _counted = ConnectionGuard::new(PROTOCOL);
-    let Some(member) = authenticate(&mut socket, &tracker).await else {
+    let Some(member) = Box::pin(authenticate(&mut socket, &tracker)).await else {
         return;
     };
     let conn = Arc::new(Conn {
@@ -44,7 +43,7 @@ pub async fn serve(mut socket: WebSocket, tracker: Arc<Tracker>) {
     );
     tracker.conns.insert(conn.id, conn.clone());
     let came_online = tracker.members.connected(&member.slug, conn.id);
-    tracker.announce(&member.slug, came_online).await;
+    Box::pin(tracker.announce(&member.slug, came_online)).await;
 
     let projects: Vec<_> = tracker
         .chats
@@ -53,6 +52,7 @@ pub async fn serve(mut socket: WebSocket, tracker: Arc<Tracker>) {
         .iter()
         .map(|p| json!({ "id": p.id, "slug": p.slug, "name": p.name }))
         .collect();
+    // A string, not a `Value` kept for the life of the connection: `online` lists everyone.
     let ok = wire::event(
         "auth.ok",
         json!({
@@ -61,7 +61,8 @@ pub async fn serve(mut socket: WebSocket, tracker: Arc<Tracker>) {
             "projects": projects,
             "online": tracker.online_names(),
         }),
-    );
+    )
+    .to_string();
     tracing::info!(member = %member.slug, "tracker: authenticated");
     let mut live = Live {
         socket,
@@ -70,14 +71,14 @@ pub async fn serve(mut socket: WebSocket, tracker: Arc<Tracker>) {
         member,
         session,
     };
-    if live.send(ok.to_string()).await {
+    if live.send(ok).await {
         live.run().await;
     }
-    live.finish().await;
+    Box::pin(live.finish()).await;
 }
 
 /// Reads the first frame; answers `auth.ok` later, or `auth.error` and closes now.
-async fn authenticate(socket: &mut WebSocket, tracker: &Tracker) -> Option<MemberRow> {
+async fn authenticate(socket: &mut Socket, tracker: &Tracker) -> Option<MemberRow> {
     let timeout = Duration::from_millis(tracker.config.auth_timeout_ms);
     let refusal = match tokio::time::timeout(timeout, first_text(socket)).await {
         Err(_) => format!(
@@ -98,17 +99,12 @@ async fn authenticate(socket: &mut WebSocket, tracker: &Tracker) -> Option<Membe
     let _ = socket
         .send(Message::Text(wire::auth_error_frame(&refusal).into()))
         .await;
-    let _ = socket
-        .send(Message::Close(Some(CloseFrame {
-            code: 1008,
-            reason: "authentication failed".into(),
-        })))
-        .await;
+    socket.close(1008, "authentication failed").await;
     None
 }
 
 /// The first text frame (binary frames are read as UTF-8 text).
-async fn first_text(socket: &mut WebSocket) -> Option<String> {
+async fn first_text(socket: &mut Socket) -> Option<String> {
     loop {
         match socket.recv().await? {
             Ok(Message::Text(text)) => return Some(text.to_string()),
@@ -122,7 +118,7 @@ async fn first_text(socket: &mut WebSocket) -> Option<String> {
 }
 
 struct Live {
-    socket: WebSocket,
+    socket: Socket,
     tracker: Arc<Tracker>,
     conn: Arc<Conn>,
     member: MemberRow,
@@ -139,10 +135,7 @@ impl Live {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => {
-                    let _ = self.socket.send(Message::Close(Some(CloseFrame {
-                        code: 1001,
-                        reason: "server shutting down".into(),
-                    }))).await;
+                    self.socket.close(1001, "server shutting down").await;
                     return;
                 }
                 frame = self.socket.recv() => {
@@ -156,10 +149,10 @@ impl Live {
                         Ok(ClientFrame::Heartbeat { status }) => {
                             deadline = Instant::now() + timeout;
                             let change = self.tracker.members.heartbeat(&self.member.slug, self.conn.id, status);
-                            self.tracker.announce(&self.member.slug, change).await;
+                            Box::pin(self.tracker.announce(&self.member.slug, change)).await;
                         }
                         Ok(frame) => {
-                            if let Err(error) = self.on_frame(frame).await
+                            if let Err(error) = Box::pin(self.on_frame(frame)).await
                                 && !self.send(wire::error_frame(&error)).await
                             {
                                 return;
@@ -174,19 +167,16 @@ impl Live {
                     }
                 }
                 next = mailbox.recv() => match next {
-                    Ok(delivery) => if !self.write(delivery).await { return },
+                    Ok(delivery) => if !Box::pin(self.write(delivery)).await { return },
                     Err(_) => {
-                        let _ = self.socket.send(Message::Close(Some(CloseFrame {
-                            code: 1008,
-                            reason: "mailbox overflow: messages were not read fast enough".into(),
-                        }))).await;
+                        self.socket.close(1008, "mailbox overflow: messages were not read fast enough").await;
                         return;
                     }
                 },
                 _ = sleep_until(deadline) => {
                     deadline = Instant::now() + NEVER;
                     let change = self.tracker.members.timed_out(&self.member.slug, self.conn.id);
-                    self.tracker.announce(&self.member.slug, change).await;
+                    Box::pin(self.tracker.announce(&self.member.slug, change)).await;
                 }
             }
         }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{FromRequestParts, State, WebSocketUpgrade};
+use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -69,7 +69,10 @@ pub fn router(tracker: Arc<Tracker>) -> Router {
         .with_state(tracker)
 }
 
-async fn upgrade(State(tracker): Shared, upgrade: WebSocketUpgrade) -> Response {
+async fn upgrade(
+    State(tracker): Shared,
+    upgrade: crate::protocols::websocket::Upgrade,
+) -> Response {
     upgrade.on_upgrade(move |socket| ws::serve(socket, tracker))
 }
 
