@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
@@ -122,12 +122,19 @@ pub fn router(synapse: Arc<Synapse>) -> Router {
             let rule = rule.clone();
             move |state: State<Arc<Gateway>>,
                   path: Option<Path<BTreeMap<String, String>>>,
-                  query: Query<Vec<(String, String)>>,
+                  query: Result<Query<Vec<(String, String)>>, QueryRejection>,
                   headers: HeaderMap,
                   body: Result<Bytes, BytesRejection>| async move {
                 let body = match body {
                     Ok(body) => body,
                     Err(rejection) => return body_refused(&rejection),
+                };
+                let query = match query {
+                    Ok(query) => query,
+                    Err(rejection) => {
+                        let status = Status::invalid_argument(rejection.body_text());
+                        return error_response(&status, StatusCode::BAD_REQUEST);
+                    }
                 };
                 handle(
                     state,
