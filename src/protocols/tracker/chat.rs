@@ -7,7 +7,7 @@ use super::Tracker;
 use super::db::TaskRow;
 use super::translate::{self, decode_message, message_out};
 use super::wire::{AuthorType, MessageOut};
-use crate::core::now_ms;
+use crate::core::{Envelope, Staged, now_ms};
 use crate::protocols::clock::iso8601;
 use crate::store::{MessageQuery, StoredMessage};
 
@@ -20,6 +20,13 @@ pub struct NewMessage {
     pub content: String,
     pub mentions: Vec<String>,
     pub reply_to: Option<String>,
+}
+
+/// A staged message's answer, and what is left to do once it is stored.
+pub struct Posted {
+    out: MessageOut,
+    /// A comment on a task another protocol asked for: the task and the comment.
+    tell_requester: Option<(String, String)>,
 }
 
 /// Why a message was not posted.
@@ -45,6 +52,19 @@ impl Tracker {
     }
 
     async fn post(&self, new: NewMessage, notify_requester: bool) -> Result<MessageOut, PostError> {
+        let (staged, post) = self.stage_post(new, notify_requester).await?;
+        let env = staged.durable().await.map_err(PostError::Store)?;
+        Ok(self.posted(env, post).await)
+    }
+
+    /// The first half of posting, for a connection that keeps reading while its earlier
+    /// messages are written: checks the message and queues its store write (in call
+    /// order). Once the write is durable, `posted` delivers it.
+    pub async fn stage_post(
+        &self,
+        new: NewMessage,
+        notify_requester: bool,
+    ) -> Result<(Staged, Posted), PostError> {
         let (thread, task) = self
             .place(new.chat_id.as_deref(), new.task_id.as_deref())
             .await?;
@@ -84,20 +104,31 @@ impl Tracker {
             attachments: Vec::new(),
         };
         let env = decode_message(&out, thread, reply_to, created);
-        self.core.publish(env).await.map_err(PostError::Store)?;
-
+        let staged = self.core.stage(env).await;
         // A comment on a task another protocol asked for is news for the requester.
-        if let Some(task) = task
-            && task.requester.is_some()
-            && notify_requester
+        let tell_requester = task
+            .filter(|task| task.requester.is_some() && notify_requester)
+            .map(|task| (task.id, new.content));
+        Ok((
+            staged,
+            Posted {
+                out,
+                tell_requester,
+            },
+        ))
+    }
+
+    /// The second half of posting: routes the stored message and tells a task's requester.
+    pub async fn posted(&self, env: Envelope, post: Posted) -> MessageOut {
+        self.core.route(env);
+        if let Some((task_id, note)) = post.tell_requester
+            && let Err(e) = self
+                .change_task(&task_id, Some(note), None, |_| Ok(()))
+                .await
         {
-            let id = task.id.clone();
-            let note = Some(new.content);
-            if let Err(e) = self.change_task(&id, note, None, |_| Ok(())).await {
-                tracing::error!(error = %e, "tracker: cannot report a task comment");
-            }
+            tracing::error!(error = %e, "tracker: cannot report a task comment");
         }
-        Ok(out)
+        post.out
     }
 
     /// The thread of a chat or task, and the task for a task comment.

@@ -4,21 +4,34 @@
 //! heartbeats again; the socket stays open.
 
 use std::collections::HashSet;
+use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesOrdered;
 
 use serde_json::json;
 use tokio::time::{Instant, sleep_until};
 
-use super::chat::{NewMessage, PostError};
+use super::chat::{NewMessage, PostError, Posted};
 use super::db::MemberRow;
 use super::wire::{self, AuthorType, ClientFrame, MemberKind};
 use super::{Conn, ConnInterest, PROTOCOL, Tracker, translate};
-use crate::core::{Delivery, Session};
+use crate::core::{Delivery, Envelope, Session};
 use crate::protocols::websocket::{Message, Socket, Utf8Bytes};
+use crate::store::StoreError;
 use crate::telemetry::{self, ConnectionGuard};
 
 const WRITE_BATCH: usize = 64;
+/// Messages of one connection being written to the store at once. The connection keeps
+/// reading while they are; past this many it waits, so a fast sender cannot queue
+/// without bound.
+const MAX_PENDING: usize = 256;
+/// A sent message on its way to the store, and what to do once it is there.
+type PendingPost = Pin<Box<dyn Future<Output = (Result<Envelope, StoreError>, Posted)> + Send>>;
+/// Why a sent message reached nobody.
+const NOT_STORED: &str = "message could not be stored; it was not delivered";
 /// Far enough away to mean "not until the next heartbeat".
 const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
@@ -70,6 +83,7 @@ pub async fn serve(mut socket: Socket, tracker: Arc<Tracker>) {
         conn: conn.clone(),
         member,
         session,
+        pending: FuturesOrdered::new(),
     };
     if live.send(ok).await {
         live.run().await;
@@ -123,6 +137,8 @@ struct Live {
     conn: Arc<Conn>,
     member: MemberRow,
     session: Arc<Session>,
+    /// Sent messages being stored, delivered in the order they were sent once durable.
+    pending: FuturesOrdered<PendingPost>,
 }
 
 impl Live {
@@ -138,7 +154,12 @@ impl Live {
                     self.socket.close(1001, "server shutting down").await;
                     return;
                 }
-                frame = self.socket.recv() => {
+                Some((stored, post)) = self.pending.next(), if !self.pending.is_empty() => {
+                    if !Box::pin(self.on_stored(stored, post)).await {
+                        return;
+                    }
+                }
+                frame = self.socket.recv(), if self.pending.len() < MAX_PENDING => {
                     let text = match frame {
                         Some(Ok(Message::Text(text))) => text.to_string(),
                         Some(Ok(Message::Binary(bytes))) => String::from_utf8_lossy(&bytes).into_owned(),
@@ -232,15 +253,19 @@ impl Live {
                     mentions,
                     reply_to,
                 };
-                match self.tracker.post_message(message).await {
-                    Ok(_) => Ok(()),
+                match self.tracker.stage_post(message, true).await {
+                    Ok((staged, post)) => {
+                        let durable = async move { (staged.durable().await, post) };
+                        self.pending.push_back(Box::pin(durable));
+                        Ok(())
+                    }
                     Err(PostError::NotFound(what)) => Err(what),
                     Err(PostError::UnknownMention(name)) => Err(format!(
                         "unknown mention '{name}': no agent of any protocol has that name"
                     )),
                     Err(PostError::Store(e)) => {
                         tracing::error!(error = %e, "tracker: cannot store a message");
-                        Err("message could not be stored; it was not delivered".into())
+                        Err(NOT_STORED.into())
                     }
                 }
             }
@@ -270,11 +295,32 @@ impl Live {
         self.socket.flush().await.is_ok()
     }
 
+    /// Delivers a sent message once stored, or tells the sender it was not; false when
+    /// the socket is gone.
+    async fn on_stored(&mut self, stored: Result<Envelope, StoreError>, post: Posted) -> bool {
+        match stored {
+            Ok(env) => {
+                self.tracker.posted(env, post).await;
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "tracker: cannot store a message");
+                self.send(wire::error_frame(NOT_STORED)).await
+            }
+        }
+    }
+
     async fn send(&mut self, frame: String) -> bool {
         self.socket.send(Message::Text(frame.into())).await.is_ok()
     }
 
-    async fn finish(self) {
+    async fn finish(mut self) {
+        // What was sent before the socket went is delivered all the same.
+        while let Some((stored, post)) = self.pending.next().await {
+            if let Ok(env) = stored {
+                self.tracker.posted(env, post).await;
+            }
+        }
         self.tracker.core.router.detach(&self.session);
         self.tracker.conns.remove(&self.conn.id);
         let change = self
