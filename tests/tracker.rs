@@ -1085,3 +1085,23 @@ async fn everything_survives_a_restart() {
     );
     bridge.shutdown().await;
 }
+
+/// A connection keeps reading while its earlier messages are being stored: a burst arrives
+/// whole and in order, also when the sender hangs up right after it.
+#[tokio::test]
+async fn a_burst_of_chat_sends_arrives_in_order_even_after_the_sender_left() {
+    let w = world().await;
+    let (mut listener, ok) = TrackerWs::auth(w.addr, "tb-listener").await;
+    let (mut coder, _) = TrackerWs::auth(w.addr, "tb-coder").await;
+    let lobby = ok["lobby_chat_id"].clone();
+    for i in 0..300 {
+        coder
+            .send(json!({ "type": "chat.send", "chat_id": lobby, "content": format!("burst {i}") }))
+            .await;
+    }
+    coder.close().await;
+    for i in 0..300 {
+        assert_eq!(listener.next_content().await, format!("burst {i}"));
+    }
+    w.bridge.shutdown().await;
+}
