@@ -32,7 +32,7 @@ use agentbridge::protocols::synapse::proto::{AgentEndpoint, MessageType, Synapse
 use agentbridge::protocols::{grid, skynet, synapse, tracker};
 use criterion::{Criterion, criterion_group, criterion_main};
 use prost::Message as _;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 const TEXT: &str = "@bob the retry fix is in: backoff now doubles up to 30 s and resets after a clean run. Can you review?";
 const SENDER: &str = "alice";
@@ -269,40 +269,17 @@ impl Fixture {
         };
         assert!(skynet::wire::oversized_attachment(&msg).is_none());
         let sender_id = CARD_IDS[0].1;
-        msg.insert("from".into(), json!(sender_id));
-        if !msg.get("id").is_some_and(Value::is_string) {
-            msg.insert("id".into(), json!(new_message_id()));
-        }
-        if !msg.get("timestamp").is_some_and(Value::is_number) {
-            msg.insert("timestamp".into(), json!(now_ms()));
-        }
-        if !msg.get("replyTo").is_some_and(Value::is_string) {
-            msg.remove("replyTo");
-        }
+        skynet::translate::stamp_sent(&mut msg, sender_id);
         // For a text with an `@`, the endpoint takes its cached member list.
         skynet::mentions::enrich(&mut msg, sender_id, || self.candidates.clone());
         let env = skynet::translate::decode(&msg, SENDER, peers);
-        let unknown: Vec<String> = unknown_mentions(&msg, peers);
+        let unknown = skynet::translate::unknown_mentions(&msg, peers);
         black_box(unknown);
         env
     }
 }
 
 /// Mentioned card ids nobody holds, which the Skynet sender is told of.
-fn unknown_mentions(msg: &Map<String, Value>, peers: &SkynetPeers) -> Vec<String> {
-    msg.get("mentions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .filter(|id| {
-            *id != skynet::wire::MENTION_ALL
-                && skynet::translate::Peers::name_of(peers, id).is_none()
-        })
-        .map(str::to_owned)
-        .collect()
-}
-
 /// ws.rs `run` → `on_frame` → chat.rs `post`, for a lobby message.
 fn decode_tracker(frame: &str) -> Envelope {
     let text = frame.to_string();

@@ -5,7 +5,9 @@ use serde_json::{Map, Value, json};
 
 use super::PROTOCOL;
 use super::wire;
-use crate::core::{Attachment, Audience, Envelope, Kind, Origin, TaskInfo, TaskState};
+use crate::core::{
+    Attachment, Audience, Envelope, Kind, Origin, TaskInfo, TaskState, new_message_id, now_ms,
+};
 use crate::protocols::contract::Frame;
 
 /// How Skynet card ids and bridge agent names correspond.
@@ -47,8 +49,35 @@ pub fn task_state_from_skynet(status: &str) -> Option<TaskState> {
         .map(|(s, _)| *s)
 }
 
-/// A SkynetMessage the server has normalised (`from`, `id`, `timestamp` set, mentions
-/// enriched) → Envelope. `sender` is the sender's agent name.
+/// Normalises a sent SkynetMessage as Skynet's server does: `from` is the sending
+/// socket's member (`from_card`); a client's `id` and `timestamp` are kept, missing ones
+/// filled in; a `replyTo` that is not a string is dropped.
+pub fn stamp_sent(msg: &mut Map<String, Value>, from_card: &str) {
+    msg.insert("from".into(), json!(from_card));
+    if !msg.get("id").is_some_and(Value::is_string) {
+        msg.insert("id".into(), json!(new_message_id()));
+    }
+    if !msg.get("timestamp").is_some_and(Value::is_number) {
+        msg.insert("timestamp".into(), json!(now_ms()));
+    }
+    if !msg.get("replyTo").is_some_and(Value::is_string) {
+        msg.remove("replyTo");
+    }
+}
+
+/// The mentioned card ids no agent holds (`@all` aside): the sender is told of them.
+pub fn unknown_mentions(msg: &Map<String, Value>, peers: &impl Peers) -> Vec<String> {
+    msg.get("mentions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter(|id| *id != wire::MENTION_ALL && peers.name_of(id).is_none())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A SkynetMessage the server has normalised (`stamp_sent`, mentions enriched) → Envelope. `sender` is the sender's agent name.
 pub fn decode(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> Envelope {
     let msg_type = str_field(msg, "type").unwrap_or_default();
     let payload = msg.get("payload").cloned().unwrap_or(Value::Null);

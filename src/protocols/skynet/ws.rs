@@ -16,7 +16,7 @@ use super::translate;
 use super::wire::{self, ClientFrame, FrameError, JoinRequest};
 use super::workspace::Joined;
 use super::{PROTOCOL, Skynet, mentions};
-use crate::core::{Closed, Delivery, Envelope, Mailbox, new_message_id, now_ms};
+use crate::core::{Closed, Delivery, Envelope, Mailbox, now_ms};
 use crate::protocols::websocket::{self, Message, Socket, Utf8Bytes};
 use crate::store::{MessageQuery, StoreError};
 use crate::telemetry::{self, ConnectionGuard};
@@ -237,31 +237,11 @@ impl Connection {
             telemetry::decode_error(PROTOCOL);
             return self.send_event(wire::error_event(&error, None)).await;
         }
-        // `from` is the socket's own member; a client's id and timestamp are kept.
-        msg.insert("from".into(), json!(joined.agent_id));
-        if !msg.get("id").is_some_and(Value::is_string) {
-            msg.insert("id".into(), json!(new_message_id()));
-        }
-        if !msg.get("timestamp").is_some_and(Value::is_number) {
-            msg.insert("timestamp".into(), json!(now_ms()));
-        }
-        if !msg.get("replyTo").is_some_and(Value::is_string) {
-            msg.remove("replyTo");
-        }
+        translate::stamp_sent(&mut msg, &joined.agent_id);
         let skynet = self.skynet.clone();
         mentions::enrich(&mut msg, &joined.agent_id, || skynet.mention_candidates());
         let env = translate::decode(&msg, &joined.name, skynet.as_ref());
-        let unknown: Vec<String> = msg
-            .get("mentions")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .filter(|id| {
-                *id != wire::MENTION_ALL && translate::Peers::name_of(skynet.as_ref(), id).is_none()
-            })
-            .map(str::to_owned)
-            .collect();
+        let unknown = translate::unknown_mentions(&msg, skynet.as_ref());
         let staged = skynet.core.stage(env).await;
         self.pending
             .push_back(Box::pin(async move { (staged.durable().await, unknown) }));
