@@ -24,8 +24,6 @@ pub(super) static MIGRATIONS: &[Migration] = &[
             reply_to       TEXT,
             correlation_id TEXT,
             thread         TEXT,
-            -- The task a task message is about.
-            task_id        TEXT,
             everyone       INTEGER NOT NULL DEFAULT 0,
             origin         TEXT NOT NULL,
             body           TEXT NOT NULL
@@ -34,7 +32,6 @@ pub(super) static MIGRATIONS: &[Migration] = &[
         CREATE INDEX messages_by_uuid ON messages (uuid);
         CREATE INDEX messages_by_reply ON messages (reply_to);
         CREATE INDEX messages_by_thread ON messages (thread, ts);
-        CREATE INDEX messages_by_task ON messages (task_id, kind);
         -- Who a message names (its `to` and `mentions`), for per-recipient replay.
         CREATE TABLE message_recipients (
             name TEXT NOT NULL,
@@ -52,14 +49,17 @@ pub(super) static MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 3,
-        // Most messages have no reply, thread or task, and an id that is its own UUID
-        // form: indexing only the rows that have one saves four b-tree inserts per message.
-        // `x = ?` lookups use these partial indexes as before.
+        // The task a task message is about. Most messages have no reply, thread or task,
+        // and an id that is its own UUID form: indexing only the rows that have one saves
+        // four b-tree inserts per message. `x = ?` lookups use these partial indexes.
+        // (Version 1 is as first released; databases made by builds that had `task_id`
+        // and its full index in version 1 ran an earlier form of this step, to the same
+        // schema.)
         sql: "
+        ALTER TABLE messages ADD COLUMN task_id TEXT;
         DROP INDEX messages_by_uuid;
         DROP INDEX messages_by_reply;
         DROP INDEX messages_by_thread;
-        DROP INDEX messages_by_task;
         CREATE INDEX messages_by_uuid ON messages (uuid) WHERE uuid <> id;
         CREATE INDEX messages_by_reply ON messages (reply_to) WHERE reply_to IS NOT NULL;
         CREATE INDEX messages_by_thread ON messages (thread, ts) WHERE thread IS NOT NULL;
@@ -374,6 +374,35 @@ mod tests {
         env.timestamp = ts;
         env.mentions = mentions.iter().map(|s| s.to_string()).collect();
         env
+    }
+
+    /// A database made by the first release (version 1 without `task_id`) is brought up
+    /// to date and takes task messages.
+    #[tokio::test]
+    async fn a_first_release_database_is_migrated() {
+        // Released migrations are never edited; later changes are new versions.
+        assert!(!MIGRATIONS[0].sql.contains("task_id") && !MIGRATIONS[0].sql.contains("private"));
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let conn = Connection::open(dir.path().join(crate::store::DB_FILE)).unwrap();
+            conn.execute_batch(MIGRATIONS[0].sql).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE schema_migrations (component TEXT NOT NULL, version INTEGER NOT NULL,
+                    applied_at INTEGER NOT NULL, PRIMARY KEY (component, version)) WITHOUT ROWID;
+                 INSERT INTO schema_migrations VALUES ('core', 1, 0);",
+            )
+            .unwrap();
+        }
+        let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
+        let mut assign = Envelope::new("test", "a", Kind::TaskAssign);
+        assign.task = Some(crate::core::TaskInfo {
+            id: "t-1".into(),
+            ..Default::default()
+        });
+        store.insert_message(&assign).await.unwrap();
+        let stored = store.message(&assign.id).await.unwrap().unwrap();
+        assert_eq!(stored.envelope.task.unwrap().id, "t-1");
+        store.close().await;
     }
 
     #[tokio::test]
