@@ -69,7 +69,9 @@ impl Delivery {
         self.expires_at.is_some_and(|at| now >= at)
     }
 
-    /// The message encoded for `protocol`, computed by `encode` on first use.
+    /// The message encoded for `protocol` as a `T`, computed by `encode` on first use. An
+    /// endpoint may keep more than one form (Grid: the message and its YAML text); each
+    /// is cached under its type.
     ///
     /// The lock is not held while encoding: two recipients racing may both encode, and the
     /// first result is kept; that is cheaper than making every reader wait.
@@ -83,10 +85,8 @@ impl Delivery {
         }
         let fresh = encode(&self.envelope);
         let mut cache = self.encoded.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, existing)) = cache.iter().find(|(p, _)| *p == protocol)
-            && let Some(value) = existing.downcast_ref::<T>()
-        {
-            return value.clone();
+        if let Some(existing) = find::<T>(&cache, protocol) {
+            return existing;
         }
         cache.push((protocol, Arc::new(fresh.clone())));
         fresh
@@ -94,11 +94,16 @@ impl Delivery {
 
     fn cached<T: Clone + 'static>(&self, protocol: Protocol) -> Option<T> {
         let cache = self.encoded.lock().unwrap_or_else(|e| e.into_inner());
-        cache
-            .iter()
-            .find(|(p, _)| *p == protocol)
-            .and_then(|(_, v)| v.downcast_ref::<T>().cloned())
+        find(&cache, protocol)
     }
+}
+
+/// The `T` cached for `protocol`, if any.
+fn find<T: Clone + 'static>(cache: &[(Protocol, Encoded)], protocol: Protocol) -> Option<T> {
+    cache
+        .iter()
+        .filter(|(p, _)| *p == protocol)
+        .find_map(|(_, v)| v.downcast_ref::<T>().cloned())
 }
 
 impl std::fmt::Debug for Delivery {
@@ -115,6 +120,24 @@ mod tests {
     use super::*;
     use crate::core::envelope::Kind;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn each_form_of_one_protocol_is_encoded_once() {
+        let delivery = Delivery::new(Envelope::new("test", "a", Kind::Chat));
+        let calls = AtomicUsize::new(0);
+        for _ in 0..3 {
+            let _: u32 = delivery.encoded("p", |_| {
+                calls.fetch_add(1, Ordering::Relaxed);
+                7
+            });
+            let text: String = delivery.encoded("p", |_| {
+                calls.fetch_add(1, Ordering::Relaxed);
+                "seven".into()
+            });
+            assert_eq!(text, "seven");
+        }
+        assert_eq!(calls.load(Ordering::Relaxed), 2);
+    }
 
     #[test]
     fn encodes_once_per_protocol() {

@@ -280,8 +280,11 @@ impl Connection {
             crate::protocols::written(delivery, PROTOCOL);
             return true;
         }
-        let frame: Option<Utf8Bytes> = delivery.encoded(PROTOCOL, |env| {
-            translate::encode(env).map(|m| Utf8Bytes::from(wire::to_yaml(&m)))
+        // The YAML text from the message the hub may already have encoded.
+        let grid = &self.grid;
+        let frame: Option<Utf8Bytes> = delivery.encoded(PROTOCOL, |_| {
+            grid.encode(delivery)
+                .map(|m| Utf8Bytes::from(wire::to_yaml(&m)))
         });
         let Some(frame) = frame else { return true };
         if self.socket.send(Frame::Text(frame)).await.is_err() {
