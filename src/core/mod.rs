@@ -5,6 +5,7 @@ mod correlation;
 mod delivery;
 mod directory;
 mod envelope;
+mod in_flight;
 mod mailbox;
 mod router;
 
@@ -20,6 +21,7 @@ pub use envelope::{
     Attachment, Audience, Envelope, Kind, Origin, Priority, Protocol, TaskInfo, TaskState,
     new_message_id, now_ms,
 };
+pub use in_flight::InFlight;
 pub use mailbox::{Closed, Mailbox, Pushed, WhenFull};
 pub use router::{AddressedOnly, Interest, OfflineSink, RouteReport, Router, Session};
 

@@ -5,18 +5,15 @@
 //! what puts `workspace.state` on the wire before anything routed to a new member.
 
 use std::collections::HashSet;
-use std::pin::Pin;
 use std::sync::Arc;
 
-use futures_util::StreamExt;
-use futures_util::stream::FuturesOrdered;
 use serde_json::{Map, Value, json};
 
 use super::translate;
 use super::wire::{self, ClientFrame, FrameError, JoinRequest};
 use super::workspace::Joined;
 use super::{PROTOCOL, Skynet, mentions};
-use crate::core::{Closed, Delivery, Envelope, Mailbox, now_ms};
+use crate::core::{Closed, Delivery, Envelope, InFlight, Mailbox, now_ms};
 use crate::protocols::websocket::{self, Message, Socket, Utf8Bytes};
 use crate::store::{MessageQuery, StoreError};
 use crate::telemetry::{self, ConnectionGuard};
@@ -25,13 +22,6 @@ use crate::telemetry::{self, ConnectionGuard};
 const WRITE_BATCH: usize = 64;
 /// Humans replay up to this many recent messages on join.
 const HUMAN_REPLAY: usize = 100;
-/// Messages of one connection being written to the store at once. The connection keeps
-/// reading while they are; past this many it waits, so a fast sender cannot queue
-/// without bound.
-const MAX_PENDING: usize = 256;
-
-/// A sent message on its way to the store, with the mentions it could not resolve.
-type Pending = Pin<Box<dyn Future<Output = (Result<Envelope, StoreError>, Vec<String>)> + Send>>;
 
 enum Flow {
     Continue,
@@ -47,7 +37,8 @@ struct Connection {
     /// so a message stored in between arrives live too; it is shown once.
     replayed: HashSet<String>,
     /// Sent messages being stored, routed in the order they were sent once durable.
-    pending: FuturesOrdered<Pending>,
+    /// With each, the mentions it could not resolve.
+    pending: InFlight<Vec<String>>,
 }
 
 pub async fn serve(socket: Socket, skynet: Arc<Skynet>) {
@@ -58,7 +49,7 @@ pub async fn serve(socket: Socket, skynet: Arc<Skynet>) {
         skynet: skynet.clone(),
         joined: None,
         replayed: HashSet::new(),
-        pending: FuturesOrdered::new(),
+        pending: InFlight::new(),
     };
     let shutdown = skynet.shutdown.clone();
     loop {
@@ -74,7 +65,7 @@ pub async fn serve(socket: Socket, skynet: Arc<Skynet>) {
                     break;
                 }
             }
-            frame = conn.socket.recv(), if conn.pending.len() < MAX_PENDING => {
+            frame = conn.socket.recv(), if conn.pending.has_room() => {
                 let flow = match frame {
                     Some(Ok(message)) => Box::pin(conn.on_frame(message)).await,
                     _ => Flow::Close,
@@ -243,8 +234,7 @@ impl Connection {
         let env = translate::decode(&msg, &joined.name, skynet.as_ref());
         let unknown = translate::unknown_mentions(&msg, skynet.as_ref());
         let staged = skynet.core.stage(env).await;
-        self.pending
-            .push_back(Box::pin(async move { (staged.durable().await, unknown) }));
+        self.pending.push(staged, unknown);
         Flow::Continue
     }
 

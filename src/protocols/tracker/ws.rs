@@ -4,12 +4,8 @@
 //! heartbeats again; the socket stays open.
 
 use std::collections::HashSet;
-use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-
-use futures_util::StreamExt;
-use futures_util::stream::FuturesOrdered;
 
 use serde_json::json;
 use tokio::time::{Instant, sleep_until};
@@ -18,18 +14,12 @@ use super::chat::{NewMessage, PostError, Posted};
 use super::db::MemberRow;
 use super::wire::{self, AuthorType, ClientFrame, MemberKind};
 use super::{Conn, ConnInterest, PROTOCOL, Tracker, translate};
-use crate::core::{Delivery, Envelope, Session};
+use crate::core::{Delivery, Envelope, InFlight, Session};
 use crate::protocols::websocket::{Message, Socket, Utf8Bytes};
 use crate::store::StoreError;
 use crate::telemetry::{self, ConnectionGuard};
 
 const WRITE_BATCH: usize = 64;
-/// Messages of one connection being written to the store at once. The connection keeps
-/// reading while they are; past this many it waits, so a fast sender cannot queue
-/// without bound.
-const MAX_PENDING: usize = 256;
-/// A sent message on its way to the store, and what to do once it is there.
-type PendingPost = Pin<Box<dyn Future<Output = (Result<Envelope, StoreError>, Posted)> + Send>>;
 /// Why a sent message reached nobody.
 const NOT_STORED: &str = "message could not be stored; it was not delivered";
 /// Far enough away to mean "not until the next heartbeat".
@@ -83,7 +73,7 @@ pub async fn serve(mut socket: Socket, tracker: Arc<Tracker>) {
         conn: conn.clone(),
         member,
         session,
-        pending: FuturesOrdered::new(),
+        pending: InFlight::new(),
     };
     if live.send(ok).await {
         live.run().await;
@@ -138,7 +128,7 @@ struct Live {
     member: MemberRow,
     session: Arc<Session>,
     /// Sent messages being stored, delivered in the order they were sent once durable.
-    pending: FuturesOrdered<PendingPost>,
+    pending: InFlight<Posted>,
 }
 
 impl Live {
@@ -159,7 +149,7 @@ impl Live {
                         return;
                     }
                 }
-                frame = self.socket.recv(), if self.pending.len() < MAX_PENDING => {
+                frame = self.socket.recv(), if self.pending.has_room() => {
                     let text = match frame {
                         Some(Ok(Message::Text(text))) => text.to_string(),
                         Some(Ok(Message::Binary(bytes))) => String::from_utf8_lossy(&bytes).into_owned(),
@@ -255,8 +245,7 @@ impl Live {
                 };
                 match self.tracker.stage_post(message, true).await {
                     Ok((staged, post)) => {
-                        let durable = async move { (staged.durable().await, post) };
-                        self.pending.push_back(Box::pin(durable));
+                        self.pending.push(staged, post);
                         Ok(())
                     }
                     Err(PostError::NotFound(what)) => Err(what),
