@@ -116,7 +116,8 @@ const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// The exporter keeps every histogram sample until it is folded into the buckets, which
 /// happens on a scrape or an upkeep. Unscraped, a busy bridge would hold every sample it
 /// ever took (one per delivery: 50 MB after 2,500 agents had joined); the exporter's own
-/// `install_recorder` runs this loop too.
+/// `install` (with its own HTTP listener) runs the same loop; `build_recorder`, used here
+/// to serve `/metrics` from the admin listener, leaves it to the caller.
 fn spawn_upkeep(handle: PrometheusHandle) {
     let spawned = std::thread::Builder::new()
         .name("metrics-upkeep".into())

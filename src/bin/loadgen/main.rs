@@ -292,9 +292,7 @@ async fn raw_relay(args: &RunArgs, load: &Load) -> Result<Row, Error> {
     }
     let outcome = run::run(pairs, load, &bar).await;
     bar.finish_and_clear();
-    let mut row = Row::new("raw-relay", "ws→ws", args.pairs, load, &outcome);
-    row.peak_rss_kib = None;
-    Ok(row)
+    Ok(Row::new("raw-relay", "ws→ws", args.pairs, load, &outcome))
 }
 
 /// The same load through NATS's WebSocket listener.

@@ -214,10 +214,6 @@ impl Synapse {
             }
         }
     }
-
-    pub fn has_stream(&self, agent_id: &str) -> bool {
-        self.streams.get(agent_id).is_some_and(|c| *c > 0)
-    }
 }
 
 pub fn internal(e: impl std::fmt::Display) -> Status {

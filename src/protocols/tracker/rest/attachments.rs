@@ -6,7 +6,9 @@ use axum::extract::{Multipart, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::{ApiError, ApiResult, Caller, Query, Shared, created, ok, required_query};
+use super::{
+    ApiError, ApiResult, Caller, Query, Shared, created, existing_task, ok, required_query,
+};
 use crate::protocols::clock::iso8601;
 use crate::protocols::tracker::Tracker;
 use crate::protocols::tracker::db::AttachmentRow;
@@ -138,9 +140,7 @@ pub async fn download(
 
 pub async fn list(State(tracker): Shared, _caller: Caller, query: Query) -> ApiResult<Response> {
     let task_id = required_query(&query, "task_id")?;
-    if tracker.db.task(&task_id).await?.is_none() {
-        return Err(ApiError::not_found("Task not found"));
-    }
+    existing_task(&tracker, &task_id).await?;
     let rows = tracker.db.attachments(&task_id, true).await?;
     Ok(ok(rows
         .iter()

@@ -23,7 +23,7 @@ use axum::routing::{get, patch, post};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use super::db::MemberRow;
+use super::db::{MemberRow, TaskRow};
 use super::{Tracker, ws};
 use crate::store::StoreError;
 
@@ -149,6 +149,15 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// The task `id`, or the API's 404.
+pub async fn existing_task(tracker: &Tracker, id: &str) -> ApiResult<TaskRow> {
+    tracker
+        .db
+        .task(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("Task not found"))
+}
 
 pub fn created(value: impl Serialize) -> Response {
     (StatusCode::CREATED, axum::Json(value)).into_response()

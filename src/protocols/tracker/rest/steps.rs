@@ -5,9 +5,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use super::{ApiError, ApiResult, Body, Caller, Shared, created, ok};
+use super::{ApiError, ApiResult, Body, Caller, Shared, created, existing_task, ok};
 use crate::protocols::clock::iso8601;
-use crate::protocols::tracker::Tracker;
 use crate::protocols::tracker::db::StepRow;
 use crate::protocols::tracker::wire::StepOut;
 
@@ -19,13 +18,6 @@ fn step_out(s: &StepRow) -> StepOut {
         done: s.done,
         position: s.position,
         created_at: iso8601(s.created_at),
-    }
-}
-
-async fn existing_task(tracker: &Tracker, id: &str) -> ApiResult<()> {
-    match tracker.db.task(id).await? {
-        Some(_) => Ok(()),
-        None => Err(ApiError::not_found("Task not found")),
     }
 }
 

@@ -8,7 +8,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use super::{
-    ApiError, ApiResult, Body, Caller, Query, Shared, created, not_one_of, ok, required_query,
+    ApiError, ApiResult, Body, Caller, Query, Shared, created, existing_task, not_one_of, ok,
+    required_query,
 };
 use crate::protocols::tracker::Tracker;
 use crate::protocols::tracker::chat::NewMessage;
@@ -81,11 +82,7 @@ pub async fn get(
     _caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    let task = tracker
-        .db
-        .task(&id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("Task not found"))?;
+    let task = existing_task(&tracker, &id).await?;
     Ok(ok(task_out(&task)))
 }
 
