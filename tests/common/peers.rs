@@ -202,24 +202,10 @@ fn synapse_ms(msg: &SynapseMessage) -> Option<i64> {
         .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
 }
 
-/// A UTC RFC 3339 time (`…Z`) → milliseconds since the epoch.
+/// An RFC 3339 time → milliseconds since the epoch.
 fn parse_iso(text: &str) -> Option<i64> {
-    let t = text.trim_end_matches('Z');
-    let (date, time) = t.split_once('T')?;
-    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
-    let mut h = hms.split(':').map(|p| p.parse::<i64>().ok());
-    let (hh, mm, ss) = (h.next()??, h.next()??, h.next()??);
-    let millis: i64 = format!("{:0<3}", &frac[..frac.len().min(3)]).parse().ok()?;
-    // Days from civil, after Howard Hinnant.
-    let (y, m) = if m <= 2 { (y - 1, m + 9) } else { (y, m - 3) };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * m + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(((days * 24 + hh) * 60 + mm) * 60_000 + ss * 1000 + millis)
+    let at = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339);
+    Some((at.ok()?.unix_timestamp_nanos() / 1_000_000) as i64)
 }
 
 impl Peer {

@@ -79,11 +79,8 @@ impl Synapse {
             return Ok(msg.id);
         }
 
-        let receiver = msg
-            .receiver
-            .as_ref()
-            .map(|r| r.agent_id.clone())
-            .filter(|r| !r.is_empty());
+        // `decode` addressed the envelope to the receiver, if the message names one.
+        let receiver = env.to.first().cloned();
         if !msg.group_id.is_empty() {
             self.group(&msg.group_id)?;
             let member = self.is_member(&msg.group_id, &sender.agent_id);
