@@ -207,20 +207,15 @@ impl Core {
     async fn link_conversation(&self, env: &mut Envelope) {
         // Progress that names no task is about the task its parent assigned; an error
         // answering an assignment is that task's failure.
+        // The parent's link, once looked up (the task lookup below keeps `reply_to`).
+        let mut parent_link = None;
         if matches!(env.kind, Kind::TaskUpdate | Kind::TaskResult | Kind::Error)
             && env.task.as_ref().is_none_or(|t| t.id.is_empty())
-            && let Some(parent) = env.reply_to.clone()
+            && let Some(parent) = env.reply_to.as_deref()
         {
-            let assigned = match self.correlation.link(&parent) {
-                Some(link) => link.task_id,
-                None => self
-                    .store
-                    .link(&parent)
-                    .await
-                    .ok()
-                    .flatten()
-                    .and_then(|l| l.task_id),
-            };
+            let link = self.link_of(parent).await;
+            let assigned = link.as_ref().and_then(|l| l.task_id.clone());
+            parent_link = Some(link);
             if let Some(id) = assigned {
                 if env.kind == Kind::Error {
                     env.kind = Kind::TaskResult;
@@ -257,9 +252,9 @@ impl Core {
         let Some(parent) = env.reply_to.clone() else {
             return;
         };
-        let link = match self.correlation.link(&parent) {
-            Some(link) => Some(link),
-            None => self.store.link(&parent).await.ok().flatten(),
+        let link = match parent_link {
+            Some(link) => link,
+            None => self.link_of(&parent).await,
         };
         if env.correlation_id.is_none() {
             // A parent the bridge never saw still starts the conversation.
@@ -279,6 +274,14 @@ impl Core {
                 .is_some_and(|p| p != env.origin.protocol)
         {
             env.to.push(author);
+        }
+    }
+
+    /// Message `id`'s place in its conversation: remembered, else from the store.
+    async fn link_of(&self, id: &str) -> Option<Link> {
+        match self.correlation.link(id) {
+            Some(link) => Some(link),
+            None => self.store.link(id).await.ok().flatten(),
         }
     }
 
