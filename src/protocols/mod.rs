@@ -114,6 +114,11 @@ pub fn written(delivery: &Delivery, to: Protocol) {
     delivery.mark_written();
 }
 
+/// Lower-case hex of `bytes` (digests kept as text: token hashes, scratchpad entries).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Binds a listener, naming the endpoint and address when it cannot.
 pub async fn bind(endpoint: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)

@@ -529,7 +529,7 @@ struct HubInterest;
 
 impl HubInterest {
     fn wants(env: &Envelope) -> bool {
-        !env.kind.is_presence() && env.kind != Kind::Log && translate::is_broadcast(env)
+        translate::for_every_program(env)
     }
 }
 

@@ -28,10 +28,7 @@ use super::{Grid, Source};
 use crate::core::derived_uuid;
 
 fn hash(entry_text: &str) -> String {
-    Sha256::digest(entry_text.trim().as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::protocols::hex(&Sha256::digest(entry_text.trim().as_bytes()))
 }
 
 impl Grid {
@@ -163,11 +160,7 @@ fn fingerprint(head: &[u8], around: &[u8], around_start: u64, offset: u64) -> St
     hasher.update(head);
     hasher.update([0xff]);
     hasher.update(tail);
-    hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::protocols::hex(&hasher.finalize())
 }
 
 /// What a read of a scratchpad file found.

@@ -398,6 +398,12 @@ pub fn preview(env: &Envelope) -> Vec<Frame> {
     vec![Frame { label, body: msg }]
 }
 
+/// Whether every Grid program is shown `env`: a broadcast that is neither presence nor an
+/// execution log.
+pub fn for_every_program(env: &Envelope) -> bool {
+    !env.kind.is_presence() && env.kind != Kind::Log && is_broadcast(env)
+}
+
 /// Whether a Grid message is for every Grid program.
 pub fn is_broadcast(env: &Envelope) -> bool {
     env.audience == Audience::Everyone

@@ -35,7 +35,7 @@ struct ProgramInterest {
 
 impl Interest for ProgramInterest {
     fn observes(&self, env: &Envelope) -> bool {
-        !env.kind.is_presence() && env.kind != Kind::Log && translate::is_broadcast(env)
+        translate::for_every_program(env)
     }
 
     fn accepts(&self, env: &Envelope) -> bool {
