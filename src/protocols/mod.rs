@@ -114,6 +114,14 @@ pub fn written(delivery: &Delivery, to: Protocol) {
     delivery.mark_written();
 }
 
+/// The token of an `Authorization: Bearer <token>` header value.
+pub fn bearer_token(authorization: &str) -> Option<&str> {
+    authorization
+        .strip_prefix("Bearer ")
+        .or_else(|| authorization.strip_prefix("bearer "))
+        .map(str::trim)
+}
+
 /// Lower-case hex of `bytes` (digests kept as text: token hashes, scratchpad entries).
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

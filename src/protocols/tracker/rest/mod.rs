@@ -182,10 +182,7 @@ impl FromRequestParts<Arc<Tracker>> for Caller {
             .get(header::AUTHORIZATION)
             .and_then(|h| h.to_str().ok())
             .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "Not authenticated"))?;
-        let token = header
-            .strip_prefix("Bearer ")
-            .or_else(|| header.strip_prefix("bearer "))
-            .map(str::trim)
+        let token = crate::protocols::bearer_token(header)
             .filter(|t| !t.is_empty())
             .ok_or_else(|| {
                 ApiError::new(
