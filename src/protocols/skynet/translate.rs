@@ -6,7 +6,8 @@ use serde_json::{Map, Value, json};
 use super::PROTOCOL;
 use super::wire;
 use crate::core::{
-    Attachment, Audience, Envelope, Kind, Origin, TaskInfo, TaskState, new_message_id, now_ms,
+    Attachment, Audience, Envelope, Kind, Origin, Status, TaskInfo, TaskState, new_message_id,
+    now_ms,
 };
 use crate::protocols::contract::Frame;
 
@@ -191,12 +192,8 @@ pub fn encode(env: &Envelope, peers: &impl Peers) -> Option<Value> {
             .as_ref()
             .and_then(|d| d.get("status"))
             .and_then(Value::as_str)
-            .unwrap_or("idle");
-        // Skynet's statuses are idle | busy | offline | error; "online" is idle there.
-        let status = match status {
-            "busy" | "offline" | "error" => status,
-            _ => "idle",
-        };
+            .and_then(Status::parse)
+            .map_or("idle", super::registry::status_to_skynet);
         return Some(wire::event_value(
             wire::EVENT_STATUS_CHANGE,
             json!({ "agentId": from, "status": status }),
