@@ -189,28 +189,21 @@ pub struct Pairing<'a> {
 
 /// Connects `receiver` of protocol `to`, registering it where its protocol requires.
 pub async fn receiver(endpoints: &Endpoints, to: Proto, name: &str) -> Result<Receiver, Error> {
-    let base = endpoints.base(to)?;
     match to {
-        Proto::Skynet => {
-            let (_, ws) = skynet_join(base, name).await?;
-            Ok(Receiver::Ws(ws.split().1))
-        }
-        Proto::Tracker => {
-            let (ws, _) = tracker_auth(endpoints, name).await?;
-            Ok(Receiver::Ws(ws.split().1))
-        }
         Proto::Synapse => {
-            let (tx, stream) = synapse_stream(base, name).await?;
+            let (tx, stream) = synapse_stream(endpoints.base(to)?, name).await?;
             Ok(Receiver::Synapse {
                 stream: Box::new(stream),
                 _request: tx,
             })
         }
-        Proto::Grid => {
-            let ws = connect_ws(&ws_url(base, &format!("/grid/v1/ws?agent={name}"))).await?;
-            Ok(Receiver::Ws(ws.split().1))
-        }
+        _ => Ok(Receiver::Ws(idle(endpoints, to, name).await?.split().1)),
     }
+}
+
+/// The Grid socket of program `name`.
+fn grid_ws_url(base: &str, name: &str) -> String {
+    ws_url(base, &format!("/grid/v1/ws?agent={name}"))
 }
 
 /// Connects `name` of `proto` and leaves it idle: joined (Skynet), authenticated (Tracker).
@@ -218,13 +211,7 @@ pub async fn idle(endpoints: &Endpoints, proto: Proto, name: &str) -> Result<Ws,
     match proto {
         Proto::Skynet => Ok(skynet_join(endpoints.base(proto)?, name).await?.1),
         Proto::Tracker => Ok(tracker_auth(endpoints, name).await?.0),
-        Proto::Grid => {
-            connect_ws(&ws_url(
-                endpoints.base(proto)?,
-                &format!("/grid/v1/ws?agent={name}"),
-            ))
-            .await
-        }
+        Proto::Grid => connect_ws(&grid_ws_url(endpoints.base(proto)?, name)).await,
         Proto::Synapse => Err("idle connections are measured for the WebSocket protocols".into()),
     }
 }
@@ -284,7 +271,7 @@ pub async fn sender(pairing: Pairing<'_>) -> Result<Sender, Error> {
             })
         }
         Proto::Grid => {
-            let ws = connect_ws(&ws_url(base, &format!("/grid/v1/ws?agent={name}"))).await?;
+            let ws = connect_ws(&grid_ws_url(base, &name)).await?;
             let (sink, stream) = ws.split();
             drain(stream);
             Ok(Sender {
