@@ -27,6 +27,14 @@ pub struct Hints {
 }
 
 impl Hints {
+    /// `agent_id` as given, or the caller's `x-synapse-agent-id` when it is empty.
+    pub fn agent_or_caller(&self, agent_id: String) -> String {
+        match &self.agent_id {
+            Some(caller) if agent_id.is_empty() => caller.clone(),
+            _ => agent_id,
+        }
+    }
+
     pub fn from_headers(headers: &HeaderMap) -> Result<Hints, Status> {
         let get = |name: &str| {
             headers

@@ -51,11 +51,7 @@ impl Synapse {
             Status::invalid_argument(format!("message.type: {} is not a MessageType", msg.r#type))
         })?;
         let mut sender = msg.sender.clone().unwrap_or_default();
-        if sender.agent_id.is_empty()
-            && let Some(id) = &hints.agent_id
-        {
-            sender.agent_id = id.clone();
-        }
+        sender.agent_id = hints.agent_or_caller(sender.agent_id);
         if sender.agent_id.is_empty() {
             return Err(Status::invalid_argument(
                 "message.sender.agent_id is required (or x-synapse-agent-id metadata)",

@@ -39,11 +39,7 @@ impl GroupService for SynapseApi {
         let hints = self.hints(request.metadata())?;
         let request = request.into_inner();
         let mut agent = request.agent.unwrap_or_default();
-        if agent.agent_id.is_empty()
-            && let Some(id) = &hints.agent_id
-        {
-            agent.agent_id = id.clone();
-        }
+        agent.agent_id = hints.agent_or_caller(agent.agent_id);
         self.synapse
             .join_group(&request.group_id, &agent, &hints)
             .await?;
@@ -59,11 +55,7 @@ impl GroupService for SynapseApi {
     ) -> Result<Response<LeaveGroupResponse>, Status> {
         let hints = self.hints(request.metadata())?;
         let request = request.into_inner();
-        let agent = if request.agent_id.is_empty() {
-            hints.agent_id.unwrap_or_default()
-        } else {
-            request.agent_id
-        };
+        let agent = hints.agent_or_caller(request.agent_id);
         self.synapse.leave_group(&request.group_id, &agent).await?;
         Ok(Response::new(LeaveGroupResponse {
             success: true,
