@@ -2,8 +2,9 @@
 //!
 //! One dedicated thread owns the only writing connection. Writes queue up while a
 //! transaction commits and then go in together (group commit): each write runs inside its
-//! own savepoint, so one failing write does not undo its neighbours, and every caller is
-//! answered only after the shared `COMMIT` returned. Reads use a small pool of read-only
+//! own savepoint, so one failing write does not undo its neighbours (writes that cannot
+//! fail half-way skip it: `write_unguarded`), and every caller is answered only after the
+//! shared `COMMIT` returned. Reads use a small pool of read-only
 //! connections on `spawn_blocking` threads (WAL lets them run beside the writer); an
 //! in-memory database has one connection, so there reads queue with the writes.
 //!
@@ -149,9 +150,38 @@ impl Store {
         R: Send + 'static,
         F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
     {
+        self.queue(f, true)
+    }
+
+    /// Like `write`, without the savepoint that keeps a failed write from undoing part of
+    /// its batch: for work whose only statement that can fail — short of an I/O error,
+    /// which ends the whole transaction anyway — is its first, which SQLite undoes by
+    /// itself. A savepoint copies every page the write touches that the batch already
+    /// changed; for a stored message that was a sixth of the bridge's cost.
+    pub fn write_unguarded<R, F>(
+        &self,
+        f: F,
+    ) -> impl Future<Output = Result<R, StoreError>> + Send + 'static
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        self.queue(f, false)
+    }
+
+    fn queue<R, F>(
+        &self,
+        f: F,
+        savepoint: bool,
+    ) -> impl Future<Output = Result<R, StoreError>> + Send + 'static
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    {
         let (reply, answer) = oneshot::channel();
         let queued = self.submit(Box::new(WriteJob {
             work: Some(f),
+            savepoint,
             outcome: None,
             reply: Some(reply),
         }));
@@ -243,7 +273,9 @@ fn configure(conn: &Connection) -> Result<(), StoreError> {
 }
 
 trait Job: Send {
-    /// Runs the work; false when it failed and its savepoint must be rolled back.
+    /// Whether the work runs in a savepoint of its own.
+    fn savepoint(&self) -> bool;
+    /// Runs the work; false when it failed (and its savepoint must be rolled back).
     fn run(&mut self, conn: &Connection) -> bool;
     /// Answers the caller once the batch's commit is known.
     fn finish(self: Box<Self>, committed: Result<(), &rusqlite::Error>);
@@ -251,6 +283,7 @@ trait Job: Send {
 
 struct WriteJob<F, R> {
     work: Option<F>,
+    savepoint: bool,
     outcome: Option<Result<R, StoreError>>,
     reply: Option<oneshot::Sender<Result<R, StoreError>>>,
 }
@@ -260,6 +293,10 @@ where
     R: Send + 'static,
     F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
 {
+    fn savepoint(&self) -> bool {
+        self.savepoint
+    }
+
     fn run(&mut self, conn: &Connection) -> bool {
         let Some(work) = self.work.take() else {
             return false;
@@ -309,6 +346,17 @@ fn run_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), rusqli
     let exec = |sql: &str| conn.prepare_cached(sql)?.execute([]).map(|_| ());
     exec("BEGIN IMMEDIATE")?;
     for job in batch.iter_mut() {
+        if !job.savepoint() {
+            // A failed statement undid itself, unless the error ended the transaction:
+            // then later work must not run in autocommit, and no one may hear success.
+            if !job.run(conn) && conn.is_autocommit() {
+                return Err(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
+                    Some("the batch's transaction was rolled back".into()),
+                ));
+            }
+            continue;
+        }
         exec("SAVEPOINT job")?;
         if job.run(conn) {
             exec("RELEASE job")?;
@@ -392,6 +440,33 @@ mod tests {
             .map(|r| r.unwrap().is_ok())
             .collect();
         assert_eq!(results.iter().filter(|ok| !**ok).count(), 1);
+        let count: i64 = store
+            .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?))
+            .await
+            .unwrap();
+        assert_eq!(count, 3);
+    }
+
+    #[tokio::test]
+    async fn a_failing_unguarded_write_leaves_its_batch_whole() {
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        store
+            .write(|c| Ok(c.execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)")?))
+            .await
+            .unwrap();
+        // Queued together, so they share one transaction.
+        let writes: Vec<_> = [1, 2, 1, 3]
+            .into_iter()
+            .map(|v| {
+                store.write_unguarded(move |c| Ok(c.execute("INSERT INTO t (v) VALUES (?1)", [v])?))
+            })
+            .collect();
+        let results: Vec<bool> = futures_util::future::join_all(writes)
+            .await
+            .into_iter()
+            .map(|r| r.is_ok())
+            .collect();
+        assert_eq!(results, [true, true, false, true]);
         let count: i64 = store
             .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?))
             .await
