@@ -3,8 +3,10 @@
 //! The index is a bounded in-memory cache of recent messages; `Core` falls back to the
 //! store for older ones, so it never needs to hold the whole history.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use foldhash::HashMap;
 
 use uuid::Uuid;
 
@@ -47,16 +49,39 @@ pub struct CorrelationIndex {
     state: Mutex<State>,
 }
 
+/// Each map's keys in insertion order, oldest first, share their text with the map.
 #[derive(Default)]
 struct State {
-    links: HashMap<String, Link>,
-    order: VecDeque<String>,
+    links: HashMap<Arc<str>, Link>,
+    order: VecDeque<Arc<str>>,
     /// task id → its assignment.
-    tasks: HashMap<String, TaskRequest>,
-    task_order: VecDeque<String>,
+    tasks: HashMap<Arc<str>, TaskRequest>,
+    task_order: VecDeque<Arc<str>>,
     /// derived id → original id.
-    originals: HashMap<String, String>,
-    derived_order: VecDeque<String>,
+    originals: HashMap<Arc<str>, String>,
+    derived_order: VecDeque<Arc<str>>,
+}
+
+/// Inserts into a map bounded to `capacity` entries, forgetting the oldest first.
+fn insert_bounded<V>(
+    map: &mut HashMap<Arc<str>, V>,
+    order: &mut VecDeque<Arc<str>>,
+    capacity: usize,
+    key: &str,
+    value: V,
+) {
+    if let Some(slot) = map.get_mut(key) {
+        *slot = value;
+        return;
+    }
+    let key: Arc<str> = Arc::from(key);
+    map.insert(key.clone(), value);
+    order.push_back(key);
+    while order.len() > capacity {
+        if let Some(old) = order.pop_front() {
+            map.remove(&old);
+        }
+    }
 }
 
 impl CorrelationIndex {
@@ -84,15 +109,8 @@ impl CorrelationIndex {
             task_id: assigned_task.map(str::to_owned),
             asks_decision,
         };
-        let mut state = self.lock();
-        if state.links.insert(id.to_owned(), link).is_none() {
-            state.order.push_back(id.to_owned());
-        }
-        while state.order.len() > self.capacity {
-            if let Some(old) = state.order.pop_front() {
-                state.links.remove(&old);
-            }
-        }
+        let state = &mut *self.lock();
+        insert_bounded(&mut state.links, &mut state.order, self.capacity, id, link);
     }
 
     pub fn link(&self, id: &str) -> Option<Link> {
@@ -101,15 +119,14 @@ impl CorrelationIndex {
 
     /// Records that `request` assigned task `task_id`.
     pub fn record_task(&self, task_id: &str, request: TaskRequest) {
-        let mut state = self.lock();
-        if state.tasks.insert(task_id.to_owned(), request).is_none() {
-            state.task_order.push_back(task_id.to_owned());
-        }
-        while state.task_order.len() > self.capacity {
-            if let Some(old) = state.task_order.pop_front() {
-                state.tasks.remove(&old);
-            }
-        }
+        let state = &mut *self.lock();
+        insert_bounded(
+            &mut state.tasks,
+            &mut state.task_order,
+            self.capacity,
+            task_id,
+            request,
+        );
     }
 
     pub fn task(&self, task_id: &str) -> Option<TaskRequest> {
@@ -118,19 +135,14 @@ impl CorrelationIndex {
 
     /// Records that `derived` stands for `original` in a protocol that needs another id form.
     pub fn record_derived(&self, derived: &str, original: &str) {
-        let mut state = self.lock();
-        if state
-            .originals
-            .insert(derived.to_owned(), original.to_owned())
-            .is_none()
-        {
-            state.derived_order.push_back(derived.to_owned());
-        }
-        while state.derived_order.len() > self.capacity {
-            if let Some(old) = state.derived_order.pop_front() {
-                state.originals.remove(&old);
-            }
-        }
+        let state = &mut *self.lock();
+        insert_bounded(
+            &mut state.originals,
+            &mut state.derived_order,
+            self.capacity,
+            derived,
+            original.to_owned(),
+        );
     }
 
     pub fn original_of(&self, derived: &str) -> Option<String> {
