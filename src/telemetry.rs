@@ -2,10 +2,11 @@
 //!
 //! Labels never carry agent names or ids: their cardinality would grow with the fleet.
 
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock};
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use foldhash::HashMap;
+use metrics::{Counter, counter, gauge, histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 pub const MESSAGES_RECEIVED: &str = "agentbridge_messages_received_total";
@@ -146,7 +147,14 @@ fn describe() {
 }
 
 pub fn message_received(protocol: &str, kind: &'static str) {
-    counter!(MESSAGES_RECEIVED, "protocol" => protocol.to_owned(), "kind" => kind).increment(1);
+    static RECEIVED: Handles<&'static str> = Handles::new();
+    RECEIVED
+        .counter(
+            protocol,
+            kind,
+            || counter!(MESSAGES_RECEIVED, "protocol" => protocol.to_owned(), "kind" => kind),
+        )
+        .increment(1);
 }
 
 pub fn message_delivered(
@@ -155,14 +163,65 @@ pub fn message_delivered(
     kind: &'static str,
     since_accepted: Duration,
 ) {
-    counter!(
-        MESSAGES_DELIVERED,
-        "from_protocol" => from_protocol.to_owned(),
-        "to_protocol" => to_protocol,
-        "kind" => kind
-    )
-    .increment(1);
-    histogram!(ROUTE_DURATION).record(since_accepted.as_secs_f64());
+    static DELIVERED: Handles<(&'static str, &'static str)> = Handles::new();
+    static ROUTE: OnceLock<metrics::Histogram> = OnceLock::new();
+    DELIVERED
+        .counter(from_protocol, (to_protocol, kind), || {
+            counter!(
+                MESSAGES_DELIVERED,
+                "from_protocol" => from_protocol.to_owned(),
+                "to_protocol" => to_protocol,
+                "kind" => kind
+            )
+        })
+        .increment(1);
+    let seconds = since_accepted.as_secs_f64();
+    match HANDLE.get() {
+        Some(_) => ROUTE
+            .get_or_init(|| histogram!(ROUTE_DURATION))
+            .record(seconds),
+        None => histogram!(ROUTE_DURATION).record(seconds),
+    }
+}
+
+/// Counter handles of one metric by origin protocol and static labels, for the metrics
+/// counted once per message: `counter!` hashes and copies its labels on every call, which
+/// showed in profiles. Handles are only kept once the recorder is installed (one taken
+/// before would count nowhere, forever).
+struct Handles<K> {
+    by_protocol: RwLock<Option<HashMap<Box<str>, HashMap<K, Counter>>>>,
+}
+
+impl<K: Copy + Eq + std::hash::Hash> Handles<K> {
+    const fn new() -> Self {
+        Handles {
+            by_protocol: RwLock::new(None),
+        }
+    }
+
+    fn counter(&self, protocol: &str, labels: K, make: impl FnOnce() -> Counter) -> Counter {
+        if HANDLE.get().is_none() {
+            return make();
+        }
+        let known = self.by_protocol.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(counter) = known
+            .as_ref()
+            .and_then(|m| m.get(protocol))
+            .and_then(|m| m.get(&labels))
+        {
+            return counter.clone();
+        }
+        drop(known);
+        let counter = make();
+        self.by_protocol
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashMap::default)
+            .entry(protocol.into())
+            .or_default()
+            .insert(labels, counter.clone());
+        counter
+    }
 }
 
 pub fn message_dropped(protocol: &'static str, reason: &'static str) {
