@@ -11,6 +11,7 @@
 //! Each component owns its tables and brings its own migrations (`Store::migrate`); the
 //! store itself only knows how to run them once, in order.
 
+mod checkpoint;
 mod messages;
 
 use std::path::{Path, PathBuf};
@@ -69,6 +70,8 @@ pub struct Store {
 struct Inner {
     writer: Mutex<Option<mpsc::Sender<Box<dyn Job>>>>,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// For a database file; an in-memory one has no log to checkpoint.
+    checkpointer: Mutex<Option<checkpoint::Checkpointer>>,
     readers: Option<ReaderPool>,
 }
 
@@ -76,12 +79,12 @@ impl Store {
     /// Opens (creating when needed) the database in `data_dir`, or an in-memory one for
     /// `":memory:"`, and applies the core's migrations.
     pub async fn open(data_dir: &str) -> Result<Store, StoreError> {
-        let (conn, readers) = if data_dir == IN_MEMORY {
+        let (conn, readers, checkpoints) = if data_dir == IN_MEMORY {
             let conn = Connection::open_in_memory().map_err(|source| StoreError::Open {
                 path: IN_MEMORY.into(),
                 source,
             })?;
-            (conn, None)
+            (conn, None, None)
         } else {
             let dir = PathBuf::from(data_dir);
             let path = dir.join(DB_FILE);
@@ -90,10 +93,11 @@ impl Store {
                 .map_err(|_| StoreError::Closed)??
         };
         configure(&conn)?;
+        let (checkpointer, committed) = checkpoints.unzip();
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
         let thread = std::thread::Builder::new()
             .name("agentbridge-store".into())
-            .spawn(move || write_loop(conn, rx))
+            .spawn(move || write_loop(conn, rx, committed))
             .map_err(|e| StoreError::DataDir {
                 path: data_dir.into(),
                 source: e,
@@ -102,6 +106,7 @@ impl Store {
             inner: Arc::new(Inner {
                 writer: Mutex::new(Some(tx)),
                 writer_thread: Mutex::new(Some(thread)),
+                checkpointer: Mutex::new(checkpointer),
                 readers,
             }),
         };
@@ -236,10 +241,25 @@ impl Store {
         if let Some(thread) = thread {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
+        // The writer is gone, and with it what wakes the checkpointer: it ends.
+        let checkpointer = self
+            .inner
+            .checkpointer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(checkpointer) = checkpointer {
+            let _ = tokio::task::spawn_blocking(move || checkpointer.join()).await;
+        }
     }
 }
 
-fn open_file(dir: &Path, path: &Path) -> Result<(Connection, Option<ReaderPool>), StoreError> {
+type Checkpoints = (checkpoint::Checkpointer, checkpoint::Committed);
+
+fn open_file(
+    dir: &Path,
+    path: &Path,
+) -> Result<(Connection, Option<ReaderPool>, Option<Checkpoints>), StoreError> {
     std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
         path: dir.to_owned(),
         source,
@@ -254,7 +274,19 @@ fn open_file(dir: &Path, path: &Path) -> Result<(Connection, Option<ReaderPool>)
             path: path.to_owned(),
             source,
         })?;
-    Ok((conn, Some(ReaderPool::new(path.to_owned()))))
+    // Checkpoints run on their own thread (checkpoint.rs); the writer's own only bounds
+    // the log when that thread cannot reach its end, and a log that grew is cut back.
+    let backstop = checkpoint::BACKSTOP_PAGES;
+    conn.execute_batch(&format!(
+        "PRAGMA wal_autocheckpoint = {backstop}; PRAGMA journal_size_limit = {};",
+        u64::from(backstop) * 4096
+    ))?;
+    let checkpoints = checkpoint::Checkpointer::start(path)?;
+    Ok((
+        conn,
+        Some(ReaderPool::new(path.to_owned())),
+        Some(checkpoints),
+    ))
 }
 
 fn configure(conn: &Connection) -> Result<(), StoreError> {
@@ -320,7 +352,11 @@ where
     }
 }
 
-fn write_loop(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>) {
+fn write_loop(
+    conn: Connection,
+    jobs: mpsc::Receiver<Box<dyn Job>>,
+    committed: Option<checkpoint::Committed>,
+) {
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
     while let Ok(first) = jobs.recv() {
         batch.push(first);
@@ -331,13 +367,18 @@ fn write_loop(conn: Connection, jobs: mpsc::Receiver<Box<dyn Job>>) {
             }
         }
         let started = Instant::now();
-        let committed = run_batch(&conn, &mut batch);
+        let outcome = run_batch(&conn, &mut batch);
         telemetry::store_write(started.elapsed(), batch.len());
-        if let Err(e) = &committed {
-            tracing::error!(error = %e, "store commit failed");
+        match &outcome {
+            Ok(()) => {
+                if let Some(committed) = &committed {
+                    committed.notify();
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "store commit failed"),
         }
         for job in batch.drain(..) {
-            job.finish(committed.as_ref().map(|_| ()));
+            job.finish(outcome.as_ref().map(|_| ()));
         }
     }
 }
