@@ -271,6 +271,27 @@ async fn the_websocket_carries_yaml_both_ways() {
 }
 
 #[tokio::test]
+async fn a_burst_over_a_socket_arrives_in_order_once_even_after_the_sender_left() {
+    let w = world().await;
+    let (mut mc, _) = GridWs::connect(w.addr, "mc", None).await;
+    let (mut scout, _) = GridWs::connect(w.addr, "scout", None).await;
+    // Sent without waiting: most are still being stored when the next arrives, and each
+    // is sent twice (a repeat of a message not yet stored is still a repeat).
+    for i in 0..300 {
+        let frame = request(&format!("burst-{i}"), "scout", "mc", "found");
+        scout.send(&frame).await;
+        scout.send(&frame).await;
+    }
+    scout.send(&request("last", "scout", "mc", "done")).await;
+    drop(scout);
+    for i in 0..300 {
+        assert_eq!(mc.next_message().await["id"], format!("burst-{i}"));
+    }
+    assert_eq!(mc.next_message().await["id"], "last");
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_queue_serves_high_before_normal_before_low() {
     let w = world().await;
     programs(&w, &["mc", "planner"]).await;

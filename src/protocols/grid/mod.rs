@@ -34,11 +34,12 @@ pub use config::Config;
 use super::{Running, StartError};
 use crate::core::{
     AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, OfflineSink, Protocol, Session,
-    WhenFull,
+    Staged, WhenFull,
 };
+use crate::store::StoreError;
 use crate::telemetry;
 use db::Db;
-use wire::{Invalid, Message};
+use wire::{Invalid, Message, Party};
 
 pub const PROTOCOL: Protocol = "grid";
 
@@ -75,6 +76,26 @@ pub enum Source {
     Http,
     Socket,
     Scratchpad,
+}
+
+/// What staging a message came to.
+pub enum Accepted {
+    /// Its id was accepted before: acknowledged, not routed again.
+    Repeat,
+    /// Queued for the store; routed once durable.
+    Staged(Staged),
+}
+
+/// The refusal of a message that could not be stored.
+pub fn store_failed(id: &str, sender: &Party, error: &StoreError) -> Invalid {
+    tracing::error!(error = %error, "grid: cannot store a message");
+    Invalid {
+        code: "STORE_FAILED",
+        field: "message".into(),
+        message: "the message could not be stored; it was not delivered".into(),
+        id: Some(id.to_owned()),
+        sender: Some(Box::new(sender.clone())),
+    }
 }
 
 /// Work for the writer that keeps queued messages and scratchpad appends in order.
@@ -222,17 +243,26 @@ impl Grid {
     /// Accepts a message from a Grid program: registers its sender, checks its receiver,
     /// and publishes it. A message whose id was accepted before is not routed again.
     pub async fn accept(&self, msg: Message, source: Source) -> Result<String, Invalid> {
-        let refuse = |code: &'static str, field: &str, message: String| Invalid {
-            code,
-            field: field.into(),
-            message,
-            id: Some(msg.id.clone()),
-            sender: Some(Box::new(msg.sender.clone())),
-        };
+        let id = msg.id.clone();
+        let sender = msg.sender.clone();
+        if let Accepted::Staged(staged) = self.stage(msg, source).await? {
+            let env = staged
+                .durable()
+                .await
+                .map_err(|e| store_failed(&id, &sender, &e))?;
+            self.core.route(env);
+        }
+        Ok(id)
+    }
+
+    /// The first half of `accept`, for a socket that keeps reading while its earlier
+    /// messages are written: everything up to queuing the store write. Once the write is
+    /// durable the message is routed (`Core::route`), in the order it was staged.
+    pub async fn stage(&self, msg: Message, source: Source) -> Result<Accepted, Invalid> {
         // A repeat is acknowledged before anything else: it changes nothing (a scratchpad
         // rewritten in place holds entries, some the bridge's own, routed before).
         match self.core.store.message(&msg.id).await {
-            Ok(Some(_)) => return Ok(msg.id),
+            Ok(Some(_)) => return Ok(Accepted::Repeat),
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "grid: cannot check for a repeated message"),
         }
@@ -245,17 +275,8 @@ impl Grid {
         if source == Source::Scratchpad {
             self.remember_from_scratchpad(&msg.id);
         }
-        let id = msg.id.clone();
         let env = translate::decode(&msg);
-        self.core.publish(env).await.map_err(|e| {
-            tracing::error!(error = %e, "grid: cannot store a message");
-            refuse(
-                "STORE_FAILED",
-                "message",
-                "the message could not be stored; it was not delivered".into(),
-            )
-        })?;
-        Ok(id)
+        Ok(Accepted::Staged(self.core.stage(env).await))
     }
 
     /// Tells the sender of a refused message what was wrong, in a Grid `type: error`

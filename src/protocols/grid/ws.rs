@@ -15,10 +15,11 @@ use serde_json::{Value, json};
 
 use super::db::Instances;
 use super::wire::{self, Invalid, Party};
-use super::{Grid, PROTOCOL, Source, translate};
-use crate::core::{Delivery, Envelope, Interest, Kind, Mailbox, Session, Status};
+use super::{Accepted, Grid, PROTOCOL, Source, translate};
+use crate::core::{Delivery, Envelope, InFlight, Interest, Kind, Mailbox, Session, Status};
 use crate::protocols::clock::iso8601;
 use crate::protocols::websocket::{Message as Frame, Socket, Utf8Bytes};
+use crate::store::StoreError;
 use crate::telemetry::ConnectionGuard;
 
 /// What a program's connection takes: what is for its agent (and its instance, when the
@@ -66,6 +67,11 @@ struct Connection {
     unsent: Vec<Arc<Delivery>>,
     /// Whether the program asked for presence (`?presence=1`).
     presence: bool,
+    /// Sent messages being stored, routed in the order they were sent once durable; with
+    /// each, its id and sender (to refuse it if it cannot be stored).
+    pending: InFlight<(String, Party)>,
+    /// Ids in `pending`: one sent again before it is stored is a repeat all the same.
+    pending_ids: HashSet<String>,
 }
 
 pub async fn serve(socket: Socket, grid: Arc<Grid>, query: HashMap<String, String>) {
@@ -80,6 +86,8 @@ pub async fn serve(socket: Socket, grid: Arc<Grid>, query: HashMap<String, Strin
         presence: query
             .get("presence")
             .is_some_and(|p| matches!(p.as_str(), "1" | "true" | "yes")),
+        pending: InFlight::new(),
+        pending_ids: HashSet::new(),
     };
     if let Some(agent) = query.get("agent").filter(|a| !a.is_empty()) {
         let party = Party {
@@ -99,7 +107,12 @@ pub async fn serve(socket: Socket, grid: Arc<Grid>, query: HashMap<String, Strin
                 conn.close(1001, "server shutting down").await;
                 break;
             }
-            frame = conn.socket.recv() => {
+            Some((stored, sent)) = conn.pending.next(), if !conn.pending.is_empty() => {
+                if !Box::pin(conn.on_stored(stored, sent)).await {
+                    break;
+                }
+            }
+            frame = conn.socket.recv(), if conn.pending.has_room() => {
                 let text = match frame {
                     Some(Ok(Frame::Text(text))) => text.to_string(),
                     Some(Ok(Frame::Binary(bytes))) => String::from_utf8_lossy(&bytes).into_owned(),
@@ -249,13 +262,40 @@ impl Connection {
             if self.identity.is_none() && !self.identify(msg.sender.clone()).await {
                 return false;
             }
-            if let Err(e) = self.grid.accept(msg, Source::Socket).await
-                && !self.refuse(e).await
-            {
-                return false;
+            if self.pending_ids.contains(&msg.id) {
+                continue;
+            }
+            let sent = (msg.id.clone(), msg.sender.clone());
+            match self.grid.stage(msg, Source::Socket).await {
+                Ok(Accepted::Staged(staged)) => {
+                    self.pending_ids.insert(sent.0.clone());
+                    self.pending.push(staged, sent);
+                }
+                Ok(Accepted::Repeat) => {}
+                Err(e) => {
+                    if !self.refuse(e).await {
+                        return false;
+                    }
+                }
             }
         }
         true
+    }
+
+    /// A sent message is durable (and routed now) or could not be stored (and is refused).
+    async fn on_stored(
+        &mut self,
+        stored: Result<Envelope, StoreError>,
+        (id, sender): (String, Party),
+    ) -> bool {
+        self.pending_ids.remove(&id);
+        match stored {
+            Ok(env) => {
+                self.grid.core.route(env);
+                true
+            }
+            Err(e) => self.refuse(super::store_failed(&id, &sender, &e)).await,
+        }
     }
 
     /// Answers a refused frame with a Grid error message; the connection stays open.
@@ -315,6 +355,12 @@ impl Connection {
     }
 
     async fn finish(mut self) {
+        // What was sent before the socket went is delivered all the same.
+        while let Some((stored, _)) = self.pending.next().await {
+            if let Ok(env) = stored {
+                self.grid.core.route(env);
+            }
+        }
         let Some((party, session)) = self.identity.take() else {
             return;
         };
