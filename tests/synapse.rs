@@ -273,6 +273,26 @@ async fn health_capabilities_and_the_agent_list() {
 }
 
 #[tokio::test]
+async fn a_burst_on_a_stream_arrives_in_order_even_after_the_sender_left() {
+    let w = world().await;
+    let mut alpha = Stream::open(w.addr, "alpha").await;
+    let beta = Stream::open(w.addr, "beta").await;
+    // Sent without waiting: most are still being stored when the next arrives.
+    for i in 0..300 {
+        beta.send(chat("beta", "alpha", &format!("burst {i}")))
+            .await;
+    }
+    // beta ends its side of the stream while most are still being stored.
+    let Stream { out, inbound } = beta;
+    drop(out);
+    for i in 0..300 {
+        assert_eq!(text_of(&alpha.next().await), format!("burst {i}"));
+    }
+    drop(inbound);
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
 async fn streams_carry_messages_both_ways() {
     let mut w = world().await;
     let mut alpha = Stream::open(w.addr, "alpha").await;

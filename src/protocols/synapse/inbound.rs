@@ -13,7 +13,9 @@ use super::outbound::Route;
 use super::proto::{AgentEndpoint, MessageType, SynapseMessage, TransportMode};
 use super::{PROTOCOL, Synapse, translate, wire};
 use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
-use crate::core::{Audience, Delivery, Envelope, Interest, Kind, new_message_id, now_ms};
+use crate::core::{
+    Audience, Delivery, Envelope, InFlight, Interest, Kind, Staged, new_message_id, now_ms,
+};
 use crate::telemetry;
 
 /// Which traffic a stream carries.
@@ -46,7 +48,21 @@ impl Synapse {
     /// Accepts a message from a Synapse agent: checks it, registers its sender, applies
     /// group housekeeping, and publishes it. Returns the message id once it is durable (for
     /// a synchronous send, once the recipient's stream took it).
-    pub async fn accept(&self, mut msg: SynapseMessage, hints: &Hints) -> Result<String, Status> {
+    pub async fn accept(&self, msg: SynapseMessage, hints: &Hints) -> Result<String, Status> {
+        match self.stage(msg, hints).await? {
+            Accepted::Done(id) => Ok(id),
+            Accepted::Storing(id, staged) => {
+                let env = staged.durable().await.map_err(internal)?;
+                self.core.route(env);
+                Ok(id)
+            }
+        }
+    }
+
+    /// `accept` up to queuing the store write, for a stream that keeps reading while its
+    /// earlier messages are written. A synchronous send is taken to its end here: it is
+    /// answered only once its recipient took it.
+    async fn stage(&self, mut msg: SynapseMessage, hints: &Hints) -> Result<Accepted, Status> {
         let msg_type = MessageType::try_from(msg.r#type).map_err(|_| {
             Status::invalid_argument(format!("message.type: {} is not a MessageType", msg.r#type))
         })?;
@@ -72,7 +88,7 @@ impl Synapse {
             .map_err(|e| Status::invalid_argument(format!("message cannot be relayed: {e}")))?;
         self.ensure_agent(&sender, hints, "message.sender").await?;
         if msg_type == MessageType::Heartbeat {
-            return Ok(msg.id);
+            return Ok(Accepted::Done(msg.id));
         }
 
         // `decode` addressed the envelope to the receiver, if the message names one.
@@ -118,8 +134,7 @@ impl Synapse {
                 self.reach(r).0 == TransportMode::Sync && self.agents.contains_key(r)
             });
         if !sync {
-            self.core.publish(env).await.map_err(internal)?;
-            return Ok(msg.id);
+            return Ok(Accepted::Storing(msg.id, self.core.stage(env).await));
         }
         let Some(receiver) = receiver else {
             return Err(Status::invalid_argument(
@@ -141,7 +156,7 @@ impl Synapse {
                     timeout.as_millis()
                 ))
             })?;
-        Ok(msg.id)
+        Ok(Accepted::Done(msg.id))
     }
 
     /// A `P2P_NACK` from the bridge answering `msg`, carrying why it was refused.
@@ -263,7 +278,9 @@ impl Synapse {
     }
 
     /// The stream's traffic both ways until either side closes. Returns the message a
-    /// departed client could not take, if any.
+    /// departed client could not take, if any. Messages the client sent are stored while
+    /// it sends more and routed in order once durable; those still being stored when the
+    /// stream ends are delivered all the same.
     async fn relay(
         &self,
         stream: &OpenStream,
@@ -272,26 +289,35 @@ impl Synapse {
         hints: &Hints,
         out: &mpsc::Sender<Result<SynapseMessage, Status>>,
     ) -> Option<SynapseMessage> {
-        let mut pending = first;
-        loop {
-            if let Some(msg) = pending.take() {
-                self.accept_from_stream(msg, stream.kind, hints, out).await;
+        // With each message being stored, what a refusal needs to answer it.
+        let mut storing: InFlight<SynapseMessage> = InFlight::new();
+        let mut received = first;
+        let left = loop {
+            if let Some(msg) = received.take() {
+                self.accept_from_stream(msg, stream.kind, hints, out, &mut storing)
+                    .await;
                 continue;
             }
             tokio::select! {
-                _ = self.shutdown.cancelled() => return None,
-                _ = out.closed() => return None,
-                next = inbound.next() => match next {
-                    Some(Ok(msg)) => pending = Some(msg),
-                    _ => return None,
+                _ = self.shutdown.cancelled() => break None,
+                _ = out.closed() => break None,
+                Some((stored, sent)) = storing.next(), if !storing.is_empty() => match stored {
+                    Ok(env) => {
+                        self.core.route(env);
+                    }
+                    Err(e) => self.refuse_on_stream(&sent, &internal(e), out).await,
+                },
+                next = inbound.next(), if storing.has_room() => match next {
+                    Some(Ok(msg)) => received = Some(msg),
+                    _ => break None,
                 },
                 next = stream.mailbox.recv() => {
-                    let Ok(delivery) = next else { return None };
+                    let Ok(delivery) = next else { break None };
                     let Some(message) = self.encode(&delivery) else { continue };
                     match self.route_for(&stream.agent, true) {
                         Route::Stream => {
                             if let Err(refused) = out.send(Ok(message)).await {
-                                return refused.0.ok();
+                                break refused.0.ok();
                             }
                             crate::protocols::written(&delivery, PROTOCOL);
                         }
@@ -299,7 +325,13 @@ impl Synapse {
                     }
                 },
             }
+        };
+        while let Some((stored, _)) = storing.next().await {
+            if let Ok(env) = stored {
+                self.core.route(env);
+            }
         }
+        left
     }
 
     /// Disconnects a stream. What it held and the client never read — its unread output,
@@ -388,19 +420,49 @@ impl Synapse {
         kind: StreamKind,
         hints: &Hints,
         out: &mpsc::Sender<Result<SynapseMessage, Status>>,
+        storing: &mut InFlight<SynapseMessage>,
     ) {
-        let refused = if kind == StreamKind::Groups && msg.group_id.is_empty() {
-            Some(Status::invalid_argument(
-                "message.group_id is required on StreamGroupMessages",
-            ))
-        } else {
-            self.accept(msg.clone(), hints).await.err()
-        };
-        if let Some(status) = refused {
-            telemetry::decode_error(PROTOCOL);
-            // An error in the stream's own terms: the stream itself stays open.
-            let _ = out.send(Ok(self.nack(&msg, &status))).await;
+        if kind == StreamKind::Groups && msg.group_id.is_empty() {
+            let status =
+                Status::invalid_argument("message.group_id is required on StreamGroupMessages");
+            return self.refuse_on_stream(&msg, &status, out).await;
         }
+        let sent = answerable(&msg);
+        match self.stage(msg, hints).await {
+            Ok(Accepted::Done(_)) => {}
+            Ok(Accepted::Storing(_, staged)) => storing.push(staged, sent),
+            Err(status) => self.refuse_on_stream(&sent, &status, out).await,
+        }
+    }
+
+    /// Answers a refused message in the stream's own terms: the stream itself stays open.
+    async fn refuse_on_stream(
+        &self,
+        msg: &SynapseMessage,
+        why: &Status,
+        out: &mpsc::Sender<Result<SynapseMessage, Status>>,
+    ) {
+        telemetry::decode_error(PROTOCOL);
+        let _ = out.send(Ok(self.nack(msg, why))).await;
+    }
+}
+
+/// What accepting a message came to.
+enum Accepted {
+    /// Nothing more to do (a heartbeat, a synchronous send its recipient took): its id.
+    Done(String),
+    /// Its id, and its store write: routed once durable.
+    Storing(String, Staged),
+}
+
+/// The parts of `msg` an answer to it names (`translate::ack`), without its payload.
+fn answerable(msg: &SynapseMessage) -> SynapseMessage {
+    SynapseMessage {
+        id: msg.id.clone(),
+        sender: msg.sender.clone(),
+        correlation_id: msg.correlation_id.clone(),
+        group_id: msg.group_id.clone(),
+        ..Default::default()
     }
 }
 
