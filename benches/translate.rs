@@ -272,8 +272,8 @@ impl Fixture {
         skynet::translate::stamp_sent(&mut msg, sender_id);
         // For a text with an `@`, the endpoint takes its cached member list.
         skynet::mentions::enrich(&mut msg, sender_id, || self.candidates.clone());
-        let env = skynet::translate::decode(&msg, SENDER, peers);
         let unknown = skynet::translate::unknown_mentions(&msg, peers);
+        let env = skynet::translate::decode(msg, SENDER, peers);
         black_box(unknown);
         env
     }

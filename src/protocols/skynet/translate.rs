@@ -79,9 +79,19 @@ pub fn unknown_mentions(msg: &Map<String, Value>, peers: &impl Peers) -> Vec<Str
 }
 
 /// A SkynetMessage the server has normalised (`stamp_sent`, mentions enriched) → Envelope. `sender` is the sender's agent name.
-pub fn decode(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> Envelope {
+/// The message becomes the envelope's `origin.native`.
+pub fn decode(msg: Map<String, Value>, sender: &str, peers: &impl Peers) -> Envelope {
+    let mut env = decode_fields(&msg, sender, peers);
+    env.origin = Origin {
+        protocol: PROTOCOL.to_owned(),
+        native: Some(Value::Object(msg)),
+    };
+    env
+}
+
+fn decode_fields(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> Envelope {
     let msg_type = str_field(msg, "type").unwrap_or_default();
-    let payload = msg.get("payload").cloned().unwrap_or(Value::Null);
+    let payload = msg.get("payload").unwrap_or(&Value::Null);
     let mut env = Envelope::new(PROTOCOL, sender, kind_of(msg_type));
     if let Some(id) = str_field(msg, "id") {
         env.id = id.to_owned();
@@ -170,10 +180,6 @@ pub fn decode(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> Env
             }
         }
     }
-    env.origin = Origin {
-        protocol: PROTOCOL.to_owned(),
-        native: Some(Value::Object(msg.clone())),
-    };
     env
 }
 
@@ -475,7 +481,7 @@ mod tests {
             "payload": { "text": "hi @bob" }, "mentions": ["id-b", "unknown", "__all__"],
             "replyTo": "m0"
         }));
-        let env = decode(&msg, "alice", &peers());
+        let env = decode(msg.clone(), "alice", &peers());
         assert_eq!(env.id, "m1");
         assert_eq!(env.kind, Kind::Chat);
         assert_eq!(env.mentions, ["bob"]);

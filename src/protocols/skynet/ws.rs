@@ -231,8 +231,8 @@ impl Connection {
         translate::stamp_sent(&mut msg, &joined.agent_id);
         let skynet = self.skynet.clone();
         mentions::enrich(&mut msg, &joined.agent_id, || skynet.mention_candidates());
-        let env = translate::decode(&msg, &joined.name, skynet.as_ref());
         let unknown = translate::unknown_mentions(&msg, skynet.as_ref());
+        let env = translate::decode(msg, &joined.name, skynet.as_ref());
         let staged = skynet.core.stage(env).await;
         self.pending.push(staged, unknown);
         Flow::Continue
