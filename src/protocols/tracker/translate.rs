@@ -129,18 +129,47 @@ fn content_of(env: &Envelope) -> String {
 /// to show for it. Task events are not encoded here: the endpoint renders them from its
 /// own task table.
 pub fn encode(env: &Envelope, ctx: &impl Context) -> Option<Value> {
+    Some(match shown(env, ctx)? {
+        Shown::Native(frame) => frame.clone(),
+        Shown::Event(frame) => frame,
+        Shown::Message(out) => wire::event(MESSAGE_NEW, out),
+    })
+}
+
+/// `encode`, as the text a connection sends: a message is written straight to text,
+/// without a `Value` in between.
+pub fn encode_text(env: &Envelope, ctx: &impl Context) -> Option<String> {
+    Some(match shown(env, ctx)? {
+        Shown::Native(frame) => frame.to_string(),
+        Shown::Event(frame) => frame.to_string(),
+        Shown::Message(out) => wire::event_text(MESSAGE_NEW, &out),
+    })
+}
+
+const MESSAGE_NEW: &str = "message.new";
+
+/// What a Tracker connection is shown for a message.
+enum Shown<'a> {
+    /// The frame a Tracker member sent, as it was.
+    Native(&'a Value),
+    Event(Value),
+    /// A `message.new` event.
+    Message(MessageOut),
+}
+
+fn shown<'a>(env: &'a Envelope, ctx: &impl Context) -> Option<Shown<'a>> {
     if env.origin_is(PROTOCOL)
         && let Some(native) = &env.origin.native
         && native.get("type").is_some()
     {
-        return Some(native.clone());
+        return Some(Shown::Native(native));
     }
     match env.kind {
-        Kind::PresenceJoin => Some(agent_status(&env.from, "online")),
-        Kind::PresenceLeave => Some(agent_status(&env.from, "offline")),
+        Kind::PresenceJoin => Some(Shown::Event(agent_status(&env.from, "online"))),
+        Kind::PresenceLeave => Some(Shown::Event(agent_status(&env.from, "offline"))),
         // The Tracker announces only online / offline; busy and idle show in /members.
         Kind::PresenceStatus => None,
-        _ if is_chat_like(env) => Some(wire::event("message.new", message_out(env, ctx))),
+        _ if is_chat_like(env) => Some(Shown::Message(message_out(env, ctx))),
         _ => None,
     }
 }
@@ -353,6 +382,24 @@ mod tests {
         assert_eq!(status_for(TaskState::Failed), None);
         assert_eq!(status_for(TaskState::Cancelled), Some(TaskStatus::Backlog));
         assert_eq!(state_of(TaskStatus::Todo, false), TaskState::Submitted);
+    }
+
+    #[test]
+    fn the_text_a_connection_sends_is_the_encoded_frame() {
+        let mut chat = Envelope::new("skynet", "alice", Kind::Chat);
+        chat.text = Some("hi \"coder\"".into());
+        chat.mentions = vec!["coder".into()];
+        chat.reply_to = Some("msg-0".into());
+        let join = Envelope::new("grid", "scout", Kind::PresenceJoin);
+        let mut native = Envelope::new(PROTOCOL, "coder", Kind::Chat);
+        native.origin.native =
+            Some(serde_json::json!({ "type": "message.new", "data": { "x": 1 } }));
+        for env in [chat, join, native] {
+            let text = encode_text(&env, &Ctx).unwrap();
+            assert_eq!(text, encode(&env, &Ctx).unwrap().to_string());
+        }
+        let status = Envelope::new("skynet", "alice", Kind::PresenceStatus);
+        assert_eq!(encode_text(&status, &Ctx), None);
     }
 
     #[test]

@@ -271,6 +271,19 @@ pub fn event(kind: &str, data: impl Serialize) -> Value {
     json!({ "type": kind, "data": data })
 }
 
+/// `event(kind, data)` as text, written without a `Value` in between.
+pub fn event_text(kind: &str, data: &impl Serialize) -> String {
+    #[derive(Serialize)]
+    struct Event<'a, T> {
+        r#type: &'a str,
+        data: &'a T,
+    }
+    // What the bridge serializes has string keys only, so this cannot fail; if it did,
+    // the Value path says the same thing more slowly.
+    serde_json::to_string(&Event { r#type: kind, data })
+        .unwrap_or_else(|_| event(kind, data).to_string())
+}
+
 /// `{"type": "error", "message": …}` — the shape of every error on the WebSocket.
 pub fn error_frame(message: &str) -> String {
     json!({ "type": "error", "message": message }).to_string()

@@ -268,7 +268,7 @@ impl Live {
         while let Some(delivery) = next.take() {
             let tracker = &self.tracker;
             let frame: Option<Utf8Bytes> = delivery.encoded(PROTOCOL, |env| {
-                translate::encode(env, tracker.as_ref()).map(|v| Utf8Bytes::from(v.to_string()))
+                translate::encode_text(env, tracker.as_ref()).map(Utf8Bytes::from)
             });
             if let Some(frame) = frame {
                 if self.socket.feed(Message::Text(frame)).await.is_err() {
