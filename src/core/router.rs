@@ -34,11 +34,21 @@ pub trait Interest: Send + Sync {
     fn accepts(&self, _env: &Envelope) -> bool {
         true
     }
+
+    /// Whether `observes` can ever be true. A session that cannot is left out of the scan
+    /// for observers that every message makes.
+    fn can_observe(&self) -> bool {
+        true
+    }
 }
 
 /// Takes what is addressed to it and observes nothing else.
 pub struct AddressedOnly;
-impl Interest for AddressedOnly {}
+impl Interest for AddressedOnly {
+    fn can_observe(&self) -> bool {
+        false
+    }
+}
 
 /// Where messages for an agent with no live session go (a callback, a poll queue, a file).
 pub trait OfflineSink: Send + Sync {
@@ -80,6 +90,8 @@ pub struct Router {
     next_session: AtomicU64,
     by_agent: DashMap<String, Vec<Arc<Session>>, foldhash::fast::RandomState>,
     sessions: ArcSwap<Vec<Arc<Session>>>,
+    /// The sessions whose interest can observe (`Interest::can_observe`).
+    observers: ArcSwap<Vec<Arc<Session>>>,
     offline: DashMap<Protocol, Arc<dyn OfflineSink>>,
     groups: DashMap<String, Vec<String>>,
     mailbox_depth: metrics::Histogram,
@@ -98,6 +110,7 @@ impl Router {
             next_session: AtomicU64::new(1),
             by_agent: DashMap::default(),
             sessions: ArcSwap::from_pointee(Vec::new()),
+            observers: ArcSwap::from_pointee(Vec::new()),
             offline: DashMap::new(),
             groups: DashMap::new(),
             mailbox_depth: telemetry::mailbox_depth_histogram(),
@@ -139,12 +152,18 @@ impl Router {
             .entry(agent.to_owned())
             .or_default()
             .push(session.clone());
-        self.sessions.rcu(|all| {
-            let mut next = Vec::with_capacity(all.len() + 1);
-            next.extend(all.iter().cloned());
-            next.push(session.clone());
-            next
-        });
+        let add = |list: &ArcSwap<Vec<Arc<Session>>>| {
+            list.rcu(|all| {
+                let mut next = Vec::with_capacity(all.len() + 1);
+                next.extend(all.iter().cloned());
+                next.push(session.clone());
+                next
+            });
+        };
+        add(&self.sessions);
+        if session.interest.can_observe() {
+            add(&self.observers);
+        }
         session
     }
 
@@ -158,12 +177,18 @@ impl Router {
                 list.remove();
             }
         }
-        self.sessions.rcu(|all| {
-            all.iter()
-                .filter(|s| s.id != session.id)
-                .cloned()
-                .collect::<Vec<_>>()
-        });
+        let remove = |list: &ArcSwap<Vec<Arc<Session>>>| {
+            list.rcu(|all| {
+                all.iter()
+                    .filter(|s| s.id != session.id)
+                    .cloned()
+                    .collect::<Vec<_>>()
+            });
+        };
+        remove(&self.sessions);
+        if session.interest.can_observe() {
+            remove(&self.observers);
+        }
     }
 
     pub fn is_connected(&self, agent: &str) -> bool {
@@ -202,10 +227,9 @@ impl Router {
             }
         }
 
-        let sessions = self.sessions.load();
         match &env.audience {
             Audience::Everyone => {
-                for session in sessions.iter() {
+                for session in self.sessions.load().iter() {
                     if session.agent == env.from && !env.echo {
                         continue;
                     }
@@ -235,7 +259,7 @@ impl Router {
         }
 
         if env.audience != Audience::Private {
-            for session in sessions.iter() {
+            for session in self.observers.load().iter() {
                 if !reached.contains(session.id)
                     && session.agent != env.from
                     && session.interest.observes(env)

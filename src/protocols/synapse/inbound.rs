@@ -552,4 +552,8 @@ impl Interest for StreamInterest {
             }
         }
     }
+
+    fn can_observe(&self) -> bool {
+        false
+    }
 }
