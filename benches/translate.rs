@@ -247,7 +247,7 @@ impl Fixture {
             Protocol::Skynet => skynet::translate::encode(env, &self.skynet_receiving)
                 .map(|v| v.to_string().into_bytes()),
             Protocol::Tracker => {
-                tracker::translate::encode(env, &TrackerContext).map(|v| v.to_string().into_bytes())
+                tracker::translate::encode_text(env, &TrackerContext).map(String::into_bytes)
             }
             Protocol::Synapse => {
                 synapse::translate::encode(env, &SynapseContext).map(|m| m.encode_to_vec())

@@ -225,33 +225,19 @@ impl Store {
 
     /// Finishes queued writes and closes the database. Later calls fail with `Closed`.
     pub async fn close(&self) {
-        let sender = self
-            .inner
-            .writer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        drop(sender);
-        let thread = self
-            .inner
-            .writer_thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(thread) = thread {
+        drop(take(&self.inner.writer));
+        if let Some(thread) = take(&self.inner.writer_thread) {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
         // The writer is gone, and with it what wakes the checkpointer: it ends.
-        let checkpointer = self
-            .inner
-            .checkpointer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(checkpointer) = checkpointer {
+        if let Some(checkpointer) = take(&self.inner.checkpointer) {
             let _ = tokio::task::spawn_blocking(move || checkpointer.join()).await;
         }
     }
+}
+
+fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
+    slot.lock().unwrap_or_else(|e| e.into_inner()).take()
 }
 
 type Checkpoints = (checkpoint::Checkpointer, checkpoint::Committed);
