@@ -189,8 +189,10 @@ pub fn message_delivered(
 /// showed in profiles. Handles are only kept once the recorder is installed (one taken
 /// before would count nowhere, forever).
 struct Handles<K> {
-    by_protocol: RwLock<Option<HashMap<Box<str>, HashMap<K, Counter>>>>,
+    by_protocol: RwLock<Option<ByProtocol<K>>>,
 }
+
+type ByProtocol<K> = HashMap<Box<str>, HashMap<K, Counter>>;
 
 impl<K: Copy + Eq + std::hash::Hash> Handles<K> {
     const fn new() -> Self {

@@ -78,14 +78,6 @@ pub enum Source {
     Scratchpad,
 }
 
-/// What staging a message came to.
-pub enum Accepted {
-    /// Its id was accepted before: acknowledged, not routed again.
-    Repeat,
-    /// Queued for the store; routed once durable.
-    Staged(Staged),
-}
-
 /// The refusal of a message that could not be stored.
 pub fn store_failed(id: &str, sender: &Party, error: &StoreError) -> Invalid {
     tracing::error!(error = %error, "grid: cannot store a message");
@@ -245,7 +237,7 @@ impl Grid {
     pub async fn accept(&self, msg: Message, source: Source) -> Result<String, Invalid> {
         let id = msg.id.clone();
         let sender = msg.sender.clone();
-        if let Accepted::Staged(staged) = self.stage(msg, source).await? {
+        if let Some(staged) = self.stage(msg, source).await? {
             let env = staged
                 .durable()
                 .await
@@ -257,12 +249,13 @@ impl Grid {
 
     /// The first half of `accept`, for a socket that keeps reading while its earlier
     /// messages are written: everything up to queuing the store write. Once the write is
-    /// durable the message is routed (`Core::route`), in the order it was staged.
-    pub async fn stage(&self, msg: Message, source: Source) -> Result<Accepted, Invalid> {
+    /// durable the message is routed (`Core::route`), in the order it was staged. `None`
+    /// for a message whose id was accepted before: acknowledged, not routed again.
+    pub async fn stage(&self, msg: Message, source: Source) -> Result<Option<Staged>, Invalid> {
         // A repeat is acknowledged before anything else: it changes nothing (a scratchpad
         // rewritten in place holds entries, some the bridge's own, routed before).
         match self.core.store.message(&msg.id).await {
-            Ok(Some(_)) => return Ok(Accepted::Repeat),
+            Ok(Some(_)) => return Ok(None),
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "grid: cannot check for a repeated message"),
         }
@@ -276,7 +269,7 @@ impl Grid {
             self.remember_from_scratchpad(&msg.id);
         }
         let env = translate::decode(&msg);
-        Ok(Accepted::Staged(self.core.stage(env).await))
+        Ok(Some(self.core.stage(env).await))
     }
 
     /// Tells the sender of a refused message what was wrong, in a Grid `type: error`

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::db::Instances;
 use super::wire::{self, Invalid, Party};
-use super::{Accepted, Grid, PROTOCOL, Source, translate};
+use super::{Grid, PROTOCOL, Source, translate};
 use crate::core::{Delivery, Envelope, InFlight, Interest, Kind, Mailbox, Session, Status};
 use crate::protocols::clock::iso8601;
 use crate::protocols::websocket::{Message as Frame, Socket, Utf8Bytes};
@@ -267,11 +267,11 @@ impl Connection {
             }
             let sent = (msg.id.clone(), msg.sender.clone());
             match self.grid.stage(msg, Source::Socket).await {
-                Ok(Accepted::Staged(staged)) => {
+                Ok(Some(staged)) => {
                     self.pending_ids.insert(sent.0.clone());
                     self.pending.push(staged, sent);
                 }
-                Ok(Accepted::Repeat) => {}
+                Ok(None) => {}
                 Err(e) => {
                     if !self.refuse(e).await {
                         return false;

@@ -131,9 +131,9 @@ fn decode_fields(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> 
         }
         Kind::TaskAssign | Kind::TaskUpdate => {
             env.task = Some(TaskInfo {
-                id: str_of(&payload, "taskId"),
-                title: opt_str(&payload, "title"),
-                description: opt_str(&payload, "description"),
+                id: str_of(payload, "taskId"),
+                title: opt_str(payload, "title"),
+                description: opt_str(payload, "description"),
                 state: payload
                     .get("status")
                     .and_then(Value::as_str)
@@ -142,7 +142,7 @@ fn decode_fields(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> 
                     .get("assignee")
                     .and_then(Value::as_str)
                     .map(|id| peers.name_of(id).unwrap_or_else(|| id.to_owned())),
-                files: str_list(&payload, "files"),
+                files: str_list(payload, "files"),
                 ..Default::default()
             });
             env.data = payload.get("metadata").cloned();
@@ -153,21 +153,21 @@ fn decode_fields(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> 
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
             env.task = Some(TaskInfo {
-                id: str_of(&payload, "taskId"),
+                id: str_of(payload, "taskId"),
                 state: Some(if success {
                     TaskState::Completed
                 } else {
                     TaskState::Failed
                 }),
-                summary: opt_str(&payload, "summary"),
-                error: opt_str(&payload, "error"),
-                files: str_list(&payload, "filesChanged"),
+                summary: opt_str(payload, "summary"),
+                error: opt_str(payload, "error"),
+                files: str_list(payload, "filesChanged"),
                 ..Default::default()
             });
-            env.text = opt_str(&payload, "summary");
+            env.text = opt_str(payload, "summary");
         }
         Kind::Log => {
-            env.text = opt_str(&payload, "summary");
+            env.text = opt_str(payload, "summary");
             env.data = Some(payload.clone());
         }
         _ => {

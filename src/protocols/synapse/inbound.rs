@@ -49,20 +49,23 @@ impl Synapse {
     /// group housekeeping, and publishes it. Returns the message id once it is durable (for
     /// a synchronous send, once the recipient's stream took it).
     pub async fn accept(&self, msg: SynapseMessage, hints: &Hints) -> Result<String, Status> {
-        match self.stage(msg, hints).await? {
-            Accepted::Done(id) => Ok(id),
-            Accepted::Storing(id, staged) => {
-                let env = staged.durable().await.map_err(internal)?;
-                self.core.route(env);
-                Ok(id)
-            }
+        let (id, storing) = self.stage(msg, hints).await?;
+        if let Some(staged) = storing {
+            let env = staged.durable().await.map_err(internal)?;
+            self.core.route(env);
         }
+        Ok(id)
     }
 
     /// `accept` up to queuing the store write, for a stream that keeps reading while its
-    /// earlier messages are written. A synchronous send is taken to its end here: it is
-    /// answered only once its recipient took it.
-    async fn stage(&self, mut msg: SynapseMessage, hints: &Hints) -> Result<Accepted, Status> {
+    /// earlier messages are written: the message id, and its store write when there is
+    /// one to wait for (routed once durable). A heartbeat has none; a synchronous send is
+    /// taken to its end here, answered only once its recipient took it.
+    async fn stage(
+        &self,
+        mut msg: SynapseMessage,
+        hints: &Hints,
+    ) -> Result<(String, Option<Staged>), Status> {
         let msg_type = MessageType::try_from(msg.r#type).map_err(|_| {
             Status::invalid_argument(format!("message.type: {} is not a MessageType", msg.r#type))
         })?;
@@ -88,7 +91,7 @@ impl Synapse {
             .map_err(|e| Status::invalid_argument(format!("message cannot be relayed: {e}")))?;
         self.ensure_agent(&sender, hints, "message.sender").await?;
         if msg_type == MessageType::Heartbeat {
-            return Ok(Accepted::Done(msg.id));
+            return Ok((msg.id, None));
         }
 
         // `decode` addressed the envelope to the receiver, if the message names one.
@@ -134,7 +137,7 @@ impl Synapse {
                 self.reach(r).0 == TransportMode::Sync && self.agents.contains_key(r)
             });
         if !sync {
-            return Ok(Accepted::Storing(msg.id, self.core.stage(env).await));
+            return Ok((msg.id, Some(self.core.stage(env).await)));
         }
         let Some(receiver) = receiver else {
             return Err(Status::invalid_argument(
@@ -156,7 +159,7 @@ impl Synapse {
                     timeout.as_millis()
                 ))
             })?;
-        Ok(Accepted::Done(msg.id))
+        Ok((msg.id, None))
     }
 
     /// A `P2P_NACK` from the bridge answering `msg`, carrying why it was refused.
@@ -429,8 +432,8 @@ impl Synapse {
         }
         let sent = answerable(&msg);
         match self.stage(msg, hints).await {
-            Ok(Accepted::Done(_)) => {}
-            Ok(Accepted::Storing(_, staged)) => storing.push(staged, sent),
+            Ok((_, None)) => {}
+            Ok((_, Some(staged))) => storing.push(staged, sent),
             Err(status) => self.refuse_on_stream(&sent, &status, out).await,
         }
     }
@@ -445,14 +448,6 @@ impl Synapse {
         telemetry::decode_error(PROTOCOL);
         let _ = out.send(Ok(self.nack(msg, why))).await;
     }
-}
-
-/// What accepting a message came to.
-enum Accepted {
-    /// Nothing more to do (a heartbeat, a synchronous send its recipient took): its id.
-    Done(String),
-    /// Its id, and its store write: routed once durable.
-    Storing(String, Staged),
 }
 
 /// The parts of `msg` an answer to it names (`translate::ack`), without its payload.
