@@ -446,13 +446,26 @@ impl ReaderPool {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_failing_write_does_not_undo_its_batch_neighbours() {
+    /// An in-memory store with a table `t` of unique integers.
+    async fn store_with_table() -> Store {
         let store = Store::open(IN_MEMORY).await.unwrap();
         store
             .write(|c| Ok(c.execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)")?))
             .await
             .unwrap();
+        store
+    }
+
+    async fn rows_in_t(store: &Store) -> i64 {
+        store
+            .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?))
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_failing_write_does_not_undo_its_batch_neighbours() {
+        let store = store_with_table().await;
         let mut writes = Vec::new();
         for v in [1, 2, 1, 3] {
             let s = store.clone();
@@ -467,20 +480,12 @@ mod tests {
             .map(|r| r.unwrap().is_ok())
             .collect();
         assert_eq!(results.iter().filter(|ok| !**ok).count(), 1);
-        let count: i64 = store
-            .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?))
-            .await
-            .unwrap();
-        assert_eq!(count, 3);
+        assert_eq!(rows_in_t(&store).await, 3);
     }
 
     #[tokio::test]
     async fn a_failing_unguarded_write_leaves_its_batch_whole() {
-        let store = Store::open(IN_MEMORY).await.unwrap();
-        store
-            .write(|c| Ok(c.execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)")?))
-            .await
-            .unwrap();
+        let store = store_with_table().await;
         // Queued together, so they share one transaction.
         let writes: Vec<_> = [1, 2, 1, 3]
             .into_iter()
@@ -494,11 +499,7 @@ mod tests {
             .map(|r| r.is_ok())
             .collect();
         assert_eq!(results, [true, true, false, true]);
-        let count: i64 = store
-            .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?))
-            .await
-            .unwrap();
-        assert_eq!(count, 3);
+        assert_eq!(rows_in_t(&store).await, 3);
     }
 
     #[tokio::test]
