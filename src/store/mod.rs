@@ -159,10 +159,12 @@ impl Store {
     }
 
     /// Like `write`, without the savepoint that keeps a failed write from undoing part of
-    /// its batch: for work whose only statement that can fail — short of an I/O error,
-    /// which ends the whole transaction anyway — is its first, which SQLite undoes by
-    /// itself. A savepoint copies every page the write touches that the batch already
-    /// changed; for a stored message that was a sixth of the bridge's cost.
+    /// its batch: for work that can fail on its data only in its first statement, with a
+    /// constraint violation, which SQLite undoes by itself. Any other failure (out of
+    /// memory or disk, I/O) may have left part of the work behind, so it fails the whole
+    /// batch: nothing in it is committed and every caller hears the error. A savepoint
+    /// copies every page the write touches that the batch already changed; for a stored
+    /// message that was a sixth of the bridge's cost.
     pub fn write_unguarded<R, F>(
         &self,
         f: F,
@@ -278,8 +280,8 @@ fn open_file(
 fn configure(conn: &Connection) -> Result<(), StoreError> {
     // WAL with synchronous=NORMAL survives a killed process (kill -9) without losing a
     // committed transaction; only a power loss can take back the last commits.
-    // Each write in a group commit runs in its own savepoint, whose undo pages go to a
-    // sub-journal; in memory that costs no file writes (it was half the writer's time).
+    // A write in its own savepoint (`Store::write`) puts its undo pages in a sub-journal;
+    // in memory that costs no file writes (it was half the writer's time).
     conn.execute_batch(
         "PRAGMA synchronous = NORMAL;
          PRAGMA temp_store = MEMORY;
@@ -295,6 +297,9 @@ trait Job: Send {
     fn savepoint(&self) -> bool;
     /// Runs the work; false when it failed (and its savepoint must be rolled back).
     fn run(&mut self, conn: &Connection) -> bool;
+    /// Whether the work failed with a constraint violation (which SQLite undoes by
+    /// itself, statement by statement).
+    fn failed_on_constraint(&self) -> bool;
     /// Answers the caller once the batch's commit is known.
     fn finish(self: Box<Self>, committed: Result<(), &rusqlite::Error>);
 }
@@ -325,12 +330,21 @@ where
         ok
     }
 
+    fn failed_on_constraint(&self) -> bool {
+        matches!(
+            &self.outcome,
+            Some(Err(StoreError::Sqlite(e)))
+                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation)
+        )
+    }
+
     fn finish(mut self: Box<Self>, committed: Result<(), &rusqlite::Error>) {
         let outcome = match (self.outcome.take(), committed) {
             (Some(Ok(value)), Ok(())) => Ok(value),
             (Some(Err(e)), _) => Err(e),
-            (Some(Ok(_)), Err(e)) => Err(StoreError::Corrupt(format!("commit failed: {e}"))),
-            (None, _) => Err(StoreError::Closed),
+            // Ran and succeeded, or never ran, in a batch that was not committed.
+            (_, Err(e)) => Err(StoreError::Corrupt(format!("commit failed: {e}"))),
+            (None, Ok(())) => Err(StoreError::Closed),
         };
         if let Some(reply) = self.reply.take() {
             let _ = reply.send(outcome);
@@ -369,17 +383,31 @@ fn write_loop(
     }
 }
 
+/// Runs a batch in one transaction; on any error nothing of it is committed.
 fn run_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), rusqlite::Error> {
     let exec = |sql: &str| conn.prepare_cached(sql)?.execute([]).map(|_| ());
     exec("BEGIN IMMEDIATE")?;
+    let outcome = run_jobs(conn, batch, exec).and_then(|()| exec("COMMIT"));
+    if outcome.is_err() && !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    outcome
+}
+
+fn run_jobs(
+    conn: &Connection,
+    batch: &mut [Box<dyn Job>],
+    exec: impl Fn(&str) -> Result<(), rusqlite::Error>,
+) -> Result<(), rusqlite::Error> {
     for job in batch.iter_mut() {
         if !job.savepoint() {
-            // A failed statement undid itself, unless the error ended the transaction:
-            // then later work must not run in autocommit, and no one may hear success.
-            if !job.run(conn) && conn.is_autocommit() {
+            // A failed constraint undid its own statement; any other failure may have left
+            // part of the work behind, or ended the transaction (later work must then not
+            // run in autocommit): the batch fails whole.
+            if !job.run(conn) && (conn.is_autocommit() || !job.failed_on_constraint()) {
                 return Err(rusqlite::Error::SqliteFailure(
                     rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
-                    Some("the batch's transaction was rolled back".into()),
+                    Some("a write without a savepoint failed; the batch is rolled back".into()),
                 ));
             }
             continue;
@@ -392,11 +420,7 @@ fn run_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), rusqli
             exec("RELEASE job")?;
         }
     }
-    let committed = exec("COMMIT");
-    if committed.is_err() {
-        let _ = conn.execute_batch("ROLLBACK");
-    }
-    committed
+    Ok(())
 }
 
 /// Read-only connections to the database file, opened on demand and reused.
@@ -456,6 +480,24 @@ mod tests {
         store
     }
 
+    /// Keeps the writer busy until `release` is sent on, so that the writes queued
+    /// meanwhile go into one batch; the future finishes with the holding write.
+    async fn hold_writer(
+        store: &Store,
+    ) -> (
+        std::sync::mpsc::Sender<()>,
+        impl Future<Output = Result<(), StoreError>>,
+    ) {
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (started, running) = oneshot::channel();
+        let holding = store.write(move |_| {
+            let _ = started.send(());
+            Ok(held.recv().unwrap_or(()))
+        });
+        running.await.unwrap();
+        (release, holding)
+    }
+
     async fn rows_in_t(store: &Store) -> i64 {
         store
             .read(|c| Ok(c.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))?))
@@ -486,13 +528,15 @@ mod tests {
     #[tokio::test]
     async fn a_failing_unguarded_write_leaves_its_batch_whole() {
         let store = store_with_table().await;
-        // Queued together, so they share one transaction.
+        let (release, holding) = hold_writer(&store).await;
         let writes: Vec<_> = [1, 2, 1, 3]
             .into_iter()
             .map(|v| {
                 store.write_unguarded(move |c| Ok(c.execute("INSERT INTO t (v) VALUES (?1)", [v])?))
             })
             .collect();
+        release.send(()).unwrap();
+        holding.await.unwrap();
         let results: Vec<bool> = futures_util::future::join_all(writes)
             .await
             .into_iter()
@@ -500,6 +544,32 @@ mod tests {
             .collect();
         assert_eq!(results, [true, true, false, true]);
         assert_eq!(rows_in_t(&store).await, 3);
+    }
+
+    #[tokio::test]
+    async fn an_unguarded_write_failing_otherwise_fails_its_whole_batch() {
+        let store = store_with_table().await;
+        let (release, holding) = hold_writer(&store).await;
+        let before = store.write(|c| Ok(c.execute("INSERT INTO t (v) VALUES (1)", [])?));
+        let failing = store.write_unguarded(|c| {
+            c.execute("INSERT INTO t (v) VALUES (2)", [])?;
+            Err::<(), _>(StoreError::Corrupt("half done".into()))
+        });
+        let after = store.write(|c| Ok(c.execute("INSERT INTO t (v) VALUES (3)", [])?));
+        release.send(()).unwrap();
+        holding.await.unwrap();
+        assert!(failing.await.is_err());
+        assert!(
+            before.await.is_err() && after.await.is_err(),
+            "the batch failed whole"
+        );
+        assert_eq!(rows_in_t(&store).await, 0);
+        // The store goes on.
+        store
+            .write(|c| Ok(c.execute("INSERT INTO t (v) VALUES (4)", [])?))
+            .await
+            .unwrap();
+        assert_eq!(rows_in_t(&store).await, 1);
     }
 
     #[tokio::test]
