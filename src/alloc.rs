@@ -4,11 +4,12 @@
 //! With glibc's malloc a fifth of the relay's CPU went to `malloc`/`free` (the JSON of
 //! each message is parsed into and built from many small allocations); jemalloc relays
 //! ~20 % more messages per second on the same load (BENCHMARKS.md). Its defaults keep
-//! more memory per idle connection than glibc's, so it runs with two arenas (the bridge
-//! has two worker threads' worth of cores to serve, not one arena per CPU times four) and
-//! a background thread that returns freed pages to the OS within a second, which makes an
-//! idle Skynet connection cost 20 KiB instead of 28 KiB. `_RJEM_MALLOC_CONF` in the
-//! environment overrides these settings at start.
+//! more memory per idle connection than glibc's (four arenas per CPU, freed pages kept
+//! for ten seconds), so it runs with two arenas and a background thread that returns
+//! freed pages to the OS within a second, which makes an idle Skynet connection cost
+//! 20 KiB instead of 28 KiB. Two arenas suit the 2-core hosts the bridge is sized for; on
+//! a larger host with many busy connections, more arenas cut contention between worker
+//! threads: `_RJEM_MALLOC_CONF=narenas:8` (or any option here) overrides at start.
 
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
