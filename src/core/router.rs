@@ -61,6 +61,9 @@ pub struct Session {
     pub agent: String,
     pub mailbox: Arc<Mailbox>,
     interest: Arc<dyn Interest>,
+    /// `interest.can_observe()`, asked once: the session is in the observer list or not
+    /// for its whole life.
+    can_observe: bool,
 }
 
 impl std::fmt::Debug for Session {
@@ -146,6 +149,7 @@ impl Router {
             id: self.next_session.fetch_add(1, Ordering::Relaxed),
             agent: agent.to_owned(),
             mailbox,
+            can_observe: interest.can_observe(),
             interest,
         });
         self.by_agent
@@ -161,7 +165,7 @@ impl Router {
             });
         };
         add(&self.sessions);
-        if session.interest.can_observe() {
+        if session.can_observe {
             add(&self.observers);
         }
         session
@@ -186,7 +190,7 @@ impl Router {
             });
         };
         remove(&self.sessions);
-        if session.interest.can_observe() {
+        if session.can_observe {
             remove(&self.observers);
         }
     }

@@ -492,7 +492,8 @@ mod tests {
         let (started, running) = oneshot::channel();
         let holding = store.write(move |_| {
             let _ = started.send(());
-            Ok(held.recv().unwrap_or(()))
+            let _ = held.recv();
+            Ok(())
         });
         running.await.unwrap();
         (release, holding)

@@ -265,6 +265,14 @@ impl Connection {
             if self.pending_ids.contains(&msg.id) {
                 continue;
             }
+            // One frame may hold many documents: the bound holds within a frame too.
+            while !self.pending.has_room() {
+                if let Some((stored, sent)) = self.pending.next().await
+                    && !self.on_stored(stored, sent).await
+                {
+                    return false;
+                }
+            }
             let sent = (msg.id.clone(), msg.sender.clone());
             match self.grid.stage(msg, Source::Socket).await {
                 Ok(Some(staged)) => {
@@ -355,10 +363,18 @@ impl Connection {
     }
 
     async fn finish(mut self) {
-        // What was sent before the socket went is delivered all the same.
-        while let Some((stored, _)) = self.pending.next().await {
-            if let Ok(env) = stored {
-                self.grid.core.route(env);
+        // What was sent before the socket went is delivered all the same; a refusal goes
+        // where the program's other messages go.
+        while let Some((stored, (id, sender))) = self.pending.next().await {
+            match stored {
+                Ok(env) => {
+                    self.grid.core.route(env);
+                }
+                Err(e) => {
+                    self.grid
+                        .report(&super::store_failed(&id, &sender, &e))
+                        .await
+                }
             }
         }
         let Some((party, session)) = self.identity.take() else {

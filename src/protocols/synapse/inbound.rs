@@ -132,11 +132,7 @@ impl Synapse {
             ));
         }
 
-        let sync = hints.transport == Some(TransportMode::Sync)
-            || receiver.as_deref().is_some_and(|r| {
-                self.reach(r).0 == TransportMode::Sync && self.agents.contains_key(r)
-            });
-        if !sync {
+        if !self.sends_synchronously(receiver.as_deref(), hints) {
             return Ok((msg.id, Some(self.core.stage(env).await)));
         }
         let Some(receiver) = receiver else {
@@ -160,6 +156,15 @@ impl Synapse {
                 ))
             })?;
         Ok((msg.id, None))
+    }
+
+    /// Whether a message to `receiver` is delivered synchronously: the sender is answered
+    /// once the receiver's stream took it.
+    fn sends_synchronously(&self, receiver: Option<&str>, hints: &Hints) -> bool {
+        hints.transport == Some(TransportMode::Sync)
+            || receiver.is_some_and(|r| {
+                self.reach(r).0 == TransportMode::Sync && self.agents.contains_key(r)
+            })
     }
 
     /// A `P2P_NACK` from the bridge answering `msg`, carrying why it was refused.
@@ -304,12 +309,9 @@ impl Synapse {
             tokio::select! {
                 _ = self.shutdown.cancelled() => break None,
                 _ = out.closed() => break None,
-                Some((stored, sent)) = storing.next(), if !storing.is_empty() => match stored {
-                    Ok(env) => {
-                        self.core.route(env);
-                    }
-                    Err(e) => self.refuse_on_stream(&sent, &internal(e), out).await,
-                },
+                Some((stored, sent)) = storing.next(), if !storing.is_empty() => {
+                    self.on_stored(stored, &sent, out).await;
+                }
                 next = inbound.next(), if storing.has_room() => match next {
                     Some(Ok(msg)) => received = Some(msg),
                     _ => break None,
@@ -329,12 +331,27 @@ impl Synapse {
                 },
             }
         };
-        while let Some((stored, _)) = storing.next().await {
-            if let Ok(env) = stored {
-                self.core.route(env);
-            }
+        while let Some((stored, sent)) = storing.next().await {
+            self.on_stored(stored, &sent, out).await;
         }
         left
+    }
+
+    /// A message the stream sent is durable (and routed now), or could not be stored (and
+    /// is nacked, if the client still reads).
+    async fn on_stored(
+        &self,
+        stored: Result<Envelope, crate::store::StoreError>,
+        sent: &SynapseMessage,
+        out: &mpsc::Sender<Result<SynapseMessage, Status>>,
+    ) {
+        match stored {
+            Ok(env) => {
+                self.core.route(env);
+            }
+            Err(e) if !out.is_closed() => self.refuse_on_stream(sent, &internal(e), out).await,
+            Err(_) => {}
+        }
     }
 
     /// Disconnects a stream. What it held and the client never read — its unread output,
@@ -430,7 +447,16 @@ impl Synapse {
                 Status::invalid_argument("message.group_id is required on StreamGroupMessages");
             return self.refuse_on_stream(&msg, &status, out).await;
         }
-        let sent = answerable(&msg);
+        let sent = translate::answerable(&msg);
+        // A synchronous send is routed at once: what the stream sent before it goes first.
+        let receiver = msg.receiver.as_ref().map(|r| r.agent_id.as_str());
+        if !storing.is_empty()
+            && self.sends_synchronously(receiver.filter(|r| !r.is_empty()), hints)
+        {
+            while let Some((stored, earlier)) = storing.next().await {
+                self.on_stored(stored, &earlier, out).await;
+            }
+        }
         match self.stage(msg, hints).await {
             Ok((_, None)) => {}
             Ok((_, Some(staged))) => storing.push(staged, sent),
@@ -447,17 +473,6 @@ impl Synapse {
     ) {
         telemetry::decode_error(PROTOCOL);
         let _ = out.send(Ok(self.nack(msg, why))).await;
-    }
-}
-
-/// The parts of `msg` an answer to it names (`translate::ack`), without its payload.
-fn answerable(msg: &SynapseMessage) -> SynapseMessage {
-    SynapseMessage {
-        id: msg.id.clone(),
-        sender: msg.sender.clone(),
-        correlation_id: msg.correlation_id.clone(),
-        group_id: msg.group_id.clone(),
-        ..Default::default()
     }
 }
 

@@ -381,6 +381,18 @@ pub fn callback_body(msg: &SynapseMessage) -> Result<Value, String> {
     wire::to_json(msg, "synapse.SynapseMessage")
 }
 
+/// The parts of `msg` that `ack` (and so a nack) reads, without its payload: kept for a
+/// message whose answer may come later.
+pub fn answerable(msg: &SynapseMessage) -> SynapseMessage {
+    SynapseMessage {
+        id: msg.id.clone(),
+        sender: msg.sender.clone(),
+        correlation_id: msg.correlation_id.clone(),
+        group_id: msg.group_id.clone(),
+        ..Default::default()
+    }
+}
+
 /// A message saying `ack` to `msg` from the bridge.
 pub fn ack(msg: &SynapseMessage, bridge: AgentEndpoint) -> SynapseMessage {
     SynapseMessage {
