@@ -293,6 +293,43 @@ async fn a_burst_on_a_stream_arrives_in_order_even_after_the_sender_left() {
 }
 
 #[tokio::test]
+async fn a_synchronous_send_on_a_stream_does_not_overtake_what_was_sent_before_it() {
+    let mut w = world().await;
+    w.register("live", &[("x-synapse-transport", "sync")]).await;
+    let mut live = Stream::open(w.addr, "live").await;
+    let beta = Stream::open(w.addr, "beta").await;
+    let group =
+        w.c.groups
+            .create_group(with_meta(
+                CreateGroupRequest {
+                    name: "pair".into(),
+                    description: String::new(),
+                    coordinator_id: String::new(),
+                    initial_members: vec!["live".into()],
+                },
+                &[("x-synapse-agent-id", "beta")],
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .group_id;
+    // Group messages are stored while beta sends on; the last, to live itself, is
+    // synchronous and would be routed at once.
+    for i in 0..100 {
+        let mut msg = chat("beta", "", &format!("group {i}"));
+        msg.receiver = None;
+        msg.group_id = group.clone();
+        beta.send(msg).await;
+    }
+    beta.send(chat("beta", "live", "direct")).await;
+    for i in 0..100 {
+        assert_eq!(text_of(&live.next().await), format!("group {i}"));
+    }
+    assert_eq!(text_of(&live.next().await), "direct");
+    w.bridge.shutdown().await;
+}
+
+#[tokio::test]
 async fn streams_carry_messages_both_ways() {
     let mut w = world().await;
     let mut alpha = Stream::open(w.addr, "alpha").await;
