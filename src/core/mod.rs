@@ -141,8 +141,12 @@ impl Core {
     /// Accepts a message: writes it to the store, then routes it. When this returns the
     /// message is durable and queued for every recipient.
     pub async fn publish(&self, env: Envelope) -> Result<Arc<Delivery>, StoreError> {
-        let env = self.stage(env).await.durable().await?;
-        Ok(self.route(env))
+        self.publish_staged(self.stage(env).await).await
+    }
+
+    /// The second half of `publish`: routes a staged message once it is durable.
+    pub async fn publish_staged(&self, staged: Staged) -> Result<Arc<Delivery>, StoreError> {
+        Ok(self.route(staged.durable().await?))
     }
 
     /// The first half of `publish`, for a connection that keeps reading while its earlier

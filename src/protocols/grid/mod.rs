@@ -238,11 +238,10 @@ impl Grid {
         let id = msg.id.clone();
         let sender = msg.sender.clone();
         if let Some(staged) = self.stage(msg, source).await? {
-            let env = staged
-                .durable()
+            self.core
+                .publish_staged(staged)
                 .await
                 .map_err(|e| store_failed(&id, &sender, &e))?;
-            self.core.route(env);
         }
         Ok(id)
     }

@@ -51,8 +51,7 @@ impl Synapse {
     pub async fn accept(&self, msg: SynapseMessage, hints: &Hints) -> Result<String, Status> {
         let (id, storing) = self.stage(msg, hints).await?;
         if let Some(staged) = storing {
-            let env = staged.durable().await.map_err(internal)?;
-            self.core.route(env);
+            self.core.publish_staged(staged).await.map_err(internal)?;
         }
         Ok(id)
     }
