@@ -110,18 +110,17 @@ mod tests {
                  PRAGMA journal_size_limit = 0; CREATE TABLE t (v BLOB);",
             )
             .unwrap();
-        let (thread, committed) = Checkpointer::start(&path).unwrap();
         for _ in 0..64 {
             writer
                 .execute("INSERT INTO t VALUES (zeroblob(8192))", [])
                 .unwrap();
-            committed.notify();
         }
         let grown = std::fs::metadata(&wal).unwrap().len();
         assert!(
             grown > 512 * 1024,
             "the log holds every write: {grown} bytes"
         );
+        let (thread, committed) = Checkpointer::start(&path).unwrap();
         // Once a checkpoint has copied the whole log, the next commit starts it over.
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
