@@ -355,7 +355,7 @@ where
 fn write_loop(
     conn: Connection,
     jobs: mpsc::Receiver<Box<dyn Job>>,
-    committed: Option<checkpoint::Committed>,
+    mut committed: Option<checkpoint::Committed>,
 ) {
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
     while let Ok(first) = jobs.recv() {
@@ -371,8 +371,8 @@ fn write_loop(
         telemetry::store_write(started.elapsed(), batch.len());
         match &outcome {
             Ok(()) => {
-                if let Some(committed) = &committed {
-                    committed.notify();
+                if let Some(committed) = &mut committed {
+                    committed.notify(batch.len());
                 }
             }
             Err(e) => tracing::error!(error = %e, "store commit failed"),
