@@ -330,10 +330,19 @@ impl Synapse {
                 },
             }
         };
+        self.settle(&mut storing, out).await;
+        left
+    }
+
+    /// Waits for every message the stream has being stored, and settles each in order.
+    async fn settle(
+        &self,
+        storing: &mut InFlight<SynapseMessage>,
+        out: &mpsc::Sender<Result<SynapseMessage, Status>>,
+    ) {
         while let Some((stored, sent)) = storing.next().await {
             self.on_stored(stored, &sent, out).await;
         }
-        left
     }
 
     /// A message the stream sent is durable (and routed now), or could not be stored (and
@@ -452,9 +461,7 @@ impl Synapse {
         if !storing.is_empty()
             && self.sends_synchronously(receiver.filter(|r| !r.is_empty()), hints)
         {
-            while let Some((stored, earlier)) = storing.next().await {
-                self.on_stored(stored, &earlier, out).await;
-            }
+            self.settle(storing, out).await;
         }
         match self.stage(msg, hints).await {
             Ok((_, None)) => {}
