@@ -102,7 +102,6 @@ impl Store {
         &self,
         env: &Envelope,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        // Only the first statement of `Row::insert` can fail on the data itself.
         let queued = Row::from(env).map(|row| self.write_unguarded(move |conn| row.insert(conn)));
         async move { queued?.await }
     }
@@ -315,7 +314,7 @@ impl Row {
     }
 
     /// Runs without a savepoint (`Store::write_unguarded`): only the first statement can
-    /// fail on the data; what follows it fails only with the whole transaction.
+    /// fail on the data (and SQLite undoes it); any later failure fails the whole batch.
     fn insert(self, conn: &Connection) -> Result<(), StoreError> {
         let values = params![
             self.id,

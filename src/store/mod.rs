@@ -4,9 +4,10 @@
 //! transaction commits and then go in together (group commit): each write runs inside its
 //! own savepoint, so one failing write does not undo its neighbours (writes that cannot
 //! fail half-way skip it: `write_unguarded`), and every caller is answered only after the
-//! shared `COMMIT` returned. Reads use a small pool of read-only
-//! connections on `spawn_blocking` threads (WAL lets them run beside the writer); an
-//! in-memory database has one connection, so there reads queue with the writes.
+//! shared `COMMIT` returned. WAL checkpoints run on a thread of their own (checkpoint.rs).
+//! Reads use a small pool of read-only connections on `spawn_blocking` threads (WAL lets
+//! them run beside the writer); an in-memory database has one connection, so there reads
+//! queue with the writes.
 //!
 //! Each component owns its tables and brings its own migrations (`Store::migrate`); the
 //! store itself only knows how to run them once, in order.

@@ -78,8 +78,8 @@ pub fn unknown_mentions(msg: &Map<String, Value>, peers: &impl Peers) -> Vec<Str
         .collect()
 }
 
-/// A SkynetMessage the server has normalised (`stamp_sent`, mentions enriched) → Envelope. `sender` is the sender's agent name.
-/// The message becomes the envelope's `origin.native`.
+/// A SkynetMessage the server has normalised (`stamp_sent`, mentions enriched) →
+/// Envelope. `sender` is the sender's agent name; the message becomes `origin.native`.
 pub fn decode(msg: Map<String, Value>, sender: &str, peers: &impl Peers) -> Envelope {
     let mut env = decode_fields(&msg, sender, peers);
     env.origin = Origin {
