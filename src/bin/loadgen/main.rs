@@ -237,15 +237,25 @@ async fn bridge_run(args: &RunArgs, load: &Load, from: Proto, to: Proto) -> Resu
         (endpoints, None)
     };
     let pairs = connect(&endpoints, from, to, args.pairs).await?;
+    // In process, the bridge's CPU time would include the load generator's.
+    let pid = server.as_ref().map(|s| s.pid).or(args.bridge_pid);
+    let cpu_pid = pid.filter(|_| !args.in_process);
+    let cpu_before = cpu_pid.and_then(server::cpu_seconds);
     let outcome = run::run(pairs, load, &bar).await;
     bar.finish_and_clear();
     let mut row = Row::new("agentbridge", &path, args.pairs, load, &outcome);
-    let pid = server.as_ref().map(|s| s.pid).or(args.bridge_pid);
     row.peak_rss_kib = pid.and_then(server::rss_kib).map(|(_, peak)| peak);
+    row.cpu_us_per_msg = cpu_per_message(cpu_pid, cpu_before, outcome.delivered);
     if let Some(server) = server {
         server.stop().await;
     }
     Ok(row)
+}
+
+/// The CPU time process `pid` spent since `before`, per delivered message, in µs.
+fn cpu_per_message(pid: Option<u32>, before: Option<f64>, delivered: u64) -> Option<f64> {
+    let spent = server::cpu_seconds(pid?)? - before?;
+    (delivered > 0).then(|| spent * 1e6 / delivered as f64)
 }
 
 /// Connects `pairs` receivers of `to`, then a sender of `from` for each.
@@ -305,10 +315,12 @@ async fn nats_run(args: &RunArgs, load: &Load) -> Result<Row, Error> {
         let sender = nats::sender(&server.ws_url, &format!("r{i}")).await?;
         pairs.push((sender, receiver));
     }
+    let cpu_before = server::cpu_seconds(server.pid());
     let outcome = run::run(pairs, load, &bar).await;
     bar.finish_and_clear();
     let mut row = Row::new("nats", "ws→ws", args.pairs, load, &outcome);
     row.peak_rss_kib = server::rss_kib(server.pid()).map(|(_, peak)| peak);
+    row.cpu_us_per_msg = cpu_per_message(Some(server.pid()), cpu_before, outcome.delivered);
     Ok(row)
 }
 

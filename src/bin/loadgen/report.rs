@@ -25,6 +25,9 @@ pub struct Row {
     pub max_us: u64,
     /// Peak resident set of the server process, when it is measurable.
     pub peak_rss_kib: Option<u64>,
+    /// The server process's CPU time (user + system) over the run, per delivered message,
+    /// when it runs in a process of its own. Steadier than msgs/s on a shared machine.
+    pub cpu_us_per_msg: Option<f64>,
     /// msgs/s as a fraction of the raw-relay baseline's in the same run.
     pub vs_raw_relay: Option<f64>,
     /// p99 as a multiple of the raw-relay baseline's in the same run.
@@ -57,6 +60,7 @@ impl Row {
             p999_us: q(0.999),
             max_us: outcome.latency.max(),
             peak_rss_kib: None,
+            cpu_us_per_msg: None,
             vs_raw_relay: None,
             p99_vs_raw_relay: None,
         }
@@ -94,6 +98,7 @@ pub fn table(rows: &[Row]) -> String {
         "p99",
         "p99.9",
         "peak RSS",
+        "CPU/msg",
         "vs raw",
         "p99 vs raw",
     ];
@@ -116,6 +121,7 @@ pub fn table(rows: &[Row]) -> String {
                 micros(r.p999_us),
                 r.peak_rss_kib
                     .map_or("-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0)),
+                r.cpu_us_per_msg.map_or("-".into(), |us| format!("{us:.1} µs")),
                 r.vs_raw_relay
                     .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
                 r.p99_vs_raw_relay
