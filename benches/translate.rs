@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use agentbridge::core::{Envelope, Kind, derived_uuid, new_message_id, now_ms};
 use agentbridge::protocols::clock::iso8601;
+use agentbridge::protocols::skynet::mentions::Candidate;
 use agentbridge::protocols::synapse::proto::{AgentEndpoint, MessageType, SynapseMessage};
 use agentbridge::protocols::{grid, skynet, synapse, tracker};
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -101,15 +102,14 @@ impl SkynetPeers {
         peers
     }
 
-    /// `(card id, name)` of everyone a chat may `@mention`.
-    fn candidates(&self) -> Vec<(String, String)> {
-        let mut out: Vec<(String, String)> = [SENDER, RECIPIENT]
+    /// Everyone a chat may `@mention`: Skynet's own members first.
+    fn candidates(&self) -> Vec<Candidate> {
+        let mut names: Vec<&str> = [SENDER, RECIPIENT].into_iter().chain(OTHERS).collect();
+        names.sort_by_key(|name| !self.native.contains_key(*name));
+        names
             .into_iter()
-            .chain(OTHERS)
-            .map(|name| (skynet::translate::Peers::card_id(self, name), name.into()))
-            .collect();
-        out.sort_by_key(|(_, name)| !self.native.contains_key(name));
-        out
+            .map(|name| Candidate::new(skynet::translate::Peers::card_id(self, name), name))
+            .collect()
     }
 }
 
@@ -166,7 +166,7 @@ struct Fixture {
     skynet_sending: SkynetPeers,
     /// Skynet when `bob` is its member (it encodes for him).
     skynet_receiving: SkynetPeers,
-    candidates: Arc<Vec<(String, String)>>,
+    candidates: Arc<Vec<Candidate>>,
 }
 
 impl Fixture {

@@ -121,7 +121,8 @@ pub fn table(rows: &[Row]) -> String {
                 micros(r.p999_us),
                 r.peak_rss_kib
                     .map_or("-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0)),
-                r.cpu_us_per_msg.map_or("-".into(), |us| format!("{us:.1} µs")),
+                r.cpu_us_per_msg
+                    .map_or("-".into(), |us| format!("{us:.1} µs")),
                 r.vs_raw_relay
                     .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
                 r.p99_vs_raw_relay

@@ -8,13 +8,30 @@ use serde_json::{Map, Value};
 
 use super::wire::MENTION_ALL;
 
-/// Enriches `msg.mentions` in place. `candidates` are `(card id, name)` in the order they
-/// are tried: registered agents, then humans, then agents of other protocols. The field is
-/// removed when the result is empty.
+/// A member a chat may mention: their card id and the `@name` looked for, lower-cased
+/// once here rather than for every chat.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    id: String,
+    needle: String,
+}
+
+impl Candidate {
+    pub fn new(id: String, name: &str) -> Candidate {
+        Candidate {
+            id,
+            needle: format!("@{}", name.to_lowercase()),
+        }
+    }
+}
+
+/// Enriches `msg.mentions` in place. `candidates` are in the order they are tried:
+/// registered agents, then humans, then agents of other protocols. The field is removed
+/// when the result is empty.
 pub fn enrich(
     msg: &mut Map<String, Value>,
     sender_id: &str,
-    candidates: impl FnOnce() -> Arc<Vec<(String, String)>>,
+    candidates: impl FnOnce() -> Arc<Vec<Candidate>>,
 ) {
     let mut ids: Vec<String> = msg
         .get("mentions")
@@ -37,11 +54,11 @@ pub fn enrich(
     if let Some(text) = text {
         let lower = text.to_lowercase();
         // Only a text with an `@` pays for the member list.
-        for (id, name) in candidates().iter() {
+        for Candidate { id, needle } in candidates().iter() {
             if id == sender_id || ids.iter().any(|known| known == id) {
                 continue;
             }
-            if lower.contains(&format!("@{}", name.to_lowercase())) {
+            if lower.contains(needle.as_str()) {
                 ids.push(id.clone());
             }
         }
@@ -72,7 +89,7 @@ mod tests {
             Arc::new(
                 members
                     .iter()
-                    .map(|(id, name)| (id.to_string(), name.to_string()))
+                    .map(|(id, name)| Candidate::new(id.to_string(), name))
                     .collect(),
             )
         });

@@ -28,10 +28,10 @@ use workspace::Workspace;
 
 pub const PROTOCOL: Protocol = "skynet";
 
-/// The endpoint's shared state.
-/// `(card id, name)` of everyone a chat may `@mention`, in the order they are tried.
-pub type MentionCandidates = Arc<Vec<(String, String)>>;
+/// Everyone a chat may `@mention`, in the order they are tried.
+pub type MentionCandidates = Arc<Vec<mentions::Candidate>>;
 
+/// The endpoint's shared state.
 pub struct Skynet {
     core: Arc<Core>,
     config: Config,

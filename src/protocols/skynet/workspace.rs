@@ -13,6 +13,7 @@ use dashmap::DashMap;
 use serde_json::{Map, Value, json};
 use tokio::task::AbortHandle;
 
+use super::mentions::Candidate;
 use super::registry::{Profile, status_from_skynet, status_to_skynet};
 use super::translate::{self, Peers};
 use super::{MentionCandidates, PROTOCOL, Skynet, wire};
@@ -350,12 +351,12 @@ impl Skynet {
         if cached.0 == generation {
             return cached.1.clone();
         }
-        let mut out: Vec<(String, String)> = self
+        let mut out: Vec<Candidate> = self
             .registry
             .list(false)
             .into_iter()
             .chain(self.registry.list(true))
-            .map(|p| (p.id, p.name))
+            .map(|p| Candidate::new(p.id, &p.name))
             .collect();
         let mut foreign = Vec::new();
         self.core.directory.for_each(|agent| {
@@ -367,7 +368,7 @@ impl Skynet {
         out.extend(
             foreign
                 .into_iter()
-                .map(|(_, name)| (self.card_id(&name), name)),
+                .map(|(_, name)| Candidate::new(self.card_id(&name), &name)),
         );
         let out = Arc::new(out);
         self.mention_cache
