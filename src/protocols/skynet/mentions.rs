@@ -53,16 +53,21 @@ pub fn enrich(
         .filter(|t| t.contains('@'));
     if let Some(text) = text {
         let lower = text.to_lowercase();
+        // Every needle starts with `@`, so it occurs in the text exactly when the text
+        // from one of its `@`s on starts with it: a few byte compares per member rather
+        // than a substring search through the whole text.
+        let ats: Vec<&str> = lower.match_indices('@').map(|(at, _)| &lower[at..]).collect();
+        let occurs = |needle: &str| ats.iter().any(|rest| rest.starts_with(needle));
         // Only a text with an `@` pays for the member list.
         for Candidate { id, needle } in candidates().iter() {
             if id == sender_id || ids.iter().any(|known| known == id) {
                 continue;
             }
-            if lower.contains(needle.as_str()) {
+            if occurs(needle) {
                 ids.push(id.clone());
             }
         }
-        if !ids.iter().any(|id| id == MENTION_ALL) && lower.contains("@all") {
+        if !ids.iter().any(|id| id == MENTION_ALL) && occurs("@all") {
             ids.push(MENTION_ALL.to_owned());
         }
     }
@@ -104,6 +109,17 @@ mod tests {
         );
         // "@alice" also contains "@al": a plain substring test, as Skynet does it.
         assert_eq!(m, Some(json!(["id-alice", "id-bob", "id-al"])));
+    }
+
+    #[test]
+    fn a_name_after_any_at_sign_counts_even_inside_a_word() {
+        // As a substring test would find them: after the second of two `@`s, and
+        // inside an address.
+        let m = enriched(
+            json!({"type":"chat","payload":{"text":"mail x@BOB.org, cc @@Al"}}),
+            "x",
+        );
+        assert_eq!(m, Some(json!(["id-bob", "id-al"])));
     }
 
     #[test]
