@@ -107,6 +107,12 @@ pub enum Audience {
     Group(String),
 }
 
+impl Audience {
+    fn is_addressed(&self) -> bool {
+        *self == Audience::Addressed
+    }
+}
+
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
@@ -119,6 +125,10 @@ pub enum Priority {
 }
 
 impl Priority {
+    fn is_normal(&self) -> bool {
+        *self == Priority::Normal
+    }
+
     /// Lane index in a mailbox: lower is served first.
     pub fn lane(self) -> usize {
         match self {
@@ -199,10 +209,11 @@ pub struct Envelope {
     /// Agents mentioned (names), as the origin gave them after its own enrichment.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mentions: Vec<String>,
-    #[serde(default)]
+    // Fields at their default are left out of the stored form: most messages have them.
+    #[serde(default, skip_serializing_if = "Audience::is_addressed")]
     pub audience: Audience,
     /// The sender gets a copy of its own message, before anyone else.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub echo: bool,
     pub kind: Kind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -224,7 +235,7 @@ pub struct Envelope {
     pub attachments: Vec<Attachment>,
     /// Milliseconds since the Unix epoch.
     pub timestamp: i64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Priority::is_normal")]
     pub priority: Priority,
     /// Seconds the message may wait for delivery before it is dropped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -338,5 +349,22 @@ mod tests {
         let json = serde_json::to_string(&env).unwrap();
         let back: Envelope = serde_json::from_str(&json).unwrap();
         assert_eq!(env, back);
+    }
+
+    #[test]
+    fn fields_at_their_default_are_left_out_and_read_back() {
+        let env = Envelope::new("test", "a", Kind::Chat);
+        let json = serde_json::to_value(&env).unwrap();
+        for field in ["audience", "echo", "priority"] {
+            assert!(json.get(field).is_none(), "{field} in {json}");
+        }
+        assert_eq!(serde_json::from_value::<Envelope>(json).unwrap(), env);
+
+        let mut env = env;
+        env.echo = true;
+        env.priority = Priority::High;
+        env.audience = Audience::Everyone;
+        let back: Envelope = serde_json::from_str(&serde_json::to_string(&env).unwrap()).unwrap();
+        assert_eq!(back, env);
     }
 }

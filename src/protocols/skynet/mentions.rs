@@ -56,7 +56,10 @@ pub fn enrich(
         // Every needle starts with `@`, so it occurs in the text exactly when the text
         // from one of its `@`s on starts with it: a few byte compares per member rather
         // than a substring search through the whole text.
-        let ats: Vec<&str> = lower.match_indices('@').map(|(at, _)| &lower[at..]).collect();
+        let ats: Vec<&str> = lower
+            .match_indices('@')
+            .map(|(at, _)| &lower[at..])
+            .collect();
         let occurs = |needle: &str| ats.iter().any(|rest| rest.starts_with(needle));
         // Only a text with an `@` pays for the member list.
         for Candidate { id, needle } in candidates().iter() {
