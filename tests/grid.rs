@@ -437,6 +437,31 @@ async fn the_scratchpad_is_read_and_appended() {
     w.bridge.shutdown().await;
 }
 
+#[tokio::test]
+async fn a_message_kept_for_several_programs_is_appended_to_the_scratchpad_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let pad = dir.path().join("SCRATCHPAD.md");
+    let w = world_from(start_bridge(&grid_section(&pad)).await);
+    programs(&w, &["executor", "reviewer"]).await;
+    let skynet = w.bridge.addr("skynet").unwrap();
+    let alice = common::skynet::SkynetHttp::new(skynet).agent("alice").await;
+    let (mut ws_alice, _) = common::skynet::SkynetWs::join(skynet, &alice).await;
+    ws_alice
+        .chat_with(json!({ "type": "chat", "payload": { "text": "@executor @reviewer ship it" } }))
+        .await;
+    // Queued for each program; appended before the second is queued.
+    for program in ["executor", "reviewer"] {
+        let got = poll_until_some(&w, program).await;
+        assert_eq!(
+            got[0]["content"]["payload"]["text"],
+            "@executor @reviewer ship it"
+        );
+    }
+    let text = file_contains(&pad, "ship it").await;
+    assert_eq!(text.matches("ship it").count(), 1, "{text}");
+    w.bridge.shutdown().await;
+}
+
 /// Polls `agent`'s queue until something arrives.
 async fn poll_until_some(w: &World, agent: &str) -> Vec<Value> {
     for _ in 0..500 {

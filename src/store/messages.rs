@@ -119,6 +119,17 @@ impl Store {
         .await
     }
 
+    /// Whether a message with this id is stored (without reading it back).
+    pub async fn has_message(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached("SELECT 1 FROM messages WHERE id = ?1")?
+                .exists([id])?)
+        })
+        .await
+    }
+
     /// A stored message's place in its conversation.
     pub async fn link(&self, id: &str) -> Result<Option<Link>, StoreError> {
         let id = id.to_owned();
@@ -474,6 +485,8 @@ mod tests {
 
         let stored = store.message("m1").await.unwrap().unwrap();
         assert_eq!(stored.envelope.text.as_deref(), Some("edited"));
+        assert!(store.has_message("m1").await.unwrap());
+        assert!(!store.has_message("m2").await.unwrap());
         let for_b = store
             .messages(MessageQuery {
                 recipients: Some(vec!["b".into()]),

@@ -43,8 +43,8 @@ use wire::{Invalid, Message, Party};
 
 pub const PROTOCOL: Protocol = "grid";
 
-/// Ids of messages read from a scratchpad, remembered so they are not written back to it;
-/// and of expired messages whose sender was told, so it is told once.
+/// Ids of messages the scratchpad holds (read from it or appended), remembered so none is
+/// written to it again; and of expired messages whose sender was told, so it is told once.
 const RECENT_MEMORY: usize = 10_000;
 
 /// A bounded memory of recent ids.
@@ -113,7 +113,9 @@ pub struct Grid {
     programs: DashSet<String>,
     /// Programs' open sockets.
     sockets: sockets::Sockets,
-    from_scratchpad: Mutex<Recent>,
+    /// Ids of messages the scratchpad holds: read from it, or appended by the bridge. A
+    /// message is written to it once, however many programs it is kept for.
+    in_scratchpad: Mutex<Recent>,
     /// Expired messages whose sender was told.
     expiry_told: Mutex<Recent>,
     outgoing: mpsc::UnboundedSender<Outgoing>,
@@ -134,7 +136,7 @@ pub async fn start(
         db: db.clone(),
         programs: DashSet::new(),
         sockets: sockets::Sockets::default(),
-        from_scratchpad: Mutex::new(Recent::default()),
+        in_scratchpad: Mutex::new(Recent::default()),
         expiry_told: Mutex::new(Recent::default()),
         outgoing,
         shutdown: shutdown.clone(),
@@ -253,9 +255,9 @@ impl Grid {
     pub async fn stage(&self, msg: Message, source: Source) -> Result<Option<Staged>, Invalid> {
         // A repeat is acknowledged before anything else: it changes nothing (a scratchpad
         // rewritten in place holds entries, some the bridge's own, routed before).
-        match self.core.store.message(&msg.id).await {
-            Ok(Some(_)) => return Ok(None),
-            Ok(None) => {}
+        match self.core.store.has_message(&msg.id).await {
+            Ok(true) => return Ok(None),
+            Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "grid: cannot check for a repeated message"),
         }
         self.register(&msg.sender.agent).await.map_err(|mut e| {
@@ -265,7 +267,8 @@ impl Grid {
         })?;
         self.check_receiver(&msg).await?;
         if source == Source::Scratchpad {
-            self.remember_from_scratchpad(&msg.id);
+            // Read from the scratchpad: never written back to it.
+            self.first_in_scratchpad(&msg.id);
         }
         let env = translate::decode(&msg);
         Ok(Some(self.core.stage(env).await))
@@ -298,19 +301,17 @@ impl Grid {
         }
     }
 
-    fn remember_from_scratchpad(&self, id: &str) {
-        self.from_scratchpad
+    /// Records that the scratchpad holds message `id`; false when it was known to already.
+    fn first_in_scratchpad(&self, id: &str) -> bool {
+        self.in_scratchpad
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remember(id);
+            .remember(id)
     }
 
-    fn came_from_scratchpad(&self, id: &str) -> bool {
-        self.from_scratchpad
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .ids
-            .contains(id)
+    /// Whether message `id` is still to be appended to the scratchpad (and will be now).
+    fn to_append(&self, id: &str) -> bool {
+        !self.config.scratchpad.0.is_empty() && self.first_in_scratchpad(id)
     }
 
     /// The message as Grid programs receive it, encoded once per message.
@@ -324,8 +325,7 @@ impl Grid {
         let Some(message) = self.encode(delivery) else {
             return;
         };
-        if !self.config.scratchpad.0.is_empty() && !self.came_from_scratchpad(&delivery.envelope.id)
-        {
+        if self.to_append(&delivery.envelope.id) {
             let _ = self.outgoing.send(Outgoing::Append(message.clone()));
         }
         let _ = self.outgoing.send(Outgoing::Queue {
@@ -425,8 +425,7 @@ impl Grid {
         let Some(message) = self.encode(delivery) else {
             return;
         };
-        if !self.config.scratchpad.0.is_empty() && !self.came_from_scratchpad(&delivery.envelope.id)
-        {
+        if self.to_append(&delivery.envelope.id) {
             if let Err(e) = self.append_to_scratchpad(&message).await {
                 tracing::error!(error = %e, "grid: cannot append to the scratchpad");
             }
