@@ -5,8 +5,12 @@
 //! `origin.native`, the frame exactly as its sender's protocol gave it, so that peers of the
 //! same protocol get a lossless copy.
 
-use serde::{Deserialize, Serialize};
+use std::sync::OnceLock;
+
+use serde::ser::SerializeStruct;
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// A protocol's name as the core sees it: an opaque label (`"skynet"`, `"tracker"`, …).
 pub type Protocol = &'static str;
@@ -190,11 +194,72 @@ pub struct Attachment {
 }
 
 /// Where a message came from: its protocol and the frame as that protocol gave it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 pub struct Origin {
     pub protocol: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub native: Option<Value>,
+    #[serde(default)]
+    native: Option<Value>,
+    /// `native` as JSON text, written once when first asked for: the store keeps it in the
+    /// message's body and a peer of the same protocol may be sent it as it is. `set_native`
+    /// forgets it, so it always matches `native`.
+    #[serde(skip)]
+    native_json: OnceLock<Option<Box<RawValue>>>,
+}
+
+impl Origin {
+    pub fn new(protocol: impl Into<String>, native: Option<Value>) -> Origin {
+        Origin {
+            protocol: protocol.into(),
+            native,
+            native_json: OnceLock::new(),
+        }
+    }
+
+    /// The frame as the origin protocol gave it.
+    pub fn native(&self) -> Option<&Value> {
+        self.native.as_ref()
+    }
+
+    pub fn set_native(&mut self, native: Option<Value>) {
+        self.native = native;
+        self.native_json = OnceLock::new();
+    }
+
+    /// `native` as JSON text, serialized on the first call only.
+    pub fn native_json(&self) -> Option<&str> {
+        self.native_raw().map(RawValue::get)
+    }
+
+    fn native_raw(&self) -> Option<&RawValue> {
+        self.native_json
+            .get_or_init(|| {
+                let native = self.native.as_ref()?;
+                serde_json::value::to_raw_value(native).ok()
+            })
+            .as_deref()
+    }
+}
+
+impl PartialEq for Origin {
+    fn eq(&self, other: &Origin) -> bool {
+        self.protocol == other.protocol && self.native == other.native
+    }
+}
+
+/// Written with `native` spliced in from its JSON text. Envelopes are only ever written as
+/// JSON (the store's message bodies), which is what `RawValue` requires.
+impl Serialize for Origin {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let native = self.native_raw();
+        let mut origin =
+            serializer.serialize_struct("Origin", 1 + usize::from(native.is_some()))?;
+        origin.serialize_field("protocol", &self.protocol)?;
+        match native {
+            Some(native) => origin.serialize_field("native", native)?,
+            None => origin.skip_field("native")?,
+        }
+        origin.end()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -264,10 +329,7 @@ impl Envelope {
             timestamp: now_ms(),
             priority: Priority::Normal,
             ttl_secs: None,
-            origin: Origin {
-                protocol: protocol.to_owned(),
-                native: None,
-            },
+            origin: Origin::new(protocol, None),
         }
     }
 
@@ -349,6 +411,32 @@ mod tests {
         let json = serde_json::to_string(&env).unwrap();
         let back: Envelope = serde_json::from_str(&json).unwrap();
         assert_eq!(env, back);
+    }
+
+    #[test]
+    fn the_native_frame_is_written_once_and_follows_set_native() {
+        let mut env = Envelope::new("test", "a", Kind::Chat);
+        env.origin.set_native(Some(
+            serde_json::json!({ "type": "chat", "text": "say \"hi\"" }),
+        ));
+        let first = r#"{"type":"chat","text":"say \"hi\""}"#;
+        assert_eq!(env.origin.native_json(), Some(first));
+        let body = serde_json::to_string(&env).unwrap();
+        assert!(body.contains(&format!(r#""native":{first}"#)), "{body}");
+        let back: Envelope = serde_json::from_str(&body).unwrap();
+        assert_eq!(back, env);
+        assert_eq!(back.origin.native_json(), Some(first));
+
+        env.origin
+            .set_native(Some(serde_json::json!({ "type": "other" })));
+        assert_eq!(env.origin.native_json(), Some(r#"{"type":"other"}"#));
+        assert_eq!(
+            env.clone().origin.native_json(),
+            Some(r#"{"type":"other"}"#)
+        );
+        env.origin.set_native(None);
+        assert_eq!(env.origin.native_json(), None);
+        assert!(!serde_json::to_string(&env).unwrap().contains("native"));
     }
 
     #[test]

@@ -319,7 +319,7 @@ impl Core {
         }
         env.audience = Audience::Everyone;
         env.data = Some(serde_json::json!({ "status": status.as_str() }));
-        env.origin.native = native;
+        env.origin.set_native(native);
         if let Err(e) = self.publish(env).await {
             tracing::error!(error = %e, agent = name, "cannot store a presence change");
         }

@@ -111,10 +111,7 @@ fn sample(kind: Kind) -> Envelope {
     let mut env = Envelope::new("contract", "alice", kind);
     env.id = "msg-7".into();
     env.timestamp = 1_767_225_600_123;
-    env.origin = Origin {
-        protocol: "contract".into(),
-        native: None,
-    };
+    env.origin = Origin::new("contract", None);
     let task = |state: Option<TaskState>| TaskInfo {
         id: "task-3".into(),
         state,

@@ -135,10 +135,7 @@ pub fn decode(msg: &Message) -> Envelope {
             );
         }
     }
-    env.origin = Origin {
-        protocol: PROTOCOL.to_owned(),
-        native: Some(msg.raw.clone()),
-    };
+    env.origin = Origin::new(PROTOCOL, Some(msg.raw.clone()));
     env
 }
 
@@ -156,7 +153,7 @@ fn render(action: &str, payload: &Value) -> String {
 /// nothing to show (logs, status changes).
 pub fn encode(env: &Envelope) -> Option<Value> {
     if env.origin_is(PROTOCOL)
-        && let Some(Value::Object(native)) = &env.origin.native
+        && let Some(Value::Object(native)) = env.origin.native()
     {
         let mut native = native.clone();
         if !native.contains_key("correlation_id")
@@ -410,8 +407,7 @@ pub fn is_broadcast(env: &Envelope) -> bool {
         || (env.origin_is(PROTOCOL)
             && env
                 .origin
-                .native
-                .as_ref()
+                .native()
                 .and_then(|n| n.get("receiver"))
                 .and_then(|r| r.get("agent"))
                 .and_then(Value::as_str)
@@ -424,8 +420,7 @@ pub fn target_instance(env: &Envelope) -> Option<&str> {
         return None;
     }
     env.origin
-        .native
-        .as_ref()?
+        .native()?
         .get("receiver")?
         .get("instance_id")?
         .as_str()

@@ -363,10 +363,7 @@ async fn control(skynet: &Skynet, id: &str, body: &Bytes, kind: Kind) -> Respons
         .and_then(Value::as_str)
         .map(str::to_owned);
     env.data = Some(Value::Object(payload));
-    env.origin = Origin {
-        protocol: PROTOCOL.to_owned(),
-        native: Some(native),
-    };
+    env.origin = Origin::new(PROTOCOL, Some(native));
     skynet.core.publish_transient(env).await;
     ok(json!({ "ok": true, "agentId": agent.id }))
 }

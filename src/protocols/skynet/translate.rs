@@ -82,10 +82,7 @@ pub fn unknown_mentions(msg: &Map<String, Value>, peers: &impl Peers) -> Vec<Str
 /// Envelope. `sender` is the sender's agent name; the message becomes `origin.native`.
 pub fn decode(msg: Map<String, Value>, sender: &str, peers: &impl Peers) -> Envelope {
     let mut env = decode_fields(&msg, sender, peers);
-    env.origin = Origin {
-        protocol: PROTOCOL.to_owned(),
-        native: Some(Value::Object(msg)),
-    };
+    env.origin = Origin::new(PROTOCOL, Some(Value::Object(msg)));
     env
 }
 
@@ -187,7 +184,7 @@ fn decode_fields(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> 
 /// change a `status-change` event. `None` when Skynet has nothing to show for it.
 pub fn encode(env: &Envelope, peers: &impl Peers) -> Option<Value> {
     if env.origin_is(PROTOCOL)
-        && let Some(native) = &env.origin.native
+        && let Some(native) = env.origin.native()
     {
         return Some(native.clone());
     }

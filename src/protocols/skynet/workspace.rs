@@ -427,10 +427,10 @@ impl Skynet {
     }
 
     /// `encode`, as the text written to a socket. A Skynet client's own frame is written
-    /// as it came, without an intermediate copy.
+    /// as it came, in the JSON text made once for the store.
     pub fn encode_text(&self, env: &Envelope) -> Option<String> {
-        match &env.origin.native {
-            Some(native) if env.origin_is(PROTOCOL) => serde_json::to_string(native).ok(),
+        match env.origin.native_json() {
+            Some(native) if env.origin_is(PROTOCOL) => Some(native.to_owned()),
             _ => self.encode(env).map(|v| v.to_string()),
         }
     }
@@ -490,10 +490,7 @@ fn presence(kind: Kind, name: &str, native: Value, data: Value) -> Envelope {
     }
     env.audience = Audience::Everyone;
     env.data = Some(data);
-    env.origin = Origin {
-        protocol: PROTOCOL.to_owned(),
-        native: Some(native),
-    };
+    env.origin = Origin::new(PROTOCOL, Some(native));
     env
 }
 

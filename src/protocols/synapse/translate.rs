@@ -158,10 +158,7 @@ pub fn decode(msg: &SynapseMessage) -> Result<Envelope, String> {
     if env.text.is_none() {
         env.text = housekeeping_text(msg_type, msg);
     }
-    env.origin = Origin {
-        protocol: PROTOCOL.to_owned(),
-        native: Some(native),
-    };
+    env.origin = Origin::new(PROTOCOL, Some(native));
     Ok(env)
 }
 
@@ -169,7 +166,7 @@ pub fn decode(msg: &SynapseMessage) -> Result<Envelope, String> {
 /// to show for it (presence, logs).
 pub fn encode(env: &Envelope, ctx: &impl Context) -> Option<SynapseMessage> {
     if env.origin_is(PROTOCOL)
-        && let Some(native) = &env.origin.native
+        && let Some(native) = env.origin.native()
         && let Ok(mut msg) = wire::from_json::<SynapseMessage>(native, "synapse.SynapseMessage")
     {
         // The sender's own message, with the conversation links the bridge filled in.

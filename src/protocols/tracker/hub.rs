@@ -164,10 +164,7 @@ impl Tracker {
         comment.reply_to = Some(env.id.clone());
         comment.timestamp = env.timestamp;
         comment.audience = Audience::Private;
-        comment.origin = Origin {
-            protocol: env.origin.protocol.clone(),
-            native: None,
-        };
+        comment.origin = Origin::new(env.origin.protocol.clone(), None);
         match self.core.publish(comment).await {
             Ok(delivery) => self.show_locally(&delivery),
             Err(e) => tracing::error!(error = %e, "tracker: cannot store a task comment"),

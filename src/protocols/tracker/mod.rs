@@ -339,10 +339,7 @@ impl Tracker {
     fn emit_task_event(&self, kind: &str, task: &TaskRow) {
         let frame = wire::event(kind, translate::task_out(task));
         let mut env = Envelope::new(PROTOCOL, &task.author_slug, Kind::TaskUpdate);
-        env.origin = Origin {
-            protocol: PROTOCOL.to_owned(),
-            native: Some(frame),
-        };
+        env.origin = Origin::new(PROTOCOL, Some(frame));
         let delivery = Arc::new(Delivery::new(env));
         for conn in self.conns.iter() {
             if conn.wants_task(task) {

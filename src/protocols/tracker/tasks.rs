@@ -184,10 +184,10 @@ impl Tracker {
         } else {
             None
         };
-        env.origin = Origin {
-            protocol: PROTOCOL.to_owned(),
-            native: Some(serde_json::to_value(translate::task_out(task)).unwrap_or_default()),
-        };
+        env.origin = Origin::new(
+            PROTOCOL,
+            Some(serde_json::to_value(translate::task_out(task)).unwrap_or_default()),
+        );
         env
     }
 

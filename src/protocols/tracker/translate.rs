@@ -82,8 +82,7 @@ pub fn message_out(env: &Envelope, ctx: &impl Context) -> MessageOut {
     if env.origin_is(PROTOCOL)
         && let Some(out) = env
             .origin
-            .native
-            .as_ref()
+            .native()
             .and_then(|n| n.get("data"))
             .and_then(|d| serde_json::from_value::<MessageOut>(d.clone()).ok())
     {
@@ -140,7 +139,8 @@ pub fn encode(env: &Envelope, ctx: &impl Context) -> Option<Value> {
 /// without a `Value` in between.
 pub fn encode_text(env: &Envelope, ctx: &impl Context) -> Option<String> {
     Some(match shown(env, ctx)? {
-        Shown::Native(frame) => frame.to_string(),
+        // Serialized once already, for the store.
+        Shown::Native(_) => env.origin.native_json()?.to_owned(),
         Shown::Event(frame) => frame.to_string(),
         Shown::Message(out) => wire::event_text(MESSAGE_NEW, &out),
     })
@@ -159,7 +159,7 @@ enum Shown<'a> {
 
 fn shown<'a>(env: &'a Envelope, ctx: &impl Context) -> Option<Shown<'a>> {
     if env.origin_is(PROTOCOL)
-        && let Some(native) = &env.origin.native
+        && let Some(native) = env.origin.native()
         && native.get("type").is_some()
     {
         return Some(Shown::Native(native));
@@ -341,10 +341,7 @@ pub fn decode_message(
         ..Default::default()
     });
     env.thread = thread;
-    env.origin = Origin {
-        protocol: PROTOCOL.to_owned(),
-        native: Some(wire::event("message.new", out)),
-    };
+    env.origin = Origin::new(PROTOCOL, Some(wire::event("message.new", out)));
     env
 }
 
@@ -392,8 +389,9 @@ mod tests {
         chat.reply_to = Some("msg-0".into());
         let join = Envelope::new("grid", "scout", Kind::PresenceJoin);
         let mut native = Envelope::new(PROTOCOL, "coder", Kind::Chat);
-        native.origin.native =
-            Some(serde_json::json!({ "type": "message.new", "data": { "x": 1 } }));
+        native.origin.set_native(Some(
+            serde_json::json!({ "type": "message.new", "data": { "x": 1 } }),
+        ));
         for env in [chat, join, native] {
             let text = encode_text(&env, &Ctx).unwrap();
             assert_eq!(text, encode(&env, &Ctx).unwrap().to_string());
