@@ -196,6 +196,14 @@ impl Directory {
         self.by_name.get(name).map(|e| e.clone())
     }
 
+    /// How `protocol` identifies agent `name`, when `name` is one of its own.
+    pub fn native_id(&self, name: &str, protocol: Protocol) -> Option<String> {
+        self.by_name
+            .get(name)
+            .filter(|e| e.protocol == protocol)
+            .map(|e| e.native_id.clone())
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.by_name.contains_key(name)
     }

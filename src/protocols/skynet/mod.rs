@@ -16,6 +16,7 @@ mod ws;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use dashmap::DashMap;
 
 use tokio_util::sync::CancellationToken;
 
@@ -39,6 +40,9 @@ pub struct Skynet {
     workspace: Workspace,
     /// Everyone a chat may @mention, as of a directory generation.
     mention_cache: ArcSwap<(u64, MentionCandidates)>,
+    /// Card ids shown for registered agents of other protocols (UUIDv5 of their names,
+    /// which never change): worked out once per name rather than once per message.
+    foreign_card_ids: DashMap<String, String>,
     shutdown: CancellationToken,
 }
 
@@ -61,6 +65,7 @@ pub async fn start(
         workspace: Workspace::new(),
         // No generation is u64::MAX: the first use builds the list.
         mention_cache: ArcSwap::from_pointee((u64::MAX, Arc::default())),
+        foreign_card_ids: DashMap::new(),
         shutdown: shutdown.clone(),
     });
     let task = super::serve(PROTOCOL, listener, http::router(skynet), shutdown);

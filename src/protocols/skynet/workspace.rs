@@ -431,21 +431,30 @@ impl Skynet {
     pub fn encode_text(&self, env: &Envelope) -> Option<String> {
         match env.origin.native_json() {
             Some(native) if env.origin_is(PROTOCOL) => Some(native.to_owned()),
-            _ => self.encode(env).map(|v| v.to_string()),
+            // Straight into a buffer: `Value`'s `to_string` goes through `fmt` a piece at
+            // a time, as slow again as the encoding.
+            _ => self
+                .encode(env)
+                .and_then(|v| serde_json::to_string(&v).ok()),
         }
     }
 }
 
 impl Peers for Skynet {
     fn card_id(&self, name: &str) -> String {
-        match self.core.directory.get(name) {
-            Some(agent) if agent.protocol == PROTOCOL => agent.native_id,
-            _ => {
-                let id = derived_uuid("agent", name).to_string();
-                self.core.directory.add_alias(PROTOCOL, id.clone(), name);
-                id
-            }
+        if let Some(id) = self.core.directory.native_id(name, PROTOCOL) {
+            return id;
         }
+        if let Some(id) = self.foreign_card_ids.get(name) {
+            return id.clone();
+        }
+        let id = derived_uuid("agent", name).to_string();
+        self.core.directory.add_alias(PROTOCOL, id.clone(), name);
+        // Only registered names are kept, so unknown names cannot grow the map.
+        if self.core.directory.contains(name) {
+            self.foreign_card_ids.insert(name.to_owned(), id.clone());
+        }
+        id
     }
 
     fn name_of(&self, card_id: &str) -> Option<String> {

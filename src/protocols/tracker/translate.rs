@@ -141,7 +141,7 @@ pub fn encode_text(env: &Envelope, ctx: &impl Context) -> Option<String> {
     Some(match shown(env, ctx)? {
         // Serialized once already, for the store.
         Shown::Native(_) => env.origin.native_json()?.to_owned(),
-        Shown::Event(frame) => frame.to_string(),
+        Shown::Event(frame) => serde_json::to_string(&frame).ok()?,
         Shown::Message(out) => wire::event_text(MESSAGE_NEW, &out),
     })
 }
