@@ -340,11 +340,11 @@ fn decode_grid(frame: &str) -> Envelope {
     let text = frame.to_string();
     let docs = grid::wire::parse_documents(&text, text.trim_start().starts_with(['{', '[']))
         .expect("a YAML message");
-    let [doc] = docs.as_slice() else {
+    let Ok([doc]) = <[Value; 1]>::try_from(docs) else {
         panic!("one message");
     };
     let msg = grid::wire::validate(doc).expect("a valid message");
-    grid::translate::decode(&msg)
+    grid::translate::decode(msg)
 }
 
 /// A chat from a protocol none of the four speak, as the router hands it to an endpoint.

@@ -72,8 +72,8 @@ const COLUMNS: [Column; 4] = [
             });
             env.task.get_or_insert_default().state = Some(s);
             let back = grid::translate::encode(&env)
-                .and_then(|msg| grid::wire::validate(&json!({ "message": msg })).ok())
-                .and_then(|msg| grid::translate::decode(&msg).task?.state);
+                .and_then(|msg| grid::wire::validate(json!({ "message": msg })).ok())
+                .and_then(|msg| grid::translate::decode(msg).task?.state);
             let shown = grid::translate::preview(&env)
                 .into_iter()
                 .map(|f| f.label)

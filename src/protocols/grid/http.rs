@@ -96,11 +96,12 @@ async fn post_messages(State(grid): Shared, headers: HeaderMap, body: Bytes) -> 
     };
     // Every message is checked before any is accepted: a bad one refuses the request.
     let mut messages: Vec<Message> = Vec::with_capacity(docs.len());
-    for (i, doc) in docs.iter().enumerate() {
+    let several = docs.len() > 1;
+    for (i, doc) in docs.into_iter().enumerate() {
         match wire::validate(doc) {
             Ok(msg) => messages.push(msg),
             Err(mut e) => {
-                if docs.len() > 1 {
+                if several {
                     e.message = format!("document {}: {}", i + 1, e.message);
                 }
                 return error(&e, json);

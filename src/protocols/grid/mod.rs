@@ -270,7 +270,7 @@ impl Grid {
             // Read from the scratchpad: never written back to it.
             self.first_in_scratchpad(&msg.id);
         }
-        let env = translate::decode(&msg);
+        let env = translate::decode(msg);
         Ok(Some(self.core.stage(env).await))
     }
 

@@ -24,7 +24,8 @@ use crate::core::{Audience, Envelope, Kind, Origin, Priority, TaskInfo, TaskStat
 use crate::protocols::clock::iso8601;
 use crate::protocols::contract::Frame;
 
-pub fn decode(msg: &Message) -> Envelope {
+/// A Grid message → Envelope; the message's document becomes `origin.native`.
+pub fn decode(mut msg: Message) -> Envelope {
     let action = msg.action.as_deref().unwrap_or("");
     let kind = match (msg.msg_type.as_str(), action) {
         ("error", _) => Kind::Error,
@@ -135,7 +136,7 @@ pub fn decode(msg: &Message) -> Envelope {
             );
         }
     }
-    env.origin = Origin::new(PROTOCOL, Some(msg.raw.clone()));
+    env.origin = Origin::new(PROTOCOL, Some(std::mem::take(&mut msg.raw)));
     env
 }
 
@@ -438,12 +439,12 @@ mod tests {
             msg.entry("timestamp")
                 .or_insert(json!("2026-01-24T10:00:00Z"));
         }
-        validate(&doc).unwrap()
+        validate(doc).unwrap()
     }
 
     #[test]
     fn a_mission_is_a_task_and_progress_and_completion_follow() {
-        let env = decode(&message(
+        let env = decode(message(
             "message: { id: msg-m1, type: request, sender: { agent: mc }, receiver: { agent: alice }, content: { action: mission_assigned, payload: { block: block-01, description: build the API } } }",
         ));
         assert_eq!(env.kind, Kind::TaskAssign);
@@ -458,7 +459,7 @@ mod tests {
         );
         assert_eq!(task.assignee.as_deref(), Some("alice"));
 
-        let progress = decode(&message(
+        let progress = decode(message(
             "message: { type: notification, correlation_id: msg-m1, sender: { agent: executor }, receiver: { agent: mc }, content: { action: progress_update, payload: { thread: 2, percent: 60, status: Writing POST handler } } }",
         ));
         let task = progress.task.unwrap();
@@ -469,7 +470,7 @@ mod tests {
         assert_eq!(progress.text.as_deref(), Some("Writing POST handler"));
         assert_eq!(progress.reply_to.as_deref(), Some("msg-m1"));
 
-        let done = decode(&message(
+        let done = decode(message(
             "message: { type: notification, sender: { agent: executor }, receiver: { agent: mc }, content: { action: task_complete, payload: { block: block-01, commits: [abc1234] } } }",
         ));
         assert_eq!(
@@ -509,7 +510,7 @@ mod tests {
 
     #[test]
     fn chat_checkpoints_and_broadcasts() {
-        let chat = decode(&message(
+        let chat = decode(message(
             "message: { type: request, sender: { agent: executor }, receiver: { agent: mc }, content: { action: request_context, payload: { context_type: warmth } } }",
         ));
         assert_eq!(chat.kind, Kind::Chat);
@@ -517,7 +518,7 @@ mod tests {
             chat.text.as_deref(),
             Some(r#"request_context: {"context_type":"warmth"}"#)
         );
-        let checkpoint = decode(&message(
+        let checkpoint = decode(message(
             "message: { type: request, sender: { agent: executor }, content: { action: checkpoint_request, payload: { question: Ship it? } } }",
         ));
         assert_eq!(

@@ -164,8 +164,13 @@ pub fn parse_timestamp(text: &str) -> Option<i64> {
 
 /// Checks one `{message: …}` document; fills in a `msg-{uuid}` id when it is missing (the
 /// issue asks for that; the timestamp, also required, is not invented).
-pub fn validate(doc: &Value) -> Result<Message, Invalid> {
-    let Some(Value::Object(msg)) = doc.get("message") else {
+pub fn validate(doc: Value) -> Result<Message, Invalid> {
+    // The message's mapping is taken out of its document: it becomes `raw` as it is.
+    let msg = match doc {
+        Value::Object(mut doc) => doc.remove("message"),
+        _ => None,
+    };
+    let Some(Value::Object(msg)) = msg else {
         return Err(Invalid::new(
             "message",
             "each document must hold a `message:` mapping",
@@ -233,10 +238,10 @@ pub fn validate(doc: &Value) -> Result<Message, Invalid> {
         )));
     }
     // The scratchpad's short form puts action and payload right under `message:`.
-    let content = msg
-        .get("content")
-        .filter(|c| c.is_object())
-        .unwrap_or(doc.get("message").unwrap_or(&Value::Null));
+    let content = match msg.get("content") {
+        Some(Value::Object(content)) => content,
+        _ => &msg,
+    };
     let action = match content.get("action") {
         None | Some(Value::Null) => None,
         Some(Value::String(a)) => Some(a.clone()),
@@ -280,7 +285,7 @@ pub fn validate(doc: &Value) -> Result<Message, Invalid> {
         })?),
     };
     let id = id.unwrap_or_else(|| format!("msg-{}", uuid::Uuid::new_v4()));
-    let mut raw = msg.clone();
+    let mut raw = msg;
     // The short form becomes the full one: action, payload and context under `content`.
     if !raw.get("content").is_some_and(Value::is_object) {
         let mut content = Map::new();
@@ -539,7 +544,7 @@ fn parse_entry(heading: &str, body: &str) -> Result<Message, Invalid> {
     msg.entry("sender").or_insert(json!({ "agent": sender }));
     msg.entry("receiver")
         .or_insert(json!({ "agent": receiver }));
-    validate(&json!({ "message": msg }))
+    validate(json!({ "message": msg }))
 }
 
 /// `### [time] type | sender -> receiver`
@@ -590,7 +595,7 @@ mod tests {
 
     #[test]
     fn the_documents_examples_validate() {
-        let request = validate(&doc(
+        let request = validate(doc(
             "message:\n  id: \"msg-abc123\"\n  timestamp: \"2026-01-24T10:00:00Z\"\n  type: \"request\"\n  sender:\n    agent: \"executor\"\n    instance_id: \"exec-001\"\n  receiver:\n    agent: \"mc\"\n  content:\n    action: \"request_context\"\n    payload:\n      context_type: \"warmth\"\n      since: \"2026-01-24T10:00:00Z\"\n",
         ))
         .unwrap();
@@ -607,7 +612,7 @@ mod tests {
         assert_eq!(request.payload["context_type"], "warmth");
         assert_eq!(request.priority, Priority::Normal);
 
-        let response = validate(&doc(
+        let response = validate(doc(
             "message:\n  id: msg-def456\n  timestamp: 2026-01-24T10:00:05Z\n  type: response\n  correlation_id: msg-abc123\n  sender: { agent: mc }\n  receiver: { agent: executor, instance_id: exec-001 }\n  content: { action: context_provided, payload: { warmth: { gotchas: [x] } } }\n  metadata: { priority: high, ttl: 300 }\n",
         ))
         .unwrap();
@@ -658,10 +663,10 @@ mod tests {
                 "receiver.agent",
             ),
         ] {
-            let err = validate(&doc(yaml)).unwrap_err();
+            let err = validate(doc(yaml)).unwrap_err();
             assert_eq!(err.field, field, "{yaml}: {err:?}");
         }
-        let generated = validate(&doc(
+        let generated = validate(doc(
             "message: { timestamp: 2026-01-24T10:00:00Z, type: notification, sender: { agent: x } }",
         ))
         .unwrap();
@@ -686,7 +691,7 @@ mod tests {
             utc.map(|ms| ms + 250)
         );
         assert_eq!(parse_timestamp("2026-01-24"), None);
-        let msg = validate(&doc(
+        let msg = validate(doc(
             "message: { type: request, timestamp: \"2026-01-24T12:00:00+02:00\", sender: { agent: x } }",
         ))
         .unwrap();
@@ -781,7 +786,7 @@ mod tests {
 
     #[test]
     fn entries_written_by_the_bridge_read_back() {
-        let msg = validate(&doc("message: { timestamp: 2026-01-24T10:00:00Z, id: msg-1, type: request, sender: { agent: mc }, receiver: { agent: executor }, content: { action: abort, payload: { reason: stop } } }")).unwrap();
+        let msg = validate(doc("message: { timestamp: 2026-01-24T10:00:00Z, id: msg-1, type: request, sender: { agent: mc }, receiver: { agent: executor }, content: { action: abort, payload: { reason: stop } } }")).unwrap();
         let text = entry(&msg.raw);
         let (entries, consumed) = parse_entries(&text);
         assert_eq!(consumed, text.len());

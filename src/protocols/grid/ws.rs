@@ -250,7 +250,7 @@ impl Connection {
             Err(e) => return self.refuse(e).await,
         };
         for doc in docs {
-            let msg = match wire::validate(&doc) {
+            let msg = match wire::validate(doc) {
                 Ok(msg) => msg,
                 Err(e) => {
                     if !self.refuse(e).await {
