@@ -425,10 +425,10 @@ impl Grid {
         let Some(message) = self.encode(delivery) else {
             return;
         };
-        if self.to_append(&delivery.envelope.id) {
-            if let Err(e) = self.append_to_scratchpad(&message).await {
-                tracing::error!(error = %e, "grid: cannot append to the scratchpad");
-            }
+        if self.to_append(&delivery.envelope.id)
+            && let Err(e) = self.append_to_scratchpad(&message).await
+        {
+            tracing::error!(error = %e, "grid: cannot append to the scratchpad");
         }
         let programs: Vec<String> = self
             .programs

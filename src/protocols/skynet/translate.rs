@@ -107,10 +107,10 @@ fn decode_fields(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> 
     {
         if id == wire::MENTION_ALL {
             env.audience = Audience::Everyone;
-        } else if let Some(name) = peers.name_of(id) {
-            if !env.mentions.contains(&name) {
-                env.mentions.push(name);
-            }
+        } else if let Some(name) = peers.name_of(id)
+            && !env.mentions.contains(&name)
+        {
+            env.mentions.push(name);
         }
     }
 
