@@ -208,6 +208,10 @@ impl Directory {
         self.by_name.contains_key(name)
     }
 
+    pub fn role_of(&self, name: &str) -> Option<Role> {
+        self.by_name.get(name).map(|e| e.role)
+    }
+
     pub fn protocol_of(&self, name: &str) -> Option<Protocol> {
         self.by_name.get(name).map(|e| e.protocol)
     }

@@ -3,6 +3,10 @@
 //! `thread` is the chat, or the task for a task comment) and crosses to other protocols
 //! from there.
 
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
 use super::Tracker;
 use super::db::TaskRow;
 use super::translate::{self, decode_message, message_out};
@@ -10,6 +14,49 @@ use super::wire::{AuthorType, MessageOut};
 use crate::core::{Envelope, Staged, now_ms};
 use crate::protocols::clock::iso8601;
 use crate::store::{MessageQuery, StoredMessage};
+
+/// An agent as a chat may `@mention` it.
+pub struct MentionName {
+    name: String,
+    needle: String,
+}
+
+/// Everyone's `@name` as of a directory generation (`u64::MAX`: not built yet).
+pub type MentionNames = ArcSwap<(u64, Arc<Vec<MentionName>>)>;
+
+impl MentionName {
+    fn new(name: String) -> MentionName {
+        MentionName {
+            needle: format!("@{}", name.to_lowercase()),
+            name,
+        }
+    }
+}
+
+/// Which of `names` `text` mentions, in their order.
+fn mentions_in(names: &[MentionName], text: &str) -> Vec<String> {
+    let lower = text.to_lowercase();
+    // Every needle starts with `@`: it occurs where the text from one of its `@`s on
+    // starts with it.
+    let ats: Vec<&str> = lower
+        .match_indices('@')
+        .map(|(at, _)| &lower[at..])
+        .collect();
+    let name_ends = |after: &str| {
+        after
+            .chars()
+            .next()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '-' || c == '_'))
+    };
+    names
+        .iter()
+        .filter(|m| {
+            ats.iter()
+                .any(|rest| rest.strip_prefix(m.needle.as_str()).is_some_and(name_ends))
+        })
+        .map(|m| m.name.clone())
+        .collect()
+}
 
 /// A message as a Tracker member posts it.
 pub struct NewMessage {
@@ -158,27 +205,36 @@ impl Tracker {
     }
 
     /// Agents named as `@name` in text, against the whole directory (case-insensitive, and
-    /// the name must end there: `@coder` does not mention `coder-2`).
+    /// the name must end there: `@coder` does not mention `coder-2`), oldest first.
     pub fn mentioned_in(&self, text: &str) -> Vec<String> {
         if !text.contains('@') {
             return Vec::new();
         }
-        let lower = text.to_lowercase();
-        let mut found = Vec::new();
-        self.core.directory.for_each(|agent| {
-            let needle = format!("@{}", agent.name.to_lowercase());
-            let mentioned = lower.match_indices(&needle).any(|(at, _)| {
-                lower[at + needle.len()..]
-                    .chars()
-                    .next()
-                    .is_none_or(|c| !(c.is_alphanumeric() || c == '-' || c == '_'))
-            });
-            if mentioned {
-                found.push((agent.created_at, agent.name.clone()));
-            }
-        });
-        found.sort();
-        found.into_iter().map(|(_, name)| name).collect()
+        mentions_in(&self.mention_names(), text)
+    }
+
+    /// Every agent's lower-cased `@name`, oldest registration first; rebuilt only when the
+    /// directory has changed, not for every message with an `@` in it.
+    fn mention_names(&self) -> Arc<Vec<MentionName>> {
+        let generation = self.core.directory.generation();
+        let cached = self.mention_names.load();
+        if cached.0 == generation {
+            return cached.1.clone();
+        }
+        let mut agents = Vec::new();
+        self.core
+            .directory
+            .for_each(|agent| agents.push((agent.created_at, agent.name.clone())));
+        agents.sort();
+        let names: Arc<Vec<MentionName>> = Arc::new(
+            agents
+                .into_iter()
+                .map(|(_, name)| MentionName::new(name))
+                .collect(),
+        );
+        self.mention_names
+            .store(Arc::new((generation, names.clone())));
+        names
     }
 
     /// The newest `limit` messages of a chat (or a task's comments), oldest first.
@@ -270,3 +326,24 @@ const CHAT_KINDS: &[&str] = &[
     "vote.result",
     "error",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mentioned(text: &str) -> Vec<String> {
+        let names: Vec<MentionName> = ["coder", "coder-2", "Reviewer", "al"]
+            .into_iter()
+            .map(|n| MentionName::new(n.to_owned()))
+            .collect();
+        mentions_in(&names, text)
+    }
+
+    #[test]
+    fn a_mention_is_a_whole_name_in_any_case_in_directory_order() {
+        assert_eq!(mentioned("@REVIEWER, then @coder."), ["coder", "Reviewer"]);
+        assert_eq!(mentioned("ask @coder-2 and @coder_x"), ["coder-2"]);
+        assert_eq!(mentioned("mail al@al"), ["al"]);
+        assert!(mentioned("@alice @ coder").is_empty());
+    }
+}

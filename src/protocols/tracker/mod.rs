@@ -167,6 +167,7 @@ pub struct Tracker {
     members: Members,
     conns: DashMap<u64, Arc<Conn>>,
     next_conn: AtomicU64,
+    mention_names: chat::MentionNames,
     shutdown: CancellationToken,
 }
 
@@ -180,7 +181,7 @@ impl translate::Context for Tracker {
     }
 
     fn author_type(&self, name: &str) -> AuthorType {
-        match self.core.directory.get(name).map(|a| a.role) {
+        match self.core.directory.role_of(name) {
             Some(Role::Human) => AuthorType::Human,
             _ => AuthorType::Agent,
         }
@@ -268,6 +269,7 @@ pub async fn start(
         members,
         conns: DashMap::new(),
         next_conn: AtomicU64::new(1),
+        mention_names: ArcSwap::from_pointee((u64::MAX, Arc::default())),
         shutdown: shutdown.clone(),
     });
     let hub = hub::start(tracker.clone());
