@@ -66,6 +66,14 @@ pub(super) static MIGRATIONS: &[Migration] = &[
         CREATE INDEX messages_by_task ON messages (task_id, kind) WHERE task_id IS NOT NULL;
     ",
     },
+    Migration {
+        version: 4,
+        // Recipients are found by name (their primary key); a message's own rows are only
+        // looked for when it is replaced, by the names its stored body lists. An index by
+        // `seq` cost a b-tree insert per recipient of every message. (Messages are never
+        // deleted; a retention job that deletes them would want it back, for the cascade.)
+        sql: "DROP INDEX IF EXISTS message_recipients_by_seq;",
+    },
 ];
 
 /// A message read back from the log.
@@ -353,7 +361,19 @@ impl Row {
         let seq = if inserted == 1 {
             conn.last_insert_rowid()
         } else {
-            // The same id again (a client resending): the stored message is replaced.
+            // The same id again (a client resending): the stored message is replaced, with
+            // whom it names. Its recipients' rows are found by the names its stored body
+            // lists (`to` and `mentions`, which `Envelope::addressees` draws on), before
+            // the body is overwritten.
+            conn.prepare_cached(
+                "DELETE FROM message_recipients
+                 WHERE seq = (SELECT seq FROM messages WHERE id = ?1)
+                   AND name IN (
+                       SELECT j.value FROM messages m, json_each(m.body, '$.to') j WHERE m.id = ?1
+                       UNION
+                       SELECT j.value FROM messages m, json_each(m.body, '$.mentions') j WHERE m.id = ?1)",
+            )?
+            .execute([&self.id])?;
             let seq: i64 = conn
                 .prepare_cached(
                     "UPDATE messages SET uuid = ?2, ts = ?3, sender = ?4, kind = ?5, reply_to = ?6,
@@ -362,8 +382,6 @@ impl Row {
                      WHERE id = ?1 RETURNING seq",
                 )?
                 .query_row(values, |r| r.get(0))?;
-            conn.prepare_cached("DELETE FROM message_recipients WHERE seq = ?1")?
-                .execute([seq])?;
             seq
         };
         let mut add = conn.prepare_cached(
@@ -474,9 +492,11 @@ mod tests {
         let store = Store::open(IN_MEMORY).await.unwrap();
         let mut first = chat("a", 1, &["b"]);
         first.id = "m1".into();
+        first.to = vec!["d".into()];
         store.insert_message(&first).await.unwrap();
         first.text = Some("edited".into());
         first.mentions = vec!["c".into()];
+        first.to.clear();
         store.insert_message(&first).await.unwrap();
         let mut reply = chat("b", 2, &[]);
         reply.reply_to = Some("m1".into());
@@ -499,6 +519,17 @@ mod tests {
             for_b.is_empty(),
             "old recipients are replaced with the message"
         );
+        for (name, count) in [("c", 1), ("d", 0)] {
+            let seen = store
+                .messages(MessageQuery {
+                    recipients: Some(vec![name.into()]),
+                    limit: 10,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(seen.len(), count, "{name}");
+        }
         let replies = store.replies("m1").await.unwrap();
         assert_eq!(replies.len(), 1);
         let link = store.link(&reply.id).await.unwrap().unwrap();
