@@ -27,7 +27,7 @@ pub const MAX_DEPTH: usize = 32;
 
 /// A message as proto3 JSON: lowerCamelCase names, enums by name, 64-bit integers as
 /// strings, every field present (as grpc-gateway writes it).
-pub fn to_json(message: &DynamicMessage) -> Result<Value, String> {
+pub fn to_json(message: DynamicMessage) -> Result<Value, String> {
     message_json(message, 0)
 }
 
@@ -98,17 +98,19 @@ fn deserialize(desc: &MessageDescriptor, json: &Value) -> Result<DynamicMessage,
         .map_err(|e| e.to_string())
 }
 
-fn message_json(message: &DynamicMessage, depth: usize) -> Result<Value, String> {
-    let mut rest = message.clone();
+/// Takes the message apart rather than copying it: the fields written here are taken out,
+/// prost-reflect writes what is left.
+fn message_json(message: DynamicMessage, depth: usize) -> Result<Value, String> {
+    let mut rest = message;
     let mut own = Vec::new();
-    for field in message.descriptor().fields() {
-        if !written_here(&field) || !message.has_field(&field) {
+    for field in rest.descriptor().fields() {
+        if !written_here(&field) || !rest.has_field(&field) {
             continue;
         }
         let value = rest
             .take_field(&field)
             .unwrap_or_else(|| field.default_value());
-        let json = value_json(&value, depth).map_err(|e| format!("{}: {e}", field.json_name()))?;
+        let json = value_json(value, depth).map_err(|e| format!("{}: {e}", field.json_name()))?;
         own.push((field.json_name().to_owned(), json));
     }
     let mut json = serialize(&rest)?;
@@ -119,17 +121,17 @@ fn message_json(message: &DynamicMessage, depth: usize) -> Result<Value, String>
     Ok(json)
 }
 
-fn value_json(value: &PValue, depth: usize) -> Result<Value, String> {
+fn value_json(value: PValue, depth: usize) -> Result<Value, String> {
     match value {
         PValue::Message(message) => nested_json(message, depth),
-        PValue::List(items) => items.iter().map(|i| value_json(i, depth)).collect(),
+        PValue::List(items) => items.into_iter().map(|i| value_json(i, depth)).collect(),
         _ => Err("expected a message".into()),
     }
 }
 
-fn nested_json(message: &DynamicMessage, depth: usize) -> Result<Value, String> {
+fn nested_json(message: DynamicMessage, depth: usize) -> Result<Value, String> {
     if message.descriptor().full_name() == ANY {
-        any_json(message, depth)
+        any_json(&message, depth)
     } else {
         message_json(message, depth)
     }
@@ -160,7 +162,7 @@ fn any_json(any: &DynamicMessage, depth: usize) -> Result<Value, String> {
     }
     let mut out = Map::new();
     out.insert("@type".into(), Value::String(raw.type_url.clone()));
-    if let Value::Object(fields) = message_json(&inner, depth + 1)? {
+    if let Value::Object(fields) = message_json(inner, depth + 1)? {
         out.extend(fields);
     }
     Ok(Value::Object(out))

@@ -38,7 +38,7 @@ pub fn descriptor(full_name: &str) -> MessageDescriptor {
 pub fn to_json<M: Message>(message: &M, full_name: &str) -> Result<Value, String> {
     let dynamic = DynamicMessage::decode(descriptor(full_name), message.encode_to_vec().as_slice())
         .map_err(|e| e.to_string())?;
-    json::to_json(&dynamic)
+    json::to_json(dynamic)
 }
 
 /// A message from proto3 JSON; unknown fields are ignored, as grpc-gateway does.

@@ -252,7 +252,7 @@ async fn call(
     let (output, response) = dispatch(&gateway.api, rule.rpc.full_name(), &bytes, metadata).await?;
     let decoded = DynamicMessage::decode(output, response.as_slice())
         .map_err(|e| Status::internal(e.to_string()))?;
-    json_of(&decoded)
+    json_of(decoded)
 }
 
 /// A remote system's callback: the body is a SynapseMessage in JSON. Answered, in the
@@ -361,7 +361,7 @@ fn scalar(field: &FieldDescriptor, text: &str) -> Option<PValue> {
 }
 
 /// Proto3 JSON of a response: lowerCamelCase, every field, enums by name.
-pub fn json_of(message: &DynamicMessage) -> Result<Value, Status> {
+pub fn json_of(message: DynamicMessage) -> Result<Value, Status> {
     json::to_json(message).map_err(internal)
 }
 
