@@ -26,13 +26,33 @@ pub fn iso8601(ms: i64) -> String {
             .format(&*MILLIS_UTC)
             .unwrap_or_else(|_| "1970-01-01T00:00:00.000Z".to_owned());
     }
-    // Every Tracker and Grid message carries one: written directly, not through a format
-    // description (a third of the Tracker's encoding).
+    // Every Tracker and Grid message carries one: its digits are written directly, not
+    // through a format description or `format!`'s padding (a third of the Tracker's
+    // encoding, either way).
     let (hour, minute, second, milli) = at.to_hms_milli();
-    format!(
-        "{year:04}-{:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{milli:03}Z",
-        u8::from(month)
-    )
+    let mut out = String::with_capacity(24);
+    let fields = [
+        (year.unsigned_abs(), 4, '-'),
+        (u8::from(month).into(), 2, '-'),
+        (day.into(), 2, 'T'),
+        (hour.into(), 2, ':'),
+        (minute.into(), 2, ':'),
+        (second.into(), 2, '.'),
+        (milli.into(), 3, 'Z'),
+    ];
+    for (value, width, then) in fields {
+        push_digits(&mut out, value, width);
+        out.push(then);
+    }
+    out
+}
+
+/// `value`'s last `width` decimal digits, zero-padded.
+fn push_digits(out: &mut String, value: u32, width: u32) {
+    for place in (0..width).rev() {
+        let digit = value / 10u32.pow(place) % 10;
+        out.push(char::from(b'0' + digit as u8));
+    }
 }
 
 /// An RFC 3339 / ISO-8601 date-time (any offset) as milliseconds since the epoch.
@@ -52,7 +72,11 @@ mod tests {
         assert_eq!(iso8601(-1), "1969-12-31T23:59:59.999Z");
         assert_eq!(iso8601(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
         // Years before 1 go through `time`'s own formatter; both agree everywhere.
-        for ms in [-62_135_596_800_001, -62_198_755_200_001, 0, 951_782_400_042] {
+        let spread = (0..2_000_i64).map(|i| i * 126_701_150_399_999 % 253_402_300_800_000);
+        for ms in [-62_135_596_800_001, -62_198_755_200_001, 0, 951_782_400_042]
+            .into_iter()
+            .chain(spread)
+        {
             let at = OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000).unwrap();
             assert_eq!(iso8601(ms), at.format(&*MILLIS_UTC).unwrap());
         }
