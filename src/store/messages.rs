@@ -334,6 +334,8 @@ impl Row {
 
     /// Runs without a savepoint (`Store::write_unguarded`): only the first statement can
     /// fail on the data (and SQLite undoes it); any later failure fails the whole batch.
+    /// (A replacement's DELETE parses the stored body, which the store itself wrote with
+    /// serde_json: a body it cannot parse means a damaged database.)
     fn insert(self, conn: &Connection) -> Result<(), StoreError> {
         let values = params![
             self.id,
