@@ -40,9 +40,11 @@ pub struct Skynet {
     workspace: Workspace,
     /// Everyone a chat may @mention, as of a directory generation.
     mention_cache: ArcSwap<(u64, MentionCandidates)>,
-    /// Card ids shown for registered agents of other protocols (UUIDv5 of their names,
-    /// which never change): worked out once per name rather than once per message.
-    foreign_card_ids: DashMap<String, String>,
+    /// Card ids shown for registered agents of other protocols (UUIDv5 of their names),
+    /// worked out once per name rather than once per message; as of a directory
+    /// generation, so the map never outgrows the directory and an unregistered name's
+    /// alias is recorded again.
+    foreign_card_ids: ArcSwap<(u64, DashMap<String, String>)>,
     shutdown: CancellationToken,
 }
 
@@ -65,7 +67,7 @@ pub async fn start(
         workspace: Workspace::new(),
         // No generation is u64::MAX: the first use builds the list.
         mention_cache: ArcSwap::from_pointee((u64::MAX, Arc::default())),
-        foreign_card_ids: DashMap::new(),
+        foreign_card_ids: ArcSwap::from_pointee((u64::MAX, DashMap::new())),
         shutdown: shutdown.clone(),
     });
     let task = super::serve(PROTOCOL, listener, http::router(skynet), shutdown);

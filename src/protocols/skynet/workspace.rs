@@ -445,14 +445,21 @@ impl Peers for Skynet {
         if let Some(id) = self.core.directory.native_id(name, PROTOCOL) {
             return id;
         }
-        if let Some(id) = self.foreign_card_ids.get(name) {
+        let generation = self.core.directory.generation();
+        let mut cached = self.foreign_card_ids.load();
+        if cached.0 != generation {
+            self.foreign_card_ids
+                .store(Arc::new((generation, DashMap::new())));
+            cached = self.foreign_card_ids.load();
+        }
+        if let Some(id) = cached.1.get(name) {
             return id.clone();
         }
         let id = derived_uuid("agent", name).to_string();
         self.core.directory.add_alias(PROTOCOL, id.clone(), name);
         // Only registered names are kept, so unknown names cannot grow the map.
         if self.core.directory.contains(name) {
-            self.foreign_card_ids.insert(name.to_owned(), id.clone());
+            cached.1.insert(name.to_owned(), id.clone());
         }
         id
     }
