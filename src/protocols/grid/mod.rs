@@ -268,7 +268,7 @@ impl Grid {
         self.check_receiver(&msg).await?;
         if source == Source::Scratchpad {
             // Read from the scratchpad: never written back to it.
-            self.first_in_scratchpad(&msg.id);
+            self.mark_in_scratchpad(&msg.id);
         }
         let env = translate::decode(msg);
         Ok(Some(self.core.stage(env).await))
@@ -301,17 +301,38 @@ impl Grid {
         }
     }
 
-    /// Records that the scratchpad holds message `id`; false when it was known to already.
-    fn first_in_scratchpad(&self, id: &str) -> bool {
+    fn mark_in_scratchpad(&self, id: &str) {
         self.in_scratchpad
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remember(id)
+            .remember(id);
     }
 
-    /// Whether message `id` is still to be appended to the scratchpad (and will be now).
-    fn to_append(&self, id: &str) -> bool {
-        !self.config.scratchpad.0.is_empty() && self.first_in_scratchpad(id)
+    fn in_scratchpad(&self, id: &str) -> bool {
+        self.in_scratchpad
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ids
+            .contains(id)
+    }
+
+    /// Appends `message` to the scratchpad, when there is one and it does not hold the
+    /// message yet. Only the task that writes the queue and the scratchpad calls this, so a
+    /// message kept for several programs is written once; a failed append is tried again
+    /// by the message's next copy.
+    async fn append_once(&self, message: &Value) {
+        let id = message.get("id").and_then(Value::as_str);
+        if self.config.scratchpad.0.is_empty() || id.is_some_and(|id| self.in_scratchpad(id)) {
+            return;
+        }
+        match self.append_to_scratchpad(message).await {
+            Ok(()) => {
+                if let Some(id) = id {
+                    self.mark_in_scratchpad(id);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "grid: cannot append to the scratchpad"),
+        }
     }
 
     /// The message as Grid programs receive it, encoded once per message.
@@ -325,7 +346,7 @@ impl Grid {
         let Some(message) = self.encode(delivery) else {
             return;
         };
-        if self.to_append(&delivery.envelope.id) {
+        if !self.config.scratchpad.0.is_empty() && !self.in_scratchpad(&delivery.envelope.id) {
             let _ = self.outgoing.send(Outgoing::Append(message.clone()));
         }
         let _ = self.outgoing.send(Outgoing::Queue {
@@ -391,11 +412,7 @@ impl Grid {
                 delivery,
                 message,
             } => self.queue(vec![agent], &delivery, &message).await,
-            Outgoing::Append(message) => {
-                if let Err(e) = self.append_to_scratchpad(&message).await {
-                    tracing::error!(error = %e, "grid: cannot append to the scratchpad");
-                }
-            }
+            Outgoing::Append(message) => self.append_once(&message).await,
             Outgoing::Flush(done) => {
                 self.drain_hub(hub).await;
                 let _ = done.send(());
@@ -425,11 +442,7 @@ impl Grid {
         let Some(message) = self.encode(delivery) else {
             return;
         };
-        if self.to_append(&delivery.envelope.id)
-            && let Err(e) = self.append_to_scratchpad(&message).await
-        {
-            tracing::error!(error = %e, "grid: cannot append to the scratchpad");
-        }
+        self.append_once(&message).await;
         let programs: Vec<String> = self
             .programs
             .iter()
