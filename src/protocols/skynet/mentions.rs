@@ -56,11 +56,11 @@ pub fn enrich(
         // Every needle starts with `@`, so it occurs in the text exactly when the text
         // from one of its `@`s on starts with it: a few byte compares per member rather
         // than a substring search through the whole text.
-        let ats: Vec<&str> = lower
+        let from_each_at: Vec<&str> = lower
             .match_indices('@')
             .map(|(at, _)| &lower[at..])
             .collect();
-        let occurs = |needle: &str| ats.iter().any(|rest| rest.starts_with(needle));
+        let occurs = |needle: &str| from_each_at.iter().any(|rest| rest.starts_with(needle));
         // Only a text with an `@` pays for the member list.
         for Candidate { id, needle } in candidates().iter() {
             if id == sender_id || ids.iter().any(|known| known == id) {

@@ -38,7 +38,7 @@ fn mentions_in(names: &[MentionName], text: &str) -> Vec<String> {
     let lower = text.to_lowercase();
     // Every needle starts with `@`: it occurs where the text from one of its `@`s on
     // starts with it.
-    let ats: Vec<&str> = lower
+    let from_each_at: Vec<&str> = lower
         .match_indices('@')
         .map(|(at, _)| &lower[at..])
         .collect();
@@ -51,7 +51,8 @@ fn mentions_in(names: &[MentionName], text: &str) -> Vec<String> {
     names
         .iter()
         .filter(|m| {
-            ats.iter()
+            from_each_at
+                .iter()
                 .any(|rest| rest.strip_prefix(m.needle.as_str()).is_some_and(name_ends))
         })
         .map(|m| m.name.clone())
