@@ -341,8 +341,9 @@ impl Skynet {
         self.core.publish_transient(env).await;
     }
 
-    /// `(card id, name)` of everyone a chat may `@mention`, in the order Skynet tries them:
-    /// registered agents, registered humans, then agents of other protocols.
+    /// Everyone a chat may `@mention` (card id and lower-cased `@name`), in the order
+    /// Skynet tries them: registered agents, registered humans, then agents of other
+    /// protocols.
     pub fn mention_candidates(&self) -> MentionCandidates {
         // Rebuilt only when an agent is registered, changed or removed anywhere: every
         // chat with an `@` in it asks for this list.
