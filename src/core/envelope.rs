@@ -194,7 +194,7 @@ pub struct Attachment {
 }
 
 /// Where a message came from: its protocol and the frame as that protocol gave it.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 pub struct Origin {
     pub protocol: String,
     #[serde(default)]
@@ -237,6 +237,16 @@ impl Origin {
                 serde_json::value::to_raw_value(native).ok()
             })
             .as_deref()
+    }
+}
+
+/// Without the cached text, which says again what `native` says.
+impl std::fmt::Debug for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Origin")
+            .field("protocol", &self.protocol)
+            .field("native", &self.native)
+            .finish()
     }
 }
 
