@@ -593,6 +593,26 @@ mod tests {
         serde_saphyr::from_str(yaml).unwrap()
     }
 
+    /// Strings a YAML 1.1 reader (PyYAML) would take for something else are quoted, as
+    /// the document's own examples quote timestamps: they arrive as strings.
+    #[test]
+    fn strings_that_read_as_other_types_are_quoted() {
+        let text = to_yaml(&json!({
+            "timestamp": "2026-01-24T10:00:00Z",
+            "payload": { "since": "2026-01-24", "ok": "yes", "flag": "on", "count": "12", "text": "plain words" }
+        }));
+        for quoted in [
+            r#"timestamp: "2026-01-24T10:00:00Z""#,
+            r#"since: "2026-01-24""#,
+            r#"ok: "yes""#,
+            r#"flag: "on""#,
+            r#"count: "12""#,
+        ] {
+            assert!(text.contains(quoted), "{quoted} in\n{text}");
+        }
+        assert!(text.contains("text: plain words"), "{text}");
+    }
+
     #[test]
     fn the_documents_examples_validate() {
         let request = validate(doc(
