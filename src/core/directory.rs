@@ -5,8 +5,10 @@
 //! identifies it natively, and whether it is online, so that every endpoint can show every
 //! other agent as a native peer. Reads are lock-free on the hot path (sharded `DashMap`).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use serde::Serialize;
@@ -271,9 +273,57 @@ impl Directory {
     }
 }
 
+/// Something an endpoint works out from the directory (who may be mentioned, the ids it
+/// shows for foreign agents), kept until the directory changes (`Directory::generation`).
+pub struct PerGeneration<T> {
+    cached: ArcSwap<(u64, Arc<T>)>,
+}
+
+impl<T: Default> Default for PerGeneration<T> {
+    fn default() -> Self {
+        // No generation is u64::MAX: the first use builds the value.
+        PerGeneration {
+            cached: ArcSwap::from_pointee((u64::MAX, Arc::default())),
+        }
+    }
+}
+
+impl<T> PerGeneration<T> {
+    /// The value for the directory as it is: `build` makes it again when the directory has
+    /// changed since it was last made. A change while `build` runs makes the next call
+    /// build again.
+    pub fn get(&self, directory: &Directory, build: impl FnOnce() -> T) -> Arc<T> {
+        let generation = directory.generation();
+        let cached = self.cached.load();
+        if cached.0 == generation {
+            return cached.1.clone();
+        }
+        let fresh = Arc::new(build());
+        self.cached.store(Arc::new((generation, fresh.clone())));
+        fresh
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_per_generation_is_built_again_once_the_directory_changes() {
+        let dir = Directory::new();
+        let names: PerGeneration<Vec<String>> = PerGeneration::default();
+        let list = |dir: &Directory| {
+            let mut all = Vec::new();
+            dir.for_each(|a| all.push(a.name.clone()));
+            all
+        };
+        assert!(names.get(&dir, || list(&dir)).is_empty());
+        dir.register(AgentInfo::new("coder", "tracker", "m1"))
+            .unwrap();
+        assert_eq!(*names.get(&dir, || list(&dir)), ["coder"]);
+        // Unchanged directory: the value kept is the one returned.
+        assert_eq!(*names.get(&dir, || unreachable!()), ["coder"]);
+    }
 
     #[test]
     fn names_are_unique_across_protocols() {

@@ -15,7 +15,6 @@ mod ws;
 
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use dashmap::DashMap;
 
 use tokio_util::sync::CancellationToken;
@@ -23,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 pub use config::Config;
 
 use super::{Running, StartError};
-use crate::core::{Core, Protocol};
+use crate::core::{Core, PerGeneration, Protocol};
 use registry::Registry;
 use workspace::Workspace;
 
@@ -38,13 +37,13 @@ pub struct Skynet {
     config: Config,
     registry: Registry,
     workspace: Workspace,
-    /// Everyone a chat may @mention, as of a directory generation.
-    mention_cache: ArcSwap<(u64, MentionCandidates)>,
+    /// Everyone a chat may @mention.
+    mention_cache: PerGeneration<Vec<mentions::Candidate>>,
     /// Card ids shown for registered agents of other protocols (UUIDv5 of their names),
-    /// worked out once per name rather than once per message; as of a directory
-    /// generation, so the map never outgrows the directory and an unregistered name's
-    /// alias is recorded again.
-    foreign_card_ids: ArcSwap<(u64, DashMap<String, String>)>,
+    /// worked out once per name rather than once per message; emptied when the directory
+    /// changes, so the map never outgrows it and an unregistered name's alias is recorded
+    /// again.
+    foreign_card_ids: PerGeneration<DashMap<String, String>>,
     shutdown: CancellationToken,
 }
 
@@ -65,9 +64,8 @@ pub async fn start(
         config: config.clone(),
         registry,
         workspace: Workspace::new(),
-        // No generation is u64::MAX: the first use builds the list.
-        mention_cache: ArcSwap::from_pointee((u64::MAX, Arc::default())),
-        foreign_card_ids: ArcSwap::from_pointee((u64::MAX, DashMap::new())),
+        mention_cache: PerGeneration::default(),
+        foreign_card_ids: PerGeneration::default(),
         shutdown: shutdown.clone(),
     });
     let task = super::serve(PROTOCOL, listener, http::router(skynet), shutdown);

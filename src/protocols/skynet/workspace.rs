@@ -347,34 +347,28 @@ impl Skynet {
     pub fn mention_candidates(&self) -> MentionCandidates {
         // Rebuilt only when an agent is registered, changed or removed anywhere: every
         // chat with an `@` in it asks for this list.
-        let generation = self.core.directory.generation();
-        let cached = self.mention_cache.load();
-        if cached.0 == generation {
-            return cached.1.clone();
-        }
-        let mut out: Vec<Candidate> = self
-            .registry
-            .list(false)
-            .into_iter()
-            .chain(self.registry.list(true))
-            .map(|p| Candidate::new(p.id, &p.name))
-            .collect();
-        let mut foreign = Vec::new();
-        self.core.directory.for_each(|agent| {
-            if agent.protocol != PROTOCOL {
-                foreign.push((agent.created_at, agent.name.clone()));
-            }
-        });
-        foreign.sort();
-        out.extend(
-            foreign
+        self.mention_cache.get(&self.core.directory, || {
+            let mut out: Vec<Candidate> = self
+                .registry
+                .list(false)
                 .into_iter()
-                .map(|(_, name)| Candidate::new(self.card_id(&name), &name)),
-        );
-        let out = Arc::new(out);
-        self.mention_cache
-            .store(Arc::new((generation, out.clone())));
-        out
+                .chain(self.registry.list(true))
+                .map(|p| Candidate::new(p.id, &p.name))
+                .collect();
+            let mut foreign = Vec::new();
+            self.core.directory.for_each(|agent| {
+                if agent.protocol != PROTOCOL {
+                    foreign.push((agent.created_at, agent.name.clone()));
+                }
+            });
+            foreign.sort();
+            out.extend(
+                foreign
+                    .into_iter()
+                    .map(|(_, name)| Candidate::new(self.card_id(&name), &name)),
+            );
+            out
+        })
     }
 
     /// Every member as Skynet shows them: joined Skynet members, then online agents of
@@ -446,21 +440,17 @@ impl Peers for Skynet {
         if let Some(id) = self.core.directory.native_id(name, PROTOCOL) {
             return id;
         }
-        let generation = self.core.directory.generation();
-        let mut cached = self.foreign_card_ids.load();
-        if cached.0 != generation {
-            self.foreign_card_ids
-                .store(Arc::new((generation, DashMap::new())));
-            cached = self.foreign_card_ids.load();
-        }
-        if let Some(id) = cached.1.get(name) {
+        let known = self
+            .foreign_card_ids
+            .get(&self.core.directory, DashMap::new);
+        if let Some(id) = known.get(name) {
             return id.clone();
         }
         let id = derived_uuid("agent", name).to_string();
         self.core.directory.add_alias(PROTOCOL, id.clone(), name);
         // Only registered names are kept, so unknown names cannot grow the map.
         if self.core.directory.contains(name) {
-            cached.1.insert(name.to_owned(), id.clone());
+            known.insert(name.to_owned(), id.clone());
         }
         id
     }

@@ -5,8 +5,6 @@
 
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
-
 use super::Tracker;
 use super::db::TaskRow;
 use super::translate::{self, decode_message, message_out};
@@ -20,9 +18,6 @@ pub struct MentionName {
     name: String,
     needle: String,
 }
-
-/// Everyone's `@name` as of a directory generation (`u64::MAX`: not built yet).
-pub type MentionNames = ArcSwap<(u64, Arc<Vec<MentionName>>)>;
 
 impl MentionName {
     fn new(name: String) -> MentionName {
@@ -217,25 +212,17 @@ impl Tracker {
     /// Every agent's lower-cased `@name`, oldest registration first; rebuilt only when the
     /// directory has changed, not for every message with an `@` in it.
     fn mention_names(&self) -> Arc<Vec<MentionName>> {
-        let generation = self.core.directory.generation();
-        let cached = self.mention_names.load();
-        if cached.0 == generation {
-            return cached.1.clone();
-        }
-        let mut agents = Vec::new();
-        self.core
-            .directory
-            .for_each(|agent| agents.push((agent.created_at, agent.name.clone())));
-        agents.sort();
-        let names: Arc<Vec<MentionName>> = Arc::new(
+        self.mention_names.get(&self.core.directory, || {
+            let mut agents = Vec::new();
+            self.core
+                .directory
+                .for_each(|agent| agents.push((agent.created_at, agent.name.clone())));
+            agents.sort();
             agents
                 .into_iter()
                 .map(|(_, name)| MentionName::new(name))
-                .collect(),
-        );
-        self.mention_names
-            .store(Arc::new((generation, names.clone())));
-        names
+                .collect()
+        })
     }
 
     /// The newest `limit` messages of a chat (or a task's comments), oldest first.

@@ -33,7 +33,8 @@ pub use config::Config;
 
 use super::{Running, StartError};
 use crate::core::{
-    AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, Origin, Protocol, Role, Status,
+    AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, Origin, PerGeneration, Protocol,
+    Role, Status,
 };
 use db::{Db, MemberRow, ProjectRow, TaskRow};
 use members::{Members, Transition, hash_token};
@@ -167,7 +168,8 @@ pub struct Tracker {
     members: Members,
     conns: DashMap<u64, Arc<Conn>>,
     next_conn: AtomicU64,
-    mention_names: chat::MentionNames,
+    /// Every agent's `@name`, for mentions in chat text.
+    mention_names: PerGeneration<Vec<chat::MentionName>>,
     shutdown: CancellationToken,
 }
 
@@ -269,7 +271,7 @@ pub async fn start(
         members,
         conns: DashMap::new(),
         next_conn: AtomicU64::new(1),
-        mention_names: ArcSwap::from_pointee((u64::MAX, Arc::default())),
+        mention_names: PerGeneration::default(),
         shutdown: shutdown.clone(),
     });
     let hub = hub::start(tracker.clone());
