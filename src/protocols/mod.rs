@@ -5,6 +5,7 @@
 //! Adding a protocol means adding its folder, its section in `Config`, and a line in
 //! `start_all` and `listeners` below.
 
+pub mod at_names;
 pub mod clock;
 pub mod contract;
 pub mod grid;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::wire::MENTION_ALL;
+use crate::protocols::at_names;
 
 /// A member a chat may mention: their card id and the `@name` looked for, lower-cased
 /// once here rather than for every chat.
@@ -20,7 +21,7 @@ impl Candidate {
     pub fn new(id: String, name: &str) -> Candidate {
         Candidate {
             id,
-            needle: format!("@{}", name.to_lowercase()),
+            needle: at_names::needle(name),
         }
     }
 }
@@ -53,13 +54,7 @@ pub fn enrich(
         .filter(|t| t.contains('@'));
     if let Some(text) = text {
         let lower = text.to_lowercase();
-        // Every needle starts with `@`, so it occurs in the text exactly when the text
-        // from one of its `@`s on starts with it: a few byte compares per member rather
-        // than a substring search through the whole text.
-        let from_each_at: Vec<&str> = lower
-            .match_indices('@')
-            .map(|(at, _)| &lower[at..])
-            .collect();
+        let from_each_at = at_names::from_each_at(&lower);
         let occurs = |needle: &str| from_each_at.iter().any(|rest| rest.starts_with(needle));
         // Only a text with an `@` pays for the member list.
         for Candidate { id, needle } in candidates().iter() {

@@ -10,6 +10,7 @@ use super::db::TaskRow;
 use super::translate::{self, decode_message, message_out};
 use super::wire::{AuthorType, MessageOut};
 use crate::core::{Envelope, Staged, now_ms};
+use crate::protocols::at_names;
 use crate::protocols::clock::iso8601;
 use crate::store::{MessageQuery, StoredMessage};
 
@@ -22,7 +23,7 @@ pub struct MentionName {
 impl MentionName {
     fn new(name: String) -> MentionName {
         MentionName {
-            needle: format!("@{}", name.to_lowercase()),
+            needle: at_names::needle(&name),
             name,
         }
     }
@@ -31,12 +32,7 @@ impl MentionName {
 /// Which of `names` `text` mentions, in their order.
 fn mentions_in(names: &[MentionName], text: &str) -> Vec<String> {
     let lower = text.to_lowercase();
-    // Every needle starts with `@`: it occurs where the text from one of its `@`s on
-    // starts with it.
-    let from_each_at: Vec<&str> = lower
-        .match_indices('@')
-        .map(|(at, _)| &lower[at..])
-        .collect();
+    let from_each_at = at_names::from_each_at(&lower);
     let name_ends = |after: &str| {
         after
             .chars()
