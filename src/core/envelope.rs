@@ -426,10 +426,9 @@ mod tests {
     #[test]
     fn the_native_frame_is_written_once_and_follows_set_native() {
         let mut env = Envelope::new("test", "a", Kind::Chat);
-        env.origin.set_native(Some(
-            serde_json::json!({ "type": "chat", "text": "say \"hi\"" }),
-        ));
-        let first = r#"{"type":"chat","text":"say \"hi\""}"#;
+        let native = serde_json::json!({ "type": "chat", "text": "say \"hi\"" });
+        env.origin.set_native(Some(native.clone()));
+        let first = &*serde_json::to_string(&native).unwrap();
         assert_eq!(env.origin.native_json(), Some(first));
         let body = serde_json::to_string(&env).unwrap();
         assert!(body.contains(&format!(r#""native":{first}"#)), "{body}");

@@ -12,6 +12,7 @@
 mod config;
 mod db;
 mod http;
+mod order;
 mod scratchpad;
 mod sockets;
 /// Grid message ⇄ Envelope; public for `benches/translate.rs`.

@@ -12,7 +12,8 @@
 //! ````
 //!
 //! Messages are kept as JSON values (`serde_json::Value`) so fields the bridge does not know
-//! travel unchanged between Grid programs.
+//! travel unchanged between Grid programs (their fields written in the document's order,
+//! see `order`).
 
 use std::sync::LazyLock;
 
@@ -20,6 +21,7 @@ use serde_json::{Map, Value, json};
 use time::PrimitiveDateTime;
 use time::format_description::OwnedFormatItem;
 
+use super::order;
 use crate::core::{Priority, new_message_id};
 use crate::protocols::clock::{iso8601, parse_iso8601};
 
@@ -317,9 +319,16 @@ pub fn validate(doc: Value) -> Result<Message, Invalid> {
     })
 }
 
-/// `{message: …}` as YAML.
+/// `{message: …}` as YAML, its fields in the document's order.
 pub fn to_yaml(message: &Value) -> String {
-    serde_saphyr::to_string(&json!({ "message": message })).unwrap_or_default()
+    #[derive(serde::Serialize)]
+    struct Document<T> {
+        message: T,
+    }
+    serde_saphyr::to_string(&Document {
+        message: order::message(message),
+    })
+    .unwrap_or_default()
 }
 
 /// Several messages as a YAML stream.
@@ -808,6 +817,10 @@ mod tests {
     fn entries_written_by_the_bridge_read_back() {
         let msg = validate(doc("message: { timestamp: 2026-01-24T10:00:00Z, id: msg-1, type: request, sender: { agent: mc }, receiver: { agent: executor }, content: { action: abort, payload: { reason: stop } } }")).unwrap();
         let text = entry(&msg.raw);
+        assert!(
+            text.contains("message:\n  id: msg-1\n  timestamp: "),
+            "{text}"
+        );
         let (entries, consumed) = parse_entries(&text);
         assert_eq!(consumed, text.len());
         let back = entries[0].message.as_ref().unwrap();
