@@ -321,8 +321,13 @@ pub struct Envelope {
 impl Envelope {
     /// A new message of `kind` from `from`, with a fresh id and the current time.
     pub fn new(protocol: Protocol, from: impl Into<String>, kind: Kind) -> Self {
+        Self::with_id(new_message_id(), protocol, from, kind)
+    }
+
+    /// A message with the id its origin gave it (`new` would make one, to be thrown away).
+    pub fn with_id(id: String, protocol: Protocol, from: impl Into<String>, kind: Kind) -> Self {
         Envelope {
-            id: new_message_id(),
+            id,
             from: from.into(),
             to: Vec::new(),
             mentions: Vec::new(),

@@ -37,8 +37,7 @@ pub fn decode(mut msg: Message) -> Envelope {
         (_, "abort") => Kind::ControlAbort,
         _ => Kind::Chat,
     };
-    let mut env = Envelope::new(PROTOCOL, &msg.sender.agent, kind);
-    env.id = msg.id.clone();
+    let mut env = Envelope::with_id(msg.id.clone(), PROTOCOL, &msg.sender.agent, kind);
     env.timestamp = msg.timestamp;
     env.priority = msg.priority;
     env.ttl_secs = msg.ttl;

@@ -89,10 +89,9 @@ pub fn decode(msg: Map<String, Value>, sender: &str, peers: &impl Peers) -> Enve
 fn decode_fields(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> Envelope {
     let msg_type = str_field(msg, "type").unwrap_or_default();
     let payload = msg.get("payload").unwrap_or(&Value::Null);
-    let mut env = Envelope::new(PROTOCOL, sender, kind_of(msg_type));
-    if let Some(id) = str_field(msg, "id") {
-        env.id = id.to_owned();
-    }
+    // `stamp_sent` gave a sent message its id; a frame read back without one gets one.
+    let id = str_field(msg, "id").map_or_else(new_message_id, str::to_owned);
+    let mut env = Envelope::with_id(id, PROTOCOL, sender, kind_of(msg_type));
     if let Some(ts) = msg.get("timestamp").and_then(wire::as_millis) {
         env.timestamp = ts;
     }

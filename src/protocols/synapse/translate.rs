@@ -42,12 +42,8 @@ pub fn decode(msg: &SynapseMessage) -> Result<Envelope, String> {
         .as_ref()
         .map(|s| s.agent_id.clone())
         .unwrap_or_default();
-    let mut env = Envelope::new(PROTOCOL, sender, kind_of(msg_type));
-    if !msg.id.is_empty() {
-        env.id = msg.id.clone();
-    } else {
-        env.id = new_message_id();
-    }
+    let id = non_empty(&msg.id).unwrap_or_else(new_message_id);
+    let mut env = Envelope::with_id(id, PROTOCOL, sender, kind_of(msg_type));
     if let Some(ts) = &msg.timestamp {
         env.timestamp = wire::millis(ts);
     }

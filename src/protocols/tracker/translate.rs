@@ -330,8 +330,7 @@ pub fn decode_message(
     reply_to: Option<String>,
     timestamp: i64,
 ) -> Envelope {
-    let mut env = Envelope::new(PROTOCOL, &out.author_slug, Kind::Chat);
-    env.id = out.id.clone();
+    let mut env = Envelope::with_id(out.id.clone(), PROTOCOL, &out.author_slug, Kind::Chat);
     env.timestamp = timestamp;
     env.text = Some(out.content.clone());
     env.mentions = out.mentions.clone();
