@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use agentbridge::protocols::synapse::proto::synapse_message_service_client::SynapseMessageServiceClient;
 use agentbridge::protocols::synapse::proto::{AgentEndpoint, MessageType, SynapseMessage};
+use bytes::Bytes;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
@@ -120,19 +121,19 @@ pub enum Receiver {
 
 impl Receiver {
     /// The next frame's bytes; `None` when the connection is gone.
-    pub async fn next(&mut self) -> Option<Vec<u8>> {
+    pub async fn next(&mut self) -> Option<Bytes> {
         match self {
             Receiver::Ws(stream) => loop {
                 match stream.next().await? {
-                    Ok(Message::Text(text)) => return Some(text.as_bytes().to_vec()),
-                    Ok(Message::Binary(bytes)) => return Some(bytes.to_vec()),
+                    Ok(Message::Text(text)) => return Some(text.into()),
+                    Ok(Message::Binary(bytes)) => return Some(bytes),
                     Ok(Message::Close(_)) | Err(_) => return None,
                     Ok(_) => continue,
                 }
             },
             Receiver::Synapse { stream, .. } => {
                 let msg = stream.next().await?.ok()?;
-                Some(msg.payload.map(|p| p.value).unwrap_or_default())
+                Some(msg.payload.map(|p| p.value).unwrap_or_default().into())
             }
         }
     }
@@ -457,7 +458,7 @@ pub mod plain {
                         Message::Binary(b) => b,
                         _ => continue,
                     };
-                    if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                    if memchr::memmem::find(bytes, needle.as_bytes()).is_some() {
                         return Ok(());
                     }
                 }
