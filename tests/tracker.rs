@@ -878,6 +878,9 @@ async fn chat_send_over_the_socket_and_its_errors() {
         (got["author_slug"].as_str(), got["content"].as_str()),
         (Some("coder"), Some("from the socket"))
     );
+    // A UUID, time-ordered (v7): new messages append to the log's id index.
+    let id = uuid::Uuid::parse_str(got["id"].as_str().unwrap()).unwrap();
+    assert_eq!(id.get_version_num(), 7, "{id}");
     let (_, history) = w
         .admin
         .get(&format!("/messages?chat_id={}", lobby.as_str().unwrap()))
