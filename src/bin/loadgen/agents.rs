@@ -186,6 +186,28 @@ pub struct Pairing<'a> {
     pub to: Proto,
     pub sender: String,
     pub receiver: String,
+    /// Each message carries a random UUIDv4 id of the sender's choosing.
+    pub client_ids: bool,
+}
+
+/// The `"id":"…",` a Skynet client that chooses its ids puts first in a message's data
+/// (nothing when the server is left to choose).
+pub fn skynet_id_field(client_ids: bool) -> String {
+    if client_ids {
+        format!(r#""id":"{}","#, uuid::Uuid::new_v4())
+    } else {
+        String::new()
+    }
+}
+
+/// A Grid or Synapse message id: a random `msg-{uuid}` (Grid's documented form) when the
+/// client chooses them that way, else `{sender}-{seq}`.
+fn client_id(client_ids: bool, sender: &str, seq: u64) -> String {
+    if client_ids {
+        format!("msg-{}", uuid::Uuid::new_v4())
+    } else {
+        format!("{sender}-{seq}")
+    }
 }
 
 /// Connects `receiver` of protocol `to`, registering it where its protocol requires.
@@ -225,6 +247,7 @@ pub async fn sender(pairing: Pairing<'_>) -> Result<Sender, Error> {
         to,
         sender: name,
         receiver,
+        client_ids,
     } = pairing;
     let base = endpoints.base(from)?;
     match from {
@@ -233,11 +256,15 @@ pub async fn sender(pairing: Pairing<'_>) -> Result<Sender, Error> {
             let target = skynet_member_id(base, &receiver, to == Proto::Skynet).await?;
             let (sink, stream) = ws.split();
             drain(stream);
-            let prefix = r#"{"action":"send","data":{"type":"chat","payload":{"text":""#;
             let suffix = format!(r#""}},"mentions":["{target}"]}}}}"#);
             Ok(Sender {
                 sink: SenderSink::Ws(sink),
-                frame: Box::new(move |_, text| Outgoing::Text(format!("{prefix}{text}{suffix}"))),
+                frame: Box::new(move |_, text| {
+                    let id = skynet_id_field(client_ids);
+                    Outgoing::Text(format!(
+                        r#"{{"action":"send","data":{{{id}"type":"chat","payload":{{"text":"{text}{suffix}"#
+                    ))
+                }),
             })
         }
         Proto::Tracker => {
@@ -258,7 +285,7 @@ pub async fn sender(pairing: Pairing<'_>) -> Result<Sender, Error> {
                 sink: SenderSink::Synapse(tx),
                 frame: Box::new(move |seq, text| {
                     Outgoing::Synapse(Box::new(SynapseMessage {
-                        id: format!("{name}-{seq}"),
+                        id: client_id(client_ids, &name, seq),
                         r#type: MessageType::Unspecified as i32,
                         sender: Some(endpoint(&name)),
                         receiver: Some(endpoint(&receiver)),
@@ -279,7 +306,8 @@ pub async fn sender(pairing: Pairing<'_>) -> Result<Sender, Error> {
                 sink: SenderSink::Ws(sink),
                 frame: Box::new(move |seq, text| {
                     Outgoing::Text(format!(
-                        r#"{{"message":{{"id":"{name}-{seq}","timestamp":"{}","type":"notification","sender":{{"agent":"{name}"}},"receiver":{{"agent":"{receiver}"}},"content":{{"action":"message","payload":{{"text":"{text}"}}}}}}}}"#,
+                        r#"{{"message":{{"id":"{}","timestamp":"{}","type":"notification","sender":{{"agent":"{name}"}},"receiver":{{"agent":"{receiver}"}},"content":{{"action":"message","payload":{{"text":"{text}"}}}}}}}}"#,
+                        client_id(client_ids, &name, seq),
                         agentbridge::protocols::clock::iso8601(agentbridge::core::now_ms())
                     ))
                 }),

@@ -71,6 +71,12 @@ struct RunArgs {
     /// Filler bytes in each message's text, beyond the timing marker.
     #[arg(long, default_value_t = 64)]
     payload: usize,
+    /// Senders give every message a random UUIDv4 id of their own, as many clients do:
+    /// Skynet's `id`, Grid's `msg-{uuid}`, Synapse's `id`. Without it Skynet messages take
+    /// the server's id, and Grid and Synapse ids are `{sender}-{seq}`. (Tracker clients
+    /// cannot choose ids.)
+    #[arg(long)]
+    client_ids: bool,
     /// Baselines to run the same load through: `raw-relay`, `nats`, or `none`.
     #[arg(long = "baseline", default_values_t = vec!["raw-relay".to_owned()])]
     baselines: Vec<String>,
@@ -168,6 +174,7 @@ async fn run_all(args: RunArgs) -> Result<(), Error> {
         duration: Duration::from_secs_f64(args.duration),
         count: args.count,
         payload: args.payload,
+        client_ids: args.client_ids,
     };
     let mut rows = Vec::new();
 
@@ -195,7 +202,7 @@ async fn run_all(args: RunArgs) -> Result<(), Error> {
             ..Default::default()
         };
         let bar = spinner(&format!("{url} skynet→skynet"));
-        let pairs = connect(&endpoints, Proto::Skynet, Proto::Skynet, args.pairs).await?;
+        let pairs = connect(&endpoints, Proto::Skynet, Proto::Skynet, args.pairs, &load).await?;
         let outcome = run::run(pairs, &load, &bar).await;
         bar.finish_and_clear();
         rows.push(Row::new(url, "skynet→skynet", args.pairs, &load, &outcome));
@@ -236,7 +243,7 @@ async fn bridge_run(args: &RunArgs, load: &Load, from: Proto, to: Proto) -> Resu
         }
         (endpoints, None)
     };
-    let pairs = connect(&endpoints, from, to, args.pairs).await?;
+    let pairs = connect(&endpoints, from, to, args.pairs, load).await?;
     // In process, the bridge's CPU time would include the load generator's.
     let pid = server.as_ref().map(|s| s.pid).or(args.bridge_pid);
     let cpu_pid = pid.filter(|_| !args.in_process);
@@ -264,6 +271,7 @@ async fn connect(
     from: Proto,
     to: Proto,
     pairs: usize,
+    load: &Load,
 ) -> Result<Vec<(Sender, Receiver)>, Error> {
     let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
     let mut receivers = Vec::new();
@@ -278,6 +286,7 @@ async fn connect(
             to,
             sender: format!("lg{run}-s{i}"),
             receiver: format!("lg{run}-r{i}"),
+            client_ids: load.client_ids,
         })
         .await?;
         out.push((sender, receiver));
@@ -292,9 +301,11 @@ async fn raw_relay(args: &RunArgs, load: &Load) -> Result<Row, Error> {
     let mut pairs = Vec::new();
     for i in 0..args.pairs {
         let receiver = agents::plain::receiver(&format!("ws://{addr}/?me=r{i}")).await?;
-        let sender = agents::plain::sender(&format!("ws://{addr}/?me=s{i}&to=r{i}"), |_, text| {
+        let client_ids = load.client_ids;
+        let sender = agents::plain::sender(&format!("ws://{addr}/?me=s{i}&to=r{i}"), move |_, text| {
+            let id = agents::skynet_id_field(client_ids);
             format!(
-                r#"{{"action":"send","data":{{"type":"chat","payload":{{"text":"{text}"}},"mentions":["00000000-0000-0000-0000-000000000000"]}}}}"#
+                r#"{{"action":"send","data":{{{id}"type":"chat","payload":{{"text":"{text}"}},"mentions":["00000000-0000-0000-0000-000000000000"]}}}}"#
             )
         })
         .await?;

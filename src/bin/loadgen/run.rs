@@ -24,6 +24,8 @@ pub struct Load {
     /// Stop after this many messages over all senders, if it comes first.
     pub count: Option<u64>,
     pub payload: usize,
+    /// Senders choose their messages' ids (random UUIDv4s).
+    pub client_ids: bool,
 }
 
 /// What a run measured.
