@@ -3,13 +3,10 @@
 
 use std::net::SocketAddr;
 
-use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
-use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use super::{WAIT, http};
+use super::http;
+use super::ws::TestSocket;
 
 pub fn yaml(text: &str) -> Value {
     serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("not YAML ({e}): {text}"))
@@ -132,7 +129,7 @@ impl GridHttp {
 }
 
 pub struct GridWs {
-    pub stream: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    socket: TestSocket,
 }
 
 impl GridWs {
@@ -159,18 +156,14 @@ impl GridWs {
     }
 
     async fn open(url: &str) -> Self {
-        let (stream, _) = tokio_tungstenite::connect_async(url)
-            .await
-            .expect("ws connects");
-        GridWs { stream }
+        GridWs {
+            socket: TestSocket::connect(url).await,
+        }
     }
 
     /// Connects without identifying.
     pub async fn anonymous(addr: SocketAddr) -> Self {
-        let (stream, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/grid/v1/ws"))
-            .await
-            .expect("ws connects");
-        GridWs { stream }
+        Self::open(&format!("ws://{addr}/grid/v1/ws")).await
     }
 
     /// Sends a frame, stamping a timestamp on messages that lack one.
@@ -180,26 +173,12 @@ impl GridWs {
 
     /// Sends a frame as it is.
     pub async fn send_raw(&mut self, yaml_text: &str) {
-        self.stream
-            .send(Message::Text(yaml_text.to_owned().into()))
-            .await
-            .expect("send");
+        self.socket.send_text(yaml_text).await;
     }
 
     /// The next frame's `message:` object.
     pub async fn next(&mut self) -> Value {
-        loop {
-            let frame = tokio::time::timeout(WAIT, self.stream.next())
-                .await
-                .expect("a frame within the wait")
-                .expect("the socket is open")
-                .expect("a valid frame");
-            match frame {
-                Message::Text(text) => return yaml(&text)["message"].clone(),
-                Message::Close(close) => panic!("socket closed: {close:?}"),
-                _ => continue,
-            }
-        }
+        yaml(&self.socket.next_text().await)["message"].clone()
     }
 
     /// The next message that is not a presence notification.

@@ -10,6 +10,7 @@ pub mod process;
 pub mod skynet;
 pub mod synapse;
 pub mod tracker;
+pub mod ws;
 
 use std::net::SocketAddr;
 use std::time::Duration;

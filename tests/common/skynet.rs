@@ -3,14 +3,11 @@
 
 use std::net::SocketAddr;
 
-use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use super::{WAIT, http, http_url, ws_url};
+use super::ws::TestSocket;
+use super::{http, http_url, ws_url};
 
 pub struct SkynetHttp {
     pub base: String,
@@ -93,15 +90,14 @@ impl SkynetHttp {
 }
 
 pub struct SkynetWs {
-    pub stream: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    socket: TestSocket,
 }
 
 impl SkynetWs {
     pub async fn connect(addr: SocketAddr) -> Self {
-        let (stream, _) = tokio_tungstenite::connect_async(ws_url(addr, "/ws"))
-            .await
-            .expect("websocket connects");
-        SkynetWs { stream }
+        SkynetWs {
+            socket: TestSocket::connect(&ws_url(addr, "/ws")).await,
+        }
     }
 
     /// Connects, joins as `card`, and returns the client with its `workspace.state` data.
@@ -136,10 +132,7 @@ impl SkynetWs {
     }
 
     pub async fn send_text(&mut self, text: String) {
-        self.stream
-            .send(Message::Text(text.into()))
-            .await
-            .expect("send");
+        self.socket.send_text(text).await;
     }
 
     /// Sends a chat and returns the echo the server sends back.
@@ -156,18 +149,7 @@ impl SkynetWs {
 
     /// The next frame, as JSON (events and messages alike).
     pub async fn next(&mut self) -> Value {
-        loop {
-            let frame = tokio::time::timeout(WAIT, self.stream.next())
-                .await
-                .expect("a frame within the wait")
-                .expect("the socket is open")
-                .expect("a valid frame");
-            match frame {
-                Message::Text(text) => return serde_json::from_str(&text).expect("JSON frame"),
-                Message::Close(close) => panic!("socket closed: {close:?}"),
-                _ => continue,
-            }
-        }
+        serde_json::from_str(&self.socket.next_text().await).expect("JSON frame")
     }
 
     /// The next bare SkynetMessage, skipping `status-change` events.
@@ -193,20 +175,11 @@ impl SkynetWs {
 
     /// Waits for the server to close the socket and returns the close frame.
     pub async fn closed(&mut self) -> Option<CloseFrame> {
-        loop {
-            let frame = tokio::time::timeout(WAIT, self.stream.next())
-                .await
-                .expect("the close within the wait");
-            match frame {
-                Some(Ok(Message::Close(close))) => return close,
-                Some(Ok(_)) => continue,
-                Some(Err(_)) | None => return None,
-            }
-        }
+        self.socket.closed().await
     }
 
-    pub async fn close(mut self) {
-        let _ = self.stream.close(None).await;
+    pub async fn close(self) {
+        self.socket.close().await;
     }
 }
 
