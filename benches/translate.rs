@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use agentbridge::core::{Envelope, Kind, derived_uuid, new_message_id, now_ms};
 use agentbridge::protocols::clock::iso8601;
-use agentbridge::protocols::skynet::mentions::Candidate;
+use agentbridge::protocols::skynet::mentions::Candidates;
 use agentbridge::protocols::synapse::proto::{AgentEndpoint, MessageType, SynapseMessage};
 use agentbridge::protocols::{grid, skynet, synapse, tracker};
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -103,13 +103,18 @@ impl SkynetPeers {
     }
 
     /// Everyone a chat may `@mention`: Skynet's own members first.
-    fn candidates(&self) -> Vec<Candidate> {
+    fn candidates(&self) -> Candidates {
         let mut names: Vec<&str> = [SENDER, RECIPIENT].into_iter().chain(OTHERS).collect();
         names.sort_by_key(|name| !self.native.contains_key(*name));
-        names
-            .into_iter()
-            .map(|name| Candidate::new(skynet::translate::Peers::card_id(self, name), name))
-            .collect()
+        Candidates::new(
+            names
+                .into_iter()
+                .map(|name| {
+                    let id = skynet::translate::Peers::card_id(self, name);
+                    (id, name.to_owned())
+                })
+                .collect(),
+        )
     }
 }
 
@@ -166,7 +171,7 @@ struct Fixture {
     skynet_sending: SkynetPeers,
     /// Skynet when `bob` is its member (it encodes for him).
     skynet_receiving: SkynetPeers,
-    candidates: Arc<Vec<Candidate>>,
+    candidates: Arc<Candidates>,
 }
 
 impl Fixture {

@@ -9,19 +9,21 @@ use serde_json::{Map, Value};
 use super::wire::MENTION_ALL;
 use crate::protocols::at_names;
 
-/// A member a chat may mention: their card id and the `@name` looked for, lower-cased
-/// once here rather than for every chat.
-#[derive(Clone, Debug)]
-pub struct Candidate {
-    id: String,
-    needle: String,
+/// The members a chat may mention, in the order they are tried: their card ids, and their
+/// `@name`s lower-cased and indexed once here rather than for every chat.
+#[derive(Debug, Default)]
+pub struct Candidates {
+    ids: Vec<String>,
+    needles: at_names::Needles,
 }
 
-impl Candidate {
-    pub fn new(id: String, name: &str) -> Candidate {
-        Candidate {
-            id,
-            needle: at_names::needle(name),
+impl Candidates {
+    /// `(card id, name)` of each member.
+    pub fn new(members: Vec<(String, String)>) -> Candidates {
+        let needles = at_names::Needles::new(members.iter().map(|(_, name)| name.as_str()));
+        Candidates {
+            ids: members.into_iter().map(|(id, _)| id).collect(),
+            needles,
         }
     }
 }
@@ -32,7 +34,7 @@ impl Candidate {
 pub fn enrich(
     msg: &mut Map<String, Value>,
     sender_id: &str,
-    candidates: impl FnOnce() -> Arc<Vec<Candidate>>,
+    candidates: impl FnOnce() -> Arc<Candidates>,
 ) {
     let mut ids: Vec<String> = msg
         .get("mentions")
@@ -54,18 +56,16 @@ pub fn enrich(
         .filter(|t| t.contains('@'));
     if let Some(text) = text {
         let lower = text.to_lowercase();
-        let from_each_at = at_names::from_each_at(&lower);
-        let occurs = |needle: &str| from_each_at.iter().any(|rest| rest.starts_with(needle));
         // Only a text with an `@` pays for the member list.
-        for Candidate { id, needle } in candidates().iter() {
-            if id == sender_id || ids.iter().any(|known| known == id) {
-                continue;
-            }
-            if occurs(needle) {
+        let candidates = candidates();
+        // A plain substring test: a name counts whatever follows it.
+        for i in candidates.needles.found_in(&lower, |_| true) {
+            let id = &candidates.ids[i];
+            if id != sender_id && !ids.contains(id) {
                 ids.push(id.clone());
             }
         }
-        if !ids.iter().any(|id| id == MENTION_ALL) && occurs("@all") {
+        if !ids.iter().any(|id| id == MENTION_ALL) && lower.contains("@all") {
             ids.push(MENTION_ALL.to_owned());
         }
     }
@@ -89,12 +89,12 @@ mod tests {
         let mut msg = msg.as_object().unwrap().clone();
         let members = [("id-alice", "Alice"), ("id-bob", "bob"), ("id-al", "al")];
         enrich(&mut msg, sender, || {
-            Arc::new(
+            Arc::new(Candidates::new(
                 members
                     .iter()
-                    .map(|(id, name)| Candidate::new(id.to_string(), name))
+                    .map(|(id, name)| (id.to_string(), name.to_string()))
                     .collect(),
-            )
+            ))
         });
         msg.get("mentions").cloned()
     }

@@ -29,7 +29,7 @@ use workspace::Workspace;
 pub const PROTOCOL: Protocol = "skynet";
 
 /// Everyone a chat may `@mention`, in the order they are tried.
-pub type MentionCandidates = Arc<Vec<mentions::Candidate>>;
+pub type MentionCandidates = Arc<mentions::Candidates>;
 
 /// The endpoint's shared state.
 pub struct Skynet {
@@ -38,7 +38,7 @@ pub struct Skynet {
     registry: Registry,
     workspace: Workspace,
     /// Everyone a chat may @mention.
-    mention_cache: PerGeneration<Vec<mentions::Candidate>>,
+    mention_cache: PerGeneration<mentions::Candidates>,
     /// Card ids shown for registered agents of other protocols (UUIDv5 of their names),
     /// worked out once per name rather than once per message; emptied when the directory
     /// changes, so the map never outgrows it and an unregistered name's alias is recorded

@@ -13,7 +13,7 @@ use dashmap::DashMap;
 use serde_json::{Map, Value, json};
 use tokio::task::AbortHandle;
 
-use super::mentions::Candidate;
+use super::mentions::Candidates;
 use super::registry::{Profile, status_from_skynet, status_to_skynet};
 use super::translate::{self, Peers};
 use super::{MentionCandidates, PROTOCOL, Skynet, wire};
@@ -348,12 +348,12 @@ impl Skynet {
         // Rebuilt only when an agent is registered, changed or removed anywhere: every
         // chat with an `@` in it asks for this list.
         self.mention_cache.get(&self.core.directory, || {
-            let mut out: Vec<Candidate> = self
+            let mut members: Vec<(String, String)> = self
                 .registry
                 .list(false)
                 .into_iter()
                 .chain(self.registry.list(true))
-                .map(|p| Candidate::new(p.id, &p.name))
+                .map(|p| (p.id, p.name))
                 .collect();
             let mut foreign = Vec::new();
             self.core.directory.for_each(|agent| {
@@ -362,12 +362,12 @@ impl Skynet {
                 }
             });
             foreign.sort();
-            out.extend(
+            members.extend(
                 foreign
                     .into_iter()
-                    .map(|(_, name)| Candidate::new(self.card_id(&name), &name)),
+                    .map(|(_, name)| (self.card_id(&name), name)),
             );
-            out
+            Candidates::new(members)
         })
     }
 

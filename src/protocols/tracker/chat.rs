@@ -14,40 +14,35 @@ use crate::protocols::at_names;
 use crate::protocols::clock::iso8601;
 use crate::store::{MessageQuery, StoredMessage};
 
-/// An agent as a chat may `@mention` it.
-pub struct MentionName {
-    name: String,
-    needle: String,
+/// The agents a chat may `@mention`, oldest first, with their `@name`s indexed.
+#[derive(Default)]
+pub struct MentionNames {
+    names: Vec<String>,
+    needles: at_names::Needles,
 }
 
-impl MentionName {
-    fn new(name: String) -> MentionName {
-        MentionName {
-            needle: at_names::needle(&name),
-            name,
+impl MentionNames {
+    fn new(names: Vec<String>) -> MentionNames {
+        MentionNames {
+            needles: at_names::Needles::new(names.iter().map(String::as_str)),
+            names,
         }
     }
-}
 
-/// Which of `names` `text` mentions, in their order.
-fn mentions_in(names: &[MentionName], text: &str) -> Vec<String> {
-    let lower = text.to_lowercase();
-    let from_each_at = at_names::from_each_at(&lower);
-    let name_ends = |after: &str| {
-        after
-            .chars()
-            .next()
-            .is_none_or(|c| !(c.is_alphanumeric() || c == '-' || c == '_'))
-    };
-    names
-        .iter()
-        .filter(|m| {
-            from_each_at
-                .iter()
-                .any(|rest| rest.strip_prefix(m.needle.as_str()).is_some_and(name_ends))
-        })
-        .map(|m| m.name.clone())
-        .collect()
+    /// Which names `text` mentions, in their order: a whole name after an `@`.
+    fn in_text(&self, text: &str) -> Vec<String> {
+        let name_ends = |after: &str| {
+            after
+                .chars()
+                .next()
+                .is_none_or(|c| !(c.is_alphanumeric() || c == '-' || c == '_'))
+        };
+        self.needles
+            .found_in(&text.to_lowercase(), name_ends)
+            .into_iter()
+            .map(|i| self.names[i].clone())
+            .collect()
+    }
 }
 
 /// A message as a Tracker member posts it.
@@ -205,22 +200,19 @@ impl Tracker {
         if !text.contains('@') {
             return Vec::new();
         }
-        mentions_in(&self.mention_names(), text)
+        self.mention_names().in_text(text)
     }
 
     /// Every agent's lower-cased `@name`, oldest registration first; rebuilt only when the
     /// directory has changed, not for every message with an `@` in it.
-    fn mention_names(&self) -> Arc<Vec<MentionName>> {
+    fn mention_names(&self) -> Arc<MentionNames> {
         self.mention_names.get(&self.core.directory, || {
             let mut agents = Vec::new();
             self.core
                 .directory
                 .for_each(|agent| agents.push((agent.created_at, agent.name.clone())));
             agents.sort();
-            agents
-                .into_iter()
-                .map(|(_, name)| MentionName::new(name))
-                .collect()
+            MentionNames::new(agents.into_iter().map(|(_, name)| name).collect())
         })
     }
 
@@ -319,11 +311,8 @@ mod tests {
     use super::*;
 
     fn mentioned(text: &str) -> Vec<String> {
-        let names: Vec<MentionName> = ["coder", "coder-2", "Reviewer", "al"]
-            .into_iter()
-            .map(|n| MentionName::new(n.to_owned()))
-            .collect();
-        mentions_in(&names, text)
+        let names = ["coder", "coder-2", "Reviewer", "al"].map(str::to_owned);
+        MentionNames::new(names.to_vec()).in_text(text)
     }
 
     #[test]

@@ -169,7 +169,7 @@ pub struct Tracker {
     conns: DashMap<u64, Arc<Conn>>,
     next_conn: AtomicU64,
     /// Every agent's `@name`, for mentions in chat text.
-    mention_names: PerGeneration<Vec<chat::MentionName>>,
+    mention_names: PerGeneration<chat::MentionNames>,
     shutdown: CancellationToken,
 }
 
