@@ -64,11 +64,13 @@ fn error(invalid: &Invalid, json: bool) -> Response {
         "STORE_FAILED" => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::BAD_REQUEST,
     };
-    answer(
-        status,
-        &json!({ "message": wire::error_message(invalid) }),
-        json,
-    )
+    let message = wire::error_message(invalid);
+    if json {
+        return answer(status, &json!({ "message": message }), true);
+    }
+    // Written as every Grid message is, in the document's field order.
+    let yaml = wire::to_yaml(&message);
+    (status, [(header::CONTENT_TYPE, "application/yaml")], yaml).into_response()
 }
 
 fn invalid(field: &str, message: String) -> Invalid {

@@ -286,7 +286,7 @@ pub fn validate(doc: Value) -> Result<Message, Invalid> {
             ))
         })?),
     };
-    let id = id.unwrap_or_else(|| format!("msg-{}", uuid::Uuid::new_v4()));
+    let id = id.unwrap_or_else(new_message_id_grid);
     let mut raw = msg;
     // The short form becomes the full one: action, payload and context under `content`.
     if !raw.get("content").is_some_and(Value::is_object) {

@@ -151,9 +151,7 @@ impl Connection {
     async fn identify(&mut self, party: Party) -> bool {
         if let Err(mut refusal) = self.grid.register(&party.agent).await {
             refusal.sender = Some(Box::new(party));
-            let _ = self
-                .send(&json!({ "message": wire::error_message(&refusal) }))
-                .await;
+            let _ = self.send(&wire::error_message(&refusal)).await;
             self.close(1008, "name taken").await;
             return false;
         }
@@ -191,14 +189,12 @@ impl Connection {
     /// Tells a socket that asked for presence who is there.
     async fn welcome(&mut self, party: &Party) -> bool {
         let welcome = json!({
-            "message": {
-                "id": wire::new_message_id_grid(),
-                "timestamp": iso8601(crate::core::now_ms()),
-                "type": "notification",
-                "sender": { "agent": crate::core::BRIDGE_AGENT },
-                "receiver": party.to_json(),
-                "content": { "action": "agents_present", "payload": { "agents": self.grid.roster() } },
-            }
+            "id": wire::new_message_id_grid(),
+            "timestamp": iso8601(crate::core::now_ms()),
+            "type": "notification",
+            "sender": { "agent": crate::core::BRIDGE_AGENT },
+            "receiver": party.to_json(),
+            "content": { "action": "agents_present", "payload": { "agents": self.grid.roster() } },
         });
         self.send(&welcome).await
     }
@@ -232,7 +228,7 @@ impl Connection {
                 continue;
             };
             self.from_backlog.insert(queued.message_id.clone());
-            if !self.send(&json!({ "message": message })).await {
+            if !self.send(&message).await {
                 let unsent = std::iter::once(queued).chain(rest).collect();
                 if let Err(e) = self.grid.db.restore(unsent).await {
                     tracing::error!(error = %e, agent = %party.agent, "grid: cannot queue again");
@@ -312,8 +308,7 @@ impl Connection {
         if invalid.sender.is_none() {
             invalid.sender = self.identity.as_ref().map(|(p, _)| Box::new(p.clone()));
         }
-        self.send(&json!({ "message": wire::error_message(&invalid) }))
-            .await
+        self.send(&wire::error_message(&invalid)).await
     }
 
     async fn write(&mut self, delivery: &Arc<Delivery>) -> bool {
@@ -353,8 +348,9 @@ impl Connection {
         translate::target_instance(&delivery.envelope).is_some_and(|t| Some(t) != mine)
     }
 
-    async fn send(&mut self, doc: &Value) -> bool {
-        let yaml = serde_saphyr::to_string(doc).unwrap_or_default();
+    /// Sends `message` as a `{message: …}` document.
+    async fn send(&mut self, message: &Value) -> bool {
+        let yaml = wire::to_yaml(message);
         self.socket.send(Frame::Text(yaml.into())).await.is_ok()
     }
 
