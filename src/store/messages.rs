@@ -511,12 +511,59 @@ mod tests {
                 .unwrap();
             }
             for (ts, mentions) in [(1, ["b"]), (2, ["c"]), (3, ["b"])] {
-                let env = chat("a", ts, &mentions);
+                let mut env = chat("a", ts, &mentions);
+                // Every column the rebuild copies holds something other than its default.
+                if ts == 2 {
+                    env.id = "not-a-uuid".into();
+                    env.audience = Audience::Private;
+                    env.reply_to = Some("m0".into());
+                    env.correlation_id = Some("root".into());
+                    env.thread = Some("room".into());
+                    env.task = Some(crate::core::TaskInfo {
+                        id: "t-1".into(),
+                        ..Default::default()
+                    });
+                }
+                if ts == 3 {
+                    env.audience = Audience::Everyone;
+                }
                 Row::from(&env).unwrap().insert(&conn).unwrap();
                 old.push(env);
             }
         }
+        type Columns = (String, String, i64, String, String, Option<String>);
+        let columns = |conn: &Connection| -> rusqlite::Result<Vec<Columns>> {
+            conn.prepare("SELECT id, uuid, ts, sender, kind, reply_to FROM messages ORDER BY seq")?
+                .query_map([], |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                    ))
+                })?
+                .collect()
+        };
+        let more = |conn: &Connection| -> rusqlite::Result<Vec<String>> {
+            conn.prepare(
+                "SELECT concat_ws('|', correlation_id, thread, everyone, origin, body, private, task_id)
+                 FROM messages ORDER BY seq",
+            )?
+            .query_map([], |r| r.get(0))?
+            .collect()
+        };
+        let before = {
+            let conn = Connection::open(dir.path().join(crate::store::DB_FILE)).unwrap();
+            (columns(&conn).unwrap(), more(&conn).unwrap())
+        };
         let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
+        let after = store
+            .read(move |conn| Ok((columns(conn)?, more(conn)?)))
+            .await
+            .unwrap();
+        assert_eq!(after, before, "every column of every message is kept");
         let newer = chat("a", 4, &["b"]);
         store.insert_message(&newer).await.unwrap();
 
@@ -540,16 +587,24 @@ mod tests {
                 (4, newer.id.as_str())
             ]
         );
-        let schema: String = store
+        let (schema, indexes): (String, String) = store
             .read(|conn| {
                 Ok(conn.query_row(
-                    "SELECT group_concat(sql, ';') FROM sqlite_schema WHERE name LIKE 'message%'",
+                    "SELECT group_concat(sql, ';'),
+                            (SELECT group_concat(name, ',') FROM (SELECT name FROM sqlite_schema
+                              WHERE type = 'index' AND tbl_name = 'messages' AND sql IS NOT NULL
+                              ORDER BY name))
+                     FROM sqlite_schema WHERE name LIKE 'message%'",
                     [],
-                    |r| r.get(0),
+                    |r| Ok((r.get(0)?, r.get(1)?)),
                 )?)
             })
             .await
             .unwrap();
+        assert_eq!(
+            indexes,
+            "messages_by_reply,messages_by_task,messages_by_thread,messages_by_time,messages_by_uuid"
+        );
         let orphan = store
             .write(|conn| {
                 let added = conn.execute(
