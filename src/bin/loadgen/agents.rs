@@ -200,9 +200,19 @@ pub fn skynet_id_field(client_ids: bool) -> String {
     }
 }
 
-/// A Grid or Synapse message id: a random `msg-{uuid}` (Grid's documented form) when the
-/// client chooses them that way, else `{sender}-{seq}`.
+/// A Synapse message id: a random UUIDv4 when the client chooses them that way, else
+/// `{sender}-{seq}`.
 fn client_id(client_ids: bool, sender: &str, seq: u64) -> String {
+    if client_ids {
+        uuid::Uuid::new_v4().to_string()
+    } else {
+        format!("{sender}-{seq}")
+    }
+}
+
+/// A Grid message id: the documented `msg-{uuid}` with a random UUIDv4, or
+/// `{sender}-{seq}`.
+fn grid_id(client_ids: bool, sender: &str, seq: u64) -> String {
     if client_ids {
         format!("msg-{}", uuid::Uuid::new_v4())
     } else {
@@ -307,7 +317,7 @@ pub async fn sender(pairing: Pairing<'_>) -> Result<Sender, Error> {
                 frame: Box::new(move |seq, text| {
                     Outgoing::Text(format!(
                         r#"{{"message":{{"id":"{}","timestamp":"{}","type":"notification","sender":{{"agent":"{name}"}},"receiver":{{"agent":"{receiver}"}},"content":{{"action":"message","payload":{{"text":"{text}"}}}}}}}}"#,
-                        client_id(client_ids, &name, seq),
+                        grid_id(client_ids, &name, seq),
                         agentbridge::protocols::clock::iso8601(agentbridge::core::now_ms())
                     ))
                 }),
