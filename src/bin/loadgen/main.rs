@@ -252,17 +252,30 @@ async fn bridge_run(args: &RunArgs, load: &Load, from: Proto, to: Proto) -> Resu
     bar.finish_and_clear();
     let mut row = Row::new("agentbridge", &path, args.pairs, load, &outcome);
     row.peak_rss_kib = pid.and_then(server::rss_kib).map(|(_, peak)| peak);
-    row.cpu_us_per_msg = cpu_per_message(cpu_pid, cpu_before, outcome.delivered);
+    (row.cpu_us_per_msg, row.system_us_per_msg) =
+        cpu_per_message(cpu_pid, cpu_before, outcome.delivered).unzip();
     if let Some(server) = server {
         server.stop().await;
     }
     Ok(row)
 }
 
-/// The CPU time process `pid` spent since `before`, per delivered message, in µs.
-fn cpu_per_message(pid: Option<u32>, before: Option<f64>, delivered: u64) -> Option<f64> {
-    let spent = server::cpu_seconds(pid?)? - before?;
-    (delivered > 0).then(|| spent * 1e6 / delivered as f64)
+/// The CPU time process `pid` spent since `before` per delivered message, in µs: in all,
+/// and of it in the kernel.
+fn cpu_per_message(
+    pid: Option<u32>,
+    before: Option<server::CpuSeconds>,
+    delivered: u64,
+) -> Option<(f64, f64)> {
+    let (now, before) = (server::cpu_seconds(pid?)?, before?);
+    let per_message = |seconds: f64| seconds * 1e6 / delivered as f64;
+    let system = now.system - before.system;
+    (delivered > 0).then(|| {
+        (
+            per_message(now.user - before.user + system),
+            per_message(system),
+        )
+    })
 }
 
 /// Connects `pairs` receivers of `to`, then a sender of `from` for each.
@@ -331,7 +344,8 @@ async fn nats_run(args: &RunArgs, load: &Load) -> Result<Row, Error> {
     bar.finish_and_clear();
     let mut row = Row::new("nats", "ws→ws", args.pairs, load, &outcome);
     row.peak_rss_kib = server::rss_kib(server.pid()).map(|(_, peak)| peak);
-    row.cpu_us_per_msg = cpu_per_message(Some(server.pid()), cpu_before, outcome.delivered);
+    (row.cpu_us_per_msg, row.system_us_per_msg) =
+        cpu_per_message(Some(server.pid()), cpu_before, outcome.delivered).unzip();
     Ok(row)
 }
 

@@ -28,6 +28,8 @@ pub struct Row {
     /// The server process's CPU time (user + system) over the run, per delivered message,
     /// when it runs in a process of its own. Steadier than msgs/s on a shared machine.
     pub cpu_us_per_msg: Option<f64>,
+    /// Of `cpu_us_per_msg`, the time in the kernel (socket and file I/O, wake-ups).
+    pub system_us_per_msg: Option<f64>,
     /// msgs/s as a fraction of the raw-relay baseline's in the same run.
     pub vs_raw_relay: Option<f64>,
     /// p99 as a multiple of the raw-relay baseline's in the same run.
@@ -61,6 +63,7 @@ impl Row {
             max_us: outcome.latency.max(),
             peak_rss_kib: None,
             cpu_us_per_msg: None,
+            system_us_per_msg: None,
             vs_raw_relay: None,
             p99_vs_raw_relay: None,
         }
@@ -98,7 +101,7 @@ pub fn table(rows: &[Row]) -> String {
         "p99",
         "p99.9",
         "peak RSS",
-        "CPU/msg",
+        "CPU/msg (kernel)",
         "vs raw",
         "p99 vs raw",
     ];
@@ -121,8 +124,11 @@ pub fn table(rows: &[Row]) -> String {
                 micros(r.p999_us),
                 r.peak_rss_kib
                     .map_or("-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0)),
-                r.cpu_us_per_msg
-                    .map_or("-".into(), |us| format!("{us:.1} µs")),
+                match (r.cpu_us_per_msg, r.system_us_per_msg) {
+                    (Some(all), Some(kernel)) => format!("{all:.1} µs ({kernel:.1})"),
+                    (Some(all), None) => format!("{all:.1} µs"),
+                    _ => "-".into(),
+                },
                 r.vs_raw_relay
                     .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
                 r.p99_vs_raw_relay
