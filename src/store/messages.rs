@@ -5,7 +5,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{Migration, Store, StoreError};
+use super::{Batch, Migration, Store, StoreError};
 use crate::core::{Audience, Envelope, Link, TaskRequest};
 
 pub(super) static MIGRATIONS: &[Migration] = &[
@@ -159,7 +159,8 @@ impl Store {
         &self,
         env: &Envelope,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        let queued = Row::from(env).map(|row| self.write_unguarded(move |conn| row.insert(conn)));
+        let queued =
+            Row::from(env).map(|row| self.write_unguarded_in_batch(move |batch| row.insert(batch)));
         async move { queued?.await }
     }
 
@@ -385,7 +386,7 @@ impl Row {
     /// fail on the data (and SQLite undoes it); any later failure fails the whole batch.
     /// (A replacement's DELETE parses the stored body, which the store itself wrote with
     /// serde_json: a body it cannot parse means a damaged database.)
-    fn insert(self, conn: &Connection) -> Result<(), StoreError> {
+    fn insert(self, batch: &mut Batch<'_>) -> Result<(), StoreError> {
         let values = params![
             self.id,
             self.uuid,
@@ -402,13 +403,14 @@ impl Row {
             self.private
         ];
         // The common case is a new id: one plain insert, its rowid the sequence number.
-        let inserted = conn
-            .prepare_cached(
+        let inserted = batch
+            .statement(
                 "INSERT INTO messages (id, uuid, ts, sender, kind, reply_to, correlation_id, thread, task_id, everyone, origin, body, private)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
                  ON CONFLICT (id) DO NOTHING",
             )?
             .execute(values)?;
+        let conn = batch.conn();
         let seq = if inserted == 1 {
             conn.last_insert_rowid()
         } else {
@@ -435,9 +437,8 @@ impl Row {
                 .query_row(values, |r| r.get(0))?;
             seq
         };
-        let mut add = conn.prepare_cached(
-            "INSERT OR IGNORE INTO message_recipients (name, seq) VALUES (?1, ?2)",
-        )?;
+        let add = batch
+            .statement("INSERT OR IGNORE INTO message_recipients (name, seq) VALUES (?1, ?2)")?;
         for name in &self.recipients {
             add.execute(params![name, seq])?;
         }
@@ -527,7 +528,10 @@ mod tests {
                 if ts == 3 {
                     env.audience = Audience::Everyone;
                 }
-                Row::from(&env).unwrap().insert(&conn).unwrap();
+                Row::from(&env)
+                    .unwrap()
+                    .insert(&mut Batch::new(&conn))
+                    .unwrap();
                 old.push(env);
             }
         }
