@@ -327,7 +327,9 @@ impl<'c> Batch<'c> {
         self.conn
     }
 
-    /// `sql` prepared, from the second use in a batch on without going to the cache.
+    /// `sql` prepared, from the second use in a batch on without going to the cache. Its
+    /// parameters keep the values the last write bound (the cache would have cleared
+    /// them): bind every one, as positional `params!` does.
     pub(crate) fn statement(
         &mut self,
         sql: &'static str,
@@ -560,29 +562,40 @@ mod tests {
             .unwrap()
     }
 
-    /// A batch prepares a statement once, and a statement that failed (here on a
-    /// constraint) serves the next write as before.
-    #[test]
-    fn a_batch_holds_each_statement_prepared_across_its_writes() {
+    /// The writes of one batch share a statement, prepared once, across savepoints and a
+    /// write that failed on a constraint; the batch commits whole.
+    #[tokio::test]
+    async fn a_batch_holds_each_statement_prepared_across_its_writes() {
         const INSERT: &str = "INSERT INTO t (v) VALUES (?1)";
-        let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)")
-            .unwrap();
-        let mut batch = Batch::new(&conn);
-        let inserted: Vec<bool> = [1, 1, 2]
+        let store = store_with_table().await;
+        let (release, holding) = hold_writer(&store).await;
+        // Each write answers how many statements the batch held before it asked.
+        let insert = |v: i64| {
+            store.write_unguarded_in_batch(move |batch| {
+                let held_before = batch.held.len();
+                batch.statement(INSERT)?.execute([v])?;
+                Ok(held_before)
+            })
+        };
+        let first = insert(1);
+        // A write in a savepoint of its own, between two that use the held statement.
+        let guarded = store.write(|c| Ok(c.execute("INSERT INTO t (v) VALUES (10)", [])?));
+        let writes = [insert(2), insert(1), insert(3)];
+        release.send(()).unwrap();
+        holding.await.unwrap();
+        assert_eq!(first.await.unwrap(), 0);
+        guarded.await.unwrap();
+        let held: Vec<Option<usize>> = futures_util::future::join_all(writes)
+            .await
             .into_iter()
-            .map(|v| batch.statement(INSERT).unwrap().execute([v]).is_ok())
+            .map(Result::ok)
             .collect();
-        assert_eq!(inserted, [true, false, true], "the second 1 is a duplicate");
-        assert_eq!(batch.held.len(), 1);
-        let rows: Vec<i64> = conn
-            .prepare("SELECT v FROM t ORDER BY v")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(rows, [1, 2]);
+        assert_eq!(
+            held,
+            [Some(1), None, Some(1)],
+            "the second 1 is a duplicate"
+        );
+        assert_eq!(rows_in_t(&store).await, 4);
     }
 
     #[tokio::test]
