@@ -306,10 +306,11 @@ fn configure(conn: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// The writing connection as a batch's writes see it, with the statements they asked for
-/// held prepared until the batch ends. Taking a statement from rusqlite's cache and putting
-/// it back copies and hashes its SQL text both ways and clears its bindings: for a stored
-/// message that was about 3k instructions, against once per batch here.
+/// The writing connection as a batch's writes see it, with the statements they (and the
+/// batch's own `BEGIN`, savepoints and `COMMIT`) asked for held prepared until the batch
+/// ends. Taking a statement from rusqlite's cache and putting it back copies and hashes its
+/// SQL text both ways and clears its bindings: for a stored message that was about 3k
+/// instructions, against once per batch here.
 pub(crate) struct Batch<'c> {
     conn: &'c Connection,
     held: Vec<(&'static str, rusqlite::CachedStatement<'c>)>,
@@ -344,6 +345,11 @@ impl<'c> Batch<'c> {
             }
         };
         Ok(&mut self.held[at].1)
+    }
+
+    /// Runs `sql`, a statement without parameters or rows (`SAVEPOINT job`, `COMMIT`).
+    fn exec(&mut self, sql: &'static str) -> rusqlite::Result<()> {
+        self.statement(sql)?.execute([]).map(|_| ())
     }
 }
 
@@ -439,28 +445,29 @@ fn write_loop(
 }
 
 /// Runs a batch in one transaction; on any error nothing of it is committed.
-fn run_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), rusqlite::Error> {
-    let exec = |sql: &str| conn.prepare_cached(sql)?.execute([]).map(|_| ());
-    exec("BEGIN IMMEDIATE")?;
-    let outcome = run_jobs(&mut Batch::new(conn), batch, exec).and_then(|()| exec("COMMIT"));
+fn run_batch(conn: &Connection, jobs: &mut [Box<dyn Job>]) -> Result<(), rusqlite::Error> {
+    // The batch's statements (its own and its writes') are let go before a rollback.
+    let outcome = {
+        let mut batch = Batch::new(conn);
+        batch
+            .exec("BEGIN IMMEDIATE")
+            .and_then(|()| run_jobs(&mut batch, jobs))
+            .and_then(|()| batch.exec("COMMIT"))
+    };
     if outcome.is_err() && !conn.is_autocommit() {
         let _ = conn.execute_batch("ROLLBACK");
     }
     outcome
 }
 
-fn run_jobs(
-    held: &mut Batch<'_>,
-    batch: &mut [Box<dyn Job>],
-    exec: impl Fn(&str) -> Result<(), rusqlite::Error>,
-) -> Result<(), rusqlite::Error> {
-    let conn = held.conn;
-    for job in batch.iter_mut() {
+fn run_jobs(batch: &mut Batch<'_>, jobs: &mut [Box<dyn Job>]) -> Result<(), rusqlite::Error> {
+    let conn = batch.conn;
+    for job in jobs.iter_mut() {
         if !job.savepoint() {
             // A failed constraint undid its own statement; any other failure may have left
             // part of the work behind, or ended the transaction (later work must then not
             // run in autocommit): the batch fails whole.
-            if !job.run(held) && (conn.is_autocommit() || !job.failed_on_constraint()) {
+            if !job.run(batch) && (conn.is_autocommit() || !job.failed_on_constraint()) {
                 return Err(rusqlite::Error::SqliteFailure(
                     rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
                     Some("a write without a savepoint failed; the batch is rolled back".into()),
@@ -468,12 +475,12 @@ fn run_jobs(
             }
             continue;
         }
-        exec("SAVEPOINT job")?;
-        if job.run(held) {
-            exec("RELEASE job")?;
+        batch.exec("SAVEPOINT job")?;
+        if job.run(batch) {
+            batch.exec("RELEASE job")?;
         } else {
-            exec("ROLLBACK TO job")?;
-            exec("RELEASE job")?;
+            batch.exec("ROLLBACK TO job")?;
+            batch.exec("RELEASE job")?;
         }
     }
     Ok(())
@@ -569,12 +576,12 @@ mod tests {
         const INSERT: &str = "INSERT INTO t (v) VALUES (?1)";
         let store = store_with_table().await;
         let (release, holding) = hold_writer(&store).await;
-        // Each write answers how many statements the batch held before it asked.
+        // Each write answers how many statements it had the batch prepare.
         let insert = |v: i64| {
             store.write_unguarded_in_batch(move |batch| {
                 let held_before = batch.held.len();
                 batch.statement(INSERT)?.execute([v])?;
-                Ok(held_before)
+                Ok(batch.held.len() - held_before)
             })
         };
         let first = insert(1);
@@ -583,16 +590,16 @@ mod tests {
         let writes = [insert(2), insert(1), insert(3)];
         release.send(()).unwrap();
         holding.await.unwrap();
-        assert_eq!(first.await.unwrap(), 0);
+        assert_eq!(first.await.unwrap(), 1);
         guarded.await.unwrap();
-        let held: Vec<Option<usize>> = futures_util::future::join_all(writes)
+        let prepared: Vec<Option<usize>> = futures_util::future::join_all(writes)
             .await
             .into_iter()
             .map(Result::ok)
             .collect();
         assert_eq!(
-            held,
-            [Some(1), None, Some(1)],
+            prepared,
+            [Some(0), None, Some(0)],
             "the second 1 is a duplicate"
         );
         assert_eq!(rows_in_t(&store).await, 4);
