@@ -109,11 +109,7 @@ impl SkynetPeers {
         Candidates::new(
             names
                 .into_iter()
-                .map(|name| {
-                    let id = skynet::translate::Peers::card_id(self, name);
-                    (id, name.to_owned())
-                })
-                .collect(),
+                .map(|name| (skynet::translate::Peers::card_id(self, name), name)),
         )
     }
 }

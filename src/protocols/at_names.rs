@@ -10,9 +10,11 @@ pub fn needle(name: &str) -> String {
 /// The `@name`s of a directory, indexed by the first byte of the name: each `@` of a text
 /// is compared only with the names that begin with the byte after it. Built once per
 /// directory change; with 5,000 members a chat with an `@` would otherwise make 5,000
-/// comparisons for each of its `@`s.
-#[derive(Debug, Default)]
-pub struct Needles {
+/// comparisons for each of its `@`s. A name found answers with its label (what the
+/// protocol calls that member: a card id, the name itself).
+#[derive(Debug)]
+pub struct Needles<T> {
+    labels: Vec<T>,
     needles: Vec<String>,
     /// Positions in `needles`, by the name's first byte (the needle's second).
     by_first_byte: Vec<Vec<u32>>,
@@ -20,9 +22,19 @@ pub struct Needles {
     bare: Vec<u32>,
 }
 
-impl Needles {
-    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Needles {
-        let needles: Vec<String> = names.into_iter().map(needle).collect();
+impl<T> Default for Needles<T> {
+    fn default() -> Self {
+        Needles::new(std::iter::empty::<(T, &str)>())
+    }
+}
+
+impl<T> Needles<T> {
+    /// `(label, name)` of each name to look for, in the order they are answered.
+    pub fn new<N: AsRef<str>>(named: impl IntoIterator<Item = (T, N)>) -> Needles<T> {
+        let (labels, needles): (Vec<T>, Vec<String>) = named
+            .into_iter()
+            .map(|(label, name)| (label, needle(name.as_ref())))
+            .unzip();
         let mut by_first_byte = vec![Vec::new(); 256];
         let mut bare = Vec::new();
         for (i, needle) in needles.iter().enumerate() {
@@ -32,16 +44,17 @@ impl Needles {
             }
         }
         Needles {
+            labels,
             needles,
             by_first_byte,
             bare,
         }
     }
 
-    /// The positions (ascending, each once) of the names that occur in `lower`, a
+    /// The labels (in their order, each once) of the names that occur in `lower`, a
     /// lower-cased text, right after one of its `@`s, where `ends` accepts what follows
     /// the name.
-    pub fn found_in(&self, lower: &str, ends: impl Fn(&str) -> bool) -> Vec<usize> {
+    pub fn found_in(&self, lower: &str, ends: impl Fn(&str) -> bool) -> impl Iterator<Item = &T> {
         let mut found = Vec::new();
         for (at, _) in lower.match_indices('@') {
             let rest = &lower[at..];
@@ -62,7 +75,7 @@ impl Needles {
         }
         found.sort_unstable();
         found.dedup();
-        found
+        found.into_iter().map(|i| &self.labels[i])
     }
 }
 
@@ -73,21 +86,25 @@ mod tests {
     #[test]
     fn names_are_found_after_any_at_in_their_order_once_each() {
         assert_eq!(needle("Bob"), "@bob");
-        let names = Needles::new(["bob", "al", "Alice", "zed"]);
+        let names = Needles::new([(0, "bob"), (1, "al"), (2, "Alice"), (3, "zed")]);
+        let found = |text: &str, ends: &dyn Fn(&str) -> bool| -> Vec<i32> {
+            names.found_in(text, ends).copied().collect()
+        };
         let anywhere = |_: &str| true;
-        assert_eq!(
-            names.found_in("x@bob, @@alice @al @bob", anywhere),
-            [0, 1, 2]
-        );
-        assert!(names.found_in("no mention @ all", anywhere).is_empty());
+        assert_eq!(found("x@bob, @@alice @al @bob", &anywhere), [0, 1, 2]);
+        assert!(found("no mention @ all", &anywhere).is_empty());
         let whole = |after: &str| !after.starts_with(|c: char| c.is_alphanumeric());
-        assert_eq!(names.found_in("@alice", whole), [2]);
+        assert_eq!(found("@alice", &whole), [2]);
     }
 
     #[test]
     fn a_name_that_is_empty_is_found_at_every_at() {
-        let names = Needles::new(["", "bob"]);
-        assert_eq!(names.found_in("@x", |_| true), [0]);
-        assert_eq!(names.found_in("@", |_| true), [0]);
+        let names = Needles::new([("empty", ""), ("bob", "bob")]);
+        for text in ["@x", "@"] {
+            assert_eq!(
+                names.found_in(text, |_| true).collect::<Vec<_>>(),
+                [&"empty"]
+            );
+        }
     }
 }

@@ -9,24 +9,9 @@ use serde_json::{Map, Value};
 use super::wire::MENTION_ALL;
 use crate::protocols::at_names;
 
-/// The members a chat may mention, in the order they are tried: their card ids, and their
-/// `@name`s lower-cased and indexed once here rather than for every chat.
-#[derive(Debug, Default)]
-pub struct Candidates {
-    ids: Vec<String>,
-    needles: at_names::Needles,
-}
-
-impl Candidates {
-    /// `(card id, name)` of each member.
-    pub fn new(members: Vec<(String, String)>) -> Candidates {
-        let needles = at_names::Needles::new(members.iter().map(|(_, name)| name.as_str()));
-        Candidates {
-            ids: members.into_iter().map(|(id, _)| id).collect(),
-            needles,
-        }
-    }
-}
+/// The members a chat may mention, in the order they are tried: `(card id, name)`, their
+/// `@name`s lower-cased and indexed once rather than for every chat.
+pub type Candidates = at_names::Needles<String>;
 
 /// Enriches `msg.mentions` in place. `candidates` are in the order they are tried:
 /// registered agents, then humans, then agents of other protocols. The field is removed
@@ -59,8 +44,7 @@ pub fn enrich(
         // Only a text with an `@` pays for the member list.
         let candidates = candidates();
         // A plain substring test: a name counts whatever follows it.
-        for i in candidates.needles.found_in(&lower, |_| true) {
-            let id = &candidates.ids[i];
+        for id in candidates.found_in(&lower, |_| true) {
             if id != sender_id && !ids.contains(id) {
                 ids.push(id.clone());
             }
@@ -90,10 +74,7 @@ mod tests {
         let members = [("id-alice", "Alice"), ("id-bob", "bob"), ("id-al", "al")];
         enrich(&mut msg, sender, || {
             Arc::new(Candidates::new(
-                members
-                    .iter()
-                    .map(|(id, name)| (id.to_string(), name.to_string()))
-                    .collect(),
+                members.map(|(id, name)| (id.to_owned(), name)),
             ))
         });
         msg.get("mentions").cloned()

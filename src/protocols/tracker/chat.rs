@@ -14,35 +14,21 @@ use crate::protocols::at_names;
 use crate::protocols::clock::iso8601;
 use crate::store::{MessageQuery, StoredMessage};
 
-/// The agents a chat may `@mention`, oldest first, with their `@name`s indexed.
-#[derive(Default)]
-pub struct MentionNames {
-    names: Vec<String>,
-    needles: at_names::Needles,
-}
+/// The agents a chat may `@mention`, oldest first, each labelled with its own name.
+pub type MentionNames = at_names::Needles<String>;
 
-impl MentionNames {
-    fn new(names: Vec<String>) -> MentionNames {
-        MentionNames {
-            needles: at_names::Needles::new(names.iter().map(String::as_str)),
-            names,
-        }
-    }
-
-    /// Which names `text` mentions, in their order: a whole name after an `@`.
-    fn in_text(&self, text: &str) -> Vec<String> {
-        let name_ends = |after: &str| {
-            after
-                .chars()
-                .next()
-                .is_none_or(|c| !(c.is_alphanumeric() || c == '-' || c == '_'))
-        };
-        self.needles
-            .found_in(&text.to_lowercase(), name_ends)
-            .into_iter()
-            .map(|i| self.names[i].clone())
-            .collect()
-    }
+/// Which of `names` `text` mentions, in their order: a whole name after an `@`.
+fn mentions_in(names: &MentionNames, text: &str) -> Vec<String> {
+    let name_ends = |after: &str| {
+        after
+            .chars()
+            .next()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '-' || c == '_'))
+    };
+    names
+        .found_in(&text.to_lowercase(), name_ends)
+        .cloned()
+        .collect()
 }
 
 /// A message as a Tracker member posts it.
@@ -200,7 +186,7 @@ impl Tracker {
         if !text.contains('@') {
             return Vec::new();
         }
-        self.mention_names().in_text(text)
+        mentions_in(&self.mention_names(), text)
     }
 
     /// Every agent's lower-cased `@name`, oldest registration first; rebuilt only when the
@@ -212,7 +198,7 @@ impl Tracker {
                 .directory
                 .for_each(|agent| agents.push((agent.created_at, agent.name.clone())));
             agents.sort();
-            MentionNames::new(agents.into_iter().map(|(_, name)| name).collect())
+            MentionNames::new(agents.into_iter().map(|(_, name)| (name.clone(), name)))
         })
     }
 
@@ -311,8 +297,8 @@ mod tests {
     use super::*;
 
     fn mentioned(text: &str) -> Vec<String> {
-        let names = ["coder", "coder-2", "Reviewer", "al"].map(str::to_owned);
-        MentionNames::new(names.to_vec()).in_text(text)
+        let names = ["coder", "coder-2", "Reviewer", "al"].map(|n| (n.to_owned(), n));
+        mentions_in(&MentionNames::new(names), text)
     }
 
     #[test]
