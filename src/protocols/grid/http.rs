@@ -52,7 +52,10 @@ fn answer(status: StatusCode, body: &Value, json: bool) -> Response {
     if json {
         return (status, axum::Json(body.clone())).into_response();
     }
-    let yaml = serde_saphyr::to_string(body).unwrap_or_default();
+    yaml_answer(status, serde_saphyr::to_string(body).unwrap_or_default())
+}
+
+fn yaml_answer(status: StatusCode, yaml: String) -> Response {
     (status, [(header::CONTENT_TYPE, "application/yaml")], yaml).into_response()
 }
 
@@ -69,8 +72,7 @@ fn error(invalid: &Invalid, json: bool) -> Response {
         return answer(status, &json!({ "message": message }), true);
     }
     // Written as every Grid message is, in the document's field order.
-    let yaml = wire::to_yaml(&message);
-    (status, [(header::CONTENT_TYPE, "application/yaml")], yaml).into_response()
+    yaml_answer(status, wire::to_yaml(&message))
 }
 
 fn invalid(field: &str, message: String) -> Invalid {
@@ -194,12 +196,7 @@ async fn poll(
     if json {
         return answer(StatusCode::OK, &json!({ "messages": messages }), true);
     }
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/yaml")],
-        wire::to_yaml_stream(&messages),
-    )
-        .into_response()
+    yaml_answer(StatusCode::OK, wire::to_yaml_stream(&messages))
 }
 
 /// Who is there: every agent the bridge knows, of every protocol, and whether it is online.

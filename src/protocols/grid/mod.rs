@@ -317,13 +317,18 @@ impl Grid {
             .contains(id)
     }
 
-    /// Appends `message` to the scratchpad, when there is one and it does not hold the
-    /// message yet. Only the task that writes the queue and the scratchpad calls this, so a
-    /// message kept for several programs is written once; a failed append is tried again
-    /// by the message's next copy.
+    /// Whether a message with this id is for the scratchpad: there is one, and it does not
+    /// hold the message yet.
+    fn for_scratchpad(&self, id: Option<&str>) -> bool {
+        !self.config.scratchpad.0.is_empty() && !id.is_some_and(|id| self.in_scratchpad(id))
+    }
+
+    /// Appends `message` to the scratchpad, when it is for it. Only the task that writes
+    /// the queue and the scratchpad calls this, so a message kept for several programs is
+    /// written once; a failed append is tried again by the message's next copy.
     async fn append_once(&self, message: &Value) {
         let id = message.get("id").and_then(Value::as_str);
-        if self.config.scratchpad.0.is_empty() || id.is_some_and(|id| self.in_scratchpad(id)) {
+        if !self.for_scratchpad(id) {
             return;
         }
         match self.append_to_scratchpad(message).await {
@@ -347,7 +352,8 @@ impl Grid {
         let Some(message) = self.encode(delivery) else {
             return;
         };
-        if !self.config.scratchpad.0.is_empty() && !self.in_scratchpad(&delivery.envelope.id) {
+        // Checked again by `append_once`; here it saves a copy for the writing task.
+        if self.for_scratchpad(Some(&delivery.envelope.id)) {
             let _ = self.outgoing.send(Outgoing::Append(message.clone()));
         }
         let _ = self.outgoing.send(Outgoing::Queue {
