@@ -200,21 +200,12 @@ pub fn skynet_id_field(client_ids: bool) -> String {
     }
 }
 
-/// A Synapse message id: a random UUIDv4 when the client chooses them that way, else
+/// A Grid or Synapse message id: `{prefix}` and a random UUIDv4 when the client chooses
+/// them that way (Grid's documented form is `msg-{uuid}`, Synapse's a bare UUID), else
 /// `{sender}-{seq}`.
-fn client_id(client_ids: bool, sender: &str, seq: u64) -> String {
+fn client_id(client_ids: bool, prefix: &str, sender: &str, seq: u64) -> String {
     if client_ids {
-        uuid::Uuid::new_v4().to_string()
-    } else {
-        format!("{sender}-{seq}")
-    }
-}
-
-/// A Grid message id: the documented `msg-{uuid}` with a random UUIDv4, or
-/// `{sender}-{seq}`.
-fn grid_id(client_ids: bool, sender: &str, seq: u64) -> String {
-    if client_ids {
-        format!("msg-{}", uuid::Uuid::new_v4())
+        format!("{prefix}{}", uuid::Uuid::new_v4())
     } else {
         format!("{sender}-{seq}")
     }
@@ -295,7 +286,7 @@ pub async fn sender(pairing: Pairing<'_>) -> Result<Sender, Error> {
                 sink: SenderSink::Synapse(tx),
                 frame: Box::new(move |seq, text| {
                     Outgoing::Synapse(Box::new(SynapseMessage {
-                        id: client_id(client_ids, &name, seq),
+                        id: client_id(client_ids, "", &name, seq),
                         r#type: MessageType::Unspecified as i32,
                         sender: Some(endpoint(&name)),
                         receiver: Some(endpoint(&receiver)),
@@ -317,7 +308,7 @@ pub async fn sender(pairing: Pairing<'_>) -> Result<Sender, Error> {
                 frame: Box::new(move |seq, text| {
                     Outgoing::Text(format!(
                         r#"{{"message":{{"id":"{}","timestamp":"{}","type":"notification","sender":{{"agent":"{name}"}},"receiver":{{"agent":"{receiver}"}},"content":{{"action":"message","payload":{{"text":"{text}"}}}}}}}}"#,
-                        grid_id(client_ids, &name, seq),
+                        client_id(client_ids, "msg-", &name, seq),
                         agentbridge::protocols::clock::iso8601(agentbridge::core::now_ms())
                     ))
                 }),
