@@ -12,7 +12,7 @@ use std::fmt::Write;
 use serde_json::{Value, json};
 
 use super::{grid, skynet, synapse, tracker};
-use crate::core::{Attachment, Audience, Envelope, Kind, Origin, Priority, TaskInfo, TaskState};
+use crate::core::{Attachment, Audience, Envelope, Kind, Priority, TaskInfo, TaskState};
 
 /// One frame a peer receives for an envelope: what it is called, and its JSON.
 pub struct Frame {
@@ -111,7 +111,6 @@ fn sample(kind: Kind) -> Envelope {
     let mut env = Envelope::new("contract", "alice", kind);
     env.id = "msg-7".into();
     env.timestamp = 1_767_225_600_123;
-    env.origin = Origin::new("contract", None);
     let task = |state: Option<TaskState>| TaskInfo {
         id: "task-3".into(),
         state,
