@@ -39,7 +39,7 @@ pub const METRICS: &[(&str, &str)] = &[
     (DECODE_ERRORS, "Frames refused as malformed, by protocol."),
     (
         ROUTE_DURATION,
-        "Seconds from a message being accepted to it being written to a recipient.",
+        "Seconds from a message being decoded to it being written to a recipient (storing it included).",
     ),
     (CONNECTIONS, "Open client connections, by protocol."),
     (AGENTS_ONLINE, "Agents currently online, by protocol."),

@@ -18,8 +18,8 @@ type Encoded = Arc<dyn Any + Send + Sync>;
 
 pub struct Delivery {
     pub envelope: Envelope,
-    /// When the bridge accepted the message; `route_duration_seconds` is measured from here.
-    pub accepted_at: Instant,
+    /// When the bridge routed the message (after storing it, for a stored one).
+    pub routed_at: Instant,
     /// When an undelivered copy of it must be dropped (from the envelope's ttl).
     pub expires_at: Option<Instant>,
     encoded: Mutex<Vec<(Protocol, Encoded)>>,
@@ -30,14 +30,14 @@ pub struct Delivery {
 
 impl Delivery {
     pub fn new(envelope: Envelope) -> Self {
-        let accepted_at = Instant::now();
+        let routed_at = Instant::now();
         // A ttl too long for the clock to represent is a message that never expires.
         let expires_at = envelope
             .ttl_secs
-            .and_then(|secs| accepted_at.checked_add(std::time::Duration::from_secs(secs)));
+            .and_then(|secs| routed_at.checked_add(std::time::Duration::from_secs(secs)));
         Delivery {
             envelope,
-            accepted_at,
+            routed_at,
             expires_at,
             encoded: Mutex::new(Vec::new()),
             written: AtomicBool::new(false),

@@ -6,6 +6,7 @@
 //! same protocol get a lossless copy.
 
 use std::sync::OnceLock;
+use std::time::Instant;
 
 use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize, Serializer};
@@ -193,8 +194,9 @@ pub struct Attachment {
     pub data: String,
 }
 
-/// Where a message came from: its protocol and the frame as that protocol gave it.
-#[derive(Clone, Default, Deserialize)]
+/// Where a message came from: its protocol and the frame as that protocol gave it, and
+/// when the bridge decoded it.
+#[derive(Clone, Deserialize)]
 pub struct Origin {
     pub protocol: String,
     #[serde(default)]
@@ -204,6 +206,11 @@ pub struct Origin {
     /// forgets it, so it always matches `native`.
     #[serde(skip)]
     native_json: OnceLock<Option<Box<RawValue>>>,
+    /// When the frame was decoded: `route_duration_seconds` is measured from here, so it
+    /// includes the wait for the store. A message read back from the store was "decoded"
+    /// when it was read.
+    #[serde(skip, default = "Instant::now")]
+    decoded_at: Instant,
 }
 
 impl Origin {
@@ -212,7 +219,12 @@ impl Origin {
             protocol: protocol.into(),
             native,
             native_json: OnceLock::new(),
+            decoded_at: Instant::now(),
         }
+    }
+
+    pub fn decoded_at(&self) -> Instant {
+        self.decoded_at
     }
 
     /// The frame as the origin protocol gave it.
@@ -240,7 +252,7 @@ impl Origin {
     }
 }
 
-/// Without the cached text, which says again what `native` says.
+/// Without the cached text, which says again what `native` says, and without the time.
 impl std::fmt::Debug for Origin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Origin")

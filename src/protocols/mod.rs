@@ -110,7 +110,7 @@ pub fn written(delivery: &Delivery, to: Protocol) {
         &env.origin.protocol,
         to,
         env.kind.family(),
-        delivery.accepted_at.elapsed(),
+        env.origin.decoded_at().elapsed(),
     );
     delivery.mark_written();
 }
@@ -154,4 +154,36 @@ pub fn serve(
             tracing::error!(endpoint, error = %e, "listener failed");
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Envelope, Kind};
+
+    /// Slow samples (`> 0.05 s`) of `route_duration_seconds` so far.
+    fn slow_route_samples(handle: &metrics_exporter_prometheus::PrometheusHandle) -> u64 {
+        let text = handle.render();
+        let value = |prefix: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let name = telemetry::ROUTE_DURATION;
+        value(&format!("{name}_count ")) - value(&format!("{name}_bucket{{le=\"0.05\"}} "))
+    }
+
+    /// `route_duration_seconds` runs from when the message was decoded, so a message that
+    /// waited (for the store, say) before it was routed shows that wait.
+    #[test]
+    fn route_duration_counts_from_the_decode_not_from_routing() {
+        let handle = telemetry::install();
+        let env = Envelope::new("test", "decoded-early", Kind::Chat);
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        let slow_before = slow_route_samples(&handle);
+        written(&Delivery::new(env), "test");
+        // Other tests share the recorder; they can only add samples.
+        assert!(slow_route_samples(&handle) > slow_before);
+    }
 }

@@ -461,7 +461,7 @@ impl Grid {
 
     fn reached_by_broadcast(&self, program: &str, delivery: &Delivery) -> bool {
         self.core.router.is_connected(program)
-            && self.sockets.attached_by(program, delivery.accepted_at)
+            && self.sockets.attached_by(program, delivery.routed_at)
     }
 
     /// Queues `message` for each of `agents`, in one commit.
