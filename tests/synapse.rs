@@ -1069,7 +1069,7 @@ async fn groups_reach_members_of_every_protocol() {
 
 #[tokio::test]
 async fn the_gateway_serves_every_http_rule() {
-    let w = world().await;
+    let mut w = world().await;
     let mut worker = Stream::open(w.addr, "worker").await;
 
     let (status, submitted) = w
@@ -1194,6 +1194,55 @@ async fn the_gateway_serves_every_http_rule() {
     assert_eq!(acked["result"]["type"], "MESSAGE_TYPE_P2P_ACK");
     assert_eq!(acked["result"]["replyTo"], "remote-1");
     assert_eq!(text_of(&worker.next().await), "from afar");
+
+    // Without a message it is ReceiveCallback itself: the caller's kept messages, oldest
+    // first, one `{"result": …}` per line as grpc-gateway writes a server stream.
+    w.register("poller", &[("x-synapse-transport", "polling")])
+        .await;
+    for text in ["kept 1", "kept 2"] {
+        let (status, _) = w
+            .post("/api/v1/synapse/callback", json!({ "sender": { "agentId": "remote" }, "receiver": { "agentId": "poller" }, "payload": { "@type": "type.googleapis.com/google.protobuf.StringValue", "value": text } }))
+            .await;
+        assert_eq!(status, 200);
+    }
+    for body in ["", "{}"] {
+        let res = w
+            .http
+            .post(w.url("/api/v1/synapse/callback"))
+            .header("x-synapse-agent-id", "poller")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 200);
+        let lines: Vec<Value> = res
+            .text()
+            .await
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        let texts: Vec<&str> = lines
+            .iter()
+            .map(|line| line["result"]["payload"]["value"].as_str().unwrap())
+            .collect();
+        // Fetched once: the second poll finds none left.
+        let expected: &[&str] = if body.is_empty() {
+            &["kept 1", "kept 2"]
+        } else {
+            &[]
+        };
+        assert_eq!(texts, expected, "{body:?}");
+    }
+    // Without saying whose messages, it is refused as over gRPC.
+    let res = w
+        .http
+        .post(w.url("/api/v1/synapse/callback"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 400);
 
     // Errors: {code, message} with the matching HTTP status.
     let (status, err) = w.get("/api/v1/synapse/task/nope").await;

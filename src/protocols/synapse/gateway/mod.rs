@@ -203,9 +203,27 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     match call(&gateway, &rule, path, query, headers, body).await {
-        Ok(json) => axum::Json(json).into_response(),
+        Ok(Answer::One(json)) => axum::Json(json).into_response(),
+        Ok(Answer::Stream(items)) => stream_response(&items),
         Err(status) => error_response(&status, http_status(status.code())),
     }
+}
+
+/// What an RPC answers over HTTP: one message, or a server stream's messages.
+enum Answer {
+    One(Value),
+    /// Each `{"result": message}`, as grpc-gateway writes a server stream.
+    Stream(Vec<Value>),
+}
+
+/// A server stream as grpc-gateway sends it: one `{"result": …}` object per line.
+fn stream_response(items: &[Value]) -> Response {
+    let mut body = String::new();
+    for item in items {
+        body.push_str(&item.to_string());
+        body.push('\n');
+    }
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 async fn call(
@@ -215,10 +233,15 @@ async fn call(
     query: Vec<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Value, Status> {
-    // ReceiveCallback's HTTP form ingests a message from a remote Synapse system.
-    if rule.rpc.full_name() == "synapse.SynapseMessageService.ReceiveCallback" {
-        return ingest(gateway, headers, &body).await;
+) -> Result<Answer, Status> {
+    // ReceiveCallback's HTTP form: without a message, as over gRPC, the caller's kept
+    // messages; with one, a remote Synapse system delivering it.
+    if rule.rpc.full_name() == RECEIVE_CALLBACK {
+        return if is_empty_message(&body) {
+            poll(gateway, headers).await
+        } else {
+            ingest(gateway, headers, &body).await
+        };
     }
     let input = rule.rpc.input();
     let mut request = match rule.body.as_str() {
@@ -252,12 +275,40 @@ async fn call(
     let (output, response) = dispatch(&gateway.api, rule.rpc.full_name(), &bytes, metadata).await?;
     let decoded = DynamicMessage::decode(output, response.as_slice())
         .map_err(|e| Status::internal(e.to_string()))?;
-    json_of(decoded)
+    json_of(decoded).map(Answer::One)
+}
+
+const RECEIVE_CALLBACK: &str = "synapse.SynapseMessageService.ReceiveCallback";
+
+/// An empty body, or `{}`: ReceiveCallback's own request (`google.protobuf.Empty`).
+fn is_empty_message(body: &Bytes) -> bool {
+    body.iter().all(u8::is_ascii_whitespace)
+        || serde_json::from_slice::<Value>(body)
+            .is_ok_and(|v| v.as_object().is_some_and(|o| o.is_empty()))
+}
+
+/// ReceiveCallback as over gRPC: every message kept for the agent named by
+/// `x-synapse-agent-id`, oldest first.
+async fn poll(gateway: &Gateway, headers: HeaderMap) -> Result<Answer, Status> {
+    use super::proto::synapse_message_service_server::SynapseMessageService;
+    use futures_util::StreamExt;
+    let request = tonic::Request::from_parts(
+        MetadataMap::from_headers(headers),
+        Extensions::default(),
+        (),
+    );
+    let mut messages = gateway.api.receive_callback(request).await?.into_inner();
+    let mut items = Vec::new();
+    while let Some(message) = messages.next().await {
+        let message = wire::to_json(&message?, "synapse.SynapseMessage").map_err(internal)?;
+        items.push(json!({ "result": message }));
+    }
+    Ok(Answer::Stream(items))
 }
 
 /// A remote system's callback: the body is a SynapseMessage in JSON. Answered, in the
 /// server-streaming form grpc-gateway uses, with the bridge's acknowledgement.
-async fn ingest(gateway: &Gateway, headers: HeaderMap, body: &Bytes) -> Result<Value, Status> {
+async fn ingest(gateway: &Gateway, headers: HeaderMap, body: &Bytes) -> Result<Answer, Status> {
     let json: Value = serde_json::from_slice(body)
         .map_err(|e| Status::invalid_argument(format!("body is not valid JSON: {e}")))?;
     // The message may come bare or wrapped as `{"message": …}`.
@@ -274,7 +325,7 @@ async fn ingest(gateway: &Gateway, headers: HeaderMap, body: &Bytes) -> Result<V
     acked.id = id;
     let ack = translate::ack(&acked, synapse.bridge_endpoint());
     let ack = wire::to_json(&ack, "synapse.SynapseMessage").map_err(internal)?;
-    Ok(json!({ "result": ack }))
+    Ok(Answer::Stream(vec![json!({ "result": ack })]))
 }
 
 fn from_body(desc: &MessageDescriptor, body: &Bytes) -> Result<DynamicMessage, Status> {

@@ -141,7 +141,8 @@ fn operation(rule: &Rule, schemas: &mut BTreeMap<String, Value>) -> Value {
         op["parameters"] = Value::Array(parameters);
     }
     if !rule.body.is_empty() {
-        // ReceiveCallback's HTTP form takes the message being delivered.
+        // ReceiveCallback's HTTP form takes the message being delivered (or nothing, to
+        // poll).
         let body_schema = if rpc.full_name() == "synapse.SynapseMessageService.ReceiveCallback" {
             message_ref(&wire::descriptor("synapse.SynapseMessage"), schemas)
         } else if rule.body == "*" {
@@ -153,7 +154,7 @@ fn operation(rule: &Rule, schemas: &mut BTreeMap<String, Value>) -> Value {
                 .unwrap_or(json!({ "type": "object" }))
         };
         op["requestBody"] = json!({
-            "required": true,
+            "required": rpc.full_name() != "synapse.SynapseMessageService.ReceiveCallback",
             "content": { "application/json": { "schema": body_schema } }
         });
     }
