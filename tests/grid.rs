@@ -167,6 +167,11 @@ async fn every_validation_error_is_a_400_naming_the_field() {
             error["content"]["payload"]["field"], field,
             "{body}: {answer}"
         );
+        // "Every response MUST include correlation_id": a refused message without an id
+        // is given one, and the error names it.
+        if body.starts_with("message: {") {
+            assert!(error["correlation_id"].is_string(), "{body}: {answer}");
+        }
     }
     let (status, answer) = w
         .http
@@ -416,6 +421,11 @@ async fn the_scratchpad_is_read_and_appended() {
         "what others wrote is untouched"
     );
     assert!(text.contains("] request | mc -> executor\n"), "{text}");
+    // As the document's example writes an entry: action and payload right under `message:`.
+    assert!(
+        text.contains("\n  action: mission_assigned\n  payload:\n    block: block-02\n"),
+        "{text}"
+    );
     // …and queued for polling too; and never read back as a new message.
     assert_eq!(w.http.poll("agent=executor").await[0]["id"], "msg-out");
 

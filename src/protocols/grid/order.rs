@@ -17,6 +17,10 @@ const MESSAGE: &[&str] = &[
     "receiver",
     "correlation_id",
     "content",
+    // The scratchpad's short form has these instead of `content`.
+    "action",
+    "payload",
+    "context",
     "metadata",
 ];
 const PARTY: &[&str] = &["agent", "instance_id"];

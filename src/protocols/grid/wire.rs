@@ -186,16 +186,18 @@ pub fn validate(doc: Value) -> Result<Message, Invalid> {
             Some(_) => Err(Invalid::new(key, format!("{key} must be a string"))),
         }
     };
-    let id = string("id")?;
+    // Given now rather than once the message passed, so that an error refusing it can
+    // carry a `correlation_id` too ("every response MUST include" one).
+    let id = string("id")?.unwrap_or_else(new_message_id_grid);
     let with_id = |mut e: Invalid| {
-        e.id = id.clone();
+        e.id = Some(id.clone());
         e
     };
     let sender = Party::from(msg.get("sender").unwrap_or(&Value::Null), "sender", true)
         .map_err(with_id)?
         .ok_or_else(|| with_id(Invalid::new("sender.agent", "sender.agent is required")))?;
     let with_sender = |mut e: Invalid| {
-        e.id = id.clone();
+        e.id = Some(id.clone());
         e.sender = Some(Box::new(sender.clone()));
         e
     };
@@ -286,12 +288,11 @@ pub fn validate(doc: Value) -> Result<Message, Invalid> {
             ))
         })?),
     };
-    let id = id.unwrap_or_else(new_message_id_grid);
     let mut raw = msg;
     // The short form becomes the full one: action, payload and context under `content`.
     if !raw.get("content").is_some_and(Value::is_object) {
         let mut content = Map::new();
-        for key in ["action", "payload", "context"] {
+        for key in CONTENT_FIELDS {
             if let Some(value) = raw.remove(key) {
                 content.insert(key.into(), value);
             }
@@ -372,6 +373,9 @@ pub fn error_message(invalid: &Invalid) -> Value {
     Value::Object(msg)
 }
 
+/// What a message's `content` holds; the scratchpad's short form has them under `message:`.
+const CONTENT_FIELDS: [&str; 3] = ["action", "payload", "context"];
+
 /// A fresh id in the documented `msg-{uuid}` form.
 pub fn new_message_id_grid() -> String {
     format!("msg-{}", new_message_id())
@@ -402,8 +406,31 @@ pub fn entry(message: &Value) -> String {
     format!(
         "\n### [{timestamp}] {} | {sender} -> {receiver}\n\n```yaml\n{}```\n",
         field(&["type"]),
-        to_yaml(message)
+        to_yaml(&short_form(message))
     )
+}
+
+/// `message` as the document's scratchpad example writes it: `action`, `payload` and
+/// `context` right under `message:`, not under `content:` (`validate` reads both forms).
+fn short_form(message: &Value) -> Value {
+    let Value::Object(fields) = message else {
+        return message.clone();
+    };
+    let mut fields = fields.clone();
+    if let Some(Value::Object(mut content)) = fields.remove("content") {
+        for key in CONTENT_FIELDS {
+            if !fields.contains_key(key)
+                && let Some(value) = content.remove(key)
+            {
+                fields.insert(key.into(), value);
+            }
+        }
+        // What else a sender put under `content` stays there.
+        if !content.is_empty() {
+            fields.insert("content".into(), Value::Object(content));
+        }
+    }
+    Value::Object(fields)
 }
 
 /// A scratchpad entry found in a file: its text, and the message it holds or why not.
@@ -821,6 +848,12 @@ mod tests {
             text.contains("message:\n  id: msg-1\n  timestamp: "),
             "{text}"
         );
+        // The document's form: action and payload right under `message:`.
+        assert!(
+            text.contains("\n  action: abort\n  payload:\n    reason: stop\n"),
+            "{text}"
+        );
+        assert!(!text.contains("content:"), "{text}");
         let (entries, consumed) = parse_entries(&text);
         assert_eq!(consumed, text.len());
         let back = entries[0].message.as_ref().unwrap();
