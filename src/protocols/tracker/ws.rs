@@ -55,6 +55,9 @@ pub async fn serve(mut socket: Socket, tracker: Arc<Tracker>) {
         .iter()
         .map(|p| json!({ "id": p.id, "slug": p.slug, "name": p.name }))
         .collect();
+    // `online` lists the others, as in the document's example (`coder` is not in its own).
+    let mut online = tracker.online_names();
+    online.retain(|name| *name != member.slug);
     // A string, not a `Value` kept for the life of the connection: `online` lists everyone.
     let ok = wire::event(
         "auth.ok",
@@ -62,7 +65,7 @@ pub async fn serve(mut socket: Socket, tracker: Arc<Tracker>) {
             "slug": member.slug,
             "lobby_chat_id": tracker.chats.lobby_chat_id,
             "projects": projects,
-            "online": tracker.online_names(),
+            "online": online,
         }),
     )
     .to_string();
