@@ -1972,3 +1972,52 @@ async fn the_agent_list_leaves_out_the_bridge_itself() {
     );
     w.bridge.shutdown().await;
 }
+
+/// `SubmitTaskWithFiles` over HTTP as its proto comment says, a multipart/form-data upload:
+/// request fields as form fields, each file a part of its own.
+#[tokio::test]
+async fn the_gateway_takes_submit_task_with_files_as_a_multipart_form() {
+    let w = world().await;
+    let skynet_addr = w.bridge.addr("skynet").unwrap();
+    let alice = common::skynet::SkynetHttp::new(skynet_addr)
+        .agent("alice")
+        .await;
+    let (mut ws_alice, _) = common::skynet::SkynetWs::join(skynet_addr, &alice).await;
+    let file = reqwest::multipart::Part::bytes(b"hello".to_vec())
+        .file_name("notes.txt")
+        .mime_str("text/plain")
+        .unwrap();
+    let form = reqwest::multipart::Form::new()
+        .text("task_type", "alice")
+        .text("externalTaskId", "ext-form-1")
+        .part("attachment", file);
+    let res = w
+        .http
+        .post(w.url("/api/v1/synapse/task/multipart"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let submitted: Value = res.json().await.unwrap();
+    assert_eq!(submitted["success"], true, "{submitted}");
+    let task = ws_alice.next_message().await;
+    assert_eq!(task["payload"]["files"], json!(["notes.txt"]), "{task}");
+
+    // The `request` part may carry the request as JSON; a field that is not one is refused.
+    let form = reqwest::multipart::Form::new()
+        .text("request", r#"{"taskType": "alice"}"#)
+        .text("colour", "blue");
+    let res = w
+        .http
+        .post(w.url("/api/v1/synapse/task/multipart"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 400);
+    let err: Value = res.json().await.unwrap();
+    assert_eq!(err["code"].as_i64(), Some(3), "{err}");
+    assert!(err["message"].as_str().unwrap().contains("colour"), "{err}");
+    w.bridge.shutdown().await;
+}

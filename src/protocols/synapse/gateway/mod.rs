@@ -5,6 +5,7 @@
 //! call goes to the same service code the gRPC server runs. Errors are
 //! `{"code", "message", "details"}` with the matching HTTP status, as grpc-gateway does.
 
+mod form;
 mod openapi;
 
 use std::collections::BTreeMap;
@@ -243,6 +244,10 @@ async fn call(
             ingest(gateway, headers, &body).await
         };
     }
+    if rule.rpc.full_name() == SUBMIT_TASK_WITH_FILES && form::is_form(&headers) {
+        let request = form::submit_task_with_files(&headers, body).await?;
+        return unary(gateway, rule, &request.encode_to_vec(), headers).await;
+    }
     let input = rule.rpc.input();
     let mut request = match rule.body.as_str() {
         "" => DynamicMessage::new(input.clone()),
@@ -270,15 +275,27 @@ async fn call(
             set_path(&mut request, name, value, "query")?;
         }
     }
-    let bytes = request.encode_to_vec();
+    unary(gateway, rule, &request.encode_to_vec(), headers).await
+}
+
+/// Calls `rule`'s RPC with `request` (the encoded input message), the headers as its
+/// metadata, and answers with the output as JSON.
+async fn unary(
+    gateway: &Gateway,
+    rule: &Rule,
+    request: &[u8],
+    headers: HeaderMap,
+) -> Result<Answer, Status> {
     let metadata = MetadataMap::from_headers(headers);
-    let (output, response) = dispatch(&gateway.api, rule.rpc.full_name(), &bytes, metadata).await?;
+    let (output, response) =
+        dispatch(&gateway.api, rule.rpc.full_name(), request, metadata).await?;
     let decoded = DynamicMessage::decode(output, response.as_slice())
         .map_err(|e| Status::internal(e.to_string()))?;
     json_of(decoded).map(Answer::One)
 }
 
 const RECEIVE_CALLBACK: &str = "synapse.SynapseMessageService.ReceiveCallback";
+const SUBMIT_TASK_WITH_FILES: &str = "synapse.TaskService.SubmitTaskWithFiles";
 
 /// An empty body, or `{}`: ReceiveCallback's own request (`google.protobuf.Empty`).
 fn is_empty_message(body: &Bytes) -> bool {

@@ -157,6 +157,16 @@ fn operation(rule: &Rule, schemas: &mut BTreeMap<String, Value>) -> Value {
             "required": rpc.full_name() != "synapse.SynapseMessageService.ReceiveCallback",
             "content": { "application/json": { "schema": body_schema } }
         });
+        if rpc.full_name() == "synapse.TaskService.SubmitTaskWithFiles" {
+            // Also a form (form.rs): request fields as fields, each file a part.
+            op["requestBody"]["content"]["multipart/form-data"] = json!({
+                "schema": {
+                    "type": "object",
+                    "description": "SubmitTaskRequest fields (or `request`, as JSON) as form fields; every part with a file name is one of `files`",
+                    "additionalProperties": { "type": "string", "format": "binary" }
+                }
+            });
+        }
     }
     op
 }
