@@ -242,7 +242,8 @@ impl Origin {
         self.native_raw().map(RawValue::get)
     }
 
-    fn native_raw(&self) -> Option<&RawValue> {
+    /// `native_json` as a `RawValue`, to be written inside other JSON as it is.
+    pub fn native_raw(&self) -> Option<&RawValue> {
         self.native_json
             .get_or_init(|| {
                 let native = self.native.as_ref()?;

@@ -1,10 +1,11 @@
 //! The message log: every accepted envelope, written before it is delivered.
 //!
-//! Bodies are stored as the envelope's JSON; the columns beside it are what the replay
-//! queries filter on (time, recipients, reply links).
+//! Each message is a row: the columns the replay queries filter on (time, recipients,
+//! reply links), and its body, the rest of the envelope as JSON (message_body.rs).
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::message_body::{self, Columns};
 use super::{Batch, Migration, Store, StoreError};
 use crate::core::{Audience, Envelope, Link, TaskRequest};
 
@@ -167,9 +168,11 @@ impl Store {
     pub async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError> {
         let id = id.to_owned();
         self.read(move |conn| {
-            conn.query_row("SELECT seq, body FROM messages WHERE id = ?1", [id], |r| {
-                Ok((r.get(0)?, r.get::<_, String>(1)?))
-            })
+            conn.query_row(
+                &format!("SELECT {STORED} FROM messages WHERE id = ?1"),
+                [id],
+                stored,
+            )
             .optional()?
             .map(decode)
             .transpose()
@@ -237,10 +240,10 @@ impl Store {
     pub async fn replies(&self, id: &str) -> Result<Vec<StoredMessage>, StoreError> {
         let id = id.to_owned();
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(
-                "SELECT seq, body FROM messages WHERE reply_to = ?1 ORDER BY ts, seq",
-            )?;
-            let rows = stmt.query_map([id], |r| Ok((r.get(0)?, r.get::<_, String>(1)?)))?;
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {STORED} FROM messages WHERE reply_to = ?1 ORDER BY ts, seq"
+            ))?;
+            let rows = stmt.query_map([id], stored)?;
             rows.map(|r| decode(r?)).collect()
         })
         .await
@@ -269,7 +272,7 @@ impl Store {
 }
 
 fn select(conn: &Connection, q: &MessageQuery) -> Result<Vec<StoredMessage>, StoreError> {
-    let mut sql = String::from("SELECT m.seq, m.body FROM messages m WHERE 1 = 1");
+    let mut sql = format!("SELECT {STORED} FROM messages m WHERE 1 = 1");
     let mut args: Vec<rusqlite::types::Value> = Vec::new();
     if let Some(before) = q.before {
         sql.push_str(" AND m.ts < ?");
@@ -318,9 +321,7 @@ fn select(conn: &Connection, q: &MessageQuery) -> Result<Vec<StoredMessage>, Sto
     args.push((q.limit as i64).into());
 
     let mut stmt = conn.prepare_cached(&sql)?;
-    let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
-        Ok((r.get(0)?, r.get::<_, String>(1)?))
-    })?;
+    let rows = stmt.query_map(rusqlite::params_from_iter(args), stored)?;
     let mut out: Vec<StoredMessage> = rows.map(|r| decode(r?)).collect::<Result<_, _>>()?;
     out.reverse();
     Ok(out)
@@ -332,8 +333,16 @@ fn push_placeholders(sql: &mut String, n: usize) {
     }
 }
 
-fn decode((seq, body): (i64, String)) -> Result<StoredMessage, StoreError> {
-    let envelope = serde_json::from_str(&body)
+/// What a message is read back from: `seq`, the columns its envelope takes back, `body`.
+const STORED: &str = "seq, id, ts, sender, reply_to, correlation_id, thread, origin, body";
+
+/// One row selected as `STORED`.
+fn stored(row: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, Columns, String)> {
+    Ok((row.get(0)?, Columns::read(row, 1)?, row.get(8)?))
+}
+
+fn decode((seq, columns, body): (i64, Columns, String)) -> Result<StoredMessage, StoreError> {
+    let envelope = message_body::decode(columns, &body)
         .map_err(|e| StoreError::Corrupt(format!("message {seq}: {e}")))?;
     Ok(StoredMessage { seq, envelope })
 }
@@ -376,7 +385,7 @@ impl Row {
             everyone: env.audience == Audience::Everyone && !env.kind.is_presence(),
             private: env.audience == Audience::Private,
             origin: env.origin.protocol.clone(),
-            body: serde_json::to_string(env)
+            body: message_body::encode(env)
                 .map_err(|e| StoreError::Corrupt(format!("cannot encode message: {e}")))?,
             recipients: env.addressees().map(str::to_owned).collect(),
         })

@@ -13,6 +13,7 @@
 //! store itself only knows how to run them once, in order.
 
 mod checkpoint;
+mod message_body;
 mod messages;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,280 @@
+//! A stored message's `body` column: its envelope without the fields the row keeps in
+//! columns of their own.
+//!
+//! The id, sender, time, reply link, correlation id, thread and origin protocol are
+//! columns, for the queries that filter on them; written into the JSON again they were a
+//! sixth of every row and of the work of encoding it. Reading a message back takes them
+//! from the columns. Bodies written by earlier versions hold the whole envelope: the same
+//! values, passed over.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use crate::core::{Attachment, Audience, Envelope, Kind, Origin, Priority, TaskInfo};
+
+/// What a message's row holds in columns of its own, read back with its body.
+pub(super) struct Columns {
+    pub id: String,
+    pub ts: i64,
+    pub sender: String,
+    pub reply_to: Option<String>,
+    pub correlation_id: Option<String>,
+    pub thread: Option<String>,
+    pub origin: String,
+}
+
+impl Columns {
+    /// The columns from `row`, starting at column `first`: `id, ts, sender, reply_to,
+    /// correlation_id, thread, origin`, in that order.
+    pub fn read(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<Columns> {
+        Ok(Columns {
+            id: row.get(first)?,
+            ts: row.get(first + 1)?,
+            sender: row.get(first + 2)?,
+            reply_to: row.get(first + 3)?,
+            correlation_id: row.get(first + 4)?,
+            thread: row.get(first + 5)?,
+            origin: row.get(first + 6)?,
+        })
+    }
+}
+
+/// The body to store for `env`.
+pub(super) fn encode(env: &Envelope) -> serde_json::Result<String> {
+    // Every field is named, so that one added to `Envelope` does not build until it is
+    // stored, in the body or in a column.
+    let Envelope {
+        id: _,
+        from: _,
+        to,
+        mentions,
+        audience,
+        echo,
+        kind,
+        reply_to: _,
+        correlation_id: _,
+        thread: _,
+        task,
+        text,
+        data,
+        attachments,
+        timestamp: _,
+        priority,
+        ttl_secs,
+        origin,
+    } = env;
+    serde_json::to_string(&BodyOut {
+        to,
+        mentions,
+        audience,
+        echo: *echo,
+        kind: *kind,
+        task: task.as_ref(),
+        text: text.as_deref(),
+        data: data.as_ref(),
+        attachments,
+        priority: *priority,
+        ttl_secs: *ttl_secs,
+        origin: OriginOut {
+            native: origin.native_raw(),
+        },
+    })
+}
+
+/// The envelope stored as `columns` and `body`.
+pub(super) fn decode(columns: Columns, body: &str) -> serde_json::Result<Envelope> {
+    let BodyIn {
+        to,
+        mentions,
+        audience,
+        echo,
+        kind,
+        task,
+        text,
+        data,
+        attachments,
+        priority,
+        ttl_secs,
+        origin,
+    } = serde_json::from_str(body)?;
+    Ok(Envelope {
+        id: columns.id,
+        from: columns.sender,
+        to,
+        mentions,
+        audience,
+        echo,
+        kind,
+        reply_to: columns.reply_to,
+        correlation_id: columns.correlation_id,
+        thread: columns.thread,
+        task,
+        text,
+        data,
+        attachments,
+        timestamp: columns.ts,
+        priority,
+        ttl_secs,
+        origin: Origin::new(columns.origin, origin.native),
+    })
+}
+
+// Field names and defaults as `Envelope`'s own serde form, which older bodies are in.
+
+#[derive(Serialize)]
+struct BodyOut<'a> {
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    to: &'a [String],
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    mentions: &'a [String],
+    #[serde(skip_serializing_if = "is_addressed")]
+    audience: &'a Audience,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    echo: bool,
+    kind: Kind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task: Option<&'a TaskInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<&'a Value>,
+    #[serde(skip_serializing_if = "<[Attachment]>::is_empty")]
+    attachments: &'a [Attachment],
+    #[serde(skip_serializing_if = "is_normal")]
+    priority: Priority,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ttl_secs: Option<u64>,
+    origin: OriginOut<'a>,
+}
+
+#[derive(Serialize)]
+struct OriginOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    native: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct BodyIn {
+    #[serde(default)]
+    to: Vec<String>,
+    #[serde(default)]
+    mentions: Vec<String>,
+    #[serde(default)]
+    audience: Audience,
+    #[serde(default)]
+    echo: bool,
+    kind: Kind,
+    #[serde(default)]
+    task: Option<TaskInfo>,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    data: Option<Value>,
+    #[serde(default)]
+    attachments: Vec<Attachment>,
+    #[serde(default)]
+    priority: Priority,
+    #[serde(default)]
+    ttl_secs: Option<u64>,
+    #[serde(default)]
+    origin: OriginIn,
+}
+
+#[derive(Default, Deserialize)]
+struct OriginIn {
+    #[serde(default)]
+    native: Option<Value>,
+}
+
+fn is_addressed(audience: &&Audience) -> bool {
+    **audience == Audience::Addressed
+}
+
+fn is_normal(priority: &Priority) -> bool {
+    *priority == Priority::Normal
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::TaskState;
+    use serde_json::json;
+
+    /// An envelope with every field away from its default.
+    fn full() -> Envelope {
+        let mut env = Envelope::new("test", "alice", Kind::TaskAssign);
+        env.to = vec!["bob".into()];
+        env.mentions = vec!["carol".into()];
+        env.audience = Audience::Group("crew".into());
+        env.echo = true;
+        env.reply_to = Some("m-0".into());
+        env.correlation_id = Some("c-1".into());
+        env.thread = Some("room".into());
+        env.task = Some(TaskInfo {
+            id: "t-1".into(),
+            state: Some(TaskState::Assigned),
+            ..Default::default()
+        });
+        env.text = Some("say \"hi\"".into());
+        env.data = Some(json!({ "k": [1, 2] }));
+        env.attachments = vec![Attachment {
+            name: "a.txt".into(),
+            mime_type: "text/plain".into(),
+            size: 2,
+            data: "aGk=".into(),
+        }];
+        env.priority = Priority::High;
+        env.ttl_secs = Some(60);
+        env.origin
+            .set_native(Some(json!({ "type": "chat", "text": "hi" })));
+        env
+    }
+
+    fn columns(env: &Envelope) -> Columns {
+        Columns {
+            id: env.id.clone(),
+            ts: env.timestamp,
+            sender: env.from.clone(),
+            reply_to: env.reply_to.clone(),
+            correlation_id: env.correlation_id.clone(),
+            thread: env.thread.clone(),
+            origin: env.origin.protocol.clone(),
+        }
+    }
+
+    #[test]
+    fn every_field_comes_back_from_the_columns_and_the_body() {
+        let env = full();
+        let body = encode(&env).unwrap();
+        let json: Value = serde_json::from_str(&body).unwrap();
+        for column in [
+            "id",
+            "from",
+            "timestamp",
+            "reply_to",
+            "correlation_id",
+            "thread",
+        ] {
+            assert!(json.get(column).is_none(), "{column} in {body}");
+        }
+        assert_eq!(
+            json["origin"],
+            json!({ "native": { "type": "chat", "text": "hi" } })
+        );
+        assert_eq!(decode(columns(&env), &body).unwrap(), env);
+
+        let plain = Envelope::new("test", "alice", Kind::Chat);
+        let body = encode(&plain).unwrap();
+        assert_eq!(body, r#"{"kind":"chat","origin":{}}"#);
+        assert_eq!(decode(columns(&plain), &body).unwrap(), plain);
+    }
+
+    /// Older versions stored the whole envelope in its own serde form.
+    #[test]
+    fn a_body_holding_the_whole_envelope_reads_back() {
+        let env = full();
+        let old = serde_json::to_string(&env).unwrap();
+        assert_eq!(decode(columns(&env), &old).unwrap(), env);
+    }
+}
