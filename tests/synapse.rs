@@ -72,6 +72,20 @@ impl World {
         )
     }
 
+    async fn post_form(&self, path: &str, form: reqwest::multipart::Form) -> (u16, Value) {
+        let res = self
+            .http
+            .post(self.url(path))
+            .multipart(form)
+            .send()
+            .await
+            .unwrap();
+        (
+            res.status().as_u16(),
+            res.json().await.unwrap_or(Value::Null),
+        )
+    }
+
     /// Registers `agent` with its transport hints, by a harmless call.
     async fn register(&mut self, agent: &str, meta: &[(&'static str, &str)]) {
         let mut all = vec![("x-synapse-agent-id", agent)];
@@ -1991,16 +2005,12 @@ async fn the_gateway_takes_submit_task_with_files_as_a_multipart_form() {
         .text("task_type", "alice")
         .text("externalTaskId", "ext-form-1")
         .part("attachment", file);
-    let res = w
-        .http
-        .post(w.url("/api/v1/synapse/task/multipart"))
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status().as_u16(), 200);
-    let submitted: Value = res.json().await.unwrap();
-    assert_eq!(submitted["success"], true, "{submitted}");
+    let (status, submitted) = w.post_form("/api/v1/synapse/task/multipart", form).await;
+    assert_eq!(
+        (status, &submitted["success"]),
+        (200, &json!(true)),
+        "{submitted}"
+    );
     let task = ws_alice.next_message().await;
     assert_eq!(task["payload"]["files"], json!(["notes.txt"]), "{task}");
 
@@ -2008,16 +2018,8 @@ async fn the_gateway_takes_submit_task_with_files_as_a_multipart_form() {
     let form = reqwest::multipart::Form::new()
         .text("request", r#"{"taskType": "alice"}"#)
         .text("colour", "blue");
-    let res = w
-        .http
-        .post(w.url("/api/v1/synapse/task/multipart"))
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status().as_u16(), 400);
-    let err: Value = res.json().await.unwrap();
-    assert_eq!(err["code"].as_i64(), Some(3), "{err}");
+    let (status, err) = w.post_form("/api/v1/synapse/task/multipart", form).await;
+    assert_eq!((status, err["code"].as_i64()), (400, Some(3)), "{err}");
     assert!(err["message"].as_str().unwrap().contains("colour"), "{err}");
     w.bridge.shutdown().await;
 }
