@@ -2014,6 +2014,25 @@ async fn the_gateway_takes_submit_task_with_files_as_a_multipart_form() {
     let task = ws_alice.next_message().await;
     assert_eq!(task["payload"]["files"], json!(["notes.txt"]), "{task}");
 
+    // `request` sent as a file (`curl -F request=@task.json`) is still the request, and a
+    // file input left empty is no file.
+    let request = reqwest::multipart::Part::bytes(br#"{"taskType": "alice"}"#.to_vec())
+        .file_name("task.json")
+        .mime_str("application/json")
+        .unwrap();
+    let empty = reqwest::multipart::Part::bytes(Vec::new()).file_name("");
+    let form = reqwest::multipart::Form::new()
+        .part("request", request)
+        .part("attachment", empty);
+    let (status, submitted) = w.post_form("/api/v1/synapse/task/multipart", form).await;
+    assert_eq!(
+        (status, &submitted["success"]),
+        (200, &json!(true)),
+        "{submitted}"
+    );
+    let task = ws_alice.next_message().await;
+    assert!(task["payload"].get("files").is_none(), "{task}");
+
     // The `request` part may carry the request as JSON; a field that is not one is refused.
     let form = reqwest::multipart::Form::new()
         .text("request", r#"{"taskType": "alice"}"#)

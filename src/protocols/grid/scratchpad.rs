@@ -111,8 +111,15 @@ impl Grid {
         };
         if let Err(mut invalid) = result {
             tracing::warn!(field = %invalid.field, reason = %invalid.message, "grid: skipped a malformed scratchpad entry");
-            // The error answers the entry by the id it would have had.
-            invalid.id.get_or_insert_with(derived_id);
+            // The error answers the entry by the id it would have had: its own, or one
+            // derived from its text (not the one `validate` made up for it).
+            if !invalid
+                .id
+                .as_deref()
+                .is_some_and(|id| entry.text.contains(id))
+            {
+                invalid.id = Some(derived_id());
+            }
             self.report(&invalid).await;
         }
     }

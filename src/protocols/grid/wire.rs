@@ -412,23 +412,25 @@ pub fn entry(message: &Value) -> String {
 
 /// `message` as the document's scratchpad example writes it: `action`, `payload` and
 /// `context` right under `message:`, not under `content:` (`validate` reads both forms).
+/// A `content` holding anything else is left whole: read back, a `content:` mapping is
+/// where all three are looked for.
 fn short_form(message: &Value) -> Value {
     let Value::Object(fields) = message else {
         return message.clone();
     };
+    let short = match fields.get("content") {
+        Some(Value::Object(content)) => {
+            content.keys().all(|k| CONTENT_FIELDS.contains(&k.as_str()))
+                && CONTENT_FIELDS.iter().all(|k| !fields.contains_key(*k))
+        }
+        _ => false,
+    };
+    if !short {
+        return message.clone();
+    }
     let mut fields = fields.clone();
-    if let Some(Value::Object(mut content)) = fields.remove("content") {
-        for key in CONTENT_FIELDS {
-            if !fields.contains_key(key)
-                && let Some(value) = content.remove(key)
-            {
-                fields.insert(key.into(), value);
-            }
-        }
-        // What else a sender put under `content` stays there.
-        if !content.is_empty() {
-            fields.insert("content".into(), Value::Object(content));
-        }
+    if let Some(Value::Object(content)) = fields.remove("content") {
+        fields.extend(content);
     }
     Value::Object(fields)
 }
@@ -854,6 +856,28 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("content:"), "{text}");
+
+        // `context` too; a `content` holding more than the three is written whole. Both
+        // read back as they were.
+        for content in [
+            "{ action: abort, payload: { reason: stop }, context: { block: b-2 } }",
+            "{ action: abort, payload: { reason: stop }, hint: soon }",
+        ] {
+            let msg = validate(doc(&format!("message: {{ timestamp: 2026-01-24T10:00:00Z, id: msg-2, type: request, sender: {{ agent: mc }}, receiver: {{ agent: executor }}, content: {content} }}"))).unwrap();
+            let text = entry(&msg.raw);
+            assert_eq!(
+                text.contains("content:"),
+                content.contains("hint"),
+                "{text}"
+            );
+            let (entries, _) = parse_entries(&text);
+            let back = entries[0].message.as_ref().unwrap();
+            assert_eq!(
+                (back.action.as_deref(), &back.payload, &back.context),
+                (Some("abort"), &msg.payload, &msg.context),
+                "{text}"
+            );
+        }
         let (entries, consumed) = parse_entries(&text);
         assert_eq!(consumed, text.len());
         let back = entries[0].message.as_ref().unwrap();

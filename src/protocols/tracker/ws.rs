@@ -58,7 +58,7 @@ pub async fn serve(mut socket: Socket, tracker: Arc<Tracker>) {
     // `online` lists the others, as in the document's example (`coder` is not in its own).
     let mut online = tracker.online_names();
     online.retain(|name| *name != member.slug);
-    // A string, not a `Value` kept for the life of the connection: `online` lists everyone.
+    // A string, not a `Value` kept for the life of the connection: `online` may be long.
     let ok = wire::event(
         "auth.ok",
         json!({

@@ -2,9 +2,10 @@
 //! ("提交带文件的任务(Multipart)") and as `FileUpload.field_name` implies: the form is read into
 //! the same `SubmitTaskWithFilesRequest` the JSON body and gRPC give.
 //!
-//! - every part with a file name is a `FileUpload`: its form field name, file name,
-//!   content type (`application/octet-stream` when none) and bytes;
-//! - a `request` part is the `SubmitTaskRequest` as JSON;
+//! - every other part with a file name is a `FileUpload`: its form field name, file name,
+//!   content type (`application/octet-stream` when none) and bytes (an empty file input,
+//!   no name and no bytes, is no file);
+//! - a `request` part, a file or not, is the `SubmitTaskRequest` as JSON;
 //! - any other part is one field of that request, by its proto or JSON name (`task_type`
 //!   or `taskType`, …), its text the value; `payload` is JSON (an `Any` with `@type`).
 
@@ -40,12 +41,21 @@ pub(super) async fn submit_task_with_files(
     let mut files = Vec::new();
     while let Some(part) = form.next_field().await.map_err(bad_form)? {
         let name = part.name().unwrap_or_default().to_owned();
-        if let Some(filename) = part.file_name() {
+        // `request` and `payload` are the request's even when sent as files (`curl -F
+        // request=@task.json`).
+        let file_name = part
+            .file_name()
+            .filter(|_| !matches!(name.as_str(), "request" | "payload"));
+        if let Some(filename) = file_name {
             let filename = filename.to_owned();
             let mime_type = part
                 .content_type()
                 .map_or("application/octet-stream".to_owned(), ToString::to_string);
             let data = part.bytes().await.map_err(bad_form)?;
+            // A form's file input left empty: no file.
+            if filename.is_empty() && data.is_empty() {
+                continue;
+            }
             files.push(FileUpload {
                 field_name: name,
                 filename,

@@ -317,8 +317,17 @@ async fn poll(gateway: &Gateway, headers: HeaderMap) -> Result<Answer, Status> {
     let mut messages = gateway.api.receive_callback(request).await?.into_inner();
     let mut items = Vec::new();
     while let Some(message) = messages.next().await {
-        let message = wire::to_json(&message?, "synapse.SynapseMessage").map_err(internal)?;
-        items.push(json!({ "result": message }));
+        // The messages are taken out of the inbox already: one that cannot be written as
+        // JSON is answered in its place as grpc-gateway answers a stream's error.
+        items.push(
+            match message.and_then(|m| wire::to_json(&m, "synapse.SynapseMessage").map_err(internal)) {
+                Ok(message) => json!({ "result": message }),
+                Err(status) => {
+                    tracing::error!(error = %status.message(), "synapse: a polled message cannot be written as JSON");
+                    json!({ "error": error_json(&status) })
+                }
+            },
+        );
     }
     Ok(Answer::Stream(items))
 }
@@ -456,13 +465,12 @@ pub fn http_status(code: tonic::Code) -> StatusCode {
 
 /// `{"code", "message", "details"}` with `http` as the status.
 pub fn error_response(status: &Status, http: StatusCode) -> Response {
-    (
-        http,
-        axum::Json(
-            json!({ "code": status.code() as i32, "message": status.message(), "details": [] }),
-        ),
-    )
-        .into_response()
+    (http, axum::Json(error_json(status))).into_response()
+}
+
+/// A gRPC status as grpc-gateway writes it: `{"code", "message", "details"}`.
+fn error_json(status: &Status) -> Value {
+    json!({ "code": status.code() as i32, "message": status.message(), "details": [] })
 }
 
 /// Calls the RPC `name` with an encoded request; returns the response's descriptor and bytes.
