@@ -1113,6 +1113,9 @@ async fn the_gateway_serves_every_http_rule() {
         (listed["total"].as_i64(), listed["limit"].as_i64()),
         (Some(1), Some(5))
     );
+    // Health counts the tasks still open: received, processing or waiting.
+    let active = |health: Value| health["activeTasks"].as_i64();
+    assert_eq!(active(w.get("/api/v1/synapse/health").await.1), Some(1));
     let (status, cancelled) = w
         .post(&format!("/api/v1/synapse/task/{id}/cancel"), json!({}))
         .await;
@@ -1120,6 +1123,7 @@ async fn the_gateway_serves_every_http_rule() {
         (status, cancelled["status"].as_str()),
         (200, Some("TASK_STATUS_CANCELLED"))
     );
+    assert_eq!(active(w.get("/api/v1/synapse/health").await.1), Some(0));
     let (status, files) = w
         .post("/api/v1/synapse/task/multipart", json!({ "request": { "taskType": "worker" }, "files": [{ "filename": "a.txt", "data": "aGVsbG8=" }] }))
         .await;

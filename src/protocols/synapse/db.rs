@@ -407,6 +407,21 @@ impl Db {
             .await
     }
 
+    /// How many tasks have one of `statuses`.
+    pub async fn count_tasks(&self, statuses: &[i32]) -> Result<i64, StoreError> {
+        let statuses: Vec<i64> = statuses.iter().map(|&s| s.into()).collect();
+        self.store
+            .read(move |conn| {
+                let placeholders = vec!["?"; statuses.len()].join(", ");
+                Ok(conn.query_row(
+                    &format!("SELECT COUNT(*) FROM synapse_tasks WHERE status IN ({placeholders})"),
+                    rusqlite::params_from_iter(statuses.iter()),
+                    |r| r.get(0),
+                )?)
+            })
+            .await
+    }
+
     /// A page of tasks (newest first) and how many match in all.
     pub async fn tasks(
         &self,

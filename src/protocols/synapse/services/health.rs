@@ -13,20 +13,16 @@ impl HealthService for SynapseApi {
         &self,
         _request: Request<()>,
     ) -> Result<Response<HealthCheckResponse>, Status> {
-        let mut active = 0;
-        for status in [
-            TaskStatus::Received,
-            TaskStatus::Processing,
-            TaskStatus::Waiting,
-        ] {
-            let (_, count) = self
-                .synapse
-                .db
-                .tasks(Some(status as i32), 0, 0)
-                .await
-                .map_err(internal)?;
-            active += count;
-        }
+        let active = self
+            .synapse
+            .db
+            .count_tasks(&[
+                TaskStatus::Received as i32,
+                TaskStatus::Processing as i32,
+                TaskStatus::Waiting as i32,
+            ])
+            .await
+            .map_err(internal)?;
         Ok(Response::new(HealthCheckResponse {
             status: "SERVING".into(),
             version: env!("CARGO_PKG_VERSION").into(),
