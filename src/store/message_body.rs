@@ -64,22 +64,31 @@ pub(super) fn encode(env: &Envelope) -> serde_json::Result<String> {
         ttl_secs,
         origin,
     } = env;
-    serde_json::to_string(&BodyOut {
-        to,
-        mentions,
-        audience,
-        echo: *echo,
-        kind: *kind,
-        task: task.as_ref(),
-        text: text.as_deref(),
-        data: data.as_ref(),
-        attachments,
-        priority: *priority,
-        ttl_secs: *ttl_secs,
-        origin: OriginOut {
-            native: origin.native_raw(),
+    // Sized for what it will hold, so the text is not copied again as the buffer grows
+    // (three times for a short chat).
+    let capacity =
+        256 + text.as_ref().map_or(0, String::len) + origin.native_json().map_or(0, str::len);
+    let mut body = Vec::with_capacity(capacity);
+    serde_json::to_writer(
+        &mut body,
+        &BodyOut {
+            to,
+            mentions,
+            audience,
+            echo: *echo,
+            kind: *kind,
+            task: task.as_ref(),
+            text: text.as_deref(),
+            data: data.as_ref(),
+            attachments,
+            priority: *priority,
+            ttl_secs: *ttl_secs,
+            origin: OriginOut {
+                native: origin.native_raw(),
+            },
         },
-    })
+    )?;
+    String::from_utf8(body).map_err(serde::ser::Error::custom)
 }
 
 /// The envelope stored as `columns` and `body`.
