@@ -2009,13 +2009,21 @@ async fn the_gateway_takes_submit_task_with_files_as_a_multipart_form() {
         .text("task_type", "alice")
         .text("externalTaskId", "ext-form-1")
         .part("attachment", file);
-    let (status, submitted) = w.post_form("/api/v1/synapse/task/multipart", form).await;
-    assert_eq!(
-        (status, &submitted["success"]),
-        (200, &json!(true)),
-        "{submitted}"
-    );
-    let task = ws_alice.next_message().await;
+    /// Submits `form`; the task alice is given for it.
+    async fn given(
+        w: &World,
+        alice: &mut common::skynet::SkynetWs,
+        form: reqwest::multipart::Form,
+    ) -> Value {
+        let (status, submitted) = w.post_form("/api/v1/synapse/task/multipart", form).await;
+        assert_eq!(
+            (status, &submitted["success"]),
+            (200, &json!(true)),
+            "{submitted}"
+        );
+        alice.next_message().await
+    }
+    let task = given(&w, &mut ws_alice, form).await;
     assert_eq!(task["payload"]["files"], json!(["notes.txt"]), "{task}");
 
     // `request` sent as a file (`curl -F request=@task.json`) is still the request, and a
@@ -2028,13 +2036,7 @@ async fn the_gateway_takes_submit_task_with_files_as_a_multipart_form() {
     let form = reqwest::multipart::Form::new()
         .part("request", request)
         .part("attachment", empty);
-    let (status, submitted) = w.post_form("/api/v1/synapse/task/multipart", form).await;
-    assert_eq!(
-        (status, &submitted["success"]),
-        (200, &json!(true)),
-        "{submitted}"
-    );
-    let task = ws_alice.next_message().await;
+    let task = given(&w, &mut ws_alice, form).await;
     assert!(task["payload"].get("files").is_none(), "{task}");
 
     // The `request` part may carry the request as JSON; a field that is not one is refused.
