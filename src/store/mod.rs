@@ -56,6 +56,14 @@ pub enum StoreError {
     Corrupt(String),
     #[error("the store is closed")]
     Closed,
+    #[error(
+        "the database was written by a newer agentbridge: {component} schema version {found}, this build knows up to {known}"
+    )]
+    TooNew {
+        component: &'static str,
+        found: u32,
+        known: u32,
+    },
 }
 
 /// One migration step of one component. Versions start at 1 and only ever grow.
@@ -117,6 +125,8 @@ impl Store {
     }
 
     /// Applies `component`'s migrations that have not run yet, each in its own transaction.
+    /// A database a newer build has migrated further is refused: this build may not read
+    /// what that one wrote.
     pub async fn migrate(
         &self,
         component: &'static str,
@@ -136,6 +146,14 @@ impl Store {
                 [component],
                 |row| row.get(0),
             )?;
+            let known = steps.iter().map(|s| s.version).max().unwrap_or(0);
+            if applied > known {
+                return Err(StoreError::TooNew {
+                    component,
+                    found: applied,
+                    known,
+                });
+            }
             for step in steps.iter().filter(|s| s.version > applied) {
                 conn.execute_batch(step.sql)?;
                 conn.execute(
@@ -697,6 +715,37 @@ mod tests {
             assert_eq!(rows, 1);
             store.close().await;
         }
+    }
+
+    /// A build that knows fewer steps than were applied (an older build on a newer
+    /// database) is refused rather than left to misread what it finds.
+    #[tokio::test]
+    async fn a_database_migrated_further_than_this_build_knows_is_refused() {
+        static ALL: &[Migration] = &[
+            Migration {
+                version: 1,
+                sql: "CREATE TABLE m (v INTEGER)",
+            },
+            Migration {
+                version: 2,
+                sql: "",
+            },
+        ];
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        store.migrate("test", ALL).await.unwrap();
+        let err = store.migrate("test", &ALL[..1]).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::TooNew {
+                    found: 2,
+                    known: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("newer agentbridge"), "{err}");
     }
 
     #[tokio::test]
