@@ -56,6 +56,36 @@ fn field_error(body: &Value) -> (&str, Vec<&str>) {
     )
 }
 
+/// JSON parsers do not care, but a client reading the frame as text sees the document's
+/// order: `type` first, and the fields of `data` as the document lists them.
+#[tokio::test]
+async fn auth_ok_and_errors_are_written_in_the_documents_field_order() {
+    let w = world().await;
+    let mut coder = TrackerWs::connect(w.addr).await;
+    coder
+        .send(json!({ "type": "auth", "token": "tb-coder" }))
+        .await;
+    let ok = coder.next_text().await;
+    assert!(
+        ok.starts_with(r#"{"type":"auth.ok","data":{"slug":"coder","lobby_chat_id":""#),
+        "{ok}"
+    );
+    let data: Value = serde_json::from_str::<Value>(&ok).unwrap()["data"].clone();
+    let fields: Vec<usize> = ["\"projects\":[{\"id\":", "\"online\":"]
+        .iter()
+        .map(|field| ok.find(field).unwrap_or_else(|| panic!("{field} in {ok}")))
+        .collect();
+    assert!(fields[0] < fields[1], "{ok}");
+    assert_eq!(data["projects"][0]["slug"], "team-board");
+    coder.send(json!({ "type": "nonsense" })).await;
+    let error = coder.next_text().await;
+    assert!(
+        error.starts_with(r#"{"type":"error","message":"#),
+        "{error}"
+    );
+    w.bridge.shutdown().await;
+}
+
 #[tokio::test]
 async fn auth_ok_lists_lobby_projects_and_who_is_online() {
     let w = world().await;

@@ -179,7 +179,12 @@ impl TrackerWs {
     }
 
     pub async fn next(&mut self) -> Value {
-        serde_json::from_str(&self.socket.next_text().await).expect("JSON frame")
+        serde_json::from_str(&self.next_text().await).expect("JSON frame")
+    }
+
+    /// The next frame as the bridge wrote it.
+    pub async fn next_text(&mut self) -> String {
+        self.socket.next_text().await
     }
 
     /// The next frame of type `kind`, skipping `agent.status` frames when `kind` is another.

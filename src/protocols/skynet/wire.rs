@@ -26,9 +26,21 @@ pub fn event_value(name: &str, data: Value) -> Value {
     json!({ "event": name, "data": data })
 }
 
-/// A server event frame, as text.
+/// A server event frame, as text: `event` first, as the document writes it (a `Value`'s
+/// keys come out sorted).
 pub fn event(name: &str, data: Value) -> String {
-    event_value(name, data).to_string()
+    #[derive(serde::Serialize)]
+    struct Event<'a> {
+        event: &'a str,
+        data: &'a Value,
+    }
+    // A `Value` has string keys only, so this cannot fail; if it did, the `Value` path
+    // says the same thing.
+    serde_json::to_string(&Event {
+        event: name,
+        data: &data,
+    })
+    .unwrap_or_else(|_| event_value(name, data).to_string())
 }
 
 /// An `error` event. `detail`, when given, says precisely what was wrong; `message` stays
@@ -219,6 +231,16 @@ pub fn oversized_attachment(msg: &Map<String, Value>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `event` first, as the document writes `{event, data}`.
+    #[test]
+    fn events_are_written_event_first() {
+        assert_eq!(
+            event(EVENT_HEARTBEAT_ACK, json!({ "timestamp": 1 })),
+            r#"{"event":"heartbeat.ack","data":{"timestamp":1}}"#
+        );
+        assert!(error_event(ERR_NOT_CONNECTED, None).starts_with(r#"{"event":"error","data":"#));
+    }
 
     fn err(text: &str) -> FrameError {
         parse_client_frame(text).unwrap_err()

@@ -286,7 +286,16 @@ pub fn event_text(kind: &str, data: &impl Serialize) -> String {
 
 /// `{"type": "error", "message": …}` — the shape of every error on the WebSocket.
 pub fn error_frame(message: &str) -> String {
-    json!({ "type": "error", "message": message }).to_string()
+    #[derive(Serialize)]
+    struct Error<'a> {
+        r#type: &'a str,
+        message: &'a str,
+    }
+    serde_json::to_string(&Error {
+        r#type: "error",
+        message,
+    })
+    .unwrap_or_else(|_| json!({ "type": "error", "message": message }).to_string())
 }
 
 pub fn auth_error_frame(message: &str) -> String {

@@ -7,7 +7,6 @@ use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use serde_json::json;
 use tokio::time::{Instant, sleep_until};
 
 use super::chat::{NewMessage, PostError, Posted};
@@ -48,27 +47,41 @@ pub async fn serve(mut socket: Socket, tracker: Arc<Tracker>) {
     let came_online = tracker.members.connected(&member.slug, conn.id);
     Box::pin(tracker.announce(&member.slug, came_online)).await;
 
-    let projects: Vec<_> = tracker
-        .chats
-        .projects
-        .load()
-        .iter()
-        .map(|p| json!({ "id": p.id, "slug": p.slug, "name": p.name }))
-        .collect();
+    // Fields in the document's order; the frame is built as text, not kept as a `Value`
+    // for the life of the connection (`online` may be long).
+    #[derive(serde::Serialize)]
+    struct ProjectRef<'a> {
+        id: &'a str,
+        slug: &'a str,
+        name: &'a str,
+    }
+    #[derive(serde::Serialize)]
+    struct AuthOk<'a> {
+        slug: &'a str,
+        lobby_chat_id: &'a str,
+        projects: Vec<ProjectRef<'a>>,
+        online: Vec<String>,
+    }
+    let projects = tracker.chats.projects.load();
     // `online` lists the others, as in the document's example (`coder` is not in its own).
     let mut online = tracker.online_names();
     online.retain(|name| *name != member.slug);
-    // A string, not a `Value` kept for the life of the connection: `online` may be long.
-    let ok = wire::event(
+    let ok = wire::event_text(
         "auth.ok",
-        json!({
-            "slug": member.slug,
-            "lobby_chat_id": tracker.chats.lobby_chat_id,
-            "projects": projects,
-            "online": online,
-        }),
-    )
-    .to_string();
+        &AuthOk {
+            slug: &member.slug,
+            lobby_chat_id: &tracker.chats.lobby_chat_id,
+            projects: projects
+                .iter()
+                .map(|p| ProjectRef {
+                    id: &p.id,
+                    slug: &p.slug,
+                    name: &p.name,
+                })
+                .collect(),
+            online,
+        },
+    );
     tracing::info!(member = %member.slug, "tracker: authenticated");
     let mut live = Live {
         socket,
