@@ -897,6 +897,26 @@ async fn message_new_follows_chat_listen_and_subscriptions() {
     w.bridge.shutdown().await;
 }
 
+/// A member's message reaches the others as text in the document's order too.
+#[tokio::test]
+async fn a_relayed_message_new_is_written_type_first() {
+    let w = world().await;
+    let (mut listener, ok) = TrackerWs::auth(w.addr, "tb-listener").await;
+    let (mut coder, _) = TrackerWs::auth(w.addr, "tb-coder").await;
+    coder.send(json!({ "type": "chat.send", "chat_id": ok["lobby_chat_id"], "content": "in order", "mentions": [] })).await;
+    let text = loop {
+        let text = listener.next_text().await;
+        if text.contains("message.new") {
+            break text;
+        }
+    };
+    assert!(
+        text.starts_with(r#"{"type":"message.new","data":{"id":"#),
+        "{text}"
+    );
+    w.bridge.shutdown().await;
+}
+
 #[tokio::test]
 async fn chat_send_over_the_socket_and_its_errors() {
     let w = world().await;

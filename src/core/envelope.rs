@@ -227,6 +227,19 @@ impl Origin {
         self.decoded_at
     }
 
+    /// `new`, with `native`'s JSON text already written, in its protocol's own field order
+    /// (written from `native`, its keys would come out sorted). `json` must say what
+    /// `native` says.
+    pub fn with_native_json(
+        protocol: impl Into<String>,
+        native: Value,
+        json: Box<RawValue>,
+    ) -> Origin {
+        let origin = Origin::new(protocol, Some(native));
+        let _ = origin.native_json.set(Some(json));
+        origin
+    }
+
     /// The frame as the origin protocol gave it.
     pub fn native(&self) -> Option<&Value> {
         self.native.as_ref()
@@ -464,6 +477,17 @@ mod tests {
         env.origin.set_native(None);
         assert_eq!(env.origin.native_json(), None);
         assert!(!serde_json::to_string(&env).unwrap().contains("native"));
+    }
+
+    #[test]
+    fn a_native_frame_written_in_its_own_order_keeps_it_until_replaced() {
+        let native = serde_json::json!({ "type": "t", "data": 1 });
+        let json = RawValue::from_string(r#"{"type":"t","data":1}"#.into()).unwrap();
+        let mut origin = Origin::with_native_json("test", native.clone(), json);
+        assert_eq!(origin.native(), Some(&native));
+        assert_eq!(origin.native_json(), Some(r#"{"type":"t","data":1}"#));
+        origin.set_native(Some(native));
+        assert_eq!(origin.native_json(), Some(r#"{"data":1,"type":"t"}"#));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use super::PROTOCOL;
 use super::db::{ProjectRow, TaskRow};
 use super::wire::{self, AuthorType, MessageOut, Priority, TaskOut, TaskStatus, TaskType};
-use crate::core::{Envelope, Kind, Origin, TaskInfo, TaskState, uuid_form};
+use crate::core::{Envelope, Kind, TaskInfo, TaskState, uuid_form};
 use crate::protocols::clock::iso8601;
 use crate::protocols::contract::Frame;
 
@@ -340,7 +340,7 @@ pub fn decode_message(
         ..Default::default()
     });
     env.thread = thread;
-    env.origin = Origin::new(PROTOCOL, Some(wire::event("message.new", out)));
+    env.origin = wire::event_origin(MESSAGE_NEW, out);
     env
 }
 

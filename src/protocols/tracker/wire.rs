@@ -5,6 +5,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::PROTOCOL;
+use crate::core::Origin;
+
 /// Declares a closed string enum with its wire names, parsing and printing.
 macro_rules! wire_enum {
     ($(#[$m:meta])* $name:ident { $($variant:ident = $text:literal),+ $(,)? } default $default:ident) => {
@@ -271,17 +274,29 @@ pub fn event(kind: &str, data: impl Serialize) -> Value {
     json!({ "type": kind, "data": data })
 }
 
+/// `{"type", "data"}` in that order, as the document writes frames.
+#[derive(Serialize)]
+struct Event<'a, T> {
+    r#type: &'a str,
+    data: &'a T,
+}
+
 /// `event(kind, data)` as text, written without a `Value` in between.
 pub fn event_text(kind: &str, data: &impl Serialize) -> String {
-    #[derive(Serialize)]
-    struct Event<'a, T> {
-        r#type: &'a str,
-        data: &'a T,
-    }
     // What the bridge serializes has string keys only, so this cannot fail; if it did,
     // the Value path says the same thing more slowly.
     serde_json::to_string(&Event { r#type: kind, data })
         .unwrap_or_else(|_| event(kind, data).to_string())
+}
+
+/// `event(kind, data)` with its text, `type` first: the origin of a message a Tracker
+/// member sent, which its peers are sent as it is.
+pub fn event_origin(kind: &str, data: &impl Serialize) -> Origin {
+    let native = event(kind, data);
+    match serde_json::value::to_raw_value(&Event { r#type: kind, data }) {
+        Ok(json) => Origin::with_native_json(PROTOCOL, native, json),
+        Err(_) => Origin::new(PROTOCOL, Some(native)),
+    }
 }
 
 /// `{"type": "error", "message": …}` — the shape of every error on the WebSocket.
