@@ -24,7 +24,7 @@ use prost_reflect::{
     DynamicMessage, FieldDescriptor, Kind, MessageDescriptor, MethodDescriptor, ReflectMessage,
     Value as PValue,
 };
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tonic::Status;
 use tonic::codegen::http::Extensions;
 use tonic::metadata::MetadataMap;
@@ -238,10 +238,9 @@ async fn call(
     // ReceiveCallback's HTTP form: without a message, as over gRPC, the caller's kept
     // messages; with one, a remote Synapse system delivering it.
     if rule.rpc.full_name() == RECEIVE_CALLBACK {
-        return if is_empty_message(&body) {
-            poll(gateway, headers).await
-        } else {
-            ingest(gateway, headers, &body).await
+        return match callback_body(&body)? {
+            None => poll(gateway, headers).await,
+            Some(message) => ingest(gateway, headers, message).await,
         };
     }
     if rule.rpc.full_name() == SUBMIT_TASK_WITH_FILES && form::is_form(&headers) {
@@ -297,11 +296,15 @@ async fn unary(
 const RECEIVE_CALLBACK: &str = "synapse.SynapseMessageService.ReceiveCallback";
 const SUBMIT_TASK_WITH_FILES: &str = "synapse.TaskService.SubmitTaskWithFiles";
 
-/// An empty body, or `{}`: ReceiveCallback's own request (`google.protobuf.Empty`).
-fn is_empty_message(body: &Bytes) -> bool {
-    body.iter().all(u8::is_ascii_whitespace)
-        || serde_json::from_slice::<Value>(body)
-            .is_ok_and(|v| v.as_object().is_some_and(|o| o.is_empty()))
+/// The message a ReceiveCallback body delivers, or `None` for an empty body or `{}`:
+/// ReceiveCallback's own request (`google.protobuf.Empty`).
+fn callback_body(body: &Bytes) -> Result<Option<Value>, Status> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let json: Value = serde_json::from_slice(body)
+        .map_err(|e| Status::invalid_argument(format!("body is not valid JSON: {e}")))?;
+    Ok(Some(json).filter(|json| !json.as_object().is_some_and(Map::is_empty)))
 }
 
 /// ReceiveCallback as over gRPC: every message kept for the agent named by
@@ -332,11 +335,9 @@ async fn poll(gateway: &Gateway, headers: HeaderMap) -> Result<Answer, Status> {
     Ok(Answer::Stream(items))
 }
 
-/// A remote system's callback: the body is a SynapseMessage in JSON. Answered, in the
+/// A remote system's callback: `json`, the body, is a SynapseMessage. Answered, in the
 /// server-streaming form grpc-gateway uses, with the bridge's acknowledgement.
-async fn ingest(gateway: &Gateway, headers: HeaderMap, body: &Bytes) -> Result<Answer, Status> {
-    let json: Value = serde_json::from_slice(body)
-        .map_err(|e| Status::invalid_argument(format!("body is not valid JSON: {e}")))?;
+async fn ingest(gateway: &Gateway, headers: HeaderMap, json: Value) -> Result<Answer, Status> {
     // The message may come bare or wrapped as `{"message": …}`.
     let json = match json.get("message") {
         Some(inner) if inner.is_object() => inner.clone(),

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use prost_reflect::{FieldDescriptor, Kind, MessageDescriptor};
 use serde_json::{Map, Value, json};
 
-use super::{Rule, rules};
+use super::{RECEIVE_CALLBACK, Rule, SUBMIT_TASK_WITH_FILES, rules};
 use crate::protocols::synapse::wire;
 
 static DOCUMENT: LazyLock<Value> = LazyLock::new(document);
@@ -143,7 +143,7 @@ fn operation(rule: &Rule, schemas: &mut BTreeMap<String, Value>) -> Value {
     if !rule.body.is_empty() {
         // ReceiveCallback's HTTP form takes the message being delivered (or nothing, to
         // poll).
-        let body_schema = if rpc.full_name() == "synapse.SynapseMessageService.ReceiveCallback" {
+        let body_schema = if rpc.full_name() == RECEIVE_CALLBACK {
             message_ref(&wire::descriptor("synapse.SynapseMessage"), schemas)
         } else if rule.body == "*" {
             message_ref(&input, schemas)
@@ -154,10 +154,10 @@ fn operation(rule: &Rule, schemas: &mut BTreeMap<String, Value>) -> Value {
                 .unwrap_or(json!({ "type": "object" }))
         };
         op["requestBody"] = json!({
-            "required": rpc.full_name() != "synapse.SynapseMessageService.ReceiveCallback",
+            "required": rpc.full_name() != RECEIVE_CALLBACK,
             "content": { "application/json": { "schema": body_schema } }
         });
-        if rpc.full_name() == "synapse.TaskService.SubmitTaskWithFiles" {
+        if rpc.full_name() == SUBMIT_TASK_WITH_FILES {
             // Also a form (form.rs): request fields as fields, each file a part.
             op["requestBody"]["content"]["multipart/form-data"] = json!({
                 "schema": {
