@@ -113,7 +113,7 @@ pub enum Audience {
 }
 
 impl Audience {
-    fn is_addressed(&self) -> bool {
+    pub(crate) fn is_addressed(&self) -> bool {
         *self == Audience::Addressed
     }
 }
@@ -130,7 +130,7 @@ pub enum Priority {
 }
 
 impl Priority {
-    fn is_normal(&self) -> bool {
+    pub(crate) fn is_normal(&self) -> bool {
         *self == Priority::Normal
     }
 

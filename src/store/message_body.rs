@@ -137,7 +137,7 @@ struct BodyOut<'a> {
     to: &'a [String],
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     mentions: &'a [String],
-    #[serde(skip_serializing_if = "is_addressed")]
+    #[serde(skip_serializing_if = "Audience::is_addressed")]
     audience: &'a Audience,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     echo: bool,
@@ -150,7 +150,7 @@ struct BodyOut<'a> {
     data: Option<&'a Value>,
     #[serde(skip_serializing_if = "<[Attachment]>::is_empty")]
     attachments: &'a [Attachment],
-    #[serde(skip_serializing_if = "is_normal")]
+    #[serde(skip_serializing_if = "Priority::is_normal")]
     priority: Priority,
     #[serde(skip_serializing_if = "Option::is_none")]
     ttl_secs: Option<u64>,
@@ -194,14 +194,6 @@ struct BodyIn {
 struct OriginIn {
     #[serde(default)]
     native: Option<Value>,
-}
-
-fn is_addressed(audience: &&Audience) -> bool {
-    **audience == Audience::Addressed
-}
-
-fn is_normal(priority: &Priority) -> bool {
-    *priority == Priority::Normal
 }
 
 #[cfg(test)]
