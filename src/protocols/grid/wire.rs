@@ -15,6 +15,7 @@
 //! travel unchanged between Grid programs (their fields written in the document's order,
 //! see `order`).
 
+use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use serde_json::{Map, Value, json};
@@ -414,9 +415,9 @@ pub fn entry(message: &Value) -> String {
 /// `context` right under `message:`, not under `content:` (`validate` reads both forms).
 /// A `content` holding anything else is left whole: read back, a `content:` mapping is
 /// where all three are looked for.
-fn short_form(message: &Value) -> Value {
+fn short_form(message: &Value) -> Cow<'_, Value> {
     let Value::Object(fields) = message else {
-        return message.clone();
+        return Cow::Borrowed(message);
     };
     let short = match fields.get("content") {
         Some(Value::Object(content)) => {
@@ -426,13 +427,13 @@ fn short_form(message: &Value) -> Value {
         _ => false,
     };
     if !short {
-        return message.clone();
+        return Cow::Borrowed(message);
     }
     let mut fields = fields.clone();
     if let Some(Value::Object(content)) = fields.remove("content") {
         fields.extend(content);
     }
-    Value::Object(fields)
+    Cow::Owned(Value::Object(fields))
 }
 
 /// A scratchpad entry found in a file: its text, and the message it holds or why not.
