@@ -148,6 +148,24 @@ pub struct AttachmentOut {
     pub created_at: String,
 }
 
+/// `auth.ok`'s data, its fields in the document's order.
+#[derive(Debug, Serialize)]
+pub struct AuthOk<'a> {
+    pub slug: &'a str,
+    pub lobby_chat_id: &'a str,
+    pub projects: Vec<ProjectRef<'a>>,
+    /// The other members online.
+    pub online: Vec<String>,
+}
+
+/// A project as `auth.ok` lists it.
+#[derive(Debug, Serialize)]
+pub struct ProjectRef<'a> {
+    pub id: &'a str,
+    pub slug: &'a str,
+    pub name: &'a str,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct MemberOut {
     pub id: String,

@@ -47,33 +47,20 @@ pub async fn serve(mut socket: Socket, tracker: Arc<Tracker>) {
     let came_online = tracker.members.connected(&member.slug, conn.id);
     Box::pin(tracker.announce(&member.slug, came_online)).await;
 
-    // Fields in the document's order; the frame is built as text, not kept as a `Value`
-    // for the life of the connection (`online` may be long).
-    #[derive(serde::Serialize)]
-    struct ProjectRef<'a> {
-        id: &'a str,
-        slug: &'a str,
-        name: &'a str,
-    }
-    #[derive(serde::Serialize)]
-    struct AuthOk<'a> {
-        slug: &'a str,
-        lobby_chat_id: &'a str,
-        projects: Vec<ProjectRef<'a>>,
-        online: Vec<String>,
-    }
+    // Built as text, not kept as a `Value` for the life of the connection (`online` may
+    // be long).
     let projects = tracker.chats.projects.load();
     // `online` lists the others, as in the document's example (`coder` is not in its own).
     let mut online = tracker.online_names();
     online.retain(|name| *name != member.slug);
     let ok = wire::event_text(
         "auth.ok",
-        &AuthOk {
+        &wire::AuthOk {
             slug: &member.slug,
             lobby_chat_id: &tracker.chats.lobby_chat_id,
             projects: projects
                 .iter()
-                .map(|p| ProjectRef {
+                .map(|p| wire::ProjectRef {
                     id: &p.id,
                     slug: &p.slug,
                     name: &p.name,
