@@ -268,12 +268,12 @@ impl Fixture {
         else {
             panic!("a send frame");
         };
-        assert!(skynet::wire::oversized_attachment(&msg).is_none());
+        assert!(msg.oversized_attachment().is_none());
         let sender_id = CARD_IDS[0].1;
-        skynet::translate::stamp_sent(&mut msg, sender_id);
+        msg.stamp(sender_id);
         // For a text with an `@`, the endpoint takes its cached member list.
-        skynet::mentions::enrich(&mut msg, sender_id, || self.candidates.clone());
-        let unknown = skynet::translate::unknown_mentions(&msg, peers);
+        msg.enrich_mentions(sender_id, || self.candidates.clone());
+        let unknown = skynet::translate::unknown_mentions(&msg.mentions, peers);
         let env = skynet::translate::decode(msg, SENDER, peers);
         black_box(unknown);
         env

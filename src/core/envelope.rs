@@ -196,20 +196,22 @@ pub struct Attachment {
 
 /// Where a message came from: its protocol and the frame as that protocol gave it, and
 /// when the bridge decoded it.
-#[derive(Clone, Deserialize)]
+///
+/// The frame is kept as a `Value`, as JSON text, or both: each is made from the other the
+/// first time it is asked for, and at least one is always set. Endpoints that read a frame
+/// into a `Value` hand over the value; those that can write the frame's text in one pass
+/// (Skynet's `send`) hand over the text, and a message relayed to a peer of the same
+/// protocol and stored is then never parsed into a `Value` at all.
+#[derive(Clone)]
 pub struct Origin {
     pub protocol: String,
-    #[serde(default)]
-    native: Option<Value>,
-    /// `native` as JSON text, written once when first asked for: the store keeps it in the
-    /// message's body and a peer of the same protocol may be sent it as it is. `set_native`
-    /// forgets it, so it always matches `native`.
-    #[serde(skip)]
+    native: OnceLock<Option<Value>>,
+    /// The store keeps the text in the message's body and a peer of the same protocol may
+    /// be sent it as it is. `set_native` forgets it, so it always matches `native`.
     native_json: OnceLock<Option<Box<RawValue>>>,
     /// When the frame was decoded: `route_duration_seconds` is measured from here, so it
     /// includes the wait for the store. A message read back from the store was "decoded"
     /// when it was read.
-    #[serde(skip, default = "Instant::now")]
     decoded_at: Instant,
 }
 
@@ -217,14 +219,21 @@ impl Origin {
     pub fn new(protocol: impl Into<String>, native: Option<Value>) -> Origin {
         Origin {
             protocol: protocol.into(),
-            native,
+            native: OnceLock::from(native),
             native_json: OnceLock::new(),
             decoded_at: Instant::now(),
         }
     }
 
-    pub fn decoded_at(&self) -> Instant {
-        self.decoded_at
+    /// `new`, from the frame's JSON text alone: the `Value` is parsed only if someone asks
+    /// for it.
+    pub fn from_native_json(protocol: impl Into<String>, json: Box<RawValue>) -> Origin {
+        Origin {
+            protocol: protocol.into(),
+            native: OnceLock::new(),
+            native_json: OnceLock::from(Some(json)),
+            decoded_at: Instant::now(),
+        }
     }
 
     /// `new`, with `native`'s JSON text already written, in its protocol's own field order
@@ -240,13 +249,22 @@ impl Origin {
         origin
     }
 
+    pub fn decoded_at(&self) -> Instant {
+        self.decoded_at
+    }
+
     /// The frame as the origin protocol gave it.
     pub fn native(&self) -> Option<&Value> {
-        self.native.as_ref()
+        self.native
+            .get_or_init(|| {
+                let json = self.native_json.get()?.as_deref()?;
+                serde_json::from_str(json.get()).ok()
+            })
+            .as_ref()
     }
 
     pub fn set_native(&mut self, native: Option<Value>) {
-        self.native = native;
+        self.native = OnceLock::from(native);
         self.native_json = OnceLock::new();
     }
 
@@ -259,7 +277,7 @@ impl Origin {
     pub fn native_raw(&self) -> Option<&RawValue> {
         self.native_json
             .get_or_init(|| {
-                let native = self.native.as_ref()?;
+                let native = self.native.get()?.as_ref()?;
                 serde_json::value::to_raw_value(native).ok()
             })
             .as_deref()
@@ -271,14 +289,28 @@ impl std::fmt::Debug for Origin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Origin")
             .field("protocol", &self.protocol)
-            .field("native", &self.native)
+            .field("native", &self.native())
             .finish()
     }
 }
 
 impl PartialEq for Origin {
     fn eq(&self, other: &Origin) -> bool {
-        self.protocol == other.protocol && self.native == other.native
+        self.protocol == other.protocol && self.native() == other.native()
+    }
+}
+
+/// As written by `Serialize`: the protocol and the frame, if any.
+impl<'de> Deserialize<'de> for Origin {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Fields {
+            protocol: String,
+            #[serde(default)]
+            native: Option<Value>,
+        }
+        let Fields { protocol, native } = Fields::deserialize(deserializer)?;
+        Ok(Origin::new(protocol, native))
     }
 }
 

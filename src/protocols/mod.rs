@@ -9,6 +9,7 @@ pub mod at_names;
 pub mod clock;
 pub mod contract;
 pub mod grid;
+pub mod raw_object;
 pub mod skynet;
 pub mod synapse;
 pub mod tracker;

@@ -125,7 +125,11 @@ pub(super) fn decode(columns: Columns, body: &str) -> serde_json::Result<Envelop
         timestamp: columns.ts,
         priority,
         ttl_secs,
-        origin: Origin::new(columns.origin, origin.native),
+        // Kept as text: a peer of the same protocol is sent it as it is.
+        origin: match origin.native {
+            Some(native) => Origin::from_native_json(columns.origin, native),
+            None => Origin::new(columns.origin, None),
+        },
     })
 }
 
@@ -193,7 +197,7 @@ struct BodyIn {
 #[derive(Default, Deserialize)]
 struct OriginIn {
     #[serde(default)]
-    native: Option<Value>,
+    native: Option<Box<RawValue>>,
 }
 
 #[cfg(test)]

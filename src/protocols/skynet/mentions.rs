@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use serde_json::{Map, Value};
-
 use super::wire::MENTION_ALL;
 use crate::protocols::at_names;
 
@@ -13,71 +11,53 @@ use crate::protocols::at_names;
 /// `@name`s lower-cased and indexed once rather than for every chat.
 pub type Candidates = at_names::Needles<String>;
 
-/// Enriches `msg.mentions` in place. `candidates` are in the order they are tried:
-/// registered agents, then humans, then agents of other protocols. The field is removed
-/// when the result is empty.
+/// Enriches a message's mentions (`ids`, the client's, each once) in place, from `text`, a
+/// chat's `payload.text`. `candidates` are in the order they are tried: registered
+/// agents, then humans, then agents of other protocols. An empty result leaves the
+/// message without the field.
 pub fn enrich(
-    msg: &mut Map<String, Value>,
+    ids: &mut Vec<String>,
+    text: Option<&str>,
     sender_id: &str,
     candidates: impl FnOnce() -> Arc<Candidates>,
 ) {
-    let mut ids: Vec<String> = msg
-        .get("mentions")
-        .and_then(Value::as_array)
-        .map(|list| {
-            let mut unique: Vec<String> = Vec::with_capacity(list.len());
-            for id in list.iter().filter_map(Value::as_str) {
-                if !unique.iter().any(|u| u == id) {
-                    unique.push(id.to_owned());
-                }
-            }
-            unique
-        })
-        .unwrap_or_default();
-
-    let text = (msg.get("type").and_then(Value::as_str) == Some("chat"))
-        .then(|| msg.get("payload")?.get("text")?.as_str())
-        .flatten()
-        .filter(|t| t.contains('@'));
-    if let Some(text) = text {
-        let lower = text.to_lowercase();
-        // Only a text with an `@` pays for the member list.
-        let candidates = candidates();
-        // A plain substring test: a name counts whatever follows it.
-        for id in candidates.found_in(&lower, |_| true) {
-            if id != sender_id && !ids.contains(id) {
-                ids.push(id.clone());
-            }
-        }
-        if !ids.iter().any(|id| id == MENTION_ALL) && lower.contains("@all") {
-            ids.push(MENTION_ALL.to_owned());
+    let Some(text) = text.filter(|t| t.contains('@')) else {
+        return;
+    };
+    let lower = text.to_lowercase();
+    // Only a text with an `@` pays for the member list.
+    let candidates = candidates();
+    // A plain substring test: a name counts whatever follows it.
+    for id in candidates.found_in(&lower, |_| true) {
+        if id != sender_id && !ids.contains(id) {
+            ids.push(id.clone());
         }
     }
-
-    if ids.is_empty() {
-        msg.remove("mentions");
-    } else {
-        msg.insert(
-            "mentions".into(),
-            Value::Array(ids.into_iter().map(Value::String).collect()),
-        );
+    if !ids.iter().any(|id| id == MENTION_ALL) && lower.contains("@all") {
+        ids.push(MENTION_ALL.to_owned());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::protocols::skynet::wire::{ClientFrame, parse_client_frame};
+    use serde_json::{Value, json};
 
     fn enriched(msg: Value, sender: &str) -> Option<Value> {
-        let mut msg = msg.as_object().unwrap().clone();
+        let frame = json!({ "action": "send", "data": msg }).to_string();
+        let Ok(ClientFrame::Send(mut msg)) = parse_client_frame(&frame) else {
+            panic!("a send: {frame}");
+        };
         let members = [("id-alice", "Alice"), ("id-bob", "bob"), ("id-al", "al")];
-        enrich(&mut msg, sender, || {
+        msg.enrich_mentions(sender, || {
             Arc::new(Candidates::new(
                 members.map(|(id, name)| (id.to_owned(), name)),
             ))
         });
-        msg.get("mentions").cloned()
+        msg.stamp("card");
+        let written: Value = serde_json::from_str(msg.to_json().get()).unwrap();
+        written.get("mentions").cloned()
     }
 
     #[test]

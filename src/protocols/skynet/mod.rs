@@ -6,6 +6,7 @@ mod http;
 /// Server-side `@name` enrichment of chat messages; public for `benches/translate.rs`.
 pub mod mentions;
 mod registry;
+mod sent;
 /// SkynetMessage ⇄ Envelope; public for `benches/translate.rs`.
 pub mod translate;
 /// Skynet's client frames and server events; public for `benches/translate.rs`.

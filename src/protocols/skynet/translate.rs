@@ -4,10 +4,10 @@
 use serde_json::{Map, Value, json};
 
 use super::PROTOCOL;
+use super::sent::SentMessage;
 use super::wire;
 use crate::core::{
     Attachment, Audience, Envelope, Kind, Origin, Status, TaskInfo, TaskState, new_message_id,
-    now_ms,
 };
 use crate::protocols::contract::Frame;
 
@@ -50,60 +50,39 @@ pub fn task_state_from_skynet(status: &str) -> Option<TaskState> {
         .map(|(s, _)| *s)
 }
 
-/// Normalises a sent SkynetMessage as Skynet's server does: `from` is the sending
-/// socket's member (`from_card`); a client's `id` and `timestamp` are kept, missing ones
-/// filled in; a `replyTo` that is not a string is dropped.
-pub fn stamp_sent(msg: &mut Map<String, Value>, from_card: &str) {
-    msg.insert("from".into(), json!(from_card));
-    if !msg.get("id").is_some_and(Value::is_string) {
-        msg.insert("id".into(), json!(new_message_id()));
-    }
-    if !msg.get("timestamp").is_some_and(Value::is_number) {
-        msg.insert("timestamp".into(), json!(now_ms()));
-    }
-    if !msg.get("replyTo").is_some_and(Value::is_string) {
-        msg.remove("replyTo");
-    }
-}
-
 /// The mentioned card ids no agent holds (`@all` aside): the sender is told of them.
-pub fn unknown_mentions(msg: &Map<String, Value>, peers: &impl Peers) -> Vec<String> {
-    msg.get("mentions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
+pub fn unknown_mentions(mentions: &[String], peers: &impl Peers) -> Vec<String> {
+    mentions
+        .iter()
         .filter(|id| *id != wire::MENTION_ALL && peers.name_of(id).is_none())
-        .map(str::to_owned)
+        .cloned()
         .collect()
 }
 
-/// A SkynetMessage the server has normalised (`stamp_sent`, mentions enriched) →
-/// Envelope. `sender` is the sender's agent name; the message becomes `origin.native`.
-pub fn decode(msg: Map<String, Value>, sender: &str, peers: &impl Peers) -> Envelope {
-    let mut env = decode_fields(&msg, sender, peers);
-    env.origin = Origin::new(PROTOCOL, Some(Value::Object(msg)));
-    env
-}
-
-fn decode_fields(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> Envelope {
-    let msg_type = str_field(msg, "type").unwrap_or_default();
-    let payload = msg.get("payload").unwrap_or(&Value::Null);
-    // `stamp_sent` gave a sent message its id; a frame read back without one gets one.
-    let id = str_field(msg, "id").map_or_else(new_message_id, str::to_owned);
-    let mut env = Envelope::with_id(id, PROTOCOL, sender, kind_of(msg_type));
-    if let Some(ts) = msg.get("timestamp").and_then(wire::as_millis) {
+/// A sent SkynetMessage the server has normalised (`stamp`, mentions enriched) →
+/// Envelope. `sender` is the sender's agent name; the message, as text, becomes
+/// `origin.native`.
+pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> Envelope {
+    let native = msg.to_json();
+    let SentMessage {
+        msg_type,
+        id,
+        timestamp,
+        reply_to,
+        mentions,
+        payload,
+        ..
+    } = msg;
+    // `stamp` gave the message its id; one not stamped gets one here.
+    let id = id.unwrap_or_else(new_message_id);
+    let mut env = Envelope::with_id(id, PROTOCOL, sender, kind_of(&msg_type));
+    env.origin = Origin::from_native_json(PROTOCOL, native);
+    if let Some(ts) = timestamp {
         env.timestamp = ts;
     }
-    env.reply_to = str_field(msg, "replyTo").map(str::to_owned);
+    env.reply_to = reply_to;
     env.echo = true;
-    for id in msg
-        .get("mentions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-    {
+    for id in &mentions {
         if id == wire::MENTION_ALL {
             env.audience = Audience::Everyone;
         } else if let Some(name) = peers.name_of(id)
@@ -127,9 +106,9 @@ fn decode_fields(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> 
         }
         Kind::TaskAssign | Kind::TaskUpdate => {
             env.task = Some(TaskInfo {
-                id: str_of(payload, "taskId"),
-                title: opt_str(payload, "title"),
-                description: opt_str(payload, "description"),
+                id: str_of(&payload, "taskId"),
+                title: opt_str(&payload, "title"),
+                description: opt_str(&payload, "description"),
                 state: payload
                     .get("status")
                     .and_then(Value::as_str)
@@ -138,7 +117,7 @@ fn decode_fields(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> 
                     .get("assignee")
                     .and_then(Value::as_str)
                     .map(|id| peers.name_of(id).unwrap_or_else(|| id.to_owned())),
-                files: str_list(payload, "files"),
+                files: str_list(&payload, "files"),
                 ..Default::default()
             });
             env.data = payload.get("metadata").cloned();
@@ -149,22 +128,22 @@ fn decode_fields(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> 
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
             env.task = Some(TaskInfo {
-                id: str_of(payload, "taskId"),
+                id: str_of(&payload, "taskId"),
                 state: Some(if success {
                     TaskState::Completed
                 } else {
                     TaskState::Failed
                 }),
-                summary: opt_str(payload, "summary"),
-                error: opt_str(payload, "error"),
-                files: str_list(payload, "filesChanged"),
+                summary: opt_str(&payload, "summary"),
+                error: opt_str(&payload, "error"),
+                files: str_list(&payload, "filesChanged"),
                 ..Default::default()
             });
-            env.text = opt_str(payload, "summary");
+            env.text = opt_str(&payload, "summary");
         }
         Kind::Log => {
-            env.text = opt_str(payload, "summary");
-            env.data = Some(payload.clone());
+            env.text = opt_str(&payload, "summary");
+            env.data = Some(payload);
         }
         _ => {
             env.text = payload
@@ -172,7 +151,7 @@ fn decode_fields(msg: &Map<String, Value>, sender: &str, peers: &impl Peers) -> 
                 .and_then(Value::as_str)
                 .map(str::to_owned);
             if !payload.is_null() {
-                env.data = Some(payload.clone());
+                env.data = Some(payload);
             }
         }
     }
@@ -416,10 +395,6 @@ fn attachment_to(a: &Attachment) -> Value {
     json!({ "type": kind, "mimeType": a.mime_type, "name": a.name, "data": a.data, "size": a.size })
 }
 
-fn str_field<'a>(msg: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
-    msg.get(key).and_then(Value::as_str)
-}
-
 fn opt_str(v: &Value, key: &str) -> Option<String> {
     v.get(key).and_then(Value::as_str).map(str::to_owned)
 }
@@ -466,18 +441,14 @@ mod tests {
         Table(HashMap::from([("id-a", "alice"), ("id-b", "bob")]))
     }
 
-    fn message(v: Value) -> Map<String, Value> {
-        v.as_object().unwrap().clone()
-    }
-
     #[test]
     fn chat_maps_mentions_to_names_and_all_to_everyone() {
-        let msg = message(json!({
-            "id": "m1", "type": "chat", "from": "id-a", "timestamp": 1000,
-            "payload": { "text": "hi @bob" }, "mentions": ["id-b", "unknown", "__all__"],
-            "replyTo": "m0"
-        }));
-        let env = decode(msg.clone(), "alice", &peers());
+        let frame = r#"{"action":"send","data":{"id":"m1","type":"chat","from":"id-a","timestamp":1000,"payload":{"text":"hi @bob"},"mentions":["id-b","unknown","__all__"],"replyTo":"m0"}}"#;
+        let Ok(wire::ClientFrame::Send(mut msg)) = wire::parse_client_frame(frame) else {
+            panic!("a send");
+        };
+        msg.stamp("id-a");
+        let env = decode(msg, "alice", &peers());
         assert_eq!(env.id, "m1");
         assert_eq!(env.kind, Kind::Chat);
         assert_eq!(env.mentions, ["bob"]);
@@ -485,9 +456,11 @@ mod tests {
         assert_eq!(env.reply_to.as_deref(), Some("m0"));
         assert_eq!(env.text.as_deref(), Some("hi @bob"));
         assert_eq!(env.timestamp, 1000);
-        // Skynet peers get the frame back verbatim.
-        let frame = encode(&env, &peers()).unwrap();
-        assert_eq!(Value::Object(msg), frame);
+        // Skynet peers get the message back as it was sent.
+        let data = &frame[frame.find(r#"{"id""#).unwrap()..frame.len() - 1];
+        assert_eq!(env.origin.native_json(), Some(data));
+        let value: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(encode(&env, &peers()), Some(value));
     }
 
     #[test]

@@ -5,6 +5,9 @@
 
 use serde_json::{Map, Value, json};
 
+pub use super::sent::SentMessage;
+use crate::protocols::raw_object::RawObject;
+
 pub const MENTION_ALL: &str = "__all__";
 /// Close code for a socket replaced by a newer one of the same agent.
 pub const WS_CLOSE_REPLACED: u16 = 4001;
@@ -59,12 +62,12 @@ pub fn as_millis(v: &Value) -> Option<i64> {
     v.as_i64().or_else(|| v.as_f64().map(|f| f as i64))
 }
 
-/// A client frame, checked for shape.
+/// A client frame, checked for shape. A `send` borrows from the frame's text.
 #[derive(Debug)]
-pub enum ClientFrame {
+pub enum ClientFrame<'a> {
     Join(JoinRequest),
     Leave,
-    Send(Map<String, Value>),
+    Send(SentMessage<'a>),
     Heartbeat { status: Option<String> },
 }
 
@@ -85,25 +88,33 @@ pub enum FrameError {
     UnknownAction(String),
 }
 
-pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| FrameError::Invalid(format!("frame is not valid JSON: {e}")))?;
-    let Value::Object(mut frame) = value else {
-        return Err(invalid("frame must be a JSON object {action, data}"));
-    };
-    let action = match frame.get("action") {
-        Some(Value::String(a)) => a.clone(),
+pub fn parse_client_frame(text: &str) -> Result<ClientFrame<'_>, FrameError> {
+    let frame = RawObject::parse(text).map_err(|e| {
+        if e.is_data() {
+            invalid("frame must be a JSON object {action, data}")
+        } else {
+            FrameError::Invalid(format!("frame is not valid JSON: {e}"))
+        }
+    })?;
+    let action = match frame.get("action").map(|a| serde_json::from_str(a.get())) {
+        Some(Ok(Value::String(a))) => a,
         // As Skynet's server does, a missing action is an unknown one.
-        None | Some(Value::Null) => return Err(FrameError::UnknownAction("undefined".into())),
-        Some(other) => return Err(FrameError::UnknownAction(other.to_string())),
+        None | Some(Ok(Value::Null)) => return Err(FrameError::UnknownAction("undefined".into())),
+        Some(Ok(other)) => return Err(FrameError::UnknownAction(other.to_string())),
+        Some(Err(e)) => return Err(FrameError::Invalid(format!("frame is not valid JSON: {e}"))),
     };
-    let data = frame.remove("data").unwrap_or(Value::Null);
+    let data = frame.get("data");
+    // Only a `send` is read without a `Value`: the others are rare.
+    let data_value = || -> Result<Value, FrameError> {
+        data.map_or(Ok(Value::Null), |data| serde_json::from_str(data.get()))
+            .map_err(|e| FrameError::Invalid(format!("frame is not valid JSON: {e}")))
+    };
     match action.as_str() {
-        "join" => parse_join(data).map(ClientFrame::Join),
+        "join" => parse_join(data_value()?).map(ClientFrame::Join),
         "leave" => Ok(ClientFrame::Leave),
-        "send" => parse_send(data).map(ClientFrame::Send),
+        "send" => SentMessage::parse(data).map(ClientFrame::Send),
         "heartbeat" => {
-            let status = match data.get("status") {
+            let status = match data_value()?.get("status") {
                 None | Some(Value::Null) => None,
                 Some(Value::String(s)) => Some(s.clone()),
                 Some(_) => return Err(invalid("data.status must be a string")),
@@ -150,82 +161,8 @@ fn parse_join(data: Value) -> Result<JoinRequest, FrameError> {
     })
 }
 
-fn parse_send(data: Value) -> Result<Map<String, Value>, FrameError> {
-    let Value::Object(msg) = data else {
-        return Err(invalid("data must be a SkynetMessage object"));
-    };
-    match msg.get("type") {
-        Some(Value::String(t)) if !t.is_empty() => {}
-        _ => return Err(invalid("data.type must be a non-empty string")),
-    }
-    if !msg.contains_key("payload") {
-        return Err(invalid("data.payload is required"));
-    }
-    for key in ["id", "replyTo"] {
-        if !matches!(
-            msg.get(key),
-            None | Some(Value::Null) | Some(Value::String(_))
-        ) {
-            return Err(invalid(&format!("data.{key} must be a string")));
-        }
-    }
-    if !matches!(
-        msg.get("timestamp"),
-        None | Some(Value::Null) | Some(Value::Number(_))
-    ) {
-        return Err(invalid("data.timestamp must be a number"));
-    }
-    match msg.get("mentions") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(ids)) if ids.iter().all(Value::is_string) => {}
-        Some(_) => return Err(invalid("data.mentions must be an array of agent ids")),
-    }
-    if msg.get("type").and_then(Value::as_str) == Some("chat") {
-        let payload = &msg["payload"];
-        if !payload.is_object() {
-            return Err(invalid(
-                "data.payload must be an object {text, attachments?}",
-            ));
-        }
-        if !matches!(payload.get("text"), None | Some(Value::String(_))) {
-            return Err(invalid("data.payload.text must be a string"));
-        }
-        match payload.get("attachments") {
-            None | Some(Value::Null) => {}
-            Some(Value::Array(list)) if list.iter().all(Value::is_object) => {}
-            Some(_) => {
-                return Err(invalid(
-                    "data.payload.attachments must be an array of attachments",
-                ));
-            }
-        }
-    }
-    Ok(msg)
-}
-
-fn invalid(detail: &str) -> FrameError {
+pub(super) fn invalid(detail: &str) -> FrameError {
     FrameError::Invalid(detail.to_owned())
-}
-
-/// The first attachment over the 5 MB limit, as an error text.
-pub fn oversized_attachment(msg: &Map<String, Value>) -> Option<String> {
-    let list = msg.get("payload")?.get("attachments")?.as_array()?;
-    list.iter().find_map(|a| {
-        let declared = a.get("size").and_then(Value::as_u64).unwrap_or(0);
-        // Base64 carries 3 bytes in every 4 characters.
-        let decoded = a
-            .get("data")
-            .and_then(Value::as_str)
-            .map(|d| (d.trim_end_matches('=').len() as u64 * 3) / 4)
-            .unwrap_or(0);
-        let size = declared.max(decoded);
-        (size > MAX_ATTACHMENT_SIZE).then(|| {
-            let name = a.get("name").and_then(Value::as_str).unwrap_or("attachment");
-            format!(
-                "Attachment too large: '{name}' is {size} bytes; the limit is {MAX_ATTACHMENT_SIZE} bytes (5 MB)"
-            )
-        })
-    })
 }
 
 #[cfg(test)]
@@ -295,24 +232,5 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(send, ClientFrame::Send(_)));
-    }
-
-    #[test]
-    fn attachments_over_5mb_are_named() {
-        let big = "A".repeat(7 * 1024 * 1024);
-        let msg: Map<String, Value> = serde_json::from_value(json!({
-            "type": "chat", "payload": { "text": "x", "attachments": [
-                { "type": "image", "name": "small.png", "mimeType": "image/png", "data": "AAAA", "size": 3 },
-                { "type": "image", "name": "big.png", "mimeType": "image/png", "data": big, "size": 10 }
-            ]}
-        }))
-        .unwrap();
-        let e = oversized_attachment(&msg).unwrap();
-        assert!(e.contains("big.png"), "{e}");
-        let declared: Map<String, Value> = serde_json::from_value(json!({
-            "type": "chat", "payload": { "attachments": [ { "name": "x", "data": "", "size": 6_000_000 } ] }
-        }))
-        .unwrap();
-        assert!(oversized_attachment(&declared).is_some());
     }
 }

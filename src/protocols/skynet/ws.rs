@@ -7,12 +7,12 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::translate;
-use super::wire::{self, ClientFrame, FrameError, JoinRequest};
+use super::wire::{self, ClientFrame, FrameError, JoinRequest, SentMessage};
 use super::workspace::Joined;
-use super::{PROTOCOL, Skynet, mentions};
+use super::{PROTOCOL, Skynet};
 use crate::core::{Closed, Delivery, Envelope, InFlight, Mailbox, now_ms};
 use crate::protocols::websocket::{self, Message, Socket, Utf8Bytes};
 use crate::store::{MessageQuery, StoreError};
@@ -218,20 +218,20 @@ impl Connection {
         Flow::Continue
     }
 
-    async fn on_send(&mut self, mut msg: Map<String, Value>) -> Flow {
+    async fn on_send(&mut self, mut msg: SentMessage<'_>) -> Flow {
         let Some(joined) = &self.joined else {
             return self
                 .send_event(wire::error_event(wire::ERR_NOT_CONNECTED, None))
                 .await;
         };
-        if let Some(error) = wire::oversized_attachment(&msg) {
+        if let Some(error) = msg.oversized_attachment() {
             telemetry::decode_error(PROTOCOL);
             return self.send_event(wire::error_event(&error, None)).await;
         }
-        translate::stamp_sent(&mut msg, &joined.agent_id);
+        msg.stamp(&joined.agent_id);
         let skynet = self.skynet.clone();
-        mentions::enrich(&mut msg, &joined.agent_id, || skynet.mention_candidates());
-        let unknown = translate::unknown_mentions(&msg, skynet.as_ref());
+        msg.enrich_mentions(&joined.agent_id, || skynet.mention_candidates());
+        let unknown = translate::unknown_mentions(&msg.mentions, skynet.as_ref());
         let env = translate::decode(msg, &joined.name, skynet.as_ref());
         let staged = skynet.core.stage(env).await;
         self.pending.push(staged, unknown);

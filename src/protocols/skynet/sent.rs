@@ -1,0 +1,323 @@
+//! The `send` action's SkynetMessage: read and checked in one pass, normalised as Skynet's
+//! server does, and written out again in the client's own field order.
+//!
+//! The message is what the store keeps and what Skynet peers are sent, so it is not built
+//! into a `Value` (a sorted map of owned strings) only to be written out again: its fields
+//! stay the client's text, and only those the server reads are parsed.
+
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use std::sync::Arc;
+
+use super::mentions;
+use super::wire::{FrameError, MAX_ATTACHMENT_SIZE, as_millis, invalid};
+use crate::core::{new_message_id, now_ms};
+use crate::protocols::raw_object::RawObject;
+
+/// A sent SkynetMessage. `stamp` fills in what the server sets.
+#[derive(Debug)]
+pub struct SentMessage<'a> {
+    /// Every field as the client wrote it, in its order.
+    fields: RawObject<'a>,
+    pub msg_type: String,
+    pub id: Option<String>,
+    pub timestamp: Option<i64>,
+    pub reply_to: Option<String>,
+    /// The client's mentions, each once; enrichment adds to them.
+    pub mentions: Vec<String>,
+    pub payload: Value,
+    /// The sending member's card id, once stamped.
+    from: String,
+}
+
+impl<'a> SentMessage<'a> {
+    /// Reads a `send` frame's `data`, refusing what does not have a SkynetMessage's shape.
+    pub fn parse(data: Option<&'a RawValue>) -> Result<SentMessage<'a>, FrameError> {
+        let fields = data
+            .and_then(|data| RawObject::parse(data.get()).ok())
+            .ok_or_else(|| invalid("data must be a SkynetMessage object"))?;
+        let msg_type = match fields.get("type").map(|t| serde_json::from_str(t.get())) {
+            Some(Ok(Value::String(t))) if !t.is_empty() => t,
+            _ => return Err(invalid("data.type must be a non-empty string")),
+        };
+        let payload = fields
+            .get("payload")
+            .ok_or_else(|| invalid("data.payload is required"))?;
+        let id = optional_string(&fields, "id")?;
+        let reply_to = optional_string(&fields, "replyTo")?;
+        let timestamp = match field_value(&fields, "timestamp") {
+            Value::Null => None,
+            Value::Number(n) => as_millis(&Value::Number(n)),
+            _ => return Err(invalid("data.timestamp must be a number")),
+        };
+        let mentions = match fields
+            .get("mentions")
+            .map(|m| serde_json::from_str(m.get()))
+        {
+            None => Vec::new(),
+            Some(Ok(None)) => Vec::new(),
+            Some(Ok(Some(list))) => each_once(list),
+            Some(Err(_)) => return Err(invalid("data.mentions must be an array of agent ids")),
+        };
+        let payload: Value = serde_json::from_str(payload.get())
+            .map_err(|e| invalid(&format!("data.payload: {e}")))?;
+        if msg_type == "chat" {
+            check_chat_payload(&payload)?;
+        }
+        Ok(SentMessage {
+            fields,
+            msg_type,
+            id,
+            timestamp,
+            reply_to,
+            mentions,
+            payload,
+            from: String::new(),
+        })
+    }
+
+    /// Normalises the message as Skynet's server does: `from` is the sending socket's
+    /// member (`from_card`); a client's `id` and `timestamp` are kept, missing ones filled
+    /// in; a `replyTo` that is not a string is dropped (`parse` only lets `null` through).
+    pub fn stamp(&mut self, from_card: &str) {
+        from_card.clone_into(&mut self.from);
+        self.id.get_or_insert_with(new_message_id);
+        self.timestamp.get_or_insert_with(now_ms);
+    }
+
+    /// Adds to the mentions whom a chat's `payload.text` names (`mentions::enrich`).
+    pub fn enrich_mentions(
+        &mut self,
+        sender_id: &str,
+        candidates: impl FnOnce() -> Arc<mentions::Candidates>,
+    ) {
+        let text = (self.msg_type == "chat")
+            .then(|| self.payload.get("text")?.as_str())
+            .flatten();
+        mentions::enrich(&mut self.mentions, text, sender_id, candidates);
+    }
+
+    /// The first attachment over the 5 MB limit, as an error text.
+    pub fn oversized_attachment(&self) -> Option<String> {
+        let list = self.payload.get("attachments")?.as_array()?;
+        list.iter().find_map(|a| {
+            let declared = a.get("size").and_then(Value::as_u64).unwrap_or(0);
+            // Base64 carries 3 bytes in every 4 characters.
+            let decoded = a
+                .get("data")
+                .and_then(Value::as_str)
+                .map(|d| (d.trim_end_matches('=').len() as u64 * 3) / 4)
+                .unwrap_or(0);
+            let size = declared.max(decoded);
+            (size > MAX_ATTACHMENT_SIZE).then(|| {
+                let name = a.get("name").and_then(Value::as_str).unwrap_or("attachment");
+                format!(
+                    "Attachment too large: '{name}' is {size} bytes; the limit is {MAX_ATTACHMENT_SIZE} bytes (5 MB)"
+                )
+            })
+        })
+    }
+
+    /// The message as Skynet peers are sent it and the store keeps it.
+    pub fn to_json(&self) -> Box<RawValue> {
+        serde_json::value::to_raw_value(self).expect("field names are strings")
+    }
+}
+
+/// The client's fields in its order, as it wrote them, but for what `stamp` sets and the
+/// mentions as enriched; those the client left out follow.
+impl Serialize for SentMessage<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let id = self.id.as_deref().unwrap_or_default();
+        let timestamp = self.timestamp.unwrap_or_default();
+        let mut map = serializer.serialize_map(None)?;
+        let (mut from_written, mut id_written, mut timestamp_written) = (false, false, false);
+        let mut mentions_written = false;
+        for (name, value) in self.fields.iter() {
+            match name {
+                "from" => {
+                    map.serialize_entry(name, &self.from)?;
+                    from_written = true;
+                }
+                "id" => {
+                    map.serialize_entry(name, id)?;
+                    id_written = true;
+                }
+                // A client's number as it wrote it (`1.7e12` stays so).
+                "timestamp" if is_number(value) => {
+                    map.serialize_entry(name, value)?;
+                    timestamp_written = true;
+                }
+                "timestamp" => {
+                    map.serialize_entry(name, &timestamp)?;
+                    timestamp_written = true;
+                }
+                "replyTo" if self.reply_to.is_none() => {}
+                "mentions" => {
+                    if !self.mentions.is_empty() {
+                        map.serialize_entry(name, &self.mentions)?;
+                    }
+                    mentions_written = true;
+                }
+                _ => map.serialize_entry(name, value)?,
+            }
+        }
+        if !from_written {
+            map.serialize_entry("from", &self.from)?;
+        }
+        if !id_written {
+            map.serialize_entry("id", id)?;
+        }
+        if !timestamp_written {
+            map.serialize_entry("timestamp", &timestamp)?;
+        }
+        if !mentions_written && !self.mentions.is_empty() {
+            map.serialize_entry("mentions", &self.mentions)?;
+        }
+        map.end()
+    }
+}
+
+fn is_number(value: &RawValue) -> bool {
+    value
+        .get()
+        .starts_with(|c: char| c == '-' || c.is_ascii_digit())
+}
+
+/// Field `name` as a `Value`; `Null` when absent.
+fn field_value(fields: &RawObject<'_>, name: &str) -> Value {
+    fields
+        .get(name)
+        .and_then(|v| serde_json::from_str(v.get()).ok())
+        .unwrap_or(Value::Null)
+}
+
+/// Field `name`, which may be absent or null but otherwise a string.
+fn optional_string(fields: &RawObject<'_>, name: &str) -> Result<Option<String>, FrameError> {
+    match fields.get(name) {
+        None => Ok(None),
+        Some(value) => serde_json::from_str(value.get())
+            .map_err(|_| invalid(&format!("data.{name} must be a string"))),
+    }
+}
+
+fn each_once(list: Vec<String>) -> Vec<String> {
+    let mut unique: Vec<String> = Vec::with_capacity(list.len());
+    for id in list {
+        if !unique.contains(&id) {
+            unique.push(id);
+        }
+    }
+    unique
+}
+
+fn check_chat_payload(payload: &Value) -> Result<(), FrameError> {
+    if !payload.is_object() {
+        return Err(invalid(
+            "data.payload must be an object {text, attachments?}",
+        ));
+    }
+    if !matches!(payload.get("text"), None | Some(Value::String(_))) {
+        return Err(invalid("data.payload.text must be a string"));
+    }
+    match payload.get("attachments") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Array(list)) if list.iter().all(Value::is_object) => Ok(()),
+        Some(_) => Err(invalid(
+            "data.payload.attachments must be an array of attachments",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parsed(data: &str) -> Result<SentMessage<'_>, FrameError> {
+        let raw: &RawValue = serde_json::from_str(data).unwrap();
+        SentMessage::parse(Some(raw))
+    }
+
+    #[test]
+    fn the_message_keeps_the_clients_order_and_text_with_what_the_server_sets() {
+        let mut msg = parsed(
+            r#"{"type":"chat", "payload":{"text":"hi","z":1.50},"from":"forged","replyTo":null,"timestamp":1.7e12,"extra":[1, 2]}"#,
+        )
+        .unwrap();
+        msg.stamp("card-a");
+        let id = msg.id.clone().unwrap();
+        assert_eq!(
+            msg.to_json().get(),
+            format!(
+                r#"{{"type":"chat","payload":{{"text":"hi","z":1.50}},"from":"card-a","timestamp":1.7e12,"extra":[1, 2],"id":"{id}"}}"#
+            )
+        );
+        assert_eq!(msg.timestamp, Some(1_700_000_000_000));
+    }
+
+    #[test]
+    fn a_clients_id_and_timestamp_are_kept_and_mentions_are_written_as_enriched() {
+        let mut msg = parsed(
+            r#"{"id":"m1","type":"chat","payload":{"text":"@bob"},"mentions":["x","x"],"timestamp":5,"replyTo":"m0"}"#,
+        )
+        .unwrap();
+        assert_eq!(msg.mentions, ["x"]);
+        msg.stamp("card-a");
+        msg.mentions.push("bob".into());
+        let json: Value = serde_json::from_str(msg.to_json().get()).unwrap();
+        assert_eq!(
+            json,
+            json!({ "id": "m1", "type": "chat", "payload": { "text": "@bob" },
+                    "mentions": ["x", "bob"], "timestamp": 5, "replyTo": "m0", "from": "card-a" })
+        );
+
+        // Mentions that come to nothing are left out, as Skynet's server does.
+        let mut msg =
+            parsed(r#"{"type":"t","payload":null,"mentions":[],"timestamp":null}"#).unwrap();
+        msg.stamp("card-a");
+        let json: Value = serde_json::from_str(msg.to_json().get()).unwrap();
+        assert!(json.get("mentions").is_none(), "{json}");
+        assert!(json["timestamp"].is_i64(), "{json}");
+    }
+
+    #[test]
+    fn a_misshapen_message_is_refused_saying_why() {
+        let detail = |data: &str| match parsed(data) {
+            Err(FrameError::Invalid(detail)) => detail,
+            other => panic!("{data}: {other:?}"),
+        };
+        assert!(detail("[]").contains("SkynetMessage object"));
+        assert!(detail(r#"{"type":"","payload":1}"#).contains("data.type"));
+        assert!(detail(r#"{"type":"chat"}"#).contains("data.payload is required"));
+        assert!(detail(r#"{"type":"t","payload":1,"id":5}"#).contains("data.id"));
+        assert!(detail(r#"{"type":"t","payload":1,"replyTo":{}}"#).contains("data.replyTo"));
+        assert!(detail(r#"{"type":"t","payload":1,"timestamp":"now"}"#).contains("timestamp"));
+        assert!(detail(r#"{"type":"t","payload":1,"mentions":[1]}"#).contains("mentions"));
+        assert!(detail(r#"{"type":"chat","payload":[]}"#).contains("must be an object"));
+        assert!(detail(r#"{"type":"chat","payload":{"text":1}}"#).contains("payload.text"));
+        assert!(detail(r#"{"type":"chat","payload":{"attachments":[1]}}"#).contains("attachments"));
+        assert!(SentMessage::parse(None).is_err());
+    }
+
+    #[test]
+    fn attachments_over_5mb_are_named() {
+        let big = "A".repeat(7 * 1024 * 1024);
+        let data = json!({
+            "type": "chat", "payload": { "text": "x", "attachments": [
+                { "type": "image", "name": "small.png", "mimeType": "image/png", "data": "AAAA", "size": 3 },
+                { "type": "image", "name": "big.png", "mimeType": "image/png", "data": big, "size": 10 }
+            ]}
+        })
+        .to_string();
+        let e = parsed(&data).unwrap().oversized_attachment().unwrap();
+        assert!(e.contains("big.png"), "{e}");
+        let declared = json!({
+            "type": "chat", "payload": { "attachments": [ { "name": "x", "data": "", "size": 6_000_000 } ] }
+        })
+        .to_string();
+        assert!(parsed(&declared).unwrap().oversized_attachment().is_some());
+    }
+}
