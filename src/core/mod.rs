@@ -46,8 +46,10 @@ impl Default for RoutingConfig {
     }
 }
 
-/// Recent messages whose conversation links are kept in memory.
-const CORRELATION_CACHE: usize = 100_000;
+/// Recent messages whose conversation links are kept in memory; a reply to an older one
+/// looks its parent up in the store. At 100,000 the index no longer fitted in the
+/// processor's cache and the bridge kept 45 MiB more (BENCHMARKS.md, sixth pass).
+const CORRELATION_CACHE: usize = 16_384;
 
 /// The bridge's own name in the directory: the sender of what the bridge says itself
 /// (expiry notices, refusals) and the submitter of tasks from anonymous callers.
