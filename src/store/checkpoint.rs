@@ -28,9 +28,12 @@ use super::StoreError;
 const WRITES_PER_CHECKPOINT: usize = 256;
 /// Least time between two checkpoints.
 const INTERVAL: Duration = Duration::from_millis(5);
-/// The writer's own automatic checkpoint: 16 MiB of 4 KiB pages. Larger made its rare
-/// checkpoints (and the sync of the restarted log) long enough to show in the p99.
-pub(super) const BACKSTOP_PAGES: u32 = 4096;
+/// The writer's own automatic checkpoint: 64 MiB of 4 KiB pages. Under steady load every
+/// backstop stalls the writer for three fsyncs (the log, the database, the restarted log's
+/// header), 2–9 ms on the benchmark VM; at 16 MiB that came about every 150 ms at 34k msg/s
+/// and set the p99 (4.1–7.2 ms over seven interleaved pairs of runs); at 64 MiB, 2.7–5.7
+/// ms, lower in six pairs of the seven, the p99.9 about the same (BENCHMARKS.md).
+pub(super) const BACKSTOP_PAGES: u32 = 16384;
 
 pub(super) struct Checkpointer {
     thread: JoinHandle<()>,
