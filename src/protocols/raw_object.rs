@@ -11,6 +11,7 @@ use std::fmt;
 
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
+use serde_json::{Map, Value};
 
 /// Beyond this many fields, repeats are found through an index rather than by looking
 /// through the fields, so a frame of many fields costs linear time, not quadratic.
@@ -28,6 +29,20 @@ impl<'a> RawObject<'a> {
     /// `is_data()` when `json` is JSON but not an object.
     pub fn parse(json: &'a str) -> Result<RawObject<'a>, serde_json::Error> {
         serde_json::from_str(json)
+    }
+
+    /// Reads the object a deserializer has reached, from inside a visitor's `visit_map`.
+    pub fn from_map<A: MapAccess<'a>>(map: A) -> Result<RawObject<'a>, A::Error> {
+        ObjectVisitor.visit_map(map)
+    }
+
+    /// The object as a `Value`, each field parsed (for the frames not worth the trouble).
+    pub fn to_value(&self) -> Result<Value, serde_json::Error> {
+        self.fields
+            .iter()
+            .map(|(name, value)| Ok((name.to_string(), serde_json::from_str(value.get())?)))
+            .collect::<Result<Map<String, Value>, _>>()
+            .map(Value::Object)
     }
 
     /// The value of field `name`, as written.
@@ -70,7 +85,7 @@ impl<'de> Visitor<'de> for ObjectVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawObject<'de>, A::Error> {
         let mut fields: Vec<(Cow<'de, str>, &'de RawValue)> = Vec::with_capacity(8);
         let mut index: Option<HashMap<Cow<'de, str>, usize>> = None;
-        while let Some(Name(name)) = map.next_key()? {
+        while let Some(FieldName(name)) = map.next_key()? {
             let value: &'de RawValue = map.next_value()?;
             let seen = match &index {
                 Some(index) => index.get(&name).copied(),
@@ -99,24 +114,24 @@ impl<'de> Visitor<'de> for ObjectVisitor {
 }
 
 /// A field name, borrowed from the text unless it had escapes to undo.
-struct Name<'a>(Cow<'a, str>);
+pub struct FieldName<'a>(pub Cow<'a, str>);
 
-impl<'de> Deserialize<'de> for Name<'de> {
+impl<'de> Deserialize<'de> for FieldName<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct NameVisitor;
         impl<'de> Visitor<'de> for NameVisitor {
-            type Value = Name<'de>;
+            type Value = FieldName<'de>;
 
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a field name")
             }
 
-            fn visit_borrowed_str<E>(self, name: &'de str) -> Result<Name<'de>, E> {
-                Ok(Name(Cow::Borrowed(name)))
+            fn visit_borrowed_str<E>(self, name: &'de str) -> Result<FieldName<'de>, E> {
+                Ok(FieldName(Cow::Borrowed(name)))
             }
 
-            fn visit_str<E>(self, name: &str) -> Result<Name<'de>, E> {
-                Ok(Name(Cow::Owned(name.to_owned())))
+            fn visit_str<E>(self, name: &str) -> Result<FieldName<'de>, E> {
+                Ok(FieldName(Cow::Owned(name.to_owned())))
             }
         }
         deserializer.deserialize_str(NameVisitor)

@@ -5,14 +5,14 @@
 //! into a `Value` (a sorted map of owned strings) only to be written out again: its fields
 //! stay the client's text, and only those the server reads are parsed.
 
+use std::sync::Arc;
+
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use std::sync::Arc;
-
 use super::mentions;
-use super::wire::{FrameError, MAX_ATTACHMENT_SIZE, as_millis, invalid};
+use super::wire::{Data, FrameError, MAX_ATTACHMENT_SIZE, as_millis, invalid};
 use crate::core::{new_message_id, now_ms};
 use crate::protocols::raw_object::RawObject;
 
@@ -34,10 +34,10 @@ pub struct SentMessage<'a> {
 
 impl<'a> SentMessage<'a> {
     /// Reads a `send` frame's `data`, refusing what does not have a SkynetMessage's shape.
-    pub fn parse(data: Option<&'a RawValue>) -> Result<SentMessage<'a>, FrameError> {
-        let fields = data
-            .and_then(|data| RawObject::parse(data.get()).ok())
-            .ok_or_else(|| invalid("data must be a SkynetMessage object"))?;
+    pub fn parse(data: Option<Data<'a>>) -> Result<SentMessage<'a>, FrameError> {
+        let Some(Data::Object(fields)) = data else {
+            return Err(invalid("data must be a SkynetMessage object"));
+        };
         let msg_type = match fields.get("type").map(|t| serde_json::from_str(t.get())) {
             Some(Ok(Value::String(t))) if !t.is_empty() => t,
             _ => return Err(invalid("data.type must be a non-empty string")),
@@ -237,8 +237,7 @@ mod tests {
     use serde_json::json;
 
     fn parsed(data: &str) -> Result<SentMessage<'_>, FrameError> {
-        let raw: &RawValue = serde_json::from_str(data).unwrap();
-        SentMessage::parse(Some(raw))
+        SentMessage::parse(Some(serde_json::from_str(data).unwrap()))
     }
 
     #[test]

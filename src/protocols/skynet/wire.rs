@@ -3,10 +3,15 @@
 //! SkynetMessages are kept as JSON objects rather than structs so that fields this server
 //! does not know travel unchanged between Skynet clients.
 
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::value::SeqAccessDeserializer;
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value, json};
 
 pub use super::sent::SentMessage;
-use crate::protocols::raw_object::RawObject;
+use crate::protocols::raw_object::{FieldName, RawObject};
 
 pub const MENTION_ALL: &str = "__all__";
 /// Close code for a socket replaced by a newer one of the same agent.
@@ -89,32 +94,34 @@ pub enum FrameError {
 }
 
 pub fn parse_client_frame(text: &str) -> Result<ClientFrame<'_>, FrameError> {
-    let frame = RawObject::parse(text).map_err(|e| {
+    let not_json =
+        |e: serde_json::Error| FrameError::Invalid(format!("frame is not valid JSON: {e}"));
+    let frame: FrameFields = serde_json::from_str(text).map_err(|e| {
         if e.is_data() {
             invalid("frame must be a JSON object {action, data}")
         } else {
-            FrameError::Invalid(format!("frame is not valid JSON: {e}"))
+            not_json(e)
         }
     })?;
-    let action = match frame.get("action").map(|a| serde_json::from_str(a.get())) {
-        Some(Ok(Value::String(a))) => a,
+    let action = match frame.action {
+        Some(Value::String(a)) => a,
         // As Skynet's server does, a missing action is an unknown one.
-        None | Some(Ok(Value::Null)) => return Err(FrameError::UnknownAction("undefined".into())),
-        Some(Ok(other)) => return Err(FrameError::UnknownAction(other.to_string())),
-        Some(Err(e)) => return Err(FrameError::Invalid(format!("frame is not valid JSON: {e}"))),
+        None | Some(Value::Null) => return Err(FrameError::UnknownAction("undefined".into())),
+        Some(other) => return Err(FrameError::UnknownAction(other.to_string())),
     };
-    let data = frame.get("data");
+    let data = frame.data;
     // Only a `send` is read without a `Value`: the others are rare.
-    let data_value = || -> Result<Value, FrameError> {
-        data.map_or(Ok(Value::Null), |data| serde_json::from_str(data.get()))
-            .map_err(|e| FrameError::Invalid(format!("frame is not valid JSON: {e}")))
+    let data_value = |data: Option<Data<'_>>| match data {
+        None => Ok(Value::Null),
+        Some(Data::Other(value)) => Ok(value),
+        Some(Data::Object(fields)) => fields.to_value().map_err(not_json),
     };
     match action.as_str() {
-        "join" => parse_join(data_value()?).map(ClientFrame::Join),
+        "join" => parse_join(data_value(data)?).map(ClientFrame::Join),
         "leave" => Ok(ClientFrame::Leave),
         "send" => SentMessage::parse(data).map(ClientFrame::Send),
         "heartbeat" => {
-            let status = match data_value()?.get("status") {
+            let status = match data_value(data)?.get("status") {
                 None | Some(Value::Null) => None,
                 Some(Value::String(s)) => Some(s.clone()),
                 Some(_) => return Err(invalid("data.status must be a string")),
@@ -122,6 +129,99 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame<'_>, FrameError> {
             Ok(ClientFrame::Heartbeat { status })
         }
         _ => Err(FrameError::UnknownAction(action)),
+    }
+}
+
+/// A client frame's `action` and `data`, read in one pass. A repeated field counts once,
+/// with its last value, as in `JSON.parse`; fields the protocol does not have are passed
+/// over.
+struct FrameFields<'a> {
+    action: Option<Value>,
+    data: Option<Data<'a>>,
+}
+
+/// A frame's `data`: the object it nearly always is with its fields left as text (a
+/// `send`'s SkynetMessage is read from them), else the value.
+#[derive(Debug)]
+pub enum Data<'a> {
+    Object(RawObject<'a>),
+    Other(Value),
+}
+
+impl<'de> Deserialize<'de> for FrameFields<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct FrameVisitor;
+        impl<'de> Visitor<'de> for FrameVisitor {
+            type Value = FrameFields<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object {action, data}")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut frame = FrameFields {
+                    action: None,
+                    data: None,
+                };
+                while let Some(FieldName(name)) = map.next_key()? {
+                    match &*name {
+                        "action" => frame.action = Some(map.next_value()?),
+                        "data" => frame.data = Some(map.next_value()?),
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(frame)
+            }
+        }
+        deserializer.deserialize_map(FrameVisitor)
+    }
+}
+
+impl<'de> Deserialize<'de> for Data<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct DataVisitor;
+        impl<'de> Visitor<'de> for DataVisitor {
+            type Value = Data<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                RawObject::from_map(map).map(Data::Object)
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                Value::deserialize(SeqAccessDeserializer::new(seq)).map(Data::Other)
+            }
+
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(Data::Other(Value::Null))
+            }
+
+            fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(Data::Other(Value::Bool(v)))
+            }
+
+            fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(Data::Other(Value::from(v)))
+            }
+
+            fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(Data::Other(Value::from(v)))
+            }
+
+            fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(Data::Other(Value::from(v)))
+            }
+
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Data::Other(Value::String(v.to_owned())))
+            }
+        }
+        deserializer.deserialize_any(DataVisitor)
     }
 }
 
@@ -215,6 +315,34 @@ mod tests {
         );
         assert!(
             matches!(err(r#"{"action":"send","data":{"type":"chat","payload":{},"timestamp":"now"}}"#), FrameError::Invalid(d) if d.contains("timestamp"))
+        );
+    }
+
+    #[test]
+    fn data_of_any_shape_is_read_and_judged_by_the_action() {
+        assert!(
+            matches!(err(r#"{"action":"send","data":[1]}"#), FrameError::Invalid(d) if d.contains("SkynetMessage object"))
+        );
+        assert!(
+            matches!(err(r#"{"action":"send"}"#), FrameError::Invalid(d) if d.contains("SkynetMessage object"))
+        );
+        assert!(
+            matches!(err(r#"{"action":"heartbeat","data":{"status":1}}"#), FrameError::Invalid(d) if d.contains("data.status"))
+        );
+        assert!(matches!(
+            parse_client_frame(r#"{"data":"x","action":"heartbeat","extra":{"a":[1]},"data":{"status":"busy"}}"#),
+            Ok(ClientFrame::Heartbeat { status: Some(s) }) if s == "busy"
+        ));
+        assert!(matches!(
+            parse_client_frame(r#"{"action":"heartbeat","data":null}"#),
+            Ok(ClientFrame::Heartbeat { status: None })
+        ));
+        assert!(
+            matches!(err(r#"{"action":"send","data":{"a":}}"#), FrameError::Invalid(d) if d.contains("not valid JSON"))
+        );
+        assert_eq!(
+            err(r#"{"action":{"b":1,"a":2}}"#),
+            FrameError::UnknownAction(r#"{"a":2,"b":1}"#.into())
         );
     }
 
