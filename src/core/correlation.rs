@@ -67,10 +67,11 @@ struct State {
 
 /// The links of the most recent messages, one recorded per message the bridge accepts: a
 /// ring in the order they were recorded, and an index from a hash of each id to its place
-/// in the ring. The index's slots are 16 bytes, so it stays in the processor's cache. A
-/// map holding the links themselves (two cache lines a slot, and the key's text behind a
-/// pointer) missed the cache on every insert and eviction: 4 % of the relay's cycles,
-/// the most of any function of the bridge's own.
+/// in the ring. The index's slots are 16 bytes (about 512 KiB for 16,384 links), so far
+/// more of it stays in the processor's caches than of a map holding the links themselves
+/// (two cache lines a slot, and the key's text behind a pointer), which missed them on
+/// every insert and eviction: 4 % of the relay's cycles, the most of any function of the
+/// bridge's own; 2 % now.
 #[derive(Default)]
 struct Links {
     ring: Vec<LinkEntry>,

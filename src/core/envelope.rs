@@ -198,7 +198,8 @@ pub struct Attachment {
 /// when the bridge decoded it.
 ///
 /// The frame is kept as a `Value`, as JSON text, or both: each is made from the other the
-/// first time it is asked for, and at least one is always set. Endpoints that read a frame
+/// first time it is asked for (one of the two is always initialised, if only to "no
+/// frame"). Text handed over must parse: the endpoints write it themselves, or check it. Endpoints that read a frame
 /// into a `Value` hand over the value; those that can write the frame's text in one pass
 /// (Skynet's `send`) hand over the text, and a message relayed to a peer of the same
 /// protocol and stored is then never parsed into a `Value` at all.
@@ -284,7 +285,7 @@ impl Origin {
     }
 }
 
-/// Without the cached text, which says again what `native` says, and without the time.
+/// The frame as a `Value` (parsed from the text if need be), without the time.
 impl std::fmt::Debug for Origin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Origin")

@@ -57,14 +57,6 @@ impl<'a> RawObject<'a> {
     pub fn iter(&self) -> impl Iterator<Item = (&str, &'a RawValue)> {
         self.fields.iter().map(|(name, value)| (&**name, *value))
     }
-
-    /// The length of the object's text, near enough: its names and values.
-    pub fn text_len(&self) -> usize {
-        self.fields
-            .iter()
-            .map(|(name, value)| name.len() + value.get().len() + 4)
-            .sum()
-    }
 }
 
 impl<'de> Deserialize<'de> for RawObject<'de> {

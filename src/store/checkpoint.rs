@@ -35,7 +35,8 @@ const INTERVAL: Duration = Duration::from_millis(5);
 /// backstop stalls the writer for three fsyncs (the log, the database, the restarted log's
 /// header), 2–9 ms on the benchmark VM; at 16 MiB that came about every 150 ms at 34k msg/s
 /// and set the p99 (4.1–7.2 ms over seven interleaved pairs of runs); at 64 MiB, 2.7–5.7
-/// ms, lower in six pairs of the seven, the p99.9 about the same (BENCHMARKS.md).
+/// ms, lower in six pairs of the seven, the p99.9 spread wider (6.2–15.5 ms against
+/// 7.3–10.1; BENCHMARKS.md).
 pub(super) const BACKSTOP_PAGES: u32 = 16384;
 
 pub(super) struct Checkpointer {

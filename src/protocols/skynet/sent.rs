@@ -47,9 +47,13 @@ impl<'a> SentMessage<'a> {
             .ok_or_else(|| invalid("data.payload is required"))?;
         let id = optional_string(&fields, "id")?;
         let reply_to = optional_string(&fields, "replyTo")?;
-        let timestamp = match field_value(&fields, "timestamp") {
-            Value::Null => None,
-            Value::Number(n) => as_millis(&Value::Number(n)),
+        let timestamp = match fields
+            .get("timestamp")
+            .map(|t| serde_json::from_str(t.get()))
+        {
+            None | Some(Ok(Value::Null)) => None,
+            Some(Ok(number @ Value::Number(_))) => as_millis(&number),
+            // `1e400` too: a number no JSON reader after us could hold.
             _ => return Err(invalid("data.timestamp must be a number")),
         };
         let mentions = match fields
@@ -66,6 +70,7 @@ impl<'a> SentMessage<'a> {
         if msg_type == "chat" {
             check_chat_payload(&payload)?;
         }
+        check_other_fields(&fields)?;
         Ok(SentMessage {
             fields,
             msg_type,
@@ -80,7 +85,8 @@ impl<'a> SentMessage<'a> {
 
     /// Normalises the message as Skynet's server does: `from` is the sending socket's
     /// member (`from_card`); a client's `id` and `timestamp` are kept, missing ones filled
-    /// in; a `replyTo` that is not a string is dropped (`parse` only lets `null` through).
+    /// in. (A `replyTo` that is not a string, which `parse` lets through only as `null`, is
+    /// left out when the message is written.)
     pub fn stamp(&mut self, from_card: &str) {
         from_card.clone_into(&mut self.from);
         self.id.get_or_insert_with(new_message_id);
@@ -120,8 +126,12 @@ impl<'a> SentMessage<'a> {
         })
     }
 
-    /// The message as Skynet peers are sent it and the store keeps it.
+    /// The message as Skynet peers are sent it and the store keeps it; after `stamp`.
     pub fn to_json(&self) -> Box<RawValue> {
+        debug_assert!(
+            self.id.is_some() && self.timestamp.is_some(),
+            "written before it was stamped"
+        );
         serde_json::value::to_raw_value(self).expect("field names are strings")
     }
 }
@@ -186,12 +196,29 @@ fn is_number(value: &RawValue) -> bool {
         .starts_with(|c: char| c == '-' || c.is_ascii_digit())
 }
 
-/// Field `name` as a `Value`; `Null` when absent.
-fn field_value(fields: &RawObject<'_>, name: &str) -> Value {
-    fields
-        .get(name)
-        .and_then(|v| serde_json::from_str(v.get()).ok())
-        .unwrap_or(Value::Null)
+/// The fields read above, and `from`, which the server sets.
+const READ_FIELDS: [&str; 7] = [
+    "type",
+    "payload",
+    "id",
+    "replyTo",
+    "timestamp",
+    "mentions",
+    "from",
+];
+
+/// Checks that every other field is JSON that the bridge (and the store, and every client
+/// after it) can read back: the frame's text was only scanned for its shape, which lets
+/// through nesting deeper than serde_json's limit of 128, lone UTF-16 surrogates and
+/// numbers out of range. Most messages have no other field.
+fn check_other_fields(fields: &RawObject<'_>) -> Result<(), FrameError> {
+    for (name, value) in fields.iter() {
+        if !READ_FIELDS.contains(&name) {
+            serde_json::from_str::<Value>(value.get())
+                .map_err(|e| invalid(&format!("data.{name}: {e}")))?;
+        }
+    }
+    Ok(())
 }
 
 /// Field `name`, which may be absent or null but otherwise a string.
@@ -299,6 +326,26 @@ mod tests {
         assert!(detail(r#"{"type":"chat","payload":{"text":1}}"#).contains("payload.text"));
         assert!(detail(r#"{"type":"chat","payload":{"attachments":[1]}}"#).contains("attachments"));
         assert!(SentMessage::parse(None).is_err());
+    }
+
+    /// What only a full parse catches is refused in every field, so the store and every
+    /// reader after it can read back what was accepted.
+    #[test]
+    fn json_a_reader_cannot_hold_is_refused_in_any_field() {
+        let detail = |data: &str| match parsed(data) {
+            Err(FrameError::Invalid(detail)) => detail,
+            other => panic!("{data}: {other:?}"),
+        };
+        assert!(detail(r#"{"type":"t","payload":1,"timestamp":1e400}"#).contains("timestamp"));
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        assert!(
+            detail(&format!(r#"{{"type":"t","payload":1,"extra":{deep}}}"#)).contains("data.extra")
+        );
+        assert!(detail(&format!(r#"{{"type":"t","payload":{deep}}}"#)).contains("data.payload"));
+        assert!(detail(r#"{"type":"t","payload":1,"extra":"\ud800"}"#).contains("data.extra"));
+        assert!(detail(r#"{"type":"t","payload":1,"extra":[1e400]}"#).contains("data.extra"));
+        // A client's `from` is replaced, never read or kept: anything goes there.
+        assert!(parsed(r#"{"type":"t","payload":1,"from":"\ud800"}"#).is_ok());
     }
 
     #[test]
