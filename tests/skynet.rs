@@ -539,6 +539,42 @@ async fn workspace_state_replays_by_role_and_last_seen() {
     w.bridge.shutdown().await;
 }
 
+/// A message keeps the client's field order, and its text, wherever it is shown: to its
+/// peers and its sender live, in a later member's replay and in the history API. The
+/// fields the server sets (`from`, `id`, `timestamp`) follow the client's own.
+#[tokio::test]
+async fn a_message_is_shown_in_the_clients_field_order_live_and_in_replay() {
+    let w = world().await;
+    let (a, b) = (w.http.agent("a").await, w.http.agent("b").await);
+    let (mut ws_a, _) = SkynetWs::join(w.addr, &a).await;
+    ws_a.send_text(
+        r#"{"action":"send","data":{"type":"chat","zeta":[1, 2],"payload":{"text":"@b hi","x":1.50},"alpha":{"b":1,"a":2}}}"#
+            .to_owned(),
+    )
+    .await;
+    let echo = ws_a.next_text().await;
+    let start = format!(
+        r#"{{"type":"chat","zeta":[1, 2],"payload":{{"text":"@b hi","x":1.50}},"alpha":{{"b":1,"a":2}},"from":"{}","id":""#,
+        a["id"].as_str().unwrap()
+    );
+    assert!(echo.starts_with(&start), "{echo}");
+    let (_first, state) = SkynetWs::join(w.addr, &b).await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&echo).unwrap(),
+        state["recentMessages"][0]
+    );
+    // The workspace.state frame, as text, holds the echo's text (a second socket of b's:
+    // it takes the membership over).
+    let mut ws_b = SkynetWs::connect(w.addr).await;
+    ws_b.action("join", json!({ "agent": b })).await;
+    let frame = ws_b.next_text().await;
+    assert!(frame.contains(&echo), "{frame}\n{echo}");
+    let (status, history) = w.http.get_text("/api/messages").await;
+    assert_eq!(status, 200);
+    assert!(history.contains(&echo), "{history}\n{echo}");
+    w.bridge.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_agent_replay_limit_is_configurable() {
     let w = world_with("recent_mentions_limit = 1").await;

@@ -22,6 +22,17 @@ impl SkynetHttp {
         }
     }
 
+    /// A GET's status and body as the server wrote it.
+    pub async fn get_text(&self, path: &str) -> (u16, String) {
+        let res = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("request");
+        (res.status().as_u16(), res.text().await.expect("body"))
+    }
+
     pub async fn get(&self, path: &str) -> (u16, Value) {
         let res = self
             .client
@@ -149,7 +160,12 @@ impl SkynetWs {
 
     /// The next frame, as JSON (events and messages alike).
     pub async fn next(&mut self) -> Value {
-        serde_json::from_str(&self.socket.next_text().await).expect("JSON frame")
+        serde_json::from_str(&self.next_text().await).expect("JSON frame")
+    }
+
+    /// The next frame as the server wrote it.
+    pub async fn next_text(&mut self) -> String {
+        self.socket.next_text().await
     }
 
     /// The next bare SkynetMessage, skipping `status-change` events.

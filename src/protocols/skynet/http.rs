@@ -10,6 +10,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::registry::{Profile, RegisterError};
@@ -278,12 +279,11 @@ async fn messages(State(skynet): Shared, Query(q): Query<HashMap<String, String>
         tracing::error!(error = %e, "skynet: cannot read history");
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "cannot read messages")
     })?;
-    Ok(ok(Value::Array(
-        stored
-            .iter()
-            .filter_map(|m| skynet.encode(&m.envelope))
-            .collect(),
-    )))
+    let messages: Vec<Box<RawValue>> = stored
+        .iter()
+        .filter_map(|m| skynet.encode_raw(&m.envelope))
+        .collect();
+    Ok(axum::Json(messages).into_response())
 }
 
 async fn interrupt(State(skynet): Shared, Path(id): Path<String>, body: Bytes) -> Response {

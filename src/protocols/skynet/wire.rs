@@ -36,19 +36,18 @@ pub fn event_value(name: &str, data: Value) -> Value {
 
 /// A server event frame, as text: `event` first, as the document writes it (a `Value`'s
 /// keys come out sorted).
-pub fn event(name: &str, data: Value) -> String {
+pub fn event(name: &str, data: impl serde::Serialize) -> String {
     #[derive(serde::Serialize)]
-    struct Event<'a> {
+    struct Event<'a, T> {
         event: &'a str,
-        data: &'a Value,
+        data: T,
     }
-    // A `Value` has string keys only, so this cannot fail; if it did, the `Value` path
-    // says the same thing.
-    serde_json::to_string(&Event {
-        event: name,
-        data: &data,
+    // The bridge's event data is JSON with string keys, which cannot fail to serialize; if
+    // it did, the client hears that something went wrong rather than nothing.
+    serde_json::to_string(&Event { event: name, data }).unwrap_or_else(|e| {
+        tracing::error!(error = %e, event = name, "skynet: cannot write an event");
+        r#"{"event":"error","data":{"message":"Internal error"}}"#.to_owned()
     })
-    .unwrap_or_else(|_| event_value(name, data).to_string())
 }
 
 /// An `error` event. `detail`, when given, says precisely what was wrong; `message` stays

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dashmap::DashMap;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use tokio::task::AbortHandle;
 
@@ -419,6 +420,16 @@ impl Skynet {
     /// A message as Skynet clients see it.
     pub fn encode(&self, env: &Envelope) -> Option<Value> {
         translate::encode(env, self)
+    }
+
+    /// `encode`, as JSON written inside another frame or answer (a join's replay, the
+    /// history API): a Skynet client's own message as it came, in its field order, as it
+    /// was sent live.
+    pub fn encode_raw(&self, env: &Envelope) -> Option<Box<RawValue>> {
+        match env.origin.native_raw() {
+            Some(native) if env.origin_is(PROTOCOL) => Some(native.to_owned()),
+            _ => serde_json::value::to_raw_value(&self.encode(env)?).ok(),
+        }
     }
 
     /// `encode`, as the text written to a socket. A Skynet client's own frame is written

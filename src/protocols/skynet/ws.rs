@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::translate;
@@ -206,9 +207,18 @@ impl Connection {
         if joined.is_new {
             skynet.announce_join(&joined).await;
         }
+        #[derive(serde::Serialize)]
+        struct WorkspaceState {
+            members: Vec<Value>,
+            #[serde(rename = "recentMessages")]
+            recent_messages: Vec<Box<RawValue>>,
+        }
         let frame = wire::event(
             wire::EVENT_WORKSPACE_STATE,
-            json!({ "members": skynet.member_cards(), "recentMessages": recent }),
+            WorkspaceState {
+                members: skynet.member_cards(),
+                recent_messages: recent,
+            },
         );
         tracing::info!(agent = %joined.name, reconnect = !joined.is_new, "skynet: joined");
         self.joined = Some(joined);
@@ -330,7 +340,7 @@ async fn replay(
     skynet: &Skynet,
     joined: &Joined,
     since: Option<i64>,
-) -> (Vec<Value>, HashSet<String>) {
+) -> (Vec<Box<RawValue>>, HashSet<String>) {
     let query = if joined.human {
         MessageQuery {
             after: since,
@@ -350,7 +360,7 @@ async fn replay(
     match skynet.core.store.messages(query).await {
         Ok(stored) => stored
             .iter()
-            .filter_map(|m| Some((skynet.encode(&m.envelope)?, m.envelope.id.clone())))
+            .filter_map(|m| Some((skynet.encode_raw(&m.envelope)?, m.envelope.id.clone())))
             .unzip(),
         Err(e) => {
             tracing::error!(error = %e, "skynet: cannot read replay");
