@@ -34,14 +34,8 @@ impl SkynetHttp {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let res = self
-            .client
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .unwrap();
-        let status = res.status().as_u16();
-        (status, res.json().await.unwrap_or(Value::Null))
+        let (status, body) = self.get_text(path).await;
+        (status, serde_json::from_str(&body).unwrap_or(Value::Null))
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
