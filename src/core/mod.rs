@@ -408,6 +408,9 @@ mod tests {
         assert_eq!(core.original_id(&derived).await, "msg-abc");
         let uuid = uuid::Uuid::new_v4().to_string();
         assert_eq!(uuid_form(&uuid), uuid);
+        // Other spellings of a UUID come out in the one form.
+        assert_eq!(uuid_form(&uuid.to_uppercase()), uuid);
+        assert_eq!(uuid_form(&uuid.replace('-', "")), uuid);
         assert_eq!(core.original_id("unknown").await, "unknown");
     }
 }
