@@ -301,10 +301,15 @@ struct Event<'a, T> {
 
 /// `event(kind, data)` as text, written without a `Value` in between.
 pub fn event_text(kind: &str, data: &impl Serialize) -> String {
+    // Sized for a typical `message.new`: `to_string` starts at 128 bytes and copies the
+    // text each time it doubles.
+    let mut text = Vec::with_capacity(512);
     // What the bridge serializes has string keys only, so this cannot fail; if it did,
     // the Value path says the same thing more slowly.
-    serde_json::to_string(&Event { r#type: kind, data })
-        .unwrap_or_else(|_| event(kind, data).to_string())
+    match serde_json::to_writer(&mut text, &Event { r#type: kind, data }) {
+        Ok(()) => String::from_utf8(text).unwrap_or_else(|_| event(kind, data).to_string()),
+        Err(_) => event(kind, data).to_string(),
+    }
 }
 
 /// `event(kind, data)` with its text, `type` first: the origin of a message a Tracker
