@@ -426,23 +426,33 @@ impl Skynet {
     /// history API): a Skynet client's own message as it came, in its field order, as it
     /// was sent live.
     pub fn encode_raw(&self, env: &Envelope) -> Option<Box<RawValue>> {
-        match env.origin.native_raw() {
-            Some(native) if env.origin_is(PROTOCOL) => Some(native.to_owned()),
-            _ => serde_json::value::to_raw_value(&self.encode(env)?).ok(),
+        match own_message(env) {
+            Some(message) => Some(message.to_owned()),
+            None => serde_json::value::to_raw_value(&self.encode(env)?).ok(),
         }
     }
 
     /// `encode`, as the text written to a socket. A Skynet client's own frame is written
     /// as it came, in the JSON text made once for the store.
     pub fn encode_text(&self, env: &Envelope) -> Option<String> {
-        match env.origin.native_json() {
-            Some(native) if env.origin_is(PROTOCOL) => Some(native.to_owned()),
+        match own_message(env) {
+            Some(message) => Some(message.get().to_owned()),
             // Straight into a buffer: `Value`'s `to_string` goes through `fmt` a piece at
             // a time, as slow again as the encoding.
-            _ => self
+            None => self
                 .encode(env)
                 .and_then(|v| serde_json::to_string(&v).ok()),
         }
+    }
+}
+
+/// A Skynet client's own message, as the text it was sent and stored in. Another
+/// protocol's frame is not asked for its text, which may not have been written yet.
+fn own_message(env: &Envelope) -> Option<&RawValue> {
+    if env.origin_is(PROTOCOL) {
+        env.origin.native_raw()
+    } else {
+        None
     }
 }
 
