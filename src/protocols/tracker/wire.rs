@@ -306,10 +306,10 @@ pub fn event_text(kind: &str, data: &impl Serialize) -> String {
     let mut text = Vec::with_capacity(512);
     // What the bridge serializes has string keys only, so this cannot fail; if it did,
     // the Value path says the same thing more slowly.
-    match serde_json::to_writer(&mut text, &Event { r#type: kind, data }) {
-        Ok(()) => String::from_utf8(text).unwrap_or_else(|_| event(kind, data).to_string()),
-        Err(_) => event(kind, data).to_string(),
-    }
+    serde_json::to_writer(&mut text, &Event { r#type: kind, data })
+        .ok()
+        .and_then(|()| String::from_utf8(text).ok())
+        .unwrap_or_else(|| event(kind, data).to_string())
 }
 
 /// `event(kind, data)` with its text, `type` first: the origin of a message a Tracker
