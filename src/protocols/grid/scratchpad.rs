@@ -90,17 +90,20 @@ impl Grid {
     }
 
     async fn route_entry(&self, entry: Entry<'_>, digest: &str, generation: u64) {
-        let derived_id = || {
-            format!(
+        // An entry is answered by its own id, or, when it has none (`validate` then made
+        // one up), by one derived from its text: the same every read.
+        let entry_id = |id: Option<&str>| match id {
+            Some(id) if entry.text.contains(id) => id.to_owned(),
+            _ => format!(
                 "msg-{}",
                 derived_uuid("grid-entry", &entry_key(digest, generation))
-            )
+            ),
         };
         let result = match entry.message {
             Ok(mut msg) => {
-                if !entry.text.contains(&msg.id) {
-                    // No id in the entry: one derived from its text, the same every read.
-                    msg.id = derived_id();
+                let id = entry_id(Some(&msg.id));
+                if id != msg.id {
+                    msg.id = id;
                     if let Value::Object(raw) = &mut msg.raw {
                         raw.insert("id".into(), Value::String(msg.id.clone()));
                     }
@@ -111,15 +114,7 @@ impl Grid {
         };
         if let Err(mut invalid) = result {
             tracing::warn!(field = %invalid.field, reason = %invalid.message, "grid: skipped a malformed scratchpad entry");
-            // The error answers the entry by the id it would have had: its own, or one
-            // derived from its text (not the one `validate` made up for it).
-            if !invalid
-                .id
-                .as_deref()
-                .is_some_and(|id| entry.text.contains(id))
-            {
-                invalid.id = Some(derived_id());
-            }
+            invalid.id = Some(entry_id(invalid.id.as_deref()));
             self.report(&invalid).await;
         }
     }
