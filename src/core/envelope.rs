@@ -92,6 +92,35 @@ impl Kind {
         }
     }
 
+    /// The kind whose `as_str` is `name`.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+
+    const ALL: [Kind; 21] = [
+        Kind::Chat,
+        Kind::TaskAssign,
+        Kind::TaskUpdate,
+        Kind::TaskResult,
+        Kind::PresenceJoin,
+        Kind::PresenceLeave,
+        Kind::PresenceStatus,
+        Kind::ControlInterrupt,
+        Kind::ControlForget,
+        Kind::ControlWatch,
+        Kind::ControlUnwatch,
+        Kind::ControlAbort,
+        Kind::Log,
+        Kind::Context,
+        Kind::DecisionRequest,
+        Kind::DecisionResponse,
+        Kind::VoteInitiate,
+        Kind::VoteSubmit,
+        Kind::VoteResult,
+        Kind::Error,
+        Kind::Custom,
+    ];
+
     pub fn is_presence(self) -> bool {
         self.family() == "presence"
     }
@@ -458,6 +487,14 @@ pub fn now_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_is_found_by_its_name() {
+        for kind in Kind::ALL {
+            assert_eq!(Kind::from_name(kind.as_str()), Some(kind));
+        }
+        assert_eq!(Kind::from_name("chat.message"), None);
+    }
 
     #[test]
     fn addressees_are_unique_and_ordered() {

@@ -94,6 +94,7 @@ impl Checkpointer {
 }
 
 fn run(conn: &Connection, commits: &mpsc::Receiver<()>) {
+    super::lower_priority();
     let mut last = Instant::now();
     while commits.recv().is_ok() {
         if let Some(wait) = (last + INTERVAL).checked_duration_since(Instant::now()) {

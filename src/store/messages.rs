@@ -5,9 +5,10 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::journal::fields::{self, Fields};
 use super::message_body::{self, Columns};
 use super::{Batch, Migration, Store, StoreError};
-use crate::core::{Audience, Envelope, Link, TaskRequest};
+use crate::core::{Audience, Envelope, Kind, Link, TaskRequest};
 
 pub(super) static MIGRATIONS: &[Migration] = &[
     Migration {
@@ -132,7 +133,21 @@ pub(super) static MIGRATIONS: &[Migration] = &[
         // bodies as corrupt.
         sql: "",
     },
+    Migration {
+        version: 7,
+        // The last journal record the database holds (journal.rs): start-up puts in the
+        // ones after it.
+        sql: "
+        CREATE TABLE journal (applied INTEGER NOT NULL);
+        INSERT INTO journal (applied) VALUES (0);
+    ",
+    },
 ];
+
+/// Records the last journal record a batch put in, in that batch.
+pub(super) const SET_APPLIED: &str = "UPDATE journal SET applied = ?1";
+/// The last journal record the database holds.
+pub(super) const APPLIED: &str = "SELECT applied FROM journal";
 
 /// A message read back from the log.
 #[derive(Clone, Debug)]
@@ -168,8 +183,7 @@ impl Store {
         &self,
         env: &Envelope,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        let queued =
-            Row::from(env).map(|row| self.write_unguarded_in_batch(move |batch| row.insert(batch)));
+        let queued = Row::from(env).map(|row| self.queue_message(row));
         async move { queued?.await }
     }
 
@@ -190,8 +204,13 @@ impl Store {
 
     /// Whether a message with this id is stored (without reading it back).
     pub async fn has_message(&self, id: &str) -> Result<bool, StoreError> {
+        // Acknowledged but not yet in the database: asked first, for a message moves from
+        // there to the database, never back.
+        if self.is_unapplied(id) {
+            return Ok(true);
+        }
         let id = id.to_owned();
-        self.read(move |conn| {
+        self.read_applied(move |conn| {
             Ok(conn
                 .prepare_cached("SELECT 1 FROM messages WHERE id = ?1")?
                 .exists([id])?)
@@ -279,6 +298,48 @@ impl Store {
     }
 }
 
+/// Puts in the messages the journal in `dir` holds after the last one the database has
+/// (a bridge killed before its writer caught up); the number for the next record, and the
+/// segments read, which may go once this commits.
+pub(super) fn recover(
+    batch: &mut Batch<'_>,
+    dir: &std::path::Path,
+) -> Result<(u64, Vec<std::path::PathBuf>), StoreError> {
+    let unreadable = |source| StoreError::DataDir {
+        path: dir.to_owned(),
+        source,
+    };
+    let applied: i64 = batch.conn().query_row(APPLIED, [], |r| r.get(0))?;
+    let mut last = applied as u64;
+    let segments = super::journal::segments(dir).map_err(unreadable)?;
+    let mut recovered = 0;
+    for segment in &segments {
+        let bytes = std::fs::read(segment).map_err(unreadable)?;
+        for (number, payload) in super::journal::records(&bytes) {
+            if number <= applied as u64 {
+                continue;
+            }
+            let row = Row::decode(payload).ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "journal record {number} in {} is not a message",
+                    segment.display()
+                ))
+            })?;
+            row.insert(batch)?;
+            last = last.max(number);
+            recovered += 1;
+        }
+    }
+    if recovered > 0 {
+        batch.statement(SET_APPLIED)?.execute([last as i64])?;
+        tracing::info!(
+            messages = recovered,
+            "store: put in the messages the journal held"
+        );
+    }
+    Ok((last + 1, segments))
+}
+
 fn select(conn: &Connection, q: &MessageQuery) -> Result<Vec<StoredMessage>, StoreError> {
     let mut sql = format!("SELECT {STORED} FROM messages m WHERE 1 = 1");
     let mut args: Vec<rusqlite::types::Value> = Vec::new();
@@ -356,12 +417,12 @@ fn decode((seq, columns, body): (i64, Columns, String)) -> Result<StoredMessage,
 }
 
 /// The columns of one message, prepared on the caller's thread.
-struct Row {
-    id: String,
+pub(super) struct Row {
+    pub(super) id: String,
     uuid: String,
     ts: i64,
     sender: String,
-    kind: &'static str,
+    kind: Kind,
     reply_to: Option<String>,
     correlation_id: Option<String>,
     thread: Option<String>,
@@ -380,7 +441,7 @@ impl Row {
             uuid: crate::core::uuid_form(&env.id),
             ts: env.timestamp,
             sender: env.from.clone(),
-            kind: env.kind.as_str(),
+            kind: env.kind,
             reply_to: env.reply_to.clone(),
             correlation_id: env.correlation_id.clone(),
             thread: env.thread.clone(),
@@ -403,13 +464,13 @@ impl Row {
     /// fail on the data (and SQLite undoes it); any later failure fails the whole batch.
     /// (A replacement's DELETE parses the stored body, which the store itself wrote with
     /// serde_json: a body it cannot parse means a damaged database.)
-    fn insert(self, batch: &mut Batch<'_>) -> Result<(), StoreError> {
+    pub(super) fn insert(&self, batch: &mut Batch<'_>) -> Result<(), StoreError> {
         let values = params![
             self.id,
             self.uuid,
             self.ts,
             self.sender,
-            self.kind,
+            self.kind.as_str(),
             self.reply_to,
             self.correlation_id,
             self.thread,
@@ -460,6 +521,59 @@ impl Row {
             add.execute(params![name, seq])?;
         }
         Ok(())
+    }
+
+    /// The row as a journal record's payload.
+    pub(super) fn encode(&self, buf: &mut Vec<u8>) {
+        fields::put_str(buf, &self.id);
+        fields::put_str(buf, &self.uuid);
+        fields::put_u64(buf, self.ts as u64);
+        fields::put_str(buf, &self.sender);
+        fields::put_str(buf, self.kind.as_str());
+        fields::put_opt(buf, self.reply_to.as_deref());
+        fields::put_opt(buf, self.correlation_id.as_deref());
+        fields::put_opt(buf, self.thread.as_deref());
+        fields::put_opt(buf, self.task_id.as_deref());
+        fields::put_u64(
+            buf,
+            u64::from(self.everyone) | (u64::from(self.private) << 1),
+        );
+        fields::put_str(buf, &self.origin);
+        fields::put_str(buf, &self.body);
+        fields::put_u64(buf, self.recipients.len() as u64);
+        for name in &self.recipients {
+            fields::put_str(buf, name);
+        }
+    }
+
+    /// The row a journal record's payload holds; `None` when it is not one `encode` wrote.
+    pub(super) fn decode(payload: &[u8]) -> Option<Row> {
+        let mut f = Fields(payload);
+        let mut row = Row {
+            id: f.str()?,
+            uuid: f.str()?,
+            ts: f.u64()? as i64,
+            sender: f.str()?,
+            kind: Kind::from_name(&f.str()?)?,
+            reply_to: f.opt()?,
+            correlation_id: f.opt()?,
+            thread: f.opt()?,
+            task_id: f.opt()?,
+            everyone: false,
+            private: false,
+            origin: String::new(),
+            body: String::new(),
+            recipients: Vec::new(),
+        };
+        let flags = f.u64()?;
+        (row.everyone, row.private) = (flags & 1 != 0, flags & 2 != 0);
+        row.origin = f.str()?;
+        row.body = f.str()?;
+        let count = f.u64()?;
+        for _ in 0..count {
+            row.recipients.push(f.str()?);
+        }
+        f.is_empty().then_some(row)
     }
 }
 
@@ -642,6 +756,113 @@ mod tests {
         );
         assert!(orphan, "a recipient must belong to a stored message");
         store.close().await;
+    }
+
+    /// With a database file, a message is acknowledged from the journal, before the
+    /// writer puts it in the database; every read after the acknowledgement sees it.
+    #[tokio::test]
+    async fn what_the_journal_acknowledged_is_read_back_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
+        let sent: Vec<Envelope> = (1..=200).map(|ts| chat("a", ts, &["b"])).collect();
+        let writes: Vec<_> = sent.iter().map(|env| store.insert_message(env)).collect();
+        for write in writes {
+            write.await.unwrap();
+        }
+        let last = &sent[199].id;
+        assert!(store.has_message(last).await.unwrap());
+        assert_eq!(
+            store.message(last).await.unwrap().unwrap().envelope.id,
+            *last
+        );
+        let for_b = store
+            .messages(MessageQuery {
+                recipients: Some(vec!["b".into()]),
+                limit: 500,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(for_b.len(), 200);
+        store.close().await;
+        let applied: i64 = Connection::open(dir.path().join(crate::store::DB_FILE))
+            .unwrap()
+            .query_row(APPLIED, [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(applied, 200, "one record per message, numbered from 1");
+    }
+
+    /// A bridge killed after its journal acknowledged messages and before they reached the
+    /// database: at the next start they are put in, those the database already holds are
+    /// not put in again, and the journal starts anew after them.
+    #[tokio::test]
+    async fn start_up_puts_in_what_only_the_journal_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().to_str().unwrap();
+        let mut first = chat("a", 1, &["b"]);
+        first.text = Some("as stored".into());
+        let store = Store::open(data_dir).await.unwrap();
+        store.insert_message(&first).await.unwrap();
+        store.close().await;
+
+        // What the killed bridge's journal held: the first message again (record 1, which
+        // the database has), then two it never put in.
+        let journal_dir = dir.path().join(crate::store::journal::DIR);
+        for segment in crate::store::journal::segments(&journal_dir).unwrap() {
+            std::fs::remove_file(segment).unwrap();
+        }
+        let mut again = first.clone();
+        again.text = Some("rewritten".into());
+        let later = [chat("a", 2, &["b"]), chat("a", 3, &["c"])];
+        let mut journal = crate::store::journal::Journal::create(&journal_dir, 1).unwrap();
+        for env in std::iter::once(&again).chain(&later) {
+            let row = Row::from(env).unwrap();
+            journal.record(|buf| row.encode(buf));
+        }
+        journal.write().unwrap();
+        drop(journal);
+
+        let store = Store::open(data_dir).await.unwrap();
+        let stored = store.message(&first.id).await.unwrap().unwrap();
+        assert_eq!(stored.envelope.text.as_deref(), Some("as stored"));
+        for env in &later {
+            assert!(store.has_message(&env.id).await.unwrap(), "{}", env.id);
+        }
+        let for_c = store
+            .messages(MessageQuery {
+                recipients: Some(vec!["c".into()]),
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(for_c.len(), 1);
+        let segments = crate::store::journal::segments(&journal_dir).unwrap();
+        assert_eq!(segments.len(), 1, "{segments:?}");
+        assert!(
+            segments[0].ends_with("00000000000000000004.log"),
+            "{segments:?}"
+        );
+        store.close().await;
+    }
+
+    #[test]
+    fn a_row_comes_back_from_its_journal_record() {
+        let mut env = chat("a", 5, &["b", "c"]);
+        env.reply_to = Some("m0".into());
+        env.thread = Some("room".into());
+        env.audience = Audience::Private;
+        let row = Row::from(&env).unwrap();
+        let mut buf = Vec::new();
+        row.encode(&mut buf);
+        let back = Row::decode(&buf).unwrap();
+        let mut again = Vec::new();
+        back.encode(&mut again);
+        assert_eq!(buf, again);
+        assert!(back.private && !back.everyone && back.recipients == ["b", "c"]);
+        assert!(Row::decode(&buf[..buf.len() - 1]).is_none());
+        buf.push(0);
+        assert!(Row::decode(&buf).is_none(), "trailing bytes");
     }
 
     #[tokio::test]
