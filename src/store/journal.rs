@@ -1,8 +1,8 @@
 //! The journal: stored messages written ahead of the database.
 //!
-//! A message is acknowledged once its record is in the journal: one `write` for a batch
-//! of messages, no SQLite on the way. The writer thread puts the records into the
-//! database afterwards, in transactions as large as its backlog (mod.rs). Like a commit
+//! A message is acknowledged once its record is in the journal: one `write`, on the
+//! caller's thread, no SQLite on the way. The writer thread puts the records into the
+//! database afterwards, many in a transaction (mod.rs). Like a commit
 //! in SQLite's log with `synchronous = NORMAL`, a record handed to the kernel survives the
 //! process being killed; only a power loss can take back the latest ones. At start-up the
 //! records the database does not hold yet (numbered after `journal.applied`) are put in,
@@ -25,9 +25,11 @@ pub(super) const DIR: &str = "journal";
 /// A segment's size before the next record starts a new one.
 const SEGMENT_BYTES: u64 = 16 << 20;
 const HEADER_BYTES: usize = 16;
+/// The write buffer's capacity kept after a larger record.
+const SHRINK_BYTES: usize = 64 * 1024;
 const EXTENSION: &str = "log";
 
-/// The appending end, owned by the journal thread.
+/// The appending end, used under the store's lock.
 pub(super) struct Journal {
     dir: PathBuf,
     file: File,
@@ -36,7 +38,7 @@ pub(super) struct Journal {
     len: u64,
     /// The number of the next record.
     next: u64,
-    /// Records of the batch being made, written together by `write`.
+    /// Records not written yet (`write`).
     pending: Vec<u8>,
     retired: Retired,
 }
@@ -48,7 +50,7 @@ impl Journal {
         let path = segment_path(dir, next);
         Ok(Journal {
             dir: dir.to_owned(),
-            file: File::create(&path)?,
+            file: open_segment(&path)?,
             path,
             len: 0,
             next,
@@ -57,8 +59,11 @@ impl Journal {
         })
     }
 
-    /// Adds a record to the batch, its payload written by `payload`; its number.
+    /// Adds a record, its payload written by `payload`, for the next `write`; its number.
     pub(super) fn record(&mut self, payload: impl FnOnce(&mut Vec<u8>)) -> u64 {
+        if self.pending.is_empty() && self.len >= SEGMENT_BYTES {
+            self.start_segment();
+        }
         let number = self.next;
         self.next += 1;
         let start = self.pending.len();
@@ -73,29 +78,49 @@ impl Journal {
         number
     }
 
-    /// Writes the batch's records. On failure none of them is left in the journal.
+    /// Writes the records added since the last call. On failure none of them is left in
+    /// the journal.
     pub(super) fn write(&mut self) -> io::Result<()> {
         let written = self.file.write_all(&self.pending);
-        let batch = self.pending.len() as u64;
+        let len = self.pending.len() as u64;
         self.pending.clear();
+        if self.pending.capacity() > SHRINK_BYTES {
+            // One large message does not keep its buffer for good.
+            self.pending.shrink_to(SHRINK_BYTES);
+        }
         if let Err(e) = written {
-            // Part of the batch may be in the file; cut it off, so that start-up does not
-            // put in messages whose senders heard they were not stored.
+            // Part of it may be in the file: cut it off, so that start-up does not put in
+            // messages whose senders heard they were not stored. (The file appends: the
+            // next write goes where the cut ends.)
             if let Err(cut) = self.file.set_len(self.len) {
                 tracing::error!(error = %cut, path = %self.path.display(), "store: cannot cut a failed write off the journal");
             }
             return Err(e);
         }
-        self.len += batch;
-        if self.len >= SEGMENT_BYTES {
-            let path = segment_path(&self.dir, self.next);
-            let file = File::create(&path)?;
-            let closed = std::mem::replace(&mut self.path, path);
-            self.file = file;
-            self.len = 0;
-            self.retired.push(closed, self.next - 1);
-        }
+        self.len += len;
         Ok(())
+    }
+
+    /// Closes the current segment and starts the next, named after the next record. When
+    /// that fails, records go on into the current one, and the next write tries again.
+    fn start_segment(&mut self) {
+        let path = segment_path(&self.dir, self.next);
+        match open_segment(&path) {
+            Ok(file) => {
+                let closed = std::mem::replace(&mut self.path, path);
+                self.file = file;
+                self.len = 0;
+                self.retired.push(closed, self.next - 1);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, path = %path.display(), "store: cannot start a journal segment")
+            }
+        }
+    }
+
+    /// The segment being written.
+    pub(super) fn path(&self) -> &Path {
+        &self.path
     }
 
     /// The writer thread's handle on the closed segments.
@@ -127,6 +152,13 @@ impl Retired {
             }
         }
     }
+}
+
+fn open_segment(path: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
 }
 
 fn segment_path(dir: &Path, first: u64) -> PathBuf {
@@ -280,6 +312,26 @@ mod tests {
         let second = HEADER_BYTES + 4 + 3 + HEADER_BYTES + 4;
         damaged[second] ^= 1;
         assert_eq!(texts(&damaged), ["one"]);
+    }
+
+    /// A write that failed half-way is cut off, and the records after it follow on where
+    /// it began (the segment appends).
+    #[test]
+    fn records_after_a_cut_follow_on_without_a_gap() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::create(dir.path(), 1).unwrap();
+        journal.record(|buf| fields::put_str(buf, "one"));
+        journal.write().unwrap();
+        // What a failed write leaves behind, and its cut.
+        journal.file.write_all(b"half a record").unwrap();
+        journal.file.set_len(journal.len).unwrap();
+        journal.record(|buf| fields::put_str(buf, "two"));
+        journal.write().unwrap();
+        let texts: Vec<String> = read_all(dir.path())
+            .iter()
+            .map(|(_, p)| fields::Fields(p).str().unwrap())
+            .collect();
+        assert_eq!(texts, ["one", "two"]);
     }
 
     #[test]

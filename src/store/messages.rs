@@ -189,7 +189,7 @@ impl Store {
 
     pub async fn message(&self, id: &str) -> Result<Option<StoredMessage>, StoreError> {
         let id = id.to_owned();
-        self.read(move |conn| {
+        self.read_messages(move |conn| {
             conn.query_row(
                 &format!("SELECT {STORED} FROM messages WHERE id = ?1"),
                 [id],
@@ -210,7 +210,7 @@ impl Store {
             return Ok(true);
         }
         let id = id.to_owned();
-        self.read_applied(move |conn| {
+        self.read(move |conn| {
             Ok(conn
                 .prepare_cached("SELECT 1 FROM messages WHERE id = ?1")?
                 .exists([id])?)
@@ -221,7 +221,7 @@ impl Store {
     /// A stored message's place in its conversation.
     pub async fn link(&self, id: &str) -> Result<Option<Link>, StoreError> {
         let id = id.to_owned();
-        self.read(move |conn| {
+        self.read_messages(move |conn| {
             Ok(conn
                 .prepare_cached(
                     "SELECT reply_to, COALESCE(correlation_id, id), sender,
@@ -246,7 +246,7 @@ impl Store {
     /// The latest message that assigned task `task_id`.
     pub async fn task_request(&self, task_id: &str) -> Result<Option<TaskRequest>, StoreError> {
         let task_id = task_id.to_owned();
-        self.read(move |conn| {
+        self.read_messages(move |conn| {
             Ok(conn
                 .prepare_cached(
                     "SELECT id, sender FROM messages WHERE task_id = ?1 AND kind = 'task.assign'
@@ -266,7 +266,7 @@ impl Store {
     /// Messages that answer `id` (whose `reply_to` is `id`), oldest first.
     pub async fn replies(&self, id: &str) -> Result<Vec<StoredMessage>, StoreError> {
         let id = id.to_owned();
-        self.read(move |conn| {
+        self.read_messages(move |conn| {
             let mut stmt = conn.prepare_cached(&format!(
                 "SELECT {STORED} FROM messages WHERE reply_to = ?1 ORDER BY ts, seq"
             ))?;
@@ -279,7 +279,7 @@ impl Store {
     /// The id of the stored message whose UUID form is `uuid`.
     pub async fn message_id_by_uuid(&self, uuid: &str) -> Result<Option<String>, StoreError> {
         let uuid = uuid.to_owned();
-        self.read(move |conn| {
+        self.read_messages(move |conn| {
             Ok(conn
                 .prepare_cached(
                     "SELECT id FROM messages WHERE id = ?1
@@ -294,7 +294,7 @@ impl Store {
     }
 
     pub async fn messages(&self, query: MessageQuery) -> Result<Vec<StoredMessage>, StoreError> {
-        self.read(move |conn| select(conn, &query)).await
+        self.read_messages(move |conn| select(conn, &query)).await
     }
 }
 
@@ -310,13 +310,15 @@ pub(super) fn recover(
         source,
     };
     let applied: i64 = batch.conn().query_row(APPLIED, [], |r| r.get(0))?;
-    let mut last = applied as u64;
+    let applied = u64::try_from(applied)
+        .map_err(|_| StoreError::Corrupt(format!("journal.applied is {applied}")))?;
+    let mut last = applied;
     let segments = super::journal::segments(dir).map_err(unreadable)?;
     let mut recovered = 0;
     for segment in &segments {
         let bytes = std::fs::read(segment).map_err(unreadable)?;
         for (number, payload) in super::journal::records(&bytes) {
-            if number <= applied as u64 {
+            if number <= applied {
                 continue;
             }
             let row = Row::decode(payload).ok_or_else(|| {
@@ -325,7 +327,7 @@ pub(super) fn recover(
                     segment.display()
                 ))
             })?;
-            row.insert(batch)?;
+            row.put_in(batch)?;
             last = last.max(number);
             recovered += 1;
         }
@@ -520,6 +522,40 @@ impl Row {
         for name in &self.recipients {
             add.execute(params![name, seq])?;
         }
+        Ok(())
+    }
+
+    /// `insert` for a message the journal acknowledged, which must not be lost to a
+    /// passing failure nor hold up every message after it: an error of the disk's or the
+    /// database's (full, unwritable, busy) is returned, to be tried again; one of this
+    /// message's own (say, a stored body it replaces that does not parse) is logged, and
+    /// the message left out of the database.
+    pub(super) fn put_in(&self, batch: &mut Batch<'_>) -> Result<(), StoreError> {
+        use rusqlite::ErrorCode::*;
+        let Err(e) = self.insert(batch) else {
+            return Ok(());
+        };
+        let passing = match &e {
+            StoreError::Sqlite(e) => matches!(
+                e.sqlite_error_code(),
+                Some(
+                    DatabaseBusy
+                        | DatabaseLocked
+                        | OutOfMemory
+                        | SystemIoFailure
+                        | DiskFull
+                        | ReadOnly
+                        | CannotOpen
+                )
+            ),
+            _ => false,
+        };
+        // An error that ended the transaction took the batch's other writes with it.
+        if passing || batch.conn().is_autocommit() {
+            tracing::error!(error = %e, id = %self.id, "store: cannot put a journaled message in the database; trying again");
+            return Err(e);
+        }
+        tracing::error!(error = %e, id = %self.id, "store: a journaled message cannot be put in the database; it is left out");
         Ok(())
     }
 
@@ -842,6 +878,34 @@ mod tests {
         assert!(
             segments[0].ends_with("00000000000000000004.log"),
             "{segments:?}"
+        );
+        store.close().await;
+    }
+
+    /// A journaled message the database refuses for what it holds (here: it replaces a
+    /// message whose stored body is damaged) is left out, and holds up none after it.
+    #[tokio::test]
+    async fn a_journaled_message_the_database_refuses_holds_up_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
+        let first = chat("a", 1, &["b"]);
+        store.insert_message(&first).await.unwrap();
+        let id = first.id.clone();
+        store
+            .write(move |conn| {
+                conn.execute("UPDATE messages SET body = '{' WHERE id = ?1", [id])?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        store.insert_message(&first).await.unwrap();
+        let next = chat("a", 2, &["b"]);
+        store.insert_message(&next).await.unwrap();
+        let stored = store.message(&next.id).await.unwrap();
+        assert!(stored.is_some(), "the message after it is stored");
+        assert!(
+            store.message(&first.id).await.is_err(),
+            "the damaged row was not replaced"
         );
         store.close().await;
     }

@@ -72,8 +72,11 @@ pub enum StoreError {
     Corrupt(String),
     #[error("the store is closed")]
     Closed,
-    #[error("cannot write the journal: {0}")]
-    Journal(String),
+    #[error("cannot write the journal {path}: {source}")]
+    Journal {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(
         "the database was written by a newer agentbridge: {component} schema version {found}, this build knows up to {known}"
     )]
@@ -168,13 +171,16 @@ impl Store {
         // The database holds every record now; the old segments can go.
         let journal = tokio::task::spawn_blocking(move || {
             for segment in &segments {
-                std::fs::remove_file(segment)?;
+                std::fs::remove_file(segment).map_err(|source| StoreError::Journal {
+                    path: segment.clone(),
+                    source,
+                })?;
             }
             journal::Journal::create(&dir, next)
+                .map_err(|source| StoreError::Journal { path: dir, source })
         })
         .await
-        .map_err(|_| StoreError::Closed)?
-        .map_err(|e| StoreError::Journal(e.to_string()))?;
+        .map_err(|_| StoreError::Closed)??;
         *self.inner.journal.lock().unwrap_or_else(|e| e.into_inner()) = Some(journal);
         Ok(())
     }
@@ -325,11 +331,16 @@ impl Store {
         row: messages::Row,
     ) -> Result<Option<oneshot::Receiver<Result<(), StoreError>>>, StoreError> {
         let number = journal.record(|buf| row.encode(buf));
-        if let Err(e) = journal.write() {
-            tracing::error!(error = %e, "store: cannot write the journal");
-            return Err(StoreError::Journal(e.to_string()));
+        if let Err(source) = journal.write() {
+            tracing::error!(error = %source, "store: cannot write the journal");
+            return Err(StoreError::Journal {
+                path: journal.path().to_owned(),
+                source,
+            });
         }
-        let unapplied = self.inner.unapplied.clone().expect("a file has a journal");
+        let Some(unapplied) = self.inner.unapplied.clone() else {
+            return Err(StoreError::Closed);
+        };
         let behind = unapplied.add(&row.id) > MAX_UNAPPLIED;
         let (reply, applied) = if behind {
             let (reply, applied) = oneshot::channel();
@@ -349,9 +360,10 @@ impl Store {
         Ok(applied)
     }
 
-    /// Runs `f` on a read-only connection, once the database holds every message
-    /// acknowledged before this call.
-    pub async fn read<R, F>(&self, f: F) -> Result<R, StoreError>
+    /// Runs `f` on the messages, on a read-only connection, once the database holds every
+    /// message acknowledged before this call. (Other writes are in the database when their
+    /// callers hear of them: reading their tables needs only `read`.)
+    async fn read_messages<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
         F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
@@ -360,7 +372,7 @@ impl Store {
             // Queued behind them, this empty write commits after they do.
             self.write_unguarded(|_| Ok(())).await?;
         }
-        self.read_applied(f).await
+        self.read(f).await
     }
 
     /// Whether `id` is a message the journal acknowledged and the database does not hold yet.
@@ -371,8 +383,8 @@ impl Store {
             .is_some_and(|u| u.contains(id))
     }
 
-    /// Runs `f` on a read-only connection now: it may miss messages the journal holds.
-    async fn read_applied<R, F>(&self, f: F) -> Result<R, StoreError>
+    /// Runs `f` on a read-only connection. Stored messages are read with `read_messages`.
+    pub async fn read<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
         F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
@@ -419,9 +431,10 @@ impl Store {
 }
 
 /// Gives the calling thread (the writer's, the checkpointer's) a lower scheduling priority
-/// than the runtime's: nothing waits on them while a message is delivered, and on a busy
-/// machine their bursts (a transaction of many messages, a checkpoint) should not hold a
-/// core that a delivery is waiting for. Best effort: a failure changes nothing else.
+/// than the runtime's: a delivery never waits for them (reads and other writes do, and
+/// get a core as soon as the runtime's threads leave one), and on a busy machine their
+/// bursts (a transaction of many messages, a checkpoint) should not hold a core that a
+/// delivery is waiting for. Best effort: a failure changes nothing else.
 #[cfg(target_os = "linux")]
 fn lower_priority() {
     /// Nice 10: about a tenth of a default thread's share of a contended core.
@@ -593,18 +606,17 @@ impl Job for Journaled {
     }
 
     fn run(&mut self, batch: &mut Batch<'_>) -> bool {
-        match self.row.insert(batch) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::error!(error = %e, id = %self.row.id, "store: cannot put a journaled message in the database");
-                false
-            }
-        }
+        // A failure of the disk's fails the batch, to be retried (`write_loop`); one of the
+        // message's own leaves it out, so that it does not hold up all the others.
+        self.row.put_in(batch).is_ok()
     }
 
     fn failed_on_constraint(&self) -> bool {
-        // Acknowledged already: it is retried, never dropped (`write_loop`).
         false
+    }
+
+    fn gathers(&self) -> bool {
+        self.reply.is_none()
     }
 
     fn journaled_up_to(&self) -> Option<u64> {
@@ -636,6 +648,10 @@ trait Job: Send {
     /// work must reach the database; a batch it fails in is retried until it does.
     fn journaled_up_to(&self) -> Option<u64> {
         None
+    }
+    /// Whether the writer may wait for more work before committing this (`gather`).
+    fn gathers(&self) -> bool {
+        false
     }
 }
 
@@ -735,19 +751,21 @@ fn write_loop(
 /// half-filled pages over and over. The wait is a `park`, which a message queued does not
 /// end (no wake-up per message); anyone else's write, or a read's wait, ends it.
 fn gather(jobs: &mpsc::Receiver<Box<dyn Job>>, batch: &mut Vec<Box<dyn Job>>, deadline: Instant) {
-    let mut only_journaled = batch.iter().all(|job| job.journaled_up_to().is_some());
+    let mut waits = batch.iter().all(|job| job.gathers());
     loop {
-        let limit = if only_journaled {
-            MAX_GATHERED
-        } else {
-            MAX_BATCH
-        };
+        let limit = if waits { MAX_GATHERED } else { MAX_BATCH };
         while batch.len() < limit {
-            let Ok(job) = jobs.try_recv() else { break };
-            only_journaled &= job.journaled_up_to().is_some();
-            batch.push(job);
+            match jobs.try_recv() {
+                Ok(job) => {
+                    waits &= job.gathers();
+                    batch.push(job);
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+                // The store is closing: commit what there is.
+                Err(mpsc::TryRecvError::Disconnected) => return,
+            }
         }
-        if !only_journaled || batch.len() >= MAX_GATHERED {
+        if !waits || batch.len() >= MAX_GATHERED {
             return;
         }
         match deadline.checked_duration_since(Instant::now()) {
