@@ -18,7 +18,6 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
 /// The journal's folder inside `data_dir`.
 pub(super) const DIR: &str = "journal";
@@ -40,7 +39,9 @@ pub(super) struct Journal {
     next: u64,
     /// Records not written yet (`write`).
     pending: Vec<u8>,
-    retired: Retired,
+    /// Closed segments, oldest first, each with the number of its last record: removed
+    /// once the database holds that record (`remove_applied`).
+    closed: VecDeque<(PathBuf, u64)>,
 }
 
 impl Journal {
@@ -55,7 +56,7 @@ impl Journal {
             len: 0,
             next,
             pending: Vec::new(),
-            retired: Retired::default(),
+            closed: VecDeque::new(),
         })
     }
 
@@ -110,7 +111,7 @@ impl Journal {
                 let closed = std::mem::replace(&mut self.path, path);
                 self.file = file;
                 self.len = 0;
-                self.retired.push(closed, self.next - 1);
+                self.closed.push_back((closed, self.next - 1));
             }
             Err(e) => {
                 tracing::warn!(error = %e, path = %path.display(), "store: cannot start a journal segment")
@@ -123,30 +124,16 @@ impl Journal {
         &self.path
     }
 
-    /// The writer thread's handle on the closed segments.
-    pub(super) fn retired(&self) -> Retired {
-        self.retired.clone()
-    }
-}
-
-/// Closed segments, oldest first, each with the number of its last record: removed once
-/// the database holds that record.
-#[derive(Clone, Default)]
-pub(super) struct Retired(Arc<Mutex<VecDeque<(PathBuf, u64)>>>);
-
-impl Retired {
-    fn push(&self, path: PathBuf, last: u64) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back((path, last));
-    }
-
-    /// The database holds every record up to `number`.
-    pub(super) fn applied(&self, number: u64) {
-        let mut closed = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        while closed.front().is_some_and(|(_, last)| *last <= number) {
-            let (path, _) = closed.pop_front().expect("checked");
+    /// Removes the closed segments whose records the database holds, all up to `applied`.
+    pub(super) fn remove_applied(&mut self, applied: u64) {
+        while self
+            .closed
+            .front()
+            .is_some_and(|(_, last)| *last <= applied)
+        {
+            let Some((path, _)) = self.closed.pop_front() else {
+                break;
+            };
             if let Err(e) = std::fs::remove_file(&path) {
                 tracing::warn!(error = %e, path = %path.display(), "store: cannot remove a journal segment");
             }
@@ -285,9 +272,9 @@ mod tests {
         let expected: Vec<(u64, u8)> = (0..20u8).map(|i| (7 + u64::from(i), i)).collect();
         assert_eq!(numbers, expected);
         // The database holding record 20 frees the first segment (7..=22), not the second.
-        journal.retired().applied(20);
+        journal.remove_applied(20);
         assert_eq!(segments(dir.path()).unwrap().len(), 2);
-        journal.retired().applied(22);
+        journal.remove_applied(22);
         assert_eq!(segments(dir.path()).unwrap().len(), 1);
     }
 

@@ -24,8 +24,9 @@ mod journal;
 mod message_body;
 mod messages;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -103,10 +104,12 @@ struct Inner {
     /// The writer thread, woken by work that must not wait for `GATHER`.
     writer_wake: std::thread::Thread,
     /// A file's journal, once it runs (`start_journal`). Writes go to it under this lock:
-    /// a `write` of a few hundred bytes to the page cache, never across an `.await`.
-    journal: Mutex<Option<journal::Journal>>,
-    /// With a journal: the messages it acknowledged that the database does not hold yet.
-    unapplied: Option<Arc<Unapplied>>,
+    /// a `write` of a few hundred bytes to the page cache, never across an `.await`. Only
+    /// callers take it, never the writer: a writer thread at low priority holding a lock
+    /// that deliveries wait for stalled them for 5–10 ms at a time.
+    journal: Mutex<Option<JournalTail>>,
+    /// The number of the last journal record the database holds, set by the writer.
+    applied: Arc<AtomicU64>,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// For a database file; an in-memory one has no log to checkpoint.
     checkpointer: Mutex<Option<checkpoint::Checkpointer>>,
@@ -146,7 +149,7 @@ impl Store {
                 writer: Mutex::new(Some(tx)),
                 writer_wake: thread.thread().clone(),
                 journal: Mutex::new(None),
-                unapplied: (!in_memory).then(Default::default),
+                applied: Arc::new(AtomicU64::new(0)),
                 writer_thread: Mutex::new(Some(thread)),
                 checkpointer: Mutex::new(checkpointer),
                 readers,
@@ -181,7 +184,11 @@ impl Store {
         })
         .await
         .map_err(|_| StoreError::Closed)??;
-        *self.inner.journal.lock().unwrap_or_else(|e| e.into_inner()) = Some(journal);
+        self.inner.applied.store(next - 1, Ordering::Release);
+        *self.inner.journal.lock().unwrap_or_else(|e| e.into_inner()) = Some(JournalTail {
+            journal,
+            unapplied: Unapplied::default(),
+        });
         Ok(())
     }
 
@@ -327,21 +334,22 @@ impl Store {
     /// is also to wait for the returned receiver, so that the backlog stays bounded.
     fn journal(
         &self,
-        journal: &mut journal::Journal,
+        tail: &mut JournalTail,
         row: messages::Row,
     ) -> Result<Option<oneshot::Receiver<Result<(), StoreError>>>, StoreError> {
-        let number = journal.record(|buf| row.encode(buf));
-        if let Err(source) = journal.write() {
+        let applied = self.inner.applied.load(Ordering::Acquire);
+        tail.unapplied.prune(applied);
+        tail.journal.remove_applied(applied);
+        let number = tail.journal.record(|buf| row.encode(buf));
+        if let Err(source) = tail.journal.write() {
             tracing::error!(error = %source, "store: cannot write the journal");
             return Err(StoreError::Journal {
-                path: journal.path().to_owned(),
+                path: tail.journal.path().to_owned(),
                 source,
             });
         }
-        let Some(unapplied) = self.inner.unapplied.clone() else {
-            return Err(StoreError::Closed);
-        };
-        let behind = unapplied.add(&row.id) > MAX_UNAPPLIED;
+        tail.unapplied.add(&row.id, number);
+        let behind = number.saturating_sub(applied) > MAX_UNAPPLIED as u64;
         let (reply, applied) = if behind {
             let (reply, applied) = oneshot::channel();
             (Some(reply), Some(applied))
@@ -351,8 +359,7 @@ impl Store {
         let job = Journaled {
             row,
             number,
-            unapplied,
-            retired: journal.retired(),
+            applied: self.inner.applied.clone(),
             reply,
         };
         // Woken only when behind: otherwise the writer gathers until `GATHER` is up.
@@ -368,7 +375,10 @@ impl Store {
         R: Send + 'static,
         F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
     {
-        if self.inner.unapplied.as_ref().is_some_and(|u| !u.is_empty()) {
+        let behind = self
+            .with_unapplied(|unapplied| unapplied.last)
+            .is_some_and(|last| last > self.inner.applied.load(Ordering::Acquire));
+        if behind {
             // Queued behind them, this empty write commits after they do.
             self.write_unguarded(|_| Ok(())).await?;
         }
@@ -377,10 +387,18 @@ impl Store {
 
     /// Whether `id` is a message the journal acknowledged and the database does not hold yet.
     fn is_unapplied(&self, id: &str) -> bool {
-        self.inner
-            .unapplied
-            .as_ref()
-            .is_some_and(|u| u.contains(id))
+        let applied = self.inner.applied.load(Ordering::Acquire);
+        self.with_unapplied(|unapplied| {
+            unapplied.prune(applied);
+            unapplied.by_id.contains_key(id)
+        })
+        .unwrap_or(false)
+    }
+
+    /// `f` on the journal's unapplied messages; `None` without a journal.
+    fn with_unapplied<R>(&self, f: impl FnOnce(&mut Unapplied) -> R) -> Option<R> {
+        let mut tail = self.inner.journal.lock().unwrap_or_else(|e| e.into_inner());
+        tail.as_mut().map(|tail| f(&mut tail.unapplied))
     }
 
     /// Runs `f` on a read-only connection. Stored messages are read with `read_messages`.
@@ -553,37 +571,43 @@ impl<'c> Batch<'c> {
     }
 }
 
-/// Messages the journal acknowledged that the database does not hold yet, by id (with a
-/// count: the same id may be sent again meanwhile).
+/// The journal and what it holds that the database may not yet.
+struct JournalTail {
+    journal: journal::Journal,
+    unapplied: Unapplied,
+}
+
+/// Messages the journal acknowledged that the database may not hold yet: those numbered
+/// after the writer's `applied`, forgotten as it passes them (`prune`).
 #[derive(Default)]
-struct Unapplied(Mutex<HashMap<String, u32>>);
+struct Unapplied {
+    /// Each id's latest record.
+    by_id: HashMap<String, u64>,
+    /// Records, oldest first.
+    order: VecDeque<(u64, String)>,
+    /// The last record's number.
+    last: u64,
+}
 
 impl Unapplied {
-    fn ids(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    fn add(&mut self, id: &str, number: u64) {
+        self.by_id.insert(id.to_owned(), number);
+        self.order.push_back((number, id.to_owned()));
+        self.last = number;
     }
 
-    fn contains(&self, id: &str) -> bool {
-        self.ids().contains_key(id)
-    }
-
-    fn is_empty(&self) -> bool {
-        self.ids().is_empty()
-    }
-
-    /// Adds `id`; how many messages are unapplied now (an id sent twice counts once).
-    fn add(&self, id: &str) -> usize {
-        let mut ids = self.ids();
-        *ids.entry(id.to_owned()).or_default() += 1;
-        ids.len()
-    }
-
-    fn remove(&self, id: &str) {
-        let mut ids = self.ids();
-        if let Some(count) = ids.get_mut(id) {
-            *count -= 1;
-            if *count == 0 {
-                ids.remove(id);
+    /// Forgets the records the database holds, all up to `applied`.
+    fn prune(&mut self, applied: u64) {
+        while self
+            .order
+            .front()
+            .is_some_and(|(number, _)| *number <= applied)
+        {
+            let Some((number, id)) = self.order.pop_front() else {
+                break;
+            };
+            if self.by_id.get(&id) == Some(&number) {
+                self.by_id.remove(&id);
             }
         }
     }
@@ -594,8 +618,8 @@ struct Journaled {
     row: messages::Row,
     /// Its record's number.
     number: u64,
-    unapplied: Arc<Unapplied>,
-    retired: journal::Retired,
+    /// The store's `applied`, moved on once this is committed.
+    applied: Arc<AtomicU64>,
     /// For a caller that waits until the database holds it (`Store::journal`).
     reply: Option<oneshot::Sender<Result<(), StoreError>>>,
 }
@@ -625,8 +649,7 @@ impl Job for Journaled {
 
     fn finish(self: Box<Self>, committed: Result<(), &rusqlite::Error>) {
         if committed.is_ok() {
-            self.unapplied.remove(&self.row.id);
-            self.retired.applied(self.number);
+            self.applied.fetch_max(self.number, Ordering::Release);
             if let Some(reply) = self.reply {
                 let _ = reply.send(Ok(()));
             }
