@@ -18,6 +18,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The journal's folder inside `data_dir`.
 pub(super) const DIR: &str = "journal";
@@ -28,17 +29,23 @@ const HEADER_BYTES: usize = 16;
 const SHRINK_BYTES: usize = 64 * 1024;
 const EXTENSION: &str = "log";
 
-/// The appending end, used under the store's lock.
+/// The appending end, used under the store's lock. Records are added under it (`record`)
+/// and written in rounds: `take_round` under the lock, the `write` without it (so that a
+/// slow write holds up no one adding records meanwhile), `end_round` under it again. One
+/// round at a time.
 pub(super) struct Journal {
     dir: PathBuf,
-    file: File,
+    file: Arc<File>,
     path: PathBuf,
     /// Bytes of the current segment already written.
     len: u64,
     /// The number of the next record.
     next: u64,
-    /// Records not written yet (`write`).
+    /// Records not written yet, and the first one's number.
     pending: Vec<u8>,
+    pending_first: u64,
+    /// A cleared buffer kept for the next round.
+    spare: Vec<u8>,
     /// Closed segments, oldest first, each with the number of its last record: removed
     /// once the database holds that record (`remove_applied`).
     closed: VecDeque<(PathBuf, u64)>,
@@ -51,19 +58,21 @@ impl Journal {
         let path = segment_path(dir, next);
         Ok(Journal {
             dir: dir.to_owned(),
-            file: open_segment(&path)?,
+            file: Arc::new(open_segment(&path)?),
             path,
             len: 0,
             next,
             pending: Vec::new(),
+            pending_first: next,
+            spare: Vec::new(),
             closed: VecDeque::new(),
         })
     }
 
     /// Adds a record, its payload written by `payload`, for the next `write`; its number.
     pub(super) fn record(&mut self, payload: impl FnOnce(&mut Vec<u8>)) -> u64 {
-        if self.pending.is_empty() && self.len >= SEGMENT_BYTES {
-            self.start_segment();
+        if self.pending.is_empty() {
+            self.pending_first = self.next;
         }
         let number = self.next;
         self.next += 1;
@@ -79,39 +88,66 @@ impl Journal {
         number
     }
 
-    /// Writes the records added since the last call. On failure none of them is left in
-    /// the journal.
+    /// Writes the records added since the last call, all in one round. On failure none of
+    /// them is left in the journal.
+    #[cfg(test)]
     pub(super) fn write(&mut self) -> io::Result<()> {
-        let written = self.file.write_all(&self.pending);
-        let len = self.pending.len() as u64;
-        self.pending.clear();
-        if self.pending.capacity() > SHRINK_BYTES {
-            // One large message does not keep its buffer for good.
-            self.pending.shrink_to(SHRINK_BYTES);
-        }
-        if let Err(e) = written {
-            // Part of it may be in the file: cut it off, so that start-up does not put in
-            // messages whose senders heard they were not stored. (The file appends: the
-            // next write goes where the cut ends.)
-            if let Err(cut) = self.file.set_len(self.len) {
-                tracing::error!(error = %cut, path = %self.path.display(), "store: cannot cut a failed write off the journal");
-            }
-            return Err(e);
-        }
-        self.len += len;
-        Ok(())
+        let round = self.take_round();
+        let written = round.write();
+        self.end_round(round, written)
     }
 
-    /// Closes the current segment and starts the next, named after the next record. When
-    /// that fails, records go on into the current one, and the next write tries again.
+    /// The records added so far, to be written (`Round::write`) without the lock. A full
+    /// segment is closed first: no write is in flight to it.
+    pub(super) fn take_round(&mut self) -> Round {
+        if self.len >= SEGMENT_BYTES {
+            self.start_segment();
+        }
+        let spare = std::mem::take(&mut self.spare);
+        Round {
+            file: self.file.clone(),
+            bytes: std::mem::replace(&mut self.pending, spare),
+        }
+    }
+
+    /// Takes a round's outcome back. On failure, what the round may have left in the file
+    /// is cut off, so that start-up does not put in messages whose senders heard they were
+    /// not stored. (The file appends: the next round goes where the cut ends.)
+    pub(super) fn end_round(&mut self, round: Round, written: io::Result<()>) -> io::Result<()> {
+        let Round { mut bytes, .. } = round;
+        match &written {
+            Ok(()) => self.len += bytes.len() as u64,
+            Err(_) => {
+                if let Err(cut) = self.file.set_len(self.len) {
+                    tracing::error!(error = %cut, path = %self.path.display(), "store: cannot cut a failed write off the journal");
+                }
+            }
+        }
+        bytes.clear();
+        if bytes.capacity() > SHRINK_BYTES {
+            // One large message does not keep its buffer for good.
+            bytes.shrink_to(SHRINK_BYTES);
+        }
+        self.spare = bytes;
+        written
+    }
+
+    /// Closes the current segment and starts the next, named after the first record not
+    /// written yet. When that fails, records go on into the current one, and the next
+    /// round tries again.
     fn start_segment(&mut self) {
-        let path = segment_path(&self.dir, self.next);
+        let first = if self.pending.is_empty() {
+            self.next
+        } else {
+            self.pending_first
+        };
+        let path = segment_path(&self.dir, first);
         match open_segment(&path) {
             Ok(file) => {
                 let closed = std::mem::replace(&mut self.path, path);
-                self.file = file;
+                self.file = Arc::new(file);
                 self.len = 0;
-                self.closed.push_back((closed, self.next - 1));
+                self.closed.push_back((closed, first - 1));
             }
             Err(e) => {
                 tracing::warn!(error = %e, path = %path.display(), "store: cannot start a journal segment")
@@ -138,6 +174,18 @@ impl Journal {
                 tracing::warn!(error = %e, path = %path.display(), "store: cannot remove a journal segment");
             }
         }
+    }
+}
+
+/// Records taken to be written (`Journal::take_round`).
+pub(super) struct Round {
+    file: Arc<File>,
+    bytes: Vec<u8>,
+}
+
+impl Round {
+    pub(super) fn write(&self) -> io::Result<()> {
+        (&*self.file).write_all(&self.bytes)
     }
 }
 
@@ -310,7 +358,7 @@ mod tests {
         journal.record(|buf| fields::put_str(buf, "one"));
         journal.write().unwrap();
         // What a failed write leaves behind, and its cut.
-        journal.file.write_all(b"half a record").unwrap();
+        (&*journal.file).write_all(b"half a record").unwrap();
         journal.file.set_len(journal.len).unwrap();
         journal.record(|buf| fields::put_str(buf, "two"));
         journal.write().unwrap();

@@ -828,6 +828,48 @@ mod tests {
         assert_eq!(applied, 200, "one record per message, numbered from 1");
     }
 
+    /// Callers on several threads at once: whoever finds no round being written writes
+    /// the others' records too; every message is acknowledged, stored once, in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_senders_share_the_journal_s_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
+        let senders: Vec<_> = (0..8)
+            .map(|sender| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    for i in 0..200 {
+                        let env = chat(&format!("s{sender}"), i, &["b"]);
+                        store.insert_message(&env).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for sender in senders {
+            sender.await.unwrap();
+        }
+        let all = store
+            .messages(MessageQuery {
+                limit: 5000,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 1600);
+        let in_order = all
+            .iter()
+            .filter(|m| m.envelope.from == "s3")
+            .map(|m| m.envelope.timestamp)
+            .collect::<Vec<_>>();
+        assert_eq!(in_order, (0..200).collect::<Vec<_>>());
+        store.close().await;
+        let applied: i64 = Connection::open(dir.path().join(crate::store::DB_FILE))
+            .unwrap()
+            .query_row(APPLIED, [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(applied, 1600);
+    }
+
     /// A bridge killed after its journal acknowledged messages and before they reached the
     /// database: at the next start they are put in, those the database already holds are
     /// not put in again, and the journal starts anew after them.
