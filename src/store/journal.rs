@@ -162,18 +162,24 @@ impl Journal {
 
     /// Removes the closed segments whose records the database holds, all up to `applied`.
     pub(super) fn remove_applied(&mut self, applied: u64) {
-        while self
-            .closed
-            .front()
-            .is_some_and(|(_, last)| *last <= applied)
-        {
-            let Some((path, _)) = self.closed.pop_front() else {
-                break;
-            };
+        while let Some((path, _)) = pop_through(&mut self.closed, applied, |(_, last)| *last) {
             if let Err(e) = std::fs::remove_file(&path) {
                 tracing::warn!(error = %e, path = %path.display(), "store: cannot remove a journal segment");
             }
         }
+    }
+}
+
+/// The front of `queue`, when its record number (by `number`) is `applied` or before.
+pub(super) fn pop_through<T>(
+    queue: &mut VecDeque<T>,
+    applied: u64,
+    number: impl Fn(&T) -> u64,
+) -> Option<T> {
+    if number(queue.front()?) <= applied {
+        queue.pop_front()
+    } else {
+        None
     }
 }
 

@@ -794,6 +794,18 @@ mod tests {
         store.close().await;
     }
 
+    /// The stored messages that name `name`.
+    async fn addressed_to(store: &Store, name: &str) -> Vec<StoredMessage> {
+        store
+            .messages(MessageQuery {
+                recipients: Some(vec![name.into()]),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+    }
+
     /// With a database file, a message is acknowledged from the journal, before the
     /// writer puts it in the database; every read after the acknowledgement sees it.
     #[tokio::test]
@@ -811,15 +823,7 @@ mod tests {
             store.message(last).await.unwrap().unwrap().envelope.id,
             *last
         );
-        let for_b = store
-            .messages(MessageQuery {
-                recipients: Some(vec!["b".into()]),
-                limit: 500,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        assert_eq!(for_b.len(), 200);
+        assert_eq!(addressed_to(&store, "b").await.len(), 200);
         store.close().await;
         let applied: i64 = Connection::open(dir.path().join(crate::store::DB_FILE))
             .unwrap()
@@ -906,15 +910,7 @@ mod tests {
         for env in &later {
             assert!(store.has_message(&env.id).await.unwrap(), "{}", env.id);
         }
-        let for_c = store
-            .messages(MessageQuery {
-                recipients: Some(vec!["c".into()]),
-                limit: 10,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        assert_eq!(for_c.len(), 1);
+        assert_eq!(addressed_to(&store, "c").await.len(), 1);
         let segments = crate::store::journal::segments(&journal_dir).unwrap();
         assert_eq!(segments.len(), 1, "{segments:?}");
         assert!(

@@ -710,14 +710,9 @@ impl Unapplied {
 
     /// Forgets the records the database holds, all up to `applied`.
     fn prune(&mut self, applied: u64) {
-        while self
-            .order
-            .front()
-            .is_some_and(|(number, _)| *number <= applied)
+        while let Some((number, id)) =
+            journal::pop_through(&mut self.order, applied, |(number, _)| *number)
         {
-            let Some((number, id)) = self.order.pop_front() else {
-                break;
-            };
             if self.by_id.get(&id) == Some(&number) {
                 self.by_id.remove(&id);
             }
