@@ -106,6 +106,7 @@ impl Journal {
         let spare = std::mem::take(&mut self.spare);
         Round {
             file: self.file.clone(),
+            start: self.len,
             bytes: std::mem::replace(&mut self.pending, spare),
         }
     }
@@ -114,15 +115,17 @@ impl Journal {
     /// is cut off, so that start-up does not put in messages whose senders heard they were
     /// not stored. (The file appends: the next round goes where the cut ends.)
     pub(super) fn end_round(&mut self, round: Round, written: io::Result<()>) -> io::Result<()> {
-        let Round { mut bytes, .. } = round;
         match &written {
-            Ok(()) => self.len += bytes.len() as u64,
+            Ok(()) => self.len += round.bytes.len() as u64,
             Err(_) => {
-                if let Err(cut) = self.file.set_len(self.len) {
-                    tracing::error!(error = %cut, path = %self.path.display(), "store: cannot cut a failed write off the journal");
+                if !round.cut() {
+                    // What follows must not come after a torn record, which would end
+                    // this segment for start-up: the next round starts a new one.
+                    self.len = self.len.max(SEGMENT_BYTES);
                 }
             }
         }
+        let mut bytes = round.bytes;
         bytes.clear();
         if bytes.capacity() > SHRINK_BYTES {
             // One large message does not keep its buffer for good.
@@ -186,12 +189,25 @@ pub(super) fn pop_through<T>(
 /// Records taken to be written (`Journal::take_round`).
 pub(super) struct Round {
     file: Arc<File>,
+    /// The segment's length before this round.
+    start: u64,
     bytes: Vec<u8>,
 }
 
 impl Round {
     pub(super) fn write(&self) -> io::Result<()> {
         (&*self.file).write_all(&self.bytes)
+    }
+
+    /// Cuts off what a failed write may have left; false when that fails too.
+    pub(super) fn cut(&self) -> bool {
+        match self.file.set_len(self.start) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "store: cannot cut a failed write off the journal");
+                false
+            }
+        }
     }
 }
 

@@ -415,8 +415,26 @@ impl Store {
             let written = round.write();
             tail = self.inner.journal.lock().unwrap_or_else(|e| e.into_inner());
             let Some(state) = tail.as_mut() else {
-                // Closed meanwhile: what was written is put in at the next start.
-                return Err(StoreError::Closed);
+                // Closed meanwhile. Written, the records are durable and go into the
+                // database at the next start; else they are cut off, and their senders told.
+                let written = written.is_ok();
+                if !written {
+                    round.cut();
+                }
+                for waiting in rows {
+                    let outcome = if written {
+                        Ok(())
+                    } else {
+                        Err(StoreError::Closed)
+                    };
+                    match waiting.done {
+                        Some(done) => {
+                            let _ = done.send(outcome);
+                        }
+                        None => own = outcome,
+                    }
+                }
+                return own;
             };
             let path = state.journal.path().to_owned();
             let written = state.journal.end_round(round, written);
