@@ -310,32 +310,23 @@ impl Store {
         &self,
         row: messages::Row,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        use futures_util::future::Either;
         let tail = self.inner.journal.lock().unwrap_or_else(|e| e.into_inner());
-        let (journaled, queued) = if tail.is_some() {
-            (Some(self.journal(tail, row)), None)
-        } else {
+        if tail.is_none() {
             drop(tail);
-            let write = self.write_unguarded_in_batch(move |batch| row.insert(batch));
-            (None, Some(write))
-        };
-        async move {
-            match (journaled, queued) {
-                (Some(Journaling { written, applied }), _) => {
-                    match written {
-                        Written::Now(outcome) => outcome?,
-                        Written::Later(written) => {
-                            written.await.map_err(|_| StoreError::Closed)??
-                        }
-                    }
-                    match applied {
-                        Some(applied) => applied.await.map_err(|_| StoreError::Closed)?,
-                        None => Ok(()),
-                    }
-                }
-                (None, Some(write)) => write.await,
-                (None, None) => unreachable!("one or the other"),
-            }
+            return Either::Left(self.write_unguarded_in_batch(move |batch| row.insert(batch)));
         }
+        let Journaling { written, applied } = self.journal(tail, row);
+        Either::Right(async move {
+            match written {
+                Written::Now(outcome) => outcome?,
+                Written::Later(written) => written.await.map_err(|_| StoreError::Closed)??,
+            }
+            match applied {
+                Some(applied) => applied.await.map_err(|_| StoreError::Closed)?,
+                None => Ok(()),
+            }
+        })
     }
 
     /// Adds `row`'s record to the journal. When no one is writing the journal, this caller
@@ -427,12 +418,7 @@ impl Store {
                     } else {
                         Err(StoreError::Closed)
                     };
-                    match waiting.done {
-                        Some(done) => {
-                            let _ = done.send(outcome);
-                        }
-                        None => own = outcome,
-                    }
+                    Waiting::answer(waiting.done, outcome, &mut own);
                 }
                 return own;
             };
@@ -461,12 +447,7 @@ impl Store {
                         source: std::io::Error::new(e.kind(), e.to_string()),
                     }),
                 };
-                match waiting.done {
-                    Some(done) => {
-                        let _ = done.send(outcome);
-                    }
-                    None => own = outcome,
-                }
+                Waiting::answer(waiting.done, outcome, &mut own);
             }
         }
     }
@@ -693,6 +674,23 @@ struct Waiting {
     done: Option<oneshot::Sender<Result<(), StoreError>>>,
     /// For a caller that also waits for the database (`Journaled::reply`).
     reply: Option<oneshot::Sender<Result<(), StoreError>>>,
+}
+
+impl Waiting {
+    /// Tells the caller waiting for this row's write how it went; the writing caller's
+    /// own outcome goes to `own`.
+    fn answer(
+        done: Option<oneshot::Sender<Result<(), StoreError>>>,
+        outcome: Result<(), StoreError>,
+        own: &mut Result<(), StoreError>,
+    ) {
+        match done {
+            Some(done) => {
+                let _ = done.send(outcome);
+            }
+            None => *own = outcome,
+        }
+    }
 }
 
 /// A journaled row's acknowledgements.
