@@ -49,6 +49,9 @@ pub(super) struct Journal {
     /// Closed segments, oldest first, each with the number of its last record: removed
     /// once the database holds that record (`remove_applied`).
     closed: VecDeque<(PathBuf, u64)>,
+    /// Rounds taken, for tests of how records share them.
+    #[cfg(test)]
+    pub(super) rounds: u64,
 }
 
 impl Journal {
@@ -66,6 +69,8 @@ impl Journal {
             pending_first: next,
             spare: Vec::new(),
             closed: VecDeque::new(),
+            #[cfg(test)]
+            rounds: 0,
         })
     }
 
@@ -102,6 +107,10 @@ impl Journal {
     pub(super) fn take_round(&mut self) -> Round {
         if self.len >= SEGMENT_BYTES {
             self.start_segment();
+        }
+        #[cfg(test)]
+        {
+            self.rounds += 1;
         }
         let spare = std::mem::take(&mut self.spare);
         Round {

@@ -874,6 +874,40 @@ mod tests {
         assert_eq!(applied, 1600);
     }
 
+    /// What a task queues before it yields (a connection reading the frames its socket had
+    /// ready) is written in one round, by a task of the journal's own, which also takes
+    /// what comes while it writes.
+    #[tokio::test]
+    async fn messages_queued_in_one_turn_share_one_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
+        let rounds = || store.lock_journal().as_ref().unwrap().journal.rounds;
+        let before = rounds();
+        let envelopes: Vec<_> = (0..10).map(|i| chat("a", i, &["b"])).collect();
+        let queued: Vec<_> = envelopes
+            .iter()
+            .map(|env| store.insert_message(env))
+            .collect();
+        assert_eq!(
+            rounds(),
+            before,
+            "nothing is written before this task yields"
+        );
+        for written in futures_util::future::join_all(queued).await {
+            written.unwrap();
+        }
+        assert_eq!(rounds(), before + 1);
+        let all = store
+            .messages(MessageQuery {
+                limit: 20,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 10);
+        store.close().await;
+    }
+
     /// A bridge killed after its journal acknowledged messages and before they reached the
     /// database: at the next start they are put in, those the database already holds are
     /// not put in again, and the journal starts anew after them.

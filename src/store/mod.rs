@@ -24,7 +24,7 @@ mod journal;
 mod message_body;
 mod messages;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -185,7 +185,7 @@ impl Store {
         .await
         .map_err(|_| StoreError::Closed)??;
         self.inner.applied.store(next - 1, Ordering::Release);
-        *self.inner.journal.lock().unwrap_or_else(|e| e.into_inner()) = Some(JournalTail {
+        *self.lock_journal() = Some(JournalTail {
             journal,
             unapplied: Unapplied::default(),
             writing: false,
@@ -311,7 +311,7 @@ impl Store {
         row: messages::Row,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         use futures_util::future::Either;
-        let tail = self.inner.journal.lock().unwrap_or_else(|e| e.into_inner());
+        let tail = self.lock_journal();
         if tail.is_none() {
             drop(tail);
             return Either::Left(self.write_unguarded_in_batch(move |batch| row.insert(batch)));
@@ -329,9 +329,10 @@ impl Store {
         })
     }
 
-    /// Adds `row`'s record to the journal. When no one is writing the journal, this caller
-    /// writes it, with whatever others add meanwhile, outside the lock (`write_rounds`);
-    /// otherwise the one writing takes it in its next round. A caller waiting for a write
+    /// Adds `row`'s record to the journal. When no one is writing the journal, a task of
+    /// its own (outside a runtime, this caller) writes it with whatever others add
+    /// meanwhile, outside the lock (`write_round`); otherwise the one writing takes it in
+    /// its next round. A caller waiting for a write
     /// blocks no thread: with the lock held over each `write`, runtime threads queued on
     /// it behind one the scheduler or the filesystem held up (p99.9 flat out 70–99 ms).
     /// While the writer is `MAX_UNAPPLIED` messages behind, the caller also waits for the
@@ -371,85 +372,135 @@ impl Store {
             };
         }
         state.writing = true;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            state.waiting.push(Waiting {
+                row,
+                number,
+                done: None,
+                reply,
+            });
+            return Journaling {
+                written: Written::Now(self.write_rounds(tail)),
+                applied,
+            };
+        };
+        // On a runtime the round is written by a task of its own, which the runtime runs
+        // on this thread right after the current task (its LIFO slot): by then this
+        // connection has read the other frames its socket had ready, and others on this
+        // thread theirs, and one `write` takes all of their records (flat out, 0.9
+        // `write`s a message when the caller wrote at once).
+        let (done, written) = oneshot::channel();
         state.waiting.push(Waiting {
             row,
             number,
-            done: None,
+            done: Some(done),
             reply,
         });
+        drop(tail);
+        let store = self.clone();
+        runtime.spawn(async move {
+            // Every row has a caller waiting: no outcome is the task's own.
+            let mut none = Ok(());
+            while store.write_round(store.lock_journal(), &mut none) {
+                // Others run before the next round, adding to it; nor is this thread
+                // held for as long as records keep coming.
+                tokio::task::yield_now().await;
+            }
+        });
         Journaling {
-            written: Written::Now(self.write_rounds(tail)),
+            written: Written::Later(written),
             applied,
         }
     }
 
     /// Writes the journal's records in rounds until none is left, the lock let go during
-    /// each write; hands each written row to the writer, in record order, and answers the
-    /// callers waiting for it. Returns this caller's own outcome (its row is in the first
-    /// round).
+    /// each write. Returns this caller's own outcome (its row is in the first round).
     fn write_rounds<'s>(
         &'s self,
         mut tail: std::sync::MutexGuard<'s, Option<JournalTail>>,
     ) -> Result<(), StoreError> {
         let mut own = Err(StoreError::Closed);
-        loop {
-            let Some(state) = tail.as_mut() else {
-                return own;
-            };
-            if state.waiting.is_empty() {
-                state.writing = false;
-                return own;
-            }
-            let rows = std::mem::take(&mut state.waiting);
-            let round = state.journal.take_round();
-            drop(tail);
-            let written = round.write();
-            tail = self.inner.journal.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(state) = tail.as_mut() else {
-                // Closed meanwhile. Written, the records are durable and go into the
-                // database at the next start; else they are cut off, and their senders told.
-                let written = written.is_ok();
-                if !written {
-                    round.cut();
-                }
-                for waiting in rows {
-                    let outcome = if written {
-                        Ok(())
-                    } else {
-                        Err(StoreError::Closed)
-                    };
-                    Waiting::answer(waiting.done, outcome, &mut own);
-                }
-                return own;
-            };
-            let path = state.journal.path().to_owned();
-            let written = state.journal.end_round(round, written);
-            if let Err(e) = &written {
-                tracing::error!(error = %e, "store: cannot write the journal");
+        while self.write_round(tail, &mut own) {
+            tail = self.lock_journal();
+        }
+        own
+    }
+
+    /// Writes the records waiting for a round, the lock let go during the `write`; hands
+    /// each written row to the writer, in record order, and answers the callers waiting
+    /// for it (the writing caller's own outcome goes to `own`). Returns whether more
+    /// records came meanwhile: the caller then writes the next round, still `writing`.
+    fn write_round(
+        &self,
+        tail: std::sync::MutexGuard<'_, Option<JournalTail>>,
+        own: &mut Result<(), StoreError>,
+    ) -> bool {
+        let mut tail = tail;
+        let Some(state) = tail.as_mut() else {
+            return false;
+        };
+        if state.waiting.is_empty() {
+            state.writing = false;
+            return false;
+        }
+        let rows = std::mem::take(&mut state.waiting);
+        let round = state.journal.take_round();
+        drop(tail);
+        let written = round.write();
+        let mut tail = self.lock_journal();
+        let Some(state) = tail.as_mut() else {
+            // Closed meanwhile. Written, the records are durable and go into the
+            // database at the next start; else they are cut off, and their senders told.
+            let written = written.is_ok();
+            if !written {
+                round.cut();
             }
             for waiting in rows {
-                let outcome = match &written {
-                    Ok(()) => {
-                        state.unapplied.add(&waiting.row.id, waiting.number);
-                        let wake = waiting.reply.is_some();
-                        let job = Journaled {
-                            row: waiting.row,
-                            number: waiting.number,
-                            applied: self.inner.applied.clone(),
-                            reply: waiting.reply,
-                        };
-                        // Woken only when behind: otherwise the writer gathers until
-                        // `GATHER` is up.
-                        self.submit(Box::new(job), wake)
-                    }
-                    Err(e) => Err(StoreError::Journal {
-                        path: path.clone(),
-                        source: std::io::Error::new(e.kind(), e.to_string()),
-                    }),
+                let outcome = if written {
+                    Ok(())
+                } else {
+                    Err(StoreError::Closed)
                 };
-                Waiting::answer(waiting.done, outcome, &mut own);
+                Waiting::answer(waiting.done, outcome, own);
             }
+            return false;
+        };
+        let path = state.journal.path().to_owned();
+        let written = state.journal.end_round(round, written);
+        if let Err(e) = &written {
+            tracing::error!(error = %e, "store: cannot write the journal");
         }
+        for waiting in rows {
+            let outcome = match &written {
+                Ok(()) => {
+                    state.unapplied.add(&waiting.row.id, waiting.number);
+                    let wake = waiting.reply.is_some();
+                    let job = Journaled {
+                        row: waiting.row,
+                        number: waiting.number,
+                        applied: self.inner.applied.clone(),
+                        reply: waiting.reply,
+                    };
+                    // Woken only when behind: otherwise the writer gathers until
+                    // `GATHER` is up.
+                    self.submit(Box::new(job), wake)
+                }
+                Err(e) => Err(StoreError::Journal {
+                    path: path.clone(),
+                    source: std::io::Error::new(e.kind(), e.to_string()),
+                }),
+            };
+            Waiting::answer(waiting.done, outcome, own);
+        }
+        if state.waiting.is_empty() {
+            state.writing = false;
+            return false;
+        }
+        true
+    }
+
+    fn lock_journal(&self) -> std::sync::MutexGuard<'_, Option<JournalTail>> {
+        self.inner.journal.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs `f` on the messages, on a read-only connection, once the database holds every
@@ -482,7 +533,7 @@ impl Store {
 
     /// `f` on the journal's unapplied messages; `None` without a journal.
     fn with_unapplied<R>(&self, f: impl FnOnce(&mut Unapplied) -> R) -> Option<R> {
-        let mut tail = self.inner.journal.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tail = self.lock_journal();
         tail.as_mut().map(|tail| f(&mut tail.unapplied))
     }
 
@@ -660,7 +711,7 @@ impl<'c> Batch<'c> {
 struct JournalTail {
     journal: journal::Journal,
     unapplied: Unapplied,
-    /// Whether a caller is writing a round (`Store::write_rounds`).
+    /// Whether rounds are being written (`Store::write_round`).
     writing: bool,
     /// Rows whose records wait for the next round, in record order.
     waiting: Vec<Waiting>,
@@ -710,17 +761,18 @@ enum Written {
 #[derive(Default)]
 struct Unapplied {
     /// Each id's latest record.
-    by_id: HashMap<String, u64>,
+    by_id: foldhash::HashMap<Arc<str>, u64>,
     /// Records, oldest first.
-    order: VecDeque<(u64, String)>,
+    order: VecDeque<(u64, Arc<str>)>,
     /// The last record's number.
     last: u64,
 }
 
 impl Unapplied {
     fn add(&mut self, id: &str, number: u64) {
-        self.by_id.insert(id.to_owned(), number);
-        self.order.push_back((number, id.to_owned()));
+        let id: Arc<str> = id.into();
+        self.by_id.insert(id.clone(), number);
+        self.order.push_back((number, id));
         self.last = number;
     }
 
