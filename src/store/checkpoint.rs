@@ -8,7 +8,7 @@
 //! `WRITES_PER_CHECKPOINT` committed writes (and at most every `INTERVAL`). When one
 //! reaches the end of the log, the writer's next transaction starts the log over. Under a
 //! steady stream of commits a passive checkpoint may never reach the end; the writer's own
-//! automatic checkpoint, set to a much longer log (`BACKSTOP_PAGES`), then copies what the
+//! automatic checkpoint, set to a much longer log (`BACKSTOP_BYTES`), then copies what the
 //! thread left, syncs, and lets the log start over, so the log stays bounded. That stall
 //! is what shows in the p99; the more often the thread runs, the less it leaves: at 28k
 //! msg/s, p99 10 ms with a checkpoint at most every 50 ms, 7 ms every 20 ms, 6 ms every
@@ -31,13 +31,13 @@ use super::StoreError;
 const WRITES_PER_CHECKPOINT: usize = 128;
 /// Least time between two checkpoints.
 const INTERVAL: Duration = Duration::from_millis(5);
-/// The writer's own automatic checkpoint: 64 MiB of 4 KiB pages. Under steady load every
+/// The writer's own automatic checkpoint: at 64 MiB of log. Under steady load every
 /// backstop stalls the writer for three fsyncs (the log, the database, the restarted log's
 /// header), 2–9 ms on the benchmark VM; at 16 MiB that came about every 150 ms at 34k msg/s
 /// and set the p99 (4.1–7.2 ms over seven interleaved pairs of runs); at 64 MiB, 2.7–5.7
 /// ms, lower in six pairs of the seven, the p99.9 spread wider (6.2–15.5 ms against
 /// 7.3–10.1; BENCHMARKS.md).
-pub(super) const BACKSTOP_PAGES: u32 = 16384;
+pub(super) const BACKSTOP_BYTES: i64 = 64 << 20;
 
 pub(super) struct Checkpointer {
     thread: JoinHandle<()>,
