@@ -1,7 +1,7 @@
 //! The journal: stored messages written ahead of the database.
 //!
-//! A message is acknowledged once its record is in the journal: one `write`, on the
-//! caller's thread, no SQLite on the way. The writer thread puts the records into the
+//! A message is acknowledged once its record is in the journal: one `write` (for many
+//! records, on a runtime thread), no SQLite on the way. The writer thread puts the records into the
 //! database afterwards, many in a transaction (mod.rs). Like a commit
 //! in SQLite's log with `synchronous = NORMAL`, a record handed to the kernel survives the
 //! process being killed; only a power loss can take back the latest ones. At start-up the

@@ -908,6 +908,59 @@ mod tests {
         store.close().await;
     }
 
+    /// A round whose task never runs (its runtime shut down first) is written as the task
+    /// is dropped: its sender hears it is stored, and the journal takes new rounds after it.
+    #[test]
+    fn a_round_whose_task_is_dropped_unrun_is_written_all_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let outer = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = outer
+            .block_on(Store::open(dir.path().to_str().unwrap()))
+            .unwrap();
+        let first = chat("a", 1, &["b"]);
+        let inner = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        // Queued on `inner`, whose round task is still unrun when it is dropped.
+        let written = {
+            let _entered = inner.enter();
+            store.insert_message(&first)
+        };
+        drop(inner);
+        outer.block_on(written).unwrap();
+        outer
+            .block_on(store.insert_message(&chat("a", 2, &["b"])))
+            .unwrap();
+        let stored = outer
+            .block_on(store.messages(MessageQuery {
+                limit: 10,
+                ..Default::default()
+            }))
+            .unwrap();
+        assert_eq!(stored.len(), 2);
+        outer.block_on(store.close());
+    }
+
+    /// Closing the store writes the records still waiting for their round's task, and
+    /// their senders hear they are stored.
+    #[tokio::test]
+    async fn closing_writes_what_waits_for_a_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().to_str().unwrap();
+        let store = Store::open(data_dir).await.unwrap();
+        let env = chat("a", 1, &["b"]);
+        // This task has not yielded: the round's task has not run.
+        let written = store.insert_message(&env);
+        store.close().await;
+        written.await.unwrap();
+        let store = Store::open(data_dir).await.unwrap();
+        assert!(store.message(&env.id).await.unwrap().is_some());
+        store.close().await;
+    }
+
     /// A bridge killed after its journal acknowledged messages and before they reached the
     /// database: at the next start they are put in, those the database already holds are
     /// not put in again, and the journal starts anew after them.

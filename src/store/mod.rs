@@ -58,7 +58,7 @@ const MAX_READERS: usize = 4;
 /// with 16 KiB pages rather than SQLite's 4 KiB, a batch writes a quarter as many log
 /// frames (each two `pwrite`s and a checksum) and splits pages a quarter as often, and
 /// the checkpoints copy fewer: flat out, 0.5–1.2 µs less CPU a message, most of it in
-/// the kernel (BENCHMARKS.md, *Eighth pass*).
+/// the kernel (BENCHMARKS.md, *Eighth pass*). An in-memory store keeps SQLite's default.
 const PAGE_BYTES: u32 = 16384;
 
 #[derive(Debug, thiserror::Error)]
@@ -195,6 +195,7 @@ impl Store {
             journal,
             unapplied: Unapplied::default(),
             writing: false,
+            in_flight: false,
             waiting: Vec::new(),
         });
         Ok(())
@@ -338,7 +339,9 @@ impl Store {
     /// Adds `row`'s record to the journal. When no one is writing the journal, a task of
     /// its own (outside a runtime, this caller) writes it with whatever others add
     /// meanwhile, outside the lock (`write_round`); otherwise the one writing takes it in
-    /// its next round. A caller waiting for a write
+    /// its next round. The task runs once the calling task yields: blocking on the
+    /// returned future on a runtime's thread (rather than awaiting it) would wait for good.
+    /// A caller waiting for a write
     /// blocks no thread: with the lock held over each `write`, runtime threads queued on
     /// it behind one the scheduler or the filesystem held up (p99.9 flat out 70–99 ms).
     /// While the writer is `MAX_UNAPPLIED` messages behind, the caller also waits for the
@@ -403,15 +406,17 @@ impl Store {
             reply,
         });
         drop(tail);
-        let store = self.clone();
+        let rounds = RoundTask {
+            store: self.clone(),
+            finished: false,
+        };
         runtime.spawn(async move {
-            // Every row has a caller waiting: no outcome is the task's own.
-            let mut none = Ok(());
-            while store.write_round(store.lock_journal(), &mut none) {
+            while rounds.write_one() {
                 // Others run before the next round, adding to it; nor is this thread
                 // held for as long as records keep coming.
                 tokio::task::yield_now().await;
             }
+            rounds.finish();
         });
         Journaling {
             written: Written::Later(written),
@@ -451,6 +456,7 @@ impl Store {
         }
         let rows = std::mem::take(&mut state.waiting);
         let round = state.journal.take_round();
+        state.in_flight = true;
         drop(tail);
         let written = round.write();
         let mut tail = self.lock_journal();
@@ -471,6 +477,7 @@ impl Store {
             }
             return false;
         };
+        state.in_flight = false;
         let path = state.journal.path().to_owned();
         let written = state.journal.end_round(round, written);
         if let Err(e) = &written {
@@ -577,6 +584,19 @@ impl Store {
 
     /// Finishes queued writes and closes the database. Later calls fail with `Closed`.
     pub async fn close(&self) {
+        // Records waiting for a round whose task has not run yet are written here, one
+        // round, the task's next finding the journal closed. (Those that came while a
+        // round was being written are not: their senders hear `Closed`.)
+        {
+            let tail = self.lock_journal();
+            if tail
+                .as_ref()
+                .is_some_and(|state| !state.in_flight && !state.waiting.is_empty())
+            {
+                let mut none = Ok(());
+                self.write_round(tail, &mut none);
+            }
+        }
         drop(take(&self.inner.journal));
         drop(take(&self.inner.writer));
         self.inner.writer_wake.unpark();
@@ -631,7 +651,11 @@ fn open_file(
         source,
     })?;
     // Before the database has a table; one that has keeps the size it was made with.
-    conn.pragma_update(None, "page_size", PAGE_BYTES)?;
+    conn.pragma_update(None, "page_size", PAGE_BYTES)
+        .map_err(|source| StoreError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
     // Fail now, with the path named, rather than on the first write.
     conn.pragma_update(None, "journal_mode", "WAL")
         .map_err(|source| StoreError::Open {
@@ -722,8 +746,40 @@ struct JournalTail {
     unapplied: Unapplied,
     /// Whether rounds are being written (`Store::write_round`).
     writing: bool,
+    /// Whether a round's `write` is under way, the lock let go.
+    in_flight: bool,
     /// Rows whose records wait for the next round, in record order.
     waiting: Vec<Waiting>,
+}
+
+/// The task writing the journal's rounds (`Store::journal`). Dropped before it is done
+/// (its runtime shutting down, or a panic), it writes what waits itself: the rows' callers
+/// would otherwise wait, and every later one queue behind them, for good.
+struct RoundTask {
+    store: Store,
+    finished: bool,
+}
+
+impl RoundTask {
+    /// No round waits: dropped now, the task writes none.
+    fn finish(mut self) {
+        self.finished = true;
+    }
+
+    /// Writes a round; whether another waits.
+    fn write_one(&self) -> bool {
+        // Every row has a caller waiting: no outcome is the task's own.
+        let mut none = Ok(());
+        self.store.write_round(self.store.lock_journal(), &mut none)
+    }
+}
+
+impl Drop for RoundTask {
+    fn drop(&mut self) {
+        if !self.finished {
+            while self.write_one() {}
+        }
+    }
 }
 
 /// A row whose record waits to be written.

@@ -110,7 +110,7 @@ impl Tracker {
         let out = MessageOut {
             // Time-ordered (UUIDv7): each new id lands at the end of the log's id index.
             // A random (v4) id landed on a page of its own, and every message rewrote one
-            // more 4 KiB page of the index into the WAL and the database.
+            // more page of the index into the WAL and the database.
             id: new_message_id(),
             chat_id: if task.is_some() {
                 None
