@@ -154,13 +154,13 @@ impl Store {
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
         let applied = Arc::new(AtomicU64::new(0));
         let journaled = Arc::new(AtomicU64::new(0));
-        let behind = Backlog {
+        let backlog = Backlog {
             applied: applied.clone(),
             journaled: journaled.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("agentbridge-store".into())
-            .spawn(move || write_loop(conn, rx, committed, &behind))
+            .spawn(move || write_loop(conn, rx, committed, &backlog))
             .map_err(|e| StoreError::DataDir {
                 path: data_dir.into(),
                 source: e,
