@@ -196,10 +196,14 @@ impl Store {
         // The database holds every record now; the old segments can go.
         let journal = tokio::task::spawn_blocking(move || {
             for segment in &segments {
-                std::fs::remove_file(segment).map_err(|source| StoreError::Journal {
-                    path: segment.clone(),
-                    source,
-                })?;
+                match std::fs::remove_file(segment) {
+                    // Applied before a close in this process, and removed since.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    removed => removed.map_err(|source| StoreError::Journal {
+                        path: segment.clone(),
+                        source,
+                    })?,
+                }
             }
             journal::Journal::create(&dir, next)
                 .map_err(|source| StoreError::Journal { path: dir, source })
@@ -376,7 +380,7 @@ impl Store {
         };
         let applied = self.inner.applied.load(Ordering::Acquire);
         state.unapplied.prune(applied);
-        state.journal.remove_applied(applied);
+        journal::remove_segments(state.journal.take_applied(applied));
         let number = state.journal.record(|buf| row.encode(buf));
         let (reply, applied) = if number.saturating_sub(applied) > MAX_UNAPPLIED as u64 {
             let (reply, applied) = oneshot::channel();
