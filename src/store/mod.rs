@@ -9,8 +9,9 @@
 //! them run beside the writer); an in-memory database has one connection, so there reads
 //! queue with the writes.
 //!
-//! With a database file, a stored message is written to the journal (journal.rs) on the
-//! caller's own thread and is durable when that returns: no other thread is waited for.
+//! With a database file, a stored message is written to the journal (journal.rs) on a
+//! runtime thread, with the others queued meanwhile, and is durable once that `write`
+//! returns: no other thread is waited for.
 //! The writer puts it in the database afterwards, with the messages of the next few
 //! milliseconds in one transaction, in the order they were journaled and in their place
 //! among the other writes. Reads wait for the writer to put in what was acknowledged
@@ -120,11 +121,8 @@ struct Inner {
     /// callers take it, never the writer: a writer thread at low priority holding a lock
     /// that deliveries wait for stalled them for 5–10 ms at a time.
     journal: Mutex<Option<JournalTail>>,
-    /// The number of the last journal record the database holds, set by the writer.
-    applied: Arc<AtomicU64>,
-    /// The number of the last journal record written, for the writer to see how far
-    /// behind it is.
-    journaled: Arc<AtomicU64>,
+    /// How far the database is behind the journal.
+    backlog: Backlog,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// For a database file; an in-memory one has no log to checkpoint.
     checkpointer: Mutex<Option<checkpoint::Checkpointer>>,
@@ -152,15 +150,11 @@ impl Store {
         configure(&conn)?;
         let (checkpointer, committed) = checkpoints.unzip();
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
-        let applied = Arc::new(AtomicU64::new(0));
-        let journaled = Arc::new(AtomicU64::new(0));
-        let backlog = Backlog {
-            applied: applied.clone(),
-            journaled: journaled.clone(),
-        };
+        let backlog = Backlog::default();
+        let writers_backlog = backlog.clone();
         let thread = std::thread::Builder::new()
             .name("agentbridge-store".into())
-            .spawn(move || write_loop(conn, rx, committed, &backlog))
+            .spawn(move || write_loop(conn, rx, committed, &writers_backlog))
             .map_err(|e| StoreError::DataDir {
                 path: data_dir.into(),
                 source: e,
@@ -170,8 +164,7 @@ impl Store {
                 writer: Mutex::new(Some(tx)),
                 writer_wake: thread.thread().clone(),
                 journal: Mutex::new(None),
-                applied,
-                journaled,
+                backlog,
                 writer_thread: Mutex::new(Some(thread)),
                 checkpointer: Mutex::new(checkpointer),
                 readers,
@@ -210,8 +203,7 @@ impl Store {
         })
         .await
         .map_err(|_| StoreError::Closed)??;
-        self.inner.applied.store(next - 1, Ordering::Release);
-        self.inner.journaled.store(next - 1, Ordering::Release);
+        self.inner.backlog.start_after(next - 1);
         *self.lock_journal() = Some(JournalTail {
             journal,
             unapplied: Unapplied::default(),
@@ -362,9 +354,9 @@ impl Store {
     /// meanwhile, outside the lock (`write_round`); otherwise the one writing takes it in
     /// its next round. The task runs once the calling task yields: blocking on the
     /// returned future on a runtime's thread (rather than awaiting it) would wait for good.
-    /// A caller waiting for a write
-    /// blocks no thread: with the lock held over each `write`, runtime threads queued on
-    /// it behind one the scheduler or the filesystem held up (p99.9 flat out 70–99 ms).
+    /// A caller waiting for a write blocks no thread: with the lock held over each `write`,
+    /// runtime threads queued on it behind one the scheduler or the filesystem held up
+    /// (p99.9 flat out 70–99 ms).
     /// While the writer is `MAX_UNAPPLIED` messages behind, the caller also waits for the
     /// database, so that the backlog stays bounded.
     fn journal<'s>(
@@ -378,7 +370,7 @@ impl Store {
                 applied: None,
             };
         };
-        let applied = self.inner.applied.load(Ordering::Acquire);
+        let applied = self.inner.backlog.applied.load(Ordering::Acquire);
         state.unapplied.prune(applied);
         journal::remove_segments(state.journal.take_applied(applied));
         let number = state.journal.record(|buf| row.encode(buf));
@@ -388,37 +380,30 @@ impl Store {
         } else {
             (None, None)
         };
-        if state.writing {
-            let (done, written) = oneshot::channel();
-            state.waiting.push(Waiting {
-                row,
-                number,
-                done: Some(done),
-                reply,
-            });
-            return Journaling {
-                written: Written::Later(written),
-                applied,
-            };
-        }
+        // The caller that finds no round in flight has one written: on a runtime by a task
+        // of its own, which the runtime runs on this thread right after the current task
+        // (its LIFO slot). By then this connection has read the other frames its socket
+        // had ready, and others on this thread theirs, and one `write` takes all of their
+        // records (flat out, 0.9 `write`s a message when the caller wrote at once).
+        let leads = !state.writing;
         state.writing = true;
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            state.waiting.push(Waiting {
-                row,
-                number,
-                done: None,
-                reply,
-            });
-            return Journaling {
-                written: Written::Now(self.write_rounds(tail)),
-                applied,
-            };
+        let runtime = match leads.then(tokio::runtime::Handle::try_current) {
+            None => None,
+            Some(Ok(runtime)) => Some(runtime),
+            Some(Err(_)) => {
+                // Outside a runtime, this caller writes it.
+                state.waiting.push(Waiting {
+                    row,
+                    number,
+                    done: None,
+                    reply,
+                });
+                return Journaling {
+                    written: Written::Now(self.write_rounds(tail)),
+                    applied,
+                };
+            }
         };
-        // On a runtime the round is written by a task of its own, which the runtime runs
-        // on this thread right after the current task (its LIFO slot): by then this
-        // connection has read the other frames its socket had ready, and others on this
-        // thread theirs, and one `write` takes all of their records (flat out, 0.9
-        // `write`s a message when the caller wrote at once).
         let (done, written) = oneshot::channel();
         state.waiting.push(Waiting {
             row,
@@ -427,18 +412,20 @@ impl Store {
             reply,
         });
         drop(tail);
-        let rounds = RoundTask {
-            store: self.clone(),
-            finished: false,
-        };
-        runtime.spawn(async move {
-            while rounds.write_one() {
-                // Others run before the next round, adding to it; nor is this thread
-                // held for as long as records keep coming.
-                tokio::task::yield_now().await;
-            }
-            rounds.finish();
-        });
+        if let Some(runtime) = runtime {
+            let rounds = RoundTask {
+                store: self.clone(),
+                finished: false,
+            };
+            runtime.spawn(async move {
+                while rounds.write_one() {
+                    // Others run before the next round, adding to it; nor is this thread
+                    // held for as long as records keep coming.
+                    tokio::task::yield_now().await;
+                }
+                rounds.finish();
+            });
+        }
         Journaling {
             written: Written::Later(written),
             applied,
@@ -505,7 +492,10 @@ impl Store {
             tracing::error!(error = %e, "store: cannot write the journal");
         }
         if let (Ok(()), Some(last)) = (&written, rows.last()) {
-            self.inner.journaled.store(last.number, Ordering::Release);
+            self.inner
+                .backlog
+                .journaled
+                .store(last.number, Ordering::Release);
         }
         for waiting in rows {
             let outcome = match &written {
@@ -515,7 +505,6 @@ impl Store {
                     let job = Journaled {
                         row: waiting.row,
                         number: waiting.number,
-                        applied: self.inner.applied.clone(),
                         reply: waiting.reply,
                     };
                     // Woken only when behind: otherwise the writer gathers until
@@ -548,10 +537,7 @@ impl Store {
         R: Send + 'static,
         F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
     {
-        let behind = self
-            .with_unapplied(|unapplied| unapplied.last)
-            .is_some_and(|last| last > self.inner.applied.load(Ordering::Acquire));
-        if behind {
+        if self.inner.backlog.behind() > 0 {
             // Queued behind them, this empty write commits after they do.
             self.write_unguarded(|_| Ok(())).await?;
         }
@@ -560,18 +546,12 @@ impl Store {
 
     /// Whether `id` is a message the journal acknowledged and the database does not hold yet.
     fn is_unapplied(&self, id: &str) -> bool {
-        let applied = self.inner.applied.load(Ordering::Acquire);
-        self.with_unapplied(|unapplied| {
-            unapplied.prune(applied);
-            unapplied.by_id.contains_key(id)
-        })
-        .unwrap_or(false)
-    }
-
-    /// `f` on the journal's unapplied messages; `None` without a journal.
-    fn with_unapplied<R>(&self, f: impl FnOnce(&mut Unapplied) -> R) -> Option<R> {
+        let applied = self.inner.backlog.applied.load(Ordering::Acquire);
         let mut tail = self.lock_journal();
-        tail.as_mut().map(|tail| f(&mut tail.unapplied))
+        tail.as_mut().is_some_and(|state| {
+            state.unapplied.prune(applied);
+            state.unapplied.by_id.contains_key(id)
+        })
     }
 
     /// Runs `f` on a read-only connection. Stored messages are read with `read_messages`.
@@ -853,8 +833,6 @@ struct Unapplied {
     by_id: foldhash::HashMap<Arc<str>, u64>,
     /// Records, oldest first.
     order: VecDeque<(u64, Arc<str>)>,
-    /// The last record's number.
-    last: u64,
 }
 
 impl Unapplied {
@@ -862,7 +840,6 @@ impl Unapplied {
         let id: Arc<str> = id.into();
         self.by_id.insert(id.clone(), number);
         self.order.push_back((number, id));
-        self.last = number;
     }
 
     /// Forgets the records the database holds, all up to `applied`.
@@ -882,8 +859,6 @@ struct Journaled {
     row: messages::Row,
     /// Its record's number.
     number: u64,
-    /// The store's `applied`, moved on once this is committed.
-    applied: Arc<AtomicU64>,
     /// For a caller that waits until the database holds it (`Store::journal`).
     reply: Option<oneshot::Sender<Result<(), StoreError>>>,
 }
@@ -912,11 +887,11 @@ impl Job for Journaled {
     }
 
     fn finish(self: Box<Self>, committed: Result<(), &rusqlite::Error>) {
-        if committed.is_ok() {
-            self.applied.fetch_max(self.number, Ordering::Release);
-            if let Some(reply) = self.reply {
-                let _ = reply.send(Ok(()));
-            }
+        // `write_loop` moved `applied` on past it.
+        if committed.is_ok()
+            && let Some(reply) = self.reply
+        {
+            let _ = reply.send(Ok(()));
         }
     }
 }
@@ -990,19 +965,33 @@ where
     }
 }
 
-/// How far the writer is behind the journal.
+/// How far the writer is behind the journal: the numbers of the last journal record the
+/// database holds (`applied`, moved on by the writer) and of the last one written
+/// (`journaled`, by `Store::write_round`). Without a journal both stay 0.
+#[derive(Clone, Default)]
 struct Backlog {
     applied: Arc<AtomicU64>,
     journaled: Arc<AtomicU64>,
 }
 
 impl Backlog {
+    /// The database holds every record up to `last`, the last one written.
+    fn start_after(&self, last: u64) {
+        self.applied.store(last, Ordering::Release);
+        self.journaled.store(last, Ordering::Release);
+    }
+
+    /// Journaled messages the database lacks.
+    fn behind(&self) -> u64 {
+        let journaled = self.journaled.load(Ordering::Acquire);
+        journaled.saturating_sub(self.applied.load(Ordering::Acquire))
+    }
+
     /// Whether the writer keeps up: then it gives way to other threads as it goes
     /// (`YIELD_EVERY`); behind, it does not, or it would fall further behind until senders
     /// wait for it (flat out, yielding always made the p99.9 70 ms).
     fn keeping_up(&self) -> bool {
-        let journaled = self.journaled.load(Ordering::Acquire);
-        journaled.saturating_sub(self.applied.load(Ordering::Acquire)) < KEEPING_UP as u64
+        self.behind() < KEEPING_UP as u64
     }
 }
 
@@ -1035,14 +1024,18 @@ fn write_loop(
                     job.finish(Err(e));
                 }
                 batch = journaled;
-                retry(&conn, &mut batch);
-                outcome = Ok(());
+                outcome = Ok(retry(&conn, &mut batch));
             }
         }
-        if outcome.is_ok()
-            && let Some(committed) = &mut committed
-        {
-            committed.notify(batch.len());
+        if let Ok(applied) = &outcome {
+            // Moved on before anyone hears of the commit, so that their reads wait for
+            // nothing it holds.
+            if let Some(last) = applied {
+                backlog.applied.fetch_max(*last, Ordering::Release);
+            }
+            if let Some(committed) = &mut committed {
+                committed.notify(batch.len());
+            }
         }
         for job in batch.drain(..) {
             job.finish(outcome.as_ref().map(|_| ()));
@@ -1083,12 +1076,12 @@ fn gather(jobs: &mpsc::Receiver<Box<dyn Job>>, batch: &mut Vec<Box<dyn Job>>, de
 /// Runs a batch of acknowledged messages until it commits: a failure here is the disk's
 /// or the database's (full, unwritable), and waiting is all the writer can do. Meanwhile
 /// the journal keeps them, and later writes and reads wait behind them.
-fn retry(conn: &Connection, batch: &mut [Box<dyn Job>]) {
+fn retry(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Option<u64> {
     let mut wait = std::time::Duration::from_millis(100);
     loop {
         std::thread::sleep(wait);
         match run_batch(conn, batch, None) {
-            Ok(()) => return,
+            Ok(applied) => return applied,
             Err(e) => {
                 tracing::error!(error = %e, "store: acknowledged messages still cannot be put in the database; retrying")
             }
@@ -1097,16 +1090,17 @@ fn retry(conn: &Connection, batch: &mut [Box<dyn Job>]) {
     }
 }
 
-/// Runs a batch in one transaction; on any error nothing of it is committed.
+/// Runs a batch in one transaction; on any error nothing of it is committed. Returns the
+/// number of the last journal record it put in, if it held any.
 fn run_batch(
     conn: &Connection,
     jobs: &mut [Box<dyn Job>],
     yield_every: Option<usize>,
-) -> Result<(), rusqlite::Error> {
+) -> Result<Option<u64>, rusqlite::Error> {
     // The batch's statements (its own and its writes') are let go before a rollback.
+    let applied = jobs.iter().filter_map(|job| job.journaled_up_to()).max();
     let outcome = {
         let mut batch = Batch::new(conn);
-        let applied = jobs.iter().filter_map(|job| job.journaled_up_to()).max();
         batch
             .exec("BEGIN IMMEDIATE")
             .and_then(|()| run_jobs(&mut batch, jobs, yield_every))
@@ -1122,7 +1116,7 @@ fn run_batch(
     if outcome.is_err() && !conn.is_autocommit() {
         let _ = conn.execute_batch("ROLLBACK");
     }
-    outcome
+    outcome.map(|()| applied)
 }
 
 fn run_jobs(
