@@ -26,6 +26,9 @@ use tokio_tungstenite::tungstenite::protocol::frame::Frame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
+mod coalesced;
+use coalesced::Coalesced;
+
 pub use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 pub use tokio_tungstenite::tungstenite::{Error, Message, Utf8Bytes};
 
@@ -34,7 +37,8 @@ pub const FRAGMENT_BYTES: usize = 2 * 1024;
 
 /// Buffers sized for many mostly idle connections: tungstenite's defaults reserve 128 KiB
 /// to read into per connection, up front. Frames larger than the read buffer are still
-/// read whole, in more steps.
+/// read whole, in more steps. What tungstenite writes out of its buffer is gathered again
+/// until a flush (`Coalesced`), in a buffer that is let go once written.
 const READ_BUFFER_BYTES: usize = 2 * 1024;
 const WRITE_BUFFER_BYTES: usize = FRAGMENT_BYTES;
 
@@ -143,7 +147,7 @@ impl Upgrade {
                 return;
             };
             let stream = WebSocketStream::from_raw_socket(
-                TokioIo::new(upgraded),
+                Coalesced::new(TokioIo::new(upgraded)),
                 Role::Server,
                 Some(config),
             )
@@ -165,7 +169,7 @@ impl Upgrade {
 
 /// One upgraded connection.
 pub struct Socket {
-    stream: WebSocketStream<TokioIo<Upgraded>>,
+    stream: WebSocketStream<Coalesced<TokioIo<Upgraded>>>,
 }
 
 impl Socket {
