@@ -51,8 +51,11 @@ const GATHER: std::time::Duration = std::time::Duration::from_millis(10);
 /// Most acknowledged messages put in the database in one transaction.
 const MAX_GATHERED: usize = 4096;
 /// Most acknowledged messages the database may lack before new ones wait for it
-/// (`Store::journal`).
-const MAX_UNAPPLIED: usize = 16_384;
+/// (`Store::journal`). Flat out the writer falls behind for a moment now and then (a
+/// checkpoint's fsync, its own backstop): at 16,384, about 0.15 s of relaying, senders
+/// waited for it often enough to make the p99.9 60–75 ms; at 65,536, 10–14 ms, for about
+/// 30 MiB more at the peak (BENCHMARKS.md, *Ninth pass*).
+const MAX_UNAPPLIED: usize = 65_536;
 /// Writes the writer runs between two `sched_yield`s while it keeps up. A waking thread
 /// does not preempt one that has not run its slice (1.5 ms on two cores), nice 10 or not:
 /// a batch of hundreds of messages would hold a core that deliveries wait for.
