@@ -27,13 +27,13 @@ mod messages;
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use rusqlite::Connection;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 
 use crate::telemetry;
 
@@ -53,8 +53,9 @@ const MAX_GATHERED: usize = 4096;
 /// Most acknowledged messages the database may lack before new ones wait for it
 /// (`Store::journal`). Flat out the writer falls behind for a moment now and then (a
 /// checkpoint's fsync, its own backstop): at 16,384, about 0.15 s of relaying, senders
-/// waited for it often enough to make the p99.9 60–75 ms; at 65,536, 10–14 ms, for about
-/// 30 MiB more at the peak (BENCHMARKS.md, *Ninth pass*).
+/// waited for it often enough to make the p99.9 60–75 ms; at 65,536 (and waiting only
+/// until the backlog is back within it), 11–13 ms, for about 30 MiB more at the peak
+/// (BENCHMARKS.md, *Ninth pass*).
 const MAX_UNAPPLIED: usize = 65_536;
 /// Writes the writer runs between two `sched_yield`s while it keeps up. A waking thread
 /// does not preempt one that has not run its slice (1.5 ms on two cores), nice 10 or not:
@@ -340,13 +341,14 @@ impl Store {
             return Either::Left(self.write_unguarded_in_batch(move |batch| row.insert(batch)));
         }
         let Journaling { written, applied } = self.journal(tail, row);
+        let backlog = self.inner.backlog.clone();
         Either::Right(async move {
             match written {
                 Written::Now(outcome) => outcome?,
                 Written::Later(written) => written.await.map_err(|_| StoreError::Closed)??,
             }
             match applied {
-                Some(applied) => applied.await.map_err(|_| StoreError::Closed)?,
+                Some(target) => backlog.reached(target).await,
                 None => Ok(()),
             }
         })
@@ -360,8 +362,10 @@ impl Store {
     /// A caller waiting for a write blocks no thread: with the lock held over each `write`,
     /// runtime threads queued on it behind one the scheduler or the filesystem held up
     /// (p99.9 flat out 70–99 ms).
-    /// While the writer is `MAX_UNAPPLIED` messages behind, the caller also waits for the
-    /// database, so that the backlog stays bounded.
+    /// While the writer is `MAX_UNAPPLIED` messages behind, the caller also waits until it
+    /// is back within that (not until the database holds this very message: under a load
+    /// the writer cannot keep up with, every message then waited for the whole backlog),
+    /// so that the backlog stays bounded.
     fn journal<'s>(
         &'s self,
         mut tail: std::sync::MutexGuard<'s, Option<JournalTail>>,
@@ -377,12 +381,10 @@ impl Store {
         state.unapplied.prune(applied);
         journal::remove_segments(state.journal.take_applied(applied));
         let number = state.journal.record(|buf| row.encode(buf));
-        let (reply, applied) = if number.saturating_sub(applied) > MAX_UNAPPLIED as u64 {
-            let (reply, applied) = oneshot::channel();
-            (Some(reply), Some(applied))
-        } else {
-            (None, None)
-        };
+        let applied = number
+            .checked_sub(MAX_UNAPPLIED as u64)
+            .filter(|&t| t > applied);
+        let hurry = applied.is_some();
         // The caller that finds no round in flight has one written: on a runtime by a task
         // of its own, which the runtime runs on this thread right after the current task
         // (its LIFO slot). By then this connection has read the other frames its socket
@@ -399,7 +401,7 @@ impl Store {
                     row,
                     number,
                     done: None,
-                    reply,
+                    hurry,
                 });
                 return Journaling {
                     written: Written::Now(self.write_rounds(tail)),
@@ -412,7 +414,7 @@ impl Store {
             row,
             number,
             done: Some(done),
-            reply,
+            hurry,
         });
         drop(tail);
         if let Some(runtime) = runtime {
@@ -504,11 +506,11 @@ impl Store {
             let outcome = match &written {
                 Ok(()) => {
                     state.unapplied.add(&waiting.row.id, waiting.number);
-                    let wake = waiting.reply.is_some();
+                    let wake = waiting.hurry;
                     let job = Journaled {
                         row: waiting.row,
                         number: waiting.number,
-                        reply: waiting.reply,
+                        hurry: waiting.hurry,
                     };
                     // Woken only when behind: otherwise the writer gathers until
                     // `GATHER` is up.
@@ -795,8 +797,8 @@ struct Waiting {
     number: u64,
     /// Answered once the record is written; `None` for the caller writing.
     done: Option<oneshot::Sender<Result<(), StoreError>>>,
-    /// For a caller that also waits for the database (`Journaled::reply`).
-    reply: Option<oneshot::Sender<Result<(), StoreError>>>,
+    /// Whether its caller also waits for the database (`Journaled::hurry`).
+    hurry: bool,
 }
 
 impl Waiting {
@@ -819,8 +821,9 @@ impl Waiting {
 /// A journaled row's acknowledgements.
 struct Journaling {
     written: Written,
-    /// When the writer is far behind: once the database holds it.
-    applied: Option<oneshot::Receiver<Result<(), StoreError>>>,
+    /// When the writer is far behind: the record the database must hold before the caller
+    /// goes on (`Backlog::reached`).
+    applied: Option<u64>,
 }
 
 enum Written {
@@ -862,8 +865,9 @@ struct Journaled {
     row: messages::Row,
     /// Its record's number.
     number: u64,
-    /// For a caller that waits until the database holds it (`Store::journal`).
-    reply: Option<oneshot::Sender<Result<(), StoreError>>>,
+    /// Whether a caller waits for the database (`Store::journal`): then the writer
+    /// commits it without gathering more.
+    hurry: bool,
 }
 
 impl Job for Journaled {
@@ -882,20 +886,16 @@ impl Job for Journaled {
     }
 
     fn gathers(&self) -> bool {
-        self.reply.is_none()
+        !self.hurry
     }
 
     fn journaled_up_to(&self) -> Option<u64> {
         Some(self.number)
     }
 
-    fn finish(self: Box<Self>, committed: Result<(), &rusqlite::Error>) {
-        // `write_loop` moved `applied` on past it.
-        if committed.is_ok()
-            && let Some(reply) = self.reply
-        {
-            let _ = reply.send(Ok(()));
-        }
+    fn finish(self: Box<Self>, _committed: Result<(), &rusqlite::Error>) {
+        // Its caller heard once it was journaled; those waiting for the database, from
+        // `write_loop` moving `Backlog::applied` on.
     }
 }
 
@@ -975,6 +975,9 @@ where
 struct Backlog {
     applied: Arc<AtomicU64>,
     journaled: Arc<AtomicU64>,
+    /// Told each time `applied` moves on, and when the writer stops.
+    moved: Arc<Notify>,
+    stopped: Arc<AtomicBool>,
 }
 
 impl Backlog {
@@ -988,6 +991,35 @@ impl Backlog {
     fn behind(&self) -> u64 {
         let journaled = self.journaled.load(Ordering::Acquire);
         journaled.saturating_sub(self.applied.load(Ordering::Acquire))
+    }
+
+    /// Moves `applied` on to `last` (the writer, after a commit).
+    fn applied_through(&self, last: u64) {
+        self.applied.fetch_max(last, Ordering::Release);
+        self.moved.notify_waiters();
+    }
+
+    /// The writer has stopped: no one waits for it any longer.
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.moved.notify_waiters();
+    }
+
+    /// Once the database holds record `target`; `Closed` if the writer stops first.
+    async fn reached(&self, target: u64) -> Result<(), StoreError> {
+        loop {
+            // Listening before looking, so that a move in between is not missed.
+            let moved = self.moved.notified();
+            let mut moved = std::pin::pin!(moved);
+            moved.as_mut().enable();
+            if self.applied.load(Ordering::Acquire) >= target {
+                return Ok(());
+            }
+            if self.stopped.load(Ordering::Acquire) {
+                return Err(StoreError::Closed);
+            }
+            moved.await;
+        }
     }
 
     /// Whether the writer keeps up: then it gives way to other threads as it goes
@@ -1005,6 +1037,14 @@ fn write_loop(
     backlog: &Backlog,
 ) {
     lower_priority();
+    // However the loop ends, those waiting for the database hear that it will not move.
+    struct StopOnExit<'a>(&'a Backlog);
+    impl Drop for StopOnExit<'_> {
+        fn drop(&mut self) {
+            self.0.stop();
+        }
+    }
+    let _stop = StopOnExit(backlog);
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
     let mut last_commit = Instant::now();
     while let Ok(first) = jobs.recv() {
@@ -1034,7 +1074,7 @@ fn write_loop(
             // Moved on before anyone hears of the commit, so that their reads wait for
             // nothing it holds.
             if let Some(last) = applied {
-                backlog.applied.fetch_max(*last, Ordering::Release);
+                backlog.applied_through(*last);
             }
             if let Some(committed) = &mut committed {
                 committed.notify(batch.len());
@@ -1314,6 +1354,26 @@ mod tests {
         store.close().await;
     }
 
+    /// A sender over the limit waits only until the database is back within it, not for
+    /// its own message; and hears `Closed` if the writer stops first.
+    #[tokio::test]
+    async fn a_sender_over_the_limit_waits_for_the_backlog_to_shrink() {
+        let backlog = Backlog::default();
+        backlog.start_after(10);
+        use futures_util::FutureExt;
+        let mut reached = Box::pin(backlog.reached(12));
+        assert!((&mut reached).now_or_never().is_none());
+        backlog.applied_through(11);
+        assert!((&mut reached).now_or_never().is_none(), "11 is not yet 12");
+        backlog.applied_through(12);
+        assert!(reached.await.is_ok());
+
+        let mut stranded = Box::pin(backlog.reached(20));
+        assert!((&mut stranded).now_or_never().is_none());
+        backlog.stop();
+        assert!(matches!(stranded.await, Err(StoreError::Closed)));
+    }
+
     #[tokio::test]
     async fn a_failing_write_does_not_undo_its_batch_neighbours() {
         let store = store_with_table().await;
@@ -1383,10 +1443,8 @@ mod tests {
 
     #[test]
     fn the_writer_keeps_up_while_its_backlog_is_short() {
-        let backlog = Backlog {
-            applied: Arc::new(AtomicU64::new(100)),
-            journaled: Arc::new(AtomicU64::new(100)),
-        };
+        let backlog = Backlog::default();
+        backlog.start_after(100);
         assert!(backlog.keeping_up());
         backlog
             .journaled
