@@ -24,13 +24,16 @@ use rusqlite::Connection;
 
 use super::StoreError;
 
-/// Committed writes (messages, mostly) that make a checkpoint due. Under load `INTERVAL`
-/// is what paces them; 128 rather than 256 lets it from 26k msg/s instead of 51k, and the
-/// p99 at 34k/s fell 3.5–4.1 → 2.8–3.5 ms (three interleaved pairs of runs; flat out the
-/// same). 1,024 cost 4 % less CPU but made it 13 ms.
-const WRITES_PER_CHECKPOINT: usize = 128;
-/// Least time between two checkpoints.
-const INTERVAL: Duration = Duration::from_millis(5);
+/// Committed writes (messages, mostly) that make a checkpoint due, and the least time
+/// between two. While deliveries waited for the writer's commits, frequent checkpoints
+/// kept its backstop stalls short (128 writes and 5 ms: p99 at 34k/s 3.5–4.1 → 2.8–3.5 ms
+/// against 256; 1,024 made it 13 ms). Since the journal acknowledges messages, nothing
+/// waits for those stalls, and fewer checkpoints mean fewer fsyncs (each checkpoint syncs
+/// the log and the database: 265 a second at 50k msg/s) competing for the two cores: at
+/// 50k msg/s, p99 3.8–7.2 → 2.5–4.1 ms over five interleaved pairs against 128 and 5 ms,
+/// flat out the same (BENCHMARKS.md, *Ninth pass*).
+const WRITES_PER_CHECKPOINT: usize = 1024;
+const INTERVAL: Duration = Duration::from_millis(25);
 /// The writer's own automatic checkpoint: at 64 MiB of log. Under steady load every
 /// backstop stalls the writer for three fsyncs (the log, the database, the restarted log's
 /// header), 2–9 ms on the benchmark VM; at 16 MiB that came about every 150 ms at 34k msg/s
