@@ -472,62 +472,86 @@ impl Store {
         state.in_flight = true;
         drop(tail);
         let written = round.write();
+        // What the writer gets and the callers hear is made ready before the lock is taken
+        // again, and the callers are answered after it is let go (waking a task on another
+        // thread can take a syscall): the lock is held only to hand the jobs on in record
+        // order. Contended, it put runtime threads to sleep on its futex.
+        let mut answers = Vec::with_capacity(rows.len());
+        let mut jobs = Vec::with_capacity(if written.is_ok() { rows.len() } else { 0 });
+        for waiting in rows {
+            answers.push(waiting.done);
+            if written.is_ok() {
+                let id: Arc<str> = waiting.row.id.as_str().into();
+                let job = Box::new(Journaled {
+                    row: waiting.row,
+                    number: waiting.number,
+                    hurry: waiting.hurry,
+                });
+                jobs.push((id, job));
+            }
+        }
         let mut tail = self.lock_journal();
         let Some(state) = tail.as_mut() else {
+            drop(tail);
             // Closed meanwhile. Written, the records are durable and go into the
             // database at the next start; else they are cut off, and their senders told.
             let written = written.is_ok();
             if !written {
                 round.cut();
             }
-            for waiting in rows {
+            for done in answers {
                 let outcome = if written {
                     Ok(())
                 } else {
                     Err(StoreError::Closed)
                 };
-                Waiting::answer(waiting.done, outcome, own);
+                Waiting::answer(done, outcome, own);
             }
             return false;
         };
         state.in_flight = false;
-        let path = state.journal.path().to_owned();
         let written = state.journal.end_round(round, written);
-        if let Err(e) = &written {
+        let submitted = match &written {
+            Ok(()) => {
+                if let Some((_, last)) = jobs.last() {
+                    self.inner
+                        .backlog
+                        .journaled
+                        .store(last.number, Ordering::Release);
+                }
+                // Woken only when a caller waits for it: otherwise the writer gathers
+                // until `GATHER` is up.
+                let wake = jobs.iter().any(|(_, job)| job.hurry);
+                let unapplied = &mut state.unapplied;
+                let jobs = jobs.into_iter().map(|(id, job)| {
+                    unapplied.add(id, job.number);
+                    job as Box<dyn Job>
+                });
+                self.submit_all(jobs, wake)
+            }
+            Err(_) => Ok(()),
+        };
+        let failed = written.err().map(|e| (state.journal.path().to_owned(), e));
+        let more = !state.waiting.is_empty();
+        if !more {
+            state.writing = false;
+        }
+        drop(tail);
+        if let Some((_, e)) = &failed {
             tracing::error!(error = %e, "store: cannot write the journal");
         }
-        if let (Ok(()), Some(last)) = (&written, rows.last()) {
-            self.inner
-                .backlog
-                .journaled
-                .store(last.number, Ordering::Release);
-        }
-        for waiting in rows {
-            let outcome = match &written {
-                Ok(()) => {
-                    state.unapplied.add(&waiting.row.id, waiting.number);
-                    let wake = waiting.hurry;
-                    let job = Journaled {
-                        row: waiting.row,
-                        number: waiting.number,
-                        hurry: waiting.hurry,
-                    };
-                    // Woken only when behind: otherwise the writer gathers until
-                    // `GATHER` is up.
-                    self.submit(Box::new(job), wake)
-                }
-                Err(e) => Err(StoreError::Journal {
+        for done in answers {
+            let outcome = match (&failed, &submitted) {
+                (Some((path, e)), _) => Err(StoreError::Journal {
                     path: path.clone(),
                     source: std::io::Error::new(e.kind(), e.to_string()),
                 }),
+                (None, Err(_)) => Err(StoreError::Closed),
+                (None, Ok(())) => Ok(()),
             };
-            Waiting::answer(waiting.done, outcome, own);
+            Waiting::answer(done, outcome, own);
         }
-        if state.waiting.is_empty() {
-            state.writing = false;
-            return false;
-        }
-        true
+        more
     }
 
     fn lock_journal(&self) -> std::sync::MutexGuard<'_, Option<JournalTail>> {
@@ -579,12 +603,20 @@ impl Store {
 
     /// Queues `job` for the writer; `wake` ends the writer's wait for more messages.
     fn submit(&self, job: Box<dyn Job>, wake: bool) -> Result<(), StoreError> {
+        self.submit_all(std::iter::once(job), wake)
+    }
+
+    /// `submit` for several jobs, in order, under one lock.
+    fn submit_all(
+        &self,
+        jobs: impl IntoIterator<Item = Box<dyn Job>>,
+        wake: bool,
+    ) -> Result<(), StoreError> {
         let writer = self.inner.writer.lock().unwrap_or_else(|e| e.into_inner());
-        writer
-            .as_ref()
-            .ok_or(StoreError::Closed)?
-            .send(job)
-            .map_err(|_| StoreError::Closed)?;
+        let writer = writer.as_ref().ok_or(StoreError::Closed)?;
+        for job in jobs {
+            writer.send(job).map_err(|_| StoreError::Closed)?;
+        }
         if wake {
             self.inner.writer_wake.unpark();
         }
@@ -842,8 +874,7 @@ struct Unapplied {
 }
 
 impl Unapplied {
-    fn add(&mut self, id: &str, number: u64) {
-        let id: Arc<str> = id.into();
+    fn add(&mut self, id: Arc<str>, number: u64) {
         self.by_id.insert(id.clone(), number);
         self.order.push_back((number, id));
     }
