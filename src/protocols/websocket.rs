@@ -178,8 +178,9 @@ impl Socket {
         self.stream.next().await
     }
 
-    /// Queues `message` to be sent, writing out what the buffer cannot hold. Texts longer
-    /// than [`FRAGMENT_BYTES`] are queued as fragments.
+    /// Queues `message` to be sent; it reaches the socket at the next `flush` (or once
+    /// 16 KiB are queued, `Coalesced`). Texts longer than [`FRAGMENT_BYTES`] are queued as
+    /// fragments.
     pub async fn feed(&mut self, message: Message) -> Result<(), Error> {
         match message {
             Message::Text(text) if text.len() > FRAGMENT_BYTES => {
@@ -210,6 +211,9 @@ impl Socket {
             reason: reason.into(),
         };
         let _ = self.send(Message::Close(Some(frame))).await;
+        // After the client's own close, tungstenite writes the frame out of its buffer but
+        // no longer flushes: what it wrote is gathered below it, and would be dropped.
+        let _ = tokio::io::AsyncWriteExt::flush(self.stream.get_mut()).await;
     }
 }
 

@@ -961,6 +961,35 @@ mod tests {
         store.close().await;
     }
 
+    /// While a round is being written (by `close`, beside the round's task), no second
+    /// round starts: two at once would append side by side and could hand their rows to
+    /// the writer out of order.
+    #[tokio::test]
+    async fn no_round_starts_while_another_is_being_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
+        let rounds = || store.lock_journal().as_ref().unwrap().journal.rounds;
+        let before = rounds();
+        store.lock_journal().as_mut().unwrap().in_flight = true;
+        let written = tokio::spawn({
+            let store = store.clone();
+            let env = chat("a", 1, &["b"]);
+            async move { store.insert_message(&env).await }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            rounds(),
+            before,
+            "the task left the row for the round in flight"
+        );
+        // That round over, the row is written when the store closes.
+        store.lock_journal().as_mut().unwrap().in_flight = false;
+        store.close().await;
+        written.await.unwrap().unwrap();
+    }
+
     /// A bridge killed after its journal acknowledged messages and before they reached the
     /// database: at the next start they are put in, those the database already holds are
     /// not put in again, and the journal starts anew after them.

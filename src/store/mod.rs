@@ -463,6 +463,12 @@ impl Store {
         let Some(state) = tail.as_mut() else {
             return false;
         };
+        if state.in_flight {
+            // `close` is writing a round beside the task: a second round at once would
+            // append concurrently and could hand its rows to the writer first. What came
+            // meanwhile is refused when the journal closes, as `close` says.
+            return false;
+        }
         if state.waiting.is_empty() {
             state.writing = false;
             return false;
@@ -896,8 +902,8 @@ struct Journaled {
     row: messages::Row,
     /// Its record's number.
     number: u64,
-    /// Whether a caller waits for the database (`Store::journal`): then the writer
-    /// commits it without gathering more.
+    /// Whether a caller waits for the database (`Store::journal`): then the writer is
+    /// woken for it rather than left to gather until `GATHER` is up.
     hurry: bool,
 }
 
@@ -917,7 +923,10 @@ impl Job for Journaled {
     }
 
     fn gathers(&self) -> bool {
-        !self.hurry
+        // Even when its caller waits: it waits for an older record, far ahead of this one
+        // in the writer's queue, and a writer that far behind catches up sooner in large
+        // commits.
+        true
     }
 
     fn journaled_up_to(&self) -> Option<u64> {

@@ -15,7 +15,8 @@ use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Most bytes gathered before they are written out without waiting for a flush.
+/// Bytes gathered before they are written out without waiting for a flush. (A single
+/// write of this size or more, when nothing is gathered, goes straight to the socket.)
 pub const GATHER_BYTES: usize = 16 * 1024;
 
 /// `inner` with its writes gathered until a flush; reads pass through.
@@ -61,6 +62,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesced<S> {
         let this = self.get_mut();
         if this.gathered.len() >= GATHER_BYTES {
             ready!(this.poll_write_out(cx))?;
+        }
+        if this.gathered.is_empty() && buf.len() >= GATHER_BYTES {
+            // Nothing to gather it with: not copied (say, a large binary message whole).
+            return Pin::new(&mut this.inner).poll_write(cx, buf);
         }
         if this.gathered.is_empty() {
             // One allocation for the burst, not one per doubling.
@@ -132,6 +137,18 @@ mod tests {
         let mut received = vec![0u8; gathered];
         far.read_exact(&mut received).await.unwrap();
         assert!(received.iter().all(|&b| b == 7));
+    }
+
+    #[tokio::test]
+    async fn a_large_write_with_nothing_gathered_goes_straight_through() {
+        let (near, mut far) = tokio::io::duplex(4 * GATHER_BYTES);
+        let mut near = Coalesced::new(near);
+        let large = vec![9u8; GATHER_BYTES + 1];
+        near.write_all(&large).await.unwrap();
+        assert_eq!(near.gathered.capacity(), 0, "not copied into a buffer");
+        let mut received = vec![0u8; large.len()];
+        far.read_exact(&mut received).await.unwrap();
+        assert_eq!(received, large);
     }
 
     #[tokio::test]
