@@ -874,6 +874,11 @@ mod tests {
         assert_eq!(applied, 1600);
     }
 
+    /// Rounds the store's journal has taken so far.
+    fn journal_rounds(store: &Store) -> u64 {
+        store.lock_journal().as_ref().unwrap().journal.rounds
+    }
+
     /// What a task queues before it yields (a connection reading the frames its socket had
     /// ready) is written in one round, by a task of the journal's own, which also takes
     /// what comes while it writes.
@@ -881,7 +886,7 @@ mod tests {
     async fn messages_queued_in_one_turn_share_one_write() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
-        let rounds = || store.lock_journal().as_ref().unwrap().journal.rounds;
+        let rounds = || journal_rounds(&store);
         let before = rounds();
         let envelopes: Vec<_> = (0..10).map(|i| chat("a", i, &["b"])).collect();
         let queued: Vec<_> = envelopes
@@ -968,7 +973,7 @@ mod tests {
     async fn no_round_starts_while_another_is_being_written() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
-        let rounds = || store.lock_journal().as_ref().unwrap().journal.rounds;
+        let rounds = || journal_rounds(&store);
         let before = rounds();
         store.lock_journal().as_mut().unwrap().in_flight = true;
         let written = tokio::spawn({
