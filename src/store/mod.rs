@@ -340,14 +340,14 @@ impl Store {
             drop(tail);
             return Either::Left(self.write_unguarded_in_batch(move |batch| row.insert(batch)));
         }
-        let Journaling { written, applied } = self.journal(tail, row);
+        let Journaling { written, wait_for } = self.journal(tail, row);
         let backlog = self.inner.backlog.clone();
         Either::Right(async move {
             match written {
                 Written::Now(outcome) => outcome?,
                 Written::Later(written) => written.await.map_err(|_| StoreError::Closed)??,
             }
-            match applied {
+            match wait_for {
                 Some(target) => backlog.reached(target).await,
                 None => Ok(()),
             }
@@ -374,17 +374,18 @@ impl Store {
         let Some(state) = tail.as_mut() else {
             return Journaling {
                 written: Written::Now(Err(StoreError::Closed)),
-                applied: None,
+                wait_for: None,
             };
         };
         let applied = self.inner.backlog.applied.load(Ordering::Acquire);
         state.unapplied.prune(applied);
         journal::remove_segments(state.journal.take_applied(applied));
         let number = state.journal.record(|buf| row.encode(buf));
-        let applied = number
+        // Over the limit, the record whose being applied brings the backlog back within it.
+        let wait_for = number
             .checked_sub(MAX_UNAPPLIED as u64)
-            .filter(|&t| t > applied);
-        let hurry = applied.is_some();
+            .filter(|&target| target > applied);
+        let hurry = wait_for.is_some();
         // The caller that finds no round in flight has one written: on a runtime by a task
         // of its own, which the runtime runs on this thread right after the current task
         // (its LIFO slot). By then this connection has read the other frames its socket
@@ -405,7 +406,7 @@ impl Store {
                 });
                 return Journaling {
                     written: Written::Now(self.write_rounds(tail)),
-                    applied,
+                    wait_for,
                 };
             }
         };
@@ -433,7 +434,7 @@ impl Store {
         }
         Journaling {
             written: Written::Later(written),
-            applied,
+            wait_for,
         }
     }
 
@@ -861,7 +862,7 @@ struct Journaling {
     written: Written,
     /// When the writer is far behind: the record the database must hold before the caller
     /// goes on (`Backlog::reached`).
-    applied: Option<u64>,
+    wait_for: Option<u64>,
 }
 
 enum Written {
