@@ -358,10 +358,12 @@ impl Core {
 /// `id` as a UUID, for protocols whose ids must be UUIDs: itself when it is one, else a
 /// stable UUIDv5 of it. `Core::original_id` maps a derived one back.
 pub fn uuid_form(id: &str) -> String {
-    match uuid::Uuid::parse_str(id) {
-        Ok(uuid) => uuid.hyphenated().to_string(),
-        Err(_) => derived_uuid("message", id).to_string(),
-    }
+    message_uuid(id).hyphenated().to_string()
+}
+
+/// `uuid_form` before it is written out.
+pub fn message_uuid(id: &str) -> uuid::Uuid {
+    uuid::Uuid::parse_str(id).unwrap_or_else(|_| derived_uuid("message", id))
 }
 
 #[cfg(test)]

@@ -44,7 +44,8 @@ pub(super) struct Journal {
     /// Records not written yet, and the first one's number.
     pending: Vec<u8>,
     pending_first: u64,
-    /// A cleared buffer kept for the next round.
+    /// A failed round's cleared buffer, kept for the next round. (A written round's buffer
+    /// goes on to the database's writer: `end_round`.)
     spare: Vec<u8>,
     /// Closed segments, oldest first, each with the number of its last record: removed
     /// once the database holds that record (`take_applied`).
@@ -99,7 +100,7 @@ impl Journal {
     pub(super) fn write(&mut self) -> io::Result<()> {
         let round = self.take_round();
         let written = round.write();
-        self.end_round(round, written)
+        self.end_round(round, written).map(drop)
     }
 
     /// The records added so far, to be written (`Round::write`) without the lock. A full
@@ -112,36 +113,48 @@ impl Journal {
         {
             self.rounds += 1;
         }
-        let spare = std::mem::take(&mut self.spare);
+        let next = match self.spare.capacity() {
+            // Sized like this round, so that the next one is not copied as it grows.
+            0 => Vec::with_capacity(self.pending.len().min(SHRINK_BYTES)),
+            _ => std::mem::take(&mut self.spare),
+        };
         Round {
             file: self.file.clone(),
             start: self.len,
-            bytes: std::mem::replace(&mut self.pending, spare),
+            bytes: std::mem::replace(&mut self.pending, next),
         }
     }
 
-    /// Takes a round's outcome back. On failure, what the round may have left in the file
+    /// Takes a round's outcome back: written, its records, for the database's writer
+    /// (`written_records` reads them). On failure, what the round may have left in the file
     /// is cut off, so that start-up does not put in messages whose senders heard they were
     /// not stored. (The file appends: the next round goes where the cut ends.)
-    pub(super) fn end_round(&mut self, round: Round, written: io::Result<()>) -> io::Result<()> {
-        match &written {
-            Ok(()) => self.len += round.bytes.len() as u64,
-            Err(_) => {
+    pub(super) fn end_round(
+        &mut self,
+        round: Round,
+        written: io::Result<()>,
+    ) -> io::Result<Vec<u8>> {
+        match written {
+            Ok(()) => {
+                self.len += round.bytes.len() as u64;
+                Ok(round.bytes)
+            }
+            Err(e) => {
                 if !round.cut() {
                     // What follows must not come after a torn record, which would end
                     // this segment for start-up: the next round starts a new one.
                     self.len = self.len.max(SEGMENT_BYTES);
                 }
+                let mut bytes = round.bytes;
+                bytes.clear();
+                if bytes.capacity() > SHRINK_BYTES {
+                    // One large message does not keep its buffer for good.
+                    bytes.shrink_to(SHRINK_BYTES);
+                }
+                self.spare = bytes;
+                Err(e)
             }
         }
-        let mut bytes = round.bytes;
-        bytes.clear();
-        if bytes.capacity() > SHRINK_BYTES {
-            // One large message does not keep its buffer for good.
-            bytes.shrink_to(SHRINK_BYTES);
-        }
-        self.spare = bytes;
-        written
     }
 
     /// Closes the current segment and starts the next, named after the first record not
@@ -270,13 +283,23 @@ pub(super) fn segments(dir: &Path) -> io::Result<Vec<PathBuf>> {
 
 /// Every whole record in the segment `bytes`, in order, as (number, payload).
 pub(super) fn records(bytes: &[u8]) -> impl Iterator<Item = (u64, &[u8])> {
+    read_records(bytes, true)
+}
+
+/// The records of a round this process wrote (`Journal::end_round`), as `records` reads
+/// them but without checking their CRCs again.
+pub(super) fn written_records(bytes: &[u8]) -> impl Iterator<Item = (u64, &[u8])> {
+    read_records(bytes, false)
+}
+
+fn read_records(bytes: &[u8], check: bool) -> impl Iterator<Item = (u64, &[u8])> {
     let mut rest = bytes;
     std::iter::from_fn(move || {
         let header = rest.get(..HEADER_BYTES)?;
         let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
         let checked = rest.get(8..HEADER_BYTES + len)?;
-        if crc32fast::hash(checked) != crc {
+        if check && crc32fast::hash(checked) != crc {
             return None;
         }
         let number = u64::from_le_bytes(checked[..8].try_into().expect("8 bytes"));
@@ -305,8 +328,38 @@ pub(super) mod fields {
         buf.extend_from_slice(&n.to_le_bytes());
     }
 
+    /// Puts the text `write` appends (it must append UTF-8), without a copy of it made
+    /// first to learn its length; on an error, nothing.
+    pub fn put_with<E>(
+        buf: &mut Vec<u8>,
+        write: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let start = buf.len();
+        buf.extend_from_slice(&[0; 4]);
+        if let Err(e) = write(buf) {
+            buf.truncate(start);
+            return Err(e);
+        }
+        let len =
+            u32::try_from(buf.len() - start - 4).expect("a stored text is far smaller than 4 GiB");
+        buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        Ok(())
+    }
+
+    /// Puts a number not known yet, to be set with `set_u64`; where it is.
+    pub fn put_u64_later(buf: &mut Vec<u8>) -> usize {
+        let at = buf.len();
+        put_u64(buf, 0);
+        at
+    }
+
+    pub fn set_u64(buf: &mut [u8], at: usize, n: u64) {
+        buf[at..at + 8].copy_from_slice(&n.to_le_bytes());
+    }
+
     /// Reads fields back in the order they were put; `None` once the payload is short or
     /// a text is not UTF-8.
+    #[derive(Clone, Copy)]
     pub struct Fields<'a>(pub &'a [u8]);
 
     impl<'a> Fields<'a> {
@@ -320,16 +373,27 @@ pub(super) mod fields {
             Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
         }
 
-        pub fn opt(&mut self) -> Option<Option<String>> {
+        pub fn opt(&mut self) -> Option<Option<&'a str>> {
+            match self.opt_bytes()? {
+                Some(bytes) => Some(Some(std::str::from_utf8(bytes).ok()?)),
+                None => Some(None),
+            }
+        }
+
+        /// A text's bytes, not checked for UTF-8.
+        pub fn opt_bytes(&mut self) -> Option<Option<&'a [u8]>> {
             let len = u32::from_le_bytes(self.take(4)?.try_into().ok()?);
             if len == u32::MAX {
                 return Some(None);
             }
-            let bytes = self.take(len as usize)?;
-            Some(Some(std::str::from_utf8(bytes).ok()?.to_owned()))
+            Some(Some(self.take(len as usize)?))
         }
 
-        pub fn str(&mut self) -> Option<String> {
+        pub fn bytes(&mut self) -> Option<&'a [u8]> {
+            self.opt_bytes()?
+        }
+
+        pub fn str(&mut self) -> Option<&'a str> {
             self.opt()?
         }
 
@@ -391,7 +455,7 @@ mod tests {
         let whole = std::fs::read(&path).unwrap();
         let texts = |bytes: &[u8]| -> Vec<String> {
             records(bytes)
-                .map(|(_, p)| fields::Fields(p).str().unwrap())
+                .map(|(_, p)| fields::Fields(p).str().unwrap().to_owned())
                 .collect()
         };
         assert_eq!(texts(&whole), ["one", "two", "three"]);
@@ -417,7 +481,7 @@ mod tests {
         journal.write().unwrap();
         let texts: Vec<String> = read_all(dir.path())
             .iter()
-            .map(|(_, p)| fields::Fields(p).str().unwrap())
+            .map(|(_, p)| fields::Fields(p).str().unwrap().to_owned())
             .collect();
         assert_eq!(texts, ["one", "two"]);
     }
@@ -429,7 +493,7 @@ mod tests {
         fields::put_opt(&mut buf, None);
         fields::put_u64(&mut buf, 42);
         let mut read = fields::Fields(&buf);
-        assert_eq!(read.str().as_deref(), Some("héllo"));
+        assert_eq!(read.str(), Some("héllo"));
         assert_eq!(read.opt(), Some(None));
         assert_eq!(read.u64(), Some(42));
         assert!(read.is_empty());

@@ -41,7 +41,7 @@ impl Columns {
 }
 
 /// The body to store for `env`.
-pub(super) fn encode(env: &Envelope) -> serde_json::Result<String> {
+pub(super) fn encode(env: &Envelope, body: &mut Vec<u8>) -> serde_json::Result<()> {
     // Every field is named, so that one added to `Envelope` does not build until it is
     // stored, in the body or in a column.
     let Envelope {
@@ -66,11 +66,11 @@ pub(super) fn encode(env: &Envelope) -> serde_json::Result<String> {
     } = env;
     // Sized for what it will hold, so the text is not copied again as the buffer grows
     // (three times for a short chat).
-    let capacity =
-        256 + text.as_ref().map_or(0, String::len) + origin.native_json().map_or(0, str::len);
-    let mut body = Vec::with_capacity(capacity);
+    body.reserve(
+        256 + text.as_ref().map_or(0, String::len) + origin.native_json().map_or(0, str::len),
+    );
     serde_json::to_writer(
-        &mut body,
+        body,
         &BodyOut {
             to,
             mentions,
@@ -87,8 +87,7 @@ pub(super) fn encode(env: &Envelope) -> serde_json::Result<String> {
                 native: origin.native_raw(),
             },
         },
-    )?;
-    String::from_utf8(body).map_err(serde::ser::Error::custom)
+    )
 }
 
 /// The envelope stored as `columns` and `body`.
@@ -248,10 +247,16 @@ mod tests {
         }
     }
 
+    fn encoded(env: &Envelope) -> String {
+        let mut body = Vec::new();
+        encode(env, &mut body).unwrap();
+        String::from_utf8(body).unwrap()
+    }
+
     #[test]
     fn every_field_comes_back_from_the_columns_and_the_body() {
         let env = full();
-        let body = encode(&env).unwrap();
+        let body = encoded(&env);
         let json: Value = serde_json::from_str(&body).unwrap();
         for column in [
             "id",
@@ -270,7 +275,7 @@ mod tests {
         assert_eq!(decode(columns(&env), &body).unwrap(), env);
 
         let plain = Envelope::new("test", "alice", Kind::Chat);
-        let body = encode(&plain).unwrap();
+        let body = encoded(&plain);
         assert_eq!(body, r#"{"kind":"chat","origin":{}}"#);
         assert_eq!(decode(columns(&plain), &body).unwrap(), plain);
     }

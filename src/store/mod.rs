@@ -44,7 +44,8 @@ pub const DB_FILE: &str = "agentbridge.db";
 /// The `data_dir` value that keeps everything in memory (tests).
 pub const IN_MEMORY: &str = ":memory:";
 
-/// Most writes committed together in one transaction.
+/// Most rows written together in one transaction (a round of journaled messages counts
+/// its rows).
 const MAX_BATCH: usize = 512;
 /// Longest the writer waits for more acknowledged messages before it commits (`gather`).
 const GATHER: std::time::Duration = std::time::Duration::from_millis(10);
@@ -57,7 +58,7 @@ const MAX_GATHERED: usize = 4096;
 /// until the backlog is back within it), 11–13 ms, for about 30 MiB more at the peak
 /// (BENCHMARKS.md, *Ninth pass*).
 const MAX_UNAPPLIED: usize = 65_536;
-/// Writes the writer runs between two `sched_yield`s while it keeps up. A waking thread
+/// Rows the writer writes between two `sched_yield`s while it keeps up. A waking thread
 /// does not preempt one that has not run its slice (1.5 ms on two cores), nice 10 or not:
 /// a batch of hundreds of messages would hold a core that deliveries wait for.
 const YIELD_EVERY: usize = 16;
@@ -328,19 +329,25 @@ impl Store {
         }
     }
 
-    /// Stores a message's row; the future resolves once it is durable: with a journal
-    /// once its record is written, else once its batch commits.
+    /// Stores the message `id` (its journal record, `messages::record`); the future
+    /// resolves once it is durable: with a journal once its record is written, else once
+    /// its batch commits.
     fn queue_message(
         &self,
-        row: messages::Row,
+        id: &str,
+        record: Vec<u8>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         use futures_util::future::Either;
         let tail = self.lock_journal();
         if tail.is_none() {
             drop(tail);
-            return Either::Left(self.write_unguarded_in_batch(move |batch| row.insert(batch)));
+            return Either::Left(self.write_unguarded_in_batch(move |batch| {
+                messages::Row::decode(&record)
+                    .ok_or_else(|| StoreError::Corrupt("a message's record does not read".into()))?
+                    .insert(batch)
+            }));
         }
-        let Journaling { written, wait_for } = self.journal(tail, row);
+        let Journaling { written, wait_for } = self.journal(tail, id.into(), record);
         let backlog = self.inner.backlog.clone();
         Either::Right(async move {
             match written {
@@ -354,7 +361,7 @@ impl Store {
         })
     }
 
-    /// Adds `row`'s record to the journal. When no one is writing the journal, a task of
+    /// Adds the message `id`'s record to the journal. When no one is writing the journal, a task of
     /// its own (outside a runtime, this caller) writes it with whatever others add
     /// meanwhile, outside the lock (`write_round`); otherwise the one writing takes it in
     /// its next round. The task runs once the calling task yields: blocking on the
@@ -369,7 +376,8 @@ impl Store {
     fn journal<'s>(
         &'s self,
         mut tail: std::sync::MutexGuard<'s, Option<JournalTail>>,
-        row: messages::Row,
+        id: Arc<str>,
+        record: Vec<u8>,
     ) -> Journaling {
         let Some(state) = tail.as_mut() else {
             return Journaling {
@@ -380,7 +388,7 @@ impl Store {
         let applied = self.inner.backlog.applied.load(Ordering::Acquire);
         state.unapplied.prune(applied);
         journal::remove_segments(state.journal.take_applied(applied));
-        let number = state.journal.record(|buf| row.encode(buf));
+        let number = state.journal.record(|buf| buf.extend_from_slice(&record));
         // Over the limit, the record whose being applied brings the backlog back within it.
         let wait_for = number
             .checked_sub(MAX_UNAPPLIED as u64)
@@ -399,7 +407,7 @@ impl Store {
             Some(Err(_)) => {
                 // Outside a runtime, this caller writes it.
                 state.waiting.push(Waiting {
-                    row,
+                    id,
                     number,
                     done: None,
                     hurry,
@@ -412,7 +420,7 @@ impl Store {
         };
         let (done, written) = oneshot::channel();
         state.waiting.push(Waiting {
-            row,
+            id,
             number,
             done: Some(done),
             hurry,
@@ -452,8 +460,8 @@ impl Store {
     }
 
     /// Writes the records waiting for a round, the lock let go during the `write`; hands
-    /// each written row to the writer, in record order, and answers the callers waiting
-    /// for it (the writing caller's own outcome goes to `own`). Returns whether more
+    /// the written round to the writer, after those before it, and answers the callers
+    /// waiting for it (the writing caller's own outcome goes to `own`). Returns whether more
     /// records came meanwhile: the caller then writes the next round, still `writing`.
     fn write_round(
         &self,
@@ -479,23 +487,15 @@ impl Store {
         state.in_flight = true;
         drop(tail);
         let written = round.write();
-        // What the writer gets and the callers hear is made ready before the lock is taken
-        // again, and the callers are answered after it is let go (waking a task on another
-        // thread can take a syscall): the lock is held only to hand the jobs on in record
+        // The callers are answered after the lock is let go (waking a task on another
+        // thread can take a syscall): it is held only to hand the round on in record
         // order. Contended, it put runtime threads to sleep on its futex.
+        let hurry = rows.iter().any(|waiting| waiting.hurry);
         let mut answers = Vec::with_capacity(rows.len());
-        let mut jobs = Vec::with_capacity(if written.is_ok() { rows.len() } else { 0 });
+        let mut ids = Vec::with_capacity(rows.len());
         for waiting in rows {
             answers.push(waiting.done);
-            if written.is_ok() {
-                let id: Arc<str> = waiting.row.id.as_str().into();
-                let job = Box::new(Journaled {
-                    row: waiting.row,
-                    number: waiting.number,
-                    hurry: waiting.hurry,
-                });
-                jobs.push((id, job));
-            }
+            ids.push((waiting.id, waiting.number));
         }
         let mut tail = self.lock_journal();
         let Some(state) = tail.as_mut() else {
@@ -517,28 +517,25 @@ impl Store {
             return false;
         };
         state.in_flight = false;
-        let written = state.journal.end_round(round, written);
-        let submitted = match &written {
-            Ok(()) => {
-                if let Some((_, last)) = jobs.last() {
-                    self.inner
-                        .backlog
-                        .journaled
-                        .store(last.number, Ordering::Release);
+        let (submitted, failed) = match state.journal.end_round(round, written) {
+            Ok(records) => {
+                let last = ids.last().map_or(0, |(_, number)| *number);
+                self.inner.backlog.journaled.store(last, Ordering::Release);
+                let rows = ids.len();
+                for (id, number) in ids {
+                    state.unapplied.add(id, number);
                 }
-                // Woken only when a caller waits for it: otherwise the writer gathers
-                // until `GATHER` is up.
-                let wake = jobs.iter().any(|(_, job)| job.hurry);
-                let unapplied = &mut state.unapplied;
-                let jobs = jobs.into_iter().map(|(id, job)| {
-                    unapplied.add(id, job.number);
-                    job as Box<dyn Job>
+                let round = Box::new(JournaledRound {
+                    records,
+                    rows,
+                    last,
                 });
-                self.submit_all(jobs, wake)
+                // The writer is woken only when a caller waits for the database
+                // (`Store::journal`): otherwise it gathers until `GATHER` is up.
+                (self.submit(round, hurry), None)
             }
-            Err(_) => Ok(()),
+            Err(e) => (Ok(()), Some((state.journal.path().to_owned(), e))),
         };
-        let failed = written.err().map(|e| (state.journal.path().to_owned(), e));
         let more = !state.waiting.is_empty();
         if !more {
             state.writing = false;
@@ -610,20 +607,9 @@ impl Store {
 
     /// Queues `job` for the writer; `wake` ends the writer's wait for more messages.
     fn submit(&self, job: Box<dyn Job>, wake: bool) -> Result<(), StoreError> {
-        self.submit_all(std::iter::once(job), wake)
-    }
-
-    /// `submit` for several jobs, in order, under one lock.
-    fn submit_all(
-        &self,
-        jobs: impl IntoIterator<Item = Box<dyn Job>>,
-        wake: bool,
-    ) -> Result<(), StoreError> {
         let writer = self.inner.writer.lock().unwrap_or_else(|e| e.into_inner());
         let writer = writer.as_ref().ok_or(StoreError::Closed)?;
-        for job in jobs {
-            writer.send(job).map_err(|_| StoreError::Closed)?;
-        }
+        writer.send(job).map_err(|_| StoreError::Closed)?;
         if wake {
             self.inner.writer_wake.unpark();
         }
@@ -749,6 +735,10 @@ fn configure(conn: &Connection) -> Result<(), StoreError> {
 pub(crate) struct Batch<'c> {
     conn: &'c Connection,
     held: Vec<(&'static str, rusqlite::CachedStatement<'c>)>,
+    /// While the writer keeps up: the rows between its turns given to other threads
+    /// (`pace`).
+    yield_every: Option<usize>,
+    rows: usize,
 }
 
 impl<'c> Batch<'c> {
@@ -756,6 +746,19 @@ impl<'c> Batch<'c> {
         Batch {
             conn,
             held: Vec::new(),
+            yield_every: None,
+            rows: 0,
+        }
+    }
+
+    /// Called before each row a job writes: gives way to other threads every
+    /// `yield_every` rows (`Backlog::keeping_up`).
+    fn pace(&mut self) {
+        if let Some(every) = self.yield_every {
+            self.rows += 1;
+            if self.rows % every == 0 {
+                std::thread::yield_now();
+            }
         }
     }
 
@@ -830,13 +833,14 @@ impl Drop for RoundTask {
     }
 }
 
-/// A row whose record waits to be written.
+/// A message whose record waits to be written.
 struct Waiting {
-    row: messages::Row,
+    id: Arc<str>,
     number: u64,
     /// Answered once the record is written; `None` for the caller writing.
     done: Option<oneshot::Sender<Result<(), StoreError>>>,
-    /// Whether its caller also waits for the database (`Journaled::hurry`).
+    /// Whether its caller also waits for the database: the writer is then woken for its
+    /// round.
     hurry: bool,
 }
 
@@ -898,25 +902,43 @@ impl Unapplied {
     }
 }
 
-/// A message the journal acknowledged, for the writer to put in the database.
-struct Journaled {
-    row: messages::Row,
-    /// Its record's number.
-    number: u64,
-    /// Whether a caller waits for the database (`Store::journal`): then the writer is
-    /// woken for it rather than left to gather until `GATHER` is up.
-    hurry: bool,
+/// A round of messages the journal acknowledged, for the writer to put in the database:
+/// the round's own buffer, as written (one job and one free a round, not a row of owned
+/// texts per message).
+struct JournaledRound {
+    records: Vec<u8>,
+    rows: usize,
+    /// The number of its last record.
+    last: u64,
 }
 
-impl Job for Journaled {
+impl Job for JournaledRound {
     fn savepoint(&self) -> bool {
         false
     }
 
     fn run(&mut self, batch: &mut Batch<'_>) -> bool {
-        // A failure of the disk's fails the batch, to be retried (`write_loop`); one of the
-        // message's own leaves it out, so that it does not hold up all the others.
-        self.row.put_in(batch).is_ok()
+        for (number, payload) in journal::written_records(&self.records) {
+            batch.pace();
+            let Some(row) = messages::Row::decode(payload) else {
+                // Never: `messages::record` wrote it in this process.
+                tracing::error!(
+                    number,
+                    "store: a journal record does not read; it is left out"
+                );
+                continue;
+            };
+            // A failure of the disk's fails the batch, to be retried (`write_loop`); one of
+            // the message's own leaves it out, so that it does not hold up all the others.
+            if row.put_in(batch).is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn rows(&self) -> usize {
+        self.rows
     }
 
     fn failed_on_constraint(&self) -> bool {
@@ -931,7 +953,7 @@ impl Job for Journaled {
     }
 
     fn journaled_up_to(&self) -> Option<u64> {
-        Some(self.number)
+        Some(self.last)
     }
 
     fn finish(self: Box<Self>, _committed: Result<(), &rusqlite::Error>) {
@@ -959,6 +981,10 @@ trait Job: Send {
     fn gathers(&self) -> bool {
         false
     }
+    /// The rows it writes, as the writer counts them (`gather`, checkpoints).
+    fn rows(&self) -> usize {
+        1
+    }
 }
 
 struct WriteJob<F, R> {
@@ -981,6 +1007,7 @@ where
         let Some(work) = self.work.take() else {
             return false;
         };
+        batch.pace();
         let outcome = work(batch);
         let ok = outcome.is_ok();
         self.outcome = Some(outcome);
@@ -1095,7 +1122,8 @@ fn write_loop(
         last_commit = started;
         let yield_every = backlog.keeping_up().then_some(YIELD_EVERY);
         let mut outcome = run_batch(&conn, &mut batch, yield_every);
-        telemetry::store_write(started.elapsed(), batch.len());
+        let rows = batch.iter().map(|job| job.rows()).sum();
+        telemetry::store_write(started.elapsed(), rows);
         if let Err(e) = &outcome {
             tracing::error!(error = %e, "store commit failed");
             if batch.iter().any(|job| job.journaled_up_to().is_some()) {
@@ -1118,7 +1146,7 @@ fn write_loop(
                 backlog.applied_through(*last);
             }
             if let Some(committed) = &mut committed {
-                committed.notify(batch.len());
+                committed.notify(rows);
             }
         }
         for job in batch.drain(..) {
@@ -1134,12 +1162,14 @@ fn write_loop(
 /// end (no wake-up per message); anyone else's write, or a read's wait, ends it.
 fn gather(jobs: &mpsc::Receiver<Box<dyn Job>>, batch: &mut Vec<Box<dyn Job>>, deadline: Instant) {
     let mut waits = batch.iter().all(|job| job.gathers());
+    let mut rows: usize = batch.iter().map(|job| job.rows()).sum();
     loop {
         let limit = if waits { MAX_GATHERED } else { MAX_BATCH };
-        while batch.len() < limit {
+        while rows < limit {
             match jobs.try_recv() {
                 Ok(job) => {
                     waits &= job.gathers();
+                    rows += job.rows();
                     batch.push(job);
                 }
                 Err(mpsc::TryRecvError::Empty) => break,
@@ -1147,7 +1177,7 @@ fn gather(jobs: &mpsc::Receiver<Box<dyn Job>>, batch: &mut Vec<Box<dyn Job>>, de
                 Err(mpsc::TryRecvError::Disconnected) => return,
             }
         }
-        if !waits || batch.len() >= MAX_GATHERED {
+        if !waits || rows >= MAX_GATHERED {
             return;
         }
         match deadline.checked_duration_since(Instant::now()) {
@@ -1185,9 +1215,10 @@ fn run_batch(
     let applied = jobs.iter().filter_map(|job| job.journaled_up_to()).max();
     let outcome = {
         let mut batch = Batch::new(conn);
+        batch.yield_every = yield_every;
         batch
             .exec("BEGIN IMMEDIATE")
-            .and_then(|()| run_jobs(&mut batch, jobs, yield_every))
+            .and_then(|()| run_jobs(&mut batch, jobs))
             .and_then(|()| match applied {
                 Some(last) => batch
                     .statement(messages::SET_APPLIED)?
@@ -1203,16 +1234,9 @@ fn run_batch(
     outcome.map(|()| applied)
 }
 
-fn run_jobs(
-    batch: &mut Batch<'_>,
-    jobs: &mut [Box<dyn Job>],
-    yield_every: Option<usize>,
-) -> Result<(), rusqlite::Error> {
+fn run_jobs(batch: &mut Batch<'_>, jobs: &mut [Box<dyn Job>]) -> Result<(), rusqlite::Error> {
     let conn = batch.conn;
-    for (done, job) in jobs.iter_mut().enumerate() {
-        if yield_every.is_some_and(|every| done % every == every - 1) {
-            std::thread::yield_now();
-        }
+    for job in jobs.iter_mut() {
         if !job.savepoint() {
             // A failed constraint undid its own statement; any other failure may have left
             // part of the work behind, or ended the transaction (later work must then not
