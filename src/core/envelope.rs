@@ -378,7 +378,7 @@ pub struct Envelope {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thread: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub task: Option<TaskInfo>,
+    pub task: Option<Box<TaskInfo>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
     /// Structured payload.
@@ -503,11 +503,11 @@ mod tests {
     #[test]
     fn envelope_round_trips_through_json() {
         let mut env = Envelope::new("test", "a", Kind::TaskAssign);
-        env.task = Some(TaskInfo {
+        env.task = Some(Box::new(TaskInfo {
             id: "t1".into(),
             state: Some(TaskState::Assigned),
             ..Default::default()
-        });
+        }));
         env.audience = Audience::Group("g".into());
         let json = serde_json::to_string(&env).unwrap();
         let back: Envelope = serde_json::from_str(&json).unwrap();

@@ -225,7 +225,7 @@ impl Core {
             if let Some(id) = assigned {
                 if env.kind == Kind::Error {
                     env.kind = Kind::TaskResult;
-                    let task = env.task.get_or_insert_with(TaskInfo::default);
+                    let task = env.task.get_or_insert_default();
                     task.state = Some(TaskState::Failed);
                     if task.error.is_none() {
                         task.error = env.text.clone();
@@ -246,7 +246,12 @@ impl Core {
         {
             let request = match self.correlation.task(&task_id) {
                 Some(request) => Some(request),
-                None => self.store.task_request(&task_id).await.ok().flatten(),
+                // Boxed, as the store's other reads here: inline, they sized the future of
+                // every message's `stage`, which is moved whole a few times a message.
+                None => Box::pin(self.store.task_request(&task_id))
+                    .await
+                    .ok()
+                    .flatten(),
             };
             if let Some(request) = request {
                 if env.reply_to.is_none() {
@@ -287,7 +292,7 @@ impl Core {
     async fn link_of(&self, id: &str) -> Option<Link> {
         match self.correlation.link(id) {
             Some(link) => Some(link),
-            None => self.store.link(id).await.ok().flatten(),
+            None => Box::pin(self.store.link(id)).await.ok().flatten(),
         }
     }
 

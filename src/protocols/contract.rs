@@ -139,34 +139,34 @@ fn sample(kind: Kind) -> Envelope {
             env.text = Some("Text of the message".into());
             env.data = Some(json!({ "repo": "demo" }));
             env.priority = Priority::High;
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 title: Some("Task title".into()),
                 description: Some("Task description".into()),
                 assignee: Some("bob".into()),
                 files: vec!["src/lib.rs".into()],
                 ..task(Some(TaskState::Assigned))
-            });
+            }));
         }
         Kind::TaskUpdate => {
             env.to = vec!["bob".into()];
             env.reply_to = Some("msg-6".into());
             env.correlation_id = Some("conv-5".into());
             env.text = Some("Text of the message".into());
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 progress: Some(40),
                 ..task(Some(TaskState::Working))
-            });
+            }));
         }
         Kind::TaskResult => {
             env.to = vec!["bob".into()];
             env.reply_to = Some("msg-6".into());
             env.correlation_id = Some("conv-5".into());
             env.data = Some(json!({ "tests": "passed" }));
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 summary: Some("Task summary".into()),
                 files: vec!["src/lib.rs".into()],
                 ..task(Some(TaskState::Completed))
-            });
+            }));
         }
         Kind::PresenceJoin | Kind::PresenceLeave => env.audience = Audience::Everyone,
         Kind::PresenceStatus => {
@@ -176,7 +176,7 @@ fn sample(kind: Kind) -> Envelope {
         Kind::ControlInterrupt | Kind::ControlAbort | Kind::ControlForget => {
             env.to = vec!["bob".into()];
             env.text = Some("Text of the message".into());
-            env.task = Some(task(None));
+            env.task = Some(Box::new(task(None)));
         }
         Kind::DecisionRequest | Kind::Error => {
             env.to = vec!["bob".into()];
@@ -215,7 +215,7 @@ fn task_mut(env: &mut Envelope) -> &mut TaskInfo {
 }
 
 fn task_has(env: &Envelope, has: fn(&TaskInfo) -> bool) -> bool {
-    env.task.as_ref().is_some_and(has)
+    env.task.as_deref().is_some_and(has)
 }
 
 const FIELDS: [Field; 21] = [

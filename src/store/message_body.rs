@@ -77,7 +77,7 @@ pub(super) fn encode(env: &Envelope, body: &mut Vec<u8>) -> serde_json::Result<(
             audience,
             echo: *echo,
             kind: *kind,
-            task: task.as_ref(),
+            task: task.as_deref(),
             text: text.as_deref(),
             data: data.as_ref(),
             attachments,
@@ -178,7 +178,7 @@ struct BodyIn {
     echo: bool,
     kind: Kind,
     #[serde(default)]
-    task: Option<TaskInfo>,
+    task: Option<Box<TaskInfo>>,
     #[serde(default)]
     text: Option<String>,
     #[serde(default)]
@@ -215,11 +215,11 @@ mod tests {
         env.reply_to = Some("m-0".into());
         env.correlation_id = Some("c-1".into());
         env.thread = Some("room".into());
-        env.task = Some(TaskInfo {
+        env.task = Some(Box::new(TaskInfo {
             id: "t-1".into(),
             state: Some(TaskState::Assigned),
             ..Default::default()
-        });
+        }));
         env.text = Some("say \"hi\"".into());
         env.data = Some(json!({ "k": [1, 2] }));
         env.attachments = vec![Attachment {

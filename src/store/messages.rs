@@ -667,10 +667,10 @@ mod tests {
         }
         let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
         let mut assign = Envelope::new("test", "a", Kind::TaskAssign);
-        assign.task = Some(crate::core::TaskInfo {
+        assign.task = Some(Box::new(crate::core::TaskInfo {
             id: "t-1".into(),
             ..Default::default()
-        });
+        }));
         store.insert_message(&assign).await.unwrap();
         let stored = store.message(&assign.id).await.unwrap().unwrap();
         assert_eq!(stored.envelope.task.unwrap().id, "t-1");
@@ -709,10 +709,10 @@ mod tests {
                     env.reply_to = Some("m0".into());
                     env.correlation_id = Some("root".into());
                     env.thread = Some("room".into());
-                    env.task = Some(crate::core::TaskInfo {
+                    env.task = Some(Box::new(crate::core::TaskInfo {
                         id: "t-1".into(),
                         ..Default::default()
-                    });
+                    }));
                 }
                 if ts == 3 {
                     env.audience = Audience::Everyone;

@@ -55,7 +55,7 @@ pub fn decode(mut msg: Message) -> Envelope {
     env.data = Some(payload.clone()).filter(|p| !p.is_null());
     match kind {
         Kind::TaskAssign => {
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 id: text_field(&["task_id", "block", "mission_id"])
                     .unwrap_or_else(|| msg.id.clone()),
                 title: text_field(&["title", "block", "mission"]).or(Some("mission".into())),
@@ -64,11 +64,11 @@ pub fn decode(mut msg: Message) -> Envelope {
                 assignee: (!msg.receiver.is_broadcast()).then(|| msg.receiver.agent.clone()),
                 state: Some(TaskState::Assigned),
                 ..Default::default()
-            });
+            }));
             env.text = env.task.as_ref().and_then(|t| t.description.clone());
         }
         Kind::TaskUpdate => {
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 id: task_id,
                 state: Some(if action == "verification_started" {
                     TaskState::InReview
@@ -81,14 +81,14 @@ pub fn decode(mut msg: Message) -> Envelope {
                     .and_then(Value::as_u64)
                     .map(|p| p.min(100) as u8),
                 ..Default::default()
-            });
+            }));
             env.text = text_field(&["status", "message", "text"])
                 .or_else(|| Some(render(action, payload)));
         }
         Kind::TaskResult => {
             let summary = text_field(&["summary", "message", "text"])
                 .unwrap_or_else(|| render(action, payload));
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 id: task_id,
                 state: Some(TaskState::Completed),
                 summary: Some(summary.clone()),
@@ -103,7 +103,7 @@ pub fn decode(mut msg: Message) -> Envelope {
                     })
                     .unwrap_or_default(),
                 ..Default::default()
-            });
+            }));
             env.text = Some(summary);
         }
         Kind::Error => {
@@ -111,21 +111,21 @@ pub fn decode(mut msg: Message) -> Envelope {
                 .unwrap_or_else(|| render(action, payload));
             let code = text_field(&["error_code"]).unwrap_or_else(|| "ERROR".into());
             env.text = Some(format!("{code}: {message}"));
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 id: task_id,
                 state: Some(TaskState::Failed),
                 error: Some(format!("{code}: {message}")),
                 ..Default::default()
-            });
+            }));
         }
         Kind::ControlAbort => {
             env.text = text_field(&["reason", "message", "text"]);
             if !task_id.is_empty() {
-                env.task = Some(TaskInfo {
+                env.task = Some(Box::new(TaskInfo {
                     id: task_id,
                     state: Some(TaskState::Cancelled),
                     ..Default::default()
-                });
+                }));
             }
         }
         _ => {
@@ -483,12 +483,12 @@ mod tests {
         let mut env = Envelope::new("skynet", "alice", Kind::TaskResult);
         env.reply_to = Some("msg-m1".into());
         env.to = vec!["mc".into()];
-        env.task = Some(TaskInfo {
+        env.task = Some(Box::new(TaskInfo {
             id: "block-01".into(),
             state: Some(TaskState::Completed),
             summary: Some("done".into()),
             ..Default::default()
-        });
+        }));
         let msg = encode(&env).unwrap();
         assert_eq!(msg["type"], "response");
         assert_eq!(msg["correlation_id"], "msg-m1");
@@ -540,10 +540,10 @@ mod tests {
     #[test]
     fn structured_data_is_kept_in_the_payload() {
         let mut assign = Envelope::new("synapse", "planner", Kind::TaskAssign);
-        assign.task = Some(TaskInfo {
+        assign.task = Some(Box::new(TaskInfo {
             id: "t-1".into(),
             ..Default::default()
-        });
+        }));
         assign.data = Some(json!({ "repo": "agentbridge", "task_id": "other" }));
         let payload = &encode(&assign).unwrap()["content"]["payload"];
         assert_eq!(
@@ -552,11 +552,11 @@ mod tests {
         );
 
         let mut update = Envelope::new("synapse", "worker", Kind::TaskUpdate);
-        update.task = Some(TaskInfo {
+        update.task = Some(Box::new(TaskInfo {
             id: "t-1".into(),
             state: Some(TaskState::Working),
             ..Default::default()
-        });
+        }));
         update.data = Some(json!([1, 2]));
         assert_eq!(
             encode(&update).unwrap()["content"]["payload"]["data"],
@@ -564,12 +564,12 @@ mod tests {
         );
 
         let mut result = Envelope::new("synapse", "worker", Kind::TaskResult);
-        result.task = Some(TaskInfo {
+        result.task = Some(Box::new(TaskInfo {
             id: "t-1".into(),
             state: Some(TaskState::Completed),
             summary: Some("indexed".into()),
             ..Default::default()
-        });
+        }));
         result.data = Some(json!({ "files": 120 }));
         let payload = &encode(&result).unwrap()["content"]["payload"];
         assert_eq!(payload["result"], json!({ "files": 120 }));

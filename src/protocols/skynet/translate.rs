@@ -105,7 +105,7 @@ pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> Envelop
                 .unwrap_or_default();
         }
         Kind::TaskAssign | Kind::TaskUpdate => {
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 id: str_of(&payload, "taskId"),
                 title: opt_str(&payload, "title"),
                 description: opt_str(&payload, "description"),
@@ -119,7 +119,7 @@ pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> Envelop
                     .map(|id| peers.name_of(id).unwrap_or_else(|| id.to_owned())),
                 files: str_list(&payload, "files"),
                 ..Default::default()
-            });
+            }));
             env.data = payload.get("metadata").cloned();
         }
         Kind::TaskResult => {
@@ -127,7 +127,7 @@ pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> Envelop
                 .get("success")
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 id: str_of(&payload, "taskId"),
                 state: Some(if success {
                     TaskState::Completed
@@ -138,7 +138,7 @@ pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> Envelop
                 error: opt_str(&payload, "error"),
                 files: str_list(&payload, "filesChanged"),
                 ..Default::default()
-            });
+            }));
             env.text = opt_str(&payload, "summary");
         }
         Kind::Log => {
@@ -475,12 +475,12 @@ mod tests {
     #[test]
     fn foreign_task_result_becomes_task_result() {
         let mut env = Envelope::new("tracker", "coder", Kind::TaskResult);
-        env.task = Some(TaskInfo {
+        env.task = Some(Box::new(TaskInfo {
             id: "t1".into(),
             state: Some(TaskState::Completed),
             summary: Some("done".into()),
             ..Default::default()
-        });
+        }));
         env.to = vec!["alice".into()];
         env.reply_to = Some("m1".into());
         let frame = encode(&env, &peers()).unwrap();

@@ -218,12 +218,12 @@ impl Synapse {
         env.to = vec![task.assignee.clone()];
         env.reply_to = Some(task.request_message_id.clone());
         env.text = Some("cancelled".into());
-        env.task = Some(TaskInfo {
+        env.task = Some(Box::new(TaskInfo {
             id: task.id.clone(),
             title: Some(task.task_type.clone()),
             state: Some(TaskState::Cancelled),
             ..Default::default()
-        });
+        }));
         self.core.publish(env).await.map_err(internal)?;
         self.task_changed(&task);
         Ok(task)
@@ -331,7 +331,9 @@ impl Synapse {
 
     /// Applies progress or a result (from any protocol) to a submitted task.
     async fn apply_progress(&self, env: &Envelope) {
-        let Some(info) = env.task.clone() else { return };
+        let Some(info) = env.task.as_deref().cloned() else {
+            return;
+        };
         let state = info.state.unwrap_or(match env.kind {
             Kind::TaskResult => TaskState::Completed,
             _ => TaskState::Working,
@@ -427,7 +429,7 @@ fn assignment(task: &TaskRow, (names, attachments): (Vec<String>, Vec<Attachment
     env.text = payload.text();
     env.data = payload.json().filter(Value::is_object);
     env.attachments = attachments;
-    env.task = Some(TaskInfo {
+    env.task = Some(Box::new(TaskInfo {
         id: task.id.clone(),
         title: Some(task.task_type.clone()),
         description: payload.text(),
@@ -435,7 +437,7 @@ fn assignment(task: &TaskRow, (names, attachments): (Vec<String>, Vec<Attachment
         assignee: Some(task.assignee.clone()),
         files: names,
         ..Default::default()
-    });
+    }));
     env
 }
 

@@ -68,21 +68,21 @@ pub fn decode(msg: &SynapseMessage) -> Result<Envelope, String> {
 
     match (&payload, env.kind) {
         (Payload::Task(task), _) => {
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 id: first_non_empty(&task.task_id, &env.id),
                 title: non_empty(&task.task_type),
                 description: wire::unpack(task.payload.as_ref()).text(),
                 assignee: receiver.clone(),
                 state: Some(TaskState::Assigned),
                 ..Default::default()
-            });
+            }));
             env.data = wire::unpack(task.payload.as_ref())
                 .json()
                 .filter(|v| v.is_object());
         }
         (Payload::Result(result), _) => {
             let failed = msg_type == MessageType::P2pTaskFailed;
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 id: result.task_id.clone(),
                 title: non_empty(&result.task_type),
                 state: Some(if failed {
@@ -95,7 +95,7 @@ pub fn decode(msg: &SynapseMessage) -> Result<Envelope, String> {
                     .then(|| result.summary.clone())
                     .filter(|s| !s.is_empty()),
                 ..Default::default()
-            });
+            }));
             env.text = non_empty(&result.summary);
             env.data = wire::unpack(result.result.as_ref()).json();
         }
@@ -106,7 +106,7 @@ pub fn decode(msg: &SynapseMessage) -> Result<Envelope, String> {
                 wire::state_of(status.status).or(Some(TaskState::Working))
             };
             let failed = state == Some(TaskState::Failed);
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 id: status.task_id.clone(),
                 state,
                 progress: (status.progress > 0).then(|| status.progress.clamp(0, 100) as u8),
@@ -114,21 +114,21 @@ pub fn decode(msg: &SynapseMessage) -> Result<Envelope, String> {
                     .then(|| status.message.clone())
                     .filter(|s| !s.is_empty()),
                 ..Default::default()
-            });
+            }));
             env.text = non_empty(&status.message);
         }
         (_, Kind::TaskAssign) => {
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 id: env.id.clone(),
                 description: env.text.clone(),
                 assignee: receiver.clone(),
                 state: Some(TaskState::Assigned),
                 ..Default::default()
-            });
+            }));
         }
         (_, Kind::TaskResult) => {
             let failed = msg_type == MessageType::P2pTaskFailed;
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 state: Some(if failed {
                     TaskState::Failed
                 } else {
@@ -137,17 +137,17 @@ pub fn decode(msg: &SynapseMessage) -> Result<Envelope, String> {
                 summary: env.text.clone(),
                 error: failed.then(|| env.text.clone().unwrap_or_else(|| "failed".into())),
                 ..Default::default()
-            });
+            }));
         }
         (_, Kind::TaskUpdate) => {
-            env.task = Some(TaskInfo {
+            env.task = Some(Box::new(TaskInfo {
                 state: Some(if msg_type == MessageType::P2pInfoMissing {
                     TaskState::Waiting
                 } else {
                     TaskState::Working
                 }),
                 ..Default::default()
-            });
+            }));
         }
         _ => {}
     }
@@ -469,12 +469,12 @@ mod tests {
         env.to = vec!["planner".into()];
         env.reply_to = Some("req-1".into());
         env.correlation_id = Some("req-1".into());
-        env.task = Some(TaskInfo {
+        env.task = Some(Box::new(TaskInfo {
             id: "t-1".into(),
             state: Some(TaskState::Completed),
             summary: Some("LGTM".into()),
             ..Default::default()
-        });
+        }));
         let msg = encode(&env, &Ctx).unwrap();
         assert_eq!(wire::message_type(&msg), MessageType::P2pTaskComplete);
         assert_eq!(

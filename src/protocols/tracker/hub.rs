@@ -156,10 +156,10 @@ impl Tracker {
         let mut comment = Envelope::new(PROTOCOL, &env.from, Kind::Chat);
         comment.id = format!("{}#comment", env.id);
         comment.thread = Some(task_id.to_owned());
-        comment.task = Some(TaskInfo {
+        comment.task = Some(Box::new(TaskInfo {
             id: task_id.to_owned(),
             ..Default::default()
-        });
+        }));
         comment.text = Some(text.to_owned());
         comment.reply_to = Some(env.id.clone());
         comment.timestamp = env.timestamp;

@@ -132,7 +132,7 @@ impl Tracker {
             _ => Kind::TaskUpdate,
         };
         let mut env = self.task_message(kind, &task, &requester, state);
-        let info = env.task.get_or_insert_with(TaskInfo::default);
+        let info = env.task.get_or_insert_default();
         match state {
             TaskState::Completed => {
                 let summary = match note {
@@ -171,14 +171,14 @@ impl Tracker {
         } else {
             task.id.clone()
         };
-        env.task = Some(TaskInfo {
+        env.task = Some(Box::new(TaskInfo {
             id,
             title: Some(task.title.clone()),
             description: Some(task.description.clone()).filter(|d| !d.is_empty()),
             state: Some(state),
             assignee: task.assignee_slug.clone(),
             ..Default::default()
-        });
+        }));
         env.reply_to = if Some(to) == task.requester.as_deref() {
             task.request_message_id.clone()
         } else {

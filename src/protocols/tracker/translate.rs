@@ -335,9 +335,11 @@ pub fn decode_message(
     env.text = Some(out.content.clone());
     env.mentions = out.mentions.clone();
     env.reply_to = reply_to;
-    env.task = out.task_id.as_ref().map(|id| TaskInfo {
-        id: id.clone(),
-        ..Default::default()
+    env.task = out.task_id.as_ref().map(|id| {
+        Box::new(TaskInfo {
+            id: id.clone(),
+            ..Default::default()
+        })
     });
     env.thread = thread;
     env.origin = wire::event_origin(MESSAGE_NEW, out);
@@ -431,10 +433,10 @@ mod tests {
             (Some("project-chat"), AuthorType::Human)
         );
         env.thread = Some("task-1".into());
-        env.task = Some(TaskInfo {
+        env.task = Some(Box::new(TaskInfo {
             id: "task-1".into(),
             ..Default::default()
-        });
+        }));
         let out = message_out(&env, &Ctx);
         assert_eq!(
             (out.chat_id, out.task_id.as_deref()),
