@@ -255,7 +255,8 @@ impl Connection {
                     continue;
                 }
             };
-            if self.identity.is_none() && !self.identify(msg.sender.clone()).await {
+            // Boxed: the first message's alone, it would size every frame's future.
+            if self.identity.is_none() && !Box::pin(self.identify(msg.sender.clone())).await {
                 return false;
             }
             if self.pending_ids.contains(&msg.id) {

@@ -62,7 +62,11 @@ pub async fn serve(socket: Socket, skynet: Arc<Skynet>) {
                 break;
             }
             Some((stored, unknown)) = conn.pending.next(), if !conn.pending.is_empty() => {
-                if let Flow::Close = Box::pin(conn.on_stored(stored, unknown)).await {
+                // Not boxed, unlike the other handlers: routing is synchronous, and only
+                // the rare error is written back.
+                if let Some(event) = conn.on_stored(stored, unknown)
+                    && let Flow::Close = conn.send_event(event).await
+                {
                     break;
                 }
             }
@@ -251,35 +255,26 @@ impl Connection {
     }
 
     /// A sent message is durable (or could not be stored): it is routed, the sender's echo
-    /// first, and the sender hears of any mention it could not resolve.
-    async fn on_stored(
-        &mut self,
+    /// first. The error event the sender is to hear, if any: that it was not stored, or
+    /// which mentions it could not resolve.
+    fn on_stored(
+        &self,
         stored: Result<Envelope, StoreError>,
         unknown: Vec<String>,
-    ) -> Flow {
-        match stored {
-            Ok(env) => {
-                self.skynet.core.route(env);
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "skynet: cannot store a message");
-                return self
-                    .send_event(wire::error_event(
-                        "Message could not be stored; it was not delivered",
-                        None,
-                    ))
-                    .await;
-            }
+    ) -> Option<String> {
+        if let Err(e) = stored.map(|env| self.skynet.core.route(env)) {
+            tracing::error!(error = %e, "skynet: cannot store a message");
+            return Some(wire::error_event(
+                "Message could not be stored; it was not delivered",
+                None,
+            ));
         }
-        if !unknown.is_empty() {
-            // Delivered to whom it could be; the sender hears who it could not reach.
+        // Delivered to whom it could be; the sender hears who it could not reach.
+        (!unknown.is_empty()).then(|| {
             let text = format!("Unknown recipient: {}", unknown.join(", "));
             let detail = "no member of this workspace, and no agent of another protocol, has that id; the message reached its other recipients";
-            return self
-                .send_event(wire::error_event(&text, Some(detail)))
-                .await;
-        }
-        Flow::Continue
+            wire::error_event(&text, Some(detail))
+        })
     }
 
     async fn on_heartbeat(&mut self, status: Option<String>) -> Flow {

@@ -144,10 +144,10 @@ impl Tracker {
     /// The second half of posting: routes the stored message and tells a task's requester.
     pub async fn posted(&self, env: Envelope, post: Posted) -> MessageOut {
         self.core.route(env);
+        // Boxed: a task change's future (5.3 KB) would size every posted message's,
+        // which the connection boxes and so copies whole.
         if let Some((task_id, note)) = post.tell_requester
-            && let Err(e) = self
-                .change_task(&task_id, Some(note), None, |_| Ok(()))
-                .await
+            && let Err(e) = Box::pin(self.change_task(&task_id, Some(note), None, |_| Ok(()))).await
         {
             tracing::error!(error = %e, "tracker: cannot report a task comment");
         }
