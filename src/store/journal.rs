@@ -357,8 +357,8 @@ pub(super) mod fields {
         buf[at..at + 8].copy_from_slice(&n.to_le_bytes());
     }
 
-    /// Reads fields back in the order they were put; `None` once the payload is short or
-    /// a text is not UTF-8.
+    /// Reads fields back in the order they were put; `None` once the payload is short, or
+    /// a text read as `str` or `opt` is not UTF-8.
     #[derive(Clone, Copy)]
     pub struct Fields<'a>(pub &'a [u8]);
 

@@ -149,8 +149,8 @@ pub(super) static MIGRATIONS: &[Migration] = &[
         // message). The writer inserts a message's recipients right after the message,
         // with the `seq` that insert gave, and messages are never deleted, so the check
         // never found anything and the cascade never ran. (A retention job that deletes
-        // messages deletes their recipients itself.) SQLite drops a reference only by
-        // building the table anew.
+        // messages must delete their recipients itself, and would want migration 4's index
+        // by `seq` back.) SQLite drops a reference only by building the table anew.
         sql: "
         CREATE TABLE message_recipients_v8 (
             name TEXT NOT NULL,
@@ -439,8 +439,9 @@ fn decode((seq, columns, body): (i64, Columns, String)) -> Result<StoredMessage,
 }
 
 /// A message's journal record: its row's columns and its addressees, written on the
-/// caller's thread. The writer reads them back in place (`Row::decode`); nothing is built
-/// per message to carry them across.
+/// caller's thread. The writer reads them back where they lie in the round written to the
+/// journal (`Row::decode`), rather than from owned texts built per message to carry them
+/// across.
 pub(super) fn record(env: &Envelope) -> Result<Vec<u8>, StoreError> {
     let text = env.text.as_ref().map_or(0, String::len);
     let mut buf = Vec::with_capacity(512 + text + env.origin.native_json().map_or(0, str::len));

@@ -44,12 +44,13 @@ pub const DB_FILE: &str = "agentbridge.db";
 /// The `data_dir` value that keeps everything in memory (tests).
 pub const IN_MEMORY: &str = ":memory:";
 
-/// Most rows written together in one transaction (a round of journaled messages counts
-/// its rows).
+/// Rows written together in one transaction, at most: the writer stops gathering at this
+/// many. (A journal round is one job, never split: a batch can go over by one round.)
 const MAX_BATCH: usize = 512;
 /// Longest the writer waits for more acknowledged messages before it commits (`gather`).
 const GATHER: std::time::Duration = std::time::Duration::from_millis(10);
-/// Most acknowledged messages put in the database in one transaction.
+/// Acknowledged messages put in the database in one transaction: the writer stops
+/// gathering at this many (and goes over by at most one round, as `MAX_BATCH`).
 const MAX_GATHERED: usize = 4096;
 /// Most acknowledged messages the database may lack before new ones wait for it
 /// (`Store::journal`). Flat out the writer falls behind for a moment now and then (a
@@ -338,6 +339,8 @@ impl Store {
         record: Vec<u8>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         use futures_util::future::Either;
+        // Made before the lock is taken, as everything a record needs.
+        let id: Arc<str> = id.into();
         let tail = self.lock_journal();
         if tail.is_none() {
             drop(tail);
@@ -347,7 +350,7 @@ impl Store {
                     .insert(batch)
             }));
         }
-        let Journaling { written, wait_for } = self.journal(tail, id.into(), record);
+        let Journaling { written, wait_for } = self.journal(tail, id, record);
         let backlog = self.inner.backlog.clone();
         Either::Right(async move {
             match written {
@@ -447,7 +450,7 @@ impl Store {
     }
 
     /// Writes the journal's records in rounds until none is left, the lock let go during
-    /// each write. Returns this caller's own outcome (its row is in the first round).
+    /// each write. Returns this caller's own outcome (its record is in the first round).
     fn write_rounds<'s>(
         &'s self,
         mut tail: std::sync::MutexGuard<'s, Option<JournalTail>>,
@@ -519,7 +522,7 @@ impl Store {
         state.in_flight = false;
         let (submitted, failed) = match state.journal.end_round(round, written) {
             Ok(records) => {
-                let last = ids.last().map_or(0, |(_, number)| *number);
+                let (_, last) = *ids.last().expect("a round written has records");
                 self.inner.backlog.journaled.store(last, Ordering::Release);
                 let rows = ids.len();
                 for (id, number) in ids {
@@ -738,7 +741,7 @@ pub(crate) struct Batch<'c> {
     /// While the writer keeps up: the rows between its turns given to other threads
     /// (`pace`).
     yield_every: Option<usize>,
-    rows: usize,
+    paced: usize,
 }
 
 impl<'c> Batch<'c> {
@@ -747,7 +750,7 @@ impl<'c> Batch<'c> {
             conn,
             held: Vec::new(),
             yield_every: None,
-            rows: 0,
+            paced: 0,
         }
     }
 
@@ -755,8 +758,8 @@ impl<'c> Batch<'c> {
     /// `yield_every` rows (`Backlog::keeping_up`).
     fn pace(&mut self) {
         if let Some(every) = self.yield_every {
-            self.rows += 1;
-            if self.rows % every == 0 {
+            self.paced += 1;
+            if self.paced.is_multiple_of(every) {
                 std::thread::yield_now();
             }
         }
@@ -799,7 +802,7 @@ struct JournalTail {
     writing: bool,
     /// Whether a round's `write` is under way, the lock let go.
     in_flight: bool,
-    /// Rows whose records wait for the next round, in record order.
+    /// Messages whose records wait for the next round, in record order.
     waiting: Vec<Waiting>,
 }
 
@@ -920,7 +923,9 @@ impl Job for JournaledRound {
     fn run(&mut self, batch: &mut Batch<'_>) -> bool {
         for (number, payload) in journal::written_records(&self.records) {
             batch.pace();
-            let Some(row) = messages::Row::decode(payload) else {
+            let row = messages::Row::decode(payload);
+            debug_assert!(row.is_some(), "record {number} does not read");
+            let Some(row) = row else {
                 // Never: `messages::record` wrote it in this process.
                 tracing::error!(
                     number,
@@ -946,9 +951,9 @@ impl Job for JournaledRound {
     }
 
     fn gathers(&self) -> bool {
-        // Even when its caller waits: it waits for an older record, far ahead of this one
-        // in the writer's queue, and a writer that far behind catches up sooner in large
-        // commits.
+        // Even when one of its callers waits: it waits for an older record, far ahead of
+        // this round in the writer's queue, and a writer that far behind catches up sooner
+        // in large commits.
         true
     }
 
@@ -957,7 +962,7 @@ impl Job for JournaledRound {
     }
 
     fn finish(self: Box<Self>, _committed: Result<(), &rusqlite::Error>) {
-        // Its caller heard once it was journaled; those waiting for the database, from
+        // Its callers heard once it was journaled; those waiting for the database, from
         // `write_loop` moving `Backlog::applied` on.
     }
 }
@@ -1122,8 +1127,7 @@ fn write_loop(
         last_commit = started;
         let yield_every = backlog.keeping_up().then_some(YIELD_EVERY);
         let mut outcome = run_batch(&conn, &mut batch, yield_every);
-        let rows = batch.iter().map(|job| job.rows()).sum();
-        telemetry::store_write(started.elapsed(), rows);
+        telemetry::store_write(started.elapsed(), rows_in(&batch));
         if let Err(e) = &outcome {
             tracing::error!(error = %e, "store commit failed");
             if batch.iter().any(|job| job.journaled_up_to().is_some()) {
@@ -1146,13 +1150,18 @@ fn write_loop(
                 backlog.applied_through(*last);
             }
             if let Some(committed) = &mut committed {
-                committed.notify(rows);
+                // After a failed commit, only what `retry` put in.
+                committed.notify(rows_in(&batch));
             }
         }
         for job in batch.drain(..) {
             job.finish(outcome.as_ref().map(|_| ()));
         }
     }
+}
+
+fn rows_in(batch: &[Box<dyn Job>]) -> usize {
+    batch.iter().map(|job| job.rows()).sum()
 }
 
 /// Fills `batch` with what is queued. While it holds only messages the journal
@@ -1162,7 +1171,7 @@ fn write_loop(
 /// end (no wake-up per message); anyone else's write, or a read's wait, ends it.
 fn gather(jobs: &mpsc::Receiver<Box<dyn Job>>, batch: &mut Vec<Box<dyn Job>>, deadline: Instant) {
     let mut waits = batch.iter().all(|job| job.gathers());
-    let mut rows: usize = batch.iter().map(|job| job.rows()).sum();
+    let mut rows = rows_in(batch);
     loop {
         let limit = if waits { MAX_GATHERED } else { MAX_BATCH };
         while rows < limit {
