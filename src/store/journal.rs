@@ -486,6 +486,30 @@ mod tests {
         assert_eq!(texts, ["one", "two"]);
     }
 
+    /// A text written in place is read back as one put with `put_str`; a failed write
+    /// leaves nothing of itself.
+    #[test]
+    fn a_text_written_in_place_reads_back_and_a_failed_one_leaves_nothing() {
+        let mut buf = Vec::new();
+        fields::put_with(&mut buf, |buf| {
+            buf.extend_from_slice(b"{\"a\":1}");
+            Ok::<_, ()>(())
+        })
+        .unwrap();
+        let at = fields::put_u64_later(&mut buf);
+        let whole = buf.len();
+        let failed = fields::put_with(&mut buf, |buf| {
+            buf.extend_from_slice(b"half");
+            Err("no")
+        });
+        assert_eq!((failed, buf.len()), (Err("no"), whole));
+        fields::set_u64(&mut buf, at, 7);
+        let mut read = fields::Fields(&buf);
+        assert_eq!(read.str(), Some("{\"a\":1}"));
+        assert_eq!(read.u64(), Some(7));
+        assert!(read.is_empty());
+    }
+
     #[test]
     fn fields_read_back_what_was_put_and_refuse_short_payloads() {
         let mut buf = Vec::new();
