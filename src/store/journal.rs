@@ -137,7 +137,14 @@ impl Journal {
         match written {
             Ok(()) => {
                 self.len += round.bytes.len() as u64;
-                Ok(round.bytes)
+                let mut bytes = round.bytes;
+                if bytes.capacity() > 2 * bytes.len() {
+                    // A small round in a buffer sized for a large one before it: what the
+                    // writer's queue holds stays within twice the records, however far
+                    // behind it is.
+                    bytes.shrink_to_fit();
+                }
+                Ok(bytes)
             }
             Err(e) => {
                 if !round.cut() {
@@ -484,6 +491,26 @@ mod tests {
             .map(|(_, p)| fields::Fields(p).str().unwrap().to_owned())
             .collect();
         assert_eq!(texts, ["one", "two"]);
+    }
+
+    /// A round handed on after a larger one does not keep the larger one's buffer: the
+    /// writer's queue holds about what the rounds hold.
+    #[test]
+    fn a_small_round_after_a_large_one_hands_on_a_small_buffer() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::create(dir.path(), 1).unwrap();
+        let mut round_of = |records: usize| {
+            for _ in 0..records {
+                journal.record(|buf| fields::put_str(buf, &"x".repeat(500)));
+            }
+            let round = journal.take_round();
+            let written = round.write();
+            journal.end_round(round, written).unwrap()
+        };
+        let large = round_of(100);
+        assert!(large.len() > 50_000);
+        let small = round_of(1);
+        assert!(small.capacity() <= 2 * small.len(), "{}", small.capacity());
     }
 
     /// A text written in place is read back as one put with `put_str`; a failed write
