@@ -155,11 +155,15 @@ impl Core {
     /// messages are written: places the message in its conversation and queues its store
     /// write, in call order. Once `Staged::durable` resolves, `route` delivers it; routing
     /// staged messages in the order they were staged keeps a sender's messages in order.
-    pub async fn stage(&self, mut env: Envelope) -> Staged {
-        self.link_conversation(&mut env).await;
-        self.remember(&env);
-        let written = Box::pin(self.store.insert_message(&env));
-        Staged { env, written }
+    pub fn stage(&self, mut env: Envelope) -> impl Future<Output = Staged> + Send + '_ {
+        // A block, not an `async fn`: that keeps its argument and the local it moves it
+        // into both in its state, two envelopes in every message's future.
+        async move {
+            self.link_conversation(&mut env).await;
+            self.remember(&env);
+            let written = Box::pin(self.store.insert_message(&env));
+            Staged { env, written }
+        }
     }
 
     /// Routes a message that is not kept (control signals, status changes).

@@ -146,17 +146,18 @@ impl Connection {
             return self.send_event(wire::error_event(&error, None)).await;
         }
         match wire::parse_client_frame(text) {
-            // Boxed: inline, a join's future (3.7 KB) sized every frame's, which the
-            // connection boxes and so copies whole, once a frame.
+            Ok(ClientFrame::Send(msg)) => self.on_send(msg).await,
+            // The rest boxed: inline, a join's future (3.7 KB), a leave's (2.6 KB) or a
+            // heartbeat's (1.4 KB) sized every frame's, which the connection boxes and so
+            // copies whole, once a frame.
             Ok(ClientFrame::Join(request)) => Box::pin(self.on_join(request)).await,
             Ok(ClientFrame::Leave) => {
                 if let Some(joined) = self.joined.take() {
-                    self.skynet.leave(&joined.agent_id).await;
+                    Box::pin(self.skynet.leave(&joined.agent_id)).await;
                 }
                 Flow::Continue
             }
-            Ok(ClientFrame::Send(msg)) => self.on_send(msg).await,
-            Ok(ClientFrame::Heartbeat { status }) => self.on_heartbeat(status).await,
+            Ok(ClientFrame::Heartbeat { status }) => Box::pin(self.on_heartbeat(status)).await,
             // As Skynet's server does: a send before join is refused for that, whatever its shape.
             Err(FrameError::Invalid(_))
                 if self.joined.is_none() && wire::action_of(text).as_deref() == Some("send") =>
@@ -234,24 +235,28 @@ impl Connection {
         Flow::Continue
     }
 
-    async fn on_send(&mut self, mut msg: SentMessage<'_>) -> Flow {
-        let Some(joined) = &self.joined else {
-            return self
-                .send_event(wire::error_event(wire::ERR_NOT_CONNECTED, None))
-                .await;
-        };
-        if let Some(error) = msg.oversized_attachment() {
-            telemetry::decode_error(PROTOCOL);
-            return self.send_event(wire::error_event(&error, None)).await;
+    fn on_send(&mut self, mut msg: SentMessage<'_>) -> impl Future<Output = Flow> {
+        // A block, not an `async fn`, which would hold the message twice (its argument
+        // and the local it moves it into) in every frame's future.
+        async move {
+            let Some(joined) = &self.joined else {
+                return self
+                    .send_event(wire::error_event(wire::ERR_NOT_CONNECTED, None))
+                    .await;
+            };
+            if let Some(error) = msg.oversized_attachment() {
+                telemetry::decode_error(PROTOCOL);
+                return self.send_event(wire::error_event(&error, None)).await;
+            }
+            msg.stamp(&joined.agent_id);
+            let skynet = self.skynet.clone();
+            msg.enrich_mentions(&joined.agent_id, || skynet.mention_candidates());
+            let unknown = translate::unknown_mentions(&msg.mentions, skynet.as_ref());
+            let env = translate::decode(msg, &joined.name, skynet.as_ref());
+            let staged = skynet.core.stage(env).await;
+            self.pending.push(staged, unknown);
+            Flow::Continue
         }
-        msg.stamp(&joined.agent_id);
-        let skynet = self.skynet.clone();
-        msg.enrich_mentions(&joined.agent_id, || skynet.mention_candidates());
-        let unknown = translate::unknown_mentions(&msg.mentions, skynet.as_ref());
-        let env = translate::decode(msg, &joined.name, skynet.as_ref());
-        let staged = skynet.core.stage(env).await;
-        self.pending.push(staged, unknown);
-        Flow::Continue
     }
 
     /// A sent message is durable (or could not be stored): it is routed, the sender's echo

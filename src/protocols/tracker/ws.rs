@@ -289,15 +289,23 @@ impl Live {
 
     /// Delivers a sent message once stored, or tells the sender it was not; false when
     /// the socket is gone.
-    async fn on_stored(&mut self, stored: Result<Envelope, StoreError>, post: Posted) -> bool {
-        match stored {
-            Ok(env) => {
-                self.tracker.posted(env, post).await;
-                true
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "tracker: cannot store a message");
-                self.send(wire::error_frame(NOT_STORED)).await
+    fn on_stored(
+        &mut self,
+        stored: Result<Envelope, StoreError>,
+        post: Posted,
+    ) -> impl Future<Output = bool> {
+        // A block, not an `async fn`, which would hold the message twice (its argument
+        // and the local it moves it into) in a future boxed and copied once a message.
+        async move {
+            match stored {
+                Ok(env) => {
+                    self.tracker.posted(env, post).await;
+                    true
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "tracker: cannot store a message");
+                    self.send(wire::error_frame(NOT_STORED)).await
+                }
             }
         }
     }
