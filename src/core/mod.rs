@@ -155,6 +155,10 @@ impl Core {
     /// messages are written: places the message in its conversation and queues its store
     /// write, in call order. Once `Staged::durable` resolves, `route` delivers it; routing
     /// staged messages in the order they were staged keeps a sender's messages in order.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its argument twice in its state"
+    )]
     pub fn stage(&self, mut env: Envelope) -> impl Future<Output = Staged> + Send + '_ {
         // A block, not an `async fn`: that keeps its argument and the local it moves it
         // into both in its state, two envelopes in every message's future.

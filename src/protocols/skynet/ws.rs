@@ -235,6 +235,10 @@ impl Connection {
         Flow::Continue
     }
 
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its argument twice in its state"
+    )]
     fn on_send(&mut self, mut msg: SentMessage<'_>) -> impl Future<Output = Flow> {
         // A block, not an `async fn`, which would hold the message twice (its argument
         // and the local it moves it into) in every frame's future.

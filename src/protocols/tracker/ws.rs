@@ -289,6 +289,10 @@ impl Live {
 
     /// Delivers a sent message once stored, or tells the sender it was not; false when
     /// the socket is gone.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its argument twice in its state"
+    )]
     fn on_stored(
         &mut self,
         stored: Result<Envelope, StoreError>,
