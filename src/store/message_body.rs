@@ -40,7 +40,14 @@ impl Columns {
     }
 }
 
-/// The body to store for `env`.
+/// About how many bytes `encode` appends for `env`: its text and origin frame, and room for
+/// the rest. The caller sizes the buffer with it, so that the text is not copied again as
+/// the buffer grows (three times for a short chat).
+pub(super) fn size_hint(env: &Envelope) -> usize {
+    256 + env.text.as_ref().map_or(0, String::len) + env.origin.native_json().map_or(0, str::len)
+}
+
+/// Appends the body to store for `env` to `body` (sized with `size_hint`).
 pub(super) fn encode(env: &Envelope, body: &mut Vec<u8>) -> serde_json::Result<()> {
     // Every field is named, so that one added to `Envelope` does not build until it is
     // stored, in the body or in a column.
@@ -64,11 +71,6 @@ pub(super) fn encode(env: &Envelope, body: &mut Vec<u8>) -> serde_json::Result<(
         ttl_secs,
         origin,
     } = env;
-    // Sized for what it will hold, so the text is not copied again as the buffer grows
-    // (three times for a short chat).
-    body.reserve(
-        256 + text.as_ref().map_or(0, String::len) + origin.native_json().map_or(0, str::len),
-    );
     serde_json::to_writer(
         body,
         &BodyOut {
