@@ -3,12 +3,16 @@
 //! Each message is a row: the columns the replay queries filter on (time, recipients,
 //! reply links), and its body, the rest of the envelope as JSON (message_body.rs).
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension};
 
 use super::journal::fields::{self, Fields};
 use super::message_body::{self, Columns};
 use super::{Batch, Migration, Store, StoreError};
 use crate::core::{Audience, Envelope, Kind, Link, TaskRequest};
+
+mod chunks;
+
+pub(super) use chunks::put_journaled_in;
 
 pub(super) static MIGRATIONS: &[Migration] = &[
     Migration {
@@ -337,6 +341,7 @@ pub(super) fn recover(
     let mut recovered = 0;
     for segment in &segments {
         let bytes = std::fs::read(segment).map_err(unreadable)?;
+        let mut rows = Vec::new();
         for (number, payload) in super::journal::records(&bytes) {
             if number <= applied {
                 continue;
@@ -347,10 +352,11 @@ pub(super) fn recover(
                     segment.display()
                 ))
             })?;
-            row.put_in(batch)?;
+            rows.push(row);
             last = last.max(number);
-            recovered += 1;
         }
+        put_journaled_in(&rows, batch)?;
+        recovered += rows.len();
     }
     if recovered > 0 {
         batch.statement(SET_APPLIED)?.execute([last as i64])?;
@@ -510,6 +516,13 @@ impl rusqlite::ToSql for Text<'_> {
     }
 }
 
+/// Stored by its name (`Kind::as_str`).
+impl rusqlite::ToSql for Kind {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        self.as_str().to_sql()
+    }
+}
+
 impl std::fmt::Display for Text<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&String::from_utf8_lossy(self.0))
@@ -558,67 +571,57 @@ impl<'r> Row<'r> {
         std::iter::from_fn(move || names.bytes().map(Text))
     }
 
+    /// The row's columns, in `chunks::COLUMNS` order.
+    fn values(&self) -> [&dyn rusqlite::ToSql; 13] {
+        [
+            &self.id,
+            &self.uuid,
+            &self.ts,
+            &self.sender,
+            &self.kind,
+            &self.reply_to,
+            &self.correlation_id,
+            &self.thread,
+            &self.task_id,
+            &self.everyone,
+            &self.origin,
+            &self.body,
+            &self.private,
+        ]
+    }
+
     /// Runs without a savepoint (`Store::write_unguarded`): only the first statement can
     /// fail on the data (and SQLite undoes it); any later failure fails the whole batch.
     /// (A replacement's DELETE parses the stored body, which the store itself wrote with
     /// serde_json: a body it cannot parse means a damaged database.)
     pub(super) fn insert(&self, batch: &mut Batch<'_>) -> Result<(), StoreError> {
-        let values = params![
-            self.id,
-            self.uuid,
-            self.ts,
-            self.sender,
-            self.kind.as_str(),
-            self.reply_to,
-            self.correlation_id,
-            self.thread,
-            self.task_id,
-            self.everyone,
-            self.origin,
-            self.body,
-            self.private
-        ];
-        // The common case is a new id: one plain insert, its rowid the sequence number.
-        let inserted = batch
-            .statement(
-                "INSERT INTO messages (id, uuid, ts, sender, kind, reply_to, correlation_id, thread, task_id, everyone, origin, body, private)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
-                 ON CONFLICT (id) DO NOTHING",
+        chunks::put_in(std::slice::from_ref(self), batch)
+    }
+
+    /// Replaces the stored message with this row's id (a client resending): the stored
+    /// message is overwritten, with whom it names; its sequence number.
+    fn replace(&self, conn: &Connection) -> Result<i64, StoreError> {
+        // Its recipients' rows are found by the names its stored body lists (`to` and
+        // `mentions`, which `Envelope::addressees` draws on), before the body is
+        // overwritten.
+        conn.prepare_cached(
+            "DELETE FROM message_recipients
+             WHERE seq = (SELECT seq FROM messages WHERE id = ?1)
+               AND name IN (
+                   SELECT j.value FROM messages m, json_each(m.body, '$.to') j WHERE m.id = ?1
+                   UNION
+                   SELECT j.value FROM messages m, json_each(m.body, '$.mentions') j WHERE m.id = ?1)",
+        )?
+        .execute([self.id])?;
+        let seq = conn
+            .prepare_cached(
+                "UPDATE messages SET uuid = ?2, ts = ?3, sender = ?4, kind = ?5, reply_to = ?6,
+                    correlation_id = ?7, thread = ?8, task_id = ?9, everyone = ?10,
+                    origin = ?11, body = ?12, private = ?13
+                 WHERE id = ?1 RETURNING seq",
             )?
-            .execute(values)?;
-        let conn = batch.conn();
-        let seq = if inserted == 1 {
-            conn.last_insert_rowid()
-        } else {
-            // The same id again (a client resending): the stored message is replaced, with
-            // whom it names. Its recipients' rows are found by the names its stored body
-            // lists (`to` and `mentions`, which `Envelope::addressees` draws on), before
-            // the body is overwritten.
-            conn.prepare_cached(
-                "DELETE FROM message_recipients
-                 WHERE seq = (SELECT seq FROM messages WHERE id = ?1)
-                   AND name IN (
-                       SELECT j.value FROM messages m, json_each(m.body, '$.to') j WHERE m.id = ?1
-                       UNION
-                       SELECT j.value FROM messages m, json_each(m.body, '$.mentions') j WHERE m.id = ?1)",
-            )?
-            .execute([self.id])?;
-            let seq: i64 = conn
-                .prepare_cached(
-                    "UPDATE messages SET uuid = ?2, ts = ?3, sender = ?4, kind = ?5, reply_to = ?6,
-                        correlation_id = ?7, thread = ?8, task_id = ?9, everyone = ?10,
-                        origin = ?11, body = ?12, private = ?13
-                     WHERE id = ?1 RETURNING seq",
-                )?
-                .query_row(values, |r| r.get(0))?;
-            seq
-        };
-        let add = batch
-            .statement("INSERT OR IGNORE INTO message_recipients (name, seq) VALUES (?1, ?2)")?;
-        for name in self.recipients() {
-            add.execute(params![name, seq])?;
-        }
-        Ok(())
+            .query_row(&self.values()[..], |r| r.get(0))?;
+        Ok(seq)
     }
 
     /// `insert` for a message the journal acknowledged, which must not be lost to a
@@ -627,11 +630,25 @@ impl<'r> Row<'r> {
     /// message's own (say, a stored body it replaces that does not parse) is logged, and
     /// the message left out of the database.
     pub(super) fn put_in(&self, batch: &mut Batch<'_>) -> Result<(), StoreError> {
-        use rusqlite::ErrorCode::*;
         let Err(e) = self.insert(batch) else {
             return Ok(());
         };
-        let passing = match &e {
+        if e.is_passing(batch) {
+            tracing::error!(error = %e, id = %self.id, "store: cannot put a journaled message in the database; trying again");
+            return Err(e);
+        }
+        tracing::error!(error = %e, id = %self.id, "store: a journaled message cannot be put in the database; it is left out");
+        Ok(())
+    }
+}
+
+impl StoreError {
+    /// Whether the error is the disk's or the database's (full, unwritable, busy) and the
+    /// write is to be tried again, rather than one of the message's own; or it ended the
+    /// transaction, taking the batch's other writes with it.
+    fn is_passing(&self, batch: &Batch<'_>) -> bool {
+        use rusqlite::ErrorCode::*;
+        let passing = match self {
             StoreError::Sqlite(e) => matches!(
                 e.sqlite_error_code(),
                 Some(
@@ -646,13 +663,7 @@ impl<'r> Row<'r> {
             ),
             _ => false,
         };
-        // An error that ended the transaction took the batch's other writes with it.
-        if passing || batch.conn().is_autocommit() {
-            tracing::error!(error = %e, id = %self.id, "store: cannot put a journaled message in the database; trying again");
-            return Err(e);
-        }
-        tracing::error!(error = %e, id = %self.id, "store: a journaled message cannot be put in the database; it is left out");
-        Ok(())
+        passing || batch.conn().is_autocommit()
     }
 }
 
@@ -1100,6 +1111,130 @@ mod tests {
         assert!(
             store.message(&first.id).await.is_err(),
             "the damaged row was not replaced"
+        );
+        store.close().await;
+    }
+
+    /// Queued in one turn, messages are one journal round, put in the database many to a
+    /// statement (`chunks`): ids repeated within the round and ids stored before replace
+    /// the stored message, in order, as they would one at a time.
+    #[tokio::test]
+    async fn a_round_s_repeated_ids_replace_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
+        let mut old = chat("a", 1, &["c"]);
+        old.id = "old".into();
+        store.insert_message(&old).await.unwrap();
+        let rounds = journal_rounds(&store);
+        let mut round: Vec<_> = (0..40).map(|i| chat("a", 10 + i, &["b"])).collect();
+        round[3].id = "twice".into();
+        round[3].mentions = vec!["c".into()];
+        // In the same statement of sixteen rows as the first.
+        round[10].id = "twice".into();
+        round[10].text = Some("second".into());
+        round[10].mentions = vec!["d".into()];
+        round[33].id = "old".into();
+        round[33].text = Some("resent".into());
+        let written: Vec<_> = round.iter().map(|env| store.insert_message(env)).collect();
+        for outcome in futures_util::future::join_all(written).await {
+            outcome.unwrap();
+        }
+        assert_eq!(journal_rounds(&store), rounds + 1, "one round");
+
+        let all = store
+            .messages(MessageQuery {
+                limit: 100,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 39, "40 sent, one id twice; `old` replaced");
+        let text = |id: &str| {
+            let found = all.iter().find(|m| m.envelope.id == id).unwrap();
+            found.envelope.text.clone()
+        };
+        assert_eq!(text("twice").as_deref(), Some("second"));
+        assert_eq!(text("old").as_deref(), Some("resent"));
+        // A replaced message keeps its number and takes its replacement's time.
+        let once: Vec<_> = all
+            .iter()
+            .filter(|m| !["old", "twice"].contains(&m.envelope.id.as_str()))
+            .collect();
+        assert!(
+            once.windows(2).all(|w| w[0].seq < w[1].seq),
+            "numbered in the order sent"
+        );
+        let named = |name: &str| {
+            let store = store.clone();
+            let name = name.to_owned();
+            async move {
+                let found = store
+                    .messages(MessageQuery {
+                        recipients: Some(vec![name]),
+                        limit: 100,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                found.into_iter().map(|m| m.envelope.id).collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(named("b").await.len(), 38, "all but `twice`");
+        assert!(
+            named("c").await.is_empty(),
+            "`twice` and `old` no longer name c"
+        );
+        assert_eq!(named("d").await, ["twice"]);
+        store.close().await;
+    }
+
+    /// A row that fails among the rows of one statement is left out alone: the others of
+    /// its round go in, with their recipients once.
+    #[tokio::test]
+    async fn a_refused_row_among_many_holds_up_none_of_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
+        let damaged = chat("a", 1, &["b"]);
+        store.insert_message(&damaged).await.unwrap();
+        let id = damaged.id.clone();
+        store
+            .write(move |conn| {
+                conn.execute("UPDATE messages SET body = '{' WHERE id = ?1", [id])?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let mut round: Vec<_> = (0..16).map(|i| chat("a", 10 + i, &["b"])).collect();
+        round[5] = damaged.clone();
+        let written: Vec<_> = round.iter().map(|env| store.insert_message(env)).collect();
+        for outcome in futures_util::future::join_all(written).await {
+            outcome.unwrap();
+        }
+        let for_b = store
+            .messages(MessageQuery {
+                recipients: Some(vec!["b".into()]),
+                limit: 100,
+                ..Default::default()
+            })
+            .await;
+        assert!(for_b.is_err(), "the damaged row reads as damaged");
+        for (at, env) in round.iter().enumerate().filter(|(at, _)| *at != 5) {
+            let stored = store.message(&env.id).await.unwrap();
+            assert!(stored.is_some(), "message {at} is stored");
+        }
+        let recipients: i64 = store
+            .read(|conn| {
+                Ok(conn.query_row(
+                    "SELECT count(*) FROM message_recipients WHERE name = 'b'",
+                    [],
+                    |r| r.get(0),
+                )?)
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            recipients, 16,
+            "15 new messages and the damaged one, once each"
         );
         store.close().await;
     }

@@ -754,12 +754,13 @@ impl<'c> Batch<'c> {
         }
     }
 
-    /// Called before each row a job writes: gives way to other threads every
-    /// `yield_every` rows (`Backlog::keeping_up`).
-    fn pace(&mut self) {
+    /// Called before a job writes `rows` rows: gives way to other threads once every
+    /// `yield_every` rows or so (`Backlog::keeping_up`).
+    fn pace(&mut self, rows: usize) {
         if let Some(every) = self.yield_every {
-            self.paced += 1;
-            if self.paced.is_multiple_of(every) {
+            let before = self.paced / every;
+            self.paced += rows;
+            if self.paced / every != before {
                 std::thread::yield_now();
             }
         }
@@ -921,25 +922,21 @@ impl Job for JournaledRound {
     }
 
     fn run(&mut self, batch: &mut Batch<'_>) -> bool {
-        for (number, payload) in journal::written_records(&self.records) {
-            batch.pace();
+        let rows = journal::written_records(&self.records).filter_map(|(number, payload)| {
             let row = messages::Row::decode(payload);
             debug_assert!(row.is_some(), "record {number} does not read");
-            let Some(row) = row else {
+            if row.is_none() {
                 // Never: `messages::record` wrote it in this process.
                 tracing::error!(
                     number,
                     "store: a journal record does not read; it is left out"
                 );
-                continue;
-            };
-            // A failure of the disk's fails the batch, to be retried (`write_loop`); one of
-            // the message's own leaves it out, so that it does not hold up all the others.
-            if row.put_in(batch).is_err() {
-                return false;
             }
-        }
-        true
+            row
+        });
+        // A failure of the disk's fails the batch, to be retried (`write_loop`); one of a
+        // message's own leaves it out, so that it does not hold up all the others.
+        messages::put_journaled_in(&rows.collect::<Vec<_>>(), batch).is_ok()
     }
 
     fn rows(&self) -> usize {
@@ -1012,7 +1009,7 @@ where
         let Some(work) = self.work.take() else {
             return false;
         };
-        batch.pace();
+        batch.pace(1);
         let outcome = work(batch);
         let ok = outcome.is_ok();
         self.outcome = Some(outcome);

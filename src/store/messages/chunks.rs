@@ -1,0 +1,204 @@
+//! Journaled rows put in the database many to a statement.
+//!
+//! A statement opens a cursor on `messages` and on each of its six indexes, seeks every
+//! index from its root, and closes them all again; one statement of sixteen rows does that
+//! once, and its cursors stay where the last row went, which is where the next one goes
+//! when ids and times count up (as the bridge's own ids do). Sixteen messages to an
+//! `INSERT`, and their recipients to another, cost the writer's thread 27 % fewer
+//! instructions than two statements a message (BENCHMARKS.md, *Eleventh pass*).
+
+use std::collections::HashSet;
+use std::sync::LazyLock;
+
+use super::{Row, Text};
+use crate::store::{Batch, StoreError};
+
+/// The columns of a message's row, as `Row::values` gives them.
+const COLUMNS: &str = "id, uuid, ts, sender, kind, reply_to, correlation_id, thread, task_id, \
+                       everyone, origin, body, private";
+const COLUMN_COUNT: usize = 13;
+/// Statements hold 1, 2, 4, 8 or 16 rows: a round's rows are written by the largest that
+/// fit, so that five statements of each kind are ever prepared.
+const SIZES: usize = 5;
+/// The most rows one statement puts in.
+const ROWS_PER_STATEMENT: usize = 1 << (SIZES - 1);
+
+/// `INSERT`s of 1, 2, 4, 8 and 16 messages. A message whose id is stored already is left
+/// for `put_piece` to find.
+///
+/// `OR IGNORE`, not `ON CONFLICT (id) DO NOTHING`: a statement of many rows that could
+/// fail half-way (a `NOT NULL` column's default is to abort) keeps a statement journal,
+/// a copy of every page it changes first, to undo what its first rows did: in the bridge
+/// that cost 5.7k instructions a message, as much as sixteen rows to a statement saved. A
+/// `Row` has no NULL where the schema forbids one (its types), so the only row ignored is
+/// one whose id is stored.
+static INSERT_MESSAGES: LazyLock<[String; SIZES]> = LazyLock::new(|| {
+    std::array::from_fn(|size| {
+        format!(
+            "INSERT OR IGNORE INTO messages ({COLUMNS}) VALUES {}",
+            placeholders(1 << size, COLUMN_COUNT)
+        )
+    })
+});
+
+/// `INSERT`s of 1, 2, 4, 8 and 16 recipients.
+static INSERT_RECIPIENTS: LazyLock<[String; SIZES]> = LazyLock::new(|| {
+    std::array::from_fn(|size| {
+        format!(
+            "INSERT OR IGNORE INTO message_recipients (name, seq) VALUES {}",
+            placeholders(1 << size, 2)
+        )
+    })
+});
+
+/// `(?, ?), (?, ?)` for `rows` rows of `columns` values.
+fn placeholders(rows: usize, columns: usize) -> String {
+    let row = format!("({})", vec!["?"; columns].join(", "));
+    vec![row; rows].join(", ")
+}
+
+/// `rows` in pieces of 16, 8, 4, 2 and 1: the largest that fits first.
+fn pieces<T>(mut rows: &[T]) -> impl Iterator<Item = &[T]> {
+    std::iter::from_fn(move || {
+        let size = ROWS_PER_STATEMENT.min(1 << rows.len().checked_ilog2()?);
+        let (piece, rest) = rows.split_at(size);
+        rows = rest;
+        Some(piece)
+    })
+}
+
+/// The statement of `size` rows (a power of two up to `ROWS_PER_STATEMENT`) of `statements`.
+fn of_size(statements: &'static [String; SIZES], size: usize) -> &'static str {
+    &statements[size.trailing_zeros() as usize]
+}
+
+/// Puts `rows` in the database, in order, as one `Row::insert` after another would: a
+/// row with an id already stored replaces that message.
+pub(in crate::store) fn put_in(rows: &[Row<'_>], batch: &mut Batch<'_>) -> Result<(), StoreError> {
+    let mut recipients = Vec::new();
+    for piece in pieces(rows) {
+        put_piece(piece, batch, &mut recipients)?;
+    }
+    Ok(())
+}
+
+/// `put_in` for a journal round's rows, which must not be lost to a passing failure nor
+/// hold up every message after them (`Row::put_in`): pieces that fail on their data are
+/// put in a row at a time, leaving out only the rows that fail.
+pub(in crate::store) fn put_journaled_in(
+    rows: &[Row<'_>],
+    batch: &mut Batch<'_>,
+) -> Result<(), StoreError> {
+    let mut recipients = Vec::new();
+    for piece in pieces(rows) {
+        batch.pace(piece.len());
+        match put_piece(piece, batch, &mut recipients) {
+            Ok(()) => {}
+            // SQLite undid the failed statement; what went in before it is put in again
+            // (replacing itself), and the row that fails is left out.
+            Err(e) if !e.is_passing(batch) => {
+                for row in piece {
+                    row.put_in(batch)?;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Inserts `rows` (a power of two of them, at most `ROWS_PER_STATEMENT`) and their recipients;
+/// `recipients` is room to gather them in.
+fn put_piece<'r>(
+    rows: &[Row<'r>],
+    batch: &mut Batch<'_>,
+    recipients: &mut Vec<(Text<'r>, i64)>,
+) -> Result<(), StoreError> {
+    let insert = batch.statement(of_size(&INSERT_MESSAGES, rows.len()))?;
+    for (at, row) in rows.iter().enumerate() {
+        for (column, value) in row.values().into_iter().enumerate() {
+            insert.raw_bind_parameter(at * COLUMN_COUNT + column + 1, value)?;
+        }
+    }
+    let inserted = insert.raw_execute()?;
+    let last = batch.conn().last_insert_rowid();
+    if inserted == rows.len() {
+        // Each new row took the rowid after the largest (SQLite does so until one is
+        // 2^63 - 1), in the order written: the last is `last`.
+        let first = last - inserted as i64 + 1;
+        recipients.clear();
+        for (row, seq) in rows.iter().zip(first..) {
+            recipients.extend(row.recipients().map(|name| (name, seq)));
+        }
+        return insert_recipients(recipients, batch);
+    }
+    // Some ids were stored already: a client resending, or twice among these rows.
+    // The rows inserted took the rowids after every stored one; the others replace the
+    // message with their id, in order, as they would have one statement at a time.
+    let first_new = if inserted > 0 {
+        last - inserted as i64 + 1
+    } else {
+        i64::MAX
+    };
+    let mut seen = HashSet::new();
+    for row in rows {
+        let seq: i64 = batch
+            .statement("SELECT seq FROM messages WHERE id = ?1")?
+            .query_row([row.id], |r| r.get(0))?;
+        let seq = if seq >= first_new && seen.insert(row.id.0) {
+            seq
+        } else {
+            row.replace(batch.conn())?
+        };
+        recipients.clear();
+        recipients.extend(row.recipients().map(|name| (name, seq)));
+        insert_recipients(recipients, batch)?;
+    }
+    Ok(())
+}
+
+fn insert_recipients(
+    recipients: &[(Text<'_>, i64)],
+    batch: &mut Batch<'_>,
+) -> Result<(), StoreError> {
+    for piece in pieces(recipients) {
+        let insert = batch.statement(of_size(&INSERT_RECIPIENTS, piece.len()))?;
+        for (at, (name, seq)) in piece.iter().enumerate() {
+            insert.raw_bind_parameter(2 * at + 1, name)?;
+            insert.raw_bind_parameter(2 * at + 2, seq)?;
+        }
+        insert.raw_execute()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_go_in_pieces_of_powers_of_two_largest_first() {
+        let sizes = |n: usize| {
+            let rows = vec![0; n];
+            pieces(&rows).map(<[_]>::len).collect::<Vec<_>>()
+        };
+        assert_eq!(sizes(0), Vec::<usize>::new());
+        assert_eq!(sizes(1), [1]);
+        assert_eq!(sizes(13), [8, 4, 1]);
+        assert_eq!(sizes(16), [16]);
+        assert_eq!(sizes(40), [16, 16, 8]);
+    }
+
+    #[test]
+    fn each_statement_has_a_placeholder_per_value() {
+        for size in 0..SIZES {
+            let rows = 1 << size;
+            assert_eq!(
+                INSERT_MESSAGES[size].matches('?').count(),
+                rows * COLUMN_COUNT
+            );
+            assert_eq!(INSERT_RECIPIENTS[size].matches('?').count(), rows * 2);
+        }
+        assert_eq!(COLUMNS.split(',').count(), COLUMN_COUNT);
+    }
+}
