@@ -12,7 +12,7 @@ use crate::core::{Audience, Envelope, Kind, Link, TaskRequest};
 
 mod chunks;
 
-pub(super) use chunks::put_journaled_in;
+pub(super) use chunks::{ROWS_PER_STATEMENT, put_journaled_in};
 
 pub(super) static MIGRATIONS: &[Migration] = &[
     Migration {

@@ -908,7 +908,7 @@ impl Unapplied {
 
 /// A round of messages the journal acknowledged, for the writer to put in the database:
 /// the round's own buffer, as written (one job and one free a round, not a row of owned
-/// texts per message).
+/// texts per message), or a few small rounds' joined (`join_round`).
 struct JournaledRound {
     records: Vec<u8>,
     rows: usize,
@@ -958,6 +958,10 @@ impl Job for JournaledRound {
         Some(self.last)
     }
 
+    fn as_round(&mut self) -> Option<&mut JournaledRound> {
+        Some(self)
+    }
+
     fn finish(self: Box<Self>, _committed: Result<(), &rusqlite::Error>) {
         // Its callers heard once it was journaled; those waiting for the database, from
         // `write_loop` moving `Backlog::applied` on.
@@ -982,6 +986,10 @@ trait Job: Send {
     /// Whether the writer may wait for more work before committing this (`gather`).
     fn gathers(&self) -> bool {
         false
+    }
+    /// A journal round, which the writer may join to the one before it (`join_round`).
+    fn as_round(&mut self) -> Option<&mut JournaledRound> {
+        None
     }
     /// The rows it writes, as the writer counts them (`gather`, checkpoints).
     fn rows(&self) -> usize {
@@ -1173,10 +1181,12 @@ fn gather(jobs: &mpsc::Receiver<Box<dyn Job>>, batch: &mut Vec<Box<dyn Job>>, de
         let limit = if waits { MAX_GATHERED } else { MAX_BATCH };
         while rows < limit {
             match jobs.try_recv() {
-                Ok(job) => {
+                Ok(mut job) => {
                     waits &= job.gathers();
                     rows += job.rows();
-                    batch.push(job);
+                    if !join_round(batch, &mut *job) {
+                        batch.push(job);
+                    }
                 }
                 Err(mpsc::TryRecvError::Empty) => break,
                 // The store is closing: commit what there is.
@@ -1190,6 +1200,24 @@ fn gather(jobs: &mpsc::Receiver<Box<dyn Job>>, batch: &mut Vec<Box<dyn Job>>, de
             Some(left) => std::thread::park_timeout(left),
             None => return,
         }
+    }
+}
+
+/// Joins `job`, when it is a journal round, to the round last in `batch` while that one
+/// fills less than one statement (`messages::ROWS_PER_STATEMENT`): rounds of a message or
+/// two (a few thousand a second) go in many to a statement too. Whether it did.
+fn join_round(batch: &mut [Box<dyn Job>], job: &mut dyn Job) -> bool {
+    let Some(last) = batch.last_mut().and_then(|last| last.as_round()) else {
+        return false;
+    };
+    match job.as_round() {
+        Some(next) if last.rows < messages::ROWS_PER_STATEMENT => {
+            last.records.extend_from_slice(&next.records);
+            last.rows += next.rows;
+            last.last = next.last;
+            true
+        }
+        _ => false,
     }
 }
 
@@ -1510,6 +1538,45 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(rows_in_t(&store).await, 1);
+    }
+
+    /// Small journal rounds are joined while the first fills less than a statement's
+    /// rows; other jobs, and rounds after a full one, stay apart.
+    #[test]
+    fn the_writer_joins_small_rounds() {
+        let round = |rows: usize, last: u64| -> Box<dyn Job> {
+            Box::new(JournaledRound {
+                records: vec![rows as u8; rows],
+                rows,
+                last,
+            })
+        };
+        let mut batch = vec![round(1, 1)];
+        assert!(join_round(&mut batch, &mut *round(2, 3)));
+        let joined = batch[0].as_round().unwrap();
+        assert_eq!(
+            (joined.records.as_slice(), joined.rows, joined.last),
+            (&[1, 2, 2][..], 3, 3)
+        );
+        assert!(join_round(
+            &mut batch,
+            &mut *round(messages::ROWS_PER_STATEMENT, 19)
+        ));
+        assert_eq!(batch[0].journaled_up_to(), Some(19));
+        assert!(
+            !join_round(&mut batch, &mut *round(1, 20)),
+            "the first is full"
+        );
+        let mut other: Box<dyn Job> = Box::new(WriteJob::<_, ()> {
+            work: Some(|_: &mut Batch<'_>| Ok(())),
+            savepoint: false,
+            outcome: None,
+            reply: None,
+        });
+        let mut batch = vec![round(1, 1)];
+        assert!(!join_round(&mut batch, &mut *other));
+        let mut batch = vec![other];
+        assert!(!join_round(&mut batch, &mut *round(1, 1)));
     }
 
     #[test]

@@ -21,7 +21,7 @@ const COLUMN_COUNT: usize = 13;
 /// fit, so that five statements of each kind are ever prepared.
 const SIZES: usize = 5;
 /// The most rows one statement puts in.
-const ROWS_PER_STATEMENT: usize = 1 << (SIZES - 1);
+pub(in crate::store) const ROWS_PER_STATEMENT: usize = 1 << (SIZES - 1);
 
 /// `INSERT`s of 1, 2, 4, 8 and 16 messages. A message whose id is stored already is left
 /// for `put_piece` to find.
