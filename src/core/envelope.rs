@@ -227,8 +227,11 @@ pub struct Origin {
     pub protocol: String,
     native: OnceLock<Option<Value>>,
     /// The store keeps the text in the message's body and a peer of the same protocol may
-    /// be sent it as it is. `set_native` forgets it, so it always matches `native`.
-    native_json: OnceLock<Option<Box<RawValue>>>,
+    /// be sent it as it is. `set_native` forgets it, so it always matches `native`. Kept
+    /// as a `String`, not a `RawValue`: a `RawValue` is made without reading the text
+    /// through again only by `to_raw_value`, whose buffer starts at 128 bytes and is
+    /// copied as it grows (2–3 times for a chat) and once more to fit.
+    native_json: OnceLock<Option<String>>,
     /// When the frame was decoded: `route_duration_seconds` is measured from here, so it
     /// includes the wait for the store. A message read back from the store was "decoded"
     /// when it was read.
@@ -246,8 +249,8 @@ impl Origin {
     }
 
     /// `new`, from the frame's JSON text alone: the `Value` is parsed only if someone asks
-    /// for it.
-    pub fn from_native_json(protocol: impl Into<String>, json: Box<RawValue>) -> Origin {
+    /// for it. `json` must be one JSON value: the endpoint wrote it, or read it as one.
+    pub fn from_native_json(protocol: impl Into<String>, json: String) -> Origin {
         Origin {
             protocol: protocol.into(),
             native: OnceLock::new(),
@@ -259,11 +262,7 @@ impl Origin {
     /// `new`, with `native`'s JSON text already written, in its protocol's own field order
     /// (written from `native`, its keys would come out sorted). `json` must say what
     /// `native` says.
-    pub fn with_native_json(
-        protocol: impl Into<String>,
-        native: Value,
-        json: Box<RawValue>,
-    ) -> Origin {
+    pub fn with_native_json(protocol: impl Into<String>, native: Value, json: String) -> Origin {
         let origin = Origin::new(protocol, Some(native));
         let _ = origin.native_json.set(Some(json));
         origin
@@ -278,7 +277,7 @@ impl Origin {
         self.native
             .get_or_init(|| {
                 let json = self.native_json.get()?.as_deref()?;
-                serde_json::from_str(json.get()).ok()
+                serde_json::from_str(json).ok()
             })
             .as_ref()
     }
@@ -290,16 +289,8 @@ impl Origin {
 
     /// `native` as JSON text, serialized on the first call only.
     pub fn native_json(&self) -> Option<&str> {
-        self.native_raw().map(RawValue::get)
-    }
-
-    /// `native_json` as a `RawValue`, to be written inside other JSON as it is.
-    pub fn native_raw(&self) -> Option<&RawValue> {
         self.native_json
-            .get_or_init(|| {
-                let native = self.native.get()?.as_ref()?;
-                serde_json::value::to_raw_value(native).ok()
-            })
+            .get_or_init(|| serde_json::to_string(self.native.get()?.as_ref()?).ok())
             .as_deref()
     }
 }
@@ -335,15 +326,20 @@ impl<'de> Deserialize<'de> for Origin {
 }
 
 /// Written with `native` spliced in from its JSON text. Envelopes are only ever written as
-/// JSON (the store's message bodies), which is what `RawValue` requires.
+/// JSON (the store's message bodies, before they left out what the row's columns hold),
+/// which is what `RawValue` requires.
 impl Serialize for Origin {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let native = self.native_raw();
+        let native = self
+            .native_json()
+            .map(|json| RawValue::from_string(json.to_owned()))
+            .transpose()
+            .map_err(serde::ser::Error::custom)?;
         let mut origin =
             serializer.serialize_struct("Origin", 1 + usize::from(native.is_some()))?;
         origin.serialize_field("protocol", &self.protocol)?;
         match native {
-            Some(native) => origin.serialize_field("native", native)?,
+            Some(native) => origin.serialize_field("native", &native)?,
             None => origin.skip_field("native")?,
         }
         origin.end()
@@ -542,7 +538,7 @@ mod tests {
     #[test]
     fn a_native_frame_written_in_its_own_order_keeps_it_until_replaced() {
         let native = serde_json::json!({ "type": "t", "data": 1 });
-        let json = RawValue::from_string(r#"{"type":"t","data":1}"#.into()).unwrap();
+        let json = r#"{"type":"t","data":1}"#.to_owned();
         let mut origin = Origin::with_native_json("test", native.clone(), json);
         assert_eq!(origin.native(), Some(&native));
         assert_eq!(origin.native_json(), Some(r#"{"type":"t","data":1}"#));

@@ -72,7 +72,7 @@ pub(super) fn encode(env: &Envelope, body: &mut Vec<u8>) -> serde_json::Result<(
         origin,
     } = env;
     serde_json::to_writer(
-        body,
+        &mut *body,
         &BodyOut {
             to,
             mentions,
@@ -85,11 +85,20 @@ pub(super) fn encode(env: &Envelope, body: &mut Vec<u8>) -> serde_json::Result<(
             attachments,
             priority: *priority,
             ttl_secs: *ttl_secs,
-            origin: OriginOut {
-                native: origin.native_raw(),
-            },
         },
-    )
+    )?;
+    // `"origin":{"native":…}` last, the frame's text written in as it is: it is JSON (the
+    // endpoint wrote it, or read it as JSON), and making it a `RawValue` to have serde
+    // write it would read it through again.
+    let closing = body.pop();
+    debug_assert_eq!(closing, Some(b'}'), "an object was written");
+    body.extend_from_slice(br#","origin":{"#);
+    if let Some(native) = origin.native_json() {
+        body.extend_from_slice(br#""native":"#);
+        body.extend_from_slice(native.as_bytes());
+    }
+    body.extend_from_slice(b"}}");
+    Ok(())
 }
 
 /// The envelope stored as `columns` and `body`.
@@ -128,7 +137,9 @@ pub(super) fn decode(columns: Columns, body: &str) -> serde_json::Result<Envelop
         ttl_secs,
         // Kept as text: a peer of the same protocol is sent it as it is.
         origin: match origin.native {
-            Some(native) => Origin::from_native_json(columns.origin, native),
+            Some(native) => {
+                Origin::from_native_json(columns.origin, Box::<str>::from(native).into())
+            }
             None => Origin::new(columns.origin, None),
         },
     })
@@ -159,13 +170,7 @@ struct BodyOut<'a> {
     priority: Priority,
     #[serde(skip_serializing_if = "Option::is_none")]
     ttl_secs: Option<u64>,
-    origin: OriginOut<'a>,
-}
-
-#[derive(Serialize)]
-struct OriginOut<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    native: Option<&'a RawValue>,
+    // `origin` is written after it (`encode`).
 }
 
 #[derive(Deserialize)]

@@ -56,7 +56,7 @@ mod tests {
             ))
         });
         msg.stamp("card");
-        let written: Value = serde_json::from_str(msg.to_json().get()).unwrap();
+        let written: Value = serde_json::from_str(&msg.to_json()).unwrap();
         written.get("mentions").cloned()
     }
 

@@ -427,7 +427,7 @@ impl Skynet {
     /// was sent live.
     pub fn encode_raw(&self, env: &Envelope) -> Option<Box<RawValue>> {
         match own_message(env) {
-            Some(message) => Some(message.to_owned()),
+            Some(message) => RawValue::from_string(message.to_owned()).ok(),
             None => serde_json::value::to_raw_value(&self.encode(env)?).ok(),
         }
     }
@@ -436,7 +436,7 @@ impl Skynet {
     /// as it came, in the JSON text made once for the store.
     pub fn encode_text(&self, env: &Envelope) -> Option<String> {
         match own_message(env) {
-            Some(message) => Some(message.get().to_owned()),
+            Some(message) => Some(message.to_owned()),
             // Straight into a buffer: `Value`'s `to_string` goes through `fmt` a piece at
             // a time, as slow again as the encoding.
             None => self
@@ -448,9 +448,9 @@ impl Skynet {
 
 /// A Skynet client's own message, as the text it was sent and stored in. Another
 /// protocol's frame is not asked for its text, which may not have been written yet.
-fn own_message(env: &Envelope) -> Option<&RawValue> {
+fn own_message(env: &Envelope) -> Option<&str> {
     if env.origin_is(PROTOCOL) {
-        env.origin.native_raw()
+        env.origin.native_json()
     } else {
         None
     }

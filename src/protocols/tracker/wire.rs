@@ -315,11 +315,7 @@ pub fn event_text(kind: &str, data: &impl Serialize) -> String {
 /// `event(kind, data)` with its text, `type` first: the origin of a message a Tracker
 /// member sent, which its peers are sent as it is.
 pub fn event_origin(kind: &str, data: &impl Serialize) -> Origin {
-    let native = event(kind, data);
-    match serde_json::value::to_raw_value(&Event { r#type: kind, data }) {
-        Ok(json) => Origin::with_native_json(PROTOCOL, native, json),
-        Err(_) => Origin::new(PROTOCOL, Some(native)),
-    }
+    Origin::with_native_json(PROTOCOL, event(kind, data), event_text(kind, data))
 }
 
 /// `{"type": "error", "message": …}` — the shape of every error on the WebSocket.
