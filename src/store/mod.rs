@@ -485,7 +485,7 @@ impl Store {
             state.writing = false;
             return false;
         }
-        let rows = std::mem::take(&mut state.waiting);
+        let taken = std::mem::take(&mut state.waiting);
         let round = state.journal.take_round();
         state.in_flight = true;
         drop(tail);
@@ -493,10 +493,10 @@ impl Store {
         // The callers are answered after the lock is let go (waking a task on another
         // thread can take a syscall): it is held only to hand the round on in record
         // order. Contended, it put runtime threads to sleep on its futex.
-        let hurry = rows.iter().any(|waiting| waiting.hurry);
-        let mut answers = Vec::with_capacity(rows.len());
-        let mut ids = Vec::with_capacity(rows.len());
-        for waiting in rows {
+        let hurry = taken.iter().any(|waiting| waiting.hurry);
+        let mut answers = Vec::with_capacity(taken.len());
+        let mut ids = Vec::with_capacity(taken.len());
+        for waiting in taken {
             answers.push(waiting.done);
             ids.push((waiting.id, waiting.number));
         }
