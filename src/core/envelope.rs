@@ -251,6 +251,7 @@ impl Origin {
     /// `new`, from the frame's JSON text alone: the `Value` is parsed only if someone asks
     /// for it. `json` must be one JSON value: the endpoint wrote it, or read it as one.
     pub fn from_native_json(protocol: impl Into<String>, json: String) -> Origin {
+        debug_assert!(is_json(&json), "not JSON: {json}");
         Origin {
             protocol: protocol.into(),
             native: OnceLock::new(),
@@ -263,6 +264,7 @@ impl Origin {
     /// (written from `native`, its keys would come out sorted). `json` must say what
     /// `native` says.
     pub fn with_native_json(protocol: impl Into<String>, native: Value, json: String) -> Origin {
+        debug_assert!(is_json(&json), "not JSON: {json}");
         let origin = Origin::new(protocol, Some(native));
         let _ = origin.native_json.set(Some(json));
         origin
@@ -325,9 +327,15 @@ impl<'de> Deserialize<'de> for Origin {
     }
 }
 
-/// Written with `native` spliced in from its JSON text. Envelopes are only ever written as
-/// JSON (the store's message bodies, before they left out what the row's columns hold),
-/// which is what `RawValue` requires.
+/// Whether `text` is one JSON value, as `Origin`'s frame text must be: the store writes it
+/// into a message's body as it is.
+fn is_json(text: &str) -> bool {
+    serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+}
+
+/// Written with `native` spliced in from its JSON text (read through again: the store
+/// writes its bodies itself, `message_body`, and this serves tests and diagnostics).
+/// Envelopes are only ever written as JSON, which is what `RawValue` requires.
 impl Serialize for Origin {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let native = self

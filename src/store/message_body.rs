@@ -90,6 +90,7 @@ pub(super) fn encode(env: &Envelope, body: &mut Vec<u8>) -> serde_json::Result<(
     // `"origin":{"native":…}` last, the frame's text written in as it is: it is JSON (the
     // endpoint wrote it, or read it as JSON), and making it a `RawValue` to have serde
     // write it would read it through again.
+    // `kind` is always written, so the object is not empty: a comma goes before `origin`.
     let closing = body.pop();
     debug_assert_eq!(closing, Some(b'}'), "an object was written");
     body.extend_from_slice(br#","origin":{"#);

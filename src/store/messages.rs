@@ -572,7 +572,7 @@ impl<'r> Row<'r> {
     }
 
     /// The row's columns, in `chunks::COLUMNS` order.
-    fn values(&self) -> [&dyn rusqlite::ToSql; 13] {
+    fn values(&self) -> [&dyn rusqlite::ToSql; chunks::COLUMN_COUNT] {
         [
             &self.id,
             &self.uuid,
@@ -590,10 +590,10 @@ impl<'r> Row<'r> {
         ]
     }
 
-    /// Runs without a savepoint (`Store::write_unguarded`): only the first statement can
-    /// fail on the data (and SQLite undoes it); any later failure fails the whole batch.
-    /// (A replacement's DELETE parses the stored body, which the store itself wrote with
-    /// serde_json: a body it cannot parse means a damaged database.)
+    /// Runs without a savepoint (`Store::write_unguarded`): the insert cannot fail on the
+    /// data (`OR IGNORE`, and a `Row` has no NULL where the schema forbids one); any later
+    /// failure fails the whole batch. (A replacement's DELETE parses the stored body, which
+    /// the store itself wrote: a body it cannot parse means a damaged database.)
     pub(super) fn insert(&self, batch: &mut Batch<'_>) -> Result<(), StoreError> {
         chunks::put_in(std::slice::from_ref(self), batch)
     }

@@ -1203,15 +1203,19 @@ fn gather(jobs: &mpsc::Receiver<Box<dyn Job>>, batch: &mut Vec<Box<dyn Job>>, de
     }
 }
 
-/// Joins `job`, when it is a journal round, to the round last in `batch` while that one
-/// fills less than one statement (`messages::ROWS_PER_STATEMENT`): rounds of a message or
-/// two (a few thousand a second) go in many to a statement too. Whether it did.
+/// Joins `job`, when it is a journal round, to the round last in `batch` while both fill
+/// less than one statement (`messages::ROWS_PER_STATEMENT`): rounds of a message or two (a
+/// few thousand a second) go in many to a statement too, and a large round is not copied.
+/// Whether it did.
 fn join_round(batch: &mut [Box<dyn Job>], job: &mut dyn Job) -> bool {
     let Some(last) = batch.last_mut().and_then(|last| last.as_round()) else {
         return false;
     };
     match job.as_round() {
-        Some(next) if last.rows < messages::ROWS_PER_STATEMENT => {
+        Some(next)
+            if last.rows < messages::ROWS_PER_STATEMENT
+                && next.rows < messages::ROWS_PER_STATEMENT =>
+        {
             last.records.extend_from_slice(&next.records);
             last.rows += next.rows;
             last.last = next.last;
@@ -1540,8 +1544,8 @@ mod tests {
         assert_eq!(rows_in_t(&store).await, 1);
     }
 
-    /// Small journal rounds are joined while the first fills less than a statement's
-    /// rows; other jobs, and rounds after a full one, stay apart.
+    /// Small journal rounds are joined while both fill less than a statement's rows;
+    /// other jobs, full rounds and rounds after a full one stay apart.
     #[test]
     fn the_writer_joins_small_rounds() {
         let round = |rows: usize, last: u64| -> Box<dyn Job> {
@@ -1558,13 +1562,14 @@ mod tests {
             (joined.records.as_slice(), joined.rows, joined.last),
             (&[1, 2, 2][..], 3, 3)
         );
-        assert!(join_round(
-            &mut batch,
-            &mut *round(messages::ROWS_PER_STATEMENT, 19)
-        ));
-        assert_eq!(batch[0].journaled_up_to(), Some(19));
         assert!(
-            !join_round(&mut batch, &mut *round(1, 20)),
+            !join_round(&mut batch, &mut *round(messages::ROWS_PER_STATEMENT, 19)),
+            "a full round is not copied"
+        );
+        assert!(join_round(&mut batch, &mut *round(14, 17)));
+        assert_eq!(batch[0].journaled_up_to(), Some(17));
+        assert!(
+            !join_round(&mut batch, &mut *round(1, 18)),
             "the first is full"
         );
         let mut other: Box<dyn Job> = Box::new(WriteJob::<_, ()> {

@@ -16,7 +16,7 @@ use crate::store::{Batch, StoreError};
 /// The columns of a message's row, as `Row::values` gives them.
 const COLUMNS: &str = "id, uuid, ts, sender, kind, reply_to, correlation_id, thread, task_id, \
                        everyone, origin, body, private";
-const COLUMN_COUNT: usize = 13;
+pub(super) const COLUMN_COUNT: usize = 13;
 /// Statements hold 1, 2, 4, 8 or 16 rows: a round's rows are written by the largest that
 /// fit, so that five statements of each kind are ever prepared.
 const SIZES: usize = 5;
@@ -94,8 +94,9 @@ pub(in crate::store) fn put_journaled_in(
         batch.pace(piece.len());
         match put_piece(piece, batch, &mut recipients) {
             Ok(()) => {}
-            // SQLite undid the failed statement; what went in before it is put in again
-            // (replacing itself), and the row that fails is left out.
+            // A row's own failure: the rows are put in again one at a time, those that
+            // went in before replacing themselves, and only the failing one is left out.
+            // (SQLite undid the failing statement; what came before it stays.)
             Err(e) if !e.is_passing(batch) => {
                 for row in piece {
                     row.put_in(batch)?;
@@ -126,6 +127,11 @@ fn put_piece<'r>(
         // Each new row took the rowid after the largest (SQLite does so until one is
         // 2^63 - 1), in the order written: the last is `last`.
         let first = last - inserted as i64 + 1;
+        debug_assert_eq!(
+            seq_of(rows.last().expect("a piece has rows"), batch).ok(),
+            Some(last),
+            "rows numbered in the order written"
+        );
         recipients.clear();
         for (row, seq) in rows.iter().zip(first..) {
             recipients.extend(row.recipients().map(|name| (name, seq)));
@@ -135,17 +141,12 @@ fn put_piece<'r>(
     // Some ids were stored already: a client resending, or twice among these rows.
     // The rows inserted took the rowids after every stored one; the others replace the
     // message with their id, in order, as they would have one statement at a time.
-    let first_new = if inserted > 0 {
-        last - inserted as i64 + 1
-    } else {
-        i64::MAX
-    };
+    let first_new = (inserted > 0).then(|| last - inserted as i64 + 1);
     let mut seen = HashSet::new();
     for row in rows {
-        let seq: i64 = batch
-            .statement("SELECT seq FROM messages WHERE id = ?1")?
-            .query_row([row.id], |r| r.get(0))?;
-        let seq = if seq >= first_new && seen.insert(row.id.0) {
+        let seq = seq_of(row, batch)?;
+        let new = first_new.is_some_and(|first| seq >= first);
+        let seq = if new && seen.insert(row.id.0) {
             seq
         } else {
             row.replace(batch.conn())?
@@ -155,6 +156,13 @@ fn put_piece<'r>(
         insert_recipients(recipients, batch)?;
     }
     Ok(())
+}
+
+/// The stored message with `row`'s id: its number.
+fn seq_of(row: &Row<'_>, batch: &mut Batch<'_>) -> Result<i64, StoreError> {
+    Ok(batch
+        .statement("SELECT seq FROM messages WHERE id = ?1")?
+        .query_row([row.id], |r| r.get(0))?)
 }
 
 fn insert_recipients(
