@@ -595,7 +595,7 @@ impl<'r> Row<'r> {
     /// failure fails the whole batch. (A replacement's DELETE parses the stored body, which
     /// the store itself wrote: a body it cannot parse means a damaged database.)
     pub(super) fn insert(&self, batch: &mut Batch<'_>) -> Result<(), StoreError> {
-        chunks::put_in(std::slice::from_ref(self), batch)
+        chunks::put_piece(std::slice::from_ref(self), batch, &mut Vec::new())
     }
 
     /// Replaces the stored message with this row's id (a client resending): the stored

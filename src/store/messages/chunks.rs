@@ -72,19 +72,11 @@ fn of_size(statements: &'static [String; SIZES], size: usize) -> &'static str {
     &statements[size.trailing_zeros() as usize]
 }
 
-/// Puts `rows` in the database, in order, as one `Row::insert` after another would: a
-/// row with an id already stored replaces that message.
-pub(in crate::store) fn put_in(rows: &[Row<'_>], batch: &mut Batch<'_>) -> Result<(), StoreError> {
-    let mut recipients = Vec::new();
-    for piece in pieces(rows) {
-        put_piece(piece, batch, &mut recipients)?;
-    }
-    Ok(())
-}
-
-/// `put_in` for a journal round's rows, which must not be lost to a passing failure nor
-/// hold up every message after them (`Row::put_in`): pieces that fail on their data are
-/// put in a row at a time, leaving out only the rows that fail.
+/// Puts a journal round's `rows` in the database, in order, as one `Row::insert` after
+/// another would (a row with an id already stored replaces that message). They must not
+/// be lost to a passing failure nor hold up every message after them (`Row::put_in`):
+/// pieces that fail on their data are put in a row at a time, leaving out only the rows
+/// that fail.
 pub(in crate::store) fn put_journaled_in(
     rows: &[Row<'_>],
     batch: &mut Batch<'_>,
@@ -109,8 +101,9 @@ pub(in crate::store) fn put_journaled_in(
 }
 
 /// Inserts `rows` (a power of two of them, at most `ROWS_PER_STATEMENT`) and their recipients;
-/// `recipients` is room to gather them in.
-fn put_piece<'r>(
+/// `recipients` is room to gather them in. A row with an id already stored replaces that
+/// message.
+pub(super) fn put_piece<'r>(
     rows: &[Row<'r>],
     batch: &mut Batch<'_>,
     recipients: &mut Vec<(Text<'r>, i64)>,
