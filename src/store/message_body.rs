@@ -7,11 +7,12 @@
 //! from the columns. Bodies written by earlier versions hold the whole envelope: the same
 //! values, passed over.
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::core::{Attachment, Audience, Envelope, Kind, Origin, Priority, TaskInfo};
+use crate::json_writer::ObjectWriter;
 
 /// What a message's row holds in columns of its own, read back with its body.
 pub(super) struct Columns {
@@ -71,34 +72,50 @@ pub(super) fn encode(env: &Envelope, body: &mut Vec<u8>) -> serde_json::Result<(
         ttl_secs,
         origin,
     } = env;
-    serde_json::to_writer(
-        &mut *body,
-        &BodyOut {
-            to,
-            mentions,
-            audience,
-            echo: *echo,
-            kind: *kind,
-            task: task.as_deref(),
-            text: text.as_deref(),
-            data: data.as_ref(),
-            attachments,
-            priority: *priority,
-            ttl_secs: *ttl_secs,
-        },
-    )?;
-    // `"origin":{"native":…}` last, the frame's text written in as it is: it is JSON (the
-    // endpoint wrote it, or read it as JSON), and making it a `RawValue` to have serde
-    // write it would read it through again.
-    // `kind` is always written, so the object is not empty: a comma goes before `origin`.
-    let closing = body.pop();
-    debug_assert_eq!(closing, Some(b'}'), "an object was written");
-    body.extend_from_slice(br#","origin":{"#);
-    if let Some(native) = origin.native_json() {
-        body.extend_from_slice(br#""native":"#);
-        body.extend_from_slice(native.as_bytes());
+    // Fields at their default are left out: most messages have them. Names and forms are
+    // `Envelope`'s own serde form, which `BodyIn` reads.
+    let mut body = ObjectWriter::start(body);
+    if !to.is_empty() {
+        body.strings("to", to);
     }
-    body.extend_from_slice(b"}}");
+    if !mentions.is_empty() {
+        body.strings("mentions", mentions);
+    }
+    if !audience.is_addressed() {
+        body.serialized("audience", audience)?;
+    }
+    if *echo {
+        body.raw("echo", "true");
+    }
+    body.serialized("kind", kind)?;
+    if let Some(task) = task {
+        body.serialized("task", task)?;
+    }
+    if let Some(text) = text {
+        body.string("text", text);
+    }
+    if let Some(data) = data {
+        body.serialized("data", data)?;
+    }
+    if !attachments.is_empty() {
+        body.serialized("attachments", attachments)?;
+    }
+    if !priority.is_normal() {
+        body.serialized("priority", priority)?;
+    }
+    if let Some(ttl_secs) = ttl_secs {
+        body.serialized("ttl_secs", ttl_secs)?;
+    }
+    // The frame's text as it is: it is JSON (the endpoint wrote it, or read it as JSON),
+    // and making it a `RawValue` to have serde write it would read it through again.
+    let origin_field = body.key("origin");
+    origin_field.push(b'{');
+    if let Some(native) = origin.native_json() {
+        origin_field.extend_from_slice(br#""native":"#);
+        origin_field.extend_from_slice(native.as_bytes());
+    }
+    origin_field.push(b'}');
+    body.end();
     Ok(())
 }
 
@@ -147,32 +164,6 @@ pub(super) fn decode(columns: Columns, body: &str) -> serde_json::Result<Envelop
 }
 
 // Field names and defaults as `Envelope`'s own serde form, which older bodies are in.
-
-#[derive(Serialize)]
-struct BodyOut<'a> {
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    to: &'a [String],
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    mentions: &'a [String],
-    #[serde(skip_serializing_if = "Audience::is_addressed")]
-    audience: &'a Audience,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    echo: bool,
-    kind: Kind,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    task: Option<&'a TaskInfo>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    text: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    data: Option<&'a Value>,
-    #[serde(skip_serializing_if = "<[Attachment]>::is_empty")]
-    attachments: &'a [Attachment],
-    #[serde(skip_serializing_if = "Priority::is_normal")]
-    priority: Priority,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ttl_secs: Option<u64>,
-    // `origin` is written after it (`encode`).
-}
 
 #[derive(Deserialize)]
 struct BodyIn {
@@ -281,6 +272,23 @@ mod tests {
             json!({ "native": { "type": "chat", "text": "hi" } })
         );
         assert_eq!(decode(columns(&env), &body).unwrap(), env);
+        // The rest is the envelope's own serde form, field for field.
+        let mut whole = serde_json::to_value(&env).unwrap();
+        let whole = whole.as_object_mut().unwrap();
+        for column in [
+            "id",
+            "from",
+            "timestamp",
+            "reply_to",
+            "correlation_id",
+            "thread",
+            "origin",
+        ] {
+            whole.remove(column);
+        }
+        let mut json = json.as_object().unwrap().clone();
+        json.remove("origin");
+        assert_eq!(json, *whole);
 
         let plain = Envelope::new("test", "alice", Kind::Chat);
         let body = encoded(&plain);

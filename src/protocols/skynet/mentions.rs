@@ -14,7 +14,7 @@ pub type Candidates = at_names::Needles<String>;
 /// Enriches a message's mentions (`ids`, the client's, each once) in place, from `text`, a
 /// chat's `payload.text`. `candidates` are in the order they are tried: registered
 /// agents, then humans, then agents of other protocols. (A message whose mentions come
-/// to nothing is written without the field: `SentMessage`'s `Serialize`.)
+/// to nothing is written without the field: `SentMessage::to_json`.)
 pub fn enrich(
     ids: &mut Vec<String>,
     text: Option<&str>,

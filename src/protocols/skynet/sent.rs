@@ -7,13 +7,13 @@
 
 use std::sync::Arc;
 
-use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::mentions;
 use super::wire::{Data, FrameError, MAX_ATTACHMENT_SIZE, as_millis, invalid};
 use crate::core::{new_message_id, now_ms};
+use crate::json_writer::ObjectWriter;
 use crate::protocols::raw_object::RawObject;
 
 /// A sent SkynetMessage. `stamp` fills in what the server sets.
@@ -126,17 +126,65 @@ impl<'a> SentMessage<'a> {
         })
     }
 
-    /// The message as Skynet peers are sent it and the store keeps it; after `stamp`.
+    /// The message as Skynet peers are sent it and the store keeps it; after `stamp`:
+    /// the client's fields in its order, as it wrote them, but for what `stamp` sets and
+    /// the mentions as enriched; those the client left out follow.
     pub fn to_json(&self) -> String {
         debug_assert!(
             self.id.is_some() && self.timestamp.is_some(),
             "written before it was stamped"
         );
-        // Into a buffer sized for it: grown from serde_json's 128 bytes, the text was
-        // copied two or three times.
+        let id = self.id.as_deref().unwrap_or_default();
+        let timestamp = self.timestamp.unwrap_or_default();
+        // Into a buffer sized for it: grown from a few bytes, the text was copied two or
+        // three times.
         let mut json = Vec::with_capacity(self.size_hint());
-        serde_json::to_writer(&mut json, self).expect("field names are strings");
-        String::from_utf8(json).expect("serde_json writes UTF-8")
+        let mut object = ObjectWriter::start(&mut json);
+        let (mut from_written, mut id_written, mut timestamp_written) = (false, false, false);
+        let mut mentions_written = false;
+        for (name, value) in self.fields.iter() {
+            match name {
+                "from" => {
+                    object.string(name, &self.from);
+                    from_written = true;
+                }
+                "id" => {
+                    object.string(name, id);
+                    id_written = true;
+                }
+                // A client's number as it wrote it (`1.7e12` stays so).
+                "timestamp" if is_number(value) => {
+                    object.raw(name, value.get());
+                    timestamp_written = true;
+                }
+                "timestamp" => {
+                    object.raw(name, itoa::Buffer::new().format(timestamp));
+                    timestamp_written = true;
+                }
+                "replyTo" if self.reply_to.is_none() => {}
+                "mentions" => {
+                    if !self.mentions.is_empty() {
+                        object.strings(name, &self.mentions);
+                    }
+                    mentions_written = true;
+                }
+                _ => object.raw(name, value.get()),
+            }
+        }
+        if !from_written {
+            object.string("from", &self.from);
+        }
+        if !id_written {
+            object.string("id", id);
+        }
+        if !timestamp_written {
+            object.raw("timestamp", itoa::Buffer::new().format(timestamp));
+        }
+        if !mentions_written && !self.mentions.is_empty() {
+            object.strings("mentions", &self.mentions);
+        }
+        object.end();
+        String::from_utf8(json).expect("written from strings")
     }
 
     /// About how long `to_json`'s text is: the client's fields as written and what `stamp`
@@ -150,60 +198,6 @@ impl<'a> SentMessage<'a> {
         let mentions: usize = self.mentions.iter().map(|m| m.len() + 3).sum();
         let id = self.id.as_ref().map_or(0, String::len);
         fields + mentions + id + self.from.len() + 64
-    }
-}
-
-/// The client's fields in its order, as it wrote them, but for what `stamp` sets and the
-/// mentions as enriched; those the client left out follow.
-impl Serialize for SentMessage<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let id = self.id.as_deref().unwrap_or_default();
-        let timestamp = self.timestamp.unwrap_or_default();
-        let mut map = serializer.serialize_map(None)?;
-        let (mut from_written, mut id_written, mut timestamp_written) = (false, false, false);
-        let mut mentions_written = false;
-        for (name, value) in self.fields.iter() {
-            match name {
-                "from" => {
-                    map.serialize_entry(name, &self.from)?;
-                    from_written = true;
-                }
-                "id" => {
-                    map.serialize_entry(name, id)?;
-                    id_written = true;
-                }
-                // A client's number as it wrote it (`1.7e12` stays so).
-                "timestamp" if is_number(value) => {
-                    map.serialize_entry(name, value)?;
-                    timestamp_written = true;
-                }
-                "timestamp" => {
-                    map.serialize_entry(name, &timestamp)?;
-                    timestamp_written = true;
-                }
-                "replyTo" if self.reply_to.is_none() => {}
-                "mentions" => {
-                    if !self.mentions.is_empty() {
-                        map.serialize_entry(name, &self.mentions)?;
-                    }
-                    mentions_written = true;
-                }
-                _ => map.serialize_entry(name, value)?,
-            }
-        }
-        if !from_written {
-            map.serialize_entry("from", &self.from)?;
-        }
-        if !id_written {
-            map.serialize_entry("id", id)?;
-        }
-        if !timestamp_written {
-            map.serialize_entry("timestamp", &timestamp)?;
-        }
-        if !mentions_written && !self.mentions.is_empty() {
-            map.serialize_entry("mentions", &self.mentions)?;
-        }
-        map.end()
     }
 }
 
