@@ -70,7 +70,7 @@ pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> Envelop
         timestamp,
         reply_to,
         mentions,
-        payload,
+        mut payload,
         ..
     } = msg;
     // `stamp` gave the message its id; one not stamped gets one here.
@@ -94,10 +94,11 @@ pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> Envelop
 
     match env.kind {
         Kind::Chat => {
-            env.text = payload
-                .get("text")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
+            // Taken out of the payload, which goes no further: not copied.
+            env.text = match payload.get_mut("text").map(Value::take) {
+                Some(Value::String(text)) => Some(text),
+                _ => None,
+            };
             env.attachments = payload
                 .get("attachments")
                 .and_then(Value::as_array)

@@ -53,11 +53,14 @@ pub async fn serve(socket: Socket, skynet: Arc<Skynet>) {
         pending: InFlight::new(),
     };
     let shutdown = skynet.shutdown.clone();
+    // Made once: a `cancelled()` made afresh each turn of the loop registered with the
+    // token and left it again, under its lock, for every frame and delivery.
+    let mut shutting_down = std::pin::pin!(shutdown.cancelled());
     loop {
         let mailbox = conn.joined.as_ref().map(|j| j.session.mailbox.clone());
         tokio::select! {
             biased;
-            _ = shutdown.cancelled() => {
+            _ = &mut shutting_down => {
                 conn.close(1001, "server shutting down").await;
                 break;
             }

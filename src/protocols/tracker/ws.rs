@@ -137,13 +137,17 @@ struct Live {
 impl Live {
     async fn run(&mut self) {
         let timeout = Duration::from_millis(self.tracker.config.heartbeat_timeout_ms);
-        let mut deadline = Instant::now() + timeout;
         let shutdown = self.tracker.shutdown.clone();
         let mailbox = self.conn.mailbox.clone();
+        // The shutdown and the heartbeat's timer are made once, the timer moved as
+        // heartbeats come: made afresh each turn of the loop, each registered (the timer in
+        // the runtime's wheel) and left again for every frame and delivery.
+        let mut shutting_down = std::pin::pin!(shutdown.cancelled());
+        let mut timed_out = std::pin::pin!(sleep_until(Instant::now() + timeout));
         loop {
             tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => {
+                _ = &mut shutting_down => {
                     self.socket.close(1001, "server shutting down").await;
                     return;
                 }
@@ -161,7 +165,7 @@ impl Live {
                     };
                     match wire::parse_client_frame(&text) {
                         Ok(ClientFrame::Heartbeat { status }) => {
-                            deadline = Instant::now() + timeout;
+                            timed_out.as_mut().reset(Instant::now() + timeout);
                             let change = self.tracker.members.heartbeat(&self.member.slug, self.conn.id, status);
                             Box::pin(self.tracker.announce(&self.member.slug, change)).await;
                         }
@@ -187,8 +191,8 @@ impl Live {
                         return;
                     }
                 },
-                _ = sleep_until(deadline) => {
-                    deadline = Instant::now() + NEVER;
+                _ = &mut timed_out => {
+                    timed_out.as_mut().reset(Instant::now() + NEVER);
                     let change = self.tracker.members.timed_out(&self.member.slug, self.conn.id);
                     Box::pin(self.tracker.announce(&self.member.slug, change)).await;
                 }
