@@ -56,7 +56,9 @@ impl<T> Needles<T> {
     /// the name.
     pub fn found_in(&self, lower: &str, ends: impl Fn(&str) -> bool) -> impl Iterator<Item = &T> {
         let mut found = Vec::new();
-        for (at, _) in lower.match_indices('@') {
+        // memchr rather than `match_indices('@')`, whose searcher cost 150 instructions an
+        // `@`.
+        for at in memchr::memchr_iter(b'@', lower.as_bytes()) {
             let rest = &lower[at..];
             let same_start = rest
                 .as_bytes()

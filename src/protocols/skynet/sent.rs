@@ -241,14 +241,16 @@ fn optional_string(fields: &RawObject<'_>, name: &str) -> Result<Option<String>,
     }
 }
 
-fn each_once(list: Vec<String>) -> Vec<String> {
-    let mut unique: Vec<String> = Vec::with_capacity(list.len());
-    for id in list {
-        if !unique.contains(&id) {
-            unique.push(id);
+fn each_once(mut list: Vec<String>) -> Vec<String> {
+    let mut seen = 0;
+    while seen < list.len() {
+        if list[..seen].contains(&list[seen]) {
+            list.remove(seen);
+        } else {
+            seen += 1;
         }
     }
-    unique
+    list
 }
 
 fn check_chat_payload(payload: &Value) -> Result<(), FrameError> {
