@@ -59,6 +59,16 @@ impl<'a> RawObject<'a> {
     }
 }
 
+/// A string value's text when it has no escapes, which is then the string itself; `None`
+/// for a string with escapes, or a value that is not a string. (A value read by serde_json
+/// starts at its first byte and holds no control characters.)
+pub fn plain_string(value: &RawValue) -> Option<&str> {
+    let inner = value.get().strip_prefix('"')?.strip_suffix('"')?;
+    memchr::memchr(b'\\', inner.as_bytes())
+        .is_none()
+        .then_some(inner)
+}
+
 impl<'de> Deserialize<'de> for RawObject<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_map(ObjectVisitor)
@@ -139,6 +149,31 @@ mod tests {
             .iter()
             .map(|(name, value)| (name.to_owned(), value.get().to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn a_plain_string_is_read_from_its_text_and_no_other_value_is() {
+        let object = RawObject::parse(
+            r#"{"a":"chat","b":"","c":"h\u00e9","d":"q\"","e":1,"f":null,"g":["x"],"h":"é ✓"}"#,
+        )
+        .unwrap();
+        let plain: Vec<_> = object
+            .iter()
+            .map(|(name, value)| (name, plain_string(value)))
+            .collect();
+        assert_eq!(
+            plain,
+            [
+                ("a", Some("chat")),
+                ("b", Some("")),
+                ("c", None),
+                ("d", None),
+                ("e", None),
+                ("f", None),
+                ("g", None),
+                ("h", Some("é ✓")),
+            ]
+        );
     }
 
     #[test]
