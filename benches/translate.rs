@@ -273,8 +273,7 @@ impl Fixture {
         msg.stamp(sender_id);
         // For a text with an `@`, the endpoint takes its cached member list.
         msg.enrich_mentions(sender_id, || self.candidates.clone());
-        let unknown = skynet::translate::unknown_mentions(&msg.mentions, peers);
-        let env = skynet::translate::decode(msg, SENDER, peers);
+        let (env, unknown) = skynet::translate::decode(msg, SENDER, peers);
         black_box(unknown);
         env
     }

@@ -3,10 +3,11 @@
 //! store keeps.
 //!
 //! serde_json escapes a string a byte at a time and writes each quote, comma and colon as
-//! a write of its own: for a chat message's dozen short strings that was 3,100
-//! instructions, more than reading its frame. Here a string is checked eight bytes at a
-//! time and copied whole; the rare one that needs escaping, and every value that is not a
-//! string, is still written by serde_json, so the text is the same byte for byte.
+//! a write of its own: for a chat message's sixteen short strings that was 3,100
+//! instructions. Here a string is checked eight bytes at a time and copied whole. The rare
+//! string that needs escaping, and every structured value (a task, data, attachments),
+//! is still written by serde_json; the rest is text already (a client's value as written,
+//! an integer by `itoa` as serde_json writes it). The text is the same byte for byte.
 
 use serde::Serialize;
 
@@ -54,6 +55,7 @@ fn word_needs_escaping(word: [u8; 8]) -> bool {
 }
 
 /// An object being written: `start`, a call per field, then `end`.
+#[must_use = "an object is closed by `end`"]
 pub struct ObjectWriter<'o> {
     out: &'o mut Vec<u8>,
     empty: bool,

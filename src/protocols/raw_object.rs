@@ -60,8 +60,9 @@ impl<'a> RawObject<'a> {
 }
 
 /// A string value's text when it has no escapes, which is then the string itself; `None`
-/// for a string with escapes, or a value that is not a string. (A value read by serde_json
-/// starts at its first byte and holds no control characters.)
+/// for a string with escapes, or a value that is not a string. serde_json's `RawValue`
+/// holds no whitespace around the value and refuses raw control characters in a string,
+/// and a `"` without a `\` before it ends one: quoted text with no `\` is the string.
 pub fn plain_string(value: &RawValue) -> Option<&str> {
     let inner = value.get().strip_prefix('"')?.strip_suffix('"')?;
     memchr::memchr(b'\\', inner.as_bytes())

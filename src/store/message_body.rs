@@ -72,7 +72,7 @@ pub(super) fn encode(env: &Envelope, body: &mut Vec<u8>) -> serde_json::Result<(
         ttl_secs,
         origin,
     } = env;
-    // Fields at their default are left out: most messages have them. Names and forms are
+    // Fields at their default are left out, as most messages leave them. Names and forms are
     // `Envelope`'s own serde form, which `BodyIn` reads.
     let mut body = ObjectWriter::start(body);
     if !to.is_empty() {
@@ -289,6 +289,11 @@ mod tests {
         let mut json = json.as_object().unwrap().clone();
         json.remove("origin");
         assert_eq!(json, *whole);
+        // And in the order the fields were always written in.
+        assert_eq!(
+            body,
+            r#"{"to":["bob"],"mentions":["carol"],"audience":{"type":"group","id":"crew"},"echo":true,"kind":"task_assign","task":{"id":"t-1","state":"assigned"},"text":"say \"hi\"","data":{"k":[1,2]},"attachments":[{"name":"a.txt","mime_type":"text/plain","size":2,"data":"aGk="}],"priority":"high","ttl_secs":60,"origin":{"native":{"text":"hi","type":"chat"}}}"#
+        );
 
         let plain = Envelope::new("test", "alice", Kind::Chat);
         let body = encoded(&plain);

@@ -253,12 +253,12 @@ fn string_of(value: &RawValue) -> Option<String> {
 }
 
 fn each_once(mut list: Vec<String>) -> Vec<String> {
-    let mut seen = 0;
-    while seen < list.len() {
-        if list[..seen].contains(&list[seen]) {
-            list.remove(seen);
+    let mut kept = 0;
+    while kept < list.len() {
+        if list[..kept].contains(&list[kept]) {
+            list.remove(kept);
         } else {
-            seen += 1;
+            kept += 1;
         }
     }
     list

@@ -50,19 +50,11 @@ pub fn task_state_from_skynet(status: &str) -> Option<TaskState> {
         .map(|(s, _)| *s)
 }
 
-/// The mentioned card ids no agent holds (`@all` aside): the sender is told of them.
-pub fn unknown_mentions(mentions: &[String], peers: &impl Peers) -> Vec<String> {
-    mentions
-        .iter()
-        .filter(|id| *id != wire::MENTION_ALL && peers.name_of(id).is_none())
-        .cloned()
-        .collect()
-}
-
 /// A sent SkynetMessage the server has normalised (`stamp`, mentions enriched) →
-/// Envelope. `sender` is the sender's agent name; the message, as text, becomes
+/// Envelope, and the mentioned card ids no agent holds (`@all` aside), which the sender is
+/// told of. `sender` is the sender's agent name; the message, as text, becomes
 /// `origin.native`.
-pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> Envelope {
+pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> (Envelope, Vec<String>) {
     let native = msg.to_json();
     let SentMessage {
         msg_type,
@@ -82,13 +74,17 @@ pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> Envelop
     }
     env.reply_to = reply_to;
     env.echo = true;
-    for id in &mentions {
+    // Each id looked up once: the directory's lookup takes a shard's lock.
+    let mut unknown = Vec::new();
+    for id in mentions {
         if id == wire::MENTION_ALL {
             env.audience = Audience::Everyone;
-        } else if let Some(name) = peers.name_of(id)
-            && !env.mentions.contains(&name)
-        {
-            env.mentions.push(name);
+        } else if let Some(name) = peers.name_of(&id) {
+            if !env.mentions.contains(&name) {
+                env.mentions.push(name);
+            }
+        } else {
+            unknown.push(id);
         }
     }
 
@@ -156,7 +152,7 @@ pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> Envelop
             }
         }
     }
-    env
+    (env, unknown)
 }
 
 /// Envelope → the frame a Skynet client receives: a bare SkynetMessage, or for a status
@@ -449,7 +445,8 @@ mod tests {
             panic!("a send");
         };
         msg.stamp("id-a");
-        let env = decode(msg, "alice", &peers());
+        let (env, unknown) = decode(msg, "alice", &peers());
+        assert_eq!(unknown, ["unknown"]);
         assert_eq!(env.id, "m1");
         assert_eq!(env.kind, Kind::Chat);
         assert_eq!(env.mentions, ["bob"]);

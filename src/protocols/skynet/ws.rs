@@ -258,8 +258,7 @@ impl Connection {
             msg.stamp(&joined.agent_id);
             let skynet = self.skynet.clone();
             msg.enrich_mentions(&joined.agent_id, || skynet.mention_candidates());
-            let unknown = translate::unknown_mentions(&msg.mentions, skynet.as_ref());
-            let env = translate::decode(msg, &joined.name, skynet.as_ref());
+            let (env, unknown) = translate::decode(msg, &joined.name, skynet.as_ref());
             let staged = skynet.core.stage(env).await;
             self.pending.push(staged, unknown);
             Flow::Continue

@@ -140,8 +140,8 @@ impl Live {
         let shutdown = self.tracker.shutdown.clone();
         let mailbox = self.conn.mailbox.clone();
         // The shutdown and the heartbeat's timer are made once, the timer moved as
-        // heartbeats come: made afresh each turn of the loop, each registered (the timer in
-        // the runtime's wheel) and left again for every frame and delivery.
+        // heartbeats come. Made afresh each turn of the loop, each was registered (the
+        // timer in the runtime's wheel) and removed again for every frame and delivery.
         let mut shutting_down = std::pin::pin!(shutdown.cancelled());
         let mut timed_out = std::pin::pin!(sleep_until(Instant::now() + timeout));
         loop {
