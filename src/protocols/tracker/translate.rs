@@ -131,7 +131,7 @@ pub fn encode(env: &Envelope, ctx: &impl Context) -> Option<Value> {
     Some(match shown(env, ctx)? {
         Shown::Native(frame) => frame.clone(),
         Shown::Event(frame) => frame,
-        Shown::Message(out) => wire::event(MESSAGE_NEW, out),
+        Shown::Message(out) => wire::event(wire::MESSAGE_NEW, out),
     })
 }
 
@@ -142,11 +142,9 @@ pub fn encode_text(env: &Envelope, ctx: &impl Context) -> Option<String> {
         // Serialized once already, for the store.
         Shown::Native(_) => env.origin.native_json()?.to_owned(),
         Shown::Event(frame) => serde_json::to_string(&frame).ok()?,
-        Shown::Message(out) => wire::event_text(MESSAGE_NEW, &out),
+        Shown::Message(out) => wire::message_new_text(&out),
     })
 }
-
-const MESSAGE_NEW: &str = "message.new";
 
 /// What a Tracker connection is shown for a message.
 enum Shown<'a> {
@@ -342,7 +340,7 @@ pub fn decode_message(
         })
     });
     env.thread = thread;
-    env.origin = wire::event_origin(MESSAGE_NEW, out);
+    env.origin = wire::message_new_origin(out);
     env
 }
 
