@@ -1,5 +1,5 @@
-//! JSON objects written field by field into a byte buffer, for the two texts every relayed
-//! message is written as: the frame its own protocol's peers are sent and the body the
+//! JSON objects written field by field into a byte buffer, for the texts every relayed
+//! message is written as: the frame a Skynet or Tracker peer is sent and the body the
 //! store keeps.
 //!
 //! serde_json escapes a string a byte at a time and writes each quote, comma and colon as
