@@ -224,8 +224,8 @@ pub fn preview(env: &Envelope) -> Vec<Frame> {
                 comment.text = Some(note);
                 comment.thread = env.task.as_ref().map(|t| t.id.clone());
                 frames.push(frame(
-                    "message.new",
-                    wire::event("message.new", message_out(&comment, &Names)),
+                    wire::MESSAGE_NEW,
+                    wire::event(wire::MESSAGE_NEW, message_out(&comment, &Names)),
                 ));
             }
             frames

@@ -143,12 +143,12 @@ pub struct MessageOut {
 impl MessageOut {
     /// Appends the message as serde writes it (the test holds the two to the same text),
     /// field by field (`json_writer`): every message relayed to a Tracker member is one,
-    /// and serde's strings cost 2.5k instructions of its 4.1k.
+    /// and its strings were 2.5k of the 4.1k instructions serde took to write one.
     pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
         let mut message = ObjectWriter::start(out);
         message.string("id", &self.id);
-        optional_string(&mut message, "chat_id", self.chat_id.as_deref());
-        optional_string(&mut message, "task_id", self.task_id.as_deref());
+        message.string_or_null("chat_id", self.chat_id.as_deref());
+        message.string_or_null("task_id", self.task_id.as_deref());
         message.string("author_type", self.author_type.as_str());
         message.string("author_slug", &self.author_slug);
         message.string("content", &self.content);
@@ -162,13 +162,6 @@ impl MessageOut {
         }
         message.end();
         Ok(())
-    }
-}
-
-fn optional_string(object: &mut ObjectWriter<'_>, name: &str, value: Option<&str>) {
-    match value {
-        Some(value) => object.string(name, value),
-        None => object.raw(name, "null"),
     }
 }
 
@@ -426,6 +419,8 @@ mod tests {
             ..full.clone()
         };
         for message in [full, bare] {
+            // Written without falling back to serde, and as serde writes it.
+            assert!(message.write_json(&mut Vec::new()).is_ok());
             assert_eq!(
                 message_new_text(&message),
                 event_text(MESSAGE_NEW, &message)
