@@ -21,7 +21,7 @@ pub fn enrich(
     sender_id: &str,
     candidates: impl FnOnce() -> Arc<Candidates>,
 ) {
-    let Some(text) = text.filter(|t| memchr::memchr(b'@', t.as_bytes()).is_some()) else {
+    let Some(text) = text.filter(|t| at_names::has_at(t)) else {
         return;
     };
     let lower = text.to_lowercase();

@@ -183,7 +183,7 @@ impl Tracker {
     /// Agents named as `@name` in text, against the whole directory (case-insensitive, and
     /// the name must end there: `@coder` does not mention `coder-2`), oldest first.
     pub fn mentioned_in(&self, text: &str) -> Vec<String> {
-        if memchr::memchr(b'@', text.as_bytes()).is_none() {
+        if !at_names::has_at(text) {
             return Vec::new();
         }
         mentions_in(&self.mention_names(), text)
