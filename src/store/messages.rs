@@ -166,6 +166,17 @@ pub(super) static MIGRATIONS: &[Migration] = &[
         ALTER TABLE message_recipients_v8 RENAME TO message_recipients;
     ",
     },
+    Migration {
+        version: 9,
+        // `uuid` is '' when the id is its own UUID form, as the bridge's and most clients'
+        // ids are: the column repeated 36 bytes of every row (6 % of a relayed chat's row,
+        // all of it written to the log and again to the database). Rows stored before keep
+        // `uuid = id`; the index leaves out both kinds, and holds only derived UUIDs.
+        sql: "
+        DROP INDEX messages_by_uuid;
+        CREATE INDEX messages_by_uuid ON messages (uuid) WHERE uuid <> id AND uuid <> '';
+    ",
+    },
 ];
 
 /// Records the last journal record a batch put in, in that batch.
@@ -308,7 +319,7 @@ impl Store {
                 .prepare_cached(
                     "SELECT id FROM messages WHERE id = ?1
                      UNION ALL
-                     SELECT id FROM messages WHERE uuid = ?1 AND uuid <> id
+                     SELECT id FROM messages WHERE uuid = ?1 AND uuid <> id AND uuid <> ''
                      LIMIT 1",
                 )?
                 .query_row([uuid], |r| r.get(0))
@@ -453,12 +464,11 @@ pub(super) fn record(env: &Envelope) -> Result<Vec<u8>, StoreError> {
     let mut buf = Vec::with_capacity(256 + message_body::size_hint(env));
     let mut uuid = uuid::Uuid::encode_buffer();
     fields::put_str(&mut buf, &env.id);
-    fields::put_str(
-        &mut buf,
-        crate::core::message_uuid(&env.id)
-            .hyphenated()
-            .encode_lower(&mut uuid),
-    );
+    let uuid = crate::core::message_uuid(&env.id)
+        .hyphenated()
+        .encode_lower(&mut uuid);
+    // '' for an id that is its own UUID form (migration 9).
+    fields::put_str(&mut buf, if *uuid == *env.id { "" } else { uuid });
     fields::put_u64(&mut buf, env.timestamp as u64);
     fields::put_str(&mut buf, &env.from);
     fields::put_str(&mut buf, env.kind.as_str());
@@ -1232,7 +1242,7 @@ mod tests {
         let mut buf = record(&env).unwrap();
         let back = Row::decode(&buf).unwrap();
         assert_eq!(back.id, Text(env.id.as_bytes()));
-        assert_eq!(back.uuid, Text(crate::core::uuid_form(&env.id).as_bytes()));
+        assert_eq!(back.uuid, Text(b""), "the id is its own UUID form");
         assert_eq!(
             (back.ts, back.sender, back.kind),
             (5, Text(b"a"), Kind::Chat)
@@ -1253,6 +1263,53 @@ mod tests {
         assert!(Row::decode(&buf[..buf.len() - 1]).is_none());
         buf.push(0);
         assert!(Row::decode(&buf).is_none(), "trailing bytes");
+    }
+
+    /// A message is found by its UUID form whether its id is one (stored with `uuid`
+    /// empty, or as itself before migration 9), is one in capitals, or is not one.
+    #[tokio::test]
+    async fn a_message_is_found_by_its_uuid_form() {
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        let own = chat("a", 1, &[]);
+        let mut derived = chat("a", 2, &[]);
+        derived.id = "msg-1".into();
+        let mut capitals = chat("a", 3, &[]);
+        capitals.id = crate::core::uuid_form("msg-2").to_uppercase();
+        let mut before_9 = chat("a", 4, &[]);
+        before_9.id = crate::core::uuid_form("msg-3");
+        for env in [&own, &derived, &capitals, &before_9] {
+            store.insert_message(env).await.unwrap();
+        }
+        let id = before_9.id.clone();
+        store
+            .write(move |c| Ok(c.execute("UPDATE messages SET uuid = id WHERE id = ?1", [id])?))
+            .await
+            .unwrap();
+        let stored: Vec<String> = store
+            .read(|c| {
+                let mut stmt = c.prepare("SELECT uuid FROM messages ORDER BY seq")?;
+                let uuids = stmt.query_map([], |r| r.get(0))?;
+                Ok(uuids.collect::<rusqlite::Result<_>>()?)
+            })
+            .await
+            .unwrap();
+        let form = crate::core::uuid_form;
+        assert_eq!(
+            stored,
+            [
+                "".into(),
+                form("msg-1"),
+                form(&capitals.id),
+                before_9.id.clone()
+            ]
+        );
+        for env in [&own, &derived, &capitals, &before_9] {
+            let found = store.message_id_by_uuid(&form(&env.id)).await.unwrap();
+            assert_eq!(found.as_deref(), Some(env.id.as_str()));
+        }
+        let unknown = form("msg-4");
+        assert_eq!(store.message_id_by_uuid(&unknown).await.unwrap(), None);
+        store.close().await;
     }
 
     #[tokio::test]
