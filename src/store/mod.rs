@@ -127,6 +127,10 @@ struct Inner {
     /// callers take it, never the writer: a writer thread at low priority holding a lock
     /// that deliveries wait for stalled them for 5–10 ms at a time.
     journal: Mutex<Option<JournalTail>>,
+    /// The messages the journal acknowledged that the database may not hold yet, for
+    /// `has_message`: a lock of their own, taken once a round rather than under the
+    /// journal's for every message (forgetting the applied ones misses the caches).
+    unapplied: Mutex<Unapplied>,
     /// How far the database is behind the journal.
     backlog: Backlog,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -170,6 +174,7 @@ impl Store {
                 writer: Mutex::new(Some(tx)),
                 writer_wake: thread.thread().clone(),
                 journal: Mutex::new(None),
+                unapplied: Mutex::default(),
                 backlog,
                 writer_thread: Mutex::new(Some(thread)),
                 checkpointer: Mutex::new(checkpointer),
@@ -212,7 +217,6 @@ impl Store {
         self.inner.backlog.start_after(next - 1);
         *self.lock_journal() = Some(JournalTail {
             journal,
-            unapplied: Unapplied::default(),
             writing: false,
             in_flight: false,
             waiting: Vec::new(),
@@ -389,7 +393,6 @@ impl Store {
             };
         };
         let applied = self.inner.backlog.applied.load(Ordering::Acquire);
-        state.unapplied.prune(applied);
         journal::remove_segments(state.journal.take_applied(applied));
         let number = state.journal.record(|buf| buf.extend_from_slice(&record));
         // Over the limit, the record whose being applied brings the backlog back within it.
@@ -525,9 +528,6 @@ impl Store {
                 let (_, last) = *ids.last().expect("a round written has records");
                 self.inner.backlog.journaled.store(last, Ordering::Release);
                 let rows = ids.len();
-                for (id, number) in ids {
-                    state.unapplied.add(id, number);
-                }
                 let round = Box::new(JournaledRound {
                     records,
                     rows,
@@ -544,8 +544,10 @@ impl Store {
             state.writing = false;
         }
         drop(tail);
-        if let Some((_, e)) = &failed {
-            tracing::error!(error = %e, "store: cannot write the journal");
+        match &failed {
+            // Before their callers hear of it.
+            None => self.unapplied(ids),
+            Some((_, e)) => tracing::error!(error = %e, "store: cannot write the journal"),
         }
         for done in answers {
             let outcome = match (&failed, &submitted) {
@@ -582,12 +584,27 @@ impl Store {
 
     /// Whether `id` is a message the journal acknowledged and the database does not hold yet.
     fn is_unapplied(&self, id: &str) -> bool {
+        self.lock_unapplied().by_id.contains_key(id)
+    }
+
+    /// Adds a written round's messages (ids and record numbers) to those not yet applied.
+    fn unapplied(&self, ids: Vec<(Arc<str>, u64)>) {
+        let mut unapplied = self.lock_unapplied();
+        for (id, number) in ids {
+            unapplied.add(id, number);
+        }
+    }
+
+    /// The unapplied messages, less those the database holds by now.
+    fn lock_unapplied(&self) -> std::sync::MutexGuard<'_, Unapplied> {
         let applied = self.inner.backlog.applied.load(Ordering::Acquire);
-        let mut tail = self.lock_journal();
-        tail.as_mut().is_some_and(|state| {
-            state.unapplied.prune(applied);
-            state.unapplied.by_id.contains_key(id)
-        })
+        let mut unapplied = self
+            .inner
+            .unapplied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        unapplied.prune(applied);
+        unapplied
     }
 
     /// Runs `f` on a read-only connection. Stored messages are read with `read_messages`.
@@ -798,7 +815,6 @@ impl<'c> Batch<'c> {
 /// The journal and what it holds that the database may not yet.
 struct JournalTail {
     journal: journal::Journal,
-    unapplied: Unapplied,
     /// Whether rounds are being written (`Store::write_round`).
     writing: bool,
     /// Whether a round's `write` is under way, the lock let go.
@@ -884,13 +900,16 @@ enum Written {
 struct Unapplied {
     /// Each id's latest record.
     by_id: foldhash::HashMap<Arc<str>, u64>,
-    /// Records, oldest first.
+    /// Records, oldest first: rounds are added in the order written, but for one that
+    /// finished writing while the round before it was being added, which is forgotten
+    /// late (once the database holds both) rather than early.
     order: VecDeque<(u64, Arc<str>)>,
 }
 
 impl Unapplied {
     fn add(&mut self, id: Arc<str>, number: u64) {
-        self.by_id.insert(id.clone(), number);
+        let latest = self.by_id.entry(id.clone()).or_insert(number);
+        *latest = number.max(*latest);
         self.order.push_back((number, id));
     }
 
@@ -1415,6 +1434,22 @@ mod tests {
             "the second 1 is a duplicate"
         );
         assert_eq!(rows_in_t(&store).await, 4);
+    }
+
+    /// A round can be added after the one written after it (`Store::unapplied`): a
+    /// resent id is still unapplied until the database holds its latest record.
+    #[test]
+    fn a_resent_id_is_unapplied_until_its_latest_record_is_applied() {
+        let mut unapplied = Unapplied::default();
+        unapplied.add("m".into(), 5);
+        unapplied.add("m".into(), 3);
+        unapplied.add("n".into(), 4);
+        for applied in [3, 4] {
+            unapplied.prune(applied);
+            assert!(unapplied.by_id.contains_key("m"), "applied through {applied}");
+        }
+        unapplied.prune(5);
+        assert!(unapplied.by_id.is_empty() && unapplied.order.is_empty());
     }
 
     /// With a journal a message is durable before the database has it, but no further
