@@ -408,6 +408,18 @@ impl Envelope {
 
     /// A message with the id its origin gave it (`new` would make one, to be thrown away).
     pub fn with_id(id: String, protocol: Protocol, from: impl Into<String>, kind: Kind) -> Self {
+        Self::received(id, from, kind, now_ms(), Origin::new(protocol, None))
+    }
+
+    /// A message with the id, time and frame its origin gave it (`with_id` would read the
+    /// clock twice and allocate an origin, all to be replaced).
+    pub fn received(
+        id: String,
+        from: impl Into<String>,
+        kind: Kind,
+        timestamp: i64,
+        origin: Origin,
+    ) -> Self {
         Envelope {
             id,
             from: from.into(),
@@ -423,10 +435,10 @@ impl Envelope {
             text: None,
             data: None,
             attachments: Vec::new(),
-            timestamp: now_ms(),
+            timestamp,
             priority: Priority::Normal,
             ttl_secs: None,
-            origin: Origin::new(protocol, None),
+            origin,
         }
     }
 

@@ -8,6 +8,7 @@ use super::sent::SentMessage;
 use super::wire;
 use crate::core::{
     Attachment, Audience, Envelope, Kind, Origin, Status, TaskInfo, TaskState, new_message_id,
+    now_ms,
 };
 use crate::protocols::contract::Frame;
 
@@ -67,11 +68,13 @@ pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> (Envelo
     } = msg;
     // `stamp` gave the message its id; one not stamped gets one here.
     let id = id.unwrap_or_else(new_message_id);
-    let mut env = Envelope::with_id(id, PROTOCOL, sender, kind_of(&msg_type));
-    env.origin = Origin::from_native_json(PROTOCOL, native);
-    if let Some(ts) = timestamp {
-        env.timestamp = ts;
-    }
+    let mut env = Envelope::received(
+        id,
+        sender,
+        kind_of(&msg_type),
+        timestamp.unwrap_or_else(now_ms),
+        Origin::from_native_json(PROTOCOL, native),
+    );
     env.reply_to = reply_to;
     env.echo = true;
     // Each id looked up once: the directory's lookup takes a shard's lock.

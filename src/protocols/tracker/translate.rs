@@ -328,8 +328,13 @@ pub fn decode_message(
     reply_to: Option<String>,
     timestamp: i64,
 ) -> Envelope {
-    let mut env = Envelope::with_id(out.id.clone(), PROTOCOL, &out.author_slug, Kind::Chat);
-    env.timestamp = timestamp;
+    let mut env = Envelope::received(
+        out.id.clone(),
+        &out.author_slug,
+        Kind::Chat,
+        timestamp,
+        wire::message_new_origin(out),
+    );
     env.text = Some(out.content.clone());
     env.mentions = out.mentions.clone();
     env.reply_to = reply_to;
@@ -340,7 +345,6 @@ pub fn decode_message(
         })
     });
     env.thread = thread;
-    env.origin = wire::message_new_origin(out);
     env
 }
 
