@@ -114,11 +114,8 @@ impl Journal {
             self.rounds += 1;
         }
         let next = match self.spare.capacity() {
-            // Sized like this round with half as much again, so that the next one is not
-            // copied as it grows: rounds vary, and a fifth of them outgrew a buffer sized
-            // just like the one before (340 instructions a message). (`end_round` shrinks
-            // one left less than half full.)
-            0 => Vec::with_capacity((self.pending.len() * 3 / 2).min(SHRINK_BYTES)),
+            // Sized like this round, so that the next one is not copied as it grows.
+            0 => Vec::with_capacity(self.pending.len().min(SHRINK_BYTES)),
             _ => std::mem::take(&mut self.spare),
         };
         Round {

@@ -1446,10 +1446,7 @@ mod tests {
         unapplied.add("n".into(), 4);
         for applied in [3, 4] {
             unapplied.prune(applied);
-            assert!(
-                unapplied.by_id.contains_key("m"),
-                "applied through {applied}"
-            );
+            assert!(unapplied.by_id.contains_key("m"), "applied through {applied}");
         }
         unapplied.prune(5);
         assert!(unapplied.by_id.is_empty() && unapplied.order.is_empty());
