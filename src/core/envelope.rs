@@ -411,8 +411,9 @@ impl Envelope {
         Self::received(id, from, kind, now_ms(), Origin::new(protocol, None))
     }
 
-    /// A message with the id, time and frame its origin gave it (`with_id` would read the
-    /// clock twice and allocate an origin, all to be replaced).
+    /// A message with the id, time and origin (its protocol, and its frame) the endpoint
+    /// that received it gives it (`with_id` would read the clock twice and allocate an
+    /// origin, all to be replaced).
     pub fn received(
         id: String,
         from: impl Into<String>,

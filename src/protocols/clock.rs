@@ -91,9 +91,11 @@ mod tests {
         assert_eq!(iso8601(1_767_225_600_123), "2026-01-01T00:00:00.123Z");
         assert_eq!(iso8601(-1), "1969-12-31T23:59:59.999Z");
         assert_eq!(iso8601(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
-        // Years before 0 go through `time`'s own formatter; both agree everywhere.
-        let spread = (0..20_000_i64).map(|i| i * 126_701_150_399_999 % 253_402_300_800_000);
-        let before_1970 = (0..2_000_i64).map(|i| -(i * 31_556_952_000_123 % 62_167_219_200_000));
+        // Years before 0 go through `time`'s own formatter; both agree everywhere. The
+        // instants step through years 0000 to 9999 by the golden ratio of their span, so
+        // that they fall all over it (times of day and milliseconds too).
+        let (first, span) = (*FOUR_DIGIT_YEARS.start(), 315_569_520_000_000_i64);
+        let spread = (0..20_000_i64).map(|i| first + i * 195_032_689_173_489 % span);
         let edges = [
             -62_135_596_800_001,
             -62_167_219_200_000,
@@ -104,12 +106,34 @@ mod tests {
             951_868_799_999,
             4_107_542_399_999,
         ];
-        for ms in edges.into_iter().chain(spread).chain(before_1970) {
+        for ms in edges.into_iter().chain(spread) {
             let at = OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000).unwrap();
             assert_eq!(iso8601(ms), at.format(&*MILLIS_UTC).unwrap());
         }
         assert!(iso8601(-62_198_755_200_001).starts_with('-'));
         assert_eq!(iso8601(253_402_300_800_000), "1970-01-01T00:00:00.000Z");
+    }
+
+    #[test]
+    fn every_date_of_years_0000_to_9999_is_the_calendars() {
+        let mut date = time::Date::from_calendar_date(0, time::Month::January, 1).unwrap();
+        for days in -719_528..=2_932_896 {
+            let expected = (
+                date.year() as u32,
+                u32::from(u8::from(date.month())),
+                u32::from(date.day()),
+            );
+            assert_eq!(
+                civil_from_days(days),
+                expected,
+                "{days} days after 1970-01-01"
+            );
+            date = date.next_day().unwrap_or(date);
+        }
+        assert_eq!(
+            date,
+            time::Date::from_calendar_date(9999, time::Month::December, 31).unwrap()
+        );
     }
 
     #[test]

@@ -179,6 +179,14 @@ pub(super) static MIGRATIONS: &[Migration] = &[
     },
 ];
 
+/// The id of the message with UUID form `?1`: an id that is its own UUID form is found by
+/// itself, a derived one by `messages_by_uuid`, whose terms (migration 9) the query repeats
+/// so that the planner can use it.
+const BY_UUID: &str = "SELECT id FROM messages WHERE id = ?1
+                       UNION ALL
+                       SELECT id FROM messages WHERE uuid = ?1 AND uuid <> id AND uuid <> ''
+                       LIMIT 1";
+
 /// Records the last journal record a batch put in, in that batch.
 pub(super) const SET_APPLIED: &str = "UPDATE journal SET applied = ?1";
 /// The last journal record the database holds.
@@ -316,12 +324,7 @@ impl Store {
         let uuid = uuid.to_owned();
         self.read_messages(move |conn| {
             Ok(conn
-                .prepare_cached(
-                    "SELECT id FROM messages WHERE id = ?1
-                     UNION ALL
-                     SELECT id FROM messages WHERE uuid = ?1 AND uuid <> id AND uuid <> ''
-                     LIMIT 1",
-                )?
+                .prepare_cached(BY_UUID)?
                 .query_row([uuid], |r| r.get(0))
                 .optional()?)
         })
@@ -462,12 +465,13 @@ fn decode((seq, columns, body): (i64, Columns, String)) -> Result<StoredMessage,
 pub(super) fn record(env: &Envelope) -> Result<Vec<u8>, StoreError> {
     // The columns and addressees take well under 256 bytes for most messages.
     let mut buf = Vec::with_capacity(256 + message_body::size_hint(env));
-    let mut uuid = uuid::Uuid::encode_buffer();
+    let mut encoded = uuid::Uuid::encode_buffer();
     fields::put_str(&mut buf, &env.id);
     let uuid = crate::core::message_uuid(&env.id)
         .hyphenated()
-        .encode_lower(&mut uuid);
-    // '' for an id that is its own UUID form (migration 9).
+        .encode_lower(&mut encoded);
+    // The `uuid` column: '' for an id that is its own UUID form (migration 9; rows stored
+    // before hold the id again), else the UUID form.
     fields::put_str(&mut buf, if *uuid == *env.id { "" } else { uuid });
     fields::put_u64(&mut buf, env.timestamp as u64);
     fields::put_str(&mut buf, &env.from);
@@ -1266,49 +1270,84 @@ mod tests {
     }
 
     /// A message is found by its UUID form whether its id is one (stored with `uuid`
-    /// empty, or as itself before migration 9), is one in capitals, or is not one.
+    /// empty), is one in capitals, or is not one; and so is a message stored before
+    /// migration 9, its `uuid` the id again. The index holds only the derived forms.
     #[tokio::test]
     async fn a_message_is_found_by_its_uuid_form() {
-        let store = Store::open(IN_MEMORY).await.unwrap();
-        let own = chat("a", 1, &[]);
-        let mut derived = chat("a", 2, &[]);
+        let dir = tempfile::tempdir().unwrap();
+        let before_9 = chat("a", 1, &[]);
+        {
+            let conn = Connection::open(dir.path().join(crate::store::DB_FILE)).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE schema_migrations (component TEXT NOT NULL, version INTEGER NOT NULL,
+                    applied_at INTEGER NOT NULL, PRIMARY KEY (component, version)) WITHOUT ROWID;",
+            )
+            .unwrap();
+            for step in MIGRATIONS.iter().filter(|step| step.version < 9) {
+                conn.execute_batch(step.sql).unwrap();
+                conn.execute(
+                    "INSERT INTO schema_migrations VALUES ('core', ?1, 0)",
+                    [step.version],
+                )
+                .unwrap();
+            }
+            // As a build before migration 9 stored it.
+            let record = record(&before_9).unwrap();
+            let mut row = Row::decode(&record).unwrap();
+            row.uuid = row.id;
+            row.insert(&mut Batch::new(&conn)).unwrap();
+        }
+        let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
+        let own = chat("a", 2, &[]);
+        let mut derived = chat("a", 3, &[]);
         derived.id = "msg-1".into();
-        let mut capitals = chat("a", 3, &[]);
+        let mut capitals = chat("a", 4, &[]);
         capitals.id = crate::core::uuid_form("msg-2").to_uppercase();
-        let mut before_9 = chat("a", 4, &[]);
-        before_9.id = crate::core::uuid_form("msg-3");
-        for env in [&own, &derived, &capitals, &before_9] {
+        for env in [&own, &derived, &capitals] {
             store.insert_message(env).await.unwrap();
         }
-        let id = before_9.id.clone();
-        store
-            .write(move |c| Ok(c.execute("UPDATE messages SET uuid = id WHERE id = ?1", [id])?))
-            .await
-            .unwrap();
-        let stored: Vec<String> = store
-            .read(|c| {
-                let mut stmt = c.prepare("SELECT uuid FROM messages ORDER BY seq")?;
-                let uuids = stmt.query_map([], |r| r.get(0))?;
-                Ok(uuids.collect::<rusqlite::Result<_>>()?)
+        // Queued behind the journaled messages: once it is done, the database holds them.
+        store.write(|_| Ok(())).await.unwrap();
+        let column = |sql: &'static str| {
+            store.read(move |c| {
+                let mut stmt = c.prepare(sql)?;
+                let values = stmt.query_map([], |r| r.get(0))?;
+                Ok(values.collect::<rusqlite::Result<Vec<String>>>()?)
             })
+        };
+        let form = crate::core::uuid_form;
+        let stored = column("SELECT uuid FROM messages ORDER BY seq")
             .await
             .unwrap();
-        let form = crate::core::uuid_form;
+        let indexed = [form("msg-1"), form(&capitals.id)];
         assert_eq!(
-            stored,
-            [
-                "".into(),
-                form("msg-1"),
-                form(&capitals.id),
-                before_9.id.clone()
-            ]
+            stored[..],
+            [&[before_9.id.clone(), "".into()], &indexed[..]].concat()
         );
-        for env in [&own, &derived, &capitals, &before_9] {
+        let in_index = column(
+            "SELECT uuid FROM messages INDEXED BY messages_by_uuid
+             WHERE uuid <> id AND uuid <> '' ORDER BY seq",
+        );
+        assert_eq!(in_index.await.unwrap(), indexed);
+        for env in [&before_9, &own, &derived, &capitals] {
             let found = store.message_id_by_uuid(&form(&env.id)).await.unwrap();
             assert_eq!(found.as_deref(), Some(env.id.as_str()));
         }
         let unknown = form("msg-4");
         assert_eq!(store.message_id_by_uuid(&unknown).await.unwrap(), None);
+        let plan = store
+            .read(|c| {
+                let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {BY_UUID}"))?;
+                let steps = stmt.query_map([""], |r| r.get::<_, String>(3))?;
+                Ok(steps.collect::<rusqlite::Result<Vec<_>>>()?)
+            })
+            .await
+            .unwrap();
+        assert!(
+            plan.iter()
+                .any(|step| step.contains("INDEX messages_by_uuid")),
+            "{plan:?}"
+        );
         store.close().await;
     }
 

@@ -128,8 +128,9 @@ struct Inner {
     /// that deliveries wait for stalled them for 5–10 ms at a time.
     journal: Mutex<Option<JournalTail>>,
     /// The messages the journal acknowledged that the database may not hold yet, for
-    /// `has_message`: a lock of their own, taken once a round rather than under the
-    /// journal's for every message (forgetting the applied ones misses the caches).
+    /// `has_message`: under a lock of their own, which the task writing rounds takes once
+    /// a round (and `has_message` once a call), rather than under the journal's, which
+    /// every message takes (forgetting the applied ones misses the caches).
     unapplied: Mutex<Unapplied>,
     /// How far the database is behind the journal.
     backlog: Backlog,
@@ -546,7 +547,7 @@ impl Store {
         drop(tail);
         match &failed {
             // Before their callers hear of it.
-            None => self.unapplied(ids),
+            None => self.add_unapplied(ids),
             Some((_, e)) => tracing::error!(error = %e, "store: cannot write the journal"),
         }
         for done in answers {
@@ -584,19 +585,19 @@ impl Store {
 
     /// Whether `id` is a message the journal acknowledged and the database does not hold yet.
     fn is_unapplied(&self, id: &str) -> bool {
-        self.lock_unapplied().by_id.contains_key(id)
+        self.pruned_unapplied().by_id.contains_key(id)
     }
 
     /// Adds a written round's messages (ids and record numbers) to those not yet applied.
-    fn unapplied(&self, ids: Vec<(Arc<str>, u64)>) {
-        let mut unapplied = self.lock_unapplied();
+    fn add_unapplied(&self, ids: Vec<(Arc<str>, u64)>) {
+        let mut unapplied = self.pruned_unapplied();
         for (id, number) in ids {
             unapplied.add(id, number);
         }
     }
 
-    /// The unapplied messages, less those the database holds by now.
-    fn lock_unapplied(&self) -> std::sync::MutexGuard<'_, Unapplied> {
+    /// The unapplied messages, locked, once those the database holds by now are forgotten.
+    fn pruned_unapplied(&self) -> std::sync::MutexGuard<'_, Unapplied> {
         let applied = self.inner.backlog.applied.load(Ordering::Acquire);
         let mut unapplied = self
             .inner
@@ -812,7 +813,7 @@ impl<'c> Batch<'c> {
     }
 }
 
-/// The journal and what it holds that the database may not yet.
+/// The journal's appending end, and the records waiting for its next round.
 struct JournalTail {
     journal: journal::Journal,
     /// Whether rounds are being written (`Store::write_round`).
@@ -901,15 +902,17 @@ struct Unapplied {
     /// Each id's latest record.
     by_id: foldhash::HashMap<Arc<str>, u64>,
     /// Records, oldest first: rounds are added in the order written, but for one that
-    /// finished writing while the round before it was being added, which is forgotten
-    /// late (once the database holds both) rather than early.
+    /// finished writing while the round before it was being added (`add_unapplied` runs
+    /// after the journal's lock is let go). Records are forgotten from the front only, once
+    /// the database holds them: an id leaves `by_id` with the record it names, the id's
+    /// last added, which every other record of the id is queued ahead of; so only once
+    /// the database holds them all.
     order: VecDeque<(u64, Arc<str>)>,
 }
 
 impl Unapplied {
     fn add(&mut self, id: Arc<str>, number: u64) {
-        let latest = self.by_id.entry(id.clone()).or_insert(number);
-        *latest = number.max(*latest);
+        self.by_id.insert(id.clone(), number);
         self.order.push_back((number, id));
     }
 
@@ -1436,8 +1439,8 @@ mod tests {
         assert_eq!(rows_in_t(&store).await, 4);
     }
 
-    /// A round can be added after the one written after it (`Store::unapplied`): a
-    /// resent id is still unapplied until the database holds its latest record.
+    /// A round can be added after the one written after it (`Store::add_unapplied`): a
+    /// resent id is still unapplied until the database holds both of its records.
     #[test]
     fn a_resent_id_is_unapplied_until_its_latest_record_is_applied() {
         let mut unapplied = Unapplied::default();
@@ -1446,7 +1449,10 @@ mod tests {
         unapplied.add("n".into(), 4);
         for applied in [3, 4] {
             unapplied.prune(applied);
-            assert!(unapplied.by_id.contains_key("m"), "applied through {applied}");
+            assert!(
+                unapplied.by_id.contains_key("m"),
+                "applied through {applied}"
+            );
         }
         unapplied.prune(5);
         assert!(unapplied.by_id.is_empty() && unapplied.order.is_empty());
