@@ -94,8 +94,10 @@ mod tests {
         // Years before 0 go through `time`'s own formatter; both agree everywhere. The
         // instants step through years 0000 to 9999 by the golden ratio of their span, so
         // that they fall all over it (times of day and milliseconds too).
-        let (first, span) = (*FOUR_DIGIT_YEARS.start(), 315_569_520_000_000_i64);
-        let spread = (0..20_000_i64).map(|i| first + i * 195_032_689_173_489 % span);
+        let (first, last) = (*FOUR_DIGIT_YEARS.start(), *FOUR_DIGIT_YEARS.end());
+        let span = last - first + 1;
+        let step = (span as f64 * (5_f64.sqrt() - 1.0) / 2.0) as i64;
+        let spread = (0..20_000_i64).map(|i| first + i * step % span);
         let edges = [
             -62_135_596_800_001,
             -62_167_219_200_000,

@@ -687,6 +687,26 @@ mod tests {
     use crate::core::{Envelope, Kind};
     use crate::store::IN_MEMORY;
 
+    /// The database in `dir` as a build that knew migrations up to `version` left it:
+    /// those run and recorded, as `Store::migrate` does.
+    fn migrated_through(dir: &std::path::Path, version: u32) -> Connection {
+        let conn = Connection::open(dir.join(crate::store::DB_FILE)).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE schema_migrations (component TEXT NOT NULL, version INTEGER NOT NULL,
+                applied_at INTEGER NOT NULL, PRIMARY KEY (component, version)) WITHOUT ROWID;",
+        )
+        .unwrap();
+        for step in MIGRATIONS.iter().filter(|step| step.version <= version) {
+            conn.execute_batch(step.sql).unwrap();
+            conn.execute(
+                "INSERT INTO schema_migrations VALUES ('core', ?1, 0)",
+                [step.version],
+            )
+            .unwrap();
+        }
+        conn
+    }
+
     fn chat(from: &str, ts: i64, mentions: &[&str]) -> Envelope {
         let mut env = Envelope::new("test", from, Kind::Chat);
         env.timestamp = ts;
@@ -701,16 +721,7 @@ mod tests {
         // Released migrations are never edited; later changes are new versions.
         assert!(!MIGRATIONS[0].sql.contains("task_id") && !MIGRATIONS[0].sql.contains("private"));
         let dir = tempfile::tempdir().unwrap();
-        {
-            let conn = Connection::open(dir.path().join(crate::store::DB_FILE)).unwrap();
-            conn.execute_batch(MIGRATIONS[0].sql).unwrap();
-            conn.execute_batch(
-                "CREATE TABLE schema_migrations (component TEXT NOT NULL, version INTEGER NOT NULL,
-                    applied_at INTEGER NOT NULL, PRIMARY KEY (component, version)) WITHOUT ROWID;
-                 INSERT INTO schema_migrations VALUES ('core', 1, 0);",
-            )
-            .unwrap();
-        }
+        drop(migrated_through(dir.path(), 1));
         let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
         let mut assign = Envelope::new("test", "a", Kind::TaskAssign);
         assign.task = Some(Box::new(crate::core::TaskInfo {
@@ -731,21 +742,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut old = Vec::new();
         {
-            let conn = Connection::open(dir.path().join(crate::store::DB_FILE)).unwrap();
-            conn.execute_batch(
-                "PRAGMA foreign_keys = ON;
-                 CREATE TABLE schema_migrations (component TEXT NOT NULL, version INTEGER NOT NULL,
-                    applied_at INTEGER NOT NULL, PRIMARY KEY (component, version)) WITHOUT ROWID;",
-            )
-            .unwrap();
-            for step in &MIGRATIONS[..4] {
-                conn.execute_batch(step.sql).unwrap();
-                conn.execute(
-                    "INSERT INTO schema_migrations VALUES ('core', ?1, 0)",
-                    [step.version],
-                )
-                .unwrap();
-            }
+            let conn = migrated_through(dir.path(), 4);
+            conn.execute_batch("PRAGMA foreign_keys = ON;").unwrap();
             for (ts, mentions) in [(1, ["b"]), (2, ["c"]), (3, ["b"])] {
                 let mut env = chat("a", ts, &mentions);
                 // Every column the rebuild copies holds something other than its default.
@@ -1277,20 +1275,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let before_9 = chat("a", 1, &[]);
         {
-            let conn = Connection::open(dir.path().join(crate::store::DB_FILE)).unwrap();
-            conn.execute_batch(
-                "CREATE TABLE schema_migrations (component TEXT NOT NULL, version INTEGER NOT NULL,
-                    applied_at INTEGER NOT NULL, PRIMARY KEY (component, version)) WITHOUT ROWID;",
-            )
-            .unwrap();
-            for step in MIGRATIONS.iter().filter(|step| step.version < 9) {
-                conn.execute_batch(step.sql).unwrap();
-                conn.execute(
-                    "INSERT INTO schema_migrations VALUES ('core', ?1, 0)",
-                    [step.version],
-                )
-                .unwrap();
-            }
+            let conn = migrated_through(dir.path(), 8);
             // As a build before migration 9 stored it.
             let record = record(&before_9).unwrap();
             let mut row = Row::decode(&record).unwrap();
