@@ -490,13 +490,15 @@ thread_local! {
 pub fn new_message_id() -> String {
     use uuid::timestamp::context::ThreadLocalContext;
     let now = uuid::Timestamp::now(ThreadLocalContext::new(&ID_COUNTER));
-    // Encoded into a buffer and copied once: `to_string` went through the formatter and
-    // grew its string twice (250 instructions of every message the bridge stamps).
+    uuid_text(uuid::Uuid::new_v7(now))
+}
+
+/// `uuid` hyphenated in lower case, encoded into a buffer and copied once: `to_string`
+/// goes through the formatter and grows its string twice (250 instructions of every
+/// message the bridge stamps).
+pub(crate) fn uuid_text(uuid: uuid::Uuid) -> String {
     let mut text = uuid::Uuid::encode_buffer();
-    uuid::Uuid::new_v7(now)
-        .hyphenated()
-        .encode_lower(&mut text)
-        .to_owned()
+    uuid.hyphenated().encode_lower(&mut text).to_owned()
 }
 
 pub fn now_ms() -> i64 {

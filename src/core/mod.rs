@@ -371,12 +371,7 @@ impl Core {
 /// `id` as a UUID, for protocols whose ids must be UUIDs: itself when it is one, else a
 /// stable UUIDv5 of it. `Core::original_id` maps a derived one back.
 pub fn uuid_form(id: &str) -> String {
-    // Not `to_string`: the formatter grows its string twice (as `new_message_id` says).
-    let mut text = uuid::Uuid::encode_buffer();
-    message_uuid(id)
-        .hyphenated()
-        .encode_lower(&mut text)
-        .to_owned()
+    envelope::uuid_text(message_uuid(id))
 }
 
 /// `uuid_form` before it is written out.
