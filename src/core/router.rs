@@ -199,13 +199,6 @@ impl Router {
         self.by_agent.contains_key(agent)
     }
 
-    pub fn sessions_of(&self, agent: &str) -> Vec<Arc<Session>> {
-        self.by_agent
-            .get(agent)
-            .map(|s| s.clone())
-            .unwrap_or_default()
-    }
-
     /// Where messages for offline agents of `protocol` go.
     pub fn set_offline_sink(&self, protocol: Protocol, sink: Arc<dyn OfflineSink>) {
         self.offline.insert(protocol, sink);
@@ -225,9 +218,11 @@ impl Router {
         let mut report = RouteReport::default();
         let mut reached = Reached::default();
 
-        if env.echo {
-            for session in self.sessions_of(&env.from) {
-                self.push(&session, delivery, &mut reached, &mut report);
+        if env.echo
+            && let Some(sessions) = self.by_agent.get(&env.from)
+        {
+            for session in sessions.iter() {
+                self.push(session, delivery, &mut reached, &mut report);
             }
         }
 
