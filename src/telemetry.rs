@@ -2,7 +2,8 @@
 //!
 //! Labels never carry agent names or ids: their cardinality would grow with the fleet.
 
-use std::sync::{OnceLock, RwLock};
+use std::cell::RefCell;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use foldhash::HashMap;
@@ -147,14 +148,15 @@ fn describe() {
 }
 
 pub fn message_received(protocol: &str, kind: &'static str) {
-    static RECEIVED: Handles<&'static str> = Handles::new();
-    RECEIVED
-        .counter(
-            protocol,
-            kind,
-            || counter!(MESSAGES_RECEIVED, "protocol" => protocol.to_owned(), "kind" => kind),
-        )
-        .increment(1);
+    thread_local! {
+        static RECEIVED: Handles<&'static str> = const { Handles::new() };
+    }
+    let make = || counter!(MESSAGES_RECEIVED, "protocol" => protocol.to_owned(), "kind" => kind);
+    match RECEIVED.try_with(|handles| handles.increment(protocol, kind, make)) {
+        Ok(()) => {}
+        // The thread is ending and its handles are gone.
+        Err(_) => make().increment(1),
+    }
 }
 
 pub fn message_delivered(
@@ -163,18 +165,23 @@ pub fn message_delivered(
     kind: &'static str,
     since_accepted: Duration,
 ) {
-    static DELIVERED: Handles<(&'static str, &'static str)> = Handles::new();
+    thread_local! {
+        static DELIVERED: Handles<(&'static str, &'static str)> = const { Handles::new() };
+    }
     static ROUTE: OnceLock<metrics::Histogram> = OnceLock::new();
-    DELIVERED
-        .counter(from_protocol, (to_protocol, kind), || {
-            counter!(
-                MESSAGES_DELIVERED,
-                "from_protocol" => from_protocol.to_owned(),
-                "to_protocol" => to_protocol,
-                "kind" => kind
-            )
-        })
-        .increment(1);
+    let make = || {
+        counter!(
+            MESSAGES_DELIVERED,
+            "from_protocol" => from_protocol.to_owned(),
+            "to_protocol" => to_protocol,
+            "kind" => kind
+        )
+    };
+    match DELIVERED.try_with(|handles| handles.increment(from_protocol, (to_protocol, kind), make))
+    {
+        Ok(()) => {}
+        Err(_) => make().increment(1),
+    }
     let seconds = since_accepted.as_secs_f64();
     match HANDLE.get() {
         Some(_) => ROUTE
@@ -186,10 +193,12 @@ pub fn message_delivered(
 
 /// Counter handles of one metric by origin protocol and static labels, for the metrics
 /// counted once per message: `counter!` hashes and copies its labels on every call, which
-/// showed in profiles. Handles are only kept once the recorder is installed (one taken
+/// showed in profiles. Each thread keeps its own: one map shared by the runtime's threads
+/// moved its lock's cache line, and each handle's reference count, between their cores
+/// for every message. Handles are only kept once the recorder is installed (one taken
 /// before would count nowhere, forever).
 struct Handles<K> {
-    by_protocol: RwLock<Option<ByProtocol<K>>>,
+    by_protocol: RefCell<Option<ByProtocol<K>>>,
 }
 
 type ByProtocol<K> = HashMap<Box<str>, HashMap<K, Counter>>;
@@ -197,32 +206,31 @@ type ByProtocol<K> = HashMap<Box<str>, HashMap<K, Counter>>;
 impl<K: Copy + Eq + std::hash::Hash> Handles<K> {
     const fn new() -> Self {
         Handles {
-            by_protocol: RwLock::new(None),
+            by_protocol: RefCell::new(None),
         }
     }
 
-    fn counter(&self, protocol: &str, labels: K, make: impl FnOnce() -> Counter) -> Counter {
+    fn increment(&self, protocol: &str, labels: K, make: impl FnOnce() -> Counter) {
         if HANDLE.get().is_none() {
-            return make();
+            return make().increment(1);
         }
-        let known = self.by_protocol.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(counter) = known
+        if let Some(counter) = self
+            .by_protocol
+            .borrow()
             .as_ref()
             .and_then(|m| m.get(protocol))
             .and_then(|m| m.get(&labels))
         {
-            return counter.clone();
+            return counter.increment(1);
         }
-        drop(known);
         let counter = make();
+        counter.increment(1);
         self.by_protocol
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
+            .borrow_mut()
             .get_or_insert_with(HashMap::default)
             .entry(protocol.into())
             .or_default()
-            .insert(labels, counter.clone());
-        counter
+            .insert(labels, counter);
     }
 }
 
