@@ -112,8 +112,9 @@ type Map<K, V> = DashMap<K, V, foldhash::fast::RandomState>;
 #[derive(Default)]
 pub struct Directory {
     by_name: Map<String, AgentInfo>,
-    /// (protocol, native or alias id) → name.
-    by_native: Map<(Protocol, String), String>,
+    /// Native or alias id → the name each protocol knows by it. Keyed by the id alone, so
+    /// that a lookup (a few for every message) borrows the id rather than building a key.
+    by_native: Map<String, Vec<(Protocol, String)>>,
     /// Bumped whenever a name is registered, updated or freed (not on presence), so that
     /// endpoints can cache what they derive from the set of agents.
     generation: AtomicU64,
@@ -156,8 +157,7 @@ impl Directory {
                 });
             }
             Entry::Vacant(free) => {
-                self.by_native
-                    .insert((info.protocol, info.native_id.clone()), info.name.clone());
+                self.name_native(info.protocol, info.native_id.clone(), &info.name);
                 free.insert(info);
             }
         }
@@ -169,7 +169,10 @@ impl Directory {
         let (_, info) = self
             .by_name
             .remove_if(name, |_, info| info.protocol == protocol)?;
-        self.by_native.retain(|_, n| n != name);
+        self.by_native.retain(|_, names| {
+            names.retain(|(_, n)| n != name);
+            !names.is_empty()
+        });
         self.generation.fetch_add(1, Ordering::Release);
         Some(info)
     }
@@ -220,15 +223,25 @@ impl Directory {
 
     /// The name behind a protocol-native id (or an alias an endpoint recorded for it).
     pub fn by_native(&self, protocol: Protocol, id: &str) -> Option<String> {
-        self.by_native
-            .get(&(protocol, id.to_owned()))
-            .map(|n| n.clone())
+        let names = self.by_native.get(id)?;
+        names
+            .iter()
+            .find(|(p, _)| *p == protocol)
+            .map(|(_, name)| name.clone())
     }
 
     /// Records that `protocol` refers to `name` by `alias` (a derived id it shows for a
     /// foreign agent), so that the alias resolves like a native id.
     pub fn add_alias(&self, protocol: Protocol, alias: String, name: &str) {
-        self.by_native.insert((protocol, alias), name.to_owned());
+        self.name_native(protocol, alias, name);
+    }
+
+    fn name_native(&self, protocol: Protocol, id: String, name: &str) {
+        let mut names = self.by_native.entry(id).or_default();
+        match names.iter_mut().find(|(p, _)| *p == protocol) {
+            Some((_, known)) => name.clone_into(known),
+            None => names.push((protocol, name.to_owned())),
+        }
     }
 
     /// Updates presence; returns the previous `(online, status)` when the agent exists.
