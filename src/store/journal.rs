@@ -225,11 +225,7 @@ pub(super) fn remove_segments(segments: Vec<PathBuf>) {
 }
 
 /// The front of `queue`, when its record number (by `number`) is `applied` or before.
-pub(super) fn pop_through<T>(
-    queue: &mut VecDeque<T>,
-    applied: u64,
-    number: impl Fn(&T) -> u64,
-) -> Option<T> {
+fn pop_through<T>(queue: &mut VecDeque<T>, applied: u64, number: impl Fn(&T) -> u64) -> Option<T> {
     if number(queue.front()?) <= applied {
         queue.pop_front()
     } else {

@@ -25,7 +25,6 @@ mod journal;
 mod message_body;
 mod messages;
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -585,27 +584,25 @@ impl Store {
 
     /// Whether `id` is a message the journal acknowledged and the database does not hold yet.
     fn is_unapplied(&self, id: &str) -> bool {
-        self.pruned_unapplied().by_id.contains_key(id)
+        let applied = self.inner.backlog.applied.load(Ordering::Acquire);
+        self.lock_unapplied().contains(id, applied)
     }
 
     /// Adds a written round's messages (ids and record numbers) to those not yet applied.
     fn add_unapplied(&self, ids: Vec<(Arc<str>, u64)>) {
-        let mut unapplied = self.pruned_unapplied();
+        let applied = self.inner.backlog.applied.load(Ordering::Acquire);
+        let mut unapplied = self.lock_unapplied();
         for (id, number) in ids {
             unapplied.add(id, number);
         }
+        unapplied.sweep_if_grown(applied);
     }
 
-    /// The unapplied messages, locked, once those the database holds by now are forgotten.
-    fn pruned_unapplied(&self) -> std::sync::MutexGuard<'_, Unapplied> {
-        let applied = self.inner.backlog.applied.load(Ordering::Acquire);
-        let mut unapplied = self
-            .inner
+    fn lock_unapplied(&self) -> std::sync::MutexGuard<'_, Unapplied> {
+        self.inner
             .unapplied
             .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        unapplied.prune(applied);
-        unapplied
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs `f` on a read-only connection. Stored messages are read with `read_messages`.
@@ -895,35 +892,41 @@ enum Written {
     Later(oneshot::Receiver<Result<(), StoreError>>),
 }
 
-/// Messages the journal acknowledged that the database may not hold yet: those numbered
-/// after the writer's `applied`, forgotten as it passes them (`prune`).
+/// Messages the journal acknowledged that the database may not hold yet: each id with its
+/// latest record's number. The database holds every record through the writer's
+/// `applied`, so an id is unapplied while its latest record is after that. (Rounds can be
+/// added out of order, `add_unapplied` running after the journal's lock is let go: an id
+/// keeps the highest number it was added with.)
+///
+/// Ids are not forgotten one by one as the writer passes them: that read each one's slot
+/// again once it had gone cold, a cache miss a message (2.2 % of the runtime threads'
+/// cycles flat out, most of it that miss). The map is swept of applied ids once it has
+/// grown to twice what the last sweep left, at least [`Unapplied::SWEPT_AT_LEAST`].
 #[derive(Default)]
 struct Unapplied {
-    /// Each id's latest record.
     by_id: foldhash::HashMap<Arc<str>, u64>,
-    /// Records, oldest first: rounds are added in the order written, but for one that
-    /// finished writing while the round before it was being added (`add_unapplied` runs
-    /// after the journal's lock is let go). Records are forgotten from the front only, once
-    /// the database holds them: an id leaves `by_id` with the record it names, the id's
-    /// last added, which every other record of the id is queued ahead of; so only once
-    /// the database holds them all.
-    order: VecDeque<(u64, Arc<str>)>,
+    /// How many ids the last sweep left.
+    swept_to: usize,
 }
 
 impl Unapplied {
+    const SWEPT_AT_LEAST: usize = 4096;
+
     fn add(&mut self, id: Arc<str>, number: u64) {
-        self.by_id.insert(id.clone(), number);
-        self.order.push_back((number, id));
+        let latest = self.by_id.entry(id).or_insert(number);
+        *latest = (*latest).max(number);
     }
 
-    /// Forgets the records the database holds, all up to `applied`.
-    fn prune(&mut self, applied: u64) {
-        while let Some((number, id)) =
-            journal::pop_through(&mut self.order, applied, |(number, _)| *number)
-        {
-            if self.by_id.get(&id) == Some(&number) {
-                self.by_id.remove(&id);
-            }
+    fn contains(&self, id: &str, applied: u64) -> bool {
+        self.by_id.get(id).is_some_and(|&latest| latest > applied)
+    }
+
+    /// Forgets the ids the database holds, all up to `applied`, once there may be as many
+    /// of them as of the others.
+    fn sweep_if_grown(&mut self, applied: u64) {
+        if self.by_id.len() > 2 * self.swept_to.max(Self::SWEPT_AT_LEAST) {
+            self.by_id.retain(|_, latest| *latest > applied);
+            self.swept_to = self.by_id.len();
         }
     }
 }
@@ -1448,14 +1451,33 @@ mod tests {
         unapplied.add("m".into(), 3);
         unapplied.add("n".into(), 4);
         for applied in [3, 4] {
-            unapplied.prune(applied);
             assert!(
-                unapplied.by_id.contains_key("m"),
+                unapplied.contains("m", applied),
                 "applied through {applied}"
             );
         }
-        unapplied.prune(5);
-        assert!(unapplied.by_id.is_empty() && unapplied.order.is_empty());
+        assert!(unapplied.contains("n", 3) && !unapplied.contains("n", 4));
+        assert!(!unapplied.contains("m", 5) && !unapplied.contains("x", 0));
+    }
+
+    /// Applied ids are swept out once the map has doubled since the last sweep, and never
+    /// an unapplied one.
+    #[test]
+    fn applied_ids_are_swept_once_the_map_has_doubled() {
+        let mut unapplied = Unapplied::default();
+        let floor = Unapplied::SWEPT_AT_LEAST as u64;
+        let mut applied = 0;
+        for number in 1..=10 * floor {
+            unapplied.add(format!("m{number}").into(), number);
+            // The writer keeps 100 records behind.
+            applied = number.saturating_sub(100);
+            unapplied.sweep_if_grown(applied);
+            assert!(unapplied.by_id.len() <= 2 * Unapplied::SWEPT_AT_LEAST + 1);
+        }
+        for number in applied + 1..=10 * floor {
+            assert!(unapplied.contains(&format!("m{number}"), applied));
+        }
+        assert!(!unapplied.contains("m1", applied));
     }
 
     /// With a journal a message is durable before the database has it, but no further
