@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
+use std::thread::LocalKey;
 use std::time::Duration;
 
 use foldhash::HashMap;
@@ -151,12 +152,12 @@ pub fn message_received(protocol: &str, kind: &'static str) {
     thread_local! {
         static RECEIVED: Handles<&'static str> = const { Handles::new() };
     }
-    let make = || counter!(MESSAGES_RECEIVED, "protocol" => protocol.to_owned(), "kind" => kind);
-    match RECEIVED.try_with(|handles| handles.increment(protocol, kind, make)) {
-        Ok(()) => {}
-        // The thread is ending and its handles are gone.
-        Err(_) => make().increment(1),
-    }
+    increment(
+        &RECEIVED,
+        protocol,
+        kind,
+        || counter!(MESSAGES_RECEIVED, "protocol" => protocol.to_owned(), "kind" => kind),
+    );
 }
 
 pub fn message_delivered(
@@ -169,25 +170,36 @@ pub fn message_delivered(
         static DELIVERED: Handles<(&'static str, &'static str)> = const { Handles::new() };
     }
     static ROUTE: OnceLock<metrics::Histogram> = OnceLock::new();
-    let make = || {
+    increment(&DELIVERED, from_protocol, (to_protocol, kind), || {
         counter!(
             MESSAGES_DELIVERED,
             "from_protocol" => from_protocol.to_owned(),
             "to_protocol" => to_protocol,
             "kind" => kind
         )
-    };
-    match DELIVERED.try_with(|handles| handles.increment(from_protocol, (to_protocol, kind), make))
-    {
-        Ok(()) => {}
-        Err(_) => make().increment(1),
-    }
+    });
     let seconds = since_accepted.as_secs_f64();
     match HANDLE.get() {
         Some(_) => ROUTE
             .get_or_init(|| histogram!(ROUTE_DURATION))
             .record(seconds),
         None => histogram!(ROUTE_DURATION).record(seconds),
+    }
+}
+
+/// Adds one to the counter of `protocol` and `labels`, through this thread's `handles`.
+fn increment<K: Copy + Eq + std::hash::Hash>(
+    handles: &'static LocalKey<Handles<K>>,
+    protocol: &str,
+    labels: K,
+    make: impl Fn() -> Counter,
+) {
+    if handles
+        .try_with(|handles| handles.increment(protocol, labels, &make))
+        .is_err()
+    {
+        // The thread is ending and its handles are gone.
+        make().increment(1);
     }
 }
 

@@ -892,11 +892,11 @@ enum Written {
     Later(oneshot::Receiver<Result<(), StoreError>>),
 }
 
-/// Messages the journal acknowledged that the database may not hold yet: each id with its
-/// latest record's number. The database holds every record through the writer's
-/// `applied`, so an id is unapplied while its latest record is after that. (Rounds can be
-/// added out of order, `add_unapplied` running after the journal's lock is let go: an id
-/// keeps the highest number it was added with.)
+/// Messages the journal acknowledged that the database may not hold yet: each id with the
+/// highest number of its records. The database holds every record through the writer's
+/// `applied`, so an id is unapplied while that number is after it. (The highest, not the
+/// last added: rounds can be added out of order, `add_unapplied` running after the
+/// journal's lock is let go.)
 ///
 /// Ids are not forgotten one by one as the writer passes them: that read each one's slot
 /// again once it had gone cold, a cache miss a message (2.2 % of the runtime threads'
@@ -913,19 +913,19 @@ impl Unapplied {
     const SWEPT_AT_LEAST: usize = 4096;
 
     fn add(&mut self, id: Arc<str>, number: u64) {
-        let latest = self.by_id.entry(id).or_insert(number);
-        *latest = (*latest).max(number);
+        let highest = self.by_id.entry(id).or_insert(number);
+        *highest = (*highest).max(number);
     }
 
     fn contains(&self, id: &str, applied: u64) -> bool {
-        self.by_id.get(id).is_some_and(|&latest| latest > applied)
+        self.by_id.get(id).is_some_and(|&highest| highest > applied)
     }
 
     /// Forgets the ids the database holds, all up to `applied`, once there may be as many
     /// of them as of the others.
     fn sweep_if_grown(&mut self, applied: u64) {
         if self.by_id.len() > 2 * self.swept_to.max(Self::SWEPT_AT_LEAST) {
-            self.by_id.retain(|_, latest| *latest > applied);
+            self.by_id.retain(|_, highest| *highest > applied);
             self.swept_to = self.by_id.len();
         }
     }
@@ -1477,7 +1477,7 @@ mod tests {
         for number in applied + 1..=10 * floor {
             assert!(unapplied.contains(&format!("m{number}"), applied));
         }
-        assert!(!unapplied.contains("m1", applied));
+        assert!(!unapplied.by_id.contains_key("m1"), "swept");
     }
 
     /// With a journal a message is durable before the database has it, but no further
