@@ -195,11 +195,12 @@ impl Journal {
     /// The closed segments whose records the database holds, all up to `applied`, for
     /// `remove_segments`; they are forgotten here.
     pub(super) fn take_applied(&mut self, applied: u64) -> Vec<PathBuf> {
-        let mut applied_segments = Vec::new();
-        while let Some((path, _)) = pop_through(&mut self.closed, applied, |(_, last)| *last) {
-            applied_segments.push(path);
-        }
-        applied_segments
+        let count = self
+            .closed
+            .iter()
+            .take_while(|&&(_, last)| last <= applied)
+            .count();
+        self.closed.drain(..count).map(|(path, _)| path).collect()
     }
 }
 
@@ -221,15 +222,6 @@ pub(super) fn remove_segments(segments: Vec<PathBuf>) {
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => drop(runtime.spawn_blocking(remove)),
         Err(_) => remove(),
-    }
-}
-
-/// The front of `queue`, when its record number (by `number`) is `applied` or before.
-fn pop_through<T>(queue: &mut VecDeque<T>, applied: u64, number: impl Fn(&T) -> u64) -> Option<T> {
-    if number(queue.front()?) <= applied {
-        queue.pop_front()
-    } else {
-        None
     }
 }
 
