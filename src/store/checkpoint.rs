@@ -77,7 +77,8 @@ impl Checkpointer {
             .map_err(open_error)?;
         let (committed, commits) = mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
-            .name("agentbridge-checkpoint".into())
+            // At most 15 bytes: the kernel cuts a thread's name there.
+            .name("checkpointer".into())
             .spawn(move || run(&conn, &commits))
             .map_err(|source| StoreError::DataDir {
                 path: path.to_owned(),

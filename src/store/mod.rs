@@ -163,7 +163,8 @@ impl Store {
         let backlog = Backlog::default();
         let writers_backlog = backlog.clone();
         let thread = std::thread::Builder::new()
-            .name("agentbridge-store".into())
+            // The kernel keeps 15 bytes of a thread's name (what top, perf and /proc show).
+            .name("store-writer".into())
             .spawn(move || write_loop(conn, rx, committed, &writers_backlog))
             .map_err(|e| StoreError::DataDir {
                 path: data_dir.into(),
