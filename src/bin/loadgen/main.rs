@@ -7,6 +7,7 @@
 //! connection. See BENCHMARKS.md.
 
 mod agents;
+mod cpu;
 mod idle;
 mod marker;
 mod nats;
@@ -203,13 +204,19 @@ async fn run_all(args: RunArgs) -> Result<(), Error> {
         };
         let bar = spinner(&format!("{url} skynet→skynet"));
         let pairs = connect(&endpoints, Proto::Skynet, Proto::Skynet, args.pairs, &load).await?;
+        let meter = cpu::Meter::start(None);
         let outcome = run::run(pairs, &load, &bar).await;
+        let measured = meter.finish(outcome.delivered);
         bar.finish_and_clear();
-        rows.push(Row::new(url, "skynet→skynet", args.pairs, &load, &outcome));
+        let mut row = Row::new(url, "skynet→skynet", args.pairs, &load, &outcome);
+        row.set_cpu(measured);
+        rows.push(row);
     }
 
     report::compare(&mut rows);
     print!("{}", report::table(&rows));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    print!("{}", report::cpu_lines(&rows, cores));
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
         std::fs::write(path, json).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -244,38 +251,19 @@ async fn bridge_run(args: &RunArgs, load: &Load, from: Proto, to: Proto) -> Resu
         (endpoints, None)
     };
     let pairs = connect(&endpoints, from, to, args.pairs, load).await?;
-    // In process, the bridge's CPU time would include the load generator's.
     let pid = server.as_ref().map(|s| s.pid).or(args.bridge_pid);
-    let cpu_pid = pid.filter(|_| !args.in_process);
-    let cpu_before = cpu_pid.and_then(server::cpu_seconds);
+    // In process, the bridge's CPU time is the load generator's too: neither is told apart.
+    let meter = cpu::Meter::start(pid.filter(|_| !args.in_process));
     let outcome = run::run(pairs, load, &bar).await;
+    let measured = meter.finish(outcome.delivered);
     bar.finish_and_clear();
     let mut row = Row::new("agentbridge", &path, args.pairs, load, &outcome);
     row.peak_rss_kib = pid.and_then(server::rss_kib).map(|(_, peak)| peak);
-    (row.cpu_us_per_msg, row.system_us_per_msg) =
-        cpu_per_message(cpu_pid, cpu_before, outcome.delivered).unzip();
+    row.set_cpu(measured);
     if let Some(server) = server {
         server.stop().await;
     }
     Ok(row)
-}
-
-/// The CPU time process `pid` spent since `before` per delivered message, in µs: in all,
-/// and of it in the kernel.
-fn cpu_per_message(
-    pid: Option<u32>,
-    before: Option<server::CpuSeconds>,
-    delivered: u64,
-) -> Option<(f64, f64)> {
-    let (now, before) = (server::cpu_seconds(pid?)?, before?);
-    let per_message = |seconds: f64| seconds * 1e6 / delivered as f64;
-    let system = now.system - before.system;
-    (delivered > 0).then(|| {
-        (
-            per_message(now.user - before.user + system),
-            per_message(system),
-        )
-    })
 }
 
 /// Connects `pairs` receivers of `to`, then a sender of `from` for each.
@@ -324,9 +312,13 @@ async fn raw_relay(args: &RunArgs, load: &Load) -> Result<Row, Error> {
         .await?;
         pairs.push((sender, receiver));
     }
+    let meter = cpu::Meter::start(None);
     let outcome = run::run(pairs, load, &bar).await;
+    let measured = meter.finish(outcome.delivered);
     bar.finish_and_clear();
-    Ok(Row::new("raw-relay", "ws→ws", args.pairs, load, &outcome))
+    let mut row = Row::new("raw-relay", "ws→ws", args.pairs, load, &outcome);
+    row.set_cpu(measured);
+    Ok(row)
 }
 
 /// The same load through NATS's WebSocket listener.
@@ -339,13 +331,13 @@ async fn nats_run(args: &RunArgs, load: &Load) -> Result<Row, Error> {
         let sender = nats::sender(&server.ws_url, &format!("r{i}")).await?;
         pairs.push((sender, receiver));
     }
-    let cpu_before = server::cpu_seconds(server.pid());
+    let meter = cpu::Meter::start(Some(server.pid()));
     let outcome = run::run(pairs, load, &bar).await;
+    let measured = meter.finish(outcome.delivered);
     bar.finish_and_clear();
     let mut row = Row::new("nats", "ws→ws", args.pairs, load, &outcome);
     row.peak_rss_kib = server::rss_kib(server.pid()).map(|(_, peak)| peak);
-    (row.cpu_us_per_msg, row.system_us_per_msg) =
-        cpu_per_message(Some(server.pid()), cpu_before, outcome.delivered).unzip();
+    row.set_cpu(measured);
     Ok(row)
 }
 

@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::cpu::{Measured, ThreadCpu};
 use super::run::Outcome;
 
 #[derive(Debug, Serialize)]
@@ -30,6 +31,12 @@ pub struct Row {
     pub cpu_us_per_msg: Option<f64>,
     /// Of `cpu_us_per_msg`, the time in the kernel (socket and file I/O, wake-ups).
     pub system_us_per_msg: Option<f64>,
+    /// `cpu_us_per_msg` by thread name, largest first.
+    pub server_threads: Vec<ThreadCpu>,
+    /// The load generator's own CPU time per delivered message: its clients', and the
+    /// relay's for `raw-relay` (it runs in the same process), the bridge's with
+    /// `--in-process`.
+    pub load_generator_cpu_us_per_msg: Option<f64>,
     /// msgs/s as a fraction of the raw-relay baseline's in the same run.
     pub vs_raw_relay: Option<f64>,
     /// p99 as a multiple of the raw-relay baseline's in the same run.
@@ -64,9 +71,19 @@ impl Row {
             peak_rss_kib: None,
             cpu_us_per_msg: None,
             system_us_per_msg: None,
+            server_threads: Vec::new(),
+            load_generator_cpu_us_per_msg: None,
             vs_raw_relay: None,
             p99_vs_raw_relay: None,
         }
+    }
+
+    /// Takes in what the run's CPU meter measured.
+    pub fn set_cpu(&mut self, measured: Measured) {
+        self.cpu_us_per_msg = measured.server.as_ref().map(|c| c.all_us);
+        self.system_us_per_msg = measured.server.as_ref().map(|c| c.system_us);
+        self.server_threads = measured.server_threads;
+        self.load_generator_cpu_us_per_msg = measured.load_generator.map(|c| c.all_us);
     }
 }
 
@@ -102,6 +119,7 @@ pub fn table(rows: &[Row]) -> String {
         "p99.9",
         "peak RSS",
         "CPU/msg (kernel)",
+        "loadgen CPU/msg",
         "vs raw",
         "p99 vs raw",
     ];
@@ -129,6 +147,8 @@ pub fn table(rows: &[Row]) -> String {
                     (Some(all), None) => format!("{all:.1} µs"),
                     _ => "-".into(),
                 },
+                r.load_generator_cpu_us_per_msg
+                    .map_or("-".into(), |x| format!("{x:.1} µs")),
                 r.vs_raw_relay
                     .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
                 r.p99_vs_raw_relay
@@ -162,6 +182,34 @@ pub fn table(rows: &[Row]) -> String {
     line(&mut out, header.to_vec());
     for row in &cells {
         line(&mut out, row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+/// Where each row's CPU went, a line each, beside what `cores` allow a message at its
+/// rate: a rate needs the server and the load generator together to fit in that.
+pub fn cpu_lines(rows: &[Row], cores: usize) -> String {
+    let mut out = format!("CPU a message, user and kernel, in µs ({cores} cores):\n");
+    for r in rows.iter().filter(|r| r.msgs_per_sec > 0.0) {
+        let mut parts = Vec::new();
+        if let Some(all) = r.cpu_us_per_msg {
+            let threads: Vec<String> = (r.server_threads.iter())
+                .filter(|t| t.cpu.all_us >= 0.05)
+                .map(|t| format!("{} {:.2}", t.name, t.cpu.all_us))
+                .collect();
+            parts.push(format!("server {all:.2} ({})", threads.join(", ")));
+        }
+        if let Some(own) = r.load_generator_cpu_us_per_msg {
+            parts.push(format!("load generator {own:.2}"));
+        }
+        out.push_str(&format!(
+            "  {} {}: {}; at {:.0} msg/s the cores allow {:.2}\n",
+            r.target,
+            r.path,
+            parts.join(", "),
+            r.msgs_per_sec,
+            cores as f64 * 1e6 / r.msgs_per_sec,
+        ));
     }
     out
 }

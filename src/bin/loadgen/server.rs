@@ -184,26 +184,3 @@ pub fn rss_kib(pid: u32) -> Option<(u64, u64)> {
     };
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
-
-/// CPU time (user and system) process `pid` has used so far, in seconds (from /proc; Linux
-/// only). Counted in the kernel's fixed 100 Hz user ticks.
-pub fn cpu_seconds(pid: u32) -> Option<CpuSeconds> {
-    const USER_HZ: f64 = 100.0;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: the fields start after its last ')'.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the line; the slice starts at field 3.
-    let seconds = |i: usize| Some(fields.get(i)?.parse::<u64>().ok()? as f64 / USER_HZ);
-    Some(CpuSeconds {
-        user: seconds(11)?,
-        system: seconds(12)?,
-    })
-}
-
-/// A process's CPU time: in its own code, and in the kernel on its behalf (socket and
-/// file I/O, wake-ups).
-#[derive(Clone, Copy, Debug)]
-pub struct CpuSeconds {
-    pub user: f64,
-    pub system: f64,
-}

@@ -1,0 +1,177 @@
+//! CPU time over a run, per delivered message: the server's, by thread, and the load
+//! generator's own. With the machine's core count they say how much CPU a message may
+//! cost for a rate to be reachable at all (BENCHMARKS.md, *The CPU budget*). Read from
+//! /proc (Linux only), in the kernel's fixed 100 Hz user ticks.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+const USER_HZ: f64 = 100.0;
+
+/// A process's or thread's CPU time: in its own code, and in the kernel on its behalf
+/// (socket and file I/O, wake-ups).
+#[derive(Clone, Copy, Debug, Default)]
+struct CpuSeconds {
+    user: f64,
+    system: f64,
+}
+
+impl CpuSeconds {
+    /// From a `/proc/…/stat` line: utime and stime, fields 14 and 15.
+    fn parse(stat: &str) -> Option<CpuSeconds> {
+        // The command name may hold spaces and parentheses: the fields start after its
+        // last ')', at field 3.
+        let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+        let mut seconds = || Some(fields.next()?.parse::<u64>().ok()? as f64 / USER_HZ);
+        Some(CpuSeconds {
+            user: seconds()?,
+            system: seconds()?,
+        })
+    }
+
+    fn read(path: &str) -> Option<CpuSeconds> {
+        CpuSeconds::parse(&std::fs::read_to_string(path).ok()?)
+    }
+}
+
+/// CPU per delivered message, in µs.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CpuPerMessage {
+    /// User and system time together.
+    pub all_us: f64,
+    /// Of `all_us`, the time in the kernel.
+    pub system_us: f64,
+}
+
+/// A server thread's (or same-named threads') CPU per delivered message.
+#[derive(Debug, Serialize)]
+pub struct ThreadCpu {
+    pub name: String,
+    #[serde(flatten)]
+    pub cpu: CpuPerMessage,
+}
+
+/// What a run's messages cost in CPU.
+#[derive(Debug, Default)]
+pub struct Measured {
+    /// The server process's, when it runs in a process of its own.
+    pub server: Option<CpuPerMessage>,
+    /// The server's by thread name (threads of one name summed, e.g. a runtime's workers),
+    /// largest first. A thread that ended during the run is missing.
+    pub server_threads: Vec<ThreadCpu>,
+    /// This process's: the load's clients, and whatever else runs in it (the raw relay, a
+    /// bridge started in process).
+    pub load_generator: Option<CpuPerMessage>,
+}
+
+/// CPU times at a run's start, to be subtracted at its end.
+pub struct Meter {
+    server: Option<u32>,
+    server_before: Option<CpuSeconds>,
+    threads_before: BTreeMap<String, CpuSeconds>,
+    own_before: Option<CpuSeconds>,
+}
+
+impl Meter {
+    /// Starts measuring this process and, when given, the server process `server`.
+    pub fn start(server: Option<u32>) -> Meter {
+        Meter {
+            server,
+            server_before: server.and_then(process),
+            threads_before: server.map(threads).unwrap_or_default(),
+            own_before: process(std::process::id()),
+        }
+    }
+
+    /// The CPU spent since `start`, per message of `delivered`.
+    pub fn finish(self, delivered: u64) -> Measured {
+        if delivered == 0 {
+            return Measured::default();
+        }
+        let per_message = |now: CpuSeconds, before: CpuSeconds| CpuPerMessage {
+            all_us: (now.user - before.user + now.system - before.system) * 1e6 / delivered as f64,
+            system_us: (now.system - before.system) * 1e6 / delivered as f64,
+        };
+        let mut server_threads: Vec<ThreadCpu> = self
+            .server
+            .map(threads)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(name, now)| {
+                let before = self.threads_before.get(&name).copied().unwrap_or_default();
+                let cpu = per_message(now, before);
+                ThreadCpu { name, cpu }
+            })
+            .filter(|thread| thread.cpu.all_us > 0.0)
+            .collect();
+        server_threads.sort_by(|a, b| b.cpu.all_us.total_cmp(&a.cpu.all_us));
+        Measured {
+            server: self
+                .server
+                .and_then(process)
+                .zip(self.server_before)
+                .map(|(now, before)| per_message(now, before)),
+            server_threads,
+            load_generator: process(std::process::id())
+                .zip(self.own_before)
+                .map(|(now, before)| per_message(now, before)),
+        }
+    }
+}
+
+fn process(pid: u32) -> Option<CpuSeconds> {
+    CpuSeconds::read(&format!("/proc/{pid}/stat"))
+}
+
+/// The CPU time of `pid`'s threads, summed by name.
+fn threads(pid: u32) -> BTreeMap<String, CpuSeconds> {
+    let mut by_name = BTreeMap::<String, CpuSeconds>::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return by_name;
+    };
+    for task in tasks.flatten() {
+        let path = task.path();
+        let (Ok(name), Ok(stat)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("stat")),
+        ) else {
+            continue; // the thread ended meanwhile
+        };
+        if let Some(cpu) = CpuSeconds::parse(&stat) {
+            let sum = by_name.entry(name.trim_end().to_owned()).or_default();
+            sum.user += cpu.user;
+            sum.system += cpu.system;
+        }
+    }
+    by_name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_are_read_after_the_command_name() {
+        let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 3 0";
+        let cpu = CpuSeconds::parse(stat).unwrap();
+        assert_eq!((cpu.user, cpu.system), (2.5, 0.75));
+        assert!(CpuSeconds::parse("42 (x) S 1 2").is_none());
+    }
+
+    #[test]
+    fn this_process_and_its_threads_are_measured() {
+        let meter = Meter::start(Some(std::process::id()));
+        let start = std::time::Instant::now();
+        let mut spin = 0u64;
+        while start.elapsed() < std::time::Duration::from_millis(50) {
+            spin = std::hint::black_box(spin + 1);
+        }
+        let measured = meter.finish(1);
+        let own = measured.load_generator.unwrap();
+        assert!(own.all_us >= own.system_us);
+        assert!(measured.server.is_some());
+        let threads: f64 = measured.server_threads.iter().map(|t| t.cpu.all_us).sum();
+        assert!(threads <= measured.server.unwrap().all_us + 1e4);
+    }
+}
