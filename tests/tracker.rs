@@ -136,6 +136,11 @@ async fn bad_auth_is_refused_and_closed() {
             "Invalid token",
         ),
         (
+            Some(json!({ "type": "auth", "token": "" }).to_string()),
+            "Invalid token",
+        ),
+        (Some(json!({ "type": "auth" }).to_string()), "Invalid token"),
+        (
             Some(json!({ "type": "heartbeat", "status": "online" }).to_string()),
             "auth",
         ),

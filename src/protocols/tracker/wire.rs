@@ -263,8 +263,10 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, String> {
             .ok_or_else(|| format!("\"{key}\" is required for {kind}"))
     };
     Ok(match kind {
+        // A missing, empty or non-string token is an invalid one: the document has one
+        // refusal for them all, "Invalid token".
         "auth" => ClientFrame::Auth {
-            token: required("token")?,
+            token: string("token").ok().flatten().unwrap_or_default(),
         },
         "heartbeat" => {
             let status = match string("status")? {
@@ -458,6 +460,15 @@ mod tests {
                 token: "tb-1".into()
             }
         );
+        // Without a usable token, an auth frame still is one: refused as "Invalid token".
+        for frame in [r#"{"type":"auth"}"#, r#"{"type":"auth","token":7}"#] {
+            assert_eq!(
+                parse_client_frame(frame).unwrap(),
+                ClientFrame::Auth {
+                    token: String::new()
+                }
+            );
+        }
         assert_eq!(
             parse_client_frame(r#"{"type":"heartbeat","status":"busy"}"#).unwrap(),
             ClientFrame::Heartbeat {
@@ -468,7 +479,6 @@ mod tests {
             ("nope", "not valid JSON"),
             ("[]", "JSON object"),
             (r#"{"token":"x"}"#, "\"type\""),
-            (r#"{"type":"auth"}"#, "\"token\""),
             (
                 r#"{"type":"heartbeat","status":"sleepy"}"#,
                 "online, busy, idle",

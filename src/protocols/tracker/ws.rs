@@ -94,7 +94,10 @@ async fn authenticate(socket: &mut Socket, tracker: &Tracker) -> Option<MemberRo
         ),
         Ok(None) => return None,
         Ok(Some(text)) => match wire::parse_client_frame(&text) {
-            Ok(ClientFrame::Auth { token }) => match tracker.members.by_token(&token) {
+            Ok(ClientFrame::Auth { token }) => match (!token.is_empty())
+                .then(|| tracker.members.by_token(&token))
+                .flatten()
+            {
                 Some(member) => return Some(member),
                 None => "Invalid token".to_owned(),
             },
