@@ -1274,6 +1274,40 @@ async fn the_gateway_serves_every_http_rule() {
     assert_eq!(status, 400);
     let (status, err) = w.get("/api/v1/synapse/tasks?limit=many").await;
     assert_eq!(status, 400, "{err}");
+    // As grpc-gateway: a query parameter of no field is passed over, and one the path
+    // binds is taken from the path.
+    let (status, health) = w.get("/api/v1/synapse/health?cachebust=1").await;
+    assert_eq!(status, 200, "{health}");
+    let (status, err) = w.get("/api/v1/synapse/task/nope?task_id=other").await;
+    assert_eq!(status, 404, "{err}");
+    assert!(err["message"].as_str().unwrap().contains("nope"), "{err}");
+    // No rule: grpc-gateway's 404, not gRPC's UNIMPLEMENTED in a 200.
+    let (status, err) = w.get("/api/v1/synapse/nope").await;
+    assert_eq!(
+        (status, err["code"].as_i64(), err["message"].as_str()),
+        (404, Some(5), Some("Not Found"))
+    );
+    let res = w
+        .http
+        .delete(w.url("/api/v1/synapse/health"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 405);
+    let err: Value = res.json().await.unwrap();
+    assert_eq!(err["code"], 12, "{err}");
+    // A gRPC call of no service is still gRPC's UNIMPLEMENTED.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", w.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/synapse.v1.Nope/Call");
+    let codec = tonic_prost::ProstCodec::<(), ()>::default();
+    let refused = grpc.unary(Request::new(()), path, codec).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unimplemented);
 
     let (status, openapi) = w.get("/api/v1/synapse/openapi.json").await;
     assert_eq!(status, 200);

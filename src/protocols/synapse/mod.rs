@@ -128,7 +128,9 @@ pub async fn start(
     tasks.push(tasks::start_hub(synapse.clone()));
     // Agents of the endpoints started before this one may take tasks left waiting.
     synapse.assign_pending().await;
-    let app = services::router(synapse.clone()).merge(gateway::router(synapse.clone()));
+    let app = services::router(synapse.clone())
+        .merge(gateway::router(synapse.clone()))
+        .fallback(gateway::unrouted);
     let app = services::with_auth(app, config.token.clone());
     tasks.push(super::serve(PROTOCOL, listener, app, shutdown));
     Ok(Running {

@@ -159,9 +159,31 @@ pub fn router(synapse: Arc<Synapse>) -> Router {
         router = router.route(&path, methods);
     }
     router
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(gateway)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn(refuse_declared_oversize))
+}
+
+/// A request no route takes: gRPC's UNIMPLEMENTED for a gRPC call, as tonic answers it;
+/// grpc-gateway's 404 `{"code": 5, "message": "Not Found"}` for anything else (tonic's
+/// answer, a 200 with an empty body, reads as success to an HTTP client).
+pub async fn unrouted(request: Request) -> Response {
+    let grpc = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    if grpc {
+        return Status::unimplemented("").into_http();
+    }
+    error_response(&Status::not_found("Not Found"), StatusCode::NOT_FOUND)
+}
+
+/// A known path with a method it does not take, in the gateway's error shape.
+async fn method_not_allowed() -> Response {
+    let status = Status::unimplemented("Method Not Allowed");
+    error_response(&status, StatusCode::METHOD_NOT_ALLOWED)
 }
 
 /// Refuses a body that says it is over the limit before reading any of it.
@@ -267,11 +289,13 @@ async fn call(
         }
     };
     for (name, value) in &path {
-        set_path(&mut request, name, value, "path")?;
+        set_path(&mut request, name, value, Place::Path)?;
     }
     if rule.body != "*" {
-        for (name, value) in &query {
-            set_path(&mut request, name, value, "query")?;
+        // As grpc-gateway: a parameter the path binds is not taken from the query.
+        let bound = |name: &str| path.contains_key(name.split('.').next().unwrap_or(name));
+        for (name, value) in query.iter().filter(|(name, _)| !bound(name)) {
+            set_path(&mut request, name, value, Place::Query)?;
         }
     }
     unary(gateway, rule, &request.encode_to_vec(), headers).await
@@ -365,26 +389,47 @@ fn from_body(desc: &MessageDescriptor, body: &Bytes) -> Result<DynamicMessage, S
         .map_err(|e| Status::invalid_argument(format!("body does not fit {}: {e}", desc.name())))
 }
 
-/// Sets `a.b.c` (by proto or JSON name) from a path or query value.
+/// Where a request field's value came from.
+#[derive(Clone, Copy)]
+enum Place {
+    Path,
+    Query,
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Place::Path => "path",
+            Place::Query => "query",
+        })
+    }
+}
+
+/// Sets `a.b.c` (by proto or JSON name) from a path or query value. A query parameter
+/// that names no field is passed over, as grpc-gateway does (a client may add its own,
+/// a cache-buster say); a value that does not fit its field is refused.
 fn set_path(
     message: &mut DynamicMessage,
     dotted: &str,
     value: &str,
-    place: &str,
+    place: Place,
 ) -> Result<(), Status> {
     let mut parts = dotted.split('.').peekable();
     let mut current = message;
     while let Some(part) = parts.next() {
         let desc = current.descriptor();
-        let field = desc
+        let Some(field) = desc
             .get_field_by_name(part)
             .or_else(|| desc.get_field_by_json_name(part))
-            .ok_or_else(|| {
-                Status::invalid_argument(format!(
+        else {
+            return match place {
+                Place::Query => Ok(()),
+                Place::Path => Err(Status::invalid_argument(format!(
                     "{place} parameter '{dotted}': no field '{part}' in {}",
                     desc.name()
-                ))
-            })?;
+                ))),
+            };
+        };
         if parts.peek().is_none() {
             let parsed = scalar(&field, value).ok_or_else(|| {
                 Status::invalid_argument(format!(
