@@ -444,6 +444,22 @@ async fn the_scratchpad_is_read_and_appended() {
         &entry("executor", "mc", "  id: msg-after\n  action: \"next\"\n"),
     );
     assert_eq!(mc.next_message().await["id"], "msg-after");
+    // …even a sender never seen before: the error waits in its queue. (Polling registers
+    // a program, so the poll waits until the entry after it has been read.)
+    write_entry(&pad, &entry("newcomer", "mc", "  action: [unclosed\n"));
+    write_entry(
+        &pad,
+        &entry("executor", "mc", "  id: msg-later\n  action: \"next\"\n"),
+    );
+    assert_eq!(mc.next_message().await["id"], "msg-later");
+    let told = poll_until_some(&w, "newcomer").await;
+    assert_eq!(
+        (
+            told[0]["type"].as_str(),
+            told[0]["content"]["payload"]["error_code"].as_str()
+        ),
+        (Some("error"), Some("VALIDATION_FAILED"))
+    );
     w.bridge.shutdown().await;
 }
 

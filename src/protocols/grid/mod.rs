@@ -282,7 +282,10 @@ impl Grid {
         let Some(sender) = &invalid.sender else {
             return;
         };
-        if !self.programs.contains(&sender.agent) {
+        // A sender not seen before is registered as a valid message would register it, so
+        // that the error waits in its queue (or scratchpad) for it; unless the name is
+        // another protocol's agent.
+        if !self.programs.contains(&sender.agent) && self.register(&sender.agent).await.is_err() {
             return;
         }
         let error = wire::error_message(invalid);
