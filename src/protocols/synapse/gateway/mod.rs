@@ -169,15 +169,28 @@ pub fn router(synapse: Arc<Synapse>) -> Router {
 /// grpc-gateway's 404 `{"code": 5, "message": "Not Found"}` for anything else (tonic's
 /// answer, a 200 with an empty body, reads as success to an HTTP client).
 pub async fn unrouted(request: Request) -> Response {
-    let grpc = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
-    if grpc {
+    if is_grpc(&request) {
         return Status::unimplemented("").into_http();
     }
     error_response(&Status::not_found("Not Found"), StatusCode::NOT_FOUND)
+}
+
+/// `status` answered in the caller's own form: as gRPC to a gRPC call, else as the
+/// gateway's error body with HTTP status `http`.
+pub fn refuse(request: &Request, status: Status, http: StatusCode) -> Response {
+    if is_grpc(request) {
+        status.into_http()
+    } else {
+        error_response(&status, http)
+    }
+}
+
+fn is_grpc(request: &Request) -> bool {
+    request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
 }
 
 /// A known path with a method it does not take, in the gateway's error shape.

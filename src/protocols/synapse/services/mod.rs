@@ -93,16 +93,7 @@ pub fn with_auth(app: axum::Router, token: Option<String>) -> axum::Router {
                     ),
                     Some(_) => Status::unauthenticated("the Synapse token is not valid"),
                 };
-                let grpc = request
-                    .headers()
-                    .get(header::CONTENT_TYPE)
-                    .and_then(|c| c.to_str().ok())
-                    .is_some_and(|c| c.starts_with("application/grpc"));
-                if grpc {
-                    status.into_http::<axum::body::Body>()
-                } else {
-                    super::gateway::error_response(&status, StatusCode::UNAUTHORIZED)
-                }
+                super::gateway::refuse(&request, status, StatusCode::UNAUTHORIZED)
             }
         },
     ))
