@@ -616,6 +616,14 @@ async fn status_changes_go_to_the_others_and_are_not_echoed() {
 
     let (_, agents) = w.http.get(&format!("/api/agents/{}", id(&a))).await;
     assert_eq!(agents["status"], "busy");
+
+    // A heartbeat without a status clears it: the event carries none.
+    ws_a.action("heartbeat", json!({ "agentId": id(&a) })).await;
+    ws_a.next_event("heartbeat.ack").await;
+    assert_eq!(
+        ws_b.next().await,
+        json!({ "event": "status-change", "data": { "agentId": id(&a) } })
+    );
     w.bridge.shutdown().await;
 }
 

@@ -325,14 +325,17 @@ impl Skynet {
         if !changed {
             return;
         }
+        // A heartbeat without a status clears it: the event then has no `status`, as
+        // Skynet's server writes an unset one.
+        let data = match &status {
+            Some(s) => json!({ "agentId": agent_id, "status": s }),
+            None => json!({ "agentId": agent_id }),
+        };
+        let native = wire::event_value(wire::EVENT_STATUS_CHANGE, data);
         let status = status.unwrap_or_default();
         self.core
             .directory
             .set_presence(name, true, status_from_skynet(&status));
-        let native = wire::event_value(
-            wire::EVENT_STATUS_CHANGE,
-            json!({ "agentId": agent_id, "status": status }),
-        );
         let env = presence(
             Kind::PresenceStatus,
             name,
