@@ -148,6 +148,16 @@ pub fn parse_documents(body: &str, json: bool) -> Result<Vec<Value>, Invalid> {
     Ok(docs)
 }
 
+/// The documents of a WebSocket text frame, which says nothing of its format: JSON when it
+/// looks like JSON and is, else YAML (a one-line YAML flow mapping, `{message: {…}}`,
+/// looks like JSON too). Refused as JSON when it looks like JSON and is neither.
+pub fn parse_frame(text: &str) -> Result<Vec<Value>, Invalid> {
+    if !text.trim_start().starts_with(['{', '[']) {
+        return parse_documents(text, false);
+    }
+    parse_documents(text, true).or_else(|as_json| parse_documents(text, false).map_err(|_| as_json))
+}
+
 /// An ISO-8601 date-time without a UTC offset, which the Grid takes as UTC.
 static WITHOUT_OFFSET: LazyLock<OwnedFormatItem> = LazyLock::new(|| {
     time::format_description::parse_owned::<2>(
@@ -770,6 +780,27 @@ mod tests {
         assert_eq!(
             parse_documents("key: [unclosed", false).unwrap_err().field,
             "body"
+        );
+    }
+
+    #[test]
+    fn frames_are_json_or_yaml_even_when_they_look_like_json() {
+        let json = parse_frame(r#"{"message": {"type": "request"}}"#).unwrap();
+        let flow = parse_frame("{message: {type: request}}").unwrap();
+        let block = parse_frame("message:\n  type: request\n").unwrap();
+        assert_eq!(json, flow);
+        assert_eq!(json, block);
+        assert!(
+            parse_frame(r#"[{"message": {}}, {"message": {}}]"#)
+                .unwrap()
+                .len()
+                == 2
+        );
+        let refused = parse_frame("{message: [unclosed").unwrap_err();
+        assert!(
+            refused.message.contains("not valid JSON"),
+            "{}",
+            refused.message
         );
     }
 

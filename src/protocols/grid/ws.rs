@@ -241,7 +241,7 @@ impl Connection {
 
     /// Handles a text frame; false when the socket is gone.
     async fn on_text(&mut self, text: &str) -> bool {
-        let docs = match wire::parse_documents(text, text.trim_start().starts_with(['{', '['])) {
+        let docs = match wire::parse_frame(text) {
             Ok(docs) => docs,
             Err(e) => return self.refuse(e).await,
         };
