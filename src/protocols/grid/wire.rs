@@ -81,6 +81,13 @@ impl Party {
     }
 
     fn from(value: &Value, field: &str, required: bool) -> Result<Option<Party>, Invalid> {
+        // `receiver: mc` read as a mapping would have no agent: a broadcast.
+        if !matches!(value, Value::Object(_) | Value::Null) {
+            return Err(Invalid::new(
+                field,
+                format!("{field} must be a mapping: {{agent, instance_id}}"),
+            ));
+        }
         let agent = match value.get("agent") {
             Some(Value::String(a)) if !a.trim().is_empty() => a.trim().to_owned(),
             None | Some(Value::Null) if !required => return Ok(None),
