@@ -159,6 +159,14 @@ async fn every_validation_error_is_a_400_naming_the_field() {
             "message: { timestamp: \"2026-01-24T10:00:00Z\", type: request, sender: x, receiver: { agent: mc } }",
             "sender",
         ),
+        (
+            "message: { timestamp: \"2026-01-24T10:00:00Z\", type: request, sender: { agent: x }, receiver: { agent: mc }, content: abort }",
+            "content",
+        ),
+        (
+            "message: { timestamp: \"2026-01-24T10:00:00Z\", type: request, sender: { agent: x }, receiver: { agent: mc }, metadata: high }",
+            "metadata",
+        ),
         ("not: a message", "message"),
         ("message: [unclosed", "body"),
     ] {

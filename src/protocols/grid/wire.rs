@@ -262,7 +262,13 @@ pub fn validate(doc: Value) -> Result<Message, Invalid> {
     // The scratchpad's short form puts action and payload right under `message:`.
     let content = match msg.get("content") {
         Some(Value::Object(content)) => content,
-        _ => &msg,
+        None | Some(Value::Null) => &msg,
+        Some(_) => {
+            return Err(with_sender(Invalid::new(
+                "content",
+                "content must be a mapping: {action, payload, context}",
+            )));
+        }
     };
     let action = match content.get("action") {
         None | Some(Value::Null) => None,
@@ -276,7 +282,16 @@ pub fn validate(doc: Value) -> Result<Message, Invalid> {
     };
     let payload = content.get("payload").cloned().unwrap_or(Value::Null);
     let context = content.get("context").cloned().unwrap_or(Value::Null);
-    let metadata = msg.get("metadata").cloned().unwrap_or(Value::Null);
+    let metadata = match msg.get("metadata") {
+        None | Some(Value::Null) => Value::Null,
+        Some(metadata @ Value::Object(_)) => metadata.clone(),
+        Some(_) => {
+            return Err(with_sender(Invalid::new(
+                "metadata",
+                "metadata must be a mapping: {priority, ttl}",
+            )));
+        }
+    };
     let priority = match metadata.get("priority") {
         None | Some(Value::Null) => Priority::Normal,
         Some(Value::String(p)) => match p.as_str() {
