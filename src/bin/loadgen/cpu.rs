@@ -58,7 +58,8 @@ pub struct Measured {
     /// The server process's, when it runs in a process of its own.
     pub server: Option<CpuPerMessage>,
     /// The server's by thread name (threads of one name summed, e.g. a runtime's workers),
-    /// largest first. A thread that ended during the run is missing.
+    /// largest first. A thread that ended before the run's end is missing (it may have
+    /// shared its name with a runtime's workers: tokio's blocking threads do).
     pub server_threads: Vec<ThreadCpu>,
     /// This process's: the load's clients, and whatever else runs in it (the raw relay, a
     /// bridge started in process).
@@ -69,7 +70,7 @@ pub struct Measured {
 pub struct Meter {
     server: Option<u32>,
     server_before: Option<CpuSeconds>,
-    threads_before: BTreeMap<String, CpuSeconds>,
+    threads_before: BTreeMap<u32, Thread>,
     own_before: Option<CpuSeconds>,
 }
 
@@ -93,15 +94,20 @@ impl Meter {
             all_us: (now.user - before.user + now.system - before.system) * 1e6 / delivered as f64,
             system_us: (now.system - before.system) * 1e6 / delivered as f64,
         };
-        let mut server_threads: Vec<ThreadCpu> = self
-            .server
-            .map(threads)
-            .unwrap_or_default()
+        // Each thread's own time since the start (from nothing for one started since),
+        // then summed by name.
+        let mut by_name = BTreeMap::<String, CpuSeconds>::new();
+        for (tid, now) in self.server.map(threads).unwrap_or_default() {
+            let before = self.threads_before.get(&tid).map(|t| t.cpu);
+            let sum = by_name.entry(now.name).or_default();
+            sum.user += now.cpu.user - before.map_or(0.0, |b| b.user);
+            sum.system += now.cpu.system - before.map_or(0.0, |b| b.system);
+        }
+        let mut server_threads: Vec<ThreadCpu> = by_name
             .into_iter()
-            .map(|(name, now)| {
-                let before = self.threads_before.get(&name).copied().unwrap_or_default();
-                let cpu = per_message(now, before);
-                ThreadCpu { name, cpu }
+            .map(|(name, spent)| ThreadCpu {
+                name,
+                cpu: per_message(spent, CpuSeconds::default()),
             })
             .filter(|thread| thread.cpu.all_us > 0.0)
             .collect();
@@ -124,13 +130,23 @@ fn process(pid: u32) -> Option<CpuSeconds> {
     CpuSeconds::read(&format!("/proc/{pid}/stat"))
 }
 
-/// The CPU time of `pid`'s threads, summed by name.
-fn threads(pid: u32) -> BTreeMap<String, CpuSeconds> {
-    let mut by_name = BTreeMap::<String, CpuSeconds>::new();
+/// A thread's name and CPU time.
+struct Thread {
+    name: String,
+    cpu: CpuSeconds,
+}
+
+/// `pid`'s threads by thread id. (By id, not name: a thread that ends must not take its
+/// time out of others of its name.)
+fn threads(pid: u32) -> BTreeMap<u32, Thread> {
+    let mut by_tid = BTreeMap::new();
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return by_name;
+        return by_tid;
     };
     for task in tasks.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
         let path = task.path();
         let (Ok(name), Ok(stat)) = (
             std::fs::read_to_string(path.join("comm")),
@@ -139,12 +155,11 @@ fn threads(pid: u32) -> BTreeMap<String, CpuSeconds> {
             continue; // the thread ended meanwhile
         };
         if let Some(cpu) = CpuSeconds::parse(&stat) {
-            let sum = by_name.entry(name.trim_end().to_owned()).or_default();
-            sum.user += cpu.user;
-            sum.system += cpu.system;
+            let name = name.trim_end().to_owned();
+            by_tid.insert(tid, Thread { name, cpu });
         }
     }
-    by_name
+    by_tid
 }
 
 #[cfg(test)]
@@ -161,17 +176,31 @@ mod tests {
 
     #[test]
     fn this_process_and_its_threads_are_measured() {
-        let meter = Meter::start(Some(std::process::id()));
-        let start = std::time::Instant::now();
+        let pid = std::process::id();
+        let meter = Meter::start(Some(pid));
+        // Spins until the kernel has counted three ticks of this process's CPU.
+        let spent = |from: f64| process(pid).map(|c| c.user + c.system).unwrap() - from;
+        let from = spent(0.0);
         let mut spin = 0u64;
-        while start.elapsed() < std::time::Duration::from_millis(50) {
-            spin = std::hint::black_box(spin + 1);
+        while spent(from) < 0.03 {
+            for _ in 0..100_000 {
+                spin = std::hint::black_box(spin + 1);
+            }
         }
         let measured = meter.finish(1);
         let own = measured.load_generator.unwrap();
+        assert!(own.all_us >= 30_000.0, "{own:?}");
         assert!(own.all_us >= own.system_us);
-        assert!(measured.server.is_some());
+        let server = measured.server.unwrap();
+        assert!(server.all_us >= 30_000.0, "{server:?}");
+        // This test's thread is among them; their sum is the process's, within a tick
+        // for each thread that ended meanwhile or was read at another moment.
         let threads: f64 = measured.server_threads.iter().map(|t| t.cpu.all_us).sum();
-        assert!(threads <= measured.server.unwrap().all_us + 1e4);
+        assert!(threads >= 20_000.0, "{:?}", measured.server_threads);
+        assert!(
+            threads <= server.all_us + 1e5,
+            "{threads} > {}",
+            server.all_us
+        );
     }
 }
