@@ -1285,9 +1285,11 @@ async fn the_gateway_serves_every_http_rule() {
     // binds is taken from the path.
     let (status, health) = w.get("/api/v1/synapse/health?cachebust=1").await;
     assert_eq!(status, 200, "{health}");
-    let (status, err) = w.get("/api/v1/synapse/task/nope?task_id=other").await;
-    assert_eq!(status, 404, "{err}");
-    assert!(err["message"].as_str().unwrap().contains("nope"), "{err}");
+    for query in ["task_id=other", "taskId=other"] {
+        let (status, err) = w.get(&format!("/api/v1/synapse/task/nope?{query}")).await;
+        assert_eq!(status, 404, "{query}: {err}");
+        assert!(err["message"].as_str().unwrap().contains("nope"), "{err}");
+    }
     // No rule: grpc-gateway's 404, not gRPC's UNIMPLEMENTED in a 200.
     let (status, err) = w.get("/api/v1/synapse/nope").await;
     assert_eq!(

@@ -305,8 +305,14 @@ async fn call(
         set_path(&mut request, name, value, Place::Path)?;
     }
     if rule.body != "*" {
-        // As grpc-gateway: a parameter the path binds is not taken from the query.
-        let bound = |name: &str| path.contains_key(name.split('.').next().unwrap_or(name));
+        // As grpc-gateway: a field the path binds is not taken from the query, by its
+        // proto name (`task_id`) or its JSON one (`taskId`).
+        let bound = |name: &str| {
+            let first = name.split('.').next().unwrap_or(name);
+            let field =
+                (input.get_field_by_name(first)).or_else(|| input.get_field_by_json_name(first));
+            path.contains_key(field.as_ref().map_or(first, |f| f.name()))
+        };
         for (name, value) in query.iter().filter(|(name, _)| !bound(name)) {
             set_path(&mut request, name, value, Place::Query)?;
         }
