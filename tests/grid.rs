@@ -152,11 +152,11 @@ async fn every_validation_error_is_a_400_naming_the_field() {
             "metadata.ttl",
         ),
         (
-            "message: { timestamp: \"2026-01-24T10:00:00Z\", type: request, sender: { agent: x }, receiver: mc }",
+            "message: { timestamp: \"2026-01-24T10:00:00Z\", type: request, sender: { agent: x }, receiver: [mc] }",
             "receiver",
         ),
         (
-            "message: { timestamp: \"2026-01-24T10:00:00Z\", type: request, sender: x, receiver: { agent: mc } }",
+            "message: { timestamp: \"2026-01-24T10:00:00Z\", type: request, sender: 7, receiver: { agent: mc } }",
             "sender",
         ),
         (
@@ -209,6 +209,22 @@ async fn every_validation_error_is_a_400_naming_the_field() {
         .await;
     assert_eq!(status, 400);
     assert!(w.http.poll("agent=mc").await.is_empty());
+    // `receiver: mc` is short for `receiver: { agent: mc }`, and relayed in full.
+    let (status, answer) = w
+        .http
+        .post("message: { id: short, timestamp: \"2026-01-24T10:00:00Z\", type: request, sender: executor, receiver: mc }")
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    let got = w.http.poll("agent=mc").await;
+    assert_eq!(
+        (
+            got[0]["id"].as_str(),
+            got[0]["sender"]["agent"].as_str(),
+            got[0]["receiver"]["agent"].as_str()
+        ),
+        (Some("short"), Some("executor"), Some("mc")),
+        "{got:?}"
+    );
     let (status, answer) = w.http.get("/messages").await;
     assert_eq!(
         (

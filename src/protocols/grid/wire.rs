@@ -81,13 +81,22 @@ impl Party {
     }
 
     fn from(value: &Value, field: &str, required: bool) -> Result<Option<Party>, Invalid> {
-        // `receiver: mc` read as a mapping would have no agent: a broadcast.
-        if !matches!(value, Value::Object(_) | Value::Null) {
-            return Err(Invalid::new(
-                field,
-                format!("{field} must be a mapping: {{agent, instance_id}}"),
-            ));
-        }
+        // `receiver: mc` is short for `receiver: { agent: mc }` (read as a mapping, it would
+        // have had no agent, and been a broadcast).
+        let shorthand;
+        let value = match value {
+            Value::String(agent) => {
+                shorthand = json!({ "agent": agent });
+                &shorthand
+            }
+            Value::Object(_) | Value::Null => value,
+            _ => {
+                return Err(Invalid::new(
+                    field,
+                    format!("{field} must be a mapping: {{agent, instance_id}}"),
+                ));
+            }
+        };
         let agent = match value.get("agent") {
             Some(Value::String(a)) if !a.trim().is_empty() => a.trim().to_owned(),
             None | Some(Value::Null) if !required => return Ok(None),
@@ -162,7 +171,14 @@ pub fn parse_frame(text: &str) -> Result<Vec<Value>, Invalid> {
     if !text.trim_start().starts_with(['{', '[']) {
         return parse_documents(text, false);
     }
-    parse_documents(text, true).or_else(|as_json| parse_documents(text, false).map_err(|_| as_json))
+    parse_documents(text, true).or_else(|as_json| {
+        let mut docs = parse_documents(text, false).map_err(|_| as_json)?;
+        // `[{message: …}, …]` holds several, as the same list in JSON does.
+        if let [Value::Array(list)] = docs.as_mut_slice() {
+            return Ok(std::mem::take(list));
+        }
+        Ok(docs)
+    })
 }
 
 /// An ISO-8601 date-time without a UTC offset, which the Grid takes as UTC.
@@ -333,6 +349,13 @@ pub fn validate(doc: Value) -> Result<Message, Invalid> {
         if !content.is_empty() {
             raw.insert("content".into(), Value::Object(content));
         }
+    }
+    // A party written short is relayed in the full form.
+    if raw.get("sender").is_some_and(Value::is_string) {
+        raw.insert("sender".into(), sender.to_json());
+    }
+    if raw.get("receiver").is_some_and(Value::is_string) {
+        raw.insert("receiver".into(), receiver.to_json());
     }
     // The timestamp stays as its sender wrote it: Grid programs receive it unchanged.
     raw.insert("id".into(), json!(id));
@@ -812,12 +835,9 @@ mod tests {
         let block = parse_frame("message:\n  type: request\n").unwrap();
         assert_eq!(json, flow);
         assert_eq!(json, block);
-        assert!(
-            parse_frame(r#"[{"message": {}}, {"message": {}}]"#)
-                .unwrap()
-                .len()
-                == 2
-        );
+        let list = parse_frame(r#"[{"message": {}}, {"message": {}}]"#).unwrap();
+        assert_eq!(list.len(), 2);
+        assert_eq!(list, parse_frame("[{message: {}}, {message: {}}]").unwrap());
         let refused = parse_frame("{message: [unclosed").unwrap_err();
         assert!(
             refused.message.contains("not valid JSON"),
