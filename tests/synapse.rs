@@ -1570,6 +1570,42 @@ async fn deliveries_held_for_a_vanished_client_are_kept() {
     w.bridge.shutdown().await;
 }
 
+/// A stream whose mailbox overflows under `when_full = "disconnect"` is ended, and what
+/// its mailbox held goes to the agent's inbox: only the message that overflowed it is
+/// dropped (and counted).
+#[tokio::test]
+async fn a_stream_disconnected_for_overflow_leaves_its_messages_in_the_inbox() {
+    let mut w = world_with("[routing]\nmailbox_capacity = 8\nwhen_full = \"disconnect\"").await;
+    w.register("beta", &[]).await;
+    let narrow = common::synapse::narrow_channel(w.addr).await;
+    let Stream { out, mut inbound } = Stream::open_on(narrow, "slow").await;
+    let total = 300;
+    flood(&mut w, "slow", total).await;
+    // The bridge ends the stream; what the client can still read, it reads.
+    let mut seen = Vec::new();
+    while let Some(Ok(msg)) = tokio::time::timeout(common::WAIT, inbound.next())
+        .await
+        .expect("the stream ends within the wait")
+    {
+        seen.push(seq_of(&msg));
+    }
+    drop(out);
+    // Everything but the one message that overflowed the mailbox is kept, in order.
+    let mut kept = Vec::new();
+    for _ in 0..500 {
+        kept.extend(w.poll("slow").await.iter().map(seq_of));
+        if kept.last() == Some(&(total - 1)) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    seen.extend(kept);
+    let lost: Vec<usize> = (0..total).filter(|i| !seen.contains(i)).collect();
+    assert!(lost.len() <= 1, "lost {lost:?}");
+    assert!(seen.windows(2).all(|p| p[0] < p[1]), "{seen:?}");
+    w.bridge.shutdown().await;
+}
+
 /// Waits for the next update on a `StreamTaskStatus` stream.
 async fn next_update(watching: &mut tonic::Streaming<TaskStatusUpdate>) -> TaskStatusUpdate {
     tokio::time::timeout(common::WAIT, watching.next())

@@ -196,6 +196,34 @@ impl Mailbox {
         }
     }
 
+    /// Takes what is still queued, closed or not, highest priority first: an overflow
+    /// (`WhenFull::Disconnect`) closes the mailbox but leaves its messages for the
+    /// endpoint to keep by other means (Synapse's inbox, Grid's queue) as its connection
+    /// ends. Expired ones go to the expiry hook instead.
+    pub fn take_left(&self) -> Vec<Arc<Delivery>> {
+        let left: Vec<Arc<Delivery>> = {
+            let mut state = self.lock();
+            state.len = 0;
+            state
+                .lanes
+                .iter_mut()
+                .flat_map(|lane| lane.drain(..))
+                .collect()
+        };
+        let now = Instant::now();
+        left.into_iter()
+            .filter_map(|delivery| {
+                if delivery.expires_at.is_some() && delivery.is_expired(now) {
+                    if let Some(hook) = &self.on_expired {
+                        hook(delivery);
+                    }
+                    return None;
+                }
+                Some(delivery)
+            })
+            .collect()
+    }
+
     /// Stops delivery: queued messages are discarded and `recv` returns `reason`.
     pub fn close(&self, reason: Closed) {
         {
@@ -282,6 +310,12 @@ mod tests {
         assert_eq!(mb.push(msg("2", Priority::Normal)), Pushed::Disconnected);
         assert_eq!(mb.try_recv().unwrap_err(), Closed::Overflow);
         assert_eq!(mb.push(msg("3", Priority::Normal)), Pushed::Closed);
+        // What was queued before the overflow is kept for the endpoint to take.
+        let left: Vec<_> = (mb.take_left().iter())
+            .map(|d| d.envelope.text.clone().unwrap())
+            .collect();
+        assert_eq!(left, ["1"]);
+        assert!(mb.take_left().is_empty());
     }
 
     #[test]

@@ -279,29 +279,41 @@ impl Router {
     ) {
         let env = &delivery.envelope;
         let mut taken = false;
+        // The mailbox of a session this message overflowed.
+        let mut overflowed = None;
         if let Some(sessions) = self.by_agent.get(name) {
             for session in sessions.iter() {
                 if session.interest.accepts(env) {
-                    taken = true;
-                    self.push(session, delivery, reached, report);
+                    match self.offer(session, delivery, reached, report) {
+                        Offer::Taken => taken = true,
+                        Offer::Overflowed => overflowed = Some(session.mailbox.clone()),
+                        Offer::Closed => {}
+                    }
                 }
             }
         }
-        // No live session takes it (none is open, or those open serve another part of the
-        // agent, like a group-only stream): it waits where the agent's protocol keeps mail.
-        if taken || !reached.insert_name(name) {
-            return;
-        }
-        let sink = self
-            .directory
-            .protocol_of(name)
+        // No live session takes it (none is open, those open serve another part of the
+        // agent, like a group-only stream, or are closing): it waits where the agent's
+        // protocol keeps mail, after what the overflowed mailbox held, in their order.
+        // Only where there is no such place does an overflow lose them.
+        let sink = (!taken && reached.insert_name(name))
+            .then(|| self.directory.protocol_of(name))
+            .flatten()
             .and_then(|p| self.offline.get(p).map(|s| s.clone()));
-        if let Some(sink) = sink {
-            sink.deliver(name, delivery);
-            report.offline += 1;
+        match (sink, overflowed) {
+            (Some(sink), overflowed) => {
+                for left in overflowed.iter().flat_map(|mailbox| mailbox.take_left()) {
+                    sink.deliver(name, &left);
+                }
+                sink.deliver(name, delivery);
+                report.offline += 1;
+            }
+            (None, Some(mailbox)) => Self::overflow_dropped(mailbox.protocol(), report),
+            (None, None) => {}
         }
     }
 
+    /// Gives `delivery` to `session`, once; counts what the mailbox's policy dropped.
     fn push(
         &self,
         session: &Session,
@@ -309,8 +321,22 @@ impl Router {
         reached: &mut Reached,
         report: &mut RouteReport,
     ) {
+        if let Offer::Overflowed = self.offer(session, delivery, reached, report) {
+            Self::overflow_dropped(session.mailbox.protocol(), report);
+        }
+    }
+
+    /// As `push`, but an overflow that closes the mailbox is left to the caller, who may
+    /// have somewhere else to put the message.
+    fn offer(
+        &self,
+        session: &Session,
+        delivery: &Arc<Delivery>,
+        reached: &mut Reached,
+        report: &mut RouteReport,
+    ) -> Offer {
         if !reached.insert(session.id) {
-            return;
+            return Offer::Taken;
         }
         let protocol = session.mailbox.protocol();
         match session.mailbox.push(delivery.clone()) {
@@ -324,13 +350,26 @@ impl Router {
                 report.dropped += 1;
                 telemetry::message_dropped(protocol, "mailbox_full_drop_newest");
             }
-            Pushed::Disconnected => {
-                report.dropped += 1;
-                telemetry::message_dropped(protocol, "mailbox_full_disconnect");
-            }
-            Pushed::Closed => {}
+            Pushed::Disconnected => return Offer::Overflowed,
+            Pushed::Closed => return Offer::Closed,
         }
+        Offer::Taken
     }
+
+    fn overflow_dropped(protocol: Protocol, report: &mut RouteReport) {
+        report.dropped += 1;
+        telemetry::message_dropped(protocol, "mailbox_full_disconnect");
+    }
+}
+
+/// What a session did with a message offered to it.
+enum Offer {
+    /// Queued (or dropped by the mailbox's policy, and counted), or had it already.
+    Taken,
+    /// Its mailbox overflowed and closed (`WhenFull::Disconnect`) without it.
+    Overflowed,
+    /// Its mailbox was closed already: its connection is ending.
+    Closed,
 }
 
 /// Sessions (and offline agents) a message has been given to. Fan-outs are usually small:
@@ -577,6 +616,39 @@ mod tests {
         assert_eq!((report.queued, report.offline), (0, 1));
         assert!(received(&stream).is_empty());
         assert_eq!(*sink.0.lock().unwrap(), ["grouped"]);
+    }
+
+    #[test]
+    fn an_overflow_leaves_the_mailbox_and_the_message_to_the_sink_in_order() {
+        struct Sink(Mutex<Vec<String>>);
+        impl OfflineSink for Sink {
+            fn deliver(&self, _: &str, delivery: &Arc<Delivery>) {
+                self.0.lock().unwrap().push(delivery.envelope.id.clone());
+            }
+        }
+        let dir = Arc::new(Directory::new());
+        dir.register(AgentInfo::new("slow", "grid", "slow"))
+            .unwrap();
+        dir.register(AgentInfo::new("gone", "skynet", "gone"))
+            .unwrap();
+        let r = Router::new(dir, 2, WhenFull::Disconnect);
+        let sink = Arc::new(Sink(Mutex::new(Vec::new())));
+        r.set_offline_sink("grid", sink.clone());
+        let slow = connect(&r, "slow", Arc::new(AddressedOnly));
+        let sent: Vec<Arc<Delivery>> = (0..4).map(|_| chat("a", &["slow"])).collect();
+        let ids: Vec<String> = sent.iter().map(|d| d.envelope.id.clone()).collect();
+        for delivery in &sent {
+            assert_eq!(r.route(delivery).dropped, 0);
+        }
+        // The first two were queued; the third overflowed the mailbox, which, closed,
+        // kept the fourth from it too: all four wait in the sink, in order.
+        assert_eq!(*sink.0.lock().unwrap(), ids);
+        assert!(slow.mailbox.take_left().is_empty());
+        // Where the protocol has no sink, an overflow drops the message, counted.
+        let _gone = connect(&r, "gone", Arc::new(AddressedOnly));
+        for expected_dropped in [0, 0, 1] {
+            assert_eq!(r.route(&chat("a", &["gone"])).dropped, expected_dropped);
+        }
     }
 
     #[test]

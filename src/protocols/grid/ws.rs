@@ -381,9 +381,8 @@ impl Connection {
         self.grid.core.router.detach(&session);
         // Nothing accepted is lost with the socket: what it had not sent is queued again.
         let mut left = std::mem::take(&mut self.unsent);
-        while let Ok(Some(delivery)) = session.mailbox.try_recv() {
-            left.push(delivery);
-        }
+        // Even from a mailbox an overflow closed.
+        left.extend(session.mailbox.take_left());
         for delivery in left {
             if self.from_backlog.contains(&delivery.envelope.id) {
                 continue; // sent with the backlog

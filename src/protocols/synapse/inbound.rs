@@ -414,7 +414,8 @@ impl Synapse {
 
     /// Moves what waits in a closing stream's mailbox into `held`, encoded.
     fn drain(&self, mailbox: &crate::core::Mailbox, held: &mut Vec<SynapseMessage>) {
-        while let Ok(Some(delivery)) = mailbox.try_recv() {
+        // `take_left`, not `try_recv`: a mailbox closed by an overflow still holds them.
+        for delivery in mailbox.take_left() {
             if let Some(message) = self.encode(&delivery) {
                 held.push(message);
                 crate::protocols::written(&delivery, PROTOCOL);
