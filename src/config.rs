@@ -55,9 +55,17 @@ pub enum LogFormat {
 
 /// `[admin]`: the operations listener (`/metrics`, `/healthz`, `/readyz`).
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+        }
+    }
 }
 
 /// A config that could not be read or is not valid.
@@ -185,6 +193,23 @@ mod tests {
         assert!(config.skynet.is_none() && config.admin.is_none());
         assert_eq!(config.bridge.data_dir, "./data");
         assert_eq!(config.routing.mailbox_capacity.get(), 1024);
+    }
+
+    #[test]
+    fn sections_given_bare_take_their_defaults() {
+        let config = Config::parse("[admin]\n[synapse]\n", "bridge.toml").unwrap();
+        assert_eq!(config.admin.unwrap().listen.to_string(), "127.0.0.1:9464");
+        let synapse = config.synapse.unwrap();
+        assert_eq!(synapse.listeners(), [("grpc+http", synapse.listen)]);
+        let config = Config::parse(
+            "[synapse]\ngrpc_listen = \"127.0.0.1:7001\"\nhttp_listen = \"127.0.0.1:7002\"\n",
+            "bridge.toml",
+        )
+        .unwrap();
+        let roles: Vec<_> = (config.synapse.unwrap().listeners().into_iter())
+            .map(|(role, addr)| (role, addr.port()))
+            .collect();
+        assert_eq!(roles, [("grpc", 7001), ("http", 7002)]);
     }
 
     #[test]

@@ -1606,6 +1606,32 @@ async fn a_stream_disconnected_for_overflow_leaves_its_messages_in_the_inbox() {
     w.bridge.shutdown().await;
 }
 
+/// The design's `grpc_listen` / `http_listen`: two ports, each serving both.
+#[tokio::test]
+async fn grpc_and_http_can_listen_on_ports_of_their_own() {
+    let bridge =
+        start_bridge("[synapse]\ngrpc_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"")
+            .await;
+    let role = |wanted: &str| {
+        (bridge.listeners().iter())
+            .find(|(endpoint, role, _)| *endpoint == "synapse" && *role == wanted)
+            .map(|(_, _, addr)| *addr)
+            .unwrap_or_else(|| panic!("a {wanted} listener: {:?}", bridge.listeners()))
+    };
+    let (grpc, http) = (role("grpc"), role("http"));
+    assert_ne!(grpc, http);
+    let mut c = clients(grpc).await;
+    let health = c.health.health_check(Request::new(())).await.unwrap();
+    assert!(health.into_inner().status.contains("SERVING"));
+    let res = common::http()
+        .get(format!("http://{http}/api/v1/synapse/health"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    bridge.shutdown().await;
+}
+
 /// Waits for the next update on a `StreamTaskStatus` stream.
 async fn next_update(watching: &mut tonic::Streaming<TaskStatusUpdate>) -> TaskStatusUpdate {
     tokio::time::timeout(common::WAIT, watching.next())

@@ -9,6 +9,10 @@ use serde::Deserialize;
 pub struct Config {
     /// gRPC (HTTP/2) and the HTTP/JSON gateway (HTTP/1.1 or 2) on one port.
     pub listen: SocketAddr,
+    /// The design's names for gRPC's and the gateway's ports. Each listener serves both
+    /// (a port is told apart by nothing but its address); either replaces `listen`.
+    pub grpc_listen: Option<SocketAddr>,
+    pub http_listen: Option<SocketAddr>,
     /// When set, every call must carry it (`authorization: Bearer …`, or `x-synapse-token`);
     /// otherwise UNAUTHENTICATED. The standard gRPC health service stays open.
     pub token: Option<String>,
@@ -25,6 +29,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            grpc_listen: None,
+            http_listen: None,
             token: None,
             callback_attempts: 5,
             callback_backoff_ms: 200,
@@ -34,10 +40,32 @@ impl Default for Config {
     }
 }
 
+impl Config {
+    /// Where to listen, each with its role: `grpc_listen` and `http_listen` when either is
+    /// given (one listener when they are the same address, unless that asks for any free
+    /// port: two then), else `listen`.
+    pub fn listeners(&self) -> Vec<(&'static str, SocketAddr)> {
+        match (self.grpc_listen, self.http_listen) {
+            (None, None) => vec![("grpc+http", self.listen)],
+            (Some(grpc), Some(http)) if grpc == http && grpc.port() != 0 => {
+                vec![("grpc+http", grpc)]
+            }
+            (grpc, http) => {
+                let grpc = grpc.map(|addr| ("grpc", addr));
+                grpc.into_iter()
+                    .chain(http.map(|addr| ("http", addr)))
+                    .collect()
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")
             .field("listen", &self.listen)
+            .field("grpc_listen", &self.grpc_listen)
+            .field("http_listen", &self.http_listen)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("agents", &self.agents)
             .finish_non_exhaustive()

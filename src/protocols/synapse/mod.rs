@@ -122,8 +122,12 @@ pub async fn start(
     });
     synapse.load().await.map_err(|e| fail(&e))?;
 
-    let listener = super::bind(PROTOCOL, config.listen).await?;
-    let addr = listener.local_addr().map_err(|e| fail(&e))?;
+    let mut listeners = Vec::new();
+    for (role, addr) in config.listeners() {
+        let listener = super::bind(PROTOCOL, addr).await?;
+        let addr = listener.local_addr().map_err(|e| fail(&e))?;
+        listeners.push((role, listener, addr));
+    }
     let mut tasks = synapse.outbound.start(&synapse);
     tasks.push(tasks::start_hub(synapse.clone()));
     // Agents of the endpoints started before this one may take tasks left waiting.
@@ -132,10 +136,19 @@ pub async fn start(
         .merge(gateway::router(synapse.clone()))
         .fallback(gateway::unrouted);
     let app = services::with_auth(app, config.token.clone());
-    tasks.push(super::serve(PROTOCOL, listener, app, shutdown));
+    let mut addrs = Vec::new();
+    for (role, listener, addr) in listeners {
+        tasks.push(super::serve(
+            PROTOCOL,
+            listener,
+            app.clone(),
+            shutdown.clone(),
+        ));
+        addrs.push((role, addr));
+    }
     Ok(Running {
         name: PROTOCOL,
-        listeners: vec![("grpc+http", addr)],
+        listeners: addrs,
         tasks,
     })
 }
