@@ -114,6 +114,8 @@ async fn the_documents_request_is_accepted_and_polled() {
 async fn every_validation_error_is_a_400_naming_the_field() {
     let w = world().await;
     programs(&w, &["mc"]).await;
+    let decode_errors = common::decode_errors(&w.bridge, "grid").await;
+    let mut refused = 0.0;
     for (body, field) in [
         (
             "message: { type: request, receiver: { agent: mc } }",
@@ -172,6 +174,7 @@ async fn every_validation_error_is_a_400_naming_the_field() {
     ] {
         let (status, answer) = w.http.post(body).await;
         assert_eq!(status, 400, "{body}: {answer}");
+        refused += 1.0;
         let error = &answer["message"];
         assert_eq!(error["type"], "error", "{answer}");
         assert_eq!(error["content"]["action"], "error_report");
@@ -189,6 +192,8 @@ async fn every_validation_error_is_a_400_naming_the_field() {
             assert!(error["correlation_id"].is_string(), "{body}: {answer}");
         }
     }
+    // Each is counted as malformed input, as a bad frame is.
+    assert!(common::decode_errors(&w.bridge, "grid").await >= decode_errors + refused);
     let (status, answer) = w
         .http
         .post(&request("msg-x", "executor", "nobody", "hello"))

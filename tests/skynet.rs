@@ -73,6 +73,7 @@ async fn health_and_registration_statuses() {
     assert_eq!(card["status"], "offline");
     assert!(card["createdAt"].is_i64());
 
+    let decode_errors = common::decode_errors(&w.bridge, "skynet").await;
     for body in [
         json!({ "type": "generic" }),
         json!({ "name": "", "type": "generic" }),
@@ -81,6 +82,8 @@ async fn health_and_registration_statuses() {
         assert_eq!(status, 400);
         assert_eq!(err["error"], "name is required");
     }
+    // Counted as malformed input, as a bad frame is.
+    assert!(common::decode_errors(&w.bridge, "skynet").await >= decode_errors + 2.0);
     let (status, err) = w.http.post("/api/agents", json!({ "name": "beta" })).await;
     assert_eq!(
         (status, err["error"].as_str()),

@@ -1275,10 +1275,13 @@ async fn the_gateway_serves_every_http_rule() {
     assert!(err["message"].as_str().unwrap().contains("nope"));
     let (status, err) = w.post("/api/v1/synapse/task", json!({})).await;
     assert_eq!((status, err["code"].as_i64()), (400, Some(3)));
+    let decode_errors = common::decode_errors(&w.bridge, "synapse").await;
     let (status, _) = w
         .post("/api/v1/synapse/task", json!({ "taskType": 7 }))
         .await;
     assert_eq!(status, 400);
+    // A body that does not fit is counted as malformed input, as a bad frame is.
+    assert!(common::decode_errors(&w.bridge, "synapse").await > decode_errors);
     let (status, err) = w.get("/api/v1/synapse/tasks?limit=many").await;
     assert_eq!(status, 400, "{err}");
     // As grpc-gateway: a query parameter of no field is passed over, and one the path

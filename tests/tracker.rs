@@ -310,11 +310,15 @@ async fn task_validation_names_the_field() {
             ("missing", vec!["query", "project_slug"]),
         ),
     ];
-    for (path, body, status, error) in cases {
+    let decode_errors = common::decode_errors(&w.bridge, "tracker").await;
+    for (path, body, status, error) in &cases {
         let (got, answer) = w.coder.post(path, body.clone()).await;
-        assert_eq!(got, status, "{body}: {answer}");
-        assert_eq!(field_error(&answer), error, "{body}: {answer}");
+        assert_eq!(got, *status, "{body}: {answer}");
+        assert_eq!(field_error(&answer), *error, "{body}: {answer}");
     }
+    // Each is counted as malformed input, as a bad frame is.
+    let counted = common::decode_errors(&w.bridge, "tracker").await;
+    assert!(counted >= decode_errors + cases.len() as f64, "{counted}");
     let (status, answer) = w
         .coder
         .post_raw("/tasks?project_slug=team-board", "{oops")

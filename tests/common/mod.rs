@@ -120,3 +120,22 @@ pub fn http() -> reqwest::Client {
         .build()
         .expect("http client")
 }
+
+/// The bridge's count of malformed input from `protocol`
+/// (`agentbridge_decode_errors_total`), 0 before the first. The recorder is shared by
+/// every test in a binary, so compare a value with an earlier one, not with a number.
+pub async fn decode_errors(bridge: &Bridge, protocol: &str) -> f64 {
+    let admin = bridge.admin_addr().expect("the admin listener");
+    let text = http()
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .expect("a scrape")
+        .text()
+        .await
+        .expect("its text");
+    let series = format!("agentbridge_decode_errors_total{{protocol=\"{protocol}\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .map_or(0.0, |value| value.trim().parse().expect("a number"))
+}

@@ -67,6 +67,9 @@ fn error(invalid: &Invalid, json: bool) -> Response {
         "STORE_FAILED" => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::BAD_REQUEST,
     };
+    if invalid.code == "VALIDATION_FAILED" {
+        crate::telemetry::decode_error(super::PROTOCOL);
+    }
     let message = wire::error_message(invalid);
     if json {
         return answer(status, &json!({ "message": message }), true);

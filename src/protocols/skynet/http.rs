@@ -59,6 +59,9 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if self.0 == StatusCode::BAD_REQUEST {
+            crate::telemetry::decode_error(super::PROTOCOL);
+        }
         (self.0, axum::Json(json!({ "error": self.1 }))).into_response()
     }
 }

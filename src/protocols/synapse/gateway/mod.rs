@@ -402,10 +402,14 @@ fn from_body(desc: &MessageDescriptor, body: &Bytes) -> Result<DynamicMessage, S
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(DynamicMessage::new(desc.clone()));
     }
+    let refused = |why: String| {
+        crate::telemetry::decode_error(super::PROTOCOL);
+        Status::invalid_argument(why)
+    };
     let json: Value = serde_json::from_slice(body)
-        .map_err(|e| Status::invalid_argument(format!("body is not valid JSON: {e}")))?;
+        .map_err(|e| refused(format!("body is not valid JSON: {e}")))?;
     json::from_json(desc, &json)
-        .map_err(|e| Status::invalid_argument(format!("body does not fit {}: {e}", desc.name())))
+        .map_err(|e| refused(format!("body does not fit {}: {e}", desc.name())))
 }
 
 /// Where a request field's value came from.

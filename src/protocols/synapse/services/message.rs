@@ -61,11 +61,16 @@ impl SynapseMessageService for SynapseApi {
         request: Request<SendMessageRequest>,
     ) -> Result<Response<SendMessageResponse>, Status> {
         let hints = self.hints(request.metadata())?;
-        let message = request
-            .into_inner()
-            .message
-            .ok_or_else(|| Status::invalid_argument("message is required"))?;
-        let id = self.synapse.accept(message, &hints).await?;
+        let accepted = match request.into_inner().message {
+            Some(message) => self.synapse.accept(message, &hints).await,
+            None => Err(Status::invalid_argument("message is required")),
+        };
+        // A message that cannot be taken as it is is malformed input, as a bad frame is.
+        let id = accepted.inspect_err(|status| {
+            if status.code() == tonic::Code::InvalidArgument {
+                crate::telemetry::decode_error(crate::protocols::synapse::PROTOCOL);
+            }
+        })?;
         Ok(Response::new(SendMessageResponse {
             success: true,
             message_id: id,

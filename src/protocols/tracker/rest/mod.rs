@@ -127,6 +127,12 @@ impl From<StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        // A body or query the API cannot take is malformed input, as a bad frame is.
+        if matches!(self, ApiError::Field { .. })
+            || matches!(self, ApiError::Detail(StatusCode::BAD_REQUEST, _))
+        {
+            crate::telemetry::decode_error(super::PROTOCOL);
+        }
         match self {
             ApiError::Detail(status, detail) => {
                 let mut response =
