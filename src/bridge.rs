@@ -66,6 +66,7 @@ impl Bridge {
             }
         };
         for endpoint in endpoints {
+            telemetry::endpoint_started(endpoint.name);
             for (role, addr) in endpoint.listeners {
                 listeners.push((endpoint.name, role, addr));
             }

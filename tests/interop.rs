@@ -1569,3 +1569,34 @@ mod contract_rules {
         net.bridge.shutdown().await;
     }
 }
+
+/// The admin listener answers its probes, and a first scrape already names every
+/// endpoint's series, at zero until something happens.
+#[tokio::test]
+async fn the_admin_listener_probes_and_a_first_scrape() {
+    let w = world().await;
+    let admin = w.bridge.admin_addr().unwrap();
+    let get = |path: &str| {
+        let url = format!("http://{admin}{path}");
+        async move {
+            let res = common::http().get(url).send().await.unwrap();
+            (res.status().as_u16(), res.text().await.unwrap())
+        }
+    };
+    assert_eq!(get("/healthz").await.0, 200);
+    assert_eq!(get("/readyz").await.0, 200);
+    let (status, metrics) = get("/metrics").await;
+    assert_eq!(status, 200);
+    for protocol in ["skynet", "tracker", "synapse", "grid"] {
+        for name in [
+            "agentbridge_decode_errors_total",
+            "agentbridge_connections",
+            "agentbridge_agents_online",
+        ] {
+            let series = format!("{name}{{protocol=\"{protocol}\"}} ");
+            assert!(metrics.contains(&series), "{series} in\n{metrics}");
+        }
+    }
+    assert!(metrics.contains("# HELP agentbridge_decode_errors_total"));
+    w.bridge.shutdown().await;
+}
