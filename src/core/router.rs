@@ -570,25 +570,50 @@ mod tests {
         assert!(received(&c).is_empty());
     }
 
+    /// An offline sink that keeps what it is given: the agent, and the message's id.
+    #[derive(Default)]
+    struct KeptSink(Mutex<Vec<(String, String)>>);
+
+    impl OfflineSink for KeptSink {
+        fn deliver(&self, agent: &str, delivery: &Arc<Delivery>) {
+            let kept = (agent.to_owned(), delivery.envelope.id.clone());
+            self.0.lock().unwrap().push(kept);
+        }
+    }
+
+    impl KeptSink {
+        fn agents(&self) -> Vec<String> {
+            self.0.lock().unwrap().iter().map(|k| k.0.clone()).collect()
+        }
+
+        fn ids(&self) -> Vec<String> {
+            self.0.lock().unwrap().iter().map(|k| k.1.clone()).collect()
+        }
+    }
+
+    /// A router over `agents` (name, protocol), Grid's offline mail kept in the sink.
+    fn router_with_sink(
+        agents: &[(&str, Protocol)],
+        capacity: usize,
+        policy: WhenFull,
+    ) -> (Router, Arc<KeptSink>) {
+        let dir = Arc::new(Directory::new());
+        for &(name, protocol) in agents {
+            dir.register(AgentInfo::new(name, protocol, name)).unwrap();
+        }
+        let r = Router::new(dir, capacity, policy);
+        let sink = Arc::new(KeptSink::default());
+        r.set_offline_sink("grid", sink.clone());
+        (r, sink)
+    }
+
     #[test]
     fn offline_agents_go_to_their_protocols_sink() {
-        struct Sink(Mutex<Vec<String>>);
-        impl OfflineSink for Sink {
-            fn deliver(&self, agent: &str, _: &Arc<Delivery>) {
-                self.0.lock().unwrap().push(agent.to_owned());
-            }
-        }
-        let dir = Arc::new(Directory::new());
-        dir.register(AgentInfo::new("away", "grid", "away"))
-            .unwrap();
-        dir.register(AgentInfo::new("nosink", "skynet", "x"))
-            .unwrap();
-        let r = Router::new(dir, 4, WhenFull::DropOldest);
-        let sink = Arc::new(Sink(Mutex::new(Vec::new())));
-        r.set_offline_sink("grid", sink.clone());
+        let agents = [("away", "grid"), ("nosink", "skynet")];
+        let (r, sink) = router_with_sink(&agents, 4, WhenFull::DropOldest);
         let report = r.route(&chat("a", &["away", "nosink", "away"]));
         assert_eq!(report.offline, 1);
-        assert_eq!(*sink.0.lock().unwrap(), ["away"]);
+        assert_eq!(sink.agents(), ["away"]);
     }
 
     #[test]
@@ -599,41 +624,18 @@ mod tests {
                 false
             }
         }
-        struct Sink(Mutex<Vec<String>>);
-        impl OfflineSink for Sink {
-            fn deliver(&self, agent: &str, _: &Arc<Delivery>) {
-                self.0.lock().unwrap().push(agent.to_owned());
-            }
-        }
-        let dir = Arc::new(Directory::new());
-        dir.register(AgentInfo::new("grouped", "grid", "grouped"))
-            .unwrap();
-        let r = Router::new(dir, 4, WhenFull::DropOldest);
-        let sink = Arc::new(Sink(Mutex::new(Vec::new())));
-        r.set_offline_sink("grid", sink.clone());
+        let (r, sink) = router_with_sink(&[("grouped", "grid")], 4, WhenFull::DropOldest);
         let stream = connect(&r, "grouped", Arc::new(Refuses));
         let report = r.route(&chat("a", &["grouped", "grouped"]));
         assert_eq!((report.queued, report.offline), (0, 1));
         assert!(received(&stream).is_empty());
-        assert_eq!(*sink.0.lock().unwrap(), ["grouped"]);
+        assert_eq!(sink.agents(), ["grouped"]);
     }
 
     #[test]
     fn an_overflow_leaves_the_mailbox_and_the_message_to_the_sink_in_order() {
-        struct Sink(Mutex<Vec<String>>);
-        impl OfflineSink for Sink {
-            fn deliver(&self, _: &str, delivery: &Arc<Delivery>) {
-                self.0.lock().unwrap().push(delivery.envelope.id.clone());
-            }
-        }
-        let dir = Arc::new(Directory::new());
-        dir.register(AgentInfo::new("slow", "grid", "slow"))
-            .unwrap();
-        dir.register(AgentInfo::new("gone", "skynet", "gone"))
-            .unwrap();
-        let r = Router::new(dir, 2, WhenFull::Disconnect);
-        let sink = Arc::new(Sink(Mutex::new(Vec::new())));
-        r.set_offline_sink("grid", sink.clone());
+        let agents = [("slow", "grid"), ("gone", "skynet")];
+        let (r, sink) = router_with_sink(&agents, 2, WhenFull::Disconnect);
         let slow = connect(&r, "slow", Arc::new(AddressedOnly));
         let sent: Vec<Arc<Delivery>> = (0..4).map(|_| chat("a", &["slow"])).collect();
         let ids: Vec<String> = sent.iter().map(|d| d.envelope.id.clone()).collect();
@@ -642,7 +644,7 @@ mod tests {
         }
         // The first two were queued; the third overflowed the mailbox, which, closed,
         // kept the fourth from it too: all four wait in the sink, in order.
-        assert_eq!(*sink.0.lock().unwrap(), ids);
+        assert_eq!(sink.ids(), ids);
         assert!(slow.mailbox.take_left().is_empty());
         // Where the protocol has no sink, an overflow drops the message, counted.
         let _gone = connect(&r, "gone", Arc::new(AddressedOnly));
