@@ -87,11 +87,13 @@ pub fn listeners(config: &Config) -> Vec<(&'static str, &'static str, SocketAddr
         ));
     }
     if let Some(section) = &config.synapse {
-        out.push((
-            synapse::PROTOCOL,
-            "grpc + http/json gateway /v1",
-            section.listen,
-        ));
+        for (_, addr) in section.listeners() {
+            out.push((
+                synapse::PROTOCOL,
+                "grpc + http/json gateway /api/v1/synapse",
+                addr,
+            ));
+        }
     }
     if let Some(section) = &config.grid {
         out.push((
