@@ -196,6 +196,20 @@ impl Mailbox {
         }
     }
 
+    /// Queues `delivery` in a mailbox an overflow closed, for its endpoint to keep with
+    /// the rest as its connection ends (`take_left`), in order; up to twice the capacity,
+    /// so a connection stuck on a slow client holds no more than that. False when the
+    /// mailbox is open, closed otherwise, or that full.
+    pub fn keep_after_overflow(&self, delivery: Arc<Delivery>) -> bool {
+        let mut state = self.lock();
+        if state.closed != Some(Closed::Overflow) || state.len >= 2 * self.capacity {
+            return false;
+        }
+        state.lanes[delivery.envelope.priority.lane()].push_back(delivery);
+        state.len += 1;
+        true
+    }
+
     /// Takes what is still queued, closed or not, highest priority first: an overflow
     /// (`WhenFull::Disconnect`) closes the mailbox but leaves its messages for the
     /// endpoint to keep by other means (Synapse's inbox, Grid's queue) as its connection
@@ -310,12 +324,20 @@ mod tests {
         assert_eq!(mb.push(msg("2", Priority::Normal)), Pushed::Disconnected);
         assert_eq!(mb.try_recv().unwrap_err(), Closed::Overflow);
         assert_eq!(mb.push(msg("3", Priority::Normal)), Pushed::Closed);
-        // What was queued before the overflow is kept for the endpoint to take.
+        // What was queued before the overflow is kept for the endpoint to take, and so is
+        // what it is given to keep after it, up to twice the capacity.
+        assert!(mb.keep_after_overflow(msg("2", Priority::Normal)));
+        assert!(!mb.keep_after_overflow(msg("3", Priority::Normal)));
         let left: Vec<_> = (mb.take_left().iter())
             .map(|d| d.envelope.text.clone().unwrap())
             .collect();
-        assert_eq!(left, ["1"]);
+        assert_eq!(left, ["1", "2"]);
         assert!(mb.take_left().is_empty());
+        // Only an overflow keeps: a mailbox closed otherwise, or open, takes nothing so.
+        let open = Mailbox::new("t", 1, WhenFull::Disconnect);
+        assert!(!open.keep_after_overflow(msg("1", Priority::Normal)));
+        open.close(Closed::Replaced);
+        assert!(!open.keep_after_overflow(msg("1", Priority::Normal)));
     }
 
     #[test]

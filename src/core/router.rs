@@ -278,38 +278,60 @@ impl Router {
         report: &mut RouteReport,
     ) {
         let env = &delivery.envelope;
+        // Looked up only when needed: most deliveries find a live session.
+        let sink = || {
+            self.directory
+                .protocol_of(name)
+                .and_then(|p| self.offline.get(p).map(|s| s.clone()))
+        };
         let mut taken = false;
-        // The mailbox of a session this message overflowed.
         let mut overflowed = None;
+        // What a full, closed mailbox held: for the sink, before this message.
+        let mut left = Vec::new();
         if let Some(sessions) = self.by_agent.get(name) {
             for session in sessions.iter() {
                 if session.interest.accepts(env) {
-                    match self.offer(session, delivery, reached, report) {
-                        Offer::Taken => taken = true,
-                        Offer::Overflowed => overflowed = Some(session.mailbox.clone()),
-                        Offer::Closed => {}
-                    }
+                    taken |= match self.offer(session, delivery, reached, report) {
+                        Offer::Taken => true,
+                        // Where the agent's protocol keeps mail, a mailbox an overflow
+                        // closed keeps this too: its connection, ending, hands everything
+                        // on in order, after what it had in hand (`Mailbox::take_left`).
+                        // Once it holds twice its capacity (the connection is stuck on a
+                        // slow client), what it holds goes to the sink now, then this.
+                        Offer::Overflowed | Offer::Closed if sink().is_some() => {
+                            let kept = session.mailbox.keep_after_overflow(delivery.clone());
+                            if !kept {
+                                left.extend(session.mailbox.take_left());
+                            }
+                            kept
+                        }
+                        Offer::Overflowed => {
+                            overflowed = Some(session.mailbox.protocol());
+                            false
+                        }
+                        Offer::Closed => false,
+                    };
                 }
             }
         }
         // No live session takes it (none is open, those open serve another part of the
         // agent, like a group-only stream, or are closing): it waits where the agent's
-        // protocol keeps mail, after what the overflowed mailbox held, in their order.
-        // Only where there is no such place does an overflow lose them.
-        let sink = (!taken && reached.insert_name(name))
-            .then(|| self.directory.protocol_of(name))
-            .flatten()
-            .and_then(|p| self.offline.get(p).map(|s| s.clone()));
-        match (sink, overflowed) {
-            (Some(sink), overflowed) => {
-                for left in overflowed.iter().flat_map(|mailbox| mailbox.take_left()) {
-                    sink.deliver(name, &left);
-                }
+        // protocol keeps mail. Only where there is no such place does an overflow lose it.
+        let to_sink = !taken && reached.insert_name(name);
+        if (to_sink || !left.is_empty())
+            && let Some(sink) = sink()
+        {
+            for earlier in &left {
+                sink.deliver(name, earlier);
+            }
+            if to_sink {
                 sink.deliver(name, delivery);
                 report.offline += 1;
             }
-            (None, Some(mailbox)) => Self::overflow_dropped(mailbox.protocol(), report),
-            (None, None) => {}
+            return;
+        }
+        if let (false, Some(protocol)) = (taken, overflowed) {
+            Self::overflow_dropped(protocol, report);
         }
     }
 
@@ -633,19 +655,29 @@ mod tests {
     }
 
     #[test]
-    fn an_overflow_leaves_the_mailbox_and_the_message_to_the_sink_in_order() {
+    fn an_overflowed_mailbox_keeps_what_follows_where_there_is_a_sink() {
         let agents = [("slow", "grid"), ("gone", "skynet")];
         let (r, sink) = router_with_sink(&agents, 2, WhenFull::Disconnect);
         let slow = connect(&r, "slow", Arc::new(AddressedOnly));
-        let sent: Vec<Arc<Delivery>> = (0..4).map(|_| chat("a", &["slow"])).collect();
+        let sent: Vec<Arc<Delivery>> = (0..5).map(|_| chat("a", &["slow"])).collect();
         let ids: Vec<String> = sent.iter().map(|d| d.envelope.id.clone()).collect();
         for delivery in &sent {
             assert_eq!(r.route(delivery).dropped, 0);
         }
-        // The first two were queued; the third overflowed the mailbox, which, closed,
-        // kept the fourth from it too: all four wait in the sink, in order.
-        assert_eq!(sink.ids(), ids);
+        // The first two were queued; the third overflowed the mailbox, which closed, and
+        // keeps it and the fourth (up to twice its capacity) for its connection to hand on
+        // in order as it ends. The fifth found it at that limit: the four, then the fifth,
+        // went to the sink.
+        assert_eq!(slow.mailbox.try_recv().unwrap_err(), Closed::Overflow);
         assert!(slow.mailbox.take_left().is_empty());
+        assert_eq!(sink.ids(), ids);
+        // Kept again after that, in order behind them.
+        let sixth = chat("a", &["slow"]);
+        r.route(&sixth);
+        let kept: Vec<String> = (slow.mailbox.take_left().iter())
+            .map(|d| d.envelope.id.clone())
+            .collect();
+        assert_eq!(kept, std::slice::from_ref(&sixth.envelope.id));
         // Where the protocol has no sink, an overflow drops the message, counted.
         let _gone = connect(&r, "gone", Arc::new(AddressedOnly));
         for expected_dropped in [0, 0, 1] {
