@@ -278,61 +278,71 @@ impl Router {
         report: &mut RouteReport,
     ) {
         let env = &delivery.envelope;
-        // Looked up only when needed: most deliveries find a live session.
-        let sink = || {
-            self.directory
-                .protocol_of(name)
-                .and_then(|p| self.offline.get(p).map(|s| s.clone()))
-        };
         let mut taken = false;
-        let mut overflowed = None;
-        // What a full, closed mailbox held: for the sink, before this message.
-        let mut left = Vec::new();
+        // Sessions of the agent whose mailbox is closed: by this very overflow or before.
+        let mut closed: Vec<(Arc<Mailbox>, bool)> = Vec::new();
         if let Some(sessions) = self.by_agent.get(name) {
             for session in sessions.iter() {
                 if session.interest.accepts(env) {
-                    taken |= match self.offer(session, delivery, reached, report) {
-                        Offer::Taken => true,
-                        // Where the agent's protocol keeps mail, a mailbox an overflow
-                        // closed keeps this too: its connection, ending, hands everything
-                        // on in order, after what it had in hand (`Mailbox::take_left`).
-                        // Once it holds twice its capacity (the connection is stuck on a
-                        // slow client), what it holds goes to the sink now, then this.
-                        Offer::Overflowed | Offer::Closed if sink().is_some() => {
-                            let kept = session.mailbox.keep_after_overflow(delivery.clone());
-                            if !kept {
-                                left.extend(session.mailbox.take_left());
-                            }
-                            kept
-                        }
-                        Offer::Overflowed => {
-                            overflowed = Some(session.mailbox.protocol());
-                            false
-                        }
-                        Offer::Closed => false,
-                    };
+                    match self.offer(session, delivery, reached, report) {
+                        Offer::Taken => taken = true,
+                        Offer::Overflowed => closed.push((session.mailbox.clone(), true)),
+                        Offer::Closed => closed.push((session.mailbox.clone(), false)),
+                    }
                 }
             }
         }
-        // No live session takes it (none is open, those open serve another part of the
-        // agent, like a group-only stream, or are closing): it waits where the agent's
-        // protocol keeps mail. Only where there is no such place does an overflow lose it.
-        let to_sink = !taken && reached.insert_name(name);
-        if (to_sink || !left.is_empty())
-            && let Some(sink) = sink()
-        {
-            for earlier in &left {
-                sink.deliver(name, earlier);
-            }
-            if to_sink {
-                sink.deliver(name, delivery);
-                report.offline += 1;
+        if closed.is_empty() {
+            // The common case: a live session took it, or none is open.
+            if !taken && reached.insert_name(name) {
+                self.to_sink(name, delivery, Vec::new(), report);
             }
             return;
         }
-        if let (false, Some(protocol)) = (taken, overflowed) {
-            Self::overflow_dropped(protocol, report);
+        let has_sink =
+            (self.directory.protocol_of(name)).is_some_and(|p| self.offline.contains_key(p));
+        if !has_sink {
+            // Skynet and Tracker clients replay from the store: each overflow is a drop.
+            for (mailbox, _) in closed.iter().filter(|(_, overflowed)| *overflowed) {
+                Self::overflow_dropped(mailbox.protocol(), report);
+            }
+            return;
         }
+        if taken || !reached.insert_name(name) {
+            return; // a live session of the agent has it
+        }
+        // Where the agent's protocol keeps mail, a mailbox an overflow closed keeps this
+        // too: its connection, ending, hands everything on in order, after what it had in
+        // hand and through its own filters (`Mailbox::take_left`). Once that mailbox holds
+        // twice its capacity (the connection is stuck on a slow client), what it holds
+        // goes to the sink now, then this. One copy, in the first mailbox that keeps it.
+        if (closed.iter()).any(|(mailbox, _)| mailbox.keep_after_overflow(delivery.clone())) {
+            return;
+        }
+        let earlier = (closed.iter()).flat_map(|(mailbox, _)| mailbox.take_left());
+        self.to_sink(name, delivery, earlier.collect(), report);
+    }
+
+    /// Hands `earlier` and then `delivery` to the offline sink of `name`'s protocol.
+    fn to_sink(
+        &self,
+        name: &str,
+        delivery: &Arc<Delivery>,
+        earlier: Vec<Arc<Delivery>>,
+        report: &mut RouteReport,
+    ) {
+        let Some(sink) = self
+            .directory
+            .protocol_of(name)
+            .and_then(|p| self.offline.get(p).map(|s| s.clone()))
+        else {
+            return;
+        };
+        for left in &earlier {
+            sink.deliver(name, left);
+        }
+        sink.deliver(name, delivery);
+        report.offline += 1 + earlier.len();
     }
 
     /// Gives `delivery` to `session`, once; counts what the mailbox's policy dropped.
@@ -682,6 +692,28 @@ mod tests {
         let _gone = connect(&r, "gone", Arc::new(AddressedOnly));
         for expected_dropped in [0, 0, 1] {
             assert_eq!(r.route(&chat("a", &["gone"])).dropped, expected_dropped);
+        }
+    }
+
+    #[test]
+    fn a_live_sibling_session_takes_what_an_overflowed_one_would_keep() {
+        for (agent, protocol, dropped) in [("twin", "grid", 0), ("pair", "skynet", 1)] {
+            let (r, sink) = router_with_sink(&[(agent, protocol)], 1, WhenFull::Disconnect);
+            let stuck = connect(&r, agent, Arc::new(AddressedOnly));
+            let live = connect(&r, agent, Arc::new(AddressedOnly));
+            let first = chat("a", &[agent]);
+            r.route(&first);
+            assert_eq!(received(&live), std::slice::from_ref(&first.envelope.id));
+            // The stuck session overflows; the live one has the message: no second copy
+            // is kept, and only where nothing keeps mail is the overflow a drop.
+            let second = chat("a", &[agent]);
+            assert_eq!(r.route(&second).dropped, dropped, "{protocol}");
+            assert_eq!(received(&live), std::slice::from_ref(&second.envelope.id));
+            let kept: Vec<String> = (stuck.mailbox.take_left().iter())
+                .map(|d| d.envelope.id.clone())
+                .collect();
+            assert_eq!(kept, std::slice::from_ref(&first.envelope.id), "{protocol}");
+            assert!(sink.ids().is_empty(), "{protocol}");
         }
     }
 

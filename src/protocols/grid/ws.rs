@@ -95,6 +95,9 @@ pub async fn serve(socket: Socket, grid: Arc<Grid>, query: HashMap<String, Strin
             instance_id: query.get("instance_id").cloned().filter(|i| !i.is_empty()),
         };
         if !Box::pin(conn.identify(party)).await {
+            // Attached perhaps (the client left during the backlog): detached, and what
+            // its mailbox took kept, as at any end.
+            Box::pin(conn.finish()).await;
             return;
         }
     }
