@@ -186,14 +186,21 @@ impl Mailbox {
                 state.lanes[lane].pop_front()
             };
             let Some(next) = next else { return Ok(None) };
-            if next.expires_at.is_some() && next.is_expired(Instant::now()) {
-                if let Some(hook) = &self.on_expired {
-                    hook(next);
-                }
-                continue;
+            if let Some(next) = self.unexpired(next, Instant::now()) {
+                return Ok(Some(next));
             }
-            return Ok(Some(next));
         }
+    }
+
+    /// `delivery`, unless it expired by `now`: then it goes to the expiry hook.
+    fn unexpired(&self, delivery: Arc<Delivery>, now: Instant) -> Option<Arc<Delivery>> {
+        if delivery.expires_at.is_some() && delivery.is_expired(now) {
+            if let Some(hook) = &self.on_expired {
+                hook(delivery);
+            }
+            return None;
+        }
+        Some(delivery)
     }
 
     /// Queues `delivery` in a mailbox an overflow closed, for its endpoint to keep with
@@ -225,16 +232,8 @@ impl Mailbox {
                 .collect()
         };
         let now = Instant::now();
-        left.into_iter()
-            .filter_map(|delivery| {
-                if delivery.expires_at.is_some() && delivery.is_expired(now) {
-                    if let Some(hook) = &self.on_expired {
-                        hook(delivery);
-                    }
-                    return None;
-                }
-                Some(delivery)
-            })
+        (left.into_iter())
+            .filter_map(|delivery| self.unexpired(delivery, now))
             .collect()
     }
 

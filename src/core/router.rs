@@ -294,20 +294,21 @@ impl Router {
         }
         if closed.is_empty() {
             // The common case: a live session took it, or none is open.
-            if !taken && reached.insert_name(name) {
-                self.to_sink(name, delivery, Vec::new(), report);
+            if !taken
+                && reached.insert_name(name)
+                && let Some(sink) = self.sink_of(name)
+            {
+                Self::to_sink(&*sink, name, delivery, &[], report);
             }
             return;
         }
-        let has_sink =
-            (self.directory.protocol_of(name)).is_some_and(|p| self.offline.contains_key(p));
-        if !has_sink {
+        let Some(sink) = self.sink_of(name) else {
             // Skynet and Tracker clients replay from the store: each overflow is a drop.
             for (mailbox, _) in closed.iter().filter(|(_, overflowed)| *overflowed) {
                 Self::overflow_dropped(mailbox.protocol(), report);
             }
             return;
-        }
+        };
         if taken || !reached.insert_name(name) {
             return; // a live session of the agent has it
         }
@@ -319,26 +320,27 @@ impl Router {
         if (closed.iter()).any(|(mailbox, _)| mailbox.keep_after_overflow(delivery.clone())) {
             return;
         }
-        let earlier = (closed.iter()).flat_map(|(mailbox, _)| mailbox.take_left());
-        self.to_sink(name, delivery, earlier.collect(), report);
+        let earlier: Vec<_> = (closed.iter())
+            .flat_map(|(mailbox, _)| mailbox.take_left())
+            .collect();
+        Self::to_sink(&*sink, name, delivery, &earlier, report);
     }
 
-    /// Hands `earlier` and then `delivery` to the offline sink of `name`'s protocol.
+    /// Where `name`'s protocol keeps mail for its absent agents, if it does.
+    fn sink_of(&self, name: &str) -> Option<Arc<dyn OfflineSink>> {
+        let protocol = self.directory.protocol_of(name)?;
+        self.offline.get(protocol).map(|sink| sink.clone())
+    }
+
+    /// Hands `earlier` and then `delivery` to `sink`, for `name`.
     fn to_sink(
-        &self,
+        sink: &dyn OfflineSink,
         name: &str,
         delivery: &Arc<Delivery>,
-        earlier: Vec<Arc<Delivery>>,
+        earlier: &[Arc<Delivery>],
         report: &mut RouteReport,
     ) {
-        let Some(sink) = self
-            .directory
-            .protocol_of(name)
-            .and_then(|p| self.offline.get(p).map(|s| s.clone()))
-        else {
-            return;
-        };
-        for left in &earlier {
+        for left in earlier {
             sink.deliver(name, left);
         }
         sink.deliver(name, delivery);

@@ -94,10 +94,7 @@ async fn authenticate(socket: &mut Socket, tracker: &Tracker) -> Option<MemberRo
         ),
         Ok(None) => return None,
         Ok(Some(text)) => match wire::parse_client_frame(&text) {
-            Ok(ClientFrame::Auth { token }) => match (!token.is_empty())
-                .then(|| tracker.members.by_token(&token))
-                .flatten()
-            {
+            Ok(ClientFrame::Auth { token }) => match tracker.members.by_token(&token) {
                 Some(member) => return Some(member),
                 None => "Invalid token".to_owned(),
             },
