@@ -33,6 +33,21 @@ impl CpuSeconds {
     fn read(path: &str) -> Option<CpuSeconds> {
         CpuSeconds::parse(&std::fs::read_to_string(path).ok()?)
     }
+
+    /// The time spent since `before`.
+    fn since(self, before: CpuSeconds) -> CpuSeconds {
+        CpuSeconds {
+            user: self.user - before.user,
+            system: self.system - before.system,
+        }
+    }
+}
+
+impl std::ops::AddAssign for CpuSeconds {
+    fn add_assign(&mut self, other: CpuSeconds) {
+        self.user += other.user;
+        self.system += other.system;
+    }
 }
 
 /// CPU per delivered message, in µs.
@@ -90,24 +105,22 @@ impl Meter {
         if delivered == 0 {
             return Measured::default();
         }
-        let per_message = |now: CpuSeconds, before: CpuSeconds| CpuPerMessage {
-            all_us: (now.user - before.user + now.system - before.system) * 1e6 / delivered as f64,
-            system_us: (now.system - before.system) * 1e6 / delivered as f64,
+        let per_message = |spent: CpuSeconds| CpuPerMessage {
+            all_us: (spent.user + spent.system) * 1e6 / delivered as f64,
+            system_us: spent.system * 1e6 / delivered as f64,
         };
         // Each thread's own time since the start (from nothing for one started since),
         // then summed by name.
         let mut by_name = BTreeMap::<String, CpuSeconds>::new();
         for (tid, now) in self.server.map(threads).unwrap_or_default() {
             let before = self.threads_before.get(&tid).map(|t| t.cpu);
-            let sum = by_name.entry(now.name).or_default();
-            sum.user += now.cpu.user - before.map_or(0.0, |b| b.user);
-            sum.system += now.cpu.system - before.map_or(0.0, |b| b.system);
+            *by_name.entry(now.name).or_default() += now.cpu.since(before.unwrap_or_default());
         }
         let mut server_threads: Vec<ThreadCpu> = by_name
             .into_iter()
             .map(|(name, spent)| ThreadCpu {
                 name,
-                cpu: per_message(spent, CpuSeconds::default()),
+                cpu: per_message(spent),
             })
             .filter(|thread| thread.cpu.all_us > 0.0)
             .collect();
@@ -117,11 +130,11 @@ impl Meter {
                 .server
                 .and_then(process)
                 .zip(self.server_before)
-                .map(|(now, before)| per_message(now, before)),
+                .map(|(now, before)| per_message(now.since(before))),
             server_threads,
             load_generator: process(std::process::id())
                 .zip(self.own_before)
-                .map(|(now, before)| per_message(now, before)),
+                .map(|(now, before)| per_message(now.since(before))),
         }
     }
 }

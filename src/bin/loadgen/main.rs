@@ -204,9 +204,7 @@ async fn run_all(args: RunArgs) -> Result<(), Error> {
         };
         let bar = spinner(&format!("{url} skynet→skynet"));
         let pairs = connect(&endpoints, Proto::Skynet, Proto::Skynet, args.pairs, &load).await?;
-        let meter = cpu::Meter::start(None);
-        let outcome = run::run(pairs, &load, &bar).await;
-        let measured = meter.finish(outcome.delivered);
+        let (outcome, measured) = run_measured(pairs, &load, &bar, None).await;
         bar.finish_and_clear();
         let mut row = Row::new(url, "skynet→skynet", args.pairs, &load, &outcome);
         row.set_cpu(measured);
@@ -253,9 +251,8 @@ async fn bridge_run(args: &RunArgs, load: &Load, from: Proto, to: Proto) -> Resu
     let pairs = connect(&endpoints, from, to, args.pairs, load).await?;
     let pid = server.as_ref().map(|s| s.pid).or(args.bridge_pid);
     // In process, the bridge's CPU time is the load generator's too: neither is told apart.
-    let meter = cpu::Meter::start(pid.filter(|_| !args.in_process));
-    let outcome = run::run(pairs, load, &bar).await;
-    let measured = meter.finish(outcome.delivered);
+    let (outcome, measured) =
+        run_measured(pairs, load, &bar, pid.filter(|_| !args.in_process)).await;
     bar.finish_and_clear();
     let mut row = Row::new("agentbridge", &path, args.pairs, load, &outcome);
     row.peak_rss_kib = pid.and_then(server::rss_kib).map(|(_, peak)| peak);
@@ -264,6 +261,20 @@ async fn bridge_run(args: &RunArgs, load: &Load, from: Proto, to: Proto) -> Resu
         server.stop().await;
     }
     Ok(row)
+}
+
+/// Runs the load, with the CPU it took: `server`'s (when it runs in a process of its own)
+/// and this process's.
+async fn run_measured(
+    pairs: Vec<(Sender, Receiver)>,
+    load: &Load,
+    bar: &ProgressBar,
+    server: Option<u32>,
+) -> (run::Outcome, cpu::Measured) {
+    let meter = cpu::Meter::start(server);
+    let outcome = run::run(pairs, load, bar).await;
+    let measured = meter.finish(outcome.delivered);
+    (outcome, measured)
 }
 
 /// Connects `pairs` receivers of `to`, then a sender of `from` for each.
@@ -312,9 +323,7 @@ async fn raw_relay(args: &RunArgs, load: &Load) -> Result<Row, Error> {
         .await?;
         pairs.push((sender, receiver));
     }
-    let meter = cpu::Meter::start(None);
-    let outcome = run::run(pairs, load, &bar).await;
-    let measured = meter.finish(outcome.delivered);
+    let (outcome, measured) = run_measured(pairs, load, &bar, None).await;
     bar.finish_and_clear();
     let mut row = Row::new("raw-relay", "ws→ws", args.pairs, load, &outcome);
     row.set_cpu(measured);
@@ -331,9 +340,7 @@ async fn nats_run(args: &RunArgs, load: &Load) -> Result<Row, Error> {
         let sender = nats::sender(&server.ws_url, &format!("r{i}")).await?;
         pairs.push((sender, receiver));
     }
-    let meter = cpu::Meter::start(Some(server.pid()));
-    let outcome = run::run(pairs, load, &bar).await;
-    let measured = meter.finish(outcome.delivered);
+    let (outcome, measured) = run_measured(pairs, load, &bar, Some(server.pid())).await;
     bar.finish_and_clear();
     let mut row = Row::new("nats", "ws→ws", args.pairs, load, &outcome);
     row.peak_rss_kib = server::rss_kib(server.pid()).map(|(_, peak)| peak);

@@ -351,11 +351,10 @@ pub fn validate(doc: Value) -> Result<Message, Invalid> {
         }
     }
     // A party written short is relayed in the full form.
-    if raw.get("sender").is_some_and(Value::is_string) {
-        raw.insert("sender".into(), sender.to_json());
-    }
-    if raw.get("receiver").is_some_and(Value::is_string) {
-        raw.insert("receiver".into(), receiver.to_json());
+    for (key, party) in [("sender", &sender), ("receiver", &receiver)] {
+        if raw.get(key).is_some_and(Value::is_string) {
+            raw.insert(key.into(), party.to_json());
+        }
     }
     // The timestamp stays as its sender wrote it: Grid programs receive it unchanged.
     raw.insert("id".into(), json!(id));
