@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Readiness};
 use crate::config::Config;
-use crate::core::Core;
+use crate::core::{ByteBudget, Core};
 use crate::protocols::{self, StartError};
 use crate::store::Store;
 use crate::telemetry;
@@ -46,6 +46,7 @@ impl Bridge {
                     "admin",
                     listener,
                     admin::router(metrics, readiness.clone()),
+                    &config.limits,
                     shutdown.clone(),
                 ));
                 listeners.push(("admin", "http", addr));
@@ -54,7 +55,13 @@ impl Bridge {
             None => None,
         };
 
-        let endpoints = match protocols::start_all(&config, &core, &shutdown).await {
+        let context = protocols::Context {
+            core: core.clone(),
+            shutdown: shutdown.clone(),
+            limits: config.limits.clone(),
+            read_budget: ByteBudget::new(config.limits.read_budget_bytes),
+        };
+        let endpoints = match protocols::start_all(&config, &context).await {
             Ok(endpoints) => endpoints,
             Err(e) => {
                 shutdown.cancel();

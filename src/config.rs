@@ -20,6 +20,8 @@ pub struct Config {
     pub admin: Option<AdminConfig>,
     #[serde(default)]
     pub routing: RoutingConfig,
+    #[serde(default)]
+    pub limits: protocols::Limits,
     pub skynet: Option<protocols::skynet::Config>,
     pub tracker: Option<protocols::tracker::Config>,
     pub synapse: Option<protocols::synapse::Config>,

@@ -993,7 +993,7 @@ async fn history_and_registrations_survive_a_restart() {
 /// The bridge sends long messages as fragments of a few KiB (so no connection keeps a
 /// buffer the size of its largest message); a client still reads each as one message.
 #[tokio::test]
-async fn long_messages_arrive_whole_and_plain_gets_of_ws_are_refused() {
+async fn long_messages_arrive_whole_and_plain_gets_of_ws_are_refused_in_skynets_shape() {
     let w = world().await;
     let (a, b) = (w.http.agent("a").await, w.http.agent("b").await);
     let (mut ws_b, _) = SkynetWs::join(w.addr, &b).await;
@@ -1008,9 +1008,10 @@ async fn long_messages_arrive_whole_and_plain_gets_of_ws_are_refused() {
 
     let plain = reqwest::get(format!("http://{}/ws", w.addr)).await.unwrap();
     assert_eq!(plain.status(), 400);
+    // The upgrade's refusal is in Skynet's `{error}` shape, as every HTTP refusal is.
     assert_eq!(
-        plain.text().await.unwrap(),
-        "Connection header did not include 'upgrade'"
+        plain.json::<serde_json::Value>().await.unwrap(),
+        json!({ "error": "Connection header did not include 'upgrade'" })
     );
     w.bridge.shutdown().await;
 }

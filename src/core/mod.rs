@@ -1,6 +1,7 @@
 //! The protocol-agnostic heart of the bridge: the envelope, the directory of agents, the
 //! router with its mailboxes, and the correlation index. Nothing here knows a wire format.
 
+mod budget;
 mod correlation;
 mod delivery;
 mod directory;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+pub use budget::{ByteBudget, Reserved};
 pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, TaskRequest, derived_uuid};
 pub use delivery::Delivery;
 pub use directory::{AgentInfo, Directory, NameTaken, PerGeneration, Role, Status};

@@ -9,6 +9,8 @@ pub mod at_names;
 pub mod clock;
 pub mod contract;
 pub mod grid;
+pub mod http_refusals;
+pub mod listener;
 pub mod raw_object;
 pub mod skynet;
 pub mod synapse;
@@ -18,14 +20,25 @@ pub mod websocket;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::serve::ListenerExt;
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use listener::{Limits, bind, serve};
+
 use crate::config::Config;
-use crate::core::{Core, Delivery, Protocol};
+use crate::core::{ByteBudget, Core, Delivery, Protocol};
 use crate::telemetry;
+
+/// What every endpoint starts with: the core it talks to, the shutdown every listener and
+/// session watches, and the bridge-wide limits its clients are held to.
+#[derive(Clone)]
+pub struct Context {
+    pub core: Arc<Core>,
+    pub shutdown: CancellationToken,
+    pub limits: Limits,
+    /// Shared by every WebSocket of every endpoint (`Limits::read_budget_bytes`).
+    pub read_budget: ByteBudget,
+}
 
 /// An endpoint that is up: where it listens, and the task serving it.
 pub struct Running {
@@ -52,23 +65,19 @@ impl StartError {
 }
 
 /// Starts every endpoint the config has a section for.
-pub async fn start_all(
-    config: &Config,
-    core: &Arc<Core>,
-    shutdown: &CancellationToken,
-) -> Result<Vec<Running>, StartError> {
+pub async fn start_all(config: &Config, ctx: &Context) -> Result<Vec<Running>, StartError> {
     let mut running = Vec::new();
     if let Some(section) = &config.skynet {
-        running.push(skynet::start(section, core.clone(), shutdown.clone()).await?);
+        running.push(skynet::start(section, ctx).await?);
     }
     if let Some(section) = &config.tracker {
-        running.push(tracker::start(section, core.clone(), shutdown.clone()).await?);
+        running.push(tracker::start(section, ctx).await?);
     }
     if let Some(section) = &config.synapse {
-        running.push(synapse::start(section, core.clone(), shutdown.clone()).await?);
+        running.push(synapse::start(section, ctx).await?);
     }
     if let Some(section) = &config.grid {
-        running.push(grid::start(section, core.clone(), shutdown.clone()).await?);
+        running.push(grid::start(section, ctx).await?);
     }
     Ok(running)
 }
@@ -129,34 +138,6 @@ pub fn bearer_token(authorization: &str) -> Option<&str> {
 /// Lower-case hex of `bytes` (digests kept as text: token hashes, scratchpad entries).
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Binds a listener, naming the endpoint and address when it cannot.
-pub async fn bind(endpoint: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| StartError::new(endpoint, format!("cannot listen on {addr}: {e}")))
-}
-
-/// Serves an axum app until `shutdown`; open WebSocket sessions watch `shutdown` themselves.
-pub fn serve(
-    endpoint: &'static str,
-    listener: TcpListener,
-    app: axum::Router,
-    shutdown: CancellationToken,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        // Small frames are the norm here: send them now rather than wait to coalesce.
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(endpoint, error = %e, "listener failed");
-        }
-    })
 }
 
 #[cfg(test)]

@@ -27,7 +27,10 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Data, O
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
 mod coalesced;
+mod gate;
 use coalesced::Coalesced;
+use gate::Gate;
+pub use gate::{BUDGETED_BYTES, Limits, Refusal};
 
 pub use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 pub use tokio_tungstenite::tungstenite::{Error, Message, Utf8Bytes};
@@ -42,6 +45,9 @@ pub const FRAGMENT_BYTES: usize = 2 * 1024;
 const READ_BUFFER_BYTES: usize = 2 * 1024;
 const WRITE_BUFFER_BYTES: usize = FRAGMENT_BYTES;
 
+/// The largest message a client may send unless its endpoint says otherwise.
+pub const DEFAULT_MAX_MESSAGE: usize = 16 * 1024 * 1024;
+
 /// A WebSocket upgrade request, checked as axum's own extractor checks it (and refused
 /// with the same statuses and texts).
 pub struct Upgrade {
@@ -49,6 +55,7 @@ pub struct Upgrade {
     accept_key: Option<HeaderValue>,
     on_upgrade: OnUpgrade,
     config: WebSocketConfig,
+    limits: Limits,
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Upgrade {
@@ -113,21 +120,36 @@ impl<S: Send + Sync> FromRequestParts<S> for Upgrade {
         let config = WebSocketConfig::default()
             .read_buffer_size(READ_BUFFER_BYTES)
             .write_buffer_size(WRITE_BUFFER_BYTES);
+        let limits = Limits {
+            max_message: DEFAULT_MAX_MESSAGE as u64,
+            budget: None,
+        };
         Ok(Self {
             accept_key: key,
             on_upgrade,
             config,
-        })
+            limits,
+        }
+        .max_message_size(DEFAULT_MAX_MESSAGE))
     }
 }
 
 impl Upgrade {
-    /// The largest message (and frame) a client may send.
+    /// The largest message (all its fragments) a client may send. A larger one is
+    /// refused unread (`Socket::recv`), and the connection goes on.
     pub fn max_message_size(mut self, bytes: usize) -> Self {
+        self.limits.max_message = bytes as u64;
+        // tungstenite's own limit, behind the gate's, only guards against a gate bug.
         self.config = self
             .config
             .max_message_size(Some(bytes))
             .max_frame_size(Some(bytes));
+        self
+    }
+
+    /// The bridge-wide budget large messages take from while they are read and handled.
+    pub fn read_budget(mut self, budget: crate::core::ByteBudget) -> Self {
+        self.limits.budget = Some(budget);
         self
     }
 
@@ -141,18 +163,23 @@ impl Upgrade {
             accept_key,
             on_upgrade,
             config,
+            limits,
         } = self;
         tokio::spawn(async move {
             let Ok(upgraded) = on_upgrade.await else {
                 return;
             };
             let stream = WebSocketStream::from_raw_socket(
-                Coalesced::new(TokioIo::new(upgraded)),
+                Coalesced::new(Gate::new(TokioIo::new(upgraded), limits)),
                 Role::Server,
                 Some(config),
             )
             .await;
-            serve(Socket { stream }).await;
+            serve(Socket {
+                stream,
+                holds_message: false,
+            })
+            .await;
         });
         match accept_key {
             Some(key) => Response::builder()
@@ -169,13 +196,61 @@ impl Upgrade {
 
 /// One upgraded connection.
 pub struct Socket {
-    stream: WebSocketStream<Coalesced<TokioIo<Upgraded>>>,
+    stream: WebSocketStream<Coalesced<Gate<TokioIo<Upgraded>>>>,
+    /// Whether the last `recv` returned a data message, whose budget the next gives back.
+    holds_message: bool,
+}
+
+/// A message the client sent that the bridge would not take.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub refusal: Refusal,
+    /// The connection cannot go on: the endpoint answers, then closes with
+    /// `refusal.close_code()`.
+    pub fatal: bool,
 }
 
 impl Socket {
-    /// The next message from the client; `None` once the connection is gone. Cancel-safe.
-    pub async fn recv(&mut self) -> Option<Result<Message, Error>> {
-        self.stream.next().await
+    /// The next message from the client, or a message refused (too large, over the read
+    /// budget, not UTF-8): the endpoint answers it in its protocol. `None` once the
+    /// connection is gone. Cancel-safe.
+    pub async fn recv(&mut self) -> Option<Result<Message, Refused>> {
+        if std::mem::take(&mut self.holds_message) {
+            self.gate().release_one();
+        }
+        let refused = match self.stream.next().await? {
+            Ok(Message::Pong(payload)) => match self.gate().take_refusal() {
+                Some(refusal) => Refused {
+                    refusal,
+                    fatal: false,
+                },
+                None => return Some(Ok(Message::Pong(payload))),
+            },
+            Ok(message) => {
+                self.holds_message = matches!(message, Message::Text(_) | Message::Binary(_));
+                return Some(Ok(message));
+            }
+            Err(Error::Utf8(_)) => {
+                self.holds_message = true;
+                Refused {
+                    refusal: Refusal::NotUtf8,
+                    fatal: true,
+                }
+            }
+            Err(Error::Io(e)) => {
+                let refusal = e.get_ref()?.downcast_ref::<Refusal>()?.clone();
+                Refused {
+                    refusal,
+                    fatal: true,
+                }
+            }
+            Err(_) => return None,
+        };
+        Some(Err(refused))
+    }
+
+    fn gate(&mut self) -> &mut Gate<TokioIo<Upgraded>> {
+        self.stream.get_mut().get_mut()
     }
 
     /// Queues `message` to be sent; it reaches the socket at the next `flush` (or once

@@ -22,6 +22,13 @@ pub struct Config {
     /// posted, polled or connected. Each is claimed as a Grid agent when first addressed,
     /// so the name stays free for another protocol's agent until then.
     pub programs: Vec<String>,
+    /// Largest WebSocket message accepted; larger ones get a `type: error` message, unread.
+    pub max_frame_bytes: usize,
+    /// A socket that has neither named its agent in its URL nor sent a message within this
+    /// long is closed.
+    pub identify_timeout_ms: u64,
+    /// Largest HTTP request body; larger ones get 413 with a `type: error` message.
+    pub max_body_bytes: usize,
 }
 
 /// The programs `grid-message-protocol.md` names as senders and receivers.
@@ -35,6 +42,9 @@ impl Default for Config {
             scratchpad_poll_ms: 250,
             expiry_check_ms: 1000,
             programs: DOCUMENTED_PROGRAMS.iter().map(|p| p.to_string()).collect(),
+            max_frame_bytes: 16 * 1024 * 1024,
+            identify_timeout_ms: 10_000,
+            max_body_bytes: 2 * 1024 * 1024,
         }
     }
 }

@@ -17,11 +17,13 @@ use super::db::Instances;
 use super::wire::{self, Invalid, Message};
 use super::{Grid, Source, ws};
 use crate::core::Role;
+use crate::protocols::http_refusals::{self, Asked};
 
 type Shared = State<Arc<Grid>>;
 
 pub fn router(grid: Arc<Grid>) -> Router {
-    Router::new()
+    let body_limit = axum::extract::DefaultBodyLimit::max(grid.config.max_body_bytes);
+    let app = Router::new()
         .route("/grid/v1/messages", post(post_messages).get(poll))
         .route("/grid/v1/agents", get(agents))
         .route("/grid/v1/ws", get(upgrade))
@@ -37,6 +39,35 @@ pub fn router(grid: Arc<Grid>) -> Router {
             error(&missing, wants_json(&headers, false))
         })
         .with_state(grid)
+        .layer(body_limit);
+    http_refusals::shaped(app, super::PROTOCOL, refused)
+}
+
+/// A refusal of axum's (a body over the limit, a bad query, a wrong method) as a Grid
+/// error message, with axum's status.
+fn refused(status: StatusCode, text: &str, asked: &Asked) -> Response {
+    let code = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "PAYLOAD_TOO_LARGE",
+        StatusCode::METHOD_NOT_ALLOWED => "METHOD_NOT_ALLOWED",
+        StatusCode::NOT_FOUND => "NOT_FOUND",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "UNSUPPORTED_MEDIA_TYPE",
+        s if s.is_server_error() => "INTERNAL",
+        _ => "VALIDATION_FAILED",
+    };
+    let field = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        "body"
+    } else {
+        "request"
+    };
+    let refusal = Invalid {
+        code,
+        ..invalid(field, text.to_owned())
+    };
+    let message = wire::error_message(&refusal);
+    if asked.json() {
+        return answer(status, &json!({ "message": message }), true);
+    }
+    yaml_answer(status, wire::to_yaml(&message))
 }
 
 fn wants_json(headers: &HeaderMap, sent_json: bool) -> bool {
@@ -235,5 +266,8 @@ async fn upgrade(
     Query(query): Query<HashMap<String, String>>,
     upgrade: crate::protocols::websocket::Upgrade,
 ) -> Response {
-    upgrade.on_upgrade(move |socket| ws::serve(socket, grid, query))
+    upgrade
+        .max_message_size(grid.config.max_frame_bytes)
+        .read_budget(grid.read_budget.clone())
+        .on_upgrade(move |socket| ws::serve(socket, grid, query))
 }

@@ -32,10 +32,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
-use super::{Running, StartError};
+use super::{Context, Running, StartError};
 use crate::core::{
-    AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, OfflineSink, Protocol, Session,
-    Staged, WhenFull,
+    AgentInfo, ByteBudget, Core, Delivery, Envelope, Interest, Kind, Mailbox, OfflineSink,
+    Protocol, Session, Staged, WhenFull,
 };
 use crate::store::StoreError;
 use crate::telemetry;
@@ -121,13 +121,11 @@ pub struct Grid {
     expiry_told: Mutex<Recent>,
     outgoing: mpsc::UnboundedSender<Outgoing>,
     shutdown: CancellationToken,
+    read_budget: ByteBudget,
 }
 
-pub async fn start(
-    config: &Config,
-    core: Arc<Core>,
-    shutdown: CancellationToken,
-) -> Result<Running, StartError> {
+pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
+    let (core, shutdown) = (ctx.core.clone(), ctx.shutdown.clone());
     let fail = |e: &dyn std::fmt::Display| StartError::new(PROTOCOL, e);
     let db = Db::open(core.store.clone()).await.map_err(|e| fail(&e))?;
     let (outgoing, outgoing_rx) = mpsc::unbounded_channel();
@@ -141,6 +139,7 @@ pub async fn start(
         expiry_told: Mutex::new(Recent::default()),
         outgoing,
         shutdown: shutdown.clone(),
+        read_budget: ctx.read_budget.clone(),
     });
     for (agent, created_at) in db.agents().await.map_err(|e| fail(&e))? {
         grid.claim(&agent, created_at)
@@ -164,6 +163,7 @@ pub async fn start(
         PROTOCOL,
         listener,
         http::router(grid),
+        &ctx.limits,
         shutdown,
     ));
     Ok(Running {

@@ -42,7 +42,7 @@ pub struct Invalid {
 }
 
 impl Invalid {
-    fn new(field: &str, message: impl Into<String>) -> Self {
+    pub fn new(field: &str, message: impl Into<String>) -> Self {
         Invalid {
             code: "VALIDATION_FAILED",
             field: field.to_owned(),

@@ -10,6 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -18,7 +19,7 @@ use super::wire::{self, Invalid, Party};
 use super::{Grid, PROTOCOL, Source, translate};
 use crate::core::{Delivery, Envelope, InFlight, Interest, Kind, Mailbox, Session, Status};
 use crate::protocols::clock::iso8601;
-use crate::protocols::websocket::{Message as Frame, Socket, Utf8Bytes};
+use crate::protocols::websocket::{Message as Frame, Refusal, Refused, Socket, Utf8Bytes};
 use crate::store::StoreError;
 use crate::telemetry::ConnectionGuard;
 
@@ -102,12 +103,24 @@ pub async fn serve(socket: Socket, grid: Arc<Grid>, query: HashMap<String, Strin
         }
     }
     let shutdown = grid.shutdown.clone();
+    let mut shutting_down = std::pin::pin!(shutdown.cancelled());
+    let identify_timeout = Duration::from_millis(grid.config.identify_timeout_ms);
+    let mut identify_deadline = std::pin::pin!(tokio::time::sleep(identify_timeout));
     loop {
         let mailbox = conn.identity.as_ref().map(|(_, s)| s.mailbox.clone());
         tokio::select! {
             biased;
-            _ = shutdown.cancelled() => {
+            _ = &mut shutting_down => {
                 conn.close(1001, "server shutting down").await;
+                break;
+            }
+            _ = &mut identify_deadline, if conn.identity.is_none() => {
+                let message = format!(
+                    "no agent named: open the socket with ?agent=… or send a message within {} s",
+                    identify_timeout.as_secs_f64()
+                );
+                let _ = conn.refuse(wire::Invalid { code: "IDENTIFY_TIMEOUT", ..wire::Invalid::new("sender.agent", message) }).await;
+                conn.close(1008, "identify timeout").await;
                 break;
             }
             Some((stored, sent)) = conn.pending.next(), if !conn.pending.is_empty() => {
@@ -120,6 +133,12 @@ pub async fn serve(socket: Socket, grid: Arc<Grid>, query: HashMap<String, Strin
                     Some(Ok(Frame::Text(text))) => text.to_string(),
                     Some(Ok(Frame::Binary(bytes))) => String::from_utf8_lossy(&bytes).into_owned(),
                     Some(Ok(Frame::Ping(_) | Frame::Pong(_))) => continue,
+                    Some(Err(refused)) => {
+                        if !Box::pin(conn.on_refused(refused)).await {
+                            break;
+                        }
+                        continue;
+                    }
                     _ => break,
                 };
                 if !Box::pin(conn.on_text(&text)).await {
@@ -304,6 +323,31 @@ impl Connection {
             }
             Err(e) => self.refuse(super::store_failed(&id, &sender, &e)).await,
         }
+    }
+
+    /// A message the socket would not take (too large, over the bridge's read budget, not
+    /// UTF-8): a Grid error message, and the RFC 6455 close when the socket cannot go on.
+    /// False when the socket is gone.
+    async fn on_refused(&mut self, refused: Refused) -> bool {
+        let refusal = &refused.refusal;
+        let code = match refusal {
+            Refusal::TooLarge { .. } => "PAYLOAD_TOO_LARGE",
+            Refusal::OverBudget { .. } => "BUSY",
+            Refusal::NotUtf8 => "VALIDATION_FAILED",
+        };
+        let invalid = wire::Invalid {
+            code,
+            ..wire::Invalid::new("frame", refusal.to_string())
+        };
+        if !self.refuse(invalid).await {
+            return false;
+        }
+        if refused.fatal {
+            self.close(refusal.close_code(), refusal.close_reason())
+                .await;
+            return false;
+        }
+        true
     }
 
     /// Answers a refused frame with a Grid error message; the connection stays open.

@@ -14,8 +14,15 @@ pub struct Config {
     pub disconnect_grace_ms: u64,
     /// Messages mentioning an agent replayed to it in `workspace.state`.
     pub recent_mentions_limit: usize,
-    /// Largest WebSocket frame accepted; larger ones get an `error` event.
+    /// Largest WebSocket message accepted; larger ones get an `error` event, unread.
     pub max_frame_bytes: usize,
+    /// Most mentions a message may carry, the client's and those found in its text
+    /// together; more are refused with an `error` event before any is looked up.
+    pub max_mentions: usize,
+    /// A socket that has not joined within this long is closed.
+    pub join_timeout_ms: u64,
+    /// Largest HTTP request body; larger ones get 413 `{error}`.
+    pub max_body_bytes: usize,
 }
 
 impl Default for Config {
@@ -25,6 +32,9 @@ impl Default for Config {
             disconnect_grace_ms: 300_000,
             recent_mentions_limit: 3,
             max_frame_bytes: 16 * 1024 * 1024,
+            max_mentions: 1024,
+            join_timeout_ms: 10_000,
+            max_body_bytes: 2 * 1024 * 1024,
         }
     }
 }

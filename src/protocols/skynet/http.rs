@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -16,17 +16,14 @@ use serde_json::{Map, Value, json};
 use super::registry::{Profile, RegisterError};
 use super::{PROTOCOL, Skynet, ws};
 use crate::core::{Audience, Envelope, Kind, Origin, new_message_id, now_ms};
+use crate::protocols::http_refusals;
 use crate::store::MessageQuery;
 
 type Shared = State<Arc<Skynet>>;
 
-/// The largest frame the WebSocket layer reads: Skynet's server (Node `ws`) closes the
-/// socket above its default `maxPayload` of 100 MiB, so up to that an oversized frame still
-/// reaches us and gets an `error` event (above `max_frame_bytes`) with the socket open.
-const WS_READ_LIMIT: usize = 100 * 1024 * 1024;
-
 pub fn router(skynet: Arc<Skynet>) -> Router {
-    Router::new()
+    let body_limit = DefaultBodyLimit::max(skynet.config.max_body_bytes);
+    let app = Router::new()
         .route("/health", get(health))
         .route("/api/agents", post(create_agent).get(list_agents))
         .route("/api/agents/{id}", get(get_agent).delete(delete_agent))
@@ -42,6 +39,10 @@ pub fn router(skynet: Arc<Skynet>) -> Router {
         .route("/ws", get(upgrade))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "Not found") })
         .with_state(skynet)
+        .layer(body_limit);
+    http_refusals::shaped(app, PROTOCOL, |status, text, _| {
+        (status, axum::Json(json!({ "error": text }))).into_response()
+    })
 }
 
 /// An HTTP error with Skynet's `{error}` body.
@@ -371,9 +372,11 @@ async fn control(skynet: &Skynet, id: &str, body: &Bytes, kind: Kind) -> Respons
     ok(json!({ "ok": true, "agentId": agent.id }))
 }
 
+/// An oversized or over-budget message is refused unread with an `error` event, and the
+/// socket stays open (Skynet's server, Node `ws`, would close it above 100 MiB).
 async fn upgrade(State(skynet): Shared, upgrade: crate::protocols::websocket::Upgrade) -> Response {
-    let limit = skynet.config.max_frame_bytes.max(WS_READ_LIMIT);
     upgrade
-        .max_message_size(limit)
+        .max_message_size(skynet.config.max_frame_bytes)
+        .read_budget(skynet.read_budget.clone())
         .on_upgrade(move |socket| ws::serve(socket, skynet))
 }

@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
-use super::{Running, StartError};
-use crate::core::{Core, PerGeneration, Protocol};
+use super::{Context, Running, StartError};
+use crate::core::{ByteBudget, Core, PerGeneration, Protocol};
 use registry::Registry;
 use workspace::Workspace;
 
@@ -46,13 +46,11 @@ pub struct Skynet {
     /// again.
     foreign_card_ids: PerGeneration<DashMap<String, String>>,
     shutdown: CancellationToken,
+    read_budget: ByteBudget,
 }
 
-pub async fn start(
-    config: &Config,
-    core: Arc<Core>,
-    shutdown: CancellationToken,
-) -> Result<Running, StartError> {
+pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
+    let (core, shutdown) = (ctx.core.clone(), ctx.shutdown.clone());
     let registry = Registry::load(core.clone())
         .await
         .map_err(|e| StartError::new(PROTOCOL, e))?;
@@ -68,8 +66,15 @@ pub async fn start(
         mention_cache: PerGeneration::default(),
         foreign_card_ids: PerGeneration::default(),
         shutdown: shutdown.clone(),
+        read_budget: ctx.read_budget.clone(),
     });
-    let task = super::serve(PROTOCOL, listener, http::router(skynet), shutdown);
+    let task = super::serve(
+        PROTOCOL,
+        listener,
+        http::router(skynet),
+        &ctx.limits,
+        shutdown,
+    );
     Ok(Running {
         name: PROTOCOL,
         listeners: vec![("http+ws", addr)],

@@ -6,6 +6,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -56,7 +57,11 @@ pub async fn serve(socket: Socket, skynet: Arc<Skynet>) {
     // Made once: a `cancelled()` made afresh each turn of the loop registered with the
     // token and left it again, under its lock, for every frame and delivery.
     let mut shutting_down = std::pin::pin!(shutdown.cancelled());
+    let join_timeout = Duration::from_millis(skynet.config.join_timeout_ms);
+    let mut join_deadline = std::pin::pin!(tokio::time::sleep(join_timeout));
+    let mut ever_joined = false;
     loop {
+        ever_joined |= conn.joined.is_some();
         let mailbox = conn.joined.as_ref().map(|j| j.session.mailbox.clone());
         tokio::select! {
             biased;
@@ -73,10 +78,20 @@ pub async fn serve(socket: Socket, skynet: Arc<Skynet>) {
                     break;
                 }
             }
+            _ = &mut join_deadline, if !ever_joined => {
+                let text = format!(
+                    "Join timeout: send {{\"action\":\"join\"}} within {} s",
+                    join_timeout.as_secs_f64()
+                );
+                let _ = conn.send_event(wire::error_event(&text, None)).await;
+                conn.close(1008, "join timeout").await;
+                break;
+            }
             frame = conn.socket.recv(), if conn.pending.has_room() => {
                 let flow = match frame {
                     Some(Ok(message)) => Box::pin(conn.on_frame(message)).await,
-                    _ => Flow::Close,
+                    Some(Err(refused)) => Box::pin(conn.on_refused(refused)).await,
+                    None => Flow::Close,
                 };
                 if let Flow::Close = flow {
                     break;
@@ -139,15 +154,6 @@ impl Connection {
             Message::Close(_) => return Flow::Close,
             Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return Flow::Continue,
         };
-        let limit = self.skynet.config.max_frame_bytes;
-        if text.len() > limit {
-            telemetry::decode_error(PROTOCOL);
-            let error = format!(
-                "Message too large: {} bytes; the limit is {limit} bytes",
-                text.len()
-            );
-            return self.send_event(wire::error_event(&error, None)).await;
-        }
         match wire::parse_client_frame(text) {
             Ok(ClientFrame::Send(msg)) => self.on_send(msg).await,
             // The rest boxed: inline, a join's future (3.7 KB), a leave's (2.6 KB) or a
@@ -170,6 +176,28 @@ impl Connection {
             }
             Err(e) => self.refuse(e).await,
         }
+    }
+
+    /// A message the socket would not take (too large, over the bridge's read budget, not
+    /// UTF-8): an `error` event, and the RFC 6455 close when the socket cannot go on.
+    async fn on_refused(&mut self, refused: websocket::Refused) -> Flow {
+        telemetry::decode_error(PROTOCOL);
+        let event = match refused.refusal {
+            websocket::Refusal::NotUtf8 => {
+                wire::error_event(wire::ERR_INVALID_FORMAT, Some(&refused.refusal.to_string()))
+            }
+            _ => wire::error_event(&refused.refusal.to_string(), None),
+        };
+        if let Flow::Close = self.send_event(event).await {
+            return Flow::Close;
+        }
+        if refused.fatal {
+            let refusal = &refused.refusal;
+            self.close(refusal.close_code(), refusal.close_reason())
+                .await;
+            return Flow::Close;
+        }
+        Flow::Continue
     }
 
     async fn refuse(&mut self, error: FrameError) -> Flow {

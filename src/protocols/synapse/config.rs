@@ -22,6 +22,9 @@ pub struct Config {
     pub callback_backoff_ms: u64,
     /// How long a synchronous send waits for the recipient's stream to take the message.
     pub sync_timeout_ms: u64,
+    /// Largest gRPC message, and largest gateway body: RESOURCE_EXHAUSTED (413 over HTTP)
+    /// above it. Files of up to 5 MiB ride inside `SubmitTaskWithFiles`.
+    pub max_message_bytes: usize,
     pub agents: Vec<AgentConfig>,
 }
 
@@ -35,6 +38,7 @@ impl Default for Config {
             callback_attempts: 5,
             callback_backoff_ms: 200,
             sync_timeout_ms: 30_000,
+            max_message_bytes: 64 * 1024 * 1024,
             agents: Vec::new(),
         }
     }

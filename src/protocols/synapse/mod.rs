@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
-use super::{Running, StartError};
+use super::{Context, Running, StartError};
 use crate::core::{Core, Protocol};
 use db::{AgentRow, Db, GroupRow, MemberRow};
 use proto::{AgentEndpoint, TaskStatusUpdate};
@@ -98,11 +98,8 @@ impl translate::Context for Synapse {
     }
 }
 
-pub async fn start(
-    config: &Config,
-    core: Arc<Core>,
-    shutdown: CancellationToken,
-) -> Result<Running, StartError> {
+pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
+    let (core, shutdown) = (ctx.core.clone(), ctx.shutdown.clone());
     let fail = |e: &dyn std::fmt::Display| StartError::new(PROTOCOL, e);
     let db = Db::open(core.store.clone()).await.map_err(|e| fail(&e))?;
     let synapse = Arc::new(Synapse {
@@ -142,6 +139,7 @@ pub async fn start(
             PROTOCOL,
             listener,
             app.clone(),
+            &ctx.limits,
             shutdown.clone(),
         ));
         addrs.push((role, addr));

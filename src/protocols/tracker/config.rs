@@ -15,6 +15,14 @@ pub struct Config {
     pub heartbeat_timeout_ms: u64,
     /// A connection must authenticate within this long.
     pub auth_timeout_ms: u64,
+    /// Largest WebSocket message accepted; larger ones get an `error` frame, unread.
+    pub max_frame_bytes: usize,
+    /// Most mentions a message may carry; more are refused (422 / an `error` frame)
+    /// before any is looked up.
+    pub max_mentions: usize,
+    /// Largest REST request body (attachments have their own 5 MiB limit); larger ones
+    /// get 413 `{detail}`.
+    pub max_body_bytes: usize,
     /// The project (slug) where tasks assigned from other protocols are created; the first
     /// declared project when unset.
     pub default_project: Option<String>,
@@ -28,6 +36,9 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8100)),
             heartbeat_timeout_ms: 90_000,
             auth_timeout_ms: 10_000,
+            max_frame_bytes: 16 * 1024 * 1024,
+            max_mentions: 1024,
+            max_body_bytes: 2 * 1024 * 1024,
             default_project: None,
             members: Vec::new(),
             projects: Vec::new(),

@@ -31,10 +31,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
-use super::{Running, StartError};
+use super::{Context, Running, StartError};
 use crate::core::{
-    AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, Origin, PerGeneration, Protocol,
-    Role, Status,
+    AgentInfo, ByteBudget, Core, Delivery, Envelope, Interest, Kind, Mailbox, Origin,
+    PerGeneration, Protocol, Role, Status,
 };
 use db::{Db, MemberRow, ProjectRow, TaskRow};
 use members::{Members, Transition, hash_token};
@@ -171,6 +171,7 @@ pub struct Tracker {
     /// Every agent's `@name`, for mentions in chat text.
     mention_names: PerGeneration<chat::MentionNames>,
     shutdown: CancellationToken,
+    read_budget: ByteBudget,
 }
 
 impl translate::Context for Tracker {
@@ -190,11 +191,8 @@ impl translate::Context for Tracker {
     }
 }
 
-pub async fn start(
-    config: &Config,
-    core: Arc<Core>,
-    shutdown: CancellationToken,
-) -> Result<Running, StartError> {
+pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
+    let (core, shutdown) = (ctx.core.clone(), ctx.shutdown.clone());
     let fail = |e: &dyn std::fmt::Display| StartError::new(PROTOCOL, e);
     let db = Db::open(core.store.clone()).await.map_err(|e| fail(&e))?;
     let lobby_chat_id = db.lobby_chat_id().await.map_err(|e| fail(&e))?;
@@ -273,9 +271,16 @@ pub async fn start(
         next_conn: AtomicU64::new(1),
         mention_names: PerGeneration::default(),
         shutdown: shutdown.clone(),
+        read_budget: ctx.read_budget.clone(),
     });
     let hub = hub::start(tracker.clone());
-    let server = super::serve(PROTOCOL, listener, rest::router(tracker), shutdown);
+    let server = super::serve(
+        PROTOCOL,
+        listener,
+        rest::router(tracker),
+        &ctx.limits,
+        shutdown,
+    );
     Ok(Running {
         name: PROTOCOL,
         listeners: vec![("rest+ws", addr)],

@@ -14,7 +14,7 @@ use super::db::MemberRow;
 use super::wire::{self, AuthorType, ClientFrame, MemberKind};
 use super::{Conn, ConnInterest, PROTOCOL, Tracker, translate};
 use crate::core::{Delivery, Envelope, InFlight, Session};
-use crate::protocols::websocket::{Message, Socket, Utf8Bytes};
+use crate::protocols::websocket::{Message, Refused, Socket, Utf8Bytes};
 use crate::store::StoreError;
 use crate::telemetry::{self, ConnectionGuard};
 
@@ -93,7 +93,8 @@ async fn authenticate(socket: &mut Socket, tracker: &Tracker) -> Option<MemberRo
             timeout.as_secs_f64()
         ),
         Ok(None) => return None,
-        Ok(Some(text)) => match wire::parse_client_frame(&text) {
+        Ok(Some(Err(refused))) => format!("First message must be auth: {}", refused.refusal),
+        Ok(Some(Ok(text))) => match wire::parse_client_frame(&text) {
             Ok(ClientFrame::Auth { token }) => match tracker.members.by_token(&token) {
                 Some(member) => return Some(member),
                 None => "Invalid token".to_owned(),
@@ -110,15 +111,16 @@ async fn authenticate(socket: &mut Socket, tracker: &Tracker) -> Option<MemberRo
     None
 }
 
-/// The first text frame (binary frames are read as UTF-8 text).
-async fn first_text(socket: &mut Socket) -> Option<String> {
+/// The first text frame (binary frames are read as UTF-8 text), or why it was refused.
+async fn first_text(socket: &mut Socket) -> Option<Result<String, Refused>> {
     loop {
         match socket.recv().await? {
-            Ok(Message::Text(text)) => return Some(text.to_string()),
+            Ok(Message::Text(text)) => return Some(Ok(text.to_string())),
             Ok(Message::Binary(bytes)) => {
-                return Some(String::from_utf8_lossy(&bytes).into_owned());
+                return Some(Ok(String::from_utf8_lossy(&bytes).into_owned()));
             }
-            Ok(Message::Close(_)) | Err(_) => return None,
+            Ok(Message::Close(_)) => return None,
+            Err(refused) => return Some(Err(refused)),
             Ok(_) => continue,
         }
     }
@@ -161,6 +163,20 @@ impl Live {
                         Some(Ok(Message::Text(text))) => text.to_string(),
                         Some(Ok(Message::Binary(bytes))) => String::from_utf8_lossy(&bytes).into_owned(),
                         Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                        Some(Err(refused)) => {
+                            // Refused unread: an `error` frame, and the RFC 6455 close
+                            // when the socket cannot go on.
+                            telemetry::decode_error(PROTOCOL);
+                            let refusal = &refused.refusal;
+                            if !self.send(wire::error_frame(&refusal.to_string())).await {
+                                return;
+                            }
+                            if refused.fatal {
+                                self.socket.close(refusal.close_code(), refusal.close_reason()).await;
+                                return;
+                            }
+                            continue;
+                        }
                         _ => return,
                     };
                     match wire::parse_client_frame(&text) {

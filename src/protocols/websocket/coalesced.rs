@@ -35,6 +35,10 @@ impl<S> Coalesced<S> {
             sent: 0,
         }
     }
+
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
 }
 
 impl<S: AsyncWrite + Unpin> Coalesced<S> {

@@ -33,6 +33,7 @@ use super::agents::{Hints, internal};
 use super::proto::SynapseMessage;
 use super::services::SynapseApi;
 use super::{Synapse, json, translate, wire};
+use crate::protocols::http_refusals;
 
 /// One HTTP binding of an RPC.
 #[derive(Clone, Debug)]
@@ -103,17 +104,19 @@ pub fn rules() -> Vec<Rule> {
     out
 }
 
-/// Largest request body: as large as a gRPC request may be, so that `SubmitTaskWithFiles`
-/// takes 5 MiB files here too (base64 makes them a third larger in JSON).
-const MAX_BODY: usize = super::services::MAX_MESSAGE;
-
 struct Gateway {
     api: SynapseApi,
+    /// Largest request body: as large as a gRPC request may be, so that
+    /// `SubmitTaskWithFiles` takes 5 MiB files here too (base64 makes them a third larger
+    /// in JSON).
+    max_body: usize,
 }
 
 pub fn router(synapse: Arc<Synapse>) -> Router {
+    let max_body = synapse.config.max_message_bytes;
     let gateway = Arc::new(Gateway {
         api: SynapseApi { synapse },
+        max_body,
     });
     let mut by_path: BTreeMap<String, MethodRouter<Arc<Gateway>>> = BTreeMap::new();
     for rule in rules() {
@@ -128,7 +131,7 @@ pub fn router(synapse: Arc<Synapse>) -> Router {
                   body: Result<Bytes, BytesRejection>| async move {
                 let body = match body {
                     Ok(body) => body,
-                    Err(rejection) => return body_refused(&rejection),
+                    Err(rejection) => return body_refused(&rejection, state.max_body),
                 };
                 let query = match query {
                     Ok(query) => query,
@@ -158,11 +161,25 @@ pub fn router(synapse: Arc<Synapse>) -> Router {
     for (path, methods) in by_path {
         router = router.route(&path, methods);
     }
-    router
+    let router = router
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(gateway)
-        .layer(DefaultBodyLimit::max(MAX_BODY))
-        .layer(axum::middleware::from_fn(refuse_declared_oversize))
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(
+            max_body,
+            refuse_declared_oversize,
+        ));
+    http_refusals::shaped(router, super::PROTOCOL, |status, text, _| {
+        let code = match status {
+            StatusCode::PAYLOAD_TOO_LARGE => tonic::Code::ResourceExhausted,
+            StatusCode::NOT_FOUND => tonic::Code::NotFound,
+            StatusCode::METHOD_NOT_ALLOWED => tonic::Code::Unimplemented,
+            StatusCode::UNAUTHORIZED => tonic::Code::Unauthenticated,
+            s if s.is_server_error() => tonic::Code::Internal,
+            _ => tonic::Code::InvalidArgument,
+        };
+        error_response(&Status::new(code, text), status)
+    })
 }
 
 /// A request no route takes: gRPC's UNIMPLEMENTED for a gRPC call, as tonic answers it;
@@ -200,22 +217,26 @@ async fn method_not_allowed() -> Response {
 }
 
 /// Refuses a body that says it is over the limit before reading any of it.
-async fn refuse_declared_oversize(request: Request, next: Next) -> Response {
+async fn refuse_declared_oversize(
+    State(max_body): State<usize>,
+    request: Request,
+    next: Next,
+) -> Response {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|length| length > MAX_BODY as u64) {
-        return too_large();
+    if declared.is_some_and(|length| length > max_body as u64) {
+        return too_large(max_body);
     }
     next.run(request).await
 }
 
 /// A body that could not be read, in the gateway's error shape rather than axum's text.
-fn body_refused(rejection: &BytesRejection) -> Response {
+fn body_refused(rejection: &BytesRejection, max_body: usize) -> Response {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        return too_large();
+        return too_large(max_body);
     }
     error_response(
         &Status::invalid_argument(rejection.body_text()),
@@ -223,9 +244,9 @@ fn body_refused(rejection: &BytesRejection) -> Response {
     )
 }
 
-fn too_large() -> Response {
+fn too_large(max_body: usize) -> Response {
     let status = Status::resource_exhausted(format!(
-        "the request body is over the gateway's limit of {MAX_BODY} bytes"
+        "the request body is over the gateway's limit of {max_body} bytes"
     ));
     error_response(&status, StatusCode::PAYLOAD_TOO_LARGE)
 }

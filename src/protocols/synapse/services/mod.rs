@@ -24,9 +24,6 @@ use super::proto::health_service_server::HealthServiceServer;
 use super::proto::synapse_message_service_server::SynapseMessageServiceServer;
 use super::proto::task_service_server::TaskServiceServer;
 
-/// Largest gRPC message accepted: files of up to 5 MiB ride inside `SubmitTaskWithFiles`.
-pub const MAX_MESSAGE: usize = 64 * 1024 * 1024;
-
 /// Every Synapse service; cheap to clone.
 #[derive(Clone)]
 pub struct SynapseApi {
@@ -40,6 +37,7 @@ impl SynapseApi {
 }
 
 pub fn router(synapse: Arc<Synapse>) -> axum::Router {
+    let max_message = synapse.config.max_message_bytes;
     let api = SynapseApi { synapse };
     let (health, health_service) = tonic_health::server::health_reporter();
     tokio::spawn(async move {
@@ -60,14 +58,14 @@ pub fn router(synapse: Arc<Synapse>) -> axum::Router {
         .build_v1()
         .expect("the descriptor set is valid");
     tonic::service::Routes::new(
-        TaskServiceServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE),
+        TaskServiceServer::new(api.clone()).max_decoding_message_size(max_message),
     )
     .add_service(
-        SynapseMessageServiceServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE),
+        SynapseMessageServiceServer::new(api.clone()).max_decoding_message_size(max_message),
     )
-    .add_service(CapabilitiesServiceServer::new(api.clone()))
-    .add_service(GroupServiceServer::new(api.clone()))
-    .add_service(HealthServiceServer::new(api))
+    .add_service(CapabilitiesServiceServer::new(api.clone()).max_decoding_message_size(max_message))
+    .add_service(GroupServiceServer::new(api.clone()).max_decoding_message_size(max_message))
+    .add_service(HealthServiceServer::new(api).max_decoding_message_size(max_message))
     .add_service(health_service)
     .add_service(reflection)
     .into_axum_router()

@@ -25,6 +25,7 @@ use serde_json::{Map, Value, json};
 
 use super::db::{MemberRow, TaskRow};
 use super::{Tracker, ws};
+use crate::protocols::http_refusals;
 use crate::store::StoreError;
 
 type Shared = State<Arc<Tracker>>;
@@ -62,18 +63,26 @@ pub fn router(tracker: Arc<Tracker>) -> Router {
         .route("/attachments/{id}", get(attachments::download))
         .route("/members", get(members::list).post(members::create))
         .route("/members/{slug}", get(members::get));
-    Router::new()
+    let body_limit = axum::extract::DefaultBodyLimit::max(tracker.config.max_body_bytes);
+    let app = Router::new()
         .nest("/api/v1", api)
         .route("/ws", get(upgrade))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "Not Found") })
         .with_state(tracker)
+        .layer(body_limit);
+    http_refusals::shaped(app, super::PROTOCOL, |status, text, _| {
+        (status, axum::Json(json!({ "detail": text }))).into_response()
+    })
 }
 
 async fn upgrade(
     State(tracker): Shared,
     upgrade: crate::protocols::websocket::Upgrade,
 ) -> Response {
-    upgrade.on_upgrade(move |socket| ws::serve(socket, tracker))
+    upgrade
+        .max_message_size(tracker.config.max_frame_bytes)
+        .read_budget(tracker.read_budget.clone())
+        .on_upgrade(move |socket| ws::serve(socket, tracker))
 }
 
 /// An error response: `{"detail": "…"}`, or for a field, 422 with FastAPI's list form.

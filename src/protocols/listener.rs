@@ -1,0 +1,289 @@
+//! The HTTP listeners every endpoint (and the admin listener) serve on: hyper's HTTP/1.1
+//! and HTTP/2 behind one accept loop, with the time limits a public listener needs, and a
+//! graceful end on shutdown.
+//!
+//! Not `axum::serve`: it gives no way to set hyper's timer, so a client could hold a
+//! connection open forever by sending its request one byte at a time, or by never sending
+//! one. Here a connection must send a complete request head within `header_read_timeout`
+//! of opening (and, over HTTP/1.1, of its previous request's end: hyper's header timer
+//! runs while a kept-alive connection waits), and a connection with no request in flight
+//! for `idle_timeout` is closed (an HTTP/2 connection gracefully, with GOAWAY). A request
+//! is in flight until its response's body is done, so streams (gRPC's server streams, the
+//! Grid's long answers) are never cut; a WebSocket leaves the listener's accounting once
+//! upgraded.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, HttpBody};
+use axum::extract::Request;
+use axum::response::Response;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use super::StartError;
+
+/// `[limits]`: what the bridge allows any one client, whichever endpoint it uses.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// A connection must send a request's whole head within this, counted from when it
+    /// opened or finished its previous request.
+    pub header_read_timeout_ms: u64,
+    /// A connection with no request in flight for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// Bytes of large inbound WebSocket messages (64 KiB and more) the whole bridge holds
+    /// at once while they are read and handled; past it, such a message is refused.
+    pub read_budget_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            read_budget_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl Limits {
+    fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms.max(1))
+    }
+
+    fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms.max(1))
+    }
+}
+
+/// Binds a listener, naming the endpoint and address when it cannot.
+pub async fn bind(endpoint: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| StartError::new(endpoint, format!("cannot listen on {addr}: {e}")))
+}
+
+/// Serves `app` on `listener` until `shutdown`, then lets each connection finish what it
+/// is answering; open WebSocket sessions watch `shutdown` themselves.
+pub fn serve(
+    endpoint: &'static str,
+    listener: TcpListener,
+    app: axum::Router,
+    limits: &Limits,
+    shutdown: CancellationToken,
+) -> JoinHandle<()> {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout());
+    // RFC 8441: WebSockets over HTTP/2.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .enable_connect_protocol();
+    let timeouts = Timeouts {
+        first_request: limits.header_read_timeout(),
+        idle: limits.idle_timeout(),
+    };
+    tokio::spawn(async move {
+        let mut listener = listener;
+        let connections = CancellationToken::new();
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<Infallible>(1);
+        loop {
+            let (tcp, _) = tokio::select! {
+                accepted = axum::serve::Listener::accept(&mut listener) => accepted,
+                _ = shutdown.cancelled() => break,
+            };
+            // Small frames are the norm here: send them now rather than wait to coalesce.
+            let _ = tcp.set_nodelay(true);
+            let activity = Arc::new(Activity::new());
+            let service = Tracked {
+                app: app.clone(),
+                activity: activity.clone(),
+            };
+            let conn = builder
+                .serve_connection_with_upgrades(TokioIo::new(tcp), service)
+                .into_owned();
+            let stop = connections.clone();
+            let done = done_tx.clone();
+            tokio::spawn(async move {
+                let _done = done;
+                if let Err(e) = watch(conn, &activity, timeouts, stop).await {
+                    tracing::debug!(endpoint, error = %e, "connection ended");
+                }
+            });
+        }
+        // Every connection winds down; the listener's task ends when the last one has.
+        connections.cancel();
+        drop(done_tx);
+        let _ = done_rx.recv().await;
+    })
+}
+
+#[derive(Clone, Copy)]
+struct Timeouts {
+    first_request: Duration,
+    idle: Duration,
+}
+
+/// Drives a connection, ending it gracefully on shutdown or once idle too long.
+async fn watch<C>(
+    conn: C,
+    activity: &Activity,
+    timeouts: Timeouts,
+    stop: CancellationToken,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    C: Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>> + Graceful,
+{
+    let mut conn = pin!(conn);
+    let mut ending = false;
+    let deadline = tokio::time::sleep(timeouts.first_request);
+    let mut deadline = pin!(deadline);
+    loop {
+        tokio::select! {
+            ended = conn.as_mut() => return ended,
+            _ = stop.cancelled(), if !ending => {
+                ending = true;
+                conn.as_mut().begin_graceful_shutdown();
+            }
+            _ = &mut deadline, if !ending => match activity.idle_until(timeouts) {
+                Some(until) if until > Instant::now() => deadline.as_mut().reset(until),
+                Some(_) => {
+                    ending = true;
+                    conn.as_mut().begin_graceful_shutdown();
+                }
+                // Busy: look again once a full idle period could have passed.
+                None => deadline.as_mut().reset(Instant::now() + timeouts.idle),
+            },
+        }
+    }
+}
+
+/// The connection types `serve` drives, which can be asked to end gracefully.
+trait Graceful {
+    fn begin_graceful_shutdown(self: Pin<&mut Self>);
+}
+
+impl<I, S, E, B> Graceful for hyper_util::server::conn::auto::UpgradeableConnection<'_, I, S, E>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: HttpBody + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: hyper_util::server::conn::auto::HttpServerConnExec<S::Future, B>,
+{
+    fn begin_graceful_shutdown(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// Requests a connection has in flight, and since when it has had none.
+struct Activity {
+    opened: Instant,
+    in_flight: AtomicUsize,
+    /// Milliseconds after `opened` when the last request ended; `u64::MAX` before one has.
+    idle_since_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            opened: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// When the connection will have been idle too long, or `None` while it is busy.
+    fn idle_until(&self, timeouts: Timeouts) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        Some(match self.idle_since_ms.load(Ordering::Acquire) {
+            u64::MAX => self.opened + timeouts.first_request,
+            ms => self.opened + Duration::from_millis(ms) + timeouts.idle,
+        })
+    }
+}
+
+/// A request in flight, from the service's call to its response body's end.
+struct Busy(Arc<Activity>);
+
+impl Busy {
+    fn new(activity: &Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        Busy(activity.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let ms = self.0.opened.elapsed().as_millis() as u64;
+        self.0.idle_since_ms.store(ms, Ordering::Release);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The app, counting its requests in flight for the idle timeout.
+#[derive(Clone)]
+struct Tracked {
+    app: axum::Router,
+    activity: Arc<Activity>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for Tracked {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        let busy = Busy::new(&self.activity);
+        let app = self.app.clone();
+        Box::pin(async move {
+            let response = app.oneshot(request.map(Body::new)).await?;
+            Ok(response.map(|body| Body::new(TrackedBody { body, _busy: busy })))
+        })
+    }
+}
+
+/// A response body that keeps its request in flight until it is done.
+struct TrackedBody {
+    body: Body,
+    _busy: Busy,
+}
+
+impl HttpBody for TrackedBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
