@@ -21,7 +21,7 @@ fn fan_out(c: &mut Criterion) {
     for n in FAN_OUTS {
         group.throughput(Throughput::Elements(n as u64));
 
-        let router = Router::new(Arc::new(Directory::new()), 1024, WhenFull::DropOldest);
+        let router = Router::new(Arc::new(Directory::new()), 1024, WhenFull::DropOldest, 0);
         let names: Vec<String> = (0..n).map(|i| format!("agent-{i}")).collect();
         let sessions: Vec<_> = names
             .iter()

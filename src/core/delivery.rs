@@ -22,6 +22,9 @@ pub struct Delivery {
     pub routed_at: Instant,
     /// When an undelivered copy of it must be dropped (from the envelope's ttl).
     pub expires_at: Option<Instant>,
+    /// Whether the store holds it, so that a mailbox may keep only its id (`Mailbox`'s
+    /// backlog) and read it back when the recipient gets to it.
+    pub stored: bool,
     encoded: Mutex<Vec<(Protocol, Encoded)>>,
     /// Set once the message has been written to some recipient's connection.
     written: AtomicBool,
@@ -39,9 +42,18 @@ impl Delivery {
             envelope,
             routed_at,
             expires_at,
+            stored: false,
             encoded: Mutex::new(Vec::new()),
             written: AtomicBool::new(false),
             written_notify: Notify::new(),
+        }
+    }
+
+    /// A delivery of a message the store holds.
+    pub fn stored(envelope: Envelope) -> Self {
+        Delivery {
+            stored: true,
+            ..Delivery::new(envelope)
         }
     }
 

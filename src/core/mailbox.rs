@@ -1,13 +1,21 @@
 //! A bounded, priority-laned queue of deliveries for one connected recipient.
 //!
 //! The router pushes without ever waiting: when the mailbox is full its `WhenFull` policy
-//! decides what is lost, and the caller counts it. The recipient's session task is the only
-//! consumer. A std `Mutex` guards the lanes; it is held for a few pointer moves and never
-//! across an `.await`.
+//! decides what happens, and the caller counts it. The recipient's session task is the
+//! only consumer. A std `Mutex` guards the lanes; it is held for a few pointer moves and
+//! never across an `.await`.
+//!
+//! Under the default policy, `replay`, a full mailbox loses nothing: what arrives past it
+//! waits in a backlog as the id of the stored message (a few dozen bytes, not the
+//! message), in arrival order, and is read back from the store in batches as the recipient
+//! catches up — NATS JetStream's answer to a slow consumer, not NATS core's. Only a
+//! recipient further behind than the backlog holds is closed, so that its client
+//! reconnects and replays what the store keeps for it.
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use tokio::sync::Notify;
@@ -19,8 +27,12 @@ use super::envelope::Protocol;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WhenFull {
-    /// The oldest queued message of the lowest priority is dropped to make room.
+    /// Nothing is lost: the message waits in the backlog as a reference to the store and
+    /// is replayed in order; past `backlog_limit` the recipient is closed (or, where its
+    /// protocol keeps mail for the absent, its mail goes there: `Disconnect`).
     #[default]
+    Replay,
+    /// The oldest queued message of the lowest priority is dropped to make room.
     DropOldest,
     /// The arriving message is dropped.
     DropNewest,
@@ -33,7 +45,7 @@ pub enum WhenFull {
 pub enum Closed {
     /// Another connection of the same agent took over.
     Replaced,
-    /// The mailbox overflowed under the `disconnect` policy.
+    /// The mailbox overflowed (`disconnect`), or its backlog did (`replay`).
     Overflow,
     /// The agent left or was removed.
     Gone,
@@ -45,6 +57,8 @@ pub enum Closed {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pushed {
     Queued,
+    /// Queued in the backlog, to be read back from the store.
+    Behind,
     /// Queued after dropping the oldest queued message.
     DroppedOldest,
     /// Not queued: the mailbox was full.
@@ -57,10 +71,27 @@ pub enum Pushed {
 
 type ExpiryHook = Arc<dyn Fn(Arc<Delivery>) + Send + Sync>;
 
+/// Reads stored messages back by id, in the order asked, for a mailbox's backlog; `None`
+/// when the store could not be read (the backlog is kept, and asked again).
+pub type BacklogReader = Arc<
+    dyn Fn(Vec<String>) -> Pin<Box<dyn Future<Output = Option<Vec<Arc<Delivery>>>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Ids read back from the store at once.
+const FETCH: usize = 64;
+/// How long a backlog whose read failed waits before it is read again.
+const FETCH_RETRY: Duration = Duration::from_millis(100);
+
 pub struct Mailbox {
     protocol: Protocol,
     capacity: usize,
     policy: WhenFull,
+    /// Messages the backlog may hold; 0 when there is none (`replay` then closes the
+    /// mailbox at an overflow, as `disconnect` does).
+    backlog_limit: usize,
+    reader: Option<BacklogReader>,
     state: Mutex<Lanes>,
     notify: Notify,
     on_expired: Option<ExpiryHook>,
@@ -69,10 +100,30 @@ pub struct Mailbox {
     depth: metrics::Histogram,
 }
 
+/// A message waiting past the mailbox's capacity.
+enum Behind {
+    /// Its id: the store holds it.
+    Stored(String),
+    /// Not stored (a control signal, a status change): held as it is.
+    Held(Arc<Delivery>),
+}
+
 struct Lanes {
     lanes: [VecDeque<Arc<Delivery>>; 3],
     len: usize,
+    /// Newer than everything in the lanes; while it holds anything, arrivals join it.
+    backlog: VecDeque<Behind>,
     closed: Option<Closed>,
+    /// Messages dropped (`drop_oldest`, `drop_newest`) that the recipient was not told of.
+    untold_drops: u64,
+}
+
+/// What the consumer does next.
+enum Next {
+    Ready(Arc<Delivery>),
+    /// Read these ids (the backlog's front) back from the store.
+    Fetch(Vec<String>),
+    Empty,
 }
 
 impl Mailbox {
@@ -81,15 +132,26 @@ impl Mailbox {
             protocol,
             capacity: capacity.max(1),
             policy,
+            backlog_limit: 0,
+            reader: None,
             state: Mutex::new(Lanes {
                 lanes: Default::default(),
                 len: 0,
+                backlog: VecDeque::new(),
                 closed: None,
+                untold_drops: 0,
             }),
             notify: Notify::new(),
             on_expired: None,
             depth: metrics::Histogram::noop(),
         }
+    }
+
+    /// Gives a `replay` mailbox a backlog of up to `limit` messages, read back by `reader`.
+    pub fn with_backlog(mut self, limit: usize, reader: BacklogReader) -> Self {
+        self.backlog_limit = limit;
+        self.reader = Some(reader);
+        self
     }
 
     /// Records the mailbox's depth in `histogram` whenever `recv` returns a message.
@@ -108,8 +170,10 @@ impl Mailbox {
         self.protocol
     }
 
+    /// Messages waiting, the backlog's included.
     pub fn len(&self) -> usize {
-        self.lock().len
+        let state = self.lock();
+        state.len + state.backlog.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -123,21 +187,34 @@ impl Mailbox {
             if state.closed.is_some() {
                 return Pushed::Closed;
             }
-            if state.len < self.capacity {
+            if state.backlog.is_empty() && state.len < self.capacity {
                 state.lanes[lane].push_back(delivery);
                 state.len += 1;
                 Pushed::Queued
             } else {
                 match self.policy {
-                    WhenFull::DropNewest => return Pushed::DroppedNewest,
-                    WhenFull::Disconnect => {
+                    WhenFull::Replay if state.backlog.len() < self.backlog_limit => {
+                        let behind = if delivery.stored {
+                            Behind::Stored(delivery.envelope.id.clone())
+                        } else {
+                            Behind::Held(delivery)
+                        };
+                        state.backlog.push_back(behind);
+                        Pushed::Behind
+                    }
+                    WhenFull::Replay | WhenFull::Disconnect => {
                         state.closed = Some(Closed::Overflow);
                         Pushed::Disconnected
+                    }
+                    WhenFull::DropNewest => {
+                        state.untold_drops += 1;
+                        return Pushed::DroppedNewest;
                     }
                     WhenFull::DropOldest => {
                         // Make room at the least important end: the oldest message of the
                         // lowest non-empty lane, unless that lane is less important than the
                         // arrival, in which case the arrival is the one that goes.
+                        state.untold_drops += 1;
                         let victim_lane = (0..3).rev().find(|&l| !state.lanes[l].is_empty());
                         match victim_lane {
                             Some(v) if v >= lane => {
@@ -155,23 +232,29 @@ impl Mailbox {
         outcome
     }
 
-    /// The next message, highest priority first; `None` once the mailbox is closed.
+    /// The next message, highest priority first, then the backlog's in arrival order; an
+    /// error once the mailbox is closed.
     ///
-    /// Cancel-safe: a message is only taken from the lanes by the call that returns it.
+    /// Cancel-safe: a message is only taken from the lanes by the call that returns it,
+    /// and from the backlog once read back.
     pub async fn recv(&self) -> Result<Arc<Delivery>, Closed> {
         loop {
             let depth = self.len();
-            if let Some(next) = self.try_recv()? {
-                self.depth.record(depth as f64);
-                return Ok(next);
+            match self.next()? {
+                Next::Ready(next) => {
+                    self.depth.record(depth as f64);
+                    return Ok(next);
+                }
+                Next::Fetch(ids) => self.fetch(ids).await,
+                // One consumer: a `notify_one` that finds no waiter leaves a permit, so a
+                // push between `next` and here is not missed.
+                Next::Empty => self.notify.notified().await,
             }
-            // One consumer: a `notify_one` that finds no waiter leaves a permit, so a push
-            // between `try_recv` and here is not missed.
-            self.notify.notified().await;
         }
     }
 
-    /// The next message if one is queued; `Err` once the mailbox is closed.
+    /// The next message in the lanes if one is queued (the backlog waits for `recv`);
+    /// `Err` once the mailbox is closed.
     pub fn try_recv(&self) -> Result<Option<Arc<Delivery>>, Closed> {
         loop {
             let next = {
@@ -190,6 +273,62 @@ impl Mailbox {
                 return Ok(Some(next));
             }
         }
+    }
+
+    fn next(&self) -> Result<Next, Closed> {
+        if let Some(next) = self.try_recv()? {
+            return Ok(Next::Ready(next));
+        }
+        let mut state = self.lock();
+        if let Some(reason) = state.closed {
+            return Err(reason);
+        }
+        let mut ids = Vec::new();
+        for behind in state.backlog.iter().take(FETCH) {
+            match behind {
+                Behind::Stored(id) => ids.push(id.clone()),
+                Behind::Held(_) => break,
+            }
+        }
+        if !ids.is_empty() {
+            return Ok(Next::Fetch(ids));
+        }
+        match state.backlog.pop_front() {
+            Some(Behind::Held(delivery)) => Ok(Next::Ready(delivery)),
+            _ => Ok(Next::Empty),
+        }
+    }
+
+    /// Reads the backlog's front, `ids`, back from the store into the lanes.
+    async fn fetch(&self, ids: Vec<String>) {
+        let Some(reader) = &self.reader else { return };
+        let Some(read) = reader(ids.clone()).await else {
+            tokio::time::sleep(FETCH_RETRY).await;
+            return;
+        };
+        let mut state = self.lock();
+        if state.closed.is_some() {
+            return;
+        }
+        // Only this consumer takes from the backlog: its front is still `ids`.
+        state.backlog.drain(..ids.len());
+        let found = read.len();
+        for delivery in read {
+            state.lanes[delivery.envelope.priority.lane()].push_back(delivery);
+            state.len += 1;
+        }
+        if found < ids.len() {
+            // Acknowledged messages the store no longer has: none should be, but the
+            // recipient hears of any.
+            state.untold_drops += (ids.len() - found) as u64;
+            crate::telemetry::message_dropped(self.protocol, "backlog_not_stored");
+        }
+    }
+
+    /// Messages dropped by the `drop_oldest` / `drop_newest` policy since last asked: the
+    /// recipient's endpoint tells it in its protocol.
+    pub fn take_untold_drops(&self) -> u64 {
+        std::mem::take(&mut self.lock().untold_drops)
     }
 
     /// `delivery`, unless it expired by `now`: then it goes to the expiry hook.
@@ -220,7 +359,8 @@ impl Mailbox {
     /// Takes what is still queued, closed or not, highest priority first: an overflow
     /// (`WhenFull::Disconnect`) closes the mailbox but leaves its messages for the
     /// endpoint to keep by other means (Synapse's inbox, Grid's queue) as its connection
-    /// ends. Expired ones go to the expiry hook instead.
+    /// ends. Expired ones go to the expiry hook instead. (Mailboxes of those protocols
+    /// have no backlog: the router gives them none.)
     pub fn take_left(&self) -> Vec<Arc<Delivery>> {
         let left: Vec<Arc<Delivery>> = {
             let mut state = self.lock();
@@ -248,6 +388,7 @@ impl Mailbox {
                 lane.clear();
             }
             state.len = 0;
+            state.backlog.clear();
         }
         self.notify.notify_one();
     }
@@ -279,6 +420,77 @@ mod tests {
             out.push(d.envelope.text.clone().unwrap());
         }
         out
+    }
+
+    /// A backlog reader over `stored`: what a store would give back by id.
+    fn reader(stored: Vec<Arc<Delivery>>) -> BacklogReader {
+        let stored = Arc::new(stored);
+        Arc::new(move |ids: Vec<String>| {
+            let stored = stored.clone();
+            Box::pin(async move {
+                let found = ids
+                    .iter()
+                    .filter_map(|id| stored.iter().find(|d| &d.envelope.id == id).cloned())
+                    .collect();
+                Some(found)
+            })
+        })
+    }
+
+    fn stored(text: &str) -> Arc<Delivery> {
+        let mut env = Envelope::new("test", "a", Kind::Chat);
+        env.text = Some(text.into());
+        Arc::new(Delivery::stored(env))
+    }
+
+    #[tokio::test]
+    async fn replay_keeps_what_overflows_as_ids_and_reads_it_back_in_order() {
+        let all: Vec<_> = (0..10).map(|i| stored(&i.to_string())).collect();
+        let mb = Mailbox::new("t", 2, WhenFull::Replay).with_backlog(100, reader(all.clone()));
+        let transient = msg("transient", Priority::Normal);
+        for (i, d) in all.iter().enumerate() {
+            let expected = if i < 2 { Pushed::Queued } else { Pushed::Behind };
+            assert_eq!(mb.push(d.clone()), expected);
+            if i == 5 {
+                // Not stored: held in the backlog as it is, in its place.
+                assert_eq!(mb.push(transient.clone()), Pushed::Behind);
+            }
+        }
+        assert_eq!(mb.len(), 11);
+        let mut got = Vec::new();
+        for _ in 0..11 {
+            got.push(mb.recv().await.unwrap().envelope.text.clone().unwrap());
+        }
+        let expected: Vec<String> = (0..6)
+            .map(|i| i.to_string())
+            .chain(["transient".to_owned()])
+            .chain((6..10).map(|i| i.to_string()))
+            .collect();
+        assert_eq!(got, expected);
+        assert!(mb.is_empty());
+        assert_eq!(mb.take_untold_drops(), 0, "nothing was lost");
+        // Caught up: arrivals go to the lanes again.
+        assert_eq!(mb.push(stored("x")), Pushed::Queued);
+    }
+
+    #[test]
+    fn a_full_backlog_closes_the_mailbox() {
+        let mb = Mailbox::new("t", 1, WhenFull::Replay).with_backlog(2, reader(Vec::new()));
+        assert_eq!(mb.push(stored("1")), Pushed::Queued);
+        assert_eq!(mb.push(stored("2")), Pushed::Behind);
+        assert_eq!(mb.push(stored("3")), Pushed::Behind);
+        assert_eq!(mb.push(stored("4")), Pushed::Disconnected);
+        assert_eq!(mb.try_recv().unwrap_err(), Closed::Overflow);
+    }
+
+    #[test]
+    fn drops_are_kept_count_of_for_the_recipient_to_be_told() {
+        let mb = Mailbox::new("t", 1, WhenFull::DropNewest);
+        mb.push(msg("1", Priority::Normal));
+        mb.push(msg("2", Priority::Normal));
+        mb.push(msg("3", Priority::Normal));
+        assert_eq!(mb.take_untold_drops(), 2);
+        assert_eq!(mb.take_untold_drops(), 0, "told once");
     }
 
     #[test]

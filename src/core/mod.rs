@@ -5,6 +5,7 @@ mod budget;
 mod correlation;
 mod delivery;
 mod directory;
+mod each_once;
 mod envelope;
 mod in_flight;
 mod mailbox;
@@ -19,12 +20,13 @@ pub use budget::{ByteBudget, Reserved};
 pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, TaskRequest, derived_uuid};
 pub use delivery::Delivery;
 pub use directory::{AgentInfo, Directory, NameTaken, PerGeneration, Role, Status};
+pub use each_once::{each_once, push_once};
 pub use envelope::{
     Attachment, Audience, Envelope, Kind, Origin, Priority, Protocol, TaskInfo, TaskState,
     new_message_id, now_ms,
 };
 pub use in_flight::InFlight;
-pub use mailbox::{Closed, Mailbox, Pushed, WhenFull};
+pub use mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
 pub use router::{AddressedOnly, Interest, OfflineSink, RouteReport, Router, Session};
 
 use crate::store::{Store, StoreError};
@@ -37,13 +39,17 @@ pub struct RoutingConfig {
     /// Messages a connected recipient may have waiting before `when_full` applies.
     pub mailbox_capacity: std::num::NonZeroUsize,
     pub when_full: WhenFull,
+    /// Under `replay`: messages a recipient may be behind past its mailbox, each kept as
+    /// its id until read back; past this it is closed, to reconnect and replay.
+    pub backlog_limit: usize,
 }
 
 impl Default for RoutingConfig {
     fn default() -> Self {
         RoutingConfig {
             mailbox_capacity: std::num::NonZeroUsize::new(1024).expect("non-zero"),
-            when_full: WhenFull::DropOldest,
+            when_full: WhenFull::Replay,
+            backlog_limit: 65_536,
         }
     }
 }
@@ -95,11 +101,29 @@ impl Core {
                 directory.clone(),
                 routing.mailbox_capacity.get(),
                 routing.when_full,
+                routing.backlog_limit,
             ),
             directory,
             correlation: CorrelationIndex::new(CORRELATION_CACHE),
             store,
         });
+        let store = core.store.clone();
+        core.router.set_backlog_reader(Arc::new(move |ids: Vec<String>| {
+            let store = store.clone();
+            Box::pin(async move {
+                match store.messages_by_id(ids).await {
+                    Ok(stored) => Some(
+                        (stored.into_iter())
+                            .map(|m| Arc::new(Delivery::stored(m.envelope)))
+                            .collect(),
+                    ),
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot read a mailbox's backlog back");
+                        None
+                    }
+                }
+            })
+        }));
         let weak = Arc::downgrade(&core);
         core.router
             .set_expiry_handler(Arc::new(move |delivery, protocol| {
@@ -176,13 +200,18 @@ impl Core {
     pub async fn publish_transient(&self, mut env: Envelope) -> Arc<Delivery> {
         self.link_conversation(&mut env).await;
         self.remember(&env);
-        self.route(env)
+        self.route_delivery(Delivery::new(env))
     }
 
-    /// Delivers an accepted message to its recipients' mailboxes.
+    /// Delivers an accepted message, durable in the store, to its recipients' mailboxes.
     pub fn route(&self, env: Envelope) -> Arc<Delivery> {
+        self.route_delivery(Delivery::stored(env))
+    }
+
+    fn route_delivery(&self, delivery: Delivery) -> Arc<Delivery> {
+        let env = &delivery.envelope;
         telemetry::message_received(&env.origin.protocol, env.kind.family());
-        let delivery = Arc::new(Delivery::new(env));
+        let delivery = Arc::new(delivery);
         self.router.route(&delivery);
         delivery
     }

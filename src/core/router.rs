@@ -20,7 +20,7 @@ use foldhash::HashSet;
 use super::delivery::Delivery;
 use super::directory::Directory;
 use super::envelope::{Audience, Envelope, Protocol};
-use super::mailbox::{Mailbox, Pushed, WhenFull};
+use super::mailbox::{BacklogReader, Mailbox, Pushed, WhenFull};
 use crate::telemetry;
 
 /// A connected recipient's say in what reaches it.
@@ -90,6 +90,8 @@ pub struct Router {
     directory: Arc<Directory>,
     capacity: usize,
     policy: WhenFull,
+    backlog_limit: usize,
+    backlog_reader: std::sync::OnceLock<BacklogReader>,
     next_session: AtomicU64,
     by_agent: DashMap<String, Vec<Arc<Session>>, foldhash::fast::RandomState>,
     sessions: ArcSwap<Vec<Arc<Session>>>,
@@ -105,11 +107,18 @@ pub struct Router {
 pub type ExpiryHandler = Arc<dyn Fn(Arc<Delivery>, Protocol) + Send + Sync>;
 
 impl Router {
-    pub fn new(directory: Arc<Directory>, capacity: usize, policy: WhenFull) -> Self {
+    pub fn new(
+        directory: Arc<Directory>,
+        capacity: usize,
+        policy: WhenFull,
+        backlog_limit: usize,
+    ) -> Self {
         Router {
             directory,
             capacity,
             policy,
+            backlog_limit,
+            backlog_reader: std::sync::OnceLock::new(),
             next_session: AtomicU64::new(1),
             by_agent: DashMap::default(),
             sessions: ArcSwap::from_pointee(Vec::new()),
@@ -126,10 +135,39 @@ impl Router {
         let _ = self.expiry.set(handler);
     }
 
-    /// A mailbox sized and governed by the bridge's routing settings.
+    /// Sets how mailboxes read their backlog back from the store (once).
+    pub fn set_backlog_reader(&self, reader: BacklogReader) {
+        let _ = self.backlog_reader.set(reader);
+    }
+
+    /// A mailbox sized and governed by the bridge's routing settings. Under `replay` it
+    /// has a backlog unless `protocol` keeps mail for absent agents (Synapse's inbox, the
+    /// Grid's queue): that connection's overflow is handed there instead, as under
+    /// `disconnect`.
     pub fn mailbox(&self, protocol: Protocol) -> Arc<Mailbox> {
-        let mut mailbox = Mailbox::new(protocol, self.capacity, self.policy)
+        let backlog = (self.policy == WhenFull::Replay && !self.offline.contains_key(protocol))
+            .then_some(self.backlog_limit);
+        self.make_mailbox(protocol, self.policy, backlog)
+    }
+
+    /// A mailbox for an endpoint's own session (a hub applying task messages to its
+    /// tables), which must see every message whatever the policy: one whose backlog has no
+    /// bound but memory, a message's id each.
+    pub fn hub_mailbox(&self, protocol: Protocol) -> Arc<Mailbox> {
+        self.make_mailbox(protocol, WhenFull::Replay, Some(usize::MAX))
+    }
+
+    fn make_mailbox(
+        &self,
+        protocol: Protocol,
+        policy: WhenFull,
+        backlog: Option<usize>,
+    ) -> Arc<Mailbox> {
+        let mut mailbox = Mailbox::new(protocol, self.capacity, policy)
             .with_depth_histogram(self.mailbox_depth.clone());
+        if let (Some(limit), Some(reader)) = (backlog, self.backlog_reader.get()) {
+            mailbox = mailbox.with_backlog(limit, reader.clone());
+        }
         if let Some(handler) = self.expiry.get() {
             let handler = handler.clone();
             mailbox =
@@ -374,7 +412,7 @@ impl Router {
         }
         let protocol = session.mailbox.protocol();
         match session.mailbox.push(delivery.clone()) {
-            Pushed::Queued => report.queued += 1,
+            Pushed::Queued | Pushed::Behind => report.queued += 1,
             Pushed::DroppedOldest => {
                 report.queued += 1;
                 report.dropped += 1;
@@ -415,6 +453,7 @@ struct Reached {
     len: usize,
     spilled: Option<HashSet<u64>>,
     offline: Vec<String>,
+    offline_seen: HashSet<String>,
 }
 
 impl Reached {
@@ -447,12 +486,10 @@ impl Reached {
         true
     }
 
+    /// Records an agent reached offline; false when it was already. Linear in the names
+    /// of a long fan-out (a group, a message naming many), not quadratic.
     fn insert_name(&mut self, name: &str) -> bool {
-        if self.offline.iter().any(|n| n == name) {
-            return false;
-        }
-        self.offline.push(name.to_owned());
-        true
+        super::each_once::push_once(&mut self.offline, &mut self.offline_seen, name.to_owned())
     }
 }
 
@@ -479,7 +516,7 @@ mod tests {
     }
 
     fn router(capacity: usize, policy: WhenFull) -> Router {
-        Router::new(Arc::new(Directory::new()), capacity, policy)
+        Router::new(Arc::new(Directory::new()), capacity, policy, 0)
     }
 
     fn connect(router: &Router, name: &str, interest: Arc<dyn Interest>) -> Arc<Session> {
@@ -635,7 +672,7 @@ mod tests {
         for &(name, protocol) in agents {
             dir.register(AgentInfo::new(name, protocol, name)).unwrap();
         }
-        let r = Router::new(dir, capacity, policy);
+        let r = Router::new(dir, capacity, policy, 0);
         let sink = Arc::new(KeptSink::default());
         r.set_offline_sink("grid", sink.clone());
         (r, sink)
@@ -735,6 +772,7 @@ mod tests {
             WhenFull::DropOldest,
             WhenFull::DropNewest,
             WhenFull::Disconnect,
+            WhenFull::Replay,
         ] {
             let r = router(4, policy);
             let stalled = connect(&r, "stalled", Arc::new(AddressedOnly));
@@ -753,7 +791,8 @@ mod tests {
                 WhenFull::DropOldest | WhenFull::DropNewest => {
                     assert_eq!(stalled.mailbox.len(), 4)
                 }
-                WhenFull::Disconnect => {
+                // Without a backlog (no store here), `replay` closes as `disconnect` does.
+                WhenFull::Disconnect | WhenFull::Replay => {
                     assert_eq!(stalled.mailbox.try_recv().unwrap_err(), Closed::Overflow)
                 }
             }

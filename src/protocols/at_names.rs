@@ -2,6 +2,8 @@
 //! servers work them out from the text (Skynet, the Tracker). Each decides what counts as
 //! the end of a name; finding where a name may start is shared.
 
+use aho_corasick::AhoCorasick;
+
 /// Whether `text` has an `@`, without which it mentions no one: the test a chat passes
 /// before the text is lower-cased and the directory's names are looked for in it.
 /// `memchr` rather than `contains('@')`, whose searcher cost 150 instructions an `@`.
@@ -14,19 +16,15 @@ pub fn needle(name: &str) -> String {
     format!("@{}", name.to_lowercase())
 }
 
-/// The `@name`s of a directory, indexed by the first byte of the name: each `@` of a text
-/// is compared only with the names that begin with the byte after it. Built once per
-/// directory change; with 5,000 members a chat with an `@` would otherwise make 5,000
-/// comparisons for each of its `@`s. A name found answers with its label (what the
-/// protocol calls that member: a card id, the name itself).
+/// The `@name`s of a directory, searched for all at once: one pass over the text, however
+/// many names there are and however many `@`s it has (an Aho-Corasick automaton, built
+/// once per directory change). A name found answers with its label (what the protocol
+/// calls that member: a card id, the name itself).
 #[derive(Debug)]
 pub struct Needles<T> {
     labels: Vec<T>,
-    needles: Vec<String>,
-    /// Positions in `needles`, by the name's first byte (the needle's second).
-    by_first_byte: Vec<Vec<u32>>,
-    /// Needles of an empty name, which every `@` matches.
-    bare: Vec<u32>,
+    /// `None` when there are no names.
+    automaton: Option<AhoCorasick>,
 }
 
 impl<T> Default for Needles<T> {
@@ -42,47 +40,28 @@ impl<T> Needles<T> {
             .into_iter()
             .map(|(label, name)| (label, needle(name.as_ref())))
             .unzip();
-        let mut by_first_byte = vec![Vec::new(); 256];
-        let mut bare = Vec::new();
-        for (i, needle) in needles.iter().enumerate() {
-            match needle.as_bytes().get(1) {
-                Some(&byte) => by_first_byte[usize::from(byte)].push(i as u32),
-                None => bare.push(i as u32),
-            }
-        }
-        Needles {
-            labels,
-            needles,
-            by_first_byte,
-            bare,
-        }
+        let automaton = (!needles.is_empty())
+            .then(|| AhoCorasick::new(&needles).expect("plain strings make an automaton"));
+        Needles { labels, automaton }
     }
 
     /// The labels (in their order, each once) of the names that occur in `lower`, a
     /// lower-cased text, right after one of its `@`s, where `ends` accepts what follows
-    /// the name.
+    /// the name. Linear in the text and the matches found.
     pub fn found_in(&self, lower: &str, ends: impl Fn(&str) -> bool) -> impl Iterator<Item = &T> {
+        // Each name once, however often the text repeats it.
         let mut found = Vec::new();
-        // memchr rather than `match_indices('@')`, as in `has_at`.
-        for at in memchr::memchr_iter(b'@', lower.as_bytes()) {
-            let rest = &lower[at..];
-            let same_start = rest
-                .as_bytes()
-                .get(1)
-                .and_then(|&byte| self.by_first_byte.get(usize::from(byte)))
-                .map_or(&[][..], Vec::as_slice);
-            for &i in same_start.iter().chain(&self.bare) {
-                let i = i as usize;
-                if rest
-                    .strip_prefix(self.needles[i].as_str())
-                    .is_some_and(&ends)
-                {
+        let mut seen = foldhash::HashSet::default();
+        if let Some(automaton) = &self.automaton {
+            for hit in automaton.find_overlapping_iter(lower) {
+                let i = hit.pattern().as_usize();
+                if !seen.contains(&i) && ends(&lower[hit.end()..]) {
+                    seen.insert(i);
                     found.push(i);
                 }
             }
         }
         found.sort_unstable();
-        found.dedup();
         found.into_iter().map(|i| &self.labels[i])
     }
 }

@@ -45,6 +45,18 @@ pub const FRAGMENT_BYTES: usize = 2 * 1024;
 const READ_BUFFER_BYTES: usize = 2 * 1024;
 const WRITE_BUFFER_BYTES: usize = FRAGMENT_BYTES;
 
+/// Why a connection whose mailbox overflowed is closed (with 1008): it fell further behind
+/// than the bridge keeps for it, and replays from the store once it reconnects.
+pub const BEHIND_REASON: &str = "too far behind: messages were not read fast enough; reconnect to replay";
+
+/// What a recipient is told of messages its mailbox dropped (`drop_oldest`,
+/// `drop_newest`), in its protocol's error form.
+pub fn dropped_text(count: u64) -> String {
+    format!(
+        "{count} message(s) for this connection were dropped: it did not read them fast enough (routing.when_full)"
+    )
+}
+
 /// The largest message a client may send unless its endpoint says otherwise.
 pub const DEFAULT_MAX_MESSAGE: usize = 16 * 1024 * 1024;
 

@@ -245,6 +245,22 @@ impl Store {
         .await
     }
 
+    /// The stored messages with these ids, in the order asked; ids not stored are left out.
+    pub async fn messages_by_id(&self, ids: Vec<String>) -> Result<Vec<StoredMessage>, StoreError> {
+        self.read_messages(move |conn| {
+            let mut statement =
+                conn.prepare_cached(&format!("SELECT {STORED} FROM messages WHERE id = ?1"))?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in &ids {
+                if let Some(row) = statement.query_row([id], stored).optional()? {
+                    out.push(decode(row)?);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     /// Whether a message with this id is stored (without reading it back).
     pub async fn has_message(&self, id: &str) -> Result<bool, StoreError> {
         // Acknowledged but not yet in the database: asked first, for a message moves from

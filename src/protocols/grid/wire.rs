@@ -145,11 +145,22 @@ pub struct Message {
     pub raw: Value,
 }
 
+/// Most messages one request may hold (serde-saphyr's own bound on a YAML stream).
+pub const MAX_DOCUMENTS: usize = 1024;
+
 /// Parses a request body: a YAML stream of `message:` documents, or JSON (one document or
 /// an array of them).
 pub fn parse_documents(body: &str, json: bool) -> Result<Vec<Value>, Invalid> {
     if json {
         return match serde_json::from_str::<Value>(body) {
+            // As many as serde-saphyr takes in one YAML stream.
+            Ok(Value::Array(docs)) if docs.len() > MAX_DOCUMENTS => Err(Invalid::new(
+                "body",
+                format!(
+                    "{} messages in one request; at most {MAX_DOCUMENTS}",
+                    docs.len()
+                ),
+            )),
             Ok(Value::Array(docs)) => Ok(docs),
             Ok(doc) => Ok(vec![doc]),
             Err(e) => Err(Invalid::new("body", format!("body is not valid JSON: {e}"))),

@@ -19,7 +19,7 @@ use super::wire::{self, Invalid, Party};
 use super::{Grid, PROTOCOL, Source, translate};
 use crate::core::{Delivery, Envelope, InFlight, Interest, Kind, Mailbox, Session, Status};
 use crate::protocols::clock::iso8601;
-use crate::protocols::websocket::{Message as Frame, Refusal, Refused, Socket, Utf8Bytes};
+use crate::protocols::websocket::{self, Message as Frame, Refusal, Refused, Socket, Utf8Bytes};
 use crate::store::StoreError;
 use crate::telemetry::ConnectionGuard;
 
@@ -152,7 +152,7 @@ pub async fn serve(socket: Socket, grid: Arc<Grid>, query: HashMap<String, Strin
                     }
                 }
                 Err(_) => {
-                    conn.close(1008, "mailbox overflow: messages were not read fast enough").await;
+                    conn.close(1008, crate::protocols::websocket::BEHIND_REASON).await;
                     break;
                 }
             },
@@ -360,6 +360,17 @@ impl Connection {
     }
 
     async fn write(&mut self, delivery: &Arc<Delivery>) -> bool {
+        let dropped = (self.identity.as_ref()).map_or(0, |(_, s)| s.mailbox.take_untold_drops());
+        if dropped > 0 {
+            let notice = wire::Invalid {
+                code: "MESSAGES_DROPPED",
+                sender: self.identity.as_ref().map(|(p, _)| Box::new(p.clone())),
+                ..wire::Invalid::new("receiver", websocket::dropped_text(dropped))
+            };
+            if !self.send(&wire::error_message(&notice)).await {
+                return false;
+            }
+        }
         if self.from_backlog.remove(&delivery.envelope.id) {
             return true;
         }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::wire::MENTION_ALL;
+use crate::core::push_once;
 use crate::protocols::at_names;
 
 /// The members a chat may mention, in the order they are tried: `(card id, name)`, their
@@ -28,9 +29,10 @@ pub fn enrich(
     // Only a text with an `@` pays for the member list.
     let candidates = candidates();
     // A plain substring test: a name counts whatever follows it.
+    let mut seen = foldhash::HashSet::default();
     for id in candidates.found_in(&lower, |_| true) {
-        if id != sender_id && !ids.contains(id) {
-            ids.push(id.clone());
+        if id != sender_id {
+            push_once(ids, &mut seen, id.clone());
         }
     }
     if !ids.iter().any(|id| id == MENTION_ALL) && lower.contains("@all") {

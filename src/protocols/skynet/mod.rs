@@ -45,6 +45,8 @@ pub struct Skynet {
     /// changes, so the map never outgrows it and an unregistered name's alias is recorded
     /// again.
     foreign_card_ids: PerGeneration<DashMap<String, String>>,
+    /// The other way: foreign agents by the card id derived from their name.
+    derived_names: PerGeneration<foldhash::HashMap<String, String>>,
     shutdown: CancellationToken,
     read_budget: ByteBudget,
 }
@@ -65,6 +67,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         workspace: Workspace::new(),
         mention_cache: PerGeneration::default(),
         foreign_card_ids: PerGeneration::default(),
+        derived_names: PerGeneration::default(),
         shutdown: shutdown.clone(),
         read_budget: ctx.read_budget.clone(),
     });

@@ -12,6 +12,7 @@ use serde_json::value::RawValue;
 
 use super::mentions;
 use super::wire::{Data, FrameError, MAX_ATTACHMENT_SIZE, as_millis, invalid};
+use crate::core::each_once;
 use crate::core::{new_message_id, now_ms};
 use crate::json_writer::ObjectWriter;
 use crate::protocols::raw_object::{RawObject, plain_string};
@@ -250,18 +251,6 @@ fn string_of(value: &RawValue) -> Option<String> {
         Some(plain) => Some(plain.to_owned()),
         None => serde_json::from_str(value.get()).ok(),
     }
-}
-
-fn each_once(mut list: Vec<String>) -> Vec<String> {
-    let mut kept = 0;
-    while kept < list.len() {
-        if list[..kept].contains(&list[kept]) {
-            list.remove(kept);
-        } else {
-            kept += 1;
-        }
-    }
-    list
 }
 
 fn check_chat_payload(payload: &Value) -> Result<(), FrameError> {

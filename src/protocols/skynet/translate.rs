@@ -6,6 +6,7 @@ use serde_json::{Map, Value, json};
 use super::PROTOCOL;
 use super::sent::SentMessage;
 use super::wire;
+use crate::core::push_once;
 use crate::core::{
     Attachment, Audience, Envelope, Kind, Origin, Status, TaskInfo, TaskState, new_message_id,
     now_ms,
@@ -79,13 +80,12 @@ pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> (Envelo
     env.echo = true;
     // Each id looked up once: the directory's lookup takes a shard's lock.
     let mut unknown = Vec::new();
+    let mut named = foldhash::HashSet::default();
     for id in mentions {
         if id == wire::MENTION_ALL {
             env.audience = Audience::Everyone;
         } else if let Some(name) = peers.name_of(&id) {
-            if !env.mentions.contains(&name) {
-                env.mentions.push(name);
-            }
+            push_once(&mut env.mentions, &mut named, name);
         } else {
             unknown.push(id);
         }

@@ -483,16 +483,19 @@ impl Peers for Skynet {
         if let Some(name) = self.core.directory.by_native(PROTOCOL, card_id) {
             return Some(name);
         }
-        // A foreign agent whose derived id this process has not shown yet (after a restart).
-        let mut found = None;
-        self.core.directory.for_each(|agent| {
-            if found.is_none()
-                && agent.protocol != PROTOCOL
-                && derived_uuid("agent", &agent.name).to_string() == card_id
-            {
-                found = Some(agent.name.clone());
-            }
+        // A foreign agent whose derived id this process has not shown yet (after a restart):
+        // every foreign agent's id worked out once per directory change, not per lookup.
+        let derived = self.derived_names.get(&self.core.directory, || {
+            let mut by_id = foldhash::HashMap::default();
+            self.core.directory.for_each(|agent| {
+                if agent.protocol != PROTOCOL {
+                    let id = derived_uuid("agent", &agent.name).to_string();
+                    by_id.insert(id, agent.name.clone());
+                }
+            });
+            by_id
         });
+        let found = derived.get(card_id).cloned();
         if let Some(name) = &found {
             self.core
                 .directory

@@ -111,7 +111,7 @@ pub async fn serve(socket: Socket, skynet: Arc<Skynet>) {
                         break;
                     }
                     Err(Closed::Overflow) => {
-                        conn.close(1008, "mailbox overflow: messages were not read fast enough").await;
+                        conn.close(1008, crate::protocols::websocket::BEHIND_REASON).await;
                         break;
                     }
                     Err(Closed::Gone) => conn.joined = None,
@@ -283,14 +283,29 @@ impl Connection {
                 telemetry::decode_error(PROTOCOL);
                 return self.send_event(wire::error_event(&error, None)).await;
             }
+            // Bounded before any mention is looked up, and again once the text's are in.
+            let max = self.skynet.config.max_mentions;
+            if msg.mentions.len() > max {
+                return self.too_many_mentions(msg.mentions.len()).await;
+            }
             msg.stamp(&joined.agent_id);
             let skynet = self.skynet.clone();
             msg.enrich_mentions(&joined.agent_id, || skynet.mention_candidates());
+            if msg.mentions.len() > max {
+                return self.too_many_mentions(msg.mentions.len()).await;
+            }
             let (env, unknown) = translate::decode(msg, &joined.name, skynet.as_ref());
             let staged = skynet.core.stage(env).await;
             self.pending.push(staged, unknown);
             Flow::Continue
         }
+    }
+
+    async fn too_many_mentions(&mut self, count: usize) -> Flow {
+        telemetry::decode_error(PROTOCOL);
+        let limit = self.skynet.config.max_mentions;
+        let text = format!("Too many mentions: {count}; the limit is {limit}");
+        self.send_event(wire::error_event(&text, None)).await
     }
 
     /// A sent message is durable (or could not be stored): it is routed, the sender's echo
@@ -310,7 +325,7 @@ impl Connection {
         }
         // Delivered to whom it could be; the sender hears who it could not reach.
         (!unknown.is_empty()).then(|| {
-            let text = format!("Unknown recipient: {}", unknown.join(", "));
+            let text = format!("Unknown recipient: {}", crate::protocols::a_few(&unknown));
             let detail = "no member of this workspace, and no agent of another protocol, has that id; the message reached its other recipients";
             wire::error_event(&text, Some(detail))
         })
@@ -336,6 +351,10 @@ impl Connection {
         first: Arc<Delivery>,
         mailbox: Option<&Mailbox>,
     ) -> Result<(), websocket::Error> {
+        if let Some(dropped) = mailbox.map(Mailbox::take_untold_drops).filter(|&n| n > 0) {
+            let event = wire::error_event(&websocket::dropped_text(dropped), None);
+            self.socket.feed(Message::Text(event.into())).await?;
+        }
         let mut next = Some(first);
         let mut written = 0;
         while let Some(delivery) = next.take() {

@@ -25,6 +25,8 @@ pub struct Config {
     /// Largest gRPC message, and largest gateway body: RESOURCE_EXHAUSTED (413 over HTTP)
     /// above it. Files of up to 5 MiB ride inside `SubmitTaskWithFiles`.
     pub max_message_bytes: usize,
+    /// Most members a group may hold (its coordinator included); RESOURCE_EXHAUSTED past it.
+    pub max_group_members: usize,
     pub agents: Vec<AgentConfig>,
 }
 
@@ -39,6 +41,7 @@ impl Default for Config {
             callback_backoff_ms: 200,
             sync_timeout_ms: 30_000,
             max_message_bytes: 64 * 1024 * 1024,
+            max_group_members: 1024,
             agents: Vec::new(),
         }
     }

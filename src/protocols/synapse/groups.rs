@@ -55,6 +55,14 @@ impl Synapse {
         if !coordinator.is_empty() {
             self.known_agent(&coordinator, "coordinator_id")?;
         }
+        // Bounded before any member is looked up.
+        let max = self.config.max_group_members;
+        if request.initial_members.len() > max {
+            return Err(Status::resource_exhausted(format!(
+                "initial_members: {} agents; a group holds at most {max}",
+                request.initial_members.len()
+            )));
+        }
         for member in &request.initial_members {
             self.known_agent(member, "initial_members")?;
         }
@@ -67,8 +75,9 @@ impl Synapse {
                 joined_at: now,
             });
         }
+        let mut seen: foldhash::HashSet<&str> = std::iter::once(&*coordinator).collect();
         for member in &request.initial_members {
-            if !members.iter().any(|m| &m.agent_id == member) {
+            if seen.insert(member) {
                 members.push(MemberRow {
                     agent_id: member.clone(),
                     role: "member".into(),
@@ -107,6 +116,12 @@ impl Synapse {
         }
         if !self.core.directory.contains(&agent.agent_id) {
             self.ensure_agent(agent, hints, "agent").await?;
+        }
+        if group.members.len() >= self.config.max_group_members {
+            return Err(Status::resource_exhausted(format!(
+                "group '{group_id}' holds its most members, {}",
+                self.config.max_group_members
+            )));
         }
         if group.members.iter().any(|m| m.agent_id == agent.agent_id) {
             return Err(Status::already_exists(format!(

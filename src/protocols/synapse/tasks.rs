@@ -481,7 +481,7 @@ impl Interest for HubInterest {
 
 pub fn start_hub(synapse: Arc<Synapse>) -> JoinHandle<()> {
     let router = &synapse.core.router;
-    let mailbox = router.mailbox(PROTOCOL);
+    let mailbox = router.hub_mailbox(PROTOCOL);
     let session = router.attach(
         HUB,
         mailbox.clone(),

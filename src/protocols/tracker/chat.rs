@@ -10,6 +10,7 @@ use super::db::TaskRow;
 use super::translate::{self, decode_message, message_out};
 use super::wire::{AuthorType, MessageOut};
 use crate::core::{Envelope, Staged, new_message_id, now_ms};
+use crate::core::{each_once, push_once};
 use crate::protocols::at_names;
 use crate::protocols::clock::iso8601;
 use crate::store::{MessageQuery, StoredMessage};
@@ -56,6 +57,8 @@ pub enum PostError {
     NotFound(String),
     /// A mention names nobody the bridge knows.
     UnknownMention(String),
+    /// More mentions than `max_mentions`: (how many, the limit).
+    TooManyMentions(usize, usize),
     Store(crate::store::StoreError),
 }
 
@@ -85,22 +88,25 @@ impl Tracker {
         new: NewMessage,
         notify_requester: bool,
     ) -> Result<(Staged, Posted), PostError> {
+        // Bounded before any mention is looked up, and again once the text's are in.
+        let max = self.config.max_mentions;
+        if new.mentions.len() > max {
+            return Err(PostError::TooManyMentions(new.mentions.len(), max));
+        }
         let (thread, task) = self
             .place(new.chat_id.as_deref(), new.task_id.as_deref())
             .await?;
+        let mut mentions = each_once(new.mentions);
         // An explicit mention is a recipient: one nobody holds is refused, not dropped.
-        if let Some(unknown) = new
-            .mentions
-            .iter()
-            .find(|m| !self.core.directory.contains(m))
-        {
+        if let Some(unknown) = mentions.iter().find(|m| !self.core.directory.contains(m)) {
             return Err(PostError::UnknownMention(unknown.clone()));
         }
-        let mut mentions = new.mentions;
+        let mut seen = foldhash::HashSet::default();
         for name in self.mentioned_in(&new.content) {
-            if !mentions.contains(&name) {
-                mentions.push(name);
-            }
+            push_once(&mut mentions, &mut seen, name);
+        }
+        if mentions.len() > max {
+            return Err(PostError::TooManyMentions(mentions.len(), max));
         }
         let reply_to = match &new.reply_to {
             Some(id) => Some(self.core.original_id(id).await),

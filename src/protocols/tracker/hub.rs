@@ -54,7 +54,7 @@ impl Interest for HubInterest {
 
 pub fn start(tracker: Arc<Tracker>) -> JoinHandle<()> {
     let router = &tracker.core.router;
-    let mailbox = router.mailbox(PROTOCOL);
+    let mailbox = router.hub_mailbox(PROTOCOL);
     let session = router.attach(
         HUB,
         mailbox.clone(),

@@ -14,7 +14,7 @@ use super::db::MemberRow;
 use super::wire::{self, AuthorType, ClientFrame, MemberKind};
 use super::{Conn, ConnInterest, PROTOCOL, Tracker, translate};
 use crate::core::{Delivery, Envelope, InFlight, Session};
-use crate::protocols::websocket::{Message, Refused, Socket, Utf8Bytes};
+use crate::protocols::websocket::{self, Message, Refused, Socket, Utf8Bytes};
 use crate::store::StoreError;
 use crate::telemetry::{self, ConnectionGuard};
 
@@ -203,7 +203,7 @@ impl Live {
                 next = mailbox.recv() => match next {
                     Ok(delivery) => if !Box::pin(self.write(delivery)).await { return },
                     Err(_) => {
-                        self.socket.close(1008, "mailbox overflow: messages were not read fast enough").await;
+                        self.socket.close(1008, crate::protocols::websocket::BEHIND_REASON).await;
                         return;
                     }
                 },
@@ -272,8 +272,12 @@ impl Live {
                         Ok(())
                     }
                     Err(PostError::NotFound(what)) => Err(what),
+                    Err(PostError::TooManyMentions(count, limit)) => {
+                        Err(format!("too many mentions: {count}; the limit is {limit}"))
+                    }
                     Err(PostError::UnknownMention(name)) => Err(format!(
-                        "unknown mention '{name}': no agent of any protocol has that name"
+                        "unknown mention '{}': no agent of any protocol has that name",
+                        crate::protocols::a_few(&[name])
                     )),
                     Err(PostError::Store(e)) => {
                         tracing::error!(error = %e, "tracker: cannot store a message");
@@ -286,6 +290,13 @@ impl Live {
 
     /// Writes `first` and whatever else is queued, then flushes; false when the socket is gone.
     async fn write(&mut self, first: Arc<Delivery>) -> bool {
+        let dropped = self.conn.mailbox.take_untold_drops();
+        if dropped > 0 {
+            let frame = wire::error_frame(&websocket::dropped_text(dropped));
+            if self.socket.feed(Message::Text(frame.into())).await.is_err() {
+                return false;
+            }
+        }
         let mut next = Some(first);
         let mut written = 0;
         while let Some(delivery) = next.take() {

@@ -77,9 +77,11 @@ impl CapabilitiesService for SynapseApi {
         _request: Request<()>,
     ) -> Result<Response<CapabilitiesResponse>, Status> {
         let mut types: Vec<SupportedTaskType> = Vec::new();
+        // Each type once, in linear time however many agents and capabilities there are.
+        let mut seen = foldhash::HashSet::default();
         for agent in self.synapse.core.directory.list() {
             for capability in std::iter::once(&agent.name).chain(agent.capabilities.iter()) {
-                if !types.iter().any(|t| &t.r#type == capability) {
+                if seen.insert(capability.clone()) {
                     types.push(task_type(capability, format!("handled by {}", agent.name)));
                 }
             }

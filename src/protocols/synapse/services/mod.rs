@@ -5,6 +5,7 @@ mod capabilities;
 mod group;
 mod health;
 mod message;
+mod statuses;
 mod task;
 
 use std::sync::Arc;
@@ -69,6 +70,9 @@ pub fn router(synapse: Arc<Synapse>) -> axum::Router {
     .add_service(health_service)
     .add_service(reflection)
     .into_axum_router()
+    .layer(axum::middleware::from_fn(
+        statuses::oversize_is_resource_exhausted,
+    ))
 }
 
 /// Refuses calls without the configured token: UNAUTHENTICATED for gRPC, 401 with the
@@ -91,7 +95,8 @@ pub fn with_auth(app: axum::Router, token: Option<String>) -> axum::Router {
                     ),
                     Some(_) => Status::unauthenticated("the Synapse token is not valid"),
                 };
-                super::gateway::refuse(&request, status, StatusCode::UNAUTHORIZED)
+                let refusal = super::gateway::refuse(&request, status, StatusCode::UNAUTHORIZED);
+                statuses::holding_request(request, refusal)
             }
         },
     ))

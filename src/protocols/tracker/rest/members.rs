@@ -89,7 +89,14 @@ pub async fn get(
     }
 }
 
-pub async fn create(State(tracker): Shared, _caller: Caller, body: Bytes) -> ApiResult<Response> {
+/// Creating a member mints a token: only a human member (an admin) may.
+pub async fn create(State(tracker): Shared, caller: Caller, body: Bytes) -> ApiResult<Response> {
+    if caller.0.kind != MemberKind::Human {
+        return Err(ApiError::forbidden(format!(
+            "member '{}' is an agent; only a human member may create members",
+            caller.0.slug
+        )));
+    }
     let body = Body::parse(&body)?;
     let slug = body.required("slug")?;
     check_slug("member", &slug)

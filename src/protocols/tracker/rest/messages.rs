@@ -17,7 +17,15 @@ fn post_error(e: PostError) -> ApiError {
         PostError::UnknownMention(name) => ApiError::field(
             &["body", "mentions"],
             "value_error",
-            format!("Unknown member '{name}': no agent of any protocol has that name"),
+            format!(
+                "Unknown member '{}': no agent of any protocol has that name",
+                crate::protocols::a_few(&[name])
+            ),
+        ),
+        PostError::TooManyMentions(count, limit) => ApiError::field(
+            &["body", "mentions"],
+            "too_long",
+            format!("Too many mentions: {count}; the limit is {limit}"),
         ),
         PostError::Store(e) => ApiError::store(e),
     }
@@ -67,12 +75,20 @@ pub async fn create(State(tracker): Shared, caller: Caller, body: Bytes) -> ApiR
         }
         None => caller.0.slug.clone(),
     };
-    let author_type = body
-        .choice("author_type", AuthorType::parse, AuthorType::ALL)?
-        .unwrap_or(match caller.0.kind {
-            MemberKind::Agent => AuthorType::Agent,
-            MemberKind::Human => AuthorType::Human,
-        });
+    // The token's member decides the author's type, as it decides the author.
+    let author_type = match caller.0.kind {
+        MemberKind::Agent => AuthorType::Agent,
+        MemberKind::Human => AuthorType::Human,
+    };
+    if let Some(claimed) = body.choice("author_type", AuthorType::parse, AuthorType::ALL)?
+        && claimed != author_type
+    {
+        return Err(ApiError::forbidden(format!(
+            "author_type '{}' is not the token's member's type '{}'",
+            claimed.as_str(),
+            author_type.as_str()
+        )));
+    }
     let chat_id = body.string("chat_id")?;
     let task_id = body.string("task_id")?;
     if chat_id.is_none() && task_id.is_none() {
