@@ -449,7 +449,11 @@ mod tests {
         let mb = Mailbox::new("t", 2, WhenFull::Replay).with_backlog(100, reader(all.clone()));
         let transient = msg("transient", Priority::Normal);
         for (i, d) in all.iter().enumerate() {
-            let expected = if i < 2 { Pushed::Queued } else { Pushed::Behind };
+            let expected = if i < 2 {
+                Pushed::Queued
+            } else {
+                Pushed::Behind
+            };
             assert_eq!(mb.push(d.clone()), expected);
             if i == 5 {
                 // Not stored: held in the backlog as it is, in its place.

@@ -108,22 +108,23 @@ impl Core {
             store,
         });
         let store = core.store.clone();
-        core.router.set_backlog_reader(Arc::new(move |ids: Vec<String>| {
-            let store = store.clone();
-            Box::pin(async move {
-                match store.messages_by_id(ids).await {
-                    Ok(stored) => Some(
-                        (stored.into_iter())
-                            .map(|m| Arc::new(Delivery::stored(m.envelope)))
-                            .collect(),
-                    ),
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot read a mailbox's backlog back");
-                        None
+        core.router
+            .set_backlog_reader(Arc::new(move |ids: Vec<String>| {
+                let store = store.clone();
+                Box::pin(async move {
+                    match store.messages_by_id(ids).await {
+                        Ok(stored) => Some(
+                            (stored.into_iter())
+                                .map(|m| Arc::new(Delivery::stored(m.envelope)))
+                                .collect(),
+                        ),
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot read a mailbox's backlog back");
+                            None
+                        }
                     }
-                }
-            })
-        }));
+                })
+            }));
         let weak = Arc::downgrade(&core);
         core.router
             .set_expiry_handler(Arc::new(move |delivery, protocol| {

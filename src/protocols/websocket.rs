@@ -47,7 +47,8 @@ const WRITE_BUFFER_BYTES: usize = FRAGMENT_BYTES;
 
 /// Why a connection whose mailbox overflowed is closed (with 1008): it fell further behind
 /// than the bridge keeps for it, and replays from the store once it reconnects.
-pub const BEHIND_REASON: &str = "too far behind: messages were not read fast enough; reconnect to replay";
+pub const BEHIND_REASON: &str =
+    "too far behind: messages were not read fast enough; reconnect to replay";
 
 /// What a recipient is told of messages its mailbox dropped (`drop_oldest`,
 /// `drop_newest`), in its protocol's error form.

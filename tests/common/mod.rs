@@ -9,6 +9,7 @@ pub mod peers;
 pub mod process;
 pub mod skynet;
 pub mod synapse;
+pub mod tools;
 pub mod tracker;
 pub mod ws;
 

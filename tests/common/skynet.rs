@@ -105,6 +105,15 @@ impl SkynetWs {
         }
     }
 
+    /// Joins as `card` over a socket with a small receive buffer (`TestSocket::connect_narrow`).
+    pub async fn join_narrow(addr: SocketAddr, card: &Value) -> Self {
+        let mut ws = SkynetWs {
+            socket: TestSocket::connect_narrow(&ws_url(addr, "/ws")).await,
+        };
+        ws.rejoin(card, None).await;
+        ws
+    }
+
     /// Connects, joins as `card`, and returns the client with its `workspace.state` data.
     pub async fn join(addr: SocketAddr, card: &Value) -> (Self, Value) {
         Self::join_since(addr, card, None).await

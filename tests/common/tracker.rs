@@ -136,6 +136,17 @@ impl TrackerWs {
         }
     }
 
+    /// Authenticates over a socket with a small receive buffer (`TestSocket::connect_narrow`).
+    pub async fn auth_narrow(addr: SocketAddr, token: &str) -> Self {
+        let mut ws = TrackerWs {
+            socket: TestSocket::connect_narrow(&ws_url(addr, "/ws")).await,
+        };
+        ws.send(json!({ "type": "auth", "token": token })).await;
+        let ok = ws.next().await;
+        assert_eq!(ok["type"], "auth.ok", "auth answered with {ok}");
+        ws
+    }
+
     /// Connects and authenticates; returns the client and the `auth.ok` data.
     pub async fn auth(addr: SocketAddr, token: &str) -> (Self, Value) {
         let mut ws = Self::connect(addr).await;

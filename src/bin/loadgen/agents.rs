@@ -77,10 +77,44 @@ fn ws_url(base: &str, path: &str) -> String {
     format!("ws://{}{path}", rest.trim_end_matches('/'))
 }
 
+/// The kernel receive buffer of the sockets connected next, when not 0 (`burst`'s reader).
+static RECEIVE_BUFFER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+pub fn set_receive_buffer(bytes: u32) {
+    RECEIVE_BUFFER.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
 async fn connect_ws(url: &str) -> Result<Ws, Error> {
-    let (ws, _) = tokio_tungstenite::connect_async(url)
-        .await
-        .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+    let buffer = RECEIVE_BUFFER.load(std::sync::atomic::Ordering::Relaxed);
+    let ws = if buffer == 0 {
+        tokio_tungstenite::connect_async(url)
+            .await
+            .map(|(ws, _)| ws)
+    } else {
+        let addr = url
+            .trim_start_matches("ws://")
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let addr = tokio::net::lookup_host(addr)
+            .await
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| format!("cannot resolve {url}"))?;
+        let socket = tokio::net::TcpSocket::new_v4().map_err(|e| e.to_string())?;
+        socket
+            .set_recv_buffer_size(buffer)
+            .map_err(|e| e.to_string())?;
+        let tcp = socket
+            .connect(addr)
+            .await
+            .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+        tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(tcp))
+            .await
+            .map(|(ws, _)| ws)
+    };
+    let ws = ws.map_err(|e| format!("cannot connect to {url}: {e}"))?;
     if let MaybeTlsStream::Plain(tcp) = ws.get_ref() {
         let _ = tcp.set_nodelay(true);
     }

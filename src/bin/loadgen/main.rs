@@ -7,6 +7,7 @@
 //! connection. See BENCHMARKS.md.
 
 mod agents;
+mod burst;
 mod cpu;
 mod idle;
 mod marker;
@@ -41,6 +42,9 @@ enum Command {
     Run(RunArgs),
     /// Measures the bridge's resident memory per idle connection.
     Idle(IdleArgs),
+    /// A burst several mailboxes long to a reader slower than the sender: delivered +
+    /// told-about = sent.
+    Burst(BurstArgs),
     /// Runs a bridge for the load (used by `run` and `idle` as their child process).
     #[command(hide = true)]
     Serve {
@@ -107,6 +111,33 @@ struct RunArgs {
 }
 
 #[derive(Args)]
+struct BurstArgs {
+    /// `sender:receiver` protocols.
+    #[arg(long = "path", value_parser = parse_path, default_value = "skynet:skynet")]
+    path: (Proto, Proto),
+    /// The bridge's `routing.mailbox_capacity`.
+    #[arg(long, default_value_t = 1024)]
+    mailbox: usize,
+    /// The bridge's `routing.when_full`.
+    #[arg(long, default_value = "replay")]
+    when_full: String,
+    /// The burst, in mailboxes.
+    #[arg(long, default_value_t = 5)]
+    factor: usize,
+    /// Messages a second the sender sends; 0 sends the burst as fast as it can.
+    #[arg(long, default_value_t = 20_000.0)]
+    rate: f64,
+    /// Messages a second the reader reads; by default 20 % slower than `--rate`.
+    #[arg(long)]
+    read_rate: Option<f64>,
+    /// Filler bytes in each message's text.
+    #[arg(long, default_value_t = 512)]
+    payload: usize,
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
 struct IdleArgs {
     /// `skynet`, `tracker` or `grid`.
     #[arg(long, default_value = "skynet")]
@@ -146,6 +177,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run_all(args).await,
             Command::Idle(args) => idle(args).await,
+            Command::Burst(args) => burst(args).await,
             Command::Serve { config } => server::serve(&config).await,
         }
     });
@@ -230,7 +262,7 @@ async fn bridge_run(args: &RunArgs, load: &Load, from: Proto, to: Proto) -> Resu
         // Every window of every pair fits in a mailbox: losses are the bridge's, not the
         // policy's.
         let capacity = (args.window * 2).max(1024);
-        let server = Server::start(args.in_process, !args.memory, capacity).await?;
+        let server = Server::start(args.in_process, !args.memory, capacity, "drop_newest").await?;
         (server.endpoints.clone(), Some(server))
     } else {
         let mut endpoints = Endpoints {
@@ -346,6 +378,48 @@ async fn nats_run(args: &RunArgs, load: &Load) -> Result<Row, Error> {
     row.peak_rss_kib = server::rss_kib(server.pid()).map(|(_, peak)| peak);
     row.set_cpu(measured);
     Ok(row)
+}
+
+async fn burst(args: BurstArgs) -> Result<(), Error> {
+    let bar = spinner("burst");
+    let report = burst::run(&burst::Burst {
+        from: args.path.0,
+        to: args.path.1,
+        capacity: args.mailbox,
+        when_full: args.when_full,
+        factor: args.factor,
+        rate: args.rate,
+        read_rate: args.read_rate.unwrap_or(args.rate * 0.8).max(1.0),
+        payload: args.payload,
+    })
+    .await?;
+    bar.finish_and_clear();
+    println!(
+        "{} when_full={} mailbox={}: sent {} at {:.0}/s, read at {:.0}/s: delivered {}, told of {}, lost {} ({:.1} s){}",
+        report.path,
+        report.when_full,
+        report.mailbox_capacity,
+        report.sent,
+        report.send_rate,
+        report.read_rate,
+        report.delivered,
+        report.told,
+        report.lost,
+        report.seconds,
+        if report.lost == 0 {
+            ": delivered + told = sent"
+        } else {
+            ": MESSAGES LOST"
+        }
+    );
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if report.lost > 0 {
+        return Err(format!("{} messages lost", report.lost));
+    }
+    Ok(())
 }
 
 async fn idle(args: IdleArgs) -> Result<(), Error> {

