@@ -681,3 +681,27 @@ async fn a_reader_further_behind_than_the_backlog_is_closed_to_replay() {
     assert!(close.reason.contains("reconnect to replay"), "{close:?}");
     bridge.shutdown().await;
 }
+
+#[tokio::test]
+async fn synapse_tasks_waiting_for_an_agent_are_bounded() {
+    use agentbridge::protocols::synapse::proto::SubmitTaskRequest;
+    use tonic::{Code, Request};
+    let bridge = start_bridge("[synapse]\nlisten = \"127.0.0.1:0\"\nmax_waiting_tasks = 2\n").await;
+    let mut clients = common::synapse::clients(bridge.addr("synapse").unwrap()).await;
+    let submit = |i: usize| SubmitTaskRequest {
+        task_type: "nobody-takes-this".into(),
+        external_task_id: format!("ext-{i}"),
+        priority: "normal".into(),
+        ..Default::default()
+    };
+    for i in 0..2 {
+        clients.tasks.submit_task(Request::new(submit(i))).await.unwrap();
+    }
+    let err = clients
+        .tasks
+        .submit_task(Request::new(submit(2)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    bridge.shutdown().await;
+}

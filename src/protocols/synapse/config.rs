@@ -27,6 +27,8 @@ pub struct Config {
     pub max_message_bytes: usize,
     /// Most members a group may hold (its coordinator included); RESOURCE_EXHAUSTED past it.
     pub max_group_members: usize,
+    /// Most tasks that may wait for an agent taking their type; RESOURCE_EXHAUSTED past it.
+    pub max_waiting_tasks: usize,
     pub agents: Vec<AgentConfig>,
 }
 
@@ -42,6 +44,7 @@ impl Default for Config {
             sync_timeout_ms: 30_000,
             max_message_bytes: 64 * 1024 * 1024,
             max_group_members: 1024,
+            max_waiting_tasks: 10_000,
             agents: Vec::new(),
         }
     }

@@ -75,6 +75,13 @@ impl Synapse {
             super::agents::check_url(&request.callback_url, "callback_url")?;
         }
         let assignee = self.assignee_for(&request.task_type);
+        if assignee.is_none() && self.pending.len() >= self.config.max_waiting_tasks {
+            return Err(Status::resource_exhausted(format!(
+                "{} tasks already wait for an agent; no agent takes '{}'",
+                self.pending.len(),
+                crate::protocols::a_few(&[&request.task_type])
+            )));
+        }
         // Anonymous callers (no `x-synapse-agent-id`) submit through the bridge itself.
         let submitter = submitter.unwrap_or_else(|| BRIDGE_AGENT_ID.to_owned());
         let now = crate::core::now_ms();
@@ -143,8 +150,14 @@ impl Synapse {
                 return;
             }
         };
+        // The directory is looked through once per task type, not once per task.
+        let mut assignees: foldhash::HashMap<String, Option<String>> = Default::default();
         for task in waiting {
-            if let Some(assignee) = self.assignee_for(&task.task_type) {
+            let assignee = assignees
+                .entry(task.task_type.clone())
+                .or_insert_with(|| self.assignee_for(&task.task_type))
+                .clone();
+            if let Some(assignee) = assignee {
                 self.assign(&task.id, &assignee).await;
             }
         }
