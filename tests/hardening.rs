@@ -236,6 +236,15 @@ async fn tracker_refusals_of_frames_say_why() {
 
 // ---- 3. HTTP refusals are in each endpoint's error shape -----------------------------
 
+/// A response's status and body text.
+async fn answer(
+    sent: impl std::future::Future<Output = reqwest::Result<reqwest::Response>>,
+) -> (u16, String) {
+    let res = sent.await.expect("an answer");
+    let status = res.status().as_u16();
+    (status, res.text().await.expect("a body"))
+}
+
 #[tokio::test]
 async fn the_frameworks_refusals_are_in_each_endpoints_shape() {
     let bridge = start_bridge(
@@ -254,69 +263,49 @@ async fn the_frameworks_refusals_are_in_each_endpoints_shape() {
     };
 
     let skynet = bridge.addr("skynet").unwrap();
-    let res = post(skynet, "/api/agents", "application/json")
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 413);
-    let body: Value = res.json().await.unwrap();
+    let (status, body) = answer(post(skynet, "/api/agents", "application/json")).await;
+    assert_eq!(status, 413);
+    let body: Value = serde_json::from_str(&body).unwrap();
     assert!(
         body["error"].as_str().unwrap().contains("length limit"),
         "{body}"
     );
-    let res = http
-        .put(format!("http://{skynet}/api/agents"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 405);
+    let (status, body) = answer(http.put(format!("http://{skynet}/api/agents")).send()).await;
     assert_eq!(
-        res.json::<Value>().await.unwrap(),
-        json!({ "error": "Method Not Allowed" })
+        (status, body),
+        (405, json!({ "error": "Method Not Allowed" }).to_string())
     );
 
     let tracker = bridge.addr("tracker").unwrap();
-    let res = http
+    let too_long = http
         .post(format!("http://{tracker}/api/v1/messages"))
         .bearer_auth("tb-coder")
         .header("content-type", "application/json")
         .body("w".repeat(3 * 1024 * 1024))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 413);
-    let body: Value = res.json().await.unwrap();
+        .send();
+    let (status, body) = answer(too_long).await;
+    assert_eq!(status, 413);
+    let body: Value = serde_json::from_str(&body).unwrap();
     assert!(body["detail"].is_string(), "{body}");
-    let res = http
-        .put(format!("http://{tracker}/api/v1/projects"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 405);
+    let (status, body) = answer(http.put(format!("http://{tracker}/api/v1/projects")).send()).await;
     assert_eq!(
-        res.json::<Value>().await.unwrap(),
-        json!({ "detail": "Method Not Allowed" })
+        (status, body),
+        (405, json!({ "detail": "Method Not Allowed" }).to_string())
     );
 
     let grid = bridge.addr("grid").unwrap();
-    let res = post(grid, "/grid/v1/messages", "application/yaml")
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 413);
-    let body = yaml(&res.text().await.unwrap());
+    let (status, body) = answer(post(grid, "/grid/v1/messages", "application/yaml")).await;
+    assert_eq!(status, 413);
+    let body = yaml(&body);
     assert_eq!(body["message"]["type"], "error");
     assert_eq!(
         body["message"]["content"]["payload"]["error_code"],
         "PAYLOAD_TOO_LARGE"
     );
-    let res = http
-        .delete(format!("http://{grid}/grid/v1/agents"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 405);
-    let body = yaml(&res.text().await.unwrap());
+    let (status, body) = answer(http.delete(format!("http://{grid}/grid/v1/agents")).send()).await;
+    assert_eq!(status, 405);
     assert_eq!(
-        body["message"]["content"]["payload"]["error_code"],
+        yaml(&body)["message"]["content"]["payload"]["error_code"],
         "METHOD_NOT_ALLOWED"
     );
 
@@ -611,6 +600,17 @@ async fn burst(ws: &mut SkynetWs, count: usize) {
     }
 }
 
+/// A Skynet human that reads nothing until told to, over a narrow socket, and the agent
+/// that bursts at it.
+async fn watcher_and_burster(bridge: &agentbridge::Bridge) -> (SkynetWs, SkynetWs) {
+    let addr = bridge.addr("skynet").unwrap();
+    let http = SkynetHttp::new(addr);
+    let (agent, human) = (http.agent("burster").await, http.human("watcher").await);
+    let watcher = SkynetWs::join_narrow(addr, &human).await;
+    let (sender, _) = SkynetWs::join(addr, &agent).await;
+    (watcher, sender)
+}
+
 /// The next chat a Skynet member receives, skipping presence.
 async fn next_chat(ws: &mut SkynetWs) -> Value {
     loop {
@@ -624,13 +624,9 @@ async fn next_chat(ws: &mut SkynetWs) -> Value {
 #[tokio::test]
 async fn a_burst_five_times_the_mailbox_reaches_a_slow_reader_whole_and_in_order() {
     let bridge = start_bridge("[routing]\nmailbox_capacity = 64\n").await;
-    let addr = bridge.addr("skynet").unwrap();
-    let http = SkynetHttp::new(addr);
-    let (agent, human) = (http.agent("burster").await, http.human("watcher").await);
     // The human and the Tracker listener read nothing until the burst is over: what their
     // sockets cannot take waits at the bridge, past their mailboxes.
-    let mut watcher = SkynetWs::join_narrow(addr, &human).await;
-    let (mut sender, _) = SkynetWs::join(addr, &agent).await;
+    let (mut watcher, mut sender) = watcher_and_burster(&bridge).await;
     let tracker = bridge.addr("tracker").unwrap();
     let mut listener = TrackerWs::auth_narrow(tracker, "tb-listener").await;
     burst(&mut sender, 320).await;
@@ -645,11 +641,7 @@ async fn a_burst_five_times_the_mailbox_reaches_a_slow_reader_whole_and_in_order
 async fn drop_policies_tell_the_recipient_how_many_were_dropped() {
     let bridge =
         start_bridge("[routing]\nmailbox_capacity = 16\nwhen_full = \"drop_oldest\"\n").await;
-    let addr = bridge.addr("skynet").unwrap();
-    let http = SkynetHttp::new(addr);
-    let (agent, human) = (http.agent("burster").await, http.human("watcher").await);
-    let mut watcher = SkynetWs::join_narrow(addr, &human).await;
-    let (mut sender, _) = SkynetWs::join(addr, &agent).await;
+    let (mut watcher, mut sender) = watcher_and_burster(&bridge).await;
     burst(&mut sender, 100).await;
     let (mut delivered, mut told) = (0, 0);
     while delivered + told < 100 {
@@ -669,11 +661,7 @@ async fn drop_policies_tell_the_recipient_how_many_were_dropped() {
 #[tokio::test]
 async fn a_reader_further_behind_than_the_backlog_is_closed_to_replay() {
     let bridge = start_bridge("[routing]\nmailbox_capacity = 4\nbacklog_limit = 8\n").await;
-    let addr = bridge.addr("skynet").unwrap();
-    let http = SkynetHttp::new(addr);
-    let (agent, human) = (http.agent("burster").await, http.human("watcher").await);
-    let mut watcher = SkynetWs::join_narrow(addr, &human).await;
-    let (mut sender, _) = SkynetWs::join(addr, &agent).await;
+    let (mut watcher, mut sender) = watcher_and_burster(&bridge).await;
     burst(&mut sender, 100).await;
     // `closed` is bounded by the wait itself.
     let close = watcher.closed().await.expect("a close frame");
@@ -695,7 +683,11 @@ async fn synapse_tasks_waiting_for_an_agent_are_bounded() {
         ..Default::default()
     };
     for i in 0..2 {
-        clients.tasks.submit_task(Request::new(submit(i))).await.unwrap();
+        clients
+            .tasks
+            .submit_task(Request::new(submit(i)))
+            .await
+            .unwrap();
     }
     let err = clients
         .tasks

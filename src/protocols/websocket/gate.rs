@@ -444,6 +444,20 @@ mod tests {
         out
     }
 
+    /// A gate over a stream that holds `input`, then ends.
+    async fn gate_over(input: &[u8], limits: Limits) -> Gate<tokio::io::DuplexStream> {
+        let (mut near, far) = tokio::io::duplex(1 << 20);
+        near.write_all(input).await.unwrap();
+        Gate::new(far, limits)
+    }
+
+    fn limited(max_message: u64) -> Limits {
+        Limits {
+            max_message,
+            budget: None,
+        }
+    }
+
     /// Every read here ends, or the test fails rather than hangs.
     async fn bounded<F: Future>(f: F) -> F::Output {
         tokio::time::timeout(std::time::Duration::from_secs(10), f)
@@ -481,16 +495,7 @@ mod tests {
         input.extend(fragmented);
         input.extend(frame(true, 1, b"last"));
         for chunk in [1, 5, 4096] {
-            let (mut near, far) = tokio::io::duplex(1 << 20);
-            let mut gate = Gate::new(
-                far,
-                Limits {
-                    max_message: 100,
-                    budget: None,
-                },
-            );
-            near.write_all(&input).await.unwrap();
-            drop(near);
+            let mut gate = gate_over(&input, limited(100)).await;
             let mut out = Vec::new();
             let mut buf = vec![0; chunk];
             loop {
@@ -529,16 +534,11 @@ mod tests {
         let mut input = frame(true, 2, &[1; 70_000]);
         input.extend(frame(true, 2, &[2; 70_000]));
         input.extend(frame(true, 2, &[3; 10]));
-        let (mut near, far) = tokio::io::duplex(1 << 20);
-        let mut gate = Gate::new(
-            far,
-            Limits {
-                max_message: 1 << 20,
-                budget: Some(budget.clone()),
-            },
-        );
-        near.write_all(&input).await.unwrap();
-        drop(near);
+        let limits = Limits {
+            max_message: 1 << 20,
+            budget: Some(budget.clone()),
+        };
+        let mut gate = gate_over(&input, limits).await;
         let mut out = Vec::new();
         bounded(gate.read_to_end(&mut out)).await.unwrap();
         let mut expected = frame(true, 2, &[1; 70_000]);
@@ -558,16 +558,7 @@ mod tests {
     async fn a_fragment_that_breaks_the_limit_after_others_passed_fails_the_read() {
         let mut input = frame(false, 1, &[b'a'; 60]);
         input.extend(frame(true, 0, &[b'b'; 60]));
-        let (mut near, far) = tokio::io::duplex(1 << 20);
-        let mut gate = Gate::new(
-            far,
-            Limits {
-                max_message: 100,
-                budget: None,
-            },
-        );
-        near.write_all(&input).await.unwrap();
-        drop(near);
+        let mut gate = gate_over(&input, limited(100)).await;
         let mut out = Vec::new();
         let err = bounded(gate.read_to_end(&mut out)).await.unwrap_err();
         let refusal = err.get_ref().and_then(|e| e.downcast_ref::<Refusal>());
