@@ -7,7 +7,7 @@
 
 use std::hint::black_box;
 
-use agentbridge::protocols::at_names::{Needles, needle};
+use agentbridge::shared::at_names::{Needles, needle};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 
 const SIZES: [usize; 3] = [10, 1_000, 5_000];

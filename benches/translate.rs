@@ -27,10 +27,10 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use agentbridge::core::{Envelope, Kind, derived_uuid, new_message_id, now_ms};
-use agentbridge::protocols::clock::iso8601;
 use agentbridge::protocols::skynet::mentions::Candidates;
 use agentbridge::protocols::synapse::proto::{AgentEndpoint, MessageType, SynapseMessage};
 use agentbridge::protocols::{grid, skynet, synapse, tracker};
+use agentbridge::shared::clock::iso8601;
 use criterion::{Criterion, criterion_group, criterion_main};
 use prost::Message as _;
 use serde_json::{Value, json};

@@ -10,8 +10,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Readiness};
 use crate::config::Config;
-use crate::core::{ByteBudget, Core};
+use crate::core::Core;
 use crate::protocols::{self, StartError};
+use crate::shared::budget::ByteBudget;
 use crate::store::Store;
 use crate::telemetry;
 

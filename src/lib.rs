@@ -8,8 +8,8 @@ pub mod alloc;
 pub mod bridge;
 pub mod config;
 pub mod core;
-pub mod json_writer;
 pub mod protocols;
+pub mod shared;
 pub mod store;
 pub mod telemetry;
 

@@ -57,6 +57,20 @@ impl Delivery {
         }
     }
 
+    /// Records that the message was written to a connection of protocol `to`: counted,
+    /// timed from its decode, and marked written for a sender waiting on synchronous
+    /// delivery.
+    pub fn written_to(&self, to: Protocol) {
+        let env = &self.envelope;
+        crate::telemetry::message_delivered(
+            &env.origin.protocol,
+            to,
+            env.kind.family(),
+            env.origin.decoded_at().elapsed(),
+        );
+        self.mark_written();
+    }
+
     /// Records that a recipient's connection took the message. Only the first call wakes
     /// anyone, so writers pay one atomic swap.
     pub fn mark_written(&self) {
@@ -130,6 +144,32 @@ impl std::fmt::Debug for Delivery {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Slow samples (`> 0.05 s`) of `route_duration_seconds` so far.
+    fn slow_route_samples(handle: &metrics_exporter_prometheus::PrometheusHandle) -> u64 {
+        let text = handle.render();
+        let value = |prefix: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let name = crate::telemetry::ROUTE_DURATION;
+        value(&format!("{name}_count ")) - value(&format!("{name}_bucket{{le=\"0.05\"}} "))
+    }
+
+    /// `route_duration_seconds` runs from when the message was decoded, so a message that
+    /// waited (for the store, say) before it was routed shows that wait.
+    #[test]
+    fn route_duration_counts_from_the_decode_not_from_routing() {
+        let handle = crate::telemetry::install();
+        let env = Envelope::new("test", "decoded-early", Kind::Chat);
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        let slow_before = slow_route_samples(&handle);
+        Delivery::new(env).written_to("test");
+        // Other tests share the recorder; they can only add samples.
+        assert!(slow_route_samples(&handle) > slow_before);
+    }
     use crate::core::envelope::Kind;
     use std::sync::atomic::{AtomicUsize, Ordering};
 

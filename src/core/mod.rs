@@ -1,11 +1,9 @@
 //! The protocol-agnostic heart of the bridge: the envelope, the directory of agents, the
 //! router with its mailboxes, and the correlation index. Nothing here knows a wire format.
 
-mod budget;
 mod correlation;
 mod delivery;
 mod directory;
-mod each_once;
 mod envelope;
 mod in_flight;
 mod mailbox;
@@ -16,11 +14,9 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-pub use budget::{ByteBudget, Reserved};
 pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, TaskRequest, derived_uuid};
 pub use delivery::Delivery;
 pub use directory::{AgentInfo, Directory, NameTaken, PerGeneration, Role, Status};
-pub use each_once::{each_once, push_once};
 pub use envelope::{
     Attachment, Audience, Envelope, Kind, Origin, Priority, Protocol, TaskInfo, TaskState,
     new_message_id, now_ms,

@@ -489,7 +489,11 @@ impl Reached {
     /// Records an agent reached offline; false when it was already. Linear in the names
     /// of a long fan-out (a group, a message naming many), not quadratic.
     fn insert_name(&mut self, name: &str) -> bool {
-        super::each_once::push_once(&mut self.offline, &mut self.offline_seen, name.to_owned())
+        crate::shared::each_once::push_once(
+            &mut self.offline,
+            &mut self.offline_seen,
+            name.to_owned(),
+        )
     }
 }
 

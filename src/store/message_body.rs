@@ -12,7 +12,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::core::{Attachment, Audience, Envelope, Kind, Origin, Priority, TaskInfo};
-use crate::json_writer::ObjectWriter;
+use crate::shared::json_writer::ObjectWriter;
 
 /// What a message's row holds in columns of its own, read back with its body.
 pub(super) struct Columns {

@@ -173,7 +173,7 @@ fn grid_message(
 ) -> String {
     let mut msg = json!({
         "id": id,
-        "timestamp": agentbridge::protocols::clock::iso8601(now_ms()),
+        "timestamp": agentbridge::shared::clock::iso8601(now_ms()),
         "type": msg_type,
         "sender": { "agent": from },
         "receiver": { "agent": to },

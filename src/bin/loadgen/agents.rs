@@ -343,7 +343,7 @@ pub async fn sender(pairing: Pairing<'_>) -> Result<Sender, Error> {
                     Outgoing::Text(format!(
                         r#"{{"message":{{"id":"{}","timestamp":"{}","type":"notification","sender":{{"agent":"{name}"}},"receiver":{{"agent":"{receiver}"}},"content":{{"action":"message","payload":{{"text":"{text}"}}}}}}}}"#,
                         client_id(client_ids, "msg-", &name, seq),
-                        agentbridge::protocols::clock::iso8601(agentbridge::core::now_ms())
+                        agentbridge::shared::clock::iso8601(agentbridge::core::now_ms())
                     ))
                 }),
             })

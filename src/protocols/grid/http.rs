@@ -17,7 +17,7 @@ use super::db::Instances;
 use super::wire::{self, Invalid, Message};
 use super::{Grid, Source, ws};
 use crate::core::Role;
-use crate::protocols::http_refusals::{self, Asked};
+use crate::shared::http_refusals::{self, Asked};
 
 type Shared = State<Arc<Grid>>;
 
@@ -264,7 +264,7 @@ impl Grid {
 async fn upgrade(
     State(grid): Shared,
     Query(query): Query<HashMap<String, String>>,
-    upgrade: crate::protocols::websocket::Upgrade,
+    upgrade: crate::shared::websocket::Upgrade,
 ) -> Response {
     upgrade
         .max_message_size(grid.config.max_frame_bytes)

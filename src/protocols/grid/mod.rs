@@ -34,9 +34,10 @@ pub use config::Config;
 
 use super::{Context, Running, StartError};
 use crate::core::{
-    AgentInfo, ByteBudget, Core, Delivery, Envelope, Interest, Kind, Mailbox, OfflineSink,
-    Protocol, Session, Staged, WhenFull,
+    AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, OfflineSink, Protocol, Session,
+    Staged, WhenFull,
 };
+use crate::shared::budget::ByteBudget;
 use crate::store::StoreError;
 use crate::telemetry;
 use db::Db;
@@ -550,7 +551,7 @@ impl OfflineSink for Sink {
     fn deliver(&self, agent: &str, delivery: &Arc<Delivery>) {
         if let Some(grid) = self.0.upgrade() {
             grid.hold(agent, delivery);
-            crate::protocols::written(delivery, PROTOCOL);
+            delivery.written_to(PROTOCOL);
         }
     }
 }

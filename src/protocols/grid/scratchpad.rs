@@ -28,7 +28,7 @@ use super::{Grid, Source};
 use crate::core::derived_uuid;
 
 fn hash(entry_text: &str) -> String {
-    crate::protocols::hex(&Sha256::digest(entry_text.trim().as_bytes()))
+    crate::shared::text::hex(&Sha256::digest(entry_text.trim().as_bytes()))
 }
 
 impl Grid {
@@ -162,7 +162,7 @@ fn fingerprint(head: &[u8], around: &[u8], around_start: u64, offset: u64) -> St
     hasher.update(head);
     hasher.update([0xff]);
     hasher.update(tail);
-    crate::protocols::hex(&hasher.finalize())
+    crate::shared::text::hex(&hasher.finalize())
 }
 
 /// What a read of a scratchpad file found.

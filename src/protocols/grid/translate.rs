@@ -21,8 +21,8 @@ use serde_json::{Map, Value, json};
 use super::PROTOCOL;
 use super::wire::{BROADCAST, Message, Party};
 use crate::core::{Audience, Envelope, Kind, Origin, Priority, TaskInfo, TaskState};
-use crate::protocols::clock::iso8601;
 use crate::protocols::contract::Frame;
+use crate::shared::clock::iso8601;
 
 /// A Grid message → Envelope; the message's document becomes `origin.native`.
 pub fn decode(mut msg: Message) -> Envelope {

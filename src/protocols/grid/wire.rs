@@ -24,7 +24,7 @@ use time::format_description::OwnedFormatItem;
 
 use super::order;
 use crate::core::{Priority, new_message_id};
-use crate::protocols::clock::{iso8601, parse_iso8601};
+use crate::shared::clock::{iso8601, parse_iso8601};
 
 pub const TYPES: &[&str] = &["request", "response", "notification", "error"];
 pub const BROADCAST: &str = "broadcast";

@@ -18,8 +18,8 @@ use super::db::Instances;
 use super::wire::{self, Invalid, Party};
 use super::{Grid, PROTOCOL, Source, translate};
 use crate::core::{Delivery, Envelope, InFlight, Interest, Kind, Mailbox, Session, Status};
-use crate::protocols::clock::iso8601;
-use crate::protocols::websocket::{self, Message as Frame, Refusal, Refused, Socket, Utf8Bytes};
+use crate::shared::clock::iso8601;
+use crate::shared::websocket::{self, Message as Frame, Refusal, Refused, Socket, Utf8Bytes};
 use crate::store::StoreError;
 use crate::telemetry::ConnectionGuard;
 
@@ -152,7 +152,7 @@ pub async fn serve(socket: Socket, grid: Arc<Grid>, query: HashMap<String, Strin
                     }
                 }
                 Err(_) => {
-                    conn.close(1008, crate::protocols::websocket::BEHIND_REASON).await;
+                    conn.close(1008, crate::shared::websocket::BEHIND_REASON).await;
                     break;
                 }
             },
@@ -386,7 +386,7 @@ impl Connection {
         {
             // For an instance with no socket: queued for it to poll or connect.
             self.grid.hold(&party.agent, delivery);
-            crate::protocols::written(delivery, PROTOCOL);
+            delivery.written_to(PROTOCOL);
             return true;
         }
         // The YAML text from the message the hub may already have encoded.
@@ -400,7 +400,7 @@ impl Connection {
             self.unsent.push(delivery.clone());
             return false;
         }
-        crate::protocols::written(delivery, PROTOCOL);
+        delivery.written_to(PROTOCOL);
         true
     }
 

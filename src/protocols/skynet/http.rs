@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 use super::registry::{Profile, RegisterError};
 use super::{PROTOCOL, Skynet, ws};
 use crate::core::{Audience, Envelope, Kind, Origin, new_message_id, now_ms};
-use crate::protocols::http_refusals;
+use crate::shared::http_refusals;
 use crate::store::MessageQuery;
 
 type Shared = State<Arc<Skynet>>;
@@ -374,7 +374,7 @@ async fn control(skynet: &Skynet, id: &str, body: &Bytes, kind: Kind) -> Respons
 
 /// An oversized or over-budget message is refused unread with an `error` event, and the
 /// socket stays open (Skynet's server, Node `ws`, would close it above 100 MiB).
-async fn upgrade(State(skynet): Shared, upgrade: crate::protocols::websocket::Upgrade) -> Response {
+async fn upgrade(State(skynet): Shared, upgrade: crate::shared::websocket::Upgrade) -> Response {
     upgrade
         .max_message_size(skynet.config.max_frame_bytes)
         .read_budget(skynet.read_budget.clone())

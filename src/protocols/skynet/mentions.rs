@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use super::wire::MENTION_ALL;
-use crate::core::push_once;
-use crate::protocols::at_names;
+use crate::shared::at_names;
+use crate::shared::each_once::push_once;
 
 /// The members a chat may mention, in the order they are tried: `(card id, name)`, their
 /// `@name`s lower-cased and indexed once rather than for every chat.

@@ -23,7 +23,8 @@ use tokio_util::sync::CancellationToken;
 pub use config::Config;
 
 use super::{Context, Running, StartError};
-use crate::core::{ByteBudget, Core, PerGeneration, Protocol};
+use crate::core::{Core, PerGeneration, Protocol};
+use crate::shared::budget::ByteBudget;
 use registry::Registry;
 use workspace::Workspace;
 

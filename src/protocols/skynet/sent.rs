@@ -12,10 +12,10 @@ use serde_json::value::RawValue;
 
 use super::mentions;
 use super::wire::{Data, FrameError, MAX_ATTACHMENT_SIZE, as_millis, invalid};
-use crate::core::each_once;
 use crate::core::{new_message_id, now_ms};
-use crate::json_writer::ObjectWriter;
-use crate::protocols::raw_object::{RawObject, plain_string};
+use crate::shared::each_once::each_once;
+use crate::shared::json_writer::ObjectWriter;
+use crate::shared::raw_object::{RawObject, plain_string};
 
 /// A sent SkynetMessage. `stamp` fills in what the server sets.
 #[derive(Debug)]

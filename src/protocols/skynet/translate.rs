@@ -6,12 +6,12 @@ use serde_json::{Map, Value, json};
 use super::PROTOCOL;
 use super::sent::SentMessage;
 use super::wire;
-use crate::core::push_once;
 use crate::core::{
     Attachment, Audience, Envelope, Kind, Origin, Status, TaskInfo, TaskState, new_message_id,
     now_ms,
 };
 use crate::protocols::contract::Frame;
+use crate::shared::each_once::push_once;
 
 /// How Skynet card ids and bridge agent names correspond.
 pub trait Peers {

@@ -11,7 +11,7 @@ use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value, json};
 
 pub use super::sent::SentMessage;
-use crate::protocols::raw_object::{FieldName, RawObject};
+use crate::shared::raw_object::{FieldName, RawObject};
 
 pub const MENTION_ALL: &str = "__all__";
 /// Close code for a socket replaced by a newer one of the same agent.

@@ -16,7 +16,7 @@ use super::wire::{self, ClientFrame, FrameError, JoinRequest, SentMessage};
 use super::workspace::Joined;
 use super::{PROTOCOL, Skynet};
 use crate::core::{Closed, Delivery, Envelope, InFlight, Mailbox, now_ms};
-use crate::protocols::websocket::{self, Message, Socket, Utf8Bytes};
+use crate::shared::websocket::{self, Message, Socket, Utf8Bytes};
 use crate::store::{MessageQuery, StoreError};
 use crate::telemetry::{self, ConnectionGuard};
 
@@ -111,7 +111,7 @@ pub async fn serve(socket: Socket, skynet: Arc<Skynet>) {
                         break;
                     }
                     Err(Closed::Overflow) => {
-                        conn.close(1008, crate::protocols::websocket::BEHIND_REASON).await;
+                        conn.close(1008, crate::shared::websocket::BEHIND_REASON).await;
                         break;
                     }
                     Err(Closed::Gone) => conn.joined = None,
@@ -325,7 +325,7 @@ impl Connection {
         }
         // Delivered to whom it could be; the sender hears who it could not reach.
         (!unknown.is_empty()).then(|| {
-            let text = format!("Unknown recipient: {}", crate::protocols::a_few(&unknown));
+            let text = format!("Unknown recipient: {}", crate::shared::text::a_few(&unknown));
             let detail = "no member of this workspace, and no agent of another protocol, has that id; the message reached its other recipients";
             wire::error_event(&text, Some(detail))
         })
@@ -355,7 +355,7 @@ impl Connection {
         let mut written = 0;
         while let Some(delivery) = next.take() {
             if !self.replayed.is_empty() && self.replayed.remove(&delivery.envelope.id) {
-                crate::protocols::written(&delivery, PROTOCOL);
+                delivery.written_to(PROTOCOL);
                 next = mailbox.and_then(|m| m.try_recv().ok().flatten());
                 continue;
             }
@@ -364,7 +364,7 @@ impl Connection {
                 delivery.encoded(PROTOCOL, |env| skynet.encode_text(env).map(Utf8Bytes::from));
             if let Some(frame) = frame {
                 self.socket.feed(Message::Text(frame)).await?;
-                crate::protocols::written(&delivery, PROTOCOL);
+                delivery.written_to(PROTOCOL);
             }
             written += 1;
             if written < WRITE_BATCH {

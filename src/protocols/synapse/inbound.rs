@@ -323,7 +323,7 @@ impl Synapse {
                             if let Err(refused) = out.send(Ok(message)).await {
                                 break refused.0.ok();
                             }
-                            crate::protocols::written(&delivery, PROTOCOL);
+                            delivery.written_to(PROTOCOL);
                         }
                         other => self.send_by(&stream.agent, other, message),
                     }
@@ -418,7 +418,7 @@ impl Synapse {
         for delivery in mailbox.take_left() {
             if let Some(message) = self.encode(&delivery) {
                 held.push(message);
-                crate::protocols::written(&delivery, PROTOCOL);
+                delivery.written_to(PROTOCOL);
             }
         }
     }

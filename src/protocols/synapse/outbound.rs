@@ -282,6 +282,6 @@ impl OfflineSink for Sink {
         };
         let route = synapse.route_for(agent, false);
         synapse.send_by(agent, route, message);
-        crate::protocols::written(delivery, PROTOCOL);
+        delivery.written_to(PROTOCOL);
     }
 }

@@ -79,7 +79,7 @@ impl Synapse {
             return Err(Status::resource_exhausted(format!(
                 "{} tasks already wait for an agent; no agent takes '{}'",
                 self.pending.len(),
-                crate::protocols::a_few(&[&request.task_type])
+                crate::shared::text::a_few(&[&request.task_type])
             )));
         }
         // Anonymous callers (no `x-synapse-agent-id`) submit through the bridge itself.

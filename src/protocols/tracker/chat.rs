@@ -10,9 +10,9 @@ use super::db::TaskRow;
 use super::translate::{self, decode_message, message_out};
 use super::wire::{AuthorType, MessageOut};
 use crate::core::{Envelope, Staged, new_message_id, now_ms};
-use crate::core::{each_once, push_once};
-use crate::protocols::at_names;
-use crate::protocols::clock::iso8601;
+use crate::shared::at_names;
+use crate::shared::clock::iso8601;
+use crate::shared::each_once::{each_once, push_once};
 use crate::store::{MessageQuery, StoredMessage};
 
 /// The agents a chat may `@mention`, oldest first, each labelled with its own name.

@@ -13,7 +13,7 @@ use super::wire::HeartbeatStatus;
 
 /// Tokens are stored and compared as their SHA-256; the token itself is never kept.
 pub fn hash_token(token: &str) -> String {
-    crate::protocols::hex(&Sha256::digest(token.as_bytes()))
+    crate::shared::text::hex(&Sha256::digest(token.as_bytes()))
 }
 
 /// A fresh member token: `tb-` and 128 random bits.

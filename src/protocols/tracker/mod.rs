@@ -33,9 +33,10 @@ pub use config::Config;
 
 use super::{Context, Running, StartError};
 use crate::core::{
-    AgentInfo, ByteBudget, Core, Delivery, Envelope, Interest, Kind, Mailbox, Origin,
-    PerGeneration, Protocol, Role, Status,
+    AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, Origin, PerGeneration, Protocol,
+    Role, Status,
 };
+use crate::shared::budget::ByteBudget;
 use db::{Db, MemberRow, ProjectRow, TaskRow};
 use members::{Members, Transition, hash_token};
 use wire::{AuthorType, ChatListen, HeartbeatStatus, MemberKind, TaskListen};

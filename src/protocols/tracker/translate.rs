@@ -7,8 +7,8 @@ use super::PROTOCOL;
 use super::db::{ProjectRow, TaskRow};
 use super::wire::{self, AuthorType, MessageOut, Priority, TaskOut, TaskStatus, TaskType};
 use crate::core::{Envelope, Kind, TaskInfo, TaskState, uuid_form};
-use crate::protocols::clock::iso8601;
 use crate::protocols::contract::Frame;
+use crate::shared::clock::iso8601;
 
 /// What translation needs to know about the Tracker's chats and the directory.
 pub trait Context {

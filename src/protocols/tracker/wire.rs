@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::PROTOCOL;
 use crate::core::Origin;
-use crate::json_writer::ObjectWriter;
+use crate::shared::json_writer::ObjectWriter;
 
 /// The event a chat message is shown to a member in.
 pub const MESSAGE_NEW: &str = "message.new";

@@ -14,7 +14,7 @@ use super::db::MemberRow;
 use super::wire::{self, AuthorType, ClientFrame, MemberKind};
 use super::{Conn, ConnInterest, PROTOCOL, Tracker, translate};
 use crate::core::{Delivery, Envelope, InFlight, Session};
-use crate::protocols::websocket::{self, Message, Refused, Socket, Utf8Bytes};
+use crate::shared::websocket::{self, Message, Refused, Socket, Utf8Bytes};
 use crate::store::StoreError;
 use crate::telemetry::{self, ConnectionGuard};
 
@@ -203,7 +203,7 @@ impl Live {
                 next = mailbox.recv() => match next {
                     Ok(delivery) => if !Box::pin(self.write(delivery)).await { return },
                     Err(_) => {
-                        self.socket.close(1008, crate::protocols::websocket::BEHIND_REASON).await;
+                        self.socket.close(1008, crate::shared::websocket::BEHIND_REASON).await;
                         return;
                     }
                 },
@@ -277,7 +277,7 @@ impl Live {
                     }
                     Err(PostError::UnknownMention(name)) => Err(format!(
                         "unknown mention '{}': no agent of any protocol has that name",
-                        crate::protocols::a_few(&[name])
+                        crate::shared::text::a_few(&[name])
                     )),
                     Err(PostError::Store(e)) => {
                         tracing::error!(error = %e, "tracker: cannot store a message");
@@ -301,7 +301,7 @@ impl Live {
                 if self.socket.feed(Message::Text(frame)).await.is_err() {
                     return false;
                 }
-                crate::protocols::written(&delivery, PROTOCOL);
+                delivery.written_to(PROTOCOL);
             }
             written += 1;
             if written < WRITE_BATCH {

@@ -33,7 +33,7 @@ use super::agents::{Hints, internal};
 use super::proto::SynapseMessage;
 use super::services::SynapseApi;
 use super::{Synapse, json, translate, wire};
-use crate::protocols::http_refusals;
+use crate::shared::http_refusals;
 
 /// One HTTP binding of an RPC.
 #[derive(Clone, Debug)]

@@ -110,5 +110,5 @@ fn presented(request: &Request) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(crate::protocols::bearer_token)
+        .and_then(crate::shared::text::bearer_token)
 }

@@ -9,10 +9,10 @@ use axum::response::{IntoResponse, Response};
 use super::{
     ApiError, ApiResult, Caller, Query, Shared, created, existing_task, ok, required_query,
 };
-use crate::protocols::clock::iso8601;
 use crate::protocols::tracker::Tracker;
 use crate::protocols::tracker::db::AttachmentRow;
 use crate::protocols::tracker::wire::AttachmentOut;
+use crate::shared::clock::iso8601;
 
 /// Largest file accepted.
 pub const MAX_FILE: usize = 5 * 1024 * 1024;

@@ -7,11 +7,11 @@ use serde_json::Value;
 
 use super::{ApiError, ApiResult, Body, Caller, Shared, created, ok};
 use crate::core::{AgentInfo, Role, derived_uuid};
-use crate::protocols::clock::iso8601;
 use crate::protocols::tracker::db::MemberRow;
 use crate::protocols::tracker::members::{hash_token, new_token};
 use crate::protocols::tracker::wire::{ChatListen, MemberKind, MemberOut, TaskListen};
 use crate::protocols::tracker::{PROTOCOL, Tracker, check_slug, directory_entry};
+use crate::shared::clock::iso8601;
 
 impl Tracker {
     fn member_out(&self, m: &MemberRow) -> MemberOut {

@@ -19,7 +19,7 @@ fn post_error(e: PostError) -> ApiError {
             "value_error",
             format!(
                 "Unknown member '{}': no agent of any protocol has that name",
-                crate::protocols::a_few(&[name])
+                crate::shared::text::a_few(&[name])
             ),
         ),
         PostError::TooManyMentions(count, limit) => ApiError::field(

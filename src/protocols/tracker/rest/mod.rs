@@ -25,7 +25,7 @@ use serde_json::{Map, Value, json};
 
 use super::db::{MemberRow, TaskRow};
 use super::{Tracker, ws};
-use crate::protocols::http_refusals;
+use crate::shared::http_refusals;
 use crate::store::StoreError;
 
 type Shared = State<Arc<Tracker>>;
@@ -75,10 +75,7 @@ pub fn router(tracker: Arc<Tracker>) -> Router {
     })
 }
 
-async fn upgrade(
-    State(tracker): Shared,
-    upgrade: crate::protocols::websocket::Upgrade,
-) -> Response {
+async fn upgrade(State(tracker): Shared, upgrade: crate::shared::websocket::Upgrade) -> Response {
     upgrade
         .max_message_size(tracker.config.max_frame_bytes)
         .read_budget(tracker.read_budget.clone())
@@ -197,7 +194,7 @@ impl FromRequestParts<Arc<Tracker>> for Caller {
             .get(header::AUTHORIZATION)
             .and_then(|h| h.to_str().ok())
             .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "Not authenticated"))?;
-        let token = crate::protocols::bearer_token(header)
+        let token = crate::shared::text::bearer_token(header)
             .filter(|t| !t.is_empty())
             .ok_or_else(|| {
                 ApiError::new(

@@ -4,9 +4,9 @@ use axum::extract::{Path, State};
 use axum::response::Response;
 
 use super::{ApiError, ApiResult, Caller, Shared, ok};
-use crate::protocols::clock::iso8601;
 use crate::protocols::tracker::db::ProjectRow;
 use crate::protocols::tracker::wire::ProjectOut;
+use crate::shared::clock::iso8601;
 
 pub fn project_out(p: &ProjectRow) -> ProjectOut {
     ProjectOut {

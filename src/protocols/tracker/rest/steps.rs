@@ -6,9 +6,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, ApiResult, Body, Caller, Shared, created, existing_task, ok};
-use crate::protocols::clock::iso8601;
 use crate::protocols::tracker::db::StepRow;
 use crate::protocols::tracker::wire::StepOut;
+use crate::shared::clock::iso8601;
 
 fn step_out(s: &StepRow) -> StepOut {
     StepOut {

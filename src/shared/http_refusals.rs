@@ -12,7 +12,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use crate::core::Protocol;
 use crate::telemetry;
 
 /// What a refused request asked for, for a shape that answers in the requested format.
@@ -39,7 +38,7 @@ pub type Shape = fn(StatusCode, &str, &Asked) -> Response;
 
 /// `app` with the framework's refusals written by `shape`, counted as malformed input of
 /// `protocol` when they are the client's fault in form (400, 413, 415, 422).
-pub fn shaped(app: Router, protocol: Protocol, shape: Shape) -> Router {
+pub fn shaped(app: Router, protocol: &'static str, shape: Shape) -> Router {
     app.layer(axum::middleware::from_fn_with_state(
         (protocol, shape),
         reshape,
@@ -47,7 +46,7 @@ pub fn shaped(app: Router, protocol: Protocol, shape: Shape) -> Router {
 }
 
 async fn reshape(
-    State((protocol, shape)): State<(Protocol, Shape)>,
+    State((protocol, shape)): State<(&'static str, Shape)>,
     request: Request,
     next: Next,
 ) -> Response {

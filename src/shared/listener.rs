@@ -33,8 +33,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use super::StartError;
-
 /// `[limits]`: what the bridge allows any one client, whichever endpoint it uses.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -69,11 +67,11 @@ impl Limits {
     }
 }
 
-/// Binds a listener, naming the endpoint and address when it cannot.
-pub async fn bind(endpoint: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+/// Binds a listener; the error names the address.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
-        .map_err(|e| StartError::new(endpoint, format!("cannot listen on {addr}: {e}")))
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
 }
 
 /// Serves `app` on `listener` until `shutdown`, then lets each connection finish what it

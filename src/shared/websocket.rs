@@ -161,7 +161,7 @@ impl Upgrade {
     }
 
     /// The bridge-wide budget large messages take from while they are read and handled.
-    pub fn read_budget(mut self, budget: crate::core::ByteBudget) -> Self {
+    pub fn read_budget(mut self, budget: super::budget::ByteBudget) -> Self {
         self.limits.budget = Some(budget);
         self
     }

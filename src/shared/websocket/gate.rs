@@ -21,7 +21,7 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::core::{ByteBudget, Reserved};
+use crate::shared::budget::{ByteBudget, Reserved};
 
 /// Messages of at least this many bytes take from the bridge's read budget; smaller ones
 /// are the common case and are not counted.

@@ -1,0 +1,14 @@
+//! Building blocks the layers share, none of which knows a protocol: the WebSocket and
+//! HTTP serving every endpoint uses (with the limits a public listener keeps), the JSON
+//! and text helpers of the hot path, and small data structures.
+
+pub mod at_names;
+pub mod budget;
+pub mod clock;
+pub mod each_once;
+pub mod http_refusals;
+pub mod json_writer;
+pub mod listener;
+pub mod raw_object;
+pub mod text;
+pub mod websocket;

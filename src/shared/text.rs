@@ -1,0 +1,53 @@
+//! Small pieces of text handling every endpoint needs.
+
+/// Values a client sent, named in an error text: at most the first five, each cut to 64
+/// characters, then how many more there were. An answer never grows with the input.
+pub fn a_few(values: &[impl AsRef<str>]) -> String {
+    const SHOWN: usize = 5;
+    const CHARS: usize = 64;
+    let mut text = String::new();
+    for (i, value) in values.iter().take(SHOWN).enumerate() {
+        if i > 0 {
+            text.push_str(", ");
+        }
+        let value = value.as_ref();
+        match value.char_indices().nth(CHARS) {
+            Some((cut, _)) => {
+                text.push_str(&value[..cut]);
+                text.push('…');
+            }
+            None => text.push_str(value),
+        }
+    }
+    if values.len() > SHOWN {
+        text.push_str(&format!(" and {} more", values.len() - SHOWN));
+    }
+    text
+}
+
+/// The token of an `Authorization: Bearer <token>` header value.
+pub fn bearer_token(authorization: &str) -> Option<&str> {
+    authorization
+        .strip_prefix("Bearer ")
+        .or_else(|| authorization.strip_prefix("bearer "))
+        .map(str::trim)
+}
+
+/// Lower-case hex of `bytes` (digests kept as text: token hashes, scratchpad entries).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_few_names_at_most_five_values_each_cut_short() {
+        assert_eq!(a_few(&["a", "b"]), "a, b");
+        let many: Vec<String> = (0..60_000).map(|i| format!("id-{i}")).collect();
+        assert_eq!(a_few(&many), "id-0, id-1, id-2, id-3, id-4 and 59995 more");
+        let long = "é".repeat(100);
+        assert_eq!(a_few(&[&long]), format!("{}…", "é".repeat(64)));
+    }
+}
