@@ -18,6 +18,7 @@ use crate::telemetry;
 
 pub struct Bridge {
     core: Arc<Core>,
+    store: Store,
     admin: Option<SocketAddr>,
     listeners: Vec<(&'static str, &'static str, SocketAddr)>,
     tasks: Vec<JoinHandle<()>>,
@@ -31,7 +32,7 @@ impl Bridge {
         let store = Store::open(&config.bridge.data_dir)
             .await
             .map_err(|e| StartError::new("store", e))?;
-        let core = Core::new(store.clone(), &config.routing);
+        let core = Core::new(Arc::new(store.clone()), &config.routing);
         let shutdown = CancellationToken::new();
         let readiness = Readiness::default();
         let mut tasks = Vec::new();
@@ -58,6 +59,7 @@ impl Bridge {
 
         let context = protocols::Context {
             core: core.clone(),
+            store: store.clone(),
             shutdown: shutdown.clone(),
             limits: config.limits.clone(),
             read_budget: ByteBudget::new(config.limits.read_budget_bytes),
@@ -87,6 +89,7 @@ impl Bridge {
         tracing::info!("ready");
         Ok(Bridge {
             core,
+            store,
             admin,
             listeners,
             tasks,
@@ -122,7 +125,7 @@ impl Bridge {
         for task in self.tasks {
             let _ = task.await;
         }
-        self.core.store.close().await;
+        self.store.close().await;
     }
 
     /// Runs until SIGINT or SIGTERM, then shuts down.

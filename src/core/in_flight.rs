@@ -2,8 +2,8 @@
 
 use std::collections::VecDeque;
 
+use super::log::LogError;
 use super::{Envelope, Staged};
-use crate::store::StoreError;
 
 /// Messages one connection has staged, each with what the connection must do once it is
 /// stored (`T`), yielded in the order they were staged. The connection keeps reading while
@@ -42,7 +42,7 @@ impl<T: Send + 'static> InFlight<T> {
 
     /// The oldest message, once stored (or not); `None` when none is in flight.
     /// Cancel-safe: a write finished is taken out in the same poll that sees it finish.
-    pub async fn next(&mut self) -> Option<(Result<Envelope, StoreError>, T)> {
+    pub async fn next(&mut self) -> Option<(Result<Envelope, LogError>, T)> {
         let (oldest, _) = self.queue.front_mut()?;
         let written = (&mut oldest.written).await;
         let (staged, then) = self.queue.pop_front()?;
@@ -66,10 +66,10 @@ mod tests {
     use crate::core::Kind;
 
     /// A message whose write finishes when the returned sender says how.
-    fn staged(id: &str) -> (Staged, oneshot::Sender<Result<(), StoreError>>) {
+    fn staged(id: &str) -> (Staged, oneshot::Sender<Result<(), LogError>>) {
         let (done, finished) = oneshot::channel();
         let env = Envelope::with_id(id.into(), "test", "a", Kind::Chat);
-        let written = Box::pin(async move { finished.await.unwrap_or(Err(StoreError::Closed)) });
+        let written = Box::pin(async move { finished.await.unwrap_or(Err(LogError::Closed)) });
         (Staged { env, written }, done)
     }
 
@@ -85,11 +85,7 @@ mod tests {
         // The last write finishes first, the second fails.
         let mut writes = writes.into_iter().rev();
         writes.next().unwrap().send(Ok(())).unwrap();
-        writes
-            .next()
-            .unwrap()
-            .send(Err(StoreError::Closed))
-            .unwrap();
+        writes.next().unwrap().send(Err(LogError::Closed)).unwrap();
         writes.next().unwrap().send(Ok(())).unwrap();
         let mut out = Vec::new();
         while let Some((stored, i)) = in_flight.next().await {

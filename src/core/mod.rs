@@ -6,10 +6,10 @@ mod delivery;
 mod directory;
 mod envelope;
 mod in_flight;
+mod log;
 mod mailbox;
 mod router;
 
-use std::pin::Pin;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -22,10 +22,10 @@ pub use envelope::{
     new_message_id, now_ms,
 };
 pub use in_flight::InFlight;
+pub use log::{LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
 pub use mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
 pub use router::{AddressedOnly, Interest, OfflineSink, RouteReport, Router, Session};
 
-use crate::store::{Store, StoreError};
 use crate::telemetry;
 
 /// `[routing]`: how recipients' mailboxes behave.
@@ -64,12 +64,12 @@ pub const BRIDGE_PROTOCOL: Protocol = "bridge";
 /// A message whose store write is queued (see `Core::stage`).
 pub struct Staged {
     env: Envelope,
-    written: Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>,
+    written: LogFuture<'static, ()>,
 }
 
 impl Staged {
     /// The message, once its write is durable.
-    pub async fn durable(self) -> Result<Envelope, StoreError> {
+    pub async fn durable(self) -> Result<Envelope, LogError> {
         self.written.await?;
         Ok(self.env)
     }
@@ -79,11 +79,12 @@ pub struct Core {
     pub directory: Arc<Directory>,
     pub router: Router,
     pub correlation: CorrelationIndex,
-    pub store: Store,
+    /// The log of record every accepted message is appended to.
+    pub log: Arc<dyn MessageLog>,
 }
 
 impl Core {
-    pub fn new(store: Store, routing: &RoutingConfig) -> Arc<Core> {
+    pub fn new(log: Arc<dyn MessageLog>, routing: &RoutingConfig) -> Arc<Core> {
         let directory = Arc::new(Directory::new());
         let mut bridge = AgentInfo::new(BRIDGE_AGENT, BRIDGE_PROTOCOL, BRIDGE_AGENT);
         bridge.description = Some("agentbridge".into());
@@ -101,14 +102,14 @@ impl Core {
             ),
             directory,
             correlation: CorrelationIndex::new(CORRELATION_CACHE),
-            store,
+            log,
         });
-        let store = core.store.clone();
+        let log = core.log.clone();
         core.router
             .set_backlog_reader(Arc::new(move |ids: Vec<String>| {
-                let store = store.clone();
+                let log = log.clone();
                 Box::pin(async move {
-                    match store.messages_by_id(ids).await {
+                    match log.read_ids(ids).await {
                         Ok(stored) => Some(
                             (stored.into_iter())
                                 .map(|m| Arc::new(Delivery::stored(m.envelope)))
@@ -165,12 +166,12 @@ impl Core {
 
     /// Accepts a message: writes it to the store, then routes it. When this returns the
     /// message is durable and queued for every recipient.
-    pub async fn publish(&self, env: Envelope) -> Result<Arc<Delivery>, StoreError> {
+    pub async fn publish(&self, env: Envelope) -> Result<Arc<Delivery>, LogError> {
         self.publish_staged(self.stage(env).await).await
     }
 
     /// The second half of `publish`: routes a staged message once it is durable.
-    pub async fn publish_staged(&self, staged: Staged) -> Result<Arc<Delivery>, StoreError> {
+    pub async fn publish_staged(&self, staged: Staged) -> Result<Arc<Delivery>, LogError> {
         Ok(self.route(staged.durable().await?))
     }
 
@@ -188,7 +189,7 @@ impl Core {
         async move {
             self.link_conversation(&mut env).await;
             self.remember(&env);
-            let written = Box::pin(self.store.insert_message(&env));
+            let written = self.log.append(&env);
             Staged { env, written }
         }
     }
@@ -284,10 +285,7 @@ impl Core {
                 Some(request) => Some(request),
                 // Boxed, as the store's other reads here: inline, they sized the future of
                 // every message's `stage`, which is moved whole a few times a message.
-                None => Box::pin(self.store.task_request(&task_id))
-                    .await
-                    .ok()
-                    .flatten(),
+                None => self.log.task_request(&task_id).await.ok().flatten(),
             };
             if let Some(request) = request {
                 if env.reply_to.is_none() {
@@ -328,7 +326,7 @@ impl Core {
     async fn link_of(&self, id: &str) -> Option<Link> {
         match self.correlation.link(id) {
             Some(link) => Some(link),
-            None => Box::pin(self.store.link(id)).await.ok().flatten(),
+            None => self.log.link(id).await.ok().flatten(),
         }
     }
 
@@ -384,7 +382,7 @@ impl Core {
         if let Some(original) = self.correlation.original_of(id) {
             return original;
         }
-        match self.store.message_id_by_uuid(id).await {
+        match self.log.id_by_uuid(id).await {
             Ok(Some(original)) => {
                 if original != id {
                     self.correlation.record_derived(id, &original);
@@ -405,55 +403,4 @@ pub fn uuid_form(id: &str) -> String {
 /// `uuid_form` before it is written out.
 pub fn message_uuid(id: &str) -> uuid::Uuid {
     uuid::Uuid::parse_str(id).unwrap_or_else(|_| derived_uuid("message", id))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::IN_MEMORY;
-
-    #[tokio::test]
-    async fn replies_inherit_the_conversation_root() {
-        let core = Core::new(
-            Store::open(IN_MEMORY).await.unwrap(),
-            &RoutingConfig::default(),
-        );
-        let first = Envelope::new("test", "a", Kind::Chat);
-        let first_id = first.id.clone();
-        core.publish(first).await.unwrap();
-
-        let mut second = Envelope::new("test", "b", Kind::Chat);
-        second.reply_to = Some(first_id.clone());
-        let second = core.publish(second).await.unwrap();
-        assert_eq!(
-            second.envelope.correlation_id.as_deref(),
-            Some(first_id.as_str())
-        );
-
-        let mut third = Envelope::new("test", "a", Kind::Chat);
-        third.reply_to = Some(second.envelope.id.clone());
-        let third = core.publish(third).await.unwrap();
-        assert_eq!(
-            third.envelope.correlation_id.as_deref(),
-            Some(first_id.as_str())
-        );
-    }
-
-    #[tokio::test]
-    async fn derived_ids_map_back_to_stored_messages() {
-        let store = Store::open(IN_MEMORY).await.unwrap();
-        let core = Core::new(store.clone(), &RoutingConfig::default());
-        let mut env = Envelope::new("test", "a", Kind::Chat);
-        env.id = "msg-abc".into();
-        core.publish(env).await.unwrap();
-        let derived = uuid_form("msg-abc");
-        assert!(uuid::Uuid::parse_str(&derived).is_ok());
-        assert_eq!(core.original_id(&derived).await, "msg-abc");
-        let uuid = uuid::Uuid::new_v4().to_string();
-        assert_eq!(uuid_form(&uuid), uuid);
-        // Other spellings of a UUID come out in the one form.
-        assert_eq!(uuid_form(&uuid.to_uppercase()), uuid);
-        assert_eq!(uuid_form(&uuid.replace('-', "")), uuid);
-        assert_eq!(core.original_id("unknown").await, "unknown");
-    }
 }

@@ -22,12 +22,15 @@ pub use crate::shared::listener::{Limits, serve};
 use crate::config::Config;
 use crate::core::Core;
 use crate::shared::budget::ByteBudget;
+use crate::store::Store;
 
 /// What every endpoint starts with: the core it talks to, the shutdown every listener and
 /// session watches, and the bridge-wide limits its clients are held to.
 #[derive(Clone)]
 pub struct Context {
     pub core: Arc<Core>,
+    /// For the endpoint's own tables (the core reaches messages through `core.log`).
+    pub store: Store,
     pub shutdown: CancellationToken,
     pub limits: Limits,
     /// Shared by every WebSocket of every endpoint (`Limits::read_budget_bytes`).

@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension};
 use super::journal::fields::{self, Fields};
 use super::message_body::{self, Columns};
 use super::{Batch, Migration, Store, StoreError};
-use crate::core::{Audience, Envelope, Kind, Link, TaskRequest};
+use crate::core::{Audience, Envelope, Kind, Link, MessageQuery, StoredMessage, TaskRequest};
 
 mod chunks;
 
@@ -191,33 +191,6 @@ const BY_UUID: &str = "SELECT id FROM messages WHERE id = ?1
 pub(super) const SET_APPLIED: &str = "UPDATE journal SET applied = ?1";
 /// The last journal record the database holds.
 pub(super) const APPLIED: &str = "SELECT applied FROM journal";
-
-/// A message read back from the log.
-#[derive(Clone, Debug)]
-pub struct StoredMessage {
-    pub seq: i64,
-    pub envelope: Envelope,
-}
-
-/// Which stored messages to read back. Results are always chronological.
-#[derive(Clone, Debug, Default)]
-pub struct MessageQuery {
-    /// Only messages strictly older than this timestamp (ms).
-    pub before: Option<i64>,
-    /// Only messages strictly newer than this timestamp (ms).
-    pub after: Option<i64>,
-    /// Only messages that name one of these agents (or go to everyone, with `or_everyone`).
-    pub recipients: Option<Vec<String>>,
-    pub or_everyone: bool,
-    /// Only these kinds (by `Kind::as_str`).
-    pub kinds: Option<Vec<&'static str>>,
-    /// Only messages in this thread: `Some(None)` is the lobby (no thread).
-    pub thread: Option<Option<String>>,
-    /// Leave out private messages (for a history anyone may read).
-    pub public_only: bool,
-    /// The newest `limit` of the matches.
-    pub limit: usize,
-}
 
 impl Store {
     /// Writes `env` to the log, replacing a stored message with the same id. The write is

@@ -22,6 +22,7 @@
 
 mod checkpoint;
 mod journal;
+mod log;
 mod message_body;
 mod messages;
 
@@ -35,8 +36,6 @@ use rusqlite::Connection;
 use tokio::sync::{Notify, oneshot};
 
 use crate::telemetry;
-
-pub use messages::{MessageQuery, StoredMessage};
 
 /// Name of the database file inside `data_dir`.
 pub const DB_FILE: &str = "agentbridge.db";
@@ -104,6 +103,8 @@ pub enum StoreError {
         found: u32,
         known: u32,
     },
+    #[error(transparent)]
+    Log(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// One migration step of one component. Versions start at 1 and only ever grow.
@@ -1370,6 +1371,7 @@ impl ReaderPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::MessageQuery;
 
     /// An in-memory store with a table `t` of unique integers.
     async fn store_with_table() -> Store {

@@ -38,7 +38,6 @@ use crate::core::{
     Staged, WhenFull,
 };
 use crate::shared::budget::ByteBudget;
-use crate::store::StoreError;
 use crate::telemetry;
 use db::Db;
 use wire::{Invalid, Message, Party};
@@ -81,7 +80,7 @@ pub enum Source {
 }
 
 /// The refusal of a message that could not be stored.
-pub fn store_failed(id: &str, sender: &Party, error: &StoreError) -> Invalid {
+pub fn store_failed(id: &str, sender: &Party, error: &impl std::fmt::Display) -> Invalid {
     tracing::error!(error = %error, "grid: cannot store a message");
     Invalid {
         code: "STORE_FAILED",
@@ -128,7 +127,7 @@ pub struct Grid {
 pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
     let (core, shutdown) = (ctx.core.clone(), ctx.shutdown.clone());
     let fail = |e: &dyn std::fmt::Display| StartError::new(PROTOCOL, e);
-    let db = Db::open(core.store.clone()).await.map_err(|e| fail(&e))?;
+    let db = Db::open(ctx.store.clone()).await.map_err(|e| fail(&e))?;
     let (outgoing, outgoing_rx) = mpsc::unbounded_channel();
     let grid = Arc::new(Grid {
         core: core.clone(),
@@ -257,7 +256,7 @@ impl Grid {
     pub async fn stage(&self, msg: Message, source: Source) -> Result<Option<Staged>, Invalid> {
         // A repeat is acknowledged before anything else: it changes nothing (a scratchpad
         // rewritten in place holds entries, some the bridge's own, routed before).
-        match self.core.store.has_message(&msg.id).await {
+        match self.core.log.contains(&msg.id).await {
             Ok(true) => return Ok(None),
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "grid: cannot check for a repeated message"),
@@ -528,7 +527,7 @@ impl Grid {
             telemetry::message_dropped(PROTOCOL, "ttl_expired");
             return;
         }
-        match self.core.store.message(message_id).await {
+        match self.core.log.get(message_id).await {
             Ok(Some(stored)) => self.core.expired(&Delivery::new(stored.envelope), PROTOCOL),
             _ => telemetry::message_dropped(PROTOCOL, "ttl_expired"),
         }

@@ -17,10 +17,10 @@ use serde_json::{Value, json};
 use super::db::Instances;
 use super::wire::{self, Invalid, Party};
 use super::{Grid, PROTOCOL, Source, translate};
+use crate::core::LogError;
 use crate::core::{Delivery, Envelope, InFlight, Interest, Kind, Mailbox, Session, Status};
 use crate::shared::clock::iso8601;
 use crate::shared::websocket::{self, Message as Frame, Refusal, Refused, Socket, Utf8Bytes};
-use crate::store::StoreError;
 use crate::telemetry::ConnectionGuard;
 
 /// What a program's connection takes: what is for its agent (and its instance, when the
@@ -312,7 +312,7 @@ impl Connection {
     /// A sent message is durable (and routed now) or could not be stored (and is refused).
     async fn on_stored(
         &mut self,
-        stored: Result<Envelope, StoreError>,
+        stored: Result<Envelope, LogError>,
         (id, sender): (String, Party),
     ) -> bool {
         self.pending_ids.remove(&id);

@@ -15,9 +15,9 @@ use serde_json::{Map, Value, json};
 
 use super::registry::{Profile, RegisterError};
 use super::{PROTOCOL, Skynet, ws};
+use crate::core::MessageQuery;
 use crate::core::{Audience, Envelope, Kind, Origin, new_message_id, now_ms};
 use crate::shared::http_refusals;
-use crate::store::MessageQuery;
 
 type Shared = State<Arc<Skynet>>;
 
@@ -279,7 +279,7 @@ async fn messages(State(skynet): Shared, Query(q): Query<HashMap<String, String>
         public_only: true,
         ..Default::default()
     };
-    let stored = skynet.core.store.messages(query).await.map_err(|e| {
+    let stored = skynet.core.log.read(query).await.map_err(|e| {
         tracing::error!(error = %e, "skynet: cannot read history");
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "cannot read messages")
     })?;

@@ -54,7 +54,7 @@ pub struct Skynet {
 
 pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
     let (core, shutdown) = (ctx.core.clone(), ctx.shutdown.clone());
-    let registry = Registry::load(core.clone())
+    let registry = Registry::load(core.clone(), ctx.store.clone())
         .await
         .map_err(|e| StartError::new(PROTOCOL, e))?;
     let listener = super::bind(PROTOCOL, config.listen).await?;

@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use super::PROTOCOL;
 use crate::core::{AgentInfo, Core, NameTaken, Role, Status};
-use crate::store::{Migration, StoreError};
+use crate::store::{Migration, Store, StoreError};
 
 static MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
@@ -92,15 +92,15 @@ pub enum RegisterError {
 
 pub struct Registry {
     core: Arc<Core>,
+    store: Store,
     by_id: DashMap<String, Profile>,
 }
 
 impl Registry {
     /// Loads every registered agent and human and claims their names.
-    pub async fn load(core: Arc<Core>) -> Result<Registry, StoreError> {
-        core.store.migrate("skynet", MIGRATIONS).await?;
-        let profiles = core
-            .store
+    pub async fn load(core: Arc<Core>, store: Store) -> Result<Registry, StoreError> {
+        store.migrate("skynet", MIGRATIONS).await?;
+        let profiles = store
             .read(|conn| {
                 let mut out = Vec::new();
                 let mut agents = conn.prepare(
@@ -136,6 +136,7 @@ impl Registry {
             .await?;
         let registry = Registry {
             core,
+            store,
             by_id: DashMap::new(),
         };
         for profile in profiles {
@@ -167,10 +168,7 @@ impl Registry {
         // Claim the name first: two racing registrations cannot both win.
         self.core.directory.register(profile.directory_entry())?;
         let row = profile.clone();
-        let stored = self
-            .core
-            .store
-            .write(move |conn| {
+        let stored = self.store.write(move |conn| {
                 match &row.agent_type {
                     Some(agent_type) => conn.execute(
                         "INSERT INTO skynet_agents (id, name, type, role, persona, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -199,8 +197,7 @@ impl Registry {
         };
         let row_id = profile.id.clone();
         let human = profile.is_human();
-        self.core
-            .store
+        self.store
             .write(move |conn| {
                 let table = if human {
                     "skynet_humans"

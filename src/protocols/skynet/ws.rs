@@ -16,8 +16,8 @@ use super::wire::{self, ClientFrame, FrameError, JoinRequest, SentMessage};
 use super::workspace::Joined;
 use super::{PROTOCOL, Skynet};
 use crate::core::{Closed, Delivery, Envelope, InFlight, Mailbox, now_ms};
+use crate::core::{LogError, MessageQuery};
 use crate::shared::websocket::{self, Message, Socket, Utf8Bytes};
-use crate::store::{MessageQuery, StoreError};
 use crate::telemetry::{self, ConnectionGuard};
 
 /// Routed messages written per flush, so a backlog drains in few syscalls.
@@ -313,7 +313,7 @@ impl Connection {
     /// which mentions it could not resolve.
     fn on_stored(
         &self,
-        stored: Result<Envelope, StoreError>,
+        stored: Result<Envelope, LogError>,
         unknown: Vec<String>,
     ) -> Option<String> {
         if let Err(e) = stored.map(|env| self.skynet.core.route(env)) {
@@ -414,7 +414,7 @@ async fn replay(
             ..Default::default()
         }
     };
-    match skynet.core.store.messages(query).await {
+    match skynet.core.log.read(query).await {
         Ok(stored) => stored
             .iter()
             .filter_map(|m| Some((skynet.encode_raw(&m.envelope)?, m.envelope.id.clone())))

@@ -349,7 +349,7 @@ impl Synapse {
     /// is nacked, if the client still reads).
     async fn on_stored(
         &self,
-        stored: Result<Envelope, crate::store::StoreError>,
+        stored: Result<Envelope, crate::core::LogError>,
         sent: &SynapseMessage,
         out: &mpsc::Sender<Result<SynapseMessage, Status>>,
     ) {

@@ -101,7 +101,7 @@ impl translate::Context for Synapse {
 pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
     let (core, shutdown) = (ctx.core.clone(), ctx.shutdown.clone());
     let fail = |e: &dyn std::fmt::Display| StartError::new(PROTOCOL, e);
-    let db = Db::open(core.store.clone()).await.map_err(|e| fail(&e))?;
+    let db = Db::open(ctx.store.clone()).await.map_err(|e| fail(&e))?;
     let synapse = Arc::new(Synapse {
         core: core.clone(),
         config: config.clone(),

@@ -10,10 +10,10 @@ use super::db::TaskRow;
 use super::translate::{self, decode_message, message_out};
 use super::wire::{AuthorType, MessageOut};
 use crate::core::{Envelope, Staged, new_message_id, now_ms};
+use crate::core::{MessageQuery, StoredMessage};
 use crate::shared::at_names;
 use crate::shared::clock::iso8601;
 use crate::shared::each_once::{each_once, push_once};
-use crate::store::{MessageQuery, StoredMessage};
 
 /// The agents a chat may `@mention`, oldest first, each labelled with its own name.
 pub type MentionNames = at_names::Needles<String>;
@@ -76,7 +76,10 @@ impl Tracker {
 
     async fn post(&self, new: NewMessage, notify_requester: bool) -> Result<MessageOut, PostError> {
         let (staged, post) = self.stage_post(new, notify_requester).await?;
-        let env = staged.durable().await.map_err(PostError::Store)?;
+        let env = staged
+            .durable()
+            .await
+            .map_err(|e| PostError::Store(e.into()))?;
         Ok(self.posted(env, post).await)
     }
 
@@ -171,7 +174,7 @@ impl Tracker {
                 .db
                 .task(task_id)
                 .await
-                .map_err(PostError::Store)?
+                .map_err(|e| PostError::Store(e.into()))?
                 .ok_or_else(|| PostError::NotFound(format!("Task {task_id} not found")))?;
             return Ok((Some(task.id.clone()), Some(task)));
         }
@@ -224,10 +227,10 @@ impl Tracker {
         };
         let stored = self
             .core
-            .store
-            .messages(query)
+            .log
+            .read(query)
             .await
-            .map_err(PostError::Store)?;
+            .map_err(|e| PostError::Store(e.into()))?;
         self.render(stored).await
     }
 
@@ -236,20 +239,20 @@ impl Tracker {
         let original = self.core.original_id(id).await;
         if self
             .core
-            .store
-            .message(&original)
+            .log
+            .get(&original)
             .await
-            .map_err(PostError::Store)?
+            .map_err(|e| PostError::Store(e.into()))?
             .is_none()
         {
             return Ok(None);
         }
         let stored = self
             .core
-            .store
+            .log
             .replies(&original)
             .await
-            .map_err(PostError::Store)?;
+            .map_err(|e| PostError::Store(e.into()))?;
         let chat: Vec<StoredMessage> = stored
             .into_iter()
             .filter(|m| translate::is_chat_like(&m.envelope))
@@ -261,10 +264,10 @@ impl Tracker {
     pub async fn find_message(&self, id: &str) -> Result<Option<StoredMessage>, PostError> {
         let original = self.core.original_id(id).await;
         self.core
-            .store
-            .message(&original)
+            .log
+            .get(&original)
             .await
-            .map_err(PostError::Store)
+            .map_err(|e| PostError::Store(e.into()))
     }
 
     async fn render(&self, stored: Vec<StoredMessage>) -> Result<Vec<MessageOut>, PostError> {
@@ -275,7 +278,7 @@ impl Tracker {
                 .db
                 .attachments(&rendered.id, false)
                 .await
-                .map_err(PostError::Store)?
+                .map_err(|e| PostError::Store(e.into()))?
                 .iter()
                 .map(|a| self.attachment_out(a))
                 .collect();

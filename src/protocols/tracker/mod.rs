@@ -195,7 +195,7 @@ impl translate::Context for Tracker {
 pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
     let (core, shutdown) = (ctx.core.clone(), ctx.shutdown.clone());
     let fail = |e: &dyn std::fmt::Display| StartError::new(PROTOCOL, e);
-    let db = Db::open(core.store.clone()).await.map_err(|e| fail(&e))?;
+    let db = Db::open(ctx.store.clone()).await.map_err(|e| fail(&e))?;
     let lobby_chat_id = db.lobby_chat_id().await.map_err(|e| fail(&e))?;
     for project in &config.projects {
         check_slug("project", &project.slug).map_err(|e| fail(&e))?;

@@ -6,8 +6,9 @@ use super::db::TaskRow;
 use super::translate::{self, state_of};
 use super::wire::TaskStatus;
 use super::{PROTOCOL, Tracker};
+use crate::core::MessageQuery;
 use crate::core::{Envelope, Kind, Origin, TaskInfo, TaskState, new_message_id};
-use crate::store::{MessageQuery, StoreError};
+use crate::store::StoreError;
 
 /// Why a change to a task was refused.
 #[derive(Debug)]
@@ -206,7 +207,7 @@ impl Tracker {
             limit: 1,
             ..Default::default()
         };
-        let stored = self.core.store.messages(query).await.ok()?;
+        let stored = self.core.log.read(query).await.ok()?;
         stored.last().and_then(|m| m.envelope.text.clone())
     }
 }

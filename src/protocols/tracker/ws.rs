@@ -15,7 +15,6 @@ use super::wire::{self, AuthorType, ClientFrame, MemberKind};
 use super::{Conn, ConnInterest, PROTOCOL, Tracker, translate};
 use crate::core::{Delivery, Envelope, InFlight, Session};
 use crate::shared::websocket::{self, Message, Refused, Socket, Utf8Bytes};
-use crate::store::StoreError;
 use crate::telemetry::{self, ConnectionGuard};
 
 const WRITE_BATCH: usize = 64;
@@ -328,7 +327,7 @@ impl Live {
     )]
     fn on_stored(
         &mut self,
-        stored: Result<Envelope, StoreError>,
+        stored: Result<Envelope, crate::core::LogError>,
         post: Posted,
     ) -> impl Future<Output = bool> {
         // A block, not an `async fn`, which would hold the message twice (its argument

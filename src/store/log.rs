@@ -1,0 +1,129 @@
+//! The store as the core's message log (`core::MessageLog`).
+
+use crate::core::{
+    Envelope, Link, LogError, LogFuture, MessageLog, MessageQuery, StoredMessage, TaskRequest,
+};
+
+use super::{Store, StoreError};
+
+impl From<StoreError> for LogError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Closed => LogError::Closed,
+            other => LogError::Failed(Box::new(other)),
+        }
+    }
+}
+
+impl From<LogError> for StoreError {
+    fn from(e: LogError) -> Self {
+        match e {
+            LogError::Closed => StoreError::Closed,
+            LogError::Failed(e) => StoreError::Log(e),
+        }
+    }
+}
+
+/// `fut`'s error as the log's.
+fn logged<'a, T>(fut: impl Future<Output = Result<T, StoreError>> + Send + 'a) -> LogFuture<'a, T> {
+    Box::pin(async move { fut.await.map_err(LogError::from) })
+}
+
+impl MessageLog for Store {
+    fn append(&self, env: &Envelope) -> LogFuture<'static, ()> {
+        logged(self.insert_message(env))
+    }
+
+    fn read(&self, query: MessageQuery) -> LogFuture<'_, Vec<StoredMessage>> {
+        logged(self.messages(query))
+    }
+
+    fn read_ids(&self, ids: Vec<String>) -> LogFuture<'_, Vec<StoredMessage>> {
+        logged(self.messages_by_id(ids))
+    }
+
+    fn get(&self, id: &str) -> LogFuture<'_, Option<StoredMessage>> {
+        let id = id.to_owned();
+        logged(async move { self.message(&id).await })
+    }
+
+    fn replies(&self, id: &str) -> LogFuture<'_, Vec<StoredMessage>> {
+        let id = id.to_owned();
+        logged(async move { Store::replies(self, &id).await })
+    }
+
+    fn contains(&self, id: &str) -> LogFuture<'_, bool> {
+        let id = id.to_owned();
+        logged(async move { self.has_message(&id).await })
+    }
+
+    fn link(&self, id: &str) -> LogFuture<'_, Option<Link>> {
+        let id = id.to_owned();
+        logged(async move { Store::link(self, &id).await })
+    }
+
+    fn task_request(&self, task_id: &str) -> LogFuture<'_, Option<TaskRequest>> {
+        let task_id = task_id.to_owned();
+        logged(async move { Store::task_request(self, &task_id).await })
+    }
+
+    fn id_by_uuid(&self, uuid: &str) -> LogFuture<'_, Option<String>> {
+        let uuid = uuid.to_owned();
+        logged(async move { self.message_id_by_uuid(&uuid).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The core's conversation links over the store as its log.
+
+    use std::sync::Arc;
+
+    use crate::core::{Core, Envelope, Kind, RoutingConfig, uuid_form};
+    use crate::store::{IN_MEMORY, Store};
+
+    #[tokio::test]
+    async fn replies_inherit_the_conversation_root() {
+        let core = Core::new(
+            Arc::new(Store::open(IN_MEMORY).await.unwrap()),
+            &RoutingConfig::default(),
+        );
+        let first = Envelope::new("test", "a", Kind::Chat);
+        let first_id = first.id.clone();
+        core.publish(first).await.unwrap();
+
+        let mut second = Envelope::new("test", "b", Kind::Chat);
+        second.reply_to = Some(first_id.clone());
+        let second = core.publish(second).await.unwrap();
+        assert_eq!(
+            second.envelope.correlation_id.as_deref(),
+            Some(first_id.as_str())
+        );
+
+        let mut third = Envelope::new("test", "a", Kind::Chat);
+        third.reply_to = Some(second.envelope.id.clone());
+        let third = core.publish(third).await.unwrap();
+        assert_eq!(
+            third.envelope.correlation_id.as_deref(),
+            Some(first_id.as_str())
+        );
+    }
+
+    #[tokio::test]
+    async fn derived_ids_map_back_to_stored_messages() {
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        let core = Core::new(Arc::new(store), &RoutingConfig::default());
+        let mut env = Envelope::new("test", "a", Kind::Chat);
+        env.id = "msg-abc".into();
+        core.publish(env).await.unwrap();
+        let derived = uuid_form("msg-abc");
+        assert!(uuid::Uuid::parse_str(&derived).is_ok());
+        assert_eq!(core.original_id(&derived).await, "msg-abc");
+        let uuid = uuid::Uuid::new_v4().to_string();
+        assert_eq!(uuid_form(&uuid), uuid);
+        // Other spellings of a UUID come out in the one form.
+        assert_eq!(uuid_form(&uuid.to_uppercase()), uuid);
+        assert_eq!(uuid_form(&uuid.replace('-', "")), uuid);
+        assert_eq!(core.original_id("unknown").await, "unknown");
+    }
+}
