@@ -174,7 +174,7 @@ impl Tracker {
                 .db
                 .task(task_id)
                 .await
-                .map_err(|e| PostError::Store(e.into()))?
+                .map_err(PostError::Store)?
                 .ok_or_else(|| PostError::NotFound(format!("Task {task_id} not found")))?;
             return Ok((Some(task.id.clone()), Some(task)));
         }
@@ -278,7 +278,7 @@ impl Tracker {
                 .db
                 .attachments(&rendered.id, false)
                 .await
-                .map_err(|e| PostError::Store(e.into()))?
+                .map_err(PostError::Store)?
                 .iter()
                 .map(|a| self.attachment_out(a))
                 .collect();
