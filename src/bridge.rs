@@ -64,7 +64,14 @@ impl Bridge {
             limits: config.limits.clone(),
             read_budget: ByteBudget::new(config.limits.read_budget_bytes),
         };
-        let endpoints = match protocols::start_all(&config, &context).await {
+        let started = async {
+            let mut running = Vec::new();
+            for section in &config.endpoints {
+                running.push(section.start(&context).await?);
+            }
+            Ok::<_, StartError>(running)
+        };
+        let endpoints = match started.await {
             Ok(endpoints) => endpoints,
             Err(e) => {
                 shutdown.cancel();

@@ -1,31 +1,132 @@
 //! `bridge.toml`: which endpoints run, where they listen, and the limits they keep.
 //!
-//! Each endpoint owns the type of its own section; this file only assembles them. A section
-//! that is absent leaves its endpoint off. Unknown keys and bad values are refused with the
-//! file, line and key named.
+//! The bridge's own sections are here; each endpoint owns the type of its section, which
+//! the registry reads (`protocols::registry::read_section`). A section that is absent
+//! leaves its endpoint off. Unknown keys and bad values are refused with the file, line and
+//! key named.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
 use serde::Deserialize;
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
 
 use crate::core::RoutingConfig;
-use crate::protocols;
+use crate::protocols::endpoint::{Endpoint, Section};
+use crate::protocols::registry;
+use crate::shared::listener::Limits;
 
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug)]
 pub struct Config {
-    #[serde(default)]
     pub bridge: BridgeConfig,
     pub admin: Option<AdminConfig>,
-    #[serde(default)]
     pub routing: RoutingConfig,
-    #[serde(default)]
-    pub limits: protocols::Limits,
-    pub skynet: Option<protocols::skynet::Config>,
-    pub tracker: Option<protocols::tracker::Config>,
-    pub synapse: Option<protocols::synapse::Config>,
-    pub grid: Option<protocols::grid::Config>,
+    pub limits: Limits,
+    /// The sections of the endpoints that run, in the registry's order (the order they
+    /// start in).
+    pub endpoints: Vec<Box<dyn Section>>,
+}
+
+/// The bridge's own sections.
+const OWN_SECTIONS: [&str; 4] = ["bridge", "admin", "routing", "limits"];
+
+/// Every section name, for the "expected one of" of an unknown one.
+static SECTIONS: LazyLock<&'static [&'static str]> = LazyLock::new(|| {
+    let all: Vec<&'static str> = OWN_SECTIONS
+        .iter()
+        .chain(registry::PROTOCOLS)
+        .copied()
+        .collect();
+    Vec::leak(all)
+});
+
+enum Key {
+    Bridge,
+    Admin,
+    Routing,
+    Limits,
+    Endpoint(&'static str),
+}
+
+/// Reads a top-level key inside the deserializer, so that an unknown one is refused where
+/// TOML can say where it is.
+struct KeySeed;
+
+impl<'de> DeserializeSeed<'de> for KeySeed {
+    type Value = Key;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Key, D::Error> {
+        deserializer.deserialize_identifier(self)
+    }
+}
+
+impl Visitor<'_> for KeySeed {
+    type Value = Key;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a section name")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Key, E> {
+        Ok(match key {
+            "bridge" => Key::Bridge,
+            "admin" => Key::Admin,
+            "routing" => Key::Routing,
+            "limits" => Key::Limits,
+            other => match registry::PROTOCOLS.iter().find(|p| **p == other) {
+                Some(protocol) => Key::Endpoint(protocol),
+                None => return Err(E::unknown_field(other, &SECTIONS)),
+            },
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Config {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Config, D::Error> {
+        deserializer.deserialize_map(ConfigVisitor)
+    }
+}
+
+struct ConfigVisitor;
+
+impl<'de> Visitor<'de> for ConfigVisitor {
+    type Value = Config;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("bridge.toml's sections")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Config, A::Error> {
+        use serde::de::Error;
+        let mut config = Config {
+            bridge: BridgeConfig::default(),
+            admin: None,
+            routing: RoutingConfig::default(),
+            limits: Limits::default(),
+            endpoints: Vec::new(),
+        };
+        while let Some(key) = map.next_key_seed(KeySeed)? {
+            match key {
+                Key::Bridge => config.bridge = map.next_value()?,
+                Key::Admin => config.admin = Some(map.next_value()?),
+                Key::Routing => config.routing = map.next_value()?,
+                Key::Limits => config.limits = map.next_value()?,
+                Key::Endpoint(protocol) => {
+                    if config.endpoints.iter().any(|s| s.protocol() == protocol) {
+                        return Err(A::Error::duplicate_field(protocol));
+                    }
+                    let section = registry::read_section(protocol, &mut map)
+                        .expect("a registered protocol has a section")?;
+                    config.endpoints.push(section);
+                }
+            }
+        }
+        config
+            .endpoints
+            .sort_by_key(|s| (registry::PROTOCOLS.iter()).position(|p| *p == s.protocol()));
+        Ok(config)
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -97,12 +198,8 @@ impl Config {
         let mut config = Config::parse(&text, &path.display().to_string())?;
         let base = path.parent().unwrap_or(Path::new("."));
         config.bridge.data_dir = resolve_data_dir(base, &config.bridge.data_dir);
-        if let Some(grid) = &mut config.grid {
-            for pad in &mut grid.scratchpad.0 {
-                if pad.is_relative() {
-                    *pad = base.join(&*pad);
-                }
-            }
+        for section in &mut config.endpoints {
+            section.resolve_paths(base);
         }
         Ok(config)
     }
@@ -112,14 +209,25 @@ impl Config {
         toml::from_str::<Config>(text).map_err(|e| locate(text, file, &e))
     }
 
-    /// Every listener this config would open, as (endpoint, role, address).
+    /// Every listener this config would open, as (endpoint, what it serves, address).
     pub fn listeners(&self) -> Vec<(&'static str, &'static str, SocketAddr)> {
         let mut out = Vec::new();
         if let Some(admin) = &self.admin {
             out.push(("admin", "http: /metrics /healthz /readyz", admin.listen));
         }
-        out.extend(protocols::listeners(self));
+        for section in &self.endpoints {
+            for listening in section.listeners() {
+                out.push((section.protocol(), listening.serves, listening.addr));
+            }
+        }
         out
+    }
+
+    /// Endpoint `E`'s section, when it runs.
+    pub fn endpoint<E: Endpoint>(&self) -> Option<&E::Config> {
+        (self.endpoints.iter())
+            .find(|s| s.protocol() == E::NAME)
+            .and_then(|s| s.as_any().downcast_ref::<E::Config>())
     }
 }
 
@@ -186,32 +294,22 @@ mod tests {
         let text = include_str!("../bridge.toml");
         let config = Config::parse(text, "bridge.toml").unwrap();
         assert!(config.admin.is_some());
-        assert!(config.skynet.is_some());
+        assert_eq!(config.endpoints.len(), registry::PROTOCOLS.len());
     }
 
     #[test]
     fn absent_sections_leave_endpoints_off() {
         let config = Config::parse("", "bridge.toml").unwrap();
-        assert!(config.skynet.is_none() && config.admin.is_none());
+        assert!(config.endpoints.is_empty() && config.admin.is_none());
         assert_eq!(config.bridge.data_dir, "./data");
         assert_eq!(config.routing.mailbox_capacity.get(), 1024);
     }
 
     #[test]
     fn sections_given_bare_take_their_defaults() {
-        let config = Config::parse("[admin]\n[synapse]\n", "bridge.toml").unwrap();
+        let config = Config::parse("[admin]\n[routing]\n", "bridge.toml").unwrap();
         assert_eq!(config.admin.unwrap().listen.to_string(), "127.0.0.1:9464");
-        let synapse = config.synapse.unwrap();
-        assert_eq!(synapse.listeners(), [("grpc+http", synapse.listen)]);
-        let config = Config::parse(
-            "[synapse]\ngrpc_listen = \"127.0.0.1:7001\"\nhttp_listen = \"127.0.0.1:7002\"\n",
-            "bridge.toml",
-        )
-        .unwrap();
-        let roles: Vec<_> = (config.synapse.unwrap().listeners().into_iter())
-            .map(|(role, addr)| (role, addr.port()))
-            .collect();
-        assert_eq!(roles, [("grpc", 7001), ("http", 7002)]);
+        assert_eq!(config.routing.mailbox_capacity.get(), 1024);
     }
 
     #[test]

@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
+use super::endpoint::{Endpoint, Listening};
 use super::{Context, Running, StartError};
 use crate::core::{
     AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, OfflineSink, Protocol, Session,
@@ -122,6 +123,32 @@ pub struct Grid {
     outgoing: mpsc::UnboundedSender<Outgoing>,
     shutdown: CancellationToken,
     read_budget: ByteBudget,
+}
+
+impl Endpoint for Grid {
+    const NAME: &'static str = PROTOCOL;
+    type Config = Config;
+    type Translation = translate::Translator;
+
+    fn listeners(config: &Config) -> Vec<Listening> {
+        vec![Listening {
+            serves: "http /grid/v1 + websocket /grid/v1/ws",
+            addr: config.listen,
+        }]
+    }
+
+    /// Scratchpad paths are taken from the config file's directory.
+    fn resolve_paths(config: &mut Config, base: &std::path::Path) {
+        for pad in &mut config.scratchpad.0 {
+            if pad.is_relative() {
+                *pad = base.join(&*pad);
+            }
+        }
+    }
+
+    async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
+        start(config, ctx).await
+    }
 }
 
 pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {

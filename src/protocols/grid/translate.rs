@@ -21,10 +21,60 @@ use serde_json::{Map, Value, json};
 use super::PROTOCOL;
 use super::wire::{BROADCAST, Message, Party};
 use crate::core::{Audience, Envelope, Kind, Origin, Priority, TaskInfo, TaskState};
-use crate::protocols::contract::Frame;
+use crate::protocols::endpoint::{Decoded, PreviewFrame as Frame, Translation};
 use crate::shared::clock::iso8601;
 
 /// A Grid message → Envelope; the message's document becomes `origin.native`.
+/// The Grid's side of the translation contract.
+pub struct Translator;
+
+impl Translation for Translator {
+    type Inbound<'a> = Message;
+    type Outbound = Value;
+    /// A message that passed `wire::validate` always translates.
+    type Refusal = std::convert::Infallible;
+    /// The Grid shows another protocol's agent by its name alone.
+    type Context = ();
+
+    fn decode(_: &(), msg: Message) -> Result<Decoded, Self::Refusal> {
+        Ok(decode(msg).into())
+    }
+
+    fn encode(_: &(), env: &Envelope) -> Option<Value> {
+        encode(env)
+    }
+
+    /// A state as the Grid action it is sent as, read back through the wire's checks.
+    fn task_state(state: TaskState) -> (String, Option<TaskState>) {
+        let kind = if matches!(state, TaskState::Completed | TaskState::Failed) {
+            Kind::TaskResult
+        } else {
+            Kind::TaskUpdate
+        };
+        // Progress and results answer the assignment, as they do in the contract's sample.
+        let mut env = Envelope::new("contract", "alice", kind);
+        env.to = vec!["bob".into()];
+        env.reply_to = Some("msg-6".into());
+        env.task = Some(Box::new(TaskInfo {
+            id: "task-3".into(),
+            state: Some(state),
+            ..Default::default()
+        }));
+        let back = encode(&env)
+            .and_then(|msg| super::wire::validate(json!({ "message": msg })).ok())
+            .and_then(|msg| decode(msg).task?.state);
+        let shown = (preview(&env).into_iter())
+            .map(|f| f.label)
+            .next()
+            .unwrap_or_else(|| "—".into());
+        (shown, back)
+    }
+
+    fn preview(env: &Envelope) -> Vec<Frame> {
+        preview(env)
+    }
+}
+
 pub fn decode(mut msg: Message) -> Envelope {
     let action = msg.action.as_deref().unwrap_or("");
     let kind = match (msg.msg_type.as_str(), action) {

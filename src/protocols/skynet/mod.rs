@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
+use super::endpoint::{Endpoint, Listening};
 use super::{Context, Running, StartError};
 use crate::core::{Core, PerGeneration, Protocol};
 use crate::shared::budget::ByteBudget;
@@ -50,6 +51,23 @@ pub struct Skynet {
     derived_names: PerGeneration<foldhash::HashMap<String, String>>,
     shutdown: CancellationToken,
     read_budget: ByteBudget,
+}
+
+impl Endpoint for Skynet {
+    const NAME: &'static str = PROTOCOL;
+    type Config = Config;
+    type Translation = translate::Translator;
+
+    fn listeners(config: &Config) -> Vec<Listening> {
+        vec![Listening {
+            serves: "http + websocket /ws",
+            addr: config.listen,
+        }]
+    }
+
+    async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
+        start(config, ctx).await
+    }
 }
 
 pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {

@@ -10,7 +10,7 @@ use crate::core::{
     Attachment, Audience, Envelope, Kind, Origin, Status, TaskInfo, TaskState, new_message_id,
     now_ms,
 };
-use crate::protocols::contract::Frame;
+use crate::protocols::endpoint::{Decoded, PreviewFrame as Frame, Translation};
 use crate::shared::each_once::push_once;
 
 /// How Skynet card ids and bridge agent names correspond.
@@ -21,6 +21,46 @@ pub trait Peers {
     fn name_of(&self, card_id: &str) -> Option<String>;
     /// The AgentCard Skynet shows for agent `name`.
     fn card(&self, name: &str) -> Option<Value>;
+}
+
+/// Skynet's side of the translation contract.
+pub struct Translator;
+
+/// A `send` as the server has normalised it (`stamp`, mentions enriched), with its
+/// sender's agent name.
+pub struct Sent<'a> {
+    pub message: SentMessage<'a>,
+    pub sender: &'a str,
+}
+
+impl Translation for Translator {
+    type Inbound<'a> = Sent<'a>;
+    type Outbound = Value;
+    /// A `send` that reached decoding is always a message (its shape was checked when it
+    /// was read); the ids it names that no agent holds are told back as `unresolved`.
+    type Refusal = std::convert::Infallible;
+    type Context = dyn Peers + Send + Sync;
+
+    fn decode(peers: &Self::Context, sent: Sent<'_>) -> Result<Decoded, Self::Refusal> {
+        let (envelope, unresolved) = decode(sent.message, sent.sender, peers);
+        Ok(Decoded {
+            envelope,
+            unresolved,
+        })
+    }
+
+    fn encode(peers: &Self::Context, env: &Envelope) -> Option<Value> {
+        encode(env, peers)
+    }
+
+    fn task_state(state: TaskState) -> (String, Option<TaskState>) {
+        let status = task_state_to_skynet(state);
+        (format!("`{status}`"), task_state_from_skynet(status))
+    }
+
+    fn preview(env: &Envelope) -> Vec<Frame> {
+        preview(env)
+    }
 }
 
 /// Canonical task state → Skynet `TaskStatus`, and back. One table, both directions.
@@ -56,7 +96,11 @@ pub fn task_state_from_skynet(status: &str) -> Option<TaskState> {
 /// Envelope, and the mentioned card ids no agent holds (`@all` aside), which the sender is
 /// told of. `sender` is the sender's agent name; the message, as text, becomes
 /// `origin.native`.
-pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> (Envelope, Vec<String>) {
+pub fn decode(
+    msg: SentMessage<'_>,
+    sender: &str,
+    peers: &(impl Peers + ?Sized),
+) -> (Envelope, Vec<String>) {
     let native = msg.to_json();
     let SentMessage {
         msg_type,
@@ -160,7 +204,7 @@ pub fn decode(msg: SentMessage<'_>, sender: &str, peers: &impl Peers) -> (Envelo
 
 /// Envelope → the frame a Skynet client receives: a bare SkynetMessage, or for a status
 /// change a `status-change` event. `None` when Skynet has nothing to show for it.
-pub fn encode(env: &Envelope, peers: &impl Peers) -> Option<Value> {
+pub fn encode(env: &Envelope, peers: &(impl Peers + ?Sized)) -> Option<Value> {
     if env.origin_is(PROTOCOL)
         && let Some(native) = env.origin.native()
     {

@@ -111,3 +111,24 @@ impl std::fmt::Debug for AgentConfig {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(text: &str) -> Config {
+        toml::from_str(text).expect("a valid [synapse] section")
+    }
+
+    #[test]
+    fn one_listener_by_default_or_one_for_each_of_the_designs_names() {
+        let config = section("");
+        assert_eq!(config.listeners(), [("grpc+http", config.listen)]);
+        let config =
+            section("grpc_listen = \"127.0.0.1:7001\"\nhttp_listen = \"127.0.0.1:7002\"\n");
+        let roles: Vec<_> = (config.listeners().into_iter())
+            .map(|(role, addr)| (role, addr.port()))
+            .collect();
+        assert_eq!(roles, [("grpc", 7001), ("http", 7002)]);
+    }
+}

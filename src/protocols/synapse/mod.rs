@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
+use super::endpoint::{Endpoint, Listening};
 use super::{Context, Running, StartError};
 use crate::core::{Core, Protocol};
 use db::{AgentRow, Db, GroupRow, MemberRow};
@@ -95,6 +96,25 @@ impl translate::Context for Synapse {
                 version: String::new(),
             },
         }
+    }
+}
+
+impl Endpoint for Synapse {
+    const NAME: &'static str = PROTOCOL;
+    type Config = Config;
+    type Translation = translate::Translator;
+
+    fn listeners(config: &Config) -> Vec<Listening> {
+        (config.listeners().into_iter())
+            .map(|(_, addr)| Listening {
+                serves: "grpc + http/json gateway /api/v1/synapse",
+                addr,
+            })
+            .collect()
+    }
+
+    async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
+        start(config, ctx).await
     }
 }
 

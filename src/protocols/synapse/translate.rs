@@ -21,7 +21,7 @@ use super::proto::{
 };
 use super::wire::{self, Payload};
 use crate::core::{Audience, Envelope, Kind, Origin, TaskInfo, TaskState, new_message_id, now_ms};
-use crate::protocols::contract::Frame;
+use crate::protocols::endpoint::{Decoded, PreviewFrame as Frame, Translation};
 
 /// What translation needs to know about agents.
 pub trait Context {
@@ -30,6 +30,38 @@ pub trait Context {
 }
 
 pub const PROTOCOL_VERSION: &str = "1.0";
+
+/// Synapse's side of the translation contract.
+pub struct Translator;
+
+impl Translation for Translator {
+    type Inbound<'a> = &'a SynapseMessage;
+    type Outbound = SynapseMessage;
+    /// Why a message cannot be relayed as it came (its sender hears it as
+    /// INVALID_ARGUMENT, or a `P2P_NACK` on a stream).
+    type Refusal = String;
+    type Context = dyn Context + Send + Sync;
+
+    fn decode(_: &Self::Context, msg: &SynapseMessage) -> Result<Decoded, String> {
+        decode(msg).map(Decoded::from)
+    }
+
+    fn encode(ctx: &Self::Context, env: &Envelope) -> Option<SynapseMessage> {
+        encode(env, ctx)
+    }
+
+    fn task_state(state: TaskState) -> (String, Option<TaskState>) {
+        let status = wire::status_for(state);
+        (
+            format!("`{}`", status.as_str_name()),
+            wire::state_of(status as i32),
+        )
+    }
+
+    fn preview(env: &Envelope) -> Vec<Frame> {
+        preview(env)
+    }
+}
 
 /// A SynapseMessage as it arrived → Envelope; an error when the message cannot be relayed
 /// as it came (its proto3 JSON, kept for Synapse peers and callbacks, cannot be written).
@@ -160,7 +192,7 @@ pub fn decode(msg: &SynapseMessage) -> Result<Envelope, String> {
 
 /// Envelope → the SynapseMessage a Synapse agent receives; `None` when Synapse has nothing
 /// to show for it (presence, logs).
-pub fn encode(env: &Envelope, ctx: &impl Context) -> Option<SynapseMessage> {
+pub fn encode(env: &Envelope, ctx: &(impl Context + ?Sized)) -> Option<SynapseMessage> {
     if env.origin_is(PROTOCOL)
         && let Some(native) = env.origin.native()
         && let Ok(mut msg) = wire::from_json::<SynapseMessage>(native, "synapse.SynapseMessage")

@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
+use super::endpoint::{Endpoint, Listening};
 use super::{Context, Running, StartError};
 use crate::core::{
     AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, Origin, PerGeneration, Protocol,
@@ -189,6 +190,23 @@ impl translate::Context for Tracker {
             Some(Role::Human) => AuthorType::Human,
             _ => AuthorType::Agent,
         }
+    }
+}
+
+impl Endpoint for Tracker {
+    const NAME: &'static str = PROTOCOL;
+    type Config = Config;
+    type Translation = translate::Translator;
+
+    fn listeners(config: &Config) -> Vec<Listening> {
+        vec![Listening {
+            serves: "rest /api/v1 + websocket /ws",
+            addr: config.listen,
+        }]
+    }
+
+    async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
+        start(config, ctx).await
     }
 }
 

@@ -7,7 +7,7 @@ use super::PROTOCOL;
 use super::db::{ProjectRow, TaskRow};
 use super::wire::{self, AuthorType, MessageOut, Priority, TaskOut, TaskStatus, TaskType};
 use crate::core::{Envelope, Kind, TaskInfo, TaskState, uuid_form};
-use crate::protocols::contract::Frame;
+use crate::protocols::endpoint::{Decoded, PreviewFrame as Frame, Translation};
 use crate::shared::clock::iso8601;
 
 /// What translation needs to know about the Tracker's chats and the directory.
@@ -16,6 +16,55 @@ pub trait Context {
     /// Whether `thread` is a project's chat id.
     fn is_project_chat(&self, thread: &str) -> bool;
     fn author_type(&self, name: &str) -> AuthorType;
+}
+
+/// The Tracker's side of the translation contract.
+pub struct Translator;
+
+/// A message a member posted, as the Tracker shows it, with where it was posted.
+pub struct Authored<'a> {
+    pub message: &'a MessageOut,
+    /// The chat (or, for a task comment, the task); `None` is the lobby.
+    pub thread: Option<String>,
+    /// The message it answers, mapped back to the original id.
+    pub reply_to: Option<String>,
+    pub timestamp: i64,
+}
+
+impl Translation for Translator {
+    type Inbound<'a> = Authored<'a>;
+    type Outbound = Value;
+    /// Posting checked the message (its chat, its mentions) before it reached decoding.
+    type Refusal = std::convert::Infallible;
+    type Context = dyn Context + Send + Sync;
+
+    fn decode(_: &Self::Context, posted: Authored<'_>) -> Result<Decoded, Self::Refusal> {
+        Ok(decode_message(
+            posted.message,
+            posted.thread,
+            posted.reply_to,
+            posted.timestamp,
+        )
+        .into())
+    }
+
+    fn encode(ctx: &Self::Context, env: &Envelope) -> Option<Value> {
+        encode(env, ctx)
+    }
+
+    fn task_state(state: TaskState) -> (String, Option<TaskState>) {
+        match status_for(state) {
+            Some(status) => (
+                format!("`{}`", status.as_str()),
+                Some(state_of(status, true)),
+            ),
+            None => ("status kept, comment added".into(), None),
+        }
+    }
+
+    fn preview(env: &Envelope) -> Vec<Frame> {
+        preview(env)
+    }
 }
 
 /// Canonical task state → Tracker status (`None`: the status stays as it is).
@@ -78,7 +127,7 @@ pub fn task_out(task: &TaskRow) -> TaskOut {
 }
 
 /// A message of any origin as the Tracker shows it.
-pub fn message_out(env: &Envelope, ctx: &impl Context) -> MessageOut {
+pub fn message_out(env: &Envelope, ctx: &(impl Context + ?Sized)) -> MessageOut {
     if env.origin_is(PROTOCOL)
         && let Some(out) = env
             .origin
@@ -104,7 +153,7 @@ pub fn message_out(env: &Envelope, ctx: &impl Context) -> MessageOut {
 }
 
 /// Where a message lives: `(chat_id, task_id)`.
-fn locate(env: &Envelope, ctx: &impl Context) -> (Option<String>, Option<String>) {
+fn locate(env: &Envelope, ctx: &(impl Context + ?Sized)) -> (Option<String>, Option<String>) {
     match (&env.thread, &env.task) {
         (Some(thread), Some(task)) if *thread == task.id => (None, Some(thread.clone())),
         (Some(thread), _) if ctx.is_project_chat(thread) => (Some(thread.clone()), None),
@@ -127,7 +176,7 @@ fn content_of(env: &Envelope) -> String {
 /// Envelope → the frame a Tracker connection receives, `None` when the Tracker has nothing
 /// to show for it. Task events are not encoded here: the endpoint renders them from its
 /// own task table.
-pub fn encode(env: &Envelope, ctx: &impl Context) -> Option<Value> {
+pub fn encode(env: &Envelope, ctx: &(impl Context + ?Sized)) -> Option<Value> {
     Some(match shown(env, ctx)? {
         Shown::Native(frame) => frame.clone(),
         Shown::Event(frame) => frame,
@@ -137,7 +186,7 @@ pub fn encode(env: &Envelope, ctx: &impl Context) -> Option<Value> {
 
 /// `encode`, as the text a connection sends: a message is written straight to text,
 /// without a `Value` in between.
-pub fn encode_text(env: &Envelope, ctx: &impl Context) -> Option<String> {
+pub fn encode_text(env: &Envelope, ctx: &(impl Context + ?Sized)) -> Option<String> {
     Some(match shown(env, ctx)? {
         // Serialized once already, for the store.
         Shown::Native(_) => env.origin.native_json()?.to_owned(),
@@ -155,7 +204,7 @@ enum Shown<'a> {
     Message(MessageOut),
 }
 
-fn shown<'a>(env: &'a Envelope, ctx: &impl Context) -> Option<Shown<'a>> {
+fn shown<'a>(env: &'a Envelope, ctx: &(impl Context + ?Sized)) -> Option<Shown<'a>> {
     if env.origin_is(PROTOCOL)
         && let Some(native) = env.origin.native()
         && native.get("type").is_some()

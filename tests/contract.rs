@@ -1,88 +1,36 @@
-//! The translation contract, generated from the translators themselves.
+//! The translation contract, generated from the translators themselves: docs/translation.md
+//! is checked against it.
 //!
 //! For each kind of message, a sample envelope with every field it can carry is shown to
-//! each protocol's translator (`translate::preview`). Where a field lands is found by
-//! changing just that field and seeing which parts of the frame change, so the tables
-//! cannot claim a mapping the code does not make. docs/translation.md embeds `render()`;
-//! a test fails when the two differ (`AGENTBRIDGE_BLESS=1 cargo test contract` rewrites it).
+//! each registered protocol's translation (`Translation::preview`). Where a field lands is
+//! found by changing just that field and seeing which parts of the frame change, so the
+//! tables cannot claim a mapping the code does not make. docs/translation.md embeds
+//! `render()`; a test fails when the two differ (`AGENTBRIDGE_BLESS=1 cargo test --test
+//! contract` rewrites it).
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
 use serde_json::{Value, json};
 
-use super::{grid, skynet, synapse, tracker};
-use crate::core::{Attachment, Audience, Envelope, Kind, Priority, TaskInfo, TaskState};
+use agentbridge::core::{Attachment, Audience, Envelope, Kind, Priority, TaskInfo, TaskState};
+use agentbridge::protocols::endpoint::Described;
+use agentbridge::protocols::registry;
 
-/// One frame a peer receives for an envelope: what it is called, and its JSON.
-pub struct Frame {
-    pub label: String,
-    pub body: Value,
+/// Every registered protocol's translation: the contract's columns.
+fn columns() -> Vec<&'static dyn Described> {
+    registry::translations()
 }
 
-struct Column {
-    name: &'static str,
-    preview: fn(&Envelope) -> Vec<Frame>,
-    /// A canonical task state as this protocol shows it, and the state it reads back.
-    state: fn(TaskState) -> (String, Option<TaskState>),
+/// A column's heading: its protocol's name, capitalised.
+fn heading(column: &dyn Described) -> String {
+    let name = column.protocol();
+    let mut chars = name.chars();
+    chars
+        .next()
+        .map(|first| first.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
 }
-
-const COLUMNS: [Column; 4] = [
-    Column {
-        name: "Skynet",
-        preview: skynet::translate::preview,
-        state: |s| {
-            let status = skynet::translate::task_state_to_skynet(s);
-            (
-                format!("`{status}`"),
-                skynet::translate::task_state_from_skynet(status),
-            )
-        },
-    },
-    Column {
-        name: "Tracker",
-        preview: tracker::translate::preview,
-        state: |s| match tracker::translate::status_for(s) {
-            Some(status) => (
-                format!("`{}`", status.as_str()),
-                Some(tracker::translate::state_of(status, true)),
-            ),
-            None => ("status kept, comment added".into(), None),
-        },
-    },
-    Column {
-        name: "Synapse",
-        preview: synapse::translate::preview,
-        state: |s| {
-            let status = synapse::wire::status_for(s);
-            (
-                format!("`{}`", status.as_str_name()),
-                synapse::wire::state_of(status as i32),
-            )
-        },
-    },
-    Column {
-        name: "Grid",
-        preview: grid::translate::preview,
-        state: |s| {
-            let mut env = sample(if s == TaskState::Completed || s == TaskState::Failed {
-                Kind::TaskResult
-            } else {
-                Kind::TaskUpdate
-            });
-            env.task.get_or_insert_default().state = Some(s);
-            let back = grid::translate::encode(&env)
-                .and_then(|msg| grid::wire::validate(json!({ "message": msg })).ok())
-                .and_then(|msg| grid::translate::decode(msg).task?.state);
-            let shown = grid::translate::preview(&env)
-                .into_iter()
-                .map(|f| f.label)
-                .next()
-                .unwrap_or_else(|| "—".into());
-            (shown, back)
-        },
-    },
-];
 
 /// The kinds the contract documents, each with its sample's title.
 const KINDS: [(Kind, &str); 18] = [
@@ -332,11 +280,11 @@ const FIELDS: [Field; 21] = [
 ];
 
 /// Where `field` of `env` shows in a protocol's frames: the paths that change with it.
-fn landing(column: &Column, env: &Envelope, field: &Field) -> BTreeSet<String> {
-    let before = (column.preview)(env);
+fn landing(column: &dyn Described, env: &Envelope, field: &Field) -> BTreeSet<String> {
+    let before = column.preview(env);
     let mut changed_env = env.clone();
     (field.change)(&mut changed_env);
-    let after = (column.preview)(&changed_env);
+    let after = column.preview(&changed_env);
     let mut paths = BTreeSet::new();
     for i in 0..before.len().max(after.len()) {
         let (b, a) = (before.get(i), after.get(i));
@@ -393,21 +341,21 @@ fn diff(a: &Value, b: &Value, path: &mut String, found: &mut dyn FnMut(&str)) {
 }
 
 /// The generated part of docs/translation.md.
-pub fn render() -> String {
+fn render() -> String {
     let mut out = String::new();
     let header = |out: &mut String, first: &str| {
-        let names: Vec<&str> = COLUMNS.iter().map(|c| c.name).collect();
+        let names: Vec<String> = columns().into_iter().map(heading).collect();
         let _ = writeln!(out, "| {first} | {} |", names.join(" | "));
-        let _ = writeln!(out, "|---|{}", "---|".repeat(COLUMNS.len()));
+        let _ = writeln!(out, "|---|{}", "---|".repeat(names.len()));
     };
     for (kind, title) in KINDS {
         let env = sample(kind);
         let _ = writeln!(out, "### {title} (`{}`)\n", kind.as_str());
         header(&mut out, "Envelope");
-        let shown: Vec<String> = COLUMNS
+        let shown: Vec<String> = columns()
             .iter()
             .map(|c| {
-                let labels: Vec<String> = (c.preview)(&env).into_iter().map(|f| f.label).collect();
+                let labels: Vec<String> = c.preview(&env).into_iter().map(|f| f.label).collect();
                 if labels.is_empty() {
                     "not shown".into()
                 } else {
@@ -417,10 +365,10 @@ pub fn render() -> String {
             .collect();
         let _ = writeln!(out, "| *shown as* | {} |", shown.join(" | "));
         for field in FIELDS.iter().filter(|f| (f.is_set)(&env)) {
-            let cells: Vec<String> = COLUMNS
-                .iter()
+            let cells: Vec<String> = columns()
+                .into_iter()
                 .map(|c| {
-                    if (c.preview)(&env).is_empty() {
+                    if c.preview(&env).is_empty() {
                         return String::new();
                     }
                     let paths = landing(c, &env, field);
@@ -450,10 +398,10 @@ pub fn render() -> String {
         TaskState::Rejected,
     ] {
         let name = state_name(state);
-        let cells: Vec<String> = COLUMNS
+        let cells: Vec<String> = columns()
             .iter()
             .map(|c| {
-                let (shown, back) = (c.state)(state);
+                let (shown, back) = c.task_state(state);
                 match back {
                     Some(back) if back == state => shown,
                     Some(back) => format!("{shown} (reads back as {})", state_name(back)),
@@ -473,63 +421,58 @@ fn state_name(state: TaskState) -> String {
         .unwrap_or_default()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+const BEGIN: &str = "<!-- contract:begin (generated by tests/contract.rs) -->\n";
+const END: &str = "<!-- contract:end -->";
 
-    const BEGIN: &str = "<!-- contract:begin (generated by src/protocols/contract.rs) -->\n";
-    const END: &str = "<!-- contract:end -->";
+#[test]
+fn docs_translation_md_matches_the_code() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/translation.md");
+    let doc = std::fs::read_to_string(path).expect("docs/translation.md exists");
+    let (head, rest) = doc.split_once(BEGIN).expect("the doc has the begin marker");
+    let (_, tail) = rest.split_once(END).expect("the doc has the end marker");
+    let generated = render();
+    let expected = format!("{head}{BEGIN}\n{generated}\n{END}{tail}");
+    if doc == expected {
+        return;
+    }
+    if std::env::var_os("AGENTBRIDGE_BLESS").is_some() {
+        std::fs::write(path, expected).expect("docs/translation.md is writable");
+        return;
+    }
+    panic!(
+        "docs/translation.md is out of date with the translators; \
+         run `AGENTBRIDGE_BLESS=1 cargo test contract` and review the diff"
+    );
+}
 
-    #[test]
-    fn docs_translation_md_matches_the_code() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/translation.md");
-        let doc = std::fs::read_to_string(path).expect("docs/translation.md exists");
-        let (head, rest) = doc.split_once(BEGIN).expect("the doc has the begin marker");
-        let (_, tail) = rest.split_once(END).expect("the doc has the end marker");
-        let generated = render();
-        let expected = format!("{head}{BEGIN}\n{generated}\n{END}{tail}");
-        if doc == expected {
-            return;
-        }
-        if std::env::var_os("AGENTBRIDGE_BLESS").is_some() {
-            std::fs::write(path, expected).expect("docs/translation.md is writable");
-            return;
-        }
-        panic!(
-            "docs/translation.md is out of date with the translators; \
-             run `AGENTBRIDGE_BLESS=1 cargo test contract` and review the diff"
+#[test]
+fn every_sample_is_shown_somewhere() {
+    for (kind, _) in KINDS {
+        let env = sample(kind);
+        assert!(
+            columns().iter().any(|c| !c.preview(&env).is_empty()),
+            "{kind:?} is shown by no protocol"
         );
     }
+}
 
-    #[test]
-    fn every_sample_is_shown_somewhere() {
-        for (kind, _) in KINDS {
-            let env = sample(kind);
-            assert!(
-                COLUMNS.iter().any(|c| !(c.preview)(&env).is_empty()),
-                "{kind:?} is shown by no protocol"
-            );
+#[test]
+fn the_id_reaches_every_protocol_that_shows_a_message() {
+    let id = FIELDS.iter().find(|f| f.name == "id").unwrap();
+    for (kind, _) in KINDS {
+        let env = sample(kind);
+        if kind.is_presence() {
+            continue;
         }
-    }
-
-    #[test]
-    fn the_id_reaches_every_protocol_that_shows_a_message() {
-        let id = FIELDS.iter().find(|f| f.name == "id").unwrap();
-        for (kind, _) in KINDS {
-            let env = sample(kind);
-            if kind.is_presence() {
+        for column in columns() {
+            if column.preview(&env).is_empty() || column.protocol() == "tracker" {
                 continue;
             }
-            for column in &COLUMNS {
-                if (column.preview)(&env).is_empty() || column.name == "Tracker" {
-                    continue;
-                }
-                assert!(
-                    !landing(column, &env, id).is_empty(),
-                    "{} loses the id of {kind:?}",
-                    column.name
-                );
-            }
+            assert!(
+                !landing(column, &env, id).is_empty(),
+                "{} loses the id of {kind:?}",
+                heading(column)
+            );
         }
     }
 }
