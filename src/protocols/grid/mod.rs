@@ -38,6 +38,7 @@ use crate::core::{
     AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, OfflineSink, Protocol, Session,
     Staged, WhenFull,
 };
+use crate::protocols::endpoint::{Decoded, Translation};
 use crate::shared::budget::ByteBudget;
 use crate::telemetry;
 use db::Db;
@@ -298,7 +299,7 @@ impl Grid {
             // Read from the scratchpad: never written back to it.
             self.mark_in_scratchpad(&msg.id);
         }
-        let env = translate::decode(msg);
+        let Ok(Decoded { envelope: env, .. }) = translate::Translator::decode(&(), msg);
         Ok(Some(self.core.stage(env).await))
     }
 

@@ -22,6 +22,7 @@ use crate::core::{
     AgentInfo, Audience, Closed, Envelope, Interest, Kind, Origin, Role, Session, Status,
     derived_uuid, new_message_id, now_ms,
 };
+use crate::protocols::endpoint::Translation;
 use crate::telemetry;
 
 /// human name → agent names whose execution logs the human watches.
@@ -422,7 +423,7 @@ impl Skynet {
 
     /// A message as Skynet clients see it.
     pub fn encode(&self, env: &Envelope) -> Option<Value> {
-        translate::encode(env, self)
+        translate::Translator::encode(self, env)
     }
 
     /// `encode`, as JSON written inside another frame or answer (a join's replay, the

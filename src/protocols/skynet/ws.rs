@@ -17,6 +17,7 @@ use super::workspace::Joined;
 use super::{PROTOCOL, Skynet};
 use crate::core::{Closed, Delivery, Envelope, InFlight, Mailbox, now_ms};
 use crate::core::{LogError, MessageQuery};
+use crate::protocols::endpoint::{Decoded, Translation};
 use crate::shared::websocket::{self, Message, Socket, Utf8Bytes};
 use crate::telemetry::{self, ConnectionGuard};
 
@@ -294,7 +295,14 @@ impl Connection {
             if msg.mentions.len() > max {
                 return self.too_many_mentions(msg.mentions.len()).await;
             }
-            let (env, unknown) = translate::decode(msg, &joined.name, skynet.as_ref());
+            let sent = translate::Sent {
+                message: msg,
+                sender: &joined.name,
+            };
+            let Ok(Decoded {
+                envelope: env,
+                unresolved: unknown,
+            }) = translate::Translator::decode(skynet.as_ref(), sent);
             let staged = skynet.core.stage(env).await;
             self.pending.push(staged, unknown);
             Flow::Continue

@@ -16,6 +16,7 @@ use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
 use crate::core::{
     Audience, Delivery, Envelope, InFlight, Interest, Kind, Staged, new_message_id, now_ms,
 };
+use crate::protocols::endpoint::Translation;
 use crate::telemetry;
 
 /// Which traffic a stream carries.
@@ -31,7 +32,7 @@ pub enum StreamKind {
 impl Synapse {
     /// The message as Synapse agents receive it, encoded once per message.
     pub fn encode(&self, delivery: &Delivery) -> Option<SynapseMessage> {
-        delivery.encoded(PROTOCOL, |env| translate::encode(env, self))
+        delivery.encoded(PROTOCOL, |env| translate::Translator::encode(self, env))
     }
 
     /// The bridge as a Synapse endpoint.
@@ -86,7 +87,8 @@ impl Synapse {
         }
         // A message the bridge could not relay as it came is refused now, while its sender
         // can still hear why, rather than lost on the way.
-        let env = translate::decode(&msg)
+        let env = translate::Translator::decode(self, &msg)
+            .map(|decoded| decoded.envelope)
             .map_err(|e| Status::invalid_argument(format!("message cannot be relayed: {e}")))?;
         self.ensure_agent(&sender, hints, "message.sender").await?;
         if msg_type == MessageType::Heartbeat {

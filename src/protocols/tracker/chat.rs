@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use super::Tracker;
 use super::db::TaskRow;
-use super::translate::{self, decode_message, message_out};
+use super::translate::{self, Authored, Translator, message_out};
 use super::wire::{AuthorType, MessageOut};
 use crate::core::{Envelope, Staged, new_message_id, now_ms};
 use crate::core::{MessageQuery, StoredMessage};
+use crate::protocols::endpoint::{Decoded, Translation};
 use crate::shared::at_names;
 use crate::shared::clock::iso8601;
 use crate::shared::each_once::{each_once, push_once};
@@ -135,7 +136,13 @@ impl Tracker {
             reply_to: new.reply_to.clone(),
             attachments: Vec::new(),
         };
-        let env = decode_message(&out, thread, reply_to, created);
+        let authored = Authored {
+            message: &out,
+            thread,
+            reply_to,
+            timestamp: created,
+        };
+        let Ok(Decoded { envelope: env, .. }) = Translator::decode(self, authored);
         let staged = self.core.stage(env).await;
         // A comment on a task another protocol asked for is news for the requester.
         let tell_requester = task
