@@ -6,6 +6,7 @@
 pub mod endpoint;
 pub mod grid;
 pub mod registry;
+pub mod session;
 pub mod skynet;
 pub mod synapse;
 pub mod tracker;
