@@ -7,24 +7,21 @@ use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 
 use super::chat::{NewMessage, PostError, Posted};
 use super::db::MemberRow;
 use super::wire::{self, AuthorType, ClientFrame, MemberKind};
 use super::{Conn, ConnInterest, PROTOCOL, Tracker, translate};
-use crate::core::{Delivery, Envelope, InFlight, Session};
-use crate::shared::websocket::{self, Message, Refused, Socket, Utf8Bytes};
-use crate::telemetry::{self, ConnectionGuard};
+use crate::core::{Delivery, Envelope, LogError, Mailbox, Session};
+use crate::protocols::session::{self, Flow, Io, WsSession};
+use crate::shared::websocket::{Message, Refused, Socket, Utf8Bytes};
+use crate::telemetry;
 
-const WRITE_BATCH: usize = 64;
 /// Why a sent message reached nobody.
 const NOT_STORED: &str = "message could not be stored; it was not delivered";
-/// Far enough away to mean "not until the next heartbeat".
-const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
 pub async fn serve(mut socket: Socket, tracker: Arc<Tracker>) {
-    let _counted = ConnectionGuard::new(PROTOCOL);
     let Some(member) = Box::pin(authenticate(&mut socket, &tracker)).await else {
         return;
     };
@@ -69,18 +66,19 @@ pub async fn serve(mut socket: Socket, tracker: Arc<Tracker>) {
         },
     );
     tracing::info!(member = %member.slug, "tracker: authenticated");
-    let mut live = Live {
-        socket,
+    let heartbeat = Duration::from_millis(tracker.config.heartbeat_timeout_ms);
+    let live = Live {
         tracker: tracker.clone(),
         conn: conn.clone(),
         member,
         session,
-        pending: InFlight::new(),
+        heartbeat_by: Some(Instant::now() + heartbeat),
     };
-    if live.send(ok).await {
-        live.run().await;
+    if socket.send(Message::Text(ok.into())).await.is_ok() {
+        session::run(live, socket, &tracker.shutdown).await;
+    } else {
+        live.finish().await;
     }
-    Box::pin(live.finish()).await;
 }
 
 /// Reads the first frame; answers `auth.ok` later, or `auth.error` and closes now.
@@ -126,97 +124,113 @@ async fn first_text(socket: &mut Socket) -> Option<Result<String, Refused>> {
 }
 
 struct Live {
-    socket: Socket,
     tracker: Arc<Tracker>,
     conn: Arc<Conn>,
     member: MemberRow,
     session: Arc<Session>,
-    /// Sent messages being stored, delivered in the order they were sent once durable.
-    pending: InFlight<Posted>,
+    /// When the connection is shown offline unless it heartbeats first; `None` once it is.
+    heartbeat_by: Option<Instant>,
 }
 
-impl Live {
-    async fn run(&mut self) {
-        let timeout = Duration::from_millis(self.tracker.config.heartbeat_timeout_ms);
-        let shutdown = self.tracker.shutdown.clone();
-        let mailbox = self.conn.mailbox.clone();
-        // The shutdown and the heartbeat's timer are made once, the timer moved as
-        // heartbeats come. Made afresh each turn of the loop, each was registered (the
-        // timer in the runtime's wheel) and removed again for every frame and delivery.
-        let mut shutting_down = std::pin::pin!(shutdown.cancelled());
-        let mut timed_out = std::pin::pin!(sleep_until(Instant::now() + timeout));
-        loop {
-            tokio::select! {
-                biased;
-                _ = &mut shutting_down => {
-                    self.socket.close(1001, "server shutting down").await;
-                    return;
-                }
-                Some((stored, post)) = self.pending.next(), if !self.pending.is_empty() => {
-                    if !Box::pin(self.on_stored(stored, post)).await {
-                        return;
-                    }
-                }
-                frame = self.socket.recv(), if self.pending.has_room() => {
-                    let text = match frame {
-                        Some(Ok(Message::Text(text))) => text.to_string(),
-                        Some(Ok(Message::Binary(bytes))) => String::from_utf8_lossy(&bytes).into_owned(),
-                        Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-                        Some(Err(refused)) => {
-                            // Refused unread: an `error` frame, and the RFC 6455 close
-                            // when the socket cannot go on.
-                            telemetry::decode_error(PROTOCOL);
-                            let refusal = &refused.refusal;
-                            if !self.send(wire::error_frame(&refusal.to_string())).await {
-                                return;
-                            }
-                            if refused.fatal {
-                                self.socket.close(refusal.close_code(), refusal.close_reason()).await;
-                                return;
-                            }
-                            continue;
-                        }
-                        _ => return,
-                    };
-                    match wire::parse_client_frame(&text) {
-                        Ok(ClientFrame::Heartbeat { status }) => {
-                            timed_out.as_mut().reset(Instant::now() + timeout);
-                            let change = self.tracker.members.heartbeat(&self.member.slug, self.conn.id, status);
-                            Box::pin(self.tracker.announce(&self.member.slug, change)).await;
-                        }
-                        Ok(frame) => {
-                            if let Err(error) = Box::pin(self.on_frame(frame)).await
-                                && !self.send(wire::error_frame(&error)).await
-                            {
-                                return;
-                            }
-                        }
-                        Err(error) => {
-                            telemetry::decode_error(PROTOCOL);
-                            if !self.send(wire::error_frame(&error)).await {
-                                return;
-                            }
-                        }
-                    }
-                }
-                next = mailbox.recv() => match next {
-                    Ok(delivery) => if !Box::pin(self.write(delivery)).await { return },
-                    Err(_) => {
-                        self.socket.close(1008, crate::shared::websocket::BEHIND_REASON).await;
-                        return;
-                    }
-                },
-                _ = &mut timed_out => {
-                    timed_out.as_mut().reset(Instant::now() + NEVER);
-                    let change = self.tracker.members.timed_out(&self.member.slug, self.conn.id);
-                    Box::pin(self.tracker.announce(&self.member.slug, change)).await;
-                }
+impl WsSession for Live {
+    const PROTOCOL: crate::core::Protocol = PROTOCOL;
+    /// With each sent message being stored, what is left to do once it is.
+    type Pending = Posted;
+
+    fn mailbox(&self) -> Option<&Arc<Mailbox>> {
+        Some(&self.conn.mailbox)
+    }
+
+    fn error_frame(&self, text: &str) -> String {
+        wire::error_frame(text)
+    }
+
+    async fn on_frame(&mut self, io: &mut Io<Posted>, message: Message) -> Flow {
+        let text = match message {
+            Message::Text(text) => text.to_string(),
+            Message::Binary(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+            _ => return Flow::Continue,
+        };
+        match wire::parse_client_frame(&text) {
+            Ok(ClientFrame::Heartbeat { status }) => {
+                let timeout = Duration::from_millis(self.tracker.config.heartbeat_timeout_ms);
+                self.heartbeat_by = Some(Instant::now() + timeout);
+                let (tracker, slug) = (&self.tracker, &self.member.slug);
+                let change = tracker.members.heartbeat(slug, self.conn.id, status);
+                Box::pin(tracker.announce(slug, change)).await;
+                Flow::Continue
+            }
+            Ok(frame) => match Box::pin(self.handle(io, frame)).await {
+                Ok(()) => Flow::Continue,
+                Err(error) => io.send(wire::error_frame(&error)).await,
+            },
+            Err(error) => {
+                telemetry::decode_error(PROTOCOL);
+                io.send(wire::error_frame(&error)).await
             }
         }
     }
 
+    async fn on_stored(
+        &mut self,
+        io: &mut Io<Posted>,
+        stored: Result<Envelope, LogError>,
+        post: Posted,
+    ) -> Flow {
+        match stored {
+            // Boxed: posting's future is large, and would size every turn's.
+            Ok(env) => {
+                Box::pin(self.tracker.posted(env, post)).await;
+                Flow::Continue
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "tracker: cannot store a message");
+                io.send(wire::error_frame(NOT_STORED)).await
+            }
+        }
+    }
+
+    async fn settle(&mut self, stored: Result<Envelope, LogError>, post: Posted) {
+        if let Ok(env) = stored {
+            self.tracker.posted(env, post).await;
+        }
+    }
+
+    fn frame(&mut self, delivery: &Arc<Delivery>) -> Option<Utf8Bytes> {
+        let tracker = &self.tracker;
+        delivery.encoded(PROTOCOL, |env| {
+            translate::encode_text(env, tracker.as_ref()).map(Utf8Bytes::from)
+        })
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.heartbeat_by
+    }
+
+    /// No heartbeat in time: shown offline until the next, the socket kept open.
+    async fn on_deadline(&mut self, _: &mut Io<Posted>) -> Flow {
+        self.heartbeat_by = None;
+        let change = (self.tracker.members).timed_out(&self.member.slug, self.conn.id);
+        Box::pin(self.tracker.announce(&self.member.slug, change)).await;
+        Flow::Continue
+    }
+
+    async fn finish(self) {
+        self.tracker.core.router.detach(&self.session);
+        self.tracker.conns.remove(&self.conn.id);
+        let change = self
+            .tracker
+            .members
+            .disconnected(&self.member.slug, self.conn.id);
+        if !self.tracker.shutdown.is_cancelled() {
+            self.tracker.announce(&self.member.slug, change).await;
+        }
+    }
+}
+
+impl Live {
     /// Handles a frame other than a heartbeat; `Err` is the error to send back.
-    async fn on_frame(&mut self, frame: ClientFrame) -> Result<(), String> {
+    async fn handle(&mut self, io: &mut Io<Posted>, frame: ClientFrame) -> Result<(), String> {
         match frame {
             ClientFrame::Auth { .. } => Err("already authenticated".into()),
             ClientFrame::Heartbeat { .. } | ClientFrame::Ack => Ok(()),
@@ -267,7 +281,7 @@ impl Live {
                 };
                 match self.tracker.stage_post(message, true).await {
                     Ok((staged, post)) => {
-                        self.pending.push(staged, post);
+                        io.pending.push(staged, post);
                         Ok(())
                     }
                     Err(PostError::NotFound(what)) => Err(what),
@@ -284,87 +298,6 @@ impl Live {
                     }
                 }
             }
-        }
-    }
-
-    /// Writes `first` and whatever else is queued, then flushes; false when the socket is gone.
-    async fn write(&mut self, first: Arc<Delivery>) -> bool {
-        let mut next = Some(first);
-        let mut written = 0;
-        while let Some(delivery) = next.take() {
-            let tracker = &self.tracker;
-            let frame: Option<Utf8Bytes> = delivery.encoded(PROTOCOL, |env| {
-                translate::encode_text(env, tracker.as_ref()).map(Utf8Bytes::from)
-            });
-            if let Some(frame) = frame {
-                if self.socket.feed(Message::Text(frame)).await.is_err() {
-                    return false;
-                }
-                delivery.written_to(PROTOCOL);
-            }
-            written += 1;
-            if written < WRITE_BATCH {
-                next = self.conn.mailbox.try_recv().ok().flatten();
-            }
-        }
-        // Told after the batch: a drop while it was written has a batch after it, or is
-        // told here.
-        let dropped = self.conn.mailbox.take_untold_drops();
-        if dropped > 0 {
-            let frame = wire::error_frame(&websocket::dropped_text(dropped));
-            if self.socket.feed(Message::Text(frame.into())).await.is_err() {
-                return false;
-            }
-        }
-        self.socket.flush().await.is_ok()
-    }
-
-    /// Delivers a sent message once stored, or tells the sender it was not; false when
-    /// the socket is gone.
-    #[expect(
-        clippy::manual_async_fn,
-        reason = "an async fn keeps its argument twice in its state"
-    )]
-    fn on_stored(
-        &mut self,
-        stored: Result<Envelope, crate::core::LogError>,
-        post: Posted,
-    ) -> impl Future<Output = bool> {
-        // A block, not an `async fn`, which would hold the message twice (its argument
-        // and the local it moves it into) in a future boxed and copied once a message.
-        async move {
-            match stored {
-                Ok(env) => {
-                    self.tracker.posted(env, post).await;
-                    true
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "tracker: cannot store a message");
-                    self.send(wire::error_frame(NOT_STORED)).await
-                }
-            }
-        }
-    }
-
-    async fn send(&mut self, frame: String) -> bool {
-        self.socket.send(Message::Text(frame.into())).await.is_ok()
-    }
-
-    async fn finish(mut self) {
-        // What was sent before the socket went is delivered all the same.
-        while let Some((stored, post)) = self.pending.next().await {
-            if let Ok(env) = stored {
-                self.tracker.posted(env, post).await;
-            }
-        }
-        self.tracker.core.router.detach(&self.session);
-        self.tracker.conns.remove(&self.conn.id);
-        let change = self
-            .tracker
-            .members
-            .disconnected(&self.member.slug, self.conn.id);
-        if !self.tracker.shutdown.is_cancelled() {
-            self.tracker.announce(&self.member.slug, change).await;
         }
     }
 }
