@@ -71,6 +71,16 @@ pub trait WsSession: Send {
     /// The protocol's error frame saying `text`: refusals and drop notices are sent in it.
     fn error_frame(&self, text: &str) -> String;
 
+    /// What the client is told of `count` messages its mailbox dropped.
+    fn drop_notice(&self, count: u64) -> String {
+        self.error_frame(&websocket::dropped_text(count))
+    }
+
+    /// Called once as the session starts, before anything is read.
+    fn on_open(&mut self, _io: &mut Io<Self::Pending>) -> impl Future<Output = Flow> + Send {
+        async { Flow::Continue }
+    }
+
     /// The frame a refused message is answered with.
     fn refusal_frame(&self, refusal: &Refusal) -> String {
         self.error_frame(&refusal.to_string())
@@ -145,18 +155,19 @@ pub async fn run<S: WsSession>(mut session: S, socket: Socket, shutdown: &Cancel
     // Made once: a `cancelled()` or a timer made afresh each turn registered with the
     // token (or the timer wheel) and left it again for every frame and delivery.
     let mut shutting_down = std::pin::pin!(shutdown.cancelled());
+    let mut flow = session.on_open(&mut io).await;
     let mut armed = session.deadline();
     let mut timer = std::pin::pin!(tokio::time::sleep_until(
         armed.unwrap_or_else(|| Instant::now() + NEVER)
     ));
-    loop {
+    while flow == Flow::Continue {
         let wanted = session.deadline();
         if wanted != armed {
             armed = wanted;
             (timer.as_mut()).reset(armed.unwrap_or_else(|| Instant::now() + NEVER));
         }
         let mailbox = session.mailbox().cloned();
-        let flow = tokio::select! {
+        flow = tokio::select! {
             biased;
             _ = &mut shutting_down => {
                 io.socket.close(1001, "server shutting down").await;
@@ -185,9 +196,6 @@ pub async fn run<S: WsSession>(mut session: S, socket: Socket, shutdown: &Cancel
                 Err(reason) => session.on_closed(&mut io, reason).await,
             },
         };
-        if flow == Flow::Close {
-            break;
-        }
     }
     while let Some((stored, pending)) = io.pending.next().await {
         session.settle(stored, pending).await;
@@ -246,7 +254,7 @@ async fn write_batch<S: WsSession>(
     // Told after the batch: a drop while it was written has a batch after it, or is told
     // here.
     if !failed && let Some(dropped) = mailbox.map(Mailbox::take_untold_drops).filter(|&n| n > 0) {
-        let notice = session.error_frame(&websocket::dropped_text(dropped));
+        let notice = session.drop_notice(dropped);
         failed = io.socket.feed(Message::Text(notice.into())).await.is_err();
     }
     if failed || io.socket.flush().await.is_err() {
