@@ -5,6 +5,7 @@
 
 pub mod endpoint;
 pub mod grid;
+pub mod hub;
 pub mod registry;
 pub mod session;
 pub mod skynet;

@@ -35,10 +35,10 @@ pub use config::Config;
 use super::endpoint::{Endpoint, Listening};
 use super::{Context, Running, StartError};
 use crate::core::{
-    AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, OfflineSink, Protocol, Session,
-    Staged, WhenFull,
+    AgentInfo, Core, Delivery, Envelope, Kind, Mailbox, OfflineSink, Protocol, Staged,
 };
 use crate::protocols::endpoint::{Decoded, Translation};
+use crate::protocols::hub::{Hub, HubFilter};
 use crate::shared::budget::ByteBudget;
 use crate::telemetry;
 use db::Db;
@@ -178,10 +178,9 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
 
     let listener = super::bind(PROTOCOL, config.listen).await?;
     let addr = listener.local_addr().map_err(|e| fail(&e))?;
-    let hub = hub_mailbox(&core);
-    let hub_session = core.router.attach(HUB, hub.clone(), Arc::new(HubInterest));
+    let hub = Hub::attach(&core, PROTOCOL, HUB, HubInterest);
     let mut tasks = vec![
-        tokio::spawn(grid.clone().write_outgoing(outgoing_rx, hub, hub_session)),
+        tokio::spawn(grid.clone().write_outgoing(outgoing_rx, hub)),
         tokio::spawn(grid.clone().expire_queued()),
     ];
     if !config.scratchpad.0.is_empty() {
@@ -413,34 +412,28 @@ impl Grid {
     /// Writes queued messages and scratchpad appends in the order they were sent, and keeps
     /// every broadcast for the programs that are not connected. The hub's mailbox is read
     /// here rather than by a task of its own, so a flush can take in what it holds.
-    async fn write_outgoing(
-        self: Arc<Self>,
-        mut rx: mpsc::UnboundedReceiver<Outgoing>,
-        hub: Arc<Mailbox>,
-        hub_session: Arc<Session>,
-    ) {
+    async fn write_outgoing(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Outgoing>, hub: Hub) {
         loop {
             tokio::select! {
                 biased;
                 job = rx.recv() => match job {
-                    Some(job) => self.run(job, &hub).await,
+                    Some(job) => self.run(job, hub.mailbox()).await,
                     None => break,
                 },
                 next = hub.recv() => match next {
-                    Ok(delivery) => self.keep_broadcast(&delivery).await,
-                    Err(_) => break,
+                    Some(delivery) => self.keep_broadcast(&delivery).await,
+                    None => break,
                 },
                 _ = self.shutdown.cancelled() => {
                     // At shutdown, what is already waiting is still written.
-                    self.drain_hub(&hub).await;
+                    self.drain_hub(hub.mailbox()).await;
                     while let Ok(job) = rx.try_recv() {
-                        self.run(job, &hub).await;
+                        self.run(job, hub.mailbox()).await;
                     }
                     break;
                 }
             }
         }
-        self.core.router.detach(&hub_session);
     }
 
     async fn run(&self, job: Outgoing, hub: &Mailbox) {
@@ -590,34 +583,8 @@ const HUB: &str = "\0grid-hub";
 /// protocols' messages to everyone) are kept for the programs that are not connected.
 struct HubInterest;
 
-impl HubInterest {
-    fn wants(env: &Envelope) -> bool {
+impl HubFilter for HubInterest {
+    fn wants(&self, env: &Envelope) -> bool {
         translate::for_every_program(env)
     }
-}
-
-impl Interest for HubInterest {
-    fn observes(&self, env: &Envelope) -> bool {
-        Self::wants(env)
-    }
-
-    fn accepts(&self, env: &Envelope) -> bool {
-        Self::wants(env)
-    }
-}
-
-/// The hub's mailbox: unbounded, as its reader only moves messages to the store (a
-/// bounded one would drop broadcasts under a burst). A broadcast whose ttl runs out before
-/// it is kept is answered like any expired message.
-fn hub_mailbox(core: &Arc<Core>) -> Arc<Mailbox> {
-    let weak = Arc::downgrade(core);
-    Arc::new(
-        Mailbox::new(PROTOCOL, usize::MAX, WhenFull::DropNewest).with_expiry_hook(Arc::new(
-            move |delivery| {
-                if let Some(core) = weak.upgrade() {
-                    core.expired(&delivery, PROTOCOL);
-                }
-            },
-        )),
-    )
 }

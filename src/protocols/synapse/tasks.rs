@@ -22,9 +22,9 @@ use super::proto::{
 use super::{PROTOCOL, Synapse, agents::internal, translate, wire};
 use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
 use crate::core::{
-    Attachment, Delivery, Directory, Envelope, Interest, Kind, Priority, TaskInfo, TaskState,
-    new_message_id,
+    Attachment, Directory, Envelope, Kind, Priority, TaskInfo, TaskState, new_message_id,
 };
+use crate::protocols::hub::{Hub, HubFilter};
 
 /// Largest file accepted with a task.
 pub const MAX_FILE: usize = 5 * 1024 * 1024;
@@ -482,39 +482,25 @@ impl HubInterest {
     }
 }
 
-impl Interest for HubInterest {
-    fn observes(&self, env: &Envelope) -> bool {
-        self.concerns(env)
-    }
-
-    fn accepts(&self, env: &Envelope) -> bool {
+impl HubFilter for HubInterest {
+    fn wants(&self, env: &Envelope) -> bool {
         self.concerns(env)
     }
 }
 
 pub fn start_hub(synapse: Arc<Synapse>) -> JoinHandle<()> {
-    let router = &synapse.core.router;
-    let mailbox = router.hub_mailbox(PROTOCOL);
-    let session = router.attach(
-        HUB,
-        mailbox.clone(),
-        Arc::new(HubInterest {
-            tasks: synapse.tasks.clone(),
-            pending: synapse.pending.clone(),
-            directory: synapse.core.directory.clone(),
-        }),
-    );
+    let filter = HubInterest {
+        tasks: synapse.tasks.clone(),
+        pending: synapse.pending.clone(),
+        directory: synapse.core.directory.clone(),
+    };
+    let hub = Hub::attach(&synapse.core, PROTOCOL, HUB, filter);
     tokio::spawn(async move {
-        loop {
-            let delivery: Arc<Delivery> = tokio::select! {
-                _ = synapse.shutdown.cancelled() => break,
-                next = mailbox.recv() => match next { Ok(d) => d, Err(_) => break },
-            };
+        while let Some(delivery) = hub.next(&synapse.shutdown).await {
             match delivery.envelope.kind {
                 Kind::PresenceJoin => synapse.assign_pending().await,
                 _ => synapse.apply_progress(&delivery.envelope).await,
             }
         }
-        synapse.core.router.detach(&session);
     })
 }

@@ -9,7 +9,8 @@ use tokio::task::JoinHandle;
 
 use super::translate::{TaskChange, task_change, task_from};
 use super::{Chats, PROTOCOL, Tracker};
-use crate::core::{Audience, Delivery, Directory, Envelope, Interest, Kind, Origin, TaskInfo};
+use crate::core::{Audience, Delivery, Directory, Envelope, Kind, Origin, TaskInfo};
+use crate::protocols::hub::{Hub, HubFilter};
 
 /// The hub's routing name; not an agent name any client can register.
 const HUB: &str = "\0tracker-hub";
@@ -42,38 +43,22 @@ impl HubInterest {
     }
 }
 
-impl Interest for HubInterest {
-    fn observes(&self, env: &Envelope) -> bool {
-        self.concerns_tracker(env)
-    }
-
-    fn accepts(&self, env: &Envelope) -> bool {
+impl HubFilter for HubInterest {
+    fn wants(&self, env: &Envelope) -> bool {
         self.concerns_tracker(env)
     }
 }
 
 pub fn start(tracker: Arc<Tracker>) -> JoinHandle<()> {
-    let router = &tracker.core.router;
-    let mailbox = router.hub_mailbox(PROTOCOL);
-    let session = router.attach(
-        HUB,
-        mailbox.clone(),
-        Arc::new(HubInterest {
-            chats: tracker.chats.clone(),
-            directory: tracker.core.directory.clone(),
-        }),
-    );
+    let filter = HubInterest {
+        chats: tracker.chats.clone(),
+        directory: tracker.core.directory.clone(),
+    };
+    let hub = Hub::attach(&tracker.core, PROTOCOL, HUB, filter);
     tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = tracker.shutdown.cancelled() => break,
-                next = mailbox.recv() => match next {
-                    Ok(delivery) => tracker.apply(&delivery).await,
-                    Err(_) => break,
-                },
-            }
+        while let Some(delivery) = hub.next(&tracker.shutdown).await {
+            tracker.apply(&delivery).await;
         }
-        tracker.core.router.detach(&session);
     })
 }
 
