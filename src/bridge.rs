@@ -19,6 +19,7 @@ use crate::telemetry;
 pub struct Bridge {
     core: Arc<Core>,
     store: Store,
+    read_budget: ByteBudget,
     admin: Option<SocketAddr>,
     listeners: Vec<(&'static str, &'static str, SocketAddr)>,
     tasks: Vec<JoinHandle<()>>,
@@ -64,6 +65,7 @@ impl Bridge {
             limits: config.limits.clone(),
             read_budget: ByteBudget::new(config.limits.read_budget_bytes),
         };
+        let read_budget = context.read_budget.clone();
         let started = async {
             let mut running = Vec::new();
             for section in &config.endpoints {
@@ -97,6 +99,7 @@ impl Bridge {
         Ok(Bridge {
             core,
             store,
+            read_budget,
             admin,
             listeners,
             tasks,
@@ -123,6 +126,11 @@ impl Bridge {
 
     pub fn core(&self) -> &Arc<Core> {
         &self.core
+    }
+
+    /// The bridge-wide budget large inbound WebSocket messages take from.
+    pub fn read_budget(&self) -> &ByteBudget {
+        &self.read_budget
     }
 
     /// Stops listening, closes every connection, and closes the store once its queued

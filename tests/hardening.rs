@@ -399,16 +399,31 @@ async fn sockets_that_never_identify_are_closed() {
 
 #[tokio::test]
 async fn large_messages_past_the_read_budget_are_refused_until_it_frees() {
-    let bridge = start_bridge("[limits]\nread_budget_bytes = 300000\n").await;
+    let bridge = start_bridge(
+        "[limits]\nread_budget_bytes = 300000\n\
+         [skynet]\nlisten = \"127.0.0.1:0\"\njoin_timeout_ms = 600000\n",
+    )
+    .await;
     let addr = bridge.addr("skynet").unwrap();
     let http = SkynetHttp::new(addr);
-    // Two sockets each start a 140 KB frame and stop half-way: they hold the budget.
+    // Two sockets each send all but the last 1000 bytes of a 140 KB frame, and stop: what
+    // they sent holds the budget (a header alone would hold nothing).
     let mut holders = Vec::new();
     for _ in 0..2 {
         let mut raw = RawSocket::connect(addr, "/ws").await;
         raw.write(&RawSocket::frame_header(1, true, 140_000)).await;
-        raw.write(&[b' '; 1000]).await;
+        raw.write(&[b' '; 139_000]).await;
         holders.push(raw);
+    }
+    let held = || 300_000 - bridge.read_budget().available();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while held() < 278_000 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "held only {}",
+            held()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let card = http.agent("third").await;
     let (mut ws, _) = SkynetWs::join(addr, &card).await;
@@ -430,24 +445,19 @@ async fn large_messages_past_the_read_budget_are_refused_until_it_frees() {
     assert_eq!(text_of(&ws.chat("small").await), "small");
     // Once one holder's frame is read whole (and answered), its bytes are free again.
     let mut holder = holders.pop().unwrap();
-    holder.write(&[b' '; 139_000]).await;
-    let mut retried = false;
-    for _ in 0..50 {
-        ws.action(
-            "send",
-            json!({ "type": "chat", "payload": { "text": text } }),
-        )
-        .await;
-        let frame = ws.next().await;
-        if frame.get("event").is_none() {
-            assert_eq!(text_of(&frame), text);
-            retried = true;
-            break;
-        }
-        assert_eq!(frame["event"], "error");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    holder.write(&[b' '; 1000]).await;
+    while held() > 140_000 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still held {}",
+            held()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(retried, "the budget never freed");
+    let echo = ws
+        .chat_with(json!({ "type": "chat", "payload": { "text": text } }))
+        .await;
+    assert_eq!(text_of(&echo), text);
     drop(holders);
     bridge.shutdown().await;
 }

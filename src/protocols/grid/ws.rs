@@ -122,7 +122,7 @@ impl WsSession for Connection {
         let code = match refusal {
             Refusal::TooLarge { .. } => "PAYLOAD_TOO_LARGE",
             Refusal::OverBudget { .. } => "BUSY",
-            Refusal::NotUtf8 => "VALIDATION_FAILED",
+            Refusal::NotUtf8 | Refusal::Protocol(_) => "VALIDATION_FAILED",
         };
         self.error_text(wire::Invalid {
             code,

@@ -43,6 +43,9 @@ pub enum Refusal {
     OverBudget { bytes: u64 },
     /// A text message that is not UTF-8 (reported by tungstenite, not the gate).
     NotUtf8,
+    /// A frame RFC 6455 forbids (unmasked, an unknown opcode, a control frame over 125
+    /// bytes or fragmented), which tungstenite would read whole before refusing it.
+    Protocol(&'static str),
 }
 
 impl Refusal {
@@ -52,6 +55,7 @@ impl Refusal {
             Refusal::TooLarge { .. } => 1009,
             Refusal::OverBudget { .. } => 1013,
             Refusal::NotUtf8 => 1007,
+            Refusal::Protocol(_) => 1002,
         }
     }
 
@@ -61,6 +65,7 @@ impl Refusal {
             Refusal::TooLarge { .. } => "message too large",
             Refusal::OverBudget { .. } => "too many large messages in flight; try again later",
             Refusal::NotUtf8 => "text frame is not valid UTF-8",
+            Refusal::Protocol(_) => "protocol error",
         }
     }
 }
@@ -77,6 +82,7 @@ impl std::fmt::Display for Refusal {
                 "Message of {bytes} bytes refused: the bridge is reading as many large messages as it may; send it again later"
             ),
             Refusal::NotUtf8 => write!(f, "Text frame is not valid UTF-8"),
+            Refusal::Protocol(why) => write!(f, "Frame refused: {why}"),
         }
     }
 }
@@ -95,8 +101,14 @@ pub struct Limits {
 enum State {
     /// Reading a frame header.
     Header,
-    /// Passing this many more payload bytes up.
-    Pass(u64),
+    /// Passing payload bytes up.
+    Pass {
+        left: u64,
+        /// Each byte is reserved from the budget as it passes (a large message's).
+        reserve: bool,
+        /// The message is whole once these bytes have passed.
+        ends_message: bool,
+    },
     /// Skipping this many more payload bytes of a refused message.
     Skip(u64),
 }
@@ -111,7 +123,10 @@ struct Header {
 }
 
 enum Verdict {
-    Pass,
+    Pass {
+        reserve: bool,
+        ends_message: bool,
+    },
     /// Skipped; `first` when it is the refused message's first frame, where the Pong goes.
     Skip {
         first: bool,
@@ -125,8 +140,10 @@ pub struct Gate<S> {
     state: State,
     /// The start of a header cut short by the end of a read, examined with the next.
     carry: Vec<u8>,
-    /// The data message being read, passed up: its bytes so far and what they reserved.
+    /// The data message being read, passed up: its declared bytes so far, those passed,
+    /// and what they reserved.
     message_bytes: u64,
+    message_passed: u64,
     message_reserved: Option<Reserved>,
     /// The rest of a refused message's fragments are skipped too.
     skipping_message: bool,
@@ -145,6 +162,7 @@ impl<S> Gate<S> {
             state: State::Header,
             carry: Vec::new(),
             message_bytes: 0,
+            message_passed: 0,
             message_reserved: None,
             skipping_message: false,
             passed: VecDeque::new(),
@@ -171,11 +189,32 @@ impl<S> Gate<S> {
         while read < region.len() {
             let left = region.len() - read;
             match self.state {
-                State::Pass(n) => {
+                State::Pass {
+                    left: n,
+                    reserve,
+                    ends_message,
+                } => {
                     let k = left.min(usize::try_from(n).unwrap_or(usize::MAX));
+                    if reserve {
+                        // Reserved as the bytes come, not when a header declares them: a
+                        // header alone holds nothing.
+                        self.reserve(k as u64)?;
+                    }
                     region.copy_within(read..read + k, written);
                     (read, written) = (read + k, written + k);
-                    self.state = rest(n, k, State::Pass);
+                    self.state = match n - k as u64 {
+                        0 => {
+                            if ends_message {
+                                self.message_ended();
+                            }
+                            State::Header
+                        }
+                        left => State::Pass {
+                            left,
+                            reserve,
+                            ends_message,
+                        },
+                    };
                 }
                 State::Skip(n) => {
                     let k = left.min(usize::try_from(n).unwrap_or(usize::MAX));
@@ -193,10 +232,24 @@ impl<S> Gate<S> {
                         break;
                     };
                     match self.judge(&header)? {
-                        Verdict::Pass => {
+                        Verdict::Pass {
+                            reserve,
+                            ends_message,
+                        } => {
                             region.copy_within(read..read + header.len, written);
                             written += header.len;
-                            self.state = rest(header.payload, 0, State::Pass);
+                            self.state = if header.payload == 0 {
+                                if ends_message {
+                                    self.message_ended();
+                                }
+                                State::Header
+                            } else {
+                                State::Pass {
+                                    left: header.payload,
+                                    reserve,
+                                    ends_message,
+                                }
+                            };
                         }
                         Verdict::Skip { first } => {
                             if first {
@@ -215,14 +268,29 @@ impl<S> Gate<S> {
     }
 
     fn judge(&mut self, header: &Header) -> io::Result<Verdict> {
-        // Unmasked client frames and unknown opcodes are tungstenite's to refuse; control
-        // frames are at most 125 bytes.
-        if !header.masked || header.opcode >= 8 || !matches!(header.opcode, 0..=2) {
-            return Ok(Verdict::Pass);
+        // What tungstenite would read whole before refusing it is refused here, unread.
+        let forbidden = if !header.masked {
+            Some("a client frame must be masked")
+        } else if matches!(header.opcode, 3..=7 | 11..=15) {
+            Some("unknown opcode")
+        } else if header.opcode >= 8 && (!header.fin || header.payload > 125) {
+            Some("a control frame is at most 125 bytes and not fragmented")
+        } else {
+            None
+        };
+        if let Some(why) = forbidden {
+            return Err(fatal(Refusal::Protocol(why)));
+        }
+        if header.opcode >= 8 {
+            return Ok(Verdict::Pass {
+                reserve: false,
+                ends_message: false,
+            });
         }
         let first = header.opcode != 0;
         if first {
             self.message_bytes = 0;
+            self.message_passed = 0;
             self.message_reserved = None;
             self.skipping_message = false;
         } else if self.skipping_message {
@@ -230,53 +298,89 @@ impl<S> Gate<S> {
             return Ok(Verdict::Skip { first: false });
         }
         self.message_bytes = self.message_bytes.saturating_add(header.payload);
+        let budgeted = self.limits.budget.is_some() && self.message_bytes >= BUDGETED_BYTES;
         let refusal = if self.message_bytes > self.limits.max_message {
             Some(Refusal::TooLarge {
                 bytes: self.message_bytes,
                 limit: self.limits.max_message,
             })
+        } else if budgeted && !self.admits() {
+            Some(Refusal::OverBudget {
+                bytes: self.message_bytes,
+            })
         } else {
-            self.reserve().err()
+            None
         };
         if let Some(refusal) = refusal {
             if !first {
                 // tungstenite holds the message's first fragments: it cannot be skipped.
-                self.message_reserved = None;
-                return Err(io::Error::new(io::ErrorKind::InvalidData, refusal));
+                return Err(fatal(refusal));
             }
             self.refused.push_back(refusal);
             self.skipping_message = !header.fin;
             return Ok(Verdict::Skip { first: true });
         }
-        if header.fin {
-            self.passed.push_back(self.message_reserved.take());
+        if budgeted {
+            // Fragments passed before the message was large are reserved now.
+            let unreserved = self.message_passed - self.reserved_bytes();
+            self.reserve(unreserved)?;
         }
-        Ok(Verdict::Pass)
+        self.message_passed += header.payload;
+        Ok(Verdict::Pass {
+            reserve: budgeted,
+            ends_message: header.fin,
+        })
     }
 
-    /// Reserves what the message so far needs beyond what it has, once it is large.
-    fn reserve(&mut self) -> Result<(), Refusal> {
+    /// Whether the rest of the current message fits in what the budget has free now.
+    fn admits(&self) -> bool {
+        let Some(budget) = &self.limits.budget else {
+            return true;
+        };
+        let needed = self.message_bytes - self.reserved_bytes();
+        budget.available() as u64 >= needed
+    }
+
+    fn reserved_bytes(&self) -> u64 {
+        self.message_reserved.as_ref().map_or(0, Reserved::bytes)
+    }
+
+    /// Reserves `bytes` more for the current message; past the budget the read fails (the
+    /// message is part-way through tungstenite, and cannot be skipped).
+    fn reserve(&mut self, bytes: u64) -> io::Result<()> {
         let Some(budget) = &self.limits.budget else {
             return Ok(());
         };
-        if self.message_bytes < BUDGETED_BYTES {
+        if bytes == 0 {
             return Ok(());
         }
-        let held = self.message_reserved.as_ref().map_or(0, Reserved::bytes);
-        let more = self.message_bytes - held;
-        let refused = Refusal::OverBudget {
-            bytes: self.message_bytes,
-        };
-        let taken = budget.try_reserve(more).ok_or(refused)?;
+        let taken = budget.try_reserve(bytes).ok_or_else(|| {
+            fatal(Refusal::OverBudget {
+                bytes: self.message_bytes,
+            })
+        })?;
         match &mut self.message_reserved {
             Some(reserved) => reserved.merge(taken),
             None => self.message_reserved = Some(taken),
         }
         Ok(())
     }
+
+    /// The current message is whole: what it reserved waits for the connection to be
+    /// done with it (one entry per message tungstenite hands up).
+    fn message_ended(&mut self) {
+        self.passed.push_back(self.message_reserved.take());
+        self.message_bytes = 0;
+        self.message_passed = 0;
+    }
 }
 
-/// `n - k` more bytes of a payload in state `more`, or the next header when none are left.
+/// A refusal that fails the read: the connection cannot go on.
+fn fatal(refusal: Refusal) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, refusal)
+}
+
+/// `n - k` more bytes of a skipped payload, or the next header when none are left.
 fn rest(n: u64, k: usize, more: fn(u64) -> State) -> State {
     match n - k as u64 {
         0 => State::Header,
@@ -569,5 +673,63 @@ mod tests {
                 limit: 100
             })
         );
+    }
+
+    #[tokio::test]
+    async fn frames_tungstenite_would_read_whole_before_refusing_are_refused_unread() {
+        let mut unmasked = frame(true, 1, b"hi");
+        unmasked[1] &= 0x7F;
+        let big_ping = frame(true, 9, &[0; 200]);
+        let fragmented_ping = frame(false, 9, b"p");
+        let reserved = frame(true, 3, b"x");
+        for input in [unmasked, big_ping, fragmented_ping, reserved] {
+            let mut gate = gate_over(&input, limited(1 << 20)).await;
+            let mut out = Vec::new();
+            let err = bounded(gate.read_to_end(&mut out)).await.unwrap_err();
+            let refusal = err.get_ref().and_then(|e| e.downcast_ref::<Refusal>());
+            assert!(matches!(refusal, Some(Refusal::Protocol(_))), "{refusal:?}");
+            assert_eq!(refusal.unwrap().close_code(), 1002);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_header_alone_holds_nothing_of_the_budget() {
+        let budget = ByteBudget::new(1 << 20);
+        let mut input = header_of(1 << 19);
+        input.extend_from_slice(&[0; 10]);
+        let limits = Limits {
+            max_message: 1 << 20,
+            budget: Some(budget.clone()),
+        };
+        let (mut near, far) = tokio::io::duplex(1 << 20);
+        let mut gate = Gate::new(far, limits);
+        near.write_all(&input).await.unwrap();
+        let mut buf = vec![0; 4096];
+        let n = bounded(gate.read(&mut buf)).await.unwrap();
+        assert_eq!(n, input.len());
+        assert_eq!(budget.available(), (1 << 20) - 10, "only what arrived");
+    }
+
+    #[tokio::test]
+    async fn control_frames_inside_a_skipped_message_still_pass() {
+        let mut input = frame(false, 1, &[b'x'; 200]);
+        input.extend(frame(true, 9, b"ping"));
+        input.extend(frame(true, 0, b"tail"));
+        input.extend(frame(true, 1, b"after"));
+        let mut gate = gate_over(&input, limited(100)).await;
+        let mut out = Vec::new();
+        bounded(gate.read_to_end(&mut out)).await.unwrap();
+        let mut expected = PONG.to_vec();
+        expected.extend(frame(true, 9, b"ping"));
+        expected.extend(frame(true, 1, b"after"));
+        assert_eq!(out, expected);
+    }
+
+    /// The header of a masked, final text frame of `len` bytes, alone.
+    fn header_of(len: usize) -> Vec<u8> {
+        let mut header = vec![0x81, 0x80 | 127];
+        header.extend_from_slice(&(len as u64).to_be_bytes());
+        header.extend_from_slice(&[0, 0, 0, 0]);
+        header
     }
 }
