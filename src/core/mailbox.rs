@@ -12,7 +12,7 @@
 //! recipient further behind than the backlog holds is closed, so that its client
 //! reconnects and replays what the store keeps for it.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ use serde::Deserialize;
 use tokio::sync::Notify;
 
 use super::delivery::Delivery;
-use super::envelope::Protocol;
+use super::envelope::{Envelope, Priority, Protocol};
 
 /// What happens to a message that arrives at a full mailbox.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -74,7 +74,7 @@ type ExpiryHook = Arc<dyn Fn(Arc<Delivery>) + Send + Sync>;
 /// Reads stored messages back by id, in the order asked, for a mailbox's backlog; `None`
 /// when the store could not be read (the backlog is kept, and asked again).
 pub type BacklogReader = Arc<
-    dyn Fn(Vec<String>) -> Pin<Box<dyn Future<Output = Option<Vec<Arc<Delivery>>>> + Send>>
+    dyn Fn(Vec<String>) -> Pin<Box<dyn Future<Output = Option<Vec<Envelope>>> + Send>>
         + Send
         + Sync,
 >;
@@ -92,18 +92,28 @@ pub struct Mailbox {
     /// mailbox at an overflow, as `disconnect` does).
     backlog_limit: usize,
     reader: Option<BacklogReader>,
-    state: Mutex<Lanes>,
-    notify: Notify,
+    /// Shared with a read of the backlog under way, which puts what it read in the lanes.
+    shared: Arc<Shared>,
     on_expired: Option<ExpiryHook>,
     /// Where the depth is recorded each time the recipient wakes to read (a no-op handle by
     /// default). Once per wake-up, not per message: under load a wake-up drains a batch.
     depth: metrics::Histogram,
 }
 
+struct Shared {
+    state: Mutex<Lanes>,
+    notify: Notify,
+}
+
 /// A message waiting past the mailbox's capacity.
 enum Behind {
-    /// Its id: the store holds it.
-    Stored(String),
+    /// Its id, and its delivery's times (its ttl runs from when it was routed): the store
+    /// holds the rest.
+    Stored {
+        id: String,
+        routed_at: Instant,
+        expires_at: Option<Instant>,
+    },
     /// Not stored (a control signal, a status change): held as it is.
     Held(Arc<Delivery>),
 }
@@ -116,13 +126,15 @@ struct Lanes {
     closed: Option<Closed>,
     /// Messages dropped (`drop_oldest`, `drop_newest`) that the recipient was not told of.
     untold_drops: u64,
+    /// A read of the backlog's front is under way.
+    fetching: bool,
 }
 
 /// What the consumer does next.
 enum Next {
     Ready(Arc<Delivery>),
-    /// Read these ids (the backlog's front) back from the store.
-    Fetch(Vec<String>),
+    /// The backlog's front is being read back; what it reads wakes the consumer.
+    Fetching,
     Empty,
 }
 
@@ -134,14 +146,17 @@ impl Mailbox {
             policy,
             backlog_limit: 0,
             reader: None,
-            state: Mutex::new(Lanes {
-                lanes: Default::default(),
-                len: 0,
-                backlog: VecDeque::new(),
-                closed: None,
-                untold_drops: 0,
+            shared: Arc::new(Shared {
+                state: Mutex::new(Lanes {
+                    lanes: Default::default(),
+                    len: 0,
+                    backlog: VecDeque::new(),
+                    closed: None,
+                    untold_drops: 0,
+                    fetching: false,
+                }),
+                notify: Notify::new(),
             }),
-            notify: Notify::new(),
             on_expired: None,
             depth: metrics::Histogram::noop(),
         }
@@ -187,7 +202,9 @@ impl Mailbox {
             if state.closed.is_some() {
                 return Pushed::Closed;
             }
-            if state.backlog.is_empty() && state.len < self.capacity {
+            // A high-priority message does not wait behind a backlog.
+            let ahead = state.backlog.is_empty() || lane == Priority::High.lane();
+            if ahead && state.len < self.capacity {
                 state.lanes[lane].push_back(delivery);
                 state.len += 1;
                 Pushed::Queued
@@ -195,7 +212,11 @@ impl Mailbox {
                 match self.policy {
                     WhenFull::Replay if state.backlog.len() < self.backlog_limit => {
                         let behind = if delivery.stored {
-                            Behind::Stored(delivery.envelope.id.clone())
+                            Behind::Stored {
+                                id: delivery.envelope.id.clone(),
+                                routed_at: delivery.routed_at,
+                                expires_at: delivery.expires_at,
+                            }
                         } else {
                             Behind::Held(delivery)
                         };
@@ -228,15 +249,16 @@ impl Mailbox {
                 }
             }
         };
-        self.notify.notify_one();
+        self.shared.notify.notify_one();
         outcome
     }
 
     /// The next message, highest priority first, then the backlog's in arrival order; an
     /// error once the mailbox is closed.
     ///
-    /// Cancel-safe: a message is only taken from the lanes by the call that returns it,
-    /// and from the backlog once read back.
+    /// Cancel-safe: a message is only taken from the lanes by the call that returns it;
+    /// the backlog is read back by a task of its own, which a cancelled `recv` does not
+    /// stop, into the lanes.
     pub async fn recv(&self) -> Result<Arc<Delivery>, Closed> {
         loop {
             let depth = self.len();
@@ -245,10 +267,9 @@ impl Mailbox {
                     self.depth.record(depth as f64);
                     return Ok(next);
                 }
-                Next::Fetch(ids) => self.fetch(ids).await,
                 // One consumer: a `notify_one` that finds no waiter leaves a permit, so a
-                // push between `next` and here is not missed.
-                Next::Empty => self.notify.notified().await,
+                // push (or a read of the backlog) between `next` and here is not missed.
+                Next::Fetching | Next::Empty => self.shared.notify.notified().await,
             }
         }
     }
@@ -279,50 +300,89 @@ impl Mailbox {
         if let Some(next) = self.try_recv()? {
             return Ok(Next::Ready(next));
         }
-        let mut state = self.lock();
-        if let Some(reason) = state.closed {
-            return Err(reason);
-        }
-        let mut ids = Vec::new();
-        for behind in state.backlog.iter().take(FETCH) {
-            match behind {
-                Behind::Stored(id) => ids.push(id.clone()),
-                Behind::Held(_) => break,
+        loop {
+            let held = {
+                let mut state = self.lock();
+                if let Some(reason) = state.closed {
+                    return Err(reason);
+                }
+                if state.fetching {
+                    return Ok(Next::Fetching);
+                }
+                match state.backlog.front() {
+                    None => return Ok(Next::Empty),
+                    Some(Behind::Held(_)) => match state.backlog.pop_front() {
+                        Some(Behind::Held(delivery)) => delivery,
+                        _ => unreachable!("the front was held"),
+                    },
+                    Some(Behind::Stored { .. }) => {
+                        let batch: Vec<(String, Instant, Option<Instant>)> = (state.backlog.iter())
+                            .take(FETCH)
+                            .map_while(|behind| match behind {
+                                Behind::Stored {
+                                    id,
+                                    routed_at,
+                                    expires_at,
+                                } => Some((id.clone(), *routed_at, *expires_at)),
+                                Behind::Held(_) => None,
+                            })
+                            .collect();
+                        state.fetching = true;
+                        drop(state);
+                        self.fetch(batch);
+                        return Ok(Next::Fetching);
+                    }
+                }
+            };
+            if let Some(delivery) = self.unexpired(held, Instant::now()) {
+                return Ok(Next::Ready(delivery));
             }
-        }
-        if !ids.is_empty() {
-            return Ok(Next::Fetch(ids));
-        }
-        match state.backlog.pop_front() {
-            Some(Behind::Held(delivery)) => Ok(Next::Ready(delivery)),
-            _ => Ok(Next::Empty),
         }
     }
 
-    /// Reads the backlog's front, `ids`, back from the store into the lanes.
-    async fn fetch(&self, ids: Vec<String>) {
-        let Some(reader) = &self.reader else { return };
-        let Some(read) = reader(ids.clone()).await else {
-            tokio::time::sleep(FETCH_RETRY).await;
+    /// Reads the backlog's front, `batch`, back from the store into the lanes, on a task
+    /// of its own.
+    fn fetch(&self, batch: Vec<(String, Instant, Option<Instant>)>) {
+        let Some(reader) = self.reader.clone() else {
             return;
         };
-        let mut state = self.lock();
-        if state.closed.is_some() {
-            return;
-        }
-        // Only this consumer takes from the backlog: its front is still `ids`.
-        state.backlog.drain(..ids.len());
-        let found = read.len();
-        for delivery in read {
-            state.lanes[delivery.envelope.priority.lane()].push_back(delivery);
-            state.len += 1;
-        }
-        if found < ids.len() {
-            // Acknowledged messages the store no longer has: none should be, but the
-            // recipient hears of any.
-            state.untold_drops += (ids.len() - found) as u64;
-            crate::telemetry::message_dropped(self.protocol, "backlog_not_stored");
-        }
+        let shared = self.shared.clone();
+        let protocol = self.protocol;
+        tokio::spawn(async move {
+            let ids = batch.iter().map(|(id, _, _)| id.clone()).collect();
+            let read = reader(ids).await;
+            if read.is_none() {
+                tokio::time::sleep(FETCH_RETRY).await;
+            }
+            let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.fetching = false;
+            if let (None, Some(read)) = (state.closed, read) {
+                let mut read: HashMap<String, Envelope> =
+                    read.into_iter().map(|e| (e.id.clone(), e)).collect();
+                // Only the fetch takes from the backlog's front: it is still `batch`.
+                state.backlog.drain(..batch.len());
+                let mut found = 0;
+                for (id, routed_at, expires_at) in &batch {
+                    let Some(envelope) = read.remove(id) else {
+                        continue;
+                    };
+                    found += 1;
+                    let mut delivery = Delivery::stored(envelope);
+                    (delivery.routed_at, delivery.expires_at) = (*routed_at, *expires_at);
+                    let lane = delivery.envelope.priority.lane();
+                    state.lanes[lane].push_back(Arc::new(delivery));
+                    state.len += 1;
+                }
+                if found < batch.len() {
+                    // Acknowledged messages the store no longer has: none should be, but the
+                    // recipient hears of any.
+                    state.untold_drops += (batch.len() - found) as u64;
+                    crate::telemetry::message_dropped(protocol, "backlog_not_stored");
+                }
+            }
+            drop(state);
+            shared.notify.notify_one();
+        });
     }
 
     /// Messages dropped by the `drop_oldest` / `drop_newest` policy since last asked: the
@@ -390,7 +450,7 @@ impl Mailbox {
             state.len = 0;
             state.backlog.clear();
         }
-        self.notify.notify_one();
+        self.shared.notify.notify_one();
     }
 
     pub fn closed(&self) -> Option<Closed> {
@@ -398,7 +458,7 @@ impl Mailbox {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Lanes> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -430,7 +490,8 @@ mod tests {
             Box::pin(async move {
                 let found = ids
                     .iter()
-                    .filter_map(|id| stored.iter().find(|d| &d.envelope.id == id).cloned())
+                    .filter_map(|id| stored.iter().find(|d| &d.envelope.id == id))
+                    .map(|d| d.envelope.clone())
                     .collect();
                 Some(found)
             })

@@ -110,11 +110,7 @@ impl Core {
                 let log = log.clone();
                 Box::pin(async move {
                     match log.read_ids(ids).await {
-                        Ok(stored) => Some(
-                            (stored.into_iter())
-                                .map(|m| Arc::new(Delivery::stored(m.envelope)))
-                                .collect(),
-                        ),
+                        Ok(stored) => Some(stored.into_iter().map(|m| m.envelope).collect()),
                         Err(e) => {
                             tracing::error!(error = %e, "cannot read a mailbox's backlog back");
                             None
