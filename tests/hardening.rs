@@ -368,6 +368,98 @@ async fn slow_headers_and_idle_connections_are_closed_on_every_listener() {
     bridge.shutdown().await;
 }
 
+/// Sends a request head promising a body of `length` bytes on `tcp`, then its body a byte
+/// every 100 ms; whether the server answers or closes within `within`.
+async fn answered_while_dribbling_a_body(
+    tcp: &mut TcpStream,
+    path: &str,
+    length: usize,
+    within: Duration,
+) -> bool {
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {length}\r\n\r\n"
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if tcp.write_all(b" ").await.is_err() {
+            return true;
+        }
+        let mut buf = [0u8; 256];
+        match tokio::time::timeout(Duration::from_millis(100), tcp.read(&mut buf)).await {
+            Ok(Ok(_)) | Ok(Err(_)) => return true,
+            Err(_) => {}
+        }
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_request_body_sent_a_byte_at_a_time_is_cut_off() {
+    let bridge = start_bridge("[limits]\nbody_read_timeout_ms = 300\n").await;
+    let paths = [
+        ("skynet", "/api/agents/register"),
+        ("tracker", "/api/v1/messages"),
+        ("grid", "/grid/v1/messages"),
+        ("synapse", "/api/v1/synapse/message"),
+    ];
+    for (protocol, path) in paths {
+        let mut tcp = TcpStream::connect(bridge.addr(protocol).unwrap())
+            .await
+            .unwrap();
+        assert!(
+            answered_while_dribbling_a_body(&mut tcp, path, 100_000, WAIT).await,
+            "{protocol} waited for a slow body"
+        );
+    }
+    bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_http2_connection_that_sends_no_request_is_closed() {
+    // A peer that does not acknowledge the GOAWAY's ping is dropped once its drain time is
+    // out.
+    let bridge =
+        start_bridge("[limits]\nheader_read_timeout_ms = 300\ndrain_timeout_ms = 300\n").await;
+    let mut tcp = TcpStream::connect(bridge.addr("synapse").unwrap())
+        .await
+        .unwrap();
+    // The HTTP/2 preface and an empty SETTINGS frame: a connection, and no request on it.
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let closed = tokio::time::timeout(WAIT, async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "an idle HTTP/2 connection was kept");
+    bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_does_not_wait_past_the_drain_time_for_a_busy_connection() {
+    let bridge =
+        start_bridge("[limits]\nbody_read_timeout_ms = 600000\ndrain_timeout_ms = 200\n").await;
+    let mut tcp = TcpStream::connect(bridge.addr("tracker").unwrap())
+        .await
+        .unwrap();
+    // A request in flight that will not finish by itself: its body is still coming.
+    let head = "POST /api/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{";
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        tokio::time::timeout(WAIT, bridge.shutdown()).await.is_ok(),
+        "shutdown waited on a connection that would not finish"
+    );
+}
+
 #[tokio::test]
 async fn sockets_that_never_identify_are_closed() {
     let bridge = start_bridge(

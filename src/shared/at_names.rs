@@ -16,6 +16,9 @@ pub fn needle(name: &str) -> String {
     format!("@{}", name.to_lowercase())
 }
 
+/// The most matches of names one text is searched for: some hundred microseconds of work.
+pub const MAX_HITS: usize = 65_536;
+
 /// The `@name`s of a directory, searched for all at once: one pass over the text, however
 /// many names there are and however many `@`s it has (an Aho-Corasick automaton, built
 /// once per directory change). A name found answers with its label (what the protocol
@@ -47,13 +50,15 @@ impl<T> Needles<T> {
 
     /// The labels (in their order, each once) of the names that occur in `lower`, a
     /// lower-cased text, right after one of its `@`s, where `ends` accepts what follows
-    /// the name. Linear in the text and the matches found.
+    /// the name. Linear in the text, and bounded: names that are prefixes of one another
+    /// (`@a`, `@aa`, …) can match many times at each `@`, so past `MAX_HITS` matches the
+    /// rest of the text is not looked at.
     pub fn found_in(&self, lower: &str, ends: impl Fn(&str) -> bool) -> impl Iterator<Item = &T> {
         // Each name once, however often the text repeats it.
         let mut found = Vec::new();
         let mut seen = foldhash::HashSet::default();
         if let Some(automaton) = &self.automaton {
-            for hit in automaton.find_overlapping_iter(lower) {
+            for hit in automaton.find_overlapping_iter(lower).take(MAX_HITS) {
                 let i = hit.pattern().as_usize();
                 if !seen.contains(&i) && ends(&lower[hit.end()..]) {
                     seen.insert(i);
@@ -82,6 +87,20 @@ mod tests {
         assert!(found("no mention @ all", &anywhere).is_empty());
         let whole = |after: &str| !after.starts_with(|c: char| c.is_alphanumeric());
         assert_eq!(found("@alice", &whole), [2]);
+    }
+
+    #[test]
+    fn names_nested_in_one_another_are_looked_for_a_bounded_number_of_times() {
+        // 1,000 names each a prefix of the next, then `zed`, in a text of 100 `@`s each
+        // followed by all of the nested names: 100,000 matches before `@zed`, past the
+        // bound.
+        let mut names: Vec<(usize, String)> = (1..=1000).map(|n| (n, "a".repeat(n))).collect();
+        names.push((0, "zed".into()));
+        let needles = Needles::new(names.iter().map(|(n, name)| (*n, name.as_str())));
+        let text = format!("@{}", "a".repeat(1000)).repeat(100) + "@zed";
+        let found: Vec<usize> = needles.found_in(&text, |_| true).copied().collect();
+        assert_eq!(found.len(), 1000);
+        assert!(!found.contains(&0));
     }
 
     #[test]

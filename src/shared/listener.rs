@@ -10,7 +10,10 @@
 //! for `idle_timeout` is closed (an HTTP/2 connection gracefully, with GOAWAY). A request
 //! is in flight until its response's body is done, so streams (gRPC's server streams, the
 //! Grid's long answers) are never cut; a WebSocket leaves the listener's accounting once
-//! upgraded.
+//! upgraded. A request body (other than a gRPC stream's, which may rightly be quiet for
+//! hours) must arrive whole within `body_read_timeout`, HTTP/2 peers that stop answering
+//! pings are dropped, and a connection asked to end on shutdown is dropped if it has not
+//! within `drain_timeout`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -42,6 +45,10 @@ pub struct Limits {
     pub header_read_timeout_ms: u64,
     /// A connection with no request in flight for this long is closed.
     pub idle_timeout_ms: u64,
+    /// A request's body (gRPC streams aside) must arrive whole within this of its head.
+    pub body_read_timeout_ms: u64,
+    /// On shutdown, how long a connection may take to finish what it is answering.
+    pub drain_timeout_ms: u64,
     /// Bytes of large inbound WebSocket messages (64 KiB and more) the whole bridge holds
     /// at once while they are read and handled; past it, such a message is refused.
     pub read_budget_bytes: usize,
@@ -52,6 +59,8 @@ impl Default for Limits {
         Limits {
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
+            body_read_timeout_ms: 30_000,
+            drain_timeout_ms: 10_000,
             read_budget_bytes: 64 * 1024 * 1024,
         }
     }
@@ -64,6 +73,14 @@ impl Limits {
 
     fn idle_timeout(&self) -> Duration {
         Duration::from_millis(self.idle_timeout_ms.max(1))
+    }
+
+    fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms.max(1))
+    }
+
+    fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms.max(1))
     }
 }
 
@@ -89,14 +106,19 @@ pub fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout());
     // RFC 8441: WebSockets over HTTP/2.
+    // A peer that does not answer a ping within the header timeout is gone.
     builder
         .http2()
         .timer(TokioTimer::new())
+        .keep_alive_interval(limits.idle_timeout())
+        .keep_alive_timeout(limits.header_read_timeout())
         .enable_connect_protocol();
     let timeouts = Timeouts {
         first_request: limits.header_read_timeout(),
         idle: limits.idle_timeout(),
+        drain: limits.drain_timeout(),
     };
+    let body_read_timeout = limits.body_read_timeout();
     tokio::spawn(async move {
         let mut listener = listener;
         let connections = CancellationToken::new();
@@ -112,6 +134,7 @@ pub fn serve(
             let service = Tracked {
                 app: app.clone(),
                 activity: activity.clone(),
+                body_read_timeout,
             };
             let conn = builder
                 .serve_connection_with_upgrades(TokioIo::new(tcp), service)
@@ -136,9 +159,11 @@ pub fn serve(
 struct Timeouts {
     first_request: Duration,
     idle: Duration,
+    drain: Duration,
 }
 
-/// Drives a connection, ending it gracefully on shutdown or once idle too long.
+/// Drives a connection, ending it gracefully on shutdown or once idle too long, and
+/// dropping it if it has not ended `drain` after being asked to.
 async fn watch<C>(
     conn: C,
     activity: &Activity,
@@ -158,16 +183,23 @@ where
             _ = stop.cancelled(), if !ending => {
                 ending = true;
                 conn.as_mut().begin_graceful_shutdown();
+                deadline.as_mut().reset(Instant::now() + timeouts.drain);
             }
-            _ = &mut deadline, if !ending => match activity.idle_until(timeouts) {
-                Some(until) if until > Instant::now() => deadline.as_mut().reset(until),
-                Some(_) => {
-                    ending = true;
-                    conn.as_mut().begin_graceful_shutdown();
+            _ = &mut deadline => {
+                if ending {
+                    return Err("still busy when its drain time ran out".into());
                 }
-                // Busy: look again once a full idle period could have passed.
-                None => deadline.as_mut().reset(Instant::now() + timeouts.idle),
-            },
+                match activity.idle_until(timeouts) {
+                    Some(until) if until > Instant::now() => deadline.as_mut().reset(until),
+                    Some(_) => {
+                        ending = true;
+                        conn.as_mut().begin_graceful_shutdown();
+                        deadline.as_mut().reset(Instant::now() + timeouts.drain);
+                    }
+                    // Busy: look again once a full idle period could have passed.
+                    None => deadline.as_mut().reset(Instant::now() + timeouts.idle),
+                }
+            }
         }
     }
 }
@@ -238,11 +270,12 @@ impl Drop for Busy {
     }
 }
 
-/// The app, counting its requests in flight for the idle timeout.
+/// The app, counting its requests in flight for the idle timeout and timing their bodies.
 #[derive(Clone)]
 struct Tracked {
     app: axum::Router,
     activity: Arc<Activity>,
+    body_read_timeout: Duration,
 }
 
 impl hyper::service::Service<Request<Incoming>> for Tracked {
@@ -253,8 +286,14 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         let busy = Busy::new(&self.activity);
         let app = self.app.clone();
+        let request = if is_grpc(&request) {
+            request.map(Body::new)
+        } else {
+            let deadline = Box::pin(tokio::time::sleep(self.body_read_timeout));
+            request.map(|body| Body::new(TimedBody { body, deadline }))
+        };
         Box::pin(async move {
-            let response = app.oneshot(request.map(Body::new)).await?;
+            let response = app.oneshot(request).await?;
             Ok(response.map(|body| Body::new(TrackedBody { body, _busy: busy })))
         })
     }
@@ -275,6 +314,45 @@ impl HttpBody for TrackedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
         Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// gRPC requests are streams a client may keep open, quiet, for as long as it likes.
+fn is_grpc<B>(request: &Request<B>) -> bool {
+    (request.headers().get(axum::http::header::CONTENT_TYPE))
+        .is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// A request body that fails once its deadline passes before it has all arrived.
+struct TimedBody {
+    body: Incoming,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl HttpBody for TimedBody {
+    type Data = axum::body::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        match this.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err("the request body was too slow".into()))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
