@@ -1,19 +1,16 @@
 //! WAL checkpoints on a thread of their own, so commits do not wait for them.
 //!
 //! Left to itself SQLite checkpoints inside a commit once the log passes 1,000 pages: the
-//! copy into the database file and its fsyncs then hold up every write queued behind it
-//! (skynet→skynet at 17k msg/s: p90 5.6 ms, against 1.3 ms with no checkpoints at all;
-//! with this thread 1.8 ms).
+//! copy into the database file and its fsyncs then hold up every write queued behind it.
 //! This thread runs a PASSIVE checkpoint, which never blocks the writer, once every
 //! `WRITES_PER_CHECKPOINT` committed writes (and at most every `INTERVAL`). When one
 //! reaches the end of the log, the writer's next transaction starts the log over. Under a
 //! steady stream of commits a passive checkpoint may never reach the end; the writer's own
 //! automatic checkpoint, set to a much longer log (`BACKSTOP_BYTES`), then copies what the
 //! thread left, syncs, and lets the log start over, so the log stays bounded. That stall
-//! is what shows in the p99; the more often the thread runs, the less it leaves: at 28k
-//! msg/s, p99 10 ms with a checkpoint at most every 50 ms, 7 ms every 20 ms, 6 ms every
-//! 10 ms. Counting writes rather than time keeps a quiet bridge from syncing twice per
-//! commit (each checkpoint syncs the log and the database file).
+//! is what shows in the p99; the more often the thread runs, the less it leaves. Counting
+//! writes rather than time keeps a quiet bridge from syncing twice per commit (each
+//! checkpoint syncs the log and the database file).
 
 use std::path::Path;
 use std::sync::mpsc::{self, TryRecvError};
@@ -25,21 +22,14 @@ use rusqlite::Connection;
 use super::StoreError;
 
 /// Committed writes (messages, mostly) that make a checkpoint due, and the least time
-/// between two. While deliveries waited for the writer's commits, frequent checkpoints
-/// kept its backstop stalls short (128 writes and 5 ms: p99 at 34k/s 3.5–4.1 → 2.8–3.5 ms
-/// against 256; 1,024 made it 13 ms). Since the journal acknowledges messages, nothing
-/// waits for those stalls, and fewer checkpoints mean fewer fsyncs (each checkpoint syncs
-/// the log and the database: 265 a second at 50k msg/s) competing for the two cores: at
-/// 50k msg/s, p99 3.8–7.2 → 2.5–4.1 ms over five interleaved pairs against 128 and 5 ms,
-/// flat out the same (BENCHMARKS.md, *Ninth pass*).
+/// between two. The journal acknowledges messages, so no delivery waits for a backstop
+/// stall; fewer checkpoints mean fewer fsyncs competing with the relay for the cores, and
+/// these values gave the lowest p99 among those tried.
 const WRITES_PER_CHECKPOINT: usize = 1024;
 const INTERVAL: Duration = Duration::from_millis(25);
 /// The writer's own automatic checkpoint: at 64 MiB of log. Under steady load every
 /// backstop stalls the writer for three fsyncs (the log, the database, the restarted log's
-/// header), 2–9 ms on the benchmark VM; at 16 MiB that came about every 150 ms at 34k msg/s
-/// and set the p99 (4.1–7.2 ms over seven interleaved pairs of runs); at 64 MiB, 2.7–5.7
-/// ms, lower in six pairs of the seven, the p99.9 spread wider (6.2–15.5 ms against
-/// 7.3–10.1; BENCHMARKS.md).
+/// header); at 16 MiB they came often enough to set the p99, at 64 MiB they do not.
 pub(super) const BACKSTOP_BYTES: i64 = 64 << 20;
 
 pub(super) struct Checkpointer {
@@ -98,7 +88,7 @@ impl Checkpointer {
 }
 
 fn run(conn: &Connection, commits: &mpsc::Receiver<()>) {
-    super::lower_priority();
+    super::priority::lower_priority();
     let mut last = Instant::now();
     while commits.recv().is_ok() {
         if let Some(wait) = (last + INTERVAL).checked_duration_since(Instant::now()) {

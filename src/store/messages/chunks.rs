@@ -4,19 +4,15 @@
 //! index from its root, and closes them all again; one statement of sixteen rows does that
 //! once, and its cursors stay where the last row went, which is where the next one goes
 //! when ids and times count up (as the bridge's own ids do). Sixteen messages to an
-//! `INSERT`, and their recipients to another, cost the writer's thread 27 % fewer
-//! instructions than two statements a message (BENCHMARKS.md, *Eleventh pass*).
+//! `INSERT`, and their recipients to another, cost the writer's thread about a quarter
+//! fewer instructions than two statements a message.
 
 use std::collections::HashSet;
 use std::sync::LazyLock;
 
-use super::{Row, Text};
+use super::row::{COLUMN_COUNT, COLUMNS, Row, Text};
 use crate::store::{Batch, StoreError};
 
-/// The columns of a message's row, as `Row::values` gives them.
-const COLUMNS: &str = "id, uuid, ts, sender, kind, reply_to, correlation_id, thread, task_id, \
-                       everyone, origin, body, private";
-pub(super) const COLUMN_COUNT: usize = 13;
 /// Statements hold 1, 2, 4, 8 or 16 rows: a round's rows are written by the largest that
 /// fit, so that five statements of each kind are ever prepared.
 const SIZES: usize = 5;
@@ -171,6 +167,58 @@ fn insert_recipients(
         insert.raw_execute()?;
     }
     Ok(())
+}
+
+impl Row<'_> {
+    /// Runs without a savepoint (`Store::write_unguarded`): the insert cannot fail on the
+    /// data (`OR IGNORE`, and a `Row` has no NULL where the schema forbids one); any later
+    /// failure fails the whole batch. (A replacement's DELETE parses the stored body, which
+    /// the store itself wrote: a body it cannot parse means a damaged database.)
+    pub(in crate::store) fn insert(&self, batch: &mut Batch<'_>) -> Result<(), StoreError> {
+        put_piece(std::slice::from_ref(self), batch, &mut Vec::new())
+    }
+
+    /// `insert` for a message the journal acknowledged, which must not be lost to a
+    /// passing failure nor hold up every message after it: an error of the disk's or the
+    /// database's (full, unwritable, busy) is returned, to be tried again; one of this
+    /// message's own (say, a stored body it replaces that does not parse) is logged, and
+    /// the message left out of the database.
+    pub(super) fn put_in(&self, batch: &mut Batch<'_>) -> Result<(), StoreError> {
+        let Err(e) = self.insert(batch) else {
+            return Ok(());
+        };
+        if e.is_passing(batch) {
+            tracing::error!(error = %e, id = %self.id, "store: cannot put a journaled message in the database; trying again");
+            return Err(e);
+        }
+        tracing::error!(error = %e, id = %self.id, "store: a journaled message cannot be put in the database; it is left out");
+        Ok(())
+    }
+}
+
+impl StoreError {
+    /// Whether the error is the disk's or the database's (full, unwritable, busy) and the
+    /// write is to be tried again, rather than one of the message's own; or it ended the
+    /// transaction, taking the batch's other writes with it.
+    fn is_passing(&self, batch: &Batch<'_>) -> bool {
+        use rusqlite::ErrorCode::*;
+        let passing = match self {
+            StoreError::Sqlite(e) => matches!(
+                e.sqlite_error_code(),
+                Some(
+                    DatabaseBusy
+                        | DatabaseLocked
+                        | OutOfMemory
+                        | SystemIoFailure
+                        | DiskFull
+                        | ReadOnly
+                        | CannotOpen
+                )
+            ),
+            _ => false,
+        };
+        passing || batch.conn().is_autocommit()
+    }
 }
 
 #[cfg(test)]
