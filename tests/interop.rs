@@ -1116,7 +1116,8 @@ mod grid_others {
             ),
             (Some("broadcast"), Some("@all standup in 5"))
         );
-        // The Skynet agent was not sent the Grid broadcast: its next message is the echo of its own.
+        // The Skynet agent was not sent the Grid broadcast: its next message is the echo of
+        // its own.
         let echo = next_non_presence(&mut ws_alice).await;
         assert_eq!(common::skynet::text_of(&echo), "@all standup in 5");
         w.bridge.shutdown().await;
@@ -1273,7 +1274,10 @@ mod matrix {
     }
 
     macro_rules! cells {
-        ($($name:ident: $a:ident => $b:ident;)*) => {$(
+        ($($name:ident: $a:ident => $b:ident;)*) => {
+            /// The ordered pairs the matrix has a cell for.
+            const CELLS: &[(Proto, Proto)] = &[$((Proto::$a, Proto::$b)),*];
+            $(
             mod $name {
                 use super::*;
 
@@ -1302,6 +1306,26 @@ mod matrix {
                 }
             }
         )*};
+    }
+
+    /// A protocol added to the registry fails this until it has a test peer and a cell
+    /// for each pair it makes.
+    #[test]
+    fn the_matrix_has_a_cell_for_every_ordered_pair_of_the_registry() {
+        use agentbridge::protocols::registry::PROTOCOLS;
+        let registered: Vec<Proto> = PROTOCOLS.iter().map(|name| Proto::named(name)).collect();
+        assert_eq!(registered, Proto::ALL, "tests/common/peers.rs: Proto::ALL");
+        let mut pairs = Vec::new();
+        for &a in &registered {
+            for &b in registered.iter().filter(|&&b| b != a) {
+                pairs.push((a, b));
+            }
+        }
+        let mut cells = CELLS.to_vec();
+        let key = |(a, b): &(Proto, Proto)| (a.name(), b.name());
+        pairs.sort_by_key(key);
+        cells.sort_by_key(key);
+        assert_eq!(cells, pairs);
     }
 
     cells! {

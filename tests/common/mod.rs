@@ -39,17 +39,11 @@ pub fn bridge_toml(data_dir: &str, extra: &str) -> String {
     let mut sections = vec![
         ("bridge", format!("data_dir = {data_dir:?}")),
         ("admin", "listen = \"127.0.0.1:0\"".to_owned()),
-        ("skynet", "listen = \"127.0.0.1:0\"".to_owned()),
-        ("tracker", TRACKER_SECTION.to_owned()),
-        (
-            "synapse",
-            "listen = \"127.0.0.1:0\"\ncallback_backoff_ms = 20\nsync_timeout_ms = 5000".to_owned(),
-        ),
-        (
-            "grid",
-            "listen = \"127.0.0.1:0\"\nexpiry_check_ms = 50\nscratchpad_poll_ms = 20".to_owned(),
-        ),
     ];
+    // Every registered protocol, each on a free port.
+    for name in agentbridge::protocols::registry::PROTOCOLS {
+        sections.push((*name, peers::Proto::named(name).section().to_owned()));
+    }
     // `extra` may replace a default section wholesale.
     let mut text = String::new();
     let overridden: Vec<&str> = extra

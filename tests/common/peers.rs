@@ -25,6 +25,41 @@ pub enum Proto {
 }
 
 impl Proto {
+    /// The test side's peer of each protocol: the registry's list, in its order (a test
+    /// checks that the two agree).
+    pub const ALL: [Proto; 4] = [Proto::Skynet, Proto::Tracker, Proto::Synapse, Proto::Grid];
+
+    /// The protocol's name in the registry and in `bridge.toml`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Skynet => "skynet",
+            Proto::Tracker => "tracker",
+            Proto::Synapse => "synapse",
+            Proto::Grid => "grid",
+        }
+    }
+
+    /// The registered protocol `name`'s test peer.
+    pub fn named(name: &str) -> Proto {
+        (Proto::ALL.into_iter().find(|p| p.name() == name)).unwrap_or_else(|| {
+            panic!("protocol {name:?} is registered but has no test peer in tests/common/peers.rs")
+        })
+    }
+
+    /// The section the tests' bridge runs this protocol with, on a free loopback port.
+    pub fn section(self) -> &'static str {
+        match self {
+            Proto::Skynet => "listen = \"127.0.0.1:0\"",
+            Proto::Tracker => super::TRACKER_SECTION,
+            Proto::Synapse => {
+                "listen = \"127.0.0.1:0\"\ncallback_backoff_ms = 20\nsync_timeout_ms = 5000"
+            }
+            Proto::Grid => {
+                "listen = \"127.0.0.1:0\"\nexpiry_check_ms = 50\nscratchpad_poll_ms = 20"
+            }
+        }
+    }
+
     /// The agent name a peer of this protocol goes by.
     pub fn agent(self) -> &'static str {
         match self {
