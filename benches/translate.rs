@@ -8,9 +8,9 @@
 //! - `decode/<p>`: the client's frame as it arrives (Skynet `send` and Tracker `chat.send`
 //!   JSON text, a Synapse `SynapseMessage` in protobuf with a `StringValue` payload, a Grid
 //!   YAML message) → parsed and checked → its `Envelope`. Skynet's includes stamping and
-//!   `@name` enrichment (ws.rs `on_send`); Tracker's builds the `MessageOut` as `post` does
-//!   (chat.rs); Synapse's follows a `StreamMessages` message through `accept` (inbound.rs);
-//!   Grid's parses and validates as the socket does (ws.rs `on_text`).
+//!   `@name` enrichment (ws.rs `on_send`); Tracker's builds the `MessageOut` as
+//!   `stage_post` does (chat.rs); Synapse's follows a `StreamMessages` message through
+//!   `stage` (inbound.rs); Grid's parses and validates as the socket does (ws.rs `on_text`).
 //! - `encode/<p>`: an `Envelope` from another protocol → the frame `<p>`'s client receives,
 //!   serialized as the endpoint writes it (JSON text, protobuf bytes, YAML text).
 //! - `translate/<a>→<b>`: `decode/<a>` then `encode/<b>`.
@@ -279,8 +279,7 @@ impl Fixture {
     }
 }
 
-/// Mentioned card ids nobody holds, which the Skynet sender is told of.
-/// ws.rs `run` → `on_frame` → chat.rs `post`, for a lobby message.
+/// ws.rs `on_frame` → `handle` → chat.rs `stage_post`, for a lobby message.
 fn decode_tracker(frame: &str) -> Envelope {
     let text = frame.to_string();
     let Ok(tracker::wire::ClientFrame::ChatSend {
@@ -309,7 +308,7 @@ fn decode_tracker(frame: &str) -> Envelope {
     tracker::translate::decode_message(&out, None, reply_to, created)
 }
 
-/// A `StreamMessages` message: decoded by tonic, handed to `accept` (as a copy, the
+/// A `StreamMessages` message: decoded by tonic, handed to `stage` (as a copy, the
 /// original kept to answer a refusal), checked, translated.
 fn decode_synapse(frame: &[u8]) -> Envelope {
     let received = SynapseMessage::decode(frame).expect("a SynapseMessage");
@@ -335,7 +334,7 @@ fn decode_synapse(frame: &[u8]) -> Envelope {
     env
 }
 
-/// ws.rs `on_text` → `Grid::accept`.
+/// ws.rs `on_text` → `Grid::stage`.
 fn decode_grid(frame: &str) -> Envelope {
     let text = frame.to_string();
     let docs = grid::wire::parse_documents(&text, text.trim_start().starts_with(['{', '[']))

@@ -1,13 +1,13 @@
 //! The allocator of every binary built from this crate (the bridge, the load generator's
 //! bridge, tests): jemalloc, tuned for many mostly idle connections.
 //!
-//! With glibc's malloc a fifth of the relay's CPU went to `malloc`/`free` (the JSON of
-//! each message is parsed into and built from many small allocations); jemalloc relays
-//! ~20 % more messages per second on the same load (BENCHMARKS.md). Its defaults keep
-//! more memory per idle connection than glibc's (four arenas per CPU, freed pages kept
-//! for ten seconds), so it runs with two arenas and a background thread that returns
-//! freed pages to the OS within a second, which makes an idle Skynet connection cost
-//! 20 KiB instead of 28 KiB. Two arenas suit the 2-core hosts the bridge is sized for; on
+//! The JSON of each message is parsed into and built from many small allocations, and
+//! jemalloc serves them faster than glibc's malloc: the relay moves more messages per
+//! second on the same load (BENCHMARKS.md). Its defaults keep more memory per idle
+//! connection than glibc's (four arenas per CPU, freed pages kept for ten seconds), so
+//! it runs with two arenas and a background thread that returns freed pages to the OS
+//! within a second, which keeps what an idle connection costs down (BENCHMARKS.md, *Idle
+//! connections*). Two arenas suit the 2-core hosts the bridge is sized for; on
 //! a larger host with many busy connections, more arenas cut contention between worker
 //! threads: `_RJEM_MALLOC_CONF=narenas:8` (or any option here) overrides at start.
 

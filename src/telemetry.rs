@@ -122,9 +122,9 @@ const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The exporter keeps every histogram sample until it is folded into the buckets, which
 /// happens on a scrape or an upkeep. Unscraped, a busy bridge would hold every sample it
-/// ever took (one per delivery: 50 MB after 2,500 agents had joined); the exporter's own
-/// `install` (with its own HTTP listener) runs the same loop; `build_recorder`, used here
-/// to serve `/metrics` from the admin listener, leaves it to the caller.
+/// ever took (one per delivery); the exporter's own `install` (with its own HTTP
+/// listener) runs the same loop; `build_recorder`, used here to serve `/metrics` from the
+/// admin listener, leaves it to the caller.
 fn spawn_upkeep(handle: PrometheusHandle) {
     let spawned = std::thread::Builder::new()
         .name("metrics-upkeep".into())
@@ -209,9 +209,9 @@ fn increment<K: Copy + Eq + std::hash::Hash>(
 
 /// Counter handles of one metric by origin protocol and static labels, for the metrics
 /// counted once per message: `counter!` hashes and copies its labels on every call, which
-/// showed in profiles. Each thread keeps its own: one map shared by the runtime's threads
-/// moved its lock's cache line, and each handle's reference count, between their cores
-/// for every message. Handles are only kept once the recorder is installed (one taken
+/// shows in profiles. Each thread keeps its own: one map shared by the runtime's threads
+/// would move its lock's cache line, and each handle's reference count, between their
+/// cores for every message. Handles are only kept once the recorder is installed (one taken
 /// before would count nowhere, forever).
 struct Handles<K> {
     by_protocol: RefCell<Option<ByProtocol<K>>>,

@@ -633,8 +633,8 @@ async fn synapse_calls_without_a_valid_token_are_always_unauthenticated() {
     bridge.shutdown().await;
 }
 
-/// The same with gRPC's own Python client (C-core), whose `INTERNAL "Internal error from
-/// Core"` a stream reset racing the refusal showed.
+/// The same with gRPC's own Python client (C-core), which reports `INTERNAL "Internal
+/// error from Core"` when a stream reset races the refusal.
 #[tokio::test]
 async fn synapse_unauthenticated_streams_are_unauthenticated_for_grpcs_python_client() {
     let python = common::tools::python_with(&["grpc"], &["grpcio"]);

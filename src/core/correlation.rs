@@ -73,10 +73,9 @@ struct State {
 /// of [`WAYS`] slots, half a cache line (`Bucket`), and each slot holds a record's number and
 /// a tag from the hash's top bits, so a lookup reads one bucket and only the ring entries
 /// whose tag matches. A slot whose record has left the ring is free, found so by its
-/// number alone; nothing is removed on eviction. A `HashMap` of hash → number (before)
-/// read two cache lines to find, two to remove the evicted id and two to insert, all cold
-/// in a table of 512 KiB: `Core::remember` took 3.3 % of the bridge's cycles flat out, the
-/// most of any function of its own; 0.6 % now.
+/// number alone; nothing is removed on eviction. A `HashMap` of hash → number would read
+/// two cache lines to find, two to remove the evicted id and two to insert, all cold in a
+/// table of 512 KiB, for every message the bridge accepts (BENCHMARKS.md).
 #[derive(Default)]
 struct Links {
     ring: Vec<LinkEntry>,

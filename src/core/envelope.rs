@@ -218,10 +218,11 @@ pub struct Attachment {
 ///
 /// The frame is kept as a `Value`, as JSON text, or both: each is made from the other the
 /// first time it is asked for (one of the two is always initialised, if only to "no
-/// frame"). Text handed over must parse: the endpoints write it themselves, or check it. Endpoints that read a frame
-/// into a `Value` hand over the value; those that can write the frame's text in one pass
-/// (Skynet's `send`) hand over the text, and a message relayed to a peer of the same
-/// protocol and stored is then never parsed into a `Value` at all.
+/// frame"). Text handed over must parse: the endpoints write it themselves, or check it.
+/// Endpoints that read a frame into a `Value` hand over the value; those that can write
+/// the frame's text in one pass (Skynet's `send`) hand over the text, and a message
+/// relayed to a peer of the same protocol and stored is then never parsed into a `Value`
+/// at all.
 #[derive(Clone)]
 pub struct Origin {
     pub protocol: String,
@@ -481,7 +482,7 @@ impl Envelope {
 
 thread_local! {
     /// Each thread's own UUIDv7 counter. `Uuid::now_v7` takes the crate's one shared
-    /// counter, a mutex every runtime thread locked for every message it stamped.
+    /// counter, a mutex every runtime thread would lock for every message it stamps.
     static ID_COUNTER: uuid::ContextV7 = const { uuid::ContextV7::new() };
 }
 

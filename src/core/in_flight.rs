@@ -12,8 +12,8 @@ use super::{Envelope, Staged};
 ///
 /// Only the oldest write is waited on: the store commits writes in the order they were
 /// queued, so when it is done the ones after it are done or next. (A set of futures
-/// polled together cost an allocation and a task node per message, for order that had to
-/// be restored anyway.)
+/// polled together would cost an allocation and a task node per message, for order that
+/// would have to be restored anyway.)
 pub struct InFlight<T> {
     queue: VecDeque<(Staged, T)>,
 }

@@ -51,8 +51,8 @@ impl Default for RoutingConfig {
 }
 
 /// Recent messages whose conversation links are kept in memory; a reply to an older one
-/// looks its parent up in the store. At 100,000 the index no longer fitted in the
-/// processor's cache and the bridge kept 45 MiB more (BENCHMARKS.md, sixth pass).
+/// looks its parent up in the store. Kept this small so the index stays in the
+/// processor's cache; a larger one costs memory and cache misses (BENCHMARKS.md).
 const CORRELATION_CACHE: usize = 16_384;
 
 /// The bridge's own name in the directory: the sender of what the bridge says itself
@@ -279,8 +279,8 @@ impl Core {
         {
             let request = match self.correlation.task(&task_id) {
                 Some(request) => Some(request),
-                // Boxed, as the store's other reads here: inline, they sized the future of
-                // every message's `stage`, which is moved whole a few times a message.
+                // Boxed, as the store's other reads here: inline, they would size the future
+                // of every message's `stage`, which is moved whole a few times a message.
                 None => self.log.task_request(&task_id).await.ok().flatten(),
             };
             if let Some(request) = request {

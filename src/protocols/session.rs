@@ -152,8 +152,8 @@ pub async fn run<S: WsSession>(mut session: S, socket: Socket, shutdown: &Cancel
         socket,
         pending: InFlight::new(),
     };
-    // Made once: a `cancelled()` or a timer made afresh each turn registered with the
-    // token (or the timer wheel) and left it again for every frame and delivery.
+    // Made once: a `cancelled()` or a timer made afresh each turn would register with the
+    // token (or the timer wheel) and leave it again for every frame and delivery.
     let mut shutting_down = std::pin::pin!(shutdown.cancelled());
     let mut flow = session.on_open(&mut io).await;
     let mut armed = session.deadline();

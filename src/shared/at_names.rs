@@ -6,7 +6,8 @@ use aho_corasick::AhoCorasick;
 
 /// Whether `text` has an `@`, without which it mentions no one: the test a chat passes
 /// before the text is lower-cased and the directory's names are looked for in it.
-/// `memchr` rather than `contains('@')`, whose searcher cost 150 instructions an `@`.
+/// `memchr` rather than `contains('@')`: the standard library's char searcher does far
+/// more work at each `@` (BENCHMARKS.md).
 pub fn has_at(text: &str) -> bool {
     memchr::memchr(b'@', text.as_bytes()).is_some()
 }
@@ -16,7 +17,8 @@ pub fn needle(name: &str) -> String {
     format!("@{}", name.to_lowercase())
 }
 
-/// The most matches of names one text is searched for: some hundred microseconds of work.
+/// The most matches of names one text is searched for: far more than a real chat makes,
+/// and a bound on the work a hostile one can cause.
 pub const MAX_HITS: usize = 65_536;
 
 /// The `@name`s of a directory, searched for all at once: one pass over the text, however

@@ -1,6 +1,6 @@
 //! Lists that keep each value once, in the order first given, in time linear in the list:
-//! client-chosen lists (mentions, members) may be long, and a `contains` per value made
-//! keeping them quadratic.
+//! client-chosen lists (mentions, members) may be long, and a `contains` per value would
+//! make keeping them quadratic.
 
 use std::hash::Hash;
 

@@ -3,7 +3,7 @@
 //! store keeps.
 //!
 //! serde_json escapes a string a byte at a time and writes each quote, comma and colon as
-//! a write of its own: for a chat message's sixteen short strings that was 3,100
+//! a write of its own: for a chat message's sixteen short strings that comes to 3,100
 //! instructions. Here a string is checked eight bytes at a time and copied whole. The rare
 //! string that needs escaping, and every structured value (a task, data, attachments),
 //! is still written by serde_json; the rest is text already (a client's value as written,
@@ -14,9 +14,8 @@ use serde::Serialize;
 /// Appends `s` as a JSON string, escaped exactly as serde_json escapes it.
 ///
 /// Always inlined, down to the word test: a field name written in the code is then
-/// checked while compiling and copied as a constant (−1.3k instructions a skynet→tracker
-/// message, of some thirty strings), for a few dozen bytes of code at each call;
-/// `#[inline]` alone was not taken.
+/// checked while compiling and copied as a constant, for a few dozen bytes of code at
+/// each call; with `#[inline]` alone the compiler does not inline it.
 #[inline(always)]
 pub fn push_string(out: &mut Vec<u8>, s: &str) {
     if needs_escaping(s.as_bytes()) {
@@ -37,7 +36,7 @@ fn push_escaped(out: &mut Vec<u8>, s: &str) {
 
 /// Whether any byte is one a JSON string must escape: a control character, `"` or `\`.
 /// Eight bytes at a time, as one word: most strings written are a few dozen bytes (ids,
-/// names, field names), where a byte at a time cost more than the copy.
+/// names, field names), where a byte at a time costs more than the copy.
 #[inline(always)]
 fn needs_escaping(bytes: &[u8]) -> bool {
     let Some(last) = bytes.last_chunk::<8>() else {

@@ -2,8 +2,8 @@
 //! written, each value as its text.
 //!
 //! For frames the bridge passes on mostly as they came: building a `serde_json::Value` (a
-//! sorted map of owned strings) only to write it out again was most of the cost of
-//! relaying one, and lost the sender's field order besides.
+//! sorted map of owned strings) only to write it out again would be most of the cost of
+//! relaying one, and would lose the sender's field order besides.
 
 use std::borrow::Cow;
 use std::collections::HashMap;

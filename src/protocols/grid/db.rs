@@ -116,7 +116,7 @@ pub struct Position {
     pub ino: u64,
     pub offset: u64,
     /// A hash of the file's first bytes and of those just before `offset`: when they
-    /// change, the file was rewritten in place (empty for a position from before it).
+    /// change, the file was rewritten in place (empty for a position stored without one).
     pub fingerprint: String,
     /// How many times the file was rewritten in place: part of the id of an entry that
     /// has none, so the same words written again are a new message.

@@ -1,7 +1,7 @@
 //! A Grid message written with its fields in the order the Grid document writes them.
 //!
 //! The bridge's JSON maps are sorted by key (serde_json without `preserve_order`, whose
-//! hashing cost a tenth of a relayed message), so a message would otherwise come out as
+//! hashing costs a tenth of a relayed message), so a message would otherwise come out as
 //! `content`, `correlation_id`, `id`, … . YAML mappings have no order, but the scratchpad is
 //! also read by people and by models: `id`, `timestamp` and `type` come first, as in every
 //! example of the document. Fields the document does not name follow, sorted.

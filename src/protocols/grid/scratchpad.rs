@@ -143,7 +143,8 @@ const HEAD: u64 = 4096;
 const TAIL: u64 = 1024;
 
 /// What the key of an entry without an id is derived from: its hash, and the generation of
-/// the file it was read from (none for the first, so ids from before generations hold).
+/// the file it was read from (none for the first, so ids stored without a generation
+/// still match).
 fn entry_key(digest: &str, generation: u64) -> String {
     match generation {
         0 => digest.to_owned(),

@@ -137,8 +137,8 @@ impl<'a> SentMessage<'a> {
         );
         let id = self.id.as_deref().unwrap_or_default();
         let timestamp = self.timestamp.unwrap_or_default();
-        // Into a buffer sized for it: grown from a few bytes, the text was copied two or
-        // three times.
+        // Into a buffer sized for it: grown from a few bytes, the text would be copied two
+        // or three times.
         let mut json = Vec::with_capacity(self.size_hint());
         let mut object = ObjectWriter::start(&mut json);
         let (mut from_written, mut id_written, mut timestamp_written) = (false, false, false);
@@ -245,7 +245,7 @@ fn optional_string(fields: &RawObject<'_>, name: &str) -> Result<Option<String>,
 }
 
 /// The string a value is, if it is one: one without escapes (an id, a type) straight from
-/// its text, which a parser took 300–400 instructions to read.
+/// its text, which a parser takes 300–400 instructions to read.
 fn string_of(value: &RawValue) -> Option<String> {
     match plain_string(value) {
         Some(plain) => Some(plain.to_owned()),

@@ -156,8 +156,8 @@ impl Connection {
         };
         match wire::parse_client_frame(text) {
             Ok(ClientFrame::Send(msg)) => self.on_send(io, msg).await,
-            // The rest boxed: inline, a join's future (3.7 KB), a leave's (2.6 KB) or a
-            // heartbeat's (1.4 KB) sized every frame's, which the connection boxes and so
+            // The rest boxed: inline, a join's, a leave's or a heartbeat's future (each
+            // kilobytes) would size every frame's, which the connection boxes and so
             // copies whole, once a frame.
             Ok(ClientFrame::Join(request)) => Box::pin(self.on_join(io, request)).await,
             Ok(ClientFrame::Leave) => {

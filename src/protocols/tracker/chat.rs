@@ -119,8 +119,8 @@ impl Tracker {
         let created = now_ms();
         let out = MessageOut {
             // Time-ordered (UUIDv7): each new id lands at the end of the log's id index.
-            // A random (v4) id landed on a page of its own, and every message rewrote one
-            // more page of the index into the WAL and the database.
+            // A random (v4) id would land on a page of its own, and every message would
+            // rewrite one more page of the index into the WAL and the database.
             id: new_message_id(),
             chat_id: if task.is_some() {
                 None
@@ -160,7 +160,7 @@ impl Tracker {
     /// The second half of posting: routes the stored message and tells a task's requester.
     pub async fn posted(&self, env: Envelope, post: Posted) -> MessageOut {
         self.core.route(env);
-        // Boxed: a task change's future (5.3 KB) would size every posted message's,
+        // Boxed: a task change's future, kilobytes, would size every posted message's,
         // which the connection boxes and so copies whole.
         if let Some((task_id, note)) = post.tell_requester
             && let Err(e) = Box::pin(self.change_task(&task_id, Some(note), None, |_| Ok(()))).await

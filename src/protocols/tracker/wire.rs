@@ -143,7 +143,7 @@ pub struct MessageOut {
 impl MessageOut {
     /// Appends the message as serde writes it (the test holds the two to the same text),
     /// field by field (`json_writer`): every message relayed to a Tracker member is one,
-    /// and its strings were 2.5k of the 4.1k instructions serde took to write one.
+    /// and its strings are 2.5k of the 4.1k instructions serde takes to write one.
     pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
         let mut message = ObjectWriter::start(out);
         message.string("id", &self.id);

@@ -3,8 +3,8 @@
 //!
 //! tungstenite writes its buffer out whenever it holds more than its write buffer size, and
 //! that buffer keeps the largest capacity it ever grew to for as long as the connection
-//! lives. Kept small for the sake of idle connections (2 KiB), a burst of deliveries left
-//! in a `send` per five or six frames: a third of a `send` for every relayed message.
+//! lives. Kept small for the sake of idle connections (2 KiB), that buffer alone would
+//! send a burst of deliveries a few frames at a time, a `send` every few messages.
 //! Here a burst gathers in a buffer of its own, written out when the socket is flushed or
 //! when it reaches [`GATHER_BYTES`], and let go once written: an idle connection holds
 //! none of it.

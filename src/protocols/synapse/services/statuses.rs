@@ -3,7 +3,7 @@
 //! - **An early refusal keeps the request open until it is sent.** A call refused before
 //!   its handler runs (no token) drops the request body at once; on an HTTP/2 stream the
 //!   client is still sending, that resets the stream with CANCEL, and a reset that races the
-//!   response's HEADERS discards them: the client saw `INTERNAL` or `CANCELLED` instead of
+//!   response's HEADERS discards them: the client sees `INTERNAL` or `CANCELLED` instead of
 //!   the status. Held until the response body is done, the body's drop finds the response
 //!   sent, and h2 resets with NO_ERROR after it, as RFC 9113 §8.1 describes.
 //! - **A message over the limit is RESOURCE_EXHAUSTED**, as the gateway and gRPC's own
