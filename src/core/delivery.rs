@@ -96,7 +96,7 @@ impl Delivery {
     }
 
     /// The message encoded for `protocol` as a `T`, computed by `encode` on first use. An
-    /// endpoint may keep more than one form (Grid: the message and its YAML text); each
+    /// endpoint may keep more than one form (say, the message and its text); each
     /// is cached under its type.
     ///
     /// The lock is not held while encoding: two recipients racing may both encode, and the

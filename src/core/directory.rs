@@ -331,7 +331,7 @@ mod tests {
             all
         };
         assert!(names.get(&dir, || list(&dir)).is_empty());
-        dir.register(AgentInfo::new("coder", "tracker", "m1"))
+        dir.register(AgentInfo::new("coder", "beta", "m1"))
             .unwrap();
         assert_eq!(*names.get(&dir, || list(&dir)), ["coder"]);
         // Unchanged directory: the value kept is the one returned.
@@ -341,18 +341,18 @@ mod tests {
     #[test]
     fn names_are_unique_across_protocols() {
         let dir = Directory::new();
-        dir.register(AgentInfo::new("coder", "tracker", "m1"))
+        dir.register(AgentInfo::new("coder", "beta", "m1"))
             .unwrap();
         let err = dir
-            .register(AgentInfo::new("coder", "skynet", "u1"))
+            .register(AgentInfo::new("coder", "alpha", "u1"))
             .unwrap_err();
-        assert_eq!(err.holder_protocol, "tracker");
+        assert_eq!(err.holder_protocol, "beta");
         assert_eq!(
             err.to_string(),
-            "name 'coder' is already taken by tracker agent 'coder'"
+            "name 'coder' is already taken by beta agent 'coder'"
         );
         // The holder may re-register itself.
-        let mut again = AgentInfo::new("coder", "tracker", "m1");
+        let mut again = AgentInfo::new("coder", "beta", "m1");
         again.description = Some("Coder".into());
         dir.register(again).unwrap();
         assert_eq!(
@@ -364,39 +364,39 @@ mod tests {
     #[test]
     fn native_ids_and_aliases_resolve() {
         let dir = Directory::new();
-        dir.register(AgentInfo::new("alice", "skynet", "uuid-a"))
+        dir.register(AgentInfo::new("alice", "alpha", "uuid-a"))
             .unwrap();
-        assert_eq!(dir.by_native("skynet", "uuid-a").as_deref(), Some("alice"));
-        assert_eq!(dir.by_native("tracker", "uuid-a"), None);
-        dir.add_alias("tracker", "derived-a".into(), "alice");
+        assert_eq!(dir.by_native("alpha", "uuid-a").as_deref(), Some("alice"));
+        assert_eq!(dir.by_native("beta", "uuid-a"), None);
+        dir.add_alias("beta", "derived-a".into(), "alice");
         assert_eq!(
-            dir.by_native("tracker", "derived-a").as_deref(),
+            dir.by_native("beta", "derived-a").as_deref(),
             Some("alice")
         );
-        dir.unregister("alice", "skynet").unwrap();
-        assert_eq!(dir.by_native("skynet", "uuid-a"), None);
-        assert_eq!(dir.by_native("tracker", "derived-a"), None);
+        dir.unregister("alice", "alpha").unwrap();
+        assert_eq!(dir.by_native("alpha", "uuid-a"), None);
+        assert_eq!(dir.by_native("beta", "derived-a"), None);
         assert!(dir.check_free("alice").is_ok());
     }
 
     #[test]
     fn unregister_only_by_the_holder() {
         let dir = Directory::new();
-        dir.register(AgentInfo::new("bob", "grid", "bob")).unwrap();
-        assert!(dir.unregister("bob", "skynet").is_none());
+        dir.register(AgentInfo::new("bob", "queued", "bob")).unwrap();
+        assert!(dir.unregister("bob", "alpha").is_none());
         assert!(dir.contains("bob"));
     }
 
     #[test]
     fn presence_is_kept_across_re_registration() {
         let dir = Directory::new();
-        dir.register(AgentInfo::new("a", "skynet", "1")).unwrap();
+        dir.register(AgentInfo::new("a", "alpha", "1")).unwrap();
         dir.set_presence("a", true, Status::Busy);
-        dir.register(AgentInfo::new("a", "skynet", "1")).unwrap();
+        dir.register(AgentInfo::new("a", "alpha", "1")).unwrap();
         let a = dir.get("a").unwrap();
         assert!(a.online);
         assert_eq!(a.status, Status::Busy);
-        assert_eq!(dir.online_foreign("tracker").len(), 1);
-        assert!(dir.online_foreign("skynet").is_empty());
+        assert_eq!(dir.online_foreign("beta").len(), 1);
+        assert!(dir.online_foreign("alpha").is_empty());
     }
 }

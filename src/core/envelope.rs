@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-/// A protocol's name as the core sees it: an opaque label (`"skynet"`, `"tracker"`, …).
+/// A protocol's name as the core sees it: an opaque label (the registry's names).
 pub type Protocol = &'static str;
 
 /// What a message is about. `as_str` is its stored and logged name; `family` its metric label.
@@ -220,7 +220,7 @@ pub struct Attachment {
 /// first time it is asked for (one of the two is always initialised, if only to "no
 /// frame"). Text handed over must parse: the endpoints write it themselves, or check it.
 /// Endpoints that read a frame into a `Value` hand over the value; those that can write
-/// the frame's text in one pass (Skynet's `send`) hand over the text, and a message
+/// the frame's text in one pass (a send frame read field by field) hand over the text, and a message
 /// relayed to a peer of the same protocol and stored is then never parsed into a `Value`
 /// at all.
 #[derive(Clone)]

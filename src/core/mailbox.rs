@@ -418,7 +418,7 @@ impl Mailbox {
 
     /// Takes what is still queued, closed or not, highest priority first: an overflow
     /// (`WhenFull::Disconnect`) closes the mailbox but leaves its messages for the
-    /// endpoint to keep by other means (Synapse's inbox, Grid's queue) as its connection
+    /// endpoint to keep by other means (an inbox, a queue) as its connection
     /// ends. Expired ones go to the expiry hook instead. (Mailboxes of those protocols
     /// have no backlog: the router gives them none.)
     pub fn take_left(&self) -> Vec<Arc<Delivery>> {

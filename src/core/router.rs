@@ -2,8 +2,8 @@
 //!
 //! Recipients are, in this order and each at most once: the sender (when the message asks
 //! for an echo), the agents named in `to` and `mentions` (or every online agent, or a group's
-//! members), and then the observers whose filter wants the message. Observers — a Skynet
-//! human who sees everything, a Tracker member listening to a whole project — are sessions
+//! members), and then the observers whose filter wants the message. Observers — a human who
+//! sees everything, a member listening to a whole project — are sessions
 //! with an `Interest`, not special cases here.
 //!
 //! The router never waits: each mailbox applies its own `when_full` policy, so one stalled
@@ -141,8 +141,8 @@ impl Router {
     }
 
     /// A mailbox sized and governed by the bridge's routing settings. Under `replay` it
-    /// has a backlog unless `protocol` keeps mail for absent agents (Synapse's inbox, the
-    /// Grid's queue): that connection's overflow is handed there instead, as under
+    /// has a backlog unless `protocol` keeps mail for absent agents (an inbox, a queue):
+    /// that connection's overflow is handed there instead, as under
     /// `disconnect`.
     pub fn mailbox(&self, protocol: Protocol) -> Arc<Mailbox> {
         let backlog = (self.policy == WhenFull::Replay && !self.offline.contains_key(protocol))
@@ -341,7 +341,8 @@ impl Router {
             return;
         }
         let Some(sink) = self.sink_of(name) else {
-            // Skynet and Tracker clients replay from the store: each overflow is a drop.
+            // Clients of a protocol without offline mail replay from the store: each overflow
+            // is a drop.
             for (mailbox, _) in closed.iter().filter(|(_, overflowed)| *overflowed) {
                 Self::overflow_dropped(mailbox.protocol(), report);
             }
@@ -666,7 +667,7 @@ mod tests {
         }
     }
 
-    /// A router over `agents` (name, protocol), Grid's offline mail kept in the sink.
+    /// A router over `agents` (name, protocol), a protocol's offline mail kept in the sink.
     fn router_with_sink(
         agents: &[(&str, Protocol)],
         capacity: usize,
@@ -678,13 +679,13 @@ mod tests {
         }
         let r = Router::new(dir, capacity, policy, 0);
         let sink = Arc::new(KeptSink::default());
-        r.set_offline_sink("grid", sink.clone());
+        r.set_offline_sink("queued", sink.clone());
         (r, sink)
     }
 
     #[test]
     fn offline_agents_go_to_their_protocols_sink() {
-        let agents = [("away", "grid"), ("nosink", "skynet")];
+        let agents = [("away", "queued"), ("nosink", "alpha")];
         let (r, sink) = router_with_sink(&agents, 4, WhenFull::DropOldest);
         let report = r.route(&chat("a", &["away", "nosink", "away"]));
         assert_eq!(report.offline, 1);
@@ -699,7 +700,7 @@ mod tests {
                 false
             }
         }
-        let (r, sink) = router_with_sink(&[("grouped", "grid")], 4, WhenFull::DropOldest);
+        let (r, sink) = router_with_sink(&[("grouped", "queued")], 4, WhenFull::DropOldest);
         let stream = connect(&r, "grouped", Arc::new(Refuses));
         let report = r.route(&chat("a", &["grouped", "grouped"]));
         assert_eq!((report.queued, report.offline), (0, 1));
@@ -709,7 +710,7 @@ mod tests {
 
     #[test]
     fn an_overflowed_mailbox_keeps_what_follows_where_there_is_a_sink() {
-        let agents = [("slow", "grid"), ("gone", "skynet")];
+        let agents = [("slow", "queued"), ("gone", "alpha")];
         let (r, sink) = router_with_sink(&agents, 2, WhenFull::Disconnect);
         let slow = connect(&r, "slow", Arc::new(AddressedOnly));
         let sent: Vec<Arc<Delivery>> = (0..5).map(|_| chat("a", &["slow"])).collect();
@@ -740,7 +741,7 @@ mod tests {
 
     #[test]
     fn a_live_sibling_session_takes_what_an_overflowed_one_would_keep() {
-        for (agent, protocol, dropped) in [("twin", "grid", 0), ("pair", "skynet", 1)] {
+        for (agent, protocol, dropped) in [("twin", "queued", 0), ("pair", "alpha", 1)] {
             let (r, sink) = router_with_sink(&[(agent, protocol)], 1, WhenFull::Disconnect);
             let stuck = connect(&r, agent, Arc::new(AddressedOnly));
             let live = connect(&r, agent, Arc::new(AddressedOnly));
