@@ -29,8 +29,8 @@ pub fn iso8601(ms: i64) -> String {
             .unwrap_or_else(|| "1970-01-01T00:00:00.000Z".to_owned());
     }
     // Every Tracker and Grid message carries one: written with plain integer arithmetic,
-    // not through `time`'s 128-bit nanoseconds and a digit loop (1k instructions a message,
-    // 3 % of a Tracker relay's).
+    // not through `time`'s 128-bit nanoseconds and a digit loop, in a sixth of the time
+    // (27 ns against 169 ns, `cargo bench --bench hand_written`).
     let (year, month, day) = civil_from_days(ms.div_euclid(MS_PER_DAY));
     let of_day = ms.rem_euclid(MS_PER_DAY) as u32;
     let (hour, minute) = (of_day / 3_600_000, of_day / 60_000 % 60);

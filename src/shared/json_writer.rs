@@ -3,8 +3,9 @@
 //! store keeps.
 //!
 //! serde_json escapes a string a byte at a time and writes each quote, comma and colon as
-//! a write of its own: for a chat message's sixteen short strings that comes to 3,100
-//! instructions. Here a string is checked eight bytes at a time and copied whole. The rare
+//! a write of its own. Here a string is checked eight bytes at a time and copied whole: a
+//! chat of eleven fields is written in a third of serde_json's time (95 ns against 280 ns,
+//! `cargo bench --bench hand_written`). The rare
 //! string that needs escaping, and every structured value (a task, data, attachments),
 //! is still written by serde_json; the rest is text already (a client's value as written,
 //! an integer by `itoa` as serde_json writes it). The text is the same byte for byte.

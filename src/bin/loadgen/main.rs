@@ -58,6 +58,10 @@ struct RunArgs {
     /// `sender:receiver` protocols, e.g. `skynet:tracker`; repeat for several paths.
     #[arg(long = "path", value_parser = parse_path, default_value = "skynet:skynet")]
     paths: Vec<(Proto, Proto)>,
+    /// Every path instead: skynet→skynet (the yardstick) and each ordered pair of two
+    /// different protocols.
+    #[arg(long)]
+    all_paths: bool,
     /// Sender → receiver agent pairs.
     #[arg(long, default_value_t = 4)]
     pairs: usize,
@@ -226,7 +230,17 @@ async fn run_all(args: RunArgs) -> Result<(), Error> {
             }
         }
     }
-    for &(from, to) in &args.paths {
+    let paths = if args.all_paths {
+        let all = <Proto as clap::ValueEnum>::value_variants();
+        let mut paths = vec![(Proto::Skynet, Proto::Skynet)];
+        for &from in all {
+            paths.extend(all.iter().filter(|&&to| to != from).map(|&to| (from, to)));
+        }
+        paths
+    } else {
+        args.paths.clone()
+    };
+    for &(from, to) in &paths {
         rows.push(bridge_run(&args, &load, from, to).await?);
     }
     for url in &args.skynet_servers {

@@ -41,6 +41,8 @@ pub struct Row {
     pub vs_raw_relay: Option<f64>,
     /// p99 as a multiple of the raw-relay baseline's in the same run.
     pub p99_vs_raw_relay: Option<f64>,
+    /// msg/s against agentbridge's skynet→skynet row of the same run.
+    pub vs_skynet: Option<f64>,
 }
 
 impl Row {
@@ -75,6 +77,7 @@ impl Row {
             load_generator_cpu_us_per_msg: None,
             vs_raw_relay: None,
             p99_vs_raw_relay: None,
+            vs_skynet: None,
         }
     }
 
@@ -89,6 +92,14 @@ impl Row {
 
 /// Fills in each row's ratios to the raw-relay row, when there is one.
 pub fn compare(rows: &mut [Row]) {
+    let skynet = (rows.iter())
+        .find(|r| r.target == "agentbridge" && r.path == "skynet→skynet")
+        .map(|r| r.msgs_per_sec);
+    if let Some(rate) = skynet {
+        for row in rows.iter_mut().filter(|r| r.target == "agentbridge") {
+            row.vs_skynet = Some(row.msgs_per_sec / rate.max(1e-9));
+        }
+    }
     let Some((rate, p99)) = rows
         .iter()
         .find(|r| r.target == "raw-relay")
@@ -122,6 +133,7 @@ pub fn table(rows: &[Row]) -> String {
         "loadgen CPU/msg",
         "vs raw",
         "p99 vs raw",
+        "vs skynet→skynet",
     ];
     let cells: Vec<Vec<String>> = rows
         .iter()
@@ -153,6 +165,8 @@ pub fn table(rows: &[Row]) -> String {
                     .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
                 r.p99_vs_raw_relay
                     .map_or("-".into(), |x| format!("{x:.2}×")),
+                r.vs_skynet
+                    .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
             ]
         })
         .collect();
