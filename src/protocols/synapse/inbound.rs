@@ -301,6 +301,11 @@ impl Synapse {
         // With each message being stored, what a refusal needs to answer it.
         let mut storing: InFlight<SynapseMessage> = InFlight::new();
         let mut received = first;
+        // Made once, as the WebSocket session loop makes its own (`protocols/session.rs`).
+        let shutdown = self.shutdown.cancelled();
+        let mut shutdown = std::pin::pin!(shutdown);
+        let closed = out.closed();
+        let mut closed = std::pin::pin!(closed);
         let left = loop {
             if let Some(msg) = received.take() {
                 self.accept_from_stream(msg, stream.kind, hints, out, &mut storing)
@@ -308,8 +313,8 @@ impl Synapse {
                 continue;
             }
             tokio::select! {
-                _ = self.shutdown.cancelled() => break None,
-                _ = out.closed() => break None,
+                _ = &mut shutdown => break None,
+                _ = &mut closed => break None,
                 Some((stored, sent)) = storing.next(), if !storing.is_empty() => {
                     self.on_stored(stored, &sent, out).await;
                 }
