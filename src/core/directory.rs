@@ -331,8 +331,7 @@ mod tests {
             all
         };
         assert!(names.get(&dir, || list(&dir)).is_empty());
-        dir.register(AgentInfo::new("coder", "beta", "m1"))
-            .unwrap();
+        dir.register(AgentInfo::new("coder", "beta", "m1")).unwrap();
         assert_eq!(*names.get(&dir, || list(&dir)), ["coder"]);
         // Unchanged directory: the value kept is the one returned.
         assert_eq!(*names.get(&dir, || unreachable!()), ["coder"]);
@@ -341,8 +340,7 @@ mod tests {
     #[test]
     fn names_are_unique_across_protocols() {
         let dir = Directory::new();
-        dir.register(AgentInfo::new("coder", "beta", "m1"))
-            .unwrap();
+        dir.register(AgentInfo::new("coder", "beta", "m1")).unwrap();
         let err = dir
             .register(AgentInfo::new("coder", "alpha", "u1"))
             .unwrap_err();
@@ -369,10 +367,7 @@ mod tests {
         assert_eq!(dir.by_native("alpha", "uuid-a").as_deref(), Some("alice"));
         assert_eq!(dir.by_native("beta", "uuid-a"), None);
         dir.add_alias("beta", "derived-a".into(), "alice");
-        assert_eq!(
-            dir.by_native("beta", "derived-a").as_deref(),
-            Some("alice")
-        );
+        assert_eq!(dir.by_native("beta", "derived-a").as_deref(), Some("alice"));
         dir.unregister("alice", "alpha").unwrap();
         assert_eq!(dir.by_native("alpha", "uuid-a"), None);
         assert_eq!(dir.by_native("beta", "derived-a"), None);
@@ -382,7 +377,8 @@ mod tests {
     #[test]
     fn unregister_only_by_the_holder() {
         let dir = Directory::new();
-        dir.register(AgentInfo::new("bob", "queued", "bob")).unwrap();
+        dir.register(AgentInfo::new("bob", "queued", "bob"))
+            .unwrap();
         assert!(dir.unregister("bob", "alpha").is_none());
         assert!(dir.contains("bob"));
     }
