@@ -155,7 +155,9 @@ pub async fn run<S: WsSession>(mut session: S, socket: Socket, shutdown: &Cancel
     // Made once: a `cancelled()` or a timer made afresh each turn would register with the
     // token (or the timer wheel) and leave it again for every frame and delivery.
     let mut shutting_down = std::pin::pin!(shutdown.cancelled());
-    let mut flow = session.on_open(&mut io).await;
+    // The rare handlers are boxed: a session's future is as large as its largest state,
+    // and every idle connection holds one.
+    let mut flow = Box::pin(session.on_open(&mut io)).await;
     let mut armed = session.deadline();
     let mut timer = std::pin::pin!(tokio::time::sleep_until(
         armed.unwrap_or_else(|| Instant::now() + NEVER)
@@ -170,7 +172,7 @@ pub async fn run<S: WsSession>(mut session: S, socket: Socket, shutdown: &Cancel
         flow = tokio::select! {
             biased;
             _ = &mut shutting_down => {
-                io.socket.close(1001, "server shutting down").await;
+                Box::pin(io.socket.close(1001, "server shutting down")).await;
                 Flow::Close
             }
             _ = &mut timer, if armed.is_some() => {
@@ -187,20 +189,20 @@ pub async fn run<S: WsSession>(mut session: S, socket: Socket, shutdown: &Cancel
                 // Boxed: a frame's handler (a join, an identification) is large, and the
                 // session's future would be sized by it.
                 Some(Ok(message)) => Box::pin(session.on_frame(&mut io, message)).await,
-                Some(Err(refused)) => refuse(&session, &mut io, refused).await,
+                Some(Err(refused)) => Box::pin(refuse(&session, &mut io, refused)).await,
             },
             next = next_delivery(mailbox.as_deref()) => match next {
                 Ok(first) => Box::pin(write_batch(&mut session, &mut io, first, mailbox.as_deref())).await,
-                Err(Closed::Overflow) => io.close(1008, websocket::BEHIND_REASON).await,
+                Err(Closed::Overflow) => Box::pin(io.close(1008, websocket::BEHIND_REASON)).await,
                 Err(Closed::Shutdown) => Flow::Close,
-                Err(reason) => session.on_closed(&mut io, reason).await,
+                Err(reason) => Box::pin(session.on_closed(&mut io, reason)).await,
             },
         };
     }
     while let Some((stored, pending)) = io.pending.next().await {
-        session.settle(stored, pending).await;
+        Box::pin(session.settle(stored, pending)).await;
     }
-    session.finish().await;
+    Box::pin(session.finish()).await;
 }
 
 async fn next_delivery(mailbox: Option<&Mailbox>) -> Result<Arc<Delivery>, Closed> {
