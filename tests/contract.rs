@@ -441,7 +441,7 @@ fn docs_translation_md_matches_the_code() {
     }
     panic!(
         "docs/translation.md is out of date with the translators; \
-         run `AGENTBRIDGE_BLESS=1 cargo test contract` and review the diff"
+         run `AGENTBRIDGE_BLESS=1 cargo test --test contract` and review the diff"
     );
 }
 

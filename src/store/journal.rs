@@ -4,8 +4,8 @@
 //! records, on a runtime thread), no SQLite on the way. The writer thread puts the records into the
 //! database afterwards, many in a transaction (mod.rs). Like a commit
 //! in SQLite's log with `synchronous = NORMAL`, a record handed to the kernel survives the
-//! process being killed; only a power loss can take back the latest ones. At start-up the
-//! records the database does not hold yet (numbered after `journal.applied`) are put in,
+//! process being killed; an OS crash or power loss can take back the latest ones. At
+//! start-up the records the database does not hold yet (numbered after `journal.applied`) are put in,
 //! and the journal starts anew.
 //!
 //! Files: `journal/<number of the first record, 20 digits>.log`, each a run of records,
