@@ -185,7 +185,8 @@ impl WsSession for Live {
             }
             Err(e) => {
                 tracing::error!(error = %e, "tracker: cannot store a message");
-                io.send(wire::error_frame(NOT_STORED)).await
+                // Boxed: rare, and inline it would size every idle connection's future.
+                Box::pin(io.send(wire::error_frame(NOT_STORED))).await
             }
         }
     }
