@@ -133,8 +133,8 @@ struct Lanes {
 /// What the consumer does next.
 enum Next {
     Ready(Arc<Delivery>),
-    /// The backlog's front is being read back; what it reads wakes the consumer.
-    Fetching,
+    /// Nothing yet: a push, or the read of the backlog's front under way, wakes the
+    /// consumer.
     Empty,
 }
 
@@ -269,7 +269,7 @@ impl Mailbox {
                 }
                 // One consumer: a `notify_one` that finds no waiter leaves a permit, so a
                 // push (or a read of the backlog) between `next` and here is not missed.
-                Next::Fetching | Next::Empty => self.shared.notify.notified().await,
+                Next::Empty => self.shared.notify.notified().await,
             }
         }
     }
@@ -307,7 +307,7 @@ impl Mailbox {
                     return Err(reason);
                 }
                 if state.fetching {
-                    return Ok(Next::Fetching);
+                    return Ok(Next::Empty);
                 }
                 match state.backlog.front() {
                     None => return Ok(Next::Empty),
@@ -330,7 +330,7 @@ impl Mailbox {
                         state.fetching = true;
                         drop(state);
                         self.fetch(batch);
-                        return Ok(Next::Fetching);
+                        return Ok(Next::Empty);
                     }
                 }
             };

@@ -182,8 +182,7 @@ where
             ended = conn.as_mut() => return ended,
             _ = stop.cancelled(), if !ending => {
                 ending = true;
-                conn.as_mut().begin_graceful_shutdown();
-                deadline.as_mut().reset(Instant::now() + timeouts.drain);
+                begin_ending(conn.as_mut(), deadline.as_mut(), timeouts.drain);
             }
             _ = &mut deadline => {
                 if ending {
@@ -193,8 +192,7 @@ where
                     Some(until) if until > Instant::now() => deadline.as_mut().reset(until),
                     Some(_) => {
                         ending = true;
-                        conn.as_mut().begin_graceful_shutdown();
-                        deadline.as_mut().reset(Instant::now() + timeouts.drain);
+                        begin_ending(conn.as_mut(), deadline.as_mut(), timeouts.drain);
                     }
                     // Busy: look again once a full idle period could have passed.
                     None => deadline.as_mut().reset(Instant::now() + timeouts.idle),
@@ -202,6 +200,16 @@ where
             }
         }
     }
+}
+
+/// Asks `conn` to end gracefully, and gives it `drain` to do so.
+fn begin_ending<C: Graceful>(
+    conn: Pin<&mut C>,
+    deadline: Pin<&mut tokio::time::Sleep>,
+    drain: Duration,
+) {
+    conn.begin_graceful_shutdown();
+    deadline.reset(Instant::now() + drain);
 }
 
 /// The connection types `serve` drives, which can be asked to end gracefully.
@@ -286,7 +294,8 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         let busy = Busy::new(&self.activity);
         let app = self.app.clone();
-        let request = if is_grpc(&request) {
+        // A request without a body (a GET, a WebSocket upgrade) has nothing to time.
+        let request = if is_grpc(&request) || request.body().is_end_stream() {
             request.map(Body::new)
         } else {
             let deadline = Box::pin(tokio::time::sleep(self.body_read_timeout));

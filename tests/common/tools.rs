@@ -1,5 +1,5 @@
-//! Programs the tests drive that are not Rust: the protocols' own Python clients (and, for
-//! federation, `nats-server` from PyPI). They are installed on first use into a virtual
+//! Programs the tests drive that are not Rust: the protocols' own Python clients (grpcio
+//! for Synapse). They are installed on first use into a virtual
 //! environment under `target/`, so that `cargo test` on a fresh machine needs nothing but
 //! `python3` and the network; a test that cannot get them fails and says how to.
 
