@@ -11,12 +11,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::envelope::Protocol;
 
 /// Whether an agent is a program or a person. Humans observe conversations in some protocols.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     Agent,
@@ -24,7 +24,7 @@ pub enum Role {
 }
 
 /// Presence as the bridge tracks it; each protocol maps it onto its own vocabulary.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Online,
@@ -78,6 +78,10 @@ pub struct AgentInfo {
     pub created_at: i64,
     /// Whether listings show it; the bridge's own agent is addressable but not a peer.
     pub listed: bool,
+    /// The bridge of the fleet that holds it, when that is not this one: that bridge
+    /// delivers to it, and keeps its mail while it is away.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bridge: Option<String>,
 }
 
 impl AgentInfo {
@@ -94,17 +98,39 @@ impl AgentInfo {
             status: Status::Offline,
             created_at: super::envelope::now_ms(),
             listed: true,
+            bridge: None,
         }
     }
 }
 
 /// A name is held by an agent of some protocol already.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("name '{name}' is already taken by {holder_protocol} {holder_role} '{name}'")]
+#[error("name '{name}' is already taken by {holder_protocol} {holder_role} '{name}'{}", self.on_bridge())]
 pub struct NameTaken {
     pub name: String,
     pub holder_protocol: Protocol,
     pub holder_role: &'static str,
+    /// The bridge of the fleet that holds it, when that is not this one.
+    pub holder_bridge: Option<String>,
+}
+
+impl NameTaken {
+    /// " on bridge 'b1'" when another bridge of the fleet holds the name, else nothing.
+    pub fn on_bridge(&self) -> String {
+        (self.holder_bridge.as_ref()).map_or_else(String::new, |b| format!(" on bridge '{b}'"))
+    }
+
+    fn by(info: &AgentInfo) -> NameTaken {
+        NameTaken {
+            name: info.name.clone(),
+            holder_protocol: info.protocol,
+            holder_role: match info.role {
+                Role::Agent => "agent",
+                Role::Human => "human",
+            },
+            holder_bridge: info.bridge.clone(),
+        }
+    }
 }
 
 type Map<K, V> = DashMap<K, V, foldhash::fast::RandomState>;
@@ -139,15 +165,11 @@ impl Directory {
         match self.by_name.entry(info.name.clone()) {
             Entry::Occupied(mut held) => {
                 let current = held.get();
-                if current.protocol != info.protocol || current.native_id != info.native_id {
-                    return Err(NameTaken {
-                        name: info.name,
-                        holder_protocol: current.protocol,
-                        holder_role: match current.role {
-                            Role::Agent => "agent",
-                            Role::Human => "human",
-                        },
-                    });
+                if current.protocol != info.protocol
+                    || current.native_id != info.native_id
+                    || (current.bridge.is_some() && current.online)
+                {
+                    return Err(NameTaken::by(current));
                 }
                 let (online, status) = (current.online, current.status);
                 held.insert(AgentInfo {
@@ -181,15 +203,51 @@ impl Directory {
     pub fn check_free(&self, name: &str) -> Result<(), NameTaken> {
         match self.by_name.get(name) {
             None => Ok(()),
-            Some(held) => Err(NameTaken {
-                name: name.to_owned(),
-                holder_protocol: held.protocol,
-                holder_role: match held.role {
-                    Role::Agent => "agent",
-                    Role::Human => "human",
-                },
-            }),
+            Some(held) => Err(NameTaken::by(&held)),
         }
+    }
+
+    /// Takes in an agent another bridge of the fleet holds (`info.bridge`), as that bridge
+    /// describes it. An agent online here keeps its name: the fleet's claims
+    /// (`federation`) keep two bridges from holding one name at once.
+    pub fn register_replica(&self, info: AgentInfo) {
+        debug_assert!(info.bridge.is_some());
+        match self.by_name.entry(info.name.clone()) {
+            Entry::Occupied(mut held) => {
+                let current = held.get();
+                if current.bridge.is_none() && current.online {
+                    return;
+                }
+                if current.native_id != info.native_id || current.protocol != info.protocol {
+                    self.name_native(info.protocol, info.native_id.clone(), &info.name);
+                }
+                held.insert(info);
+            }
+            Entry::Vacant(free) => {
+                self.name_native(info.protocol, info.native_id.clone(), &info.name);
+                free.insert(info);
+            }
+        }
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Whether another bridge of the fleet holds `name`.
+    pub fn held_elsewhere(&self, name: &str) -> bool {
+        self.by_name.get(name).is_some_and(|e| e.bridge.is_some())
+    }
+
+    /// Shows offline every agent `bridge` holds (it stopped telling the fleet it is
+    /// alive); returns those that were online, with their protocols.
+    pub fn bridge_gone(&self, bridge: &str) -> Vec<(String, Protocol)> {
+        let mut gone = Vec::new();
+        for mut entry in self.by_name.iter_mut() {
+            if entry.bridge.as_deref() == Some(bridge) && entry.online {
+                entry.online = false;
+                entry.status = Status::Offline;
+                gone.push((entry.name.clone(), entry.protocol));
+            }
+        }
+        gone
     }
 
     /// Changes whenever the set of names or their profiles changes.
@@ -219,6 +277,22 @@ impl Directory {
 
     pub fn protocol_of(&self, name: &str) -> Option<Protocol> {
         self.by_name.get(name).map(|e| e.protocol)
+    }
+
+    /// Who holds `name`, for a refusal: its protocol, role and (if not this one) bridge.
+    /// `None` when the name is free, or held by an agent another bridge held and that is
+    /// offline now (a claim here takes it over).
+    pub fn holder(&self, name: &str) -> Option<NameTaken> {
+        (self.by_name.get(name))
+            .filter(|held| held.bridge.is_none() || held.online)
+            .map(|held| NameTaken::by(&held))
+    }
+
+    /// `name`'s protocol, when this bridge holds it (not another of the fleet).
+    pub fn home_protocol_of(&self, name: &str) -> Option<Protocol> {
+        (self.by_name.get(name))
+            .filter(|e| e.bridge.is_none())
+            .map(|e| e.protocol)
     }
 
     /// The name behind a protocol-native id (or an alias an endpoint recorded for it).
@@ -265,12 +339,13 @@ impl Directory {
         all
     }
 
-    /// Every online agent of a protocol other than `protocol`.
+    /// Every online agent that `protocol`'s endpoint here does not hold itself: of another
+    /// protocol, or on another bridge of the fleet.
     pub fn online_foreign(&self, protocol: Protocol) -> Vec<AgentInfo> {
         let mut peers: Vec<AgentInfo> = self
             .by_name
             .iter()
-            .filter(|e| e.listed && e.online && e.protocol != protocol)
+            .filter(|e| e.listed && e.online && (e.protocol != protocol || e.bridge.is_some()))
             .map(|e| e.clone())
             .collect();
         peers.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.name.cmp(&b.name)));

@@ -1,7 +1,7 @@
 //! What the core needs of persistence: a log of record for messages. A message is appended
 //! to it before it is routed or acknowledged; replay, the conversation links of older
 //! messages and a slow reader's backlog are read back from it. The store (`store::Store`,
-//! embedded SQLite) implements it; a log outside the process can.
+//! embedded SQLite) implements it; `federation` wraps it in one the fleet's bridges share.
 
 use std::pin::Pin;
 
@@ -42,6 +42,21 @@ pub enum LogError {
     Closed,
     #[error(transparent)]
     Failed(Box<dyn std::error::Error + Send + Sync>),
+    /// The log will not take the message now, for a reason the sender can act on (a log
+    /// shared with other bridges that cannot reach them).
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl LogError {
+    /// What the message's sender is told: the reason the log refused it, or `otherwise`
+    /// (a failure of the log's own is for the bridge's logs, not the sender).
+    pub fn tell_sender(&self, otherwise: &str) -> String {
+        match self {
+            LogError::Refused(reason) => reason.clone(),
+            _ => otherwise.to_owned(),
+        }
+    }
 }
 
 /// A log operation under way.
@@ -71,6 +86,10 @@ pub trait MessageLog: Send + Sync {
 
     /// The latest message that assigned task `task_id`.
     fn task_request(&self, task_id: &str) -> LogFuture<'_, Option<TaskRequest>>;
+
+    /// A message that is not kept (a status change) was routed. A log shared with other
+    /// bridges passes it on to them; the embedded one has nothing to do.
+    fn pass_on(&self, _env: &Envelope) {}
 
     /// The id of the message whose UUID form (a derived id shown to a protocol whose ids
     /// must be UUIDs) is `uuid`.

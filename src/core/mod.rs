@@ -194,7 +194,25 @@ impl Core {
     pub async fn publish_transient(&self, mut env: Envelope) -> Arc<Delivery> {
         self.link_conversation(&mut env).await;
         self.remember(&env);
+        self.log.pass_on(&env);
         self.route_delivery(Delivery::new(env))
+    }
+
+    /// Delivers a message another bridge of the fleet accepted (and placed in its
+    /// conversation): `kept` when it is in this bridge's log too.
+    pub fn accept_replica(&self, env: Envelope, kept: bool) -> Arc<Delivery> {
+        self.remember(&env);
+        self.route_delivery(if kept {
+            Delivery::stored(env)
+        } else {
+            Delivery::new(env)
+        })
+    }
+
+    /// Whether a message with this id passed through this bridge recently (its place in
+    /// its conversation is remembered).
+    pub fn recently_seen(&self, id: &str) -> bool {
+        self.correlation.link(id).is_some()
     }
 
     /// Delivers an accepted message, durable in the store, to its recipients' mailboxes.

@@ -365,9 +365,10 @@ impl Router {
         Self::to_sink(&*sink, name, delivery, &earlier, report);
     }
 
-    /// Where `name`'s protocol keeps mail for its absent agents, if it does.
+    /// Where `name`'s protocol keeps mail for its absent agents, if it does. An agent
+    /// another bridge of the fleet holds has its mail kept there.
     fn sink_of(&self, name: &str) -> Option<Arc<dyn OfflineSink>> {
-        let protocol = self.directory.protocol_of(name)?;
+        let protocol = self.directory.home_protocol_of(name)?;
         self.offline.get(protocol).map(|sink| sink.clone())
     }
 

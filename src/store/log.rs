@@ -20,6 +20,7 @@ impl From<LogError> for StoreError {
         match e {
             LogError::Closed => StoreError::Closed,
             LogError::Failed(e) => StoreError::Log(e),
+            LogError::Refused(reason) => StoreError::Log(reason.into()),
         }
     }
 }

@@ -35,7 +35,7 @@ pub use config::Config;
 use super::endpoint::{Endpoint, Listening};
 use super::{Context, Running, StartError};
 use crate::core::{
-    AgentInfo, Core, Delivery, Envelope, Kind, Mailbox, OfflineSink, Protocol, Staged,
+    AgentInfo, Core, Delivery, Envelope, Kind, LogError, Mailbox, OfflineSink, Protocol, Staged,
 };
 use crate::protocols::endpoint::{Decoded, Translation};
 use crate::protocols::hub::{Hub, HubFilter};
@@ -82,12 +82,12 @@ pub enum Source {
 }
 
 /// The refusal of a message that could not be stored.
-pub fn store_failed(id: &str, sender: &Party, error: &impl std::fmt::Display) -> Invalid {
+pub fn store_failed(id: &str, sender: &Party, error: &LogError) -> Invalid {
     tracing::error!(error = %error, "grid: cannot store a message");
     Invalid {
         code: "STORE_FAILED",
         field: "message".into(),
-        message: "the message could not be stored; it was not delivered".into(),
+        message: error.tell_sender("the message could not be stored; it was not delivered"),
         id: Some(id.to_owned()),
         sender: Some(Box::new(sender.clone())),
     }

@@ -147,15 +147,21 @@ async fn register(
         .create(name, agent_type, role, persona)
         .await
         .map_err(|e| match e {
-            RegisterError::Taken(taken) if taken.holder_protocol == PROTOCOL => ApiError::new(
-                StatusCode::CONFLICT,
-                format!("Name '{name}' is already taken"),
-            ),
+            RegisterError::Taken(taken)
+                if taken.holder_protocol == PROTOCOL && taken.holder_bridge.is_none() =>
+            {
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    format!("Name '{name}' is already taken"),
+                )
+            }
             RegisterError::Taken(taken) => ApiError::new(
                 StatusCode::CONFLICT,
                 format!(
-                    "Name '{name}' is already taken by {} {} '{name}'",
-                    taken.holder_protocol, taken.holder_role
+                    "Name '{name}' is already taken by {} {} '{name}'{}",
+                    taken.holder_protocol,
+                    taken.holder_role,
+                    taken.on_bridge()
                 ),
             ),
             RegisterError::Store(e) => {

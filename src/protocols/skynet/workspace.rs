@@ -348,7 +348,7 @@ impl Skynet {
 
     /// Everyone a chat may `@mention` (card id and lower-cased `@name`), in the order
     /// Skynet tries them: registered agents, registered humans, then agents of other
-    /// protocols.
+    /// protocols or on other bridges of the fleet.
     pub fn mention_candidates(&self) -> MentionCandidates {
         // Rebuilt only when an agent is registered, changed or removed anywhere: every
         // chat with an `@` in it asks for this list.
@@ -362,7 +362,7 @@ impl Skynet {
                 .collect();
             let mut foreign = Vec::new();
             self.core.directory.for_each(|agent| {
-                if agent.protocol != PROTOCOL {
+                if agent.protocol != PROTOCOL || agent.bridge.is_some() {
                     foreign.push((agent.created_at, agent.name.clone()));
                 }
             });

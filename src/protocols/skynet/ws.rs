@@ -301,7 +301,7 @@ impl Connection {
         if let Err(e) = stored.map(|env| self.skynet.core.route(env)) {
             tracing::error!(error = %e, "skynet: cannot store a message");
             return Some(wire::error_event(
-                "Message could not be stored; it was not delivered",
+                &e.tell_sender("Message could not be stored; it was not delivered"),
                 None,
             ));
         }

@@ -105,11 +105,13 @@ impl Synapse {
                 "agent_id '{id}' is the bridge's own"
             )));
         }
-        if let Some(holder) = self.core.directory.protocol_of(id)
-            && holder != PROTOCOL
+        if let Some(holder) = self.core.directory.holder(id)
+            && (holder.holder_protocol != PROTOCOL || holder.holder_bridge.is_some())
         {
             return Err(Status::already_exists(format!(
-                "agent_id '{id}' is already taken by {holder} agent '{id}'"
+                "agent_id '{id}' is already taken by {} agent '{id}'{}",
+                holder.holder_protocol,
+                holder.on_bridge()
             )));
         }
         let url_in_endpoint = (endpoint.endpoint.starts_with("http://")
@@ -221,6 +223,15 @@ impl Synapse {
                     .await;
             }
         }
+    }
+}
+
+/// A message the log would not take: UNAVAILABLE with the reason when it refused (the
+/// client may send it again later), else an internal error.
+pub fn not_stored(e: crate::core::LogError) -> Status {
+    match e {
+        crate::core::LogError::Refused(reason) => Status::unavailable(reason),
+        other => internal(other),
     }
 }
 

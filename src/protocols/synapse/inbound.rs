@@ -8,7 +8,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
 use tonic::{Status, Streaming};
 
-use super::agents::{AGENT_HEADER, Hints, internal};
+use super::agents::{AGENT_HEADER, Hints, not_stored};
 use super::outbound::Route;
 use super::proto::{AgentEndpoint, MessageType, SynapseMessage, TransportMode};
 use super::{PROTOCOL, Synapse, translate, wire};
@@ -52,7 +52,7 @@ impl Synapse {
     pub async fn accept(&self, msg: SynapseMessage, hints: &Hints) -> Result<String, Status> {
         let (id, storing) = self.stage(msg, hints).await?;
         if let Some(staged) = storing {
-            self.core.publish_staged(staged).await.map_err(internal)?;
+            self.core.publish_staged(staged).await.map_err(not_stored)?;
         }
         Ok(id)
     }
@@ -146,7 +146,7 @@ impl Synapse {
                 "receiver '{receiver}' has no open connection to deliver to synchronously"
             )));
         }
-        let delivery = self.core.publish(env).await.map_err(internal)?;
+        let delivery = self.core.publish(env).await.map_err(not_stored)?;
         let timeout = Duration::from_millis(self.config.sync_timeout_ms);
         tokio::time::timeout(timeout, delivery.written())
             .await
@@ -364,7 +364,7 @@ impl Synapse {
             Ok(env) => {
                 self.core.route(env);
             }
-            Err(e) if !out.is_closed() => self.refuse_on_stream(sent, &internal(e), out).await,
+            Err(e) if !out.is_closed() => self.refuse_on_stream(sent, &not_stored(e), out).await,
             Err(_) => {}
         }
     }

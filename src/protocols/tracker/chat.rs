@@ -9,7 +9,7 @@ use super::Tracker;
 use super::db::TaskRow;
 use super::translate::{self, Authored, Translator, message_out};
 use super::wire::{AuthorType, MessageOut};
-use crate::core::{Envelope, Staged, new_message_id, now_ms};
+use crate::core::{Envelope, LogError, Staged, new_message_id, now_ms};
 use crate::core::{MessageQuery, StoredMessage};
 use crate::protocols::endpoint::{Decoded, Translation};
 use crate::shared::at_names;
@@ -61,6 +61,18 @@ pub enum PostError {
     /// More mentions than `max_mentions`: (how many, the limit).
     TooManyMentions(usize, usize),
     Store(crate::store::StoreError),
+    /// The message log would not take it now; the text says why (the fleet's log is
+    /// unreachable).
+    Refused(String),
+}
+
+impl From<LogError> for PostError {
+    fn from(e: LogError) -> Self {
+        match e {
+            LogError::Refused(reason) => PostError::Refused(reason),
+            other => PostError::Store(other.into()),
+        }
+    }
 }
 
 impl Tracker {
@@ -77,10 +89,7 @@ impl Tracker {
 
     async fn post(&self, new: NewMessage, notify_requester: bool) -> Result<MessageOut, PostError> {
         let (staged, post) = self.stage_post(new, notify_requester).await?;
-        let env = staged
-            .durable()
-            .await
-            .map_err(|e| PostError::Store(e.into()))?;
+        let env = staged.durable().await?;
         Ok(self.posted(env, post).await)
     }
 

@@ -186,7 +186,7 @@ impl WsSession for Live {
             Err(e) => {
                 tracing::error!(error = %e, "tracker: cannot store a message");
                 // Boxed: rare, and inline it would size every idle connection's future.
-                Box::pin(io.send(wire::error_frame(NOT_STORED))).await
+                Box::pin(io.send(wire::error_frame(&e.tell_sender(NOT_STORED)))).await
             }
         }
     }
@@ -297,6 +297,7 @@ impl Live {
                         tracing::error!(error = %e, "tracker: cannot store a message");
                         Err(NOT_STORED.into())
                     }
+                    Err(PostError::Refused(reason)) => Err(reason),
                 }
             }
         }

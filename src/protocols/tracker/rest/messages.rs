@@ -2,6 +2,7 @@
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::{ApiError, ApiResult, Body, Caller, Query, Shared, created, ok};
@@ -28,6 +29,7 @@ fn post_error(e: PostError) -> ApiError {
             format!("Too many mentions: {count}; the limit is {limit}"),
         ),
         PostError::Store(e) => ApiError::store(e),
+        PostError::Refused(reason) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, reason),
     }
 }
 
