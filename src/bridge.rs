@@ -10,7 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Readiness};
 use crate::config::Config;
-use crate::core::Core;
+use crate::core::{Core, MessageLog};
+use crate::federation::Federation;
 use crate::protocols::{self, StartError};
 use crate::shared::budget::ByteBudget;
 use crate::store::Store;
@@ -21,6 +22,7 @@ pub struct Bridge {
     store: Store,
     read_budget: ByteBudget,
     admin: Option<SocketAddr>,
+    readiness: Readiness,
     listeners: Vec<(&'static str, &'static str, SocketAddr)>,
     tasks: Vec<JoinHandle<()>>,
     shutdown: CancellationToken,
@@ -33,10 +35,23 @@ impl Bridge {
         let store = Store::open(&config.bridge.data_dir)
             .await
             .map_err(|e| StartError::new("store", e))?;
-        let core = Core::new(Arc::new(store.clone()), &config.routing);
         let shutdown = CancellationToken::new();
         let readiness = Readiness::default();
+        let local: Arc<dyn MessageLog> = Arc::new(store.clone());
+        let federation = match &config.federation {
+            Some(section) => Some(
+                Federation::connect(section, local.clone(), readiness.clone())
+                    .await
+                    .map_err(|e| StartError::new("federation", e))?,
+            ),
+            None => None,
+        };
+        let log = federation.as_ref().map_or(local, Federation::log);
+        let core = Core::new(log, &config.routing);
         let mut tasks = Vec::new();
+        if let Some(federation) = federation {
+            tasks.extend(federation.start(core.clone(), shutdown.clone()));
+        }
         let mut listeners = Vec::new();
 
         let admin = match &config.admin {
@@ -101,6 +116,7 @@ impl Bridge {
             store,
             read_budget,
             admin,
+            readiness,
             listeners,
             tasks,
             shutdown,
@@ -118,6 +134,11 @@ impl Bridge {
     /// Every listener, as (endpoint, role, address).
     pub fn listeners(&self) -> &[(&'static str, &'static str, SocketAddr)] {
         &self.listeners
+    }
+
+    /// Whether the bridge is ready, and why it is degraded if it is.
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
     }
 
     pub fn admin_addr(&self) -> Option<SocketAddr> {

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
 
 use crate::core::RoutingConfig;
+use crate::federation::FederationConfig;
 use crate::protocols::endpoint::{Endpoint, Section};
 use crate::protocols::registry;
 use crate::shared::listener::Limits;
@@ -23,13 +24,15 @@ pub struct Config {
     pub admin: Option<AdminConfig>,
     pub routing: RoutingConfig,
     pub limits: Limits,
+    /// Joins the bridge to a fleet over NATS; without it the bridge stands alone.
+    pub federation: Option<FederationConfig>,
     /// The sections of the endpoints that run, in the registry's order (the order they
     /// start in).
     pub endpoints: Vec<Box<dyn Section>>,
 }
 
 /// The bridge's own sections.
-const OWN_SECTIONS: [&str; 4] = ["bridge", "admin", "routing", "limits"];
+const OWN_SECTIONS: [&str; 5] = ["bridge", "admin", "routing", "limits", "federation"];
 
 /// Every section name, for the "expected one of" of an unknown one.
 static SECTIONS: LazyLock<&'static [&'static str]> = LazyLock::new(|| {
@@ -46,6 +49,7 @@ enum Key {
     Admin,
     Routing,
     Limits,
+    Federation,
     Endpoint(&'static str),
 }
 
@@ -74,6 +78,7 @@ impl Visitor<'_> for KeySeed {
             "admin" => Key::Admin,
             "routing" => Key::Routing,
             "limits" => Key::Limits,
+            "federation" => Key::Federation,
             other => match registry::PROTOCOLS.iter().find(|p| **p == other) {
                 Some(protocol) => Key::Endpoint(protocol),
                 None => return Err(E::unknown_field(other, &SECTIONS)),
@@ -104,6 +109,7 @@ impl<'de> Visitor<'de> for ConfigVisitor {
             admin: None,
             routing: RoutingConfig::default(),
             limits: Limits::default(),
+            federation: None,
             endpoints: Vec::new(),
         };
         while let Some(key) = map.next_key_seed(KeySeed)? {
@@ -112,6 +118,7 @@ impl<'de> Visitor<'de> for ConfigVisitor {
                 Key::Admin => config.admin = Some(map.next_value()?),
                 Key::Routing => config.routing = map.next_value()?,
                 Key::Limits => config.limits = map.next_value()?,
+                Key::Federation => config.federation = Some(map.next_value()?),
                 Key::Endpoint(protocol) => {
                     if config.endpoints.iter().any(|s| s.protocol() == protocol) {
                         return Err(A::Error::duplicate_field(protocol));
@@ -200,6 +207,9 @@ impl Config {
         config.bridge.data_dir = resolve_data_dir(base, &config.bridge.data_dir);
         for section in &mut config.endpoints {
             section.resolve_paths(base);
+        }
+        if let Some(federation) = &mut config.federation {
+            federation.resolve_paths(base);
         }
         Ok(config)
     }

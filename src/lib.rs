@@ -8,6 +8,7 @@ pub mod alloc;
 pub mod bridge;
 pub mod config;
 pub mod core;
+pub mod federation;
 pub mod protocols;
 pub mod shared;
 pub mod store;

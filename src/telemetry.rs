@@ -23,6 +23,13 @@ pub const STORE_WRITE_DURATION: &str = "agentbridge_store_write_duration_seconds
 pub const STORE_BATCH_SIZE: &str = "agentbridge_store_batch_size";
 pub const CALLBACK_FAILURES: &str = "agentbridge_callback_failures_total";
 pub const BUILD_INFO: &str = "agentbridge_build_info";
+pub const FEDERATION_CONNECTED: &str = "agentbridge_federation_connected";
+pub const FEDERATION_PUBLISH_DURATION: &str = "agentbridge_federation_publish_duration_seconds";
+pub const FEDERATION_MESSAGES: &str = "agentbridge_federation_messages_total";
+pub const FEDERATION_REFUSED: &str = "agentbridge_federation_refused_total";
+pub const FEDERATION_OUTBOX: &str = "agentbridge_federation_outbox";
+pub const FEDERATION_APPLY_LAG: &str = "agentbridge_federation_apply_lag_seconds";
+pub const FEDERATION_BRIDGES: &str = "agentbridge_federation_bridges";
 
 /// Every metric name with its help text, for `describe` and the README.
 pub const METRICS: &[(&str, &str)] = &[
@@ -65,6 +72,34 @@ pub const METRICS: &[(&str, &str)] = &[
         BUILD_INFO,
         "Always 1; the version label names the running build.",
     ),
+    (
+        FEDERATION_CONNECTED,
+        "1 while the bridge is connected to NATS with its stream and buckets set up, else 0.",
+    ),
+    (
+        FEDERATION_PUBLISH_DURATION,
+        "Seconds from publishing a message to the fleet's stream to JetStream acknowledging it.",
+    ),
+    (
+        FEDERATION_MESSAGES,
+        "Messages to other bridges (direction out: published) and from them (in: applied here), by outcome.",
+    ),
+    (
+        FEDERATION_REFUSED,
+        "Messages refused because they had to reach another bridge and could not, by reason.",
+    ),
+    (
+        FEDERATION_OUTBOX,
+        "Messages published to the fleet's stream and not yet acknowledged by JetStream.",
+    ),
+    (
+        FEDERATION_APPLY_LAG,
+        "Seconds from another bridge accepting a message to this bridge applying it (by the two clocks).",
+    ),
+    (
+        FEDERATION_BRIDGES,
+        "Bridges of the fleet alive, as this one sees them (itself included).",
+    ),
 ];
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -88,6 +123,20 @@ pub fn install() -> PrometheusHandle {
                 .and_then(|b| {
                     b.set_buckets_for_metric(
                         metrics_exporter_prometheus::Matcher::Full(STORE_WRITE_DURATION.into()),
+                        &latency,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full(
+                            FEDERATION_PUBLISH_DURATION.into(),
+                        ),
+                        &latency,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full(FEDERATION_APPLY_LAG.into()),
                         &latency,
                     )
                 })
@@ -142,11 +191,15 @@ fn spawn_upkeep(handle: PrometheusHandle) {
 fn describe() {
     for (name, help) in METRICS {
         match *name {
-            ROUTE_DURATION | STORE_WRITE_DURATION => {
+            ROUTE_DURATION
+            | STORE_WRITE_DURATION
+            | FEDERATION_PUBLISH_DURATION
+            | FEDERATION_APPLY_LAG => {
                 metrics::describe_histogram!(*name, metrics::Unit::Seconds, *help)
             }
             MAILBOX_DEPTH | STORE_BATCH_SIZE => metrics::describe_histogram!(*name, *help),
-            CONNECTIONS | AGENTS_ONLINE | BUILD_INFO => metrics::describe_gauge!(*name, *help),
+            CONNECTIONS | AGENTS_ONLINE | BUILD_INFO | FEDERATION_CONNECTED | FEDERATION_OUTBOX
+            | FEDERATION_BRIDGES => metrics::describe_gauge!(*name, *help),
             _ => metrics::describe_counter!(*name, *help),
         }
     }
@@ -297,6 +350,36 @@ pub fn agent_online(protocol: &'static str, online: bool) {
     } else {
         g.decrement(1.0)
     }
+}
+
+pub fn federation_connected(connected: bool) {
+    gauge!(FEDERATION_CONNECTED).set(if connected { 1.0 } else { 0.0 });
+}
+
+/// A publish to the fleet's stream was acknowledged (or failed) after `took`.
+pub fn federation_published(took: Duration, ok: bool) {
+    histogram!(FEDERATION_PUBLISH_DURATION).record(took.as_secs_f64());
+    let outcome = if ok { "ok" } else { "failed" };
+    counter!(FEDERATION_MESSAGES, "direction" => "out", "outcome" => outcome).increment(1);
+}
+
+pub fn federation_refused(reason: &'static str) {
+    counter!(FEDERATION_REFUSED, "reason" => reason).increment(1);
+}
+
+/// `change` more (or fewer) publishes await JetStream's acknowledgement.
+pub fn federation_outbox(change: i64) {
+    gauge!(FEDERATION_OUTBOX).increment(change as f64);
+}
+
+/// A message from another bridge was applied here, `lag_ms` after it was accepted there.
+pub fn federation_applied(lag_ms: i64) {
+    histogram!(FEDERATION_APPLY_LAG).record(lag_ms as f64 / 1000.0);
+    counter!(FEDERATION_MESSAGES, "direction" => "in", "outcome" => "ok").increment(1);
+}
+
+pub fn federation_bridges(alive: usize) {
+    gauge!(FEDERATION_BRIDGES).set(alive as f64);
 }
 
 /// Counts a connection for as long as the guard lives.

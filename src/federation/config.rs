@@ -1,0 +1,88 @@
+//! `[federation]`: the NATS cluster a bridge joins, who it is in the fleet, and how it
+//! tells the others it is alive.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FederationConfig {
+    /// The NATS servers of one cluster with JetStream; the client fails over between them.
+    pub nats: Vec<String>,
+    /// This bridge's name in the fleet, unique in it; by default the host name.
+    pub bridge_id: String,
+    /// Replicas of the stream and buckets the bridge creates (1 for a single NATS server).
+    pub replicas: usize,
+    /// The prefix of every subject, stream and bucket: fleets sharing a NATS account
+    /// stay apart by it.
+    pub prefix: String,
+    /// How often the bridge tells the fleet it is alive.
+    pub heartbeat_ms: u64,
+    /// How long after its last heartbeat a bridge's agents are shown offline.
+    pub presence_ttl_ms: u64,
+    /// How long a message waits for JetStream to acknowledge it before the sender is told
+    /// it could not be accepted.
+    pub publish_timeout_ms: u64,
+    /// NATS credentials: a `.creds` file, a token, or a user and password.
+    pub creds_file: Option<PathBuf>,
+    pub token: Option<String>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// TLS: the CA that signed the servers' certificates, and a client certificate.
+    pub tls_ca: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+}
+
+impl Default for FederationConfig {
+    fn default() -> Self {
+        FederationConfig {
+            nats: vec!["nats://127.0.0.1:4222".into()],
+            bridge_id: host_name(),
+            replicas: 3,
+            prefix: "agentbridge".into(),
+            heartbeat_ms: 1_000,
+            presence_ttl_ms: 5_000,
+            publish_timeout_ms: 5_000,
+            creds_file: None,
+            token: None,
+            user: None,
+            password: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+        }
+    }
+}
+
+impl FederationConfig {
+    /// Makes relative paths relative to the config file's directory.
+    pub fn resolve_paths(&mut self, base: &std::path::Path) {
+        for path in [
+            &mut self.creds_file,
+            &mut self.tls_ca,
+            &mut self.tls_cert,
+            &mut self.tls_key,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if path.is_relative() {
+                *path = base.join(&*path);
+            }
+        }
+    }
+}
+
+/// The host's name (a pod's name under Kubernetes), or "bridge" when it has none.
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into the buffer it is given.
+    let done = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..len]) {
+        Ok(name) if done == 0 && !name.is_empty() => name.to_owned(),
+        _ => "bridge".to_owned(),
+    }
+}

@@ -1,0 +1,346 @@
+//! The fleet's message log: the bridge's own store, and the JetStream stream every bridge
+//! of the fleet reads. A message is accepted once both hold it — the local store (the
+//! bridge's reads and replays) and the stream (what the other bridges apply) — so a
+//! bridge killed after acknowledging a message cannot take it with it.
+//!
+//! While the client is disconnected, a message that only this bridge's agents take is kept
+//! here alone and delivered. One that must reach another bridge (it names an agent another
+//! bridge holds, or goes to everyone) waits for the client to reconnect to another server,
+//! up to the publish timeout; once NATS has been away for longer than that, it is refused
+//! at once, in the sender's protocol — never acknowledged and then lost. Nothing is sent
+//! while disconnected, and a publish that fails while connected (a stream leader being
+//! elected) is sent again under the same id, until the publish timeout.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::context::PublishAckFuture;
+use async_nats::jetstream::message::PublishMessage;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesOrdered;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::link::NatsLink;
+use super::wire::{self, BRIDGE_HEADER, Card, OutgoingReplica};
+use crate::core::{
+    Audience, Directory, Envelope, Kind, Link, LogError, LogFuture, MessageLog, MessageQuery,
+    StoredMessage, TaskRequest,
+};
+use crate::telemetry;
+
+/// Why a message that must cross bridges was refused.
+const UNREACHABLE: &str = "the fleet's message log (NATS) is unreachable: the message was not accepted; send it again later";
+
+/// A message on its way to the stream, with whom to tell once JetStream holds it.
+struct Outgoing {
+    id: String,
+    payload: Bytes,
+    accepted: Option<oneshot::Sender<Result<(), LogError>>>,
+}
+
+pub struct FleetLog {
+    local: Arc<dyn MessageLog>,
+    link: Arc<NatsLink>,
+    /// Publishes in the order messages were appended: one sender's messages reach the
+    /// stream, and so every bridge, in the order it sent them.
+    outbox: mpsc::UnboundedSender<Outgoing>,
+    directory: OnceLock<Arc<Directory>>,
+}
+
+impl FleetLog {
+    /// The log over `local`, and the task that publishes to the stream.
+    pub fn new(
+        local: Arc<dyn MessageLog>,
+        link: Arc<NatsLink>,
+        timeout: Duration,
+    ) -> (Arc<FleetLog>, Publisher) {
+        let (outbox, queued) = mpsc::unbounded_channel();
+        let log = Arc::new(FleetLog {
+            local,
+            link: link.clone(),
+            outbox,
+            directory: OnceLock::new(),
+        });
+        (
+            log,
+            Publisher {
+                link,
+                queued,
+                timeout,
+            },
+        )
+    }
+
+    /// The directory whose cards go with presence changes.
+    pub fn set_directory(&self, directory: Arc<Directory>) {
+        let _ = self.directory.set(directory);
+    }
+
+    /// Whether `env` must reach an agent another bridge holds.
+    fn must_cross(&self, env: &Envelope) -> bool {
+        match &env.audience {
+            Audience::Everyone | Audience::Group(_) => true,
+            Audience::Addressed | Audience::Private => {
+                let Some(directory) = self.directory.get() else {
+                    return true;
+                };
+                (env.to.iter().chain(&env.mentions)).any(|name| directory.held_elsewhere(name))
+            }
+        }
+    }
+
+    /// The card that goes with a presence change, so that every bridge knows the agent
+    /// before it routes the change.
+    fn card(&self, env: &Envelope) -> Option<Card> {
+        if !matches!(
+            env.kind,
+            Kind::PresenceJoin | Kind::PresenceLeave | Kind::PresenceStatus
+        ) {
+            return None;
+        }
+        let info = self.directory.get()?.get(&env.from)?;
+        info.bridge
+            .is_none()
+            .then(|| Card::of(&info, &self.link.bridge_id))
+    }
+
+    /// Queues `env` for the stream; the receiver says when JetStream holds it.
+    fn publish(&self, env: &Envelope, transient: bool) -> oneshot::Receiver<Result<(), LogError>> {
+        let (accepted, told) = oneshot::channel();
+        let card = self.card(env);
+        if let Some(card) = &card {
+            self.put_card(card.clone());
+        }
+        let replica = OutgoingReplica {
+            envelope: env,
+            agent: card,
+            transient,
+        };
+        let outgoing = match serde_json::to_vec(&replica) {
+            Ok(payload) => Outgoing {
+                id: env.id.clone(),
+                payload: payload.into(),
+                accepted: Some(accepted),
+            },
+            Err(e) => {
+                let _ = accepted.send(Err(LogError::Failed(e.into())));
+                return told;
+            }
+        };
+        if let Err(mpsc::error::SendError(mut outgoing)) = self.outbox.send(outgoing)
+            && let Some(accepted) = outgoing.accepted.take()
+        {
+            let _ = accepted.send(Err(LogError::Closed));
+        }
+        told
+    }
+
+    /// Keeps the agent's card in the fleet's bucket, for bridges that start later.
+    fn put_card(&self, card: Card) {
+        let Some(ready) = self.link.ready() else {
+            return;
+        };
+        let Ok(value) = serde_json::to_vec(&card) else {
+            return;
+        };
+        tokio::spawn(async move {
+            if let Err(e) = ready
+                .agents
+                .put(wire::agent_key(&card.name), value.into())
+                .await
+            {
+                tracing::warn!(error = %e, agent = %card.name, "federation: cannot keep an agent's card");
+            }
+        });
+    }
+}
+
+impl MessageLog for FleetLog {
+    fn append(&self, env: &Envelope) -> LogFuture<'static, ()> {
+        if self.link.ready().is_none() {
+            if !self.must_cross(env) {
+                // Only this bridge's agents take it: kept here, not held up by NATS.
+                return self.local.append(env);
+            }
+            if self.link.unreachable() {
+                telemetry::federation_refused("unreachable");
+                return Box::pin(std::future::ready(Err(LogError::Refused(
+                    UNREACHABLE.into(),
+                ))));
+            }
+            // A server is failing over: the publisher waits for the client to reconnect.
+        }
+        let local = self.local.append(env);
+        let published = self.publish(env, false);
+        Box::pin(async move {
+            let (local, published) = tokio::join!(local, published);
+            local?;
+            match published {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(LogError::Closed),
+            }
+        })
+    }
+
+    fn pass_on(&self, env: &Envelope) {
+        if self.link.ready().is_some() {
+            drop(self.publish(env, true));
+        }
+    }
+
+    fn read(&self, query: MessageQuery) -> LogFuture<'_, Vec<StoredMessage>> {
+        self.local.read(query)
+    }
+
+    fn read_ids(&self, ids: Vec<String>) -> LogFuture<'_, Vec<StoredMessage>> {
+        self.local.read_ids(ids)
+    }
+
+    fn get(&self, id: &str) -> LogFuture<'_, Option<StoredMessage>> {
+        self.local.get(id)
+    }
+
+    fn replies(&self, id: &str) -> LogFuture<'_, Vec<StoredMessage>> {
+        self.local.replies(id)
+    }
+
+    fn contains(&self, id: &str) -> LogFuture<'_, bool> {
+        self.local.contains(id)
+    }
+
+    fn link(&self, id: &str) -> LogFuture<'_, Option<Link>> {
+        self.local.link(id)
+    }
+
+    fn task_request(&self, task_id: &str) -> LogFuture<'_, Option<TaskRequest>> {
+        self.local.task_request(task_id)
+    }
+
+    fn id_by_uuid(&self, uuid: &str) -> LogFuture<'_, Option<String>> {
+        self.local.id_by_uuid(uuid)
+    }
+}
+
+/// Publishes queued messages in order, many in flight at once, and tells each sender
+/// when JetStream holds its message.
+pub struct Publisher {
+    link: Arc<NatsLink>,
+    queued: mpsc::UnboundedReceiver<Outgoing>,
+    /// How long a message may take to be acknowledged, retries included.
+    timeout: Duration,
+}
+
+/// One message being published.
+struct Message {
+    js: async_nats::jetstream::Context,
+    subject: String,
+    bridge: String,
+    id: String,
+    payload: Bytes,
+}
+
+type Sent = Result<PublishAckFuture, String>;
+
+impl Message {
+    async fn send(&self) -> Sent {
+        let publish = PublishMessage::build()
+            .payload(self.payload.clone())
+            .message_id(self.id.as_str())
+            .header(BRIDGE_HEADER, self.bridge.as_str());
+        (self.js.send_publish(self.subject.clone(), publish).await).map_err(|e| e.to_string())
+    }
+
+    /// Waits for JetStream to hold the message, publishing it again (under the same id,
+    /// which JetStream deduplicates) while a server fails over, until `deadline`.
+    async fn acknowledged(&self, sent: Sent, deadline: Instant) -> Result<(), String> {
+        let mut sent = sent;
+        loop {
+            let outcome = match sent {
+                Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() + RETRY_AFTER >= deadline => return Err(e),
+                Err(e) => tracing::debug!(error = %e, id = %self.id, "federation: publish again"),
+            }
+            tokio::time::sleep(RETRY_AFTER).await;
+            sent = self.send().await;
+        }
+    }
+}
+
+/// How long a failed publish waits before it is sent again.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
+
+impl Publisher {
+    /// Runs until the bridge shuts down, then publishes what was queued before it did.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let subject = self.link.names.messages_of(&self.link.bridge_id);
+        let mut in_flight = FuturesOrdered::new();
+        let mut shutting_down = std::pin::pin!(shutdown.cancelled());
+        let (mut open, mut closing) = (true, false);
+        while open || !in_flight.is_empty() {
+            tokio::select! {
+                _ = &mut shutting_down, if !closing => {
+                    closing = true;
+                    // What was appended before the bridge stopped is still published; what
+                    // comes later is told the bridge is shutting down.
+                    self.queued.close();
+                }
+                next = self.queued.recv(), if open => {
+                    let Some(mut outgoing) = next else {
+                        open = false;
+                        continue;
+                    };
+                    let accepted = outgoing.accepted.take();
+                    let Some(ready) = self.link.set_up() else {
+                        tell(accepted, Err(LogError::Refused(UNREACHABLE.into())));
+                        continue;
+                    };
+                    let started = Instant::now();
+                    let message = Message {
+                        js: ready.js.clone(),
+                        subject: subject.clone(),
+                        bridge: self.link.bridge_id.clone(),
+                        id: outgoing.id,
+                        payload: outgoing.payload,
+                    };
+                    let deadline = started + self.timeout;
+                    // Nothing is sent while disconnected: a publish the client buffered could
+                    // reach the others after its sender was told it was refused.
+                    if !self.link.reconnected(deadline).await {
+                        telemetry::federation_refused("unreachable");
+                        tell(accepted, Err(LogError::Refused(UNREACHABLE.into())));
+                        continue;
+                    }
+                    telemetry::federation_outbox(1);
+                    // Sent here, in order; only a retry is sent from the acknowledgement's
+                    // future.
+                    let sent = message.send().await;
+                    in_flight.push_back(async move {
+                        let acknowledged = message.acknowledged(sent, deadline).await;
+                        let result = acknowledged.map_err(|e| LogError::Refused(format!(
+                            "the fleet's message log (NATS) did not take the message ({e}); send it again later"
+                        )));
+                        (accepted, result, started)
+                    });
+                }
+                Some((accepted, result, started)) = in_flight.next(), if !in_flight.is_empty() => {
+                    telemetry::federation_outbox(-1);
+                    telemetry::federation_published(started.elapsed(), result.is_ok());
+                    tell(accepted, result);
+                }
+            }
+        }
+    }
+}
+
+fn tell(accepted: Option<oneshot::Sender<Result<(), LogError>>>, result: Result<(), LogError>) {
+    if let Some(accepted) = accepted {
+        let _ = accepted.send(result);
+    }
+}

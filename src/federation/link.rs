@@ -1,0 +1,273 @@
+//! The bridge's connection to NATS, and the stream and buckets it uses, made once
+//! JetStream answers. A bridge starts whether NATS is up or not: until the link is ready
+//! (and whenever the client is disconnected) it is degraded, and says why on `/readyz`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use arc_swap::ArcSwapOption;
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
+use async_nats::jetstream::{self, kv, stream};
+use async_nats::{ConnectOptions, Event};
+use tokio_util::sync::CancellationToken;
+
+use super::config::FederationConfig;
+use super::wire::Names;
+use crate::admin::Readiness;
+use crate::telemetry;
+
+/// How long the bridge lets JetStream keep a message id to drop a second publish of it.
+/// Ids are checked again when a message is applied, so this bounds only the work.
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
+
+/// Messages delivered to a bridge and not yet acknowledged, at most: a few apply batches.
+const MAX_ACK_PENDING: i64 = 2048;
+
+/// What the bridge uses once JetStream is set up.
+pub struct Ready {
+    pub js: jetstream::Context,
+    /// This bridge's durable consumer of the stream, made before the bridge is ready so
+    /// that nothing published once it is can pass it by.
+    pub consumer: PullConsumer,
+    pub agents: kv::Store,
+    pub bridges: kv::Store,
+}
+
+pub struct NatsLink {
+    pub client: async_nats::Client,
+    pub names: Names,
+    pub bridge_id: String,
+    ready: ArcSwapOption<Ready>,
+    readiness: Readiness,
+    /// Since when the client has been disconnected. A server failing over is ridden out
+    /// (messages wait for the client to reconnect); past `grace` NATS is unreachable.
+    disconnected_since: std::sync::Mutex<Option<Instant>>,
+    grace: Duration,
+}
+
+impl NatsLink {
+    /// Starts connecting to the cluster; returns at once, connected or not.
+    pub async fn connect(
+        config: &FederationConfig,
+        readiness: Readiness,
+    ) -> Result<Arc<NatsLink>, String> {
+        install_crypto_provider();
+        let (events, mut event_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut options = ConnectOptions::new()
+            .name(format!("agentbridge {}", config.bridge_id))
+            .retry_on_initial_connect()
+            .max_reconnects(None)
+            .connection_timeout(Duration::from_secs(2))
+            // The next server of the cluster at once; then back off, to at most 2 s.
+            .reconnect_delay_callback(|attempts| {
+                Duration::from_millis((attempts.saturating_sub(1) as u64 * 100).min(2_000))
+            })
+            .event_callback(move |event| {
+                let events = events.clone();
+                async move {
+                    let _ = events.send(event);
+                }
+            });
+        if let Some(creds) = &config.creds_file {
+            options = options
+                .credentials_file(creds)
+                .await
+                .map_err(|e| format!("federation.creds_file {}: {e}", creds.display()))?;
+        }
+        if let Some(token) = &config.token {
+            options = options.token(token.clone());
+        }
+        if let (Some(user), Some(password)) = (&config.user, &config.password) {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        if let Some(ca) = &config.tls_ca {
+            options = options.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        if let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        let client = async_nats::connect_with_options(&config.nats, options)
+            .await
+            .map_err(|e| format!("federation.nats: {e}"))?;
+        readiness.set_degraded(Some("federation: connecting to NATS".into()));
+        let link = Arc::new(NatsLink {
+            client,
+            names: Names::new(&config.prefix),
+            bridge_id: config.bridge_id.clone(),
+            ready: ArcSwapOption::empty(),
+            readiness,
+            disconnected_since: std::sync::Mutex::new(None),
+            grace: Duration::from_millis(config.publish_timeout_ms),
+        });
+        let watched = Arc::downgrade(&link);
+        tokio::spawn(async move {
+            while let Some(event) = event_rx.recv().await {
+                let Some(link) = watched.upgrade() else { break };
+                match event {
+                    Event::Connected => {
+                        tracing::info!("federation: connected to NATS");
+                        *link.disconnected() = None;
+                        link.update_readiness();
+                    }
+                    Event::Disconnected => {
+                        tracing::warn!("federation: disconnected from NATS; reconnecting");
+                        link.disconnected().get_or_insert_with(Instant::now);
+                        link.update_readiness();
+                    }
+                    other => tracing::debug!(event = %other, "federation: NATS"),
+                }
+            }
+        });
+        Ok(link)
+    }
+
+    /// The stream and buckets, once set up, while the client is connected.
+    pub fn ready(&self) -> Option<Arc<Ready>> {
+        if !self.is_connected() {
+            return None;
+        }
+        self.ready.load_full()
+    }
+
+    /// The stream and buckets once set up, connected or not (their calls wait for the
+    /// client to reconnect, up to their timeouts).
+    pub fn set_up(&self) -> Option<Arc<Ready>> {
+        self.ready.load_full()
+    }
+
+    /// Whether a message for another bridge is refused at once: the stream was never set
+    /// up, or the client has been disconnected for longer than a failover takes.
+    pub fn unreachable(&self) -> bool {
+        let away = *self.disconnected();
+        self.ready.load().is_none() || away.is_some_and(|since| since.elapsed() > self.grace)
+    }
+
+    /// Waits until the client is connected, or `deadline`; whether it is.
+    pub async fn reconnected(&self, deadline: std::time::Instant) -> bool {
+        while !self.is_connected() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
+    fn disconnected(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        (self.disconnected_since.lock()).unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    fn update_readiness(&self) {
+        let reason = if !self.is_connected() {
+            Some("federation: NATS unreachable; messages to other bridges are refused")
+        } else if self.ready.load().is_none() {
+            Some("federation: setting up JetStream")
+        } else {
+            None
+        };
+        telemetry::federation_connected(reason.is_none());
+        self.readiness.set_degraded(reason.map(str::to_owned));
+    }
+
+    /// Creates (or finds) the stream and buckets, retrying until JetStream answers or the
+    /// bridge shuts down.
+    pub async fn set_up_when_possible(
+        &self,
+        config: &FederationConfig,
+        shutdown: &CancellationToken,
+    ) -> Option<Arc<Ready>> {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.try_set_up(config).await {
+                Ok(ready) => {
+                    let ready = Arc::new(ready);
+                    self.ready.store(Some(ready.clone()));
+                    self.update_readiness();
+                    tracing::info!(stream = %self.names.stream, "federation: JetStream set up");
+                    return Some(ready);
+                }
+                Err(e) => tracing::warn!(error = %e, "federation: cannot set up JetStream yet"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    async fn try_set_up(&self, config: &FederationConfig) -> Result<Ready, async_nats::Error> {
+        let js = jetstream::ContextBuilder::new()
+            .timeout(Duration::from_millis(config.publish_timeout_ms))
+            .build(self.client.clone());
+        let stream = js
+            .get_or_create_stream(stream::Config {
+                name: self.names.stream.clone(),
+                subjects: vec![self.names.all_messages()],
+                num_replicas: config.replicas,
+                storage: stream::StorageType::File,
+                duplicate_window: DUPLICATE_WINDOW,
+                ..Default::default()
+            })
+            .await?;
+        let name = format!("bridge-{}", self.bridge_id);
+        let consumer = stream
+            .get_or_create_consumer(
+                &name,
+                pull::Config {
+                    durable_name: Some(name.clone()),
+                    // A bridge new to the fleet starts from now; one that was here before
+                    // resumes after the last message it acknowledged.
+                    deliver_policy: DeliverPolicy::New,
+                    ack_policy: AckPolicy::All,
+                    ack_wait: Duration::from_secs(30),
+                    max_ack_pending: MAX_ACK_PENDING,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let agents = bucket(&js, &self.names.agents, config.replicas, Duration::ZERO).await?;
+        // A heartbeat older than a few TTLs says nothing: the bucket forgets it.
+        let keep = Duration::from_millis(config.presence_ttl_ms * 4);
+        let bridges = bucket(&js, &self.names.bridges, config.replicas, keep).await?;
+        Ok(Ready {
+            js,
+            consumer,
+            agents,
+            bridges,
+        })
+    }
+}
+
+async fn bucket(
+    js: &jetstream::Context,
+    name: &str,
+    replicas: usize,
+    max_age: Duration,
+) -> Result<kv::Store, async_nats::Error> {
+    if let Ok(store) = js.get_key_value(name).await {
+        return Ok(store);
+    }
+    Ok(js
+        .create_key_value(kv::Config {
+            bucket: name.to_owned(),
+            history: 1,
+            max_age,
+            num_replicas: replicas,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await?)
+}
+
+/// The rustls provider of every TLS connection the process makes: async-nats asks
+/// rustls for the process default, which is ambiguous when more than one is built in.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,99 @@
+//! Federation: the bridges of a fleet behave as one, over NATS JetStream.
+//!
+//! Every message a bridge accepts goes to one stream of record (`fleet_log`); every other
+//! bridge applies it in the stream's order into its own store and routes it to the agents
+//! it holds (`apply`). Presence changes carry the agent's card, so every bridge knows every
+//! agent and which bridge holds it; heartbeats tell which bridges are alive (`presence`).
+//! `docs/federation.md` has the subjects, the guarantees and what it costs.
+
+mod apply;
+mod config;
+mod fleet_log;
+mod link;
+mod presence;
+mod wire;
+
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::FederationConfig;
+
+use crate::admin::Readiness;
+use crate::core::{Core, MessageLog};
+use fleet_log::{FleetLog, Publisher};
+use link::NatsLink;
+
+/// A bridge's membership of the fleet, between connecting and starting its tasks.
+pub struct Federation {
+    config: FederationConfig,
+    link: Arc<NatsLink>,
+    log: Arc<FleetLog>,
+    local: Arc<dyn MessageLog>,
+    publisher: Publisher,
+}
+
+impl Federation {
+    /// Starts connecting to NATS (the bridge starts degraded if it cannot) and makes the
+    /// fleet's log over `local`.
+    pub async fn connect(
+        config: &FederationConfig,
+        local: Arc<dyn MessageLog>,
+        readiness: Readiness,
+    ) -> Result<Federation, String> {
+        for (key, value) in [("bridge_id", &config.bridge_id), ("prefix", &config.prefix)] {
+            if !wire::is_token(value) {
+                return Err(format!(
+                    "federation.{key} {value:?}: use letters, digits, '-' and '_' only"
+                ));
+            }
+        }
+        if config.nats.is_empty() {
+            return Err("federation.nats: name at least one NATS server".into());
+        }
+        let link = NatsLink::connect(config, readiness).await?;
+        let timeout = std::time::Duration::from_millis(config.publish_timeout_ms);
+        let (log, publisher) = FleetLog::new(local.clone(), link.clone(), timeout);
+        Ok(Federation {
+            config: config.clone(),
+            link,
+            log,
+            local,
+            publisher,
+        })
+    }
+
+    /// The log the core appends to.
+    pub fn log(&self) -> Arc<dyn MessageLog> {
+        self.log.clone()
+    }
+
+    /// Runs the fleet's tasks for `core` until `shutdown`.
+    pub fn start(self, core: Arc<Core>, shutdown: CancellationToken) -> Vec<JoinHandle<()>> {
+        self.log.set_directory(core.directory.clone());
+        let publisher = tokio::spawn(self.publisher.run(shutdown.clone()));
+        let Federation {
+            config,
+            link,
+            local,
+            ..
+        } = self;
+        let fleet = tokio::spawn(async move {
+            let Some(ready) = link.set_up_when_possible(&config, &shutdown).await else {
+                return;
+            };
+            let applier = apply::Applier {
+                link: link.clone(),
+                core: core.clone(),
+                local,
+            };
+            let presence = presence::Presence::new(link, core, &config);
+            tokio::join!(
+                applier.run(ready.clone(), shutdown.clone()),
+                presence.run(ready, shutdown.clone()),
+            );
+        });
+        vec![publisher, fleet]
+    }
+}

@@ -1,0 +1,232 @@
+//! Which bridges of the fleet are alive, and so which agents are online. Every bridge puts
+//! a heartbeat in the bridges bucket; one whose heartbeat stops arriving for the presence
+//! TTL (killed, cut off) has its agents shown offline here, each with a leave event in
+//! every protocol. Liveness is judged by when heartbeats arrive, not by the clocks that
+//! stamped them. A bridge that stops cleanly deletes its heartbeat: the others see it go
+//! at once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::config::FederationConfig;
+use super::link::{NatsLink, Ready};
+use super::wire::{Card, Heartbeat, agent_key};
+use crate::core::{Audience, Core, Envelope, Kind, Status, now_ms};
+use crate::telemetry;
+
+pub struct Presence {
+    pub link: Arc<NatsLink>,
+    pub core: Arc<Core>,
+    pub heartbeat: Duration,
+    pub ttl: Duration,
+}
+
+impl Presence {
+    pub fn new(link: Arc<NatsLink>, core: Arc<Core>, config: &FederationConfig) -> Presence {
+        Presence {
+            link,
+            core,
+            heartbeat: Duration::from_millis(config.heartbeat_ms.max(1)),
+            ttl: Duration::from_millis(config.presence_ttl_ms.max(1)),
+        }
+    }
+
+    /// Takes in the agents other bridges hold (from their cards), then keeps this bridge's
+    /// heartbeat going and the others' liveness up to date until shutdown.
+    pub async fn run(self, ready: Arc<Ready>, shutdown: CancellationToken) {
+        let mut alive: HashMap<String, Instant> = HashMap::new();
+        self.take_in_cards(&ready, &mut alive).await;
+        let mut beat = tokio::time::interval(self.heartbeat);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut watch, mut cards) = (None, None);
+        let mut was_connected = false;
+        loop {
+            if watch.is_none() {
+                watch = ready.bridges.watch_with_history(">").await.ok();
+            }
+            if cards.is_none() {
+                cards = ready.agents.watch_all().await.ok();
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = beat.tick() => {
+                    let connected = self.link.is_connected();
+                    if connected && !was_connected {
+                        // Presence changes while NATS was away did not reach the others.
+                        self.put_local_cards(&ready).await;
+                    }
+                    was_connected = connected;
+                    self.beat(&ready).await;
+                    self.sweep(&mut alive);
+                }
+                card = next_entry(&mut cards) => match card {
+                    Some(Ok(entry)) => self.take_in_card(&entry.value, &mut alive),
+                    Some(Err(_)) | None => cards = None,
+                },
+                entry = next_entry(&mut watch) => match entry {
+                    Some(Ok(entry)) => {
+                        use async_nats::jetstream::kv::Operation;
+                        if entry.key == self.link.bridge_id {
+                            continue;
+                        }
+                        match entry.operation {
+                            Operation::Put => {
+                                let bridge = entry.key;
+                                if alive.insert(bridge.clone(), Instant::now()).is_none() {
+                                    // Back after it was taken for gone (a NATS failover
+                                    // longer than the TTL): its agents are online again.
+                                    self.revive(&ready, &bridge, &mut alive).await;
+                                }
+                            }
+                            Operation::Delete | Operation::Purge => {
+                                alive.remove(&entry.key);
+                                self.gone(&entry.key);
+                            }
+                        }
+                        telemetry::federation_bridges(alive.len() + 1);
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "federation: watching heartbeats failed");
+                        watch = None;
+                    }
+                    None => watch = None,
+                },
+            }
+        }
+        // Stopping cleanly: the others show this bridge's agents offline now, not after
+        // the TTL.
+        let _ = ready.bridges.delete(&self.link.bridge_id).await;
+    }
+
+    async fn take_in_cards(&self, ready: &Ready, alive: &mut HashMap<String, Instant>) {
+        let Ok(mut keys) = ready.agents.keys().await else {
+            return;
+        };
+        let mut names = Vec::new();
+        while let Some(Ok(key)) = keys.next().await {
+            names.push(key);
+        }
+        for key in names {
+            if let Ok(Some(value)) = ready.agents.get(&key).await {
+                self.take_in_card(&value, alive);
+            }
+        }
+    }
+
+    /// Shows online again the agents whose cards say `bridge` holds them online, each with a
+    /// join event here.
+    async fn revive(&self, ready: &Ready, bridge: &str, alive: &mut HashMap<String, Instant>) {
+        let Ok(mut keys) = ready.agents.keys().await else {
+            return;
+        };
+        let mut names = Vec::new();
+        while let Some(Ok(key)) = keys.next().await {
+            names.push(key);
+        }
+        for key in names {
+            let Ok(Some(value)) = ready.agents.get(&key).await else {
+                continue;
+            };
+            let Ok(card) = serde_json::from_slice::<Card>(&value) else {
+                continue;
+            };
+            let known_offline = (self.core.directory.get(&card.name))
+                .is_some_and(|a| !a.online && a.bridge.as_deref() == Some(bridge));
+            if card.bridge != bridge || !card.online || !known_offline {
+                continue;
+            }
+            let (name, protocol) = (card.name.clone(), card.protocol.clone());
+            self.take_in_card(&value, alive);
+            if let Some(protocol) = super::wire::known_protocol(&protocol) {
+                let mut env = Envelope::new(protocol, name, Kind::PresenceJoin);
+                env.audience = Audience::Everyone;
+                env.data = Some(serde_json::json!({ "status": Status::Online.as_str() }));
+                self.core.accept_replica(env, false);
+            }
+        }
+    }
+
+    /// Registers the agent a card from another bridge describes.
+    fn take_in_card(&self, value: &[u8], alive: &mut HashMap<String, Instant>) {
+        let Ok(card) = serde_json::from_slice::<Card>(value) else {
+            return;
+        };
+        if card.bridge == self.link.bridge_id {
+            return;
+        }
+        // Every bridge named gets one TTL to show it is alive.
+        alive
+            .entry(card.bridge.clone())
+            .or_insert_with(Instant::now);
+        if let Some(info) = card.into_info() {
+            self.core.directory.register_replica(info);
+        }
+    }
+
+    /// Puts the card of every agent this bridge holds online in the agents bucket.
+    async fn put_local_cards(&self, ready: &Ready) {
+        let mut cards = Vec::new();
+        self.core.directory.for_each(|info| {
+            if info.bridge.is_none() && info.online {
+                cards.push(Card::of(info, &self.link.bridge_id));
+            }
+        });
+        for card in cards {
+            if let Ok(value) = serde_json::to_vec(&card) {
+                let _ = ready.agents.put(agent_key(&card.name), value.into()).await;
+            }
+        }
+    }
+
+    async fn beat(&self, ready: &Ready) {
+        let heartbeat = Heartbeat {
+            bridge: self.link.bridge_id.clone(),
+            at: now_ms(),
+        };
+        let Ok(value) = serde_json::to_vec(&heartbeat) else {
+            return;
+        };
+        if let Err(e) = ready.bridges.put(&self.link.bridge_id, value.into()).await {
+            tracing::debug!(error = %e, "federation: heartbeat not sent");
+        }
+    }
+
+    /// Bridges not heard from within the TTL are gone.
+    fn sweep(&self, alive: &mut HashMap<String, Instant>) {
+        let now = Instant::now();
+        let silent: Vec<String> = (alive.iter())
+            .filter(|(_, seen)| now.duration_since(**seen) > self.ttl)
+            .map(|(bridge, _)| bridge.clone())
+            .collect();
+        for bridge in silent {
+            alive.remove(&bridge);
+            tracing::warn!(bridge = %bridge, "federation: a bridge stopped sending heartbeats");
+            self.gone(&bridge);
+        }
+        telemetry::federation_bridges(alive.len() + 1);
+    }
+
+    /// Shows `bridge`'s agents offline, each with a leave event to everyone here.
+    fn gone(&self, bridge: &str) {
+        for (name, protocol) in self.core.directory.bridge_gone(bridge) {
+            let mut env = Envelope::new(protocol, name, Kind::PresenceLeave);
+            env.audience = Audience::Everyone;
+            env.data = Some(serde_json::json!({ "status": Status::Offline.as_str() }));
+            self.core.accept_replica(env, false);
+        }
+    }
+}
+
+async fn next_entry(
+    watch: &mut Option<async_nats::jetstream::kv::Watch>,
+) -> Option<Result<async_nats::jetstream::kv::Entry, async_nats::jetstream::kv::WatcherError>> {
+    match watch {
+        Some(watch) => watch.next().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,152 @@
+//! What crosses NATS: names of subjects, streams and buckets, and the JSON of a message
+//! with, for a presence change, the card of the agent it is about.
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::{AgentInfo, BRIDGE_PROTOCOL, Envelope, Protocol, Role, Status};
+use crate::protocols::registry;
+
+/// The header naming the bridge that accepted a message: a bridge applies only the
+/// others' messages, so nothing it receives is published again.
+pub const BRIDGE_HEADER: &str = "Agentbridge-Bridge";
+
+/// The names one fleet uses in NATS, all from its prefix.
+#[derive(Clone, Debug)]
+pub struct Names {
+    /// The stream of record: every accepted message, on `<prefix>.msg.<bridge>`.
+    pub stream: String,
+    /// Each agent's card, by name: who holds it, on which bridge, and its presence.
+    pub agents: String,
+    /// Each bridge's heartbeat, by bridge id.
+    pub bridges: String,
+    prefix: String,
+}
+
+impl Names {
+    pub fn new(prefix: &str) -> Names {
+        Names {
+            stream: format!("{}_MESSAGES", prefix.to_ascii_uppercase()),
+            agents: format!("{prefix}_agents"),
+            bridges: format!("{prefix}_bridges"),
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// The subjects the stream holds.
+    pub fn all_messages(&self) -> String {
+        format!("{}.msg.>", self.prefix)
+    }
+
+    /// The subject `bridge` publishes what it accepts on.
+    pub fn messages_of(&self, bridge: &str) -> String {
+        format!("{}.msg.{bridge}", self.prefix)
+    }
+}
+
+/// Whether `name` can be a bridge id or a prefix: one NATS subject token, one bucket-name
+/// part.
+pub fn is_token(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// An agent name as a KV key (keys allow only `[-/_=.a-zA-Z0-9]`; names allow more).
+pub fn agent_key(name: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(name)
+}
+
+/// A message as it crosses.
+#[derive(Serialize)]
+pub struct OutgoingReplica<'a> {
+    pub envelope: &'a Envelope,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Card>,
+    /// Routed but not kept (a status change).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub transient: bool,
+}
+
+#[derive(Deserialize)]
+pub struct Replica {
+    pub envelope: Envelope,
+    #[serde(default)]
+    pub agent: Option<Card>,
+    #[serde(default)]
+    pub transient: bool,
+}
+
+/// An agent as another bridge is told of it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Card {
+    pub name: String,
+    pub protocol: String,
+    pub native_id: String,
+    pub role: Role,
+    #[serde(default)]
+    pub agent_type: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    pub online: bool,
+    pub status: Status,
+    pub created_at: i64,
+    pub listed: bool,
+    /// The bridge that holds it.
+    pub bridge: String,
+}
+
+impl Card {
+    /// `info` as held by `bridge` (this one, when `info.bridge` is not set).
+    pub fn of(info: &AgentInfo, bridge: &str) -> Card {
+        Card {
+            name: info.name.clone(),
+            protocol: info.protocol.to_owned(),
+            native_id: info.native_id.clone(),
+            role: info.role,
+            agent_type: info.agent_type.clone(),
+            description: info.description.clone(),
+            capabilities: info.capabilities.clone(),
+            online: info.online,
+            status: info.status,
+            created_at: info.created_at,
+            listed: info.listed,
+            bridge: info.bridge.clone().unwrap_or_else(|| bridge.to_owned()),
+        }
+    }
+
+    /// The directory entry, when its protocol is one this bridge knows.
+    pub fn into_info(self) -> Option<AgentInfo> {
+        let protocol = known_protocol(&self.protocol)?;
+        let mut info = AgentInfo::new(self.name, protocol, self.native_id);
+        info.role = self.role;
+        info.agent_type = self.agent_type;
+        info.description = self.description;
+        info.capabilities = self.capabilities;
+        info.online = self.online;
+        info.status = self.status;
+        info.created_at = self.created_at;
+        info.listed = self.listed;
+        info.bridge = Some(self.bridge);
+        Some(info)
+    }
+}
+
+/// The registry's name for `name` (directory entries name protocols by `'static` str).
+pub fn known_protocol(name: &str) -> Option<Protocol> {
+    (registry::PROTOCOLS.iter().copied())
+        .chain(std::iter::once(BRIDGE_PROTOCOL))
+        .find(|p| *p == name)
+}
+
+/// A bridge's heartbeat, as it is kept in the bridges bucket.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub bridge: String,
+    /// Milliseconds since the epoch, by the sending bridge's clock (for people reading
+    /// the bucket; liveness is judged by when a heartbeat arrives).
+    pub at: i64,
+}
