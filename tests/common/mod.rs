@@ -4,7 +4,10 @@
 
 #![allow(dead_code)]
 
+pub mod fleet;
 pub mod grid;
+pub mod matrix;
+pub mod nats;
 pub mod peers;
 pub mod process;
 pub mod skynet;

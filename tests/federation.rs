@@ -1,0 +1,270 @@
+//! Bridges federated over a real NATS cluster with JetStream, on loopback: agents on
+//! different bridges meet as on one bridge, and what the fleet promises holds when a
+//! bridge or a NATS server goes.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::fleet::{Fleet, QUICK, federation_section};
+use common::nats::Cluster;
+use common::peers::{Proto, What};
+use common::skynet::{SkynetHttp, SkynetWs};
+use common::tracker::TrackerHttp;
+use common::{WAIT, bridge_toml, process::BridgeProcess};
+
+/// The translation contract's matrix with A and B on two bridges (`common::matrix`).
+mod matrix {
+    use crate::common::matrix::{self, Placement};
+    use crate::common::peers::Proto;
+
+    crate::matrix_cells!(Placement::TwoBridges);
+}
+
+/// Waits, bounded, until `done` holds.
+async fn eventually(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done().await {
+        assert!(Instant::now() < deadline, "not within {WAIT:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_agent_on_one_bridge_is_listed_natively_on_the_others() {
+    let fleet = Fleet::start(2).await;
+    let sky = fleet.nets[1].peer(Proto::Skynet).await;
+    fleet.wait_known(0, &sky.name).await;
+
+    // The Tracker on b0 lists it among its members, online.
+    let tracker = TrackerHttp::new(fleet.nets[0].tracker, "tb-admin");
+    let (status, members) = tracker.get("/members").await;
+    assert_eq!(status, 200, "{members}");
+    let listed = members
+        .as_array()
+        .or_else(|| members["members"].as_array())
+        .expect("a list of members")
+        .iter()
+        .any(|m| m["slug"] == sky.name.as_str());
+    assert!(listed, "b0's Tracker lists {}: {members}", sky.name);
+
+    // The Grid on b0 lists it among its agents.
+    let grid = common::grid::GridHttp::new(fleet.nets[0].grid);
+    let (status, agents) = grid.get("/agents").await;
+    assert_eq!(status, 200);
+    assert!(agents.to_string().contains(&sky.name), "{agents}");
+
+    // A Skynet human on b0 sees it among the workspace's members.
+    let http = SkynetHttp::new(fleet.nets[0].skynet);
+    let boss = http.human("boss").await;
+    let (_, state) = SkynetWs::join(fleet.nets[0].skynet, &boss).await;
+    assert!(
+        state["members"].to_string().contains(&sky.name),
+        "{}",
+        state["members"]
+    );
+    fleet.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_broadcast_from_each_of_three_bridges_reaches_every_recipient_once() {
+    let fleet = Fleet::start(3).await;
+    let mut agents = Vec::new();
+    for (i, net) in fleet.nets.iter().enumerate() {
+        agents.push(net.named_peer(Proto::Grid, &format!("prog{i}")).await);
+    }
+    for i in 0..3 {
+        for j in 0..3 {
+            if i != j {
+                fleet.wait_known(i, &format!("prog{j}")).await;
+            }
+        }
+    }
+    for (i, agent) in agents.iter_mut().enumerate() {
+        agent
+            .chat("broadcast", &format!("hello from {i}"), None)
+            .await;
+    }
+    for (i, agent) in agents.iter_mut().enumerate() {
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            seen.push(agent.next(What::Chat).await.text);
+        }
+        seen.sort();
+        let expected: Vec<String> = (0..3)
+            .filter(|&j| j != i)
+            .map(|j| format!("hello from {j}"))
+            .collect();
+        assert_eq!(seen, expected, "prog{i}");
+        // Nothing else follows: no copy came twice.
+        let more = tokio::time::timeout(Duration::from_millis(500), agent.next(What::Chat)).await;
+        assert!(more.is_err(), "prog{i} got a copy twice: {more:?}");
+    }
+    fleet.shutdown().await;
+}
+
+#[tokio::test]
+async fn messages_from_one_sender_to_one_recipient_arrive_in_order() {
+    let fleet = Fleet::start(2).await;
+    let mut receiver = fleet.nets[1].peer(Proto::Tracker).await;
+    fleet.wait_known(0, &receiver.name).await;
+    let mut sender = fleet.nets[0].peer(Proto::Skynet).await;
+    const COUNT: usize = 200;
+    for n in 0..COUNT {
+        sender
+            .chat(&receiver.name, &format!("@coder {n}"), None)
+            .await;
+    }
+    for n in 0..COUNT {
+        let seen = receiver.next(What::Chat).await;
+        assert_eq!(seen.text, format!("@coder {n}"), "message {n} in order");
+    }
+    fleet.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_name_held_on_another_bridge_is_refused_naming_the_holder_and_its_bridge() {
+    let fleet = Fleet::start(2).await;
+    let held = fleet.nets[1].named_peer(Proto::Grid, "unique").await;
+    fleet.wait_known(0, &held.name).await;
+    let http = SkynetHttp::new(fleet.nets[0].skynet);
+    let (status, body) = http
+        .post(
+            "/api/agents",
+            serde_json::json!({ "name": "unique", "type": "claude-code" }),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    let error = body.to_string();
+    assert!(
+        error.contains("grid") && error.contains("'b1'"),
+        "names the holder and its bridge: {error}"
+    );
+    fleet.shutdown().await;
+}
+
+/// A bridge killed with SIGKILL: its agents are shown offline on the others within the
+/// presence TTL, with a leave event.
+#[tokio::test]
+async fn a_killed_bridges_agents_go_offline_everywhere() {
+    let fleet = Fleet::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("b1.toml");
+    let data = dir.path().join("data");
+    std::fs::write(
+        &config,
+        bridge_toml(
+            data.to_str().unwrap(),
+            &federation_section(&fleet.nats, &fleet.prefix, "b1", QUICK),
+        ),
+    )
+    .unwrap();
+    let process = BridgeProcess::spawn(&config);
+    let readyz = format!("http://{}/readyz", process.addr("admin"));
+    eventually("b1 is connected to the fleet", async || {
+        let answer = common::http().get(&readyz).send().await;
+        match answer {
+            Ok(answer) => answer.text().await.is_ok_and(|t| t.starts_with("ready")),
+            Err(_) => false,
+        }
+    })
+    .await;
+    let http = SkynetHttp::new(fleet.nets[0].skynet);
+    let observer = http.human("observer").await;
+    let (mut observer, _) = SkynetWs::join(fleet.nets[0].skynet, &observer).await;
+
+    let grid = process.addr("grid");
+    let _doomed = common::grid::GridWs::connect(grid, "doomed", None).await;
+    fleet.wait_known(0, "doomed").await;
+    let killed = Instant::now();
+    process.kill_9();
+    let directory = &fleet.nets[0].bridge.core().directory;
+    eventually("b0 shows the killed bridge's agent offline", async || {
+        directory.get("doomed").is_some_and(|a| !a.online)
+    })
+    .await;
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(5), "offline after {took:?}");
+    loop {
+        let event = observer.next().await;
+        // The only agent that leaves: shown to Skynet by its card id.
+        if event["type"] == "agent.leave" {
+            break;
+        }
+    }
+    fleet.shutdown().await;
+}
+
+/// NATS wholly gone: agents on one bridge still reach one another; a message for an agent
+/// on another bridge is refused in the sender's protocol; `/readyz` says why. When NATS
+/// comes back, so does the fleet.
+#[tokio::test]
+async fn without_nats_local_traffic_goes_on_and_crossing_traffic_is_refused() {
+    let mut cluster = Cluster::start(1).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
+    let mut remote = fleet.nets[1].peer(Proto::Tracker).await;
+    fleet.wait_known(0, &remote.name).await;
+    let mut local = fleet.nets[0].peer(Proto::Skynet).await;
+    let mut sender = fleet.nets[0].peer(Proto::Grid).await;
+
+    cluster.kill(0);
+    let bridge = &fleet.nets[0].bridge;
+    eventually("b0 says it is degraded", async || {
+        bridge.readiness().degraded().is_some()
+    })
+    .await;
+    let admin = bridge.admin_addr().unwrap();
+    let readyz = common::http()
+        .get(format!("http://{admin}/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(readyz.starts_with("degraded: "), "{readyz}");
+    assert!(readyz.contains("NATS"), "{readyz}");
+
+    // Same bridge: delivered.
+    sender.chat(&local.name, "still here", None).await;
+    assert_eq!(local.next(What::Chat).await.text, "still here");
+    // Another bridge: refused in the sender's protocol, not acknowledged and lost.
+    let refusal = sender.chat_to_unknown(&remote.name).await;
+    assert!(refusal.contains("NATS"), "{refusal}");
+
+    cluster.restart(0).await;
+    eventually("b0 is ready again", async || {
+        bridge.readiness().degraded().is_none()
+    })
+    .await;
+    sender.chat(&remote.name, "@coder back", None).await;
+    assert_eq!(remote.next(What::Chat).await.text, "@coder back");
+    fleet.shutdown().await;
+}
+
+/// One of three NATS servers killed: the bridges' clients move to the others, and messages
+/// keep crossing, in order.
+#[tokio::test]
+async fn one_nats_server_of_three_killed_traffic_goes_on() {
+    let mut cluster = Cluster::start(3).await;
+    // Room for a stream leader to be elected again on a loaded machine: the bridges must not
+    // take one another for dead, nor give up on a publish, meanwhile.
+    let timing = "heartbeat_ms = 200\npresence_ttl_ms = 15000\npublish_timeout_ms = 15000\n";
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, timing).await;
+    let mut receiver = fleet.nets[1].peer(Proto::Grid).await;
+    fleet.wait_known(0, &receiver.name).await;
+    let mut sender = fleet.nets[0].peer(Proto::Skynet).await;
+    sender.chat(&receiver.name, "before", None).await;
+    assert_eq!(receiver.next(What::Chat).await.text, "before");
+    // Sent at once: a message for the other bridge waits for the client to reconnect.
+    cluster.kill(0);
+    for n in 0..20 {
+        sender
+            .chat(&receiver.name, &format!("after {n}"), None)
+            .await;
+    }
+    for n in 0..20 {
+        assert_eq!(receiver.next(What::Chat).await.text, format!("after {n}"));
+    }
+    fleet.shutdown().await;
+}
