@@ -104,34 +104,15 @@ impl Presence {
     }
 
     async fn take_in_cards(&self, ready: &Ready, alive: &mut HashMap<String, Instant>) {
-        let Ok(mut keys) = ready.agents.keys().await else {
-            return;
-        };
-        let mut names = Vec::new();
-        while let Some(Ok(key)) = keys.next().await {
-            names.push(key);
-        }
-        for key in names {
-            if let Ok(Some(value)) = ready.agents.get(&key).await {
-                self.take_in_card(&value, alive);
-            }
+        for value in all_cards(ready).await {
+            self.take_in_card(&value, alive);
         }
     }
 
     /// Shows online again the agents whose cards say `bridge` holds them online, each with a
     /// join event here.
     async fn revive(&self, ready: &Ready, bridge: &str, alive: &mut HashMap<String, Instant>) {
-        let Ok(mut keys) = ready.agents.keys().await else {
-            return;
-        };
-        let mut names = Vec::new();
-        while let Some(Ok(key)) = keys.next().await {
-            names.push(key);
-        }
-        for key in names {
-            let Ok(Some(value)) = ready.agents.get(&key).await else {
-                continue;
-            };
+        for value in all_cards(ready).await {
             let Ok(card) = serde_json::from_slice::<Card>(&value) else {
                 continue;
             };
@@ -220,6 +201,24 @@ impl Presence {
             self.core.accept_replica(env, false);
         }
     }
+}
+
+/// Every card in the agents bucket, as stored.
+async fn all_cards(ready: &Ready) -> Vec<bytes::Bytes> {
+    let Ok(mut keys) = ready.agents.keys().await else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    while let Some(Ok(key)) = keys.next().await {
+        names.push(key);
+    }
+    let mut cards = Vec::with_capacity(names.len());
+    for key in names {
+        if let Ok(Some(value)) = ready.agents.get(&key).await {
+            cards.push(value);
+        }
+    }
+    cards
 }
 
 async fn next_entry(
