@@ -161,6 +161,20 @@ impl Directory {
         registered
     }
 
+    /// Whether `register(info)` would be refused, without registering.
+    pub fn check_claim(&self, info: &AgentInfo) -> Result<(), NameTaken> {
+        match self.by_name.get(&info.name) {
+            Some(current)
+                if current.protocol != info.protocol
+                    || current.native_id != info.native_id
+                    || (current.bridge.is_some() && current.online) =>
+            {
+                Err(NameTaken::by(&current))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn claim(&self, info: AgentInfo) -> Result<(), NameTaken> {
         match self.by_name.entry(info.name.clone()) {
             Entry::Occupied(mut held) => {

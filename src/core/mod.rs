@@ -1,6 +1,7 @@
 //! The protocol-agnostic heart of the bridge: the envelope, the directory of agents, the
 //! router with its mailboxes, and the correlation index. Nothing here knows a wire format.
 
+mod claims;
 mod correlation;
 mod delivery;
 mod directory;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+pub use claims::{ClaimFuture, NameClaims};
 pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, TaskRequest, derived_uuid};
 pub use delivery::Delivery;
 pub use directory::{AgentInfo, Directory, NameTaken, PerGeneration, Role, Status};
@@ -81,6 +83,8 @@ pub struct Core {
     pub correlation: CorrelationIndex,
     /// The log of record every accepted message is appended to.
     pub log: Arc<dyn MessageLog>,
+    /// Where names are claimed fleet-wide, when the bridge is one of a fleet.
+    claims: std::sync::OnceLock<Arc<dyn NameClaims>>,
 }
 
 impl Core {
@@ -103,6 +107,7 @@ impl Core {
             directory,
             correlation: CorrelationIndex::new(CORRELATION_CACHE),
             log,
+            claims: std::sync::OnceLock::new(),
         });
         let log = core.log.clone();
         core.router
@@ -126,6 +131,37 @@ impl Core {
                 }
             }));
         core
+    }
+
+    /// Names registered from now on are claimed through `claims` first.
+    pub fn set_claims(&self, claims: Arc<dyn NameClaims>) {
+        let _ = self.claims.set(claims);
+    }
+
+    /// Registers an agent a client asked for (not one the config declares, which every
+    /// bridge of a fleet declares alike): claimed fleet-wide first when there is a fleet,
+    /// so that of two bridges registering one name at once, one is refused.
+    pub async fn register(&self, info: AgentInfo) -> Result<(), NameTaken> {
+        self.directory.check_claim(&info)?;
+        let Some(claims) = self.claims.get() else {
+            return self.directory.register(info);
+        };
+        claims.claim(&info).await?;
+        let name = info.name.clone();
+        let registered = self.directory.register(info);
+        if registered.is_err() {
+            claims.release(&name);
+        }
+        registered
+    }
+
+    /// Frees a name `register` claimed, if `protocol` holds it.
+    pub fn unregister(&self, name: &str, protocol: Protocol) -> Option<AgentInfo> {
+        let removed = self.directory.unregister(name, protocol)?;
+        if let Some(claims) = self.claims.get() {
+            claims.release(name);
+        }
+        Some(removed)
     }
 
     /// A message that waited longer than its ttl for a recipient of `protocol`: dropped,

@@ -14,7 +14,7 @@ use async_nats::{ConnectOptions, Event};
 use tokio_util::sync::CancellationToken;
 
 use super::config::FederationConfig;
-use super::wire::Names;
+use super::wire::{Heartbeat, Names};
 use crate::admin::Readiness;
 use crate::telemetry;
 
@@ -33,6 +33,8 @@ pub struct Ready {
     pub consumer: PullConsumer,
     pub agents: kv::Store,
     pub bridges: kv::Store,
+    /// Which bridge holds each name (`claims`).
+    pub names: kv::Store,
 }
 
 pub struct NatsLink {
@@ -233,14 +235,24 @@ impl NatsLink {
             )
             .await?;
         let agents = bucket(&js, &self.names.agents, config.replicas, Duration::ZERO).await?;
-        // A heartbeat older than a few TTLs says nothing: the bucket forgets it.
-        let keep = Duration::from_millis(config.presence_ttl_ms * 4);
+        // A heartbeat two TTLs old says nothing: the bucket forgets it (and a name its
+        // bridge held can be taken over, `claims`).
+        let keep = Duration::from_millis(config.presence_ttl_ms * 2);
         let bridges = bucket(&js, &self.names.bridges, config.replicas, keep).await?;
+        let names = bucket(&js, &self.names.claims, config.replicas, Duration::ZERO).await?;
+        // The first heartbeat before the bridge is ready: from then on the names it claims
+        // are held by a bridge the others see alive.
+        let heartbeat = serde_json::to_vec(&Heartbeat {
+            bridge: self.bridge_id.clone(),
+            at: crate::core::now_ms(),
+        })?;
+        bridges.put(&self.bridge_id, heartbeat.into()).await?;
         Ok(Ready {
             js,
             consumer,
             agents,
             bridges,
+            names,
         })
     }
 }

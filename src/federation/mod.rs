@@ -7,6 +7,7 @@
 //! `docs/federation.md` has the subjects, the guarantees and what it costs.
 
 mod apply;
+mod claims;
 mod config;
 mod fleet_log;
 mod link;
@@ -72,6 +73,9 @@ impl Federation {
     /// Runs the fleet's tasks for `core` until `shutdown`.
     pub fn start(self, core: Arc<Core>, shutdown: CancellationToken) -> Vec<JoinHandle<()>> {
         self.log.set_directory(core.directory.clone());
+        core.set_claims(Arc::new(claims::FleetClaims {
+            link: self.link.clone(),
+        }));
         let publisher = tokio::spawn(self.publisher.run(shutdown.clone()));
         let Federation {
             config,

@@ -19,6 +19,8 @@ pub struct Names {
     pub agents: String,
     /// Each bridge's heartbeat, by bridge id.
     pub bridges: String,
+    /// Which bridge holds each name, by name.
+    pub claims: String,
     prefix: String,
 }
 
@@ -28,6 +30,7 @@ impl Names {
             stream: format!("{}_MESSAGES", prefix.to_ascii_uppercase()),
             agents: format!("{prefix}_agents"),
             bridges: format!("{prefix}_bridges"),
+            claims: format!("{prefix}_names"),
             prefix: prefix.to_owned(),
         }
     }

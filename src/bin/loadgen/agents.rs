@@ -46,7 +46,7 @@ impl Proto {
 }
 
 /// Where a bridge's endpoints listen (`http://host:port` bases).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Endpoints {
     pub skynet: Option<String>,
     pub tracker: Option<String>,
@@ -387,25 +387,35 @@ async fn skynet_join(base: &str, name: &str) -> Result<(Value, Ws), Error> {
     Ok((card, ws))
 }
 
-/// The id a Skynet client mentions `name` by: its card id, from the member list.
+/// The id a Skynet client mentions `name` by: its card id, from the member list (its
+/// registered agents first, for a Skynet receiver). A receiver on another bridge of a
+/// fleet is listed once its presence has crossed: looked for again for a few seconds.
 async fn skynet_member_id(base: &str, name: &str, local: bool) -> Result<String, Error> {
-    let path = if local { "/api/agents" } else { "/api/members" };
-    let members: Value = HTTP
-        .get(format!("{base}{path}"))
-        .send()
-        .await
-        .map_err(|e| format!("listing members: {e}"))?
-        .json()
-        .await
-        .map_err(|e| format!("listing members: {e}"))?;
-    members
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|m| m["name"] == name)
-        .and_then(|m| m["id"].as_str())
-        .map(str::to_owned)
-        .ok_or_else(|| format!("{name} is not among Skynet's {path}"))
+    let paths: &[&str] = if local {
+        &["/api/agents", "/api/members"]
+    } else {
+        &["/api/members"]
+    };
+    for _ in 0..50 {
+        for path in paths {
+            let members: Value = HTTP
+                .get(format!("{base}{path}"))
+                .send()
+                .await
+                .map_err(|e| format!("listing members: {e}"))?
+                .json()
+                .await
+                .map_err(|e| format!("listing members: {e}"))?;
+            let found = (members.as_array().into_iter().flatten())
+                .find(|m| m["name"] == name)
+                .and_then(|m| m["id"].as_str());
+            if let Some(id) = found {
+                return Ok(id.to_owned());
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Err(format!("{name} is not among Skynet's members"))
 }
 
 /// Creates a Tracker member `name` (chat_listen = mentions) with the admin token and

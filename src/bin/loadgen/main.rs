@@ -96,6 +96,10 @@ struct RunArgs {
     /// `tracker=…`, `synapse=…`, `grid=…`; repeatable.
     #[arg(long = "bridge", value_parser = parse_endpoint)]
     bridge: Vec<(Proto, String)>,
+    /// With `--bridge`: the receivers connect here instead (`skynet=http://…`; repeatable):
+    /// another bridge of a fleet, so that every message crosses bridges.
+    #[arg(long = "receiver-bridge", value_parser = parse_endpoint)]
+    receiver_bridge: Vec<(Proto, String)>,
     /// With `--bridge`: a Tracker member token allowed to create members.
     #[arg(long)]
     tracker_token: Option<String>,
@@ -249,7 +253,15 @@ async fn run_all(args: RunArgs) -> Result<(), Error> {
             ..Default::default()
         };
         let bar = spinner(&format!("{url} skynet→skynet"));
-        let pairs = connect(&endpoints, Proto::Skynet, Proto::Skynet, args.pairs, &load).await?;
+        let pairs = connect(
+            &endpoints,
+            &endpoints,
+            Proto::Skynet,
+            Proto::Skynet,
+            args.pairs,
+            &load,
+        )
+        .await?;
         let (outcome, measured) = run_measured(pairs, &load, &bar, None).await;
         bar.finish_and_clear();
         let mut row = Row::new(url, "skynet→skynet", args.pairs, &load, &outcome);
@@ -279,22 +291,14 @@ async fn bridge_run(args: &RunArgs, load: &Load, from: Proto, to: Proto) -> Resu
         let server = Server::start(args.in_process, !args.memory, capacity, "drop_newest").await?;
         (server.endpoints.clone(), Some(server))
     } else {
-        let mut endpoints = Endpoints {
-            tracker_admin_token: args.tracker_token.clone(),
-            ..Default::default()
-        };
-        for (proto, url) in &args.bridge {
-            let slot = match proto {
-                Proto::Skynet => &mut endpoints.skynet,
-                Proto::Tracker => &mut endpoints.tracker,
-                Proto::Synapse => &mut endpoints.synapse,
-                Proto::Grid => &mut endpoints.grid,
-            };
-            *slot = Some(url.clone());
-        }
-        (endpoints, None)
+        (endpoints_of(&args.bridge, args), None)
     };
-    let pairs = connect(&endpoints, from, to, args.pairs, load).await?;
+    let receiving = if args.receiver_bridge.is_empty() {
+        endpoints.clone()
+    } else {
+        endpoints_of(&args.receiver_bridge, args)
+    };
+    let pairs = connect(&endpoints, &receiving, from, to, args.pairs, load).await?;
     let pid = server.as_ref().map(|s| s.pid).or(args.bridge_pid);
     // In process, the bridge's CPU time is the load generator's too: neither is told apart.
     let (outcome, measured) =
@@ -307,6 +311,24 @@ async fn bridge_run(args: &RunArgs, load: &Load, from: Proto, to: Proto) -> Resu
         server.stop().await;
     }
     Ok(row)
+}
+
+/// The endpoints `--bridge`-style arguments name.
+fn endpoints_of(named: &[(Proto, String)], args: &RunArgs) -> Endpoints {
+    let mut endpoints = Endpoints {
+        tracker_admin_token: args.tracker_token.clone(),
+        ..Default::default()
+    };
+    for (proto, url) in named {
+        let slot = match proto {
+            Proto::Skynet => &mut endpoints.skynet,
+            Proto::Tracker => &mut endpoints.tracker,
+            Proto::Synapse => &mut endpoints.synapse,
+            Proto::Grid => &mut endpoints.grid,
+        };
+        *slot = Some(url.clone());
+    }
+    endpoints
 }
 
 /// Runs the load, with the CPU it took: `server`'s (when it runs in a process of its own)
@@ -323,9 +345,10 @@ async fn run_measured(
     (outcome, measured)
 }
 
-/// Connects `pairs` receivers of `to`, then a sender of `from` for each.
+/// Connects `pairs` receivers of `to` (at `receiving`), then a sender of `from` for each.
 async fn connect(
     endpoints: &Endpoints,
+    receiving: &Endpoints,
     from: Proto,
     to: Proto,
     pairs: usize,
@@ -334,7 +357,11 @@ async fn connect(
     let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
     let mut receivers = Vec::new();
     for i in 0..pairs {
-        receivers.push(agents::receiver(endpoints, to, &format!("lg{run}-r{i}")).await?);
+        receivers.push(agents::receiver(receiving, to, &format!("lg{run}-r{i}")).await?);
+    }
+    if endpoints != receiving {
+        // Receivers on another bridge: their presence crosses before senders name them.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
     let mut out = Vec::new();
     for (i, receiver) in receivers.into_iter().enumerate() {

@@ -81,6 +81,17 @@ pub enum Source {
     Scratchpad,
 }
 
+/// The refusal of a name another agent holds.
+fn name_taken(taken: crate::core::NameTaken) -> Invalid {
+    Invalid {
+        code: "NAME_TAKEN",
+        field: "sender.agent".into(),
+        message: taken.to_string(),
+        id: None,
+        sender: None,
+    }
+}
+
 /// The refusal of a message that could not be stored.
 pub fn store_failed(id: &str, sender: &Party, error: &LogError) -> Invalid {
     tracing::error!(error = %error, "grid: cannot store a message");
@@ -170,7 +181,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         read_budget: ctx.read_budget.clone(),
     });
     for (agent, created_at) in db.agents().await.map_err(|e| fail(&e))? {
-        grid.claim(&agent, created_at)
+        grid.keep(&agent, created_at)
             .map_err(|e| fail(&e.message))?;
     }
     core.router
@@ -201,34 +212,33 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
 }
 
 impl Grid {
-    /// Claims `agent` in the directory as a Grid program (a no-op when it is one already).
-    fn claim(&self, agent: &str, created_at: i64) -> Result<bool, Invalid> {
-        if self.programs.contains(agent) {
-            return Ok(false);
-        }
+    /// A Grid program's directory entry.
+    fn program(agent: &str, created_at: i64) -> AgentInfo {
         let mut info = AgentInfo::new(agent, PROTOCOL, agent);
         info.agent_type = Some("grid-program".into());
         info.created_at = created_at;
-        self.core
-            .directory
-            .register(info)
-            .map_err(|taken| Invalid {
-                code: "NAME_TAKEN",
-                field: "sender.agent".into(),
-                message: taken.to_string(),
-                id: None,
-                sender: None,
-            })?;
-        self.programs.insert(agent.to_owned());
-        Ok(true)
+        info
     }
 
-    /// Registers a program the first time it is seen.
+    /// Takes in a program this bridge kept from before it started.
+    fn keep(&self, agent: &str, created_at: i64) -> Result<(), Invalid> {
+        (self.core.directory)
+            .register(Self::program(agent, created_at))
+            .map_err(name_taken)?;
+        self.programs.insert(agent.to_owned());
+        Ok(())
+    }
+
+    /// Registers a program the first time it is seen: its name claimed (fleet-wide, in a
+    /// fleet) and kept.
     async fn register(&self, agent: &str) -> Result<(), Invalid> {
+        if self.programs.contains(agent) {
+            return Ok(());
+        }
         let now = crate::core::now_ms();
-        if self.claim(agent, now)?
-            && let Err(e) = self.db.add_agent(agent, now).await
-        {
+        (self.core.register(Self::program(agent, now)).await).map_err(name_taken)?;
+        self.programs.insert(agent.to_owned());
+        if let Err(e) = self.db.add_agent(agent, now).await {
             tracing::error!(error = %e, agent, "grid: cannot store a program");
         }
         Ok(())

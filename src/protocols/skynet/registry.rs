@@ -166,7 +166,7 @@ impl Registry {
             created_at: crate::core::now_ms(),
         };
         // Claim the name first: two racing registrations cannot both win.
-        self.core.directory.register(profile.directory_entry())?;
+        self.core.register(profile.directory_entry()).await?;
         let row = profile.clone();
         let stored = self.store.write(move |conn| {
                 match &row.agent_type {
@@ -183,7 +183,7 @@ impl Registry {
             })
             .await;
         if let Err(e) = stored {
-            self.core.directory.unregister(&profile.name, PROTOCOL);
+            self.core.unregister(&profile.name, PROTOCOL);
             return Err(e.into());
         }
         self.by_id.insert(profile.id.clone(), profile.clone());
@@ -209,7 +209,7 @@ impl Registry {
             })
             .await?;
         self.by_id.remove(id);
-        self.core.directory.unregister(&profile.name, PROTOCOL);
+        self.core.unregister(&profile.name, PROTOCOL);
         Ok(Some(profile))
     }
 

@@ -156,8 +156,8 @@ impl Synapse {
         }
         if current.is_none() {
             self.core
-                .directory
                 .register(directory_entry(&row))
+                .await
                 .map_err(|taken| Status::already_exists(taken.to_string()))?;
         }
         self.db.put_agent(row.clone()).await.map_err(internal)?;

@@ -131,13 +131,13 @@ pub async fn create(State(tracker): Shared, caller: Caller, body: Bytes) -> ApiR
     };
     tracker
         .core
-        .directory
         .register(directory_entry(&member))
+        .await
         .map_err(|taken| ApiError::conflict(taken.to_string()))?;
     let stored = match tracker.db.put_member(member.clone(), false).await {
         Ok(stored) => stored,
         Err(e) => {
-            tracker.core.directory.unregister(&member.slug, PROTOCOL);
+            tracker.core.unregister(&member.slug, PROTOCOL);
             return Err(ApiError::store(e));
         }
     };
