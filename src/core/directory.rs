@@ -133,6 +133,14 @@ impl NameTaken {
     }
 }
 
+/// Whether `current`, registered under a name, keeps it from `info`: another agent (of
+/// another protocol, or another native id), or one online on another bridge of the fleet.
+fn keeps_from(current: &AgentInfo, info: &AgentInfo) -> bool {
+    current.protocol != info.protocol
+        || current.native_id != info.native_id
+        || (current.bridge.is_some() && current.online)
+}
+
 type Map<K, V> = DashMap<K, V, foldhash::fast::RandomState>;
 
 #[derive(Default)]
@@ -164,13 +172,7 @@ impl Directory {
     /// Whether `register(info)` would be refused, without registering.
     pub fn check_claim(&self, info: &AgentInfo) -> Result<(), NameTaken> {
         match self.by_name.get(&info.name) {
-            Some(current)
-                if current.protocol != info.protocol
-                    || current.native_id != info.native_id
-                    || (current.bridge.is_some() && current.online) =>
-            {
-                Err(NameTaken::by(&current))
-            }
+            Some(current) if keeps_from(&current, info) => Err(NameTaken::by(&current)),
             _ => Ok(()),
         }
     }
@@ -179,10 +181,7 @@ impl Directory {
         match self.by_name.entry(info.name.clone()) {
             Entry::Occupied(mut held) => {
                 let current = held.get();
-                if current.protocol != info.protocol
-                    || current.native_id != info.native_id
-                    || (current.bridge.is_some() && current.online)
-                {
+                if keeps_from(current, &info) {
                     return Err(NameTaken::by(current));
                 }
                 let (online, status) = (current.online, current.status);
