@@ -102,6 +102,14 @@ pub const METRICS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The histograms of durations, in seconds, all on the same latency buckets.
+const SECONDS_HISTOGRAMS: [&str; 4] = [
+    ROUTE_DURATION,
+    STORE_WRITE_DURATION,
+    FEDERATION_PUBLISH_DURATION,
+    FEDERATION_APPLY_LAG,
+];
+
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Installs the Prometheus recorder (once per process) and returns its handle.
@@ -115,41 +123,14 @@ pub fn install() -> PrometheusHandle {
                 0.1, 0.25, 0.5, 1.0, 2.5,
             ];
             let depth = [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0, 256.0, 1024.0, 4096.0];
-            let builder = PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    metrics_exporter_prometheus::Matcher::Full(ROUTE_DURATION.into()),
-                    &latency,
-                )
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        metrics_exporter_prometheus::Matcher::Full(STORE_WRITE_DURATION.into()),
-                        &latency,
-                    )
-                })
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        metrics_exporter_prometheus::Matcher::Full(
-                            FEDERATION_PUBLISH_DURATION.into(),
-                        ),
-                        &latency,
-                    )
-                })
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        metrics_exporter_prometheus::Matcher::Full(FEDERATION_APPLY_LAG.into()),
-                        &latency,
-                    )
-                })
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        metrics_exporter_prometheus::Matcher::Full(MAILBOX_DEPTH.into()),
-                        &depth,
-                    )
-                })
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        metrics_exporter_prometheus::Matcher::Full(STORE_BATCH_SIZE.into()),
-                        &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0],
+            let batch = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+            let mut buckets = (SECONDS_HISTOGRAMS.iter().map(|name| (*name, &latency[..])))
+                .chain([(MAILBOX_DEPTH, &depth[..]), (STORE_BATCH_SIZE, &batch[..])]);
+            let builder = buckets
+                .try_fold(PrometheusBuilder::new(), |builder, (name, buckets)| {
+                    builder.set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full(name.into()),
+                        buckets,
                     )
                 })
                 .expect("bucket lists are non-empty");
@@ -191,11 +172,8 @@ fn spawn_upkeep(handle: PrometheusHandle) {
 fn describe() {
     for (name, help) in METRICS {
         match *name {
-            ROUTE_DURATION
-            | STORE_WRITE_DURATION
-            | FEDERATION_PUBLISH_DURATION
-            | FEDERATION_APPLY_LAG => {
-                metrics::describe_histogram!(*name, metrics::Unit::Seconds, *help)
+            name if SECONDS_HISTOGRAMS.contains(&name) => {
+                metrics::describe_histogram!(name, metrics::Unit::Seconds, *help)
             }
             MAILBOX_DEPTH | STORE_BATCH_SIZE => metrics::describe_histogram!(*name, *help),
             CONNECTIONS | AGENTS_ONLINE | BUILD_INFO | FEDERATION_CONNECTED | FEDERATION_OUTBOX
