@@ -84,6 +84,9 @@ impl Applier {
                 continue;
             }
             match serde_json::from_slice::<Replica>(&message.payload) {
+                // Passed through here already (a redelivery this bridge remembers).
+                Ok(replica)
+                    if !replica.transient && self.core.recently_seen(&replica.envelope.id) => {}
                 Ok(replica) => replicas.push(replica),
                 Err(e) => {
                     tracing::error!(error = %e, subject = %message.subject, "federation: a message on the stream is not one of ours")
@@ -92,7 +95,7 @@ impl Applier {
         }
         // Ids this bridge already keeps: a redelivery after a restart.
         let unknown: Vec<String> = (replicas.iter())
-            .filter(|r| !r.transient && !self.core.recently_seen(&r.envelope.id))
+            .filter(|r| !r.transient)
             .map(|r| r.envelope.id.clone())
             .collect();
         let kept: HashSet<String> = match self.local.read_ids(unknown).await {
@@ -110,8 +113,7 @@ impl Applier {
                 agent,
                 transient,
             } = replica;
-            if !transient && (kept.contains(&envelope.id) || self.core.recently_seen(&envelope.id))
-            {
+            if !transient && kept.contains(&envelope.id) {
                 continue;
             }
             if let Some(info) = agent.and_then(|card| card.into_info()) {
@@ -124,12 +126,18 @@ impl Applier {
             }
             routed.push((envelope, !transient));
         }
-        for written in futures_util::future::join_all(writes).await {
-            if let Err(e) = written {
-                tracing::error!(error = %e, "federation: cannot keep a message from another bridge");
-            }
-        }
-        for (envelope, kept) in routed {
+        // In the order they were queued: one result for each message to keep.
+        let mut written = futures_util::future::join_all(writes).await.into_iter();
+        for (envelope, to_keep) in routed {
+            let kept = to_keep
+                && match written.next() {
+                    Some(Ok(())) => true,
+                    Some(Err(e)) => {
+                        tracing::error!(error = %e, "federation: cannot keep a message from another bridge");
+                        false
+                    }
+                    None => false,
+                };
             self.core.accept_replica(envelope, kept);
         }
     }
@@ -147,14 +155,11 @@ impl Applier {
             return;
         }
         match env.kind {
-            Kind::PresenceJoin => {
+            Kind::PresenceJoin | Kind::PresenceStatus => {
                 directory.set_presence(&env.from, true, status().unwrap_or(Status::Online));
             }
             Kind::PresenceLeave => {
                 directory.set_presence(&env.from, false, Status::Offline);
-            }
-            Kind::PresenceStatus => {
-                directory.set_presence(&env.from, true, status().unwrap_or(Status::Online));
             }
             _ => {}
         }

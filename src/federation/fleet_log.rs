@@ -22,8 +22,8 @@ use futures_util::stream::FuturesOrdered;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::link::NatsLink;
-use super::wire::{self, BRIDGE_HEADER, Card, OutgoingReplica};
+use super::link::{NatsLink, put_card};
+use super::wire::{BRIDGE_HEADER, Card, OutgoingReplica};
 use crate::core::{
     Audience, Directory, Envelope, Kind, Link, LogError, LogFuture, MessageLog, MessageQuery,
     StoredMessage, TaskRequest,
@@ -32,6 +32,12 @@ use crate::telemetry;
 
 /// Why a message that must cross bridges was refused.
 const UNREACHABLE: &str = "the fleet's message log (NATS) is unreachable: the message was not accepted; send it again later";
+
+/// The refusal of a message that must cross bridges while NATS is unreachable, counted.
+fn refused_unreachable() -> LogError {
+    telemetry::federation_refused("unreachable");
+    LogError::Refused(UNREACHABLE.into())
+}
 
 /// A message on its way to the stream, with whom to tell once JetStream holds it.
 struct Outgoing {
@@ -142,15 +148,8 @@ impl FleetLog {
         let Some(ready) = self.link.ready() else {
             return;
         };
-        let Ok(value) = serde_json::to_vec(&card) else {
-            return;
-        };
         tokio::spawn(async move {
-            if let Err(e) = ready
-                .agents
-                .put(wire::agent_key(&card.name), value.into())
-                .await
-            {
+            if let Err(e) = put_card(&ready.agents, &card).await {
                 tracing::warn!(error = %e, agent = %card.name, "federation: cannot keep an agent's card");
             }
         });
@@ -165,10 +164,7 @@ impl MessageLog for FleetLog {
                 return self.local.append(env);
             }
             if self.link.unreachable() {
-                telemetry::federation_refused("unreachable");
-                return Box::pin(std::future::ready(Err(LogError::Refused(
-                    UNREACHABLE.into(),
-                ))));
+                return Box::pin(std::future::ready(Err(refused_unreachable())));
             }
             // A server is failing over: the publisher waits for the client to reconnect.
         }
@@ -298,7 +294,7 @@ impl Publisher {
                     };
                     let accepted = outgoing.accepted.take();
                     let Some(ready) = self.link.set_up() else {
-                        tell(accepted, Err(LogError::Refused(UNREACHABLE.into())));
+                        tell(accepted, Err(refused_unreachable()));
                         continue;
                     };
                     let started = Instant::now();
@@ -313,8 +309,7 @@ impl Publisher {
                     // Nothing is sent while disconnected: a publish the client buffered could
                     // reach the others after its sender was told it was refused.
                     if !self.link.reconnected(deadline).await {
-                        telemetry::federation_refused("unreachable");
-                        tell(accepted, Err(LogError::Refused(UNREACHABLE.into())));
+                        tell(accepted, Err(refused_unreachable()));
                         continue;
                     }
                     telemetry::federation_outbox(1);

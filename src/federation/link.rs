@@ -14,7 +14,7 @@ use async_nats::{ConnectOptions, Event};
 use tokio_util::sync::CancellationToken;
 
 use super::config::FederationConfig;
-use super::wire::{Heartbeat, Names};
+use super::wire::{Card, Heartbeat, Names, agent_key};
 use crate::admin::Readiness;
 use crate::telemetry;
 
@@ -242,11 +242,7 @@ impl NatsLink {
         let names = bucket(&js, &self.names.claims, config.replicas, Duration::ZERO).await?;
         // The first heartbeat before the bridge is ready: from then on the names it claims
         // are held by a bridge the others see alive.
-        let heartbeat = serde_json::to_vec(&Heartbeat {
-            bridge: self.bridge_id.clone(),
-            at: crate::core::now_ms(),
-        })?;
-        bridges.put(&self.bridge_id, heartbeat.into()).await?;
+        put_heartbeat(&bridges, &self.bridge_id).await?;
         Ok(Ready {
             js,
             consumer,
@@ -255,6 +251,24 @@ impl NatsLink {
             names,
         })
     }
+}
+
+/// Puts `bridge`'s heartbeat in the bridges bucket.
+pub async fn put_heartbeat(bridges: &kv::Store, bridge: &str) -> Result<(), async_nats::Error> {
+    let heartbeat = serde_json::to_vec(&Heartbeat {
+        bridge: bridge.to_owned(),
+        at: crate::core::now_ms(),
+    })?;
+    bridges.put(bridge, heartbeat.into()).await?;
+    Ok(())
+}
+
+/// Keeps `card` in the agents bucket, for bridges that start later (or missed the
+/// presence change that carried it).
+pub async fn put_card(agents: &kv::Store, card: &Card) -> Result<(), async_nats::Error> {
+    let value = serde_json::to_vec(card)?;
+    agents.put(agent_key(&card.name), value.into()).await?;
+    Ok(())
 }
 
 async fn bucket(

@@ -14,9 +14,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::config::FederationConfig;
-use super::link::{NatsLink, Ready};
-use super::wire::{Card, Heartbeat, agent_key};
-use crate::core::{Audience, Core, Envelope, Kind, Status, now_ms};
+use super::link::{NatsLink, Ready, put_card, put_heartbeat};
+use super::wire::Card;
+use crate::core::{Audience, Core, Envelope, Kind, Status};
 use crate::telemetry;
 
 pub struct Presence {
@@ -158,21 +158,14 @@ impl Presence {
             }
         });
         for card in cards {
-            if let Ok(value) = serde_json::to_vec(&card) {
-                let _ = ready.agents.put(agent_key(&card.name), value.into()).await;
+            if let Err(e) = put_card(&ready.agents, &card).await {
+                tracing::debug!(error = %e, agent = %card.name, "federation: card not kept");
             }
         }
     }
 
     async fn beat(&self, ready: &Ready) {
-        let heartbeat = Heartbeat {
-            bridge: self.link.bridge_id.clone(),
-            at: now_ms(),
-        };
-        let Ok(value) = serde_json::to_vec(&heartbeat) else {
-            return;
-        };
-        if let Err(e) = ready.bridges.put(&self.link.bridge_id, value.into()).await {
+        if let Err(e) = put_heartbeat(&ready.bridges, &self.link.bridge_id).await {
             tracing::debug!(error = %e, "federation: heartbeat not sent");
         }
     }
