@@ -312,15 +312,7 @@ async fn without_nats_local_traffic_goes_on_and_crossing_traffic_is_refused() {
         bridge.readiness().degraded().is_some()
     })
     .await;
-    let admin = bridge.admin_addr().unwrap();
-    let readyz = common::http()
-        .get(format!("http://{admin}/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, readyz) = common::admin_get(bridge, "/readyz").await;
     assert!(readyz.starts_with("degraded: "), "{readyz}");
     assert!(readyz.contains("NATS"), "{readyz}");
 

@@ -375,15 +375,7 @@ async fn an_expired_message_is_dropped_and_its_sender_told() {
         w.http.poll("agent=sleeper").await.is_empty(),
         "the expired message is gone"
     );
-    let admin = w.bridge.admin_addr().unwrap();
-    let metrics = common::http()
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, metrics) = common::admin_get(&w.bridge, "/metrics").await;
     assert!(
         metrics.contains(
             "agentbridge_messages_dropped_total{protocol=\"grid\",reason=\"ttl_expired\"}"

@@ -1387,14 +1387,7 @@ mod contract_rules {
 #[tokio::test]
 async fn the_admin_listener_probes_and_a_first_scrape() {
     let w = world().await;
-    let admin = w.bridge.admin_addr().unwrap();
-    let get = |path: &str| {
-        let url = format!("http://{admin}{path}");
-        async move {
-            let res = common::http().get(url).send().await.unwrap();
-            (res.status().as_u16(), res.text().await.unwrap())
-        }
-    };
+    let get = |path: &'static str| common::admin_get(&w.bridge, path);
     assert_eq!(get("/healthz").await.0, 200);
     assert_eq!(get("/readyz").await.0, 200);
     let (status, metrics) = get("/metrics").await;

@@ -521,16 +521,7 @@ async fn callback_transport_posts_json_with_the_token_and_retries() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert_eq!(kept.iter().map(text_of).collect::<Vec<_>>(), ["keep me"]);
-    let (_, metrics) = {
-        let admin = w.bridge.admin_addr().unwrap();
-        let res = w
-            .http
-            .get(format!("http://{admin}/metrics"))
-            .send()
-            .await
-            .unwrap();
-        (res.status().as_u16(), res.text().await.unwrap())
-    };
+    let (_, metrics) = common::admin_get(&w.bridge, "/metrics").await;
     assert!(
         metrics.contains(
             "agentbridge_callback_failures_total{protocol=\"synapse\",outcome=\"gave_up\"}"

@@ -119,19 +119,21 @@ pub fn http() -> reqwest::Client {
         .expect("http client")
 }
 
+/// `GET path` on the bridge's admin listener: the status and the body.
+pub async fn admin_get(bridge: &Bridge, path: &str) -> (u16, String) {
+    let admin = bridge.admin_addr().expect("the admin listener");
+    let answer = (http().get(format!("http://{admin}{path}")).send())
+        .await
+        .expect("the admin listener answers");
+    let status = answer.status().as_u16();
+    (status, answer.text().await.expect("its text"))
+}
+
 /// The bridge's count of malformed input from `protocol`
 /// (`agentbridge_decode_errors_total`), 0 before the first. The recorder is shared by
 /// every test in a binary, so compare a value with an earlier one, not with a number.
 pub async fn decode_errors(bridge: &Bridge, protocol: &str) -> f64 {
-    let admin = bridge.admin_addr().expect("the admin listener");
-    let text = http()
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .expect("a scrape")
-        .text()
-        .await
-        .expect("its text");
+    let (_, text) = admin_get(bridge, "/metrics").await;
     let series = format!("agentbridge_decode_errors_total{{protocol=\"{protocol}\"}} ");
     text.lines()
         .find_map(|line| line.strip_prefix(&series))
