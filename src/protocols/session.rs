@@ -146,63 +146,71 @@ pub trait WsSession: Send {
 const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Serves `socket` as `session` until either ends.
-pub async fn run<S: WsSession>(mut session: S, socket: Socket, shutdown: &CancellationToken) {
-    let _counted = ConnectionGuard::new(S::PROTOCOL);
+///
+/// Not an `async fn`: one keeps its arguments twice in the future it returns, as arguments
+/// and as the locals they are moved into, and every idle connection holds that future.
+/// Here the block owns `session` and `io` once; an endpoint with nothing to await before
+/// the session starts returns this future as its connection's, with no wrapper around it.
+pub fn run<S: WsSession>(
+    mut session: S,
+    socket: Socket,
+    shutdown: CancellationToken,
+) -> impl Future<Output = ()> {
     let mut io = Io {
         socket,
         pending: InFlight::new(),
     };
-    // Made once: a `cancelled()` or a timer made afresh each turn would register with the
-    // token (or the timer wheel) and leave it again for every frame and delivery.
-    let mut shutting_down = std::pin::pin!(shutdown.cancelled());
-    // The rare handlers are boxed: a session's future is as large as its largest state,
-    // and every idle connection holds one.
-    let mut flow = Box::pin(session.on_open(&mut io)).await;
-    let mut armed = session.deadline();
-    let mut timer = std::pin::pin!(tokio::time::sleep_until(
-        armed.unwrap_or_else(|| Instant::now() + NEVER)
-    ));
-    while flow == Flow::Continue {
-        let wanted = session.deadline();
-        if wanted != armed {
-            armed = wanted;
-            (timer.as_mut()).reset(armed.unwrap_or_else(|| Instant::now() + NEVER));
+    async move {
+        let _counted = ConnectionGuard::new(S::PROTOCOL);
+        // Made once: a `cancelled()` or a timer made afresh each turn would register with
+        // the token (or the timer wheel) and leave it again for every frame and delivery.
+        let mut shutting_down = std::pin::pin!(shutdown.cancelled());
+        // Every handler is boxed: a session's future is as large as its largest state, and
+        // every idle connection holds one. A handler's future lives only while it runs.
+        let mut flow = Box::pin(session.on_open(&mut io)).await;
+        let mut armed = session.deadline();
+        let mut timer = std::pin::pin!(tokio::time::sleep_until(
+            armed.unwrap_or_else(|| Instant::now() + NEVER)
+        ));
+        while flow == Flow::Continue {
+            let wanted = session.deadline();
+            if wanted != armed {
+                armed = wanted;
+                (timer.as_mut()).reset(armed.unwrap_or_else(|| Instant::now() + NEVER));
+            }
+            let mailbox = session.mailbox().cloned();
+            flow = tokio::select! {
+                biased;
+                _ = &mut shutting_down => {
+                    Box::pin(io.socket.close(1001, "server shutting down")).await;
+                    Flow::Close
+                }
+                _ = &mut timer, if armed.is_some() => {
+                    armed = None;
+                    Box::pin(session.on_deadline(&mut io)).await
+                }
+                Some((stored, pending)) = io.pending.next(), if !io.pending.is_empty() => {
+                    Box::pin(session.on_stored(&mut io, stored, pending)).await
+                }
+                frame = io.socket.recv(), if io.pending.has_room() => match frame {
+                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => Flow::Continue,
+                    Some(Ok(Message::Close(_))) | None => Flow::Close,
+                    Some(Ok(message)) => Box::pin(session.on_frame(&mut io, message)).await,
+                    Some(Err(refused)) => Box::pin(refuse(&session, &mut io, refused)).await,
+                },
+                next = next_delivery(mailbox.as_deref()) => match next {
+                    Ok(first) => Box::pin(write_batch(&mut session, &mut io, first, mailbox.as_deref())).await,
+                    Err(Closed::Overflow) => Box::pin(io.close(1008, websocket::BEHIND_REASON)).await,
+                    Err(Closed::Shutdown) => Flow::Close,
+                    Err(reason) => Box::pin(session.on_closed(&mut io, reason)).await,
+                },
+            };
         }
-        let mailbox = session.mailbox().cloned();
-        flow = tokio::select! {
-            biased;
-            _ = &mut shutting_down => {
-                Box::pin(io.socket.close(1001, "server shutting down")).await;
-                Flow::Close
-            }
-            _ = &mut timer, if armed.is_some() => {
-                armed = None;
-                Box::pin(session.on_deadline(&mut io)).await
-            }
-            Some((stored, pending)) = io.pending.next(), if !io.pending.is_empty() => {
-                // Not boxed, unlike the other handlers: the common path, and small.
-                session.on_stored(&mut io, stored, pending).await
-            }
-            frame = io.socket.recv(), if io.pending.has_room() => match frame {
-                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => Flow::Continue,
-                Some(Ok(Message::Close(_))) | None => Flow::Close,
-                // Boxed: a frame's handler (a join, an identification) is large, and the
-                // session's future would be sized by it.
-                Some(Ok(message)) => Box::pin(session.on_frame(&mut io, message)).await,
-                Some(Err(refused)) => Box::pin(refuse(&session, &mut io, refused)).await,
-            },
-            next = next_delivery(mailbox.as_deref()) => match next {
-                Ok(first) => Box::pin(write_batch(&mut session, &mut io, first, mailbox.as_deref())).await,
-                Err(Closed::Overflow) => Box::pin(io.close(1008, websocket::BEHIND_REASON)).await,
-                Err(Closed::Shutdown) => Flow::Close,
-                Err(reason) => Box::pin(session.on_closed(&mut io, reason)).await,
-            },
-        };
+        while let Some((stored, pending)) = io.pending.next().await {
+            Box::pin(session.settle(stored, pending)).await;
+        }
+        Box::pin(session.finish()).await;
     }
-    while let Some((stored, pending)) = io.pending.next().await {
-        Box::pin(session.settle(stored, pending)).await;
-    }
-    Box::pin(session.finish()).await;
 }
 
 async fn next_delivery(mailbox: Option<&Mailbox>) -> Result<Arc<Delivery>, Closed> {

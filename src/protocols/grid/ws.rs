@@ -81,7 +81,11 @@ struct Connection {
 /// stored).
 type Sent = (String, Party);
 
-pub async fn serve(socket: Socket, grid: Arc<Grid>, query: HashMap<String, String>) {
+pub fn serve(
+    socket: Socket,
+    grid: Arc<Grid>,
+    query: HashMap<String, String>,
+) -> impl Future<Output = ()> + Send {
     let named = query
         .get("agent")
         .filter(|a| !a.is_empty())
@@ -103,7 +107,7 @@ pub async fn serve(socket: Socket, grid: Arc<Grid>, query: HashMap<String, Strin
             .is_some_and(|p| matches!(p.as_str(), "1" | "true" | "yes")),
         pending_ids: HashSet::new(),
     };
-    session::run(conn, socket, &grid.shutdown).await;
+    session::run(conn, socket, grid.shutdown.clone())
 }
 
 impl WsSession for Connection {

@@ -37,7 +37,7 @@ struct Connection {
     replayed: HashSet<String>,
 }
 
-pub async fn serve(socket: Socket, skynet: Arc<Skynet>) {
+pub fn serve(socket: Socket, skynet: Arc<Skynet>) -> impl Future<Output = ()> + Send {
     let conn = Connection {
         id: skynet.workspace.next_conn_id(),
         skynet: skynet.clone(),
@@ -45,7 +45,7 @@ pub async fn serve(socket: Socket, skynet: Arc<Skynet>) {
         join_by: Some(Instant::now() + Duration::from_millis(skynet.config.join_timeout_ms)),
         replayed: HashSet::new(),
     };
-    session::run(conn, socket, &skynet.shutdown).await;
+    session::run(conn, socket, skynet.shutdown.clone())
 }
 
 impl WsSession for Connection {

@@ -21,63 +21,74 @@ use crate::telemetry;
 /// Why a sent message reached nobody.
 const NOT_STORED: &str = "message could not be stored; it was not delivered";
 
-pub async fn serve(mut socket: Socket, tracker: Arc<Tracker>) {
-    let Some(member) = Box::pin(authenticate(&mut socket, &tracker)).await else {
-        return;
-    };
-    let conn = Arc::new(Conn {
-        id: tracker.next_conn_id(),
-        slug: member.slug.clone(),
-        mailbox: tracker.core.router.mailbox(PROTOCOL),
-        chat_listen: member.chat_listen,
-        task_listen: member.task_listen,
-        subscriptions: RwLock::new(HashSet::new()),
-        chats: tracker.chats.clone(),
-    });
-    let session = tracker.core.router.attach(
-        &member.slug,
-        conn.mailbox.clone(),
-        Arc::new(ConnInterest(conn.clone())),
-    );
-    tracker.conns.insert(conn.id, conn.clone());
-    let came_online = tracker.members.connected(&member.slug, conn.id);
-    Box::pin(tracker.announce(&member.slug, came_online)).await;
+/// Not an `async fn`, for the reason `session::run` is not.
+#[allow(clippy::manual_async_fn)]
+pub fn serve(mut socket: Socket, tracker: Arc<Tracker>) -> impl Future<Output = ()> + Send {
+    async move {
+        let Some(member) = Box::pin(authenticate(&mut socket, &tracker)).await else {
+            return;
+        };
+        let live = Box::pin(Live::attach(tracker.clone(), member)).await;
+        session::run(live, socket, tracker.shutdown.clone()).await;
+    }
+}
 
-    // Built as text, not kept as a `Value` for the life of the connection (`online` may
-    // be long).
-    let projects = tracker.chats.projects.load();
-    // `online` lists the others, as in the document's example (`coder` is not in its own).
-    let mut online = tracker.online_names();
-    online.retain(|name| *name != member.slug);
-    let ok = wire::event_text(
-        "auth.ok",
-        &wire::AuthOk {
-            slug: &member.slug,
-            lobby_chat_id: &tracker.chats.lobby_chat_id,
-            projects: projects
-                .iter()
-                .map(|p| wire::ProjectRef {
-                    id: &p.id,
-                    slug: &p.slug,
-                    name: &p.name,
-                })
-                .collect(),
-            online,
-        },
-    );
-    tracing::info!(member = %member.slug, "tracker: authenticated");
-    let heartbeat = Duration::from_millis(tracker.config.heartbeat_timeout_ms);
-    let live = Live {
-        tracker: tracker.clone(),
-        conn: conn.clone(),
-        member,
-        session,
-        heartbeat_by: Some(Instant::now() + heartbeat),
-    };
-    if socket.send(Message::Text(ok.into())).await.is_ok() {
-        session::run(live, socket, &tracker.shutdown).await;
-    } else {
-        live.finish().await;
+impl Live {
+    /// The authenticated member's connection, attached to the router and announced
+    /// online; `auth.ok` is its first frame (`on_open`).
+    async fn attach(tracker: Arc<Tracker>, member: MemberRow) -> Live {
+        let conn = Arc::new(Conn {
+            id: tracker.next_conn_id(),
+            slug: member.slug.clone(),
+            mailbox: tracker.core.router.mailbox(PROTOCOL),
+            chat_listen: member.chat_listen,
+            task_listen: member.task_listen,
+            subscriptions: RwLock::new(HashSet::new()),
+            chats: tracker.chats.clone(),
+        });
+        let session = tracker.core.router.attach(
+            &member.slug,
+            conn.mailbox.clone(),
+            Arc::new(ConnInterest(conn.clone())),
+        );
+        tracker.conns.insert(conn.id, conn.clone());
+        let came_online = tracker.members.connected(&member.slug, conn.id);
+        tracker.announce(&member.slug, came_online).await;
+        tracing::info!(member = %member.slug, "tracker: authenticated");
+        let heartbeat = Duration::from_millis(tracker.config.heartbeat_timeout_ms);
+        Live {
+            tracker,
+            conn,
+            member,
+            session,
+            heartbeat_by: Some(Instant::now() + heartbeat),
+        }
+    }
+
+    /// `auth.ok`, built as text rather than kept as a `Value` for the life of the
+    /// connection (`online` may be long).
+    fn auth_ok(&self) -> String {
+        let (tracker, slug) = (&self.tracker, &self.member.slug);
+        let projects = tracker.chats.projects.load();
+        // `online` lists the others, as in the document's example (`coder` is not in its own).
+        let mut online = tracker.online_names();
+        online.retain(|name| name != slug);
+        wire::event_text(
+            "auth.ok",
+            &wire::AuthOk {
+                slug,
+                lobby_chat_id: &tracker.chats.lobby_chat_id,
+                projects: projects
+                    .iter()
+                    .map(|p| wire::ProjectRef {
+                        id: &p.id,
+                        slug: &p.slug,
+                        name: &p.name,
+                    })
+                    .collect(),
+                online,
+            },
+        )
     }
 }
 
@@ -145,6 +156,10 @@ impl WsSession for Live {
         wire::error_frame(text)
     }
 
+    async fn on_open(&mut self, io: &mut Io<Posted>) -> Flow {
+        io.send(self.auth_ok()).await
+    }
+
     async fn on_frame(&mut self, io: &mut Io<Posted>, message: Message) -> Flow {
         let text = match message {
             Message::Text(text) => text.to_string(),
@@ -178,15 +193,13 @@ impl WsSession for Live {
         post: Posted,
     ) -> Flow {
         match stored {
-            // Boxed: posting's future is large, and would size every turn's.
             Ok(env) => {
-                Box::pin(self.tracker.posted(env, post)).await;
+                self.tracker.posted(env, post).await;
                 Flow::Continue
             }
             Err(e) => {
                 tracing::error!(error = %e, "tracker: cannot store a message");
-                // Boxed: rare, and inline it would size every idle connection's future.
-                Box::pin(io.send(wire::error_frame(&e.tell_sender(NOT_STORED)))).await
+                io.send(wire::error_frame(&e.tell_sender(NOT_STORED))).await
             }
         }
     }
