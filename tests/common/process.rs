@@ -33,10 +33,10 @@ impl BridgeProcess {
         let stderr = child.stderr.take().expect("stderr is piped");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
+            // Read to the end, listened to or not: a bridge whose stderr closed would fail
+            // its next log line.
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
+                let _ = tx.send(line);
             }
         });
         let mut addrs = HashMap::new();
