@@ -10,7 +10,7 @@ use common::fleet::{Fleet, QUICK, federation_section};
 use common::nats::Cluster;
 use common::peers::{Proto, What};
 use common::skynet::{SkynetHttp, SkynetWs};
-use common::tracker::TrackerHttp;
+use common::tracker::{TrackerHttp, TrackerWs};
 use common::{WAIT, bridge_toml, process::BridgeProcess};
 
 /// The translation contract's matrix with A and B on two bridges (`common::matrix`).
@@ -198,6 +198,111 @@ async fn of_two_bridges_claiming_one_name_at_once_exactly_one_wins() {
 
 /// A bridge killed with SIGKILL: its agents are shown offline on the others within the
 /// presence TTL, with a leave event.
+/// Skynet's message history is the fleet's: what an agent said on one bridge is in
+/// `GET /api/messages` on the other, as the same messages.
+#[tokio::test]
+async fn skynet_history_is_the_same_on_every_bridge() {
+    let fleet = Fleet::start(2).await;
+    let http = SkynetHttp::new(fleet.nets[0].skynet);
+    let speaker = http.agent("speaker").await;
+    let (mut ws, _) = SkynetWs::join(fleet.nets[0].skynet, &speaker).await;
+    let mut said = Vec::new();
+    for i in 0..5 {
+        said.push(ws.chat(&format!("for the record {i}")).await["id"].clone());
+    }
+    let on_b = SkynetHttp::new(fleet.nets[1].skynet);
+    eventually("b1's history holds what was said on b0", async || {
+        let (_, history) = on_b.get("/api/messages").await;
+        let ids: Vec<_> = (history.as_array().into_iter().flatten())
+            .map(|m| m["id"].clone())
+            .filter(|id| said.contains(id))
+            .collect();
+        ids == said
+    })
+    .await;
+    fleet.shutdown().await;
+}
+
+/// Tracker tasks are one state: a task made through one bridge is listed through the other
+/// with the same id, in the same project, and its members there are told of it; `take` is
+/// atomic fleet-wide, so of two takers on two bridges exactly one wins and the other is
+/// told who holds the task.
+#[tokio::test]
+async fn a_tracker_task_is_one_task_fleet_wide_and_take_is_atomic() {
+    let fleet = Fleet::start(2).await;
+    let (on_a, on_b) = (
+        TrackerHttp::new(fleet.nets[0].tracker, "tb-admin"),
+        TrackerHttp::new(fleet.nets[1].tracker, "tb-admin"),
+    );
+    let ids = async |http: &TrackerHttp| {
+        let (_, projects) = http.get("/projects").await;
+        (projects.as_array().into_iter().flatten())
+            .map(|p| (p["slug"].clone(), p["id"].clone(), p["chat_id"].clone()))
+            .collect::<Vec<_>>()
+    };
+    let known_on_a = ids(&on_a).await;
+    assert_eq!(known_on_a.len(), 2, "{known_on_a:?}");
+    assert_eq!(
+        known_on_a,
+        ids(&on_b).await,
+        "both bridges know the projects by one id"
+    );
+    let (mut watcher, _) = TrackerWs::auth_subscribed(fleet.nets[1].tracker, "tb-listener").await;
+
+    for round in 0..5 {
+        let made = on_a
+            .task(
+                "team-board",
+                serde_json::json!({ "title": format!("round {round}") }),
+            )
+            .await;
+        let id = made["id"].as_str().expect("a task id").to_owned();
+        let event = watcher.next_of("task.created").await;
+        assert_eq!(event["id"], made["id"], "{event}");
+        let seen = on_b.get(&format!("/tasks/{id}")).await;
+        assert_eq!(seen.0, 200, "b1 serves the task b0 made: {}", seen.1);
+        assert_eq!(seen.1["project_id"], made["project_id"]);
+
+        // Two takers at once, one through each bridge.
+        async fn take(http: &TrackerHttp, id: &str, slug: &str) -> (u16, serde_json::Value) {
+            let path = format!("/tasks/{id}/take?slug={slug}");
+            http.post(&path, serde_json::json!({})).await
+        }
+        let (first, second) = tokio::join!(take(&on_a, &id, "coder"), take(&on_b, &id, "listener"));
+        let (winner, loser) = match (first.0, second.0) {
+            (200, 409) => ("coder", &second.1),
+            (409, 200) => ("listener", &first.1),
+            other => panic!("exactly one take wins: {other:?} {} {}", first.1, second.1),
+        };
+        let detail = loser["detail"].as_str().expect("a detail");
+        assert!(
+            detail.contains(winner),
+            "the loser is told who holds it: {detail}"
+        );
+        for http in [&on_a, &on_b] {
+            eventually(
+                "both bridges show the winner holding the task",
+                async || {
+                    let (_, task) = http.get(&format!("/tasks/{id}")).await;
+                    task["assignee_slug"] == winner
+                },
+            )
+            .await;
+        }
+        let event = watcher.next_of("task.assigned").await;
+        assert_eq!(event["assignee_slug"], winner, "{event}");
+
+        // Deleted through one bridge, gone from the other.
+        let (status, _) = on_b.delete(&format!("/tasks/{id}")).await;
+        assert_eq!(status, 204);
+        eventually("b0 forgets the task b1 deleted", async || {
+            on_a.get(&format!("/tasks/{id}")).await.0 == 404
+        })
+        .await;
+    }
+    fleet.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_killed_bridges_agents_go_offline_everywhere() {
     let fleet = Fleet::start(1).await;

@@ -9,6 +9,7 @@ mod envelope;
 mod in_flight;
 mod log;
 mod mailbox;
+mod records;
 mod router;
 
 use std::sync::Arc;
@@ -26,6 +27,9 @@ pub use envelope::{
 pub use in_flight::InFlight;
 pub use log::{LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
 pub use mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
+pub use records::{
+    Expect, Record, RecordChange, RecordError, RecordFuture, RecordSink, Revision, SharedRecords,
+};
 pub use router::{AddressedOnly, Interest, OfflineSink, RouteReport, Router, Session};
 
 use crate::telemetry;
@@ -85,6 +89,8 @@ pub struct Core {
     pub log: Arc<dyn MessageLog>,
     /// Where names are claimed fleet-wide, when the bridge is one of a fleet.
     claims: std::sync::OnceLock<Arc<dyn NameClaims>>,
+    /// Where endpoints keep the records a fleet shares, when the bridge is one of a fleet.
+    records: std::sync::OnceLock<Arc<dyn SharedRecords>>,
 }
 
 impl Core {
@@ -108,6 +114,7 @@ impl Core {
             correlation: CorrelationIndex::new(CORRELATION_CACHE),
             log,
             claims: std::sync::OnceLock::new(),
+            records: std::sync::OnceLock::new(),
         });
         let log = core.log.clone();
         core.router
@@ -136,6 +143,17 @@ impl Core {
     /// Names registered from now on are claimed through `claims` first.
     pub fn set_claims(&self, claims: Arc<dyn NameClaims>) {
         let _ = self.claims.set(claims);
+    }
+
+    /// Endpoints keep their shared records through `records` from now on.
+    pub fn set_records(&self, records: Arc<dyn SharedRecords>) {
+        let _ = self.records.set(records);
+    }
+
+    /// The records a fleet shares; `None` for a bridge alone, whose endpoints keep their
+    /// state in their own tables only.
+    pub fn records(&self) -> Option<&Arc<dyn SharedRecords>> {
+        self.records.get()
     }
 
     /// Registers an agent a client asked for (not one the config declares, which every

@@ -7,10 +7,10 @@
 
 use std::sync::Arc;
 
-use async_nats::jetstream::kv::{CreateErrorKind, UpdateErrorKind};
+use async_nats::jetstream::kv::CreateErrorKind;
 use serde::{Deserialize, Serialize};
 
-use super::link::{NatsLink, Ready};
+use super::link::{NatsLink, Ready, lost_race};
 use super::wire::{agent_key, known_protocol};
 use crate::core::{AgentInfo, BRIDGE_PROTOCOL, ClaimFuture, NameClaims, NameTaken, Role};
 
@@ -78,7 +78,7 @@ impl FleetClaims {
                     .await
                 {
                     Ok(_) => return Ok(()),
-                    Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => continue,
+                    Err(e) if lost_race(&e) => continue,
                     Err(e) => {
                         tracing::debug!(error = %e, name = %info.name, "federation: taking a name over again");
                         tokio::time::sleep(RETRY_AFTER).await;

@@ -35,6 +35,8 @@ pub struct Ready {
     pub bridges: kv::Store,
     /// Which bridge holds each name (`claims`).
     pub names: kv::Store,
+    /// The records endpoints share (`records`).
+    pub records: kv::Store,
 }
 
 pub struct NatsLink {
@@ -240,6 +242,7 @@ impl NatsLink {
         let keep = Duration::from_millis(config.presence_ttl_ms * 2);
         let bridges = bucket(&js, &self.names.bridges, config.replicas, keep).await?;
         let names = bucket(&js, &self.names.claims, config.replicas, Duration::ZERO).await?;
+        let records = bucket(&js, &self.names.records, config.replicas, Duration::ZERO).await?;
         // The first heartbeat before the bridge is ready: from then on the names it claims
         // are held by a bridge the others see alive.
         put_heartbeat(&bridges, &self.bridge_id).await?;
@@ -249,6 +252,7 @@ impl NatsLink {
             agents,
             bridges,
             names,
+            records,
         })
     }
 }
@@ -269,6 +273,28 @@ pub async fn put_card(agents: &kv::Store, card: &Card) -> Result<(), async_nats:
     let value = serde_json::to_vec(card)?;
     agents.put(agent_key(&card.name), value.into()).await?;
     Ok(())
+}
+
+/// Whether a KV update failed because another write came first. JetStream answers a failed
+/// revision check with error 10071 or, from 2.11 on, 10164, and async-nats names only the
+/// first `WrongLastRevision`.
+pub fn lost_race(e: &kv::UpdateError) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    if e.kind() == kv::UpdateErrorKind::WrongLastRevision {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(answer) = cause.downcast_ref::<async_nats::jetstream::Error>() {
+            return matches!(
+                answer.error_code(),
+                ErrorCode::STREAM_WRONG_LAST_SEQUENCE
+                    | ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
+            );
+        }
+        source = cause.source();
+    }
+    false
 }
 
 async fn bucket(

@@ -12,6 +12,7 @@ mod config;
 mod fleet_log;
 mod link;
 mod presence;
+mod records;
 mod wire;
 
 use std::sync::Arc;
@@ -75,6 +76,10 @@ impl Federation {
         self.log.set_directory(core.directory.clone());
         core.set_claims(Arc::new(claims::FleetClaims {
             link: self.link.clone(),
+        }));
+        core.set_records(Arc::new(records::FleetRecords {
+            link: self.link.clone(),
+            shutdown: shutdown.clone(),
         }));
         let publisher = tokio::spawn(self.publisher.run(shutdown.clone()));
         let Federation {

@@ -21,6 +21,8 @@ pub struct Names {
     pub bridges: String,
     /// Which bridge holds each name, by name.
     pub claims: String,
+    /// The records endpoints share, by table and key (`records`).
+    pub records: String,
     prefix: String,
 }
 
@@ -31,6 +33,7 @@ impl Names {
             agents: format!("{prefix}_agents"),
             bridges: format!("{prefix}_bridges"),
             claims: format!("{prefix}_names"),
+            records: format!("{prefix}_records"),
             prefix: prefix.to_owned(),
         }
     }

@@ -5,11 +5,13 @@
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::wire::{ChatListen, MemberKind, Priority, TaskListen, TaskStatus, TaskType};
+use crate::core::derived_uuid;
 use crate::store::{Migration, Store, StoreError};
 
-pub static MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: "
+pub static MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sql: "
         CREATE TABLE tracker_meta (
             key   TEXT PRIMARY KEY,
             value TEXT NOT NULL
@@ -84,7 +86,14 @@ pub static MIGRATIONS: &[Migration] = &[Migration {
         CREATE INDEX tracker_attachments_by_message ON tracker_attachments (message_id);
         CREATE INDEX tracker_attachments_by_task ON tracker_attachments (task_id);
     ",
-}];
+    },
+    // The revision of the fleet's record a task was last written from (`records`); 0 for
+    // a bridge alone.
+    Migration {
+        version: 2,
+        sql: "ALTER TABLE tracker_tasks ADD COLUMN fleet_revision INTEGER NOT NULL DEFAULT 0;",
+    },
+];
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct MemberRow {
@@ -111,7 +120,7 @@ pub struct ProjectRow {
     pub created_at: i64,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TaskRow {
     pub id: String,
     pub project_id: String,
@@ -230,6 +239,28 @@ fn task_from(row: &Row) -> Result<TaskRow, StoreError> {
     })
 }
 
+/// Makes task `id`'s watchers `after`, from `before`.
+fn set_watchers(
+    conn: &Connection,
+    id: &str,
+    before: &[String],
+    after: &[String],
+) -> Result<(), StoreError> {
+    for slug in after.iter().filter(|s| !before.contains(s)) {
+        conn.execute(
+            "INSERT OR IGNORE INTO tracker_task_watchers (task_id, slug) VALUES (?1, ?2)",
+            params![id, slug],
+        )?;
+    }
+    for slug in before.iter().filter(|s| !after.contains(s)) {
+        conn.execute(
+            "DELETE FROM tracker_task_watchers WHERE task_id = ?1 AND slug = ?2",
+            params![id, slug],
+        )?;
+    }
+    Ok(())
+}
+
 fn get_task(conn: &Connection, id: &str) -> Result<Option<TaskRow>, StoreError> {
     let mut stmt = conn.prepare_cached(&format!("{TASK_SELECT} WHERE t.id = ?1"))?;
     let mut rows = stmt.query([id])?;
@@ -278,7 +309,8 @@ impl Db {
     pub async fn lobby_chat_id(&self) -> Result<String, StoreError> {
         self.store
             .write(|conn| {
-                let fresh = uuid::Uuid::new_v4().to_string();
+                // Derived, as projects' ids are: the same on every bridge of a fleet.
+                let fresh = derived_uuid("tracker-lobby", "lobby").to_string();
                 conn.execute(
                     "INSERT OR IGNORE INTO tracker_meta (key, value) VALUES ('lobby_chat_id', ?1)",
                     [fresh],
@@ -394,6 +426,8 @@ impl Db {
     }
 
     /// Creates a project, or updates the name and description of the one with that slug.
+    /// Its ids are derived from its slug, so that every bridge of a fleet, declaring the
+    /// same projects, knows them by the same ids.
     pub async fn put_project(
         &self,
         slug: &str,
@@ -408,11 +442,11 @@ impl Db {
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                      ON CONFLICT (slug) DO UPDATE SET name = excluded.name, description = excluded.description",
                     params![
-                        uuid::Uuid::new_v4().to_string(),
+                        derived_uuid("tracker-project", &slug).to_string(),
                         slug,
                         name,
                         description,
-                        uuid::Uuid::new_v4().to_string(),
+                        derived_uuid("tracker-chat", &slug).to_string(),
                         crate::core::now_ms()
                     ],
                 )?;
@@ -530,27 +564,70 @@ impl Db {
                         after.updated_at
                     ],
                 )?;
-                let mut seen = Vec::new();
-                for slug in &after.watchers {
-                    if !before.watchers.contains(slug) {
-                        conn.execute(
-                            "INSERT OR IGNORE INTO tracker_task_watchers (task_id, slug) VALUES (?1, ?2)",
-                            params![id, slug],
-                        )?;
-                    }
-                    seen.push(slug.clone());
-                }
-                for slug in &before.watchers {
-                    if !seen.contains(slug) {
-                        conn.execute(
-                            "DELETE FROM tracker_task_watchers WHERE task_id = ?1 AND slug = ?2",
-                            params![id, slug],
-                        )?;
-                    }
-                }
+                set_watchers(conn, &id, &before.watchers, &after.watchers)?;
                 let after = get_task(conn, &id)?
                     .ok_or_else(|| StoreError::Corrupt("task vanished".into()))?;
                 Ok(Some(Ok((before, after))))
+            })
+            .await
+    }
+
+    /// Makes the task's row what the fleet's record at `revision` says, unless a record
+    /// as new or newer was applied: (the row before, if any; the row after), or `None`.
+    pub async fn apply_task(
+        &self,
+        task: TaskRow,
+        revision: u64,
+    ) -> Result<Option<(Option<TaskRow>, TaskRow)>, StoreError> {
+        self.store
+            .write(move |conn| {
+                let applied: Option<i64> = conn
+                    .query_row(
+                        "SELECT fleet_revision FROM tracker_tasks WHERE id = ?1",
+                        [&task.id],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                if applied.is_some_and(|applied| applied >= revision as i64) {
+                    return Ok(None);
+                }
+                let before = get_task(conn, &task.id)?;
+                conn.execute(
+                    "INSERT INTO tracker_tasks (id, project_id, title, description, status, type, priority,
+                        assignee_slug, reviewer_slug, author_slug, external_id, requester, request_message_id,
+                        delegation_message_id, created_at, updated_at, fleet_revision)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)
+                     ON CONFLICT (id) DO UPDATE SET title = excluded.title,
+                        description = excluded.description, status = excluded.status,
+                        type = excluded.type, priority = excluded.priority,
+                        assignee_slug = excluded.assignee_slug, reviewer_slug = excluded.reviewer_slug,
+                        delegation_message_id = excluded.delegation_message_id,
+                        updated_at = excluded.updated_at, fleet_revision = excluded.fleet_revision",
+                    params![
+                        task.id,
+                        task.project_id,
+                        task.title,
+                        task.description,
+                        task.status.as_str(),
+                        task.task_type.as_str(),
+                        task.priority.as_str(),
+                        task.assignee_slug,
+                        task.reviewer_slug,
+                        task.author_slug,
+                        task.external_id,
+                        task.requester,
+                        task.request_message_id,
+                        task.delegation_message_id,
+                        task.created_at,
+                        task.updated_at,
+                        revision as i64
+                    ],
+                )?;
+                let watched = before.as_ref().map_or(&[][..], |b| &b.watchers[..]);
+                set_watchers(conn, &task.id, watched, &task.watchers)?;
+                let after = get_task(conn, &task.id)?
+                    .ok_or_else(|| StoreError::Corrupt("task vanished".into()))?;
+                Ok(Some((before, after)))
             })
             .await
     }

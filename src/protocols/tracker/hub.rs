@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
+use super::tasks::TaskError;
 use super::translate::{TaskChange, task_change, task_from};
 use super::{Chats, PROTOCOL, Tracker};
-use crate::core::{Audience, Delivery, Directory, Envelope, Kind, Origin, TaskInfo};
+use crate::core::{Audience, Delivery, Directory, Envelope, Kind, Origin, RecordError, TaskInfo};
 use crate::protocols::hub::{Hub, HubFilter};
 
 /// The hub's routing name; not an agent name any client can register.
@@ -80,7 +81,7 @@ impl Tracker {
     }
 
     /// A task assigned to a member from another protocol becomes a Tracker task.
-    async fn apply_assignment(&self, env: &Envelope) -> Result<(), crate::store::StoreError> {
+    async fn apply_assignment(&self, env: &Envelope) -> Result<(), TaskError> {
         let info = env.task.clone().unwrap_or_default();
         let assignee = info
             .assignee
@@ -100,16 +101,15 @@ impl Tracker {
             return Ok(());
         };
         let task = task_from(env, assignee, project, crate::core::now_ms());
-        self.create_task(task).await?;
-        Ok(())
+        match self.create_task(task).await {
+            // In a fleet every bridge's hub sees the assignment; one bridge makes the task.
+            Err(TaskError::Fleet(RecordError::Conflict)) => Ok(()),
+            created => created.map(drop),
+        }
     }
 
     /// Progress or a result from another protocol for a Tracker task.
-    async fn apply_progress(
-        &self,
-        env: &Envelope,
-        task_id: &str,
-    ) -> Result<(), crate::store::StoreError> {
+    async fn apply_progress(&self, env: &Envelope, task_id: &str) -> Result<(), TaskError> {
         let TaskChange {
             status,
             note,
@@ -124,8 +124,8 @@ impl Tracker {
                 if let Some(status) = status {
                     task.status = status;
                 }
-                if let Some(assignee) = reassign {
-                    task.assignee_slug = Some(assignee);
+                if let Some(assignee) = &reassign {
+                    task.assignee_slug = Some(assignee.clone());
                 }
                 Ok(())
             })

@@ -13,6 +13,7 @@ mod config;
 mod db;
 mod hub;
 mod members;
+mod records;
 mod rest;
 mod tasks;
 /// Tracker frames ⇄ Envelope; public for `benches/translate.rs`.
@@ -292,6 +293,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         shutdown: shutdown.clone(),
         read_budget: ctx.read_budget.clone(),
     });
+    tracker.follow_shared_tasks();
     let hub = hub::start(tracker.clone());
     let server = super::serve(
         PROTOCOL,

@@ -1,13 +1,14 @@
 //! Task changes and what follows from them: the Tracker's own task events, and task
 //! messages for agents of other protocols — the one that asked for the task (its requester)
-//! and the one it was handed to (a foreign assignee).
+//! and the one it was handed to (a foreign assignee). In a fleet the task itself is a
+//! record every bridge shares (`records`).
 
 use super::db::TaskRow;
 use super::translate::{self, state_of};
 use super::wire::TaskStatus;
 use super::{PROTOCOL, Tracker};
 use crate::core::MessageQuery;
-use crate::core::{Envelope, Kind, Origin, TaskInfo, TaskState, new_message_id};
+use crate::core::{Envelope, Kind, Origin, RecordError, TaskInfo, TaskState, new_message_id};
 use crate::store::StoreError;
 
 /// Why a change to a task was refused.
@@ -22,16 +23,30 @@ pub enum Refused {
 /// What a task change did, for the caller's response.
 pub type Changed = Result<TaskRow, Refused>;
 
+/// Why a task could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The fleet's record of the task could not be written (a bridge of a fleet only).
+    #[error(transparent)]
+    Fleet(#[from] RecordError),
+}
+
 impl Tracker {
-    /// Creates a task, announces it, and hands it over when its assignee is foreign.
-    pub async fn create_task(&self, task: TaskRow) -> Result<TaskRow, StoreError> {
-        let task = self.db.insert_task(task).await?;
-        self.chats.index(&task);
-        self.emit_task_event("task.created", &task);
-        if task.assignee_slug.is_some() {
-            self.emit_task_event("task.assigned", &task);
-        }
-        self.follow_up(None, task, None, None).await
+    /// Creates a task, announces it, and hands it over when its assignee is foreign. In a
+    /// fleet, `Fleet(Conflict)` when a task with its id exists already.
+    pub async fn create_task(&self, task: TaskRow) -> Result<TaskRow, TaskError> {
+        let task = match self.core.records() {
+            Some(records) => self.create_shared(records.as_ref(), task).await?,
+            None => {
+                let task = self.db.insert_task(task).await?;
+                self.chats.index(&task);
+                self.announce_task(None, &task);
+                task
+            }
+        };
+        Ok(self.follow_up(None, task, None, None).await?)
     }
 
     /// Applies `change` to the task; `source` is the agent of another protocol the change
@@ -42,38 +57,61 @@ impl Tracker {
         note: Option<String>,
         source: Option<&str>,
         change: F,
-    ) -> Result<Changed, StoreError>
+    ) -> Result<Changed, TaskError>
     where
-        F: FnOnce(&mut TaskRow) -> Result<(), String> + Send + 'static,
+        F: Fn(&mut TaskRow) -> Result<(), String> + Send + Sync + 'static,
     {
-        let (before, after) = match self.db.update_task(id, change).await? {
-            None => return Ok(Err(Refused::Missing)),
-            Some(Err(reason)) => return Ok(Err(Refused::Conflict(reason))),
-            Some(Ok(pair)) => pair,
+        let changed = match self.core.records() {
+            Some(records) => self.change_shared(records.as_ref(), id, change).await?,
+            None => match self.db.update_task(id, change).await? {
+                None => Err(Refused::Missing),
+                Some(Err(reason)) => Err(Refused::Conflict(reason)),
+                Some(Ok((before, after))) => {
+                    self.announce_task(Some(&before), &after);
+                    Ok((before, after))
+                }
+            },
         };
-        let reassigned = after.assignee_slug != before.assignee_slug;
-        if reassigned && after.assignee_slug.is_some() {
-            self.emit_task_event("task.assigned", &after);
-        }
-        let otherwise_changed = TaskRow {
-            assignee_slug: before.assignee_slug.clone(),
-            updated_at: before.updated_at,
-            ..after.clone()
-        } != before;
-        if otherwise_changed || (reassigned && after.assignee_slug.is_none()) {
-            self.emit_task_event("task.updated", &after);
-        }
+        let (before, after) = match changed {
+            Ok(pair) => pair,
+            Err(refused) => return Ok(Err(refused)),
+        };
         Ok(Ok(self
             .follow_up(Some(&before), after, note, source)
             .await?))
     }
 
-    pub async fn delete_task(&self, id: &str) -> Result<Option<TaskRow>, StoreError> {
-        let deleted = self.db.delete_task(id).await?;
-        if let Some(task) = &deleted {
-            self.chats.forget(task);
+    pub async fn delete_task(&self, id: &str) -> Result<Option<TaskRow>, TaskError> {
+        match self.core.records() {
+            Some(records) => self.delete_shared(records.as_ref(), id).await,
+            None => Ok(self.forget_task(id).await?),
         }
-        Ok(deleted)
+    }
+
+    /// Tells this bridge's connections what became of a task: created (`before` is `None`),
+    /// assigned, updated.
+    pub(super) fn announce_task(&self, before: Option<&TaskRow>, after: &TaskRow) {
+        let Some(before) = before else {
+            self.emit_task_event("task.created", after);
+            if after.assignee_slug.is_some() {
+                self.emit_task_event("task.assigned", after);
+            }
+            return;
+        };
+        let reassigned = after.assignee_slug != before.assignee_slug;
+        if reassigned && after.assignee_slug.is_some() {
+            self.emit_task_event("task.assigned", after);
+        }
+        // Who holds it, when, and which message handed it over are not an update of their own.
+        let otherwise_changed = TaskRow {
+            assignee_slug: before.assignee_slug.clone(),
+            updated_at: before.updated_at,
+            delegation_message_id: before.delegation_message_id.clone(),
+            ..after.clone()
+        } != *before;
+        if otherwise_changed || (reassigned && after.assignee_slug.is_none()) {
+            self.emit_task_event("task.updated", after);
+        }
     }
 
     /// Tells agents of other protocols what changed: the requester hears about progress and
@@ -97,15 +135,26 @@ impl Tracker {
             env.text = Some(task.description.clone()).filter(|d| !d.is_empty());
             if let Err(e) = self.core.publish(env).await {
                 tracing::error!(error = %e, "tracker: cannot hand a task over");
-            } else if let Ok(Some(Ok((_, updated)))) = self
-                .db
-                .update_task(&task.id, move |t| {
-                    t.delegation_message_id = Some(message_id);
+            } else {
+                let handed_over = move |t: &mut TaskRow| {
+                    t.delegation_message_id = Some(message_id.clone());
                     Ok(())
-                })
-                .await
-            {
-                task = updated;
+                };
+                let updated = match self.core.records() {
+                    Some(records) => (self.change_shared(records.as_ref(), &task.id, handed_over))
+                        .await
+                        .map(|changed| changed.ok().map(|(_, after)| after)),
+                    None => (self.db.update_task(&task.id, handed_over).await)
+                        .map(|changed| changed.and_then(Result::ok).map(|(_, after)| after))
+                        .map_err(TaskError::from),
+                };
+                match updated {
+                    Ok(Some(updated)) => task = updated,
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::error!(error = %e, "tracker: cannot note a task's hand-over")
+                    }
+                }
             }
         }
 

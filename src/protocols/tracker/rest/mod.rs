@@ -24,6 +24,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use super::db::{MemberRow, TaskRow};
+use super::tasks::TaskError;
 use super::{Tracker, ws};
 use crate::shared::http_refusals;
 use crate::store::StoreError;
@@ -128,6 +129,23 @@ impl ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         ApiError::store(e)
+    }
+}
+
+impl From<TaskError> for ApiError {
+    fn from(e: TaskError) -> Self {
+        match e {
+            TaskError::Store(e) => ApiError::store(e),
+            // A bridge of a fleet that cannot reach the fleet's record of the task: the
+            // change is not made, and the client may try again.
+            TaskError::Fleet(e) => {
+                tracing::warn!(error = %e, "tracker: a task change is refused");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("Service Unavailable: {e}"),
+                )
+            }
+        }
     }
 }
 

@@ -162,11 +162,11 @@ pub async fn update(
         .transpose()?;
     let changed = tracker
         .change_task(&id, None, None, move |task| {
-            if let Some(title) = title {
-                task.title = title;
+            if let Some(title) = &title {
+                task.title.clone_from(title);
             }
-            if let Some(description) = description {
-                task.description = description;
+            if let Some(description) = &description {
+                task.description.clone_from(description);
             }
             if let Some(status) = status {
                 task.status = status;
@@ -177,11 +177,11 @@ pub async fn update(
             if let Some(priority) = priority {
                 task.priority = priority;
             }
-            if let Some(assignee) = assignee {
-                task.assignee_slug = assignee;
+            if let Some(assignee) = &assignee {
+                task.assignee_slug.clone_from(assignee);
             }
-            if let Some(reviewer) = reviewer {
-                task.reviewer_slug = reviewer;
+            if let Some(reviewer) = &reviewer {
+                task.reviewer_slug.clone_from(reviewer);
             }
             Ok(())
         })
@@ -218,7 +218,7 @@ pub async fn take(
                 }
                 _ => {}
             }
-            task.assignee_slug = Some(slug);
+            task.assignee_slug = Some(slug.clone());
             Ok(())
         })
         .await?
@@ -280,7 +280,7 @@ pub async fn assign(
     let assignee = known_agent(&tracker, &body, "assignee_slug")?;
     let changed = tracker
         .change_task(&id, None, None, move |task| {
-            task.assignee_slug = assignee;
+            task.assignee_slug.clone_from(&assignee);
             Ok(())
         })
         .await?
@@ -313,7 +313,7 @@ async fn set_watch(tracker: &Tracker, id: &str, query: &Query, on: bool) -> ApiR
         .change_task(id, None, None, move |task| {
             task.watchers.retain(|w| *w != slug);
             if on {
-                task.watchers.push(slug);
+                task.watchers.push(slug.clone());
             }
             Ok(())
         })

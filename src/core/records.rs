@@ -1,0 +1,92 @@
+//! Records an endpoint keeps that every bridge of a fleet shares: a protocol's server state
+//! (a Tracker task, say) that a client must find the same whichever bridge it asks. A bridge
+//! alone keeps them in its own tables; in a fleet, each write goes first to a record the
+//! whole fleet shares (`federation`), conditional on the revision the writer read, so that
+//! of two bridges changing one record at once exactly one wins; every bridge then applies
+//! the record to its own tables, in revision order, and serves reads from them.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// A record's version in the fleet: it grows with every write to the record.
+pub type Revision = u64;
+
+pub type RecordFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, RecordError>> + Send + 'a>>;
+
+/// What a conditional write expects of the record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// It does not exist yet.
+    Absent,
+    /// It is still at this revision.
+    At(Revision),
+}
+
+#[derive(Debug)]
+pub enum RecordError {
+    /// Another write came first: read it again and retry.
+    Conflict,
+    /// The fleet's record could not be reached in time.
+    Unavailable(String),
+}
+
+impl std::fmt::Display for RecordError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecordError::Conflict => f.write_str("the record was changed by another write"),
+            RecordError::Unavailable(why) => {
+                write!(f, "the fleet's records are unavailable: {why}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RecordError {}
+
+/// A record as the fleet holds it.
+#[derive(Clone, Debug)]
+pub struct Record {
+    /// `None` once the record was removed (a removed record is not made again by a bridge
+    /// that has not applied the removal yet).
+    pub value: Option<bytes::Bytes>,
+    pub revision: Revision,
+}
+
+/// A change to a table, as it reaches every bridge (the writer's too).
+#[derive(Debug)]
+pub struct RecordChange {
+    pub key: String,
+    /// `None` when the record was removed.
+    pub value: Option<bytes::Bytes>,
+    pub revision: Revision,
+}
+
+/// Applies the changes of one table to the endpoint's own tables. Called in revision order
+/// for each record, and again for records already applied (on reconnection, at start):
+/// applying must be idempotent by revision.
+pub trait RecordSink: Send + Sync {
+    fn apply(&self, change: RecordChange) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
+pub trait SharedRecords: Send + Sync {
+    /// `table`'s record `key` as the fleet holds it now, or `Ok(None)` when there never was
+    /// one.
+    fn read<'a>(&'a self, table: &'a str, key: &'a str) -> RecordFuture<'a, Option<Record>>;
+
+    /// Writes `value` as `table`'s record `key` if it is still as `expected`; its new
+    /// revision.
+    fn write<'a>(
+        &'a self,
+        table: &'a str,
+        key: &'a str,
+        value: bytes::Bytes,
+        expected: Expect,
+    ) -> RecordFuture<'a, Revision>;
+
+    /// Removes `table`'s record `key`.
+    fn remove<'a>(&'a self, table: &'a str, key: &'a str) -> RecordFuture<'a, ()>;
+
+    /// Feeds `sink` every record of `table` as it is now, then every change, until the
+    /// bridge stops. `table` is letters, digits and '-'.
+    fn follow(&self, table: &'static str, sink: Arc<dyn RecordSink>);
+}

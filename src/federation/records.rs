@@ -1,0 +1,171 @@
+//! The records endpoints share, in one KV bucket of the fleet (`<prefix>_records`), keyed
+//! `<table>.<key>` (the key in URL-safe base64, which KV keys allow). A conditional write is
+//! a KV create (the key must not exist) or an update at the revision the writer read,
+//! which JetStream checks: of two bridges writing one record at once, one is refused and
+//! reads again. Each table is followed with a watch from its last values on, so a bridge
+//! that starts late or reconnects applies what it missed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::kv::{self, CreateErrorKind, Operation};
+use futures_util::StreamExt;
+
+use super::link::{NatsLink, lost_race};
+use crate::core::{
+    Expect, Record, RecordChange, RecordError, RecordFuture, RecordSink, Revision, SharedRecords,
+};
+
+/// How long a watch that failed waits before it starts again.
+const REWATCH_AFTER: Duration = Duration::from_millis(500);
+
+pub struct FleetRecords {
+    pub link: Arc<NatsLink>,
+    pub shutdown: tokio_util::sync::CancellationToken,
+}
+
+fn bucket_key(table: &str, key: &str) -> String {
+    format!("{table}.{}", super::wire::agent_key(key))
+}
+
+fn record_key(table: &str, bucket_key: &str) -> Option<String> {
+    use base64::Engine;
+    let encoded = bucket_key.strip_prefix(table)?.strip_prefix('.')?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(encoded)
+        .ok()?;
+    String::from_utf8(bytes).ok()
+}
+
+impl FleetRecords {
+    /// The records bucket, while NATS is reachable.
+    fn bucket(&self) -> Result<kv::Store, RecordError> {
+        match self.link.ready() {
+            Some(ready) => Ok(ready.records.clone()),
+            None => Err(RecordError::Unavailable("NATS is unreachable".into())),
+        }
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> RecordError {
+    RecordError::Unavailable(e.to_string())
+}
+
+impl SharedRecords for FleetRecords {
+    fn read<'a>(&'a self, table: &'a str, key: &'a str) -> RecordFuture<'a, Option<Record>> {
+        Box::pin(async move {
+            let entry = self
+                .bucket()?
+                .entry(bucket_key(table, key))
+                .await
+                .map_err(unavailable)?;
+            Ok(entry.map(|e| Record {
+                value: (e.operation == Operation::Put).then_some(e.value),
+                revision: e.revision,
+            }))
+        })
+    }
+
+    fn write<'a>(
+        &'a self,
+        table: &'a str,
+        key: &'a str,
+        value: bytes::Bytes,
+        expected: Expect,
+    ) -> RecordFuture<'a, Revision> {
+        Box::pin(async move {
+            let bucket = self.bucket()?;
+            let key = bucket_key(table, key);
+            match expected {
+                Expect::Absent => bucket
+                    .create(&key, value)
+                    .await
+                    .map_err(|e| match e.kind() {
+                        CreateErrorKind::AlreadyExists => RecordError::Conflict,
+                        _ => unavailable(e),
+                    }),
+                Expect::At(revision) => {
+                    (bucket.update(&key, value, revision).await).map_err(|e| match lost_race(&e) {
+                        true => RecordError::Conflict,
+                        false => unavailable(e),
+                    })
+                }
+            }
+        })
+    }
+
+    fn remove<'a>(&'a self, table: &'a str, key: &'a str) -> RecordFuture<'a, ()> {
+        Box::pin(async move {
+            (self.bucket()?.delete(bucket_key(table, key)).await).map_err(unavailable)
+        })
+    }
+
+    fn follow(&self, table: &'static str, sink: Arc<dyn RecordSink>) {
+        let (link, shutdown) = (self.link.clone(), self.shutdown.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = follow_once(&link, table, sink.as_ref()) => {}
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(REWATCH_AFTER) => {}
+                }
+            }
+        });
+    }
+}
+
+/// Watches `table` from its last values on, feeding `sink`, until the watch ends.
+async fn follow_once(link: &NatsLink, table: &str, sink: &dyn RecordSink) {
+    let Some(ready) = link.set_up() else {
+        return;
+    };
+    let mut watch = match ready.records.watch_with_history(format!("{table}.>")).await {
+        Ok(watch) => watch,
+        Err(e) => {
+            tracing::debug!(error = %e, table, "federation: cannot watch records yet");
+            return;
+        }
+    };
+    while let Some(entry) = watch.next().await {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => {
+                tracing::warn!(error = %e, table, "federation: watching records failed");
+                return;
+            }
+        };
+        let Some(key) = record_key(table, &entry.key) else {
+            continue;
+        };
+        let value = (entry.operation == Operation::Put).then_some(entry.value);
+        sink.apply(RecordChange {
+            key,
+            value,
+            revision: entry.revision,
+        })
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_go_into_the_bucket_and_back() {
+        let key = bucket_key("tracker-tasks", "a task/with: anything");
+        assert!(key.starts_with("tracker-tasks."));
+        assert!(
+            key.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        );
+        assert_eq!(
+            record_key("tracker-tasks", &key).as_deref(),
+            Some("a task/with: anything")
+        );
+        assert_eq!(record_key("other", &key), None);
+    }
+}

@@ -1,0 +1,206 @@
+//! Tracker tasks as records a fleet shares (`core::SharedRecords`): a task created, taken
+//! or changed through any bridge is one task, and `take` is atomic fleet-wide. A change
+//! reads the fleet's record, applies to it what the client asked, and writes it back at
+//! the revision it read: a second writer in between makes the write fail, and the change
+//! is made again on what that writer left (so the second taker is told who holds the
+//! task). Every bridge, the writer's too, applies each revision to its own tables, where
+//! reads are served from, and tells its own connections with the task events. A bridge
+//! alone keeps its tasks in its tables only.
+
+use std::sync::{Arc, Weak};
+
+use super::Tracker;
+use super::db::TaskRow;
+use super::tasks::{Refused, TaskError};
+use crate::core::{Expect, RecordChange, RecordError, RecordSink, Revision, SharedRecords};
+use crate::store::StoreError;
+
+/// The table of tasks in the fleet's records.
+pub const TASKS: &str = "tracker-tasks";
+
+/// Writes made again after another bridge's came first, before the change is refused as
+/// too contended (each one lost means another writer won, so the task moved on).
+const ATTEMPTS: usize = 32;
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Applies the fleet's task records to this bridge's tables.
+pub struct TaskSink(pub Weak<Tracker>);
+
+impl RecordSink for TaskSink {
+    fn apply(
+        &self,
+        change: RecordChange,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            let Some(tracker) = self.0.upgrade() else {
+                return;
+            };
+            let applied = match change.value {
+                Some(value) => match serde_json::from_slice::<TaskRow>(&value) {
+                    Ok(task) => tracker.apply_task(task, change.revision).await.map(drop),
+                    Err(e) => {
+                        tracing::warn!(error = %e, task = %change.key, "tracker: a shared task is not one");
+                        Ok(())
+                    }
+                },
+                None => tracker.forget_task(&change.key).await.map(drop),
+            };
+            if let Err(e) = applied {
+                tracing::error!(error = %e, task = %change.key, "tracker: cannot apply a shared task");
+            }
+        })
+    }
+}
+
+fn encode(task: &TaskRow) -> bytes::Bytes {
+    serde_json::to_vec(task)
+        .expect("a task row is plain data")
+        .into()
+}
+
+fn decode(value: &[u8]) -> Result<TaskRow, TaskError> {
+    serde_json::from_slice(value)
+        .map_err(|e| TaskError::Store(StoreError::Corrupt(format!("a shared task: {e}"))))
+}
+
+impl Tracker {
+    /// Follows the fleet's tasks, when there is a fleet.
+    pub fn follow_shared_tasks(self: &Arc<Self>) {
+        if let Some(records) = self.core.records() {
+            records.follow(TASKS, Arc::new(TaskSink(Arc::downgrade(self))));
+        }
+    }
+
+    /// Creates `task` in the fleet's records (refused with `Conflict` when a task with its
+    /// id exists), then here.
+    pub(super) async fn create_shared(
+        &self,
+        records: &dyn SharedRecords,
+        task: TaskRow,
+    ) -> Result<TaskRow, TaskError> {
+        let revision = records
+            .write(TASKS, &task.id, encode(&task), Expect::Absent)
+            .await?;
+        Ok(self.apply_task(task, revision).await?)
+    }
+
+    /// Applies `change` to the fleet's record of task `id`: (before, after), or why not.
+    pub(super) async fn change_shared<F>(
+        &self,
+        records: &dyn SharedRecords,
+        id: &str,
+        change: F,
+    ) -> Result<Result<(TaskRow, TaskRow), Refused>, TaskError>
+    where
+        F: Fn(&mut TaskRow) -> Result<(), String>,
+    {
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                // A replica may answer the read before it has the write that won.
+                tokio::time::sleep(RETRY_AFTER * attempt as u32).await;
+            }
+            let (before, expected) = match records.read(TASKS, id).await? {
+                Some(record) => match &record.value {
+                    Some(value) => (decode(value)?, Expect::At(record.revision)),
+                    None => return Ok(Err(Refused::Missing)),
+                },
+                // A task this bridge made before it was one of a fleet joins the fleet's
+                // records with its first change.
+                None => match self.db.task(id).await? {
+                    Some(local) => (local, Expect::Absent),
+                    None => return Ok(Err(Refused::Missing)),
+                },
+            };
+            let mut after = before.clone();
+            if let Err(reason) = change(&mut after) {
+                return Ok(Err(Refused::Conflict(reason)));
+            }
+            if after == before && expected != Expect::Absent {
+                let current = self.db.task(id).await?.unwrap_or(before);
+                return Ok(Ok((current.clone(), current)));
+            }
+            after.updated_at = crate::core::now_ms();
+            match records.write(TASKS, id, encode(&after), expected).await {
+                Ok(revision) => {
+                    let after = self.apply_task(after, revision).await?;
+                    let before = TaskRow {
+                        project_id: after.project_id.clone(),
+                        ..before
+                    };
+                    return Ok(Ok((before, after)));
+                }
+                Err(RecordError::Conflict) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(RecordError::Conflict.into())
+    }
+
+    /// Removes task `id` from the fleet's records, then here.
+    pub(super) async fn delete_shared(
+        &self,
+        records: &dyn SharedRecords,
+        id: &str,
+    ) -> Result<Option<TaskRow>, TaskError> {
+        let existing = match records.read(TASKS, id).await? {
+            Some(record) => match &record.value {
+                Some(value) => decode(value)?,
+                None => return Ok(None),
+            },
+            // Made here before the bridge was one of a fleet, if at all.
+            None => match self.db.task(id).await? {
+                Some(local) => local,
+                None => return Ok(None),
+            },
+        };
+        records.remove(TASKS, id).await?;
+        self.forget_task(id).await?;
+        Ok(Some(existing))
+    }
+
+    /// Makes this bridge's row of the task what the fleet's record at `revision` says,
+    /// unless it has applied that revision or a later one, and tells its connections what
+    /// changed. The row as it is here after.
+    async fn apply_task(
+        &self,
+        mut task: TaskRow,
+        revision: Revision,
+    ) -> Result<TaskRow, StoreError> {
+        // Projects are declared alike on every bridge, and known here by their slug.
+        let project = self
+            .chats
+            .projects
+            .load()
+            .iter()
+            .find(|p| p.slug == task.project_slug)
+            .cloned();
+        let Some(project) = project else {
+            return Err(StoreError::Corrupt(format!(
+                "task {} is in project '{}', which this bridge does not declare",
+                task.id, task.project_slug
+            )));
+        };
+        task.project_id = project.id;
+        let id = task.id.clone();
+        match self.db.apply_task(task, revision).await? {
+            Some((before, after)) => {
+                if before.is_none() {
+                    self.chats.index(&after);
+                }
+                self.announce_task(before.as_ref(), &after);
+                Ok(after)
+            }
+            None => (self.db.task(&id).await?)
+                .ok_or_else(|| StoreError::Corrupt(format!("task {id} vanished"))),
+        }
+    }
+
+    /// Removes task `id` here.
+    pub(super) async fn forget_task(&self, id: &str) -> Result<Option<TaskRow>, StoreError> {
+        let deleted = self.db.delete_task(id).await?;
+        if let Some(task) = &deleted {
+            self.chats.forget(task);
+        }
+        Ok(deleted)
+    }
+}
