@@ -239,6 +239,45 @@ fn task_from(row: &Row) -> Result<TaskRow, StoreError> {
     })
 }
 
+/// Inserts `task`'s row, written from the fleet's record at `revision` (0 for none), with
+/// `on_conflict` after the values.
+fn write_task(
+    conn: &Connection,
+    task: &TaskRow,
+    revision: i64,
+    on_conflict: &str,
+) -> Result<(), StoreError> {
+    conn.execute(
+        &format!(
+            "INSERT INTO tracker_tasks (id, project_id, title, description, status, type, priority,
+                assignee_slug, reviewer_slug, author_slug, external_id, requester, request_message_id,
+                delegation_message_id, created_at, updated_at, fleet_revision)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)
+             {on_conflict}"
+        ),
+        params![
+            task.id,
+            task.project_id,
+            task.title,
+            task.description,
+            task.status.as_str(),
+            task.task_type.as_str(),
+            task.priority.as_str(),
+            task.assignee_slug,
+            task.reviewer_slug,
+            task.author_slug,
+            task.external_id,
+            task.requester,
+            task.request_message_id,
+            task.delegation_message_id,
+            task.created_at,
+            task.updated_at,
+            revision
+        ],
+    )?;
+    Ok(())
+}
+
 /// Makes task `id`'s watchers `after`, from `before`.
 fn set_watchers(
     conn: &Connection,
@@ -492,30 +531,7 @@ impl Db {
     pub async fn insert_task(&self, task: TaskRow) -> Result<TaskRow, StoreError> {
         self.store
             .write(move |conn| {
-                conn.execute(
-                    "INSERT INTO tracker_tasks (id, project_id, title, description, status, type, priority,
-                        assignee_slug, reviewer_slug, author_slug, external_id, requester, request_message_id,
-                        delegation_message_id, created_at, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-                    params![
-                        task.id,
-                        task.project_id,
-                        task.title,
-                        task.description,
-                        task.status.as_str(),
-                        task.task_type.as_str(),
-                        task.priority.as_str(),
-                        task.assignee_slug,
-                        task.reviewer_slug,
-                        task.author_slug,
-                        task.external_id,
-                        task.requester,
-                        task.request_message_id,
-                        task.delegation_message_id,
-                        task.created_at,
-                        task.updated_at
-                    ],
-                )?;
+                write_task(conn, &task, 0, "")?;
                 get_task(conn, &task.id)?.ok_or_else(|| StoreError::Corrupt("task vanished".into()))
             })
             .await
@@ -592,36 +608,16 @@ impl Db {
                     return Ok(None);
                 }
                 let before = get_task(conn, &task.id)?;
-                conn.execute(
-                    "INSERT INTO tracker_tasks (id, project_id, title, description, status, type, priority,
-                        assignee_slug, reviewer_slug, author_slug, external_id, requester, request_message_id,
-                        delegation_message_id, created_at, updated_at, fleet_revision)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)
-                     ON CONFLICT (id) DO UPDATE SET title = excluded.title,
+                write_task(
+                    conn,
+                    &task,
+                    revision as i64,
+                    "ON CONFLICT (id) DO UPDATE SET title = excluded.title,
                         description = excluded.description, status = excluded.status,
                         type = excluded.type, priority = excluded.priority,
                         assignee_slug = excluded.assignee_slug, reviewer_slug = excluded.reviewer_slug,
                         delegation_message_id = excluded.delegation_message_id,
                         updated_at = excluded.updated_at, fleet_revision = excluded.fleet_revision",
-                    params![
-                        task.id,
-                        task.project_id,
-                        task.title,
-                        task.description,
-                        task.status.as_str(),
-                        task.task_type.as_str(),
-                        task.priority.as_str(),
-                        task.assignee_slug,
-                        task.reviewer_slug,
-                        task.author_slug,
-                        task.external_id,
-                        task.requester,
-                        task.request_message_id,
-                        task.delegation_message_id,
-                        task.created_at,
-                        task.updated_at,
-                        revision as i64
-                    ],
                 )?;
                 let watched = before.as_ref().map_or(&[][..], |b| &b.watchers[..]);
                 set_watchers(conn, &task.id, watched, &task.watchers)?;
