@@ -452,7 +452,11 @@ async fn one_nats_server_of_three_killed_traffic_goes_on() {
     let mut sender = fleet.nets[0].peer(Proto::Skynet).await;
     sender.chat(&receiver.name, "before", None).await;
     assert_eq!(receiver.next(What::Chat).await.text, "before");
-    // Sent at once: a message for the other bridge waits for the client to reconnect.
+    // Sent at once: a message for the other bridge waits for the client to reconnect, and
+    // for the stream's leader to be elected again, up to the publish timeout.
+    for peer in [&mut sender, &mut receiver] {
+        peer.wait_up_to(Duration::from_secs(30));
+    }
     cluster.kill(0);
     for n in 0..20 {
         sender

@@ -133,6 +133,11 @@ pub struct GridWs {
 }
 
 impl GridWs {
+    /// Lets each read wait up to `wait` (`TestSocket::wait_up_to`).
+    pub fn wait_up_to(&mut self, wait: std::time::Duration) {
+        self.socket.wait_up_to(wait);
+    }
+
     /// Connects as `agent` (identified by the query), asking for presence, and reads the
     /// welcome (`agents_present`).
     pub async fn connect(addr: SocketAddr, agent: &str, instance: Option<&str>) -> (Self, Value) {

@@ -248,6 +248,18 @@ fn parse_iso(text: &str) -> Option<i64> {
 }
 
 impl Peer {
+    /// Lets each read of this WebSocket peer wait up to `wait` (a test that rides out a
+    /// NATS failover, which may take longer than `WAIT`).
+    pub fn wait_up_to(&mut self, wait: std::time::Duration) {
+        match &mut self.conn {
+            Conn::Skynet { ws, .. } => ws.wait_up_to(wait),
+            Conn::Grid { ws } => ws.wait_up_to(wait),
+            Conn::Tracker { .. } | Conn::Synapse { .. } => {
+                panic!("wait_up_to is for the Skynet and Grid peers")
+            }
+        }
+    }
+
     /// Sends a chat to `to`, answering `reply_to` (an id as this peer saw it); returns the
     /// sent message's id as this peer knows it.
     pub async fn chat(&mut self, to: &str, text: &str, reply_to: Option<&str>) -> String {

@@ -99,6 +99,11 @@ pub struct SkynetWs {
 }
 
 impl SkynetWs {
+    /// Lets each read wait up to `wait` (`TestSocket::wait_up_to`).
+    pub fn wait_up_to(&mut self, wait: std::time::Duration) {
+        self.socket.wait_up_to(wait);
+    }
+
     pub async fn connect(addr: SocketAddr) -> Self {
         SkynetWs {
             socket: TestSocket::connect(&ws_url(addr, "/ws")).await,

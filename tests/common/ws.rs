@@ -12,6 +12,8 @@ use super::WAIT;
 
 pub struct TestSocket {
     stream: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    /// How long a read waits: `WAIT`, unless the test expects a slower bridge.
+    wait: std::time::Duration,
 }
 
 impl TestSocket {
@@ -19,7 +21,12 @@ impl TestSocket {
         let (stream, _) = tokio_tungstenite::connect_async(url)
             .await
             .expect("websocket connects");
-        TestSocket { stream }
+        TestSocket { stream, wait: WAIT }
+    }
+
+    /// Lets each read wait up to `wait` from now on (a test that rides out a failover).
+    pub fn wait_up_to(&mut self, wait: std::time::Duration) {
+        self.wait = wait;
     }
 
     /// Connects with a small kernel receive buffer, so that a client that stops reading
@@ -37,7 +44,7 @@ impl TestSocket {
         let (stream, _) = tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(tcp))
             .await
             .expect("websocket connects");
-        TestSocket { stream }
+        TestSocket { stream, wait: WAIT }
     }
 
     pub async fn send_text(&mut self, text: impl Into<String>) {
@@ -55,7 +62,7 @@ impl TestSocket {
     /// The next text frame; a close, an error or a silent wait fails the test.
     pub async fn next_text(&mut self) -> String {
         loop {
-            let frame = tokio::time::timeout(WAIT, self.stream.next())
+            let frame = tokio::time::timeout(self.wait, self.stream.next())
                 .await
                 .expect("a frame within the wait")
                 .expect("the socket is open")
@@ -71,7 +78,7 @@ impl TestSocket {
     /// Waits for the server to close the socket and returns the close frame.
     pub async fn closed(&mut self) -> Option<CloseFrame> {
         loop {
-            let frame = tokio::time::timeout(WAIT, self.stream.next())
+            let frame = tokio::time::timeout(self.wait, self.stream.next())
                 .await
                 .expect("the close within the wait");
             match frame {
