@@ -169,10 +169,10 @@ impl Tracker {
     /// The second half of posting: routes the stored message and tells a task's requester.
     pub async fn posted(&self, env: Envelope, post: Posted) -> MessageOut {
         self.core.route(env);
-        // Boxed: a task change's future, kilobytes, would size every posted message's,
-        // which the connection boxes and so copies whole.
+        // Boxed: telling the requester (kilobytes of future) would size every posted
+        // message's, which the connection boxes and so copies whole.
         if let Some((task_id, note)) = post.tell_requester
-            && let Err(e) = Box::pin(self.change_task(&task_id, Some(note), None, |_| Ok(()))).await
+            && let Err(e) = Box::pin(self.note_task(&task_id, note)).await
         {
             tracing::error!(error = %e, "tracker: cannot report a task comment");
         }

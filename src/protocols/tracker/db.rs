@@ -93,6 +93,12 @@ pub static MIGRATIONS: &[Migration] = &[
         version: 2,
         sql: "ALTER TABLE tracker_tasks ADD COLUMN fleet_revision INTEGER NOT NULL DEFAULT 0;",
     },
+    // Tasks the fleet removed: a write of one that arrives after its removal (a bridge's
+    // own, answered late) does not bring it back.
+    Migration {
+        version: 3,
+        sql: "CREATE TABLE tracker_removed_tasks (id TEXT PRIMARY KEY) WITHOUT ROWID;",
+    },
 ];
 
 #[derive(Clone, Debug, PartialEq)]
@@ -604,7 +610,15 @@ impl Db {
                         |r| r.get(0),
                     )
                     .optional()?;
-                if applied.is_some_and(|applied| applied >= revision as i64) {
+                let removed = conn
+                    .query_row(
+                        "SELECT 1 FROM tracker_removed_tasks WHERE id = ?1",
+                        [&task.id],
+                        |_| Ok(()),
+                    )
+                    .optional()?
+                    .is_some();
+                if removed || applied.is_some_and(|applied| applied >= revision as i64) {
                     return Ok(None);
                 }
                 let before = get_task(conn, &task.id)?;
@@ -624,6 +638,39 @@ impl Db {
                 let after = get_task(conn, &task.id)?
                     .ok_or_else(|| StoreError::Corrupt("task vanished".into()))?;
                 Ok(Some((before, after)))
+            })
+            .await
+    }
+
+    /// Deletes the task the fleet removed, for good: no later write of it is applied.
+    pub async fn remove_task(&self, id: &str) -> Result<Option<TaskRow>, StoreError> {
+        let id = id.to_owned();
+        self.store
+            .write(move |conn| {
+                let task = get_task(conn, &id)?;
+                conn.execute("DELETE FROM tracker_tasks WHERE id = ?1", [&id])?;
+                conn.execute(
+                    "INSERT OR IGNORE INTO tracker_removed_tasks (id) VALUES (?1)",
+                    [&id],
+                )?;
+                Ok(task)
+            })
+            .await
+    }
+
+    /// Whether the fleet removed task `id`.
+    pub async fn is_removed(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.store
+            .read(move |conn| {
+                Ok(conn
+                    .query_row(
+                        "SELECT 1 FROM tracker_removed_tasks WHERE id = ?1",
+                        [&id],
+                        |_| Ok(()),
+                    )
+                    .optional()?
+                    .is_some())
             })
             .await
     }

@@ -43,7 +43,7 @@ impl RecordSink for TaskSink {
                         Ok(())
                     }
                 },
-                None => tracker.forget_task(&change.key).await.map(drop),
+                None => tracker.remove_task(&change.key).await.map(drop),
             };
             if let Err(e) = applied {
                 tracing::error!(error = %e, task = %change.key, "tracker: cannot apply a shared task");
@@ -78,6 +78,10 @@ impl Tracker {
         records: &dyn SharedRecords,
         task: TaskRow,
     ) -> Result<TaskRow, TaskError> {
+        // A removed task is not made again (the same task from another protocol, late).
+        if self.db.is_removed(&task.id).await? {
+            return Err(RecordError::Conflict.into());
+        }
         let revision = records
             .write(TASKS, &task.id, encode(&task), Expect::Absent)
             .await?;
@@ -116,7 +120,10 @@ impl Tracker {
                 return Ok(Err(Refused::Conflict(reason)));
             }
             if after == before && expected != Expect::Absent {
-                let current = self.db.task(id).await?.unwrap_or(before);
+                // Answered with the record the decision was made on, which this bridge may
+                // not have applied yet.
+                let mut current = before;
+                self.localise(&mut current)?;
                 return Ok(Ok((current.clone(), current)));
             }
             after.updated_at = crate::core::now_ms();
@@ -154,35 +161,20 @@ impl Tracker {
             },
         };
         records.remove(TASKS, id).await?;
-        self.forget_task(id).await?;
+        self.remove_task(id).await?;
         Ok(Some(existing))
     }
 
     /// Makes this bridge's row of the task what the fleet's record at `revision` says,
-    /// unless it has applied that revision or a later one, and tells its connections what
-    /// changed. The row as it is here after.
+    /// unless it has applied that revision or a later one (or the task's removal), and
+    /// tells its connections what changed. The task as this revision has it.
     async fn apply_task(
         &self,
         mut task: TaskRow,
         revision: Revision,
     ) -> Result<TaskRow, StoreError> {
-        // Projects are declared alike on every bridge, and known here by their slug.
-        let project = self
-            .chats
-            .projects
-            .load()
-            .iter()
-            .find(|p| p.slug == task.project_slug)
-            .cloned();
-        let Some(project) = project else {
-            return Err(StoreError::Corrupt(format!(
-                "task {} is in project '{}', which this bridge does not declare",
-                task.id, task.project_slug
-            )));
-        };
-        task.project_id = project.id;
-        let id = task.id.clone();
-        match self.db.apply_task(task, revision).await? {
+        self.localise(&mut task)?;
+        match self.db.apply_task(task.clone(), revision).await? {
             Some((before, after)) => {
                 if before.is_none() {
                     self.chats.index(&after);
@@ -190,17 +182,32 @@ impl Tracker {
                 self.announce_task(before.as_ref(), &after);
                 Ok(after)
             }
-            None => (self.db.task(&id).await?)
-                .ok_or_else(|| StoreError::Corrupt(format!("task {id} vanished"))),
+            // Applied already (the watch came first), or overtaken since: what the writer
+            // is answered with is still its own write.
+            None => Ok(task),
         }
     }
 
-    /// Removes task `id` here.
-    pub(super) async fn forget_task(&self, id: &str) -> Result<Option<TaskRow>, StoreError> {
-        let deleted = self.db.delete_task(id).await?;
-        if let Some(task) = &deleted {
+    /// Puts `task` in this bridge's project of its slug: projects are declared alike on
+    /// every bridge, and ids made before they were derived from slugs differ.
+    fn localise(&self, task: &mut TaskRow) -> Result<(), StoreError> {
+        let projects = self.chats.projects.load();
+        let Some(project) = projects.iter().find(|p| p.slug == task.project_slug) else {
+            return Err(StoreError::Corrupt(format!(
+                "task {} is in project '{}', which this bridge does not declare",
+                task.id, task.project_slug
+            )));
+        };
+        task.project_id.clone_from(&project.id);
+        Ok(())
+    }
+
+    /// Removes task `id` here for good, as the fleet did.
+    async fn remove_task(&self, id: &str) -> Result<Option<TaskRow>, StoreError> {
+        let removed = self.db.remove_task(id).await?;
+        if let Some(task) = &removed {
             self.chats.forget(task);
         }
-        Ok(deleted)
+        Ok(removed)
     }
 }

@@ -88,6 +88,25 @@ impl Tracker {
         }
     }
 
+    /// Deletes task `id` from this bridge's tables (a bridge alone).
+    async fn forget_task(&self, id: &str) -> Result<Option<TaskRow>, StoreError> {
+        let deleted = self.db.delete_task(id).await?;
+        if let Some(task) = &deleted {
+            self.chats.forget(task);
+        }
+        Ok(deleted)
+    }
+
+    /// Tells task `id`'s requester `note` (a comment on the task), as a change would that
+    /// changes nothing; read from this bridge's tables, since nothing is written.
+    pub async fn note_task(&self, id: &str, note: String) -> Result<(), TaskError> {
+        if let Some(task) = self.db.task(id).await? {
+            self.follow_up(Some(&task), task.clone(), Some(note), None)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Tells this bridge's connections what became of a task: created (`before` is `None`),
     /// assigned, updated.
     pub(super) fn announce_task(&self, before: Option<&TaskRow>, after: &TaskRow) {
