@@ -284,6 +284,27 @@ fn write_task(
     Ok(())
 }
 
+/// Deletes task `id`'s row: the row it was, if any.
+fn delete_row(conn: &Connection, id: &str) -> Result<Option<TaskRow>, StoreError> {
+    let task = get_task(conn, id)?;
+    if task.is_some() {
+        conn.execute("DELETE FROM tracker_tasks WHERE id = ?1", [id])?;
+    }
+    Ok(task)
+}
+
+/// Whether the fleet removed task `id`.
+fn is_removed(conn: &Connection, id: &str) -> Result<bool, StoreError> {
+    let found = conn
+        .query_row(
+            "SELECT 1 FROM tracker_removed_tasks WHERE id = ?1",
+            [id],
+            |_| Ok(()),
+        )
+        .optional()?;
+    Ok(found.is_some())
+}
+
 /// Makes task `id`'s watchers `after`, from `before`.
 fn set_watchers(
     conn: &Connection,
@@ -610,15 +631,7 @@ impl Db {
                         |r| r.get(0),
                     )
                     .optional()?;
-                let removed = conn
-                    .query_row(
-                        "SELECT 1 FROM tracker_removed_tasks WHERE id = ?1",
-                        [&task.id],
-                        |_| Ok(()),
-                    )
-                    .optional()?
-                    .is_some();
-                if removed || applied.is_some_and(|applied| applied >= revision as i64) {
+                if is_removed(conn, &task.id)? || applied.is_some_and(|applied| applied >= revision as i64) {
                     return Ok(None);
                 }
                 let before = get_task(conn, &task.id)?;
@@ -647,8 +660,7 @@ impl Db {
         let id = id.to_owned();
         self.store
             .write(move |conn| {
-                let task = get_task(conn, &id)?;
-                conn.execute("DELETE FROM tracker_tasks WHERE id = ?1", [&id])?;
+                let task = delete_row(conn, &id)?;
                 conn.execute(
                     "INSERT OR IGNORE INTO tracker_removed_tasks (id) VALUES (?1)",
                     [&id],
@@ -661,31 +673,12 @@ impl Db {
     /// Whether the fleet removed task `id`.
     pub async fn is_removed(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_owned();
-        self.store
-            .read(move |conn| {
-                Ok(conn
-                    .query_row(
-                        "SELECT 1 FROM tracker_removed_tasks WHERE id = ?1",
-                        [&id],
-                        |_| Ok(()),
-                    )
-                    .optional()?
-                    .is_some())
-            })
-            .await
+        self.store.read(move |conn| is_removed(conn, &id)).await
     }
 
     pub async fn delete_task(&self, id: &str) -> Result<Option<TaskRow>, StoreError> {
         let id = id.to_owned();
-        self.store
-            .write(move |conn| {
-                let task = get_task(conn, &id)?;
-                if task.is_some() {
-                    conn.execute("DELETE FROM tracker_tasks WHERE id = ?1", [&id])?;
-                }
-                Ok(task)
-            })
-            .await
+        self.store.write(move |conn| delete_row(conn, &id)).await
     }
 
     pub async fn steps(&self, task_id: &str) -> Result<Vec<StepRow>, StoreError> {
