@@ -47,6 +47,11 @@ impl FleetRecords {
     }
 }
 
+/// An entry's value, or `None` for the marker a removal leaves.
+fn value_of(entry: kv::Entry) -> Option<bytes::Bytes> {
+    (entry.operation == Operation::Put).then_some(entry.value)
+}
+
 fn unavailable(e: impl std::fmt::Display) -> RecordError {
     RecordError::Unavailable(e.to_string())
 }
@@ -60,8 +65,8 @@ impl SharedRecords for FleetRecords {
                 .await
                 .map_err(unavailable)?;
             Ok(entry.map(|e| Record {
-                value: (e.operation == Operation::Put).then_some(e.value),
                 revision: e.revision,
+                value: value_of(e),
             }))
         })
     }
@@ -140,11 +145,10 @@ async fn follow_once(link: &NatsLink, table: &str, sink: &dyn RecordSink) {
         let Some(key) = record_key(table, &entry.key) else {
             continue;
         };
-        let value = (entry.operation == Operation::Put).then_some(entry.value);
         sink.apply(RecordChange {
             key,
-            value,
             revision: entry.revision,
+            value: value_of(entry),
         })
         .await;
     }

@@ -36,12 +36,9 @@ impl RecordSink for TaskSink {
                 return;
             };
             let applied = match change.value {
-                Some(value) => match serde_json::from_slice::<TaskRow>(&value) {
+                Some(value) => match decode(&value) {
                     Ok(task) => tracker.apply_task(task, change.revision).await.map(drop),
-                    Err(e) => {
-                        tracing::warn!(error = %e, task = %change.key, "tracker: a shared task is not one");
-                        Ok(())
-                    }
+                    Err(e) => Err(e),
                 },
                 None => tracker.remove_task(&change.key).await.map(drop),
             };
@@ -58,9 +55,8 @@ fn encode(task: &TaskRow) -> bytes::Bytes {
         .into()
 }
 
-fn decode(value: &[u8]) -> Result<TaskRow, TaskError> {
-    serde_json::from_slice(value)
-        .map_err(|e| TaskError::Store(StoreError::Corrupt(format!("a shared task: {e}"))))
+fn decode(value: &[u8]) -> Result<TaskRow, StoreError> {
+    serde_json::from_slice(value).map_err(|e| StoreError::Corrupt(format!("a shared task: {e}")))
 }
 
 impl Tracker {
@@ -103,17 +99,8 @@ impl Tracker {
                 // A replica may answer the read before it has the write that won.
                 tokio::time::sleep(RETRY_AFTER * attempt as u32).await;
             }
-            let (before, expected) = match records.read(TASKS, id).await? {
-                Some(record) => match &record.value {
-                    Some(value) => (decode(value)?, Expect::At(record.revision)),
-                    None => return Ok(Err(Refused::Missing)),
-                },
-                // A task this bridge made before it was one of a fleet joins the fleet's
-                // records with its first change.
-                None => match self.db.task(id).await? {
-                    Some(local) => (local, Expect::Absent),
-                    None => return Ok(Err(Refused::Missing)),
-                },
+            let Some((before, expected)) = self.current(records, id).await? else {
+                return Ok(Err(Refused::Missing));
             };
             let mut after = before.clone();
             if let Err(reason) = change(&mut after) {
@@ -130,10 +117,8 @@ impl Tracker {
             match records.write(TASKS, id, encode(&after), expected).await {
                 Ok(revision) => {
                     let after = self.apply_task(after, revision).await?;
-                    let before = TaskRow {
-                        project_id: after.project_id.clone(),
-                        ..before
-                    };
+                    let mut before = before;
+                    self.localise(&mut before)?;
                     return Ok(Ok((before, after)));
                 }
                 Err(RecordError::Conflict) => continue,
@@ -149,20 +134,29 @@ impl Tracker {
         records: &dyn SharedRecords,
         id: &str,
     ) -> Result<Option<TaskRow>, TaskError> {
-        let existing = match records.read(TASKS, id).await? {
-            Some(record) => match &record.value {
-                Some(value) => decode(value)?,
-                None => return Ok(None),
-            },
-            // Made here before the bridge was one of a fleet, if at all.
-            None => match self.db.task(id).await? {
-                Some(local) => local,
-                None => return Ok(None),
-            },
+        let Some((existing, _)) = self.current(records, id).await? else {
+            return Ok(None);
         };
         records.remove(TASKS, id).await?;
         self.remove_task(id).await?;
         Ok(Some(existing))
+    }
+
+    /// Task `id` as the fleet holds it, with what a write of it expects; `None` when there
+    /// is none or it was removed. A task this bridge made before it was one of a fleet is
+    /// taken from its table, and joins the fleet's records with its first write.
+    async fn current(
+        &self,
+        records: &dyn SharedRecords,
+        id: &str,
+    ) -> Result<Option<(TaskRow, Expect)>, TaskError> {
+        Ok(match records.read(TASKS, id).await? {
+            Some(record) => match &record.value {
+                Some(value) => Some((decode(value)?, Expect::At(record.revision))),
+                None => None,
+            },
+            None => self.db.task(id).await?.map(|local| (local, Expect::Absent)),
+        })
     }
 
     /// Makes this bridge's row of the task what the fleet's record at `revision` says,

@@ -61,24 +61,36 @@ impl Tracker {
     where
         F: Fn(&mut TaskRow) -> Result<(), String> + Send + Sync + 'static,
     {
-        let changed = match self.core.records() {
-            Some(records) => self.change_shared(records.as_ref(), id, change).await?,
-            None => match self.db.update_task(id, change).await? {
-                None => Err(Refused::Missing),
-                Some(Err(reason)) => Err(Refused::Conflict(reason)),
-                Some(Ok((before, after))) => {
-                    self.announce_task(Some(&before), &after);
-                    Ok((before, after))
-                }
-            },
-        };
-        let (before, after) = match changed {
+        let (before, after) = match self.change_row(id, change).await? {
             Ok(pair) => pair,
             Err(refused) => return Ok(Err(refused)),
         };
         Ok(Ok(self
             .follow_up(Some(&before), after, note, source)
             .await?))
+    }
+
+    /// Applies `change` to the task's row — the fleet's record in a fleet, this bridge's
+    /// table otherwise — and tells this bridge's connections: (before, after), or why not.
+    async fn change_row<F>(
+        &self,
+        id: &str,
+        change: F,
+    ) -> Result<Result<(TaskRow, TaskRow), Refused>, TaskError>
+    where
+        F: Fn(&mut TaskRow) -> Result<(), String> + Send + Sync + 'static,
+    {
+        if let Some(records) = self.core.records() {
+            return self.change_shared(records.as_ref(), id, change).await;
+        }
+        Ok(match self.db.update_task(id, change).await? {
+            None => Err(Refused::Missing),
+            Some(Err(reason)) => Err(Refused::Conflict(reason)),
+            Some(Ok((before, after))) => {
+                self.announce_task(Some(&before), &after);
+                Ok((before, after))
+            }
+        })
     }
 
     pub async fn delete_task(&self, id: &str) -> Result<Option<TaskRow>, TaskError> {
@@ -159,17 +171,9 @@ impl Tracker {
                     t.delegation_message_id = Some(message_id.clone());
                     Ok(())
                 };
-                let updated = match self.core.records() {
-                    Some(records) => (self.change_shared(records.as_ref(), &task.id, handed_over))
-                        .await
-                        .map(|changed| changed.ok().map(|(_, after)| after)),
-                    None => (self.db.update_task(&task.id, handed_over).await)
-                        .map(|changed| changed.and_then(Result::ok).map(|(_, after)| after))
-                        .map_err(TaskError::from),
-                };
-                match updated {
-                    Ok(Some(updated)) => task = updated,
-                    Ok(None) => {}
+                match self.change_row(&task.id, handed_over).await {
+                    Ok(Ok((_, updated))) => task = updated,
+                    Ok(Err(_)) => {}
                     Err(e) => {
                         tracing::error!(error = %e, "tracker: cannot note a task's hand-over")
                     }
