@@ -151,6 +151,8 @@ pub enum Receiver {
         /// The request half, kept open for the stream's life.
         _request: mpsc::Sender<SynapseMessage>,
     },
+    /// A baseline's own transport (JetStream's pull consumer).
+    Frames(futures_util::stream::BoxStream<'static, Bytes>),
 }
 
 impl Receiver {
@@ -169,6 +171,7 @@ impl Receiver {
                 let msg = stream.next().await?.ok()?;
                 Some(msg.payload.map(|p| p.value).unwrap_or_default().into())
             }
+            Receiver::Frames(frames) => frames.next().await,
         }
     }
 }
@@ -182,6 +185,30 @@ pub struct Sender {
 enum SenderSink {
     Ws(SplitSink<Ws, Message>),
     Synapse(mpsc::Sender<SynapseMessage>),
+    Other(Box<dyn FrameSink>),
+}
+
+/// A baseline's own transport for a sender's frames (JetStream's publish).
+pub trait FrameSink: Send {
+    /// Sends message `seq`'s frame; done when the transport has taken it.
+    fn send(
+        &mut self,
+        seq: u64,
+        frame: String,
+    ) -> futures_util::future::BoxFuture<'_, Result<(), Error>>;
+}
+
+impl Sender {
+    /// A sender of `frame(seq, text)` over `sink`.
+    pub fn over(
+        sink: impl FrameSink + 'static,
+        mut frame: impl FnMut(u64, &str) -> String + Send + 'static,
+    ) -> Sender {
+        Sender {
+            sink: SenderSink::Other(Box::new(sink)),
+            frame: Box::new(move |seq, text| Outgoing::Text(frame(seq, text))),
+        }
+    }
 }
 
 /// Builds message `seq`'s frame around its marker text.
@@ -202,6 +229,7 @@ impl Sender {
             (SenderSink::Synapse(tx), Outgoing::Synapse(msg)) => {
                 tx.send(*msg).await.map_err(|_| "stream closed".to_owned())
             }
+            (SenderSink::Other(sink), Outgoing::Text(frame)) => sink.send(seq, frame).await,
             _ => Err("a sender built for another transport".into()),
         }
     }
@@ -211,6 +239,14 @@ impl Sender {
 /// server never blocks writing to it.
 fn drain<S: futures_util::Stream + Send + Unpin + 'static>(mut stream: S) {
     tokio::spawn(async move { while stream.next().await.is_some() {} });
+}
+
+/// A Skynet `send` frame of chat `text`, as a Skynet agent sends it (the baselines' frames).
+pub fn skynet_frame(client_ids: bool, text: &str) -> String {
+    let id = skynet_id_field(client_ids);
+    format!(
+        r#"{{"action":"send","data":{{{id}"type":"chat","payload":{{"text":"{text}"}},"mentions":["00000000-0000-0000-0000-000000000000"]}}}}"#
+    )
 }
 
 /// One sender → receiver pair's addresses as the sender's protocol names the receiver.

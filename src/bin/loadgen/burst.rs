@@ -64,7 +64,7 @@ pub struct Burst {
 }
 
 pub async fn run(burst: &Burst) -> Result<BurstReport, Error> {
-    let server = Server::start(false, true, burst.capacity, &burst.when_full).await?;
+    let server = Server::start(false, true, burst.capacity, &burst.when_full, "").await?;
     let run_id = &uuid::Uuid::new_v4().simple().to_string()[..6];
     let (sender_name, receiver_name) = (format!("b{run_id}-s"), format!("b{run_id}-r"));
     agents::set_receive_buffer(4096);

@@ -30,7 +30,7 @@ pub async fn measure(
     connections: usize,
     progress: &ProgressBar,
 ) -> Result<IdleReport, Error> {
-    let server = Server::start(false, true, 1024, "replay").await?;
+    let server = Server::start(false, true, 1024, "replay", "").await?;
     let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
     let names: Vec<String> = (0..WARM + connections.max(1))
         .map(|i| format!("idle{run}-{i}"))

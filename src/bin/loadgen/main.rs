@@ -3,13 +3,16 @@
 //! URL, and the same load through baselines — `raw-relay` (a forwarder that does nothing
 //! but relay frames) and NATS's WebSocket listener when `nats-server` is installed — or
 //! through any other Skynet server. It reports msgs/s, latency percentiles, losses and the
-//! server's peak RSS as a table and as JSON. `loadgen idle` measures memory per idle
+//! server's peak RSS as a table and as JSON. A path may also cross a fleet of two bridges
+//! (`skynet@a:tracker@b`) federated over a NATS cluster loadgen starts, beside the same load
+//! through JetStream alone (`--baseline jetstream`). `loadgen idle` measures memory per idle
 //! connection. See BENCHMARKS.md.
 
 mod agents;
 mod burst;
 mod cpu;
 mod idle;
+mod jetstream;
 mod marker;
 mod nats;
 mod relay;
@@ -55,9 +58,11 @@ enum Command {
 
 #[derive(Args)]
 struct RunArgs {
-    /// `sender:receiver` protocols, e.g. `skynet:tracker`; repeat for several paths.
-    #[arg(long = "path", value_parser = parse_path, default_value = "skynet:skynet")]
-    paths: Vec<(Proto, Proto)>,
+    /// `sender:receiver` protocols, e.g. `skynet:tracker`; repeat for several paths. With
+    /// `@a`/`@b` on both ends (`skynet@a:tracker@b`) the path runs on a fleet of two
+    /// federated bridges, a and b, over a NATS cluster loadgen starts.
+    #[arg(long = "path", value_parser = parse_route, default_value = "skynet:skynet")]
+    paths: Vec<Route>,
     /// Every path instead: skynet→skynet (the yardstick) and each ordered pair of two
     /// different protocols.
     #[arg(long)]
@@ -86,7 +91,8 @@ struct RunArgs {
     /// cannot choose ids.)
     #[arg(long)]
     client_ids: bool,
-    /// Baselines to run the same load through: `raw-relay`, `nats`, or `none`.
+    /// Baselines to run the same load through: `raw-relay`, `nats` (its WebSocket
+    /// listener), `jetstream` (a file-backed stream on the run's NATS cluster), or `none`.
     #[arg(long = "baseline", default_values_t = vec!["raw-relay".to_owned()])]
     baselines: Vec<String>,
     /// Also run skynet→skynet against this Skynet server (`http://host:port`); repeatable.
@@ -113,9 +119,49 @@ struct RunArgs {
     /// Keep the started bridge's store in memory instead of on disk.
     #[arg(long)]
     memory: bool,
+    /// NATS servers in the cluster loadgen starts for fleet paths and the JetStream
+    /// baseline; the fleet's stream and buckets have one replica per server, up to three.
+    #[arg(long, default_value_t = 1)]
+    nats_servers: usize,
+    /// Then runs every path again at half the rate it reached, with its yardstick at the
+    /// same offered rate (skynet→skynet on one bridge; JetStream for a fleet's path), and
+    /// compares their p99s.
+    #[arg(long)]
+    half_load: bool,
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+/// One path of the load: the sender's and the receiver's protocols, and on a fleet, the
+/// bridge each is on.
+#[derive(Clone, Copy, Debug)]
+struct Route {
+    from: Proto,
+    to: Proto,
+    fleet: Option<(Side, Side)>,
+}
+
+/// A bridge of the two-bridge fleet a path may run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    A,
+    B,
+}
+
+impl Route {
+    fn label(&self) -> String {
+        let end = |proto: Proto, side: Option<Side>| match side {
+            None => proto.name().to_owned(),
+            Some(Side::A) => format!("{}@a", proto.name()),
+            Some(Side::B) => format!("{}@b", proto.name()),
+        };
+        format!(
+            "{}→{}",
+            end(self.from, self.fleet.map(|f| f.0)),
+            end(self.to, self.fleet.map(|f| f.1))
+        )
+    }
 }
 
 #[derive(Args)]
@@ -162,6 +208,29 @@ fn parse_path(text: &str) -> Result<(Proto, Proto), String> {
         .ok_or("expected sender:receiver, e.g. skynet:tracker")?;
     let proto = |s: &str| <Proto as clap::ValueEnum>::from_str(s, true);
     Ok((proto(a)?, proto(b)?))
+}
+
+/// `skynet:tracker`, or on a fleet `skynet@a:tracker@b`.
+fn parse_route(text: &str) -> Result<Route, String> {
+    let (a, b) = text
+        .split_once(':')
+        .ok_or("expected sender:receiver, e.g. skynet:tracker or skynet@a:tracker@b")?;
+    let end = |s: &str| -> Result<(Proto, Option<Side>), String> {
+        let (proto, side) = match s.split_once('@') {
+            None => (s, None),
+            Some((proto, "a")) => (proto, Some(Side::A)),
+            Some((proto, "b")) => (proto, Some(Side::B)),
+            Some((_, other)) => return Err(format!("no bridge {other:?} in the fleet (a, b)")),
+        };
+        Ok((<Proto as clap::ValueEnum>::from_str(proto, true)?, side))
+    };
+    let ((from, from_side), (to, to_side)) = (end(a)?, end(b)?);
+    let fleet = match (from_side, to_side) {
+        (None, None) => None,
+        (Some(f), Some(t)) => Some((f, t)),
+        _ => return Err("name the bridge at both ends (skynet@a:tracker@b) or at neither".into()),
+    };
+    Ok(Route { from, to, fleet })
 }
 
 fn parse_endpoint(text: &str) -> Result<(Proto, String), String> {
@@ -217,35 +286,75 @@ async fn run_all(args: RunArgs) -> Result<(), Error> {
         payload: args.payload,
         client_ids: args.client_ids,
     };
-    let mut rows = Vec::new();
-
-    for baseline in &args.baselines {
-        match baseline.as_str() {
-            "raw-relay" => rows.push(raw_relay(&args, &load).await?),
-            "nats" if nats::installed() => rows.push(nats_run(&args, &load).await?),
-            "nats" => {
-                eprintln!("loadgen: nats-server is not installed; skipping the NATS baseline")
-            }
-            "none" => {}
-            other => {
-                return Err(format!(
-                    "unknown baseline {other:?} (raw-relay, nats, none)"
-                ));
-            }
-        }
-    }
     let paths = if args.all_paths {
         let all = <Proto as clap::ValueEnum>::value_variants();
-        let mut paths = vec![(Proto::Skynet, Proto::Skynet)];
+        let route = |from, to| Route {
+            from,
+            to,
+            fleet: None,
+        };
+        let mut paths = vec![route(Proto::Skynet, Proto::Skynet)];
         for &from in all {
-            paths.extend(all.iter().filter(|&&to| to != from).map(|&to| (from, to)));
+            paths.extend(
+                all.iter()
+                    .filter(|&&to| to != from)
+                    .map(|&to| route(from, to)),
+            );
         }
         paths
     } else {
         args.paths.clone()
     };
-    for &(from, to) in &paths {
-        rows.push(bridge_run(&args, &load, from, to).await?);
+    let needs_nats =
+        args.baselines.iter().any(|b| b == "jetstream") || paths.iter().any(|r| r.fleet.is_some());
+    let cluster = match needs_nats {
+        true => Some(nats::start(args.nats_servers).await?),
+        false => None,
+    };
+    let mut rows = Vec::new();
+
+    for baseline in &args.baselines {
+        match baseline.as_str() {
+            "raw-relay" => rows.push(raw_relay(&args, &load).await?),
+            "nats" if nats::binary().is_some() => {
+                rows.push(nats_run(&args, &load, cluster.as_ref()).await?)
+            }
+            "nats" => eprintln!("loadgen: {}; skipping the NATS baseline", nats::MISSING),
+            "jetstream" => {
+                let cluster = cluster.as_ref().ok_or(nats::MISSING)?;
+                rows.push(jetstream_run(&args, &load, cluster).await?)
+            }
+            "none" => {}
+            other => {
+                return Err(format!(
+                    "unknown baseline {other:?} (raw-relay, nats, jetstream, none)"
+                ));
+            }
+        }
+    }
+    let mut reached = Vec::new();
+    for &route in &paths {
+        let row = bridge_run(&args, &load, route, cluster.as_ref()).await?;
+        reached.push((route, row.msgs_per_sec));
+        rows.push(row);
+    }
+    if args.half_load {
+        for (route, rate) in reached {
+            let half = Load {
+                rate: Some((rate / 2.0).max(1.0)),
+                ..load.clone()
+            };
+            rows.push(bridge_run(&args, &half, route, cluster.as_ref()).await?);
+            let yardstick = match route.fleet {
+                Some(_) => {
+                    let cluster = cluster.as_ref().ok_or(nats::MISSING)?;
+                    jetstream_run(&args, &half, cluster).await?
+                }
+                None if (route.from, route.to) == (Proto::Skynet, Proto::Skynet) => continue,
+                None => bridge_run(&args, &half, SKYNET_SKYNET, None).await?,
+            };
+            rows.push(yardstick);
+        }
     }
     for url in &args.skynet_servers {
         let endpoints = Endpoints {
@@ -280,26 +389,69 @@ async fn run_all(args: RunArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// The load over `from`→`to` through agentbridge.
-async fn bridge_run(args: &RunArgs, load: &Load, from: Proto, to: Proto) -> Result<Row, Error> {
-    let path = format!("{}→{}", from.name(), to.name());
+const SKYNET_SKYNET: Route = Route {
+    from: Proto::Skynet,
+    to: Proto::Skynet,
+    fleet: None,
+};
+
+/// The load over `route` through agentbridge: a bridge it starts, the bridges `--bridge`
+/// names, or a fleet of two it starts on `cluster`.
+async fn bridge_run(
+    args: &RunArgs,
+    load: &Load,
+    route: Route,
+    cluster: Option<&nats::Cluster>,
+) -> Result<Row, Error> {
+    let path = route.label();
     let bar = spinner(&format!("agentbridge {path}"));
-    let (endpoints, server) = if args.bridge.is_empty() {
-        // Every window of every pair fits in a mailbox: losses are the bridge's, not the
-        // policy's.
-        let capacity = (args.window * 2).max(1024);
-        let server = Server::start(args.in_process, !args.memory, capacity, "drop_newest").await?;
-        (server.endpoints.clone(), Some(server))
-    } else {
-        (endpoints_of(&args.bridge, args), None)
+    // Every window of every pair fits in a mailbox: losses are the bridge's, not the
+    // policy's.
+    let capacity = (args.window * 2).max(1024);
+    let start = |federation: String| async move {
+        Server::start(
+            args.in_process,
+            !args.memory,
+            capacity,
+            "drop_newest",
+            &federation,
+        )
+        .await
     };
-    let receiving = if args.receiver_bridge.is_empty() {
-        endpoints.clone()
-    } else {
-        endpoints_of(&args.receiver_bridge, args)
+    let mut servers = Vec::new();
+    let (sending, receiving) = match route.fleet {
+        Some((from, to)) => {
+            let cluster = cluster.ok_or(nats::MISSING)?;
+            // A fleet of its own for each row: nothing a row before left in the stream
+            // delays this one.
+            let prefix = format!("lg{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+            for id in ["a", "b"] {
+                let nats = cluster.toml_list();
+                let section = server::federation_section(&nats, cluster.replicas(), &prefix, id);
+                servers.push(start(section).await?);
+            }
+            let on = |side: Side| servers[side as usize].endpoints.clone();
+            (on(from), on(to))
+        }
+        None if args.bridge.is_empty() => {
+            servers.push(start(String::new()).await?);
+            (servers[0].endpoints.clone(), servers[0].endpoints.clone())
+        }
+        None => {
+            let sending = endpoints_of(&args.bridge, args);
+            let receiving = match args.receiver_bridge.is_empty() {
+                true => sending.clone(),
+                false => endpoints_of(&args.receiver_bridge, args),
+            };
+            (sending, receiving)
+        }
     };
-    let pairs = connect(&endpoints, &receiving, from, to, args.pairs, load).await?;
-    let pid = server.as_ref().map(|s| s.pid).or(args.bridge_pid);
+    let pairs = connect(&sending, &receiving, route.from, route.to, args.pairs, load).await?;
+    // The sending bridge's CPU and memory.
+    let pid = match route.fleet {
+        Some((from, _)) => Some(servers[from as usize].pid),
+        None => servers.first().map(|s| s.pid).or(args.bridge_pid),
+    };
     // In process, the bridge's CPU time is the load generator's too: neither is told apart.
     let (outcome, measured) =
         run_measured(pairs, load, &bar, pid.filter(|_| !args.in_process)).await;
@@ -307,7 +459,7 @@ async fn bridge_run(args: &RunArgs, load: &Load, from: Proto, to: Proto) -> Resu
     let mut row = Row::new("agentbridge", &path, args.pairs, load, &outcome);
     row.peak_rss_kib = pid.and_then(server::rss_kib).map(|(_, peak)| peak);
     row.set_cpu(measured);
-    if let Some(server) = server {
+    for server in servers {
         server.stop().await;
     }
     Ok(row)
@@ -387,13 +539,11 @@ async fn raw_relay(args: &RunArgs, load: &Load) -> Result<Row, Error> {
     for i in 0..args.pairs {
         let receiver = agents::plain::receiver(&format!("ws://{addr}/?me=r{i}")).await?;
         let client_ids = load.client_ids;
-        let sender = agents::plain::sender(&format!("ws://{addr}/?me=s{i}&to=r{i}"), move |_, text| {
-            let id = agents::skynet_id_field(client_ids);
-            format!(
-                r#"{{"action":"send","data":{{{id}"type":"chat","payload":{{"text":"{text}"}},"mentions":["00000000-0000-0000-0000-000000000000"]}}}}"#
-            )
-        })
-        .await?;
+        let sender =
+            agents::plain::sender(&format!("ws://{addr}/?me=s{i}&to=r{i}"), move |_, text| {
+                agents::skynet_frame(client_ids, text)
+            })
+            .await?;
         pairs.push((sender, receiver));
     }
     let (outcome, measured) = run_measured(pairs, load, &bar, None).await;
@@ -403,10 +553,19 @@ async fn raw_relay(args: &RunArgs, load: &Load) -> Result<Row, Error> {
     Ok(row)
 }
 
-/// The same load through NATS's WebSocket listener.
-async fn nats_run(args: &RunArgs, load: &Load) -> Result<Row, Error> {
+/// The same load through NATS's WebSocket listener: the run's cluster's, or a server of
+/// its own.
+async fn nats_run(
+    args: &RunArgs,
+    load: &Load,
+    cluster: Option<&nats::Cluster>,
+) -> Result<Row, Error> {
     let bar = spinner("nats");
-    let server = nats::start().await?;
+    let own = match cluster {
+        Some(_) => None,
+        None => Some(nats::start(1).await?),
+    };
+    let server = cluster.or(own.as_ref()).ok_or(nats::MISSING)?;
     let mut pairs = Vec::new();
     for i in 0..args.pairs {
         let receiver = nats::receiver(&server.ws_url, &format!("r{i}")).await?;
@@ -418,6 +577,27 @@ async fn nats_run(args: &RunArgs, load: &Load) -> Result<Row, Error> {
     let mut row = Row::new("nats", "ws→ws", args.pairs, load, &outcome);
     row.peak_rss_kib = server::rss_kib(server.pid()).map(|(_, peak)| peak);
     row.set_cpu(measured);
+    Ok(row)
+}
+
+/// The same load through a file-backed JetStream stream on `cluster`.
+async fn jetstream_run(args: &RunArgs, load: &Load, cluster: &nats::Cluster) -> Result<Row, Error> {
+    let bar = spinner("jetstream");
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let baseline = jetstream::Baseline::set_up(cluster, run).await?;
+    let mut pairs = Vec::new();
+    for i in 0..args.pairs {
+        let receiver = baseline.receiver(&format!("r{i}")).await?;
+        pairs.push((baseline.sender(&format!("r{i}"), load.client_ids), receiver));
+    }
+    // The first server's CPU and memory (of a cluster of three, one server's share).
+    let (outcome, measured) = run_measured(pairs, load, &bar, Some(cluster.pid())).await;
+    bar.finish_and_clear();
+    let path = format!("stream, {} replica(s)", cluster.replicas());
+    let mut row = Row::new("jetstream", &path, args.pairs, load, &outcome);
+    row.peak_rss_kib = server::rss_kib(cluster.pid()).map(|(_, peak)| peak);
+    row.set_cpu(measured);
+    baseline.remove().await;
     Ok(row)
 }
 

@@ -7,9 +7,10 @@ use super::run::Outcome;
 
 #[derive(Debug, Serialize)]
 pub struct Row {
-    /// What carried the load: `agentbridge`, `raw-relay`, `nats`, or a Skynet server URL.
+    /// What carried the load: `agentbridge`, `raw-relay`, `nats`, `jetstream`, or a Skynet
+    /// server URL.
     pub target: String,
-    /// `sender→receiver` protocols.
+    /// `sender→receiver` protocols (`skynet@a→tracker@b` on a fleet of two bridges).
     pub path: String,
     pub pairs: usize,
     pub window: usize,
@@ -41,8 +42,14 @@ pub struct Row {
     pub vs_raw_relay: Option<f64>,
     /// p99 as a multiple of the raw-relay baseline's in the same run.
     pub p99_vs_raw_relay: Option<f64>,
-    /// msg/s against agentbridge's skynet→skynet row of the same run.
+    /// msg/s against agentbridge's skynet→skynet row of the same run (a fleet's path
+    /// against the fleet's `skynet@a→skynet@a`), both at full rate.
     pub vs_skynet: Option<f64>,
+    /// A fleet's path: msg/s against the JetStream baseline's, both at full rate.
+    pub vs_jetstream: Option<f64>,
+    /// At an offered rate: p99 as a multiple of its yardstick's at the same offered rate
+    /// (skynet→skynet on one bridge; JetStream for a fleet's path).
+    pub p99_vs_yardstick: Option<f64>,
 }
 
 impl Row {
@@ -78,6 +85,8 @@ impl Row {
             vs_raw_relay: None,
             p99_vs_raw_relay: None,
             vs_skynet: None,
+            vs_jetstream: None,
+            p99_vs_yardstick: None,
         }
     }
 
@@ -90,15 +99,51 @@ impl Row {
     }
 }
 
-/// Fills in each row's ratios to the raw-relay row, when there is one.
+/// Fills in each row's ratios: to the skynet→skynet row of its kind, to the JetStream
+/// baseline, to its yardstick at the same offered rate, and to the raw-relay row.
 pub fn compare(rows: &mut [Row]) {
-    let skynet = (rows.iter())
-        .find(|r| r.target == "agentbridge" && r.path == "skynet→skynet")
-        .map(|r| r.msgs_per_sec);
-    if let Some(rate) = skynet {
-        for row in rows.iter_mut().filter(|r| r.target == "agentbridge") {
-            row.vs_skynet = Some(row.msgs_per_sec / rate.max(1e-9));
+    let full_rate = |target: &str, path: Option<&str>| {
+        (rows.iter())
+            .find(|r| {
+                r.offered_rate.is_none() && r.target == target && path.is_none_or(|p| r.path == p)
+            })
+            .map(|r| r.msgs_per_sec)
+    };
+    let skynet = full_rate("agentbridge", Some("skynet→skynet"));
+    let fleet_skynet = full_rate("agentbridge", Some("skynet@a→skynet@a"));
+    let jetstream = full_rate("jetstream", None);
+    let yardstick_p99 = |row: &Row| {
+        let fleet = row.path.contains('@');
+        (rows.iter())
+            .find(|r| {
+                r.offered_rate == row.offered_rate
+                    && match fleet {
+                        true => r.target == "jetstream",
+                        false => r.target == "agentbridge" && r.path == "skynet→skynet",
+                    }
+            })
+            .map(|r| r.p99_us)
+    };
+    let yardsticks: Vec<Option<u64>> = (rows.iter())
+        .map(|r| match (r.target.as_str(), r.offered_rate) {
+            ("agentbridge", Some(_)) => yardstick_p99(r),
+            _ => None,
+        })
+        .collect();
+    let ratio = |a: f64, b: f64| a / b.max(1e-9);
+    for (row, yardstick) in rows.iter_mut().zip(yardsticks) {
+        if row.target != "agentbridge" {
+            continue;
         }
+        let fleet = row.path.contains('@');
+        if row.offered_rate.is_none() {
+            let same_kind = if fleet { fleet_skynet } else { skynet };
+            row.vs_skynet = same_kind.map(|rate| ratio(row.msgs_per_sec, rate));
+            row.vs_jetstream = jetstream
+                .filter(|_| fleet)
+                .map(|rate| ratio(row.msgs_per_sec, rate));
+        }
+        row.p99_vs_yardstick = yardstick.map(|p99| ratio(row.p99_us as f64, p99.max(1) as f64));
     }
     let Some((rate, p99)) = rows
         .iter()
@@ -134,6 +179,8 @@ pub fn table(rows: &[Row]) -> String {
         "vs raw",
         "p99 vs raw",
         "vs skynet→skynet",
+        "vs jetstream",
+        "p99 vs yardstick",
     ];
     let cells: Vec<Vec<String>> = rows
         .iter()
@@ -167,6 +214,10 @@ pub fn table(rows: &[Row]) -> String {
                     .map_or("-".into(), |x| format!("{x:.2}×")),
                 r.vs_skynet
                     .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
+                r.vs_jetstream
+                    .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
+                r.p99_vs_yardstick
+                    .map_or("-".into(), |x| format!("{x:.2}×")),
             ]
         })
         .collect();

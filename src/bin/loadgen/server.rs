@@ -15,8 +15,14 @@ use super::agents::{Endpoints, Error};
 /// The Tracker member token the load uses to create its members.
 pub const TRACKER_ADMIN_TOKEN: &str = "tb-loadgen-admin";
 
-/// A configuration with every endpoint on a loopback port the OS picks.
-pub fn config_text(data_dir: &str, mailbox_capacity: usize, when_full: &str) -> String {
+/// A configuration with every endpoint on a loopback port the OS picks, and `extra`
+/// sections (a `[federation]`) after them.
+pub fn config_text(
+    data_dir: &str,
+    mailbox_capacity: usize,
+    when_full: &str,
+    extra: &str,
+) -> String {
     format!(
         r#"[bridge]
 data_dir = {data_dir:?}
@@ -47,7 +53,16 @@ listen = "127.0.0.1:0"
 
 [grid]
 listen = "127.0.0.1:0"
-"#
+
+{extra}"#
+    )
+}
+
+/// The `[federation]` section of bridge `bridge_id` in the fleet `prefix` on `nats` (a TOML
+/// list).
+pub fn federation_section(nats: &str, replicas: usize, prefix: &str, bridge_id: &str) -> String {
+    format!(
+        "[federation]\nnats = {nats}\nbridge_id = \"{bridge_id}\"\nprefix = \"{prefix}\"\nreplicas = {replicas}\n"
     )
 }
 
@@ -71,6 +86,7 @@ impl Server {
         durable: bool,
         mailbox_capacity: usize,
         when_full: &str,
+        federation: &str,
     ) -> Result<Server, Error> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let data_dir = if durable {
@@ -78,13 +94,14 @@ impl Server {
         } else {
             agentbridge::store::IN_MEMORY.to_owned()
         };
-        let text = config_text(&data_dir, mailbox_capacity, when_full);
+        let text = config_text(&data_dir, mailbox_capacity, when_full, federation);
         if in_process {
             let config =
                 agentbridge::Config::parse(&text, "loadgen.toml").map_err(|e| e.to_string())?;
             let bridge = agentbridge::Bridge::start(config)
                 .await
                 .map_err(|e| e.to_string())?;
+            wait_ready(&bridge).await?;
             let endpoints = endpoints_of(|name| bridge.addr(name).map(|a| a.to_string()));
             return Ok(Server {
                 endpoints,
@@ -155,13 +172,26 @@ fn endpoints_of(addr: impl Fn(&str) -> Option<String>) -> Endpoints {
     }
 }
 
+/// Waits until `bridge` is ready: a federated one connected to its fleet.
+async fn wait_ready(bridge: &agentbridge::Bridge) -> Result<(), Error> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while let Some(reason) = bridge.readiness().degraded() {
+        if std::time::Instant::now() > deadline {
+            return Err(format!("the bridge is not ready within 30 s: {reason}"));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
 /// `loadgen serve`: runs a bridge from `config`, prints `LISTENING {endpoint: addr}` once
-/// every listener is bound, and stops when stdin closes.
+/// every listener is bound and the bridge is ready, and stops when stdin closes.
 pub async fn serve(config: &Path) -> Result<(), Error> {
     let config = agentbridge::Config::load(config).map_err(|e| e.to_string())?;
     let bridge = agentbridge::Bridge::start(config)
         .await
         .map_err(|e| e.to_string())?;
+    wait_ready(&bridge).await?;
     let listening: serde_json::Map<String, Value> = bridge
         .listeners()
         .iter()
