@@ -187,6 +187,13 @@ async fn wait_ready(bridge: &agentbridge::Bridge) -> Result<(), Error> {
 /// `loadgen serve`: runs a bridge from `config`, prints `LISTENING {endpoint: addr}` once
 /// every listener is bound and the bridge is ready, and stops when stdin closes.
 pub async fn serve(config: &Path) -> Result<(), Error> {
+    // The bridge's warnings, on the run's stderr (`RUST_LOG` for more).
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .init();
     let config = agentbridge::Config::load(config).map_err(|e| e.to_string())?;
     let bridge = agentbridge::Bridge::start(config)
         .await
