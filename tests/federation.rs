@@ -223,6 +223,138 @@ async fn skynet_history_is_the_same_on_every_bridge() {
     fleet.shutdown().await;
 }
 
+/// A Skynet registration is the fleet's: listed by every bridge under the same id, able to
+/// join through any of them and be reached there, its name taken fleet-wide, and deleted
+/// for all — but not while it is online anywhere.
+#[tokio::test]
+async fn a_skynet_registration_is_the_fleets_and_joins_through_any_bridge() {
+    let fleet = Fleet::start(2).await;
+    let (a, b) = (fleet.nets[0].skynet, fleet.nets[1].skynet);
+    let (on_a, on_b) = (SkynetHttp::new(a), SkynetHttp::new(b));
+    let roamer = on_a.agent("roamer").await;
+    let watcher = on_a.human("watcher").await;
+    let listed = async |http: &SkynetHttp, path: &str, id: &serde_json::Value| {
+        let (_, all) = http.get(path).await;
+        (all.as_array().into_iter().flatten()).any(|p| p["id"] == *id)
+    };
+    eventually(
+        "b1 lists the agent and the human registered through b0",
+        async || {
+            listed(&on_b, "/api/agents", &roamer["id"]).await
+                && listed(&on_b, "/api/humans", &watcher["id"]).await
+        },
+    )
+    .await;
+
+    // It joins through b1 with the card b0 gave it, and a peer on b0 reaches it there.
+    let (mut ws, _) = SkynetWs::join(b, &roamer).await;
+    fleet.wait_known(0, "roamer").await;
+    let mut peer = fleet.nets[0].peer(Proto::Grid).await;
+    peer.chat("roamer", "@roamer over here", None).await;
+    let message = loop {
+        let message = ws.next_message().await;
+        if message["type"] == "chat" {
+            break message;
+        }
+    };
+    assert!(
+        common::skynet::text_of(&message).contains("over here"),
+        "{message}"
+    );
+
+    // Its name is the fleet's, and it is not deleted while online through b1.
+    let (status, body) = on_b
+        .post(
+            "/api/agents",
+            serde_json::json!({ "name": "roamer", "type": "claude-code" }),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    let path = format!("/api/agents/{}", roamer["id"].as_str().unwrap());
+    let (status, body) = on_a.delete(&path).await;
+    assert_eq!(status, 409, "{body}");
+
+    ws.action("leave", serde_json::json!({})).await;
+    let directory = &fleet.nets[0].bridge.core().directory;
+    eventually("b0 shows roamer gone offline", async || {
+        directory.get("roamer").is_some_and(|a| !a.online)
+    })
+    .await;
+    let (status, body) = on_a.delete(&path).await;
+    assert_eq!(status, 200, "{body}");
+    eventually("b1 no longer lists the deleted agent", async || {
+        !listed(&on_b, "/api/agents", &roamer["id"]).await
+    })
+    .await;
+    fleet.shutdown().await;
+}
+
+/// A Skynet human on a bridge killed with SIGKILL joins again through a bridge that never
+/// held it, with the `lastSeenTimestamp` of what it saw: the replay has every message sent
+/// meanwhile, and nothing it saw before, so it sees each message once.
+#[tokio::test]
+async fn a_human_whose_bridge_was_killed_rejoins_through_another_and_misses_nothing() {
+    let fleet = Fleet::start(2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let process = spawn_member(&fleet, dir.path(), "b2").await;
+    let on_dying = SkynetHttp::new(process.addr("skynet"));
+    let human = on_dying.human("nightwatch").await;
+    let (mut watch, _) = SkynetWs::join(process.addr("skynet"), &human).await;
+    fleet.wait_known(1, "nightwatch").await;
+    let on_b1 = SkynetHttp::new(fleet.nets[1].skynet);
+    eventually("b1 lists the human registered through b2", async || {
+        let (_, humans) = on_b1.get("/api/humans").await;
+        (humans.as_array().into_iter().flatten()).any(|h| h["id"] == human["id"])
+    })
+    .await;
+
+    let speaker = SkynetHttp::new(fleet.nets[0].skynet).agent("speaker").await;
+    let (mut speaker, _) = SkynetWs::join(fleet.nets[0].skynet, &speaker).await;
+    let mut sent = Vec::new();
+    let mut seen = Vec::new();
+    let mut last_seen = 0;
+    for n in 0..10 {
+        sent.push(speaker.chat(&format!("before {n}")).await["id"].clone());
+    }
+    while seen.len() < 10 {
+        let message = watch.next_message().await;
+        if message["type"] == "chat" {
+            last_seen = last_seen.max(message["timestamp"].as_i64().unwrap());
+            seen.push(message["id"].clone());
+        }
+    }
+    process.kill_9();
+    // Acknowledged by b0 while the human's bridge is gone.
+    for n in 0..10 {
+        sent.push(speaker.chat(&format!("after {n}")).await["id"].clone());
+    }
+    let directory = &fleet.nets[1].bridge.core().directory;
+    eventually("b1 shows the killed bridge's human offline", async || {
+        directory.get("nightwatch").is_some_and(|a| !a.online)
+    })
+    .await;
+    eventually("b1 has what b0 acknowledged", async || {
+        let (_, history) = on_b1.get("/api/messages").await;
+        let ids: Vec<_> = (history.as_array().into_iter().flatten())
+            .map(|m| m["id"].clone())
+            .collect();
+        sent.iter().all(|id| ids.contains(id))
+    })
+    .await;
+
+    let (_, state) = SkynetWs::join_since(fleet.nets[1].skynet, &human, Some(last_seen)).await;
+    let replayed = (state["recentMessages"].as_array().into_iter().flatten())
+        .filter(|m| m["type"] == "chat")
+        .map(|m| m["id"].clone());
+    seen.extend(replayed);
+    let mut once = seen.clone();
+    once.sort_by_key(|id| id.to_string());
+    once.dedup();
+    assert_eq!(once.len(), seen.len(), "a message was seen twice: {seen:?}");
+    assert_eq!(seen, sent, "what the human saw, live and replayed");
+    fleet.shutdown().await;
+}
+
 /// Tracker tasks are one state: a task made through one bridge is listed through the other
 /// with the same id, in the same project, and its members there are told of it; `take` is
 /// atomic fleet-wide, so of two takers on two bridges exactly one wins and the other is

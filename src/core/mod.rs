@@ -173,6 +173,23 @@ impl Core {
         registered
     }
 
+    /// Registers an agent registered for the whole fleet as held by this bridge, moving
+    /// its name's claim here from the bridge that last held it (`NameClaims::move_here`).
+    /// Refused while it is online through another bridge, or when another agent holds the
+    /// name.
+    pub async fn move_here(&self, info: AgentInfo) -> Result<(), NameTaken> {
+        self.directory.check_claim(&info)?;
+        if let Some(claims) = self.claims.get() {
+            claims.move_here(&info).await?;
+        }
+        self.directory.register(info)
+    }
+
+    /// Whether this bridge is one of a fleet (its names are claimed fleet-wide).
+    pub fn in_fleet(&self) -> bool {
+        self.claims.get().is_some()
+    }
+
     /// Frees a name `register` claimed, if `protocol` holds it.
     pub fn unregister(&self, name: &str, protocol: Protocol) -> Option<AgentInfo> {
         let removed = self.directory.unregister(name, protocol)?;

@@ -20,6 +20,16 @@ struct Claim {
     bridge: String,
     protocol: String,
     role: Role,
+    /// The agent's id in its protocol (absent in claims made before it was kept).
+    #[serde(default)]
+    native_id: Option<String>,
+}
+
+impl Claim {
+    /// Whether the name is held for the agent `info` describes.
+    fn is_for(&self, info: &AgentInfo) -> bool {
+        self.protocol == info.protocol && self.native_id.as_deref() == Some(&info.native_id)
+    }
 }
 
 /// Tries at a contended or unanswered claim before it is refused (two seconds' worth).
@@ -31,12 +41,20 @@ pub struct FleetClaims {
 }
 
 impl FleetClaims {
-    async fn claim_in(&self, ready: &Ready, info: &AgentInfo) -> Result<(), NameTaken> {
+    /// Claims the name for this bridge; with `moving`, also from a live bridge that holds
+    /// it for the same agent.
+    async fn claim_in(
+        &self,
+        ready: &Ready,
+        info: &AgentInfo,
+        moving: bool,
+    ) -> Result<(), NameTaken> {
         let key = agent_key(&info.name);
         let mine = Claim {
             bridge: self.link.bridge_id.clone(),
             protocol: info.protocol.to_owned(),
             role: info.role,
+            native_id: Some(info.native_id.clone()),
         };
         let Ok(value) = serde_json::to_vec(&mine) else {
             return Ok(());
@@ -60,7 +78,10 @@ impl FleetClaims {
             };
             match serde_json::from_slice::<Claim>(&entry.value) {
                 Ok(held) if held.bridge == self.link.bridge_id => return Ok(()),
-                Ok(held) if self.is_alive(ready, &held.bridge).await => {
+                Ok(held)
+                    if !(moving && held.is_for(info))
+                        && self.is_alive(ready, &held.bridge).await =>
+                {
                     return Err(NameTaken {
                         name: info.name.clone(),
                         holder_protocol: known_protocol(&held.protocol).unwrap_or(BRIDGE_PROTOCOL),
@@ -71,7 +92,8 @@ impl FleetClaims {
                         holder_bridge: Some(held.bridge),
                     });
                 }
-                // Its holder's bridge is gone, or the record is not one of ours.
+                // Its holder's bridge is gone, the agent moves here, or the record is not
+                // one of ours.
                 _ => match ready
                     .names
                     .update(&key, value.clone(), entry.revision)
@@ -107,7 +129,16 @@ impl NameClaims for FleetClaims {
     fn claim<'a>(&'a self, info: &'a AgentInfo) -> ClaimFuture<'a> {
         Box::pin(async move {
             match self.link.ready() {
-                Some(ready) => self.claim_in(&ready, info).await,
+                Some(ready) => self.claim_in(&ready, info, false).await,
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn move_here<'a>(&'a self, info: &'a AgentInfo) -> ClaimFuture<'a> {
+        Box::pin(async move {
+            match self.link.ready() {
+                Some(ready) => self.claim_in(&ready, info, true).await,
                 None => Ok(()),
             }
         })

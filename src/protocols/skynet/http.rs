@@ -171,7 +171,17 @@ async fn register(
                     "cannot store the registration",
                 )
             }
+            RegisterError::Fleet(e) => fleet_unavailable(&e),
         })
+}
+
+/// A registration the fleet's records did not take (NATS unreachable, or too contended).
+fn fleet_unavailable(e: &crate::core::RecordError) -> ApiError {
+    tracing::warn!(error = %e, "skynet: the fleet did not take a registration change");
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("Service Unavailable: {e}; try again later"),
+    )
 }
 
 /// A profile with the member's live status, as `GET /api/agents` shows it.
@@ -241,11 +251,15 @@ async fn delete(skynet: &Skynet, id: &str, human: bool) -> Response {
     let Some(profile) = skynet.registry.by_id(id).filter(|p| p.is_human() == human) else {
         return error(StatusCode::NOT_FOUND, not_found);
     };
-    if skynet.workspace.is_member(&profile.id) {
+    // Joined here, or online through another bridge of the fleet.
+    let online_elsewhere = (skynet.core.directory.get(&profile.name))
+        .is_some_and(|a| a.online && a.bridge.is_some() && a.native_id == profile.id);
+    if skynet.workspace.is_member(&profile.id) || online_elsewhere {
         return error(StatusCode::CONFLICT, connected);
     }
     match skynet.registry.delete(&profile.id).await {
         Ok(_) => ok(json!({ "deleted": profile.to_json("offline") })),
+        Err(RegisterError::Fleet(e)) => fleet_unavailable(&e).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "skynet: cannot delete a registration");
             error(

@@ -5,6 +5,7 @@ mod config;
 mod http;
 /// Server-side `@name` enrichment of chat messages; public for `benches/translate.rs`.
 pub mod mentions;
+mod records;
 mod registry;
 mod sent;
 /// SkynetMessage ⇄ Envelope; public for `benches/translate.rs`.
@@ -90,6 +91,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         shutdown: shutdown.clone(),
         read_budget: ctx.read_budget.clone(),
     });
+    records::follow(&skynet);
     let task = super::serve(
         PROTOCOL,
         listener,

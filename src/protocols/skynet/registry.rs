@@ -1,5 +1,7 @@
 //! Registered Skynet agents and humans: created over HTTP, kept in the store, claimed in
-//! the bridge's directory so their names are unique across every protocol.
+//! the bridge's directory so their names are unique across every protocol. In a fleet a
+//! registration is one of the fleet's shared records (`records`), so that an agent
+//! registered through one bridge may join through any.
 
 use std::sync::Arc;
 
@@ -8,7 +10,7 @@ use rusqlite::params;
 use serde_json::{Map, Value, json};
 
 use super::PROTOCOL;
-use crate::core::{AgentInfo, Core, NameTaken, Role, Status};
+use crate::core::{AgentInfo, Core, Expect, NameTaken, RecordChange, RecordError, Role, Status};
 use crate::store::{Migration, Store, StoreError};
 
 static MIGRATIONS: &[Migration] = &[Migration {
@@ -31,7 +33,7 @@ static MIGRATIONS: &[Migration] = &[Migration {
 }];
 
 /// A registered agent (with its card's persistent fields) or human.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Profile {
     pub id: String,
     pub name: String,
@@ -68,7 +70,7 @@ impl Profile {
         Value::Object(out)
     }
 
-    fn directory_entry(&self) -> AgentInfo {
+    pub fn directory_entry(&self) -> AgentInfo {
         let mut info = AgentInfo::new(&self.name, PROTOCOL, &self.id);
         info.role = if self.is_human() {
             Role::Human
@@ -82,12 +84,29 @@ impl Profile {
     }
 }
 
+/// The table of registrations in the fleet's records, keyed by the agent's or human's id.
+pub const PROFILES: &str = "skynet-profiles";
+
+fn encode(profile: &Profile) -> bytes::Bytes {
+    serde_json::to_vec(profile)
+        .expect("a profile is plain data")
+        .into()
+}
+
+fn decode(value: &[u8]) -> Result<Profile, StoreError> {
+    serde_json::from_slice(value)
+        .map_err(|e| StoreError::Corrupt(format!("a fleet registration: {e}")))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {
     #[error(transparent)]
     Taken(#[from] NameTaken),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The fleet's records did not take the change.
+    #[error(transparent)]
+    Fleet(#[from] RecordError),
 }
 
 pub struct Registry {
@@ -167,31 +186,78 @@ impl Registry {
         };
         // Claim the name first: two racing registrations cannot both win.
         self.core.register(profile.directory_entry()).await?;
+        if let Some(fleet) = self.core.records() {
+            let written = fleet
+                .write(PROFILES, &profile.id, encode(&profile), Expect::Absent)
+                .await;
+            if let Err(e) = written {
+                self.core.unregister(&profile.name, PROTOCOL);
+                return Err(e.into());
+            }
+        }
+        if let Err(e) = self.keep(&profile).await {
+            self.core.unregister(&profile.name, PROTOCOL);
+            return Err(e.into());
+        }
+        Ok(profile)
+    }
+
+    /// Stores `profile` and lists it (again: the fleet's record of it may come first).
+    async fn keep(&self, profile: &Profile) -> Result<(), StoreError> {
         let row = profile.clone();
-        let stored = self.store.write(move |conn| {
+        self.store
+            .write(move |conn| {
                 match &row.agent_type {
                     Some(agent_type) => conn.execute(
-                        "INSERT INTO skynet_agents (id, name, type, role, persona, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        "INSERT OR REPLACE INTO skynet_agents (id, name, type, role, persona, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                         params![row.id, row.name, agent_type, row.role, row.persona, row.created_at],
                     )?,
                     None => conn.execute(
-                        "INSERT INTO skynet_humans (id, name, created_at) VALUES (?1, ?2, ?3)",
+                        "INSERT OR REPLACE INTO skynet_humans (id, name, created_at) VALUES (?1, ?2, ?3)",
                         params![row.id, row.name, row.created_at],
                     )?,
                 };
                 Ok(())
             })
-            .await;
-        if let Err(e) = stored {
-            self.core.unregister(&profile.name, PROTOCOL);
-            return Err(e.into());
-        }
+            .await?;
         self.by_id.insert(profile.id.clone(), profile.clone());
-        Ok(profile)
+        Ok(())
     }
 
-    /// Removes a registration by id.
-    pub async fn delete(&self, id: &str) -> Result<Option<Profile>, StoreError> {
+    /// A change the fleet made to its registrations (through this bridge or another).
+    pub async fn apply(&self, change: RecordChange) -> Result<(), StoreError> {
+        match change.value {
+            Some(value) => self.apply_profile(decode(&value)?).await,
+            None => self.forget(&change.key).await.map(drop),
+        }
+    }
+
+    /// A registration: kept and listed here, its name in this bridge's directory unless
+    /// an agent online through another bridge has it (the fleet claimed the name when it
+    /// was registered).
+    async fn apply_profile(&self, profile: Profile) -> Result<(), StoreError> {
+        if self.by_id.get(&profile.id).is_some_and(|p| *p == profile) {
+            return Ok(());
+        }
+        if let Err(e) = self.core.directory.register(profile.directory_entry()) {
+            tracing::debug!(reason = %e, "skynet: a fleet registration's name is held here by another");
+        }
+        self.keep(&profile).await
+    }
+
+    /// Removes a registration by id: from the fleet's records first, when there is a
+    /// fleet.
+    pub async fn delete(&self, id: &str) -> Result<Option<Profile>, RegisterError> {
+        if !self.by_id.contains_key(id) {
+            return Ok(None);
+        }
+        if let Some(fleet) = self.core.records() {
+            fleet.remove(PROFILES, id).await?;
+        }
+        Ok(self.forget(id).await?)
+    }
+
+    async fn forget(&self, id: &str) -> Result<Option<Profile>, StoreError> {
         let Some(profile) = self.by_id.get(id).map(|p| p.clone()) else {
             return Ok(None);
         };
@@ -209,7 +275,11 @@ impl Registry {
             })
             .await?;
         self.by_id.remove(id);
-        self.core.unregister(&profile.name, PROTOCOL);
+        let held_here = (self.core.directory.get(&profile.name))
+            .is_some_and(|a| a.protocol == PROTOCOL && a.native_id == profile.id);
+        if held_here {
+            self.core.unregister(&profile.name, PROTOCOL);
+        }
         Ok(Some(profile))
     }
 

@@ -207,6 +207,20 @@ impl Connection {
             let _ = io.send(wire::error_event(text, None)).await;
             return io.close(1000, "").await;
         };
+        // In a fleet, the agent may have been held by another bridge last: its name comes
+        // here with it, unless it is online there.
+        if skynet.core.in_fleet()
+            && let Err(taken) = skynet.core.move_here(profile.directory_entry()).await
+        {
+            tracing::info!(id = %request.id, reason = %taken, "skynet: refused a join held elsewhere");
+            let text = format!(
+                "{} is connected{}; disconnect it there first",
+                profile.name,
+                taken.on_bridge()
+            );
+            let _ = io.send(wire::error_event(&text, None)).await;
+            return io.close(1000, "").await;
+        }
         // The same socket joining as someone else leaves its old membership behind.
         if let Some(previous) = self.joined.take()
             && previous.agent_id != profile.id
