@@ -355,6 +355,49 @@ async fn a_human_whose_bridge_was_killed_rejoins_through_another_and_misses_noth
     fleet.shutdown().await;
 }
 
+/// Tracker members are one set: those declared alike have one id on every bridge, and a
+/// member created over REST through one bridge is listed by the other, signs in there
+/// with its token, and keeps its slug fleet-wide.
+#[tokio::test]
+async fn a_tracker_member_created_through_one_bridge_signs_in_through_any() {
+    let fleet = Fleet::start(2).await;
+    let (on_a, on_b) = (
+        TrackerHttp::new(fleet.nets[0].tracker, "tb-admin"),
+        TrackerHttp::new(fleet.nets[1].tracker, "tb-admin"),
+    );
+    let own_members = async |http: &TrackerHttp| {
+        let (_, members) = http.get("/members").await;
+        let mut own: Vec<_> = (members.as_array().into_iter().flatten())
+            .filter(|m| m["protocol"] == "tracker")
+            .map(|m| (m["slug"].clone(), m["id"].clone()))
+            .collect();
+        own.sort_by_key(|(slug, _)| slug.to_string());
+        own
+    };
+    assert_eq!(own_members(&on_a).await, own_members(&on_b).await);
+
+    let (status, created) = on_a
+        .post(
+            "/members",
+            serde_json::json!({ "slug": "newcomer", "name": "Newcomer", "type": "agent" }),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    eventually("b1 lists the member created through b0", async || {
+        let (status, member) = on_b.get("/members/newcomer").await;
+        status == 200 && member["id"] == created["id"] && member["protocol"] == "tracker"
+    })
+    .await;
+    let token = created["token"].as_str().unwrap();
+    let (_ws, ok) = TrackerWs::auth(fleet.nets[1].tracker, token).await;
+    assert_eq!(ok["slug"], "newcomer", "{ok}");
+    let (status, body) = on_b
+        .post("/members", serde_json::json!({ "slug": "newcomer" }))
+        .await;
+    assert_eq!(status, 409, "{body}");
+    fleet.shutdown().await;
+}
+
 /// Tracker tasks are one state: a task made through one bridge is listed through the other
 /// with the same id, in the same project, and its members there are told of it; `take` is
 /// atomic fleet-wide, so of two takers on two bridges exactly one wins and the other is

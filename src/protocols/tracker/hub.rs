@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
-use super::tasks::TaskError;
+use super::tasks::WriteError;
 use super::translate::{TaskChange, task_change, task_from};
 use super::{Chats, PROTOCOL, Tracker};
 use crate::core::{Audience, Delivery, Directory, Envelope, Kind, Origin, RecordError, TaskInfo};
@@ -81,7 +81,7 @@ impl Tracker {
     }
 
     /// A task assigned to a member from another protocol becomes a Tracker task.
-    async fn apply_assignment(&self, env: &Envelope) -> Result<(), TaskError> {
+    async fn apply_assignment(&self, env: &Envelope) -> Result<(), WriteError> {
         let info = env.task.clone().unwrap_or_default();
         let assignee = info
             .assignee
@@ -103,13 +103,13 @@ impl Tracker {
         let task = task_from(env, assignee, project, crate::core::now_ms());
         match self.create_task(task).await {
             // In a fleet every bridge's hub sees the assignment; one bridge makes the task.
-            Err(TaskError::Fleet(RecordError::Conflict)) => Ok(()),
+            Err(WriteError::Fleet(RecordError::Conflict)) => Ok(()),
             created => created.map(drop),
         }
     }
 
     /// Progress or a result from another protocol for a Tracker task.
-    async fn apply_progress(&self, env: &Envelope, task_id: &str) -> Result<(), TaskError> {
+    async fn apply_progress(&self, env: &Envelope, task_id: &str) -> Result<(), WriteError> {
         let TaskChange {
             status,
             note,

@@ -36,7 +36,7 @@ use super::endpoint::{Endpoint, Listening};
 use super::{Context, Running, StartError};
 use crate::core::{
     AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, Origin, PerGeneration, Protocol,
-    Role, Status,
+    Role, Status, derived_uuid,
 };
 use crate::shared::budget::ByteBudget;
 use db::{Db, MemberRow, ProjectRow, TaskRow};
@@ -240,7 +240,8 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     for declared in &config.members {
         check_slug("member", &declared.slug).map_err(|e| fail(&e))?;
         let row = MemberRow {
-            id: uuid::Uuid::new_v4().to_string(),
+            // The same on every bridge that declares the member (a stored one keeps its id).
+            id: derived_uuid("member", &declared.slug).to_string(),
             slug: declared.slug.clone(),
             name: declared
                 .name
@@ -293,7 +294,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         shutdown: shutdown.clone(),
         read_budget: ctx.read_budget.clone(),
     });
-    tracker.follow_shared_tasks();
+    tracker.follow_shared();
     let hub = hub::start(tracker.clone());
     let server = super::serve(
         PROTOCOL,

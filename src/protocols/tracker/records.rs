@@ -1,4 +1,10 @@
-//! Tracker tasks as records a fleet shares (`core::SharedRecords`): a task created, taken
+//! Tracker tasks and members as records a fleet shares (`core::SharedRecords`).
+//!
+//! A member created over REST (`POST /members`) is created in the fleet's records, and
+//! every bridge keeps it and accepts its token (members declared in `bridge.toml` are
+//! alike on every bridge that declares them).
+//!
+//! A task created, taken
 //! or changed through any bridge is one task, and `take` is atomic fleet-wide. A change
 //! reads the fleet's record, applies to it what the client asked, and writes it back at
 //! the revision it read: a second writer in between makes the write fail, and the change
@@ -9,14 +15,17 @@
 
 use std::sync::{Arc, Weak};
 
-use super::Tracker;
-use super::db::TaskRow;
-use super::tasks::{Refused, TaskError};
+use super::db::{MemberRow, TaskRow};
+use super::tasks::{Refused, WriteError};
+use super::{Tracker, directory_entry};
 use crate::core::{Expect, RecordChange, RecordError, RecordSink, Revision, SharedRecords};
 use crate::store::StoreError;
 
 /// The table of tasks in the fleet's records.
 pub const TASKS: &str = "tracker-tasks";
+
+/// The table of members created over REST, keyed by slug.
+pub const MEMBERS: &str = "tracker-members";
 
 /// Writes made again after another bridge's came first, before the change is refused as
 /// too contended (each one lost means another writer won, so the task moved on).
@@ -49,22 +58,82 @@ impl RecordSink for TaskSink {
     }
 }
 
-fn encode(task: &TaskRow) -> bytes::Bytes {
-    serde_json::to_vec(task)
-        .expect("a task row is plain data")
-        .into()
+/// Applies the fleet's members to this bridge's.
+struct MemberSink(Weak<Tracker>);
+
+impl RecordSink for MemberSink {
+    fn apply(
+        &self,
+        change: RecordChange,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            let Some(tracker) = self.0.upgrade() else {
+                return;
+            };
+            // Members are not removed (the protocol has no way to), so a removal is none.
+            let Some(value) = change.value else {
+                return;
+            };
+            let applied = match decode(&value) {
+                Ok(member) => tracker.apply_member(member).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = applied {
+                tracing::error!(error = %e, member = %change.key, "tracker: cannot apply a shared member");
+            }
+        })
+    }
 }
 
-fn decode(value: &[u8]) -> Result<TaskRow, StoreError> {
-    serde_json::from_slice(value).map_err(|e| StoreError::Corrupt(format!("a shared task: {e}")))
+fn encode(row: &impl serde::Serialize) -> bytes::Bytes {
+    serde_json::to_vec(row).expect("a row is plain data").into()
+}
+
+fn decode<T: serde::de::DeserializeOwned>(value: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(value).map_err(|e| StoreError::Corrupt(format!("a shared record: {e}")))
 }
 
 impl Tracker {
-    /// Follows the fleet's tasks, when there is a fleet.
-    pub fn follow_shared_tasks(self: &Arc<Self>) {
+    /// Follows the fleet's tasks and members, when there is a fleet.
+    pub fn follow_shared(self: &Arc<Self>) {
         if let Some(records) = self.core.records() {
+            records.follow(MEMBERS, Arc::new(MemberSink(Arc::downgrade(self))));
             records.follow(TASKS, Arc::new(TaskSink(Arc::downgrade(self))));
         }
+    }
+
+    /// Creates `member` in the fleet's records (`Conflict` when one with its slug
+    /// exists), then here.
+    pub(super) async fn create_shared_member(
+        &self,
+        records: &dyn SharedRecords,
+        member: MemberRow,
+    ) -> Result<MemberRow, WriteError> {
+        records
+            .write(MEMBERS, &member.slug, encode(&member), Expect::Absent)
+            .await?;
+        Ok(self.keep_member(member).await?)
+    }
+
+    /// A member the fleet created (through this bridge or another): kept here, its token
+    /// accepted, its slug in this bridge's directory unless an agent online through
+    /// another bridge has it.
+    async fn apply_member(&self, member: MemberRow) -> Result<(), StoreError> {
+        if self.members.get(&member.slug).is_some_and(|m| m == member) {
+            return Ok(());
+        }
+        if let Err(e) = self.core.directory.register(directory_entry(&member)) {
+            tracing::debug!(reason = %e, "tracker: a shared member's slug is held here by another");
+        }
+        self.keep_member(member).await.map(drop)
+    }
+
+    /// Stores `member` (over one of its slug: the fleet's record may come first) and
+    /// accepts its token.
+    pub(super) async fn keep_member(&self, member: MemberRow) -> Result<MemberRow, StoreError> {
+        let stored = self.db.put_member(member, true).await?;
+        self.members.insert(stored.clone());
+        Ok(stored)
     }
 
     /// Creates `task` in the fleet's records (refused with `Conflict` when a task with its
@@ -73,7 +142,7 @@ impl Tracker {
         &self,
         records: &dyn SharedRecords,
         task: TaskRow,
-    ) -> Result<TaskRow, TaskError> {
+    ) -> Result<TaskRow, WriteError> {
         // A removed task is not made again (the same task from another protocol, late).
         if self.db.is_removed(&task.id).await? {
             return Err(RecordError::Conflict.into());
@@ -90,7 +159,7 @@ impl Tracker {
         records: &dyn SharedRecords,
         id: &str,
         change: F,
-    ) -> Result<Result<(TaskRow, TaskRow), Refused>, TaskError>
+    ) -> Result<Result<(TaskRow, TaskRow), Refused>, WriteError>
     where
         F: Fn(&mut TaskRow) -> Result<(), String>,
     {
@@ -133,7 +202,7 @@ impl Tracker {
         &self,
         records: &dyn SharedRecords,
         id: &str,
-    ) -> Result<Option<TaskRow>, TaskError> {
+    ) -> Result<Option<TaskRow>, WriteError> {
         let Some((existing, _)) = self.current(records, id).await? else {
             return Ok(None);
         };
@@ -149,7 +218,7 @@ impl Tracker {
         &self,
         records: &dyn SharedRecords,
         id: &str,
-    ) -> Result<Option<(TaskRow, Expect)>, TaskError> {
+    ) -> Result<Option<(TaskRow, Expect)>, WriteError> {
         Ok(match records.read(TASKS, id).await? {
             Some(record) => match &record.value {
                 Some(value) => Some((decode(value)?, Expect::At(record.revision))),

@@ -23,9 +23,9 @@ pub enum Refused {
 /// What a task change did, for the caller's response.
 pub type Changed = Result<TaskRow, Refused>;
 
-/// Why a task could not be written.
+/// Why a task or a member could not be written.
 #[derive(Debug, thiserror::Error)]
-pub enum TaskError {
+pub enum WriteError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The fleet's record of the task could not be written (a bridge of a fleet only).
@@ -36,7 +36,7 @@ pub enum TaskError {
 impl Tracker {
     /// Creates a task, announces it, and hands it over when its assignee is foreign. In a
     /// fleet, `Fleet(Conflict)` when a task with its id exists already.
-    pub async fn create_task(&self, task: TaskRow) -> Result<TaskRow, TaskError> {
+    pub async fn create_task(&self, task: TaskRow) -> Result<TaskRow, WriteError> {
         let task = match self.core.records() {
             Some(records) => self.create_shared(records.as_ref(), task).await?,
             None => {
@@ -57,7 +57,7 @@ impl Tracker {
         note: Option<String>,
         source: Option<&str>,
         change: F,
-    ) -> Result<Changed, TaskError>
+    ) -> Result<Changed, WriteError>
     where
         F: Fn(&mut TaskRow) -> Result<(), String> + Send + Sync + 'static,
     {
@@ -76,7 +76,7 @@ impl Tracker {
         &self,
         id: &str,
         change: F,
-    ) -> Result<Result<(TaskRow, TaskRow), Refused>, TaskError>
+    ) -> Result<Result<(TaskRow, TaskRow), Refused>, WriteError>
     where
         F: Fn(&mut TaskRow) -> Result<(), String> + Send + Sync + 'static,
     {
@@ -93,7 +93,7 @@ impl Tracker {
         })
     }
 
-    pub async fn delete_task(&self, id: &str) -> Result<Option<TaskRow>, TaskError> {
+    pub async fn delete_task(&self, id: &str) -> Result<Option<TaskRow>, WriteError> {
         match self.core.records() {
             Some(records) => self.delete_shared(records.as_ref(), id).await,
             None => Ok(self.forget_task(id).await?),
@@ -111,7 +111,7 @@ impl Tracker {
 
     /// Tells task `id`'s requester `note` (a comment on the task), as a change would that
     /// changes nothing; read from this bridge's tables, since nothing is written.
-    pub async fn note_task(&self, id: &str, note: String) -> Result<(), TaskError> {
+    pub async fn note_task(&self, id: &str, note: String) -> Result<(), WriteError> {
         if let Some(task) = self.db.task(id).await? {
             self.follow_up(Some(&task), task.clone(), Some(note), None)
                 .await?;

@@ -103,7 +103,7 @@ pub static MIGRATIONS: &[Migration] = &[
     },
 ];
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MemberRow {
     pub id: String,
     pub slug: String,

@@ -134,14 +134,28 @@ pub async fn create(State(tracker): Shared, caller: Caller, body: Bytes) -> ApiR
         .register(directory_entry(&member))
         .await
         .map_err(|taken| ApiError::conflict(taken.to_string()))?;
-    let stored = match tracker.db.put_member(member.clone(), false).await {
+    let stored = match tracker.core.records() {
+        Some(records) => tracker
+            .create_shared_member(records.as_ref(), member.clone())
+            .await
+            .map_err(ApiError::from),
+        None => tracker
+            .db
+            .put_member(member.clone(), false)
+            .await
+            .map(|stored| {
+                tracker.members.insert(stored.clone());
+                stored
+            })
+            .map_err(ApiError::store),
+    };
+    let stored = match stored {
         Ok(stored) => stored,
         Err(e) => {
             tracker.core.unregister(&member.slug, PROTOCOL);
-            return Err(ApiError::store(e));
+            return Err(e);
         }
     };
-    tracker.members.insert(stored.clone());
     let mut out = serde_json::to_value(tracker.member_out(&stored)).unwrap_or_default();
     out["token"] = Value::String(token);
     Ok(created(out))

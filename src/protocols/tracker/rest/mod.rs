@@ -24,7 +24,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use super::db::{MemberRow, TaskRow};
-use super::tasks::TaskError;
+use super::tasks::WriteError;
 use super::{Tracker, ws};
 use crate::shared::http_refusals;
 use crate::store::StoreError;
@@ -132,14 +132,14 @@ impl From<StoreError> for ApiError {
     }
 }
 
-impl From<TaskError> for ApiError {
-    fn from(e: TaskError) -> Self {
+impl From<WriteError> for ApiError {
+    fn from(e: WriteError) -> Self {
         match e {
-            TaskError::Store(e) => ApiError::store(e),
-            // A bridge of a fleet that cannot reach the fleet's record of the task: the
-            // change is not made, and the client may try again.
-            TaskError::Fleet(e) => {
-                tracing::warn!(error = %e, "tracker: a task change is refused");
+            WriteError::Store(e) => ApiError::store(e),
+            // A bridge of a fleet that cannot reach the fleet's record: the change is not
+            // made, and the client may try again.
+            WriteError::Fleet(e) => {
+                tracing::warn!(error = %e, "tracker: a change is refused");
                 Self::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     format!("Service Unavailable: {e}"),
