@@ -143,10 +143,7 @@ pub async fn create(State(tracker): Shared, caller: Caller, body: Bytes) -> ApiR
             .db
             .put_member(member.clone(), false)
             .await
-            .map(|stored| {
-                tracker.members.insert(stored.clone());
-                stored
-            })
+            .inspect(|stored| tracker.members.insert(stored.clone()))
             .map_err(ApiError::store),
     };
     let stored = match stored {
