@@ -398,6 +398,78 @@ async fn a_tracker_member_created_through_one_bridge_signs_in_through_any() {
     fleet.shutdown().await;
 }
 
+/// A task's steps are one checklist: added at once through both bridges, both are kept;
+/// ticked through one, ticked on the other; removed through one, gone from both.
+#[tokio::test]
+async fn a_tasks_steps_are_one_checklist_fleet_wide() {
+    let fleet = Fleet::start(2).await;
+    let (on_a, on_b) = (
+        TrackerHttp::new(fleet.nets[0].tracker, "tb-admin"),
+        TrackerHttp::new(fleet.nets[1].tracker, "tb-admin"),
+    );
+    let made = on_a
+        .task("team-board", serde_json::json!({ "title": "with steps" }))
+        .await;
+    let steps = format!("/tasks/{}/steps", made["id"].as_str().unwrap());
+    eventually("b1 has the task", async || {
+        on_b.get(&format!("/tasks/{}", made["id"].as_str().unwrap()))
+            .await
+            .0
+            == 200
+    })
+    .await;
+    let titles = async |http: &TrackerHttp| {
+        let (_, all) = http.get(&steps).await;
+        (all.as_array().into_iter().flatten())
+            .map(|s| {
+                (
+                    s["title"].as_str().unwrap_or("").to_owned(),
+                    s["done"] == true,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    for round in 0..3 {
+        let add = |title: String| serde_json::json!({ "title": title });
+        let (first, second) = tokio::join!(
+            on_a.post(&steps, add(format!("a{round}"))),
+            on_b.post(&steps, add(format!("b{round}")))
+        );
+        assert_eq!((first.0, second.0), (201, 201), "{} {}", first.1, second.1);
+    }
+    let mut expected = titles(&on_a).await;
+    assert_eq!(expected.len(), 6, "every step added is kept: {expected:?}");
+    eventually("b1's checklist is b0's", async || {
+        titles(&on_b).await == expected
+    })
+    .await;
+
+    let (_, all) = on_b.get(&steps).await;
+    let first = all[0]["id"].as_str().unwrap().to_owned();
+    let (status, ticked) = on_b
+        .patch(
+            &format!("{steps}/{first}"),
+            serde_json::json!({ "done": true }),
+        )
+        .await;
+    assert_eq!(status, 200, "{ticked}");
+    expected[0].1 = true;
+    eventually("b0 shows the step ticked through b1", async || {
+        titles(&on_a).await == expected
+    })
+    .await;
+    let (status, body) = on_a.delete(&format!("{steps}/{first}")).await;
+    assert_eq!(status, 204, "{body}");
+    expected.remove(0);
+    eventually("b1 no longer has the removed step", async || {
+        titles(&on_b).await == expected
+    })
+    .await;
+    let (status, _) = on_b.delete(&format!("{steps}/{first}")).await;
+    assert_eq!(status, 404);
+    fleet.shutdown().await;
+}
+
 /// Tracker tasks are one state: a task made through one bridge is listed through the other
 /// with the same id, in the same project, and its members there are told of it; `take` is
 /// atomic fleet-wide, so of two takers on two bridges exactly one wins and the other is

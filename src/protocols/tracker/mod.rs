@@ -15,6 +15,7 @@ mod hub;
 mod members;
 mod records;
 mod rest;
+mod steps;
 mod tasks;
 /// Tracker frames ⇄ Envelope; public for `benches/translate.rs`.
 pub mod translate;
@@ -173,6 +174,8 @@ pub struct Tracker {
     next_conn: AtomicU64,
     /// Every agent's `@name`, for mentions in chat text.
     mention_names: PerGeneration<chat::MentionNames>,
+    /// The fleet's checklists of tasks not applied here yet.
+    pending_steps: steps::PendingSteps,
     shutdown: CancellationToken,
     read_budget: ByteBudget,
 }
@@ -291,6 +294,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         conns: DashMap::new(),
         next_conn: AtomicU64::new(1),
         mention_names: PerGeneration::default(),
+        pending_steps: steps::PendingSteps::default(),
         shutdown: shutdown.clone(),
         read_budget: ctx.read_budget.clone(),
     });

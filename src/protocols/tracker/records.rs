@@ -27,10 +27,13 @@ pub const TASKS: &str = "tracker-tasks";
 /// The table of members created over REST, keyed by slug.
 pub const MEMBERS: &str = "tracker-members";
 
+/// The table of task checklists, keyed by task id (`steps`).
+pub const STEPS: &str = "tracker-steps";
+
 /// Writes made again after another bridge's came first, before the change is refused as
 /// too contended (each one lost means another writer won, so the task moved on).
-const ATTEMPTS: usize = 32;
-const RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
+pub(super) const ATTEMPTS: usize = 32;
+pub(super) const RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Applies the fleet's task records to this bridge's tables.
 pub struct TaskSink(pub Weak<Tracker>);
@@ -53,6 +56,35 @@ impl RecordSink for TaskSink {
             };
             if let Err(e) = applied {
                 tracing::error!(error = %e, task = %change.key, "tracker: cannot apply a shared task");
+            }
+        })
+    }
+}
+
+/// Applies the fleet's task checklists to this bridge's tables.
+struct StepsSink(Weak<Tracker>);
+
+impl RecordSink for StepsSink {
+    fn apply(
+        &self,
+        change: RecordChange,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            let Some(tracker) = self.0.upgrade() else {
+                return;
+            };
+            let steps = match change.value.as_deref().map(decode).transpose() {
+                Ok(steps) => steps.unwrap_or_default(),
+                Err(e) => {
+                    tracing::error!(error = %e, task = %change.key, "tracker: a shared checklist is not one");
+                    return;
+                }
+            };
+            if let Err(e) = tracker
+                .apply_steps(&change.key, steps, change.revision)
+                .await
+            {
+                tracing::error!(error = %e, task = %change.key, "tracker: cannot apply a shared checklist");
             }
         })
     }
@@ -85,20 +117,21 @@ impl RecordSink for MemberSink {
     }
 }
 
-fn encode(row: &impl serde::Serialize) -> bytes::Bytes {
+pub(super) fn encode(row: &impl serde::Serialize) -> bytes::Bytes {
     serde_json::to_vec(row).expect("a row is plain data").into()
 }
 
-fn decode<T: serde::de::DeserializeOwned>(value: &[u8]) -> Result<T, StoreError> {
+pub(super) fn decode<T: serde::de::DeserializeOwned>(value: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(value).map_err(|e| StoreError::Corrupt(format!("a shared record: {e}")))
 }
 
 impl Tracker {
-    /// Follows the fleet's tasks and members, when there is a fleet.
+    /// Follows the fleet's tasks, their steps and members, when there is a fleet.
     pub fn follow_shared(self: &Arc<Self>) {
         if let Some(records) = self.core.records() {
             records.follow(MEMBERS, Arc::new(MemberSink(Arc::downgrade(self))));
             records.follow(TASKS, Arc::new(TaskSink(Arc::downgrade(self))));
+            records.follow(STEPS, Arc::new(StepsSink(Arc::downgrade(self))));
         }
     }
 
@@ -207,6 +240,10 @@ impl Tracker {
             return Ok(None);
         };
         records.remove(TASKS, id).await?;
+        // Its steps go with it here (by cascade); the fleet's record of them is let go.
+        if let Err(e) = records.remove(STEPS, id).await {
+            tracing::debug!(error = %e, task = %id, "tracker: a removed task's steps stay in the fleet's records");
+        }
         self.remove_task(id).await?;
         Ok(Some(existing))
     }
@@ -241,6 +278,7 @@ impl Tracker {
             Some((before, after)) => {
                 if before.is_none() {
                     self.chats.index(&after);
+                    self.apply_pending_steps(&after.id).await?;
                 }
                 self.announce_task(before.as_ref(), &after);
                 Ok(after)

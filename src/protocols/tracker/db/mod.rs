@@ -2,7 +2,10 @@
 //! watchers, attachments. Chat messages are not here: they are envelopes in the core's
 //! message log, found by `thread` (a chat id, or a task id for task comments).
 
+mod steps;
 mod tasks;
+
+pub use steps::StepsApplied;
 
 use rusqlite::{OptionalExtension, Row, params};
 
@@ -101,6 +104,14 @@ pub static MIGRATIONS: &[Migration] = &[
         version: 3,
         sql: "CREATE TABLE tracker_removed_tasks (id TEXT PRIMARY KEY) WITHOUT ROWID;",
     },
+    Migration {
+        version: 4,
+        // The revision of the fleet's record each task's steps were last applied from.
+        sql: "CREATE TABLE tracker_steps_revisions (
+                  task_id  TEXT PRIMARY KEY REFERENCES tracker_tasks (id) ON DELETE CASCADE,
+                  revision INTEGER NOT NULL
+              ) WITHOUT ROWID;",
+    },
 ];
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -150,7 +161,7 @@ pub struct TaskRow {
     pub updated_at: i64,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepRow {
     pub id: String,
     pub task_id: String,
@@ -206,17 +217,6 @@ fn member_from(row: &Row) -> rusqlite::Result<(MemberRow, String, String, String
 }
 
 const MEMBER_COLUMNS: &str = "id, slug, name, kind, token_hash, chat_listen, task_listen, capabilities, prompt, model, created_at";
-
-fn step_from(row: &Row) -> rusqlite::Result<StepRow> {
-    Ok(StepRow {
-        id: row.get(0)?,
-        task_id: row.get(1)?,
-        title: row.get(2)?,
-        done: row.get(3)?,
-        position: row.get(4)?,
-        created_at: row.get(5)?,
-    })
-}
 
 fn attachment_from(row: &Row) -> rusqlite::Result<AttachmentRow> {
     Ok(AttachmentRow {
@@ -388,84 +388,6 @@ impl Db {
                     ],
                 )?;
                 Ok(())
-            })
-            .await
-    }
-
-    pub async fn steps(&self, task_id: &str) -> Result<Vec<StepRow>, StoreError> {
-        let task_id = task_id.to_owned();
-        self.store
-            .read(move |conn| {
-                let mut stmt = conn.prepare_cached(
-                    "SELECT id, task_id, title, done, position, created_at FROM tracker_steps
-                     WHERE task_id = ?1 ORDER BY position, created_at",
-                )?;
-                let rows = stmt.query_map([task_id], step_from)?;
-                Ok(rows.collect::<Result<_, _>>()?)
-            })
-            .await
-    }
-
-    pub async fn insert_step(&self, task_id: &str, title: &str) -> Result<StepRow, StoreError> {
-        let (task_id, title) = (task_id.to_owned(), title.to_owned());
-        self.store
-            .write(move |conn| {
-                let position: i64 = conn.query_row(
-                    "SELECT COALESCE(MAX(position), 0) + 1 FROM tracker_steps WHERE task_id = ?1",
-                    [&task_id],
-                    |r| r.get(0),
-                )?;
-                let step = StepRow {
-                    id: uuid::Uuid::new_v4().to_string(),
-                    task_id,
-                    title,
-                    done: false,
-                    position,
-                    created_at: crate::core::now_ms(),
-                };
-                conn.execute(
-                    "INSERT INTO tracker_steps (id, task_id, title, done, position, created_at) VALUES (?1, ?2, ?3, 0, ?4, ?5)",
-                    params![step.id, step.task_id, step.title, step.position, step.created_at],
-                )?;
-                Ok(step)
-            })
-            .await
-    }
-
-    pub async fn update_step(
-        &self,
-        task_id: &str,
-        step_id: &str,
-        title: Option<String>,
-        done: Option<bool>,
-    ) -> Result<Option<StepRow>, StoreError> {
-        let (task_id, step_id) = (task_id.to_owned(), step_id.to_owned());
-        self.store
-            .write(move |conn| {
-                conn.execute(
-                    "UPDATE tracker_steps SET title = COALESCE(?3, title), done = COALESCE(?4, done)
-                     WHERE task_id = ?1 AND id = ?2",
-                    params![task_id, step_id, title, done],
-                )?;
-                Ok(conn
-                    .query_row(
-                        "SELECT id, task_id, title, done, position, created_at FROM tracker_steps WHERE task_id = ?1 AND id = ?2",
-                        params![task_id, step_id],
-                        step_from,
-                    )
-                    .optional()?)
-            })
-            .await
-    }
-
-    pub async fn delete_step(&self, task_id: &str, step_id: &str) -> Result<bool, StoreError> {
-        let (task_id, step_id) = (task_id.to_owned(), step_id.to_owned());
-        self.store
-            .write(move |conn| {
-                Ok(conn.execute(
-                    "DELETE FROM tracker_steps WHERE task_id = ?1 AND id = ?2",
-                    params![task_id, step_id],
-                )? > 0)
             })
             .await
     }

@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, ApiResult, Body, Caller, Shared, created, existing_task, ok};
 use crate::protocols::tracker::db::StepRow;
+use crate::protocols::tracker::steps::StepEdit;
 use crate::protocols::tracker::wire::StepOut;
 use crate::shared::clock::iso8601;
 
@@ -39,8 +40,10 @@ pub async fn create(
 ) -> ApiResult<Response> {
     existing_task(&tracker, &id).await?;
     let title = Body::parse(&body)?.required("title")?;
-    let step = tracker.db.insert_step(&id, &title).await?;
-    Ok(created(step_out(&step)))
+    match tracker.change_steps(&id, StepEdit::Add { title }).await? {
+        Some(step) => Ok(created(step_out(&step))),
+        None => Err(ApiError::not_found("Step not found")),
+    }
 }
 
 pub async fn update(
@@ -55,7 +58,12 @@ pub async fn update(
         false => None,
     };
     let done = body.boolean("done")?;
-    match tracker.db.update_step(&id, &step, title, done).await? {
+    let edit = StepEdit::Update {
+        id: step,
+        title,
+        done,
+    };
+    match tracker.change_steps(&id, edit).await? {
         Some(step) => Ok(ok(step_out(&step))),
         None => Err(ApiError::not_found("Step not found")),
     }
@@ -66,9 +74,11 @@ pub async fn delete(
     _caller: Caller,
     Path((id, step)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    if tracker.db.delete_step(&id, &step).await? {
-        Ok(StatusCode::NO_CONTENT.into_response())
-    } else {
-        Err(ApiError::not_found("Step not found"))
+    match tracker
+        .change_steps(&id, StepEdit::Remove { id: step })
+        .await?
+    {
+        Some(_) => Ok(StatusCode::NO_CONTENT.into_response()),
+        None => Err(ApiError::not_found("Step not found")),
     }
 }
