@@ -262,6 +262,18 @@ async fn a_skynet_registration_is_the_fleets_and_joins_through_any_bridge() {
         "{message}"
     );
 
+    // While it is online through b1, it cannot join through b0 as well.
+    let mut twin = SkynetWs::connect(a).await;
+    twin.action("join", serde_json::json!({ "agent": roamer }))
+        .await;
+    let refusal = twin.next().await;
+    assert_eq!(refusal["event"], "error", "{refusal}");
+    let text = refusal["data"]["message"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("'b1'"),
+        "the refusal names the bridge: {text}"
+    );
+
     // Its name is the fleet's, and it is not deleted while online through b1.
     let (status, body) = on_b
         .post(
@@ -286,12 +298,19 @@ async fn a_skynet_registration_is_the_fleets_and_joins_through_any_bridge() {
         !listed(&on_b, "/api/agents", &roamer["id"]).await
     })
     .await;
+    // Its name is free again, fleet-wide.
+    eventually("the name is registered again through b1", async || {
+        let agent = serde_json::json!({ "name": "roamer", "type": "claude-code" });
+        on_b.post("/api/agents", agent).await.0 == 201
+    })
+    .await;
     fleet.shutdown().await;
 }
 
 /// A Skynet human on a bridge killed with SIGKILL joins again through a bridge that never
-/// held it, with the `lastSeenTimestamp` of what it saw: the replay has every message sent
-/// meanwhile, and nothing it saw before, so it sees each message once.
+/// held it, with the `lastSeenTimestamp` of what it saw, once the fleet has let the killed
+/// bridge go: the replay has every message sent meanwhile, and nothing it saw before, so
+/// it sees each message once.
 #[tokio::test]
 async fn a_human_whose_bridge_was_killed_rejoins_through_another_and_misses_nothing() {
     let fleet = Fleet::start(2).await;
@@ -342,7 +361,23 @@ async fn a_human_whose_bridge_was_killed_rejoins_through_another_and_misses_noth
     })
     .await;
 
-    let (_, state) = SkynetWs::join_since(fleet.nets[1].skynet, &human, Some(last_seen)).await;
+    // Refused until the fleet has let the killed bridge go (its heartbeat is kept two
+    // presence TTLs): the card it left says the human is online there.
+    let deadline = Instant::now() + WAIT;
+    let state = loop {
+        let mut rejoined = SkynetWs::connect(fleet.nets[1].skynet).await;
+        let join = serde_json::json!({ "agent": human, "lastSeenTimestamp": last_seen });
+        rejoined.action("join", join).await;
+        let answer = rejoined.next().await;
+        if answer["event"] == "workspace.state" {
+            break answer["data"].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the human cannot join through b1: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let replayed = (state["recentMessages"].as_array().into_iter().flatten())
         .filter(|m| m["type"] == "chat")
         .map(|m| m["id"].clone());

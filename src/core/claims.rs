@@ -8,16 +8,26 @@ use super::directory::{AgentInfo, NameTaken};
 
 pub type ClaimFuture<'a> = Pin<Box<dyn Future<Output = Result<(), NameTaken>> + Send + 'a>>;
 
+/// What a claim is for, which says who may take the name from whom.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claiming {
+    /// An agent this bridge holds: once this bridge is gone, another may take the name.
+    Held,
+    /// A registration the whole fleet keeps (a shared record): the name stays its own after
+    /// the bridge that claimed it is gone; only the same agent (the same protocol and
+    /// native id) may take it to another bridge.
+    Registration,
+    /// An agent the fleet registered, connecting through this bridge: the name comes here
+    /// from the bridge that holds it for the same agent, unless it is online there.
+    Move,
+}
+
 pub trait NameClaims: Send + Sync {
-    /// Claims `info.name` for this bridge; refused when another bridge holds it.
-    fn claim<'a>(&'a self, info: &'a AgentInfo) -> ClaimFuture<'a>;
+    /// Claims `info.name` for this bridge, as `how` allows; refused, naming the holder,
+    /// when another bridge holds it.
+    fn claim<'a>(&'a self, info: &'a AgentInfo, how: Claiming) -> ClaimFuture<'a>;
 
-    /// Claims `info.name` for this bridge also from another bridge that holds it for the
-    /// same agent (the same protocol and native id): an agent registered once for the
-    /// whole fleet that connects through another bridge takes its name along. Refused
-    /// when another agent holds the name.
-    fn move_here<'a>(&'a self, info: &'a AgentInfo) -> ClaimFuture<'a>;
-
-    /// Gives the name up (its agent was unregistered here).
-    fn release(&self, name: &str);
+    /// Gives `agent`'s name up (it was unregistered here): the claim this bridge holds,
+    /// or a registration's wherever it is (the registration is gone for the fleet).
+    fn release(&self, agent: &AgentInfo);
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-pub use claims::{ClaimFuture, NameClaims};
+pub use claims::{ClaimFuture, Claiming, NameClaims};
 pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, TaskRequest, derived_uuid};
 pub use delivery::Delivery;
 pub use directory::{AgentInfo, Directory, NameTaken, PerGeneration, Role, Status};
@@ -160,29 +160,34 @@ impl Core {
     /// bridge of a fleet declares alike): claimed fleet-wide first when there is a fleet,
     /// so that of two bridges registering one name at once, one is refused.
     pub async fn register(&self, info: AgentInfo) -> Result<(), NameTaken> {
+        self.claim(info, Claiming::Held).await
+    }
+
+    /// Registers a registration the whole fleet keeps (a shared record): in a fleet, its
+    /// name stays claimed for it after this bridge is gone (`Claiming::Registration`).
+    pub async fn register_for_fleet(&self, info: AgentInfo) -> Result<(), NameTaken> {
+        self.claim(info, Claiming::Registration).await
+    }
+
+    /// Registers an agent the fleet registered as held by this bridge, moving its name's
+    /// claim here from the bridge that last held it (`Claiming::Move`). Refused while it
+    /// is online through another bridge, or when another agent holds the name.
+    pub async fn move_here(&self, info: AgentInfo) -> Result<(), NameTaken> {
+        self.claim(info, Claiming::Move).await
+    }
+
+    async fn claim(&self, info: AgentInfo, how: Claiming) -> Result<(), NameTaken> {
         self.directory.check_claim(&info)?;
         let Some(claims) = self.claims.get() else {
             return self.directory.register(info);
         };
-        claims.claim(&info).await?;
-        let name = info.name.clone();
-        let registered = self.directory.register(info);
-        if registered.is_err() {
-            claims.release(&name);
+        claims.claim(&info, how).await?;
+        let registered = self.directory.register(info.clone());
+        // A name moved here is still the same agent's: kept, not freed for anyone.
+        if registered.is_err() && how != Claiming::Move {
+            claims.release(&info);
         }
         registered
-    }
-
-    /// Registers an agent registered for the whole fleet as held by this bridge, moving
-    /// its name's claim here from the bridge that last held it (`NameClaims::move_here`).
-    /// Refused while it is online through another bridge, or when another agent holds the
-    /// name.
-    pub async fn move_here(&self, info: AgentInfo) -> Result<(), NameTaken> {
-        self.directory.check_claim(&info)?;
-        if let Some(claims) = self.claims.get() {
-            claims.move_here(&info).await?;
-        }
-        self.directory.register(info)
     }
 
     /// Whether this bridge is one of a fleet (its names are claimed fleet-wide).
@@ -194,7 +199,7 @@ impl Core {
     pub fn unregister(&self, name: &str, protocol: Protocol) -> Option<AgentInfo> {
         let removed = self.directory.unregister(name, protocol)?;
         if let Some(claims) = self.claims.get() {
-            claims.release(name);
+            claims.release(&removed);
         }
         Some(removed)
     }

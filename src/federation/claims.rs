@@ -1,8 +1,10 @@
 //! Names claimed fleet-wide, through a KV bucket of the fleet: a registration creates its
 //! name's key (JetStream's create fails if the key exists), so of two bridges registering
 //! one name at once, exactly one wins. A name whose holder's bridge is gone (no heartbeat
-//! in the bridges bucket) is taken over with a revision check, which is as linearisable.
-//! While NATS is away, names are claimed in this bridge's directory alone; a claim NATS
+//! in the bridges bucket) is taken over with a revision check, which is as linearisable —
+//! unless it is a lasting registration's (a shared record outlives its bridge), which only
+//! the same agent takes. A registered agent connecting through another bridge moves its
+//! name there while it is not online where it was (`Claiming`). While NATS is away, names are claimed in this bridge's directory alone; a claim NATS
 //! does not answer in time is refused.
 
 use std::sync::Arc;
@@ -11,8 +13,8 @@ use async_nats::jetstream::kv::CreateErrorKind;
 use serde::{Deserialize, Serialize};
 
 use super::link::{NatsLink, Ready, lost_race};
-use super::wire::{agent_key, known_protocol};
-use crate::core::{AgentInfo, BRIDGE_PROTOCOL, ClaimFuture, NameClaims, NameTaken, Role};
+use super::wire::{Card, agent_key, known_protocol};
+use crate::core::{AgentInfo, BRIDGE_PROTOCOL, ClaimFuture, Claiming, NameClaims, NameTaken, Role};
 
 /// Who holds a name, as its key in the names bucket says.
 #[derive(Debug, Serialize, Deserialize)]
@@ -23,12 +25,28 @@ struct Claim {
     /// The agent's id in its protocol (absent in claims made before it was kept).
     #[serde(default)]
     native_id: Option<String>,
+    /// A registration the fleet keeps: the name stays its own after its bridge is gone.
+    #[serde(default)]
+    lasting: bool,
 }
 
 impl Claim {
     /// Whether the name is held for the agent `info` describes.
     fn is_for(&self, info: &AgentInfo) -> bool {
         self.protocol == info.protocol && self.native_id.as_deref() == Some(&info.native_id)
+    }
+
+    /// The refusal of a claim on `name`, naming this holder.
+    fn taken(self, name: &str) -> NameTaken {
+        NameTaken {
+            name: name.to_owned(),
+            holder_protocol: known_protocol(&self.protocol).unwrap_or(BRIDGE_PROTOCOL),
+            holder_role: match self.role {
+                Role::Agent => "agent",
+                Role::Human => "human",
+            },
+            holder_bridge: Some(self.bridge),
+        }
     }
 }
 
@@ -41,27 +59,27 @@ pub struct FleetClaims {
 }
 
 impl FleetClaims {
-    /// Claims the name for this bridge; with `moving`, also from a live bridge that holds
-    /// it for the same agent.
+    /// Claims the name for this bridge, as `how` allows.
     async fn claim_in(
         &self,
         ready: &Ready,
         info: &AgentInfo,
-        moving: bool,
+        how: Claiming,
     ) -> Result<(), NameTaken> {
         let key = agent_key(&info.name);
-        let mine = Claim {
-            bridge: self.link.bridge_id.clone(),
-            protocol: info.protocol.to_owned(),
-            role: info.role,
-            native_id: Some(info.native_id.clone()),
+        let claim = |lasting: bool| {
+            let mine = Claim {
+                bridge: self.link.bridge_id.clone(),
+                protocol: info.protocol.to_owned(),
+                role: info.role,
+                native_id: Some(info.native_id.clone()),
+                lasting,
+            };
+            bytes::Bytes::from(serde_json::to_vec(&mine).unwrap_or_default())
         };
-        let Ok(value) = serde_json::to_vec(&mine) else {
-            return Ok(());
-        };
-        let value = bytes::Bytes::from(value);
+        let fresh = claim(how == Claiming::Registration);
         for _ in 0..ATTEMPTS {
-            match ready.names.create(&key, value.clone()).await {
+            match ready.names.create(&key, fresh.clone()).await {
                 Ok(_) => return Ok(()),
                 Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {}
                 Err(e) => {
@@ -76,37 +94,37 @@ impl FleetClaims {
                 tokio::time::sleep(RETRY_AFTER).await;
                 continue;
             };
-            match serde_json::from_slice::<Claim>(&entry.value) {
+            let (value, lasting) = match serde_json::from_slice::<Claim>(&entry.value) {
                 Ok(held) if held.bridge == self.link.bridge_id => return Ok(()),
-                Ok(held)
-                    if !(moving && held.is_for(info))
-                        && self.is_alive(ready, &held.bridge).await =>
-                {
-                    return Err(NameTaken {
-                        name: info.name.clone(),
-                        holder_protocol: known_protocol(&held.protocol).unwrap_or(BRIDGE_PROTOCOL),
-                        holder_role: match held.role {
-                            Role::Agent => "agent",
-                            Role::Human => "human",
-                        },
-                        holder_bridge: Some(held.bridge),
-                    });
-                }
-                // Its holder's bridge is gone, the agent moves here, or the record is not
-                // one of ours.
-                _ => match ready
-                    .names
-                    .update(&key, value.clone(), entry.revision)
-                    .await
-                {
-                    Ok(_) => return Ok(()),
-                    Err(e) if lost_race(&e) => continue,
-                    Err(e) => {
-                        tracing::debug!(error = %e, name = %info.name, "federation: taking a name over again");
-                        tokio::time::sleep(RETRY_AFTER).await;
-                        continue;
+                Ok(held) => {
+                    let same = held.is_for(info);
+                    let alive = self.is_alive(ready, &held.bridge).await;
+                    let takes = match how {
+                        Claiming::Move => {
+                            same && !(alive && self.online_at(ready, info, &held.bridge).await)
+                        }
+                        Claiming::Held | Claiming::Registration => {
+                            !alive && (same || !held.lasting)
+                        }
+                    };
+                    if !takes {
+                        return Err(held.taken(&info.name));
                     }
-                },
+                    // A registration moved or taken over by its own agent stays lasting.
+                    let lasting = how == Claiming::Registration || (same && held.lasting);
+                    (claim(lasting), lasting)
+                }
+                // Not one of ours.
+                Err(_) => (fresh.clone(), how == Claiming::Registration),
+            };
+            match ready.names.update(&key, value, entry.revision).await {
+                Ok(_) => return Ok(()),
+                Err(e) if lost_race(&e) => continue,
+                Err(e) => {
+                    tracing::debug!(error = %e, name = %info.name, lasting, "federation: taking a name over again");
+                    tokio::time::sleep(RETRY_AFTER).await;
+                    continue;
+                }
             }
         }
         Err(NameTaken {
@@ -115,6 +133,17 @@ impl FleetClaims {
             holder_role: "agent",
             holder_bridge: Some("(the fleet could not settle who holds it; try again)".into()),
         })
+    }
+
+    /// Whether the fleet's card of `info`'s agent shows it online through `bridge`.
+    async fn online_at(&self, ready: &Ready, info: &AgentInfo, bridge: &str) -> bool {
+        match ready.agents.get(agent_key(&info.name)).await {
+            Ok(Some(value)) => serde_json::from_slice::<Card>(&value)
+                .is_ok_and(|card| card.online && card.bridge == bridge),
+            Ok(None) => false,
+            // Not known: taken for online, so that a name never has two live holders.
+            Err(_) => true,
+        }
     }
 
     /// Whether `bridge` has a heartbeat in the bridges bucket (which forgets one a few
@@ -126,37 +155,29 @@ impl FleetClaims {
 }
 
 impl NameClaims for FleetClaims {
-    fn claim<'a>(&'a self, info: &'a AgentInfo) -> ClaimFuture<'a> {
+    fn claim<'a>(&'a self, info: &'a AgentInfo, how: Claiming) -> ClaimFuture<'a> {
         Box::pin(async move {
             match self.link.ready() {
-                Some(ready) => self.claim_in(&ready, info, false).await,
+                Some(ready) => self.claim_in(&ready, info, how).await,
                 None => Ok(()),
             }
         })
     }
 
-    fn move_here<'a>(&'a self, info: &'a AgentInfo) -> ClaimFuture<'a> {
-        Box::pin(async move {
-            match self.link.ready() {
-                Some(ready) => self.claim_in(&ready, info, true).await,
-                None => Ok(()),
-            }
-        })
-    }
-
-    fn release(&self, name: &str) {
+    fn release(&self, agent: &AgentInfo) {
         let Some(ready) = self.link.ready() else {
             return;
         };
-        let key = agent_key(name);
+        let key = agent_key(&agent.name);
         let bridge = self.link.bridge_id.clone();
+        let agent = agent.clone();
         tokio::spawn(async move {
             let Ok(Some(entry)) = ready.names.entry(&key).await else {
                 return;
             };
-            let ours =
-                serde_json::from_slice::<Claim>(&entry.value).is_ok_and(|c| c.bridge == bridge);
-            if ours {
+            let freed = serde_json::from_slice::<Claim>(&entry.value)
+                .is_ok_and(|c| c.bridge == bridge || (c.lasting && c.is_for(&agent)));
+            if freed {
                 let _ = ready
                     .names
                     .delete_expect_revision(&key, Some(entry.revision))

@@ -24,6 +24,10 @@ impl RecordSink for ProfileSink {
                 return;
             };
             let id = change.key.clone();
+            // Deleted through another bridge while joined here: the member leaves first.
+            if change.value.is_none() && skynet.workspace.is_member(&id) {
+                skynet.leave(&id).await;
+            }
             if let Err(e) = skynet.registry.apply(change).await {
                 tracing::error!(error = %e, %id, "skynet: cannot apply a fleet registration");
             }

@@ -185,8 +185,11 @@ impl Registry {
             created_at: crate::core::now_ms(),
         };
         // Claim the name first: two racing registrations cannot both win.
-        self.core.register(profile.directory_entry()).await?;
-        if let Some(fleet) = self.core.records() {
+        self.core
+            .register_for_fleet(profile.directory_entry())
+            .await?;
+        let fleet = self.core.records();
+        if let Some(fleet) = fleet {
             let written = fleet
                 .write(PROFILES, &profile.id, encode(&profile), Expect::Absent)
                 .await;
@@ -196,6 +199,12 @@ impl Registry {
             }
         }
         if let Err(e) = self.keep(&profile).await {
+            // Not registered after all: the fleet's record goes too.
+            if let Some(fleet) = fleet
+                && let Err(e) = fleet.remove(PROFILES, &profile.id).await
+            {
+                tracing::warn!(error = %e, "skynet: a registration not kept here stays in the fleet's records");
+            }
             self.core.unregister(&profile.name, PROTOCOL);
             return Err(e.into());
         }
@@ -203,17 +212,20 @@ impl Registry {
     }
 
     /// Stores `profile` and lists it (again: the fleet's record of it may come first).
+    /// Another registration with its name is refused by the table (`name` is unique).
     async fn keep(&self, profile: &Profile) -> Result<(), StoreError> {
         let row = profile.clone();
         self.store
             .write(move |conn| {
                 match &row.agent_type {
                     Some(agent_type) => conn.execute(
-                        "INSERT OR REPLACE INTO skynet_agents (id, name, type, role, persona, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        "INSERT INTO skynet_agents (id, name, type, role, persona, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                         ON CONFLICT (id) DO UPDATE SET name = ?2, type = ?3, role = ?4, persona = ?5, created_at = ?6",
                         params![row.id, row.name, agent_type, row.role, row.persona, row.created_at],
                     )?,
                     None => conn.execute(
-                        "INSERT OR REPLACE INTO skynet_humans (id, name, created_at) VALUES (?1, ?2, ?3)",
+                        "INSERT INTO skynet_humans (id, name, created_at) VALUES (?1, ?2, ?3)
+                         ON CONFLICT (id) DO UPDATE SET name = ?2, created_at = ?3",
                         params![row.id, row.name, row.created_at],
                     )?,
                 };
@@ -237,6 +249,11 @@ impl Registry {
     /// was registered).
     async fn apply_profile(&self, profile: Profile) -> Result<(), StoreError> {
         if self.by_id.get(&profile.id).is_some_and(|p| *p == profile) {
+            return Ok(());
+        }
+        // A registration of this bridge's from before it was one of a fleet keeps its name.
+        if (self.by_id.iter()).any(|p| p.name == profile.name && p.id != profile.id) {
+            tracing::warn!(name = %profile.name, "skynet: a fleet registration's name is registered here as another");
             return Ok(());
         }
         if let Err(e) = self.core.directory.register(profile.directory_entry()) {

@@ -213,11 +213,15 @@ impl Connection {
             && let Err(taken) = skynet.core.move_here(profile.directory_entry()).await
         {
             tracing::info!(id = %request.id, reason = %taken, "skynet: refused a join held elsewhere");
-            let text = format!(
-                "{} is connected{}; disconnect it there first",
-                profile.name,
-                taken.on_bridge()
-            );
+            // The same agent online through another bridge, or another agent's name.
+            let text = match taken.holder_protocol == PROTOCOL {
+                true => format!(
+                    "{} is connected{}; disconnect it there first",
+                    profile.name,
+                    taken.on_bridge()
+                ),
+                false => taken.to_string(),
+            };
             let _ = io.send(wire::error_event(&text, None)).await;
             return io.close(1000, "").await;
         }

@@ -131,7 +131,7 @@ pub async fn create(State(tracker): Shared, caller: Caller, body: Bytes) -> ApiR
     };
     tracker
         .core
-        .register(directory_entry(&member))
+        .register_for_fleet(directory_entry(&member))
         .await
         .map_err(|taken| ApiError::conflict(taken.to_string()))?;
     let stored = match tracker.core.records() {
