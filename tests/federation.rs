@@ -505,6 +505,104 @@ async fn a_tasks_steps_are_one_checklist_fleet_wide() {
     fleet.shutdown().await;
 }
 
+/// A Synapse group is one group: created through one bridge, joined through the other,
+/// its membership the same on both (a second join through either is refused), a message
+/// for it reaches its members on every bridge, and disbanded through one, it is gone from
+/// both.
+#[tokio::test]
+async fn a_synapse_group_is_one_group_fleet_wide() {
+    use agentbridge::protocols::synapse::proto::{
+        CreateGroupRequest, DisbandGroupRequest, JoinGroupRequest, ListGroupMembersRequest,
+    };
+    use common::synapse::{Stream, chat, clients, endpoint, text_of, with_meta};
+    use tonic::{Code, Request};
+
+    let fleet = Fleet::start(2).await;
+    let (mut on_a, mut on_b) = (
+        clients(fleet.nets[0].synapse).await,
+        clients(fleet.nets[1].synapse).await,
+    );
+    let lead = Stream::open_groups(fleet.nets[0].synapse, "lead").await;
+    // Its message stream makes it an agent, online; group messages come on the other.
+    let _far_messages = Stream::open(fleet.nets[1].synapse, "far").await;
+    let mut far = Stream::open_groups(fleet.nets[1].synapse, "far").await;
+    fleet.wait_known(0, "far").await;
+    let create = CreateGroupRequest {
+        name: "crew".into(),
+        description: "across".into(),
+        coordinator_id: String::new(),
+        initial_members: vec![],
+    };
+    let created = on_a
+        .groups
+        .create_group(with_meta(create, &[("x-synapse-agent-id", "lead")]))
+        .await
+        .unwrap()
+        .into_inner();
+    let group = created.group_id;
+    let join = |agent: &str| {
+        Request::new(JoinGroupRequest {
+            group_id: group.clone(),
+            agent: endpoint(agent),
+        })
+    };
+    on_b.groups.join_group(join("far")).await.unwrap();
+    let again = on_a.groups.join_group(join("far")).await.unwrap_err();
+    assert_eq!(again.code(), Code::AlreadyExists, "{again:?}");
+
+    let expected = vec![
+        ("lead".to_owned(), "coordinator".to_owned()),
+        ("far".to_owned(), "member".to_owned()),
+    ];
+    for clients in [&mut on_a, &mut on_b] {
+        let mut members = Vec::new();
+        eventually("both bridges list the group's members", async || {
+            let listed = (clients.groups)
+                .list_group_members(Request::new(ListGroupMembersRequest {
+                    group_id: group.clone(),
+                }))
+                .await;
+            members = listed.map_or_else(
+                |_| Vec::new(),
+                |l| {
+                    (l.into_inner().members.iter())
+                        .map(|m| (m.agent_id.clone(), m.role.clone()))
+                        .collect()
+                },
+            );
+            members == expected
+        })
+        .await;
+    }
+
+    let mut msg = chat("lead", "", "crew, gather");
+    msg.receiver = None;
+    msg.group_id = group.clone();
+    lead.send(msg).await;
+    let got = far.next().await;
+    assert_eq!(
+        (text_of(&got), got.group_id.as_str()),
+        ("crew, gather".to_owned(), group.as_str())
+    );
+
+    on_b.groups
+        .disband_group(Request::new(DisbandGroupRequest {
+            group_id: group.clone(),
+        }))
+        .await
+        .unwrap();
+    eventually("b0 no longer has the disbanded group", async || {
+        let listed = (on_a.groups)
+            .list_group_members(Request::new(ListGroupMembersRequest {
+                group_id: group.clone(),
+            }))
+            .await;
+        listed.is_err_and(|e| e.code() == Code::NotFound)
+    })
+    .await;
+    fleet.shutdown().await;
+}
+
 /// Tracker tasks are one state: a task made through one bridge is listed through the other
 /// with the same id, in the same project, and its members there are told of it; `take` is
 /// atomic fleet-wide, so of two takers on two bridges exactly one wins and the other is

@@ -6,9 +6,10 @@ use rusqlite::{OptionalExtension, Row, params};
 use super::proto::TaskStatus;
 use crate::store::{Migration, Store, StoreError};
 
-pub static MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: "
+pub static MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sql: "
         CREATE TABLE synapse_agents (
             agent_id       TEXT PRIMARY KEY,
             name           TEXT NOT NULL,
@@ -77,7 +78,17 @@ pub static MIGRATIONS: &[Migration] = &[Migration {
         );
         CREATE INDEX synapse_inbox_by_agent ON synapse_inbox (agent_id, seq);
     ",
-}];
+    },
+    Migration {
+        version: 2,
+        // The revision of the fleet's record each group was last applied from; kept after the
+        // group is removed, so that an older write of it does not bring it back.
+        sql: "CREATE TABLE synapse_groups_revisions (
+              group_id TEXT PRIMARY KEY,
+              revision INTEGER NOT NULL
+          ) WITHOUT ROWID;",
+    },
+];
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentRow {
@@ -141,7 +152,7 @@ pub struct FileRow {
     pub data: Vec<u8>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GroupRow {
     pub id: String,
     pub name: String,
@@ -151,7 +162,7 @@ pub struct GroupRow {
     pub created_at: i64,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MemberRow {
     pub agent_id: String,
     pub role: String,
@@ -587,6 +598,50 @@ impl Db {
             .write(move |conn| {
                 conn.execute("DELETE FROM synapse_groups WHERE id = ?1", [group_id])?;
                 Ok(())
+            })
+            .await
+    }
+
+    /// Makes group `id` what revision `revision` of the fleet's record says (`None`:
+    /// removed), unless it or a later one was applied; whether it did.
+    pub async fn apply_group(
+        &self,
+        id: &str,
+        group: Option<(GroupRow, Vec<MemberRow>)>,
+        revision: u64,
+    ) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.store
+            .write(move |conn| {
+                let applied: Option<i64> = conn
+                    .query_row(
+                        "SELECT revision FROM synapse_groups_revisions WHERE group_id = ?1",
+                        [&id],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                if applied.is_some_and(|applied| applied as u64 >= revision) {
+                    return Ok(false);
+                }
+                conn.execute("DELETE FROM synapse_groups WHERE id = ?1", [&id])?;
+                if let Some((group, members)) = group {
+                    conn.execute(
+                        "INSERT INTO synapse_groups (id, name, description, coordinator_id, status, created_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        params![id, group.name, group.description, group.coordinator_id, group.status, group.created_at],
+                    )?;
+                    for m in members {
+                        conn.execute(
+                            "INSERT OR IGNORE INTO synapse_group_members (group_id, agent_id, role, joined_at) VALUES (?1, ?2, ?3, ?4)",
+                            params![id, m.agent_id, m.role, m.joined_at],
+                        )?;
+                    }
+                }
+                conn.execute(
+                    "INSERT OR REPLACE INTO synapse_groups_revisions (group_id, revision) VALUES (?1, ?2)",
+                    params![id, revision as i64],
+                )?;
+                Ok(true)
             })
             .await
     }

@@ -1,5 +1,6 @@
 //! Groups: named sets of agents — of any protocol — that a message with a `group_id`
-//! reaches. Kept in the store and mirrored into the router's group table.
+//! reaches. Kept in the store and mirrored into the router's group table; in a fleet,
+//! changed through the fleet's record of each group (`shared_groups`).
 
 use tonic::Status;
 
@@ -93,11 +94,15 @@ impl Synapse {
             status: "active".into(),
             created_at: now,
         };
+        let group = Group { row, members };
+        if let Some(records) = self.core.records() {
+            self.create_shared_group(records.as_ref(), &group).await?;
+            return Ok(group);
+        }
         self.db
-            .insert_group(row.clone(), members.clone())
+            .insert_group(group.row.clone(), group.members.clone())
             .await
             .map_err(internal)?;
-        let group = Group { row, members };
         self.sync_group(&group);
         self.groups.insert(group.row.id.clone(), group.clone());
         Ok(group)
@@ -110,30 +115,31 @@ impl Synapse {
         agent: &AgentEndpoint,
         hints: &Hints,
     ) -> Result<(), Status> {
-        let group = self.group(group_id)?;
+        let records = self.core.records();
+        if records.is_none() {
+            self.group(group_id)?;
+        } else if group_id.is_empty() {
+            return Err(Status::invalid_argument("group_id is required"));
+        }
         if agent.agent_id.is_empty() {
             return Err(Status::invalid_argument("agent.agent_id is required"));
         }
         if !self.core.directory.contains(&agent.agent_id) {
             self.ensure_agent(agent, hints, "agent").await?;
         }
-        if group.members.len() >= self.config.max_group_members {
-            return Err(Status::resource_exhausted(format!(
-                "group '{group_id}' holds its most members, {}",
-                self.config.max_group_members
-            )));
-        }
-        if group.members.iter().any(|m| m.agent_id == agent.agent_id) {
-            return Err(Status::already_exists(format!(
-                "agent '{}' is already a member of group '{group_id}'",
-                agent.agent_id
-            )));
-        }
         let member = MemberRow {
             agent_id: agent.agent_id.clone(),
             role: "member".into(),
             joined_at: crate::core::now_ms(),
         };
+        let max = self.config.max_group_members;
+        let join = |group: &mut Group| joining(group, member.clone(), max);
+        if let Some(records) = records {
+            return self
+                .change_shared_group(records.as_ref(), group_id, join)
+                .await;
+        }
+        join(&mut self.group(group_id)?)?;
         self.db
             .set_membership(group_id, member.clone(), true)
             .await
@@ -143,20 +149,23 @@ impl Synapse {
     }
 
     pub async fn leave_group(&self, group_id: &str, agent_id: &str) -> Result<(), Status> {
-        let group = self.group(group_id)?;
+        let records = self.core.records();
+        if records.is_none() {
+            self.group(group_id)?;
+        } else if group_id.is_empty() {
+            return Err(Status::invalid_argument("group_id is required"));
+        }
         if agent_id.is_empty() {
             return Err(Status::invalid_argument("agent_id is required"));
         }
-        let Some(member) = group
-            .members
-            .iter()
-            .find(|m| m.agent_id == agent_id)
-            .cloned()
-        else {
-            return Err(Status::failed_precondition(format!(
-                "agent '{agent_id}' is not a member of group '{group_id}'"
-            )));
-        };
+        let leave = |group: &mut Group| leaving(group, agent_id);
+        if let Some(records) = records {
+            return self
+                .change_shared_group(records.as_ref(), group_id, leave)
+                .await
+                .map(drop);
+        }
+        let member = leave(&mut self.group(group_id)?)?;
         self.db
             .set_membership(group_id, member, false)
             .await
@@ -166,11 +175,22 @@ impl Synapse {
     }
 
     pub async fn disband_group(&self, group_id: &str) -> Result<(), Status> {
+        if let Some(records) = self.core.records() {
+            if group_id.is_empty() {
+                return Err(Status::invalid_argument("group_id is required"));
+            }
+            return self.remove_shared_group(records.as_ref(), group_id).await;
+        }
         self.group(group_id)?;
         self.db.delete_group(group_id).await.map_err(internal)?;
-        self.groups.remove(group_id);
-        self.core.router.remove_group(group_id);
+        self.forget_group(group_id);
         Ok(())
+    }
+
+    /// Drops group `id` from the group map and the router.
+    pub(super) fn forget_group(&self, id: &str) {
+        self.groups.remove(id);
+        self.core.router.remove_group(id);
     }
 
     pub fn group_members(&self, group: &Group) -> Vec<GroupMember> {
@@ -208,10 +228,39 @@ impl Synapse {
         }
     }
 
-    fn sync_group(&self, group: &Group) {
+    pub(super) fn sync_group(&self, group: &Group) {
         self.core.router.set_group(
             &group.row.id,
             group.members.iter().map(|m| m.agent_id.clone()).collect(),
         );
     }
+}
+
+/// Adds `member` to `group`, if it has room and does not have it already.
+fn joining(group: &mut Group, member: MemberRow, max: usize) -> Result<(), Status> {
+    let id = &group.row.id;
+    if group.members.len() >= max {
+        return Err(Status::resource_exhausted(format!(
+            "group '{id}' holds its most members, {max}"
+        )));
+    }
+    if group.members.iter().any(|m| m.agent_id == member.agent_id) {
+        return Err(Status::already_exists(format!(
+            "agent '{}' is already a member of group '{id}'",
+            member.agent_id
+        )));
+    }
+    group.members.push(member);
+    Ok(())
+}
+
+/// Takes `agent_id` out of `group`: the member it was.
+fn leaving(group: &mut Group, agent_id: &str) -> Result<MemberRow, Status> {
+    let Some(at) = group.members.iter().position(|m| m.agent_id == agent_id) else {
+        return Err(Status::failed_precondition(format!(
+            "agent '{agent_id}' is not a member of group '{}'",
+            group.row.id
+        )));
+    };
+    Ok(group.members.remove(at))
 }

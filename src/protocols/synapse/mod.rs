@@ -18,6 +18,7 @@ mod json;
 mod outbound;
 pub mod proto;
 mod services;
+mod shared_groups;
 mod tasks;
 /// SynapseMessage ⇄ Envelope; public for `benches/translate.rs`.
 pub mod translate;
@@ -40,8 +41,8 @@ use proto::{AgentEndpoint, TaskStatusUpdate};
 
 pub const PROTOCOL: Protocol = "synapse";
 
-/// A group and its members.
-#[derive(Clone, Debug)]
+/// A group and its members (as the fleet's record of it holds them, too).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Group {
     pub row: GroupRow,
     pub members: Vec<MemberRow>,
@@ -138,6 +139,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         shutdown: shutdown.clone(),
     });
     synapse.load().await.map_err(|e| fail(&e))?;
+    shared_groups::follow(&synapse);
 
     let mut listeners = Vec::new();
     for (role, addr) in config.listeners() {

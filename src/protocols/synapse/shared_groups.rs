@@ -1,0 +1,176 @@
+//! Synapse groups as records a fleet shares (`core::SharedRecords`): a group created through
+//! any bridge is one group — every bridge lists it, routes a message for it to its members
+//! wherever they are, and takes joins and leaves of it. A change reads the fleet's record,
+//! makes the change (with its checks) on what it read, and writes it back at that revision,
+//! again when another write came first: two joins through two bridges at once both count,
+//! and the member limit holds. A bridge alone keeps its groups in its own tables only.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tonic::Status;
+
+use super::agents::internal;
+use super::{Group, Synapse};
+use crate::core::{Expect, Record, RecordChange, RecordError, RecordSink, Revision, SharedRecords};
+use crate::store::StoreError;
+
+/// The table of groups in the fleet's records, keyed by group id.
+const GROUPS: &str = "synapse-groups";
+
+/// Writes made again after another bridge's came first, before the change is refused.
+const ATTEMPTS: usize = 32;
+const RETRY_AFTER: Duration = Duration::from_millis(2);
+
+struct GroupSink(Weak<Synapse>);
+
+impl RecordSink for GroupSink {
+    fn apply(
+        &self,
+        change: RecordChange,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            let Some(synapse) = self.0.upgrade() else {
+                return;
+            };
+            let applied = match change.value.as_deref().map(decode).transpose() {
+                Ok(group) => {
+                    synapse
+                        .apply_group(&change.key, group, change.revision)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = applied {
+                tracing::error!(error = %e, group = %change.key, "synapse: cannot apply a shared group");
+            }
+        })
+    }
+}
+
+/// Follows the fleet's groups, when there is a fleet.
+pub fn follow(synapse: &Arc<Synapse>) {
+    if let Some(records) = synapse.core.records() {
+        records.follow(GROUPS, Arc::new(GroupSink(Arc::downgrade(synapse))));
+    }
+}
+
+fn encode(group: &Group) -> bytes::Bytes {
+    serde_json::to_vec(group)
+        .expect("a group is plain data")
+        .into()
+}
+
+fn decode(value: &[u8]) -> Result<Group, StoreError> {
+    serde_json::from_slice(value).map_err(|e| StoreError::Corrupt(format!("a shared group: {e}")))
+}
+
+/// A change the fleet's records did not take, as gRPC says it.
+fn refused(e: RecordError) -> Status {
+    match e {
+        RecordError::Conflict => {
+            Status::aborted("the group was changed by many writers at once; try again")
+        }
+        RecordError::Unavailable(why) => {
+            Status::unavailable(format!("the fleet's records are unavailable: {why}"))
+        }
+    }
+}
+
+impl Synapse {
+    /// Creates `group` in the fleet's records, then here.
+    pub(super) async fn create_shared_group(
+        &self,
+        records: &dyn SharedRecords,
+        group: &Group,
+    ) -> Result<(), Status> {
+        let revision = records
+            .write(GROUPS, &group.row.id, encode(group), Expect::Absent)
+            .await
+            .map_err(refused)?;
+        self.apply_group(&group.row.id, Some(group.clone()), revision)
+            .await
+            .map_err(internal)
+    }
+
+    /// Makes `change` to group `id` as the fleet holds it; its refusal, or `not_found`
+    /// when there is no such group.
+    pub(super) async fn change_shared_group<T>(
+        &self,
+        records: &dyn SharedRecords,
+        id: &str,
+        change: impl Fn(&mut Group) -> Result<T, Status>,
+    ) -> Result<T, Status> {
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(RETRY_AFTER * attempt as u32).await;
+            }
+            let (mut group, expected) = self.current_group(records, id).await?;
+            let out = change(&mut group)?;
+            match records.write(GROUPS, id, encode(&group), expected).await {
+                Ok(revision) => {
+                    self.apply_group(id, Some(group), revision)
+                        .await
+                        .map_err(internal)?;
+                    return Ok(out);
+                }
+                Err(RecordError::Conflict) => continue,
+                Err(e) => return Err(refused(e)),
+            }
+        }
+        Err(refused(RecordError::Conflict))
+    }
+
+    /// Removes group `id` from the fleet's records, then here.
+    pub(super) async fn remove_shared_group(
+        &self,
+        records: &dyn SharedRecords,
+        id: &str,
+    ) -> Result<(), Status> {
+        self.current_group(records, id).await?;
+        records.remove(GROUPS, id).await.map_err(refused)?;
+        // Removed here at once; the revision the watch brings is applied over it.
+        self.forget_group(id);
+        Ok(())
+    }
+
+    /// Group `id` as the fleet holds it, with what a write of it expects; one this bridge
+    /// made before it was one of a fleet is taken from here.
+    async fn current_group(
+        &self,
+        records: &dyn SharedRecords,
+        id: &str,
+    ) -> Result<(Group, Expect), Status> {
+        match records.read(GROUPS, id).await.map_err(refused)? {
+            Some(Record {
+                value: Some(value),
+                revision,
+            }) => Ok((decode(&value).map_err(internal)?, Expect::At(revision))),
+            Some(Record { value: None, .. }) => {
+                Err(Status::not_found(format!("group '{id}' not found")))
+            }
+            None => Ok((self.group(id)?, Expect::Absent)),
+        }
+    }
+
+    /// Makes this bridge's group `id` what the fleet's record at `revision` says.
+    async fn apply_group(
+        &self,
+        id: &str,
+        group: Option<Group>,
+        revision: Revision,
+    ) -> Result<(), StoreError> {
+        let rows = group.clone().map(|g| (g.row, g.members));
+        if !self.db.apply_group(id, rows, revision).await? {
+            return Ok(());
+        }
+        match group {
+            Some(group) => {
+                self.sync_group(&group);
+                self.groups.insert(id.to_owned(), group);
+            }
+            None => self.forget_group(id),
+        }
+        Ok(())
+    }
+}
