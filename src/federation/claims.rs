@@ -77,7 +77,8 @@ impl FleetClaims {
             };
             bytes::Bytes::from(serde_json::to_vec(&mine).unwrap_or_default())
         };
-        let fresh = claim(how == Claiming::Registration);
+        // A registration's claim lasts; so does one an agent the fleet registered moves.
+        let fresh = claim(how != Claiming::Held);
         for _ in 0..ATTEMPTS {
             match ready.names.create(&key, fresh.clone()).await {
                 Ok(_) => return Ok(()),
@@ -111,11 +112,11 @@ impl FleetClaims {
                         return Err(held.taken(&info.name));
                     }
                     // A registration moved or taken over by its own agent stays lasting.
-                    let lasting = how == Claiming::Registration || (same && held.lasting);
+                    let lasting = how != Claiming::Held || (same && held.lasting);
                     (claim(lasting), lasting)
                 }
                 // Not one of ours.
-                Err(_) => (fresh.clone(), how == Claiming::Registration),
+                Err(_) => (fresh.clone(), how != Claiming::Held),
             };
             match ready.names.update(&key, value, entry.revision).await {
                 Ok(_) => return Ok(()),

@@ -60,6 +60,9 @@ pub struct Synapse {
     /// agent id → open `StreamGroupMessages` streams.
     group_streams: DashMap<String, usize>,
     groups: DashMap<String, Group>,
+    /// In a fleet: the revision of the fleet's record each group (removed ones too) was
+    /// last applied from, so that what `groups` and the router hold never goes back.
+    group_revisions: DashMap<String, crate::core::Revision>,
     /// Ids of tasks submitted through `TaskService`.
     tasks: Arc<DashSet<String>>,
     /// Ids of those still waiting for an agent that takes their type.
@@ -132,6 +135,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         streams: DashMap::new(),
         group_streams: DashMap::new(),
         groups: DashMap::new(),
+        group_revisions: DashMap::new(),
         tasks: Arc::new(DashSet::new()),
         pending: Arc::new(DashSet::new()),
         task_watchers: DashMap::new(),

@@ -22,6 +22,10 @@ const GROUPS: &str = "synapse-groups";
 const ATTEMPTS: usize = 32;
 const RETRY_AFTER: Duration = Duration::from_millis(2);
 
+/// Reads of a group neither the fleet nor this bridge has, before it is not found.
+const UNSEEN_ATTEMPTS: usize = 5;
+const UNSEEN_AFTER: Duration = Duration::from_millis(20);
+
 struct GroupSink(Weak<Synapse>);
 
 impl RecordSink for GroupSink {
@@ -141,16 +145,25 @@ impl Synapse {
         records: &dyn SharedRecords,
         id: &str,
     ) -> Result<(Group, Expect), Status> {
-        match records.read(GROUPS, id).await.map_err(refused)? {
-            Some(Record {
-                value: Some(value),
-                revision,
-            }) => Ok((decode(&value).map_err(internal)?, Expect::At(revision))),
-            Some(Record { value: None, .. }) => {
-                Err(Status::not_found(format!("group '{id}' not found")))
+        for attempt in 0..UNSEEN_ATTEMPTS {
+            if attempt > 0 {
+                // A replica may answer before it has the create.
+                tokio::time::sleep(UNSEEN_AFTER).await;
             }
-            None => Ok((self.group(id)?, Expect::Absent)),
+            match records.read(GROUPS, id).await.map_err(refused)? {
+                Some(Record {
+                    value: Some(value),
+                    revision,
+                }) => return Ok((decode(&value).map_err(internal)?, Expect::At(revision))),
+                Some(Record { value: None, .. }) => break,
+                None => {
+                    if let Ok(group) = self.group(id) {
+                        return Ok((group, Expect::Absent));
+                    }
+                }
+            }
         }
+        Err(Status::not_found(format!("group '{id}' not found")))
     }
 
     /// Makes this bridge's group `id` what the fleet's record at `revision` says.
@@ -164,6 +177,12 @@ impl Synapse {
         if !self.db.apply_group(id, rows, revision).await? {
             return Ok(());
         }
+        // The writer's own apply and the watch's may finish out of order: the newer stays.
+        let mut applied = self.group_revisions.entry(id.to_owned()).or_default();
+        if *applied >= revision {
+            return Ok(());
+        }
+        *applied = revision;
         match group {
             Some(group) => {
                 self.sync_group(&group);

@@ -152,8 +152,15 @@ impl Tracker {
     /// accepted, its slug in this bridge's directory unless an agent online through
     /// another bridge has it.
     async fn apply_member(&self, member: MemberRow) -> Result<(), StoreError> {
-        if self.members.get(&member.slug).is_some_and(|m| m == member) {
-            return Ok(());
+        match self.members.get(&member.slug) {
+            Some(known) if known == member => return Ok(()),
+            // Declared here under the same slug (ids of declared members derive from slugs):
+            // this bridge's own member and token stay.
+            Some(known) if known.id != member.id => {
+                tracing::warn!(slug = %member.slug, "tracker: a shared member's slug is a member of this bridge's own; not applied");
+                return Ok(());
+            }
+            _ => {}
         }
         if let Err(e) = self.core.directory.register(directory_entry(&member)) {
             tracing::debug!(reason = %e, "tracker: a shared member's slug is held here by another");
@@ -278,9 +285,11 @@ impl Tracker {
             Some((before, after)) => {
                 if before.is_none() {
                     self.chats.index(&after);
-                    self.apply_pending_steps(&after.id).await?;
                 }
                 self.announce_task(before.as_ref(), &after);
+                if before.is_none() {
+                    self.apply_pending_steps(&after.id).await?;
+                }
                 Ok(after)
             }
             // Applied already (the watch came first), or overtaken since: what the writer
@@ -306,6 +315,7 @@ impl Tracker {
     /// Removes task `id` here for good, as the fleet did.
     async fn remove_task(&self, id: &str) -> Result<Option<TaskRow>, StoreError> {
         let removed = self.db.remove_task(id).await?;
+        self.pending_steps.remove(id);
         if let Some(task) = &removed {
             self.chats.forget(task);
         }

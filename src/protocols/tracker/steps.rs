@@ -139,9 +139,15 @@ impl Tracker {
             == StepsApplied::NoTask
             && !self.db.is_removed(task_id).await?
         {
-            let mut pending = self.pending_steps.entry(task_id.to_owned()).or_default();
-            if pending.1 < revision {
-                *pending = (steps, revision);
+            {
+                let mut pending = self.pending_steps.entry(task_id.to_owned()).or_default();
+                if pending.1 < revision {
+                    *pending = (steps, revision);
+                }
+            }
+            // The task may have been applied meanwhile, after it looked for these.
+            if self.db.task(task_id).await?.is_some() {
+                self.apply_pending_steps(task_id).await?;
             }
         }
         Ok(())

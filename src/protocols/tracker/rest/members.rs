@@ -6,9 +6,10 @@ use axum::response::Response;
 use serde_json::Value;
 
 use super::{ApiError, ApiResult, Body, Caller, Shared, created, ok};
-use crate::core::{AgentInfo, Role, derived_uuid};
+use crate::core::{AgentInfo, RecordError, Role, derived_uuid};
 use crate::protocols::tracker::db::MemberRow;
 use crate::protocols::tracker::members::{hash_token, new_token};
+use crate::protocols::tracker::tasks::WriteError;
 use crate::protocols::tracker::wire::{ChatListen, MemberKind, MemberOut, TaskListen};
 use crate::protocols::tracker::{PROTOCOL, Tracker, check_slug, directory_entry};
 use crate::shared::clock::iso8601;
@@ -135,10 +136,16 @@ pub async fn create(State(tracker): Shared, caller: Caller, body: Bytes) -> ApiR
         .await
         .map_err(|taken| ApiError::conflict(taken.to_string()))?;
     let stored = match tracker.core.records() {
-        Some(records) => tracker
+        Some(records) => match tracker
             .create_shared_member(records.as_ref(), member.clone())
             .await
-            .map_err(ApiError::from),
+        {
+            Err(WriteError::Fleet(RecordError::Conflict)) => Err(ApiError::conflict(format!(
+                "member '{}' exists",
+                member.slug
+            ))),
+            created => created.map_err(ApiError::from),
+        },
         None => tracker
             .db
             .put_member(member.clone(), false)
