@@ -68,6 +68,48 @@ pub trait RecordSink: Send + Sync {
     fn apply(&self, change: RecordChange) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
+/// The sink that applies each change with `apply` on `owner` (an endpoint) while it lives,
+/// and logs a change it could not apply as one of `what`.
+pub fn sink<T, F, Fut, E>(owner: &Arc<T>, what: &'static str, apply: F) -> Arc<dyn RecordSink>
+where
+    T: Send + Sync + 'static,
+    F: Fn(Arc<T>, RecordChange) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: std::fmt::Display,
+{
+    Arc::new(ApplyWith {
+        owner: Arc::downgrade(owner),
+        what,
+        apply,
+    })
+}
+
+struct ApplyWith<T, F> {
+    owner: std::sync::Weak<T>,
+    what: &'static str,
+    apply: F,
+}
+
+impl<T, F, Fut, E> RecordSink for ApplyWith<T, F>
+where
+    T: Send + Sync + 'static,
+    F: Fn(Arc<T>, RecordChange) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: std::fmt::Display,
+{
+    fn apply(&self, change: RecordChange) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            let Some(owner) = self.owner.upgrade() else {
+                return;
+            };
+            let key = change.key.clone();
+            if let Err(e) = (self.apply)(owner, change).await {
+                tracing::error!(error = %e, %key, "cannot apply a shared {}", self.what);
+            }
+        })
+    }
+}
+
 pub trait SharedRecords: Send + Sync {
     /// `table`'s record `key` as the fleet holds it now, or `Ok(None)` when there never was
     /// one.

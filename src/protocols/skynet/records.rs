@@ -5,39 +5,24 @@
 //! bridge it joins through (`Core::move_here`). A bridge alone keeps registrations in its
 //! own tables only.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use super::Skynet;
 use super::registry::PROFILES;
-use crate::core::{RecordChange, RecordSink};
-
-/// Applies the fleet's registrations to this bridge's registry.
-struct ProfileSink(Weak<Skynet>);
-
-impl RecordSink for ProfileSink {
-    fn apply(
-        &self,
-        change: RecordChange,
-    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(async move {
-            let Some(skynet) = self.0.upgrade() else {
-                return;
-            };
-            let id = change.key.clone();
-            // Deleted through another bridge while joined here: the member leaves first.
-            if change.value.is_none() && skynet.workspace.is_member(&id) {
-                skynet.leave(&id).await;
-            }
-            if let Err(e) = skynet.registry.apply(change).await {
-                tracing::error!(error = %e, %id, "skynet: cannot apply a fleet registration");
-            }
-        })
-    }
-}
+use crate::core::{RecordChange, sink};
+use crate::store::StoreError;
 
 /// Follows the fleet's registrations, when there is a fleet.
 pub fn follow(skynet: &Arc<Skynet>) {
     if let Some(records) = skynet.core.records() {
-        records.follow(PROFILES, Arc::new(ProfileSink(Arc::downgrade(skynet))));
+        records.follow(PROFILES, sink(skynet, "skynet registration", apply));
     }
+}
+
+async fn apply(skynet: Arc<Skynet>, change: RecordChange) -> Result<(), StoreError> {
+    // Deleted through another bridge while joined here: the member leaves first.
+    if change.value.is_none() && skynet.workspace.is_member(&change.key) {
+        skynet.leave(&change.key).await;
+    }
+    skynet.registry.apply(change).await
 }

@@ -5,14 +5,14 @@
 //! again when another write came first: two joins through two bridges at once both count,
 //! and the member limit holds. A bridge alone keeps its groups in its own tables only.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::Status;
 
 use super::agents::internal;
 use super::{Group, Synapse};
-use crate::core::{Expect, Record, RecordChange, RecordError, RecordSink, Revision, SharedRecords};
+use crate::core::{Expect, Record, RecordChange, RecordError, Revision, SharedRecords, sink};
 use crate::store::StoreError;
 
 /// The table of groups in the fleet's records, keyed by group id.
@@ -26,37 +26,18 @@ const RETRY_AFTER: Duration = Duration::from_millis(2);
 const UNSEEN_ATTEMPTS: usize = 5;
 const UNSEEN_AFTER: Duration = Duration::from_millis(20);
 
-struct GroupSink(Weak<Synapse>);
-
-impl RecordSink for GroupSink {
-    fn apply(
-        &self,
-        change: RecordChange,
-    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(async move {
-            let Some(synapse) = self.0.upgrade() else {
-                return;
-            };
-            let applied = match change.value.as_deref().map(decode).transpose() {
-                Ok(group) => {
-                    synapse
-                        .apply_group(&change.key, group, change.revision)
-                        .await
-                }
-                Err(e) => Err(e),
-            };
-            if let Err(e) = applied {
-                tracing::error!(error = %e, group = %change.key, "synapse: cannot apply a shared group");
-            }
-        })
-    }
-}
-
 /// Follows the fleet's groups, when there is a fleet.
 pub fn follow(synapse: &Arc<Synapse>) {
     if let Some(records) = synapse.core.records() {
-        records.follow(GROUPS, Arc::new(GroupSink(Arc::downgrade(synapse))));
+        records.follow(GROUPS, sink(synapse, "synapse group", apply_change));
     }
+}
+
+async fn apply_change(synapse: Arc<Synapse>, change: RecordChange) -> Result<(), StoreError> {
+    let group = change.value.as_deref().map(decode).transpose()?;
+    synapse
+        .apply_group(&change.key, group, change.revision)
+        .await
 }
 
 fn encode(group: &Group) -> bytes::Bytes {

@@ -13,12 +13,12 @@
 //! reads are served from, and tells its own connections with the task events. A bridge
 //! alone keeps its tasks in its tables only.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use super::db::{MemberRow, TaskRow};
 use super::tasks::{Refused, WriteError};
 use super::{Tracker, directory_entry};
-use crate::core::{Expect, RecordChange, RecordError, RecordSink, Revision, SharedRecords};
+use crate::core::{Expect, RecordChange, RecordError, Revision, SharedRecords, sink};
 use crate::store::StoreError;
 
 /// The table of tasks in the fleet's records.
@@ -35,85 +35,32 @@ pub const STEPS: &str = "tracker-steps";
 pub(super) const ATTEMPTS: usize = 32;
 pub(super) const RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
 
-/// Applies the fleet's task records to this bridge's tables.
-pub struct TaskSink(pub Weak<Tracker>);
-
-impl RecordSink for TaskSink {
-    fn apply(
-        &self,
-        change: RecordChange,
-    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(async move {
-            let Some(tracker) = self.0.upgrade() else {
-                return;
-            };
-            let applied = match change.value {
-                Some(value) => match decode(&value) {
-                    Ok(task) => tracker.apply_task(task, change.revision).await.map(drop),
-                    Err(e) => Err(e),
-                },
-                None => tracker.remove_task(&change.key).await.map(drop),
-            };
-            if let Err(e) = applied {
-                tracing::error!(error = %e, task = %change.key, "tracker: cannot apply a shared task");
-            }
-        })
+/// Applies a change of the fleet's tasks to this bridge's tables.
+async fn apply_task_change(tracker: Arc<Tracker>, change: RecordChange) -> Result<(), StoreError> {
+    match change.value {
+        Some(value) => tracker
+            .apply_task(decode(&value)?, change.revision)
+            .await
+            .map(drop),
+        None => tracker.remove_task(&change.key).await.map(drop),
     }
 }
 
-/// Applies the fleet's task checklists to this bridge's tables.
-struct StepsSink(Weak<Tracker>);
-
-impl RecordSink for StepsSink {
-    fn apply(
-        &self,
-        change: RecordChange,
-    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(async move {
-            let Some(tracker) = self.0.upgrade() else {
-                return;
-            };
-            let steps = match change.value.as_deref().map(decode).transpose() {
-                Ok(steps) => steps.unwrap_or_default(),
-                Err(e) => {
-                    tracing::error!(error = %e, task = %change.key, "tracker: a shared checklist is not one");
-                    return;
-                }
-            };
-            if let Err(e) = tracker
-                .apply_steps(&change.key, steps, change.revision)
-                .await
-            {
-                tracing::error!(error = %e, task = %change.key, "tracker: cannot apply a shared checklist");
-            }
-        })
-    }
+/// Applies a change of the fleet's task checklists to this bridge's tables.
+async fn apply_steps_change(tracker: Arc<Tracker>, change: RecordChange) -> Result<(), StoreError> {
+    let steps = change.value.as_deref().map(decode).transpose()?;
+    (tracker.apply_steps(&change.key, steps.unwrap_or_default(), change.revision)).await
 }
 
-/// Applies the fleet's members to this bridge's.
-struct MemberSink(Weak<Tracker>);
-
-impl RecordSink for MemberSink {
-    fn apply(
-        &self,
-        change: RecordChange,
-    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(async move {
-            let Some(tracker) = self.0.upgrade() else {
-                return;
-            };
-            // Members are not removed (the protocol has no way to), so a removal is none.
-            let Some(value) = change.value else {
-                return;
-            };
-            let applied = match decode(&value) {
-                Ok(member) => tracker.apply_member(member).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = applied {
-                tracing::error!(error = %e, member = %change.key, "tracker: cannot apply a shared member");
-            }
-        })
+/// Applies a change of the fleet's members to this bridge's. Members are not removed (the
+/// protocol has no way to), so a removal is none.
+async fn apply_member_change(
+    tracker: Arc<Tracker>,
+    change: RecordChange,
+) -> Result<(), StoreError> {
+    match change.value {
+        Some(value) => tracker.apply_member(decode(&value)?).await,
+        None => Ok(()),
     }
 }
 
@@ -129,9 +76,9 @@ impl Tracker {
     /// Follows the fleet's tasks, their steps and members, when there is a fleet.
     pub fn follow_shared(self: &Arc<Self>) {
         if let Some(records) = self.core.records() {
-            records.follow(MEMBERS, Arc::new(MemberSink(Arc::downgrade(self))));
-            records.follow(TASKS, Arc::new(TaskSink(Arc::downgrade(self))));
-            records.follow(STEPS, Arc::new(StepsSink(Arc::downgrade(self))));
+            records.follow(MEMBERS, sink(self, "tracker member", apply_member_change));
+            records.follow(TASKS, sink(self, "tracker task", apply_task_change));
+            records.follow(STEPS, sink(self, "tracker checklist", apply_steps_change));
         }
     }
 
