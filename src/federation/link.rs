@@ -25,6 +25,9 @@ const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
 /// Messages delivered to a bridge and not yet acknowledged, at most: a few apply batches.
 const MAX_ACK_PENDING: i64 = 2048;
 
+/// How often a wait for the client to reconnect looks at its state without an event.
+const RECHECK_AFTER: Duration = Duration::from_millis(100);
+
 /// What the bridge uses once JetStream is set up.
 pub struct Ready {
     pub js: jetstream::Context,
@@ -49,6 +52,8 @@ pub struct NatsLink {
     /// (messages wait for the client to reconnect); past `grace` NATS is unreachable.
     disconnected_since: std::sync::Mutex<Option<Instant>>,
     grace: Duration,
+    /// Woken when the client connects again (`reconnected`).
+    connected: tokio::sync::Notify,
 }
 
 impl NatsLink {
@@ -104,6 +109,7 @@ impl NatsLink {
             readiness,
             disconnected_since: std::sync::Mutex::new(None),
             grace: Duration::from_millis(config.publish_timeout_ms),
+            connected: tokio::sync::Notify::new(),
         });
         let watched = Arc::downgrade(&link);
         tokio::spawn(async move {
@@ -114,6 +120,7 @@ impl NatsLink {
                         tracing::info!("federation: connected to NATS");
                         *link.disconnected() = None;
                         link.update_readiness();
+                        link.connected.notify_waiters();
                     }
                     Event::Disconnected => {
                         tracing::warn!("federation: disconnected from NATS; reconnecting");
@@ -150,13 +157,21 @@ impl NatsLink {
 
     /// Waits until the client is connected, or `deadline`; whether it is.
     pub async fn reconnected(&self, deadline: std::time::Instant) -> bool {
-        while !self.is_connected() {
-            if std::time::Instant::now() >= deadline {
+        loop {
+            let connected = self.connected.notified();
+            tokio::pin!(connected);
+            connected.as_mut().enable();
+            if self.is_connected() {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
                 return false;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            // Woken by the connection event; looked at again now and then regardless, as
+            // the client's state may change before its event is handled.
+            let _ = tokio::time::timeout(left.min(RECHECK_AFTER), connected).await;
         }
-        true
     }
 
     fn disconnected(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
