@@ -430,6 +430,18 @@ async fn a_tracker_member_created_through_one_bridge_signs_in_through_any() {
         .post("/members", serde_json::json!({ "slug": "newcomer" }))
         .await;
     assert_eq!(status, 409, "{body}");
+
+    // Created through both bridges at once: the fleet's claim lets exactly one through.
+    for round in 0..3 {
+        let racer = serde_json::json!({ "slug": format!("racer-{round}") });
+        let (first, second) = tokio::join!(
+            on_a.post("/members", racer.clone()),
+            on_b.post("/members", racer.clone())
+        );
+        let mut codes = [first.0, second.0];
+        codes.sort();
+        assert_eq!(codes, [201, 409], "{} {}", first.1, second.1);
+    }
     fleet.shutdown().await;
 }
 
