@@ -11,8 +11,15 @@
 //! is what shows in the p99; the more often the thread runs, the less it leaves. Counting
 //! writes rather than time keeps a quiet bridge from syncing twice per commit (each
 //! checkpoint syncs the log and the database file).
+//!
+//! With `synchronous = NORMAL` a commit is synced only by the next checkpoint that copies
+//! frames (SQLite syncs the log before it copies). So this thread also says which journal
+//! records the database holds durably (`Synced::durable`): only the journal's segments up
+//! to there are removed, and a power loss never takes a message out of both.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -36,6 +43,14 @@ pub(super) struct Checkpointer {
     thread: JoinHandle<()>,
 }
 
+/// The journal records the database holds (`applied`, moved on by the writer after each
+/// commit) and of those, the ones a checkpoint has synced (`durable`, moved on here).
+#[derive(Clone, Default)]
+pub(super) struct Synced {
+    pub(super) applied: Arc<AtomicU64>,
+    pub(super) durable: Arc<AtomicU64>,
+}
+
 /// The writer's side: counts committed writes and says when a checkpoint is due.
 pub(super) struct Committed {
     due: mpsc::SyncSender<()>,
@@ -57,7 +72,10 @@ impl Committed {
 impl Checkpointer {
     /// Starts checkpointing the database at `path` after the commits the writer reports.
     /// The thread ends once the writer's `Committed` is dropped.
-    pub(super) fn start(path: &Path) -> Result<(Checkpointer, Committed), StoreError> {
+    pub(super) fn start(
+        path: &Path,
+        synced: Synced,
+    ) -> Result<(Checkpointer, Committed), StoreError> {
         let open_error = |source| StoreError::Open {
             path: path.to_owned(),
             source,
@@ -69,7 +87,7 @@ impl Checkpointer {
         let thread = std::thread::Builder::new()
             // At most 15 bytes: the kernel cuts a thread's name there.
             .name("checkpointer".into())
-            .spawn(move || run(&conn, &commits))
+            .spawn(move || run(&conn, &commits, &synced))
             .map_err(|source| StoreError::DataDir {
                 path: path.to_owned(),
                 source,
@@ -87,9 +105,10 @@ impl Checkpointer {
     }
 }
 
-fn run(conn: &Connection, commits: &mpsc::Receiver<()>) {
+fn run(conn: &Connection, commits: &mpsc::Receiver<()>, synced: &Synced) {
     super::priority::lower_priority();
     let mut last = Instant::now();
+    let mut copied_before = 0;
     while commits.recv().is_ok() {
         if let Some(wait) = (last + INTERVAL).checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
@@ -97,8 +116,18 @@ fn run(conn: &Connection, commits: &mpsc::Receiver<()>) {
         // This checkpoint covers the commits reported meanwhile.
         let closing = commits.try_recv() == Err(TryRecvError::Disconnected);
         last = Instant::now();
-        if let Err(e) = checkpoint(conn) {
-            tracing::warn!(error = %e, "store: checkpoint failed; the next one retries");
+        // Committed, so in the log, before the checkpoint starts.
+        let applied = synced.applied.load(Ordering::Acquire);
+        match checkpoint(conn) {
+            Ok((log, copied)) => {
+                // A checkpoint that copied frames synced the whole log first; one that
+                // finds it all copied finds it synced by an earlier one.
+                if copied > copied_before || (log >= 0 && log == copied) {
+                    synced.durable.fetch_max(applied, Ordering::Release);
+                }
+                copied_before = copied;
+            }
+            Err(e) => tracing::warn!(error = %e, "store: checkpoint failed; the next one retries"),
         }
         if closing {
             return;
@@ -140,7 +169,9 @@ mod tests {
             grown > 512 * 1024,
             "the log holds every write: {grown} bytes"
         );
-        let (thread, mut committed) = Checkpointer::start(&path).unwrap();
+        let synced = Synced::default();
+        synced.applied.store(7, Ordering::Release);
+        let (thread, mut committed) = Checkpointer::start(&path, synced.clone()).unwrap();
         // Once a checkpoint has copied the whole log, the next commit starts it over.
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -158,5 +189,10 @@ mod tests {
         }
         drop(committed);
         thread.join();
+        assert_eq!(
+            synced.durable.load(Ordering::Acquire),
+            7,
+            "what was applied before a checkpoint that synced is durable"
+        );
     }
 }

@@ -136,6 +136,7 @@ impl Store {
     /// `":memory:"`, and applies the core's migrations.
     pub async fn open(data_dir: &str) -> Result<Store, StoreError> {
         let in_memory = data_dir == IN_MEMORY;
+        let backlog = Backlog::default();
         let (conn, readers, checkpoints) = if in_memory {
             let conn = Connection::open_in_memory().map_err(|source| StoreError::Open {
                 path: IN_MEMORY.into(),
@@ -145,14 +146,17 @@ impl Store {
         } else {
             let dir = PathBuf::from(data_dir);
             let path = dir.join(DB_FILE);
-            tokio::task::spawn_blocking(move || open_file(&dir, &path))
+            let synced = checkpoint::Synced {
+                applied: backlog.applied.clone(),
+                durable: backlog.durable.clone(),
+            };
+            tokio::task::spawn_blocking(move || open_file(&dir, &path, synced))
                 .await
                 .map_err(|_| StoreError::Closed)??
         };
         configure(&conn)?;
         let (checkpointer, committed) = checkpoints.unzip();
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
-        let backlog = Backlog::default();
         let writers_backlog = backlog.clone();
         let thread = std::thread::Builder::new()
             // The kernel keeps 15 bytes of a thread's name (what top, perf and /proc show).
@@ -190,8 +194,15 @@ impl Store {
         let (next, segments) = self
             .write_unguarded_in_batch(move |batch| messages::recover(batch, &recovering))
             .await?;
-        // The database holds every record now; the old segments can go.
+        // The database holds every record now; synced (a commit alone is not, with
+        // `synchronous = NORMAL`), the old segments can go.
+        let database = Path::new(&dir).parent().map(|d| d.join(DB_FILE));
         let journal = tokio::task::spawn_blocking(move || {
+            if let Some(database) = database.filter(|_| !segments.is_empty()) {
+                let conn = Connection::open(&database)?;
+                conn.execute_batch("PRAGMA busy_timeout = 5000;")?;
+                conn.query_row("PRAGMA wal_checkpoint(FULL)", [], |_| Ok(()))?;
+            }
             for segment in &segments {
                 match std::fs::remove_file(segment) {
                     // Applied before a close in this process, and removed since.

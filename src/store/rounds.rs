@@ -224,7 +224,9 @@ impl Store {
             };
         };
         let applied = self.inner.backlog.applied.load(Ordering::Acquire);
-        journal::remove_segments(state.journal.take_applied(applied));
+        // Only segments whose records a checkpoint has synced into the database go.
+        let durable = self.inner.backlog.durable.load(Ordering::Acquire);
+        journal::remove_segments(state.journal.take_applied(durable));
         let number = state.journal.record(|buf| buf.extend_from_slice(&record));
         // Over the limit, the record whose being applied brings the backlog back within it.
         let wait_for = number

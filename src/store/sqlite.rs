@@ -24,6 +24,7 @@ pub(super) type Checkpoints = (checkpoint::Checkpointer, checkpoint::Committed);
 pub(super) fn open_file(
     dir: &Path,
     path: &Path,
+    synced: checkpoint::Synced,
 ) -> Result<(Connection, Option<ReaderPool>, Option<Checkpoints>), StoreError> {
     std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
         path: dir.to_owned(),
@@ -53,7 +54,7 @@ pub(super) fn open_file(
         "PRAGMA wal_autocheckpoint = {}; PRAGMA journal_size_limit = {backstop};",
         backstop / page_bytes.max(512)
     ))?;
-    let checkpoints = checkpoint::Checkpointer::start(path)?;
+    let checkpoints = checkpoint::Checkpointer::start(path, synced)?;
     Ok((
         conn,
         Some(ReaderPool::new(path.to_owned())),

@@ -134,6 +134,8 @@ where
 #[derive(Clone, Default)]
 pub(super) struct Backlog {
     pub(super) applied: Arc<AtomicU64>,
+    /// Of `applied`, what a checkpoint has synced (`checkpoint::Synced`).
+    pub(super) durable: Arc<AtomicU64>,
     pub(super) journaled: Arc<AtomicU64>,
     /// Told each time `applied` moves on, and when the writer stops.
     moved: Arc<Notify>,
@@ -144,6 +146,7 @@ impl Backlog {
     /// The database holds every record up to `last`, the last one written.
     pub(super) fn start_after(&self, last: u64) {
         self.applied.store(last, Ordering::Release);
+        self.durable.store(last, Ordering::Release);
         self.journaled.store(last, Ordering::Release);
     }
 

@@ -415,6 +415,34 @@ async fn start_up_puts_in_what_only_the_journal_holds() {
     store.close().await;
 }
 
+/// The journal stays bounded: a closed segment goes once a checkpoint has synced its
+/// records into the database (not at their commit, which a power loss could take back).
+#[tokio::test]
+async fn closed_segments_go_once_a_checkpoint_has_synced_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().to_str().unwrap()).await.unwrap();
+    let journal_dir = dir.path().join(crate::store::journal::DIR);
+    let filler = "x".repeat(64 * 1024);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut n = 0;
+    // Past three segments' worth, then until the closed ones are gone.
+    loop {
+        let mut env = chat("a", n, &["b"]);
+        env.text = Some(filler.clone());
+        store.insert_message(&env).await.unwrap();
+        n += 1;
+        let segments = crate::store::journal::segments(&journal_dir).unwrap();
+        if n > 800 && segments.len() <= 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "closed segments stay: {segments:?}"
+        );
+    }
+    store.close().await;
+}
+
 /// A store in `dir` holding one message, from "a" to "b", whose stored body is damaged:
 /// the message, sent again, replaces it and fails on the data.
 async fn with_a_damaged_message(dir: &std::path::Path) -> (Store, Envelope) {
