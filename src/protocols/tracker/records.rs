@@ -1,17 +1,16 @@
-//! Tracker tasks and members as records a fleet shares (`core::SharedRecords`).
+//! Tracker tasks, their checklists and members as records a fleet shares
+//! (`core::SharedRecords`).
 //!
-//! A member created over REST (`POST /members`) is created in the fleet's records, and
-//! every bridge keeps it and accepts its token (members declared in `bridge.toml` are
-//! alike on every bridge that declares them).
-//!
-//! A task created, taken
-//! or changed through any bridge is one task, and `take` is atomic fleet-wide. A change
-//! reads the fleet's record, applies to it what the client asked, and writes it back at
-//! the revision it read: a second writer in between makes the write fail, and the change
-//! is made again on what that writer left (so the second taker is told who holds the
-//! task). Every bridge, the writer's too, applies each revision to its own tables, where
-//! reads are served from, and tells its own connections with the task events. A bridge
-//! alone keeps its tasks in its tables only.
+//! A task created, taken or changed through any bridge is one task, and `take` is atomic
+//! fleet-wide. A change reads the fleet's record, applies to it what the client asked, and
+//! writes it back at the revision it read: a second writer in between makes the write
+//! fail, and the change is made again on what that writer left (so the second taker is
+//! told who holds the task). Every bridge, the writer's too, applies each revision to its
+//! own tables, where reads are served from, and tells its own connections with the task
+//! events. Checklists are changed the same way (`steps`). A member created over REST
+//! (`POST /members`) is created in the fleet's records, and every bridge keeps it and
+//! accepts its token (members declared in `bridge.toml` are alike on every bridge that
+//! declares them). A bridge alone keeps all of these in its tables only.
 
 use std::sync::Arc;
 
