@@ -11,6 +11,50 @@ use std::sync::Arc;
 /// A record's version in the fleet: it grows with every write to the record.
 pub type Revision = u64;
 
+/// Tries of a change that lost to another write each time, before it is given up as too
+/// contended (each lost try means another writer won, so the record moved on), and the
+/// wait before the next, growing: a replica may answer the next read before it has the
+/// write that won.
+const CHANGE_ATTEMPTS: usize = 32;
+const CHANGE_RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// What one try of a change to a shared record came to.
+pub enum Tried<T> {
+    /// Decided: written, or nothing to write.
+    Done(T),
+    /// Another write came first: the change is made again on what that one left.
+    Lost,
+}
+
+/// Runs `once` — read the record, make the change, write it at the revision read — until a
+/// try is not lost to another write; `None` when every try was.
+pub async fn until_not_lost<T, E, F, Fut>(mut once: F) -> Result<Option<T>, E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Tried<T>, E>>,
+{
+    for attempt in 0..CHANGE_ATTEMPTS {
+        if attempt > 0 {
+            tokio::time::sleep(CHANGE_RETRY_AFTER * attempt as u32).await;
+        }
+        if let Tried::Done(out) = once().await? {
+            return Ok(Some(out));
+        }
+    }
+    Ok(None)
+}
+
+/// A conditional write's revision, or `None` when another write came first.
+pub fn unless_lost(
+    written: Result<Revision, RecordError>,
+) -> Result<Option<Revision>, RecordError> {
+    match written {
+        Ok(revision) => Ok(Some(revision)),
+        Err(RecordError::Conflict) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 pub type RecordFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, RecordError>> + Send + 'a>>;
 
 /// What a conditional write expects of the record.

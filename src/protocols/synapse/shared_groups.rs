@@ -12,15 +12,14 @@ use tonic::Status;
 
 use super::agents::internal;
 use super::{Group, Synapse};
-use crate::core::{Expect, Record, RecordChange, RecordError, Revision, SharedRecords, sink};
+use crate::core::{
+    Expect, Record, RecordChange, RecordError, Revision, SharedRecords, Tried, sink, unless_lost,
+    until_not_lost,
+};
 use crate::store::StoreError;
 
 /// The table of groups in the fleet's records, keyed by group id.
 const GROUPS: &str = "synapse-groups";
-
-/// Writes made again after another bridge's came first, before the change is refused.
-const ATTEMPTS: usize = 32;
-const RETRY_AFTER: Duration = Duration::from_millis(2);
 
 /// Reads of a group neither the fleet nor this bridge has, before it is not found.
 const UNSEEN_ATTEMPTS: usize = 5;
@@ -86,24 +85,20 @@ impl Synapse {
         id: &str,
         change: impl Fn(&mut Group) -> Result<T, Status>,
     ) -> Result<T, Status> {
-        for attempt in 0..ATTEMPTS {
-            if attempt > 0 {
-                tokio::time::sleep(RETRY_AFTER * attempt as u32).await;
-            }
+        let changed = until_not_lost::<_, Status, _, _>(|| async {
             let (mut group, expected) = self.current_group(records, id).await?;
             let out = change(&mut group)?;
-            match records.write(GROUPS, id, encode(&group), expected).await {
-                Ok(revision) => {
-                    self.apply_group(id, Some(group), revision)
-                        .await
-                        .map_err(internal)?;
-                    return Ok(out);
-                }
-                Err(RecordError::Conflict) => continue,
-                Err(e) => return Err(refused(e)),
-            }
-        }
-        Err(refused(RecordError::Conflict))
+            let written = records.write(GROUPS, id, encode(&group), expected).await;
+            let Some(revision) = unless_lost(written).map_err(refused)? else {
+                return Ok(Tried::Lost);
+            };
+            self.apply_group(id, Some(group), revision)
+                .await
+                .map_err(internal)?;
+            Ok(Tried::Done(out))
+        })
+        .await?;
+        changed.ok_or_else(|| refused(RecordError::Conflict))
     }
 
     /// Removes group `id` from the fleet's records, then here.

@@ -17,7 +17,10 @@ use std::sync::Arc;
 use super::db::{MemberRow, TaskRow};
 use super::tasks::{Refused, WriteError};
 use super::{Tracker, directory_entry};
-use crate::core::{Expect, RecordChange, RecordError, Revision, SharedRecords, sink};
+use crate::core::{
+    Expect, RecordChange, RecordError, Revision, SharedRecords, Tried, sink, unless_lost,
+    until_not_lost,
+};
 use crate::store::StoreError;
 
 /// The table of tasks in the fleet's records.
@@ -28,11 +31,6 @@ pub const MEMBERS: &str = "tracker-members";
 
 /// The table of task checklists, keyed by task id (`steps`).
 pub const STEPS: &str = "tracker-steps";
-
-/// Writes made again after another bridge's came first, before the change is refused as
-/// too contended (each one lost means another writer won, so the task moved on).
-pub(super) const ATTEMPTS: usize = 32;
-pub(super) const RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Applies a change of the fleet's tasks to this bridge's tables.
 async fn apply_task_change(tracker: Arc<Tracker>, change: RecordChange) -> Result<(), StoreError> {
@@ -149,38 +147,33 @@ impl Tracker {
     where
         F: Fn(&mut TaskRow) -> Result<(), String>,
     {
-        for attempt in 0..ATTEMPTS {
-            if attempt > 0 {
-                // A replica may answer the read before it has the write that won.
-                tokio::time::sleep(RETRY_AFTER * attempt as u32).await;
-            }
+        let changed = until_not_lost::<_, WriteError, _, _>(|| async {
             let Some((before, expected)) = self.current(records, id).await? else {
-                return Ok(Err(Refused::Missing));
+                return Ok(Tried::Done(Err(Refused::Missing)));
             };
             let mut after = before.clone();
             if let Err(reason) = change(&mut after) {
-                return Ok(Err(Refused::Conflict(reason)));
+                return Ok(Tried::Done(Err(Refused::Conflict(reason))));
             }
             if after == before && expected != Expect::Absent {
                 // Answered with the record the decision was made on, which this bridge may
                 // not have applied yet.
                 let mut current = before;
                 self.localise(&mut current)?;
-                return Ok(Ok((current.clone(), current)));
+                return Ok(Tried::Done(Ok((current.clone(), current))));
             }
             after.updated_at = crate::core::now_ms();
-            match records.write(TASKS, id, encode(&after), expected).await {
-                Ok(revision) => {
-                    let after = self.apply_task(after, revision).await?;
-                    let mut before = before;
-                    self.localise(&mut before)?;
-                    return Ok(Ok((before, after)));
-                }
-                Err(RecordError::Conflict) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(RecordError::Conflict.into())
+            let written = records.write(TASKS, id, encode(&after), expected).await;
+            let Some(revision) = unless_lost(written)? else {
+                return Ok(Tried::Lost);
+            };
+            let after = self.apply_task(after, revision).await?;
+            let mut before = before;
+            self.localise(&mut before)?;
+            Ok(Tried::Done(Ok((before, after))))
+        })
+        .await?;
+        changed.ok_or(RecordError::Conflict.into())
     }
 
     /// Removes task `id` from the fleet's records, then here.

@@ -8,9 +8,11 @@ use dashmap::DashMap;
 
 use super::Tracker;
 use super::db::{StepRow, StepsApplied};
-use super::records::{ATTEMPTS, RETRY_AFTER, STEPS, decode, encode};
+use super::records::{STEPS, decode, encode};
 use super::tasks::WriteError;
-use crate::core::{Expect, Record, RecordError, Revision, SharedRecords};
+use crate::core::{
+    Expect, Record, RecordError, Revision, SharedRecords, Tried, unless_lost, until_not_lost,
+};
 use crate::store::StoreError;
 
 /// A change a client asks of a task's steps.
@@ -81,27 +83,22 @@ impl Tracker {
                 .change_steps(task_id, move |steps| edit.apply(&id, steps))
                 .await?);
         };
-        for attempt in 0..ATTEMPTS {
-            if attempt > 0 {
-                tokio::time::sleep(RETRY_AFTER * attempt as u32).await;
-            }
+        let changed = until_not_lost::<_, WriteError, _, _>(|| async {
             let (mut steps, expected) = self.current_steps(records.as_ref(), task_id).await?;
             let Some(touched) = edit.apply(task_id, &mut steps) else {
-                return Ok(None);
+                return Ok(Tried::Done(None));
             };
-            match records
+            let written = records
                 .write(STEPS, task_id, encode(&steps), expected)
-                .await
-            {
-                Ok(revision) => {
-                    self.apply_steps(task_id, steps, revision).await?;
-                    return Ok(Some(touched));
-                }
-                Err(RecordError::Conflict) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(RecordError::Conflict.into())
+                .await;
+            let Some(revision) = unless_lost(written)? else {
+                return Ok(Tried::Lost);
+            };
+            self.apply_steps(task_id, steps, revision).await?;
+            Ok(Tried::Done(Some(touched)))
+        })
+        .await?;
+        changed.ok_or(RecordError::Conflict.into())
     }
 
     /// Task `task_id`'s steps as the fleet holds them, with what a write of them expects;
