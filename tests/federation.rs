@@ -795,6 +795,148 @@ async fn what_a_killed_bridge_acknowledged_reaches_its_recipients_once() {
     fleet.shutdown().await;
 }
 
+/// A Grid message with id `id` from `from` to `to`.
+fn grid_request(id: &str, from: &str, to: &str) -> String {
+    format!(
+        "message: {{ id: {id}, type: request, sender: {{ agent: {from} }}, receiver: {{ agent: {to} }}, content: {{ action: note, payload: {{ text: {id} }} }} }}"
+    )
+}
+
+/// A Grid program's queue is the fleet's: what its bridge queued while it was away, and
+/// what other bridges queue once that bridge is killed, it takes through another bridge,
+/// each message once and in the order sent.
+#[tokio::test]
+async fn a_grid_programs_queue_outlives_its_bridge() {
+    let fleet = Fleet::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let process = spawn_member(&fleet, dir.path(), "b1").await;
+    // The program opens a socket on b1, so that the fleet knows it, and goes away.
+    let (socket, _) = common::grid::GridWs::connect(process.addr("grid"), "poller", None).await;
+    fleet.wait_known(0, "poller").await;
+    drop(socket);
+    let directory = &fleet.nets[0].bridge.core().directory;
+    eventually("b0 shows the program away", async || {
+        directory.get("poller").is_some_and(|a| !a.online)
+    })
+    .await;
+
+    // While it is away, b1 queues its mail, in the fleet's records.
+    let sender = common::grid::GridHttp::new(fleet.nets[0].grid);
+    for n in 0..4 {
+        sender
+            .send(&grid_request(&format!("q{n}"), "sender", "poller"))
+            .await;
+    }
+    eventually("b1 queued the mail in the fleet", async || {
+        fleet.records_in("grid-queue").await == 4
+    })
+    .await;
+    process.kill_9();
+    eventually("b0 takes b1 for gone", async || {
+        directory
+            .held_by_gone_bridges("grid")
+            .contains(&"poller".to_owned())
+    })
+    .await;
+    // With b1 gone, b0 keeps the program's mail itself.
+    for n in 4..6 {
+        sender
+            .send(&grid_request(&format!("q{n}"), "sender", "poller"))
+            .await;
+    }
+    eventually("b0 queued the mail in the fleet", async || {
+        fleet.records_in("grid-queue").await == 6
+    })
+    .await;
+
+    // The program polls b0 (its name is b0's once b1's claim lapses): all of it, once.
+    let poll = format!(
+        "http://{}/grid/v1/messages?agent=poller",
+        fleet.nets[0].grid
+    );
+    let mut ids = Vec::new();
+    eventually("the program polls through b0", async || {
+        let answer = common::http().get(&poll).send().await.unwrap();
+        if answer.status() != 200 {
+            return false;
+        }
+        let stream = common::grid::yaml_stream(&answer.text().await.unwrap());
+        ids = (stream.iter())
+            .map(|m| m["message"]["id"].as_str().unwrap().to_owned())
+            .collect();
+        true
+    })
+    .await;
+    let poller = common::grid::GridHttp::new(fleet.nets[0].grid);
+    assert_eq!(ids, ["q0", "q1", "q2", "q3", "q4", "q5"]);
+    assert!(poller.poll("agent=poller").await.is_empty());
+    assert_eq!(fleet.records_in("grid-queue").await, 0);
+    fleet.shutdown().await;
+}
+
+/// A Synapse agent's polling inbox is the fleet's, as a Grid program's queue is.
+#[tokio::test]
+async fn a_synapse_agents_inbox_outlives_its_bridge() {
+    use agentbridge::protocols::synapse::proto::SendMessageRequest;
+    use common::synapse::{Stream, chat, clients, text_of, with_meta};
+
+    let fleet = Fleet::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let process = spawn_member(&fleet, dir.path(), "b1").await;
+    let stream = Stream::open(process.addr("synapse"), "inboxer").await;
+    fleet.wait_known(0, "inboxer").await;
+    drop(stream);
+    let directory = &fleet.nets[0].bridge.core().directory;
+    eventually("b0 shows the agent away", async || {
+        directory.get("inboxer").is_some_and(|a| !a.online)
+    })
+    .await;
+
+    let mut sender = clients(fleet.nets[0].synapse).await;
+    let send = async |sender: &mut common::synapse::Clients, text: &str| {
+        let request = SendMessageRequest {
+            message: Some(chat("writer", "inboxer", text)),
+        };
+        sender.messages.send_message(request).await.unwrap();
+    };
+    for n in 0..3 {
+        send(&mut sender, &format!("m{n}")).await;
+    }
+    eventually("b1 kept the mail in the fleet", async || {
+        fleet.records_in("synapse-inbox").await == 3
+    })
+    .await;
+    process.kill_9();
+    eventually("b0 takes b1 for gone", async || {
+        (directory.held_by_gone_bridges("synapse")).contains(&"inboxer".to_owned())
+    })
+    .await;
+    send(&mut sender, "m3").await;
+    eventually("b0 kept the mail in the fleet", async || {
+        fleet.records_in("synapse-inbox").await == 4
+    })
+    .await;
+
+    // The agent fetches its inbox through b0 once b1's claim on its name lapses.
+    let mut texts = Vec::new();
+    eventually("the agent fetches its inbox through b0", async || {
+        let mut poller = clients(fleet.nets[0].synapse).await;
+        let request = with_meta((), &[("x-synapse-agent-id", "inboxer")]);
+        let Ok(answer) = poller.messages.receive_callback(request).await else {
+            return false;
+        };
+        let mut inbound = answer.into_inner();
+        while let Some(Ok(message)) = futures_util::StreamExt::next(&mut inbound).await {
+            texts.push(text_of(&message));
+        }
+        true
+    })
+    .await;
+    assert_eq!(texts, ["m0", "m1", "m2", "m3"]);
+    assert_eq!(fleet.records_in("synapse-inbox").await, 0);
+    fleet.shutdown().await;
+}
+
 /// NATS wholly gone: agents on one bridge still reach one another; a message for an agent
 /// on another bridge is refused in the sender's protocol; `/readyz` says why. When NATS
 /// comes back, so does the fleet.

@@ -152,6 +152,9 @@ pub struct Directory {
     /// Bumped whenever a name is registered, updated or freed (not on presence), so that
     /// endpoints can cache what they derive from the set of agents.
     generation: AtomicU64,
+    /// Bridges of the fleet taken for gone (`bridge_gone`): the bridges still here keep the
+    /// mail of the agents they held.
+    gone: Map<String, ()>,
 }
 
 impl Directory {
@@ -252,6 +255,7 @@ impl Directory {
     /// Shows offline every agent `bridge` holds (it stopped telling the fleet it is
     /// alive); returns those that were online, with their protocols.
     pub fn bridge_gone(&self, bridge: &str) -> Vec<(String, Protocol)> {
+        self.gone.insert(bridge.to_owned(), ());
         let mut gone = Vec::new();
         for mut entry in self.by_name.iter_mut() {
             if entry.bridge.as_deref() == Some(bridge) && entry.online {
@@ -261,6 +265,29 @@ impl Directory {
             }
         }
         gone
+    }
+
+    /// `bridge` tells the fleet it is alive again: it keeps its agents' mail again.
+    pub fn bridge_back(&self, bridge: &str) {
+        self.gone.remove(bridge);
+    }
+
+    /// The names of `protocol`'s agents held by bridges taken for gone: their mail is kept
+    /// here (and by every other bridge still in the fleet, once between them).
+    pub fn held_by_gone_bridges(&self, protocol: Protocol) -> Vec<String> {
+        if self.gone.is_empty() {
+            return Vec::new();
+        }
+        (self.by_name.iter())
+            .filter(|e| e.protocol == protocol && self.gone_holder(e))
+            .map(|e| e.name.clone())
+            .collect()
+    }
+
+    fn gone_holder(&self, info: &AgentInfo) -> bool {
+        info.bridge
+            .as_ref()
+            .is_some_and(|b| self.gone.contains_key(b))
     }
 
     /// Changes whenever the set of names or their profiles changes.
@@ -301,10 +328,11 @@ impl Directory {
             .map(|held| NameTaken::by(&held))
     }
 
-    /// `name`'s protocol, when this bridge holds it (not another of the fleet).
-    pub fn home_protocol_of(&self, name: &str) -> Option<Protocol> {
+    /// `name`'s protocol, when this bridge keeps its mail while it is away: this bridge
+    /// holds it, or the bridge that held it is gone from the fleet.
+    pub fn keeps_mail_of(&self, name: &str) -> Option<Protocol> {
         (self.by_name.get(name))
-            .filter(|e| e.bridge.is_none())
+            .filter(|e| e.bridge.is_none() || self.gone_holder(e))
             .map(|e| e.protocol)
     }
 

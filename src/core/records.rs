@@ -55,15 +55,60 @@ pub fn unless_lost(
     }
 }
 
+/// Mail taken from a table of a fleet's records (`take_each`).
+pub struct TakenEach<T> {
+    /// Taken by this bridge, or kept by it alone (no record to take).
+    pub taken: Vec<T>,
+    /// Not taken because the records could not be reached: to be put back and taken later.
+    pub unreachable: Vec<T>,
+}
+
+/// Takes the record of each of `items` (`record_of`: its key and the revision applied here,
+/// or `None` for one this bridge kept alone) from `table`, all at once. One another bridge
+/// took first is in neither list.
+pub async fn take_each<T>(
+    records: &dyn SharedRecords,
+    table: &str,
+    items: Vec<T>,
+    record_of: impl Fn(&T) -> Option<(String, Revision)>,
+) -> TakenEach<T> {
+    let takes = items.into_iter().map(|item| {
+        let record = record_of(&item);
+        async move {
+            let outcome = match record {
+                Some((key, revision)) => records.take(table, &key, revision).await,
+                None => Ok(()),
+            };
+            (outcome, item)
+        }
+    });
+    let mut each = TakenEach {
+        taken: Vec::new(),
+        unreachable: Vec::new(),
+    };
+    for (outcome, item) in futures_util::future::join_all(takes).await {
+        match outcome {
+            Ok(()) => each.taken.push(item),
+            Err(RecordError::Conflict) => {}
+            Err(RecordError::Unavailable(_)) => each.unreachable.push(item),
+        }
+    }
+    each
+}
+
 pub type RecordFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, RecordError>> + Send + 'a>>;
 
 /// What a conditional write expects of the record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expect {
-    /// It does not exist yet.
+    /// It does not exist: never written, removed, or taken.
     Absent,
     /// It is still at this revision.
     At(Revision),
+    /// It was never written, or was last taken (`SharedRecords::take`) so long ago that no
+    /// late copy of it is still on its way: mail a bridge keeps for an absent agent, which
+    /// several bridges may try to keep and only one may, once.
+    Unused,
 }
 
 #[derive(Debug)]
@@ -171,6 +216,13 @@ pub trait SharedRecords: Send + Sync {
 
     /// Removes `table`'s record `key`.
     fn remove<'a>(&'a self, table: &'a str, key: &'a str) -> RecordFuture<'a, ()>;
+
+    /// Takes `table`'s record `key` as written at `revision`, for this bridge alone: of
+    /// bridges taking it at once, one does and the others get `Conflict`. The record is
+    /// removed, and its key refuses `Expect::Unused` writes for a long while after (a
+    /// message taken from an agent's mail is not kept for it again).
+    fn take<'a>(&'a self, table: &'a str, key: &'a str, revision: Revision)
+    -> RecordFuture<'a, ()>;
 
     /// Feeds `sink` every record of `table` as it is now, then every change, until the
     /// bridge stops. `table` is letters, digits and '-'.

@@ -366,9 +366,9 @@ impl Router {
     }
 
     /// Where `name`'s protocol keeps mail for its absent agents, if it does. An agent
-    /// another bridge of the fleet holds has its mail kept there.
+    /// another bridge of the fleet holds has its mail kept there, while that bridge is here.
     fn sink_of(&self, name: &str) -> Option<Arc<dyn OfflineSink>> {
-        let protocol = self.directory.home_protocol_of(name)?;
+        let protocol = self.directory.keeps_mail_of(name)?;
         self.offline.get(protocol).map(|sink| sink.clone())
     }
 

@@ -251,13 +251,29 @@ impl NatsLink {
                 },
             )
             .await?;
-        let agents = bucket(&js, &self.names.agents, config.replicas, Duration::ZERO).await?;
+        let replicas = config.replicas;
+        let agents = bucket(
+            &js,
+            bucket_config(&self.names.agents, replicas, Duration::ZERO),
+        )
+        .await?;
         // A heartbeat two TTLs old says nothing: the bucket forgets it (and a name its
         // bridge held can be taken over, `claims`).
         let keep = Duration::from_millis(config.presence_ttl_ms * 2);
-        let bridges = bucket(&js, &self.names.bridges, config.replicas, keep).await?;
-        let names = bucket(&js, &self.names.claims, config.replicas, Duration::ZERO).await?;
-        let records = bucket(&js, &self.names.records, config.replicas, Duration::ZERO).await?;
+        let bridges = bucket(&js, bucket_config(&self.names.bridges, replicas, keep)).await?;
+        let names = bucket(
+            &js,
+            bucket_config(&self.names.claims, replicas, Duration::ZERO),
+        )
+        .await?;
+        // The records allow a message a TTL of its own, which the mark a take leaves has
+        // (`records::TAKEN_REMEMBERED`); the markers `limit_markers` also sets are for
+        // `max_age`, which is not set.
+        let records = kv::Config {
+            limit_markers: Some(Duration::from_secs(1)),
+            ..bucket_config(&self.names.records, replicas, Duration::ZERO)
+        };
+        let records = bucket(&js, records).await?;
         // The first heartbeat before the bridge is ready: from then on the names it claims
         // are held by a bridge the others see alive.
         put_heartbeat(&bridges, &self.bridge_id).await?;
@@ -312,25 +328,28 @@ pub fn lost_race(e: &kv::UpdateError) -> bool {
     false
 }
 
+/// The KV bucket `config` names, made as `config` says if it does not exist.
 async fn bucket(
     js: &jetstream::Context,
-    name: &str,
-    replicas: usize,
-    max_age: Duration,
+    config: kv::Config,
 ) -> Result<kv::Store, async_nats::Error> {
-    if let Ok(store) = js.get_key_value(name).await {
+    if let Ok(store) = js.get_key_value(&config.bucket).await {
         return Ok(store);
     }
-    Ok(js
-        .create_key_value(kv::Config {
-            bucket: name.to_owned(),
-            history: 1,
-            max_age,
-            num_replicas: replicas,
-            storage: stream::StorageType::File,
-            ..Default::default()
-        })
-        .await?)
+    Ok(js.create_key_value(config).await?)
+}
+
+/// A bucket keeping one value per key, on file, with `replicas` copies; a value older than
+/// `max_age` (unless zero) is forgotten.
+fn bucket_config(name: &str, replicas: usize, max_age: Duration) -> kv::Config {
+    kv::Config {
+        bucket: name.to_owned(),
+        history: 1,
+        max_age,
+        num_replicas: replicas,
+        storage: stream::StorageType::File,
+        ..Default::default()
+    }
 }
 
 /// The rustls provider of every TLS connection the process makes: async-nats asks

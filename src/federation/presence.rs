@@ -112,6 +112,7 @@ impl Presence {
     /// Shows online again the agents whose cards say `bridge` holds them online, each with a
     /// join event here.
     async fn revive(&self, ready: &Ready, bridge: &str, alive: &mut HashMap<String, Instant>) {
+        self.core.directory.bridge_back(bridge);
         for value in all_cards(ready).await {
             let Ok(card) = serde_json::from_slice::<Card>(&value) else {
                 continue;

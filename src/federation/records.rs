@@ -19,6 +19,11 @@ use crate::core::{
 /// How long a watch that failed waits before it starts again.
 const REWATCH_AFTER: Duration = Duration::from_millis(500);
 
+/// How long a taken record's key refuses `Expect::Unused` writes: the mark a take leaves
+/// lives this long (a per-message TTL, so the records bucket allows them), longer than a
+/// late copy of a message takes to reach the fleet from a bridge that was away.
+pub const TAKEN_REMEMBERED: Duration = Duration::from_secs(7 * 24 * 3600);
+
 pub struct FleetRecords {
     pub link: Arc<NatsLink>,
     pub shutdown: tokio_util::sync::CancellationToken,
@@ -56,6 +61,14 @@ fn unavailable(e: impl std::fmt::Display) -> RecordError {
     RecordError::Unavailable(e.to_string())
 }
 
+/// A refused revision check is a conflict; anything else, unavailability.
+fn conflict_or_unavailable(e: kv::UpdateError) -> RecordError {
+    match lost_race(&e) {
+        true => RecordError::Conflict,
+        false => unavailable(e),
+    }
+}
+
 impl SharedRecords for FleetRecords {
     fn read<'a>(&'a self, table: &'a str, key: &'a str) -> RecordFuture<'a, Option<Record>> {
         Box::pin(async move {
@@ -90,12 +103,27 @@ impl SharedRecords for FleetRecords {
                         _ => unavailable(e),
                     }),
                 Expect::At(revision) => {
-                    (bucket.update(&key, value, revision).await).map_err(|e| match lost_race(&e) {
-                        true => RecordError::Conflict,
-                        false => unavailable(e),
-                    })
+                    (bucket.update(&key, value, revision).await).map_err(conflict_or_unavailable)
+                }
+                // Revision 0: no message at all under the key, not even a take's mark.
+                Expect::Unused => {
+                    (bucket.update(&key, value, 0).await).map_err(conflict_or_unavailable)
                 }
             }
+        })
+    }
+
+    fn take<'a>(
+        &'a self,
+        table: &'a str,
+        key: &'a str,
+        revision: Revision,
+    ) -> RecordFuture<'a, ()> {
+        Box::pin(async move {
+            (self.bucket()?)
+                .purge_expect_revision_with_ttl(bucket_key(table, key), revision, TAKEN_REMEMBERED)
+                .await
+                .map_err(conflict_or_unavailable)
         })
     }
 

@@ -120,6 +120,25 @@ impl Fleet {
         }
     }
 
+    /// How many live records `table` of the fleet's shared records holds, read from NATS
+    /// itself (`docs/federation.md`: the records bucket, keys `<table>.<key>`).
+    pub async fn records_in(&self, table: &str) -> usize {
+        use futures_util::StreamExt;
+        let url = self.nats.split('"').nth(1).expect("a NATS URL");
+        let client = async_nats::connect(url).await.expect("NATS answers");
+        let js = async_nats::jetstream::new(client);
+        let bucket = (js.get_key_value(format!("{}_records", self.prefix)).await)
+            .expect("the records bucket");
+        let mut keys = bucket.keys().await.expect("the records' keys");
+        let mut count = 0;
+        while let Some(key) = keys.next().await {
+            if key.expect("a key").starts_with(&format!("{table}.")) {
+                count += 1;
+            }
+        }
+        count
+    }
+
     pub async fn shutdown(self) {
         for net in self.nets {
             net.bridge.shutdown().await;

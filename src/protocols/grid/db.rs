@@ -2,6 +2,7 @@
 //! that poll, and what has been read of each scratchpad file.
 
 use rusqlite::{OptionalExtension, params};
+use serde::{Deserialize, Serialize};
 
 use crate::store::{Migration, Store, StoreError};
 
@@ -69,7 +70,29 @@ pub static MIGRATIONS: &[Migration] = &[
         ALTER TABLE grid_scratchpad_seen_by_path RENAME TO grid_scratchpad_seen;
     ",
     },
+    Migration {
+        version: 4,
+        // The revision of the fleet's record a queued message was applied from (in a fleet,
+        // a queue is the fleet's: `shared_queue.rs`); none for one this bridge alone keeps.
+        sql: "ALTER TABLE grid_queue ADD COLUMN fleet_revision INTEGER;",
+    },
 ];
+
+/// A message to queue, for one program or several.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToQueue {
+    pub message_id: String,
+    /// The instance the message names, if any.
+    pub instance: Option<String>,
+    /// The priority lane (0 is the highest).
+    pub priority: i64,
+    /// When it was sent (ms).
+    pub ts: i64,
+    /// When its ttl runs out (ms).
+    pub expires_at: Option<i64>,
+    /// The `message:` object, as JSON text.
+    pub body: String,
+}
 
 /// A queued message: a row of `grid_queue`, whole, so that one taken can be put back.
 #[derive(Clone, Debug, PartialEq)]
@@ -83,9 +106,37 @@ pub struct Queued {
     pub expires_at: Option<i64>,
     /// The `message:` object, as JSON text.
     pub body: String,
+    /// The revision of the fleet's record it was applied from, in a fleet.
+    pub fleet_revision: Option<u64>,
 }
 
-const QUEUED_COLUMNS: &str = "seq, agent, message_id, instance, priority, ts, expires_at, body";
+impl Queued {
+    /// The message, without the agent and the row's place.
+    pub fn message(&self) -> ToQueue {
+        ToQueue {
+            message_id: self.message_id.clone(),
+            instance: self.instance.clone(),
+            priority: self.priority,
+            ts: self.ts,
+            expires_at: self.expires_at,
+            body: self.body.clone(),
+        }
+    }
+
+    /// Queue order: higher priority first, then the fleet's order of its records, then
+    /// this bridge's (what this bridge alone keeps, while NATS is away, after the fleet's).
+    fn order(&self) -> (i64, bool, Option<u64>, i64) {
+        (
+            self.priority,
+            self.fleet_revision.is_none(),
+            self.fleet_revision,
+            self.seq,
+        )
+    }
+}
+
+const QUEUED_COLUMNS: &str =
+    "seq, agent, message_id, instance, priority, ts, expires_at, body, fleet_revision";
 
 fn queued(r: &rusqlite::Row<'_>) -> rusqlite::Result<Queued> {
     Ok(Queued {
@@ -97,6 +148,7 @@ fn queued(r: &rusqlite::Row<'_>) -> rusqlite::Result<Queued> {
         ts: r.get(5)?,
         expires_at: r.get(6)?,
         body: r.get(7)?,
+        fleet_revision: r.get::<_, Option<i64>>(8)?.map(|r| r as u64),
     })
 }
 
@@ -159,20 +211,9 @@ impl Db {
             .await
     }
 
-    /// Queues one message for each of `agents` (a message already queued for an agent is
-    /// not queued twice). `instance` is the instance the message names, if any.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn enqueue(
-        &self,
-        agents: Vec<String>,
-        message_id: &str,
-        instance: Option<String>,
-        lane: usize,
-        ts: i64,
-        expires_at: Option<i64>,
-        body: String,
-    ) -> Result<(), StoreError> {
-        let message_id = message_id.to_owned();
+    /// Queues `message` for each of `agents` (a message already queued for an agent is not
+    /// queued twice).
+    pub async fn enqueue(&self, agents: Vec<String>, message: ToQueue) -> Result<(), StoreError> {
         self.store
             .write(move |conn| {
                 let mut stmt = conn.prepare_cached(
@@ -182,12 +223,12 @@ impl Db {
                 for agent in agents {
                     stmt.execute(params![
                         agent,
-                        message_id,
-                        instance,
-                        lane as i64,
-                        ts,
-                        expires_at,
-                        body
+                        message.message_id,
+                        message.instance,
+                        message.priority,
+                        message.ts,
+                        message.expires_at,
+                        message.body
                     ])?;
                 }
                 Ok(())
@@ -222,7 +263,7 @@ impl Db {
                         queued,
                     )?
                     .collect::<Result<_, _>>()?;
-                rows.sort_by_key(|q| (q.priority, q.seq));
+                rows.sort_by_key(Queued::order);
                 Ok(rows)
             })
             .await
@@ -252,7 +293,7 @@ impl Db {
             .write(move |conn| {
                 let mut stmt = conn.prepare_cached(&format!(
                     "INSERT OR IGNORE INTO grid_queue ({QUEUED_COLUMNS})
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
                 ))?;
                 for q in rows {
                     stmt.execute(params![
@@ -263,9 +304,63 @@ impl Db {
                         q.priority,
                         q.ts,
                         q.expires_at,
-                        q.body
+                        q.body,
+                        q.fleet_revision.map(|r| r as i64)
                     ])?;
                 }
+                Ok(())
+            })
+            .await
+    }
+
+    /// Keeps `q` for `agent` as the fleet's record holds it at `revision`: queued if it is
+    /// not, its revision moved on if it is at an older one.
+    pub async fn apply_queued(
+        &self,
+        agent: String,
+        q: ToQueue,
+        revision: u64,
+    ) -> Result<(), StoreError> {
+        self.store
+            .write(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "INSERT INTO grid_queue
+                        (agent, message_id, instance, priority, ts, expires_at, body, fleet_revision)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                     ON CONFLICT (agent, message_id) DO UPDATE SET
+                        fleet_revision = excluded.fleet_revision
+                     WHERE fleet_revision IS NULL OR fleet_revision < excluded.fleet_revision",
+                )?;
+                stmt.execute(params![
+                    agent,
+                    q.message_id,
+                    q.instance,
+                    q.priority,
+                    q.ts,
+                    q.expires_at,
+                    q.body,
+                    revision as i64
+                ])?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Drops what is queued for `agent` as `message_id` once the fleet took it at
+    /// `revision`, unless it was queued again since (a later revision).
+    pub async fn forget_queued(
+        &self,
+        agent: String,
+        message_id: String,
+        revision: u64,
+    ) -> Result<(), StoreError> {
+        self.store
+            .write(move |conn| {
+                conn.prepare_cached(
+                    "DELETE FROM grid_queue WHERE agent = ?1 AND message_id = ?2
+                        AND (fleet_revision IS NULL OR fleet_revision < ?3)",
+                )?
+                .execute(params![agent, message_id, revision as i64])?;
                 Ok(())
             })
             .await

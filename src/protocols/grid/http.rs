@@ -210,7 +210,7 @@ async fn poll(
         Some(instance) => Instances::Of(Some(instance)),
         None => Instances::All,
     };
-    let queued = match grid.db.take(&agent, since, instances).await {
+    let queued = match grid.take_queued(&agent, since, instances).await {
         Ok(queued) => queued,
         Err(e) => {
             tracing::error!(error = %e, "grid: cannot read the queue");

@@ -14,6 +14,7 @@ mod db;
 mod http;
 mod order;
 mod scratchpad;
+mod shared_queue;
 mod sockets;
 /// Grid message ⇄ Envelope; public for `benches/translate.rs`.
 pub mod translate;
@@ -186,6 +187,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     }
     core.router
         .set_offline_sink(PROTOCOL, Arc::new(Sink(Arc::downgrade(&grid))));
+    shared_queue::follow(&grid);
 
     let listener = super::bind(PROTOCOL, config.listen).await?;
     let addr = listener.local_addr().map_err(|e| fail(&e))?;
@@ -478,17 +480,18 @@ impl Grid {
 
     /// A message for every Grid program: appended to the scratchpad, and queued for each
     /// program it did not reach: one with no socket, or whose first socket attached after
-    /// the message was routed.
+    /// the message was routed. In a fleet, also for the programs of bridges gone from it.
     async fn keep_broadcast(&self, delivery: &Arc<Delivery>) {
         let Some(message) = self.encode(delivery) else {
             return;
         };
         self.append_once(&message).await;
-        let programs: Vec<String> = self
-            .programs
-            .iter()
+        let orphans = self.core.directory.held_by_gone_bridges(PROTOCOL);
+        let programs: Vec<String> = (self.programs.iter())
             .map(|p| p.clone())
-            .filter(|p| *p != delivery.envelope.from && !self.reached_by_broadcast(p, delivery))
+            .filter(|p| !self.reached_by_broadcast(p, delivery))
+            .chain(orphans)
+            .filter(|p| *p != delivery.envelope.from)
             .collect();
         self.queue(programs, delivery, &message).await;
     }
@@ -498,29 +501,21 @@ impl Grid {
             && self.sockets.attached_by(program, delivery.routed_at)
     }
 
-    /// Queues `message` for each of `agents`, in one commit.
+    /// Queues `message` for each of `agents`.
     async fn queue(&self, agents: Vec<String>, delivery: &Delivery, message: &Value) {
         if agents.is_empty() {
             return;
         }
         let env = &delivery.envelope;
-        let expires_at = queue_expiry(env, crate::core::now_ms());
-        let instance = message["receiver"]["instance_id"]
-            .as_str()
-            .map(str::to_owned);
-        if let Err(e) = self
-            .db
-            .enqueue(
-                agents,
-                &env.id,
-                instance,
-                env.priority.lane(),
-                env.timestamp,
-                expires_at,
-                message.to_string(),
-            )
-            .await
-        {
+        let queued = db::ToQueue {
+            message_id: env.id.clone(),
+            instance: (message["receiver"]["instance_id"].as_str()).map(str::to_owned),
+            priority: env.priority.lane() as i64,
+            ts: env.timestamp,
+            expires_at: queue_expiry(env, crate::core::now_ms()),
+            body: message.to_string(),
+        };
+        if let Err(e) = self.keep_queued(agents, queued).await {
             tracing::error!(error = %e, message = %env.id, "grid: cannot queue a message");
         }
     }
@@ -533,7 +528,14 @@ impl Grid {
                 _ = self.shutdown.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
             }
-            let expired = match self.db.take_expired(crate::core::now_ms()).await {
+            let now = crate::core::now_ms();
+            let expired = match self.db.take_expired(now).await {
+                // In a fleet, the bridge that takes an expired message from the fleet's
+                // queue tells its sender.
+                Ok(expired) => self.taken_from_fleet(expired).await,
+                Err(e) => Err(e),
+            };
+            let expired = match expired {
                 Ok(expired) => expired,
                 Err(e) => {
                     tracing::error!(error = %e, "grid: cannot check queued messages");

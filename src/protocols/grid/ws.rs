@@ -307,15 +307,8 @@ impl Connection {
     async fn send_backlog(&mut self, io: &mut Io<Sent>, party: &Party) -> Flow {
         // What was accepted before the socket attached may still be on its way to the queue.
         self.grid.flush().await;
-        let taken = self
-            .grid
-            .db
-            .take(
-                &party.agent,
-                None,
-                Instances::Of(party.instance_id.as_deref()),
-            )
-            .await;
+        let instances = Instances::Of(party.instance_id.as_deref());
+        let taken = (self.grid).take_queued(&party.agent, None, instances).await;
         let backlog = match taken {
             Ok(backlog) => backlog,
             Err(e) => {
@@ -331,7 +324,7 @@ impl Connection {
             self.from_backlog.insert(queued.message_id.clone());
             if send(io, &message).await == Flow::Close {
                 let unsent = std::iter::once(queued).chain(rest).collect();
-                if let Err(e) = self.grid.db.restore(unsent).await {
+                if let Err(e) = self.grid.put_back(unsent).await {
                     tracing::error!(error = %e, agent = %party.agent, "grid: cannot queue again");
                 }
                 return Flow::Close;

@@ -92,7 +92,7 @@ impl Outbound {
             return Vec::new();
         };
         // One writer keeps each agent's inbox in arrival order.
-        let db = synapse.db.clone();
+        let keeper = Arc::downgrade(synapse);
         let stop = synapse.shutdown.clone();
         let inbox_writer = tokio::spawn(async move {
             loop {
@@ -107,7 +107,10 @@ impl Outbound {
                 };
                 match job {
                     InboxJob::Keep(agent, message) => {
-                        if let Err(e) = db.push_inbox(&agent, message.encode_to_vec()).await {
+                        let Some(synapse) = keeper.upgrade() else {
+                            break;
+                        };
+                        if let Err(e) = synapse.keep_in_inbox(&agent, &message).await {
                             tracing::error!(error = %e, agent, "synapse: cannot keep a message for polling");
                         }
                     }
@@ -225,10 +228,10 @@ impl Synapse {
     /// yet written when this was called.
     pub async fn take_inbox(&self, agent: &str) -> Result<Vec<SynapseMessage>, Status> {
         self.outbound.flush().await;
-        let kept = self.db.take_inbox(agent).await.map_err(internal)?;
+        let kept = self.take_inbox_rows(agent).await.map_err(internal)?;
         Ok(kept
             .iter()
-            .filter_map(|bytes| SynapseMessage::decode(bytes.as_slice()).ok())
+            .filter_map(|row| SynapseMessage::decode(row.message.as_slice()).ok())
             .collect())
     }
 

@@ -3,8 +3,12 @@
 
 use rusqlite::{OptionalExtension, Row, params};
 
+mod inbox;
+
 use super::proto::TaskStatus;
+
 use crate::store::{Migration, Store, StoreError};
+pub use inbox::InboxRow;
 
 pub static MIGRATIONS: &[Migration] = &[
     Migration {
@@ -87,6 +91,16 @@ pub static MIGRATIONS: &[Migration] = &[
               group_id TEXT PRIMARY KEY,
               revision INTEGER NOT NULL
           ) WITHOUT ROWID;",
+    },
+    Migration {
+        version: 3,
+        // In a fleet, an inbox is the fleet's (`shared_inbox.rs`): each message kept once per
+        // agent, with the revision of the fleet's record it was applied from (none for one
+        // this bridge alone keeps).
+        sql:
+            "ALTER TABLE synapse_inbox ADD COLUMN message_id TEXT;
+              ALTER TABLE synapse_inbox ADD COLUMN fleet_revision INTEGER;
+              CREATE UNIQUE INDEX synapse_inbox_by_message ON synapse_inbox (agent_id, message_id);",
     },
 ];
 
@@ -642,36 +656,6 @@ impl Db {
                     params![id, revision as i64],
                 )?;
                 Ok(true)
-            })
-            .await
-    }
-
-    pub async fn push_inbox(&self, agent_id: &str, message: Vec<u8>) -> Result<(), StoreError> {
-        let agent_id = agent_id.to_owned();
-        self.store
-            .write(move |conn| {
-                conn.execute(
-                    "INSERT INTO synapse_inbox (agent_id, message, created_at) VALUES (?1, ?2, ?3)",
-                    params![agent_id, message, crate::core::now_ms()],
-                )?;
-                Ok(())
-            })
-            .await
-    }
-
-    /// Takes every message waiting for `agent_id`, oldest first.
-    pub async fn take_inbox(&self, agent_id: &str) -> Result<Vec<Vec<u8>>, StoreError> {
-        let agent_id = agent_id.to_owned();
-        self.store
-            .write(move |conn| {
-                let mut stmt = conn.prepare_cached(
-                    "DELETE FROM synapse_inbox WHERE agent_id = ?1 RETURNING seq, message",
-                )?;
-                let mut rows: Vec<(i64, Vec<u8>)> = stmt
-                    .query_map([agent_id], |r| Ok((r.get(0)?, r.get(1)?)))?
-                    .collect::<Result<_, _>>()?;
-                rows.sort_by_key(|(seq, _)| *seq);
-                Ok(rows.into_iter().map(|(_, m)| m).collect())
             })
             .await
     }

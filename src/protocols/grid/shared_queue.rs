@@ -1,0 +1,180 @@
+//! Grid queues in a fleet (`core::SharedRecords`): a message queued for a program is a
+//! record of the fleet, so the program takes it through whichever bridge it polls or opens
+//! a socket on — the one that queued it, or another after that one died — and takes it once.
+//!
+//! Queuing writes the record only if its key was never used (`Expect::Unused`): the bridge
+//! that holds the program queues its mail, and while that bridge is gone every other one
+//! does, and of bridges queuing one message for one program, one does. Taking it is a take
+//! of the record at the revision this bridge applied (`SharedRecords::take`): of bridges
+//! taking it at once one gets it, and its key is then not used again, so a late copy of the
+//! message is not queued a second time. Every bridge applies the queue's records to its own
+//! `grid_queue` table (revision order) and reads candidates from there. A bridge alone, or
+//! one cut off from NATS, queues in its own table only.
+
+use std::sync::Arc;
+
+use futures_util::future::join_all;
+
+use super::Grid;
+use super::db::{Instances, Queued, ToQueue};
+use crate::core::{Expect, RecordChange, RecordError, SharedRecords, sink, take_each};
+use crate::store::StoreError;
+
+/// The table of queued messages in the fleet's records, keyed by `key`.
+const QUEUE: &str = "grid-queue";
+
+/// A queued message as the fleet holds it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Record {
+    agent: String,
+    #[serde(flatten)]
+    message: ToQueue,
+}
+
+/// The record of `message_id` queued for `agent`: the pair, as JSON (any text can be a
+/// name or an id, so no separator would do).
+fn key(agent: &str, message_id: &str) -> String {
+    serde_json::to_string(&(agent, message_id)).expect("two strings encode")
+}
+
+fn corrupt(e: serde_json::Error) -> StoreError {
+    StoreError::Corrupt(format!("a shared queued message: {e}"))
+}
+
+/// Follows the fleet's queues, when there is a fleet.
+pub fn follow(grid: &Arc<Grid>) {
+    if let Some(records) = grid.core.records() {
+        records.follow(QUEUE, sink(grid, "grid queued message", apply_change));
+    }
+}
+
+async fn apply_change(grid: Arc<Grid>, change: RecordChange) -> Result<(), StoreError> {
+    match change.value {
+        Some(value) => {
+            let record: Record = serde_json::from_slice(&value).map_err(corrupt)?;
+            (grid.db)
+                .apply_queued(record.agent, record.message, change.revision)
+                .await
+        }
+        None => {
+            let (agent, id): (String, String) =
+                serde_json::from_str(&change.key).map_err(corrupt)?;
+            grid.db.forget_queued(agent, id, change.revision).await
+        }
+    }
+}
+
+impl Grid {
+    /// Queues `message` for each of `agents`: in a fleet, as the fleet's records (each
+    /// applied here as it is written); alone, or without NATS, here only.
+    pub(super) async fn keep_queued(
+        &self,
+        agents: Vec<String>,
+        message: ToQueue,
+    ) -> Result<(), StoreError> {
+        let Some(records) = self.core.records() else {
+            return self.db.enqueue(agents, message).await;
+        };
+        let writes = agents.iter().map(|agent| {
+            let record = Record {
+                agent: agent.clone(),
+                message: message.clone(),
+            };
+            let value = serde_json::to_vec(&record).expect("a record encodes");
+            let key = key(agent, &message.message_id);
+            async move {
+                let written = records.write(QUEUE, &key, value.into(), Expect::Unused);
+                (written.await, record)
+            }
+        });
+        let mut here_only = Vec::new();
+        for (written, record) in join_all(writes).await {
+            match written {
+                Ok(revision) => {
+                    (self.db)
+                        .apply_queued(record.agent, record.message, revision)
+                        .await?
+                }
+                // Queued already by another bridge (applied here as its record arrives),
+                // or taken already.
+                Err(RecordError::Conflict) => {}
+                Err(RecordError::Unavailable(why)) => {
+                    tracing::warn!(%why, agent = %record.agent, "grid: queued on this bridge only");
+                    here_only.push(record.agent);
+                }
+            }
+        }
+        if here_only.is_empty() {
+            return Ok(());
+        }
+        self.db.enqueue(here_only, message).await
+    }
+
+    /// Takes the messages waiting for `agent` that `instances` covers (`Db::take`); in a
+    /// fleet, each from the fleet as well: one another bridge took first is left out, and
+    /// one that cannot be taken while NATS is away is put back for later.
+    pub(super) async fn take_queued(
+        &self,
+        agent: &str,
+        since: Option<i64>,
+        instances: Instances<'_>,
+    ) -> Result<Vec<Queued>, StoreError> {
+        let candidates = self.db.take(agent, since, instances).await?;
+        self.taken_from_fleet(candidates).await
+    }
+
+    /// Of `candidates`, taken from this bridge's table, those also taken from the fleet's
+    /// records (all of them for a bridge alone), in queue order.
+    pub(super) async fn taken_from_fleet(
+        &self,
+        candidates: Vec<Queued>,
+    ) -> Result<Vec<Queued>, StoreError> {
+        let Some(records) = self.core.records() else {
+            return Ok(candidates);
+        };
+        let each = take_each(records.as_ref(), QUEUE, candidates, |queued| {
+            let key = key(&queued.agent, &queued.message_id);
+            queued.fleet_revision.map(|revision| (key, revision))
+        })
+        .await;
+        self.db.restore(each.unreachable).await?;
+        Ok(each.taken)
+    }
+
+    /// Queues again messages taken but not sent, where they were: in a fleet, what was
+    /// taken from the fleet is its record again (at a new revision).
+    pub(super) async fn put_back(&self, taken: Vec<Queued>) -> Result<(), StoreError> {
+        let Some(records) = self.core.records() else {
+            return self.db.restore(taken).await;
+        };
+        let mut back = Vec::with_capacity(taken.len());
+        for mut queued in taken {
+            if queued.fleet_revision.is_some() {
+                queued.fleet_revision = self.write_back(records.as_ref(), &queued).await;
+            }
+            back.push(queued);
+        }
+        self.db.restore(back).await
+    }
+
+    /// Writes `queued` back as the fleet's record over the mark its take left; its new
+    /// revision, or `None` (kept here only) when the fleet cannot be reached.
+    async fn write_back(&self, records: &dyn SharedRecords, queued: &Queued) -> Option<u64> {
+        let record = Record {
+            agent: queued.agent.clone(),
+            message: queued.message(),
+        };
+        let value = serde_json::to_vec(&record).expect("a record encodes");
+        let key = key(&queued.agent, &queued.message_id);
+        match records
+            .write(QUEUE, &key, value.into(), Expect::Absent)
+            .await
+        {
+            Ok(revision) => Some(revision),
+            Err(e) => {
+                tracing::warn!(error = %e, agent = %queued.agent, "grid: queued again on this bridge only");
+                None
+            }
+        }
+    }
+}

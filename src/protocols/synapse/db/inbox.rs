@@ -1,0 +1,156 @@
+//! The polling inbox: messages kept for Synapse agents that poll (or whose callbacks
+//! failed), until fetched; in a fleet, each row applied from the fleet's record of it.
+
+use rusqlite::params;
+
+use super::Db;
+use crate::store::StoreError;
+
+impl Db {
+    /// Keeps `message` (its id `message_id`) in `agent_id`'s inbox, once.
+    pub async fn push_inbox(
+        &self,
+        agent_id: &str,
+        message_id: &str,
+        message: Vec<u8>,
+    ) -> Result<(), StoreError> {
+        let (agent_id, message_id) = (agent_id.to_owned(), message_id.to_owned());
+        self.store
+            .write(move |conn| {
+                conn.execute(
+                    "INSERT OR IGNORE INTO synapse_inbox (agent_id, message_id, message, created_at)
+                     VALUES (?1, ?2, ?3, ?4)",
+                    params![agent_id, message_id, message, crate::core::now_ms()],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Keeps `message` in `agent_id`'s inbox as the fleet's record holds it at `revision`:
+    /// kept if it is not, its revision moved on if it is at an older one.
+    pub async fn apply_inbox(
+        &self,
+        agent_id: String,
+        message_id: String,
+        message: Vec<u8>,
+        revision: u64,
+    ) -> Result<(), StoreError> {
+        self.store
+            .write(move |conn| {
+                conn.prepare_cached(
+                    "INSERT INTO synapse_inbox (agent_id, message_id, message, created_at, fleet_revision)
+                     VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT (agent_id, message_id) DO UPDATE SET
+                        fleet_revision = excluded.fleet_revision
+                     WHERE fleet_revision IS NULL OR fleet_revision < excluded.fleet_revision",
+                )?
+                .execute(params![
+                    agent_id,
+                    message_id,
+                    message,
+                    crate::core::now_ms(),
+                    revision as i64
+                ])?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Drops `message_id` from `agent_id`'s inbox once the fleet took it at `revision`,
+    /// unless it was kept again since (a later revision).
+    pub async fn forget_inbox(
+        &self,
+        agent_id: String,
+        message_id: String,
+        revision: u64,
+    ) -> Result<(), StoreError> {
+        self.store
+            .write(move |conn| {
+                conn.prepare_cached(
+                    "DELETE FROM synapse_inbox WHERE agent_id = ?1 AND message_id = ?2
+                        AND (fleet_revision IS NULL OR fleet_revision < ?3)",
+                )?
+                .execute(params![agent_id, message_id, revision as i64])?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Takes every message waiting for `agent_id`, in inbox order.
+    pub async fn take_inbox(&self, agent_id: &str) -> Result<Vec<InboxRow>, StoreError> {
+        let agent_id = agent_id.to_owned();
+        self.store
+            .write(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "DELETE FROM synapse_inbox WHERE agent_id = ?1
+                     RETURNING seq, agent_id, message_id, message, created_at, fleet_revision",
+                )?;
+                let mut rows: Vec<InboxRow> = stmt
+                    .query_map([agent_id], |r| {
+                        Ok(InboxRow {
+                            seq: r.get(0)?,
+                            agent_id: r.get(1)?,
+                            message_id: r.get(2)?,
+                            message: r.get(3)?,
+                            created_at: r.get(4)?,
+                            fleet_revision: r.get::<_, Option<i64>>(5)?.map(|r| r as u64),
+                        })
+                    })?
+                    .collect::<Result<_, _>>()?;
+                rows.sort_by_key(InboxRow::order);
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Puts taken messages back where they were (same sequence numbers, so the same
+    /// order); one kept again meanwhile is kept once.
+    pub async fn restore_inbox(&self, rows: Vec<InboxRow>) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.store
+            .write(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "INSERT OR IGNORE INTO synapse_inbox
+                        (seq, agent_id, message_id, message, created_at, fleet_revision)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )?;
+                for row in rows {
+                    stmt.execute(params![
+                        row.seq,
+                        row.agent_id,
+                        row.message_id,
+                        row.message,
+                        row.created_at,
+                        row.fleet_revision.map(|r| r as i64)
+                    ])?;
+                }
+                Ok(())
+            })
+            .await
+    }
+}
+
+/// A message in an inbox: a row of `synapse_inbox`, whole, so that one taken can be put back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InboxRow {
+    pub seq: i64,
+    pub agent_id: String,
+    /// `None` for a message kept before ids were (it is taken like any other).
+    pub message_id: Option<String>,
+    /// The `SynapseMessage`, encoded.
+    pub message: Vec<u8>,
+    pub created_at: i64,
+    /// The revision of the fleet's record it was applied from, in a fleet.
+    pub fleet_revision: Option<u64>,
+}
+
+impl InboxRow {
+    /// Inbox order: the fleet's order of its records, then this bridge's (what this bridge
+    /// alone keeps, while NATS is away, after the fleet's).
+    fn order(&self) -> (bool, Option<u64>, i64) {
+        (self.fleet_revision.is_none(), self.fleet_revision, self.seq)
+    }
+}

@@ -1,0 +1,94 @@
+//! Synapse polling inboxes in a fleet (`core::SharedRecords`), as Grid's queues are
+//! (`grid/shared_queue.rs` says why each step is as it is): a message kept for an agent is
+//! a record of the fleet, kept once (`Expect::Unused`) by the bridge that holds the agent —
+//! or, while that bridge is gone, by whichever other bridge keeps it first — and taken once,
+//! through whichever bridge the agent polls or opens its stream on. Every bridge applies the
+//! records to its own `synapse_inbox`; a bridge alone, or cut off from NATS, keeps its own.
+
+use std::sync::Arc;
+
+use prost::Message;
+
+use super::Synapse;
+use super::db::InboxRow;
+use super::proto::SynapseMessage;
+use crate::core::{Expect, RecordChange, RecordError, sink, take_each};
+use crate::store::StoreError;
+
+/// The table of kept messages in the fleet's records, keyed by `key`; the value is the
+/// `SynapseMessage`, encoded.
+const INBOX: &str = "synapse-inbox";
+
+/// The record of `message_id` kept for `agent`: the pair, as JSON.
+fn key(agent: &str, message_id: &str) -> String {
+    serde_json::to_string(&(agent, message_id)).expect("two strings encode")
+}
+
+fn agent_and_id(key: &str) -> Result<(String, String), StoreError> {
+    serde_json::from_str(key).map_err(|e| StoreError::Corrupt(format!("a shared inbox key: {e}")))
+}
+
+/// Follows the fleet's inboxes, when there is a fleet.
+pub fn follow(synapse: &Arc<Synapse>) {
+    if let Some(records) = synapse.core.records() {
+        records.follow(INBOX, sink(synapse, "synapse inbox message", apply_change));
+    }
+}
+
+async fn apply_change(synapse: Arc<Synapse>, change: RecordChange) -> Result<(), StoreError> {
+    let (agent, id) = agent_and_id(&change.key)?;
+    match change.value {
+        Some(message) => {
+            (synapse.db)
+                .apply_inbox(agent, id, message.to_vec(), change.revision)
+                .await
+        }
+        None => synapse.db.forget_inbox(agent, id, change.revision).await,
+    }
+}
+
+impl Synapse {
+    /// Keeps `message` in `agent`'s inbox: in a fleet, as the fleet's record (applied here
+    /// as it is written); alone, or without NATS, here only.
+    pub(super) async fn keep_in_inbox(
+        &self,
+        agent: &str,
+        message: &SynapseMessage,
+    ) -> Result<(), StoreError> {
+        let encoded = message.encode_to_vec();
+        let Some(records) = self.core.records() else {
+            return self.db.push_inbox(agent, &message.id, encoded).await;
+        };
+        let key = key(agent, &message.id);
+        match (records.write(INBOX, &key, encoded.clone().into(), Expect::Unused)).await {
+            Ok(revision) => {
+                (self.db)
+                    .apply_inbox(agent.to_owned(), message.id.clone(), encoded, revision)
+                    .await
+            }
+            // Kept already by another bridge (applied here as its record arrives), or taken.
+            Err(RecordError::Conflict) => Ok(()),
+            Err(RecordError::Unavailable(why)) => {
+                tracing::warn!(%why, agent, "synapse: kept in this bridge's inbox only");
+                self.db.push_inbox(agent, &message.id, encoded).await
+            }
+        }
+    }
+
+    /// Takes every message waiting for `agent`, in inbox order; in a fleet, each from the
+    /// fleet as well: one another bridge took first is left out, and one that cannot be
+    /// taken while NATS is away stays for later.
+    pub(super) async fn take_inbox_rows(&self, agent: &str) -> Result<Vec<InboxRow>, StoreError> {
+        let candidates = self.db.take_inbox(agent).await?;
+        let Some(records) = self.core.records() else {
+            return Ok(candidates);
+        };
+        let each = take_each(records.as_ref(), INBOX, candidates, |row| {
+            let id = row.message_id.as_deref()?;
+            Some((key(&row.agent_id, id), row.fleet_revision?))
+        })
+        .await;
+        self.db.restore_inbox(each.unreachable).await?;
+        Ok(each.taken)
+    }
+}
