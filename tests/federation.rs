@@ -937,6 +937,140 @@ async fn a_synapse_agents_inbox_outlives_its_bridge() {
     fleet.shutdown().await;
 }
 
+/// A Synapse task submitted through one bridge is the fleet's: every bridge reads, lists
+/// and watches it, follows its assignee's progress wherever that arrives, and refuses its
+/// external id again; a task that waits for an agent goes, with its file, to the agent
+/// when it appears on another bridge, once.
+#[tokio::test]
+async fn a_synapse_task_is_one_task_fleet_wide() {
+    use agentbridge::protocols::synapse::proto::{
+        GetTaskRequest, MessageType, SubmitTaskRequest, TaskStatus, TaskStatusStreamRequest,
+    };
+    use common::synapse::{Stream, clients, status_update, task_complete};
+
+    let fleet = Fleet::start(2).await;
+    let mut worker = Stream::open(fleet.nets[1].synapse, "worker").await;
+    fleet.wait_known(0, "worker").await;
+    let (mut c0, mut c1) = (
+        clients(fleet.nets[0].synapse).await,
+        clients(fleet.nets[1].synapse).await,
+    );
+    let submit = |external: &str| SubmitTaskRequest {
+        task_type: "worker".into(),
+        external_task_id: external.into(),
+        ..Default::default()
+    };
+    let id = (c0.tasks.submit_task(submit("ext-1")).await)
+        .unwrap()
+        .into_inner()
+        .task_id;
+    let again = c1.tasks.submit_task(submit("ext-1")).await.unwrap_err();
+    assert_eq!(again.code(), tonic::Code::AlreadyExists, "{again:?}");
+
+    let request = worker.next().await;
+    assert_eq!(request.r#type, MessageType::P2pTaskRequest as i32);
+    // b1 reads and watches the task b0 took.
+    let status_on = async |c: &mut common::synapse::Clients| {
+        let request = GetTaskRequest {
+            task_id: id.clone(),
+        };
+        match c.tasks.get_task(request).await {
+            Ok(answer) => answer.into_inner().task.map(|t| (t.status, t.progress)),
+            Err(_) => None,
+        }
+    };
+    eventually("b1 has the task", async || {
+        status_on(&mut c1).await.is_some()
+    })
+    .await;
+    let (watch, requests) = tokio::sync::mpsc::channel(1);
+    let subscribe = TaskStatusStreamRequest {
+        task_id: id.clone(),
+        subscribe: true,
+    };
+    watch.send(subscribe).await.unwrap();
+    let mut watching = (c1.tasks)
+        .stream_task_status(tokio_stream::wrappers::ReceiverStream::new(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut next_update = async || {
+        let update = tokio::time::timeout(WAIT, futures_util::StreamExt::next(&mut watching));
+        update.await.unwrap().unwrap().unwrap()
+    };
+    assert_eq!(next_update().await.status, TaskStatus::Received as i32);
+
+    let progress = status_update(
+        "worker",
+        "agentbridge",
+        &id,
+        TaskStatus::Processing,
+        50,
+        "half",
+    );
+    worker.send(progress).await;
+    let update = next_update().await;
+    assert_eq!(
+        (update.status, update.progress),
+        (TaskStatus::Processing as i32, 50)
+    );
+    let processing = Some((TaskStatus::Processing as i32, 50));
+    eventually("b0 shows the progress", async || {
+        status_on(&mut c0).await == processing
+    })
+    .await;
+    worker
+        .send(task_complete(
+            "worker",
+            "agentbridge",
+            &id,
+            "done",
+            &request.id,
+        ))
+        .await;
+    assert_eq!(next_update().await.status, TaskStatus::Completed as i32);
+    let completed = Some((TaskStatus::Completed as i32, 100));
+    eventually("b0 shows it completed", async || {
+        status_on(&mut c0).await == completed
+    })
+    .await;
+
+    // A task for an agent not there yet, with a file, through b0's gateway.
+    let file = reqwest::multipart::Part::bytes(b"hello".to_vec())
+        .file_name("notes.txt")
+        .mime_str("text/plain")
+        .unwrap();
+    let form = reqwest::multipart::Form::new()
+        .text("task_type", "later")
+        .part("attachment", file);
+    let url = format!(
+        "http://{}/api/v1/synapse/task/multipart",
+        fleet.nets[0].synapse
+    );
+    let answer = common::http()
+        .post(url)
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200, "{:?}", answer.text().await);
+    // The agent appears on b1, as a Skynet agent: it is given the task once, with its file.
+    let skynet = fleet.nets[1].skynet;
+    let later = SkynetHttp::new(skynet).agent("later").await;
+    let (mut later, _) = SkynetWs::join(skynet, &later).await;
+    let task = later.next_message().await;
+    assert_eq!(
+        task["payload"]["files"],
+        serde_json::json!(["notes.txt"]),
+        "{task}"
+    );
+    // And not a second time by the other bridge.
+    while let Ok(frame) = tokio::time::timeout(Duration::from_millis(700), later.next()).await {
+        assert!(frame.get("event").is_some(), "a second message: {frame}");
+    }
+    fleet.shutdown().await;
+}
+
 /// NATS wholly gone: agents on one bridge still reach one another; a message for an agent
 /// on another bridge is refused in the sender's protocol; `/readyz` says why. When NATS
 /// comes back, so does the fleet.

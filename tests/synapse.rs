@@ -15,7 +15,8 @@ use agentbridge::protocols::synapse::proto::{
 };
 use common::start_bridge;
 use common::synapse::{
-    CallbackReceiver, Clients, Stream, chat, clients, endpoint, send, text_of, unpack, with_meta,
+    CallbackReceiver, Clients, Stream, chat, clients, endpoint, send, status_update, task_complete,
+    text_of, unpack, with_meta,
 };
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -129,57 +130,6 @@ impl World {
             out.push(msg.unwrap());
         }
         out
-    }
-}
-
-fn status_update(
-    from: &str,
-    to: &str,
-    task_id: &str,
-    status: TaskStatus,
-    progress: i32,
-    text: &str,
-) -> SynapseMessage {
-    SynapseMessage {
-        r#type: MessageType::P2pStatusUpdate as i32,
-        sender: endpoint(from),
-        receiver: endpoint(to),
-        payload: Some(prost_types::Any {
-            type_url: "type.googleapis.com/synapse.TaskStatusUpdate".into(),
-            value: prost::Message::encode_to_vec(&TaskStatusUpdate {
-                task_id: task_id.into(),
-                status: status as i32,
-                progress,
-                message: text.into(),
-                details: None,
-            }),
-        }),
-        ..Default::default()
-    }
-}
-
-fn task_complete(
-    from: &str,
-    to: &str,
-    task_id: &str,
-    summary: &str,
-    reply_to: &str,
-) -> SynapseMessage {
-    SynapseMessage {
-        r#type: MessageType::P2pTaskComplete as i32,
-        sender: endpoint(from),
-        receiver: endpoint(to),
-        reply_to: reply_to.into(),
-        payload: Some(prost_types::Any {
-            type_url: "type.googleapis.com/synapse.TaskResult".into(),
-            value: prost::Message::encode_to_vec(&TaskResult {
-                task_id: task_id.into(),
-                task_type: String::new(),
-                result: None,
-                summary: summary.into(),
-            }),
-        }),
-        ..Default::default()
     }
 }
 

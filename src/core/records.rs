@@ -224,6 +224,13 @@ pub trait SharedRecords: Send + Sync {
     fn take<'a>(&'a self, table: &'a str, key: &'a str, revision: Revision)
     -> RecordFuture<'a, ()>;
 
+    /// Keeps `bytes` as the fleet's file `name`: what is too large for a record (an
+    /// attachment), written once and read by the bridges that need it.
+    fn put_file<'a>(&'a self, name: &'a str, bytes: bytes::Bytes) -> RecordFuture<'a, ()>;
+
+    /// The fleet's file `name`, or `Ok(None)` when it has none.
+    fn file<'a>(&'a self, name: &'a str) -> RecordFuture<'a, Option<bytes::Bytes>>;
+
     /// Feeds `sink` every record of `table` as it is now, then every change, until the
     /// bridge stops. `table` is letters, digits and '-'.
     fn follow(&self, table: &'static str, sink: Arc<dyn RecordSink>);

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use arc_swap::ArcSwapOption;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
-use async_nats::jetstream::{self, kv, stream};
+use async_nats::jetstream::{self, kv, object_store, stream};
 use async_nats::{ConnectOptions, Event};
 use tokio_util::sync::CancellationToken;
 
@@ -40,6 +40,8 @@ pub struct Ready {
     pub names: kv::Store,
     /// The records endpoints share (`records`).
     pub records: kv::Store,
+    /// The files endpoints share (`records`).
+    pub files: object_store::ObjectStore,
 }
 
 pub struct NatsLink {
@@ -274,6 +276,18 @@ impl NatsLink {
             ..bucket_config(&self.names.records, replicas, Duration::ZERO)
         };
         let records = bucket(&js, records).await?;
+        let files = match js.get_object_store(&self.names.files).await {
+            Ok(files) => files,
+            Err(_) => {
+                js.create_object_store(object_store::Config {
+                    bucket: self.names.files.clone(),
+                    num_replicas: replicas,
+                    storage: stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await?
+            }
+        };
         // The first heartbeat before the bridge is ready: from then on the names it claims
         // are held by a bridge the others see alive.
         put_heartbeat(&bridges, &self.bridge_id).await?;
@@ -284,6 +298,7 @@ impl NatsLink {
             bridges,
             names,
             records,
+            files,
         })
     }
 }

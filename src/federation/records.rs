@@ -43,12 +43,14 @@ fn record_key(table: &str, bucket_key: &str) -> Option<String> {
 }
 
 impl FleetRecords {
+    /// The fleet's buckets, while NATS is reachable.
+    fn ready(&self) -> Result<Arc<super::link::Ready>, RecordError> {
+        (self.link.ready()).ok_or_else(|| RecordError::Unavailable("NATS is unreachable".into()))
+    }
+
     /// The records bucket, while NATS is reachable.
     fn bucket(&self) -> Result<kv::Store, RecordError> {
-        match self.link.ready() {
-            Some(ready) => Ok(ready.records.clone()),
-            None => Err(RecordError::Unavailable("NATS is unreachable".into())),
-        }
+        Ok(self.ready()?.records.clone())
     }
 }
 
@@ -130,6 +132,31 @@ impl SharedRecords for FleetRecords {
     fn remove<'a>(&'a self, table: &'a str, key: &'a str) -> RecordFuture<'a, ()> {
         Box::pin(async move {
             (self.bucket()?.delete(bucket_key(table, key)).await).map_err(unavailable)
+        })
+    }
+
+    fn put_file<'a>(&'a self, name: &'a str, bytes: bytes::Bytes) -> RecordFuture<'a, ()> {
+        Box::pin(async move {
+            let files = self.ready()?.files.clone();
+            let mut reader: &[u8] = &bytes;
+            files.put(name, &mut reader).await.map_err(unavailable)?;
+            Ok(())
+        })
+    }
+
+    fn file<'a>(&'a self, name: &'a str) -> RecordFuture<'a, Option<bytes::Bytes>> {
+        Box::pin(async move {
+            use async_nats::jetstream::object_store::GetErrorKind;
+            use tokio::io::AsyncReadExt;
+            let files = self.ready()?.files.clone();
+            let mut object = match files.get(name).await {
+                Ok(object) => object,
+                Err(e) if e.kind() == GetErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(unavailable(e)),
+            };
+            let mut bytes = Vec::new();
+            object.read_to_end(&mut bytes).await.map_err(unavailable)?;
+            Ok(Some(bytes.into()))
         })
     }
 

@@ -23,6 +23,8 @@ pub struct Names {
     pub claims: String,
     /// The records endpoints share, by table and key (`records`).
     pub records: String,
+    /// The files endpoints share (attachments, larger than a record may be), by name.
+    pub files: String,
     prefix: String,
 }
 
@@ -34,6 +36,7 @@ impl Names {
             bridges: format!("{prefix}_bridges"),
             claims: format!("{prefix}_names"),
             records: format!("{prefix}_records"),
+            files: format!("{prefix}_files"),
             prefix: prefix.to_owned(),
         }
     }

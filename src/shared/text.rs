@@ -51,3 +51,27 @@ mod tests {
         assert_eq!(a_few(&[&long]), format!("{}…", "é".repeat(64)));
     }
 }
+
+/// Optional bytes as standard base64 text in JSON (`#[serde(with = ...)]`), for records
+/// that carry an encoded payload.
+pub mod base64_bytes {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match bytes {
+            Some(bytes) => s.serialize_some(&STANDARD.encode(bytes)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        let Some(text) = Option::<String>::deserialize(d)? else {
+            return Ok(None);
+        };
+        (STANDARD.decode(text))
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
+}

@@ -10,7 +10,8 @@ use agentbridge::protocols::synapse::proto::health_service_client::HealthService
 use agentbridge::protocols::synapse::proto::synapse_message_service_client::SynapseMessageServiceClient;
 use agentbridge::protocols::synapse::proto::task_service_client::TaskServiceClient;
 use agentbridge::protocols::synapse::proto::{
-    AgentEndpoint, MessageType, SendMessageRequest, SynapseMessage,
+    AgentEndpoint, MessageType, SendMessageRequest, SynapseMessage, TaskResult, TaskStatus,
+    TaskStatusUpdate,
 };
 use axum::http::HeaderMap;
 use serde_json::Value;
@@ -255,5 +256,58 @@ impl CallbackReceiver {
             .await
             .expect("a callback within the wait")
             .expect("receiver running")
+    }
+}
+
+/// A `P2P_STATUS_UPDATE` of task `task_id`.
+pub fn status_update(
+    from: &str,
+    to: &str,
+    task_id: &str,
+    status: TaskStatus,
+    progress: i32,
+    text: &str,
+) -> SynapseMessage {
+    SynapseMessage {
+        r#type: MessageType::P2pStatusUpdate as i32,
+        sender: endpoint(from),
+        receiver: endpoint(to),
+        payload: Some(prost_types::Any {
+            type_url: "type.googleapis.com/synapse.TaskStatusUpdate".into(),
+            value: prost::Message::encode_to_vec(&TaskStatusUpdate {
+                task_id: task_id.into(),
+                status: status as i32,
+                progress,
+                message: text.into(),
+                details: None,
+            }),
+        }),
+        ..Default::default()
+    }
+}
+
+/// A `P2P_TASK_COMPLETE` of task `task_id`.
+pub fn task_complete(
+    from: &str,
+    to: &str,
+    task_id: &str,
+    summary: &str,
+    reply_to: &str,
+) -> SynapseMessage {
+    SynapseMessage {
+        r#type: MessageType::P2pTaskComplete as i32,
+        sender: endpoint(from),
+        receiver: endpoint(to),
+        reply_to: reply_to.into(),
+        payload: Some(prost_types::Any {
+            type_url: "type.googleapis.com/synapse.TaskResult".into(),
+            value: prost::Message::encode_to_vec(&TaskResult {
+                task_id: task_id.into(),
+                task_type: String::new(),
+                result: None,
+                summary: summary.into(),
+            }),
+        }),
+        ..Default::default()
     }
 }

@@ -20,6 +20,7 @@ pub mod proto;
 mod services;
 mod shared_groups;
 mod shared_inbox;
+mod shared_tasks;
 mod tasks;
 /// SynapseMessage ⇄ Envelope; public for `benches/translate.rs`.
 pub mod translate;
@@ -146,6 +147,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     synapse.load().await.map_err(|e| fail(&e))?;
     shared_groups::follow(&synapse);
     shared_inbox::follow(&synapse);
+    shared_tasks::follow(&synapse);
 
     let mut listeners = Vec::new();
     for (role, addr) in config.listeners() {

@@ -112,17 +112,12 @@ impl Synapse {
             completed_at: None,
         };
         let attached = attachments(&files);
-        let row = self
-            .db
-            .insert_task(row, files)
-            .await
-            .map_err(internal)?
-            .ok_or_else(|| {
-                Status::already_exists(format!(
-                    "a task with external_task_id '{}' exists",
-                    request.external_task_id
-                ))
-            })?;
+        let row = self.insert_task(row, files).await?.ok_or_else(|| {
+            Status::already_exists(format!(
+                "a task with external_task_id '{}' exists",
+                request.external_task_id
+            ))
+        })?;
         self.tasks.insert(id.clone());
         if assignee.is_some() {
             self.core
@@ -163,20 +158,29 @@ impl Synapse {
         }
     }
 
-    /// Gives a waiting task to `assignee`, unless someone else did first.
+    /// Gives a waiting task to `assignee`, unless someone else did first (in a fleet,
+    /// another bridge may).
     async fn assign(&self, id: &str, assignee: &str) {
-        let message = format!("assigned to {assignee}");
-        let claimed = match self.db.assign_task(id, assignee, &message).await {
-            Ok(claimed) => claimed,
+        let (to, message) = (assignee.to_owned(), format!("assigned to {assignee}"));
+        let claimed = self
+            .update_task(id, move |t| {
+                if t.assignee.is_empty() && t.status == TaskStatus::Received as i32 {
+                    t.assignee = to.clone();
+                    t.message = message.clone();
+                }
+            })
+            .await;
+        self.pending.remove(id);
+        let task = match claimed {
+            Ok(Update::Changed(task)) => task,
+            Ok(Update::Unchanged(_) | Update::Missing) => return,
             Err(e) => {
-                tracing::error!(error = %e, task = id, "synapse: cannot assign a waiting task");
+                tracing::error!(error = %e.message(), task = id, "synapse: cannot assign a waiting task");
                 return;
             }
         };
-        self.pending.remove(id);
-        let Some(task) = claimed else { return };
-        let files = self.db.task_files(id).await.unwrap_or_else(|e| {
-            tracing::error!(error = %e, task = id, "synapse: cannot read a task's files");
+        let files = self.task_files(id).await.unwrap_or_else(|e| {
+            tracing::error!(error = %e.message(), task = id, "synapse: cannot read a task's files");
             Vec::new()
         });
         if let Err(e) = self
@@ -186,7 +190,7 @@ impl Synapse {
         {
             tracing::error!(error = %e, task = id, "synapse: cannot send a task assignment");
         }
-        self.task_changed(&task);
+        self.call_back(&task);
     }
 
     pub async fn task(&self, id: &str) -> Result<TaskRow, Status> {
@@ -201,7 +205,6 @@ impl Synapse {
     pub async fn cancel_task(&self, id: &str) -> Result<TaskRow, Status> {
         let now = crate::core::now_ms();
         let update = self
-            .db
             .update_task(id, move |t| {
                 if !is_finished(t) {
                     t.status = TaskStatus::Cancelled as i32;
@@ -209,8 +212,7 @@ impl Synapse {
                     t.completed_at = Some(now);
                 }
             })
-            .await
-            .map_err(internal)?;
+            .await?;
         let task = match update {
             Update::Changed(task) => task,
             Update::Unchanged(task) => {
@@ -224,7 +226,7 @@ impl Synapse {
         self.pending.remove(id);
         if task.assignee.is_empty() {
             // Still waiting for an agent: no one to tell.
-            self.task_changed(&task);
+            self.call_back(&task);
             return Ok(task);
         }
         let mut env = Envelope::new(PROTOCOL, &task.submitter, Kind::TaskUpdate);
@@ -238,7 +240,7 @@ impl Synapse {
             ..Default::default()
         }));
         self.core.publish(env).await.map_err(internal)?;
-        self.task_changed(&task);
+        self.call_back(&task);
         Ok(task)
     }
 
@@ -279,13 +281,19 @@ impl Synapse {
         }
     }
 
-    /// Pushes a changed task to its watchers and its submitter's callback.
-    fn task_changed(&self, task: &TaskRow) {
+    /// Pushes a changed task to this bridge's `StreamTaskStatus` watchers of it.
+    pub(super) fn tell_watchers(&self, task: &TaskRow) {
         let update = Self::status_update(task);
         if let Some(mut watchers) = self.task_watchers.get_mut(&task.id) {
             watchers.retain(|w| w.try_send(update.clone()).is_ok() || !w.is_closed());
         }
+    }
+
+    /// Tells a changed task's submitter, at its callback URL if it gave one (in a fleet,
+    /// the bridge that wrote the change does).
+    fn call_back(&self, task: &TaskRow) {
         if let Some(url) = &task.callback_url {
+            let update = Self::status_update(task);
             let status = TaskStatus::try_from(task.status).unwrap_or(TaskStatus::Unspecified);
             let (msg_type, payload) = match status {
                 TaskStatus::Completed => (
@@ -364,9 +372,9 @@ impl Synapse {
             .or_else(|| info.summary.as_deref().map(wire::text))
             .map(|any| any.encode_to_vec());
         let now = crate::core::now_ms();
+        let id = info.id.clone();
         let updated = self
-            .db
-            .update_task(&info.id, move |t| {
+            .update_task(&id, move |t| {
                 if is_finished(t) {
                     return;
                 }
@@ -380,7 +388,7 @@ impl Synapse {
                 match status {
                     TaskStatus::Completed => {
                         t.progress = 100;
-                        t.result = result;
+                        t.result = result.clone();
                         t.completed_at = Some(now);
                     }
                     TaskStatus::Failed | TaskStatus::Rejected | TaskStatus::Cancelled => {
@@ -396,10 +404,11 @@ impl Synapse {
             })
             .await;
         match updated {
-            Ok(Update::Changed(task)) => self.task_changed(&task),
-            // Late news of a finished task, or nothing new: no one is told twice.
+            Ok(Update::Changed(task)) => self.call_back(&task),
+            // Late news of a finished task, or nothing new (another bridge of the fleet
+            // wrote it): no one is told twice.
             Ok(Update::Unchanged(_) | Update::Missing) => {}
-            Err(e) => tracing::error!(error = %e, "synapse: cannot record task progress"),
+            Err(e) => tracing::error!(error = %e.message(), "synapse: cannot record task progress"),
         }
     }
 }

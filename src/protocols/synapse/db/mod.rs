@@ -102,6 +102,12 @@ pub static MIGRATIONS: &[Migration] = &[
               ALTER TABLE synapse_inbox ADD COLUMN fleet_revision INTEGER;
               CREATE UNIQUE INDEX synapse_inbox_by_message ON synapse_inbox (agent_id, message_id);",
     },
+    Migration {
+        version: 4,
+        // The revision of the fleet's record each task was last applied from (in a fleet, a
+        // task is the fleet's: `shared_tasks.rs`); none for one this bridge alone keeps.
+        sql: "ALTER TABLE synapse_tasks ADD COLUMN fleet_revision INTEGER;",
+    },
 ];
 
 #[derive(Clone, Debug, PartialEq)]

@@ -7,7 +7,8 @@ use super::Db;
 use crate::protocols::synapse::proto::TaskStatus;
 use crate::store::StoreError;
 
-#[derive(Clone, Debug, PartialEq)]
+/// A task as it is kept here, and as a fleet's record of it (`shared_tasks.rs`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TaskRow {
     pub id: String,
     pub task_type: String,
@@ -16,6 +17,7 @@ pub struct TaskRow {
     pub progress: i32,
     pub message: String,
     /// The submitted payload, an encoded `google.protobuf.Any`.
+    #[serde(with = "crate::shared::text::base64_bytes")]
     pub payload: Option<Vec<u8>>,
     pub external_task_id: Option<String>,
     pub priority: String,
@@ -28,6 +30,7 @@ pub struct TaskRow {
     pub assignee: String,
     pub request_message_id: String,
     /// The result, an encoded `google.protobuf.Any`.
+    #[serde(with = "crate::shared::text::base64_bytes")]
     pub result: Option<Vec<u8>>,
     pub error_code: String,
     pub error_message: String,
@@ -46,11 +49,12 @@ pub enum Update {
     Changed(TaskRow),
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct FileRow {
     pub field_name: String,
     pub filename: String,
     pub mime_type: String,
+    #[serde(skip)]
     pub data: Vec<u8>,
 }
 
@@ -142,13 +146,7 @@ impl Db {
                         task.completed_at
                     ],
                 )?;
-                for (position, file) in files.iter().enumerate() {
-                    conn.execute(
-                        "INSERT INTO synapse_task_files (task_id, position, field_name, filename, mime_type, data)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                        params![task.id, position as i64, file.field_name, file.filename, file.mime_type, file.data],
-                    )?;
-                }
+                insert_files(conn, &task.id, &files)?;
                 Ok(Some(task))
             })
             .await
@@ -179,36 +177,6 @@ impl Db {
                 ))?;
                 let rows = stmt.query_map([TaskStatus::Received as i32], task_from)?;
                 Ok(rows.collect::<Result<_, _>>()?)
-            })
-            .await
-    }
-
-    /// Gives a waiting task to `assignee`; `None` when it is no longer waiting (taken by
-    /// another agent first, or cancelled).
-    pub async fn assign_task(
-        &self,
-        id: &str,
-        assignee: &str,
-        message: &str,
-    ) -> Result<Option<TaskRow>, StoreError> {
-        let (id, assignee, message) = (id.to_owned(), assignee.to_owned(), message.to_owned());
-        self.store
-            .write(move |conn| {
-                let claimed = conn.execute(
-                    "UPDATE synapse_tasks SET assignee = ?2, message = ?3, updated_at = ?4
-                     WHERE id = ?1 AND assignee = '' AND status = ?5",
-                    params![
-                        id,
-                        assignee,
-                        message,
-                        crate::core::now_ms(),
-                        TaskStatus::Received as i32
-                    ],
-                )?;
-                if claimed == 0 {
-                    return Ok(None);
-                }
-                get_task(conn, &id)
             })
             .await
     }
@@ -303,7 +271,8 @@ impl Db {
                 task.updated_at = crate::core::now_ms();
                 conn.execute(
                     "UPDATE synapse_tasks SET status = ?2, progress = ?3, message = ?4, result = ?5,
-                        error_code = ?6, error_message = ?7, updated_at = ?8, completed_at = ?9
+                        error_code = ?6, error_message = ?7, updated_at = ?8, completed_at = ?9,
+                        assignee = ?10
                      WHERE id = ?1",
                     params![
                         id,
@@ -314,11 +283,87 @@ impl Db {
                         task.error_code,
                         task.error_message,
                         task.updated_at,
-                        task.completed_at
+                        task.completed_at,
+                        task.assignee
                     ],
                 )?;
                 Ok(Update::Changed(task))
             })
             .await
     }
+
+    /// Keeps `task` as the fleet's record holds it at `revision`: inserted if it is not
+    /// here, changed if it is here at an older revision. Whether it was news here.
+    pub async fn apply_task(&self, task: TaskRow, revision: u64) -> Result<bool, StoreError> {
+        self.store
+            .write(move |conn| {
+                let changed = conn
+                    .prepare_cached(&format!(
+                        "INSERT INTO synapse_tasks ({TASK_COLUMNS}, fleet_revision) VALUES
+                         (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)
+                         ON CONFLICT (id) DO UPDATE SET status = excluded.status,
+                            progress = excluded.progress, message = excluded.message,
+                            assignee = excluded.assignee, result = excluded.result,
+                            error_code = excluded.error_code, error_message = excluded.error_message,
+                            updated_at = excluded.updated_at, completed_at = excluded.completed_at,
+                            fleet_revision = excluded.fleet_revision
+                         WHERE fleet_revision IS NULL OR fleet_revision < excluded.fleet_revision"
+                    ))?
+                    .execute(params![
+                        task.id,
+                        task.task_type,
+                        task.status,
+                        task.progress,
+                        task.message,
+                        task.payload,
+                        task.external_task_id,
+                        task.priority,
+                        task.callback_url,
+                        task.callback_token,
+                        task.transport,
+                        task.submitter,
+                        task.assignee,
+                        task.request_message_id,
+                        task.result,
+                        task.error_code,
+                        task.error_message,
+                        task.created_at,
+                        task.updated_at,
+                        task.completed_at,
+                        revision as i64
+                    ])?;
+                Ok(changed > 0)
+            })
+            .await
+    }
+
+    /// Keeps a task's files (taken from the fleet, for a task another bridge was given).
+    pub async fn put_task_files(&self, id: &str, files: Vec<FileRow>) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        self.store
+            .write(move |conn| insert_files(conn, &id, &files))
+            .await
+    }
+}
+
+fn insert_files(
+    conn: &rusqlite::Connection,
+    task_id: &str,
+    files: &[FileRow],
+) -> Result<(), StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT OR IGNORE INTO synapse_task_files (task_id, position, field_name, filename, mime_type, data)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    for (position, file) in files.iter().enumerate() {
+        stmt.execute(params![
+            task_id,
+            position as i64,
+            file.field_name,
+            file.filename,
+            file.mime_type,
+            file.data
+        ])?;
+    }
+    Ok(())
 }
