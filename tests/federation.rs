@@ -1071,6 +1071,42 @@ async fn a_synapse_task_is_one_task_fleet_wide() {
     fleet.shutdown().await;
 }
 
+/// A file attached through one bridge is listed with its task and downloaded, byte for
+/// byte, through another.
+#[tokio::test]
+async fn a_tracker_attachment_is_the_fleets() {
+    let fleet = Fleet::start(2).await;
+    let (a, b) = (
+        TrackerHttp::new(fleet.nets[0].tracker, "tb-coder"),
+        TrackerHttp::new(fleet.nets[1].tracker, "tb-coder"),
+    );
+    let task = a
+        .task("team-board", serde_json::json!({ "title": "Files" }))
+        .await;
+    let task_id = task["id"].as_str().unwrap();
+    let comment = a
+        .message(serde_json::json!({ "task_id": task_id, "content": "log attached" }))
+        .await;
+    let path = format!("/messages/{}/attachments", comment["id"].as_str().unwrap());
+    let bytes: Vec<u8> = (0..300_000u32).map(|n| (n % 251) as u8).collect();
+    let (status, attachment) = a
+        .upload(&path, "run.log", "text/plain", bytes.clone())
+        .await;
+    assert_eq!(status, 201, "{attachment}");
+
+    let listed = format!("/attachments?task_id={task_id}");
+    eventually("b1 lists the attachment", async || {
+        let (status, list) = b.get(&listed).await;
+        status == 200 && list.as_array().is_some_and(|l| l.len() == 1)
+    })
+    .await;
+    let download = format!("/attachments/{}", attachment["id"].as_str().unwrap());
+    let (status, mime, downloaded) = b.download(&download).await;
+    assert_eq!((status, mime.as_str()), (200, "text/plain"));
+    assert!(downloaded == bytes, "b1 serves the bytes b0 took");
+    fleet.shutdown().await;
+}
+
 /// NATS wholly gone: agents on one bridge still reach one another; a message for an agent
 /// on another bridge is refused in the sender's protocol; `/readyz` says why. When NATS
 /// comes back, so does the fleet.

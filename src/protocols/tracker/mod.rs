@@ -8,6 +8,7 @@
 //! of other protocols. Task events (`task.created` …) are rendered from the task table and
 //! fanned out to the endpoint's own connections.
 
+mod attachments;
 mod chat;
 mod config;
 mod db;
@@ -299,6 +300,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         read_budget: ctx.read_budget.clone(),
     });
     tracker.follow_shared();
+    tracker.follow_attachments();
     let hub = hub::start(tracker.clone());
     let server = super::serve(
         PROTOCOL,

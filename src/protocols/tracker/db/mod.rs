@@ -171,7 +171,8 @@ pub struct StepRow {
     pub created_at: i64,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+/// An attachment's description, as kept here and as a fleet's record of it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AttachmentRow {
     pub id: String,
     pub message_id: String,
@@ -414,6 +415,44 @@ impl Db {
                     ],
                 )?;
                 Ok(row)
+            })
+            .await
+    }
+
+    /// Keeps the description of an attachment uploaded through another bridge of the
+    /// fleet; its bytes are fetched from the fleet when it is first downloaded here.
+    pub async fn apply_attachment(&self, row: AttachmentRow) -> Result<(), StoreError> {
+        self.store
+            .write(move |conn| {
+                conn.execute(
+                    "INSERT OR IGNORE INTO tracker_attachments
+                        (id, message_id, task_id, filename, mime_type, size, data, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, x'', ?7)",
+                    params![
+                        row.id,
+                        row.message_id,
+                        row.task_id,
+                        row.filename,
+                        row.mime_type,
+                        row.size,
+                        row.created_at
+                    ],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Keeps the bytes of attachment `id`, fetched from the fleet.
+    pub async fn keep_attachment_data(&self, id: &str, data: Vec<u8>) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        self.store
+            .write(move |conn| {
+                conn.execute(
+                    "UPDATE tracker_attachments SET data = ?2 WHERE id = ?1",
+                    params![id, data],
+                )?;
+                Ok(())
             })
             .await
     }

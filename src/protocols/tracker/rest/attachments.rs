@@ -110,7 +110,7 @@ pub async fn upload(
         size: data.len() as i64,
         created_at: crate::core::now_ms(),
     };
-    let row = tracker.db.insert_attachment(row, data).await?;
+    let row = tracker.keep_attachment(row, data).await?;
     Ok(created(tracker.attachment_out(&row)))
 }
 
@@ -120,7 +120,6 @@ pub async fn download(
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     let (row, data) = tracker
-        .db
         .attachment(&id)
         .await?
         .ok_or_else(|| ApiError::not_found("Attachment not found"))?;
