@@ -335,10 +335,12 @@ pub fn federation_connected(connected: bool) {
 }
 
 /// A publish to the fleet's stream was acknowledged (or failed) after `took`.
-pub fn federation_published(took: Duration, ok: bool) {
+/// `messages` went to the stream in one publish that took `took` to be acknowledged.
+pub fn federation_published(took: Duration, messages: usize, ok: bool) {
     histogram!(FEDERATION_PUBLISH_DURATION).record(took.as_secs_f64());
     let outcome = if ok { "ok" } else { "failed" };
-    counter!(FEDERATION_MESSAGES, "direction" => "out", "outcome" => outcome).increment(1);
+    counter!(FEDERATION_MESSAGES, "direction" => "out", "outcome" => outcome)
+        .increment(messages as u64);
 }
 
 pub fn federation_refused(reason: &'static str) {

@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
@@ -16,9 +17,11 @@ use super::wire::{BRIDGE_HEADER, Replica};
 use crate::core::{Core, Envelope, Kind, MessageLog, Status, now_ms};
 use crate::telemetry;
 
-/// Messages taken from the stream and applied together: one read of the store finds the
-/// ones already kept, and their writes commit together.
+/// Messages taken from the stream and applied together.
 const BATCH: usize = 256;
+
+/// Applied batches whose store writes may be under way at once before the next waits.
+const WRITING: usize = 16;
 
 pub struct Applier {
     pub link: Arc<NatsLink>,
@@ -51,31 +54,52 @@ impl Applier {
         shutdown: &CancellationToken,
     ) -> Result<(), async_nats::Error> {
         let mut messages = ready.consumer.messages().await?;
+        // Applied batches whose store writes are under way, in stream order: the next
+        // batch is applied meanwhile, and each is acknowledged once its writes and those of
+        // every batch before it are done.
+        let mut writing = FuturesOrdered::new();
         loop {
-            let first = tokio::select! {
+            tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => return Ok(()),
-                next = messages.next() => match next {
-                    Some(message) => message?,
-                    None => return Err("the stream's consumer ended".into()),
-                },
-            };
-            let mut batch = vec![first];
-            while batch.len() < BATCH
-                && let Some(Some(Ok(message))) = messages.next().now_or_never()
-            {
-                batch.push(message);
-            }
-            self.apply(&batch).await;
-            // Acknowledging the last acknowledges the batch (`AckPolicy::All`).
-            if let Some(last) = batch.last() {
-                last.ack().await?;
+                Some(last) = writing.next(), if !writing.is_empty() => {
+                    // Acknowledging the last acknowledges the batch (`AckPolicy::All`).
+                    let last: async_nats::jetstream::Message = last;
+                    last.ack().await?;
+                }
+                next = messages.next(), if writing.len() < WRITING => {
+                    let first = match next {
+                        Some(message) => message?,
+                        None => return Err("the stream's consumer ended".into()),
+                    };
+                    let mut batch = vec![first];
+                    while batch.len() < BATCH
+                        && let Some(Some(Ok(message))) = messages.next().now_or_never()
+                    {
+                        batch.push(message);
+                    }
+                    let written = self.apply(&batch).await;
+                    let last = batch.pop().expect("a batch holds a message");
+                    writing.push_back(async move {
+                        written.await;
+                        last
+                    });
+                }
             }
         }
     }
 
-    async fn apply(&self, batch: &[async_nats::jetstream::Message]) {
+    /// Routes `batch`'s messages here and queues their writes to this bridge's store; the
+    /// future that ends when the store holds them.
+    async fn apply(
+        &self,
+        batch: &[async_nats::jetstream::Message],
+    ) -> impl Future<Output = ()> + Send + 'static {
         let own = self.link.bridge_id.as_str();
         let mut replicas = Vec::with_capacity(batch.len());
+        // Ids to look for in the store: those of messages delivered before (a redelivery
+        // after a restart, or after an acknowledgement was lost), which it may hold.
+        let mut redelivered = Vec::new();
         for message in batch {
             let from_here = (message.headers.as_ref())
                 .and_then(|h| h.get(BRIDGE_HEADER))
@@ -83,30 +107,36 @@ impl Applier {
             if from_here {
                 continue;
             }
-            match serde_json::from_slice::<Replica>(&message.payload) {
-                // Passed through here already (a redelivery this bridge remembers).
-                Ok(replica)
-                    if !replica.transient && self.core.recently_seen(&replica.envelope.id) => {}
-                Ok(replica) => replicas.push(replica),
+            let again = message.info().is_ok_and(|info| info.delivered > 1);
+            match Replica::all_in(&message.payload) {
+                Ok(all) => {
+                    for replica in all {
+                        // Passed through here already (a redelivery this bridge remembers).
+                        if !replica.transient && self.core.recently_seen(&replica.envelope.id) {
+                            continue;
+                        }
+                        if again && !replica.transient {
+                            redelivered.push(replica.envelope.id.clone());
+                        }
+                        replicas.push(replica);
+                    }
+                }
                 Err(e) => {
                     tracing::error!(error = %e, subject = %message.subject, "federation: a message on the stream is not one of ours")
                 }
             }
         }
-        // Ids this bridge already keeps: a redelivery after a restart.
-        let unknown: Vec<String> = (replicas.iter())
-            .filter(|r| !r.transient)
-            .map(|r| r.envelope.id.clone())
-            .collect();
-        let kept: HashSet<String> = match self.local.read_ids(unknown).await {
-            Ok(found) => found.into_iter().map(|m| m.envelope.id).collect(),
-            Err(e) => {
-                tracing::error!(error = %e, "federation: cannot read the store");
-                HashSet::new()
-            }
+        let kept: HashSet<String> = match redelivered.is_empty() {
+            true => HashSet::new(),
+            false => match self.local.read_ids(redelivered).await {
+                Ok(found) => found.into_iter().map(|m| m.envelope.id).collect(),
+                Err(e) => {
+                    tracing::error!(error = %e, "federation: cannot read the store");
+                    HashSet::new()
+                }
+            },
         };
         let mut writes = Vec::new();
-        let mut routed: Vec<(Envelope, bool)> = Vec::new();
         for replica in replicas {
             let Replica {
                 envelope,
@@ -122,23 +152,19 @@ impl Applier {
             self.presence(&envelope);
             telemetry::federation_applied((now_ms() - envelope.timestamp).max(0));
             if !transient {
+                // Queued now, so that a read after the routing below finds it.
                 writes.push(self.local.append(&envelope));
             }
-            routed.push((envelope, !transient));
+            // Routed without waiting for this bridge's store: the stream holds the message
+            // already. Until the store does, a full mailbox keeps it whole, not by its id.
+            self.core.accept_replica(envelope, false);
         }
-        // In the order they were queued: one result for each message to keep.
-        let mut written = futures_util::future::join_all(writes).await.into_iter();
-        for (envelope, to_keep) in routed {
-            let kept = to_keep
-                && match written.next() {
-                    Some(Ok(())) => true,
-                    Some(Err(e)) => {
-                        tracing::error!(error = %e, "federation: cannot keep a message from another bridge");
-                        false
-                    }
-                    None => false,
-                };
-            self.core.accept_replica(envelope, kept);
+        async move {
+            for written in futures_util::future::join_all(writes).await {
+                if let Err(e) = written {
+                    tracing::error!(error = %e, "federation: cannot keep a message from another bridge");
+                }
+            }
         }
     }
 

@@ -10,6 +10,13 @@
 //! at once, in the sender's protocol — never acknowledged and then lost. Nothing is sent
 //! while disconnected, and a publish that fails while connected (a stream leader being
 //! elected) is sent again under the same id, until the publish timeout.
+//!
+//! Messages appended while the previous publish was being sent go to the stream together,
+//! as one NATS message holding their list (`BATCH`): under load, JetStream stores,
+//! replicates, acknowledges and delivers a batch at the cost of one message, which is most
+//! of what a message that crosses costs the fleet. Alone, a message goes as itself, under
+//! its own id; a batch goes under the id of its first message and its length, which is
+//! the same when it is sent again.
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -272,6 +279,57 @@ impl Message {
 /// How long a failed publish waits before it is sent again.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 
+/// Most messages, and bytes, one publish carries (NATS's default largest message is 1 MiB).
+const BATCH: usize = 256;
+const BATCH_BYTES: usize = 256 * 1024;
+
+/// Messages published in one NATS message, with whom to tell once JetStream holds them.
+struct Batch {
+    id: String,
+    payload: Bytes,
+    accepted: Vec<Option<oneshot::Sender<Result<(), LogError>>>>,
+}
+
+impl Batch {
+    /// `first` and what else is queued behind it, up to `BATCH` messages and `BATCH_BYTES`.
+    fn gather(first: Outgoing, queued: &mut mpsc::UnboundedReceiver<Outgoing>) -> Batch {
+        let mut bytes = first.payload.len();
+        let mut batch = vec![first];
+        while batch.len() < BATCH && bytes < BATCH_BYTES {
+            let Ok(next) = queued.try_recv() else { break };
+            bytes += next.payload.len() + 1;
+            batch.push(next);
+        }
+        if batch.len() == 1 {
+            let Outgoing {
+                id,
+                payload,
+                accepted,
+            } = batch.pop().expect("one message");
+            return Batch {
+                id,
+                payload,
+                accepted: vec![accepted],
+            };
+        }
+        let id = format!("{}+{}", batch[0].id, batch.len() - 1);
+        let mut payload = Vec::with_capacity(bytes + 2);
+        payload.push(b'[');
+        for (i, outgoing) in batch.iter().enumerate() {
+            if i > 0 {
+                payload.push(b',');
+            }
+            payload.extend_from_slice(&outgoing.payload);
+        }
+        payload.push(b']');
+        Batch {
+            id,
+            payload: payload.into(),
+            accepted: batch.into_iter().map(|o| o.accepted).collect(),
+        }
+    }
+}
+
 impl Publisher {
     /// Runs until the bridge shuts down, then publishes what was queued before it did.
     pub async fn run(mut self, shutdown: CancellationToken) {
@@ -288,11 +346,12 @@ impl Publisher {
                     self.queued.close();
                 }
                 next = self.queued.recv(), if open => {
-                    let Some(mut outgoing) = next else {
+                    let Some(first) = next else {
                         open = false;
                         continue;
                     };
-                    let accepted = outgoing.accepted.take();
+                    let batch = Batch::gather(first, &mut self.queued);
+                    let accepted = batch.accepted;
                     let Some(ready) = self.link.set_up() else {
                         tell(accepted, Err(refused_unreachable()));
                         continue;
@@ -302,8 +361,8 @@ impl Publisher {
                         js: ready.js.clone(),
                         subject: subject.clone(),
                         bridge: self.link.bridge_id.clone(),
-                        id: outgoing.id,
-                        payload: outgoing.payload,
+                        id: batch.id,
+                        payload: batch.payload,
                     };
                     let deadline = started + self.timeout;
                     // Nothing is sent while disconnected: a publish the client buffered could
@@ -312,7 +371,7 @@ impl Publisher {
                         tell(accepted, Err(refused_unreachable()));
                         continue;
                     }
-                    telemetry::federation_outbox(1);
+                    telemetry::federation_outbox(accepted.len() as i64);
                     // Sent here, in order; only a retry is sent from the acknowledgement's
                     // future.
                     let sent = message.send().await;
@@ -325,8 +384,8 @@ impl Publisher {
                     });
                 }
                 Some((accepted, result, started)) = in_flight.next(), if !in_flight.is_empty() => {
-                    telemetry::federation_outbox(-1);
-                    telemetry::federation_published(started.elapsed(), result.is_ok());
+                    telemetry::federation_outbox(-(accepted.len() as i64));
+                    telemetry::federation_published(started.elapsed(), accepted.len(), result.is_ok());
                     tell(accepted, result);
                 }
             }
@@ -334,8 +393,20 @@ impl Publisher {
     }
 }
 
-fn tell(accepted: Option<oneshot::Sender<Result<(), LogError>>>, result: Result<(), LogError>) {
-    if let Some(accepted) = accepted {
-        let _ = accepted.send(result);
+/// Tells each sender of a batch what became of it.
+fn tell(
+    accepted: Vec<Option<oneshot::Sender<Result<(), LogError>>>>,
+    result: Result<(), LogError>,
+) {
+    // What the publisher tells is a refusal (or nothing), which each sender is told again.
+    let reason = result.err().map(|e| match e {
+        LogError::Refused(reason) => reason,
+        other => other.to_string(),
+    });
+    for accepted in accepted.into_iter().flatten() {
+        let _ = accepted.send(match &reason {
+            None => Ok(()),
+            Some(reason) => Err(LogError::Refused(reason.clone())),
+        });
     }
 }

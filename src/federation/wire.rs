@@ -87,6 +87,17 @@ pub struct Replica {
     pub transient: bool,
 }
 
+impl Replica {
+    /// The messages one message of the stream holds: one, or a batch (a list of them,
+    /// `fleet_log`), in the order they were accepted.
+    pub fn all_in(payload: &[u8]) -> serde_json::Result<Vec<Replica>> {
+        match payload.trim_ascii_start().first() {
+            Some(b'[') => serde_json::from_slice(payload),
+            _ => serde_json::from_slice(payload).map(|one| vec![one]),
+        }
+    }
+}
+
 /// An agent as another bridge is told of it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Card {
