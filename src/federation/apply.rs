@@ -1,8 +1,10 @@
 //! Applies the other bridges' messages, in the stream's order: each is kept in this
 //! bridge's store (a materialised view of the fleet's log, so history and replays read
-//! locally) and routed to the agents and hubs here. A message is applied once: the
-//! consumer is durable (a restarted bridge resumes where it acknowledged), and an id
-//! already kept here is passed over, since JetStream redelivers what was not acknowledged.
+//! locally) and routed to the agents and hubs here once kept, as a bridge routes its own.
+//! Batches are pipelined: while one is being written, the next is read and its writes
+//! queued. A message is applied once: the consumer is durable (a restarted bridge resumes
+//! where it acknowledged), and a redelivered message whose id is kept here already is
+//! passed over.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use crate::telemetry;
 /// Messages taken from the stream and applied together.
 const BATCH: usize = 256;
 
-/// Applied batches whose store writes may be under way at once before the next waits.
+/// Batches whose store writes may be under way at once before the next is read.
 const WRITING: usize = 16;
 
 pub struct Applier {
@@ -54,15 +56,16 @@ impl Applier {
         shutdown: &CancellationToken,
     ) -> Result<(), async_nats::Error> {
         let mut messages = ready.consumer.messages().await?;
-        // Applied batches whose store writes are under way, in stream order: the next
-        // batch is applied meanwhile, and each is acknowledged once its writes and those of
-        // every batch before it are done.
+        // Batches whose store writes are under way, in stream order: the next batch is
+        // read and its writes queued meanwhile, and each is routed, then acknowledged, once
+        // its writes and those of every batch before it are done.
         let mut writing = FuturesOrdered::new();
         loop {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
-                Some(last) = writing.next(), if !writing.is_empty() => {
+                Some((written, last)) = writing.next(), if !writing.is_empty() => {
+                    self.route(written);
                     // Acknowledging the last acknowledges the batch (`AckPolicy::All`).
                     let last: async_nats::jetstream::Message = last;
                     last.ack().await?;
@@ -80,21 +83,19 @@ impl Applier {
                     }
                     let written = self.apply(&batch).await;
                     let last = batch.pop().expect("a batch holds a message");
-                    writing.push_back(async move {
-                        written.await;
-                        last
-                    });
+                    writing.push_back(async move { (written.await, last) });
                 }
             }
         }
     }
 
-    /// Routes `batch`'s messages here and queues their writes to this bridge's store; the
-    /// future that ends when the store holds them.
+    /// Queues the writes of `batch`'s messages to this bridge's store; the future that
+    /// ends when the store holds them, with the messages to route then, each with whether
+    /// it was kept.
     async fn apply(
         &self,
         batch: &[async_nats::jetstream::Message],
-    ) -> impl Future<Output = ()> + Send + 'static {
+    ) -> impl Future<Output = Vec<(Replica, bool)>> + Send + 'static {
         let own = self.link.bridge_id.as_str();
         let mut replicas = Vec::with_capacity(batch.len());
         // Ids to look for in the store: those of messages delivered before (a redelivery
@@ -136,35 +137,44 @@ impl Applier {
                 }
             },
         };
-        let mut writes = Vec::new();
-        for replica in replicas {
+        replicas.retain(|r| r.transient || !kept.contains(&r.envelope.id));
+        let writes: Vec<_> = (replicas.iter())
+            .filter(|r| !r.transient)
+            .map(|r| self.local.append(&r.envelope))
+            .collect();
+        async move {
+            // In the order they were queued: one result for each message to keep.
+            let mut written = futures_util::future::join_all(writes).await.into_iter();
+            (replicas.into_iter())
+                .map(|replica| {
+                    let kept = !replica.transient
+                        && match written.next() {
+                            Some(Ok(())) => true,
+                            Some(Err(e)) => {
+                                tracing::error!(error = %e, "federation: cannot keep a message from another bridge");
+                                false
+                            }
+                            None => false,
+                        };
+                    (replica, kept)
+                })
+                .collect()
+        }
+    }
+
+    /// Routes a written batch here, in order: the agents its presence changes carry are
+    /// registered first, as they would be on the bridge that holds them.
+    fn route(&self, written: Vec<(Replica, bool)>) {
+        for (replica, kept) in written {
             let Replica {
-                envelope,
-                agent,
-                transient,
+                envelope, agent, ..
             } = replica;
-            if !transient && kept.contains(&envelope.id) {
-                continue;
-            }
             if let Some(info) = agent.and_then(|card| card.into_info()) {
                 self.core.directory.register_replica(info);
             }
             self.presence(&envelope);
             telemetry::federation_applied((now_ms() - envelope.timestamp).max(0));
-            if !transient {
-                // Queued now, so that a read after the routing below finds it.
-                writes.push(self.local.append(&envelope));
-            }
-            // Routed without waiting for this bridge's store: the stream holds the message
-            // already. Until the store does, a full mailbox keeps it whole, not by its id.
-            self.core.accept_replica(envelope, false);
-        }
-        async move {
-            for written in futures_util::future::join_all(writes).await {
-                if let Err(e) = written {
-                    tracing::error!(error = %e, "federation: cannot keep a message from another bridge");
-                }
-            }
+            self.core.accept_replica(envelope, kept);
         }
     }
 
