@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use async_nats::jetstream::kv::CreateErrorKind;
+use async_nats::jetstream::kv::{CreateErrorKind, Operation};
 use serde::{Deserialize, Serialize};
 
 use super::link::{NatsLink, Ready, lost_race};
@@ -165,25 +165,50 @@ impl NameClaims for FleetClaims {
         })
     }
 
+    /// Gives the name up in the background, again until NATS takes it (a release lost while
+    /// NATS is away would leave a lasting claim held for good).
     fn release(&self, agent: &AgentInfo) {
-        let Some(ready) = self.link.ready() else {
-            return;
-        };
-        let key = agent_key(&agent.name);
-        let bridge = self.link.bridge_id.clone();
-        let agent = agent.clone();
+        let (link, agent) = (self.link.clone(), agent.clone());
         tokio::spawn(async move {
-            let Ok(Some(entry)) = ready.names.entry(&key).await else {
-                return;
-            };
-            let freed = serde_json::from_slice::<Claim>(&entry.value)
-                .is_ok_and(|c| c.bridge == bridge || (c.lasting && c.is_for(&agent)));
-            if freed {
-                let _ = ready
-                    .names
-                    .delete_expect_revision(&key, Some(entry.revision))
-                    .await;
+            let mut wait = RETRY_AFTER;
+            loop {
+                if let Some(ready) = link.ready() {
+                    match release_once(&ready, &link.bridge_id, &agent).await {
+                        Ok(()) => return,
+                        Err(e) => {
+                            tracing::debug!(error = %e, name = %agent.name, "federation: releasing a name again shortly")
+                        }
+                    }
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RELEASE_RETRY_MAX);
             }
         });
+    }
+}
+
+/// The longest wait between two tries of a release.
+const RELEASE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Deletes `agent`'s name claim if `bridge` holds it, or it is `agent`'s lasting claim;
+/// `Ok` also when there is nothing of ours to release.
+async fn release_once(ready: &Ready, bridge: &str, agent: &AgentInfo) -> Result<(), String> {
+    let key = agent_key(&agent.name);
+    let Some(entry) = ready.names.entry(&key).await.map_err(|e| e.to_string())? else {
+        return Ok(());
+    };
+    let ours = serde_json::from_slice::<Claim>(&entry.value)
+        .is_ok_and(|c| c.bridge == bridge || (c.lasting && c.is_for(agent)));
+    if !ours || entry.operation != Operation::Put {
+        return Ok(());
+    }
+    match (ready.names)
+        .delete_expect_revision(&key, Some(entry.revision))
+        .await
+    {
+        Ok(()) => Ok(()),
+        // Changed meanwhile: read again.
+        Err(e) if lost_race(&e) => Err("the claim changed".into()),
+        Err(e) => Err(e.to_string()),
     }
 }
