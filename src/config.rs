@@ -29,6 +29,27 @@ pub struct Config {
     /// The sections of the endpoints that run, in the registry's order (the order they
     /// start in).
     pub endpoints: Vec<Box<dyn Section>>,
+    /// The file as TOML, its variables put in: a reload compares it key by key with what
+    /// runs.
+    pub source: Source,
+}
+
+/// A config file's TOML (`Config::source`); its `Debug` shows its sections' keys only, as
+/// values may be secrets.
+#[derive(Clone, Default, PartialEq)]
+pub struct Source(pub toml::Table);
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys = |v: &toml::Value| -> Vec<String> {
+            v.as_table()
+                .map(|t| t.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        f.debug_map()
+            .entries(self.0.iter().map(|(section, v)| (section, keys(v))))
+            .finish()
+    }
 }
 
 /// The bridge's own sections.
@@ -111,6 +132,7 @@ impl<'de> Visitor<'de> for ConfigVisitor {
             limits: Limits::default(),
             federation: None,
             endpoints: Vec::new(),
+            source: Source::default(),
         };
         while let Some(key) = map.next_key_seed(KeySeed)? {
             match key {
@@ -136,7 +158,7 @@ impl<'de> Visitor<'de> for ConfigVisitor {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BridgeConfig {
     /// Where the SQLite store lives; `":memory:"` keeps nothing on disk. A relative path is
@@ -144,6 +166,9 @@ pub struct BridgeConfig {
     pub data_dir: String,
     /// `text` or `json`; the `--log-format` flag overrides it.
     pub log_format: Option<LogFormat>,
+    /// Which log lines are written, as `RUST_LOG` says it (`info`, `agentbridge=debug`);
+    /// unset, `RUST_LOG` decides, and `info` without it.
+    pub log_level: Option<String>,
 }
 
 impl Default for BridgeConfig {
@@ -151,6 +176,7 @@ impl Default for BridgeConfig {
         BridgeConfig {
             data_dir: "./data".into(),
             log_format: None,
+            log_level: None,
         }
     }
 }
@@ -163,18 +189,67 @@ pub enum LogFormat {
     Json,
 }
 
-/// `[admin]`: the operations listener (`/metrics`, `/healthz`, `/readyz`).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+/// `[admin]`: the operations listener (`/metrics`, `/healthz`, `/readyz`, and for
+/// operators the console, reload and trace).
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default, try_from = "AdminSection")]
 pub struct AdminConfig {
     pub listen: SocketAddr,
+    /// The bearer token everything but `/healthz`, `/readyz` and `/metrics` asks for; none
+    /// on a loopback address leaves it open to the host's own users.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| "…"))
+            .finish()
+    }
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            token: None,
         }
+    }
+}
+
+/// `[admin]` as written, before it is checked.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct AdminSection {
+    listen: SocketAddr,
+    token: Option<String>,
+}
+
+impl Default for AdminSection {
+    fn default() -> Self {
+        let AdminConfig { listen, token } = AdminConfig::default();
+        AdminSection { listen, token }
+    }
+}
+
+impl TryFrom<AdminSection> for AdminConfig {
+    type Error = String;
+
+    /// Reading every message and changing the running bridge is for operators: off the
+    /// host's own addresses, only with a token.
+    fn try_from(section: AdminSection) -> Result<AdminConfig, String> {
+        let token = section.token.filter(|t| !t.is_empty());
+        if token.is_none() && !section.listen.ip().is_loopback() {
+            return Err(format!(
+                "listen = \"{}\" is not a loopback address: set admin.token (a bearer token) to open the admin listener beyond this host",
+                section.listen
+            ));
+        }
+        Ok(AdminConfig {
+            listen: section.listen,
+            token,
+        })
     }
 }
 
@@ -214,9 +289,14 @@ impl Config {
         Ok(config)
     }
 
-    /// Parses config text; `file` names it in errors.
+    /// Parses config text; `file` names it in errors. `${NAME}` is the environment
+    /// variable `NAME` (`$${` is a literal `${`), so that secrets can come from the
+    /// environment rather than the file.
     pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
-        toml::from_str::<Config>(text).map_err(|e| locate(text, file, &e))
+        let text = interpolate(text, file)?;
+        let mut config = toml::from_str::<Config>(&text).map_err(|e| locate(&text, file, &e))?;
+        config.source = Source(toml::from_str(&text).map_err(|e| locate(&text, file, &e))?);
+        Ok(config)
     }
 
     /// Every listener this config would open, as (endpoint, what it serves, address).
@@ -249,6 +329,61 @@ fn resolve_data_dir(base: &Path, data_dir: &str) -> String {
     joined.display().to_string()
 }
 
+/// `text` with each `${NAME}` replaced by the environment variable `NAME`; one that is not
+/// set is refused at its line.
+fn interpolate(text: &str, file: &str) -> Result<String, ConfigError> {
+    if !text.contains("${") {
+        return Ok(text.to_owned());
+    }
+    let mut out = String::with_capacity(text.len());
+    for (index, line) in text.split_inclusive('\n').enumerate() {
+        // A comment is left as written (it may well show how to write `${NAME}`).
+        if line.trim_start().starts_with('#') {
+            out.push_str(line);
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find('$') {
+            out.push_str(&rest[..at]);
+            let after = &rest[at..];
+            if let Some(escaped) = after.strip_prefix("$${") {
+                out.push_str("${");
+                rest = escaped;
+            } else if let Some(open) = after.strip_prefix("${") {
+                let refused = |message: String| ConfigError::Invalid {
+                    file: file.to_owned(),
+                    line: index + 1,
+                    key: format!("${{{}}}", open.split('}').next().unwrap_or_default()),
+                    message,
+                };
+                let Some(end) = open.find('}') else {
+                    return Err(refused(
+                        "a `${` with no `}`: write `$${` for a literal one".into(),
+                    ));
+                };
+                let name = &open[..end];
+                let valid = (name.chars().next())
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                    && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !valid {
+                    return Err(refused(format!(
+                        "`{name}` is not an environment variable's name"
+                    )));
+                }
+                let value = std::env::var(name)
+                    .map_err(|_| refused(format!("the environment variable {name} is not set")))?;
+                out.push_str(&value);
+                rest = &open[end + 1..];
+            } else {
+                out.push('$');
+                rest = &after[1..];
+            }
+        }
+        out.push_str(rest);
+    }
+    Ok(out)
+}
+
 /// Turns a TOML error into "file:line: key: message", finding the key from the error's
 /// position: the `key =` on that line, inside the nearest `[section]` above it.
 fn locate(text: &str, file: &str, err: &toml::de::Error) -> ConfigError {
@@ -258,10 +393,9 @@ fn locate(text: &str, file: &str, err: &toml::de::Error) -> ConfigError {
     let lines: Vec<&str> = text.lines().collect();
     let this_line = lines.get(line_index).copied().unwrap_or("");
 
-    let section = lines[..line_index.min(lines.len())]
-        .iter()
-        .rev()
-        .chain(std::iter::once(&this_line))
+    // The section header on the error's line (a section refused whole), or above it.
+    let section = std::iter::once(&this_line)
+        .chain(lines[..line_index.min(lines.len())].iter().rev())
         .find_map(|l| {
             let l = l.trim();
             (l.starts_with('[') && l.ends_with(']'))
@@ -354,6 +488,37 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("drop_oldest"), "{err}");
+    }
+
+    #[test]
+    fn environment_variables_are_put_in_and_a_missing_one_is_named() {
+        // SAFETY (set_var): this test alone uses this variable.
+        unsafe { std::env::set_var("AGENTBRIDGE_TEST_TOKEN", "s3cret") };
+        let config = Config::parse(
+            "[admin]\nlisten = \"0.0.0.0:9464\"\ntoken = \"${AGENTBRIDGE_TEST_TOKEN}\"\n",
+            "bridge.toml",
+        )
+        .unwrap();
+        assert_eq!(config.admin.unwrap().token.as_deref(), Some("s3cret"));
+        let err = error("[admin]\n\ntoken = \"${AGENTBRIDGE_TEST_UNSET}\"\n");
+        assert!(
+            err.starts_with("bridge.toml:3: ${AGENTBRIDGE_TEST_UNSET}: the environment variable"),
+            "{err}"
+        );
+        let config = Config::parse(
+            "[tracker]\nlisten = \"127.0.0.1:0\"\ndefault_project = \"$${x}\"\n",
+            "b.toml",
+        );
+        assert!(config.is_ok());
+    }
+
+    #[test]
+    fn an_admin_listener_off_the_host_needs_a_token() {
+        let err = error("[bridge]\n[admin]\nlisten = \"0.0.0.0:9464\"\n");
+        assert!(err.starts_with("bridge.toml:2: admin:"), "{err}");
+        assert!(err.contains("admin.token"), "{err}");
+        let config = Config::parse("[admin]\nlisten = \"[::1]:9464\"\n", "bridge.toml").unwrap();
+        assert!(config.admin.unwrap().token.is_none());
     }
 
     #[test]

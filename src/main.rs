@@ -3,6 +3,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod cli;
+
+use agentbridge::bridge::{LogLevelHook, Options};
 use agentbridge::config::LogFormat;
 use agentbridge::{Bridge, Config};
 use clap::{Parser, Subcommand};
@@ -30,6 +33,17 @@ enum Command {
     Run,
     /// Validate the config and print what would listen where.
     Check,
+    /// Ask the running bridge's admin listener whether it is alive (`/healthz`): exit 0 if
+    /// it is (a container's HEALTHCHECK).
+    Health {
+        /// Ask whether it is ready instead (`/readyz`).
+        #[arg(long)]
+        ready: bool,
+    },
+    /// Show the conversation a message belongs to, hop by hop, from the running bridge.
+    Trace(cli::TraceArgs),
+    /// Watch the running bridge: message rates, connections, drops, the busiest agents.
+    Top(cli::TopArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,20 +52,32 @@ fn main() -> ExitCode {
         Ok(config) => config,
         Err(e) => return fail(&e),
     };
-    match cli.command.unwrap_or(Command::Run) {
-        Command::Check => check(&config),
+    let command = cli.command.unwrap_or(Command::Run);
+    if let Command::Check = command {
+        return check(&config);
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(&format!("cannot start the runtime: {e}")),
+    };
+    let admin = || cli::AdminClient::for_config(&config);
+    match command {
+        Command::Check => unreachable!("answered above"),
+        Command::Health { ready } => runtime.block_on(cli::health(admin(), ready)),
+        Command::Trace(args) => runtime.block_on(cli::trace(admin(), args)),
+        Command::Top(args) => runtime.block_on(cli::top(admin(), args)),
         Command::Run => {
-            init_logging(
-                cli.log_format
-                    .or(config.bridge.log_format)
-                    .unwrap_or_default(),
+            let format = cli.log_format.or(config.bridge.log_format);
+            let log_level = init_logging(
+                format.unwrap_or_default(),
+                config.bridge.log_level.as_deref(),
             );
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(runtime) => runtime,
-                Err(e) => return fail(&format!("cannot start the runtime: {e}")),
+            let options = Options {
+                log_level: Some(log_level),
+                ..Options::default()
             };
             runtime.block_on(async {
-                match Bridge::start(config).await {
+                match Bridge::start_from(&cli.config, options).await {
                     Ok(bridge) => {
                         bridge.run_until_signal().await;
                         ExitCode::SUCCESS
@@ -95,15 +121,44 @@ fn fail(reason: &dyn std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
-fn init_logging(format: LogFormat) {
+/// Installs the log writer; what sets its filter again (a reload of `[bridge] log_level`).
+/// The filter is `[bridge] log_level`, else `RUST_LOG`, else `info`.
+fn init_logging(format: LogFormat, level: Option<&str>) -> LogLevelHook {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = match level {
+        Some(level) => EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info")),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => {
+            let builder = builder.with_env_filter(filter).with_filter_reloading();
+            let handle = builder.reload_handle();
+            builder.init();
+            reloads(handle)
+        }
+        LogFormat::Json => {
+            let builder = builder
+                .json()
+                .with_env_filter(filter)
+                .with_filter_reloading();
+            let handle = builder.reload_handle();
+            builder.init();
+            reloads(handle)
+        }
     }
+}
+
+/// Sets the log filter through `handle`.
+fn reloads<S: 'static>(
+    handle: tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, S>,
+) -> LogLevelHook {
+    Box::new(move |level: &str| {
+        let filter = tracing_subscriber::EnvFilter::try_new(level)
+            .map_err(|e| format!("log_level {level:?}: {e}"))?;
+        handle.reload(filter).map_err(|e| e.to_string())
+    })
 }

@@ -30,6 +30,8 @@ pub const FEDERATION_REFUSED: &str = "agentbridge_federation_refused_total";
 pub const FEDERATION_OUTBOX: &str = "agentbridge_federation_outbox";
 pub const FEDERATION_APPLY_LAG: &str = "agentbridge_federation_apply_lag_seconds";
 pub const FEDERATION_BRIDGES: &str = "agentbridge_federation_bridges";
+pub const READY: &str = "agentbridge_ready";
+pub const CONFIG_RELOADS: &str = "agentbridge_config_reloads_total";
 
 /// Every metric name with its help text, for `describe` and the README.
 pub const METRICS: &[(&str, &str)] = &[
@@ -71,6 +73,14 @@ pub const METRICS: &[(&str, &str)] = &[
     (
         BUILD_INFO,
         "Always 1; the version label names the running build.",
+    ),
+    (
+        READY,
+        "1 while the bridge is ready and not degraded (every endpoint listening; in a fleet, NATS reachable), else 0.",
+    ),
+    (
+        CONFIG_RELOADS,
+        "Reloads of bridge.toml (SIGHUP, POST /admin/reload), by outcome: ok, or refused (the file was not valid; nothing changed).",
     ),
     (
         FEDERATION_CONNECTED,
@@ -176,8 +186,8 @@ fn describe() {
                 metrics::describe_histogram!(name, metrics::Unit::Seconds, *help)
             }
             MAILBOX_DEPTH | STORE_BATCH_SIZE => metrics::describe_histogram!(*name, *help),
-            CONNECTIONS | AGENTS_ONLINE | BUILD_INFO | FEDERATION_CONNECTED | FEDERATION_OUTBOX
-            | FEDERATION_BRIDGES => metrics::describe_gauge!(*name, *help),
+            CONNECTIONS | AGENTS_ONLINE | BUILD_INFO | READY | FEDERATION_CONNECTED
+            | FEDERATION_OUTBOX | FEDERATION_BRIDGES => metrics::describe_gauge!(*name, *help),
             _ => metrics::describe_counter!(*name, *help),
         }
     }
@@ -295,6 +305,73 @@ pub fn endpoint_started(protocol: &'static str) {
     gauge!(AGENTS_ONLINE, "protocol" => protocol).increment(0.0);
 }
 
+/// Why a message may be dropped (`message_dropped`), shown at zero from the start.
+const DROP_REASONS: [&str; 5] = [
+    "ttl_expired",
+    "backlog_not_stored",
+    "mailbox_full_disconnect",
+    "mailbox_full_drop_newest",
+    "mailbox_full_drop_oldest",
+];
+
+/// Shows the bridge's own series in the first scrape, as `endpoint_started` does an
+/// endpoint's: each running protocol's drops by reason and chats received, chats
+/// delivered between each pair of them, the histograms, and (`federated`) the fleet's.
+pub fn bridge_started(protocols: &[&'static str], federated: bool) {
+    ready(false);
+    counter!(CONFIG_RELOADS, "outcome" => "ok").increment(0);
+    counter!(CONFIG_RELOADS, "outcome" => "refused").increment(0);
+    for &protocol in protocols {
+        counter!(MESSAGES_RECEIVED, "protocol" => protocol, "kind" => "chat").increment(0);
+        for reason in DROP_REASONS {
+            counter!(MESSAGES_DROPPED, "protocol" => protocol, "reason" => reason).increment(0);
+        }
+        for &to in protocols {
+            counter!(MESSAGES_DELIVERED, "from_protocol" => protocol, "to_protocol" => to, "kind" => "chat")
+                .increment(0);
+        }
+    }
+    for name in [
+        ROUTE_DURATION,
+        STORE_WRITE_DURATION,
+        STORE_BATCH_SIZE,
+        MAILBOX_DEPTH,
+    ] {
+        drop(histogram!(name));
+    }
+    if federated {
+        gauge!(FEDERATION_CONNECTED).increment(0.0);
+        gauge!(FEDERATION_OUTBOX).increment(0.0);
+        gauge!(FEDERATION_BRIDGES).increment(0.0);
+        for (direction, outcome) in [("out", "ok"), ("out", "failed"), ("in", "ok")] {
+            counter!(FEDERATION_MESSAGES, "direction" => direction, "outcome" => outcome)
+                .increment(0);
+        }
+        counter!(FEDERATION_REFUSED, "reason" => "unreachable").increment(0);
+        drop(histogram!(FEDERATION_PUBLISH_DURATION));
+        drop(histogram!(FEDERATION_APPLY_LAG));
+    }
+}
+
+/// Whether the bridge is ready and not degraded (`/readyz` says `ready`).
+pub fn ready(ready: bool) {
+    gauge!(READY).set(if ready { 1.0 } else { 0.0 });
+}
+
+/// A reload of the config, applied (`ok`) or refused.
+pub fn config_reloaded(ok: bool) {
+    let outcome = if ok { "ok" } else { "refused" };
+    counter!(CONFIG_RELOADS, "outcome" => outcome).increment(1);
+}
+
+/// Shows `protocol`'s callback outcomes at zero from the start (an endpoint that posts
+/// callbacks).
+pub fn callbacks_started(protocol: &'static str) {
+    for outcome in ["retry", "gave_up", "unencodable"] {
+        counter!(CALLBACK_FAILURES, "protocol" => protocol, "outcome" => outcome).increment(0);
+    }
+}
+
 pub fn decode_error(protocol: &'static str) {
     counter!(DECODE_ERRORS, "protocol" => protocol).increment(1);
 }
@@ -334,7 +411,6 @@ pub fn federation_connected(connected: bool) {
     gauge!(FEDERATION_CONNECTED).set(if connected { 1.0 } else { 0.0 });
 }
 
-/// A publish to the fleet's stream was acknowledged (or failed) after `took`.
 /// `messages` went to the stream in one publish that took `took` to be acknowledged.
 pub fn federation_published(took: Duration, messages: usize, ok: bool) {
     histogram!(FEDERATION_PUBLISH_DURATION).record(took.as_secs_f64());

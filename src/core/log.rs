@@ -31,6 +31,9 @@ pub struct MessageQuery {
     pub thread: Option<Option<String>>,
     /// Leave out private messages (for a history anyone may read).
     pub public_only: bool,
+    /// Only the conversation this message began: it, and the messages whose correlation
+    /// id it is.
+    pub conversation: Option<String>,
     /// The newest `limit` of the matches.
     pub limit: usize,
 }

@@ -146,6 +146,16 @@ impl Core {
         let _ = self.claims.set(claims);
     }
 
+    /// Takes `[routing]` read again: the connections that open from now on get mailboxes
+    /// as it says.
+    pub fn reconfigure_routing(&self, routing: &RoutingConfig) {
+        self.router.reconfigure(
+            routing.mailbox_capacity.get(),
+            routing.when_full,
+            routing.backlog_limit,
+        );
+    }
+
     /// Endpoints keep their shared records through `records` from now on.
     pub fn set_records(&self, records: Arc<dyn SharedRecords>) {
         let _ = self.records.set(records);

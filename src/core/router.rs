@@ -86,11 +86,19 @@ pub struct RouteReport {
     pub dropped: usize,
 }
 
-pub struct Router {
-    directory: Arc<Directory>,
+/// How the mailboxes the router makes behave (`[routing]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MailboxSettings {
     capacity: usize,
     policy: WhenFull,
     backlog_limit: usize,
+}
+
+pub struct Router {
+    directory: Arc<Directory>,
+    /// Read for each mailbox made; a reload of the config changes them for the
+    /// connections that open after it.
+    settings: ArcSwap<MailboxSettings>,
     backlog_reader: std::sync::OnceLock<BacklogReader>,
     next_session: AtomicU64,
     by_agent: DashMap<String, Vec<Arc<Session>>, foldhash::fast::RandomState>,
@@ -115,9 +123,11 @@ impl Router {
     ) -> Self {
         Router {
             directory,
-            capacity,
-            policy,
-            backlog_limit,
+            settings: ArcSwap::from_pointee(MailboxSettings {
+                capacity,
+                policy,
+                backlog_limit,
+            }),
             backlog_reader: std::sync::OnceLock::new(),
             next_session: AtomicU64::new(1),
             by_agent: DashMap::default(),
@@ -145,9 +155,19 @@ impl Router {
     /// that connection's overflow is handed there instead, as under
     /// `disconnect`.
     pub fn mailbox(&self, protocol: Protocol) -> Arc<Mailbox> {
-        let backlog = (self.policy == WhenFull::Replay && !self.offline.contains_key(protocol))
-            .then_some(self.backlog_limit);
-        self.make_mailbox(protocol, self.policy, backlog)
+        let settings = **self.settings.load();
+        let backlog = (settings.policy == WhenFull::Replay && !self.offline.contains_key(protocol))
+            .then_some(settings.backlog_limit);
+        self.make_mailbox(protocol, settings.policy, backlog)
+    }
+
+    /// Mailboxes made from now on take these settings; those already made keep theirs.
+    pub fn reconfigure(&self, capacity: usize, policy: WhenFull, backlog_limit: usize) {
+        self.settings.store(Arc::new(MailboxSettings {
+            capacity,
+            policy,
+            backlog_limit,
+        }));
     }
 
     /// A mailbox for an endpoint's own session (a hub applying task messages to its
@@ -163,7 +183,8 @@ impl Router {
         policy: WhenFull,
         backlog: Option<usize>,
     ) -> Arc<Mailbox> {
-        let mut mailbox = Mailbox::new(protocol, self.capacity, policy)
+        let capacity = self.settings.load().capacity;
+        let mut mailbox = Mailbox::new(protocol, capacity, policy)
             .with_depth_histogram(self.mailbox_depth.clone());
         if let (Some(limit), Some(reader)) = (backlog, self.backlog_reader.get()) {
             mailbox = mailbox.with_backlog(limit, reader.clone());

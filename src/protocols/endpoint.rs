@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::core::{Core, Envelope, TaskState};
 use crate::shared::budget::ByteBudget;
-use crate::shared::listener::Limits;
+use crate::shared::listener::SharedLimits;
 use crate::store::Store;
 
 /// A protocol's endpoint.
@@ -41,6 +41,23 @@ pub trait Endpoint: 'static {
         config: &Self::Config,
         ctx: &Context,
     ) -> impl Future<Output = Result<Running, StartError>> + Send;
+
+    /// The keys of its section that change while it runs when `bridge.toml` is read again
+    /// (`reload`); a change to any other key (where it listens, say) takes a restart.
+    const RELOADABLE: &'static [&'static str] = &[];
+
+    /// Takes its section, read again, while running: what `RELOADABLE` names changes in
+    /// place, with the same code that applied it at start. Its error leaves the endpoint as
+    /// it was.
+    fn reload(
+        self: &Arc<Self>,
+        _config: &Self::Config,
+    ) -> impl Future<Output = Result<(), String>> + Send
+    where
+        Self: Sized,
+    {
+        async { Ok(()) }
+    }
 }
 
 /// One listener an endpoint opens.
@@ -111,16 +128,45 @@ pub struct Context {
     /// For the endpoint's own tables (the core reaches messages through `core.log`).
     pub store: Store,
     pub shutdown: CancellationToken,
-    pub limits: Limits,
+    pub limits: SharedLimits,
     /// Shared by every WebSocket of every endpoint (`Limits::read_budget_bytes`).
     pub read_budget: ByteBudget,
 }
 
-/// An endpoint that is up: where it listens, and the task serving it.
+/// An endpoint that is up: where it listens, the task serving it, and how a reload of the
+/// config reaches it.
 pub struct Running {
     pub name: &'static str,
     pub listeners: Vec<(&'static str, SocketAddr)>,
     pub tasks: Vec<JoinHandle<()>>,
+    pub reload: Reloader,
+}
+
+type ReloadFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+type ReloadFn = dyn Fn(&dyn Section) -> ReloadFuture + Send + Sync;
+
+/// A running endpoint as a reload of the config reaches it, whichever endpoint it is.
+pub struct Reloader(Box<ReloadFn>);
+
+impl Reloader {
+    /// Reaches `endpoint` (`Endpoint::reload`).
+    pub fn of<E: Endpoint + Send + Sync>(endpoint: &Arc<E>) -> Reloader {
+        let endpoint = endpoint.clone();
+        Reloader(Box::new(move |section| {
+            let config = section.as_any().downcast_ref::<E::Config>().cloned();
+            let endpoint = endpoint.clone();
+            Box::pin(async move {
+                match config {
+                    Some(config) => E::reload(&endpoint, &config).await,
+                    None => Err(format!("{}: not this endpoint's section", E::NAME)),
+                }
+            })
+        }))
+    }
+
+    pub fn reload(&self, section: &dyn Section) -> ReloadFuture {
+        (self.0)(section)
+    }
 }
 
 /// An endpoint could not start; the message names the cause.
@@ -151,6 +197,8 @@ pub trait Section: Debug + Send + Sync {
     ) -> Pin<Box<dyn Future<Output = Result<Running, StartError>> + Send + 'a>>;
     /// The section as its endpoint's `Config` type (`Config::endpoint`).
     fn as_any(&self) -> &dyn Any;
+    /// Its keys that change while the endpoint runs (`Endpoint::RELOADABLE`).
+    fn reloadable(&self) -> &'static [&'static str];
 }
 
 /// The section of endpoint `E`.
@@ -184,6 +232,10 @@ impl<E: Endpoint> Section for Configured<E> {
 
     fn as_any(&self) -> &dyn Any {
         &self.0
+    }
+
+    fn reloadable(&self) -> &'static [&'static str] {
+        E::RELOADABLE
     }
 }
 

@@ -91,34 +91,72 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
 }
 
+/// `[limits]` as every listener reads it, once for each connection it accepts: a reload
+/// of the config changes them for the connections that open after it.
+#[derive(Clone, Debug)]
+pub struct SharedLimits(Arc<arc_swap::ArcSwap<Limits>>);
+
+impl SharedLimits {
+    pub fn new(limits: Limits) -> SharedLimits {
+        SharedLimits(Arc::new(arc_swap::ArcSwap::from_pointee(limits)))
+    }
+
+    pub fn load(&self) -> Arc<Limits> {
+        self.0.load_full()
+    }
+
+    pub fn set(&self, limits: Limits) {
+        self.0.store(Arc::new(limits));
+    }
+}
+
+/// How a listener serves connections under `limits`.
+struct Serving {
+    limits: Arc<Limits>,
+    builder: Builder<TokioExecutor>,
+    timeouts: Timeouts,
+    body_read_timeout: Duration,
+}
+
+impl Serving {
+    fn new(limits: Arc<Limits>) -> Serving {
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout());
+        // RFC 8441: WebSockets over HTTP/2.
+        // A peer that does not answer a ping within the header timeout is gone.
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(limits.idle_timeout())
+            .keep_alive_timeout(limits.header_read_timeout())
+            .enable_connect_protocol();
+        Serving {
+            timeouts: Timeouts {
+                first_request: limits.header_read_timeout(),
+                idle: limits.idle_timeout(),
+                drain: limits.drain_timeout(),
+            },
+            body_read_timeout: limits.body_read_timeout(),
+            builder,
+            limits,
+        }
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown`, then lets each connection finish what it
 /// is answering; open WebSocket sessions watch `shutdown` themselves.
 pub fn serve(
     endpoint: &'static str,
     listener: TcpListener,
     app: axum::Router,
-    limits: &Limits,
+    limits: &SharedLimits,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout());
-    // RFC 8441: WebSockets over HTTP/2.
-    // A peer that does not answer a ping within the header timeout is gone.
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(limits.idle_timeout())
-        .keep_alive_timeout(limits.header_read_timeout())
-        .enable_connect_protocol();
-    let timeouts = Timeouts {
-        first_request: limits.header_read_timeout(),
-        idle: limits.idle_timeout(),
-        drain: limits.drain_timeout(),
-    };
-    let body_read_timeout = limits.body_read_timeout();
+    let shared = limits.clone();
+    let mut serving = Serving::new(shared.load());
     tokio::spawn(async move {
         let mut listener = listener;
         let connections = CancellationToken::new();
@@ -128,6 +166,12 @@ pub fn serve(
                 accepted = axum::serve::Listener::accept(&mut listener) => accepted,
                 _ = shutdown.cancelled() => break,
             };
+            let limits = shared.load();
+            if !Arc::ptr_eq(&limits, &serving.limits) {
+                serving = Serving::new(limits);
+            }
+            let (timeouts, body_read_timeout) = (serving.timeouts, serving.body_read_timeout);
+            let builder = &serving.builder;
             // Small frames are the norm here: send them now rather than wait to coalesce.
             let _ = tcp.set_nodelay(true);
             let activity = Arc::new(Activity::new());

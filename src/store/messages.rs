@@ -228,6 +228,11 @@ fn select(conn: &Connection, q: &MessageQuery) -> Result<Vec<StoredMessage>, Sto
         sql.push_str(" AND m.ts > ?");
         args.push(after.into());
     }
+    if let Some(root) = &q.conversation {
+        sql.push_str(" AND (m.correlation_id = ? OR m.id = ?)");
+        args.push(root.clone().into());
+        args.push(root.clone().into());
+    }
     match &q.thread {
         None => {}
         Some(None) => sql.push_str(" AND m.thread IS NULL"),

@@ -26,6 +26,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use dashmap::DashSet;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
@@ -33,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
-use super::endpoint::{Endpoint, Listening};
+use super::endpoint::{Endpoint, Listening, Reloader};
 use super::{Context, Running, StartError};
 use crate::core::{
     AgentInfo, Core, Delivery, Envelope, Kind, LogError, Mailbox, OfflineSink, Protocol, Staged,
@@ -123,6 +124,10 @@ enum Outgoing {
 pub struct Grid {
     core: Arc<Core>,
     config: Config,
+    /// The scratchpad files (`[grid] scratchpad`), and the programs known before they are
+    /// seen (`[grid] programs`): what a reload of the config changes while running.
+    scratchpads: ArcSwap<Vec<std::path::PathBuf>>,
+    declared_programs: ArcSwap<Vec<String>>,
     db: Db,
     /// Grid programs the bridge knows.
     programs: DashSet<String>,
@@ -162,6 +167,18 @@ impl Endpoint for Grid {
     async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
         start(config, ctx).await
     }
+
+    const RELOADABLE: &'static [&'static str] = &["scratchpad", "programs"];
+
+    /// The scratchpad files watched and appended to, and the programs known before they
+    /// are seen, from now on.
+    async fn reload(self: &Arc<Self>, config: &Config) -> Result<(), String> {
+        self.scratchpads
+            .store(Arc::new(config.scratchpad.0.clone()));
+        self.declared_programs
+            .store(Arc::new(config.programs.clone()));
+        Ok(())
+    }
 }
 
 pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
@@ -172,6 +189,8 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     let grid = Arc::new(Grid {
         core: core.clone(),
         config: config.clone(),
+        scratchpads: ArcSwap::from_pointee(config.scratchpad.0.clone()),
+        declared_programs: ArcSwap::from_pointee(config.programs.clone()),
         db: db.clone(),
         programs: DashSet::new(),
         sockets: sockets::Sockets::default(),
@@ -192,13 +211,12 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     let listener = super::bind(PROTOCOL, config.listen).await?;
     let addr = listener.local_addr().map_err(|e| fail(&e))?;
     let hub = Hub::attach(&core, PROTOCOL, HUB, HubInterest);
+    let reload = Reloader::of(&grid);
     let mut tasks = vec![
         tokio::spawn(grid.clone().write_outgoing(outgoing_rx, hub)),
         tokio::spawn(grid.clone().expire_queued()),
     ];
-    if !config.scratchpad.0.is_empty() {
-        tasks.push(tokio::spawn(grid.clone().watch_scratchpads()));
-    }
+    tasks.push(tokio::spawn(grid.clone().watch_scratchpads()));
     tasks.push(super::serve(
         PROTOCOL,
         listener,
@@ -210,6 +228,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         name: PROTOCOL,
         listeners: vec![("http+ws", addr)],
         tasks,
+        reload,
     })
 }
 
@@ -262,7 +281,7 @@ impl Grid {
             e.sender = Some(Box::new(msg.sender.clone()));
             e
         };
-        if self.config.programs.iter().any(|p| p == receiver) {
+        if self.declared_programs.load().iter().any(|p| p == receiver) {
             return self.register(receiver).await.map_err(answering);
         }
         Err(answering(Invalid {
@@ -362,7 +381,7 @@ impl Grid {
     /// Whether a message with this id is for the scratchpad: there is one, and it does not
     /// hold the message yet.
     fn for_scratchpad(&self, id: Option<&str>) -> bool {
-        !self.config.scratchpad.0.is_empty() && !id.is_some_and(|id| self.in_scratchpad(id))
+        !self.scratchpads.load().is_empty() && !id.is_some_and(|id| self.in_scratchpad(id))
     }
 
     /// Appends `message` to the scratchpad, when it is for it. Only the task that writes

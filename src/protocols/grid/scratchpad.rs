@@ -34,9 +34,10 @@ fn hash(entry_text: &str) -> String {
 impl Grid {
     pub async fn watch_scratchpads(self: Arc<Self>) {
         let every = Duration::from_millis(self.config.scratchpad_poll_ms.max(10));
-        let paths = self.config.scratchpad.0.clone();
         loop {
-            for path in &paths {
+            // As the config has them now: a reload may add or take away a file.
+            let paths = self.scratchpads.load_full();
+            for path in paths.iter() {
                 if let Err(e) = self.read_new_entries(path).await {
                     tracing::warn!(path = %path.display(), error = %e, "grid: cannot read the scratchpad");
                 }
@@ -122,7 +123,7 @@ impl Grid {
     /// Appends `message` as an entry to the first scratchpad, in one write. The entry is
     /// marked seen first, so the watcher does not route it back.
     pub async fn append_to_scratchpad(&self, message: &Value) -> Result<(), String> {
-        let Some(path) = self.config.scratchpad.0.first().cloned() else {
+        let Some(path) = self.scratchpads.load().first().cloned() else {
             return Ok(());
         };
         let entry = wire::entry(message);

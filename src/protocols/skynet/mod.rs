@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
-use super::endpoint::{Endpoint, Listening};
+use super::endpoint::{Endpoint, Listening, Reloader};
 use super::{Context, Running, StartError};
 use crate::core::{Core, PerGeneration, Protocol};
 use crate::shared::budget::ByteBudget;
@@ -91,6 +91,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         shutdown: shutdown.clone(),
         read_budget: ctx.read_budget.clone(),
     });
+    let reload = Reloader::of(&skynet);
     records::follow(&skynet);
     let task = super::serve(
         PROTOCOL,
@@ -103,5 +104,6 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         name: PROTOCOL,
         listeners: vec![("http+ws", addr)],
         tasks: vec![task],
+        reload,
     })
 }

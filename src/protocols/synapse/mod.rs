@@ -30,12 +30,13 @@ pub mod wire;
 use std::sync::Arc;
 use std::time::Instant;
 
+use arc_swap::ArcSwapOption;
 use dashmap::{DashMap, DashSet};
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
-use super::endpoint::{Endpoint, Listening};
+use super::endpoint::{Endpoint, Listening, Reloader};
 use super::{Context, Running, StartError};
 use crate::core::{Core, Protocol};
 use db::{AgentRow, Db, GroupRow, MemberRow};
@@ -72,6 +73,8 @@ pub struct Synapse {
     /// task id → `StreamTaskStatus` subscribers.
     task_watchers: DashMap<String, Vec<tokio::sync::mpsc::Sender<TaskStatusUpdate>>>,
     outbound: outbound::Outbound,
+    /// The token calls must carry (`[synapse] token`), if any; a reload may change it.
+    token: Arc<ArcSwapOption<String>>,
     shutdown: CancellationToken,
 }
 
@@ -105,6 +108,46 @@ impl translate::Context for Synapse {
     }
 }
 
+impl Synapse {
+    /// Makes the agents `[synapse]` declares real — created or updated in the table and
+    /// the directory — with every one checked before any is written. At start and at every
+    /// reload of the config: one code path.
+    async fn declare(&self, declared: &[config::AgentConfig]) -> Result<(), String> {
+        let mut rows = Vec::with_capacity(declared.len());
+        for declared in declared {
+            let transport = wire::parse_transport(&declared.transport).ok_or_else(|| {
+                format!(
+                    "agent '{}': transport '{}' is not callback, polling, sync or hybrid",
+                    declared.agent_id, declared.transport
+                )
+            })?;
+            rows.push(AgentRow {
+                agent_id: declared.agent_id.clone(),
+                name: (declared.name.clone()).unwrap_or_else(|| declared.agent_id.clone()),
+                system_id: PROTOCOL.to_owned(),
+                endpoint: declared.callback_url.clone().unwrap_or_default(),
+                version: translate::PROTOCOL_VERSION.to_owned(),
+                transport: transport as i32,
+                callback_url: declared.callback_url.clone(),
+                callback_token: declared.callback_token.clone(),
+                capabilities: declared.capabilities.clone(),
+                created_at: crate::core::now_ms(),
+            });
+        }
+        for row in rows {
+            self.db.put_agent(row).await.map_err(|e| e.to_string())?;
+        }
+        for agent in self.db.agents().await.map_err(|e| e.to_string())? {
+            self.core
+                .directory
+                .register(agents::directory_entry(&agent))
+                .map_err(|e| format!("agent '{}': {e}", agent.agent_id))?;
+            self.agents.insert(agent.agent_id.clone(), agent);
+        }
+        Ok(())
+    }
+}
+
 impl Endpoint for Synapse {
     const NAME: &'static str = PROTOCOL;
     type Config = Config;
@@ -121,6 +164,18 @@ impl Endpoint for Synapse {
 
     async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
         start(config, ctx).await
+    }
+
+    const RELOADABLE: &'static [&'static str] = &["agents", "token"];
+
+    /// Declared agents anew (one the file no longer declares stays, as one registered
+    /// through the API does), and the token calls must carry.
+    async fn reload(self: &Arc<Self>, config: &Config) -> Result<(), String> {
+        self.declare(&config.agents).await?;
+        self.token.store(config.token.clone().map(Arc::new));
+        // Waiting tasks may go to an agent declared just now.
+        self.assign_pending().await;
+        Ok(())
     }
 }
 
@@ -142,6 +197,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         pending: Arc::new(DashSet::new()),
         task_watchers: DashMap::new(),
         outbound: outbound::Outbound::new(config),
+        token: Arc::new(ArcSwapOption::from(config.token.clone().map(Arc::new))),
         shutdown: shutdown.clone(),
     });
     synapse.load().await.map_err(|e| fail(&e))?;
@@ -155,14 +211,16 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         let addr = listener.local_addr().map_err(|e| fail(&e))?;
         listeners.push((role, listener, addr));
     }
+    crate::telemetry::callbacks_started(PROTOCOL);
     let mut tasks = synapse.outbound.start(&synapse);
+    let reload = Reloader::of(&synapse);
     tasks.push(tasks::start_hub(synapse.clone()));
     // Agents of the endpoints started before this one may take tasks left waiting.
     synapse.assign_pending().await;
     let app = services::router(synapse.clone())
         .merge(gateway::router(synapse.clone()))
         .fallback(gateway::unrouted);
-    let app = services::with_auth(app, config.token.clone());
+    let app = services::with_auth(app, synapse.token.clone());
     let mut addrs = Vec::new();
     for (role, listener, addr) in listeners {
         tasks.push(super::serve(
@@ -178,43 +236,14 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         name: PROTOCOL,
         listeners: addrs,
         tasks,
+        reload,
     })
 }
 
 impl Synapse {
     /// Loads agents, groups and task ids, and declares the configured agents.
     async fn load(self: &Arc<Self>) -> Result<(), String> {
-        for declared in &self.config.agents {
-            let transport = wire::parse_transport(&declared.transport).ok_or_else(|| {
-                format!(
-                    "agent '{}': transport '{}' is not callback, polling, sync or hybrid",
-                    declared.agent_id, declared.transport
-                )
-            })?;
-            let row = AgentRow {
-                agent_id: declared.agent_id.clone(),
-                name: declared
-                    .name
-                    .clone()
-                    .unwrap_or_else(|| declared.agent_id.clone()),
-                system_id: PROTOCOL.to_owned(),
-                endpoint: declared.callback_url.clone().unwrap_or_default(),
-                version: translate::PROTOCOL_VERSION.to_owned(),
-                transport: transport as i32,
-                callback_url: declared.callback_url.clone(),
-                callback_token: declared.callback_token.clone(),
-                capabilities: declared.capabilities.clone(),
-                created_at: crate::core::now_ms(),
-            };
-            self.db.put_agent(row).await.map_err(|e| e.to_string())?;
-        }
-        for agent in self.db.agents().await.map_err(|e| e.to_string())? {
-            self.core
-                .directory
-                .register(agents::directory_entry(&agent))
-                .map_err(|e| format!("agent '{}': {e}", agent.agent_id))?;
-            self.agents.insert(agent.agent_id.clone(), agent);
-        }
+        self.declare(&self.config.agents).await?;
         for (row, members) in self.db.groups().await.map_err(|e| e.to_string())? {
             self.core.router.set_group(
                 &row.id,

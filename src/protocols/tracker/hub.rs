@@ -95,12 +95,12 @@ impl Tracker {
         let Some(assignee) = assignee else {
             return Ok(());
         };
-        let Some(project) = &self.default_project else {
+        let Some(project) = self.default_project.load_full() else {
             self.refuse(env, "the Tracker has no project to create the task in")
                 .await;
             return Ok(());
         };
-        let task = task_from(env, assignee, project, crate::core::now_ms());
+        let task = task_from(env, assignee, &project, crate::core::now_ms());
         match self.create_task(task).await {
             // In a fleet every bridge's hub sees the assignment; one bridge makes the task.
             Err(WriteError::Fleet(RecordError::Conflict)) => Ok(()),

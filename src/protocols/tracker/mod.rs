@@ -28,13 +28,13 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use dashmap::DashMap;
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
-use super::endpoint::{Endpoint, Listening};
+use super::endpoint::{Endpoint, Listening, Reloader};
 use super::{Context, Running, StartError};
 use crate::core::{
     AgentInfo, Core, Delivery, Envelope, Interest, Kind, Mailbox, Origin, PerGeneration, Protocol,
@@ -169,7 +169,7 @@ pub struct Tracker {
     db: Db,
     chats: Arc<Chats>,
     /// Where tasks from other protocols are created.
-    default_project: Option<ProjectRow>,
+    default_project: ArcSwapOption<ProjectRow>,
     members: Members,
     conns: DashMap<u64, Arc<Conn>>,
     next_conn: AtomicU64,
@@ -213,36 +213,60 @@ impl Endpoint for Tracker {
     async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
         start(config, ctx).await
     }
+
+    const RELOADABLE: &'static [&'static str] = &["projects", "members", "default_project"];
+
+    /// Projects and members declared anew (a changed token is the member's from now on);
+    /// one the file no longer declares stays, as one created over REST does.
+    async fn reload(self: &Arc<Self>, config: &Config) -> Result<(), String> {
+        let (projects, default_project) = declare(&self.db, config).await?;
+        self.chats.projects.store(Arc::new(projects));
+        self.default_project.store(default_project.map(Arc::new));
+        let mut refused = Vec::new();
+        for member in self.db.members().await.map_err(|e| e.to_string())? {
+            match self.core.directory.register(directory_entry(&member)) {
+                Ok(()) => self.members.insert(member),
+                Err(e) => refused.push(format!("member '{}': {e}", member.slug)),
+            }
+        }
+        match refused.is_empty() {
+            true => Ok(()),
+            false => Err(refused.join("; ")),
+        }
+    }
 }
 
-pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
-    let (core, shutdown) = (ctx.core.clone(), ctx.shutdown.clone());
-    let fail = |e: &dyn std::fmt::Display| StartError::new(PROTOCOL, e);
-    let db = Db::open(ctx.store.clone()).await.map_err(|e| fail(&e))?;
-    let lobby_chat_id = db.lobby_chat_id().await.map_err(|e| fail(&e))?;
+/// Makes what `[tracker]` declares real in the endpoint's tables — its projects and its
+/// members, created or updated — and returns the projects and the default one. At start
+/// and at every reload of the config: one code path. Everything is checked before anything
+/// is written.
+async fn declare(
+    db: &Db,
+    config: &Config,
+) -> Result<(Vec<ProjectRow>, Option<ProjectRow>), String> {
     for project in &config.projects {
-        check_slug("project", &project.slug).map_err(|e| fail(&e))?;
+        check_slug("project", &project.slug)?;
+    }
+    for declared in &config.members {
+        check_slug("member", &declared.slug)?;
+    }
+    if let Some(slug) = &config.default_project {
+        let stored = db.projects().await.map_err(|e| e.to_string())?;
+        let declared = (config.projects.iter().map(|p| &p.slug))
+            .chain(stored.iter().map(|p| &p.slug))
+            .any(|p| p == slug);
+        if !declared {
+            return Err(format!(
+                "default_project '{slug}' is not a declared project"
+            ));
+        }
+    }
+    for project in &config.projects {
         db.put_project(&project.slug, &project.name, &project.description)
             .await
-            .map_err(|e| fail(&e))?;
+            .map_err(|e| e.to_string())?;
     }
-    let projects = db.projects().await.map_err(|e| fail(&e))?;
-    let default_project = match &config.default_project {
-        Some(slug) => Some(
-            projects
-                .iter()
-                .find(|p| &p.slug == slug)
-                .cloned()
-                .ok_or_else(|| {
-                    fail(&format!(
-                        "default_project '{slug}' is not a declared project"
-                    ))
-                })?,
-        ),
-        None => projects.first().cloned(),
-    };
     for declared in &config.members {
-        check_slug("member", &declared.slug).map_err(|e| fail(&e))?;
         let row = MemberRow {
             // The same on every bridge that declares the member (a stored one keeps its id).
             id: derived_uuid("member", &declared.slug).to_string(),
@@ -260,8 +284,22 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
             model: declared.model.clone(),
             created_at: crate::core::now_ms(),
         };
-        db.put_member(row, true).await.map_err(|e| fail(&e))?;
+        db.put_member(row, true).await.map_err(|e| e.to_string())?;
     }
+    let projects = db.projects().await.map_err(|e| e.to_string())?;
+    let default_project = match &config.default_project {
+        Some(slug) => projects.iter().find(|p| &p.slug == slug).cloned(),
+        None => projects.first().cloned(),
+    };
+    Ok((projects, default_project))
+}
+
+pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError> {
+    let (core, shutdown) = (ctx.core.clone(), ctx.shutdown.clone());
+    let fail = |e: &dyn std::fmt::Display| StartError::new(PROTOCOL, e);
+    let db = Db::open(ctx.store.clone()).await.map_err(|e| fail(&e))?;
+    let lobby_chat_id = db.lobby_chat_id().await.map_err(|e| fail(&e))?;
+    let (projects, default_project) = declare(&db, config).await.map_err(|e| fail(&e))?;
     let members = Members::default();
     for member in db.members().await.map_err(|e| fail(&e))? {
         core.directory
@@ -290,7 +328,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         config: config.clone(),
         db,
         chats,
-        default_project,
+        default_project: ArcSwapOption::from(default_project.map(Arc::new)),
         members,
         conns: DashMap::new(),
         next_conn: AtomicU64::new(1),
@@ -299,6 +337,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         shutdown: shutdown.clone(),
         read_budget: ctx.read_budget.clone(),
     });
+    let reload = Reloader::of(&tracker);
     tracker.follow_shared();
     tracker.follow_attachments();
     let hub = hub::start(tracker.clone());
@@ -313,6 +352,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         name: PROTOCOL,
         listeners: vec![("rest+ws", addr)],
         tasks: vec![server, hub],
+        reload,
     })
 }
 

@@ -166,4 +166,11 @@ pub(in crate::store) static MIGRATIONS: &[Migration] = &[
         CREATE INDEX messages_by_uuid ON messages (uuid) WHERE uuid <> id AND uuid <> '';
     ",
     },
+    Migration {
+        version: 10,
+        // A conversation's messages, for `agentbridge trace` and the console; only the
+        // messages that belong to one (a reply, or a request's follow-ups) are in it.
+        sql: "CREATE INDEX messages_by_correlation ON messages (correlation_id)
+              WHERE correlation_id IS NOT NULL;",
+    },
 ];

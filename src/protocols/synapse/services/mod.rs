@@ -10,6 +10,7 @@ mod task;
 
 use std::sync::Arc;
 
+use arc_swap::ArcSwapOption;
 use axum::extract::Request;
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
@@ -77,15 +78,16 @@ pub fn router(synapse: Arc<Synapse>) -> axum::Router {
 
 /// Refuses calls without the configured token: UNAUTHENTICATED for gRPC, 401 with the
 /// gateway's error body over HTTP. The standard health service stays open for probes.
-pub fn with_auth(app: axum::Router, token: Option<String>) -> axum::Router {
-    let Some(token) = token else { return app };
-    let token: Arc<str> = token.into();
+pub fn with_auth(app: axum::Router, token: Arc<ArcSwapOption<String>>) -> axum::Router {
     app.layer(axum::middleware::from_fn(
         move |request: Request, next: Next| {
-            let token = token.clone();
+            let token = token.load_full();
             async move {
+                let Some(token) = token else {
+                    return next.run(request).await;
+                };
                 if request.uri().path().starts_with("/grpc.health.v1.Health/")
-                    || presented(&request) == Some(&*token)
+                    || presented(&request) == Some(token.as_str())
                 {
                     return next.run(request).await;
                 }

@@ -1,19 +1,26 @@
 //! Assembles a running bridge from a `Config`: store, core, admin listener, endpoints; and
 //! takes it down again. Shutdown is one broadcast (a `CancellationToken`) that every
-//! listener and session watches; the store is closed last, after queued writes commit.
+//! listener and session watches; the store is closed last, after queued writes commit. A
+//! reload of the config (`reload.rs`) goes through the same validation as start-up.
+
+mod reload;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, Readiness};
+pub use reload::LogLevelHook;
+
+use crate::admin::{self, Readiness, ReloadReport, Token};
 use crate::config::Config;
 use crate::core::{Core, MessageLog};
 use crate::federation::Federation;
 use crate::protocols::{self, StartError};
 use crate::shared::budget::ByteBudget;
+use crate::shared::listener::SharedLimits;
 use crate::store::Store;
 use crate::telemetry;
 
@@ -26,11 +33,39 @@ pub struct Bridge {
     listeners: Vec<(&'static str, &'static str, SocketAddr)>,
     tasks: Vec<JoinHandle<()>>,
     shutdown: CancellationToken,
+    live: Arc<reload::Live>,
+}
+
+/// What a bridge is started with besides its config.
+#[derive(Default)]
+pub struct Options {
+    /// The file the config was read from, read again on a reload.
+    pub config_path: Option<PathBuf>,
+    /// Sets the log filter when `[bridge] log_level` is reloaded.
+    pub log_level: Option<LogLevelHook>,
 }
 
 impl Bridge {
     /// Starts everything the config asks for. Every listener is bound when this returns.
     pub async fn start(config: Config) -> Result<Bridge, StartError> {
+        Bridge::start_with(config, Options::default()).await
+    }
+
+    /// Starts `config`, read from `path`, which a reload reads again.
+    pub async fn start_from(
+        path: &std::path::Path,
+        options: Options,
+    ) -> Result<Bridge, StartError> {
+        let config = Config::load(path).map_err(|e| StartError::new("config", e))?;
+        let options = Options {
+            config_path: Some(path.to_owned()),
+            ..options
+        };
+        Bridge::start_with(config, options).await
+    }
+
+    /// As `start`, with `options`.
+    pub async fn start_with(config: Config, options: Options) -> Result<Bridge, StartError> {
         let metrics = telemetry::install();
         let store = Store::open(&config.bridge.data_dir)
             .await
@@ -48,11 +83,23 @@ impl Bridge {
         };
         let log = federation.as_ref().map_or(local, Federation::log);
         let core = Core::new(log, &config.routing);
+        let bridge_id = (config.federation.as_ref()).map(|f| f.bridge_id.clone());
         let mut tasks = Vec::new();
         if let Some(federation) = federation {
             tasks.extend(federation.start(core.clone(), shutdown.clone()));
         }
         let mut listeners = Vec::new();
+        let limits = SharedLimits::new(config.limits.clone());
+        let live = Arc::new(reload::Live {
+            path: options.config_path,
+            running: Mutex::new(config.source.0.clone()),
+            core: core.clone(),
+            token: Token::new(config.admin.as_ref().and_then(|a| a.token.clone())),
+            limits: limits.clone(),
+            log_level: options.log_level,
+            endpoints: OnceLock::new(),
+            reloading: tokio::sync::Mutex::new(()),
+        });
 
         let admin = match &config.admin {
             Some(section) => {
@@ -60,11 +107,21 @@ impl Bridge {
                 let addr = listener
                     .local_addr()
                     .map_err(|e| StartError::new("admin", e))?;
+                let admin = admin::Admin {
+                    metrics,
+                    readiness: readiness.clone(),
+                    token: live.token.clone(),
+                    sources: admin::Sources {
+                        core: core.clone(),
+                        bridge_id,
+                    },
+                    reload: live.clone(),
+                };
                 tasks.push(protocols::serve(
                     "admin",
                     listener,
-                    admin::router(metrics, readiness.clone()),
-                    &config.limits,
+                    admin::router(admin),
+                    &limits,
                     shutdown.clone(),
                 ));
                 listeners.push(("admin", "http", addr));
@@ -77,7 +134,7 @@ impl Bridge {
             core: core.clone(),
             store: store.clone(),
             shutdown: shutdown.clone(),
-            limits: config.limits.clone(),
+            limits,
             read_budget: ByteBudget::new(config.limits.read_budget_bytes),
         };
         let read_budget = context.read_budget.clone();
@@ -99,13 +156,18 @@ impl Bridge {
                 return Err(e);
             }
         };
+        let mut reloaders = Vec::new();
         for endpoint in endpoints {
             telemetry::endpoint_started(endpoint.name);
             for (role, addr) in endpoint.listeners {
                 listeners.push((endpoint.name, role, addr));
             }
             tasks.extend(endpoint.tasks);
+            reloaders.push((endpoint.name, endpoint.reload));
         }
+        let protocols: Vec<&'static str> = reloaders.iter().map(|(name, _)| *name).collect();
+        telemetry::bridge_started(&protocols, config.federation.is_some());
+        let _ = live.endpoints.set(reloaders);
         for (endpoint, role, addr) in &listeners {
             tracing::info!(endpoint = %endpoint, role = %role, addr = %addr, "listening");
         }
@@ -120,7 +182,14 @@ impl Bridge {
             listeners,
             tasks,
             shutdown,
+            live,
         })
+    }
+
+    /// Reads the config file again and applies what can change while running
+    /// (`reload.rs`); what it did.
+    pub async fn reload(&self) -> ReloadReport {
+        self.live.reload().await
     }
 
     /// The first address `endpoint` listens on.
@@ -164,33 +233,28 @@ impl Bridge {
         self.store.close().await;
     }
 
-    /// Runs until SIGINT or SIGTERM, then shuts down.
+    /// Runs until SIGINT or SIGTERM, then shuts down; reloads the config on SIGHUP.
     pub async fn run_until_signal(self) {
-        wait_for_signal().await;
+        use tokio::signal::unix::{SignalKind, signal};
+        let (term, hangup) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::hangup()),
+        );
+        let (Ok(mut term), Ok(mut hangup)) = (term, hangup) else {
+            let _ = tokio::signal::ctrl_c().await;
+            return self.shutdown().await;
+        };
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => break,
+                _ = term.recv() => break,
+                _ = hangup.recv() => {
+                    tracing::info!("SIGHUP: reading the config again");
+                    self.reload().await;
+                }
+            }
+        }
         tracing::info!("shutting down");
         self.shutdown().await;
-    }
-}
-
-async fn wait_for_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = interrupt.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = interrupt => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = interrupt.await;
     }
 }

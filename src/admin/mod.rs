@@ -1,0 +1,150 @@
+//! The operations listener: `/metrics` (Prometheus text), `/healthz` and `/readyz` for
+//! anyone; for operators (`[admin] token`, `auth.rs`), the console at `/`, the API it and
+//! `agentbridge trace` read (`api.rs`), and `POST /admin/reload`.
+
+mod api;
+mod auth;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwapOption;
+
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+
+pub use api::{Sources, Summary, Trace};
+pub use auth::Token;
+
+/// Whether every configured endpoint is listening, and why the bridge is degraded when
+/// it serves with a part missing (federation without NATS).
+#[derive(Clone, Default)]
+pub struct Readiness {
+    ready: Arc<AtomicBool>,
+    degraded: Arc<ArcSwapOption<String>>,
+}
+
+impl Readiness {
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+        crate::telemetry::ready(self.degraded().is_none());
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Says why the bridge is degraded, or (`None`) that it no longer is.
+    pub fn set_degraded(&self, reason: Option<String>) {
+        let ready = reason.is_none() && self.is_ready();
+        self.degraded.store(reason.map(Arc::new));
+        crate::telemetry::ready(ready);
+    }
+
+    pub fn degraded(&self) -> Option<Arc<String>> {
+        self.degraded.load_full()
+    }
+}
+
+/// What the operations listener serves from.
+pub struct Admin {
+    pub metrics: PrometheusHandle,
+    pub readiness: Readiness,
+    pub token: Token,
+    pub sources: Sources,
+    /// Reads `bridge.toml` again and applies it (`POST /admin/reload`).
+    pub reload: Arc<dyn Reload>,
+}
+
+/// Reading the config again while running (SIGHUP, `POST /admin/reload`).
+pub trait Reload: Send + Sync {
+    fn reload(&self) -> Pin<Box<dyn Future<Output = ReloadReport> + Send + '_>>;
+}
+
+/// What a reload did.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct ReloadReport {
+    /// Why nothing changed: the file could not be read, or is not valid (file:line: key).
+    pub error: Option<String>,
+    /// What changed in place, one line each (`section.key`).
+    pub changed: Vec<String>,
+    /// What changed in the file and takes a restart, left as it was, one line each.
+    pub needs_restart: Vec<String>,
+}
+
+/// The operator's console, served whole: plain HTML and script, no build step.
+const CONSOLE: &str = include_str!("console.html");
+
+pub fn router(admin: Admin) -> Router {
+    let Admin {
+        metrics,
+        readiness,
+        token,
+        sources,
+        reload,
+    } = admin;
+    let operators = Router::new()
+        .route("/", get(|| async { Html(CONSOLE) }))
+        .route("/admin/api/agents", get(api::agents))
+        .route("/admin/api/messages", get(api::messages))
+        .route("/admin/api/trace", get(api::trace))
+        .with_state(sources)
+        .route(
+            "/admin/reload",
+            post(move || {
+                let reload = reload.clone();
+                async move {
+                    let report = reload.reload().await;
+                    let status = match report.error {
+                        Some(_) => StatusCode::BAD_REQUEST,
+                        None => StatusCode::OK,
+                    };
+                    (status, Json(report))
+                }
+            }),
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            token.clone(),
+            auth::require,
+        ));
+    Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    metrics.run_upkeep();
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        metrics.render(),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = readiness.is_ready();
+                let degraded = readiness.degraded();
+                async move {
+                    // Degraded still serves: the agents on this bridge reach one another.
+                    match (ready, degraded) {
+                        (false, _) => (StatusCode::SERVICE_UNAVAILABLE, "starting\n".to_owned()),
+                        (true, Some(reason)) => (StatusCode::OK, format!("degraded: {reason}\n")),
+                        (true, None) => (StatusCode::OK, "ready\n".to_owned()),
+                    }
+                    .into_response()
+                }
+            }),
+        )
+        .route("/login", post(auth::login).with_state(token))
+        .merge(operators)
+}
