@@ -67,6 +67,46 @@ pub fn pip_binary(package: &str, binary: &str) -> PathBuf {
     path
 }
 
+/// The program `binary` from Debian's `package`: from the PATH, or installed with apt-get
+/// first when this runs as root (as CI does); otherwise the test fails saying how to get it.
+pub fn debian_binary(package: &str, binary: &str) -> PathBuf {
+    let on_path = |binary: &str| {
+        (std::env::var_os("PATH").into_iter())
+            .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+            .map(|dir| dir.join(binary))
+            .find(|path| path.is_file())
+    };
+    if let Some(path) = on_path(binary) {
+        return path;
+    }
+    let _lock = Lock::take(&venv().with_extension("apt.lock"));
+    if let Some(path) = on_path(binary) {
+        return path;
+    }
+    // SAFETY: getuid has no preconditions.
+    let root = unsafe { libc::getuid() } == 0;
+    assert!(
+        root,
+        "{binary} is not installed: apt-get install {package} (`.ci/run` installs it)"
+    );
+    let installed = Command::new("apt-get")
+        .args(["install", "-y", "-qq", package])
+        .status()
+        .is_ok_and(|s| s.success())
+        || Command::new("sh")
+            .args([
+                "-c",
+                &format!("apt-get update -qq && apt-get install -y -qq {package}"),
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
+    assert!(
+        installed,
+        "cannot install {binary}: apt-get install {package} failed"
+    );
+    on_path(binary).unwrap_or_else(|| panic!("apt-get installed {package} but {binary} is missing"))
+}
+
 fn run(command: &mut Command, what: &str) {
     let status = command.status();
     assert!(
