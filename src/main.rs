@@ -23,6 +23,10 @@ struct Cli {
     /// Log format; overrides `[bridge] log_format`. The level comes from RUST_LOG.
     #[arg(long, global = true, value_enum)]
     log_format: Option<LogFormat>,
+    /// The running bridge's admin listener, for health, trace and top (default: the
+    /// config's `[admin] listen`), e.g. http://127.0.0.1:9464.
+    #[arg(long, global = true, env = "AGENTBRIDGE_ADMIN")]
+    admin: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -60,7 +64,7 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return fail(&format!("cannot start the runtime: {e}")),
     };
-    let admin = || cli::AdminClient::for_config(&config);
+    let admin = || cli::AdminClient::for_config(&config, cli.admin.clone());
     match command {
         Command::Check => unreachable!("answered above"),
         Command::Health { ready } => runtime.block_on(cli::health(admin(), ready)),

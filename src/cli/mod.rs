@@ -23,19 +23,23 @@ pub struct AdminClient {
 }
 
 impl AdminClient {
-    /// The admin listener `config` names (its unspecified address asked on loopback).
-    pub fn for_config(config: &Config) -> AdminClient {
-        let base = config.admin.as_ref().map(|admin| {
-            let addr = match admin.listen.ip() {
-                IpAddr::V4(ip) if ip.is_unspecified() => {
-                    SocketAddr::new(Ipv4Addr::LOCALHOST.into(), admin.listen.port())
-                }
-                IpAddr::V6(ip) if ip.is_unspecified() => {
-                    SocketAddr::new(Ipv6Addr::LOCALHOST.into(), admin.listen.port())
-                }
-                _ => admin.listen,
-            };
-            format!("http://{addr}")
+    /// The admin listener at `url`, or else the one `config` names (its unspecified
+    /// address asked on loopback); the token is the config's.
+    pub fn for_config(config: &Config, url: Option<String>) -> AdminClient {
+        let named = url.map(|url| url.trim_end_matches('/').to_owned());
+        let base = named.or_else(|| {
+            config.admin.as_ref().map(|admin| {
+                let addr = match admin.listen.ip() {
+                    IpAddr::V4(ip) if ip.is_unspecified() => {
+                        SocketAddr::new(Ipv4Addr::LOCALHOST.into(), admin.listen.port())
+                    }
+                    IpAddr::V6(ip) if ip.is_unspecified() => {
+                        SocketAddr::new(Ipv6Addr::LOCALHOST.into(), admin.listen.port())
+                    }
+                    _ => admin.listen,
+                };
+                format!("http://{addr}")
+            })
         });
         // reqwest asks rustls for the process's provider, even for plain HTTP.
         let _ = rustls::crypto::ring::default_provider().install_default();

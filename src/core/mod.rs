@@ -310,6 +310,15 @@ impl Core {
     fn route_delivery(&self, delivery: Delivery) -> Arc<Delivery> {
         let env = &delivery.envelope;
         telemetry::message_received(&env.origin.protocol, env.kind.family());
+        // With `debug` logs, a log search follows a message by its ids.
+        tracing::debug!(
+            message_id = %env.id,
+            correlation_id = env.correlation_id.as_deref().unwrap_or(""),
+            protocol = %env.origin.protocol,
+            from = %env.from,
+            kind = env.kind.as_str(),
+            "routed"
+        );
         let delivery = Arc::new(delivery);
         self.router.route(&delivery);
         delivery

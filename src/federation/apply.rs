@@ -151,7 +151,12 @@ impl Applier {
                         && match written.next() {
                             Some(Ok(())) => true,
                             Some(Err(e)) => {
-                                tracing::error!(error = %e, "federation: cannot keep a message from another bridge");
+                                tracing::error!(
+                                    error = %e,
+                                    message_id = %replica.envelope.id,
+                                    correlation_id = replica.envelope.correlation_id.as_deref().unwrap_or(""),
+                                    "federation: cannot keep a message from another bridge"
+                                );
                                 false
                             }
                             None => false,

@@ -268,7 +268,9 @@ impl Message {
             match outcome {
                 Ok(()) => return Ok(()),
                 Err(e) if Instant::now() + RETRY_AFTER >= deadline => return Err(e),
-                Err(e) => tracing::debug!(error = %e, id = %self.id, "federation: publish again"),
+                Err(e) => {
+                    tracing::debug!(error = %e, message_id = %self.id, "federation: publish again")
+                }
             }
             tokio::time::sleep(RETRY_AFTER).await;
             sent = self.send().await;

@@ -17,6 +17,8 @@ pub struct BridgeProcess {
     pub child: Child,
     /// endpoint name → address it listens on, read from the start-up log.
     pub addrs: HashMap<String, SocketAddr>,
+    /// Its log lines (JSON) after start-up, as they come.
+    logs: mpsc::Receiver<String>,
 }
 
 impl BridgeProcess {
@@ -58,7 +60,45 @@ impl BridgeProcess {
                 _ => {}
             }
         }
-        BridgeProcess { child, addrs }
+        BridgeProcess {
+            child,
+            addrs,
+            logs: rx,
+        }
+    }
+
+    /// The next log line whose JSON `select` says is the one, within `within`; `None` once
+    /// that passed (every line before it is consumed).
+    pub fn next_log(&self, within: Duration, select: impl Fn(&Value) -> bool) -> Option<Value> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let left = deadline.checked_duration_since(std::time::Instant::now())?;
+            let line = self.logs.recv_timeout(left).ok()?;
+            if let Ok(entry) = serde_json::from_str::<Value>(&line)
+                && select(&entry)
+            {
+                return Some(entry);
+            }
+        }
+    }
+
+    /// Sends the process `signal` (a `libc::SIG…`).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        let sent = unsafe { libc::kill(self.child.id() as i32, signal) };
+        assert_eq!(sent, 0, "the signal reaches the bridge");
+    }
+
+    /// Waits, up to `within`, for the process to exit; its status.
+    pub fn exited(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
     }
 
     pub fn addr(&self, endpoint: &str) -> SocketAddr {

@@ -535,7 +535,7 @@ impl Grid {
             body: message.to_string(),
         };
         if let Err(e) = self.keep_queued(agents, queued).await {
-            tracing::error!(error = %e, message = %env.id, "grid: cannot queue a message");
+            tracing::error!(error = %e, message_id = %env.id, "grid: cannot queue a message");
         }
     }
 

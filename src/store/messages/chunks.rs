@@ -188,10 +188,10 @@ impl Row<'_> {
             return Ok(());
         };
         if e.is_passing(batch) {
-            tracing::error!(error = %e, id = %self.id, "store: cannot put a journaled message in the database; trying again");
+            tracing::error!(error = %e, message_id = %self.id, "store: cannot put a journaled message in the database; trying again");
             return Err(e);
         }
-        tracing::error!(error = %e, id = %self.id, "store: a journaled message cannot be put in the database; it is left out");
+        tracing::error!(error = %e, message_id = %self.id, "store: a journaled message cannot be put in the database; it is left out");
         Ok(())
     }
 }

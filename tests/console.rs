@@ -1,0 +1,156 @@
+//! Seeing the traffic: the admin listener's API, `agentbridge trace` and `top`, and the
+//! console in a real browser (headless Chromium) — against a bridge process carrying a
+//! conversation that crosses from Skynet to the Tracker.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::process::{BIN, BridgeProcess};
+use common::skynet::{SkynetHttp, SkynetWs};
+use common::tracker::{TrackerHttp, TrackerWs};
+use serde_json::{Value, json};
+
+/// A bridge process with a two-hop conversation: Skynet agent `sky` asks Tracker member
+/// `coder` (`trace-1`), who answers it over REST. The config file's path, the process,
+/// and the answer's id.
+async fn bridge_with_a_conversation(dir: &Path) -> (std::path::PathBuf, BridgeProcess, String) {
+    let path = dir.join("bridge.toml");
+    let data = dir.join("data");
+    std::fs::write(&path, common::bridge_toml(data.to_str().unwrap(), "")).unwrap();
+    let process = BridgeProcess::spawn(&path);
+    let (skynet, tracker) = (process.addr("skynet"), process.addr("tracker"));
+    let (mut coder, _) = TrackerWs::auth(tracker, "tb-coder").await;
+    let card = SkynetHttp::new(skynet).agent("sky").await;
+    let (mut sky, _) = SkynetWs::join(skynet, &card).await;
+    let members = SkynetHttp::new(skynet).get("/api/members").await.1;
+    let coder_card = (members.as_array().unwrap().iter())
+        .find(|m| m["name"] == "coder")
+        .expect("Skynet lists the Tracker member")["id"]
+        .clone();
+    let asked = json!({
+        "id": "trace-1", "type": "chat", "payload": { "text": "@coder please look" },
+        "mentions": [coder_card],
+    });
+    sky.action("send", asked).await;
+    let question = coder.next_of("message.new").await;
+    let answer = TrackerHttp::new(tracker, "tb-coder")
+        .message(json!({
+            "chat_id": question["chat_id"], "content": "done",
+            "reply_to": question["id"],
+        }))
+        .await;
+    (path, process, answer["id"].as_str().unwrap().to_owned())
+}
+
+fn agentbridge(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("agentbridge runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `trace` shows the whole conversation from any hop's id in any protocol's form;
+/// `top` shows the rates between protocols.
+#[tokio::test]
+async fn trace_follows_a_conversation_across_protocols_and_top_shows_the_rates() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, process, answer) = bridge_with_a_conversation(dir.path()).await;
+    let config = path.to_str().unwrap();
+    let admin = format!("http://{}", process.addr("admin"));
+    let agentbridge = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--config", config, "--admin", admin.as_str()]);
+        agentbridge(&all)
+    };
+    let uuid = agentbridge::core::uuid_form("trace-1");
+    for asked in ["trace-1", uuid.as_str(), answer.as_str()] {
+        let (ok, out, err) = agentbridge(&["trace", asked, "--json"]);
+        assert!(ok, "trace {asked}: {err}");
+        let trace: Value = serde_json::from_str(&out).expect("trace --json prints JSON");
+        assert_eq!(trace["correlation_id"], "trace-1", "{trace}");
+        let hops: Vec<(&str, &str)> = (trace["messages"].as_array().unwrap().iter())
+            .map(|m| (m["protocol"].as_str().unwrap(), m["from"].as_str().unwrap()))
+            .collect();
+        assert_eq!(hops, [("skynet", "sky"), ("tracker", "coder")], "{trace}");
+    }
+    let (ok, out, _) = agentbridge(&["trace", "trace-1"]);
+    assert!(ok);
+    assert!(
+        out.starts_with("conversation trace-1 (2 messages)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("sky → coder") && out.contains("coder → sky"),
+        "{out}"
+    );
+    let (ok, _, err) = agentbridge(&["trace", "no-such-id"]);
+    assert!(!ok && err.contains("no message has id no-such-id"), "{err}");
+
+    let (ok, out, err) = agentbridge(&["top", "--once", "--interval", "0.3"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("skynet → tracker"), "{out}");
+    assert!(
+        out.contains("busiest senders") && out.contains("sky"),
+        "{out}"
+    );
+    drop(process);
+}
+
+/// The console, loaded in headless Chromium from the bridge's admin listener: the agents,
+/// the rates between protocols, the recent messages, and a conversation traced from the
+/// page's address.
+#[tokio::test]
+async fn the_console_shows_agents_traffic_and_a_traced_conversation_in_a_browser() {
+    let chromium = common::tools::debian_binary("chromium", "chromium");
+    let dir = tempfile::tempdir().unwrap();
+    let (_, process, answer) = bridge_with_a_conversation(dir.path()).await;
+    let url = format!("http://{}/#trace=trace-1", process.addr("admin"));
+    let profile = tempfile::tempdir().unwrap();
+    let browse = |extra: &[&str]| {
+        Command::new(&chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--virtual-time-budget=6000",
+                "--window-size=1400,1000",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .args(extra)
+            .arg(&url)
+            .output()
+            .expect("chromium runs")
+    };
+    let dom = String::from_utf8_lossy(&browse(&["--dump-dom"]).stdout).into_owned();
+    let expected = [
+        "data-agent=\"sky\"",
+        "data-agent=\"coder\"",
+        "data-from=\"skynet\"",
+        "data-message-id=\"trace-1\"",
+        &format!("data-message-id=\"{answer}\""),
+    ];
+    let missing: Vec<&&str> = expected.iter().filter(|e| !dom.contains(**e)).collect();
+    let hops = dom.matches("class=\"hop").count();
+    if !missing.is_empty() || hops < 2 {
+        let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-output/console.png");
+        std::fs::create_dir_all(shot.parent().unwrap()).unwrap();
+        browse(&[&format!("--screenshot={}", shot.display())]);
+        panic!(
+            "the console lacks {missing:?} ({hops} hops drawn); screenshot: {}\n{dom}",
+            shot.display()
+        );
+    }
+    drop(process);
+}
