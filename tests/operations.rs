@@ -76,8 +76,13 @@ async fn a_reload_changes_members_tokens_projects_and_limits_in_place() {
             "[skynet]\nlisten = \"127.0.0.1:1\"",
             1,
         )
+        .replacen(
+            "[admin]\nlisten = \"127.0.0.1:0\"",
+            "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"adm1n\"",
+            1,
+        )
         + NEW_MEMBER
-        + "\n[limits]\nheader_read_timeout_ms = 300\n";
+        + "\n[limits]\nheader_read_timeout_ms = 300\n\n[routing]\nmailbox_capacity = 8\n";
     std::fs::write(&path, changed).unwrap();
     let (status, report) = reload(admin, None).await;
     assert_eq!(status, 200, "{report}");
@@ -86,6 +91,8 @@ async fn a_reload_changes_members_tokens_projects_and_limits_in_place() {
         "tracker.members",
         "tracker.projects",
         "limits.header_read_timeout_ms",
+        "routing.mailbox_capacity",
+        "admin.token",
     ] {
         assert!(applied.contains(&key.to_owned()), "{key} not in {report}");
     }
@@ -95,6 +102,19 @@ async fn a_reload_changes_members_tokens_projects_and_limits_in_place() {
         "{report}"
     );
 
+    // The admin listener asks for the token from now on.
+    let agents = format!("http://{admin}/admin/api/agents");
+    assert_eq!(
+        common::http().get(&agents).send().await.unwrap().status(),
+        401
+    );
+    let with_token = common::http()
+        .get(&agents)
+        .bearer_auth("adm1n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(with_token.status(), 200);
     // The connection open before the reload is still served.
     let admin_http = TrackerHttp::new(tracker, "tb-admin");
     let (status, _) = admin_http
