@@ -312,12 +312,9 @@ impl Grid {
     /// durable the message is routed (`Core::route`), in the order it was staged. `None`
     /// for a message whose id was accepted before: acknowledged, not routed again.
     pub async fn stage(&self, msg: Message, source: Source) -> Result<Option<Staged>, Invalid> {
-        // A repeat is acknowledged before anything else: it changes nothing (a scratchpad
-        // rewritten in place holds entries, some the bridge's own, routed before).
-        match self.core.log.contains(&msg.id).await {
-            Ok(true) => return Ok(None),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "grid: cannot check for a repeated message"),
+        // A repeat is acknowledged before anything else: it changes nothing.
+        if self.is_repeat(&msg.id, source).await {
+            return Ok(None);
         }
         self.register(&msg.sender.agent).await.map_err(|mut e| {
             e.id = Some(msg.id.clone());
@@ -331,6 +328,27 @@ impl Grid {
         }
         let Ok(Decoded { envelope: env, .. }) = translate::Translator::decode(&(), msg);
         Ok(Some(self.core.stage(env).await))
+    }
+
+    /// Whether a message with `id` was accepted before. A scratchpad rewritten in place
+    /// holds entries routed long before, some the bridge's own: the store says. A program
+    /// sends a message again soon after, when it retries: the bridge's memory of recent
+    /// messages says (`Core::recently_seen`), without a store read for every message —
+    /// that read, and the writer's commit it forced, were most of a Grid sender's cost.
+    async fn is_repeat(&self, id: &str, source: Source) -> bool {
+        if self.core.recently_seen(id) {
+            return true;
+        }
+        if source != Source::Scratchpad {
+            return false;
+        }
+        match self.core.log.contains(id).await {
+            Ok(seen) => seen,
+            Err(e) => {
+                tracing::warn!(error = %e, message_id = id, "grid: cannot check for a repeated message");
+                false
+            }
+        }
     }
 
     /// Tells the sender of a refused message what was wrong, in a Grid `type: error`

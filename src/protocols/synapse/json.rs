@@ -37,6 +37,23 @@ pub fn from_json(desc: &MessageDescriptor, json: &Value) -> Result<DynamicMessag
     message_from(desc, json, 0)
 }
 
+/// Checks that `any`'s proto3 JSON can be written (what a callback or the gateway will
+/// write of it), without keeping it. A `StringValue`, the common payload, is checked by
+/// decoding it alone: the generic walk costs a message tens of thousands of instructions.
+pub fn check_any(any: &prost_types::Any) -> Result<(), String> {
+    if any.type_url == "type.googleapis.com/google.protobuf.StringValue" {
+        return <String as prost::Message>::decode(any.value.as_slice())
+            .map(drop)
+            .map_err(|e| format!("'{}' holds bytes that are not a string: {e}", any.type_url));
+    }
+    let dynamic = DynamicMessage::decode(
+        POOL.get_message_by_name(ANY).expect("the pool holds Any"),
+        prost::Message::encode_to_vec(any).as_slice(),
+    )
+    .map_err(|e| e.to_string())?;
+    any_json(&dynamic, 0).map(drop)
+}
+
 /// The JSON of an `Any` the bridge cannot resolve.
 pub fn opaque(any: &prost_types::Any) -> Value {
     serde_json::json!({ "@type": any.type_url, "value": STANDARD.encode(&any.value) })
