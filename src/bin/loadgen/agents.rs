@@ -57,7 +57,7 @@ pub struct Endpoints {
 }
 
 impl Endpoints {
-    fn base(&self, proto: Proto) -> Result<&str, Error> {
+    pub fn base(&self, proto: Proto) -> Result<&str, Error> {
         let base = match proto {
             Proto::Skynet => &self.skynet,
             Proto::Tracker => &self.tracker,
@@ -273,7 +273,7 @@ pub fn skynet_id_field(client_ids: bool) -> String {
 /// A Grid or Synapse message id: `{prefix}` and a random UUIDv4 when the client chooses
 /// them that way (Grid's documented form is `msg-{uuid}`, Synapse's a bare UUID), else
 /// `{sender}-{seq}`.
-fn client_id(client_ids: bool, prefix: &str, sender: &str, seq: u64) -> String {
+pub fn client_id(client_ids: bool, prefix: &str, sender: &str, seq: u64) -> String {
     if client_ids {
         format!("{prefix}{}", uuid::Uuid::new_v4())
     } else {
@@ -339,7 +339,7 @@ pub async fn sender(pairing: Pairing<'_>) -> Result<Sender, Error> {
             })
         }
         Proto::Tracker => {
-            let (ws, lobby) = tracker_auth(endpoints, &name).await?;
+            let (ws, lobby, _) = tracker_auth(endpoints, &name).await?;
             let (sink, stream) = ws.split();
             drain(stream);
             let prefix = format!(r#"{{"type":"chat.send","chat_id":"{lobby}","content":""#);
@@ -455,8 +455,30 @@ async fn skynet_member_id(base: &str, name: &str, local: bool) -> Result<String,
 }
 
 /// Creates a Tracker member `name` (chat_listen = mentions) with the admin token and
-/// authenticates it on the WebSocket; returns the socket and the lobby chat id.
-async fn tracker_auth(endpoints: &Endpoints, name: &str) -> Result<(Ws, String), Error> {
+/// authenticates it on the WebSocket; returns the socket, the lobby chat id and the
+/// member's token.
+pub async fn tracker_auth(
+    endpoints: &Endpoints,
+    name: &str,
+) -> Result<(Ws, String, String), Error> {
+    let (token, _) = tracker_member(endpoints, name).await?;
+    let base = endpoints.base(Proto::Tracker)?;
+    let mut ws = connect_ws(&ws_url(base, "/ws")).await?;
+    let auth = json!({ "type": "auth", "token": token });
+    ws.send(Message::Text(auth.to_string().into()))
+        .await
+        .map_err(|e| format!("auth: {e}"))?;
+    let ok = read_until(&mut ws, "auth.ok", |v| v["type"] == "auth.ok").await?;
+    let lobby = ok["data"]["lobby_chat_id"]
+        .as_str()
+        .ok_or("auth.ok has no lobby_chat_id")?
+        .to_owned();
+    Ok((ws, lobby, token))
+}
+
+/// Creates a Tracker member `name` (chat_listen = mentions) with the admin token; its
+/// token, and the Tracker's base URL.
+pub async fn tracker_member(endpoints: &Endpoints, name: &str) -> Result<(String, String), Error> {
     let base = endpoints.base(Proto::Tracker)?;
     let admin = endpoints
         .tracker_admin_token
@@ -477,17 +499,7 @@ async fn tracker_auth(endpoints: &Endpoints, name: &str) -> Result<(Ws, String),
     let token = member["token"]
         .as_str()
         .ok_or_else(|| format!("creating member {name}: {status} {member}"))?;
-    let mut ws = connect_ws(&ws_url(base, "/ws")).await?;
-    let auth = json!({ "type": "auth", "token": token });
-    ws.send(Message::Text(auth.to_string().into()))
-        .await
-        .map_err(|e| format!("auth: {e}"))?;
-    let ok = read_until(&mut ws, "auth.ok", |v| v["type"] == "auth.ok").await?;
-    let lobby = ok["data"]["lobby_chat_id"]
-        .as_str()
-        .ok_or("auth.ok has no lobby_chat_id")?
-        .to_owned();
-    Ok((ws, lobby))
+    Ok((token.to_owned(), base.to_owned()))
 }
 
 /// Opens `StreamMessages` as `name` (identified by metadata).

@@ -1,5 +1,6 @@
 //! Memory per idle connection: the bridge runs in a child process; N agents connect and
-//! stay idle (Skynet: registered and joined; Tracker: created and authenticated), and the
+//! stay idle (Skynet: registered and joined; Tracker: created and authenticated; Grid: a
+//! program's socket; Synapse: a `StreamMessages` stream on its own connection), and the
 //! child's resident set is read before and after. `WARM` connections are made first and
 //! not counted, so one-time allocations (thread pools, caches) do not flatter or blame them.
 
@@ -65,12 +66,13 @@ async fn connect_all(
     let endpoints = &server.endpoints;
     futures_util::stream::iter(names)
         .map(|name| async move {
-            let mut ws = agents::idle(endpoints, proto, name).await?;
+            // A WebSocket, or a Synapse `StreamMessages` stream on a connection of its own.
+            let mut connection = agents::receiver(endpoints, proto, name).await?;
             progress.inc(1);
             // An idle client still reads what it is sent (others' presence), as real ones do.
-            Ok(tokio::spawn(
-                async move { while ws.next().await.is_some() {} },
-            ))
+            Ok(tokio::spawn(async move {
+                while connection.next().await.is_some() {}
+            }))
         })
         .buffer_unordered(PARALLEL)
         .collect::<Vec<_>>()

@@ -17,6 +17,7 @@ mod marker;
 mod nats;
 mod relay;
 mod report;
+mod requests;
 mod run;
 mod server;
 
@@ -140,6 +141,8 @@ struct Route {
     from: Proto,
     to: Proto,
     fleet: Option<(Side, Side)>,
+    /// How the senders send: their streaming connection, or a request per message.
+    via: requests::Via,
 }
 
 /// A bridge of the two-bridge fleet a path may run on.
@@ -157,8 +160,9 @@ impl Route {
             Some(Side::B) => format!("{}@b", proto.name()),
         };
         format!(
-            "{}→{}",
+            "{}{}→{}",
             end(self.from, self.fleet.map(|f| f.0)),
+            self.via.suffix(),
             end(self.to, self.fleet.map(|f| f.1))
         )
     }
@@ -193,7 +197,7 @@ struct BurstArgs {
 
 #[derive(Args)]
 struct IdleArgs {
-    /// `skynet`, `tracker` or `grid`.
+    /// `skynet`, `tracker`, `synapse` or `grid`.
     #[arg(long, default_value = "skynet")]
     protocol: Proto,
     #[arg(long, default_value_t = 5000)]
@@ -224,13 +228,27 @@ fn parse_route(text: &str) -> Result<Route, String> {
         };
         Ok((<Proto as clap::ValueEnum>::from_str(proto, true)?, side))
     };
+    // The sender may say how it sends: `synapse/unary`, `synapse/http`, `tracker/http`,
+    // `grid/http` (one request a message).
+    let (a, via) = match a.split_once('/') {
+        Some((a, via)) => (
+            a,
+            requests::Via::parse(via).ok_or(format!("no way to send {via:?} (unary, http)"))?,
+        ),
+        None => (a, requests::Via::Stream),
+    };
     let ((from, from_side), (to, to_side)) = (end(a)?, end(b)?);
     let fleet = match (from_side, to_side) {
         (None, None) => None,
         (Some(f), Some(t)) => Some((f, t)),
         _ => return Err("name the bridge at both ends (skynet@a:tracker@b) or at neither".into()),
     };
-    Ok(Route { from, to, fleet })
+    Ok(Route {
+        from,
+        to,
+        fleet,
+        via,
+    })
 }
 
 fn parse_endpoint(text: &str) -> Result<(Proto, String), String> {
@@ -292,6 +310,7 @@ async fn run_all(args: RunArgs) -> Result<(), Error> {
             from,
             to,
             fleet: None,
+            via: requests::Via::Stream,
         };
         let mut paths = vec![route(Proto::Skynet, Proto::Skynet)];
         for &from in all {
@@ -300,6 +319,19 @@ async fn run_all(args: RunArgs) -> Result<(), Error> {
                     .filter(|&&to| to != from)
                     .map(|&to| route(from, to)),
             );
+        }
+        // The request/response ways to send, to a Skynet receiver, beside their
+        // protocol's streaming path to it.
+        for (from, via) in [
+            (Proto::Synapse, requests::Via::Unary),
+            (Proto::Synapse, requests::Via::Http),
+            (Proto::Tracker, requests::Via::Http),
+            (Proto::Grid, requests::Via::Http),
+        ] {
+            paths.push(Route {
+                via,
+                ..route(from, Proto::Skynet)
+            });
         }
         paths
     } else {
@@ -362,15 +394,7 @@ async fn run_all(args: RunArgs) -> Result<(), Error> {
             ..Default::default()
         };
         let bar = spinner(&format!("{url} skynet→skynet"));
-        let pairs = connect(
-            &endpoints,
-            &endpoints,
-            Proto::Skynet,
-            Proto::Skynet,
-            args.pairs,
-            &load,
-        )
-        .await?;
+        let pairs = connect(&endpoints, &endpoints, SKYNET_SKYNET, args.pairs, &load).await?;
         let (outcome, measured) = run_measured(pairs, &load, &bar, None).await;
         bar.finish_and_clear();
         let mut row = Row::new(url, "skynet→skynet", args.pairs, &load, &outcome);
@@ -393,6 +417,7 @@ const SKYNET_SKYNET: Route = Route {
     from: Proto::Skynet,
     to: Proto::Skynet,
     fleet: None,
+    via: requests::Via::Stream,
 };
 
 /// The load over `route` through agentbridge: a bridge it starts, the bridges `--bridge`
@@ -446,7 +471,7 @@ async fn bridge_run(
             (sending, receiving)
         }
     };
-    let pairs = connect(&sending, &receiving, route.from, route.to, args.pairs, load).await?;
+    let pairs = connect(&sending, &receiving, route, args.pairs, load).await?;
     // The sending bridge's CPU and memory.
     let pid = match route.fleet {
         Some((from, _)) => Some(servers[from as usize].pid),
@@ -501,11 +526,11 @@ async fn run_measured(
 async fn connect(
     endpoints: &Endpoints,
     receiving: &Endpoints,
-    from: Proto,
-    to: Proto,
+    route: Route,
     pairs: usize,
     load: &Load,
 ) -> Result<Vec<(Sender, Receiver)>, Error> {
+    let (from, to) = (route.from, route.to);
     let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
     let mut receivers = Vec::new();
     for i in 0..pairs {
@@ -517,15 +542,18 @@ async fn connect(
     }
     let mut out = Vec::new();
     for (i, receiver) in receivers.into_iter().enumerate() {
-        let sender = agents::sender(agents::Pairing {
+        let pairing = agents::Pairing {
             endpoints,
             from,
             to,
             sender: format!("lg{run}-s{i}"),
             receiver: format!("lg{run}-r{i}"),
             client_ids: load.client_ids,
-        })
-        .await?;
+        };
+        let sender = match route.via {
+            requests::Via::Stream => agents::sender(pairing).await?,
+            via => requests::sender(pairing, via).await?,
+        };
         out.push((sender, receiver));
     }
     Ok(out)

@@ -47,6 +47,9 @@ pub struct Row {
     pub vs_skynet: Option<f64>,
     /// A fleet's path: msg/s against the JetStream baseline's, both at full rate.
     pub vs_jetstream: Option<f64>,
+    /// A request/response path (`synapse/unary→skynet`): msg/s against its protocol's
+    /// streaming path to the same receiver (`synapse→skynet`), both at full rate.
+    pub vs_stream: Option<f64>,
     /// At an offered rate: p99 as a multiple of its yardstick's at the same offered rate
     /// (skynet→skynet on one bridge; JetStream for a fleet's path).
     pub p99_vs_yardstick: Option<f64>,
@@ -86,6 +89,7 @@ impl Row {
             p99_vs_raw_relay: None,
             vs_skynet: None,
             vs_jetstream: None,
+            vs_stream: None,
             p99_vs_yardstick: None,
         }
     }
@@ -130,8 +134,16 @@ pub fn compare(rows: &mut [Row]) {
             _ => None,
         })
         .collect();
+    // A request/response path's streaming twin: its path without the `/unary`, `/http`.
+    let streams: Vec<Option<f64>> = (rows.iter())
+        .map(|r| {
+            let (sender, receiver) = r.path.split_once('→')?;
+            let (protocol, _) = sender.split_once('/')?;
+            full_rate("agentbridge", Some(&format!("{protocol}→{receiver}")))
+        })
+        .collect();
     let ratio = |a: f64, b: f64| a / b.max(1e-9);
-    for (row, yardstick) in rows.iter_mut().zip(yardsticks) {
+    for ((row, yardstick), stream) in rows.iter_mut().zip(yardsticks).zip(streams) {
         if row.target != "agentbridge" {
             continue;
         }
@@ -142,6 +154,7 @@ pub fn compare(rows: &mut [Row]) {
             row.vs_jetstream = jetstream
                 .filter(|_| fleet)
                 .map(|rate| ratio(row.msgs_per_sec, rate));
+            row.vs_stream = stream.map(|rate| ratio(row.msgs_per_sec, rate));
         }
         row.p99_vs_yardstick = yardstick.map(|p99| ratio(row.p99_us as f64, p99.max(1) as f64));
     }
@@ -180,6 +193,7 @@ pub fn table(rows: &[Row]) -> String {
         "p99 vs raw",
         "vs skynet→skynet",
         "vs jetstream",
+        "vs stream",
         "p99 vs yardstick",
     ];
     let cells: Vec<Vec<String>> = rows
@@ -215,6 +229,8 @@ pub fn table(rows: &[Row]) -> String {
                 r.vs_skynet
                     .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
                 r.vs_jetstream
+                    .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
+                r.vs_stream
                     .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
                 r.p99_vs_yardstick
                     .map_or("-".into(), |x| format!("{x:.2}×")),
