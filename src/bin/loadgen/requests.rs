@@ -51,6 +51,9 @@ impl Via {
 /// One request for a message, started by `send` and left to finish on its own.
 type Request = Arc<dyn Fn(String) -> BoxFuture<'static, Result<(), Error>> + Send + Sync>;
 
+/// A message's request body (or, for gRPC, its text) from its number and marker text.
+type Frame = Box<dyn FnMut(u64, &str) -> String + Send>;
+
 /// Starts each message's request and returns at once; a request that fails is counted
 /// (its message is then lost, as the run sees it) and told on stderr once.
 struct Requests {
