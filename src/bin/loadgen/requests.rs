@@ -114,8 +114,7 @@ pub async fn sender(pairing: Pairing<'_>, via: Via) -> Result<Sender, Error> {
             })
         })
     };
-    let (request, frame): (Request, Box<dyn FnMut(u64, &str) -> String + Send>) = match (from, via)
-    {
+    let (request, frame): (Request, Frame) = match (from, via) {
         (Proto::Synapse, Via::Unary) => {
             let channel = tonic::transport::Channel::from_shared(base.clone())
                 .map_err(|e| format!("{base}: {e}"))?
