@@ -329,59 +329,116 @@ fn resolve_data_dir(base: &Path, data_dir: &str) -> String {
     joined.display().to_string()
 }
 
+/// Where in a TOML line the scanner of `interpolate` is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum InToml {
+    Bare,
+    Basic,
+    Literal,
+    MultiBasic,
+    MultiLiteral,
+}
+
 /// `text` with each `${NAME}` replaced by the environment variable `NAME`; one that is not
-/// set is refused at its line.
+/// set is refused at its line. Inside a `"…"` string the value is escaped as TOML wants it
+/// (a `"` or `\` in a secret stays itself), and comments are left as written.
 fn interpolate(text: &str, file: &str) -> Result<String, ConfigError> {
     if !text.contains("${") {
         return Ok(text.to_owned());
     }
     let mut out = String::with_capacity(text.len());
+    let mut state = InToml::Bare;
     for (index, line) in text.split_inclusive('\n').enumerate() {
-        // A comment is left as written (it may well show how to write `${NAME}`).
-        if line.trim_start().starts_with('#') {
-            out.push_str(line);
-            continue;
-        }
         let mut rest = line;
-        while let Some(at) = rest.find('$') {
-            out.push_str(&rest[..at]);
-            let after = &rest[at..];
-            if let Some(escaped) = after.strip_prefix("$${") {
-                out.push_str("${");
-                rest = escaped;
-            } else if let Some(open) = after.strip_prefix("${") {
-                let refused = |message: String| ConfigError::Invalid {
-                    file: file.to_owned(),
-                    line: index + 1,
-                    key: format!("${{{}}}", open.split('}').next().unwrap_or_default()),
-                    message,
-                };
-                let Some(end) = open.find('}') else {
-                    return Err(refused(
-                        "a `${` with no `}`: write `$${` for a literal one".into(),
-                    ));
-                };
-                let name = &open[..end];
-                let valid = (name.chars().next())
-                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                    && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-                if !valid {
-                    return Err(refused(format!(
-                        "`{name}` is not an environment variable's name"
-                    )));
+        while let Some(c) = rest.chars().next() {
+            let starts = |s: &str| rest.starts_with(s);
+            let (next, taken) = match (state, c) {
+                (InToml::Bare, '#') => (InToml::Bare, rest.len()),
+                (InToml::Bare, '"') if starts(r#"""""#) => (InToml::MultiBasic, 3),
+                (InToml::Bare, '\'') if starts("'''") => (InToml::MultiLiteral, 3),
+                (InToml::Bare, '"') => (InToml::Basic, 1),
+                (InToml::Bare, '\'') => (InToml::Literal, 1),
+                (InToml::Basic | InToml::MultiBasic, '\\') => (state, 2),
+                (InToml::Basic, '"') | (InToml::Literal, '\'') => (InToml::Bare, 1),
+                (InToml::MultiBasic, '"') if starts(r#"""""#) => (InToml::Bare, 3),
+                (InToml::MultiLiteral, '\'') if starts("'''") => (InToml::Bare, 3),
+                (_, '$') if starts("$${") => {
+                    out.push_str("${");
+                    rest = &rest[3..];
+                    continue;
                 }
-                let value = std::env::var(name)
-                    .map_err(|_| refused(format!("the environment variable {name} is not set")))?;
-                out.push_str(&value);
-                rest = &open[end + 1..];
-            } else {
-                out.push('$');
-                rest = &after[1..];
-            }
+                (_, '$') if starts("${") => {
+                    let (value, after) = variable(&rest[2..], file, index + 1)?;
+                    match state {
+                        InToml::Basic | InToml::MultiBasic => escape_basic(&mut out, &value),
+                        _ => out.push_str(&value),
+                    }
+                    rest = after;
+                    continue;
+                }
+                _ => (state, c.len_utf8()),
+            };
+            state = next;
+            rest = push(&mut out, rest, taken);
         }
-        out.push_str(rest);
+        // A one-line string ends with its line (TOML refuses it unclosed).
+        if matches!(state, InToml::Basic | InToml::Literal) {
+            state = InToml::Bare;
+        }
     }
     Ok(out)
+}
+
+/// The value of the variable named at the start of `open` (after `${`), and what follows
+/// its `}`.
+fn variable<'a>(open: &'a str, file: &str, line: usize) -> Result<(String, &'a str), ConfigError> {
+    let refused = |message: String| ConfigError::Invalid {
+        file: file.to_owned(),
+        line,
+        key: format!("${{{}}}", open.split('}').next().unwrap_or_default()),
+        message,
+    };
+    let Some(end) = open.find('}') else {
+        return Err(refused(
+            "a `${` with no `}`: write `$${` for a literal one".into(),
+        ));
+    };
+    let name = &open[..end];
+    let valid = (name.chars().next()).is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(refused(format!(
+            "`{name}` is not an environment variable's name"
+        )));
+    }
+    let value = std::env::var(name)
+        .map_err(|_| refused(format!("the environment variable {name} is not set")))?;
+    Ok((value, &open[end + 1..]))
+}
+
+/// Copies up to `n` bytes of `rest` (whole characters) to `out`; what follows.
+fn push<'a>(out: &mut String, rest: &'a str, n: usize) -> &'a str {
+    let n = (1..=n.min(rest.len()))
+        .rev()
+        .find(|&i| rest.is_char_boundary(i))
+        .unwrap_or(rest.len());
+    out.push_str(&rest[..n]);
+    &rest[n..]
+}
+
+/// `value` as the inside of a TOML basic string.
+fn escape_basic(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
 }
 
 /// Turns a TOML error into "file:line: key: message", finding the key from the error's
@@ -510,6 +567,15 @@ mod tests {
             "b.toml",
         );
         assert!(config.is_ok());
+        // A secret with a quote and a backslash stays itself; comments are left alone.
+        // SAFETY (set_var): this test alone uses this variable.
+        unsafe { std::env::set_var("AGENTBRIDGE_TEST_ODD", r#"a"b\c"#) };
+        let config = Config::parse(
+            "[admin] # see ${NOT_SET}\ntoken = \"${AGENTBRIDGE_TEST_ODD}\" # ${NOT_SET}\n",
+            "bridge.toml",
+        )
+        .unwrap();
+        assert_eq!(config.admin.unwrap().token.as_deref(), Some(r#"a"b\c"#));
     }
 
     #[test]

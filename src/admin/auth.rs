@@ -27,6 +27,11 @@ impl Token {
         Token(Arc::new(ArcSwapOption::from(token.map(Arc::new))))
     }
 
+    /// Whether no token is set (a loopback listener, open to the host's own users).
+    fn is_none(&self) -> bool {
+        self.0.load().is_none()
+    }
+
     /// Takes a token read again from the config.
     pub fn set(&self, token: Option<String>) {
         self.0.store(token.map(Arc::new));
@@ -81,9 +86,38 @@ fn cookie(headers: &HeaderMap) -> Option<&str> {
         .find_map(|pair| pair.trim().strip_prefix(COOKIE)?.strip_prefix('='))
 }
 
+/// Whether `headers` come from this host's own pages and tools: the `Host` is an address
+/// or `localhost` (a page of another site that rebinds its name to 127.0.0.1 sends its
+/// own name), and a request a page sent (`Origin`) comes from that same host.
+fn same_host(headers: &HeaderMap) -> bool {
+    let host = (headers.get(header::HOST)).and_then(|v| v.to_str().ok());
+    let Some(host) = host else {
+        return true;
+    };
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    };
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    if name != "localhost" && name.parse::<std::net::IpAddr>().is_err() {
+        return false;
+    }
+    match (headers.get(header::ORIGIN)).and_then(|v| v.to_str().ok()) {
+        Some(origin) => origin.split_once("://").is_some_and(|(_, o)| o == host),
+        None => true,
+    }
+}
+
 /// Lets a request through when it carries the token; a browser asking for a page is shown
-/// the sign-in page, anything else a 401 in JSON.
+/// the sign-in page, anything else a 401 in JSON. Without a token (a loopback listener),
+/// only a request from this host's own pages and tools goes through.
 pub async fn require(State(token): State<Token>, request: Request, next: Next) -> Response {
+    if token.is_none() && !same_host(request.headers()) {
+        let answer = serde_json::json!({
+            "error": "the admin listener answers this host's own pages and tools only"
+        });
+        return (StatusCode::FORBIDDEN, axum::Json(answer)).into_response();
+    }
     if token.admits(request.headers()) {
         return next.run(request).await;
     }
@@ -137,6 +171,22 @@ mod tests {
             headers.append(name, value.parse().unwrap());
         }
         headers
+    }
+
+    #[test]
+    fn without_a_token_only_this_hosts_pages_and_tools_get_in() {
+        assert!(same_host(&headers(&[(header::HOST, "127.0.0.1:9464")])));
+        assert!(same_host(&headers(&[(header::HOST, "localhost:9464")])));
+        assert!(same_host(&headers(&[(header::HOST, "[::1]:9464")])));
+        assert!(!same_host(&headers(&[(header::HOST, "evil.example:9464")])));
+        assert!(same_host(&headers(&[
+            (header::HOST, "127.0.0.1:9464"),
+            (header::ORIGIN, "http://127.0.0.1:9464")
+        ])));
+        assert!(!same_host(&headers(&[
+            (header::HOST, "127.0.0.1:9464"),
+            (header::ORIGIN, "http://evil.example")
+        ])));
     }
 
     #[test]

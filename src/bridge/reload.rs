@@ -133,8 +133,15 @@ impl Live {
                 set(&level)
             }
             "admin" => {
-                self.token
-                    .set(config.admin.as_ref().and_then(|a| a.token.clone()));
+                let token = config.admin.as_ref().and_then(|a| a.token.clone());
+                // The listener keeps its address until a restart: one beyond this host
+                // keeps a token, whatever the new file says of the address.
+                if token.is_none() && !self.admin_on_loopback() {
+                    return Err("the admin listener runs on an address beyond this host \
+                                until a restart, and keeps its token until then"
+                        .into());
+                }
+                self.token.set(token);
                 Ok(())
             }
             "routing" => {
@@ -161,6 +168,20 @@ impl Live {
                 }
             }
         }
+    }
+}
+
+impl Live {
+    /// Whether the running admin listener is on a loopback address (as the config it
+    /// started with says: `listen` changes only at a restart).
+    fn admin_on_loopback(&self) -> bool {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let listen = (running.get("admin"))
+            .and_then(|admin| admin.get("listen"))
+            .and_then(Value::as_str)
+            .and_then(|listen| listen.parse::<std::net::SocketAddr>().ok());
+        // Absent, it is the default, on loopback.
+        listen.is_none_or(|addr| addr.ip().is_loopback())
     }
 }
 

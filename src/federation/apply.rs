@@ -60,20 +60,23 @@ impl Applier {
         // read and its writes queued meanwhile, and each is routed, then acknowledged, once
         // its writes and those of every batch before it are done.
         let mut writing = FuturesOrdered::new();
-        loop {
+        let ended = loop {
             tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => return Ok(()),
+                _ = shutdown.cancelled() => break Ok(()),
                 Some((written, last)) = writing.next(), if !writing.is_empty() => {
                     self.route(written);
                     // Acknowledging the last acknowledges the batch (`AckPolicy::All`).
                     let last: async_nats::jetstream::Message = last;
-                    last.ack().await?;
+                    if let Err(e) = last.ack().await {
+                        break Err(e);
+                    }
                 }
                 next = messages.next(), if writing.len() < WRITING => {
                     let first = match next {
-                        Some(message) => message?,
-                        None => return Err("the stream's consumer ended".into()),
+                        Some(Ok(message)) => message,
+                        Some(Err(e)) => break Err(e.into()),
+                        None => break Err("the stream's consumer ended".into()),
                     };
                     let mut batch = vec![first];
                     while batch.len() < BATCH
@@ -86,7 +89,14 @@ impl Applier {
                     writing.push_back(async move { (written.await, last) });
                 }
             }
+        };
+        // Whatever ends the loop, the batches already in the store are routed: redelivered,
+        // a message the store holds is passed over, so one left unrouted now never would be.
+        while let Some((written, last)) = writing.next().await {
+            self.route(written);
+            let _ = last.ack().await;
         }
+        ended
     }
 
     /// Queues the writes of `batch`'s messages to this bridge's store; the future that

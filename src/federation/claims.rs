@@ -56,6 +56,9 @@ const RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
 
 pub struct FleetClaims {
     pub link: Arc<NatsLink>,
+    /// Names whose release is being tried again: a name claimed again meanwhile leaves
+    /// this set, and its pending release gives up rather than free the new claim.
+    pub releasing: Arc<dashmap::DashSet<String>>,
 }
 
 impl FleetClaims {
@@ -158,6 +161,7 @@ impl FleetClaims {
 impl NameClaims for FleetClaims {
     fn claim<'a>(&'a self, info: &'a AgentInfo, how: Claiming) -> ClaimFuture<'a> {
         Box::pin(async move {
+            self.releasing.remove(&info.name);
             match self.link.ready() {
                 Some(ready) => self.claim_in(&ready, info, how).await,
                 None => Ok(()),
@@ -169,12 +173,18 @@ impl NameClaims for FleetClaims {
     /// NATS is away would leave a lasting claim held for good).
     fn release(&self, agent: &AgentInfo) {
         let (link, agent) = (self.link.clone(), agent.clone());
+        let releasing = self.releasing.clone();
+        releasing.insert(agent.name.clone());
         tokio::spawn(async move {
             let mut wait = RETRY_AFTER;
-            loop {
+            // Until it lands, or the name is claimed again (and so is not to be freed).
+            while releasing.contains(&agent.name) {
                 if let Some(ready) = link.ready() {
                     match release_once(&ready, &link.bridge_id, &agent).await {
-                        Ok(()) => return,
+                        Ok(()) => {
+                            releasing.remove(&agent.name);
+                            return;
+                        }
                         Err(e) => {
                             tracing::debug!(error = %e, name = %agent.name, "federation: releasing a name again shortly")
                         }

@@ -15,8 +15,8 @@
 //! as one NATS message holding their list (`BATCH`): under load, JetStream stores,
 //! replicates, acknowledges and delivers a batch at the cost of one message, which is most
 //! of what a message that crosses costs the fleet. Alone, a message goes as itself, under
-//! its own id; a batch goes under the id of its first message and its length, which is
-//! the same when it is sent again.
+//! its own id; a batch goes under an id of its own (`batch:<uuid>`, which no message's can
+//! collide with), the same when it is sent again.
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -293,12 +293,22 @@ struct Batch {
 }
 
 impl Batch {
-    /// `first` and what else is queued behind it, up to `BATCH` messages and `BATCH_BYTES`.
-    fn gather(first: Outgoing, queued: &mut mpsc::UnboundedReceiver<Outgoing>) -> Batch {
+    /// `first` and what else is queued behind it, up to `BATCH` messages and `BATCH_BYTES`
+    /// (a message alone may be larger); one that would not fit is left in `held`, to start
+    /// the next batch.
+    fn gather(
+        first: Outgoing,
+        queued: &mut mpsc::UnboundedReceiver<Outgoing>,
+        held: &mut Option<Outgoing>,
+    ) -> Batch {
         let mut bytes = first.payload.len();
         let mut batch = vec![first];
-        while batch.len() < BATCH && bytes < BATCH_BYTES {
+        while batch.len() < BATCH {
             let Ok(next) = queued.try_recv() else { break };
+            if bytes + 1 + next.payload.len() > BATCH_BYTES {
+                *held = Some(next);
+                break;
+            }
             bytes += next.payload.len() + 1;
             batch.push(next);
         }
@@ -314,7 +324,8 @@ impl Batch {
                 accepted: vec![accepted],
             };
         }
-        let id = format!("{}+{}", batch[0].id, batch.len() - 1);
+        // Its own id, which no message's can be: sent again, the batch is the same.
+        let id = format!("batch:{}", uuid::Uuid::new_v4());
         let mut payload = Vec::with_capacity(bytes + 2);
         payload.push(b'[');
         for (i, outgoing) in batch.iter().enumerate() {
@@ -339,7 +350,9 @@ impl Publisher {
         let mut in_flight = FuturesOrdered::new();
         let mut shutting_down = std::pin::pin!(shutdown.cancelled());
         let (mut open, mut closing) = (true, false);
-        while open || !in_flight.is_empty() {
+        // A message that did not fit in the last batch: it starts the next.
+        let mut held: Option<Outgoing> = None;
+        while open || held.is_some() || !in_flight.is_empty() {
             tokio::select! {
                 _ = &mut shutting_down, if !closing => {
                     closing = true;
@@ -347,12 +360,12 @@ impl Publisher {
                     // comes later is told the bridge is shutting down.
                     self.queued.close();
                 }
-                next = self.queued.recv(), if open => {
+                next = next_outgoing(&mut held, &mut self.queued), if open || held.is_some() => {
                     let Some(first) = next else {
                         open = false;
                         continue;
                     };
-                    let batch = Batch::gather(first, &mut self.queued);
+                    let batch = Batch::gather(first, &mut self.queued, &mut held);
                     let accepted = batch.accepted;
                     let Some(ready) = self.link.set_up() else {
                         tell(accepted, Err(refused_unreachable()));
@@ -392,6 +405,18 @@ impl Publisher {
                 }
             }
         }
+    }
+}
+
+/// The message `held` back from the last batch, else the next one queued; `None` once the
+/// queue is closed and empty.
+async fn next_outgoing(
+    held: &mut Option<Outgoing>,
+    queued: &mut mpsc::UnboundedReceiver<Outgoing>,
+) -> Option<Outgoing> {
+    match held.take() {
+        Some(held) => Some(held),
+        None => queued.recv().await,
     }
 }
 

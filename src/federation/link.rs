@@ -276,6 +276,7 @@ impl NatsLink {
             ..bucket_config(&self.names.records, replicas, Duration::ZERO)
         };
         let records = bucket(&js, records).await?;
+        allow_message_ttls(&js, &self.names.records).await?;
         let files = match js.get_object_store(&self.names.files).await {
             Ok(files) => files,
             Err(_) => {
@@ -341,6 +342,24 @@ pub fn lost_race(e: &kv::UpdateError) -> bool {
         source = cause.source();
     }
     false
+}
+
+/// Lets the stream behind KV bucket `bucket` give a message a TTL of its own, as the
+/// records bucket's must for the marks takes leave: a bucket made before takes did not.
+async fn allow_message_ttls(
+    js: &jetstream::Context,
+    bucket: &str,
+) -> Result<(), async_nats::Error> {
+    let mut stream = js.get_stream(format!("KV_{bucket}")).await?;
+    let config = stream.info().await?.config.clone();
+    if !config.allow_message_ttl {
+        js.update_stream(stream::Config {
+            allow_message_ttl: true,
+            ..config
+        })
+        .await?;
+    }
+    Ok(())
 }
 
 /// The KV bucket `config` names, made as `config` says if it does not exist.

@@ -76,6 +76,7 @@ impl Federation {
         self.log.set_directory(core.directory.clone());
         core.set_claims(Arc::new(claims::FleetClaims {
             link: self.link.clone(),
+            releasing: Arc::default(),
         }));
         core.set_records(Arc::new(records::FleetRecords {
             link: self.link.clone(),

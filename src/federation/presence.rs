@@ -141,10 +141,12 @@ impl Presence {
         if card.bridge == self.link.bridge_id {
             return;
         }
-        // Every bridge named gets one TTL to show it is alive.
-        alive
-            .entry(card.bridge.clone())
-            .or_insert_with(Instant::now);
+        // Every bridge named gets one TTL to show it is alive; one back before its first
+        // heartbeat arrives keeps its agents' mail again.
+        if let std::collections::hash_map::Entry::Vacant(new) = alive.entry(card.bridge.clone()) {
+            new.insert(Instant::now());
+            self.core.directory.bridge_back(&card.bridge);
+        }
         if let Some(info) = card.into_info() {
             self.core.directory.register_replica(info);
         }

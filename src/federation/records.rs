@@ -72,16 +72,28 @@ fn conflict_or_unavailable(e: kv::UpdateError) -> RecordError {
 }
 
 impl SharedRecords for FleetRecords {
+    /// From the stream's leader, not the direct get any replica answers: a change reads
+    /// the record, then writes it at that revision, and a replica behind answers a revision
+    /// the write is then refused at, again and again while it lags.
     fn read<'a>(&'a self, table: &'a str, key: &'a str) -> RecordFuture<'a, Option<Record>> {
         Box::pin(async move {
-            let entry = self
-                .bucket()?
-                .entry(bucket_key(table, key))
+            use async_nats::jetstream::stream::LastRawMessageErrorKind;
+            let bucket = self.bucket()?;
+            let subject = format!("{}{}", bucket.prefix, bucket_key(table, key));
+            let message = match bucket
+                .stream
+                .get_last_raw_message_by_subject(&subject)
                 .await
-                .map_err(unavailable)?;
-            Ok(entry.map(|e| Record {
-                revision: e.revision,
-                value: value_of(e),
+            {
+                Ok(message) => message,
+                Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+                Err(e) => return Err(unavailable(e)),
+            };
+            let removed = (message.headers.get("KV-Operation"))
+                .is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"));
+            Ok(Some(Record {
+                revision: message.sequence,
+                value: (!removed).then_some(message.payload),
             }))
         })
     }

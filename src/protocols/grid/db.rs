@@ -347,7 +347,9 @@ impl Db {
     }
 
     /// Drops what is queued for `agent` as `message_id` once the fleet took it at
-    /// `revision`, unless it was queued again since (a later revision).
+    /// `revision`, unless it was queued again since (a later revision). A row this bridge
+    /// keeps alone (no revision: queued, or put back, while NATS was away) stays: a
+    /// message may then come twice, but is not lost.
     pub async fn forget_queued(
         &self,
         agent: String,
@@ -358,7 +360,7 @@ impl Db {
             .write(move |conn| {
                 conn.prepare_cached(
                     "DELETE FROM grid_queue WHERE agent = ?1 AND message_id = ?2
-                        AND (fleet_revision IS NULL OR fleet_revision < ?3)",
+                        AND fleet_revision < ?3",
                 )?
                 .execute(params![agent, message_id, revision as i64])?;
                 Ok(())

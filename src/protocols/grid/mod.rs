@@ -332,14 +332,12 @@ impl Grid {
 
     /// Whether a message with `id` was accepted before. A scratchpad rewritten in place
     /// holds entries routed long before, some the bridge's own: the store says. A program
-    /// sends a message again soon after, when it retries: the bridge's memory of recent
-    /// messages says (`Core::recently_seen`), without a store read for every message —
-    /// that read, and the writer's commit it forced, were most of a Grid sender's cost.
+    /// sends a message again soon after, when it retries: only an id the bridge's memory of
+    /// recent messages holds (`Core::recently_seen`) is looked up in the store — the lookup
+    /// for every message, and the writer's commit it forced, were most of a Grid sender's
+    /// cost — and only a stored one is a repeat (one refused before is not).
     async fn is_repeat(&self, id: &str, source: Source) -> bool {
-        if self.core.recently_seen(id) {
-            return true;
-        }
-        if source != Source::Scratchpad {
+        if source != Source::Scratchpad && !self.core.recently_seen(id) {
             return false;
         }
         match self.core.log.contains(id).await {

@@ -283,7 +283,13 @@ impl OfflineSink for Sink {
         let Some(message) = synapse.encode(delivery) else {
             return;
         };
-        let route = synapse.route_for(agent, false);
+        // The mail of an agent whose bridge is gone from the fleet goes to its inbox, which
+        // the fleet shares: every bridge still here keeps it, once between them, where a
+        // callback would be posted by each.
+        let route = match synapse.core.directory.held_elsewhere(agent) {
+            true => Route::Inbox,
+            false => synapse.route_for(agent, false),
+        };
         synapse.send_by(agent, route, message);
         delivery.written_to(PROTOCOL);
     }

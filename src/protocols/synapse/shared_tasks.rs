@@ -112,16 +112,28 @@ impl Synapse {
                 Err(e) => return Err(refused(e)),
             }
         }
-        for (position, file) in files.iter().enumerate() {
+        let written = async {
+            for (position, file) in files.iter().enumerate() {
+                (records
+                    .put_file(&file_name(&task.id, position), encode_file(file))
+                    .await)
+                    .map_err(refused)?;
+            }
             (records
-                .put_file(&file_name(&task.id, position), encode_file(file))
+                .write(TASKS, &task.id, encode(&task), Expect::Absent)
                 .await)
-                .map_err(refused)?;
-        }
-        let revision = (records
-            .write(TASKS, &task.id, encode(&task), Expect::Absent)
-            .await)
-            .map_err(refused)?;
+                .map_err(refused)
+        };
+        let revision = match written.await {
+            Ok(revision) => revision,
+            Err(status) => {
+                // The task was not made: its external id is free again.
+                if let Some(external) = &task.external_task_id {
+                    let _ = records.remove(EXTERNAL_IDS, external).await;
+                }
+                return Err(status);
+            }
+        };
         self.apply_task(task.clone(), revision)
             .await
             .map_err(internal)?;

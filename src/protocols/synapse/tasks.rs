@@ -170,15 +170,19 @@ impl Synapse {
                 }
             })
             .await;
-        self.pending.remove(id);
         let task = match claimed {
             Ok(Update::Changed(task)) => task,
-            Ok(Update::Unchanged(_) | Update::Missing) => return,
+            Ok(Update::Unchanged(_) | Update::Missing) => {
+                self.pending.remove(id);
+                return;
+            }
+            // Still waiting: the next agent that appears tries again.
             Err(e) => {
                 tracing::error!(error = %e.message(), task = id, "synapse: cannot assign a waiting task");
                 return;
             }
         };
+        self.pending.remove(id);
         let files = self.task_files(id).await.unwrap_or_else(|e| {
             tracing::error!(error = %e.message(), task = id, "synapse: cannot read a task's files");
             Vec::new()
@@ -350,8 +354,13 @@ impl Synapse {
         }
     }
 
-    /// Applies progress or a result (from any protocol) to a submitted task.
+    /// Applies progress or a result (from any protocol) to a submitted task. In a fleet,
+    /// the bridge that accepted the message writes it: another bridge's hub, behind in the
+    /// stream, would write an older step over a newer one (and call back twice).
     async fn apply_progress(&self, env: &Envelope) {
+        if self.core.directory.held_elsewhere(&env.from) {
+            return;
+        }
         let Some(info) = env.task.as_deref().cloned() else {
             return;
         };

@@ -58,7 +58,8 @@ impl Db {
     }
 
     /// Drops `message_id` from `agent_id`'s inbox once the fleet took it at `revision`,
-    /// unless it was kept again since (a later revision).
+    /// unless it was kept again since (a later revision). A row this bridge keeps alone
+    /// (no revision) stays: a message may then come twice, but is not lost.
     pub async fn forget_inbox(
         &self,
         agent_id: String,
@@ -69,7 +70,7 @@ impl Db {
             .write(move |conn| {
                 conn.prepare_cached(
                     "DELETE FROM synapse_inbox WHERE agent_id = ?1 AND message_id = ?2
-                        AND (fleet_revision IS NULL OR fleet_revision < ?3)",
+                        AND fleet_revision < ?3",
                 )?
                 .execute(params![agent_id, message_id, revision as i64])?;
                 Ok(())

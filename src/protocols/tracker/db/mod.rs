@@ -402,7 +402,8 @@ impl Db {
             .write(move |conn| {
                 conn.execute(
                     "INSERT INTO tracker_attachments (id, message_id, task_id, filename, mime_type, size, data, created_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                     ON CONFLICT (id) DO UPDATE SET data = excluded.data",
                     params![
                         row.id,
                         row.message_id,
