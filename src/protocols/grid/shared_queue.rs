@@ -112,7 +112,7 @@ impl Grid {
 
     /// Takes the messages waiting for `agent` that `instances` covers (`Db::take`); in a
     /// fleet, each from the fleet as well: one another bridge took first is left out, and
-    /// one that cannot be taken while NATS is away is put back for later.
+    /// one NATS did not answer for is kept here alone, for later.
     pub(super) async fn take_queued(
         &self,
         agent: &str,
@@ -137,7 +137,14 @@ impl Grid {
             queued.fleet_revision.map(|revision| (key, revision))
         })
         .await;
-        self.db.restore(each.unreachable).await?;
+        // Whether a take NATS did not answer landed is not known: the row is kept by this
+        // bridge alone, which delivers it (the fleet's removal never deletes such a row),
+        // so it is not lost, and comes twice at worst.
+        let mut unsure = each.unreachable;
+        for queued in &mut unsure {
+            queued.fleet_revision = None;
+        }
+        self.db.restore(unsure).await?;
         Ok(each.taken)
     }
 

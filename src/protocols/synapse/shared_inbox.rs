@@ -88,7 +88,13 @@ impl Synapse {
             Some((key(&row.agent_id, id), row.fleet_revision?))
         })
         .await;
-        self.db.restore_inbox(each.unreachable).await?;
+        // As Grid's queue does (`grid/shared_queue.rs`): a take NATS did not answer may have
+        // landed, so the row is kept here alone rather than lost.
+        let mut unsure = each.unreachable;
+        for row in &mut unsure {
+            row.fleet_revision = None;
+        }
+        self.db.restore_inbox(unsure).await?;
         Ok(each.taken)
     }
 }
