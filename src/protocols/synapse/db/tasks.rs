@@ -1,7 +1,7 @@
 //! Tasks submitted through `TaskService`, with their files; in a fleet, each row applied
 //! from the fleet's record of it (`shared_tasks.rs`).
 
-use rusqlite::{OptionalExtension, Row, params};
+use rusqlite::{OptionalExtension, Row, ToSql, params};
 
 use super::Db;
 use crate::protocols::synapse::proto::TaskStatus;
@@ -88,6 +88,32 @@ fn task_from(r: &Row) -> rusqlite::Result<TaskRow> {
     })
 }
 
+/// A task's values, in `TASK_COLUMNS` order.
+fn task_values(t: &TaskRow) -> [&dyn ToSql; 20] {
+    [
+        &t.id,
+        &t.task_type,
+        &t.status,
+        &t.progress,
+        &t.message,
+        &t.payload,
+        &t.external_task_id,
+        &t.priority,
+        &t.callback_url,
+        &t.callback_token,
+        &t.transport,
+        &t.submitter,
+        &t.assignee,
+        &t.request_message_id,
+        &t.result,
+        &t.error_code,
+        &t.error_message,
+        &t.created_at,
+        &t.updated_at,
+        &t.completed_at,
+    ]
+}
+
 fn get_task(conn: &rusqlite::Connection, id: &str) -> Result<Option<TaskRow>, StoreError> {
     Ok(conn
         .prepare_cached(&format!(
@@ -123,28 +149,7 @@ impl Db {
                         "INSERT INTO synapse_tasks ({TASK_COLUMNS}) VALUES
                          (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)"
                     ),
-                    params![
-                        task.id,
-                        task.task_type,
-                        task.status,
-                        task.progress,
-                        task.message,
-                        task.payload,
-                        task.external_task_id,
-                        task.priority,
-                        task.callback_url,
-                        task.callback_token,
-                        task.transport,
-                        task.submitter,
-                        task.assignee,
-                        task.request_message_id,
-                        task.result,
-                        task.error_code,
-                        task.error_message,
-                        task.created_at,
-                        task.updated_at,
-                        task.completed_at
-                    ],
+                    task_values(&task).as_slice(),
                 )?;
                 insert_files(conn, &task.id, &files)?;
                 Ok(Some(task))
@@ -297,6 +302,9 @@ impl Db {
     pub async fn apply_task(&self, task: TaskRow, revision: u64) -> Result<bool, StoreError> {
         self.store
             .write(move |conn| {
+                let revision = revision as i64;
+                let mut values = task_values(&task).to_vec();
+                values.push(&revision);
                 let changed = conn
                     .prepare_cached(&format!(
                         "INSERT INTO synapse_tasks ({TASK_COLUMNS}, fleet_revision) VALUES
@@ -309,29 +317,7 @@ impl Db {
                             fleet_revision = excluded.fleet_revision
                          WHERE fleet_revision IS NULL OR fleet_revision < excluded.fleet_revision"
                     ))?
-                    .execute(params![
-                        task.id,
-                        task.task_type,
-                        task.status,
-                        task.progress,
-                        task.message,
-                        task.payload,
-                        task.external_task_id,
-                        task.priority,
-                        task.callback_url,
-                        task.callback_token,
-                        task.transport,
-                        task.submitter,
-                        task.assignee,
-                        task.request_message_id,
-                        task.result,
-                        task.error_code,
-                        task.error_message,
-                        task.created_at,
-                        task.updated_at,
-                        task.completed_at,
-                        revision as i64
-                    ])?;
+                    .execute(values.as_slice())?;
                 Ok(changed > 0)
             })
             .await
