@@ -99,35 +99,17 @@ pub struct ToQueue {
 pub struct Queued {
     pub seq: i64,
     pub agent: String,
-    pub message_id: String,
-    pub instance: Option<String>,
-    pub priority: i64,
-    pub ts: i64,
-    pub expires_at: Option<i64>,
-    /// The `message:` object, as JSON text.
-    pub body: String,
+    pub message: ToQueue,
     /// The revision of the fleet's record it was applied from, in a fleet.
     pub fleet_revision: Option<u64>,
 }
 
 impl Queued {
-    /// The message, without the agent and the row's place.
-    pub fn message(&self) -> ToQueue {
-        ToQueue {
-            message_id: self.message_id.clone(),
-            instance: self.instance.clone(),
-            priority: self.priority,
-            ts: self.ts,
-            expires_at: self.expires_at,
-            body: self.body.clone(),
-        }
-    }
-
     /// Queue order: higher priority first, then the fleet's order of its records, then
     /// this bridge's (what this bridge alone keeps, while NATS is away, after the fleet's).
     fn order(&self) -> (i64, bool, Option<u64>, i64) {
         (
-            self.priority,
+            self.message.priority,
             self.fleet_revision.is_none(),
             self.fleet_revision,
             self.seq,
@@ -142,12 +124,14 @@ fn queued(r: &rusqlite::Row<'_>) -> rusqlite::Result<Queued> {
     Ok(Queued {
         seq: r.get(0)?,
         agent: r.get(1)?,
-        message_id: r.get(2)?,
-        instance: r.get(3)?,
-        priority: r.get(4)?,
-        ts: r.get(5)?,
-        expires_at: r.get(6)?,
-        body: r.get(7)?,
+        message: ToQueue {
+            message_id: r.get(2)?,
+            instance: r.get(3)?,
+            priority: r.get(4)?,
+            ts: r.get(5)?,
+            expires_at: r.get(6)?,
+            body: r.get(7)?,
+        },
         fleet_revision: r.get::<_, Option<i64>>(8)?.map(|r| r as u64),
     })
 }
@@ -299,12 +283,12 @@ impl Db {
                     stmt.execute(params![
                         q.seq,
                         q.agent,
-                        q.message_id,
-                        q.instance,
-                        q.priority,
-                        q.ts,
-                        q.expires_at,
-                        q.body,
+                        q.message.message_id,
+                        q.message.instance,
+                        q.message.priority,
+                        q.message.ts,
+                        q.message.expires_at,
+                        q.message.body,
                         q.fleet_revision.map(|r| r as i64)
                     ])?;
                 }

@@ -225,7 +225,7 @@ async fn poll(
     };
     let messages: Vec<Value> = queued
         .iter()
-        .filter_map(|q| serde_json::from_str::<Value>(&q.body).ok())
+        .filter_map(|q| serde_json::from_str::<Value>(&q.message.body).ok())
         .collect();
     if json {
         return answer(StatusCode::OK, &json!({ "messages": messages }), true);

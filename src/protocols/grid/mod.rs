@@ -578,7 +578,7 @@ impl Grid {
                 }
             };
             for queued in expired {
-                self.expired(&queued.message_id).await;
+                self.expired(&queued.message.message_id).await;
             }
         }
     }

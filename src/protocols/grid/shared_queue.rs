@@ -133,7 +133,7 @@ impl Grid {
             return Ok(candidates);
         };
         let each = take_each(records.as_ref(), QUEUE, candidates, |queued| {
-            let key = key(&queued.agent, &queued.message_id);
+            let key = key(&queued.agent, &queued.message.message_id);
             queued.fleet_revision.map(|revision| (key, revision))
         })
         .await;
@@ -169,10 +169,10 @@ impl Grid {
     async fn write_back(&self, records: &dyn SharedRecords, queued: &Queued) -> Option<u64> {
         let record = Record {
             agent: queued.agent.clone(),
-            message: queued.message(),
+            message: queued.message.clone(),
         };
         let value = serde_json::to_vec(&record).expect("a record encodes");
-        let key = key(&queued.agent, &queued.message_id);
+        let key = key(&queued.agent, &queued.message.message_id);
         match records
             .write(QUEUE, &key, value.into(), Expect::Absent)
             .await

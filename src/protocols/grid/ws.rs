@@ -318,10 +318,10 @@ impl Connection {
         };
         let mut rest = backlog.into_iter();
         while let Some(queued) = rest.next() {
-            let Ok(message) = serde_json::from_str::<Value>(&queued.body) else {
+            let Ok(message) = serde_json::from_str::<Value>(&queued.message.body) else {
                 continue;
             };
-            self.from_backlog.insert(queued.message_id.clone());
+            self.from_backlog.insert(queued.message.message_id.clone());
             if send(io, &message).await == Flow::Close {
                 let unsent = std::iter::once(queued).chain(rest).collect();
                 if let Err(e) = self.grid.put_back(unsent).await {
