@@ -208,13 +208,19 @@ EOF
 admin_port=$(cat "$work/ports")
 chown 65532:65532 "$rootfs/etc/agentbridge/check.toml"
 
-argv=()
-replace_next=0
-for arg in "${image_argv[@]}"; do
-    if [ "$replace_next" = 1 ]; then arg=/etc/agentbridge/check.toml; replace_next=0; fi
-    [ "$arg" = --config ] && replace_next=1
-    argv+=("$arg")
-done
+# Sets the array named $1 to the command that follows, its --config pointed at check.toml.
+with_check_config() {
+    local -n into=$1
+    shift
+    into=()
+    local arg replace_next=0
+    for arg in "$@"; do
+        if [ "$replace_next" = 1 ]; then arg=/etc/agentbridge/check.toml; replace_next=0; fi
+        [ "$arg" = --config ] && replace_next=1
+        into+=("$arg")
+    done
+}
+with_check_config argv "${image_argv[@]}"
 
 # --- start it ----------------------------------------------------------------------------------
 say "starting ${argv[*]} under chroot as $userspec (admin on 127.0.0.1:$admin_port)"
@@ -246,18 +252,10 @@ grep -q '^agentbridge_build_info{' "$work/metrics" || fail "/metrics has no agen
     fail "the bridge wrote nothing to /var/lib/agentbridge"
 
 # The image's HEALTHCHECK.
-health=()
-{
-    replace_next=0
-    for arg in "${image_health[@]}"; do
-        if [ "$replace_next" = 1 ]; then arg=/etc/agentbridge/check.toml; replace_next=0; fi
-        [ "$arg" = --config ] && replace_next=1
-        health+=("$arg")
-    done
-    (in_image "${health[@]}") >"$work/health.log" 2>&1 ||
-        { cat "$work/health.log" >&2; fail "the HEALTHCHECK command failed: ${health[*]}"; }
-    say "HEALTHCHECK (${health[*]}): passed"
-}
+with_check_config health "${image_health[@]}"
+(in_image "${health[@]}") >"$work/health.log" 2>&1 ||
+    { cat "$work/health.log" >&2; fail "the HEALTHCHECK command failed: ${health[*]}"; }
+say "HEALTHCHECK (${health[*]}): passed"
 
 # --- stop it: SIGTERM drains and exits within [limits] drain_timeout_ms ----------------------
 kill -TERM "$bridge_pid"
