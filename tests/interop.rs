@@ -484,39 +484,12 @@ mod synapse_others {
     use agentbridge::protocols::synapse::proto::{
         MessageType, SynapseMessage, TaskPayload, TaskResult, TaskStatus, TaskStatusUpdate,
     };
-    use common::synapse::{Stream, chat, endpoint, task_request, text_of, unpack};
+    use common::synapse::{
+        Stream, chat, endpoint, status_update, task_complete, task_request, text_of, unpack,
+    };
 
     fn synapse_addr(w: &World) -> SocketAddr {
         w.bridge.addr("synapse").unwrap()
-    }
-
-    fn result(
-        from: &str,
-        to: &str,
-        task_id: &str,
-        summary: &str,
-        reply_to: &str,
-        failed: bool,
-    ) -> SynapseMessage {
-        SynapseMessage {
-            r#type: if failed {
-                MessageType::P2pTaskFailed
-            } else {
-                MessageType::P2pTaskComplete
-            } as i32,
-            sender: endpoint(from),
-            receiver: endpoint(to),
-            reply_to: reply_to.into(),
-            payload: Some(prost_types::Any {
-                type_url: "type.googleapis.com/synapse.TaskResult".into(),
-                value: prost::Message::encode_to_vec(&TaskResult {
-                    task_id: task_id.into(),
-                    summary: summary.into(),
-                    ..Default::default()
-                }),
-            }),
-            ..Default::default()
-        }
     }
 
     #[tokio::test]
@@ -679,13 +652,12 @@ mod synapse_others {
             ("sk-task", "translate")
         );
         worker
-            .send(result(
+            .send(task_complete(
                 "worker",
                 "alice",
                 "sk-task",
                 "bonjour",
                 &request.id,
-                false,
             ))
             .await;
         let back = next_non_presence(&mut ws_alice).await;
@@ -712,33 +684,17 @@ mod synapse_others {
         let request = worker.next().await;
         assert_eq!(request.r#type, MessageType::P2pTaskRequest as i32);
         assert_eq!(unpack::<TaskPayload>(&request).task_id, id);
-        let mut update = SynapseMessage {
-            r#type: MessageType::P2pStatusUpdate as i32,
-            sender: endpoint("worker"),
-            receiver: endpoint("admin"),
-            reply_to: request.id.clone(),
-            ..Default::default()
-        };
-        update.payload = Some(prost_types::Any {
-            type_url: "type.googleapis.com/synapse.TaskStatusUpdate".into(),
-            value: prost::Message::encode_to_vec(&TaskStatusUpdate {
-                task_id: id.clone(),
-                status: TaskStatus::Processing as i32,
-                progress: 30,
-                message: String::new(),
-                details: None,
-            }),
-        });
+        let mut update = status_update("worker", "admin", &id, TaskStatus::Processing, 30, "");
+        update.reply_to = request.id.clone();
         worker.send(update).await;
         assert_eq!(admin.next_of("task.updated").await["status"], "in_progress");
         worker
-            .send(result(
+            .send(task_complete(
                 "worker",
                 "admin",
                 &id,
                 "summary written",
                 &request.id,
-                false,
             ))
             .await;
         assert_eq!(
@@ -895,9 +851,9 @@ mod synapse_others {
 
 mod grid_others {
     use super::*;
-    use agentbridge::protocols::synapse::proto::{MessageType, TaskPayload, TaskResult};
+    use agentbridge::protocols::synapse::proto::{MessageType, TaskPayload};
     use common::grid::{GridHttp, GridWs};
-    use common::synapse::{Stream, endpoint, unpack};
+    use common::synapse::{Stream, task_complete, unpack};
 
     fn grid_addr(w: &World) -> SocketAddr {
         w.bridge.addr("grid").unwrap()
@@ -989,21 +945,13 @@ mod grid_others {
             ("t-9", "index")
         );
         worker
-            .send(agentbridge::protocols::synapse::proto::SynapseMessage {
-                r#type: MessageType::P2pTaskComplete as i32,
-                sender: endpoint("worker"),
-                receiver: endpoint("mc"),
-                reply_to: request.id.clone(),
-                payload: Some(prost_types::Any {
-                    type_url: "type.googleapis.com/synapse.TaskResult".into(),
-                    value: prost::Message::encode_to_vec(&TaskResult {
-                        task_id: "t-9".into(),
-                        summary: "indexed 120 files".into(),
-                        ..Default::default()
-                    }),
-                }),
-                ..Default::default()
-            })
+            .send(task_complete(
+                "worker",
+                "mc",
+                "t-9",
+                "indexed 120 files",
+                &request.id,
+            ))
             .await;
         let done = mc.next_message().await;
         assert_eq!(
