@@ -18,7 +18,7 @@ use prost_reflect::{
 };
 use serde_json::{Map, Value};
 
-use super::wire::POOL;
+use super::wire::{self, POOL};
 
 const ANY: &str = "google.protobuf.Any";
 
@@ -38,10 +38,10 @@ pub fn from_json(desc: &MessageDescriptor, json: &Value) -> Result<DynamicMessag
 }
 
 /// Checks that `any`'s proto3 JSON can be written (what a callback or the gateway will
-/// write of it), without keeping it. A `StringValue`, the common payload, is checked by
-/// decoding it alone: the generic walk costs a message tens of thousands of instructions.
+/// write of it), without keeping it. A `StringValue` is checked by decoding it alone: the
+/// generic walk costs a message tens of thousands of instructions.
 pub fn check_any(any: &prost_types::Any) -> Result<(), String> {
-    if any.type_url == "type.googleapis.com/google.protobuf.StringValue" {
+    if any.type_url == wire::STRING_VALUE {
         return <String as prost::Message>::decode(any.value.as_slice())
             .map(drop)
             .map_err(|e| format!("'{}' holds bytes that are not a string: {e}", any.type_url));

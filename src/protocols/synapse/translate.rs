@@ -98,12 +98,17 @@ fn from_native(native: &Value) -> Option<SynapseMessage> {
 /// as it came (its payload's proto3 JSON, which callbacks and the gateway write, cannot
 /// be written).
 pub fn decode(msg: &SynapseMessage) -> Result<Envelope, String> {
-    if let Some(payload) = &msg.payload {
-        crate::protocols::synapse::json::check_any(payload).map_err(|e| format!("payload: {e}"))?;
+    let payload = wire::unpack(msg.payload.as_ref());
+    // Text `unpack` decoded is written as it is; any other payload is checked.
+    if let Some(any) = msg
+        .payload
+        .as_ref()
+        .filter(|_| !matches!(payload, Payload::Text(_)))
+    {
+        crate::protocols::synapse::json::check_any(any).map_err(|e| format!("payload: {e}"))?;
     }
     let native = native_of(msg);
     let msg_type = wire::message_type(msg);
-    let payload = wire::unpack(msg.payload.as_ref());
     let sender = msg
         .sender
         .as_ref()
@@ -473,6 +478,25 @@ pub fn ack(msg: &SynapseMessage, bridge: AgentEndpoint) -> SynapseMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_text_payload_that_is_not_text_is_refused() {
+        let msg = SynapseMessage {
+            sender: endpoint("planner"),
+            receiver: endpoint("alice"),
+            payload: Some(prost_types::Any {
+                type_url: wire::STRING_VALUE.into(),
+                value: vec![0x0a, 0x02, 0xff, 0xfe],
+            }),
+            ..Default::default()
+        };
+        let error = decode(&msg).unwrap_err();
+        assert!(error.starts_with("payload: "), "{error}");
+        assert!(
+            error.contains("holds bytes that are not a string"),
+            "{error}"
+        );
+    }
 
     struct Ctx;
     impl Context for Ctx {
