@@ -181,6 +181,15 @@ impl Default for BridgeConfig {
     }
 }
 
+impl BridgeConfig {
+    /// The log filter to run with: `log_level`, else `RUST_LOG`, else `info`.
+    pub fn log_filter(&self) -> String {
+        (self.log_level.clone())
+            .or_else(|| std::env::var("RUST_LOG").ok())
+            .unwrap_or_else(|| "info".into())
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum LogFormat {

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 mod cli;
 
-use agentbridge::bridge::{LogLevelHook, Options};
+use agentbridge::bridge::{LogLevelHook, Options, Signals};
 use agentbridge::config::LogFormat;
 use agentbridge::{Bridge, Config};
 use clap::{Parser, Subcommand};
@@ -72,18 +72,19 @@ fn main() -> ExitCode {
         Command::Top(args) => runtime.block_on(cli::top(admin(), args)),
         Command::Run => {
             let format = cli.log_format.or(config.bridge.log_format);
-            let log_level = init_logging(
-                format.unwrap_or_default(),
-                config.bridge.log_level.as_deref(),
-            );
+            let log_level = init_logging(format.unwrap_or_default(), &config.bridge.log_filter());
             let options = Options {
+                config_path: Some(cli.config),
                 log_level: Some(log_level),
-                ..Options::default()
             };
             runtime.block_on(async {
-                match Bridge::start_from(&cli.config, options).await {
+                let signals = match Signals::install() {
+                    Ok(signals) => signals,
+                    Err(e) => return fail(&format!("cannot take over SIGTERM and SIGHUP: {e}")),
+                };
+                match Bridge::start_with(config, options).await {
                     Ok(bridge) => {
-                        bridge.run_until_signal().await;
+                        bridge.run_until(signals).await;
                         ExitCode::SUCCESS
                     }
                     Err(e) => fail(&e),
@@ -125,14 +126,11 @@ fn fail(reason: &dyn std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// Installs the log writer; what sets its filter again (a reload of `[bridge] log_level`).
-/// The filter is `[bridge] log_level`, else `RUST_LOG`, else `info`.
-fn init_logging(format: LogFormat, level: Option<&str>) -> LogLevelHook {
+/// Installs the log writer with `filter` (`info` where it does not parse); what sets its
+/// filter again (a reload of `[bridge] log_level`).
+fn init_logging(format: LogFormat, filter: &str) -> LogLevelHook {
     use tracing_subscriber::EnvFilter;
-    let filter = match level {
-        Some(level) => EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info")),
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-    };
+    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_ansi(ansi)

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -95,6 +96,7 @@ impl Bridge {
             running: Mutex::new(config.source.0.clone()),
             core: core.clone(),
             token: Token::new(config.admin.as_ref().and_then(|a| a.token.clone())),
+            admin_on_loopback: (config.admin.as_ref()).is_none_or(|a| a.listen.ip().is_loopback()),
             limits: limits.clone(),
             log_level: options.log_level,
             endpoints: OnceLock::new(),
@@ -234,21 +236,12 @@ impl Bridge {
     }
 
     /// Runs until SIGINT or SIGTERM, then shuts down; reloads the config on SIGHUP.
-    pub async fn run_until_signal(self) {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (term, hangup) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::hangup()),
-        );
-        let (Ok(mut term), Ok(mut hangup)) = (term, hangup) else {
-            let _ = tokio::signal::ctrl_c().await;
-            return self.shutdown().await;
-        };
+    pub async fn run_until(self, mut signals: Signals) {
         loop {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => break,
-                _ = term.recv() => break,
-                _ = hangup.recv() => {
+                _ = signals.term.recv() => break,
+                _ = signals.hangup.recv() => {
                     tracing::info!("SIGHUP: reading the config again");
                     self.reload().await;
                 }
@@ -256,5 +249,23 @@ impl Bridge {
         }
         tracing::info!("shutting down");
         self.shutdown().await;
+    }
+}
+
+/// The process signals a running bridge answers. Installed before the bridge starts: a
+/// SIGHUP or SIGTERM sent as soon as it says "ready" must not meet the default action,
+/// which ends the process.
+pub struct Signals {
+    term: Signal,
+    hangup: Signal,
+}
+
+impl Signals {
+    /// Takes over SIGTERM and SIGHUP (within a tokio runtime).
+    pub fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
     }
 }

@@ -46,6 +46,9 @@ pub struct Live {
     pub running: Mutex<Table>,
     pub core: Arc<Core>,
     pub token: Token,
+    /// Whether the admin listener, if any, is on a loopback address (its address changes
+    /// only at a restart).
+    pub admin_on_loopback: bool,
     pub limits: SharedLimits,
     pub log_level: Option<LogLevelHook>,
     /// Each running endpoint, set once they have started.
@@ -127,16 +130,13 @@ impl Live {
                 let Some(set) = &self.log_level else {
                     return Err("the log level is set by whoever runs the bridge here".into());
                 };
-                let level = (config.bridge.log_level.clone())
-                    .or_else(|| std::env::var("RUST_LOG").ok())
-                    .unwrap_or_else(|| "info".into());
-                set(&level)
+                set(&config.bridge.log_filter())
             }
             "admin" => {
                 let token = config.admin.as_ref().and_then(|a| a.token.clone());
                 // The listener keeps its address until a restart: one beyond this host
                 // keeps a token, whatever the new file says of the address.
-                if token.is_none() && !self.admin_on_loopback() {
+                if token.is_none() && !self.admin_on_loopback {
                     return Err("the admin listener runs on an address beyond this host \
                                 until a restart, and keeps its token until then"
                         .into());
@@ -168,20 +168,6 @@ impl Live {
                 }
             }
         }
-    }
-}
-
-impl Live {
-    /// Whether the running admin listener is on a loopback address (as the config it
-    /// started with says: `listen` changes only at a restart).
-    fn admin_on_loopback(&self) -> bool {
-        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        let listen = (running.get("admin"))
-            .and_then(|admin| admin.get("listen"))
-            .and_then(Value::as_str)
-            .and_then(|listen| listen.parse::<std::net::SocketAddr>().ok());
-        // Absent, it is the default, on loopback.
-        listen.is_none_or(|addr| addr.ip().is_loopback())
     }
 }
 
