@@ -802,9 +802,9 @@ fn grid_request(id: &str, from: &str, to: &str) -> String {
     )
 }
 
-/// A Grid program's queue is the fleet's: what its bridge queued while it was away, and
-/// what other bridges queue once that bridge is killed, it takes through another bridge,
-/// each message once and in the order sent.
+/// A Grid program's queue is the fleet's: what its bridge queued while it was away, what
+/// was sent after that bridge was killed (before and after the fleet took it for gone),
+/// it takes through another bridge, each message once and in the order sent.
 #[tokio::test]
 async fn a_grid_programs_queue_outlives_its_bridge() {
     let fleet = Fleet::start(1).await;
@@ -832,20 +832,26 @@ async fn a_grid_programs_queue_outlives_its_bridge() {
     })
     .await;
     process.kill_9();
+    // Sent before b0 takes b1 for gone: b1 was to keep it and never saw it.
+    for n in 4..6 {
+        sender
+            .send(&grid_request(&format!("q{n}"), "sender", "poller"))
+            .await;
+    }
     eventually("b0 takes b1 for gone", async || {
         directory
             .held_by_gone_bridges("grid")
             .contains(&"poller".to_owned())
     })
     .await;
-    // With b1 gone, b0 keeps the program's mail itself.
-    for n in 4..6 {
+    // With b1 gone, b0 keeps the program's mail itself: what follows, and what b1 missed.
+    for n in 6..8 {
         sender
             .send(&grid_request(&format!("q{n}"), "sender", "poller"))
             .await;
     }
     eventually("b0 queued the mail in the fleet", async || {
-        fleet.records_in("grid-queue").await == 6
+        fleet.records_in("grid-queue").await == 8
     })
     .await;
 
@@ -868,13 +874,14 @@ async fn a_grid_programs_queue_outlives_its_bridge() {
     })
     .await;
     let poller = common::grid::GridHttp::new(fleet.nets[0].grid);
-    assert_eq!(ids, ["q0", "q1", "q2", "q3", "q4", "q5"]);
+    assert_eq!(ids, ["q0", "q1", "q2", "q3", "q4", "q5", "q6", "q7"]);
     assert!(poller.poll("agent=poller").await.is_empty());
     assert_eq!(fleet.records_in("grid-queue").await, 0);
     fleet.shutdown().await;
 }
 
-/// A Synapse agent's polling inbox is the fleet's, as a Grid program's queue is.
+/// A Synapse agent's polling inbox is the fleet's, as a Grid program's queue is: also what
+/// was sent to it after its bridge was killed and before the fleet took that bridge for gone.
 #[tokio::test]
 async fn a_synapse_agents_inbox_outlives_its_bridge() {
     use agentbridge::protocols::synapse::proto::SendMessageRequest;
@@ -907,13 +914,15 @@ async fn a_synapse_agents_inbox_outlives_its_bridge() {
     })
     .await;
     process.kill_9();
+    // b1 was to keep this one, and never saw it.
+    send(&mut sender, "m3").await;
     eventually("b0 takes b1 for gone", async || {
         (directory.held_by_gone_bridges("synapse")).contains(&"inboxer".to_owned())
     })
     .await;
-    send(&mut sender, "m3").await;
+    send(&mut sender, "m4").await;
     eventually("b0 kept the mail in the fleet", async || {
-        fleet.records_in("synapse-inbox").await == 4
+        fleet.records_in("synapse-inbox").await == 5
     })
     .await;
 
@@ -932,7 +941,7 @@ async fn a_synapse_agents_inbox_outlives_its_bridge() {
         true
     })
     .await;
-    assert_eq!(texts, ["m0", "m1", "m2", "m3"]);
+    assert_eq!(texts, ["m0", "m1", "m2", "m3", "m4"]);
     assert_eq!(fleet.records_in("synapse-inbox").await, 0);
     fleet.shutdown().await;
 }

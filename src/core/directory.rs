@@ -5,6 +5,7 @@
 //! identifies it natively, and whether it is online, so that every endpoint can show every
 //! other agent as a native peer. Reads are lock-free on the hot path (sharded `DashMap`).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -267,6 +268,14 @@ impl Directory {
         gone
     }
 
+    /// The names of the agents `bridge` holds, online or not.
+    pub fn held_by(&self, bridge: &str) -> HashSet<String> {
+        (self.by_name.iter())
+            .filter(|e| e.bridge.as_deref() == Some(bridge))
+            .map(|e| e.name.clone())
+            .collect()
+    }
+
     /// `bridge` tells the fleet it is alive again: it keeps its agents' mail again.
     pub fn bridge_back(&self, bridge: &str) {
         self.gone.remove(bridge);
@@ -282,6 +291,14 @@ impl Directory {
             .filter(|e| e.protocol == protocol && self.gone_holder(e))
             .map(|e| e.name.clone())
             .collect()
+    }
+
+    /// The bridge taken for gone that holds `name`, if one does.
+    pub fn gone_holder_of(&self, name: &str) -> Option<String> {
+        let info = self.by_name.get(name)?;
+        (self.gone_holder(&info))
+            .then(|| info.bridge.clone())
+            .flatten()
     }
 
     fn gone_holder(&self, info: &AgentInfo) -> bool {

@@ -10,8 +10,9 @@
 //! recipient cannot slow the others. The session list is an `arc-swap` snapshot, read
 //! without locks on every message and replaced on the rare attach or detach.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
@@ -53,6 +54,12 @@ impl Interest for AddressedOnly {
 /// Where messages for an agent with no live session go (a callback, a poll queue, a file).
 pub trait OfflineSink: Send + Sync {
     fn deliver(&self, agent: &str, delivery: &Arc<Delivery>);
+
+    /// Whether the protocol keeps messages to everyone for its absent agents too (its
+    /// endpoint does that itself, through its hub; `Router::keep_for` asks).
+    fn keeps_broadcasts(&self) -> bool {
+        false
+    }
 }
 
 /// One live connection of an agent.
@@ -109,7 +116,15 @@ pub struct Router {
     groups: DashMap<String, Vec<String>>,
     mailbox_depth: metrics::Histogram,
     expiry: std::sync::OnceLock<ExpiryHandler>,
+    /// Mail for the agents of bridges gone from the fleet whose missed mail is still being
+    /// read (`hold_back_mail_of`), by bridge, in the order it was routed.
+    held_back: Mutex<HeldBack>,
+    /// Whether `held_back` has an entry: routing looks no further when it has none.
+    holding_back: AtomicBool,
 }
+
+/// Mail held back, by the gone bridge that held its recipients: (recipient, message).
+type HeldBack = HashMap<String, Vec<(String, Arc<Delivery>)>>;
 
 /// What becomes of a message whose ttl ran out in a mailbox of the given protocol.
 pub type ExpiryHandler = Arc<dyn Fn(Arc<Delivery>, Protocol) + Send + Sync>;
@@ -137,6 +152,8 @@ impl Router {
             groups: DashMap::new(),
             mailbox_depth: telemetry::mailbox_depth_histogram(),
             expiry: std::sync::OnceLock::new(),
+            held_back: Mutex::default(),
+            holding_back: AtomicBool::new(false),
         }
     }
 
@@ -357,7 +374,7 @@ impl Router {
                 && reached.insert_name(name)
                 && let Some(sink) = self.sink_of(name)
             {
-                Self::to_sink(&*sink, name, delivery, &[], report);
+                self.to_sink(&*sink, name, delivery, &[], report);
             }
             return;
         }
@@ -383,7 +400,47 @@ impl Router {
         let earlier: Vec<_> = (closed.iter())
             .flat_map(|(mailbox, _)| mailbox.take_left())
             .collect();
-        Self::to_sink(&*sink, name, delivery, &earlier, report);
+        self.to_sink(&*sink, name, delivery, &earlier, report);
+    }
+
+    /// Hands `delivery` to the offline sinks of those of its recipients that are among
+    /// `names`, once each, as if none had a session here: mail another bridge of the fleet
+    /// was to keep and, gone, did not (`federation`). A message to everyone is kept by the
+    /// protocols that keep broadcasts. How many copies were handed on.
+    pub fn keep_for(
+        &self,
+        delivery: &Arc<Delivery>,
+        names: &std::collections::HashSet<String>,
+    ) -> usize {
+        let env = &delivery.envelope;
+        let members;
+        let recipients: Box<dyn Iterator<Item = &str>> = match &env.audience {
+            Audience::Everyone => Box::new(names.iter().map(String::as_str)),
+            Audience::Addressed | Audience::Private => {
+                Box::new(env.to.iter().chain(&env.mentions).map(String::as_str))
+            }
+            Audience::Group(group) => {
+                members = (self.groups.get(group))
+                    .map(|m| m.clone())
+                    .unwrap_or_default();
+                Box::new(env.addressees().chain(members.iter().map(String::as_str)))
+            }
+        };
+        let mut kept = HashSet::default();
+        for name in recipients {
+            if name == env.from || !names.contains(name) || kept.contains(name) {
+                continue;
+            }
+            let Some(sink) = self.sink_of(name) else {
+                continue;
+            };
+            if env.audience == Audience::Everyone && !sink.keeps_broadcasts() {
+                continue;
+            }
+            sink.deliver(name, delivery);
+            kept.insert(name);
+        }
+        kept.len()
     }
 
     /// Where `name`'s protocol keeps mail for its absent agents, if it does. An agent
@@ -393,19 +450,65 @@ impl Router {
         self.offline.get(protocol).map(|sink| sink.clone())
     }
 
-    /// Hands `earlier` and then `delivery` to `sink`, for `name`.
+    /// Hands `earlier` and then `delivery` to `sink`, for `name` — or holds them back while
+    /// the missed mail of the gone bridge that held `name` is read.
     fn to_sink(
+        &self,
         sink: &dyn OfflineSink,
         name: &str,
         delivery: &Arc<Delivery>,
         earlier: &[Arc<Delivery>],
         report: &mut RouteReport,
     ) {
+        report.offline += 1 + earlier.len();
+        if self.holding_back.load(Ordering::Acquire)
+            && let Some(bridge) = self.directory.gone_holder_of(name)
+        {
+            let mut held_back = self.held_back.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(held) = held_back.get_mut(&bridge) {
+                let all = earlier.iter().chain([delivery]);
+                held.extend(all.map(|d| (name.to_owned(), d.clone())));
+                return;
+            }
+            // Released meanwhile: what it held was handed on under the lock, before this.
+        }
         for left in earlier {
             sink.deliver(name, left);
         }
         sink.deliver(name, delivery);
-        report.offline += 1 + earlier.len();
+    }
+
+    /// Keeps `delivery` for `name`, an agent with no session here, where its protocol keeps
+    /// mail (as `route` does). For an endpoint that keeps some mail itself (a hub's).
+    pub fn keep_offline(&self, name: &str, delivery: &Arc<Delivery>) {
+        if let Some(sink) = self.sink_of(name) {
+            self.to_sink(&*sink, name, delivery, &[], &mut RouteReport::default());
+        }
+    }
+
+    /// From now until `release_mail_of(bridge)`, mail kept for the agents `bridge` held
+    /// waits: what it missed is read first, so that a sender's messages are kept in the
+    /// order sent (`federation`'s missed mail).
+    pub fn hold_back_mail_of(&self, bridge: &str) {
+        let mut held_back = self.held_back.lock().unwrap_or_else(|e| e.into_inner());
+        held_back.entry(bridge.to_owned()).or_default();
+        self.holding_back.store(true, Ordering::Release);
+    }
+
+    /// Keeps what was held back for `bridge`'s agents, in the order it was routed; from
+    /// then on their mail is kept as it is routed. How much was held back.
+    pub fn release_mail_of(&self, bridge: &str) -> usize {
+        let mut held_back = self.held_back.lock().unwrap_or_else(|e| e.into_inner());
+        let held = held_back.remove(bridge).unwrap_or_default();
+        self.holding_back
+            .store(!held_back.is_empty(), Ordering::Release);
+        // Under the lock: mail routed meanwhile waits for this, and is kept after it.
+        for (name, delivery) in &held {
+            if let Some(sink) = self.sink_of(name) {
+                sink.deliver(name, delivery);
+            }
+        }
+        held.len()
     }
 
     /// Gives `delivery` to `session`, once; counts what the mailbox's policy dropped.
@@ -526,7 +629,6 @@ mod tests {
     use crate::core::directory::AgentInfo;
     use crate::core::envelope::Kind;
     use crate::core::mailbox::Closed;
-    use std::sync::Mutex;
 
     struct Observer;
     impl Interest for Observer {
@@ -703,6 +805,39 @@ mod tests {
         let sink = Arc::new(KeptSink::default());
         r.set_offline_sink("queued", sink.clone());
         (r, sink)
+    }
+
+    /// Mail for an agent of a gone bridge waits while what that bridge missed is kept,
+    /// then follows it: a sender's messages are kept in the order sent.
+    #[test]
+    fn mail_held_back_for_a_gone_bridge_follows_what_it_missed() {
+        let dir = Arc::new(Directory::new());
+        let away = AgentInfo {
+            bridge: Some("c".into()),
+            ..AgentInfo::new("away", "queued", "away")
+        };
+        dir.register_replica(away);
+        let r = Router::new(dir.clone(), 4, WhenFull::DropOldest, 0);
+        let sink = Arc::new(KeptSink::default());
+        r.set_offline_sink("queued", sink.clone());
+        let (missed, later) = (chat("a", &["away"]), chat("a", &["away"]));
+
+        // While c is here, its agents' mail is c's to keep.
+        r.route(&missed);
+        assert!(sink.ids().is_empty());
+        r.hold_back_mail_of("c");
+        dir.bridge_gone("c");
+        r.route(&later);
+        assert!(sink.ids().is_empty(), "held back");
+        let names = std::collections::HashSet::from(["away".to_owned()]);
+        assert_eq!(r.keep_for(&missed, &names), 1);
+        assert_eq!(r.release_mail_of("c"), 1);
+        let ids = [&missed, &later].map(|d| d.envelope.id.clone());
+        assert_eq!(sink.ids(), ids);
+        // Released, its agents' mail is kept as it is routed.
+        let next = chat("a", &["away"]);
+        r.route(&next);
+        assert_eq!(sink.ids().last(), Some(&next.envelope.id));
     }
 
     #[test]

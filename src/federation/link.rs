@@ -237,7 +237,7 @@ impl NatsLink {
                 ..Default::default()
             })
             .await?;
-        let name = format!("bridge-{}", self.bridge_id);
+        let name = Names::consumer_of(&self.bridge_id);
         let consumer = stream
             .get_or_create_consumer(
                 &name,

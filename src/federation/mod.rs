@@ -11,6 +11,7 @@ mod claims;
 mod config;
 mod fleet_log;
 mod link;
+mod missed_mail;
 mod presence;
 mod records;
 mod wire;

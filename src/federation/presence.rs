@@ -62,7 +62,7 @@ impl Presence {
                     }
                     was_connected = connected;
                     self.beat(&ready).await;
-                    self.sweep(&mut alive);
+                    self.sweep(&ready, &mut alive);
                 }
                 card = next_entry(&mut cards) => match card {
                     Some(Ok(entry)) => self.take_in_card(&entry.value, &mut alive),
@@ -85,7 +85,7 @@ impl Presence {
                             }
                             Operation::Delete | Operation::Purge => {
                                 alive.remove(&entry.key);
-                                self.gone(&entry.key);
+                                self.gone(&ready, &entry.key);
                             }
                         }
                         telemetry::federation_bridges(alive.len() + 1);
@@ -174,7 +174,7 @@ impl Presence {
     }
 
     /// Bridges not heard from within the TTL are gone.
-    fn sweep(&self, alive: &mut HashMap<String, Instant>) {
+    fn sweep(&self, ready: &Arc<Ready>, alive: &mut HashMap<String, Instant>) {
         let now = Instant::now();
         let silent: Vec<String> = (alive.iter())
             .filter(|(_, seen)| now.duration_since(**seen) > self.ttl)
@@ -183,19 +183,28 @@ impl Presence {
         for bridge in silent {
             alive.remove(&bridge);
             tracing::warn!(bridge = %bridge, "federation: a bridge stopped sending heartbeats");
-            self.gone(&bridge);
+            self.gone(ready, &bridge);
         }
         telemetry::federation_bridges(alive.len() + 1);
     }
 
-    /// Shows `bridge`'s agents offline, each with a leave event to everyone here.
-    fn gone(&self, bridge: &str) {
+    /// Shows `bridge`'s agents offline, each with a leave event to everyone here, and keeps
+    /// the mail it missed for those whose protocols keep mail (`missed_mail`); their mail
+    /// routed meanwhile waits for that.
+    fn gone(&self, ready: &Arc<Ready>, bridge: &str) {
+        self.core.router.hold_back_mail_of(bridge);
         for (name, protocol) in self.core.directory.bridge_gone(bridge) {
             let mut env = Envelope::new(protocol, name, Kind::PresenceLeave);
             env.audience = Audience::Everyone;
             env.data = Some(serde_json::json!({ "status": Status::Offline.as_str() }));
             self.core.accept_replica(env, false);
         }
+        tokio::spawn(super::missed_mail::keep(
+            self.link.clone(),
+            ready.clone(),
+            self.core.clone(),
+            bridge.to_owned(),
+        ));
     }
 }
 

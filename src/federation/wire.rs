@@ -50,6 +50,11 @@ impl Names {
     pub fn messages_of(&self, bridge: &str) -> String {
         format!("{}.msg.{bridge}", self.prefix)
     }
+
+    /// The durable consumer through which `bridge` applies the stream.
+    pub fn consumer_of(bridge: &str) -> String {
+        format!("bridge-{bridge}")
+    }
 }
 
 /// Whether `name` can be a bridge id or a prefix: one NATS subject token, one bucket-name

@@ -521,14 +521,18 @@ impl Grid {
             return;
         };
         self.append_once(&message).await;
-        let orphans = self.core.directory.held_by_gone_bridges(PROTOCOL);
         let programs: Vec<String> = (self.programs.iter())
             .map(|p| p.clone())
             .filter(|p| !self.reached_by_broadcast(p, delivery))
-            .chain(orphans)
             .filter(|p| *p != delivery.envelope.from)
             .collect();
         self.queue(programs, delivery, &message).await;
+        // Through the router, which holds them back while a gone bridge's missed mail is read.
+        for orphan in self.core.directory.held_by_gone_bridges(PROTOCOL) {
+            if orphan != delivery.envelope.from {
+                self.core.router.keep_offline(&orphan, delivery);
+            }
+        }
     }
 
     fn reached_by_broadcast(&self, program: &str, delivery: &Delivery) -> bool {
@@ -620,6 +624,11 @@ impl OfflineSink for Sink {
             grid.hold(agent, delivery);
             delivery.written_to(PROTOCOL);
         }
+    }
+
+    /// A Grid broadcast is queued for every program it did not reach (`keep_broadcast`).
+    fn keeps_broadcasts(&self) -> bool {
+        true
     }
 }
 
