@@ -27,6 +27,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Smaller starting call buffers (src/protocols/synapse/codec.rs).
+        .codec_path("crate::protocols::synapse::codec::SmallBufferCodec")
         .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

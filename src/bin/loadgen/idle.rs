@@ -82,6 +82,9 @@ async fn connect_all(
 }
 
 /// Lets the bridge finish what connecting started (presence fan-out, store writes).
+/// Long enough for the bridge's metrics upkeep (every 5 s) to fold the histogram samples
+/// that setting up the connections took, and for jemalloc to return the pages they held:
+/// those are the set-up's, not what an idle connection keeps.
 async fn settle() {
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(7)).await;
 }

@@ -214,16 +214,16 @@ impl Synapse {
         let first = tokio::select! {
             _ = self.shutdown.cancelled() => return,
             _ = out.tx.closed() => return,
-            first = self.identify(&mut inbound, &hints) => first,
+            first = Box::pin(self.identify(&mut inbound, &hints)) => first,
         };
         match first {
             Ok((agent, first)) => {
-                let attached = self.attach_stream(&agent, kind).await;
+                let attached = Box::pin(self.attach_stream(&agent, kind)).await;
                 self.serve_stream(attached, Some(first), inbound, hints, out)
                     .await;
             }
             Err(status) => {
-                let _ = out.tx.send(Err(status)).await;
+                out.tx.fail(status).await;
             }
         }
     }
@@ -264,23 +264,21 @@ impl Synapse {
         out: Outlet,
     ) {
         let _counted = telemetry::ConnectionGuard::new(PROTOCOL);
-        let mut unsent = self.send_backlog(&stream, &out.tx).await;
+        // The steps run once a stream (reading the inbox, closing) are boxed: inline, their
+        // futures sized the task of every idle stream.
+        let mut unsent = Box::pin(self.send_backlog(&stream, &out.tx)).await;
         if unsent.is_empty() {
             unsent.extend(self.relay(&stream, first, inbound, &hints, &out.tx).await);
         }
-        self.close_stream(stream, out, unsent).await;
+        Box::pin(self.close_stream(stream, out, unsent)).await;
     }
 
     /// Sends the agent's backlog; returns what the client did not take (it left).
-    async fn send_backlog(
-        &self,
-        stream: &OpenStream,
-        out: &mpsc::Sender<Result<SynapseMessage, Status>>,
-    ) -> Vec<SynapseMessage> {
+    async fn send_backlog(&self, stream: &OpenStream, out: &StreamSender) -> Vec<SynapseMessage> {
         let mut backlog = self.backlog(&stream.agent, stream.kind).await.into_iter();
         while let Some(message) = backlog.next() {
-            if let Err(refused) = out.send(Ok(message)).await {
-                return refused.0.into_iter().chain(backlog).collect();
+            if let Err(refused) = out.send(message).await {
+                return refused.into_iter().chain(backlog).collect();
             }
         }
         Vec::new()
@@ -296,7 +294,7 @@ impl Synapse {
         first: Option<SynapseMessage>,
         mut inbound: Streaming<SynapseMessage>,
         hints: &Hints,
-        out: &mpsc::Sender<Result<SynapseMessage, Status>>,
+        out: &StreamSender,
     ) -> Option<SynapseMessage> {
         // With each message being stored, what a refusal needs to answer it.
         let mut storing: InFlight<SynapseMessage> = InFlight::new();
@@ -308,8 +306,8 @@ impl Synapse {
         let mut closed = std::pin::pin!(closed);
         let left = loop {
             if let Some(msg) = received.take() {
-                self.accept_from_stream(msg, stream.kind, hints, out, &mut storing)
-                    .await;
+                // Boxed: inline, storing a message sized the task of every idle stream.
+                Box::pin(self.accept_from_stream(msg, stream.kind, hints, out, &mut storing)).await;
                 continue;
             }
             tokio::select! {
@@ -327,8 +325,8 @@ impl Synapse {
                     let Some(message) = self.encode(&delivery) else { continue };
                     match self.route_for(&stream.agent, true) {
                         Route::Stream => {
-                            if let Err(refused) = out.send(Ok(message)).await {
-                                break refused.0.ok();
+                            if let Err(refused) = out.send(message).await {
+                                break refused;
                             }
                             delivery.written_to(PROTOCOL);
                         }
@@ -342,11 +340,7 @@ impl Synapse {
     }
 
     /// Waits for every message the stream has being stored, and settles each in order.
-    async fn settle(
-        &self,
-        storing: &mut InFlight<SynapseMessage>,
-        out: &mpsc::Sender<Result<SynapseMessage, Status>>,
-    ) {
+    async fn settle(&self, storing: &mut InFlight<SynapseMessage>, out: &StreamSender) {
         while let Some((stored, sent)) = storing.next().await {
             self.on_stored(stored, &sent, out).await;
         }
@@ -358,7 +352,7 @@ impl Synapse {
         &self,
         stored: Result<Envelope, crate::core::LogError>,
         sent: &SynapseMessage,
-        out: &mpsc::Sender<Result<SynapseMessage, Status>>,
+        out: &StreamSender,
     ) {
         match stored {
             Ok(env) => {
@@ -455,7 +449,7 @@ impl Synapse {
         msg: SynapseMessage,
         kind: StreamKind,
         hints: &Hints,
-        out: &mpsc::Sender<Result<SynapseMessage, Status>>,
+        out: &StreamSender,
         storing: &mut InFlight<SynapseMessage>,
     ) {
         if kind == StreamKind::Groups && msg.group_id.is_empty() {
@@ -479,14 +473,9 @@ impl Synapse {
     }
 
     /// Answers a refused message in the stream's own terms: the stream itself stays open.
-    async fn refuse_on_stream(
-        &self,
-        msg: &SynapseMessage,
-        why: &Status,
-        out: &mpsc::Sender<Result<SynapseMessage, Status>>,
-    ) {
+    async fn refuse_on_stream(&self, msg: &SynapseMessage, why: &Status, out: &StreamSender) {
         telemetry::decode_error(PROTOCOL);
-        let _ = out.send(Ok(self.nack(msg, why))).await;
+        let _ = out.send(self.nack(msg, why)).await;
     }
 }
 
@@ -500,15 +489,47 @@ pub struct OpenStream {
 
 /// The bridge's end of a stream's output.
 pub struct Outlet {
-    pub tx: mpsc::Sender<Result<SynapseMessage, Status>>,
+    pub tx: StreamSender,
     /// What the client left unread, once its end (`Outgoing`) is dropped.
     unread: oneshot::Receiver<Vec<SynapseMessage>>,
+}
+
+/// What a stream's output queue holds: boxed, because tokio allocates a queue's slots 32
+/// at a time, and a message beside a status unboxed (~465 bytes) made that block ~15 KiB
+/// of every idle stream's memory.
+type Queued = Result<Box<SynapseMessage>, Box<Status>>;
+
+/// The sending side of a stream's output queue.
+pub struct StreamSender(mpsc::Sender<Queued>);
+
+impl StreamSender {
+    /// Queues `message` for the client, waiting for room; gives it back if the client is
+    /// gone.
+    pub async fn send(&self, message: SynapseMessage) -> Result<(), Option<SynapseMessage>> {
+        (self.0.send(Ok(Box::new(message))).await)
+            .map_err(|refused| refused.0.ok().map(|message| *message))
+    }
+
+    /// Ends the stream with `status`, after what is queued.
+    pub async fn fail(&self, status: Status) {
+        let _ = self.0.send(Err(Box::new(status))).await;
+    }
+
+    /// Whether the client is gone.
+    pub fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+
+    /// Resolves once the client is gone.
+    pub async fn closed(&self) {
+        self.0.closed().await
+    }
 }
 
 /// The client's end of a stream's output, as tonic sends it. When tonic drops it (the
 /// client went away) the messages still queued in it are handed back rather than lost.
 pub struct Outgoing {
-    rx: mpsc::Receiver<Result<SynapseMessage, Status>>,
+    rx: mpsc::Receiver<Queued>,
     unread: Option<oneshot::Sender<Vec<SynapseMessage>>>,
 }
 
@@ -517,7 +538,10 @@ pub fn outlet(capacity: usize) -> (Outlet, Outgoing) {
     let (tx, rx) = mpsc::channel(capacity);
     let (unread_tx, unread) = oneshot::channel();
     (
-        Outlet { tx, unread },
+        Outlet {
+            tx: StreamSender(tx),
+            unread,
+        },
         Outgoing {
             rx,
             unread: Some(unread_tx),
@@ -532,7 +556,8 @@ impl futures_util::Stream for Outgoing {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
-        self.get_mut().rx.poll_recv(cx)
+        let next = self.get_mut().rx.poll_recv(cx);
+        next.map(|item| item.map(|queued| queued.map(|m| *m).map_err(|s| *s)))
     }
 }
 
@@ -543,7 +568,7 @@ impl Drop for Outgoing {
         self.rx.close();
         let mut unread = Vec::new();
         while let Ok(item) = self.rx.try_recv() {
-            unread.extend(item.ok());
+            unread.extend(item.ok().map(|message| *message));
         }
         if let Some(back) = self.unread.take() {
             let _ = back.send(unread);

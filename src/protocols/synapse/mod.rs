@@ -9,6 +9,7 @@
 //! results from whichever protocol the assignee speaks.
 
 mod agents;
+mod codec;
 mod config;
 mod db;
 mod gateway;
