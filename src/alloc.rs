@@ -10,6 +10,9 @@
 //! connections*). Two arenas suit the 2-core hosts the bridge is sized for; on
 //! a larger host with many busy connections, more arenas cut contention between worker
 //! threads: `_RJEM_MALLOC_CONF=narenas:8` (or any option here) overrides at start.
+//!
+//! Built with `--features system-alloc`, the binaries use the system's malloc instead, so
+//! that heap profilers that hook it (heaptrack) see every allocation.
 
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -4,6 +4,7 @@
 //! See `README.md` for running it and `docs/` for how the parts fit together.
 
 pub mod admin;
+#[cfg(not(feature = "system-alloc"))]
 pub mod alloc;
 pub mod bridge;
 pub mod config;
