@@ -1118,7 +1118,7 @@ async fn a_tracker_attachment_is_the_fleets() {
 
 /// NATS wholly gone: agents on one bridge still reach one another; a message for an agent
 /// on another bridge is refused in the sender's protocol; `/readyz` says why. When NATS
-/// comes back, so does the fleet.
+/// comes back, so does the fleet, and what was said meanwhile reaches its history.
 #[tokio::test]
 async fn without_nats_local_traffic_goes_on_and_crossing_traffic_is_refused() {
     let mut cluster = Cluster::start(1).await;
@@ -1152,6 +1152,25 @@ async fn without_nats_local_traffic_goes_on_and_crossing_traffic_is_refused() {
     .await;
     sender.chat(&remote.name, "@coder back", None).await;
     assert_eq!(remote.next(What::Chat).await.text, "@coder back");
+    // What b0's agents said among themselves meanwhile reaches the fleet's history.
+    let history = &fleet.nets[1].bridge.core().log;
+    eventually(
+        "b1's history has what b0 kept while NATS was away",
+        async || {
+            let query = agentbridge::core::MessageQuery {
+                limit: 1000,
+                ..Default::default()
+            };
+            let said = |m: &agentbridge::core::StoredMessage| {
+                m.envelope.text.as_deref() == Some("still here")
+            };
+            history
+                .read(query)
+                .await
+                .is_ok_and(|all| all.iter().any(said))
+        },
+    )
+    .await;
     fleet.shutdown().await;
 }
 

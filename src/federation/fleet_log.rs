@@ -11,6 +11,10 @@
 //! while disconnected, and a publish that fails while connected (a stream leader being
 //! elected) is sent again under the same id, until the publish timeout.
 //!
+//! A message kept here alone while NATS was away is published once it is back (up to
+//! `UNSHARED_LIMIT` of them, before anything appended later), so the other bridges' history
+//! and replays have it too; it is applied there as any other message, late.
+//!
 //! Messages appended while the previous publish was being sent go to the stream together,
 //! as one NATS message holding their list (`BATCH`): under load, JetStream stores,
 //! replicates, acknowledges and delivers a batch at the cost of one message, which is most
@@ -18,7 +22,8 @@
 //! its own id; a batch goes under an id of its own (`batch:<uuid>`, which no message's can
 //! collide with), the same when it is sent again.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::PublishAckFuture;
@@ -53,12 +58,22 @@ struct Outgoing {
     accepted: Option<oneshot::Sender<Result<(), LogError>>>,
 }
 
+/// How often a bridge looks whether NATS is back to share what it kept meanwhile.
+const SHARE_CHECK: Duration = Duration::from_millis(500);
+
+/// Messages kept here alone while NATS was away that wait for it, at most; past that, the
+/// newest are not shared (and that is logged).
+const UNSHARED_LIMIT: usize = 65_536;
+
 pub struct FleetLog {
     local: Arc<dyn MessageLog>,
     link: Arc<NatsLink>,
     /// Publishes in the order messages were appended: one sender's messages reach the
     /// stream, and so every bridge, in the order it sent them.
     outbox: mpsc::UnboundedSender<Outgoing>,
+    /// Messages kept here alone while NATS was away, in the order appended, to publish
+    /// once it is back (`share_unshared`).
+    unshared: Mutex<VecDeque<Outgoing>>,
     directory: OnceLock<Arc<Directory>>,
 }
 
@@ -74,6 +89,7 @@ impl FleetLog {
             local,
             link: link.clone(),
             outbox,
+            unshared: Mutex::default(),
             directory: OnceLock::new(),
         });
         (
@@ -142,12 +158,69 @@ impl FleetLog {
                 return told;
             }
         };
+        self.share_unshared();
         if let Err(mpsc::error::SendError(mut outgoing)) = self.outbox.send(outgoing)
             && let Some(accepted) = outgoing.accepted.take()
         {
             let _ = accepted.send(Err(LogError::Closed));
         }
         told
+    }
+
+    /// Keeps `env`, which this bridge's agents alone take, to publish once NATS is back.
+    fn keep_unshared(&self, env: &Envelope) {
+        let replica = OutgoingReplica {
+            envelope: env,
+            agent: None,
+            transient: false,
+        };
+        let Ok(payload) = serde_json::to_vec(&replica) else {
+            return;
+        };
+        let mut unshared = self.unshared.lock().unwrap_or_else(|e| e.into_inner());
+        if unshared.len() >= UNSHARED_LIMIT {
+            tracing::warn!(message_id = %env.id, "federation: too many messages wait for NATS; this one stays on this bridge alone");
+            return;
+        }
+        unshared.push_back(Outgoing {
+            id: env.id.clone(),
+            payload: payload.into(),
+            accepted: None,
+        });
+    }
+
+    /// Shares what was kept while NATS was away as soon as it is back, also when nothing
+    /// new is appended then; until `shutdown`.
+    pub async fn share_when_back(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut every = tokio::time::interval(SHARE_CHECK);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = every.tick() => self.share_unshared(),
+            }
+        }
+    }
+
+    /// Queues for the stream, ahead of anything appended from now on, the messages kept
+    /// here alone while NATS was away, once it is back.
+    pub fn share_unshared(&self) {
+        if self.link.ready().is_none() {
+            return;
+        }
+        // Held while queuing: an append that comes meanwhile queues behind them.
+        let mut unshared = self.unshared.lock().unwrap_or_else(|e| e.into_inner());
+        if unshared.is_empty() {
+            return;
+        }
+        tracing::info!(
+            count = unshared.len(),
+            "federation: sharing the messages kept while NATS was away"
+        );
+        for outgoing in unshared.drain(..) {
+            if self.outbox.send(outgoing).is_err() {
+                return; // shutting down
+            }
+        }
     }
 
     /// Keeps the agent's card in the fleet's bucket, for bridges that start later.
@@ -167,7 +240,9 @@ impl MessageLog for FleetLog {
     fn append(&self, env: &Envelope) -> LogFuture<'static, ()> {
         if self.link.ready().is_none() {
             if !self.must_cross(env) {
-                // Only this bridge's agents take it: kept here, not held up by NATS.
+                // Only this bridge's agents take it: kept here, not held up by NATS, and
+                // shared with the fleet's history once NATS is back.
+                self.keep_unshared(env);
                 return self.local.append(env);
             }
             if self.link.unreachable() {
@@ -430,6 +505,12 @@ fn tell(
         LogError::Refused(reason) => reason,
         other => other.to_string(),
     });
+    let unwaited = accepted.iter().filter(|a| a.is_none()).count();
+    if let Some(reason) = &reason
+        && unwaited > 0
+    {
+        tracing::warn!(count = unwaited, %reason, "federation: messages kept while NATS was away were not shared");
+    }
     for accepted in accepted.into_iter().flatten() {
         let _ = accepted.send(match &reason {
             None => Ok(()),

@@ -84,6 +84,7 @@ impl Federation {
             shutdown: shutdown.clone(),
         }));
         let publisher = tokio::spawn(self.publisher.run(shutdown.clone()));
+        let sharer = tokio::spawn(self.log.clone().share_when_back(shutdown.clone()));
         let Federation {
             config,
             link,
@@ -105,6 +106,6 @@ impl Federation {
                 presence.run(ready, shutdown.clone()),
             );
         });
-        vec![publisher, fleet]
+        vec![publisher, sharer, fleet]
     }
 }
