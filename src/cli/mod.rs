@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use agentbridge::Config;
 use agentbridge::admin::{Summary, Trace};
+use agentbridge::telemetry;
 use serde_json::Value;
 
 use prometheus_parse::{Sample, Scrape};
@@ -281,17 +282,17 @@ fn render(before: &[Sample], now: &[Sample], seconds: f64, busiest: &[(String, u
     };
     let mut out = String::from("agentbridge top\n\nmessages/s  from → to\n");
     for (pair, value) in rate(
-        "agentbridge_messages_delivered_total",
+        telemetry::MESSAGES_DELIVERED,
         &["from_protocol", "to_protocol"],
     ) {
         out.push_str(&format!("{value:>10.1}  {} → {}\n", pair[0], pair[1]));
     }
     out.push_str("\nprotocol   received/s  connections  agents online  decode errors/s\n");
-    let received = rate("agentbridge_messages_received_total", &["protocol"]);
-    let errors = rate("agentbridge_decode_errors_total", &["protocol"]);
+    let received = rate(telemetry::MESSAGES_RECEIVED, &["protocol"]);
+    let errors = rate(telemetry::DECODE_ERRORS, &["protocol"]);
     let (connections, online) = (
-        gauge("agentbridge_connections"),
-        gauge("agentbridge_agents_online"),
+        gauge(telemetry::CONNECTIONS),
+        gauge(telemetry::AGENTS_ONLINE),
     );
     for protocol in connections.keys() {
         let key = vec![protocol.clone()];
@@ -303,13 +304,10 @@ fn render(before: &[Sample], now: &[Sample], seconds: f64, busiest: &[(String, u
             errors.get(&key).copied().unwrap_or(0.0),
         ));
     }
-    let drops: Vec<_> = rate(
-        "agentbridge_messages_dropped_total",
-        &["protocol", "reason"],
-    )
-    .into_iter()
-    .filter(|(_, v)| *v > 0.0)
-    .collect();
+    let drops: Vec<_> = rate(telemetry::MESSAGES_DROPPED, &["protocol", "reason"])
+        .into_iter()
+        .filter(|(_, v)| *v > 0.0)
+        .collect();
     out.push_str("\ndrops/s\n");
     if drops.is_empty() {
         out.push_str("  none\n");

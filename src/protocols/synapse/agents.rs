@@ -235,6 +235,18 @@ pub fn not_stored(e: crate::core::LogError) -> Status {
     }
 }
 
+/// A change of a shared `what` (a task, a group) the fleet's records did not take.
+pub fn not_recorded(what: &str, e: crate::core::RecordError) -> Status {
+    match e {
+        crate::core::RecordError::Conflict => Status::aborted(format!(
+            "the {what} was changed by many writers at once; try again"
+        )),
+        crate::core::RecordError::Unavailable(why) => {
+            Status::unavailable(format!("the fleet's records are unavailable: {why}"))
+        }
+    }
+}
+
 pub fn internal(e: impl std::fmt::Display) -> Status {
     tracing::error!(error = %e, "synapse: internal error");
     Status::internal("internal error; the request was not applied")

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tonic::Status;
 
-use super::agents::internal;
+use super::agents::{internal, not_recorded};
 use super::{Group, Synapse};
 use crate::core::{
     Expect, Record, RecordChange, RecordError, Revision, SharedRecords, Tried, sink, unless_lost,
@@ -47,18 +47,6 @@ fn encode(group: &Group) -> bytes::Bytes {
 
 fn decode(value: &[u8]) -> Result<Group, StoreError> {
     serde_json::from_slice(value).map_err(|e| StoreError::Corrupt(format!("a shared group: {e}")))
-}
-
-/// A change the fleet's records did not take, as gRPC says it.
-fn refused(e: RecordError) -> Status {
-    match e {
-        RecordError::Conflict => {
-            Status::aborted("the group was changed by many writers at once; try again")
-        }
-        RecordError::Unavailable(why) => {
-            Status::unavailable(format!("the fleet's records are unavailable: {why}"))
-        }
-    }
 }
 
 impl Synapse {
@@ -168,4 +156,9 @@ impl Synapse {
         }
         Ok(())
     }
+}
+
+/// A change the fleet's records did not take, as gRPC says it.
+fn refused(e: RecordError) -> Status {
+    not_recorded("group", e)
 }

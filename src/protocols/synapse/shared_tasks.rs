@@ -18,7 +18,7 @@ use std::sync::Arc;
 use tonic::Status;
 
 use super::Synapse;
-use super::agents::internal;
+use super::agents::{internal, not_recorded};
 use super::db::{FileRow, TaskRow, Update};
 use crate::core::{Expect, RecordChange, RecordError, Tried, sink, unless_lost, until_not_lost};
 use crate::store::StoreError;
@@ -72,18 +72,6 @@ fn decode_file(bytes: &[u8]) -> Result<FileRow, StoreError> {
         serde_json::from_slice(&bytes[..split]).map_err(|e| corrupt(e.to_string()))?;
     file.data = bytes[split + 1..].to_vec();
     Ok(file)
-}
-
-/// A change the fleet's records did not take, as gRPC says it.
-fn refused(e: RecordError) -> Status {
-    match e {
-        RecordError::Conflict => {
-            Status::aborted("the task was changed by many writers at once; try again")
-        }
-        RecordError::Unavailable(why) => {
-            Status::unavailable(format!("the fleet's records are unavailable: {why}"))
-        }
-    }
 }
 
 impl Synapse {
@@ -215,6 +203,11 @@ impl Synapse {
         }
         Ok(())
     }
+}
+
+/// A change the fleet's records did not take, as gRPC says it.
+fn refused(e: RecordError) -> Status {
+    not_recorded("task", e)
 }
 
 #[cfg(test)]
