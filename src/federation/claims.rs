@@ -190,7 +190,12 @@ impl NameClaims for FleetClaims {
                         }
                     }
                 }
-                tokio::time::sleep(wait).await;
+                // While NATS is away, tried again as soon as it is back.
+                if link.is_connected() {
+                    tokio::time::sleep(wait).await;
+                } else {
+                    let _ = link.reconnected(std::time::Instant::now() + wait).await;
+                }
                 wait = (wait * 2).min(RELEASE_RETRY_MAX);
             }
         });
