@@ -355,17 +355,8 @@ pub async fn sender(pairing: Pairing<'_>) -> Result<Sender, Error> {
             Ok(Sender {
                 sink: SenderSink::Synapse(tx),
                 frame: Box::new(move |seq, text| {
-                    Outgoing::Synapse(Box::new(SynapseMessage {
-                        id: client_id(client_ids, "", &name, seq),
-                        r#type: MessageType::Unspecified as i32,
-                        sender: Some(endpoint(&name)),
-                        receiver: Some(endpoint(&receiver)),
-                        payload: Some(prost_types::Any {
-                            type_url: "type.googleapis.com/google.protobuf.StringValue".into(),
-                            value: prost::Message::encode_to_vec(&text.to_owned()),
-                        }),
-                        ..Default::default()
-                    }))
+                    let id = client_id(client_ids, "", &name, seq);
+                    Outgoing::Synapse(Box::new(synapse_chat(id, &name, &receiver, text)))
                 }),
             })
         }
@@ -384,6 +375,21 @@ pub async fn sender(pairing: Pairing<'_>) -> Result<Sender, Error> {
                 }),
             })
         }
+    }
+}
+
+/// A Synapse chat message with text `text`, under `id` (empty: the bridge chooses).
+pub fn synapse_chat(id: String, from: &str, to: &str, text: &str) -> SynapseMessage {
+    SynapseMessage {
+        id,
+        r#type: MessageType::Unspecified as i32,
+        sender: Some(endpoint(from)),
+        receiver: Some(endpoint(to)),
+        payload: Some(prost_types::Any {
+            type_url: "type.googleapis.com/google.protobuf.StringValue".into(),
+            value: prost::Message::encode_to_vec(&text.to_owned()),
+        }),
+        ..Default::default()
     }
 }
 
@@ -461,7 +467,7 @@ pub async fn tracker_auth(
     endpoints: &Endpoints,
     name: &str,
 ) -> Result<(Ws, String, String), Error> {
-    let (token, _) = tracker_member(endpoints, name).await?;
+    let token = tracker_member(endpoints, name).await?;
     let base = endpoints.base(Proto::Tracker)?;
     let mut ws = connect_ws(&ws_url(base, "/ws")).await?;
     let auth = json!({ "type": "auth", "token": token });
@@ -477,8 +483,8 @@ pub async fn tracker_auth(
 }
 
 /// Creates a Tracker member `name` (chat_listen = mentions) with the admin token; its
-/// token, and the Tracker's base URL.
-pub async fn tracker_member(endpoints: &Endpoints, name: &str) -> Result<(String, String), Error> {
+/// token.
+async fn tracker_member(endpoints: &Endpoints, name: &str) -> Result<String, Error> {
     let base = endpoints.base(Proto::Tracker)?;
     let admin = endpoints
         .tracker_admin_token
@@ -499,7 +505,7 @@ pub async fn tracker_member(endpoints: &Endpoints, name: &str) -> Result<(String
     let token = member["token"]
         .as_str()
         .ok_or_else(|| format!("creating member {name}: {status} {member}"))?;
-    Ok((token.to_owned(), base.to_owned()))
+    Ok(token.to_owned())
 }
 
 /// Opens `StreamMessages` as `name` (identified by metadata).

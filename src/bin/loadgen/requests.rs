@@ -7,10 +7,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use agentbridge::protocols::synapse::proto::SendMessageRequest;
 use agentbridge::protocols::synapse::proto::synapse_message_service_client::SynapseMessageServiceClient;
-use agentbridge::protocols::synapse::proto::{
-    AgentEndpoint, MessageType, SendMessageRequest, SynapseMessage,
-};
 use futures_util::future::BoxFuture;
 use serde_json::json;
 
@@ -126,7 +124,11 @@ pub async fn sender(pairing: Pairing<'_>, via: Via) -> Result<Sender, Error> {
             let (from, to) = (name.clone(), receiver.clone());
             let request: Request = Arc::new(move |text: String| {
                 let mut client = client.clone();
-                let message = synapse_message(&from, &to, &text, client_ids);
+                let id = match client_ids {
+                    true => uuid::Uuid::new_v4().to_string(),
+                    false => String::new(),
+                };
+                let message = agents::synapse_chat(id, &from, &to, &text);
                 Box::pin(async move {
                     let request = SendMessageRequest {
                         message: Some(message),
@@ -186,26 +188,4 @@ pub async fn sender(pairing: Pairing<'_>, via: Via) -> Result<Sender, Error> {
         }
     };
     Ok(Sender::over(Requests { request, failed }, frame))
-}
-
-fn synapse_message(from: &str, to: &str, text: &str, client_ids: bool) -> SynapseMessage {
-    let endpoint = |name: &str| AgentEndpoint {
-        agent_id: name.to_owned(),
-        agent_name: name.to_owned(),
-        ..Default::default()
-    };
-    SynapseMessage {
-        id: match client_ids {
-            true => uuid::Uuid::new_v4().to_string(),
-            false => String::new(),
-        },
-        r#type: MessageType::Unspecified as i32,
-        sender: Some(endpoint(from)),
-        receiver: Some(endpoint(to)),
-        payload: Some(prost_types::Any {
-            type_url: "type.googleapis.com/google.protobuf.StringValue".into(),
-            value: prost::Message::encode_to_vec(&text.to_owned()),
-        }),
-        ..Default::default()
-    }
 }
