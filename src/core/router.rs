@@ -175,7 +175,7 @@ impl Router {
         let settings = **self.settings.load();
         let backlog = (settings.policy == WhenFull::Replay && !self.offline.contains_key(protocol))
             .then_some(settings.backlog_limit);
-        self.make_mailbox(protocol, settings.policy, backlog)
+        self.make_mailbox(protocol, settings.capacity, settings.policy, backlog)
     }
 
     /// Mailboxes made from now on take these settings; those already made keep theirs.
@@ -191,16 +191,18 @@ impl Router {
     /// tables), which must see every message whatever the policy: one whose backlog has no
     /// bound but memory, a message's id each.
     pub fn hub_mailbox(&self, protocol: Protocol) -> Arc<Mailbox> {
-        self.make_mailbox(protocol, WhenFull::Replay, Some(usize::MAX))
+        let capacity = self.settings.load().capacity;
+        self.make_mailbox(protocol, capacity, WhenFull::Replay, Some(usize::MAX))
     }
 
+    /// A mailbox of one reading of the settings (a reload between two would mix them).
     fn make_mailbox(
         &self,
         protocol: Protocol,
+        capacity: usize,
         policy: WhenFull,
         backlog: Option<usize>,
     ) -> Arc<Mailbox> {
-        let capacity = self.settings.load().capacity;
         let mut mailbox = Mailbox::new(protocol, capacity, policy)
             .with_depth_histogram(self.mailbox_depth.clone());
         if let (Some(limit), Some(reader)) = (backlog, self.backlog_reader.get()) {
