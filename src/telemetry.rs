@@ -291,8 +291,43 @@ impl<K: Copy + Eq + std::hash::Hash> Handles<K> {
     }
 }
 
-pub fn message_dropped(protocol: &'static str, reason: &'static str) {
-    counter!(MESSAGES_DROPPED, "protocol" => protocol, "reason" => reason).increment(1);
+/// Why a message was dropped: the `reason` label of `MESSAGES_DROPPED`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// Its ttl ran out before it reached its recipient.
+    TtlExpired,
+    /// A slow reader's backlog could not be kept in the store.
+    BacklogNotStored,
+    /// The recipient's mailbox was full under `when_full = "disconnect"`.
+    MailboxFullDisconnect,
+    /// … under `drop_newest`.
+    MailboxFullDropNewest,
+    /// … under `drop_oldest`.
+    MailboxFullDropOldest,
+}
+
+impl DropReason {
+    const ALL: [DropReason; 5] = [
+        DropReason::TtlExpired,
+        DropReason::BacklogNotStored,
+        DropReason::MailboxFullDisconnect,
+        DropReason::MailboxFullDropNewest,
+        DropReason::MailboxFullDropOldest,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::TtlExpired => "ttl_expired",
+            DropReason::BacklogNotStored => "backlog_not_stored",
+            DropReason::MailboxFullDisconnect => "mailbox_full_disconnect",
+            DropReason::MailboxFullDropNewest => "mailbox_full_drop_newest",
+            DropReason::MailboxFullDropOldest => "mailbox_full_drop_oldest",
+        }
+    }
+}
+
+pub fn message_dropped(protocol: &'static str, reason: DropReason) {
+    counter!(MESSAGES_DROPPED, "protocol" => protocol, "reason" => reason.as_str()).increment(1);
 }
 
 /// Shows `protocol`'s series in the first scrape, at zero: a series that appears only with
@@ -305,15 +340,6 @@ pub fn endpoint_started(protocol: &'static str) {
     gauge!(AGENTS_ONLINE, "protocol" => protocol).increment(0.0);
 }
 
-/// Why a message may be dropped (`message_dropped`), shown at zero from the start.
-const DROP_REASONS: [&str; 5] = [
-    "ttl_expired",
-    "backlog_not_stored",
-    "mailbox_full_disconnect",
-    "mailbox_full_drop_newest",
-    "mailbox_full_drop_oldest",
-];
-
 /// Shows the bridge's own series in the first scrape, as `endpoint_started` does an
 /// endpoint's: each running protocol's drops by reason and chats received, chats
 /// delivered between each pair of them, the histograms, and (`federated`) the fleet's.
@@ -323,8 +349,9 @@ pub fn bridge_started(protocols: &[&'static str], federated: bool) {
     counter!(CONFIG_RELOADS, "outcome" => "refused").increment(0);
     for &protocol in protocols {
         counter!(MESSAGES_RECEIVED, "protocol" => protocol, "kind" => "chat").increment(0);
-        for reason in DROP_REASONS {
-            counter!(MESSAGES_DROPPED, "protocol" => protocol, "reason" => reason).increment(0);
+        for reason in DropReason::ALL {
+            counter!(MESSAGES_DROPPED, "protocol" => protocol, "reason" => reason.as_str())
+                .increment(0);
         }
         for &to in protocols {
             counter!(MESSAGES_DELIVERED, "from_protocol" => protocol, "to_protocol" => to, "kind" => "chat")

@@ -377,7 +377,10 @@ impl Mailbox {
                     // Acknowledged messages the store no longer has: none should be, but the
                     // recipient hears of any.
                     state.untold_drops += (batch.len() - found) as u64;
-                    crate::telemetry::message_dropped(protocol, "backlog_not_stored");
+                    crate::telemetry::message_dropped(
+                        protocol,
+                        crate::telemetry::DropReason::BacklogNotStored,
+                    );
                 }
             }
             drop(state);

@@ -218,7 +218,7 @@ impl Core {
     /// A message that waited longer than its ttl for a recipient of `protocol`: dropped,
     /// counted, and its sender told with an error message (`TTL_EXPIRED`) answering it.
     pub fn expired(self: &Arc<Self>, delivery: &Delivery, protocol: Protocol) {
-        telemetry::message_dropped(protocol, "ttl_expired");
+        telemetry::message_dropped(protocol, telemetry::DropReason::TtlExpired);
         let env = &delivery.envelope;
         if env.from == BRIDGE_AGENT || env.kind == Kind::Error {
             return;

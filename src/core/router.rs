@@ -544,11 +544,11 @@ impl Router {
             Pushed::DroppedOldest => {
                 report.queued += 1;
                 report.dropped += 1;
-                telemetry::message_dropped(protocol, "mailbox_full_drop_oldest");
+                telemetry::message_dropped(protocol, telemetry::DropReason::MailboxFullDropOldest);
             }
             Pushed::DroppedNewest => {
                 report.dropped += 1;
-                telemetry::message_dropped(protocol, "mailbox_full_drop_newest");
+                telemetry::message_dropped(protocol, telemetry::DropReason::MailboxFullDropNewest);
             }
             Pushed::Disconnected => return Offer::Overflowed,
             Pushed::Closed => return Offer::Closed,
@@ -558,7 +558,7 @@ impl Router {
 
     fn overflow_dropped(protocol: Protocol, report: &mut RouteReport) {
         report.dropped += 1;
-        telemetry::message_dropped(protocol, "mailbox_full_disconnect");
+        telemetry::message_dropped(protocol, telemetry::DropReason::MailboxFullDisconnect);
     }
 }
 

@@ -596,12 +596,12 @@ impl Grid {
             .unwrap_or_else(|e| e.into_inner())
             .remember(message_id);
         if !first {
-            telemetry::message_dropped(PROTOCOL, "ttl_expired");
+            telemetry::message_dropped(PROTOCOL, telemetry::DropReason::TtlExpired);
             return;
         }
         match self.core.log.get(message_id).await {
             Ok(Some(stored)) => self.core.expired(&Delivery::new(stored.envelope), PROTOCOL),
-            _ => telemetry::message_dropped(PROTOCOL, "ttl_expired"),
+            _ => telemetry::message_dropped(PROTOCOL, telemetry::DropReason::TtlExpired),
         }
     }
 }
