@@ -80,7 +80,9 @@ fn main() -> ExitCode {
             runtime.block_on(async {
                 let signals = match Signals::install() {
                     Ok(signals) => signals,
-                    Err(e) => return fail(&format!("cannot take over SIGTERM and SIGHUP: {e}")),
+                    Err(e) => {
+                        return fail(&format!("cannot take over SIGINT, SIGTERM and SIGHUP: {e}"));
+                    }
                 };
                 match Bridge::start_with(config, options).await {
                     Ok(bridge) => {

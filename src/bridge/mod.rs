@@ -239,7 +239,7 @@ impl Bridge {
     pub async fn run_until(self, mut signals: Signals) {
         loop {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => break,
+                _ = signals.interrupt.recv() => break,
                 _ = signals.term.recv() => break,
                 _ = signals.hangup.recv() => {
                     tracing::info!("SIGHUP: reading the config again");
@@ -256,14 +256,16 @@ impl Bridge {
 /// SIGHUP or SIGTERM sent as soon as it says "ready" must not meet the default action,
 /// which ends the process.
 pub struct Signals {
+    interrupt: Signal,
     term: Signal,
     hangup: Signal,
 }
 
 impl Signals {
-    /// Takes over SIGTERM and SIGHUP (within a tokio runtime).
+    /// Takes over SIGINT, SIGTERM and SIGHUP (within a tokio runtime).
     pub fn install() -> std::io::Result<Signals> {
         Ok(Signals {
+            interrupt: signal(SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
             hangup: signal(SignalKind::hangup())?,
         })

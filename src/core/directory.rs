@@ -276,6 +276,11 @@ impl Directory {
             .collect()
     }
 
+    /// Whether `bridge` is taken for gone.
+    pub fn is_gone(&self, bridge: &str) -> bool {
+        self.gone.contains_key(bridge)
+    }
+
     /// `bridge` tells the fleet it is alive again: it keeps its agents' mail again.
     pub fn bridge_back(&self, bridge: &str) {
         self.gone.remove(bridge);

@@ -123,8 +123,9 @@ pub struct Router {
     holding_back: AtomicBool,
 }
 
-/// Mail held back, by the gone bridge that held its recipients: (recipient, message).
-type HeldBack = HashMap<String, Vec<(String, Arc<Delivery>)>>;
+/// Mail held back, by the gone bridge that held its recipients: how many readers of its
+/// missed mail are under way, and (recipient, message) in the order routed.
+type HeldBack = HashMap<String, (usize, Vec<(String, Arc<Delivery>)>)>;
 
 /// What becomes of a message whose ttl ran out in a mailbox of the given protocol.
 pub type ExpiryHandler = Arc<dyn Fn(Arc<Delivery>, Protocol) + Send + Sync>;
@@ -467,7 +468,7 @@ impl Router {
             && let Some(bridge) = self.directory.gone_holder_of(name)
         {
             let mut held_back = self.held_back.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(held) = held_back.get_mut(&bridge) {
+            if let Some((_, held)) = held_back.get_mut(&bridge) {
                 let all = earlier.iter().chain([delivery]);
                 held.extend(all.map(|d| (name.to_owned(), d.clone())));
                 return;
@@ -493,15 +494,23 @@ impl Router {
     /// order sent (`federation`'s missed mail).
     pub fn hold_back_mail_of(&self, bridge: &str) {
         let mut held_back = self.held_back.lock().unwrap_or_else(|e| e.into_inner());
-        held_back.entry(bridge.to_owned()).or_default();
+        held_back.entry(bridge.to_owned()).or_default().0 += 1;
         self.holding_back.store(true, Ordering::Release);
     }
 
-    /// Keeps what was held back for `bridge`'s agents, in the order it was routed; from
-    /// then on their mail is kept as it is routed. How much was held back.
+    /// Keeps what was held back for `bridge`'s agents, in the order it was routed, once
+    /// every `hold_back_mail_of(bridge)` is released; from then on their mail is kept as
+    /// it is routed. How much was held back (0 while another hold remains).
     pub fn release_mail_of(&self, bridge: &str) -> usize {
         let mut held_back = self.held_back.lock().unwrap_or_else(|e| e.into_inner());
-        let held = held_back.remove(bridge).unwrap_or_default();
+        match held_back.get_mut(bridge) {
+            Some((holds, _)) if *holds > 1 => {
+                *holds -= 1;
+                return 0;
+            }
+            _ => {}
+        }
+        let (_, held) = held_back.remove(bridge).unwrap_or_default();
         self.holding_back
             .store(!held_back.is_empty(), Ordering::Release);
         // Under the lock: mail routed meanwhile waits for this, and is kept after it.

@@ -182,8 +182,15 @@ impl Applier {
     fn route(&self, written: Vec<(Replica, bool)>) {
         for (replica, kept) in written {
             let Replica {
-                envelope, agent, ..
+                envelope,
+                agent,
+                history,
+                ..
             } = replica;
+            if history {
+                // Its own bridge delivered it while NATS was away; the others keep it.
+                continue;
+            }
             if let Some(info) = agent.and_then(|card| card.into_info()) {
                 self.core.directory.register_replica(info);
             }

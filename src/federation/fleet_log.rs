@@ -13,7 +13,7 @@
 //!
 //! A message kept here alone while NATS was away is published once it is back (up to
 //! `UNSHARED_LIMIT` of them, before anything appended later), so the other bridges' history
-//! and replays have it too; it is applied there as any other message, late.
+//! and replays have it too; they keep it without routing it (`Replica::history`).
 //!
 //! Messages appended while the previous publish was being sent go to the stream together,
 //! as one NATS message holding their list (`BATCH`): under load, JetStream stores,
@@ -61,9 +61,17 @@ struct Outgoing {
 /// How often a bridge looks whether NATS is back to share what it kept meanwhile.
 const SHARE_CHECK: Duration = Duration::from_millis(500);
 
-/// Messages kept here alone while NATS was away that wait for it, at most; past that, the
-/// newest are not shared (and that is logged).
+/// Messages, and bytes, kept here alone while NATS was away that wait for it, at most;
+/// past that, the newest are not shared (and that is logged).
 const UNSHARED_LIMIT: usize = 65_536;
+const UNSHARED_BYTES: usize = 64 * 1024 * 1024;
+
+/// Messages kept here alone while NATS was away, in the order appended.
+#[derive(Default)]
+struct Unshared {
+    queue: VecDeque<Outgoing>,
+    bytes: usize,
+}
 
 pub struct FleetLog {
     local: Arc<dyn MessageLog>,
@@ -71,9 +79,9 @@ pub struct FleetLog {
     /// Publishes in the order messages were appended: one sender's messages reach the
     /// stream, and so every bridge, in the order it sent them.
     outbox: mpsc::UnboundedSender<Outgoing>,
-    /// Messages kept here alone while NATS was away, in the order appended, to publish
-    /// once it is back (`share_unshared`).
-    unshared: Mutex<VecDeque<Outgoing>>,
+    /// Messages kept here alone while NATS was away, to publish once it is back
+    /// (`share_unshared`).
+    unshared: Arc<Mutex<Unshared>>,
     directory: OnceLock<Arc<Directory>>,
 }
 
@@ -89,7 +97,7 @@ impl FleetLog {
             local,
             link: link.clone(),
             outbox,
-            unshared: Mutex::default(),
+            unshared: Arc::default(),
             directory: OnceLock::new(),
         });
         (
@@ -146,6 +154,7 @@ impl FleetLog {
             envelope: env,
             agent: card,
             transient,
+            history: false,
         };
         let outgoing = match serde_json::to_vec(&replica) {
             Ok(payload) => Outgoing {
@@ -167,22 +176,28 @@ impl FleetLog {
         told
     }
 
-    /// Keeps `env`, which this bridge's agents alone take, to publish once NATS is back.
+    /// Keeps `env`, which this bridge's agents alone take and have been given, to publish
+    /// once NATS is back as history: the other bridges keep it and do not route it (its
+    /// recipients were here, and a bridge that took this one for gone meanwhile would
+    /// otherwise keep it for them again).
     fn keep_unshared(&self, env: &Envelope) {
         let replica = OutgoingReplica {
             envelope: env,
             agent: None,
             transient: false,
+            history: true,
         };
         let Ok(payload) = serde_json::to_vec(&replica) else {
             return;
         };
         let mut unshared = self.unshared.lock().unwrap_or_else(|e| e.into_inner());
-        if unshared.len() >= UNSHARED_LIMIT {
-            tracing::warn!(message_id = %env.id, "federation: too many messages wait for NATS; this one stays on this bridge alone");
+        if unshared.queue.len() >= UNSHARED_LIMIT || unshared.bytes + payload.len() > UNSHARED_BYTES
+        {
+            tracing::warn!(message_id = %env.id, "federation: too much waits for NATS; this message stays on this bridge alone");
             return;
         }
-        unshared.push_back(Outgoing {
+        unshared.bytes += payload.len();
+        unshared.queue.push_back(Outgoing {
             id: env.id.clone(),
             payload: payload.into(),
             accepted: None,
@@ -202,21 +217,24 @@ impl FleetLog {
     }
 
     /// Queues for the stream, ahead of anything appended from now on, the messages kept
-    /// here alone while NATS was away, once it is back.
-    pub fn share_unshared(&self) {
+    /// here alone while NATS was away, once it is back. (While it fails over they wait:
+    /// a publish refused then would lose them. Being history, they are not routed, so a
+    /// message that crosses meanwhile going first changes no one's order of delivery.)
+    fn share_unshared(&self) {
         if self.link.ready().is_none() {
             return;
         }
         // Held while queuing: an append that comes meanwhile queues behind them.
         let mut unshared = self.unshared.lock().unwrap_or_else(|e| e.into_inner());
-        if unshared.is_empty() {
+        if unshared.queue.is_empty() {
             return;
         }
         tracing::info!(
-            count = unshared.len(),
+            count = unshared.queue.len(),
             "federation: sharing the messages kept while NATS was away"
         );
-        for outgoing in unshared.drain(..) {
+        unshared.bytes = 0;
+        for outgoing in unshared.queue.drain(..) {
             if self.outbox.send(outgoing).is_err() {
                 return; // shutting down
             }
@@ -241,9 +259,23 @@ impl MessageLog for FleetLog {
         if self.link.ready().is_none() {
             if !self.must_cross(env) {
                 // Only this bridge's agents take it: kept here, not held up by NATS, and
-                // shared with the fleet's history once NATS is back.
+                // shared with the fleet's history once NATS is back — unless it could not
+                // be kept here.
                 self.keep_unshared(env);
-                return self.local.append(env);
+                let (local, unshared, id) = (
+                    self.local.append(env),
+                    self.unshared.clone(),
+                    env.id.clone(),
+                );
+                return Box::pin(async move {
+                    let kept = local.await;
+                    if kept.is_err() {
+                        let mut unshared = unshared.lock().unwrap_or_else(|e| e.into_inner());
+                        unshared.queue.retain(|o| o.id != id);
+                        unshared.bytes = unshared.queue.iter().map(|o| o.payload.len()).sum();
+                    }
+                    kept
+                });
             }
             if self.link.unreachable() {
                 return Box::pin(std::future::ready(Err(refused_unreachable())));

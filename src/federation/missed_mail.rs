@@ -23,72 +23,169 @@ use crate::core::{Core, Delivery};
 /// The longest wait for the next message of the stretch before giving up on it.
 const NEXT_WITHIN: Duration = Duration::from_secs(10);
 
+/// How many times a failed read of the stretch is taken up again.
+const TRIES: u32 = 3;
+
+/// The most messages read again: the stretch of a bridge that lagged further is cut to
+/// its newest this many (and that is logged).
+const MOST_READ: u64 = 200_000;
+
+/// Who the gone bridge held, as this bridge knew them just before it took it for gone.
+pub struct Held {
+    /// Every agent it held: the other bridges' messages are kept for them.
+    pub all: HashSet<String>,
+    /// Those shown offline then: its own messages are kept for them (it kept them itself,
+    /// but may have been killed before the write; one shown online got them live).
+    pub offline: HashSet<String>,
+}
+
 /// Keeps, for the agents `bridge` held, the mail it did not apply before it was taken for
 /// gone; then releases what the router held back for them. Logs what it could not read.
-pub async fn keep(link: Arc<NatsLink>, ready: Arc<Ready>, core: Arc<Core>, bridge: String) {
-    let held = core.directory.held_by(&bridge);
-    let read = match held.is_empty() {
-        true => Ok(0),
-        false => read_missed(&link, &ready, &core, &bridge, &held).await,
-    };
-    match read {
-        Ok(0) => {}
-        Ok(kept) => {
-            tracing::info!(bridge = %bridge, kept, "federation: kept the mail a gone bridge missed")
-        }
-        Err(e) => {
-            tracing::warn!(bridge = %bridge, error = %e, "federation: cannot read the mail a gone bridge missed")
-        }
+pub async fn keep(
+    link: Arc<NatsLink>,
+    ready: Arc<Ready>,
+    core: Arc<Core>,
+    bridge: String,
+    held: Held,
+) {
+    if !held.all.is_empty() {
+        let reader = Reader {
+            link: &link,
+            ready: &ready,
+            core: &core,
+            bridge: &bridge,
+            held: &held,
+        };
+        reader.read_missed().await;
     }
     core.router.release_mail_of(&bridge);
 }
 
-/// Reads the stream from after `bridge`'s acknowledgement floor to its end now; how many
-/// copies were kept.
-async fn read_missed(
-    link: &NatsLink,
-    ready: &Ready,
-    core: &Core,
-    bridge: &str,
-    held: &HashSet<String>,
-) -> Result<usize, async_nats::Error> {
-    let mut stream = ready.js.get_stream(&link.names.stream).await?;
-    let floor = (stream.consumer_info(Names::consumer_of(bridge)).await?)
-        .ack_floor
-        .stream_sequence;
-    let last = stream.info().await?.state.last_sequence;
-    if floor >= last {
-        return Ok(0);
-    }
-    let consumer = stream
-        .create_consumer(pull::OrderedConfig {
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: floor + 1,
-            },
-            ..Default::default()
-        })
-        .await?;
-    let mut messages = consumer.messages().await?;
-    let its_own = link.names.messages_of(bridge);
-    let mut kept = 0;
-    loop {
-        let message = match tokio::time::timeout(NEXT_WITHIN, messages.next()).await {
-            Ok(Some(message)) => message?,
-            Ok(None) => return Err("the stream ended early".into()),
-            Err(_) => return Err("the stream stopped sending".into()),
+/// What reading one gone bridge's missed stretch needs.
+struct Reader<'a> {
+    link: &'a NatsLink,
+    ready: &'a Ready,
+    core: &'a Core,
+    bridge: &'a str,
+    held: &'a Held,
+}
+
+impl Reader<'_> {
+    /// Reads the stream from after `bridge`'s acknowledgement floor to its end now (at most
+    /// `MOST_READ` messages back), keeping what its agents missed. A failed read is taken up
+    /// again where it stopped, `TRIES` times.
+    async fn read_missed(&self) {
+        let bridge = self.bridge;
+        let stretch = match self.stretch().await {
+            Ok(Some(stretch)) => stretch,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(bridge, error = %e, "federation: cannot find the mail a gone bridge missed");
+                return;
+            }
         };
-        let sequence = message.info()?.stream_sequence;
-        if message.subject.as_str() != its_own {
-            for replica in Replica::all_in(&message.payload)? {
-                if replica.transient || replica.envelope.kind.is_presence() {
-                    continue;
+        let (mut next, last) = stretch;
+        let mut kept = 0;
+        for tries in 1..=TRIES {
+            match self.read_from(next, last, &mut kept).await {
+                Ok(()) => break,
+                Err((read_to, e)) => {
+                    next = read_to + 1;
+                    tracing::warn!(bridge, error = %e, tries, "federation: reading the mail a gone bridge missed failed");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
                 }
-                let delivery = Arc::new(Delivery::new(replica.envelope));
-                kept += core.router.keep_for(&delivery, held);
             }
         }
-        if sequence >= last {
-            return Ok(kept);
+        if kept > 0 {
+            tracing::info!(
+                bridge,
+                kept,
+                "federation: kept the mail a gone bridge missed"
+            );
+        }
+    }
+
+    /// Where the gone bridge's missed stretch begins and ends; `None` if it missed nothing.
+    async fn stretch(&self) -> Result<Option<(u64, u64)>, async_nats::Error> {
+        let (link, ready, bridge) = (self.link, self.ready, self.bridge);
+        let mut stream = ready.js.get_stream(&link.names.stream).await?;
+        let floor = (stream.consumer_info(Names::consumer_of(bridge)).await?)
+            .ack_floor
+            .stream_sequence;
+        let last = stream.info().await?.state.last_sequence;
+        if floor >= last {
+            return Ok(None);
+        }
+        let first = (floor + 1).max(last.saturating_sub(MOST_READ) + 1);
+        if first > floor + 1 {
+            tracing::warn!(
+                bridge,
+                skipped = first - floor - 1,
+                "federation: a gone bridge missed more than is read again"
+            );
+        }
+        Ok(Some((first, last)))
+    }
+
+    /// Reads the stream from `next` to `last`, keeping what `held` missed (adding to `kept`);
+    /// on failure, the last sequence read, and why.
+    async fn read_from(
+        &self,
+        next: u64,
+        last: u64,
+        kept: &mut usize,
+    ) -> Result<(), (u64, async_nats::Error)> {
+        let (link, ready, core, held) = (self.link, self.ready, self.core, self.held);
+        let read_to = next - 1;
+        let stream =
+            (ready.js.get_stream(&link.names.stream).await).map_err(|e| (read_to, e.into()))?;
+        let consumer = stream
+            .create_consumer(pull::OrderedConfig {
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: next,
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| (read_to, e.into()))?;
+        let mut messages = consumer.messages().await.map_err(|e| (read_to, e.into()))?;
+        let its_own = link.names.messages_of(self.bridge);
+        let mut read_to = read_to;
+        loop {
+            let message = match tokio::time::timeout(NEXT_WITHIN, messages.next()).await {
+                Ok(Some(Ok(message))) => message,
+                Ok(Some(Err(e))) => return Err((read_to, e.into())),
+                Ok(None) => return Err((read_to, "the stream ended early".into())),
+                Err(_) => return Err((read_to, "the stream stopped sending".into())),
+            };
+            let sequence = message.info().map_err(|e| (read_to, e))?.stream_sequence;
+            // Its own messages it routed when it accepted them: kept here for those it could
+            // only have kept (offline then); the others' for all it held.
+            let whom = match message.subject.as_str() == its_own {
+                true => &held.offline,
+                false => &held.all,
+            };
+            match Replica::all_in(&message.payload) {
+                Ok(replicas) => {
+                    for replica in replicas {
+                        if replica.transient
+                            || replica.history
+                            || replica.envelope.kind.is_presence()
+                        {
+                            continue;
+                        }
+                        let delivery = Arc::new(Delivery::new(replica.envelope));
+                        *kept += core.router.keep_for(&delivery, whom);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(sequence, error = %e, "federation: a message on the stream is not one of ours")
+                }
+            }
+            read_to = sequence;
+            if sequence >= last {
+                return Ok(());
+            }
         }
     }
 }

@@ -5,7 +5,7 @@
 //! stamped them. A bridge that stops cleanly deletes its heartbeat: the others see it go
 //! at once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +40,9 @@ impl Presence {
     /// heartbeat going and the others' liveness up to date until shutdown.
     pub async fn run(self, ready: Arc<Ready>, shutdown: CancellationToken) {
         let mut alive: HashMap<String, Instant> = HashMap::new();
+        // Bridges this one heard a heartbeat from: only their missed mail is read again
+        // when they go (a bridge known from its cards alone may have left long ago).
+        let mut heard: HashSet<String> = HashSet::new();
         self.take_in_cards(&ready, &mut alive).await;
         let mut beat = tokio::time::interval(self.heartbeat);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -62,7 +65,7 @@ impl Presence {
                     }
                     was_connected = connected;
                     self.beat(&ready).await;
-                    self.sweep(&ready, &mut alive);
+                    self.sweep(&ready, &mut alive, &heard);
                 }
                 card = next_entry(&mut cards) => match card {
                     Some(Ok(entry)) => self.take_in_card(&entry.value, &mut alive),
@@ -77,6 +80,7 @@ impl Presence {
                         match entry.operation {
                             Operation::Put => {
                                 let bridge = entry.key;
+                                heard.insert(bridge.clone());
                                 if alive.insert(bridge.clone(), Instant::now()).is_none() {
                                     // Back after it was taken for gone (a NATS failover
                                     // longer than the TTL): its agents are online again.
@@ -85,7 +89,7 @@ impl Presence {
                             }
                             Operation::Delete | Operation::Purge => {
                                 alive.remove(&entry.key);
-                                self.gone(&ready, &entry.key);
+                                self.gone(&ready, &entry.key, heard.contains(&entry.key));
                             }
                         }
                         telemetry::federation_bridges(alive.len() + 1);
@@ -174,7 +178,12 @@ impl Presence {
     }
 
     /// Bridges not heard from within the TTL are gone.
-    fn sweep(&self, ready: &Arc<Ready>, alive: &mut HashMap<String, Instant>) {
+    fn sweep(
+        &self,
+        ready: &Arc<Ready>,
+        alive: &mut HashMap<String, Instant>,
+        heard: &HashSet<String>,
+    ) {
         let now = Instant::now();
         let silent: Vec<String> = (alive.iter())
             .filter(|(_, seen)| now.duration_since(**seen) > self.ttl)
@@ -183,28 +192,45 @@ impl Presence {
         for bridge in silent {
             alive.remove(&bridge);
             tracing::warn!(bridge = %bridge, "federation: a bridge stopped sending heartbeats");
-            self.gone(ready, &bridge);
+            self.gone(ready, &bridge, heard.contains(&bridge));
         }
         telemetry::federation_bridges(alive.len() + 1);
     }
 
     /// Shows `bridge`'s agents offline, each with a leave event to everyone here, and keeps
-    /// the mail it missed for those whose protocols keep mail (`missed_mail`); their mail
-    /// routed meanwhile waits for that.
-    fn gone(&self, ready: &Arc<Ready>, bridge: &str) {
-        self.core.router.hold_back_mail_of(bridge);
-        for (name, protocol) in self.core.directory.bridge_gone(bridge) {
+    /// the mail it missed for those whose protocols keep mail (`missed_mail`) if it was
+    /// `heard` alive; their mail routed meanwhile waits for that.
+    fn gone(&self, ready: &Arc<Ready>, bridge: &str, heard: bool) {
+        let directory = &self.core.directory;
+        // Once a bridge is gone, its missed mail is being read or was (a second notice of
+        // one departure, a heartbeat's delete after the TTL's sweep, reads nothing new).
+        let read_missed = heard && !directory.is_gone(bridge);
+        let held = read_missed.then(|| {
+            let all = directory.held_by(bridge);
+            let offline = (all.iter())
+                .filter(|name| directory.get(name).is_some_and(|a| !a.online))
+                .cloned()
+                .collect();
+            super::missed_mail::Held { all, offline }
+        });
+        if read_missed {
+            self.core.router.hold_back_mail_of(bridge);
+        }
+        for (name, protocol) in directory.bridge_gone(bridge) {
             let mut env = Envelope::new(protocol, name, Kind::PresenceLeave);
             env.audience = Audience::Everyone;
             env.data = Some(serde_json::json!({ "status": Status::Offline.as_str() }));
             self.core.accept_replica(env, false);
         }
-        tokio::spawn(super::missed_mail::keep(
-            self.link.clone(),
-            ready.clone(),
-            self.core.clone(),
-            bridge.to_owned(),
-        ));
+        if let Some(held) = held {
+            tokio::spawn(super::missed_mail::keep(
+                self.link.clone(),
+                ready.clone(),
+                self.core.clone(),
+                bridge.to_owned(),
+                held,
+            ));
+        }
     }
 }
 

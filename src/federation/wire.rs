@@ -81,6 +81,9 @@ pub struct OutgoingReplica<'a> {
     /// Routed but not kept (a status change).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub transient: bool,
+    /// Kept but not routed: history its bridge delivered itself while NATS was away.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub history: bool,
 }
 
 #[derive(Deserialize)]
@@ -90,6 +93,8 @@ pub struct Replica {
     pub agent: Option<Card>,
     #[serde(default)]
     pub transient: bool,
+    #[serde(default)]
+    pub history: bool,
 }
 
 impl Replica {
