@@ -12,10 +12,19 @@ use common::skynet::{SkynetHttp, SkynetWs};
 use common::tracker::{TrackerHttp, TrackerWs};
 use serde_json::{Value, json};
 
+/// A bridge process carrying a conversation (`bridge_with_a_conversation`).
+struct Conversation {
+    /// The config file's path.
+    config: std::path::PathBuf,
+    process: BridgeProcess,
+    /// The answer's id, and the Tracker chat it is in.
+    answer: String,
+    chat: Value,
+}
+
 /// A bridge process with a two-hop conversation: Skynet agent `sky` asks Tracker member
-/// `coder` (`trace-1`), who answers it over REST. The config file's path, the process,
-/// and the answer's id.
-async fn bridge_with_a_conversation(dir: &Path) -> (std::path::PathBuf, BridgeProcess, String) {
+/// `coder` (`trace-1`), who answers it over REST.
+async fn bridge_with_a_conversation(dir: &Path) -> Conversation {
     let path = dir.join("bridge.toml");
     let data = dir.join("data");
     std::fs::write(&path, common::bridge_toml(data.to_str().unwrap(), "")).unwrap();
@@ -41,7 +50,12 @@ async fn bridge_with_a_conversation(dir: &Path) -> (std::path::PathBuf, BridgePr
             "reply_to": question["id"],
         }))
         .await;
-    (path, process, answer["id"].as_str().unwrap().to_owned())
+    Conversation {
+        config: path,
+        process,
+        answer: answer["id"].as_str().unwrap().to_owned(),
+        chat: question["chat_id"].clone(),
+    }
 }
 
 fn agentbridge(args: &[&str]) -> (bool, String, String) {
@@ -61,8 +75,13 @@ fn agentbridge(args: &[&str]) -> (bool, String, String) {
 #[tokio::test]
 async fn trace_follows_a_conversation_across_protocols_and_top_shows_the_rates() {
     let dir = tempfile::tempdir().unwrap();
-    let (path, process, answer) = bridge_with_a_conversation(dir.path()).await;
-    let config = path.to_str().unwrap();
+    let Conversation {
+        config,
+        process,
+        answer,
+        ..
+    } = bridge_with_a_conversation(dir.path()).await;
+    let config = config.to_str().unwrap();
     let admin = format!("http://{}", process.addr("admin"));
     let agentbridge = |args: &[&str]| {
         let mut all = args.to_vec();
@@ -103,6 +122,59 @@ async fn trace_follows_a_conversation_across_protocols_and_top_shows_the_rates()
     drop(process);
 }
 
+/// `trace --follow --json` prints the hops there are, then each new one as it arrives.
+#[tokio::test]
+async fn trace_follow_prints_each_new_hop_as_it_arrives() {
+    let dir = tempfile::tempdir().unwrap();
+    let Conversation {
+        config,
+        process,
+        answer,
+        chat,
+    } = bridge_with_a_conversation(dir.path()).await;
+    let admin = format!("http://{}", process.addr("admin"));
+    let mut follow = Command::new(BIN)
+        .args([
+            "trace", "trace-1", "--follow", "--json", "--admin", &admin, "--config",
+        ])
+        .arg(&config)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("agentbridge trace runs");
+    let stdout = follow.stdout.take().unwrap();
+    let (tx, hops) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let next_hop = || -> Value {
+        let line = (hops.recv_timeout(std::time::Duration::from_secs(15)))
+            .expect("trace --follow prints a hop");
+        serde_json::from_str(&line).expect("one JSON object a hop")
+    };
+    assert_eq!(next_hop()["from"], "sky");
+    assert_eq!(next_hop()["from"], "coder");
+
+    // A third hop, a while later: printed when it arrives, and only it.
+    TrackerHttp::new(process.addr("tracker"), "tb-coder")
+        .message(json!({ "chat_id": chat, "content": "one more thing", "reply_to": answer }))
+        .await;
+    let third = next_hop();
+    assert_eq!(
+        (&third["from"], &third["text"], &third["reply_to"]),
+        (&json!("coder"), &json!("one more thing"), &json!(answer)),
+        "{third}"
+    );
+    let _ = follow.kill();
+    let _ = follow.wait();
+    drop(process);
+}
+
 /// The console, loaded in headless Chromium from the bridge's admin listener: the agents,
 /// the rates between protocols, the recent messages, and a conversation traced from the
 /// page's address.
@@ -110,7 +182,9 @@ async fn trace_follows_a_conversation_across_protocols_and_top_shows_the_rates()
 async fn the_console_shows_agents_traffic_and_a_traced_conversation_in_a_browser() {
     let chromium = common::tools::debian_binary("chromium", "chromium");
     let dir = tempfile::tempdir().unwrap();
-    let (_, process, answer) = bridge_with_a_conversation(dir.path()).await;
+    let Conversation {
+        process, answer, ..
+    } = bridge_with_a_conversation(dir.path()).await;
     let url = format!("http://{}/#trace=trace-1", process.addr("admin"));
     let profile = tempfile::tempdir().unwrap();
     let browse = |extra: &[&str]| {
