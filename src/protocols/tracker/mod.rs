@@ -222,17 +222,24 @@ impl Endpoint for Tracker {
         let (projects, default_project) = declare(&self.db, config).await?;
         self.chats.projects.store(Arc::new(projects));
         self.default_project.store(default_project.map(Arc::new));
-        let mut refused = Vec::new();
-        for member in self.db.members().await.map_err(|e| e.to_string())? {
-            match self.core.directory.register(directory_entry(&member)) {
-                Ok(()) => self.members.insert(member),
-                Err(e) => refused.push(format!("member '{}': {e}", member.slug)),
-            }
+        register_members(&self.db, &self.core, &self.members).await
+    }
+}
+
+/// Registers every stored member in the directory and the endpoint's member list, at start
+/// and at every reload: one code path. A name the directory refuses is reported, the
+/// others registered.
+async fn register_members(db: &Db, core: &Core, members: &Members) -> Result<(), String> {
+    let mut refused = Vec::new();
+    for member in db.members().await.map_err(|e| e.to_string())? {
+        match core.directory.register(directory_entry(&member)) {
+            Ok(()) => members.insert(member),
+            Err(e) => refused.push(format!("member '{}': {e}", member.slug)),
         }
-        match refused.is_empty() {
-            true => Ok(()),
-            false => Err(refused.join("; ")),
-        }
+    }
+    match refused.is_empty() {
+        true => Ok(()),
+        false => Err(refused.join("; ")),
     }
 }
 
@@ -301,12 +308,9 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     let lobby_chat_id = db.lobby_chat_id().await.map_err(|e| fail(&e))?;
     let (projects, default_project) = declare(&db, config).await.map_err(|e| fail(&e))?;
     let members = Members::default();
-    for member in db.members().await.map_err(|e| fail(&e))? {
-        core.directory
-            .register(directory_entry(&member))
-            .map_err(|e| fail(&format!("member '{}': {e}", member.slug)))?;
-        members.insert(member);
-    }
+    register_members(&db, &core, &members)
+        .await
+        .map_err(|e| fail(&e))?;
     let chats = Arc::new(Chats {
         lobby_chat_id,
         projects: ArcSwap::from_pointee(projects),
