@@ -66,11 +66,33 @@ const SHARE_CHECK: Duration = Duration::from_millis(500);
 const UNSHARED_LIMIT: usize = 65_536;
 const UNSHARED_BYTES: usize = 64 * 1024 * 1024;
 
-/// Messages kept here alone while NATS was away, in the order appended.
+/// Messages kept here alone while NATS was away, to share as history once it is back.
 #[derive(Default)]
 struct Unshared {
     queue: VecDeque<Outgoing>,
     bytes: usize,
+}
+
+impl Unshared {
+    /// Adds `outgoing` at the back, within the limits.
+    fn push(&mut self, outgoing: Outgoing) {
+        if self.queue.len() >= UNSHARED_LIMIT
+            || self.bytes + outgoing.payload.len() > UNSHARED_BYTES
+        {
+            tracing::warn!(message_id = %outgoing.id, "federation: too much waits for NATS; this message stays on this bridge alone");
+            return;
+        }
+        self.bytes += outgoing.payload.len();
+        self.queue.push_back(outgoing);
+    }
+
+    /// Takes back, at the front, what a refused publish carried.
+    fn put_back(&mut self, refused: Vec<Outgoing>) {
+        for outgoing in refused.into_iter().rev() {
+            self.bytes += outgoing.payload.len();
+            self.queue.push_front(outgoing);
+        }
+    }
 }
 
 pub struct FleetLog {
@@ -93,11 +115,12 @@ impl FleetLog {
         timeout: Duration,
     ) -> (Arc<FleetLog>, Publisher) {
         let (outbox, queued) = mpsc::unbounded_channel();
+        let unshared = Arc::<Mutex<Unshared>>::default();
         let log = Arc::new(FleetLog {
             local,
             link: link.clone(),
             outbox,
-            unshared: Arc::default(),
+            unshared: unshared.clone(),
             directory: OnceLock::new(),
         });
         (
@@ -105,6 +128,7 @@ impl FleetLog {
             Publisher {
                 link,
                 queued,
+                unshared,
                 timeout,
             },
         )
@@ -176,32 +200,23 @@ impl FleetLog {
         told
     }
 
-    /// Keeps `env`, which this bridge's agents alone take and have been given, to publish
-    /// once NATS is back as history: the other bridges keep it and do not route it (its
+    /// `env`, which this bridge's agents alone take and have been given, as history to
+    /// publish once NATS is back: the other bridges keep it and do not route it (its
     /// recipients were here, and a bridge that took this one for gone meanwhile would
     /// otherwise keep it for them again).
-    fn keep_unshared(&self, env: &Envelope) {
+    fn history_of(env: &Envelope) -> Option<Outgoing> {
         let replica = OutgoingReplica {
             envelope: env,
             agent: None,
             transient: false,
             history: true,
         };
-        let Ok(payload) = serde_json::to_vec(&replica) else {
-            return;
-        };
-        let mut unshared = self.unshared.lock().unwrap_or_else(|e| e.into_inner());
-        if unshared.queue.len() >= UNSHARED_LIMIT || unshared.bytes + payload.len() > UNSHARED_BYTES
-        {
-            tracing::warn!(message_id = %env.id, "federation: too much waits for NATS; this message stays on this bridge alone");
-            return;
-        }
-        unshared.bytes += payload.len();
-        unshared.queue.push_back(Outgoing {
+        let payload = serde_json::to_vec(&replica).ok()?;
+        Some(Outgoing {
             id: env.id.clone(),
             payload: payload.into(),
             accepted: None,
-        });
+        })
     }
 
     /// Shares what was kept while NATS was away as soon as it is back, also when nothing
@@ -259,22 +274,23 @@ impl MessageLog for FleetLog {
         if self.link.ready().is_none() {
             if !self.must_cross(env) {
                 // Only this bridge's agents take it: kept here, not held up by NATS, and
-                // shared with the fleet's history once NATS is back — unless it could not
-                // be kept here.
-                self.keep_unshared(env);
-                let (local, unshared, id) = (
+                // shared with the fleet's history once NATS is back.
+                // Once kept here (history is not routed, so the order it is shared in
+                // changes no delivery).
+                let (local, history, unshared) = (
                     self.local.append(env),
+                    Self::history_of(env),
                     self.unshared.clone(),
-                    env.id.clone(),
                 );
                 return Box::pin(async move {
-                    let kept = local.await;
-                    if kept.is_err() {
-                        let mut unshared = unshared.lock().unwrap_or_else(|e| e.into_inner());
-                        unshared.queue.retain(|o| o.id != id);
-                        unshared.bytes = unshared.queue.iter().map(|o| o.payload.len()).sum();
+                    local.await?;
+                    if let Some(history) = history {
+                        unshared
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(history);
                     }
-                    kept
+                    Ok(())
                 });
             }
             if self.link.unreachable() {
@@ -339,6 +355,8 @@ impl MessageLog for FleetLog {
 pub struct Publisher {
     link: Arc<NatsLink>,
     queued: mpsc::UnboundedReceiver<Outgoing>,
+    /// Where history a refused publish carried goes back to.
+    unshared: Arc<Mutex<Unshared>>,
     /// How long a message may take to be acknowledged, retries included.
     timeout: Duration,
 }
@@ -397,6 +415,9 @@ struct Batch {
     id: String,
     payload: Bytes,
     accepted: Vec<Option<oneshot::Sender<Result<(), LogError>>>>,
+    /// The history it carries (no one waits for it): put back to wait for NATS again if
+    /// the publish is refused.
+    history: Vec<Outgoing>,
 }
 
 impl Batch {
@@ -419,6 +440,14 @@ impl Batch {
             bytes += next.payload.len() + 1;
             batch.push(next);
         }
+        let history = (batch.iter())
+            .filter(|o| o.accepted.is_none())
+            .map(|o| Outgoing {
+                id: o.id.clone(),
+                payload: o.payload.clone(),
+                accepted: None,
+            })
+            .collect();
         if batch.len() == 1 {
             let Outgoing {
                 id,
@@ -429,6 +458,7 @@ impl Batch {
                 id,
                 payload,
                 accepted: vec![accepted],
+                history,
             };
         }
         // Its own id, which no message's can be: sent again, the batch is the same.
@@ -446,11 +476,19 @@ impl Batch {
             id,
             payload: payload.into(),
             accepted: batch.into_iter().map(|o| o.accepted).collect(),
+            history,
         }
     }
 }
 
 impl Publisher {
+    /// History a refused publish carried waits for NATS again, ahead of what came since.
+    fn put_back(&self, history: Vec<Outgoing>) {
+        if !history.is_empty() {
+            (self.unshared.lock().unwrap_or_else(|e| e.into_inner())).put_back(history);
+        }
+    }
+
     /// Runs until the bridge shuts down, then publishes what was queued before it did.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let subject = self.link.names.messages_of(&self.link.bridge_id);
@@ -473,8 +511,9 @@ impl Publisher {
                         continue;
                     };
                     let batch = Batch::gather(first, &mut self.queued, &mut held);
-                    let accepted = batch.accepted;
+                    let (accepted, history) = (batch.accepted, batch.history);
                     let Some(ready) = self.link.set_up() else {
+                        self.put_back(history);
                         tell(accepted, Err(refused_unreachable()));
                         continue;
                     };
@@ -490,6 +529,7 @@ impl Publisher {
                     // Nothing is sent while disconnected: a publish the client buffered could
                     // reach the others after its sender was told it was refused.
                     if !self.link.reconnected(deadline).await {
+                        self.put_back(history);
                         tell(accepted, Err(refused_unreachable()));
                         continue;
                     }
@@ -502,12 +542,15 @@ impl Publisher {
                         let result = acknowledged.map_err(|e| LogError::Refused(format!(
                             "the fleet's message log (NATS) did not take the message ({e}); send it again later"
                         )));
-                        (accepted, result, started)
+                        (accepted, history, result, started)
                     });
                 }
-                Some((accepted, result, started)) = in_flight.next(), if !in_flight.is_empty() => {
+                Some((accepted, history, result, started)) = in_flight.next(), if !in_flight.is_empty() => {
                     telemetry::federation_outbox(-(accepted.len() as i64));
                     telemetry::federation_published(started.elapsed(), accepted.len(), result.is_ok());
+                    if result.is_err() {
+                        self.put_back(history);
+                    }
                     tell(accepted, result);
                 }
             }
@@ -537,12 +580,6 @@ fn tell(
         LogError::Refused(reason) => reason,
         other => other.to_string(),
     });
-    let unwaited = accepted.iter().filter(|a| a.is_none()).count();
-    if let Some(reason) = &reason
-        && unwaited > 0
-    {
-        tracing::warn!(count = unwaited, %reason, "federation: messages kept while NATS was away were not shared");
-    }
     for accepted in accepted.into_iter().flatten() {
         let _ = accepted.send(match &reason {
             None => Ok(()),

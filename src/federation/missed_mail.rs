@@ -48,6 +48,12 @@ pub async fn keep(
     bridge: String,
     held: Held,
 ) {
+    // Released however this ends (a panic below included): held-back mail never stays
+    // held for good.
+    let _release = ReleaseOnDrop {
+        core: &core,
+        bridge: &bridge,
+    };
     if !held.all.is_empty() {
         let reader = Reader {
             link: &link,
@@ -58,7 +64,18 @@ pub async fn keep(
         };
         reader.read_missed().await;
     }
-    core.router.release_mail_of(&bridge);
+}
+
+/// Releases the mail held back for `bridge` when dropped.
+struct ReleaseOnDrop<'a> {
+    core: &'a Core,
+    bridge: &'a str,
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.core.router.release_mail_of(self.bridge);
+    }
 }
 
 /// What reading one gone bridge's missed stretch needs.
@@ -92,7 +109,9 @@ impl Reader<'_> {
                 Err((read_to, e)) => {
                     next = read_to + 1;
                     tracing::warn!(bridge, error = %e, tries, "federation: reading the mail a gone bridge missed failed");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if tries < TRIES {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
                 }
             }
         }
@@ -112,11 +131,15 @@ impl Reader<'_> {
         let floor = (stream.consumer_info(Names::consumer_of(bridge)).await?)
             .ack_floor
             .stream_sequence;
-        let last = stream.info().await?.state.last_sequence;
+        let state = &stream.info().await?.state;
+        let (last, oldest) = (state.last_sequence, state.first_sequence);
         if floor >= last {
             return Ok(None);
         }
-        let first = (floor + 1).max(last.saturating_sub(MOST_READ) + 1);
+        // Not before the stream's first message (what its limits dropped is not there).
+        let first = (floor + 1)
+            .max(last.saturating_sub(MOST_READ) + 1)
+            .max(oldest);
         if first > floor + 1 {
             tracing::warn!(
                 bridge,

@@ -47,10 +47,18 @@ impl Presence {
         let mut beat = tokio::time::interval(self.heartbeat);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let (mut watch, mut cards) = (None, None);
+        let mut watched_before = false;
         let mut was_connected = false;
         loop {
             if watch.is_none() {
-                watch = ready.bridges.watch_with_history(">").await.ok();
+                // With the history once, to learn who is alive; a watch made again after an
+                // error starts from now, or heartbeats a sweep took for gone would bring
+                // their bridges back (a live bridge's next heartbeat comes within one beat).
+                watch = match watched_before {
+                    false => ready.bridges.watch_with_history(">").await.ok(),
+                    true => ready.bridges.watch(">").await.ok(),
+                };
+                watched_before |= watch.is_some();
             }
             if cards.is_none() {
                 cards = ready.agents.watch_all().await.ok();
