@@ -85,7 +85,7 @@ impl FleetClaims {
         for _ in 0..ATTEMPTS {
             match ready.names.create(&key, fresh.clone()).await {
                 Ok(_) => return Ok(()),
-                Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {}
+                Err(e) if e.kind() == CreateErrorKind::AlreadyExists || lost_race(&e) => {}
                 Err(e) => {
                     // A bucket just made may have no leader yet: asked again, not decided
                     // here alone, so that a name never has two holders.

@@ -322,24 +322,27 @@ pub async fn put_card(agents: &kv::Store, card: &Card) -> Result<(), async_nats:
     Ok(())
 }
 
-/// Whether a KV update failed because another write came first. JetStream answers a failed
+/// Whether a KV write failed because another write came first. JetStream answers a failed
 /// revision check with error 10071 or, from 2.11 on, 10164, and async-nats names only the
-/// first `WrongLastRevision`.
-pub fn lost_race(e: &kv::UpdateError) -> bool {
+/// first `WrongLastRevision` (a create whose first try met the second reports it as
+/// another error, with the answer as its source).
+pub fn lost_race(e: &(dyn std::error::Error + 'static)) -> bool {
     use async_nats::jetstream::ErrorCode;
-    if e.kind() == kv::UpdateErrorKind::WrongLastRevision {
-        return true;
-    }
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        if let Some(answer) = cause.downcast_ref::<async_nats::jetstream::Error>() {
+    let mut cause = Some(e);
+    while let Some(error) = cause {
+        if let Some(update) = error.downcast_ref::<kv::UpdateError>()
+            && update.kind() == kv::UpdateErrorKind::WrongLastRevision
+        {
+            return true;
+        }
+        if let Some(answer) = error.downcast_ref::<async_nats::jetstream::Error>() {
             return matches!(
                 answer.error_code(),
                 ErrorCode::STREAM_WRONG_LAST_SEQUENCE
                     | ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
             );
         }
-        source = cause.source();
+        cause = error.source();
     }
     false
 }

@@ -114,6 +114,7 @@ impl SharedRecords for FleetRecords {
                     .await
                     .map_err(|e| match e.kind() {
                         CreateErrorKind::AlreadyExists => RecordError::Conflict,
+                        _ if lost_race(&e) => RecordError::Conflict,
                         _ => unavailable(e),
                     }),
                 Expect::At(revision) => {
