@@ -58,16 +58,10 @@ async fn bridge_with_a_conversation(dir: &Path) -> Conversation {
     }
 }
 
+/// Runs the binary to completion: whether it succeeded, stdout, stderr.
 fn agentbridge(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("agentbridge runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let (code, out, err) = common::process::run(args);
+    (code == 0, out, err)
 }
 
 /// `trace` shows the whole conversation from any hop's id in any protocol's form;

@@ -378,6 +378,16 @@ pub async fn sender(pairing: Pairing<'_>) -> Result<Sender, Error> {
     }
 }
 
+/// A gRPC connection of its own to the Synapse endpoint at `base`.
+pub async fn grpc_channel(base: &str) -> Result<tonic::transport::Channel, Error> {
+    tonic::transport::Channel::from_shared(base.to_owned())
+        .map_err(|e| format!("{base}: {e}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .map_err(|e| format!("cannot connect to {base}: {e}"))
+}
+
 /// A Synapse chat message with text `text`, under `id` (empty: the bridge chooses).
 pub fn synapse_chat(id: String, from: &str, to: &str, text: &str) -> SynapseMessage {
     SynapseMessage {
@@ -519,12 +529,7 @@ async fn synapse_stream(
     ),
     Error,
 > {
-    let channel = tonic::transport::Channel::from_shared(base.to_owned())
-        .map_err(|e| format!("{base}: {e}"))?
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .map_err(|e| format!("cannot connect to {base}: {e}"))?;
+    let channel = grpc_channel(base).await?;
     let (tx, rx) = mpsc::channel(1024);
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     request.metadata_mut().insert(

@@ -114,13 +114,7 @@ pub async fn sender(pairing: Pairing<'_>, via: Via) -> Result<Sender, Error> {
     };
     let (request, frame): (Request, Frame) = match (from, via) {
         (Proto::Synapse, Via::Unary) => {
-            let channel = tonic::transport::Channel::from_shared(base.clone())
-                .map_err(|e| format!("{base}: {e}"))?
-                .tcp_nodelay(true)
-                .connect()
-                .await
-                .map_err(|e| format!("cannot connect to {base}: {e}"))?;
-            let client = SynapseMessageServiceClient::new(channel);
+            let client = SynapseMessageServiceClient::new(agents::grpc_channel(&base).await?);
             let (from, to) = (name.clone(), receiver.clone());
             let request: Request = Arc::new(move |text: String| {
                 let mut client = client.clone();
