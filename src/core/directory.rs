@@ -5,7 +5,6 @@
 //! identifies it natively, and whether it is online, so that every endpoint can show every
 //! other agent as a native peer. Reads are lock-free on the hot path (sharded `DashMap`).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -268,11 +267,11 @@ impl Directory {
         gone
     }
 
-    /// The names of the agents `bridge` holds, online or not.
-    pub fn held_by(&self, bridge: &str) -> HashSet<String> {
+    /// The names of the agents `bridge` holds, each with whether it is online.
+    pub fn held_by(&self, bridge: &str) -> Vec<(String, bool)> {
         (self.by_name.iter())
             .filter(|e| e.bridge.as_deref() == Some(bridge))
-            .map(|e| e.name.clone())
+            .map(|e| (e.name.clone(), e.online))
             .collect()
     }
 

@@ -291,6 +291,13 @@ impl Router {
         self.groups.remove(group);
     }
 
+    /// The members of `group` (none if it is unknown), copied out of the map.
+    fn members_of(&self, group: &str) -> Vec<String> {
+        (self.groups.get(group))
+            .map(|m| m.clone())
+            .unwrap_or_default()
+    }
+
     /// Puts the message in the mailbox of each of its recipients, once each.
     pub fn route(&self, delivery: &Arc<Delivery>) -> RouteReport {
         let env = &delivery.envelope;
@@ -323,11 +330,7 @@ impl Router {
                 }
             }
             Audience::Group(group) => {
-                let members = self
-                    .groups
-                    .get(group)
-                    .map(|m| m.clone())
-                    .unwrap_or_default();
+                let members = self.members_of(group);
                 for name in env.addressees().chain(members.iter().map(String::as_str)) {
                     if name != env.from {
                         self.deliver_to(name, delivery, &mut reached, &mut report);
@@ -423,9 +426,7 @@ impl Router {
                 Box::new(env.to.iter().chain(&env.mentions).map(String::as_str))
             }
             Audience::Group(group) => {
-                members = (self.groups.get(group))
-                    .map(|m| m.clone())
-                    .unwrap_or_default();
+                members = self.members_of(group);
                 Box::new(env.addressees().chain(members.iter().map(String::as_str)))
             }
         };

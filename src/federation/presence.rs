@@ -214,11 +214,11 @@ impl Presence {
         // one departure, a heartbeat's delete after the TTL's sweep, reads nothing new).
         let read_missed = heard && !directory.is_gone(bridge);
         let held = read_missed.then(|| {
-            let all = directory.held_by(bridge);
-            let offline = (all.iter())
-                .filter(|name| directory.get(name).is_some_and(|a| !a.online))
-                .cloned()
+            let held = directory.held_by(bridge);
+            let offline = (held.iter().filter(|(_, online)| !online))
+                .map(|(name, _)| name.clone())
                 .collect();
+            let all = held.into_iter().map(|(name, _)| name).collect();
             super::missed_mail::Held { all, offline }
         });
         if read_missed {
