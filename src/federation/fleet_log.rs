@@ -12,8 +12,9 @@
 //! elected) is sent again under the same id, until the publish timeout.
 //!
 //! A message kept here alone while NATS was away is published once it is back (up to
-//! `UNSHARED_LIMIT` of them, before anything appended later), so the other bridges' history
-//! and replays have it too; they keep it without routing it (`Replica::history`).
+//! `UNSHARED_LIMIT` of them, within `SHARE_CHECK`), so the other bridges' history and
+//! replays have it too; they keep it without routing it (`Replica::history`), so when it
+//! is published beside later messages changes no one's order of delivery.
 //!
 //! Messages appended while the previous publish was being sent go to the stream together,
 //! as one NATS message holding their list (`BATCH`): under load, JetStream stores,
@@ -191,7 +192,6 @@ impl FleetLog {
                 return told;
             }
         };
-        self.share_unshared();
         if let Err(mpsc::error::SendError(mut outgoing)) = self.outbox.send(outgoing)
             && let Some(accepted) = outgoing.accepted.take()
         {
@@ -231,15 +231,13 @@ impl FleetLog {
         }
     }
 
-    /// Queues for the stream, ahead of anything appended from now on, the messages kept
-    /// here alone while NATS was away, once it is back. (While it fails over they wait:
-    /// a publish refused then would lose them. Being history, they are not routed, so a
-    /// message that crosses meanwhile going first changes no one's order of delivery.)
+    /// Queues for the stream the messages kept here alone while NATS was away, once it is
+    /// back (while it fails over they wait: a publish refused then would only put them
+    /// back).
     fn share_unshared(&self) {
         if self.link.ready().is_none() {
             return;
         }
-        // Held while queuing: an append that comes meanwhile queues behind them.
         let mut unshared = self.unshared.lock().unwrap_or_else(|e| e.into_inner());
         if unshared.queue.is_empty() {
             return;
@@ -273,10 +271,8 @@ impl MessageLog for FleetLog {
     fn append(&self, env: &Envelope) -> LogFuture<'static, ()> {
         if self.link.ready().is_none() {
             if !self.must_cross(env) {
-                // Only this bridge's agents take it: kept here, not held up by NATS, and
-                // shared with the fleet's history once NATS is back.
-                // Once kept here (history is not routed, so the order it is shared in
-                // changes no delivery).
+                // Only this bridge's agents take it: kept here, not held up by NATS, and,
+                // once kept, shared with the fleet's history when NATS is back.
                 let (local, history, unshared) = (
                     self.local.append(env),
                     Self::history_of(env),
