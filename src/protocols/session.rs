@@ -246,6 +246,7 @@ async fn write_batch<S: WsSession>(
     let mut next = Some(first);
     let mut taken = 0;
     let mut failed = false;
+    let mut yielded = false;
     while let Some(delivery) = next.take() {
         if let Some(frame) = session.frame(&delivery) {
             if io.socket.feed(Message::Text(frame)).await.is_err() {
@@ -259,6 +260,14 @@ async fn write_batch<S: WsSession>(
         taken += 1;
         if taken < WRITE_BATCH {
             next = mailbox.and_then(|m| m.try_recv().ok().flatten());
+            if next.is_none() && !yielded {
+                // Once per batch, let the tasks already waiting to run go first: senders
+                // that each route one message (HTTP requests, one per connection) then
+                // share this flush instead of paying a socket write each.
+                yielded = true;
+                tokio::task::yield_now().await;
+                next = mailbox.and_then(|m| m.try_recv().ok().flatten());
+            }
         }
     }
     // Told after the batch: a drop while it was written has a batch after it, or is told
