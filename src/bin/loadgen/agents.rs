@@ -201,11 +201,11 @@ pub trait FrameSink: Send {
 impl Sender {
     /// A sender of `frame(seq, text)` over `sink`.
     pub fn over(
-        sink: impl FrameSink + 'static,
+        sink: Box<dyn FrameSink>,
         mut frame: impl FnMut(u64, &str) -> String + Send + 'static,
     ) -> Sender {
         Sender {
-            sink: SenderSink::Other(Box::new(sink)),
+            sink: SenderSink::Other(sink),
             frame: Box::new(move |seq, text| Outgoing::Text(frame(seq, text))),
         }
     }

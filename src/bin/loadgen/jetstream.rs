@@ -109,7 +109,9 @@ impl Baseline {
             subject: subject.clone(),
             acks,
         };
-        Sender::over(sink, move |_, text| agents::skynet_frame(client_ids, text))
+        Sender::over(Box::new(sink), move |_, text| {
+            agents::skynet_frame(client_ids, text)
+        })
     }
 }
 

@@ -552,7 +552,7 @@ async fn connect(
         };
         let sender = match route.via {
             requests::Via::Stream => agents::sender(pairing).await?,
-            via => requests::sender(pairing, via).await?,
+            via => requests::sender(pairing, via, load.window).await?,
         };
         out.push((sender, receiver));
     }

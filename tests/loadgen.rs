@@ -1,0 +1,76 @@
+//! The load generator measures what it claims to: every path it offers delivers each
+//! message it sends, through a bridge it starts itself (a child process, store in memory).
+//! The benchmark numbers come from these same senders and receivers.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+const LOADGEN: &str = env!("CARGO_BIN_EXE_loadgen");
+
+/// Runs `loadgen run` over `paths` with a small count and returns its rows (`--json`).
+fn run(paths: &[&str], count: u64) -> Vec<Value> {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("rows.json");
+    let count = count.to_string();
+    let mut args = vec![
+        "run",
+        "--baseline",
+        "none",
+        "--memory",
+        "--pairs",
+        "2",
+        "--window",
+        "8",
+        "--count",
+        &count,
+        "--duration",
+        "60",
+    ];
+    for path in paths {
+        args.extend(["--path", path]);
+    }
+    args.extend(["--json", json.to_str().unwrap()]);
+    let mut child = std::process::Command::new(LOADGEN)
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the load generator starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("loadgen did not finish within 180 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "loadgen failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+}
+
+#[test]
+fn request_senders_deliver_every_message_they_send() {
+    let paths = [
+        "tracker/http:skynet",
+        "grid/http:skynet",
+        "synapse/http:skynet",
+        "synapse/unary:skynet",
+        "skynet:grid",
+    ];
+    let rows = run(&paths, 400);
+    assert_eq!(rows.len(), paths.len(), "{rows:#?}");
+    for row in &rows {
+        let path = row["path"].as_str().unwrap();
+        assert_eq!(row["send_errors"], 0, "{path}: {row:#}");
+        assert_eq!(row["lost"], 0, "{path}: {row:#}");
+        assert!(row["sent"].as_u64().unwrap() >= 400, "{path}: {row:#}");
+        assert_eq!(row["delivered"], row["sent"], "{path}: {row:#}");
+    }
+}
