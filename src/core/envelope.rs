@@ -261,16 +261,6 @@ impl Origin {
         }
     }
 
-    /// `new`, with `native`'s JSON text already written, in its protocol's own field order
-    /// (written from `native`, its keys would come out sorted). `json` must say what
-    /// `native` says.
-    pub fn with_native_json(protocol: impl Into<String>, native: Value, json: String) -> Origin {
-        debug_assert!(is_json(&json), "not JSON: {json}");
-        let origin = Origin::new(protocol, Some(native));
-        let _ = origin.native_json.set(Some(json));
-        origin
-    }
-
     pub fn decoded_at(&self) -> Instant {
         self.decoded_at
     }
@@ -593,7 +583,7 @@ mod tests {
     fn a_native_frame_written_in_its_own_order_keeps_it_until_replaced() {
         let native = serde_json::json!({ "type": "t", "data": 1 });
         let json = r#"{"type":"t","data":1}"#.to_owned();
-        let mut origin = Origin::with_native_json("test", native.clone(), json);
+        let mut origin = Origin::from_native_json("test", json);
         assert_eq!(origin.native(), Some(&native));
         assert_eq!(origin.native_json(), Some(r#"{"type":"t","data":1}"#));
         origin.set_native(Some(native));
