@@ -177,7 +177,7 @@ pub async fn sender(pairing: Pairing<'_>, via: Via, window: usize) -> Result<Sen
 /// POSTs each body over one of a window's worth of HTTP/1.1 keep-alive connections,
 /// opened before the run, in turn, one request at a time on each, as `wrk` does: hyper's
 /// client connection, each driven by one task, without reqwest's pool, whose checkout and
-/// task a request cost the load generator 26 µs of CPU against 18 here, on the cores the
+/// task a request cost the load generator 26 µs of CPU against 14–18 here, on the cores the
 /// bridge shares.
 struct KeepAlivePosts {
     connections: Vec<mpsc::UnboundedSender<String>>,
