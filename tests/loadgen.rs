@@ -2,6 +2,8 @@
 //! message it sends, through a bridge it starts itself (a child process, store in memory).
 //! The benchmark numbers come from these same senders and receivers.
 
+mod common;
+
 use std::time::Duration;
 
 use serde_json::Value;
@@ -31,27 +33,8 @@ fn run(paths: &[&str], count: u64) -> Vec<Value> {
         args.extend(["--path", path]);
     }
     args.extend(["--json", json.to_str().unwrap()]);
-    let mut child = std::process::Command::new(LOADGEN)
-        .args(&args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("the load generator starts");
-    let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("loadgen did not finish within 180 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "loadgen failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let (code, out, err) = common::process::run_program(LOADGEN, &args, Duration::from_secs(180));
+    assert_eq!(code, 0, "loadgen failed:\n{out}\n{err}");
     serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
 }
 

@@ -121,13 +121,45 @@ impl Drop for BridgeProcess {
 
 /// Runs the binary to completion: (exit code, stdout, stderr).
 pub fn run(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN)
+    run_program(BIN, args, Duration::from_secs(120))
+}
+
+/// Runs `program` to completion, killed and failed if it takes longer than `within`:
+/// (exit code, stdout, stderr). Its output is read while it runs, so a full pipe never
+/// holds it up.
+pub fn run_program(program: &str, args: &[&str], within: Duration) -> (i32, String, String) {
+    let mut child = Command::new(program)
         .args(args)
-        .output()
-        .expect("agentbridge runs");
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{program} runs: {e}"));
+    let read = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut text);
+            }
+            String::from_utf8_lossy(&text).into_owned()
+        })
+    };
+    let stdout = read(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = read(child.stderr.take().map(|p| Box::new(p) as _));
+    let deadline = std::time::Instant::now() + within;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("the child can be waited on") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{program} {args:?} did not finish within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+        status.code().unwrap_or(-1),
+        stdout.join().unwrap(),
+        stderr.join().unwrap(),
     )
 }
