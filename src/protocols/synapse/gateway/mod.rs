@@ -7,6 +7,7 @@
 
 mod form;
 mod openapi;
+mod send_message;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,7 +31,7 @@ use tonic::codegen::http::Extensions;
 use tonic::metadata::MetadataMap;
 
 use super::agents::{Hints, internal};
-use super::proto::SynapseMessage;
+use super::proto::{SendMessageRequest, SynapseMessage};
 use super::services::SynapseApi;
 use super::{Synapse, json, translate, wire};
 use crate::shared::http_refusals;
@@ -299,6 +300,11 @@ async fn call(
             Some(message) => ingest(gateway, headers, message).await,
         };
     }
+    if rule.rpc.full_name() == SEND_MESSAGE
+        && let Some(request) = send_message::read(&body)
+    {
+        return send(gateway, request, headers).await;
+    }
     if rule.rpc.full_name() == SUBMIT_TASK_WITH_FILES && form::is_form(&headers) {
         let request = form::submit_task_with_files(&headers, body).await?;
         return unary(gateway, rule, &request.encode_to_vec(), headers).await;
@@ -357,6 +363,28 @@ async fn unary(
     json_of(decoded).map(Answer::One)
 }
 
+/// `SendMessage` with its request read here (`send_message`): called and answered without
+/// the descriptor pool.
+async fn send(
+    gateway: &Gateway,
+    request: SendMessageRequest,
+    headers: HeaderMap,
+) -> Result<Answer, Status> {
+    use super::proto::synapse_message_service_server::SynapseMessageService;
+    let request = tonic::Request::from_parts(
+        MetadataMap::from_headers(headers),
+        Extensions::default(),
+        request,
+    );
+    let response = gateway.api.send_message(request).await?.into_inner();
+    Ok(Answer::One(send_message::answer(
+        response.success,
+        &response.message_id,
+        &response.error,
+    )))
+}
+
+const SEND_MESSAGE: &str = "synapse.SynapseMessageService.SendMessage";
 const RECEIVE_CALLBACK: &str = "synapse.SynapseMessageService.ReceiveCallback";
 const SUBMIT_TASK_WITH_FILES: &str = "synapse.TaskService.SubmitTaskWithFiles";
 
