@@ -50,8 +50,9 @@ impl Via {
     }
 }
 
-/// One request for a message, started by `send` and left to finish on its own.
-type Request = Arc<dyn Fn(String) -> BoxFuture<'static, Result<(), Error>> + Send + Sync>;
+/// One request for a message (its number and text), started by `send` and left to finish
+/// on its own.
+type Request = Arc<dyn Fn(u64, String) -> BoxFuture<'static, Result<(), Error>> + Send + Sync>;
 
 /// A message's request body (or, for gRPC, its text) from its number and marker text.
 type Frame = Box<dyn FnMut(u64, &str) -> String + Send>;
@@ -64,9 +65,9 @@ struct Requests {
 }
 
 impl FrameSink for Requests {
-    fn send(&mut self, _seq: u64, frame: String) -> BoxFuture<'_, Result<(), Error>> {
+    fn send(&mut self, seq: u64, frame: String) -> BoxFuture<'_, Result<(), Error>> {
         let (request, failed) = (self.request.clone(), self.failed.clone());
-        tokio::spawn(async move { count_failure(&failed, request(frame).await) });
+        tokio::spawn(async move { count_failure(&failed, request(seq, frame).await) });
         Box::pin(std::future::ready(Ok(())))
     }
 }
@@ -99,12 +100,10 @@ pub async fn sender(pairing: Pairing<'_>, via: Via, window: usize) -> Result<Sen
         (Proto::Synapse, Via::Unary) => {
             let client = SynapseMessageServiceClient::new(agents::grpc_channel(&base).await?);
             let (from, to) = (name.clone(), receiver.clone());
-            let request: Request = Arc::new(move |text: String| {
+            let request: Request = Arc::new(move |seq, text: String| {
                 let mut client = client.clone();
-                let id = match client_ids {
-                    true => uuid::Uuid::new_v4().to_string(),
-                    false => String::new(),
-                };
+                // The ids the streaming sender and the gateway's give (`--client-ids`).
+                let id = agents::client_id(client_ids, "", &from, seq);
                 let message = agents::synapse_chat(id, &from, &to, &text);
                 Box::pin(async move {
                     let request = SendMessageRequest {
