@@ -97,7 +97,7 @@ impl Tracker {
     /// another bridge has it.
     async fn apply_member(&self, member: MemberRow) -> Result<(), StoreError> {
         match self.members.get(&member.slug) {
-            Some(known) if known == member => return Ok(()),
+            Some(known) if *known == member => return Ok(()),
             // Declared here under the same slug (ids of declared members derive from slugs):
             // this bridge's own member and token stay.
             Some(known) if known.id != member.id => {

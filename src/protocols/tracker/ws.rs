@@ -36,7 +36,7 @@ pub fn serve(mut socket: Socket, tracker: Arc<Tracker>) -> impl Future<Output = 
 impl Live {
     /// The authenticated member's connection, attached to the router and announced
     /// online; `auth.ok` is its first frame (`on_open`).
-    async fn attach(tracker: Arc<Tracker>, member: MemberRow) -> Live {
+    async fn attach(tracker: Arc<Tracker>, member: Arc<MemberRow>) -> Live {
         let conn = Arc::new(Conn {
             id: tracker.next_conn_id(),
             slug: member.slug.clone(),
@@ -93,7 +93,7 @@ impl Live {
 }
 
 /// Reads the first frame; answers `auth.ok` later, or `auth.error` and closes now.
-async fn authenticate(socket: &mut Socket, tracker: &Tracker) -> Option<MemberRow> {
+async fn authenticate(socket: &mut Socket, tracker: &Tracker) -> Option<Arc<MemberRow>> {
     let timeout = Duration::from_millis(tracker.config.auth_timeout_ms);
     let refusal = match tokio::time::timeout(timeout, first_text(socket)).await {
         Err(_) => format!(
@@ -137,7 +137,7 @@ async fn first_text(socket: &mut Socket) -> Option<Result<String, Refused>> {
 struct Live {
     tracker: Arc<Tracker>,
     conn: Arc<Conn>,
-    member: MemberRow,
+    member: Arc<MemberRow>,
     session: Arc<Session>,
     /// When the connection is shown offline unless it heartbeats first; `None` once it is.
     heartbeat_by: Option<Instant>,

@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use super::{ApiError, ApiResult, Body, Caller, Query, Shared, created, ok};
+use super::{ApiError, ApiResult, Body, Caller, Query, Shared, created_message, ok};
 use crate::protocols::tracker::chat::{NewMessage, PostError};
 use crate::protocols::tracker::wire::{AuthorType, MemberKind};
 
@@ -134,7 +134,7 @@ pub async fn create(State(tracker): Shared, caller: Caller, body: Bytes) -> ApiR
         reply_to,
     };
     let out = tracker.post_message(message).await.map_err(post_error)?;
-    Ok(created(out))
+    Ok(created_message(&out))
 }
 
 pub async fn replies(

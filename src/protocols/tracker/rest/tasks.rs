@@ -2,6 +2,8 @@
 //! watch. Every change goes through `Tracker::change_task`, which emits the task events and
 //! tells agents of other protocols.
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -27,7 +29,7 @@ fn refused(refusal: Refused) -> ApiError {
 
 /// A Tracker member named by `slug`. As in the Tracker, any token may act for any member
 /// here (take, watch, reject); only authorship is tied to the token.
-fn member(tracker: &Tracker, slug: &str) -> ApiResult<MemberRow> {
+fn member(tracker: &Tracker, slug: &str) -> ApiResult<Arc<MemberRow>> {
     tracker
         .members
         .get(slug)
