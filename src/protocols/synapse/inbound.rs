@@ -101,11 +101,13 @@ impl Synapse {
             self.group(&msg.group_id)?;
             let member = self.is_member(&msg.group_id, &sender.agent_id);
             match (msg_type, member) {
+                // Boxed, as the synchronous send below: rare, and kilobytes of future
+                // that every message's would otherwise carry.
                 (MessageType::GroupJoin, false) => {
-                    self.join_group(&msg.group_id, &sender, hints).await?;
+                    Box::pin(self.join_group(&msg.group_id, &sender, hints)).await?;
                 }
                 (MessageType::GroupLeave, true) => {
-                    self.leave_group(&msg.group_id, &sender.agent_id).await?;
+                    Box::pin(self.leave_group(&msg.group_id, &sender.agent_id)).await?;
                 }
                 (MessageType::GroupJoin | MessageType::GroupLeave, _) => {}
                 (_, false) => {
@@ -136,6 +138,16 @@ impl Synapse {
         if !self.sends_synchronously(receiver.as_deref(), hints) {
             return Ok((msg.id, Some(self.core.stage(env).await)));
         }
+        Box::pin(self.send_synchronously(env, receiver)).await?;
+        Ok((msg.id, None))
+    }
+
+    /// Sends `env` to `receiver` and waits until its stream took it.
+    async fn send_synchronously(
+        &self,
+        env: Envelope,
+        receiver: Option<String>,
+    ) -> Result<(), Status> {
         let Some(receiver) = receiver else {
             return Err(Status::invalid_argument(
                 "a synchronous send needs message.receiver.agent_id",
@@ -156,7 +168,7 @@ impl Synapse {
                     timeout.as_millis()
                 ))
             })?;
-        Ok((msg.id, None))
+        Ok(())
     }
 
     /// Whether a message to `receiver` is delivered synchronously: the sender is answered
