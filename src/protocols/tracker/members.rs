@@ -68,9 +68,9 @@ pub struct Members {
 
 impl Members {
     pub fn insert(&self, member: MemberRow) {
-        if let Some(old) = self.by_slug.get(&member.slug)
-            && let Some(digest) = stored_digest(&old.token_hash)
-        {
+        // No guard of one map is held while the other is locked.
+        let old = (self.by_slug.get(&member.slug)).and_then(|old| stored_digest(&old.token_hash));
+        if let Some(digest) = old {
             self.by_token.remove(&digest);
         }
         match stored_digest(&member.token_hash) {
@@ -89,7 +89,7 @@ impl Members {
         if token.is_empty() {
             return None;
         }
-        let slug = self.by_token.get(&token_digest(token))?;
+        let slug = self.by_token.get(&token_digest(token))?.clone();
         self.get(&slug)
     }
 
