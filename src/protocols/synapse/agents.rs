@@ -156,8 +156,9 @@ impl Synapse {
                 holder.on_bridge()
             )));
         }
-        let current = self.agents.get(id).map(|a| a.clone());
-        let mut row = current.clone().unwrap_or_else(|| AgentRow {
+        let known = self.agents.get(id).map(|a| a.clone());
+        let new = known.is_none();
+        let mut row = known.unwrap_or_else(|| AgentRow {
             agent_id: id.to_owned(),
             name: id.to_owned(),
             system_id: PROTOCOL.to_owned(),
@@ -169,11 +170,10 @@ impl Synapse {
             capabilities: Vec::new(),
             created_at: crate::core::now_ms(),
         });
-        let changed = update(&mut row, endpoint, hints);
-        match current {
-            Some(_) if !changed => Ok(()),
-            current => Box::pin(self.keep_agent(row, current.is_none())).await,
+        if !update(&mut row, endpoint, hints) && !new {
+            return Ok(());
         }
+        Box::pin(self.keep_agent(row, new)).await
     }
 
     /// Keeps an agent's new or changed `row`: a new one is registered first.
