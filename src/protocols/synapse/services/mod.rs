@@ -34,7 +34,7 @@ pub struct SynapseApi {
 
 impl SynapseApi {
     fn hints(&self, metadata: &MetadataMap) -> Result<Hints, Status> {
-        Hints::from_headers(&metadata.clone().into_headers())
+        Hints::from_headers(metadata.as_ref())
     }
 }
 
