@@ -377,11 +377,7 @@ async fn send(
         request,
     );
     let response = gateway.api.send_message(request).await?.into_inner();
-    Ok(Answer::One(send_message::answer(
-        response.success,
-        &response.message_id,
-        &response.error,
-    )))
+    Ok(Answer::One(send_message::answer(&response)))
 }
 
 const SEND_MESSAGE: &str = "synapse.SynapseMessageService.SendMessage";

@@ -15,7 +15,9 @@ use prost_types::Timestamp;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::super::proto::{AgentEndpoint, MessageType, SendMessageRequest, SynapseMessage};
+use super::super::proto::{
+    AgentEndpoint, MessageType, SendMessageRequest, SendMessageResponse, SynapseMessage,
+};
 use super::super::wire;
 
 /// `body` as a `SendMessageRequest`, or `None` when it is not in the shape read here.
@@ -30,8 +32,12 @@ pub(super) fn read(body: &[u8]) -> Option<SendMessageRequest> {
 
 /// The JSON of a `SendMessageResponse`, as the generic route writes every response: every
 /// field, by its JSON name.
-pub(super) fn answer(success: bool, message_id: &str, error: &str) -> Value {
-    json!({ "success": success, "messageId": message_id, "error": error })
+pub(super) fn answer(response: &SendMessageResponse) -> Value {
+    json!({
+        "success": response.success,
+        "messageId": response.message_id,
+        "error": response.error,
+    })
 }
 
 #[derive(Deserialize)]
@@ -137,7 +143,6 @@ fn timestamp(text: &str) -> Option<Timestamp> {
 mod tests {
     use super::*;
     use crate::protocols::synapse::gateway::json_of;
-    use crate::protocols::synapse::proto::SendMessageResponse;
     use prost::Message as _;
 
     /// The request the generic route reads from `body`.
@@ -217,7 +222,7 @@ mod tests {
                 response.encode_to_vec().as_slice(),
             )
             .unwrap();
-            assert_eq!(answer(success, id, error), json_of(dynamic).unwrap());
+            assert_eq!(answer(&response), json_of(dynamic).unwrap());
         }
     }
 }
