@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fleet::{Fleet, QUICK, federation_section};
+use common::fleet::{Fleet, QUICK, federation_section, start_member};
 use common::nats::Cluster;
 use common::peers::{Proto, What};
 use common::skynet::{SkynetHttp, SkynetWs};
@@ -1153,24 +1153,62 @@ async fn without_nats_local_traffic_goes_on_and_crossing_traffic_is_refused() {
     sender.chat(&remote.name, "@coder back", None).await;
     assert_eq!(remote.next(What::Chat).await.text, "@coder back");
     // What b0's agents said among themselves meanwhile reaches the fleet's history.
-    let history = &fleet.nets[1].bridge.core().log;
     eventually(
         "b1's history has what b0 kept while NATS was away",
-        async || {
-            let query = agentbridge::core::MessageQuery {
-                limit: 1000,
-                ..Default::default()
-            };
-            let said = |m: &agentbridge::core::StoredMessage| {
-                m.envelope.text.as_deref() == Some("still here")
-            };
-            history
-                .read(query)
-                .await
-                .is_ok_and(|all| all.iter().any(said))
-        },
+        async || holds_text(&fleet.nets[1].bridge, "still here").await,
     )
     .await;
+    fleet.shutdown().await;
+}
+
+/// Whether `bridge`'s store holds a message saying `text`.
+async fn holds_text(bridge: &agentbridge::Bridge, text: &str) -> bool {
+    let query = agentbridge::core::MessageQuery {
+        limit: 1000,
+        ..Default::default()
+    };
+    let said = |m: &agentbridge::core::StoredMessage| m.envelope.text.as_deref() == Some(text);
+    (bridge.core().log.read(query).await).is_ok_and(|all| all.iter().any(said))
+}
+
+/// What a bridge's agents said among themselves while NATS was away reaches the fleet's
+/// history even when that bridge restarts before NATS is back: it waits in a file of the
+/// bridge's data directory, not in memory alone.
+#[tokio::test]
+async fn what_was_said_while_nats_was_away_is_shared_after_a_restart() {
+    let mut cluster = Cluster::start(1).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 1, QUICK).await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data-b1");
+    let data = data.to_str().unwrap();
+    let start_b1 = async || start_member(&fleet.nats, &fleet.prefix, "b1", data, QUICK).await;
+    let b1 = start_b1().await;
+    eventually("b1 is connected to the fleet", async || {
+        b1.bridge.readiness().degraded().is_none()
+    })
+    .await;
+    let mut local = b1.peer(Proto::Skynet).await;
+    let mut sender = b1.peer(Proto::Grid).await;
+
+    cluster.kill(0);
+    eventually("b1 says it is degraded", async || {
+        b1.bridge.readiness().degraded().is_some()
+    })
+    .await;
+    sender.chat(&local.name, "said while away", None).await;
+    assert_eq!(local.next(What::Chat).await.text, "said while away");
+    drop((local, sender));
+    b1.bridge.shutdown().await;
+
+    let b1 = start_b1().await;
+    assert!(holds_text(&b1.bridge, "said while away").await);
+    cluster.restart(0).await;
+    eventually(
+        "b0's history has what b1 kept while NATS was away, across b1's restart",
+        async || holds_text(&fleet.nets[0].bridge, "said while away").await,
+    )
+    .await;
+    b1.bridge.shutdown().await;
     fleet.shutdown().await;
 }
 

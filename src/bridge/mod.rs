@@ -74,9 +74,11 @@ impl Bridge {
         let shutdown = CancellationToken::new();
         let readiness = Readiness::default();
         let local: Arc<dyn MessageLog> = Arc::new(store.clone());
+        let data_dir = (config.bridge.data_dir != crate::store::IN_MEMORY)
+            .then(|| std::path::Path::new(&config.bridge.data_dir));
         let federation = match &config.federation {
             Some(section) => Some(
-                Federation::connect(section, local.clone(), readiness.clone())
+                Federation::connect(section, local.clone(), data_dir, readiness.clone())
                     .await
                     .map_err(|e| StartError::new("federation", e))?,
             ),

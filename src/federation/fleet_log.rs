@@ -11,10 +11,11 @@
 //! while disconnected, and a publish that fails while connected (a stream leader being
 //! elected) is sent again under the same id, until the publish timeout.
 //!
-//! A message kept here alone while NATS was away is published once it is back (up to
-//! `UNSHARED_LIMIT` of them, within `SHARE_CHECK`), so the other bridges' history and
-//! replays have it too; they keep it without routing it (`Replica::history`), so when it
-//! is published beside later messages changes no one's order of delivery.
+//! A message kept here alone while NATS was away is published once it is back (within
+//! `SHARE_CHECK`; it waits in a file of the data directory meanwhile, `unshared`, so also
+//! after a restart), so the other bridges' history and replays have it too; they keep it
+//! without routing it (`Replica::history`), so when it is published beside later messages
+//! changes no one's order of delivery.
 //!
 //! Messages appended while the previous publish was being sent go to the stream together,
 //! as one NATS message holding their list (`BATCH`): under load, JetStream stores,
@@ -23,8 +24,7 @@
 //! its own id; a batch goes under an id of its own (`batch:<uuid>`, which no message's can
 //! collide with), the same when it is sent again.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::PublishAckFuture;
@@ -36,6 +36,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::link::{NatsLink, put_card};
+use super::unshared::{Outgoing, Unshared};
 use super::wire::{BRIDGE_HEADER, Card, OutgoingReplica};
 use crate::core::{
     Audience, Directory, Envelope, Kind, Link, LogError, LogFuture, MessageLog, MessageQuery,
@@ -52,49 +53,8 @@ fn refused_unreachable() -> LogError {
     LogError::Refused(UNREACHABLE.into())
 }
 
-/// A message on its way to the stream, with whom to tell once JetStream holds it.
-struct Outgoing {
-    id: String,
-    payload: Bytes,
-    accepted: Option<oneshot::Sender<Result<(), LogError>>>,
-}
-
 /// How often a bridge looks whether NATS is back to share what it kept meanwhile.
 const SHARE_CHECK: Duration = Duration::from_millis(500);
-
-/// Messages, and bytes, kept here alone while NATS was away that wait for it, at most;
-/// past that, the newest are not shared (and that is logged).
-const UNSHARED_LIMIT: usize = 65_536;
-const UNSHARED_BYTES: usize = 64 * 1024 * 1024;
-
-/// Messages kept here alone while NATS was away, to share as history once it is back.
-#[derive(Default)]
-struct Unshared {
-    queue: VecDeque<Outgoing>,
-    bytes: usize,
-}
-
-impl Unshared {
-    /// Adds `outgoing` at the back, within the limits.
-    fn push(&mut self, outgoing: Outgoing) {
-        if self.queue.len() >= UNSHARED_LIMIT
-            || self.bytes + outgoing.payload.len() > UNSHARED_BYTES
-        {
-            tracing::warn!(message_id = %outgoing.id, "federation: too much waits for NATS; this message stays on this bridge alone");
-            return;
-        }
-        self.bytes += outgoing.payload.len();
-        self.queue.push_back(outgoing);
-    }
-
-    /// Takes back, at the front, what a refused publish carried.
-    fn put_back(&mut self, refused: Vec<Outgoing>) {
-        for outgoing in refused.into_iter().rev() {
-            self.bytes += outgoing.payload.len();
-            self.queue.push_front(outgoing);
-        }
-    }
-}
 
 pub struct FleetLog {
     local: Arc<dyn MessageLog>,
@@ -104,19 +64,20 @@ pub struct FleetLog {
     outbox: mpsc::UnboundedSender<Outgoing>,
     /// Messages kept here alone while NATS was away, to publish once it is back
     /// (`share_unshared`).
-    unshared: Arc<Mutex<Unshared>>,
+    unshared: Arc<Unshared>,
     directory: OnceLock<Arc<Directory>>,
 }
 
 impl FleetLog {
-    /// The log over `local`, and the task that publishes to the stream.
+    /// The log over `local`, and the task that publishes to the stream; what waits to be
+    /// shared with it is kept in `unshared`.
     pub fn new(
         local: Arc<dyn MessageLog>,
         link: Arc<NatsLink>,
+        unshared: Arc<Unshared>,
         timeout: Duration,
     ) -> (Arc<FleetLog>, Publisher) {
         let (outbox, queued) = mpsc::unbounded_channel();
-        let unshared = Arc::<Mutex<Unshared>>::default();
         let log = Arc::new(FleetLog {
             local,
             link: link.clone(),
@@ -238,18 +199,17 @@ impl FleetLog {
         if self.link.ready().is_none() {
             return;
         }
-        let mut unshared = self.unshared.lock().unwrap_or_else(|e| e.into_inner());
-        if unshared.queue.is_empty() {
+        let waiting = self.unshared.take_all();
+        if waiting.is_empty() {
             return;
         }
         tracing::info!(
-            count = unshared.queue.len(),
+            count = waiting.len(),
             "federation: sharing the messages kept while NATS was away"
         );
-        unshared.bytes = 0;
-        for outgoing in unshared.queue.drain(..) {
+        for outgoing in waiting {
             if self.outbox.send(outgoing).is_err() {
-                return; // shutting down
+                return; // shutting down; the file keeps them for the next run
             }
         }
     }
@@ -281,10 +241,7 @@ impl MessageLog for FleetLog {
                 return Box::pin(async move {
                     local.await?;
                     if let Some(history) = history {
-                        unshared
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(history);
+                        unshared.keep(history).await;
                     }
                     Ok(())
                 });
@@ -352,7 +309,7 @@ pub struct Publisher {
     link: Arc<NatsLink>,
     queued: mpsc::UnboundedReceiver<Outgoing>,
     /// Where history a refused publish carried goes back to.
-    unshared: Arc<Mutex<Unshared>>,
+    unshared: Arc<Unshared>,
     /// How long a message may take to be acknowledged, retries included.
     timeout: Duration,
 }
@@ -481,7 +438,7 @@ impl Publisher {
     /// History a refused publish carried waits for NATS again, ahead of what came since.
     fn put_back(&self, history: Vec<Outgoing>) {
         if !history.is_empty() {
-            (self.unshared.lock().unwrap_or_else(|e| e.into_inner())).put_back(history);
+            self.unshared.put_back(history);
         }
     }
 
@@ -546,6 +503,8 @@ impl Publisher {
                     telemetry::federation_published(started.elapsed(), accepted.len(), result.is_ok());
                     if result.is_err() {
                         self.put_back(history);
+                    } else if !history.is_empty() {
+                        self.unshared.shared(history.len());
                     }
                     tell(accepted, result);
                 }

@@ -14,8 +14,10 @@ mod link;
 mod missed_mail;
 mod presence;
 mod records;
+mod unshared;
 mod wire;
 
+use std::path::Path;
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
@@ -27,6 +29,7 @@ use crate::admin::Readiness;
 use crate::core::{Core, MessageLog};
 use fleet_log::{FleetLog, Publisher};
 use link::NatsLink;
+use unshared::Unshared;
 
 /// A bridge's membership of the fleet, between connecting and starting its tasks.
 pub struct Federation {
@@ -39,10 +42,12 @@ pub struct Federation {
 
 impl Federation {
     /// Starts connecting to NATS (the bridge starts degraded if it cannot) and makes the
-    /// fleet's log over `local`.
+    /// fleet's log over `local`. What waits for NATS is kept in `data_dir` (in memory
+    /// without one).
     pub async fn connect(
         config: &FederationConfig,
         local: Arc<dyn MessageLog>,
+        data_dir: Option<&Path>,
         readiness: Readiness,
     ) -> Result<Federation, String> {
         for (key, value) in [("bridge_id", &config.bridge_id), ("prefix", &config.prefix)] {
@@ -55,9 +60,15 @@ impl Federation {
         if config.nats.is_empty() {
             return Err("federation.nats: name at least one NATS server".into());
         }
+        let unshared = match data_dir {
+            Some(dir) => Unshared::open(dir).map_err(|e| {
+                format!("cannot read what waits for NATS in {}: {e}", dir.display())
+            })?,
+            None => Unshared::in_memory(),
+        };
         let link = NatsLink::connect(config, readiness).await?;
         let timeout = std::time::Duration::from_millis(config.publish_timeout_ms);
-        let (log, publisher) = FleetLog::new(local.clone(), link.clone(), timeout);
+        let (log, publisher) = FleetLog::new(local.clone(), link.clone(), unshared, timeout);
         Ok(Federation {
             config: config.clone(),
             link,
