@@ -1212,6 +1212,63 @@ async fn what_was_said_while_nats_was_away_is_shared_after_a_restart() {
     fleet.shutdown().await;
 }
 
+/// A message that reaches the stream twice under two NATS ids — published, its answer
+/// lost, then sent again by its client in a batch — is delivered once, also when so much
+/// passed in between that the applying bridge no longer remembers it: the second carries
+/// `resent`, and the applying bridge asks its store. Written here as a bridge `bx` would
+/// publish it.
+#[tokio::test]
+async fn a_message_resent_under_another_nats_id_is_delivered_once() {
+    use agentbridge::core::{Envelope, Kind};
+    let fleet = Fleet::start(1).await;
+    let mut receiver = fleet.nets[0].peer(Proto::Skynet).await;
+    let js = fleet.jetstream().await;
+    let subject = format!("{}.msg.bx", fleet.prefix);
+    let chat = |id: String, text: &str| {
+        let mut env = Envelope::with_id(id, "skynet", "someone-on-bx", Kind::Chat);
+        env.to = vec![receiver.name.clone()];
+        env.text = Some(text.to_owned());
+        serde_json::json!({ "envelope": env })
+    };
+    let publish = async |nats_id: String, payload: serde_json::Value| {
+        let publish = async_nats::jetstream::message::PublishMessage::build()
+            .payload(payload.to_string().into())
+            .message_id(nats_id)
+            .header("Agentbridge-Bridge", "bx");
+        let ack = js.send_publish(subject.clone(), publish).await.unwrap();
+        ack.await.unwrap();
+    };
+    publish("twice".into(), chat("twice".into(), "once only")).await;
+    // More than the bridge remembers of recent messages (16,384), in batches.
+    const BETWEEN: usize = 17_000;
+    for start in (0..BETWEEN).step_by(250) {
+        let batch: Vec<_> = (start..(start + 250).min(BETWEEN))
+            .map(|i| chat(format!("between-{i}"), "between"))
+            .collect();
+        publish(format!("batch:{start}"), batch.into()).await;
+    }
+    let mut again = chat("twice".into(), "once only");
+    again["resent"] = true.into();
+    publish(
+        "batch:again".into(),
+        vec![again, chat("last".into(), "last")].into(),
+    )
+    .await;
+
+    let mut seen = Vec::new();
+    loop {
+        let text = receiver.next(What::Chat).await.text;
+        if text == "last" {
+            break;
+        }
+        if text != "between" {
+            seen.push(text);
+        }
+    }
+    assert_eq!(seen, ["once only"]);
+    fleet.shutdown().await;
+}
+
 /// One of three NATS servers killed: the bridges' clients move to the others, and messages
 /// keep crossing, in order.
 #[tokio::test]

@@ -3,8 +3,8 @@
 //! locally) and routed to the agents and hubs here once kept, as a bridge routes its own.
 //! Batches are pipelined: while one is being written, the next is read and its writes
 //! queued. A message is applied once: the consumer is durable (a restarted bridge resumes
-//! where it acknowledged), and a redelivered message whose id is kept here already is
-//! passed over.
+//! where it acknowledged), and a redelivered or resent message (`Replica::resent`) whose
+//! id is kept here already is passed over.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -109,8 +109,9 @@ impl Applier {
         let own = self.link.bridge_id.as_str();
         let mut replicas = Vec::with_capacity(batch.len());
         // Ids to look for in the store: those of messages delivered before (a redelivery
-        // after a restart, or after an acknowledgement was lost), which it may hold.
-        let mut redelivered = Vec::new();
+        // after a restart, or after an acknowledgement was lost) or published again by
+        // their bridge after a publish whose outcome it does not know, which it may hold.
+        let mut maybe_kept = Vec::new();
         for message in batch {
             let from_here = (message.headers.as_ref())
                 .and_then(|h| h.get(BRIDGE_HEADER))
@@ -126,8 +127,8 @@ impl Applier {
                         if !replica.transient && self.core.recently_seen(&replica.envelope.id) {
                             continue;
                         }
-                        if again && !replica.transient {
-                            redelivered.push(replica.envelope.id.clone());
+                        if (again || replica.resent) && !replica.transient {
+                            maybe_kept.push(replica.envelope.id.clone());
                         }
                         replicas.push(replica);
                     }
@@ -137,9 +138,9 @@ impl Applier {
                 }
             }
         }
-        let kept: HashSet<String> = match redelivered.is_empty() {
+        let kept: HashSet<String> = match maybe_kept.is_empty() {
             true => HashSet::new(),
-            false => match self.local.read_ids(redelivered).await {
+            false => match self.local.read_ids(maybe_kept).await {
                 Ok(found) => found.into_iter().map(|m| m.envelope.id).collect(),
                 Err(e) => {
                     tracing::error!(error = %e, "federation: cannot read the store");

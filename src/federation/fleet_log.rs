@@ -24,7 +24,9 @@
 //! its own id; a batch goes under an id of its own (`batch:<uuid>`, which no message's can
 //! collide with), the same when it is sent again.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::PublishAckFuture;
@@ -37,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::link::{NatsLink, put_card};
 use super::unshared::{Outgoing, Unshared};
-use super::wire::{BRIDGE_HEADER, Card, OutgoingReplica};
+use super::wire::{BRIDGE_HEADER, Card, OutgoingReplica, Replica};
 use crate::core::{
     Audience, Directory, Envelope, Kind, Link, LogError, LogFuture, MessageLog, MessageQuery,
     StoredMessage, TaskRequest,
@@ -53,6 +55,47 @@ fn refused_unreachable() -> LogError {
     LogError::Refused(UNREACHABLE.into())
 }
 
+/// Ids of messages whose publish ended without JetStream's answer, so the stream may hold
+/// them: published again (a client's retry, likely in a batch under another NATS id, which
+/// JetStream cannot deduplicate), each is marked `resent` for the applying bridges to ask
+/// their stores first. The newest `UNSURE_REMEMBERED` are kept.
+#[derive(Default)]
+struct Unsure {
+    /// Whether any is kept: the common case is answered without the lock.
+    any: AtomicBool,
+    ids: Mutex<(VecDeque<String>, HashSet<String>)>,
+}
+
+/// Far more than clients retry within: a retry follows its refusal by seconds.
+const UNSURE_REMEMBERED: usize = 65_536;
+
+impl Unsure {
+    /// The messages `payload` (one publish) carried.
+    fn add(&self, payload: &[u8]) {
+        let Ok(replicas) = Replica::all_in(payload) else {
+            return;
+        };
+        let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+        let (order, set) = &mut *ids;
+        for replica in replicas.into_iter().filter(|r| !r.transient) {
+            if set.insert(replica.envelope.id.clone()) {
+                order.push_back(replica.envelope.id);
+            }
+        }
+        while order.len() > UNSURE_REMEMBERED {
+            if let Some(oldest) = order.pop_front() {
+                set.remove(&oldest);
+            }
+        }
+        self.any.store(!order.is_empty(), Ordering::Release);
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.any.load(Ordering::Acquire)
+            && (self.ids.lock().unwrap_or_else(|e| e.into_inner()).1).contains(id)
+    }
+}
+
 /// How often a bridge looks whether NATS is back to share what it kept meanwhile.
 const SHARE_CHECK: Duration = Duration::from_millis(500);
 
@@ -65,6 +108,7 @@ pub struct FleetLog {
     /// Messages kept here alone while NATS was away, to publish once it is back
     /// (`share_unshared`).
     unshared: Arc<Unshared>,
+    unsure: Arc<Unsure>,
     directory: OnceLock<Arc<Directory>>,
 }
 
@@ -78,11 +122,13 @@ impl FleetLog {
         timeout: Duration,
     ) -> (Arc<FleetLog>, Publisher) {
         let (outbox, queued) = mpsc::unbounded_channel();
+        let unsure = Arc::<Unsure>::default();
         let log = Arc::new(FleetLog {
             local,
             link: link.clone(),
             outbox,
             unshared: unshared.clone(),
+            unsure: unsure.clone(),
             directory: OnceLock::new(),
         });
         (
@@ -91,6 +137,7 @@ impl FleetLog {
                 link,
                 queued,
                 unshared,
+                unsure,
                 timeout,
             },
         )
@@ -141,6 +188,7 @@ impl FleetLog {
             agent: card,
             transient,
             history: false,
+            resent: self.unsure.contains(&env.id),
         };
         let outgoing = match serde_json::to_vec(&replica) {
             Ok(payload) => Outgoing {
@@ -171,6 +219,7 @@ impl FleetLog {
             agent: None,
             transient: false,
             history: true,
+            resent: false,
         };
         let payload = serde_json::to_vec(&replica).ok()?;
         Some(Outgoing {
@@ -310,6 +359,8 @@ pub struct Publisher {
     queued: mpsc::UnboundedReceiver<Outgoing>,
     /// Where history a refused publish carried goes back to.
     unshared: Arc<Unshared>,
+    /// Where the messages of a publish that got no answer are remembered.
+    unsure: Arc<Unsure>,
     /// How long a message may take to be acknowledged, retries included.
     timeout: Duration,
 }
@@ -492,15 +543,20 @@ impl Publisher {
                     let sent = message.send().await;
                     in_flight.push_back(async move {
                         let acknowledged = message.acknowledged(sent, deadline).await;
+                        // Sent, then no answer: JetStream may hold it all the same.
+                        let unsure = acknowledged.is_err().then_some(message.payload);
                         let result = acknowledged.map_err(|e| LogError::Refused(format!(
                             "the fleet's message log (NATS) did not take the message ({e}); send it again later"
                         )));
-                        (accepted, history, result, started)
+                        (accepted, history, result, unsure, started)
                     });
                 }
-                Some((accepted, history, result, started)) = in_flight.next(), if !in_flight.is_empty() => {
+                Some((accepted, history, result, unsure, started)) = in_flight.next(), if !in_flight.is_empty() => {
                     telemetry::federation_outbox(-(accepted.len() as i64));
                     telemetry::federation_published(started.elapsed(), accepted.len(), result.is_ok());
+                    if let Some(payload) = unsure {
+                        self.unsure.add(&payload);
+                    }
                     if result.is_err() {
                         self.put_back(history);
                     } else if !history.is_empty() {
@@ -540,5 +596,29 @@ fn tell(
             None => Ok(()),
             Some(reason) => Err(LogError::Refused(reason.clone())),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(id: &str) -> serde_json::Value {
+        let env = Envelope::with_id(id.into(), "skynet", "a", Kind::Chat);
+        serde_json::json!({ "envelope": env })
+    }
+
+    #[test]
+    fn the_messages_of_a_publish_without_an_answer_are_remembered_newest_first() {
+        let unsure = Unsure::default();
+        assert!(!unsure.contains("m1"));
+        let batch = serde_json::json!([chat("m1"), chat("m2")]);
+        unsure.add(batch.to_string().as_bytes());
+        assert!(unsure.contains("m1") && unsure.contains("m2"));
+        for i in 0..UNSURE_REMEMBERED {
+            unsure.add(chat(&format!("later-{i}")).to_string().as_bytes());
+        }
+        assert!(!unsure.contains("m1") && !unsure.contains("m2"));
+        assert!(unsure.contains(&format!("later-{}", UNSURE_REMEMBERED - 1)));
     }
 }

@@ -84,6 +84,11 @@ pub struct OutgoingReplica<'a> {
     /// Kept but not routed: history its bridge delivered itself while NATS was away.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub history: bool,
+    /// Published again after a publish of it whose outcome is unknown (JetStream's answer
+    /// never came): the stream may hold it already, under another NATS id, so a bridge
+    /// applying it asks its store first.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub resent: bool,
 }
 
 #[derive(Deserialize)]
@@ -95,6 +100,8 @@ pub struct Replica {
     pub transient: bool,
     #[serde(default)]
     pub history: bool,
+    #[serde(default)]
+    pub resent: bool,
 }
 
 impl Replica {

@@ -124,9 +124,7 @@ impl Fleet {
     /// itself (`docs/federation.md`: the records bucket, keys `<table>.<key>`).
     pub async fn records_in(&self, table: &str) -> usize {
         use futures_util::StreamExt;
-        let url = self.nats.split('"').nth(1).expect("a NATS URL");
-        let client = async_nats::connect(url).await.expect("NATS answers");
-        let js = async_nats::jetstream::new(client);
+        let js = self.jetstream().await;
         let bucket = (js.get_key_value(format!("{}_records", self.prefix)).await)
             .expect("the records bucket");
         let mut keys = bucket.keys().await.expect("the records' keys");
@@ -137,6 +135,13 @@ impl Fleet {
             }
         }
         count
+    }
+
+    /// A JetStream client of the fleet's cluster.
+    pub async fn jetstream(&self) -> async_nats::jetstream::Context {
+        let url = self.nats.split('"').nth(1).expect("a NATS URL");
+        let client = async_nats::connect(url).await.expect("NATS answers");
+        async_nats::jetstream::new(client)
     }
 
     pub async fn shutdown(self) {
