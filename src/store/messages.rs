@@ -19,13 +19,17 @@ pub(super) use chunks::{ROWS_PER_STATEMENT, put_journaled_in};
 pub(super) use migrations::MIGRATIONS;
 pub(super) use row::{Row, record};
 
-/// The id of the message with UUID form `?1`: an id that is its own UUID form is found by
-/// itself, a derived one by `messages_by_uuid`, whose terms (migration 9) the query repeats
-/// so that the planner can use it.
-const BY_UUID: &str = "SELECT id FROM messages WHERE id = ?1
-                       UNION ALL
-                       SELECT id FROM messages WHERE uuid = ?1 AND uuid <> id AND uuid <> ''
-                       LIMIT 1";
+/// The message whose id is `?1`: one whose id is its own UUID form is found by it.
+const BY_OWN_UUID: &str = "SELECT id FROM messages WHERE id = ?1";
+
+/// The bits of a message's number above which `messages_by_uuid` groups derived UUIDs
+/// (migration 11, whose expression this repeats): a stretch holds 16,384 messages.
+const UUID_STRETCH_BITS: u32 = 14;
+
+/// The message in stretch `?1` whose derived UUID is `?2`, by `messages_by_uuid`, whose
+/// terms the query repeats so that the planner can use it.
+const BY_DERIVED_UUID: &str = "SELECT id FROM messages
+                               WHERE seq >> 14 = ?1 AND uuid = ?2 AND uuid <> id AND uuid <> ''";
 
 /// Records the last journal record a batch put in, in that batch.
 pub(super) const SET_APPLIED: &str = "UPDATE journal SET applied = ?1";
@@ -154,14 +158,29 @@ impl Store {
         .await
     }
 
-    /// The id of the stored message whose UUID form is `uuid`.
+    /// The id of the stored message whose UUID form is `uuid`: a derived one is looked for
+    /// in each stretch of the index, newest first (one index search each; the core asks
+    /// only for messages older than those it remembers).
     pub async fn message_id_by_uuid(&self, uuid: &str) -> Result<Option<String>, StoreError> {
         let uuid = uuid.to_owned();
         self.read_messages(move |conn| {
-            Ok(conn
-                .prepare_cached(BY_UUID)?
-                .query_row([uuid], |r| r.get(0))
-                .optional()?)
+            let own = conn
+                .prepare_cached(BY_OWN_UUID)?
+                .query_row([&uuid], |r| r.get(0));
+            if let Some(id) = own.optional()? {
+                return Ok(Some(id));
+            }
+            let last: Option<i64> = conn
+                .prepare_cached("SELECT max(seq) FROM messages")?
+                .query_row([], |r| r.get(0))?;
+            let mut by_derived = conn.prepare_cached(BY_DERIVED_UUID)?;
+            for stretch in (0..=last.unwrap_or(-1) >> UUID_STRETCH_BITS).rev() {
+                let found = by_derived.query_row(rusqlite::params![stretch, uuid], |r| r.get(0));
+                if let Some(id) = found.optional()? {
+                    return Ok(Some(id));
+                }
+            }
+            Ok(None)
         })
         .await
     }

@@ -624,7 +624,8 @@ fn a_row_comes_back_from_its_journal_record() {
 
 /// A message is found by its UUID form whether its id is one (stored with `uuid`
 /// empty), is one in capitals, or is not one; and so is a message stored before
-/// migration 9, its `uuid` the id again. The index holds only the derived forms.
+/// migration 9, its `uuid` the id again. The index holds only the derived forms, and finds
+/// them in any stretch of messages (`UUID_STRETCH_BITS`).
 #[tokio::test]
 async fn a_message_is_found_by_its_uuid_form() {
     let dir = tempfile::tempdir().unwrap();
@@ -648,6 +649,21 @@ async fn a_message_is_found_by_its_uuid_form() {
     }
     // Queued behind the journaled messages: once it is done, the database holds them.
     store.write(|_| Ok(())).await.unwrap();
+    // A message as far on as the third stretch after the first.
+    let mut far = chat("a", 5, &[]);
+    far.id = "msg-far".into();
+    store.insert_message(&far).await.unwrap();
+    store
+        .write(|c| {
+            let moved = c.execute(
+                "UPDATE messages SET seq = ?1 WHERE id = 'msg-far'",
+                [3_i64 << super::UUID_STRETCH_BITS],
+            )?;
+            assert_eq!(moved, 1);
+            Ok(())
+        })
+        .await
+        .unwrap();
     let column = |sql: &'static str| {
         store.read(move |c| {
             let mut stmt = c.prepare(sql)?;
@@ -659,7 +675,7 @@ async fn a_message_is_found_by_its_uuid_form() {
     let stored = column("SELECT uuid FROM messages ORDER BY seq")
         .await
         .unwrap();
-    let indexed = [form("msg-1"), form(&capitals.id)];
+    let indexed = [form("msg-1"), form(&capitals.id), form("msg-far")];
     assert_eq!(
         stored[..],
         [&[before_9.id.clone(), "".into()], &indexed[..]].concat()
@@ -669,7 +685,7 @@ async fn a_message_is_found_by_its_uuid_form() {
          WHERE uuid <> id AND uuid <> '' ORDER BY seq",
     );
     assert_eq!(in_index.await.unwrap(), indexed);
-    for env in [&before_9, &own, &derived, &capitals] {
+    for env in [&before_9, &own, &derived, &capitals, &far] {
         let found = store.message_id_by_uuid(&form(&env.id)).await.unwrap();
         assert_eq!(found.as_deref(), Some(env.id.as_str()));
     }
@@ -677,8 +693,8 @@ async fn a_message_is_found_by_its_uuid_form() {
     assert_eq!(store.message_id_by_uuid(&unknown).await.unwrap(), None);
     let plan = store
         .read(|c| {
-            let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {BY_UUID}"))?;
-            let steps = stmt.query_map([""], |r| r.get::<_, String>(3))?;
+            let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {BY_DERIVED_UUID}"))?;
+            let steps = stmt.query_map(rusqlite::params![0, ""], |r| r.get::<_, String>(3))?;
             Ok(steps.collect::<rusqlite::Result<Vec<_>>>()?)
         })
         .await
