@@ -6,11 +6,15 @@
 //! They are told apart from the endpoint's own answers by their form: axum's are plain
 //! text or empty, an endpoint's never are. gRPC calls are left alone: tonic answers them.
 
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::Response;
+use tower::{Layer, Service};
 
 use crate::telemetry;
 
@@ -39,28 +43,105 @@ pub type Shape = fn(StatusCode, &str, &Asked) -> Response;
 /// `app` with the framework's refusals written by `shape`, counted as malformed input of
 /// `protocol` when they are the client's fault in form (400, 413, 415, 422).
 pub fn shaped(app: Router, protocol: &'static str, shape: Shape) -> Router {
-    app.layer(axum::middleware::from_fn_with_state(
-        (protocol, shape),
-        reshape,
-    ))
+    app.layer(ReshapeLayer { protocol, shape })
 }
 
-async fn reshape(
-    State((protocol, shape)): State<(&'static str, Shape)>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if is_grpc(request.headers()) {
-        return next.run(request).await;
+/// A layer rather than `axum::middleware::from_fn`, which boxes every request's future and
+/// a clone of the service it calls: every HTTP request passes through this one, and only
+/// a refusal needs more than a look at the response's head.
+#[derive(Clone, Copy)]
+struct ReshapeLayer {
+    protocol: &'static str,
+    shape: Shape,
+}
+
+impl<S> Layer<S> for ReshapeLayer {
+    type Service = Reshape<S>;
+
+    fn layer(&self, inner: S) -> Reshape<S> {
+        Reshape {
+            inner,
+            protocol: self.protocol,
+            shape: self.shape,
+        }
     }
-    let asked = Asked {
-        accept: request.headers().get(header::ACCEPT).cloned(),
-        content_type: request.headers().get(header::CONTENT_TYPE).cloned(),
-    };
-    let response = next.run(request).await;
-    if !is_framework_refusal(&response) {
-        return response;
+}
+
+#[derive(Clone)]
+struct Reshape<S> {
+    inner: S,
+    protocol: &'static str,
+    shape: Shape,
+}
+
+impl<S> Service<Request> for Reshape<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Reshaping<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
     }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        // gRPC calls are tonic's to answer.
+        let asked = (!is_grpc(request.headers())).then(|| Asked {
+            accept: request.headers().get(header::ACCEPT).cloned(),
+            content_type: request.headers().get(header::CONTENT_TYPE).cloned(),
+        });
+        Reshaping {
+            inner: self.inner.call(request),
+            asked,
+            protocol: self.protocol,
+            shape: self.shape,
+            refusal: None,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The endpoint's answer, or once it turns out to be a framework's refusal, its
+    /// reshaping (which reads the refusal's body).
+    struct Reshaping<F> {
+        #[pin]
+        inner: F,
+        asked: Option<Asked>,
+        protocol: &'static str,
+        shape: Shape,
+        refusal: Option<Pin<Box<dyn Future<Output = Response> + Send>>>,
+    }
+}
+
+impl<F> Future for Reshaping<F>
+where
+    F: Future<Output = Result<Response, Infallible>>,
+{
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Some(refusal) = this.refusal {
+            return refusal.as_mut().poll(cx).map(Ok);
+        }
+        let response = ready!(this.inner.poll(cx))?;
+        let Some(asked) = this.asked.take() else {
+            return Poll::Ready(Ok(response));
+        };
+        if !is_framework_refusal(&response) {
+            return Poll::Ready(Ok(response));
+        }
+        let mut refusal = Box::pin(reshape(response, asked, this.protocol, *this.shape));
+        let polled = refusal.as_mut().poll(cx);
+        *this.refusal = Some(refusal);
+        polled.map(Ok)
+    }
+}
+
+/// A framework's refusal, in the endpoint's shape.
+async fn reshape(response: Response, asked: Asked, protocol: &'static str, shape: Shape) -> Response {
     let status = response.status();
     let (parts, body) = response.into_parts();
     // axum's refusal texts are a line or two.

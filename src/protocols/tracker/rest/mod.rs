@@ -33,45 +33,44 @@ use crate::store::StoreError;
 type Shared = State<Arc<Tracker>>;
 
 pub fn router(tracker: Arc<Tracker>) -> Router {
-    let api = Router::new()
-        .route("/projects", get(projects::list))
-        .route("/projects/{slug}", get(projects::get))
-        .route("/tasks", get(tasks::list).post(tasks::create))
+    // Whole paths rather than `nest("/api/v1", …)`, which strips the prefix from every
+    // request's URI (a new URI each) and wraps every route in two more services.
+    let app = Router::new()
+        .route("/api/v1/projects", get(projects::list))
+        .route("/api/v1/projects/{slug}", get(projects::get))
+        .route("/api/v1/tasks", get(tasks::list).post(tasks::create))
         .route(
-            "/tasks/{id}",
+            "/api/v1/tasks/{id}",
             get(tasks::get).patch(tasks::update).delete(tasks::delete),
         )
-        .route("/tasks/{id}/take", post(tasks::take))
-        .route("/tasks/{id}/reject", post(tasks::reject))
-        .route("/tasks/{id}/assign", post(tasks::assign))
+        .route("/api/v1/tasks/{id}/take", post(tasks::take))
+        .route("/api/v1/tasks/{id}/reject", post(tasks::reject))
+        .route("/api/v1/tasks/{id}/assign", post(tasks::assign))
         .route(
-            "/tasks/{id}/watch",
+            "/api/v1/tasks/{id}/watch",
             post(tasks::watch).delete(tasks::unwatch),
         )
-        .route("/tasks/{id}/steps", get(steps::list).post(steps::create))
+        .route("/api/v1/tasks/{id}/steps", get(steps::list).post(steps::create))
         .route(
-            "/tasks/{id}/steps/{step}",
+            "/api/v1/tasks/{id}/steps/{step}",
             patch(steps::update).delete(steps::delete),
         )
-        .route("/messages", get(messages::list).post(messages::create))
-        .route("/messages/{id}/replies", get(messages::replies))
+        .route("/api/v1/messages", get(messages::list).post(messages::create))
+        .route("/api/v1/messages/{id}/replies", get(messages::replies))
         .route(
-            "/messages/{id}/attachments",
+            "/api/v1/messages/{id}/attachments",
             post(attachments::upload).layer(axum::extract::DefaultBodyLimit::max(
                 attachments::MAX_UPLOAD_BODY,
             )),
         )
-        .route("/attachments", get(attachments::list))
-        .route("/attachments/{id}", get(attachments::download))
-        .route("/members", get(members::list).post(members::create))
-        .route("/members/{slug}", get(members::get));
-    let body_limit = axum::extract::DefaultBodyLimit::max(tracker.config.max_body_bytes);
-    let app = Router::new()
-        .nest("/api/v1", api)
+        .route("/api/v1/attachments", get(attachments::list))
+        .route("/api/v1/attachments/{id}", get(attachments::download))
+        .route("/api/v1/members", get(members::list).post(members::create))
+        .route("/api/v1/members/{slug}", get(members::get))
         .route("/ws", get(upgrade))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "Not Found") })
-        .with_state(tracker)
-        .layer(body_limit);
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "Not Found") });
+    let body_limit = axum::extract::DefaultBodyLimit::max(tracker.config.max_body_bytes);
+    let app = app.with_state(tracker).layer(body_limit);
     http_refusals::shaped(app, super::PROTOCOL, |status, text, _| {
         (status, axum::Json(json!({ "detail": text }))).into_response()
     })
