@@ -141,7 +141,12 @@ where
 }
 
 /// A framework's refusal, in the endpoint's shape.
-async fn reshape(response: Response, asked: Asked, protocol: &'static str, shape: Shape) -> Response {
+async fn reshape(
+    response: Response,
+    asked: Asked,
+    protocol: &'static str,
+    shape: Shape,
+) -> Response {
     let status = response.status();
     let (parts, body) = response.into_parts();
     // axum's refusal texts are a line or two.

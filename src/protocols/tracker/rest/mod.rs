@@ -50,12 +50,18 @@ pub fn router(tracker: Arc<Tracker>) -> Router {
             "/api/v1/tasks/{id}/watch",
             post(tasks::watch).delete(tasks::unwatch),
         )
-        .route("/api/v1/tasks/{id}/steps", get(steps::list).post(steps::create))
+        .route(
+            "/api/v1/tasks/{id}/steps",
+            get(steps::list).post(steps::create),
+        )
         .route(
             "/api/v1/tasks/{id}/steps/{step}",
             patch(steps::update).delete(steps::delete),
         )
-        .route("/api/v1/messages", get(messages::list).post(messages::create))
+        .route(
+            "/api/v1/messages",
+            get(messages::list).post(messages::create),
+        )
         .route("/api/v1/messages/{id}/replies", get(messages::replies))
         .route(
             "/api/v1/messages/{id}/attachments",
