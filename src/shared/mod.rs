@@ -6,6 +6,7 @@ pub mod at_names;
 pub mod budget;
 pub mod clock;
 pub mod each_once;
+pub mod gate;
 pub mod http_refusals;
 pub mod json_writer;
 pub mod listener;

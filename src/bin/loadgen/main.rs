@@ -64,8 +64,9 @@ struct RunArgs {
     /// federated bridges, a and b, over a NATS cluster loadgen starts.
     #[arg(long = "path", value_parser = parse_route, default_value = "skynet:skynet")]
     paths: Vec<Route>,
-    /// Every path instead: skynet→skynet (the yardstick) and each ordered pair of two
-    /// different protocols.
+    /// Every path instead: skynet→skynet (the yardstick), each ordered pair of two
+    /// different protocols, and each request/response way to send to a Skynet receiver
+    /// (right after its protocol's streaming path to it).
     #[arg(long)]
     all_paths: bool,
     /// Sender → receiver agent pairs.
@@ -312,26 +313,29 @@ async fn run_all(args: RunArgs) -> Result<(), Error> {
             fleet: None,
             via: requests::Via::Stream,
         };
-        let mut paths = vec![route(Proto::Skynet, Proto::Skynet)];
-        for &from in all {
-            paths.extend(
-                all.iter()
-                    .filter(|&&to| to != from)
-                    .map(|&to| route(from, to)),
-            );
-        }
-        // The request/response ways to send, to a Skynet receiver, beside their
-        // protocol's streaming path to it.
-        for (from, via) in [
+        // The request/response ways to send, to a Skynet receiver, each run right after
+        // its protocol's streaming path to it: a machine shared with others drifts by
+        // several per cent a minute, and the two are compared.
+        let requests = [
             (Proto::Synapse, requests::Via::Unary),
             (Proto::Synapse, requests::Via::Http),
             (Proto::Tracker, requests::Via::Http),
             (Proto::Grid, requests::Via::Http),
-        ] {
-            paths.push(Route {
-                via,
-                ..route(from, Proto::Skynet)
-            });
+        ];
+        let mut paths = vec![route(Proto::Skynet, Proto::Skynet)];
+        for &from in all {
+            for &to in all.iter().filter(|&&to| to != from) {
+                paths.push(route(from, to));
+                if to != Proto::Skynet {
+                    continue;
+                }
+                for &(_, via) in requests.iter().filter(|(sender, _)| *sender == from) {
+                    paths.push(Route {
+                        via,
+                        ..route(from, to)
+                    });
+                }
+            }
         }
         paths
     } else {

@@ -17,7 +17,6 @@ use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
 use prost::Message;
@@ -34,6 +33,7 @@ use super::agents::{Hints, internal};
 use super::proto::{SendMessageRequest, SynapseMessage};
 use super::services::SynapseApi;
 use super::{Synapse, json, translate, wire};
+use crate::shared::gate::{Verdict, gate};
 use crate::shared::http_refusals;
 
 /// One HTTP binding of an RPC.
@@ -166,10 +166,9 @@ pub fn router(synapse: Arc<Synapse>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(gateway)
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(axum::middleware::from_fn_with_state(
-            max_body,
-            refuse_declared_oversize,
-        ));
+        .layer(gate(move |request: Request| {
+            refuse_declared_oversize(request, max_body)
+        }));
     http_refusals::shaped(router, super::PROTOCOL, |status, text, _| {
         let code = match status {
             StatusCode::PAYLOAD_TOO_LARGE => tonic::Code::ResourceExhausted,
@@ -218,20 +217,16 @@ async fn method_not_allowed() -> Response {
 }
 
 /// Refuses a body that says it is over the limit before reading any of it.
-async fn refuse_declared_oversize(
-    State(max_body): State<usize>,
-    request: Request,
-    next: Next,
-) -> Response {
+fn refuse_declared_oversize(request: Request, max_body: usize) -> Verdict {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|length| length > max_body as u64) {
-        return too_large(max_body);
+        return Verdict::Answer(too_large(max_body));
     }
-    next.run(request).await
+    Verdict::Pass(request)
 }
 
 /// A body that could not be read, in the gateway's error shape rather than axum's text.

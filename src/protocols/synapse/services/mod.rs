@@ -13,9 +13,10 @@ use std::sync::Arc;
 use arc_swap::ArcSwapOption;
 use axum::extract::Request;
 use axum::http::{StatusCode, header};
-use axum::middleware::Next;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
+
+use crate::shared::gate::{Verdict, gate};
 
 use super::Synapse;
 use super::agents::Hints;
@@ -71,37 +72,32 @@ pub fn router(synapse: Arc<Synapse>) -> axum::Router {
     .add_service(health_service)
     .add_service(reflection)
     .into_axum_router()
-    .layer(axum::middleware::from_fn(
-        statuses::oversize_is_resource_exhausted,
+    .layer(tower::util::MapResponseLayer::new(
+        statuses::oversize_is_resource_exhausted as fn(axum::response::Response) -> _,
     ))
 }
 
 /// Refuses calls without the configured token: UNAUTHENTICATED for gRPC, 401 with the
 /// gateway's error body over HTTP. The standard health service stays open for probes.
 pub fn with_auth(app: axum::Router, token: Arc<ArcSwapOption<String>>) -> axum::Router {
-    app.layer(axum::middleware::from_fn(
-        move |request: Request, next: Next| {
-            let token = token.load_full();
-            async move {
-                let Some(token) = token else {
-                    return next.run(request).await;
-                };
-                if request.uri().path().starts_with("/grpc.health.v1.Health/")
-                    || presented(&request) == Some(token.as_str())
-                {
-                    return next.run(request).await;
-                }
-                let status = match presented(&request) {
-                    None => Status::unauthenticated(
-                        "this call needs the Synapse token (authorization: Bearer <token>)",
-                    ),
-                    Some(_) => Status::unauthenticated("the Synapse token is not valid"),
-                };
-                let refusal = super::gateway::refuse(&request, status, StatusCode::UNAUTHORIZED);
-                statuses::holding_request(request, refusal)
-            }
-        },
-    ))
+    app.layer(gate(move |request: Request| {
+        let Some(token) = token.load_full() else {
+            return Verdict::Pass(request);
+        };
+        if request.uri().path().starts_with("/grpc.health.v1.Health/")
+            || presented(&request) == Some(token.as_str())
+        {
+            return Verdict::Pass(request);
+        }
+        let status = match presented(&request) {
+            None => Status::unauthenticated(
+                "this call needs the Synapse token (authorization: Bearer <token>)",
+            ),
+            Some(_) => Status::unauthenticated("the Synapse token is not valid"),
+        };
+        let refusal = super::gateway::refuse(&request, status, StatusCode::UNAUTHORIZED);
+        Verdict::Answer(statuses::holding_request(request, refusal))
+    }))
 }
 
 fn presented(request: &Request) -> Option<&str> {

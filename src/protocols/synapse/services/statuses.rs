@@ -15,7 +15,6 @@ use std::task::{Context, Poll};
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::Request;
 use axum::http::HeaderMap;
-use axum::middleware::Next;
 use axum::response::Response;
 use hyper::body::Frame;
 use tonic::{Code, Status};
@@ -32,10 +31,9 @@ pub fn holding_request(request: Request, response: Response) -> Response {
     })
 }
 
-/// Middleware: rewrites tonic's OUT_OF_RANGE for an oversized message, in the response's
-/// headers (a unary call) or its trailers (a stream).
-pub async fn oversize_is_resource_exhausted(request: Request, next: Next) -> Response {
-    let mut response = next.run(request).await;
+/// Rewrites tonic's OUT_OF_RANGE for an oversized message, in the response's headers (a
+/// unary call) or its trailers (a stream).
+pub fn oversize_is_resource_exhausted(mut response: Response) -> Response {
     remap(response.headers_mut());
     response.map(|body| {
         Body::new(Wrapped {
