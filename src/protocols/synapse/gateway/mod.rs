@@ -350,9 +350,7 @@ async fn unary(
     request: &[u8],
     headers: HeaderMap,
 ) -> Result<Answer, Status> {
-    let metadata = MetadataMap::from_headers(headers);
-    let (output, response) =
-        dispatch(&gateway.api, rule.rpc.full_name(), request, metadata).await?;
+    let (output, response) = dispatch(&gateway.api, rule.rpc.full_name(), request, headers).await?;
     let decoded = DynamicMessage::decode(output, response.as_slice())
         .map_err(|e| Status::internal(e.to_string()))?;
     json_of(decoded).map(Answer::One)
@@ -366,12 +364,11 @@ async fn send(
     headers: HeaderMap,
 ) -> Result<Answer, Status> {
     use super::proto::synapse_message_service_server::SynapseMessageService;
-    let request = tonic::Request::from_parts(
-        MetadataMap::from_headers(headers),
-        Extensions::default(),
-        request,
-    );
-    let response = gateway.api.send_message(request).await?.into_inner();
+    let response = gateway
+        .api
+        .send_message(rpc_request(headers, request))
+        .await?;
+    let response = response.into_inner();
     Ok(Answer::One(send_message::answer(&response)))
 }
 
@@ -395,12 +392,11 @@ fn callback_body(body: &Bytes) -> Result<Option<Value>, Status> {
 async fn poll(gateway: &Gateway, headers: HeaderMap) -> Result<Answer, Status> {
     use super::proto::synapse_message_service_server::SynapseMessageService;
     use futures_util::StreamExt;
-    let request = tonic::Request::from_parts(
-        MetadataMap::from_headers(headers),
-        Extensions::default(),
-        (),
-    );
-    let mut messages = gateway.api.receive_callback(request).await?.into_inner();
+    let mut messages = gateway
+        .api
+        .receive_callback(rpc_request(headers, ()))
+        .await?
+        .into_inner();
     let mut items = Vec::new();
     while let Some(message) = messages.next().await {
         // The messages are taken out of the inbox already: one that cannot be written as
@@ -582,12 +578,22 @@ fn error_json(status: &Status) -> Value {
     json!({ "code": status.code() as i32, "message": status.message(), "details": [] })
 }
 
-/// Calls the RPC `name` with an encoded request; returns the response's descriptor and bytes.
+/// An RPC's request as the gateway calls it: the HTTP request's headers are its metadata.
+fn rpc_request<T>(headers: HeaderMap, message: T) -> tonic::Request<T> {
+    tonic::Request::from_parts(
+        MetadataMap::from_headers(headers),
+        Extensions::default(),
+        message,
+    )
+}
+
+/// Calls the RPC `name` with an encoded request and `headers`; returns the response's
+/// descriptor and bytes.
 async fn dispatch(
     api: &SynapseApi,
     name: &str,
     request: &[u8],
-    metadata: MetadataMap,
+    headers: HeaderMap,
 ) -> Result<(MessageDescriptor, Vec<u8>), Status> {
     use super::proto::capabilities_service_server::CapabilitiesService;
     use super::proto::group_service_server::GroupService;
@@ -599,11 +605,7 @@ async fn dispatch(
         ($service:ident :: $rpc:ident, $input:ty, $output:literal) => {{
             let input =
                 <$input>::decode(request).map_err(|e| Status::invalid_argument(e.to_string()))?;
-            let response = $service::$rpc(
-                api,
-                tonic::Request::from_parts(metadata, Extensions::default(), input),
-            )
-            .await?;
+            let response = $service::$rpc(api, rpc_request(headers, input)).await?;
             (
                 wire::descriptor($output),
                 response.into_inner().encode_to_vec(),
