@@ -691,6 +691,14 @@ async fn a_message_is_found_by_its_uuid_form() {
     }
     let unknown = form("msg-4");
     assert_eq!(store.message_id_by_uuid(&unknown).await.unwrap(), None);
+    assert_eq!(store.message_id_by_uuid("msg-1").await.unwrap(), None);
+    // The stretch's width is written three times: the index, the query, the constant.
+    let width = format!("seq >> {}", super::UUID_STRETCH_BITS);
+    let index = migrations::MIGRATIONS
+        .iter()
+        .find(|m| m.version == 11)
+        .unwrap();
+    assert!(index.sql.contains(&width) && BY_DERIVED_UUID.contains(&width));
     let plan = store
         .read(|c| {
             let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {BY_DERIVED_UUID}"))?;
