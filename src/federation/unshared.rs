@@ -3,9 +3,12 @@
 //!
 //! Each is written to a file in the bridge's data directory before its sender is told it
 //! was accepted, so a bridge restarted before NATS is back still shares it: the file is
-//! read back at start-up and emptied once JetStream holds everything it lists. A message
-//! shared twice (a bridge stopped between JetStream's answer and the emptying) is harmless:
-//! history is kept by id and never routed.
+//! read back at start-up (up to the limits) and emptied once JetStream holds everything
+//! it lists. A message shared twice (a bridge stopped between JetStream's answer and the
+//! emptying, or a NATS that came and went without a moment when nothing waited, which
+//! keeps the lines it holds already) is harmless: history is kept by id and never routed.
+//! Each line is synced on its own: this runs only while NATS is away, for messages that
+//! only this bridge's agents take.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -74,6 +77,7 @@ impl Unshared {
         let mut whole = 0;
         let mut reader = BufReader::new(&mut file);
         let mut line = Vec::new();
+        let mut left_out = 0_usize;
         loop {
             line.clear();
             let read = reader.read_until(b'\n', &mut line)?;
@@ -83,6 +87,13 @@ impl Unshared {
             whole += read as u64;
             let json = &line[..line.len() - 1];
             match serde_json::from_slice::<Head>(json) {
+                // Past the limits (a NATS that came and went without a moment when nothing
+                // waited keeps lines it holds already), the rest stay on this bridge alone.
+                Ok(_)
+                    if waiting.queue.len() >= LIMIT || waiting.bytes + json.len() > LIMIT_BYTES =>
+                {
+                    left_out += 1;
+                }
                 Ok(head) => {
                     waiting.bytes += json.len();
                     waiting.queue.push_back(Outgoing {
@@ -99,6 +110,12 @@ impl Unshared {
         drop(reader);
         if file.seek(std::io::SeekFrom::End(0))? != whole {
             file.set_len(whole)?;
+        }
+        if left_out > 0 {
+            tracing::warn!(
+                left_out,
+                "federation: more waits for NATS than is kept; the newest are not shared"
+            );
         }
         if !waiting.queue.is_empty() {
             tracing::info!(
@@ -145,7 +162,7 @@ impl Unshared {
             let mut line = Vec::with_capacity(size + 1);
             line.extend_from_slice(&outgoing.payload);
             line.push(b'\n');
-            if let Err(e) = file.write_all(&line).and_then(|()| file.sync_data()) {
+            if let Err(e) = append_line(file, &line) {
                 // It still waits in memory: shared unless the bridge stops first.
                 tracing::error!(error = %e, message_id = %outgoing.id, "federation: cannot write a message waiting for NATS to its file");
             }
@@ -199,6 +216,17 @@ impl Unshared {
             tracing::warn!(error = %e, "federation: cannot empty the file of messages waiting for NATS");
         }
     }
+}
+
+/// Appends `line` and syncs it; on a failure, takes back what part of it was written, so
+/// that the next line starts on a line of its own.
+fn append_line(file: &mut File, line: &[u8]) -> std::io::Result<()> {
+    let end = file.metadata()?.len();
+    let written = file.write_all(line).and_then(|()| file.sync_data());
+    if written.is_err() {
+        let _ = file.set_len(end);
+    }
+    written
 }
 
 /// As much of a waiting message as names it.
