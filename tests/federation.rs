@@ -1214,9 +1214,9 @@ async fn what_was_said_while_nats_was_away_is_shared_after_a_restart() {
 
 /// A message that reaches the stream twice under two NATS ids — published, its answer
 /// lost, then sent again by its client in a batch — is delivered once, also when so much
-/// passed in between that the applying bridge no longer remembers it: the second carries
-/// `resent`, and the applying bridge asks its store. Written here as a bridge `bx` would
-/// publish it.
+/// passed in between that the applying bridge no longer remembers it (the second carries
+/// `resent`, and the applying bridge asks its store), and when both copies come in one
+/// batch. Written here as a bridge `bx` would publish it.
 #[tokio::test]
 async fn a_message_resent_under_another_nats_id_is_delivered_once() {
     use agentbridge::core::{Envelope, Kind};
@@ -1249,11 +1249,13 @@ async fn a_message_resent_under_another_nats_id_is_delivered_once() {
     }
     let mut again = chat("twice".into(), "once only");
     again["resent"] = true.into();
-    publish(
-        "batch:again".into(),
-        vec![again, chat("last".into(), "last")].into(),
-    )
-    .await;
+    publish("batch:again".into(), vec![again].into()).await;
+    // Both copies in one batch, as a bridge catching up reads them.
+    let mut together = chat("together".into(), "together once");
+    together["resent"] = true.into();
+    let batch = vec![chat("together".into(), "together once"), together];
+    publish("batch:together".into(), batch.into()).await;
+    publish("last".into(), chat("last".into(), "last")).await;
 
     let mut seen = Vec::new();
     loop {
@@ -1265,7 +1267,7 @@ async fn a_message_resent_under_another_nats_id_is_delivered_once() {
             seen.push(text);
         }
     }
-    assert_eq!(seen, ["once only"]);
+    assert_eq!(seen, ["once only", "together once"]);
     fleet.shutdown().await;
 }
 

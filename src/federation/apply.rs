@@ -25,6 +25,14 @@ const BATCH: usize = 256;
 /// Batches whose store writes may be under way at once before the next is read.
 const WRITING: usize = 16;
 
+/// The messages of a batch to apply (`Applier::replicas_of`).
+#[derive(Default)]
+struct Replicas {
+    all: Vec<Replica>,
+    /// The ids of those the store may hold already.
+    maybe_kept: Vec<String>,
+}
+
 pub struct Applier {
     pub link: Arc<NatsLink>,
     pub core: Arc<Core>,
@@ -65,10 +73,7 @@ impl Applier {
                 biased;
                 _ = shutdown.cancelled() => break Ok(()),
                 Some((written, last)) = writing.next(), if !writing.is_empty() => {
-                    self.route(written);
-                    // Acknowledging the last acknowledges the batch (`AckPolicy::All`).
-                    let last: async_nats::jetstream::Message = last;
-                    if let Err(e) = last.ack().await {
+                    if let Err(e) = self.route_and_ack(written, last).await {
                         break Err(e);
                     }
                 }
@@ -84,7 +89,22 @@ impl Applier {
                     {
                         batch.push(message);
                     }
-                    let written = self.apply(&batch).await;
+                    let replicas = self.replicas_of(&batch);
+                    if !replicas.maybe_kept.is_empty() {
+                        // Whether one of these was applied is known once the batches
+                        // before are written and routed: its first copy may be in one.
+                        let mut failed = None;
+                        while let Some((written, last)) = writing.next().await {
+                            if let Err(e) = self.route_and_ack(written, last).await {
+                                failed = Some(e);
+                                break;
+                            }
+                        }
+                        if let Some(e) = failed {
+                            break Err(e);
+                        }
+                    }
+                    let written = self.apply(replicas).await;
                     let last = batch.pop().expect("a batch holds a message");
                     writing.push_back(async move { (written.await, last) });
                 }
@@ -99,19 +119,24 @@ impl Applier {
         ended
     }
 
-    /// Queues the writes of `batch`'s messages to this bridge's store; the future that
-    /// ends when the store holds them, with the messages to route then, each with whether
-    /// it was kept.
-    async fn apply(
+    /// Routes a written batch, then acknowledges it: acknowledging its last message
+    /// acknowledges the batch (`AckPolicy::All`).
+    async fn route_and_ack(
         &self,
-        batch: &[async_nats::jetstream::Message],
-    ) -> impl Future<Output = Vec<(Replica, bool)>> + Send + 'static {
+        written: Vec<(Replica, bool)>,
+        last: async_nats::jetstream::Message,
+    ) -> Result<(), async_nats::Error> {
+        self.route(written);
+        last.ack().await
+    }
+
+    /// The other bridges' messages `batch` holds, in order, and the ids of those the store
+    /// may hold already: delivered before (a redelivery after a restart, or after an
+    /// acknowledgement was lost), or published again by their bridge after a publish
+    /// whose outcome it does not know. A message repeated within the batch is kept once.
+    fn replicas_of(&self, batch: &[async_nats::jetstream::Message]) -> Replicas {
         let own = self.link.bridge_id.as_str();
-        let mut replicas = Vec::with_capacity(batch.len());
-        // Ids to look for in the store: those of messages delivered before (a redelivery
-        // after a restart, or after an acknowledgement was lost) or published again by
-        // their bridge after a publish whose outcome it does not know, which it may hold.
-        let mut maybe_kept = Vec::new();
+        let mut replicas = Replicas::default();
         for message in batch {
             let from_here = (message.headers.as_ref())
                 .and_then(|h| h.get(BRIDGE_HEADER))
@@ -128,9 +153,9 @@ impl Applier {
                             continue;
                         }
                         if (again || replica.resent) && !replica.transient {
-                            maybe_kept.push(replica.envelope.id.clone());
+                            replicas.maybe_kept.push(replica.envelope.id.clone());
                         }
-                        replicas.push(replica);
+                        replicas.all.push(replica);
                     }
                 }
                 Err(e) => {
@@ -138,16 +163,35 @@ impl Applier {
                 }
             }
         }
-        let kept: HashSet<String> = match maybe_kept.is_empty() {
-            true => HashSet::new(),
-            false => match self.local.read_ids(maybe_kept).await {
-                Ok(found) => found.into_iter().map(|m| m.envelope.id).collect(),
-                Err(e) => {
-                    tracing::error!(error = %e, "federation: cannot read the store");
-                    HashSet::new()
-                }
-            },
-        };
+        if !replicas.maybe_kept.is_empty() {
+            let mut seen = HashSet::new();
+            (replicas.all).retain(|r| r.transient || seen.insert(r.envelope.id.clone()));
+        }
+        replicas
+    }
+
+    /// Queues the writes of `replicas` to this bridge's store, leaving out those it holds
+    /// already; the future that ends when the store holds them, with the messages to route
+    /// then, each with whether it was kept.
+    async fn apply(
+        &self,
+        replicas: Replicas,
+    ) -> impl Future<Output = Vec<(Replica, bool)>> + Send + 'static {
+        let Replicas {
+            all: mut replicas,
+            maybe_kept,
+        } = replicas;
+        // Routed here since `replicas_of` looked (in a batch written meanwhile), or in the
+        // store.
+        let (unknown, seen): (Vec<String>, Vec<String>) =
+            (maybe_kept.into_iter()).partition(|id| !self.core.recently_seen(id));
+        let mut kept: HashSet<String> = seen.into_iter().collect();
+        if !unknown.is_empty() {
+            match self.local.read_ids(unknown).await {
+                Ok(found) => kept.extend(found.into_iter().map(|m| m.envelope.id)),
+                Err(e) => tracing::error!(error = %e, "federation: cannot read the store"),
+            }
+        }
         replicas.retain(|r| r.transient || !kept.contains(&r.envelope.id));
         let writes: Vec<_> = (replicas.iter())
             .filter(|r| !r.transient)

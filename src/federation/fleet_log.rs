@@ -63,11 +63,20 @@ fn refused_unreachable() -> LogError {
 struct Unsure {
     /// Whether any is kept: the common case is answered without the lock.
     any: AtomicBool,
-    ids: Mutex<(VecDeque<String>, HashSet<String>)>,
+    ids: Mutex<UnsureIds>,
 }
 
-/// Far more than clients retry within: a retry follows its refusal by seconds.
+#[derive(Default)]
+struct UnsureIds {
+    /// Oldest first, with when each was added.
+    order: VecDeque<(Instant, String)>,
+    set: HashSet<String>,
+}
+
+/// Far more than clients retry within: a retry follows its refusal by seconds. Kept at
+/// most this many, for at most this long (after which publishing takes no lock again).
 const UNSURE_REMEMBERED: usize = 65_536;
+const UNSURE_FOR: Duration = Duration::from_secs(600);
 
 impl Unsure {
     /// The messages `payload` (one publish) carried.
@@ -75,24 +84,41 @@ impl Unsure {
         let Ok(replicas) = Replica::all_in(payload) else {
             return;
         };
-        let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
-        let (order, set) = &mut *ids;
+        let now = Instant::now();
+        let mut ids = self.lock();
         for replica in replicas.into_iter().filter(|r| !r.transient) {
-            if set.insert(replica.envelope.id.clone()) {
-                order.push_back(replica.envelope.id);
+            if ids.set.insert(replica.envelope.id.clone()) {
+                ids.order.push_back((now, replica.envelope.id));
             }
         }
-        while order.len() > UNSURE_REMEMBERED {
-            if let Some(oldest) = order.pop_front() {
-                set.remove(&oldest);
-            }
+        while ids.order.len() > UNSURE_REMEMBERED {
+            ids.forget_oldest();
         }
-        self.any.store(!order.is_empty(), Ordering::Release);
+        self.any.store(!ids.order.is_empty(), Ordering::Release);
     }
 
     fn contains(&self, id: &str) -> bool {
-        self.any.load(Ordering::Acquire)
-            && (self.ids.lock().unwrap_or_else(|e| e.into_inner()).1).contains(id)
+        if !self.any.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut ids = self.lock();
+        while (ids.order.front()).is_some_and(|(added, _)| added.elapsed() > UNSURE_FOR) {
+            ids.forget_oldest();
+        }
+        self.any.store(!ids.order.is_empty(), Ordering::Release);
+        ids.set.contains(id)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, UnsureIds> {
+        self.ids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl UnsureIds {
+    fn forget_oldest(&mut self) {
+        if let Some((_, oldest)) = self.order.pop_front() {
+            self.set.remove(&oldest);
+        }
     }
 }
 
