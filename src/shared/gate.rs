@@ -3,7 +3,10 @@
 //!
 //! `axum::middleware::from_fn` would do as much, but it boxes every request's future and a
 //! clone of the service it calls, on every request an endpoint serves; this layer's
-//! future is the service's own, or the answer it gave.
+//! future is the service's own, or the answer it gave. The service is asked whether it is
+//! ready before the check runs, which suits axum's routes (always ready); over a service
+//! that reserves room when asked (tower's `Buffer`, `ConcurrencyLimit`), an answered
+//! request would hold that room until the next call.
 
 use std::convert::Infallible;
 use std::future::{Ready, ready};

@@ -69,7 +69,7 @@ pub async fn list(State(tracker): Shared, _caller: Caller, query: Query) -> ApiR
 }
 
 /// A posted message's fields, as its body gave them.
-#[derive(Default, serde::Deserialize)]
+#[derive(serde::Deserialize)]
 struct Posted {
     author_slug: Option<String>,
     author_type: Option<String>,
