@@ -29,7 +29,7 @@ const UUID_STRETCH_BITS: u32 = 14;
 
 /// The message whose derived UUID is `?2`, searched for by `messages_by_uuid` in each
 /// stretch through `?1`, all in one statement (the terms of the index repeated, so that
-/// the planner uses it). One index search a stretch: a few hundred microseconds for a
+/// the planner uses it). One index search a stretch: about a millisecond for a
 /// store of ten million messages, and the core asks only for messages older than those it
 /// remembers.
 const BY_DERIVED_UUID: &str = "WITH RECURSIVE stretch(k) AS (
