@@ -54,6 +54,14 @@ struct Waiting {
     sharing: usize,
 }
 
+impl Waiting {
+    /// Whether one more message of `size` bytes stays within the limits, counting those
+    /// being shared.
+    fn has_room(&self, size: usize) -> bool {
+        self.queue.len() + self.sharing < LIMIT && self.bytes + size <= LIMIT_BYTES
+    }
+}
+
 impl Unshared {
     /// What waits in memory only.
     pub fn in_memory() -> Arc<Unshared> {
@@ -89,9 +97,7 @@ impl Unshared {
             match serde_json::from_slice::<Head>(json) {
                 // Past the limits (a NATS that came and went without a moment when nothing
                 // waited keeps lines it holds already), the rest stay on this bridge alone.
-                Ok(_)
-                    if waiting.queue.len() >= LIMIT || waiting.bytes + json.len() > LIMIT_BYTES =>
-                {
+                Ok(_) if !waiting.has_room(json.len()) => {
                     left_out += 1;
                 }
                 Ok(head) => {
@@ -150,13 +156,9 @@ impl Unshared {
         // The file's lock is held until the message is queued, so that `shared` cannot
         // empty the file of a line whose message is not in the queue yet.
         let mut file = (self.file.as_ref()).map(|f| f.lock().unwrap_or_else(|e| e.into_inner()));
-        {
-            let waiting = self.waiting();
-            if waiting.queue.len() + waiting.sharing >= LIMIT || waiting.bytes + size > LIMIT_BYTES
-            {
-                tracing::warn!(message_id = %outgoing.id, "federation: too much waits for NATS; this message stays on this bridge alone");
-                return;
-            }
+        if !self.waiting().has_room(size) {
+            tracing::warn!(message_id = %outgoing.id, "federation: too much waits for NATS; this message stays on this bridge alone");
+            return;
         }
         if let Some(file) = file.as_mut() {
             let mut line = Vec::with_capacity(size + 1);
