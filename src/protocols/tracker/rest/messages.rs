@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use super::{ApiError, ApiResult, Body, Caller, Query, Shared, created_message, not_one_of, ok};
+use super::{ApiError, ApiResult, Body, Caller, Query, Shared, created_message, ok, one_of};
 use crate::protocols::tracker::chat::{NewMessage, PostError};
 use crate::protocols::tracker::wire::{AuthorType, MemberKind};
 
@@ -120,8 +120,7 @@ pub async fn create(State(tracker): Shared, caller: Caller, body: Bytes) -> ApiR
         MemberKind::Human => AuthorType::Human,
     };
     if let Some(claimed) = posted.author_type {
-        let claimed = AuthorType::parse(&claimed)
-            .ok_or_else(|| not_one_of(&["body", "author_type"], AuthorType::ALL))?;
+        let claimed = one_of("author_type", &claimed, AuthorType::parse, AuthorType::ALL)?;
         if claimed != author_type {
             return Err(ApiError::forbidden(format!(
                 "author_type '{}' is not the token's member's type '{}'",

@@ -348,11 +348,19 @@ impl Body {
     ) -> ApiResult<Option<T>> {
         match self.string(key)? {
             None => Ok(None),
-            Some(s) => parse(&s)
-                .map(Some)
-                .ok_or_else(|| not_one_of(&["body", key], allowed)),
+            Some(s) => one_of(key, &s, parse, allowed).map(Some),
         }
     }
+}
+
+/// Field `key`'s `value` as one of `allowed`, else FastAPI's "Input should be …" error.
+pub fn one_of<T>(
+    key: &str,
+    value: &str,
+    parse: fn(&str) -> Option<T>,
+    allowed: &[&str],
+) -> ApiResult<T> {
+    parse(value).ok_or_else(|| not_one_of(&["body", key], allowed))
 }
 
 /// The FastAPI-style "Input should be 'a', 'b' or 'c'" error.
