@@ -95,7 +95,7 @@ pub fn decode(mut msg: Message) -> Envelope {
     if !msg.receiver.is_broadcast() {
         env.to = vec![msg.receiver.agent.clone()];
     }
-    let payload = &msg.payload;
+    let payload = msg.payload();
     let text_field = |keys: &[&str]| {
         keys.iter()
             .find_map(|k| payload.get(k).and_then(Value::as_str))

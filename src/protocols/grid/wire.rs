@@ -137,12 +137,28 @@ pub struct Message {
     pub receiver: Party,
     pub correlation_id: Option<String>,
     pub action: Option<String>,
-    pub payload: Value,
-    pub context: Value,
     pub priority: Priority,
     pub ttl: Option<u64>,
     /// The whole `message:` object as it arrived, with id and timestamp filled in.
     pub raw: Value,
+}
+
+impl Message {
+    /// `content.payload`, read where `raw` holds it: a copy kept beside `raw` was made and
+    /// dropped for every message.
+    pub fn payload(&self) -> &Value {
+        self.content_field("payload")
+    }
+
+    /// `content.context`.
+    pub fn context(&self) -> &Value {
+        self.content_field("context")
+    }
+
+    fn content_field(&self, key: &str) -> &Value {
+        static NULL: Value = Value::Null;
+        (self.raw.get("content").and_then(|content| content.get(key))).unwrap_or(&NULL)
+    }
 }
 
 /// Most messages one request may hold (serde-saphyr's own bound on a YAML stream).
@@ -307,11 +323,9 @@ pub fn validate(doc: Value) -> Result<Message, Invalid> {
             )));
         }
     };
-    let payload = content.get("payload").cloned().unwrap_or(Value::Null);
-    let context = content.get("context").cloned().unwrap_or(Value::Null);
     let metadata = match msg.get("metadata") {
-        None | Some(Value::Null) => Value::Null,
-        Some(metadata @ Value::Object(_)) => metadata.clone(),
+        None | Some(Value::Null) => &Value::Null,
+        Some(metadata @ Value::Object(_)) => metadata,
         Some(_) => {
             return Err(with_sender(Invalid::new(
                 "metadata",
@@ -378,8 +392,6 @@ pub fn validate(doc: Value) -> Result<Message, Invalid> {
         receiver,
         correlation_id,
         action,
-        payload,
-        context,
         priority,
         ttl,
         raw: Value::Object(raw),
@@ -732,7 +744,7 @@ mod tests {
         );
         assert_eq!(request.receiver.agent, "mc");
         assert_eq!(request.action.as_deref(), Some("request_context"));
-        assert_eq!(request.payload["context_type"], "warmth");
+        assert_eq!(request.payload()["context_type"], "warmth");
         assert_eq!(request.priority, Priority::Normal);
 
         let response = validate(doc(
@@ -869,7 +881,7 @@ mod tests {
         );
         assert!(msg.receiver.is_broadcast());
         assert_eq!(msg.action.as_deref(), Some("discovery"));
-        assert_eq!(msg.payload["topic"], "auth");
+        assert_eq!(msg.payload()["topic"], "auth");
         assert_eq!(
             msg.timestamp,
             parse_iso8601("2026-01-24T16:30:00Z").unwrap()
@@ -961,8 +973,8 @@ mod tests {
             let (entries, _) = parse_entries(&text);
             let back = entries[0].message.as_ref().unwrap();
             assert_eq!(
-                (back.action.as_deref(), &back.payload, &back.context),
-                (Some("abort"), &msg.payload, &msg.context),
+                (back.action.as_deref(), back.payload(), back.context()),
+                (Some("abort"), msg.payload(), msg.context()),
                 "{text}"
             );
         }
@@ -973,6 +985,6 @@ mod tests {
             (back.id.as_str(), back.receiver.agent.as_str()),
             ("msg-1", "executor")
         );
-        assert_eq!(back.payload["reason"], "stop");
+        assert_eq!(back.payload()["reason"], "stop");
     }
 }
