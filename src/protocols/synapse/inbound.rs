@@ -231,7 +231,7 @@ impl Synapse {
         match first {
             Ok((agent, first)) => {
                 let attached = Box::pin(self.attach_stream(&agent, kind)).await;
-                self.serve_stream(attached, Some(first), inbound, hints, out)
+                self.serve_stream(attached, Some(Box::new(first)), inbound, hints, out)
                     .await;
             }
             Err(status) => {
@@ -270,7 +270,7 @@ impl Synapse {
     pub async fn serve_stream(
         self: Arc<Self>,
         stream: OpenStream,
-        first: Option<SynapseMessage>,
+        first: Option<Box<SynapseMessage>>,
         inbound: Streaming<SynapseMessage>,
         hints: Hints,
         out: Outlet,
@@ -303,33 +303,36 @@ impl Synapse {
     async fn relay(
         &self,
         stream: &OpenStream,
-        first: Option<SynapseMessage>,
+        first: Option<Box<SynapseMessage>>,
         mut inbound: Streaming<SynapseMessage>,
         hints: &Hints,
         out: &StreamSender,
     ) -> Option<SynapseMessage> {
         // With each message being stored, what a refusal needs to answer it.
         let mut storing: InFlight<SynapseMessage> = InFlight::new();
-        let mut received = first;
+        // Steps with a message in hand (storing one, settling at the end) are boxed, and
+        // the first message too: inline, each sized the task of every idle stream.
+        if let Some(msg) = first {
+            Box::pin(self.accept_from_stream(*msg, stream.kind, hints, out, &mut storing)).await;
+        }
         // Made once, as the WebSocket session loop makes its own (`protocols/session.rs`).
         let shutdown = self.shutdown.cancelled();
         let mut shutdown = std::pin::pin!(shutdown);
         let closed = out.closed();
         let mut closed = std::pin::pin!(closed);
         let left = loop {
-            if let Some(msg) = received.take() {
-                // Boxed: inline, storing a message sized the task of every idle stream.
-                Box::pin(self.accept_from_stream(msg, stream.kind, hints, out, &mut storing)).await;
-                continue;
-            }
             tokio::select! {
                 _ = &mut shutdown => break None,
                 _ = &mut closed => break None,
                 Some((stored, sent)) = storing.next(), if !storing.is_empty() => {
-                    self.on_stored(stored, &sent, out).await;
+                    if let Some(refusal) = self.on_stored(stored, out) {
+                        Box::pin(self.refuse_on_stream(&sent, &refusal, out)).await;
+                    }
                 }
                 next = inbound.next(), if storing.has_room() => match next {
-                    Some(Ok(msg)) => received = Some(msg),
+                    Some(Ok(msg)) => {
+                        Box::pin(self.accept_from_stream(msg, stream.kind, hints, out, &mut storing)).await;
+                    }
                     _ => break None,
                 },
                 next = stream.mailbox.recv() => {
@@ -347,31 +350,34 @@ impl Synapse {
                 },
             }
         };
-        self.settle(&mut storing, out).await;
+        Box::pin(self.settle(&mut storing, out)).await;
         left
     }
 
     /// Waits for every message the stream has being stored, and settles each in order.
     async fn settle(&self, storing: &mut InFlight<SynapseMessage>, out: &StreamSender) {
         while let Some((stored, sent)) = storing.next().await {
-            self.on_stored(stored, &sent, out).await;
+            if let Some(refusal) = self.on_stored(stored, out) {
+                self.refuse_on_stream(&sent, &refusal, out).await;
+            }
         }
     }
 
-    /// A message the stream sent is durable (and routed now), or could not be stored (and
-    /// is nacked, if the client still reads).
-    async fn on_stored(
+    /// A message the stream sent is durable, and routed now; or it could not be stored,
+    /// and the refusal to nack it with is returned, if the client still reads. Not async:
+    /// the stream's loop boxes the rare refusal, which inline sized the task of every idle
+    /// stream.
+    fn on_stored(
         &self,
         stored: Result<Envelope, crate::core::LogError>,
-        sent: &SynapseMessage,
         out: &StreamSender,
-    ) {
+    ) -> Option<Status> {
         match stored {
             Ok(env) => {
                 self.core.route(env);
+                None
             }
-            Err(e) if !out.is_closed() => self.refuse_on_stream(sent, &not_stored(e), out).await,
-            Err(_) => {}
+            Err(e) => (!out.is_closed()).then(|| not_stored(e)),
         }
     }
 
