@@ -510,6 +510,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_origin_read_back_keeps_its_frame_as_the_text_it_was_written_as() {
+        let frame = r#"{"id":"m1", "payload" : {"text":"hi"},"n":[1,2]}"#;
+        let json = format!(r#"{{"protocol":"skynet","native":{frame}}}"#);
+        let origin: Origin = serde_json::from_str(&json).unwrap();
+        assert_eq!(origin.native_json(), Some(frame), "not rewritten");
+        assert_eq!(origin.native().unwrap()["payload"]["text"], "hi");
+        let none: Origin = serde_json::from_str(r#"{"protocol":"grid","native":null}"#).unwrap();
+        assert_eq!((none.native_json(), none.native()), (None, None));
+        let absent: Origin = serde_json::from_str(r#"{"protocol":"grid"}"#).unwrap();
+        assert_eq!(absent.native_json(), None);
+    }
+
+    #[test]
     fn message_ids_are_lower_case_uuid_v7s_in_creation_order() {
         let ids: Vec<String> = (0..1000).map(|_| new_message_id()).collect();
         for id in &ids {
