@@ -1533,6 +1533,49 @@ async fn a_stream_disconnected_for_overflow_leaves_its_messages_in_the_inbox() {
     w.bridge.shutdown().await;
 }
 
+/// A stream that names its agent by its first message, whose client leaves while the bridge
+/// is still sending what waited in the agent's inbox: that first message is stored and
+/// delivered all the same.
+#[tokio::test]
+async fn the_message_a_stream_opens_with_is_kept_when_its_client_leaves_during_the_backlog() {
+    use agentbridge::protocols::synapse::proto::synapse_message_service_client::SynapseMessageServiceClient;
+
+    let mut w = world().await;
+    w.register("leaver", &[]).await;
+    w.register("peer", &[("x-synapse-transport", "polling")])
+        .await;
+    w.register("beta", &[]).await;
+    // More than a narrow channel that is not read takes in: the backlog send waits.
+    flood(&mut w, "leaver", 300).await;
+    let narrow = common::synapse::narrow_channel(w.addr).await;
+    let (out, rx) = mpsc::channel(4);
+    out.send(chat("leaver", "peer", "said on the way out"))
+        .await
+        .unwrap();
+    let inbound = SynapseMessageServiceClient::new(narrow)
+        .stream_messages(Request::new(ReceiverStream::new(rx)))
+        .await
+        .unwrap()
+        .into_inner();
+    // Nothing is read; the client leaves while its backlog is being sent.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    drop(inbound);
+    drop(out);
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    loop {
+        let polled = w.poll("peer").await;
+        if polled.iter().any(|m| text_of(m) == "said on the way out") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stream's first message never reached its receiver"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    w.bridge.shutdown().await;
+}
+
 /// The design's `grpc_listen` / `http_listen`: two ports, each serving both.
 #[tokio::test]
 async fn grpc_and_http_can_listen_on_ports_of_their_own() {

@@ -279,9 +279,9 @@ impl Synapse {
         // The steps run once a stream (reading the inbox, closing) are boxed: inline, their
         // futures sized the task of every idle stream.
         let mut unsent = Box::pin(self.send_backlog(&stream, &out.tx)).await;
-        if unsent.is_empty() {
-            unsent.extend(self.relay(&stream, first, inbound, &hints, &out.tx).await);
-        }
+        // Relayed even when the client left during the backlog: the message it opened the
+        // stream with is stored and routed, and the relay ends at once on a closed output.
+        unsent.extend(self.relay(&stream, first, inbound, &hints, &out.tx).await);
         Box::pin(self.close_stream(stream, out, unsent)).await;
     }
 
