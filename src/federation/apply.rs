@@ -90,19 +90,12 @@ impl Applier {
                         batch.push(message);
                     }
                     let replicas = self.replicas_of(&batch);
-                    if !replicas.maybe_kept.is_empty() {
-                        // Whether one of these was applied is known once the batches
-                        // before are written and routed: its first copy may be in one.
-                        let mut failed = None;
-                        while let Some((written, last)) = writing.next().await {
-                            if let Err(e) = self.route_and_ack(written, last).await {
-                                failed = Some(e);
-                                break;
-                            }
-                        }
-                        if let Some(e) = failed {
-                            break Err(e);
-                        }
+                    // Whether one of these was applied is known once the batches before
+                    // are written and routed: its first copy may be in one.
+                    if !replicas.maybe_kept.is_empty()
+                        && let Err(e) = self.route_and_ack_all(&mut writing).await
+                    {
+                        break Err(e);
                     }
                     let written = self.apply(replicas).await;
                     let last = batch.pop().expect("a batch holds a message");
@@ -128,6 +121,20 @@ impl Applier {
     ) -> Result<(), async_nats::Error> {
         self.route(written);
         last.ack().await
+    }
+
+    /// Routes and acknowledges, in order, every batch being written.
+    async fn route_and_ack_all<F>(
+        &self,
+        writing: &mut FuturesOrdered<F>,
+    ) -> Result<(), async_nats::Error>
+    where
+        F: Future<Output = (Vec<(Replica, bool)>, async_nats::jetstream::Message)>,
+    {
+        while let Some((written, last)) = writing.next().await {
+            self.route_and_ack(written, last).await?;
+        }
+        Ok(())
     }
 
     /// The other bridges' messages `batch` holds, in order, and the ids of those the store
