@@ -60,6 +60,11 @@ impl Waiting {
     fn has_room(&self, size: usize) -> bool {
         self.queue.len() + self.sharing < LIMIT && self.bytes + size <= LIMIT_BYTES
     }
+
+    /// Whether nothing waits or is being shared: the file may be emptied.
+    fn is_settled(&self) -> bool {
+        self.queue.is_empty() && self.sharing == 0
+    }
 }
 
 impl Unshared {
@@ -199,7 +204,7 @@ impl Unshared {
         let done = {
             let mut waiting = self.waiting();
             waiting.sharing = waiting.sharing.saturating_sub(count);
-            waiting.queue.is_empty() && waiting.sharing == 0
+            waiting.is_settled()
         };
         if done && self.file.is_some() {
             let this = self.clone();
@@ -210,9 +215,7 @@ impl Unshared {
     fn empty_file(&self) {
         let Some(file) = &self.file else { return };
         let file = file.lock().unwrap_or_else(|e| e.into_inner());
-        let waiting = self.waiting();
-        if waiting.queue.is_empty()
-            && waiting.sharing == 0
+        if self.waiting().is_settled()
             && let Err(e) = file.set_len(0).and_then(|()| file.sync_data())
         {
             tracing::warn!(error = %e, "federation: cannot empty the file of messages waiting for NATS");
