@@ -880,6 +880,157 @@ async fn a_grid_programs_queue_outlives_its_bridge() {
     fleet.shutdown().await;
 }
 
+/// A Grid program known to `fleet`'s bridge `i` and away: mail for it is queued (by that
+/// bridge, in the fleet's records) rather than sent.
+async fn away_program(fleet: &Fleet, i: usize, name: &str) {
+    let (socket, _) = common::grid::GridWs::connect(fleet.nets[i].grid, name, None).await;
+    drop(socket);
+    for net in &fleet.nets {
+        let directory = &net.bridge.core().directory;
+        eventually("every bridge shows the program away", async || {
+            directory.get(name).is_some_and(|a| !a.online)
+        })
+        .await;
+    }
+}
+
+/// The ids of what `agent` gets by polling bridge `i`'s Grid.
+async fn polled_ids(fleet: &Fleet, i: usize, agent: &str) -> Vec<String> {
+    let poller = common::grid::GridHttp::new(fleet.nets[i].grid);
+    (poller.poll(&format!("agent={agent}")).await.iter())
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The key and revision of the fleet's record of mail `id` kept for `agent` in `table`,
+/// read from bridge `i`'s records.
+async fn mail_record(fleet: &Fleet, i: usize, table: &str, agent: &str, id: &str) -> (String, u64) {
+    let records = fleet.nets[i].bridge.core().records().unwrap();
+    let key = serde_json::to_string(&(agent, id)).unwrap();
+    let record = records.read(table, &key).await.unwrap();
+    (
+        key,
+        record.expect("the message is queued in the fleet").revision,
+    )
+}
+
+/// A take that lands in the fleet without its bridge hearing the answer (NATS's answer
+/// lost) is that bridge's: it still delivers the message, once, and a take by another
+/// bridge it did not see leaves it nothing to deliver.
+#[tokio::test]
+async fn a_take_whose_answer_was_lost_is_found_to_be_the_bridges_own() {
+    use agentbridge::core::RecordError;
+    let fleet = Fleet::start(2).await;
+    away_program(&fleet, 0, "poller").await;
+    let sender = common::grid::GridHttp::new(fleet.nets[1].grid);
+    for id in ["q0", "q1"] {
+        sender.send(&grid_request(id, "sender", "poller")).await;
+    }
+    eventually("b0 queued the mail in the fleet", async || {
+        fleet.records_in("grid-queue").await == 2
+    })
+    .await;
+    let (q0, q0_revision) = mail_record(&fleet, 0, "grid-queue", "poller", "q0").await;
+    let (q1, q1_revision) = mail_record(&fleet, 0, "grid-queue", "poller", "q1").await;
+    let (b0, b1) = (fleet.nets[0].bridge.core(), fleet.nets[1].bridge.core());
+    let (b0, b1) = (b0.records().unwrap(), b1.records().unwrap());
+    // Takes whose answers b0's Grid never saw: q0 by b0 itself, q1 by b1.
+    b0.take("grid-queue", &q0, q0_revision).await.unwrap();
+    b1.take("grid-queue", &q1, q1_revision).await.unwrap();
+    assert_eq!(fleet.records_in("grid-queue").await, 0);
+    // Taken again, a record is its taker's, and another bridge's is refused.
+    b0.take("grid-queue", &q0, q0_revision).await.unwrap();
+    let refused = b0.take("grid-queue", &q1, q1_revision).await;
+    assert!(matches!(refused, Err(RecordError::Conflict)), "{refused:?}");
+
+    // The program polls b0, whether or not b0 has applied the marks yet: q0, which b0
+    // took, once.
+    assert_eq!(polled_ids(&fleet, 0, "poller").await, ["q0"]);
+    assert!(polled_ids(&fleet, 0, "poller").await.is_empty());
+    fleet.shutdown().await;
+}
+
+/// As a Grid program's queue: a Synapse inbox message whose take landed without its
+/// bridge hearing the answer is still delivered by that bridge, once.
+#[tokio::test]
+async fn a_synapse_inbox_take_whose_answer_was_lost_is_the_bridges_own() {
+    use agentbridge::protocols::synapse::proto::SendMessageRequest;
+    use common::synapse::{Stream, chat, clients, text_of, with_meta};
+    let fleet = Fleet::start(2).await;
+    let stream = Stream::open(fleet.nets[0].synapse, "inboxer").await;
+    fleet.wait_known(1, "inboxer").await;
+    drop(stream);
+    let directory = &fleet.nets[1].bridge.core().directory;
+    eventually("b1 shows the agent away", async || {
+        directory.get("inboxer").is_some_and(|a| !a.online)
+    })
+    .await;
+    let mut sender = clients(fleet.nets[1].synapse).await;
+    for id in ["m0", "m1"] {
+        let mut message = chat("writer", "inboxer", id);
+        message.id = id.to_owned();
+        let request = SendMessageRequest {
+            message: Some(message),
+        };
+        sender.messages.send_message(request).await.unwrap();
+    }
+    eventually("b0 kept the mail in the fleet", async || {
+        fleet.records_in("synapse-inbox").await == 2
+    })
+    .await;
+    let (m0, m0_revision) = mail_record(&fleet, 0, "synapse-inbox", "inboxer", "m0").await;
+    let (m1, m1_revision) = mail_record(&fleet, 0, "synapse-inbox", "inboxer", "m1").await;
+    let b0 = fleet.nets[0].bridge.core().records().unwrap();
+    let b1 = fleet.nets[1].bridge.core().records().unwrap();
+    b0.take("synapse-inbox", &m0, m0_revision).await.unwrap();
+    b1.take("synapse-inbox", &m1, m1_revision).await.unwrap();
+
+    let mut poller = clients(fleet.nets[0].synapse).await;
+    let request = with_meta((), &[("x-synapse-agent-id", "inboxer")]);
+    let answer = poller.messages.receive_callback(request).await.unwrap();
+    let mut inbound = answer.into_inner();
+    let mut texts = Vec::new();
+    while let Some(Ok(message)) = futures_util::StreamExt::next(&mut inbound).await {
+        texts.push(text_of(&message));
+    }
+    assert_eq!(texts, ["m0"]);
+    fleet.shutdown().await;
+}
+
+/// While NATS is away, mail the fleet holds waits: a bridge that cannot take it from the
+/// fleet does not deliver it, since another bridge may, and delivers it once NATS is back.
+#[tokio::test]
+async fn mail_taken_while_nats_is_away_is_delivered_once_when_it_is_back() {
+    let mut cluster = Cluster::start(1).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
+    away_program(&fleet, 0, "poller").await;
+    let sender = common::grid::GridHttp::new(fleet.nets[1].grid);
+    sender.send(&grid_request("q0", "sender", "poller")).await;
+    eventually("b0 queued the mail in the fleet", async || {
+        fleet.records_in("grid-queue").await == 1
+    })
+    .await;
+
+    cluster.kill(0);
+    let bridge = &fleet.nets[0].bridge;
+    eventually("b0 says it is degraded", async || {
+        bridge.readiness().degraded().is_some()
+    })
+    .await;
+    assert!(polled_ids(&fleet, 0, "poller").await.is_empty());
+    assert!(polled_ids(&fleet, 0, "poller").await.is_empty());
+
+    cluster.restart(0).await;
+    eventually("b0 is ready again", async || {
+        bridge.readiness().degraded().is_none()
+    })
+    .await;
+    assert_eq!(polled_ids(&fleet, 0, "poller").await, ["q0"]);
+    assert!(polled_ids(&fleet, 0, "poller").await.is_empty());
+    assert_eq!(fleet.records_in("grid-queue").await, 0);
+    fleet.shutdown().await;
+}
+
 /// A Synapse agent's polling inbox is the fleet's, as a Grid program's queue is: also what
 /// was sent to it after its bridge was killed and before the fleet took that bridge for gone.
 #[tokio::test]

@@ -59,7 +59,8 @@ pub fn unless_lost(
 pub struct TakenEach<T> {
     /// Taken by this bridge, or kept by it alone (no record to take).
     pub taken: Vec<T>,
-    /// Not taken because the records could not be reached: to be put back and taken later.
+    /// Not known to be taken, the records being out of reach: to be put back as they were
+    /// and taken again later, which finds out whether a take without an answer landed.
     pub unreachable: Vec<T>,
 }
 
@@ -148,6 +149,10 @@ pub struct RecordChange {
     /// `None` when the record was removed.
     pub value: Option<bytes::Bytes>,
     pub revision: Revision,
+    /// A removal that is this bridge's own take (`SharedRecords::take`). A row this bridge
+    /// still holds for the record is its own to deliver: the take landed, its answer did
+    /// not, and taking the row again finds that out.
+    pub taken_here: bool,
 }
 
 /// Applies the changes of one table to the endpoint's own tables. Called in revision order
@@ -220,7 +225,8 @@ pub trait SharedRecords: Send + Sync {
     /// Takes `table`'s record `key` as written at `revision`, for this bridge alone: of
     /// bridges taking it at once, one does and the others get `Conflict`. The record is
     /// removed, and its key refuses `Expect::Unused` writes for a long while after (a
-    /// message taken from an agent's mail is not kept for it again).
+    /// message taken from an agent's mail is not kept for it again). Taking again what
+    /// this bridge took already is `Ok`: a take whose answer never came is tried again.
     fn take<'a>(&'a self, table: &'a str, key: &'a str, revision: Revision)
     -> RecordFuture<'a, ()>;
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv::{self, CreateErrorKind, Operation};
+use async_nats::jetstream::message::StreamMessage;
 use futures_util::StreamExt;
 
 use super::link::{NatsLink, lost_race};
@@ -52,6 +53,42 @@ impl FleetRecords {
     fn bucket(&self) -> Result<kv::Store, RecordError> {
         Ok(self.ready()?.records.clone())
     }
+
+    /// The last message under `table`'s record `key`, from the stream's leader rather than
+    /// the direct get any replica answers: a change reads the record, then writes it at
+    /// that revision, and a replica behind answers a revision the write is then refused
+    /// at, again and again while it lags.
+    async fn last_message(
+        &self,
+        table: &str,
+        key: &str,
+    ) -> Result<Option<StreamMessage>, RecordError> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        let bucket = self.bucket()?;
+        let subject = format!("{}{}", bucket.prefix, bucket_key(table, key));
+        match bucket
+            .stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+        {
+            Ok(message) => Ok(Some(message)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    /// Whether `message` is the mark of a take by this bridge.
+    fn taken_here(&self, message: &StreamMessage) -> bool {
+        is_removal(message) && message.payload == self.link.bridge_id.as_bytes()
+    }
+}
+
+/// The header KV gives the kind of a key's message in.
+const KV_OPERATION: &str = "KV-Operation";
+
+/// Whether `message` is a removal's marker (a delete, or a take's purge).
+fn is_removal(message: &StreamMessage) -> bool {
+    (message.headers.get(KV_OPERATION)).is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"))
 }
 
 /// An entry's value, or `None` for the marker a removal leaves.
@@ -72,28 +109,14 @@ fn conflict_or_unavailable(e: kv::UpdateError) -> RecordError {
 }
 
 impl SharedRecords for FleetRecords {
-    /// From the stream's leader, not the direct get any replica answers: a change reads
-    /// the record, then writes it at that revision, and a replica behind answers a revision
-    /// the write is then refused at, again and again while it lags.
     fn read<'a>(&'a self, table: &'a str, key: &'a str) -> RecordFuture<'a, Option<Record>> {
         Box::pin(async move {
-            use async_nats::jetstream::stream::LastRawMessageErrorKind;
-            let bucket = self.bucket()?;
-            let subject = format!("{}{}", bucket.prefix, bucket_key(table, key));
-            let message = match bucket
-                .stream
-                .get_last_raw_message_by_subject(&subject)
-                .await
-            {
-                Ok(message) => message,
-                Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
-                Err(e) => return Err(unavailable(e)),
+            let Some(message) = self.last_message(table, key).await? else {
+                return Ok(None);
             };
-            let removed = (message.headers.get("KV-Operation"))
-                .is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"));
             Ok(Some(Record {
                 revision: message.sequence,
-                value: (!removed).then_some(message.payload),
+                value: (!is_removal(&message)).then_some(message.payload),
             }))
         })
     }
@@ -128,6 +151,9 @@ impl SharedRecords for FleetRecords {
         })
     }
 
+    /// The take's mark names this bridge (its payload), so that a bridge whose take got no
+    /// answer finds out, when it takes the record again and is refused, whether the take
+    /// that landed was its own.
     fn take<'a>(
         &'a self,
         table: &'a str,
@@ -135,10 +161,35 @@ impl SharedRecords for FleetRecords {
         revision: Revision,
     ) -> RecordFuture<'a, ()> {
         Box::pin(async move {
-            (self.bucket()?)
-                .purge_expect_revision_with_ttl(bucket_key(table, key), revision, TAKEN_REMEMBERED)
-                .await
-                .map_err(conflict_or_unavailable)
+            use async_nats::header::{
+                NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_TTL, NATS_ROLLUP,
+            };
+            let ready = self.ready()?;
+            let bucket = &ready.records;
+            let prefix = bucket.put_prefix.as_ref().unwrap_or(&bucket.prefix);
+            let subject = format!("{prefix}{}", bucket_key(table, key));
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(KV_OPERATION, "PURGE");
+            headers.insert(NATS_ROLLUP, "sub");
+            headers.insert(NATS_MESSAGE_TTL, TAKEN_REMEMBERED.as_secs().to_string());
+            headers.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, revision.to_string());
+            let taker = bytes::Bytes::from(self.link.bridge_id.clone());
+            let marked = async {
+                (ready.js.publish_with_headers(subject, headers, taker))
+                    .await?
+                    .await
+            };
+            match marked.await {
+                Ok(_) => Ok(()),
+                Err(e) if lost_race(&e) => {
+                    let last = self.last_message(table, key).await?;
+                    match last.is_some_and(|m| self.taken_here(&m)) {
+                        true => Ok(()),
+                        false => Err(RecordError::Conflict),
+                    }
+                }
+                Err(e) => Err(unavailable(e)),
+            }
         })
     }
 
@@ -213,9 +264,12 @@ async fn follow_once(link: &NatsLink, table: &str, sink: &dyn RecordSink) {
         let Some(key) = record_key(table, &entry.key) else {
             continue;
         };
+        let taken_here =
+            entry.operation == Operation::Purge && entry.value == link.bridge_id.as_bytes();
         sink.apply(RecordChange {
             key,
             revision: entry.revision,
+            taken_here,
             value: value_of(entry),
         })
         .await;

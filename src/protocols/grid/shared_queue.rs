@@ -56,6 +56,8 @@ async fn apply_change(grid: Arc<Grid>, change: RecordChange) -> Result<(), Store
                 .apply_queued(record.agent, record.message, change.revision)
                 .await
         }
+        // A row still here is one whose take's answer was lost: this bridge's to deliver.
+        None if change.taken_here => Ok(()),
         None => {
             let (agent, id): (String, String) =
                 serde_json::from_str(&change.key).map_err(corrupt)?;
@@ -112,7 +114,7 @@ impl Grid {
 
     /// Takes the messages waiting for `agent` that `instances` covers (`Db::take`); in a
     /// fleet, each from the fleet as well: one another bridge took first is left out, and
-    /// one NATS did not answer for is kept here alone, for later.
+    /// one NATS did not answer for waits here for the next take.
     pub(super) async fn take_queued(
         &self,
         agent: &str,
@@ -137,14 +139,10 @@ impl Grid {
             queued.fleet_revision.map(|revision| (key, revision))
         })
         .await;
-        // Whether a take NATS did not answer landed is not known: the row is kept by this
-        // bridge alone, which delivers it (the fleet's removal never deletes such a row),
-        // so it is not lost, and comes twice at worst.
-        let mut unsure = each.unreachable;
-        for queued in &mut unsure {
-            queued.fleet_revision = None;
-        }
-        self.db.restore(unsure).await?;
+        // Whether a take NATS did not answer landed is not known yet: the row is put back
+        // at its revision, and the next take of it finds out (`SharedRecords::take`). Its
+        // mark, if it landed, names this bridge, so the fleet's removal leaves the row.
+        self.db.restore(each.unreachable).await?;
         Ok(each.taken)
     }
 

@@ -43,6 +43,8 @@ async fn apply_change(synapse: Arc<Synapse>, change: RecordChange) -> Result<(),
                 .apply_inbox(agent, id, message.to_vec(), change.revision)
                 .await
         }
+        // A row still here is one whose take's answer was lost: this bridge's to deliver.
+        None if change.taken_here => Ok(()),
         None => synapse.db.forget_inbox(agent, id, change.revision).await,
     }
 }
@@ -88,13 +90,9 @@ impl Synapse {
             Some((key(&row.agent_id, id), row.fleet_revision?))
         })
         .await;
-        // As Grid's queue does (`grid/shared_queue.rs`): a take NATS did not answer may have
-        // landed, so the row is kept here alone rather than lost.
-        let mut unsure = each.unreachable;
-        for row in &mut unsure {
-            row.fleet_revision = None;
-        }
-        self.db.restore_inbox(unsure).await?;
+        // As Grid's queue does (`grid/shared_queue.rs`): a take NATS did not answer is found
+        // out by the next take of the row, put back at its revision.
+        self.db.restore_inbox(each.unreachable).await?;
         Ok(each.taken)
     }
 }
