@@ -902,16 +902,19 @@ async fn polled_ids(fleet: &Fleet, i: usize, agent: &str) -> Vec<String> {
         .collect()
 }
 
-/// The key and revision of the fleet's record of mail `id` kept for `agent` in `table`,
-/// read from bridge `i`'s records.
-async fn mail_record(fleet: &Fleet, i: usize, table: &str, agent: &str, id: &str) -> (String, u64) {
+/// The fleet's record of mail `id` kept for `agent` in `table`, read from bridge `i`'s
+/// records: its key, and the record.
+async fn mail_record(
+    fleet: &Fleet,
+    i: usize,
+    table: &str,
+    agent: &str,
+    id: &str,
+) -> (String, agentbridge::core::Record) {
     let records = fleet.nets[i].bridge.core().records().unwrap();
     let key = serde_json::to_string(&(agent, id)).unwrap();
     let record = records.read(table, &key).await.unwrap();
-    (
-        key,
-        record.expect("the message is queued in the fleet").revision,
-    )
+    (key, record.expect("the message is kept in the fleet"))
 }
 
 /// A take that lands in the fleet without its bridge hearing the answer (NATS's answer
@@ -919,7 +922,7 @@ async fn mail_record(fleet: &Fleet, i: usize, table: &str, agent: &str, id: &str
 /// bridge it did not see leaves it nothing to deliver.
 #[tokio::test]
 async fn a_take_whose_answer_was_lost_is_found_to_be_the_bridges_own() {
-    use agentbridge::core::RecordError;
+    use agentbridge::core::{Expect, RecordError};
     let fleet = Fleet::start(2).await;
     away_program(&fleet, 0, "poller").await;
     let sender = common::grid::GridHttp::new(fleet.nets[1].grid);
@@ -930,8 +933,9 @@ async fn a_take_whose_answer_was_lost_is_found_to_be_the_bridges_own() {
         fleet.records_in("grid-queue").await == 2
     })
     .await;
-    let (q0, q0_revision) = mail_record(&fleet, 0, "grid-queue", "poller", "q0").await;
-    let (q1, q1_revision) = mail_record(&fleet, 0, "grid-queue", "poller", "q1").await;
+    let (q0, q0_record) = mail_record(&fleet, 0, "grid-queue", "poller", "q0").await;
+    let (q1, q1_record) = mail_record(&fleet, 0, "grid-queue", "poller", "q1").await;
+    let (q0_revision, q1_revision) = (q0_record.revision, q1_record.revision);
     let (b0, b1) = (fleet.nets[0].bridge.core(), fleet.nets[1].bridge.core());
     let (b0, b1) = (b0.records().unwrap(), b1.records().unwrap());
     // Takes whose answers b0's Grid never saw: q0 by b0 itself, q1 by b1.
@@ -943,8 +947,33 @@ async fn a_take_whose_answer_was_lost_is_found_to_be_the_bridges_own() {
     let refused = b0.take("grid-queue", &q1, q1_revision).await;
     assert!(matches!(refused, Err(RecordError::Conflict)), "{refused:?}");
 
-    // The program polls b0, whether or not b0 has applied the marks yet: q0, which b0
-    // took, once.
+    // b0 applies the marks: its watch has passed them once it applies a record written
+    // after them, mail for another program, which that program then gets from b0.
+    let mut later: serde_json::Value =
+        serde_json::from_slice(&q1_record.value.expect("q1 as queued")).unwrap();
+    later["agent"] = "other".into();
+    later["message_id"] = "later".into();
+    let mut body: serde_json::Value =
+        serde_json::from_str(later["body"].as_str().unwrap()).unwrap();
+    body["id"] = "later".into();
+    later["body"] = body.to_string().into();
+    let key = serde_json::to_string(&("other", "later")).unwrap();
+    let later = later.to_string().into_bytes().into();
+    b1.write("grid-queue", &key, later, Expect::Unused)
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    eventually(
+        "b0 applied the record written after the marks",
+        async || {
+            got = polled_ids(&fleet, 0, "other").await;
+            !got.is_empty()
+        },
+    )
+    .await;
+    assert_eq!(got, ["later"]);
+
+    // The program polls b0: q0, which b0 took, once; not q1, which b1 took.
     assert_eq!(polled_ids(&fleet, 0, "poller").await, ["q0"]);
     assert!(polled_ids(&fleet, 0, "poller").await.is_empty());
     fleet.shutdown().await;
@@ -978,12 +1007,16 @@ async fn a_synapse_inbox_take_whose_answer_was_lost_is_the_bridges_own() {
         fleet.records_in("synapse-inbox").await == 2
     })
     .await;
-    let (m0, m0_revision) = mail_record(&fleet, 0, "synapse-inbox", "inboxer", "m0").await;
-    let (m1, m1_revision) = mail_record(&fleet, 0, "synapse-inbox", "inboxer", "m1").await;
+    let (m0, m0_record) = mail_record(&fleet, 0, "synapse-inbox", "inboxer", "m0").await;
+    let (m1, m1_record) = mail_record(&fleet, 0, "synapse-inbox", "inboxer", "m1").await;
     let b0 = fleet.nets[0].bridge.core().records().unwrap();
     let b1 = fleet.nets[1].bridge.core().records().unwrap();
-    b0.take("synapse-inbox", &m0, m0_revision).await.unwrap();
-    b1.take("synapse-inbox", &m1, m1_revision).await.unwrap();
+    b0.take("synapse-inbox", &m0, m0_record.revision)
+        .await
+        .unwrap();
+    b1.take("synapse-inbox", &m1, m1_record.revision)
+        .await
+        .unwrap();
 
     let mut poller = clients(fleet.nets[0].synapse).await;
     let request = with_meta((), &[("x-synapse-agent-id", "inboxer")]);

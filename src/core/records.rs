@@ -226,7 +226,8 @@ pub trait SharedRecords: Send + Sync {
     /// bridges taking it at once, one does and the others get `Conflict`. The record is
     /// removed, and its key refuses `Expect::Unused` writes for a long while after (a
     /// message taken from an agent's mail is not kept for it again). Taking again what
-    /// this bridge took already is `Ok`: a take whose answer never came is tried again.
+    /// this bridge took already is `Ok` while its take's mark lives: a take whose answer
+    /// never came is tried again.
     fn take<'a>(&'a self, table: &'a str, key: &'a str, revision: Revision)
     -> RecordFuture<'a, ()>;
 

@@ -79,8 +79,15 @@ impl FleetRecords {
 
     /// Whether `message` is the mark of a take by this bridge.
     fn taken_here(&self, message: &StreamMessage) -> bool {
-        is_removal(message) && message.payload == self.link.bridge_id.as_bytes()
+        let purge = (message.headers.get(KV_OPERATION)).is_some_and(|op| op.as_str() == "PURGE");
+        is_take_by(&self.link.bridge_id, purge, &message.payload)
     }
+}
+
+/// Whether a key's message — a purge or not, with `payload` — is the mark a take by bridge
+/// `bridge_id` left (`SharedRecords::take`: the taker's id is the purge's payload).
+fn is_take_by(bridge_id: &str, purge: bool, payload: &[u8]) -> bool {
+    purge && payload == bridge_id.as_bytes()
 }
 
 /// The header KV gives the kind of a key's message in.
@@ -166,6 +173,8 @@ impl SharedRecords for FleetRecords {
             };
             let ready = self.ready()?;
             let bucket = &ready.records;
+            // As async-nats's own purge names it; the bucket's context has no JetStream
+            // domain, so no API prefix goes before it.
             let prefix = bucket.put_prefix.as_ref().unwrap_or(&bucket.prefix);
             let subject = format!("{prefix}{}", bucket_key(table, key));
             let mut headers = async_nats::HeaderMap::new();
@@ -183,9 +192,10 @@ impl SharedRecords for FleetRecords {
                 Ok(_) => Ok(()),
                 Err(e) if lost_race(&e) => {
                     let last = self.last_message(table, key).await?;
-                    match last.is_some_and(|m| self.taken_here(&m)) {
-                        true => Ok(()),
-                        false => Err(RecordError::Conflict),
+                    if last.is_some_and(|m| self.taken_here(&m)) {
+                        Ok(())
+                    } else {
+                        Err(RecordError::Conflict)
                     }
                 }
                 Err(e) => Err(unavailable(e)),
@@ -264,8 +274,8 @@ async fn follow_once(link: &NatsLink, table: &str, sink: &dyn RecordSink) {
         let Some(key) = record_key(table, &entry.key) else {
             continue;
         };
-        let taken_here =
-            entry.operation == Operation::Purge && entry.value == link.bridge_id.as_bytes();
+        let purge = entry.operation == Operation::Purge;
+        let taken_here = is_take_by(&link.bridge_id, purge, &entry.value);
         sink.apply(RecordChange {
             key,
             revision: entry.revision,
