@@ -983,12 +983,14 @@ async fn a_take_whose_answer_was_lost_is_found_to_be_the_bridges_own() {
 /// bridge hearing the answer is still delivered by that bridge, once.
 #[tokio::test]
 async fn a_synapse_inbox_take_whose_answer_was_lost_is_the_bridges_own() {
+    use agentbridge::core::Expect;
     use agentbridge::protocols::synapse::proto::SendMessageRequest;
     use common::synapse::{Stream, chat, clients, text_of, with_meta};
     let fleet = Fleet::start(2).await;
     let stream = Stream::open(fleet.nets[0].synapse, "inboxer").await;
     fleet.wait_known(1, "inboxer").await;
     drop(stream);
+    drop(Stream::open(fleet.nets[0].synapse, "other").await);
     let directory = &fleet.nets[1].bridge.core().directory;
     eventually("b1 shows the agent away", async || {
         directory.get("inboxer").is_some_and(|a| !a.online)
@@ -1018,15 +1020,32 @@ async fn a_synapse_inbox_take_whose_answer_was_lost_is_the_bridges_own() {
         .await
         .unwrap();
 
-    let mut poller = clients(fleet.nets[0].synapse).await;
-    let request = with_meta((), &[("x-synapse-agent-id", "inboxer")]);
-    let answer = poller.messages.receive_callback(request).await.unwrap();
-    let mut inbound = answer.into_inner();
-    let mut texts = Vec::new();
-    while let Some(Ok(message)) = futures_util::StreamExt::next(&mut inbound).await {
-        texts.push(text_of(&message));
-    }
-    assert_eq!(texts, ["m0"]);
+    // As in the Grid's test: b0 has passed the marks once it applies mail kept after them.
+    let mut later = chat("writer", "other", "later");
+    later.id = "later".to_owned();
+    let key = serde_json::to_string(&("other", "later")).unwrap();
+    let value = prost::Message::encode_to_vec(&later).into();
+    let kept = b1.write("synapse-inbox", &key, value, Expect::Unused).await;
+    kept.unwrap();
+    let fetch = async |agent: &str| {
+        let mut poller = clients(fleet.nets[0].synapse).await;
+        let request = with_meta((), &[("x-synapse-agent-id", agent)]);
+        let answer = poller.messages.receive_callback(request).await.unwrap();
+        let mut inbound = answer.into_inner();
+        let mut texts = Vec::new();
+        while let Some(Ok(message)) = futures_util::StreamExt::next(&mut inbound).await {
+            texts.push(text_of(&message));
+        }
+        texts
+    };
+    let mut got = Vec::new();
+    eventually("b0 applied the mail kept after the marks", async || {
+        got = fetch("other").await;
+        !got.is_empty()
+    })
+    .await;
+    assert_eq!(got, ["later"]);
+    assert_eq!(fetch("inboxer").await, ["m0"]);
     fleet.shutdown().await;
 }
 
