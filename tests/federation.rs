@@ -1083,6 +1083,40 @@ async fn mail_taken_while_nats_is_away_is_delivered_once_when_it_is_back() {
     fleet.shutdown().await;
 }
 
+/// A Grid message the fleet holds, whose ttl runs out while NATS is away, expires once NATS
+/// is back: its sender, on another bridge, is told then, once.
+#[tokio::test]
+async fn fleet_mail_that_expires_while_nats_is_away_is_told_to_its_sender_when_it_is_back() {
+    let mut cluster = Cluster::start(1).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
+    away_program(&fleet, 0, "sleeper").await;
+    let (mut planner, _) = common::grid::GridWs::connect(fleet.nets[1].grid, "planner", None).await;
+    fleet.wait_known(0, "planner").await;
+    planner
+        .send("message: { id: msg-ttl, type: request, sender: { agent: planner }, receiver: { agent: sleeper }, content: { action: mission_assigned }, metadata: { ttl: 2 } }")
+        .await;
+    eventually("b0 queued the mail in the fleet", async || {
+        fleet.records_in("grid-queue").await == 1
+    })
+    .await;
+
+    cluster.kill(0);
+    let bridge = &fleet.nets[0].bridge;
+    eventually("b0 says it is degraded", async || {
+        bridge.readiness().degraded().is_some()
+    })
+    .await;
+    // The ttl runs out, and b0 sweeps, while NATS is away.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.restart(0).await;
+    let error = planner.next_message().await;
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["correlation_id"], "msg-ttl");
+    assert_eq!(error["content"]["payload"]["error_code"], "TTL_EXPIRED");
+    assert_eq!(fleet.records_in("grid-queue").await, 0);
+    fleet.shutdown().await;
+}
+
 /// A Synapse agent's polling inbox is the fleet's, as a Grid program's queue is: also what
 /// was sent to it after its bridge was killed and before the fleet took that bridge for gone.
 #[tokio::test]

@@ -241,4 +241,8 @@ pub trait SharedRecords: Send + Sync {
     /// Feeds `sink` every record of `table` as it is now, then every change, until the
     /// bridge stops. `table` is letters, digits and '-'.
     fn follow(&self, table: &'static str, sink: Arc<dyn RecordSink>);
+
+    /// Whether the records can be reached now. Work that could only try and put back what
+    /// it took (a sweep of expired mail) waits while they cannot.
+    fn reachable(&self) -> bool;
 }

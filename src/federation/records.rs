@@ -234,6 +234,10 @@ impl SharedRecords for FleetRecords {
         })
     }
 
+    fn reachable(&self) -> bool {
+        self.link.ready().is_some()
+    }
+
     fn follow(&self, table: &'static str, sink: Arc<dyn RecordSink>) {
         let (link, shutdown) = (self.link.clone(), self.shutdown.clone());
         tokio::spawn(async move {

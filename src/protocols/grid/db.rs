@@ -253,15 +253,17 @@ impl Db {
             .await
     }
 
-    /// Removes and returns the queued messages whose ttl ran out by `now` (ms).
-    pub async fn take_expired(&self, now: i64) -> Result<Vec<Queued>, StoreError> {
+    /// Removes and returns the queued messages whose ttl ran out by `now` (ms); with
+    /// `here_only`, only those this bridge keeps alone (not the fleet's records).
+    pub async fn take_expired(&self, now: i64, here_only: bool) -> Result<Vec<Queued>, StoreError> {
         self.store
             .write(move |conn| {
                 let mut stmt = conn.prepare_cached(&format!(
                     "DELETE FROM grid_queue WHERE expires_at IS NOT NULL AND expires_at <= ?1
+                        AND (NOT ?2 OR fleet_revision IS NULL)
                      RETURNING {QUEUED_COLUMNS}"
                 ))?;
-                let rows = stmt.query_map([now], queued)?;
+                let rows = stmt.query_map(params![now, here_only], queued)?;
                 Ok(rows.collect::<Result<_, _>>()?)
             })
             .await

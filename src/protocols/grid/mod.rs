@@ -568,7 +568,10 @@ impl Grid {
                 _ = tokio::time::sleep(every) => {}
             }
             let now = crate::core::now_ms();
-            let expired = match self.db.take_expired(now).await {
+            // Mail the fleet holds cannot be taken while NATS is away: it expires once
+            // NATS is back, rather than being taken and put back at every sweep.
+            let here_only = (self.core.records()).is_some_and(|records| !records.reachable());
+            let expired = match self.db.take_expired(now, here_only).await {
                 // In a fleet, the bridge that takes an expired message from the fleet's
                 // queue tells its sender.
                 Ok(expired) => self.taken_from_fleet(expired).await,
