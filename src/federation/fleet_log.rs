@@ -216,7 +216,7 @@ impl FleetLog {
             history: false,
             resent: self.unsure.contains(&env.id),
         };
-        let outgoing = match serde_json::to_vec(&replica) {
+        let outgoing = match replica.to_json() {
             Ok(payload) => Outgoing {
                 id: env.id.clone(),
                 payload: payload.into(),
@@ -247,7 +247,7 @@ impl FleetLog {
             history: true,
             resent: false,
         };
-        let payload = serde_json::to_vec(&replica).ok()?;
+        let payload = replica.to_json().ok()?;
         Some(Outgoing {
             id: env.id.clone(),
             payload: payload.into(),

@@ -91,6 +91,21 @@ pub struct OutgoingReplica<'a> {
     pub resent: bool,
 }
 
+impl OutgoingReplica<'_> {
+    /// The replica as JSON, for the stream. The buffer is sized for the message first: grown
+    /// from serde_json's default, it is reallocated and copied several times a message,
+    /// about 3 % of the sending bridge's instructions on skynet@a→skynet@b (callgrind).
+    pub fn to_json(&self) -> serde_json::Result<Vec<u8>> {
+        let env = self.envelope;
+        let size = 512
+            + env.text.as_ref().map_or(0, String::len)
+            + env.origin.native_json().map_or(0, str::len);
+        let mut json = Vec::with_capacity(size);
+        serde_json::to_writer(&mut json, self)?;
+        Ok(json)
+    }
+}
+
 #[derive(Deserialize)]
 pub struct Replica {
     pub envelope: Envelope,
@@ -108,9 +123,12 @@ impl Replica {
     /// The messages one message of the stream holds: one, or a batch (a list of them,
     /// `fleet_log`), in the order they were accepted.
     pub fn all_in(payload: &[u8]) -> serde_json::Result<Vec<Replica>> {
-        match payload.trim_ascii_start().first() {
-            Some(b'[') => serde_json::from_slice(payload),
-            _ => serde_json::from_slice(payload).map(|one| vec![one]),
+        // Checked as UTF-8 once, whole: read from bytes, serde_json checks each string on
+        // its own, about 3 % more of the applying bridge's instructions (callgrind).
+        let text = std::str::from_utf8(payload).map_err(serde::de::Error::custom)?;
+        match text.trim_ascii_start().as_bytes().first() {
+            Some(b'[') => serde_json::from_str(text),
+            _ => serde_json::from_str(text).map(|one| vec![one]),
         }
     }
 }
