@@ -48,6 +48,12 @@ pub fn oversize_is_resource_exhausted(mut response: Response) -> Response {
 const TOO_LARGE: &str = "Error, decoded message length too large";
 
 fn remap(headers: &mut HeaderMap) {
+    // Read whole only when it is OUT_OF_RANGE: building a `Status` from the headers of
+    // every answer cost a unary call 1,700 instructions (callgrind, synapse/unary).
+    let code = (headers.get("grpc-status")).and_then(|code| code.to_str().ok()?.parse().ok());
+    if code != Some(Code::OutOfRange as i32) {
+        return;
+    }
     let Some(status) = Status::from_header_map(headers) else {
         return;
     };
