@@ -242,7 +242,8 @@ pub trait SharedRecords: Send + Sync {
     /// bridge stops. `table` is letters, digits and '-'.
     fn follow(&self, table: &'static str, sink: Arc<dyn RecordSink>);
 
-    /// Whether the records can be reached now. Work that could only try and put back what
-    /// it took (a sweep of expired mail) waits while they cannot.
+    /// Whether the records can be reached now (connected, the buckets set up; a server
+    /// that answers may still refuse a write). Work that could only try and put back
+    /// what it took (a sweep of expired mail) waits while they cannot.
     fn reachable(&self) -> bool;
 }

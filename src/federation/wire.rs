@@ -94,7 +94,8 @@ pub struct OutgoingReplica<'a> {
 impl OutgoingReplica<'_> {
     /// The replica as JSON, for the stream. The buffer is sized for the message first: grown
     /// from serde_json's default, it is reallocated and copied several times a message,
-    /// about 3 % of the sending bridge's instructions on skynet@a→skynet@b (callgrind).
+    /// about 2.4 % of the sending bridge's instructions on skynet@a→skynet@b
+    /// (`benches/callgrind-fleet.sh a`).
     pub fn to_json(&self) -> serde_json::Result<Vec<u8>> {
         let env = self.envelope;
         let size = 512
@@ -124,7 +125,8 @@ impl Replica {
     /// `fleet_log`), in the order they were accepted.
     pub fn all_in(payload: &[u8]) -> serde_json::Result<Vec<Replica>> {
         // Checked as UTF-8 once, whole: read from bytes, serde_json checks each string on
-        // its own, about 3 % more of the applying bridge's instructions (callgrind).
+        // its own, about 2.4 % more of the applying bridge's instructions
+        // (`benches/callgrind-fleet.sh b`).
         let text = std::str::from_utf8(payload).map_err(serde::de::Error::custom)?;
         match text.trim_ascii_start().as_bytes().first() {
             Some(b'[') => serde_json::from_str(text),

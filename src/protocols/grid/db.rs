@@ -458,3 +458,43 @@ fn insert_seen(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expiring(message_id: &str) -> ToQueue {
+        ToQueue {
+            message_id: message_id.to_owned(),
+            instance: None,
+            priority: 1,
+            ts: 1_000,
+            expires_at: Some(2_000),
+            body: "{}".to_owned(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sweep_here_only_leaves_the_fleets_expired_mail() {
+        let db = Db::open(Store::open(":memory:").await.unwrap())
+            .await
+            .unwrap();
+        let program = || vec!["program".to_owned()];
+        db.enqueue(program(), expiring("kept-here")).await.unwrap();
+        (db.apply_queued("program".to_owned(), expiring("fleets"), 7))
+            .await
+            .unwrap();
+
+        let ids = |taken: Vec<Queued>| -> Vec<String> {
+            taken.into_iter().map(|q| q.message.message_id).collect()
+        };
+        assert_eq!(
+            ids(db.take_expired(3_000, true).await.unwrap()),
+            ["kept-here"]
+        );
+        assert_eq!(
+            ids(db.take_expired(3_000, false).await.unwrap()),
+            ["fleets"]
+        );
+    }
+}
