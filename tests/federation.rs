@@ -47,6 +47,24 @@ async fn spawn_member(fleet: &Fleet, dir: &std::path::Path, id: &str) -> BridgeP
     process
 }
 
+/// Stops the one NATS server of `cluster` and waits until `bridge` says it is degraded.
+async fn nats_goes_away(cluster: &mut Cluster, bridge: &agentbridge::Bridge) {
+    cluster.kill(0);
+    eventually("the bridge says it is degraded", async || {
+        bridge.readiness().degraded().is_some()
+    })
+    .await;
+}
+
+/// Starts the NATS server of `cluster` again and waits until `bridge` is ready.
+async fn nats_is_back(cluster: &mut Cluster, bridge: &agentbridge::Bridge) {
+    cluster.restart(0).await;
+    eventually("the bridge is ready again", async || {
+        bridge.readiness().degraded().is_none()
+    })
+    .await;
+}
+
 /// Waits, bounded, until `done` holds.
 async fn eventually(what: &str, mut done: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
@@ -827,10 +845,7 @@ async fn a_grid_programs_queue_outlives_its_bridge() {
             .send(&grid_request(&format!("q{n}"), "sender", "poller"))
             .await;
     }
-    eventually("b1 queued the mail in the fleet", async || {
-        fleet.records_in("grid-queue").await == 4
-    })
-    .await;
+    fleet.wait_records_in("grid-queue", 4).await;
     process.kill_9();
     // Sent before b0 takes b1 for gone: b1 was to keep it and never saw it.
     for n in 4..6 {
@@ -850,10 +865,7 @@ async fn a_grid_programs_queue_outlives_its_bridge() {
             .send(&grid_request(&format!("q{n}"), "sender", "poller"))
             .await;
     }
-    eventually("b0 queued the mail in the fleet", async || {
-        fleet.records_in("grid-queue").await == 8
-    })
-    .await;
+    fleet.wait_records_in("grid-queue", 8).await;
 
     // The program polls b0 (its name is b0's once b1's claim lapses): all of it, once.
     let poll = format!(
@@ -929,10 +941,7 @@ async fn a_take_whose_answer_was_lost_is_found_to_be_the_bridges_own() {
     for id in ["q0", "q1"] {
         sender.send(&grid_request(id, "sender", "poller")).await;
     }
-    eventually("b0 queued the mail in the fleet", async || {
-        fleet.records_in("grid-queue").await == 2
-    })
-    .await;
+    fleet.wait_records_in("grid-queue", 2).await;
     let (q0, q0_record) = mail_record(&fleet, 0, "grid-queue", "poller", "q0").await;
     let (q1, q1_record) = mail_record(&fleet, 0, "grid-queue", "poller", "q1").await;
     let (q0_revision, q1_revision) = (q0_record.revision, q1_record.revision);
@@ -1005,10 +1014,7 @@ async fn a_synapse_inbox_take_whose_answer_was_lost_is_the_bridges_own() {
         };
         sender.messages.send_message(request).await.unwrap();
     }
-    eventually("b0 kept the mail in the fleet", async || {
-        fleet.records_in("synapse-inbox").await == 2
-    })
-    .await;
+    fleet.wait_records_in("synapse-inbox", 2).await;
     let (m0, m0_record) = mail_record(&fleet, 0, "synapse-inbox", "inboxer", "m0").await;
     let (m1, m1_record) = mail_record(&fleet, 0, "synapse-inbox", "inboxer", "m1").await;
     let b0 = fleet.nets[0].bridge.core().records().unwrap();
@@ -1058,25 +1064,14 @@ async fn mail_taken_while_nats_is_away_is_delivered_once_when_it_is_back() {
     away_program(&fleet, 0, "poller").await;
     let sender = common::grid::GridHttp::new(fleet.nets[1].grid);
     sender.send(&grid_request("q0", "sender", "poller")).await;
-    eventually("b0 queued the mail in the fleet", async || {
-        fleet.records_in("grid-queue").await == 1
-    })
-    .await;
+    fleet.wait_records_in("grid-queue", 1).await;
 
-    cluster.kill(0);
     let bridge = &fleet.nets[0].bridge;
-    eventually("b0 says it is degraded", async || {
-        bridge.readiness().degraded().is_some()
-    })
-    .await;
+    nats_goes_away(&mut cluster, bridge).await;
     assert!(polled_ids(&fleet, 0, "poller").await.is_empty());
     assert!(polled_ids(&fleet, 0, "poller").await.is_empty());
 
-    cluster.restart(0).await;
-    eventually("b0 is ready again", async || {
-        bridge.readiness().degraded().is_none()
-    })
-    .await;
+    nats_is_back(&mut cluster, bridge).await;
     assert_eq!(polled_ids(&fleet, 0, "poller").await, ["q0"]);
     assert!(polled_ids(&fleet, 0, "poller").await.is_empty());
     assert_eq!(fleet.records_in("grid-queue").await, 0);
@@ -1095,17 +1090,10 @@ async fn fleet_mail_that_expires_while_nats_is_away_is_told_to_its_sender_when_i
     planner
         .send("message: { id: msg-ttl, type: request, sender: { agent: planner }, receiver: { agent: sleeper }, content: { action: mission_assigned }, metadata: { ttl: 2 } }")
         .await;
-    eventually("b0 queued the mail in the fleet", async || {
-        fleet.records_in("grid-queue").await == 1
-    })
-    .await;
+    fleet.wait_records_in("grid-queue", 1).await;
 
-    cluster.kill(0);
     let bridge = &fleet.nets[0].bridge;
-    eventually("b0 says it is degraded", async || {
-        bridge.readiness().degraded().is_some()
-    })
-    .await;
+    nats_goes_away(&mut cluster, bridge).await;
     // The ttl runs out, and b0 sweeps, while NATS is away.
     tokio::time::sleep(Duration::from_secs(3)).await;
     cluster.restart(0).await;
@@ -1154,10 +1142,7 @@ async fn a_synapse_agents_inbox_outlives_its_bridge() {
     for n in 0..3 {
         send(&mut sender, &format!("m{n}")).await;
     }
-    eventually("b1 kept the mail in the fleet", async || {
-        fleet.records_in("synapse-inbox").await == 3
-    })
-    .await;
+    fleet.wait_records_in("synapse-inbox", 3).await;
     process.kill_9();
     // b1 was to keep this one, and never saw it.
     send(&mut sender, "m3").await;
@@ -1166,10 +1151,7 @@ async fn a_synapse_agents_inbox_outlives_its_bridge() {
     })
     .await;
     send(&mut sender, "m4").await;
-    eventually("b0 kept the mail in the fleet", async || {
-        fleet.records_in("synapse-inbox").await == 5
-    })
-    .await;
+    fleet.wait_records_in("synapse-inbox", 5).await;
 
     // The agent fetches its inbox through b0 once b1's claim on its name lapses.
     let mut texts = Vec::new();
@@ -1373,12 +1355,8 @@ async fn without_nats_local_traffic_goes_on_and_crossing_traffic_is_refused() {
     let mut local = fleet.nets[0].peer(Proto::Skynet).await;
     let mut sender = fleet.nets[0].peer(Proto::Grid).await;
 
-    cluster.kill(0);
     let bridge = &fleet.nets[0].bridge;
-    eventually("b0 says it is degraded", async || {
-        bridge.readiness().degraded().is_some()
-    })
-    .await;
+    nats_goes_away(&mut cluster, bridge).await;
     let (_, readyz) = common::admin_get(bridge, "/readyz").await;
     assert!(readyz.starts_with("degraded: "), "{readyz}");
     assert!(readyz.contains("NATS"), "{readyz}");
@@ -1390,11 +1368,7 @@ async fn without_nats_local_traffic_goes_on_and_crossing_traffic_is_refused() {
     let refusal = sender.chat_to_unknown(&remote.name).await;
     assert!(refusal.contains("NATS"), "{refusal}");
 
-    cluster.restart(0).await;
-    eventually("b0 is ready again", async || {
-        bridge.readiness().degraded().is_none()
-    })
-    .await;
+    nats_is_back(&mut cluster, bridge).await;
     sender.chat(&remote.name, "@coder back", None).await;
     assert_eq!(remote.next(What::Chat).await.text, "@coder back");
     // What b0's agents said among themselves meanwhile reaches the fleet's history.
@@ -1435,11 +1409,7 @@ async fn what_was_said_while_nats_was_away_is_shared_after_a_restart() {
     let mut local = b1.peer(Proto::Skynet).await;
     let mut sender = b1.peer(Proto::Grid).await;
 
-    cluster.kill(0);
-    eventually("b1 says it is degraded", async || {
-        b1.bridge.readiness().degraded().is_some()
-    })
-    .await;
+    nats_goes_away(&mut cluster, &b1.bridge).await;
     sender.chat(&local.name, "said while away", None).await;
     assert_eq!(local.next(What::Chat).await.text, "said while away");
     drop((local, sender));

@@ -137,6 +137,22 @@ impl Fleet {
         count
     }
 
+    /// Waits until `table` of the fleet's shared records holds `count` live records.
+    pub async fn wait_records_in(&self, table: &str, count: usize) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let held = self.records_in(table).await;
+            if held == count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the fleet's {table} holds {held} records, not {count}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     /// A JetStream client of the fleet's cluster.
     pub async fn jetstream(&self) -> async_nats::jetstream::Context {
         let url = self.nats.split('"').nth(1).expect("a NATS URL");
