@@ -440,6 +440,12 @@ impl Envelope {
         }
     }
 
+    /// The bytes of its text and origin frame: most of any written form of it, which a
+    /// writer sizes its buffer by.
+    pub fn bulk_len(&self) -> usize {
+        self.text.as_ref().map_or(0, String::len) + self.origin.native_json().map_or(0, str::len)
+    }
+
     /// Every agent name the message is addressed to, `to` first, without repeats.
     pub fn addressees(&self) -> impl Iterator<Item = &str> {
         // Most messages name a handful of agents: looking back over the earlier names costs

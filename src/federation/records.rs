@@ -79,7 +79,7 @@ impl FleetRecords {
 
     /// Whether `message` is the mark of a take by this bridge.
     fn taken_here(&self, message: &StreamMessage) -> bool {
-        let purge = (message.headers.get(KV_OPERATION)).is_some_and(|op| op.as_str() == "PURGE");
+        let purge = kv_operation(message) == Some("PURGE");
         is_take_by(&self.link.bridge_id, purge, &message.payload)
     }
 }
@@ -93,9 +93,14 @@ fn is_take_by(bridge_id: &str, purge: bool, payload: &[u8]) -> bool {
 /// The header KV gives the kind of a key's message in.
 const KV_OPERATION: &str = "KV-Operation";
 
+/// The kind KV gave a key's message (`DEL`, `PURGE`); none for a plain put.
+fn kv_operation(message: &StreamMessage) -> Option<&str> {
+    message.headers.get(KV_OPERATION).map(|op| op.as_str())
+}
+
 /// Whether `message` is a removal's marker (a delete, or a take's purge).
 fn is_removal(message: &StreamMessage) -> bool {
-    (message.headers.get(KV_OPERATION)).is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"))
+    matches!(kv_operation(message), Some("DEL" | "PURGE"))
 }
 
 /// An entry's value, or `None` for the marker a removal leaves.

@@ -97,11 +97,7 @@ impl OutgoingReplica<'_> {
     /// about 2.4 % of the sending bridge's instructions on skynet@a→skynet@b
     /// (`benches/callgrind-fleet.sh a`).
     pub fn to_json(&self) -> serde_json::Result<Vec<u8>> {
-        let env = self.envelope;
-        let size = 512
-            + env.text.as_ref().map_or(0, String::len)
-            + env.origin.native_json().map_or(0, str::len);
-        let mut json = Vec::with_capacity(size);
+        let mut json = Vec::with_capacity(512 + self.envelope.bulk_len());
         serde_json::to_writer(&mut json, self)?;
         Ok(json)
     }

@@ -45,7 +45,7 @@ impl Columns {
 /// the rest. The caller sizes the buffer with it, so that the text is not copied again as
 /// the buffer grows (three times for a short chat).
 pub(super) fn size_hint(env: &Envelope) -> usize {
-    256 + env.text.as_ref().map_or(0, String::len) + env.origin.native_json().map_or(0, str::len)
+    256 + env.bulk_len()
 }
 
 /// Appends the body to store for `env` to `body` (sized with `size_hint`).
