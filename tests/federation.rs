@@ -1078,6 +1078,58 @@ async fn mail_taken_while_nats_is_away_is_delivered_once_when_it_is_back() {
     fleet.shutdown().await;
 }
 
+/// A program whose socket opened while NATS was away gets the fleet's mail for it on that
+/// socket once NATS is back, without connecting again.
+#[tokio::test]
+async fn an_open_grid_socket_gets_the_mail_nats_held_back_once_it_is_back() {
+    let mut cluster = Cluster::start(1).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
+    away_program(&fleet, 0, "waiter").await;
+    let sender = common::grid::GridHttp::new(fleet.nets[1].grid);
+    sender.send(&grid_request("q0", "sender", "waiter")).await;
+    fleet.wait_records_in("grid-queue", 1).await;
+
+    let bridge = &fleet.nets[0].bridge;
+    nats_goes_away(&mut cluster, bridge).await;
+    // Welcomed (once its presence went out or was given up), it then takes its queue,
+    // which NATS does not answer.
+    let (mut program, _) = common::grid::GridWs::connect(fleet.nets[0].grid, "waiter", None).await;
+    nats_is_back(&mut cluster, bridge).await;
+    assert_eq!(program.next_message().await["id"], "q0");
+    fleet.wait_records_in("grid-queue", 0).await;
+    fleet.shutdown().await;
+}
+
+/// As a Grid socket: a Synapse stream opened while NATS was away gets the agent's inbox
+/// once NATS is back.
+#[tokio::test]
+async fn an_open_synapse_stream_gets_the_inbox_nats_held_back_once_it_is_back() {
+    use agentbridge::protocols::synapse::proto::SendMessageRequest;
+    use common::synapse::{Stream, chat, clients, text_of};
+    let mut cluster = Cluster::start(1).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
+    drop(Stream::open(fleet.nets[0].synapse, "inboxer").await);
+    let directory = &fleet.nets[1].bridge.core().directory;
+    eventually("b1 shows the agent away", async || {
+        directory.get("inboxer").is_some_and(|a| !a.online)
+    })
+    .await;
+    let mut sender = clients(fleet.nets[1].synapse).await;
+    let request = SendMessageRequest {
+        message: Some(chat("writer", "inboxer", "kept")),
+    };
+    sender.messages.send_message(request).await.unwrap();
+    fleet.wait_records_in("synapse-inbox", 1).await;
+
+    let bridge = &fleet.nets[0].bridge;
+    nats_goes_away(&mut cluster, bridge).await;
+    let mut stream = Stream::open(fleet.nets[0].synapse, "inboxer").await;
+    nats_is_back(&mut cluster, bridge).await;
+    assert_eq!(text_of(&stream.next().await), "kept");
+    fleet.wait_records_in("synapse-inbox", 0).await;
+    fleet.shutdown().await;
+}
+
 /// A Grid message the fleet holds, whose ttl runs out while NATS is away, expires once NATS
 /// is back: its sender, on another bridge, is told then, once.
 #[tokio::test]

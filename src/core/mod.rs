@@ -29,7 +29,7 @@ pub use log::{LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
 pub use mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
 pub use records::{
     Expect, Record, RecordChange, RecordError, RecordFuture, RecordSink, Revision, SharedRecords,
-    TakenEach, Tried, sink, take_each, unless_lost, until_not_lost,
+    TAKE_AGAIN_AFTER, TakenEach, TakenMail, Tried, sink, take_each, unless_lost, until_not_lost,
 };
 pub use router::{AddressedOnly, Interest, OfflineSink, RouteReport, Router, Session};
 

@@ -55,6 +55,25 @@ pub fn unless_lost(
     }
 }
 
+/// How long a socket or stream whose mail could not all be taken (the fleet's records out
+/// of reach) waits before taking it again: the mail is the agent's already, so it is sent
+/// on the open connection once NATS is back rather than when the agent next connects.
+pub const TAKE_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Mail taken for an agent, with what `take_each` could not take put back.
+pub struct TakenMail<T> {
+    pub taken: Vec<T>,
+    /// Some was put back, not known to be taken: to be taken again (`TAKE_AGAIN_AFTER`).
+    pub left: bool,
+}
+
+impl<T> TakenMail<T> {
+    /// All of `taken`: mail a bridge alone keeps, nothing left.
+    pub fn all(taken: Vec<T>) -> Self {
+        TakenMail { taken, left: false }
+    }
+}
+
 /// Mail taken from a table of a fleet's records (`take_each`).
 pub struct TakenEach<T> {
     /// Taken by this bridge, or kept by it alone (no record to take).

@@ -210,8 +210,9 @@ async fn poll(
         Some(instance) => Instances::Of(Some(instance)),
         None => Instances::All,
     };
+    // Mail left for a later take (NATS did not answer) is the next poll's.
     let queued = match grid.take_queued(&agent, since, instances).await {
-        Ok(queued) => queued,
+        Ok(mail) => mail.taken,
         Err(e) => {
             tracing::error!(error = %e, "grid: cannot read the queue");
             return error(

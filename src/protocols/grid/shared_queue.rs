@@ -17,7 +17,7 @@ use futures_util::future::join_all;
 
 use super::Grid;
 use super::db::{Instances, Queued, ToQueue};
-use crate::core::{Expect, RecordChange, RecordError, SharedRecords, sink, take_each};
+use crate::core::{Expect, RecordChange, RecordError, SharedRecords, TakenMail, sink, take_each};
 use crate::store::StoreError;
 
 /// The table of queued messages in the fleet's records, keyed by `key`.
@@ -120,7 +120,7 @@ impl Grid {
         agent: &str,
         since: Option<i64>,
         instances: Instances<'_>,
-    ) -> Result<Vec<Queued>, StoreError> {
+    ) -> Result<TakenMail<Queued>, StoreError> {
         let candidates = self.db.take(agent, since, instances).await?;
         self.taken_from_fleet(candidates).await
     }
@@ -130,9 +130,9 @@ impl Grid {
     pub(super) async fn taken_from_fleet(
         &self,
         candidates: Vec<Queued>,
-    ) -> Result<Vec<Queued>, StoreError> {
+    ) -> Result<TakenMail<Queued>, StoreError> {
         let Some(records) = self.core.records() else {
-            return Ok(candidates);
+            return Ok(TakenMail::all(candidates));
         };
         let each = take_each(records.as_ref(), QUEUE, candidates, |queued| {
             let key = key(&queued.agent, &queued.message.message_id);
@@ -142,8 +142,12 @@ impl Grid {
         // Whether a take NATS did not answer landed is not known yet: the row is put back
         // at its revision, and the next take of it finds out (`SharedRecords::take`). Its
         // mark, if it landed, names this bridge, so the fleet's removal leaves the row.
+        let left = !each.unreachable.is_empty();
         self.db.restore(each.unreachable).await?;
-        Ok(each.taken)
+        Ok(TakenMail {
+            taken: each.taken,
+            left,
+        })
     }
 
     /// Queues again messages taken but not sent, where they were: in a fleet, what was

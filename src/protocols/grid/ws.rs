@@ -19,7 +19,9 @@ use super::wire::{self, Invalid, Party};
 use super::{Grid, PROTOCOL, Source, translate};
 use tokio::time::Instant;
 
-use crate::core::{Delivery, Envelope, Interest, Kind, LogError, Mailbox, Session, Status};
+use crate::core::{
+    Delivery, Envelope, Interest, Kind, LogError, Mailbox, Session, Status, TAKE_AGAIN_AFTER,
+};
 use crate::protocols::session::{self, Flow, Io, WsSession};
 use crate::shared::clock::iso8601;
 use crate::shared::websocket::{self, Message as Frame, Refusal, Socket, Utf8Bytes};
@@ -68,6 +70,8 @@ struct Connection {
     /// Ids of the queued messages sent on connecting: a copy that also reached the
     /// mailbox (routed while the socket attached) is not sent twice.
     from_backlog: HashSet<String>,
+    /// When to take again queued mail whose take NATS did not answer.
+    take_again_at: Option<Instant>,
     /// A delivery the socket failed to send: queued again when the connection ends.
     unsent: Vec<Arc<Delivery>>,
     /// Whether the program asked for presence (`?presence=1`).
@@ -101,6 +105,7 @@ pub fn serve(
         identity: None,
         socket_id: 0,
         from_backlog: HashSet::new(),
+        take_again_at: None,
         unsent: Vec::new(),
         presence: query
             .get("presence")
@@ -203,21 +208,20 @@ impl WsSession for Connection {
     }
 
     fn deadline(&self) -> Option<Instant> {
-        self.identify_by.filter(|_| self.identity.is_none())
+        match self.identity {
+            None => self.identify_by,
+            Some(_) => self.take_again_at,
+        }
     }
 
     async fn on_deadline(&mut self, io: &mut Io<Sent>) -> Flow {
-        let within = Duration::from_millis(self.grid.config.identify_timeout_ms);
-        let message = format!(
-            "no agent named: open the socket with ?agent=… or send a message within {} s",
-            within.as_secs_f64()
-        );
-        let timeout = wire::Invalid {
-            code: "IDENTIFY_TIMEOUT",
-            ..wire::Invalid::new("sender.agent", message)
-        };
-        let _ = self.refuse(io, timeout).await;
-        io.close(1008, "identify timeout").await
+        match self.identity.as_ref() {
+            Some((party, _)) => {
+                let party = party.clone();
+                self.take_again(io, &party).await
+            }
+            None => self.identify_timeout(io).await,
+        }
     }
 
     async fn finish(mut self) {
@@ -300,6 +304,33 @@ impl Connection {
         send(io, &welcome).await
     }
 
+    /// Refuses a socket that named no program in time, and closes it.
+    async fn identify_timeout(&mut self, io: &mut Io<Sent>) -> Flow {
+        let within = Duration::from_millis(self.grid.config.identify_timeout_ms);
+        let message = format!(
+            "no agent named: open the socket with ?agent=… or send a message within {} s",
+            within.as_secs_f64()
+        );
+        let timeout = wire::Invalid {
+            code: "IDENTIFY_TIMEOUT",
+            ..wire::Invalid::new("sender.agent", message)
+        };
+        let _ = self.refuse(io, timeout).await;
+        io.close(1008, "identify timeout").await
+    }
+
+    /// Takes again the queued mail a take NATS did not answer left here, once NATS is
+    /// back: it goes on this open socket, rather than when the program next connects.
+    async fn take_again(&mut self, io: &mut Io<Sent>, party: &Party) -> Flow {
+        let reachable = (self.grid.core.records()).is_some_and(|records| records.reachable());
+        if !reachable {
+            self.take_again_at = Some(Instant::now() + TAKE_AGAIN_AFTER);
+            return Flow::Continue;
+        }
+        self.take_again_at = None;
+        self.send_backlog(io, party).await
+    }
+
     /// Sends what was queued for the program while it had no socket, in queue order (high
     /// priority first). It is taken from the queue before it is sent, so that two sockets
     /// of the program opening at once do not both send it; what could not be sent is put
@@ -310,7 +341,10 @@ impl Connection {
         let instances = Instances::Of(party.instance_id.as_deref());
         let taken = (self.grid).take_queued(&party.agent, None, instances).await;
         let backlog = match taken {
-            Ok(backlog) => backlog,
+            Ok(mail) => {
+                self.take_again_at = mail.left.then(|| Instant::now() + TAKE_AGAIN_AFTER);
+                mail.taken
+            }
             Err(e) => {
                 tracing::error!(error = %e, agent = %party.agent, "grid: cannot read the queue");
                 return Flow::Continue;

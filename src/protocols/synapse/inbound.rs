@@ -14,7 +14,8 @@ use super::proto::{AgentEndpoint, MessageType, SynapseMessage, TransportMode};
 use super::{PROTOCOL, Synapse, translate, wire};
 use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
 use crate::core::{
-    Audience, Delivery, Envelope, InFlight, Interest, Kind, Staged, new_message_id, now_ms,
+    Audience, Delivery, Envelope, InFlight, Interest, Kind, Staged, TAKE_AGAIN_AFTER, TakenMail,
+    new_message_id, now_ms,
 };
 use crate::protocols::endpoint::Translation;
 use crate::telemetry;
@@ -278,28 +279,52 @@ impl Synapse {
         let _counted = telemetry::ConnectionGuard::new(PROTOCOL);
         // The steps run once a stream (reading the inbox, closing) are boxed: inline, their
         // futures sized the task of every idle stream.
-        let mut unsent = Box::pin(self.send_backlog(&stream, &out.tx)).await;
+        let (mut unsent, take_again) = match Box::pin(self.send_backlog(&stream, &out.tx)).await {
+            Ok(left) => (Vec::new(), left.then(take_again_timer)),
+            Err(unsent) => (unsent, None),
+        };
         // Relayed even when the client left during the backlog: the message it opened the
         // stream with is stored and routed, and the relay ends at once on a closed output.
-        unsent.extend(self.relay(&stream, first, inbound, &hints, &out.tx).await);
+        let relayed = self.relay(&stream, first, inbound, &hints, &out.tx, take_again);
+        unsent.extend(relayed.await);
         Box::pin(self.close_stream(stream, out, unsent)).await;
     }
 
-    /// Sends the agent's backlog; returns what the client did not take (it left).
-    async fn send_backlog(&self, stream: &OpenStream, out: &StreamSender) -> Vec<SynapseMessage> {
-        let mut backlog = self.backlog(&stream.agent, stream.kind).await.into_iter();
-        while let Some(message) = backlog.next() {
+    /// Sends the agent's backlog. `Ok(true)` when some of it was left to take again (NATS
+    /// did not answer its take); `Err` with what the client did not take (it left).
+    async fn send_backlog(
+        &self,
+        stream: &OpenStream,
+        out: &StreamSender,
+    ) -> Result<bool, Vec<SynapseMessage>> {
+        let backlog = self.backlog(&stream.agent, stream.kind).await;
+        let mut taken = backlog.taken.into_iter();
+        while let Some(message) = taken.next() {
             if let Err(refused) = out.send(message).await {
-                return refused.into_iter().chain(backlog).collect();
+                return Err(refused.into_iter().chain(taken).collect());
             }
         }
-        Vec::new()
+        Ok(backlog.left)
     }
 
-    /// The stream's traffic both ways until either side closes. Returns the message a
-    /// departed client could not take, if any. Messages the client sent are stored while
-    /// it sends more and routed in order once durable; those still being stored when the
-    /// stream ends are delivered all the same.
+    /// Takes again, for a stream still open, the backlog a take NATS did not answer left
+    /// in the inbox, once NATS is back (as `send_backlog`); meanwhile waits on.
+    async fn take_again(
+        &self,
+        stream: &OpenStream,
+        out: &StreamSender,
+    ) -> Result<bool, Vec<SynapseMessage>> {
+        let reachable = (self.core.records()).is_some_and(|records| records.reachable());
+        if !reachable {
+            return Ok(true);
+        }
+        self.send_backlog(stream, out).await
+    }
+
+    /// The stream's traffic both ways until either side closes, and the backlog taken again
+    /// when `take_again` runs out. Returns the messages a departed client could not take.
+    /// Messages the client sent are stored while it sends more and routed in order once
+    /// durable; those still being stored when the stream ends are delivered all the same.
     async fn relay(
         &self,
         stream: &OpenStream,
@@ -307,7 +332,8 @@ impl Synapse {
         mut inbound: Streaming<SynapseMessage>,
         hints: &Hints,
         out: &StreamSender,
-    ) -> Option<SynapseMessage> {
+        mut take_again: Option<Timer>,
+    ) -> Vec<SynapseMessage> {
         // With each message being stored, what a refusal needs to answer it.
         let mut storing: InFlight<SynapseMessage> = InFlight::new();
         // Steps with a message in hand (storing one, settling at the end) are boxed, and
@@ -322,8 +348,14 @@ impl Synapse {
         let mut closed = std::pin::pin!(closed);
         let left = loop {
             tokio::select! {
-                _ = &mut shutdown => break None,
-                _ = &mut closed => break None,
+                _ = &mut shutdown => break Vec::new(),
+                _ = &mut closed => break Vec::new(),
+                () = run_out(&mut take_again) => {
+                    match Box::pin(self.take_again(stream, out)).await {
+                        Ok(left) => take_again = left.then(take_again_timer),
+                        Err(unsent) => break unsent,
+                    }
+                }
                 Some((stored, sent)) = storing.next(), if !storing.is_empty() => {
                     if let Some(refusal) = self.on_stored(stored, out) {
                         Box::pin(self.refuse_on_stream(&sent, &refusal, out)).await;
@@ -333,15 +365,15 @@ impl Synapse {
                     Some(Ok(msg)) => {
                         Box::pin(self.accept_from_stream(msg, stream.kind, hints, out, &mut storing)).await;
                     }
-                    _ => break None,
+                    _ => break Vec::new(),
                 },
                 next = stream.mailbox.recv() => {
-                    let Ok(delivery) = next else { break None };
+                    let Ok(delivery) = next else { break Vec::new() };
                     let Some(message) = self.encode(&delivery) else { continue };
                     match self.route_for(&stream.agent, true) {
                         Route::Stream => {
                             if let Err(refused) = out.send(message).await {
-                                break refused;
+                                break refused.into_iter().collect();
                             }
                             delivery.written_to(PROTOCOL);
                         }
@@ -450,15 +482,15 @@ impl Synapse {
 
     /// What waited in the agent's inbox while it was away, oldest first, for a stream that
     /// is now its way in. The messages leave the inbox as they are taken.
-    async fn backlog(&self, agent: &str, kind: StreamKind) -> Vec<SynapseMessage> {
+    async fn backlog(&self, agent: &str, kind: StreamKind) -> TakenMail<SynapseMessage> {
         // A group stream carries group traffic only; an agent that polls or takes callbacks
         // keeps its inbox for those.
         if kind != StreamKind::Messages || self.route_for(agent, true) != Route::Stream {
-            return Vec::new();
+            return TakenMail::all(Vec::new());
         }
         self.take_inbox(agent).await.unwrap_or_else(|status| {
             tracing::error!(agent, error = %status.message(), "synapse: cannot read the inbox");
-            Vec::new()
+            TakenMail::all(Vec::new())
         })
     }
 
@@ -494,6 +526,22 @@ impl Synapse {
     async fn refuse_on_stream(&self, msg: &SynapseMessage, why: &Status, out: &StreamSender) {
         telemetry::decode_error(PROTOCOL);
         let _ = out.send(self.nack(msg, why)).await;
+    }
+}
+
+/// A stream's wait before it takes its backlog again: boxed, as it is rare and every idle
+/// stream's task would hold it inline.
+type Timer = std::pin::Pin<Box<tokio::time::Sleep>>;
+
+fn take_again_timer() -> Timer {
+    Box::pin(tokio::time::sleep(TAKE_AGAIN_AFTER))
+}
+
+/// Resolves when `timer` runs out; never without one.
+async fn run_out(timer: &mut Option<Timer>) {
+    match timer {
+        Some(timer) => timer.await,
+        None => std::future::pending().await,
     }
 }
 

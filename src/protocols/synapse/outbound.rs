@@ -15,7 +15,7 @@ use tonic::Status;
 use super::agents::internal;
 use super::proto::{SynapseMessage, TransportMode};
 use super::{Config, PROTOCOL, Synapse, translate};
-use crate::core::{Delivery, OfflineSink};
+use crate::core::{Delivery, OfflineSink, TakenMail};
 use crate::telemetry;
 
 /// Where one message for an agent goes.
@@ -226,13 +226,16 @@ async fn post_with_retries(
 impl Synapse {
     /// Takes every message kept for `agent`, oldest first, including any accepted but not
     /// yet written when this was called.
-    pub async fn take_inbox(&self, agent: &str) -> Result<Vec<SynapseMessage>, Status> {
+    pub async fn take_inbox(&self, agent: &str) -> Result<TakenMail<SynapseMessage>, Status> {
         self.outbound.flush().await;
         let kept = self.take_inbox_rows(agent).await.map_err(internal)?;
-        Ok(kept
-            .iter()
+        let taken = (kept.taken.iter())
             .filter_map(|row| SynapseMessage::decode(row.message.as_slice()).ok())
-            .collect())
+            .collect();
+        Ok(TakenMail {
+            taken,
+            left: kept.left,
+        })
     }
 
     /// Where a message for `agent` goes, given whether the caller holds its open stream.

@@ -12,7 +12,7 @@ use prost::Message;
 use super::Synapse;
 use super::db::InboxRow;
 use super::proto::SynapseMessage;
-use crate::core::{Expect, RecordChange, RecordError, sink, take_each};
+use crate::core::{Expect, RecordChange, RecordError, TakenMail, sink, take_each};
 use crate::store::StoreError;
 
 /// The table of kept messages in the fleet's records, keyed by `key`; the value is the
@@ -80,10 +80,13 @@ impl Synapse {
     /// Takes every message waiting for `agent`, in inbox order; in a fleet, each from the
     /// fleet as well: one another bridge took first is left out, and one that cannot be
     /// taken while NATS is away stays for later.
-    pub(super) async fn take_inbox_rows(&self, agent: &str) -> Result<Vec<InboxRow>, StoreError> {
+    pub(super) async fn take_inbox_rows(
+        &self,
+        agent: &str,
+    ) -> Result<TakenMail<InboxRow>, StoreError> {
         let candidates = self.db.take_inbox(agent).await?;
         let Some(records) = self.core.records() else {
-            return Ok(candidates);
+            return Ok(TakenMail::all(candidates));
         };
         let each = take_each(records.as_ref(), INBOX, candidates, |row| {
             let id = row.message_id.as_deref()?;
@@ -92,7 +95,11 @@ impl Synapse {
         .await;
         // As Grid's queue does (`grid/shared_queue.rs`): a take NATS did not answer is found
         // out by the next take of the row, put back at its revision.
+        let left = !each.unreachable.is_empty();
         self.db.restore_inbox(each.unreachable).await?;
-        Ok(each.taken)
+        Ok(TakenMail {
+            taken: each.taken,
+            left,
+        })
     }
 }

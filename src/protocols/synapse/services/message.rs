@@ -100,10 +100,12 @@ impl SynapseMessageService for SynapseApi {
                 "{AGENT_HEADER} metadata names the agent whose messages to fetch"
             ))
         })?;
+        // Mail left for a later take (NATS did not answer) is the next call's.
         let messages: Vec<Result<SynapseMessage, Status>> = self
             .synapse
             .take_inbox(&agent)
             .await?
+            .taken
             .into_iter()
             .map(Ok)
             .collect();
