@@ -1130,6 +1130,55 @@ async fn an_open_synapse_stream_gets_the_inbox_nats_held_back_once_it_is_back() 
     fleet.shutdown().await;
 }
 
+/// A Synapse agent's inbox taken by a stream whose client then left without reading it all
+/// is still the agent's: what the stream did not send is kept again in the fleet's inbox,
+/// in order, and the agent polls it.
+#[tokio::test]
+async fn an_inbox_a_stream_took_and_left_unread_is_kept_again() {
+    use agentbridge::protocols::synapse::proto::SendMessageRequest;
+    use common::synapse::{Stream, chat, clients, narrow_channel, text_of, with_meta};
+    let fleet = Fleet::start(2).await;
+    drop(Stream::open(fleet.nets[0].synapse, "inboxer").await);
+    let directory = &fleet.nets[1].bridge.core().directory;
+    eventually("b1 shows the agent away", async || {
+        directory.get("inboxer").is_some_and(|a| !a.online)
+    })
+    .await;
+    // More than a stream on a narrow channel takes in unread (the HTTP/2 window, the
+    // stream's output queue), so some of it is still at the bridge when the client leaves.
+    let total = 40;
+    let pad = "x".repeat(8 * 1024);
+    let mut sender = clients(fleet.nets[1].synapse).await;
+    for n in 0..total {
+        let request = SendMessageRequest {
+            message: Some(chat("writer", "inboxer", &format!("{n} {pad}"))),
+        };
+        sender.messages.send_message(request).await.unwrap();
+    }
+    fleet.wait_records_in("synapse-inbox", total).await;
+
+    let narrow = narrow_channel(fleet.nets[0].synapse).await;
+    let stream = Stream::open_on(narrow, "inboxer").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(stream);
+    let mut got: Vec<usize> = Vec::new();
+    eventually("the agent polls the last of its inbox", async || {
+        let mut poller = clients(fleet.nets[0].synapse).await;
+        let request = with_meta((), &[("x-synapse-agent-id", "inboxer")]);
+        let answer = poller.messages.receive_callback(request).await.unwrap();
+        let mut inbound = answer.into_inner();
+        while let Some(Ok(message)) = futures_util::StreamExt::next(&mut inbound).await {
+            let text = text_of(&message);
+            got.push(text.split(' ').next().unwrap().parse().unwrap());
+        }
+        got.last() == Some(&(total - 1))
+    })
+    .await;
+    // What the client had not been sent, from where it stopped on, each once.
+    assert_eq!(got, (got[0]..total).collect::<Vec<_>>());
+    fleet.shutdown().await;
+}
+
 /// A Grid message the fleet holds, whose ttl runs out while NATS is away, expires once NATS
 /// is back: its sender, on another bridge, is told then, once.
 #[tokio::test]

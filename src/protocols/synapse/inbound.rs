@@ -1,6 +1,7 @@
 //! How messages from Synapse agents enter the bridge (`SendMessage`, the streams, the HTTP
 //! callback ingest) and how an agent's open stream is served.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use tonic::{Status, Streaming};
 use super::agents::{AGENT_HEADER, Hints, not_stored};
 use super::outbound::Route;
 use super::proto::{AgentEndpoint, MessageType, SynapseMessage, TransportMode};
+use super::shared_inbox::Keeping;
 use super::{PROTOCOL, Synapse, translate, wire};
 use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
 use crate::core::{
@@ -279,32 +281,36 @@ impl Synapse {
         let _counted = telemetry::ConnectionGuard::new(PROTOCOL);
         // The steps run once a stream (reading the inbox, closing) are boxed: inline, their
         // futures sized the task of every idle stream.
-        let (mut unsent, take_again) = match Box::pin(self.send_backlog(&stream, &out.tx)).await {
-            Ok(left) => (Vec::new(), left.then(take_again_timer)),
-            Err(unsent) => (unsent, None),
+        let mut backlog = Backlog::default();
+        let mut unsent = match Box::pin(self.send_backlog(&stream, &out.tx, &mut backlog)).await {
+            Ok(()) => Vec::new(),
+            Err(unsent) => unsent,
         };
         // Relayed even when the client left during the backlog: the message it opened the
         // stream with is stored and routed, and the relay ends at once on a closed output.
-        let relayed = self.relay(&stream, first, inbound, &hints, &out.tx, take_again);
+        let relayed = self.relay(&stream, first, inbound, &hints, &out.tx, &mut backlog);
         unsent.extend(relayed.await);
-        Box::pin(self.close_stream(stream, out, unsent)).await;
+        Box::pin(self.close_stream(stream, out, unsent, backlog.taken)).await;
     }
 
-    /// Sends the agent's backlog. `Ok(true)` when some of it was left to take again (NATS
-    /// did not answer its take); `Err` with what the client did not take (it left).
+    /// Takes the agent's backlog and sends it; `Err` with what the client did not take (it
+    /// left).
     async fn send_backlog(
         &self,
         stream: &OpenStream,
         out: &StreamSender,
-    ) -> Result<bool, Vec<SynapseMessage>> {
-        let backlog = self.backlog(&stream.agent, stream.kind).await;
-        let mut taken = backlog.taken.into_iter();
+        backlog: &mut Backlog,
+    ) -> Result<(), Vec<SynapseMessage>> {
+        let mail = self.backlog(&stream.agent, stream.kind).await;
+        backlog.again = mail.left.then(take_again_timer);
+        (backlog.taken).extend(mail.taken.iter().map(|message| message.id.clone()));
+        let mut taken = mail.taken.into_iter();
         while let Some(message) = taken.next() {
             if let Err(refused) = out.send(message).await {
                 return Err(refused.into_iter().chain(taken).collect());
             }
         }
-        Ok(backlog.left)
+        Ok(())
     }
 
     /// Takes again, for a stream still open, the backlog a take NATS did not answer left
@@ -313,16 +319,18 @@ impl Synapse {
         &self,
         stream: &OpenStream,
         out: &StreamSender,
-    ) -> Result<bool, Vec<SynapseMessage>> {
+        backlog: &mut Backlog,
+    ) -> Result<(), Vec<SynapseMessage>> {
         let reachable = (self.core.records()).is_some_and(|records| records.reachable());
         if !reachable {
-            return Ok(true);
+            backlog.again = Some(take_again_timer());
+            return Ok(());
         }
-        self.send_backlog(stream, out).await
+        self.send_backlog(stream, out, backlog).await
     }
 
     /// The stream's traffic both ways until either side closes, and the backlog taken again
-    /// when `take_again` runs out. Returns the messages a departed client could not take.
+    /// when its timer runs out. Returns the messages a departed client could not take.
     /// Messages the client sent are stored while it sends more and routed in order once
     /// durable; those still being stored when the stream ends are delivered all the same.
     async fn relay(
@@ -332,7 +340,7 @@ impl Synapse {
         mut inbound: Streaming<SynapseMessage>,
         hints: &Hints,
         out: &StreamSender,
-        mut take_again: Option<Timer>,
+        backlog: &mut Backlog,
     ) -> Vec<SynapseMessage> {
         // With each message being stored, what a refusal needs to answer it.
         let mut storing: InFlight<SynapseMessage> = InFlight::new();
@@ -350,10 +358,9 @@ impl Synapse {
             tokio::select! {
                 _ = &mut shutdown => break Vec::new(),
                 _ = &mut closed => break Vec::new(),
-                () = run_out(&mut take_again) => {
-                    match Box::pin(self.take_again(stream, out)).await {
-                        Ok(left) => take_again = left.then(take_again_timer),
-                        Err(unsent) => break unsent,
+                () = run_out(&mut backlog.again) => {
+                    if let Err(unsent) = Box::pin(self.take_again(stream, out, backlog)).await {
+                        break unsent;
                     }
                 }
                 Some((stored, sent)) = storing.next(), if !storing.is_empty() => {
@@ -421,6 +428,7 @@ impl Synapse {
         stream: OpenStream,
         out: Outlet,
         unsent: Vec<SynapseMessage>,
+        from_backlog: HashSet<String>,
     ) {
         let OpenStream {
             agent,
@@ -438,9 +446,10 @@ impl Synapse {
             // what it leaves unread when it goes comes back, later.
             let synapse = self.clone();
             let agent = agent.clone();
+            let from_backlog = from_backlog.clone();
             tokio::spawn(async move {
                 for message in unread.await.unwrap_or_default() {
-                    synapse.send_offline(&agent, message);
+                    synapse.send_back(&agent, message, &from_backlog);
                 }
             });
         }
@@ -450,7 +459,7 @@ impl Synapse {
         // A message routed while detaching may have landed after the first drain.
         self.drain(&mailbox, &mut held);
         for message in held {
-            self.send_offline(&agent, message);
+            self.send_back(&agent, message, &from_backlog);
         }
         drop(tx);
         match kind {
@@ -471,6 +480,17 @@ impl Synapse {
                 held.push(message);
                 delivery.written_to(PROTOCOL);
             }
+        }
+    }
+
+    /// Sends on what a closed stream did not deliver: what it took from the inbox
+    /// (`from_backlog`) goes back there, the rest the way `agent` is reached with no
+    /// stream open.
+    fn send_back(&self, agent: &str, message: SynapseMessage, from_backlog: &HashSet<String>) {
+        if from_backlog.contains(&message.id) {
+            self.outbound.keep(agent, message, Keeping::Again);
+        } else {
+            self.send_offline(agent, message);
         }
     }
 
@@ -527,6 +547,16 @@ impl Synapse {
         telemetry::decode_error(PROTOCOL);
         let _ = out.send(self.nack(msg, why)).await;
     }
+}
+
+/// The agent's inbox as one stream takes it.
+#[derive(Default)]
+struct Backlog {
+    /// Ids of the messages the stream took: one its client leaves unread goes back into
+    /// the inbox rather than being kept anew (which a message already taken is not).
+    taken: HashSet<String>,
+    /// When to take again what a take NATS did not answer left in the inbox.
+    again: Option<Timer>,
 }
 
 /// A stream's wait before it takes its backlog again: boxed, as it is rare and every idle

@@ -14,6 +14,7 @@ use tonic::Status;
 
 use super::agents::internal;
 use super::proto::{SynapseMessage, TransportMode};
+use super::shared_inbox::Keeping;
 use super::{Config, PROTOCOL, Synapse, translate};
 use crate::core::{Delivery, OfflineSink, TakenMail};
 use crate::telemetry;
@@ -42,7 +43,7 @@ pub struct Callback {
 /// What the inbox writer does, one job at a time in the order asked.
 enum InboxJob {
     /// Keep a message for an agent (boxed: a message is far larger than a barrier).
-    Keep(String, Box<SynapseMessage>),
+    Keep(String, Box<SynapseMessage>, Keeping),
     /// Answered once everything asked before it is written: a barrier for readers.
     Flush(oneshot::Sender<()>),
 }
@@ -106,11 +107,11 @@ impl Outbound {
                     },
                 };
                 match job {
-                    InboxJob::Keep(agent, message) => {
+                    InboxJob::Keep(agent, message, keeping) => {
                         let Some(synapse) = keeper.upgrade() else {
                             break;
                         };
-                        if let Err(e) = synapse.keep_in_inbox(&agent, &message).await {
+                        if let Err(e) = synapse.keep_in_inbox(&agent, &message, keeping).await {
                             tracing::error!(error = %e, agent, "synapse: cannot keep a message for polling");
                         }
                     }
@@ -159,10 +160,10 @@ impl Outbound {
         let _ = self.callbacks.send(job);
     }
 
-    pub fn keep(&self, agent: &str, message: SynapseMessage) {
-        let _ = self
-            .inbox
-            .send(InboxJob::Keep(agent.to_owned(), Box::new(message)));
+    /// Keeps `message` in `agent`'s inbox, after what was kept before it.
+    pub fn keep(&self, agent: &str, message: SynapseMessage, keeping: Keeping) {
+        let job = InboxJob::Keep(agent.to_owned(), Box::new(message), keeping);
+        let _ = self.inbox.send(job);
     }
 
     /// Waits until every message kept before this call is in the store, so that a reader
@@ -191,7 +192,7 @@ async fn post_with_retries(
             tracing::error!(url = %job.url, error = %e, "synapse: cannot write a callback body");
             telemetry::callback_failed(PROTOCOL, "unencodable");
             if let Some(agent) = job.fallback {
-                let _ = inbox.send(InboxJob::Keep(agent, Box::new(job.message)));
+                let _ = inbox.send(InboxJob::Keep(agent, Box::new(job.message), Keeping::New));
             }
             return;
         }
@@ -219,7 +220,7 @@ async fn post_with_retries(
     }
     telemetry::callback_failed(PROTOCOL, "gave_up");
     if let Some(agent) = job.fallback {
-        let _ = inbox.send(InboxJob::Keep(agent, Box::new(job.message)));
+        let _ = inbox.send(InboxJob::Keep(agent, Box::new(job.message), Keeping::New));
     }
 }
 
@@ -266,7 +267,7 @@ impl Synapse {
                 message,
                 fallback: Some(agent.to_owned()),
             }),
-            Route::Inbox => self.outbound.keep(agent, message),
+            Route::Inbox => self.outbound.keep(agent, message, Keeping::New),
         }
     }
 }

@@ -49,6 +49,17 @@ async fn apply_change(synapse: Arc<Synapse>, change: RecordChange) -> Result<(),
     }
 }
 
+/// Whether a message is kept for an agent for the first time, or again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keeping {
+    /// Kept once, fleet-wide: not by a bridge that finds it kept or taken already (a
+    /// late copy of it).
+    New,
+    /// Taken from the inbox by this bridge and not delivered (its stream's client left
+    /// before reading it): kept again over the mark its take left.
+    Again,
+}
+
 impl Synapse {
     /// Keeps `message` in `agent`'s inbox: in a fleet, as the fleet's record (applied here
     /// as it is written); alone, or without NATS, here only.
@@ -56,13 +67,18 @@ impl Synapse {
         &self,
         agent: &str,
         message: &SynapseMessage,
+        keeping: Keeping,
     ) -> Result<(), StoreError> {
         let encoded = message.encode_to_vec();
         let Some(records) = self.core.records() else {
             return self.db.push_inbox(agent, &message.id, encoded).await;
         };
         let key = key(agent, &message.id);
-        match (records.write(INBOX, &key, encoded.clone().into(), Expect::Unused)).await {
+        let expected = match keeping {
+            Keeping::New => Expect::Unused,
+            Keeping::Again => Expect::Absent,
+        };
+        match (records.write(INBOX, &key, encoded.clone().into(), expected)).await {
             Ok(revision) => {
                 (self.db)
                     .apply_inbox(agent.to_owned(), message.id.clone(), encoded, revision)
