@@ -929,12 +929,34 @@ async fn mail_record(
     (key, record.expect("the message is kept in the fleet"))
 }
 
+/// A record taken is its taker's: taking it again (a take whose answer was lost, tried
+/// again) is `Ok` for that bridge and refused to another, and mail is not kept again under
+/// its key. (A table no endpoint follows, so no bridge settles the take meanwhile.)
+#[tokio::test]
+async fn a_taken_record_is_its_takers_to_take_again_and_no_one_elses() {
+    use agentbridge::core::{Expect, RecordError};
+    let fleet = Fleet::start(2).await;
+    let (b0, b1) = (fleet.nets[0].bridge.core(), fleet.nets[1].bridge.core());
+    let (b0, b1) = (b0.records().unwrap(), b1.records().unwrap());
+    let mail = bytes::Bytes::from_static(b"mail");
+    let revision = (b1.write("test-takes", "m0", mail.clone(), Expect::Unused))
+        .await
+        .unwrap();
+    b0.take("test-takes", "m0", revision).await.unwrap();
+    b0.take("test-takes", "m0", revision).await.unwrap();
+    let refused = b1.take("test-takes", "m0", revision).await;
+    assert!(matches!(refused, Err(RecordError::Conflict)), "{refused:?}");
+    let kept = b1.write("test-takes", "m0", mail, Expect::Unused).await;
+    assert!(matches!(kept, Err(RecordError::Conflict)), "{kept:?}");
+    fleet.shutdown().await;
+}
+
 /// A take that lands in the fleet without its bridge hearing the answer (NATS's answer
 /// lost) is that bridge's: it still delivers the message, once, and a take by another
 /// bridge it did not see leaves it nothing to deliver.
 #[tokio::test]
 async fn a_take_whose_answer_was_lost_is_found_to_be_the_bridges_own() {
-    use agentbridge::core::{Expect, RecordError};
+    use agentbridge::core::Expect;
     let fleet = Fleet::start(2).await;
     away_program(&fleet, 0, "poller").await;
     let sender = common::grid::GridHttp::new(fleet.nets[1].grid);
@@ -950,11 +972,6 @@ async fn a_take_whose_answer_was_lost_is_found_to_be_the_bridges_own() {
     // Takes whose answers b0's Grid never saw: q0 by b0 itself, q1 by b1.
     b0.take("grid-queue", &q0, q0_revision).await.unwrap();
     b1.take("grid-queue", &q1, q1_revision).await.unwrap();
-    assert_eq!(fleet.records_in("grid-queue").await, 0);
-    // Taken again, a record is its taker's, and another bridge's is refused.
-    b0.take("grid-queue", &q0, q0_revision).await.unwrap();
-    let refused = b0.take("grid-queue", &q1, q1_revision).await;
-    assert!(matches!(refused, Err(RecordError::Conflict)), "{refused:?}");
 
     // b0 applies the marks: its watch has passed them once it applies a record written
     // after them, mail for another program, which that program then gets from b0.
@@ -1052,6 +1069,103 @@ async fn a_synapse_inbox_take_whose_answer_was_lost_is_the_bridges_own() {
     .await;
     assert_eq!(got, ["later"]);
     assert_eq!(fetch("inboxer").await, ["m0"]);
+    fleet.shutdown().await;
+}
+
+/// Mail whose take landed without its bridge hearing the answer is settled by that bridge
+/// once it sees the take was its own: kept again as the fleet's, so that its program gets
+/// it through another bridge when it moves there, once.
+#[tokio::test]
+async fn mail_whose_take_answer_was_lost_follows_its_program_to_another_bridge() {
+    let mut fleet = Fleet::start(2).await;
+    away_program(&fleet, 0, "mover").await;
+    let sender = common::grid::GridHttp::new(fleet.nets[1].grid);
+    sender.send(&grid_request("q0", "sender", "mover")).await;
+    fleet.wait_records_in("grid-queue", 1).await;
+    let (q0, taken) = mail_record(&fleet, 0, "grid-queue", "mover", "q0").await;
+    // A take by b0 whose answer b0's Grid never saw.
+    let records = fleet.nets[0].bridge.core().records().unwrap();
+    records
+        .take("grid-queue", &q0, taken.revision)
+        .await
+        .unwrap();
+    eventually("b0 keeps q0 again as the fleet's", async || {
+        let record = records.read("grid-queue", &q0).await.unwrap();
+        record.is_some_and(|r| r.value.is_some() && r.revision > taken.revision)
+    })
+    .await;
+
+    // The program moves to b1: b0 leaves the fleet, and b1 takes its name over.
+    let moved_from = fleet.nets.remove(0);
+    moved_from.bridge.shutdown().await;
+    let poll = format!("http://{}/grid/v1/messages?agent=mover", fleet.nets[0].grid);
+    let mut ids = Vec::new();
+    eventually("the program polls through b1", async || {
+        let answer = common::http().get(&poll).send().await.unwrap();
+        if answer.status() != 200 {
+            return false;
+        }
+        let stream = common::grid::yaml_stream(&answer.text().await.unwrap());
+        ids = (stream.iter())
+            .map(|m| m["message"]["id"].as_str().unwrap().to_owned())
+            .collect();
+        true
+    })
+    .await;
+    assert_eq!(ids, ["q0"]);
+    assert!(polled_ids(&fleet, 0, "mover").await.is_empty());
+    fleet.shutdown().await;
+}
+
+/// As a Grid program's queue: a Synapse inbox message whose take's answer was lost is kept
+/// again as the fleet's, and the agent, now polling another bridge, gets it there.
+#[tokio::test]
+async fn an_inbox_message_whose_take_answer_was_lost_follows_its_agent() {
+    use agentbridge::protocols::synapse::proto::SendMessageRequest;
+    use common::synapse::{Stream, chat, clients, text_of, with_meta};
+    let mut fleet = Fleet::start(2).await;
+    drop(Stream::open(fleet.nets[0].synapse, "mover").await);
+    let directory = &fleet.nets[1].bridge.core().directory;
+    eventually("b1 shows the agent away", async || {
+        directory.get("mover").is_some_and(|a| !a.online)
+    })
+    .await;
+    let mut sender = clients(fleet.nets[1].synapse).await;
+    let request = SendMessageRequest {
+        message: Some(chat("writer", "mover", "kept")),
+    };
+    let id = sender.messages.send_message(request).await.unwrap();
+    let id = id.into_inner().message_id;
+    fleet.wait_records_in("synapse-inbox", 1).await;
+    let (key, taken) = mail_record(&fleet, 0, "synapse-inbox", "mover", &id).await;
+    let records = fleet.nets[0].bridge.core().records().unwrap();
+    records
+        .take("synapse-inbox", &key, taken.revision)
+        .await
+        .unwrap();
+    eventually("b0 keeps the message again as the fleet's", async || {
+        let record = records.read("synapse-inbox", &key).await.unwrap();
+        record.is_some_and(|r| r.value.is_some() && r.revision > taken.revision)
+    })
+    .await;
+
+    let moved_from = fleet.nets.remove(0);
+    moved_from.bridge.shutdown().await;
+    let mut texts = Vec::new();
+    eventually("the agent polls through b1", async || {
+        let mut poller = clients(fleet.nets[0].synapse).await;
+        let request = with_meta((), &[("x-synapse-agent-id", "mover")]);
+        let Ok(answer) = poller.messages.receive_callback(request).await else {
+            return false;
+        };
+        let mut inbound = answer.into_inner();
+        while let Some(Ok(message)) = futures_util::StreamExt::next(&mut inbound).await {
+            texts.push(text_of(&message));
+        }
+        !texts.is_empty()
+    })
+    .await;
+    assert_eq!(texts, ["kept"]);
     fleet.shutdown().await;
 }
 

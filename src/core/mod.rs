@@ -11,6 +11,7 @@ mod log;
 mod mailbox;
 mod records;
 mod router;
+mod unsettled;
 
 use std::sync::Arc;
 
@@ -32,6 +33,7 @@ pub use records::{
     TAKE_AGAIN_AFTER, TakenEach, TakenMail, Tried, sink, take_each, unless_lost, until_not_lost,
 };
 pub use router::{AddressedOnly, Interest, OfflineSink, RouteReport, Router, Session};
+pub use unsettled::UnsettledMail;
 
 use crate::telemetry;
 

@@ -253,6 +253,44 @@ impl Db {
             .await
     }
 
+    /// Removes and returns the messages `ids` queued for `agent` that are still here, in
+    /// queue order.
+    pub async fn take_ids(&self, agent: &str, ids: Vec<String>) -> Result<Vec<Queued>, StoreError> {
+        let agent = agent.to_owned();
+        self.store
+            .write(move |conn| {
+                let mut stmt = conn.prepare_cached(&format!(
+                    "DELETE FROM grid_queue WHERE agent = ?1 AND message_id = ?2
+                     RETURNING {QUEUED_COLUMNS}"
+                ))?;
+                let mut rows = Vec::new();
+                for id in ids {
+                    for row in stmt.query_map(params![agent, id], queued)? {
+                        rows.push(row?);
+                    }
+                }
+                rows.sort_by_key(Queued::order);
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Whether message `message_id` is queued for `agent` here.
+    pub async fn holds_queued(
+        &self,
+        agent: String,
+        message_id: String,
+    ) -> Result<bool, StoreError> {
+        self.store
+            .read(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT 1 FROM grid_queue WHERE agent = ?1 AND message_id = ?2",
+                )?;
+                Ok(stmt.exists(params![agent, message_id])?)
+            })
+            .await
+    }
+
     /// Removes and returns the queued messages whose ttl ran out by `now` (ms); with
     /// `here_only`, only those this bridge keeps alone (not the fleet's records).
     pub async fn take_expired(&self, now: i64, here_only: bool) -> Result<Vec<Queued>, StoreError> {

@@ -38,6 +38,7 @@ use super::endpoint::{Endpoint, Listening, Reloader};
 use super::{Context, Running, StartError};
 use crate::core::{
     AgentInfo, Core, Delivery, Envelope, Kind, LogError, Mailbox, OfflineSink, Protocol, Staged,
+    UnsettledMail,
 };
 use crate::protocols::endpoint::{Decoded, Translation};
 use crate::protocols::hub::{Hub, HubFilter};
@@ -133,6 +134,8 @@ pub struct Grid {
     programs: DashSet<String>,
     /// Programs' open sockets.
     sockets: sockets::Sockets,
+    /// Queued messages of the fleet's whose take this bridge cannot be sure of.
+    unsettled: UnsettledMail,
     /// Ids of messages the scratchpad holds: read from it, or appended by the bridge. A
     /// message is written to it once, however many programs it is kept for.
     in_scratchpad: Mutex<Recent>,
@@ -194,6 +197,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         db: db.clone(),
         programs: DashSet::new(),
         sockets: sockets::Sockets::default(),
+        unsettled: UnsettledMail::default(),
         in_scratchpad: Mutex::new(Recent::default()),
         expiry_told: Mutex::new(Recent::default()),
         outgoing,

@@ -41,11 +41,21 @@ fn corrupt(e: serde_json::Error) -> StoreError {
     StoreError::Corrupt(format!("a shared queued message: {e}"))
 }
 
-/// Follows the fleet's queues, when there is a fleet.
+/// Follows the fleet's queues, and settles the mail whose take this bridge cannot be sure
+/// of (`UnsettledMail`), when there is a fleet.
 pub fn follow(grid: &Arc<Grid>) {
-    if let Some(records) = grid.core.records() {
-        records.follow(QUEUE, sink(grid, "grid queued message", apply_change));
-    }
+    let Some(records) = grid.core.records() else {
+        return;
+    };
+    records.follow(QUEUE, sink(grid, "grid queued message", apply_change));
+    let (grid, records) = (grid.clone(), records.clone());
+    tokio::spawn(async move {
+        let settle = |agent, ids| grid.settle_queued(agent, ids);
+        let connected_here = |agent: &str| grid.sockets.any(agent);
+        (grid.unsettled)
+            .keep_settling(records.as_ref(), &grid.shutdown, connected_here, settle)
+            .await
+    });
 }
 
 async fn apply_change(grid: Arc<Grid>, change: RecordChange) -> Result<(), StoreError> {
@@ -56,12 +66,18 @@ async fn apply_change(grid: Arc<Grid>, change: RecordChange) -> Result<(), Store
                 .apply_queued(record.agent, record.message, change.revision)
                 .await
         }
-        // A row still here is one whose take's answer was lost: this bridge's to deliver.
-        None if change.taken_here => Ok(()),
         None => {
             let (agent, id): (String, String) =
                 serde_json::from_str(&change.key).map_err(corrupt)?;
-            grid.db.forget_queued(agent, id, change.revision).await
+            if !change.taken_here {
+                return grid.db.forget_queued(agent, id, change.revision).await;
+            }
+            // A row still here is one whose take's answer was lost: this bridge's to
+            // deliver, or to keep again as the fleet's.
+            if grid.db.holds_queued(agent.clone(), id.clone()).await? {
+                grid.unsettled.note(&agent, &id);
+            }
+            Ok(())
         }
     }
 }
@@ -121,6 +137,7 @@ impl Grid {
         since: Option<i64>,
         instances: Instances<'_>,
     ) -> Result<TakenMail<Queued>, StoreError> {
+        self.unsettled.settled(agent).await;
         let candidates = self.db.take(agent, since, instances).await?;
         self.taken_from_fleet(candidates).await
     }
@@ -143,6 +160,9 @@ impl Grid {
         // at its revision, and the next take of it finds out (`SharedRecords::take`). Its
         // mark, if it landed, names this bridge, so the fleet's removal leaves the row.
         let left = !each.unreachable.is_empty();
+        for queued in &each.unreachable {
+            (self.unsettled).note(&queued.agent, &queued.message.message_id);
+        }
         self.db.restore(each.unreachable).await?;
         Ok(TakenMail {
             taken: each.taken,
@@ -164,6 +184,19 @@ impl Grid {
             back.push(queued);
         }
         self.db.restore(back).await
+    }
+
+    /// Settles messages `ids` queued for `agent` (`UnsettledMail`): takes them again, here
+    /// and from the fleet, and queues again what this bridge took, as the fleet's record.
+    async fn settle_queued(&self, agent: String, ids: Vec<String>) {
+        let settled = async {
+            let candidates = self.db.take_ids(&agent, ids).await?;
+            let mail = self.taken_from_fleet(candidates).await?;
+            self.put_back(mail.taken).await
+        };
+        if let Err(e) = settled.await {
+            tracing::error!(error = %e, agent, "grid: cannot settle queued messages");
+        }
     }
 
     /// Writes `queued` back as the fleet's record over the mark its take left; its new

@@ -39,7 +39,7 @@ pub use config::Config;
 
 use super::endpoint::{Endpoint, Listening, Reloader};
 use super::{Context, Running, StartError};
-use crate::core::{Core, Protocol};
+use crate::core::{Core, Protocol, UnsettledMail};
 use db::{AgentRow, Db, GroupRow, MemberRow};
 use proto::{AgentEndpoint, TaskStatusUpdate};
 
@@ -63,6 +63,8 @@ pub struct Synapse {
     streams: DashMap<String, usize>,
     /// agent id → open `StreamGroupMessages` streams.
     group_streams: DashMap<String, usize>,
+    /// Inbox messages of the fleet's whose take this bridge cannot be sure of.
+    unsettled: UnsettledMail,
     groups: DashMap<String, Group>,
     /// In a fleet: the revision of the fleet's record each group (removed ones too) was
     /// last applied from, so that what `groups` and the router hold never goes back.
@@ -192,6 +194,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         agents: DashMap::new(),
         streams: DashMap::new(),
         group_streams: DashMap::new(),
+        unsettled: UnsettledMail::default(),
         groups: DashMap::new(),
         group_revisions: DashMap::new(),
         tasks: Arc::new(DashSet::new()),

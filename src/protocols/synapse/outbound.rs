@@ -239,6 +239,12 @@ impl Synapse {
         })
     }
 
+    /// Whether `agent` has a stream open here that takes its inbox.
+    pub fn streams_its_inbox(&self, agent: &str) -> bool {
+        self.streams.get(agent).is_some_and(|open| *open > 0)
+            && self.route_for(agent, true) == Route::Stream
+    }
+
     /// Where a message for `agent` goes, given whether the caller holds its open stream.
     pub fn route_for(&self, agent: &str, from_stream: bool) -> Route {
         let (mode, url, token) = self.reach(agent);

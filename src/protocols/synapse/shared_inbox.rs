@@ -28,11 +28,21 @@ fn agent_and_id(key: &str) -> Result<(String, String), StoreError> {
     serde_json::from_str(key).map_err(|e| StoreError::Corrupt(format!("a shared inbox key: {e}")))
 }
 
-/// Follows the fleet's inboxes, when there is a fleet.
+/// Follows the fleet's inboxes, and settles the messages whose take this bridge cannot be
+/// sure of (`UnsettledMail`), when there is a fleet.
 pub fn follow(synapse: &Arc<Synapse>) {
-    if let Some(records) = synapse.core.records() {
-        records.follow(INBOX, sink(synapse, "synapse inbox message", apply_change));
-    }
+    let Some(records) = synapse.core.records() else {
+        return;
+    };
+    records.follow(INBOX, sink(synapse, "synapse inbox message", apply_change));
+    let (synapse, records) = (synapse.clone(), records.clone());
+    tokio::spawn(async move {
+        let settle = |agent, ids| synapse.settle_inbox(agent, ids);
+        let connected_here = |agent: &str| synapse.streams_its_inbox(agent);
+        (synapse.unsettled)
+            .keep_settling(records.as_ref(), &synapse.shutdown, connected_here, settle)
+            .await
+    });
 }
 
 async fn apply_change(synapse: Arc<Synapse>, change: RecordChange) -> Result<(), StoreError> {
@@ -43,9 +53,15 @@ async fn apply_change(synapse: Arc<Synapse>, change: RecordChange) -> Result<(),
                 .apply_inbox(agent, id, message.to_vec(), change.revision)
                 .await
         }
-        // A row still here is one whose take's answer was lost: this bridge's to deliver.
-        None if change.taken_here => Ok(()),
-        None => synapse.db.forget_inbox(agent, id, change.revision).await,
+        None if !change.taken_here => synapse.db.forget_inbox(agent, id, change.revision).await,
+        // A row still here is one whose take's answer was lost: this bridge's to deliver,
+        // or to keep again as the fleet's.
+        None => {
+            if synapse.db.holds_inbox(agent.clone(), id.clone()).await? {
+                synapse.unsettled.note(&agent, &id);
+            }
+            Ok(())
+        }
     }
 }
 
@@ -100,7 +116,17 @@ impl Synapse {
         &self,
         agent: &str,
     ) -> Result<TakenMail<InboxRow>, StoreError> {
+        self.unsettled.settled(agent).await;
         let candidates = self.db.take_inbox(agent).await?;
+        self.taken_from_fleet(candidates).await
+    }
+
+    /// Of `candidates`, taken from this bridge's inbox, those also taken from the fleet's
+    /// records (all of them for a bridge alone), in inbox order.
+    async fn taken_from_fleet(
+        &self,
+        candidates: Vec<InboxRow>,
+    ) -> Result<TakenMail<InboxRow>, StoreError> {
         let Some(records) = self.core.records() else {
             return Ok(TakenMail::all(candidates));
         };
@@ -112,10 +138,37 @@ impl Synapse {
         // As Grid's queue does (`grid/shared_queue.rs`): a take NATS did not answer is found
         // out by the next take of the row, put back at its revision.
         let left = !each.unreachable.is_empty();
+        for row in &each.unreachable {
+            if let Some(id) = &row.message_id {
+                self.unsettled.note(&row.agent_id, id);
+            }
+        }
         self.db.restore_inbox(each.unreachable).await?;
         Ok(TakenMail {
             taken: each.taken,
             left,
         })
+    }
+
+    /// Settles messages `ids` of `agent`'s inbox (`UnsettledMail`): takes them again, here
+    /// and from the fleet, and keeps again what this bridge took, as the fleet's record.
+    async fn settle_inbox(&self, agent: String, ids: Vec<String>) {
+        let settled = async {
+            let candidates = self.db.take_inbox_ids(&agent, ids).await?;
+            let mail = self.taken_from_fleet(candidates).await?;
+            let (fleet, here_only) =
+                (mail.taken.into_iter()).partition(|row| row.fleet_revision.is_some());
+            self.db.restore_inbox(here_only).await?;
+            for row in fleet {
+                let Ok(message) = SynapseMessage::decode(row.message.as_slice()) else {
+                    continue;
+                };
+                self.keep_in_inbox(&agent, &message, Keeping::Again).await?;
+            }
+            Ok::<_, StoreError>(())
+        };
+        if let Err(e) = settled.await {
+            tracing::error!(error = %e, agent, "synapse: cannot settle inbox messages");
+        }
     }
 }

@@ -83,24 +83,55 @@ impl Db {
         let agent_id = agent_id.to_owned();
         self.store
             .write(move |conn| {
-                let mut stmt = conn.prepare_cached(
-                    "DELETE FROM synapse_inbox WHERE agent_id = ?1
-                     RETURNING seq, agent_id, message_id, message, created_at, fleet_revision",
-                )?;
+                let mut stmt = conn.prepare_cached(&format!(
+                    "DELETE FROM synapse_inbox WHERE agent_id = ?1 RETURNING {INBOX_COLUMNS}"
+                ))?;
                 let mut rows: Vec<InboxRow> = stmt
-                    .query_map([agent_id], |r| {
-                        Ok(InboxRow {
-                            seq: r.get(0)?,
-                            agent_id: r.get(1)?,
-                            message_id: r.get(2)?,
-                            message: r.get(3)?,
-                            created_at: r.get(4)?,
-                            fleet_revision: r.get::<_, Option<i64>>(5)?.map(|r| r as u64),
-                        })
-                    })?
+                    .query_map([agent_id], inbox_row)?
                     .collect::<Result<_, _>>()?;
                 rows.sort_by_key(InboxRow::order);
                 Ok(rows)
+            })
+            .await
+    }
+
+    /// Takes messages `ids` of `agent_id`'s inbox that are still here, in inbox order.
+    pub async fn take_inbox_ids(
+        &self,
+        agent_id: &str,
+        ids: Vec<String>,
+    ) -> Result<Vec<InboxRow>, StoreError> {
+        let agent_id = agent_id.to_owned();
+        self.store
+            .write(move |conn| {
+                let mut stmt = conn.prepare_cached(&format!(
+                    "DELETE FROM synapse_inbox WHERE agent_id = ?1 AND message_id = ?2
+                     RETURNING {INBOX_COLUMNS}"
+                ))?;
+                let mut rows = Vec::new();
+                for id in ids {
+                    for row in stmt.query_map(params![agent_id, id], inbox_row)? {
+                        rows.push(row?);
+                    }
+                }
+                rows.sort_by_key(InboxRow::order);
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Whether message `message_id` waits in `agent_id`'s inbox here.
+    pub async fn holds_inbox(
+        &self,
+        agent_id: String,
+        message_id: String,
+    ) -> Result<bool, StoreError> {
+        self.store
+            .read(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT 1 FROM synapse_inbox WHERE agent_id = ?1 AND message_id = ?2",
+                )?;
+                Ok(stmt.exists(params![agent_id, message_id])?)
             })
             .await
     }
@@ -113,11 +144,10 @@ impl Db {
         }
         self.store
             .write(move |conn| {
-                let mut stmt = conn.prepare_cached(
-                    "INSERT OR IGNORE INTO synapse_inbox
-                        (seq, agent_id, message_id, message, created_at, fleet_revision)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )?;
+                let mut stmt = conn.prepare_cached(&format!(
+                    "INSERT OR IGNORE INTO synapse_inbox ({INBOX_COLUMNS})
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+                ))?;
                 for row in rows {
                     stmt.execute(params![
                         row.seq,
@@ -132,6 +162,20 @@ impl Db {
             })
             .await
     }
+}
+
+/// The columns of an `InboxRow`, in `inbox_row`'s order.
+const INBOX_COLUMNS: &str = "seq, agent_id, message_id, message, created_at, fleet_revision";
+
+fn inbox_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<InboxRow> {
+    Ok(InboxRow {
+        seq: r.get(0)?,
+        agent_id: r.get(1)?,
+        message_id: r.get(2)?,
+        message: r.get(3)?,
+        created_at: r.get(4)?,
+        fleet_revision: r.get::<_, Option<i64>>(5)?.map(|r| r as u64),
+    })
 }
 
 /// A message in an inbox: a row of `synapse_inbox`, whole, so that one taken can be put back.
