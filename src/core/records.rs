@@ -56,21 +56,25 @@ pub fn unless_lost(
 }
 
 /// How long a socket or stream whose mail could not all be taken (the fleet's records out
-/// of reach) waits before taking it again: the mail is the agent's already, so it is sent
-/// on the open connection once NATS is back rather than when the agent next connects.
+/// of reach) waits before taking it again, so that the mail is sent on the open connection
+/// once NATS is back rather than when the agent next connects; and how often a bridge
+/// settles mail whose take it cannot be sure of (`UnsettledMail`).
 pub const TAKE_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Mail taken for an agent, with what `take_each` could not take put back.
 pub struct TakenMail<T> {
     pub taken: Vec<T>,
     /// Some was put back, not known to be taken: to be taken again (`TAKE_AGAIN_AFTER`).
-    pub left: bool,
+    pub retake: bool,
 }
 
 impl<T> TakenMail<T> {
     /// All of `taken`: mail a bridge alone keeps, nothing left.
     pub fn all(taken: Vec<T>) -> Self {
-        TakenMail { taken, left: false }
+        TakenMail {
+            taken,
+            retake: false,
+        }
     }
 }
 
@@ -81,6 +85,26 @@ pub struct TakenEach<T> {
     /// Not known to be taken, the records being out of reach: to be put back as they were
     /// and taken again later, which finds out whether a take without an answer landed.
     pub unreachable: Vec<T>,
+}
+
+impl<T> TakenEach<T> {
+    /// What was taken, as the agent's mail, and the unreachable ones, to be put back: each
+    /// noted in `unsettled` by `mail_of` (its agent and message id), to be settled.
+    pub fn noting_unsettled(
+        self,
+        unsettled: &super::UnsettledMail,
+        mail_of: impl Fn(&T) -> (&str, &str),
+    ) -> (TakenMail<T>, Vec<T>) {
+        for item in &self.unreachable {
+            let (agent, id) = mail_of(item);
+            unsettled.note(agent, id);
+        }
+        let mail = TakenMail {
+            retake: !self.unreachable.is_empty(),
+            taken: self.taken,
+        };
+        (mail, self.unreachable)
+    }
 }
 
 /// Takes the record of each of `items` (`record_of`: its key and the revision applied here,
@@ -168,9 +192,9 @@ pub struct RecordChange {
     /// `None` when the record was removed.
     pub value: Option<bytes::Bytes>,
     pub revision: Revision,
-    /// A removal that is this bridge's own take (`SharedRecords::take`). A row this bridge
-    /// still holds for the record is its own to deliver: the take landed, its answer did
-    /// not, and taking the row again finds that out.
+    /// A removal that is this bridge's own take (`SharedRecords::take`). A row from before
+    /// it that this bridge still holds is its own to deliver: the take landed, its answer
+    /// did not, and taking the row again, or settling it (`UnsettledMail`), finds that out.
     pub taken_here: bool,
 }
 
@@ -249,6 +273,16 @@ pub trait SharedRecords: Send + Sync {
     /// never came is tried again.
     fn take<'a>(&'a self, table: &'a str, key: &'a str, revision: Revision)
     -> RecordFuture<'a, ()>;
+
+    /// Writes `value` as `table`'s record `key` again over this bridge's take of it (mail
+    /// it took and could not deliver); `Conflict` unless the record's last change is that
+    /// take.
+    fn put_back<'a>(
+        &'a self,
+        table: &'a str,
+        key: &'a str,
+        value: bytes::Bytes,
+    ) -> RecordFuture<'a, Revision>;
 
     /// Keeps `bytes` as the fleet's file `name`: what is too large for a record (an
     /// attachment), written once and read by the bridges that need it.

@@ -6,9 +6,10 @@
 //! mail neither waits here for an agent that now connects elsewhere nor is lost when the
 //! mark goes, the endpoint settles it once NATS is back (`settle`): it takes the rows
 //! again, keeps what it then holds as the fleet's record again, which any bridge may
-//! deliver, and drops what another bridge took. An agent with a connection here that
-//! takes its mail is left to that connection, which takes it again itself
-//! (`TAKE_AGAIN_AFTER`).
+//! deliver, and drops what another bridge took. An agent's open socket or stream whose own
+//! take NATS did not answer takes the mail again itself as well (`TAKE_AGAIN_AFTER`): of
+//! the two, whichever comes first takes it, as an agent's mail is taken, or settled, by one
+//! at a time.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
@@ -22,11 +23,51 @@ use super::{SharedRecords, TAKE_AGAIN_AFTER};
 #[derive(Default)]
 pub struct UnsettledMail {
     by_agent: Mutex<HashMap<String, HashSet<String>>>,
-    /// Agents whose mail is being settled now: a take of their mail waits until it is
-    /// (`settled`), as it would find some of it gone for a moment.
-    settling: Mutex<HashSet<String>>,
+    /// Who is taking or settling whose mail: an agent's mail is taken, or settled, by one
+    /// at a time (a take during a settling would find some of it gone for a moment, and a
+    /// settling during a take could keep again what the take delivers).
+    turns: Mutex<Turns>,
     /// Told when an agent's settling ends.
-    done: Notify,
+    settled: Notify,
+}
+
+#[derive(Default)]
+struct Turns {
+    /// Agents whose mail is being settled.
+    settling: HashSet<String>,
+    /// Takes of each agent's mail under way.
+    taking: HashMap<String, usize>,
+}
+
+/// A take of an agent's mail under way (`UnsettledMail::taking`); the take ends with it.
+pub struct Taking<'a> {
+    mail: &'a UnsettledMail,
+    agent: String,
+}
+
+impl Drop for Taking<'_> {
+    fn drop(&mut self) {
+        let mut turns = lock(&self.mail.turns);
+        if let Some(count) = turns.taking.get_mut(&self.agent) {
+            *count -= 1;
+            if *count == 0 {
+                turns.taking.remove(&self.agent);
+            }
+        }
+    }
+}
+
+/// An agent's settling under way; it ends with this, whatever ended it.
+struct Settling<'a> {
+    mail: &'a UnsettledMail,
+    agent: &'a str,
+}
+
+impl Drop for Settling<'_> {
+    fn drop(&mut self) {
+        lock(&self.mail.turns).settling.remove(self.agent);
+        self.mail.settled.notify_waiters();
+    }
 }
 
 impl UnsettledMail {
@@ -37,44 +78,52 @@ impl UnsettledMail {
         ids.insert(id.to_owned());
     }
 
-    /// Returns once `agent`'s mail is not being settled. A take of the agent's mail waits
-    /// for this first: a connection known here only after a settling began would
-    /// otherwise miss what it keeps again, and a poll would, until the next.
-    pub async fn settled(&self, agent: &str) {
+    /// Starts a take of `agent`'s mail, once it is not being settled; no settling of it
+    /// starts until the take ends (the `Taking` is dropped).
+    pub async fn taking(&self, agent: &str) -> Taking<'_> {
         loop {
-            let done = self.done.notified();
-            let mut done = std::pin::pin!(done);
-            done.as_mut().enable();
-            if !lock(&self.settling).contains(agent) {
-                return;
+            let settled = self.settled.notified();
+            let mut settled = std::pin::pin!(settled);
+            settled.as_mut().enable();
+            {
+                let mut turns = lock(&self.turns);
+                if !turns.settling.contains(agent) {
+                    *turns.taking.entry(agent.to_owned()).or_default() += 1;
+                    return Taking {
+                        mail: self,
+                        agent: agent.to_owned(),
+                    };
+                }
             }
-            done.await;
+            settled.await;
         }
     }
 
     /// Settles the mail noted so far with `settle` (which takes it again, and keeps again
-    /// what it took), an agent at a time, but not that of agents `connected_here` says
-    /// have a connection here that takes their mail.
-    pub async fn settle<F, Fut>(&self, connected_here: impl Fn(&str) -> bool, mut settle: F)
+    /// what it took), an agent at a time, but not that of agents whose mail is being
+    /// taken: theirs stays noted for a later settling.
+    pub async fn settle<F, Fut>(&self, mut settle: F)
     where
         F: FnMut(String, Vec<String>) -> Fut,
         Fut: Future<Output = ()>,
     {
         let agents: Vec<String> = lock(&self.by_agent).keys().cloned().collect();
         for agent in agents {
-            // Marked before asking whether the agent is connected: a connection known only
-            // after that waits for `settled` before it takes.
-            lock(&self.settling).insert(agent.clone());
-            let ids = if connected_here(&agent) {
-                None
-            } else {
-                lock(&self.by_agent).remove(&agent)
+            {
+                let mut turns = lock(&self.turns);
+                if turns.taking.contains_key(&agent) {
+                    continue;
+                }
+                turns.settling.insert(agent.clone());
+            }
+            let _settling = Settling {
+                mail: self,
+                agent: &agent,
             };
+            let ids = lock(&self.by_agent).remove(&agent);
             if let Some(ids) = ids {
                 settle(agent.clone(), ids.into_iter().collect()).await;
             }
-            lock(&self.settling).remove(&agent);
-            self.done.notify_waiters();
         }
     }
 
@@ -85,14 +134,12 @@ impl UnsettledMail {
 
     /// Settles the mail noted (`settle`) every `TAKE_AGAIN_AFTER` while `records` can be
     /// reached, until `shutdown`.
-    pub async fn keep_settling<C, F, Fut>(
+    pub async fn keep_settling<F, Fut>(
         &self,
         records: &dyn SharedRecords,
         shutdown: &CancellationToken,
-        connected_here: C,
         mut settle: F,
     ) where
-        C: Fn(&str) -> bool,
         F: FnMut(String, Vec<String>) -> Fut,
         Fut: Future<Output = ()>,
     {
@@ -102,7 +149,7 @@ impl UnsettledMail {
                 _ = tokio::time::sleep(TAKE_AGAIN_AFTER) => {}
             }
             if !self.is_empty() && records.reachable() {
-                self.settle(&connected_here, &mut settle).await;
+                self.settle(&mut settle).await;
             }
         }
     }
@@ -117,35 +164,25 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn mail_is_settled_once_by_agent_but_that_of_connected_agents() {
+    async fn mail_is_settled_once_by_agent() {
         let mail = UnsettledMail::default();
         mail.note("away", "m1");
         mail.note("away", "m2");
-        mail.note("here", "m3");
+        mail.note("other", "m3");
         let mut settled = Vec::new();
-        mail.settle(
-            |agent| agent == "here",
-            |agent, mut ids| {
-                ids.sort();
-                settled.push((agent, ids));
-                async {}
-            },
-        )
+        mail.settle(|agent, mut ids| {
+            ids.sort();
+            settled.push((agent, ids));
+            async {}
+        })
         .await;
-        assert_eq!(
-            settled,
-            [("away".to_owned(), vec!["m1".to_owned(), "m2".to_owned()])]
-        );
-        // The connected agent's stays noted, for when it is not.
-        assert!(!mail.is_empty());
-        mail.settle(
-            |_| false,
-            |agent, _| {
-                assert_eq!(agent, "here");
-                async {}
-            },
-        )
-        .await;
+        settled.sort();
+        let ids = |ids: &[&str]| ids.iter().map(|id| id.to_string()).collect::<Vec<_>>();
+        let expected = [
+            ("away".to_owned(), ids(&["m1", "m2"])),
+            ("other".to_owned(), ids(&["m3"])),
+        ];
+        assert_eq!(settled, expected);
         assert!(mail.is_empty());
     }
 
@@ -160,30 +197,51 @@ mod tests {
             async move {
                 let mut started = Some(started);
                 let mut finished = Some(finished);
-                mail.settle(
-                    |_| false,
-                    |_, _| {
-                        let _ = started.take().unwrap().send(());
-                        let finished = finished.take().unwrap();
-                        async move {
-                            let _ = finished.await;
-                        }
-                    },
-                )
+                mail.settle(|_, _| {
+                    let _ = started.take().unwrap().send(());
+                    let finished = finished.take().unwrap();
+                    async move {
+                        let _ = finished.await;
+                    }
+                })
                 .await
             }
         });
         start.await.unwrap();
         // Another agent's take goes on; this one's waits for the settling.
-        mail.settled("other").await;
+        drop(mail.taking("other").await);
         let waiting = tokio::spawn({
             let mail = mail.clone();
-            async move { mail.settled("away").await }
+            async move {
+                drop(mail.taking("away").await);
+            }
         });
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished());
         finish.send(()).unwrap();
         settling.await.unwrap();
         waiting.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn mail_being_taken_is_left_for_a_later_settling() {
+        let mail = UnsettledMail::default();
+        mail.note("polling", "m1");
+        let taking = mail.taking("polling").await;
+        let mut settled = 0;
+        mail.settle(|_, _| {
+            settled += 1;
+            async {}
+        })
+        .await;
+        assert_eq!(settled, 0);
+        drop(taking);
+        mail.settle(|_, _| {
+            settled += 1;
+            async {}
+        })
+        .await;
+        assert_eq!(settled, 1);
+        assert!(mail.is_empty());
     }
 }

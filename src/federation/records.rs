@@ -208,6 +208,25 @@ impl SharedRecords for FleetRecords {
         })
     }
 
+    /// Read from the stream's leader: `create` would ask whichever replica answers a direct
+    /// get whether the key was removed, and one that has not applied the take yet says no.
+    fn put_back<'a>(
+        &'a self,
+        table: &'a str,
+        key: &'a str,
+        value: bytes::Bytes,
+    ) -> RecordFuture<'a, Revision> {
+        Box::pin(async move {
+            let mark = match self.last_message(table, key).await? {
+                Some(mark) if self.taken_here(&mark) => mark.sequence,
+                _ => return Err(RecordError::Conflict),
+            };
+            let bucket = self.bucket()?;
+            (bucket.update(bucket_key(table, key), value, mark).await)
+                .map_err(conflict_or_unavailable)
+        })
+    }
+
     fn remove<'a>(&'a self, table: &'a str, key: &'a str) -> RecordFuture<'a, ()> {
         Box::pin(async move {
             (self.bucket()?.delete(bucket_key(table, key)).await).map_err(unavailable)

@@ -76,7 +76,47 @@ pub static MIGRATIONS: &[Migration] = &[
         // a queue is the fleet's: `shared_queue.rs`); none for one this bridge alone keeps.
         sql: "ALTER TABLE grid_queue ADD COLUMN fleet_revision INTEGER;",
     },
+    Migration {
+        version: 5,
+        // The fleet's records this bridge took, at the revision taken, until the fleet's
+        // removal of each is applied: a late copy of a record taken here (the watch behind
+        // the take) is not queued again.
+        sql: "CREATE TABLE grid_queue_taken (
+                agent          TEXT NOT NULL,
+                message_id     TEXT NOT NULL,
+                fleet_revision INTEGER NOT NULL,
+                PRIMARY KEY (agent, message_id)
+              ) WITHOUT ROWID;",
+    },
 ];
+
+/// Forgets takes of `(agent, message_id)` before `revision` (`params!`): the fleet's removal
+/// of the record is applied, so no late copy of it is still to come.
+fn forget_taken(
+    conn: &rusqlite::Connection,
+    removal: &[&dyn rusqlite::ToSql],
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "DELETE FROM grid_queue_taken
+         WHERE agent = ?1 AND message_id = ?2 AND fleet_revision < ?3",
+    )?
+    .execute(removal)?;
+    Ok(())
+}
+
+/// Remembers, in the taking transaction, the fleet's records among `rows` as taken here.
+fn remember_taken(conn: &rusqlite::Connection, rows: &[Queued]) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT OR REPLACE INTO grid_queue_taken (agent, message_id, fleet_revision)
+         VALUES (?1, ?2, ?3)",
+    )?;
+    for row in rows {
+        if let Some(revision) = row.fleet_revision {
+            stmt.execute(params![row.agent, row.message.message_id, revision as i64])?;
+        }
+    }
+    Ok(())
+}
 
 /// A message to queue, for one program or several.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -247,6 +287,7 @@ impl Db {
                         queued,
                     )?
                     .collect::<Result<_, _>>()?;
+                remember_taken(conn, &rows)?;
                 rows.sort_by_key(Queued::order);
                 Ok(rows)
             })
@@ -269,24 +310,31 @@ impl Db {
                         rows.push(row?);
                     }
                 }
+                remember_taken(conn, &rows)?;
                 rows.sort_by_key(Queued::order);
                 Ok(rows)
             })
             .await
     }
 
-    /// Whether message `message_id` is queued for `agent` here.
-    pub async fn holds_queued(
+    /// Applies the fleet's removal, at `revision`, of a record this bridge took: forgets
+    /// that it took it, and tells whether a row of it from before is still here (put back
+    /// after a take whose answer was lost).
+    pub async fn taken_here(
         &self,
         agent: String,
         message_id: String,
+        revision: u64,
     ) -> Result<bool, StoreError> {
         self.store
-            .read(move |conn| {
+            .write(move |conn| {
+                let removal = params![agent, message_id, revision as i64];
+                forget_taken(conn, removal)?;
                 let mut stmt = conn.prepare_cached(
-                    "SELECT 1 FROM grid_queue WHERE agent = ?1 AND message_id = ?2",
+                    "SELECT 1 FROM grid_queue WHERE agent = ?1 AND message_id = ?2
+                        AND fleet_revision < ?3",
                 )?;
-                Ok(stmt.exists(params![agent, message_id])?)
+                Ok(stmt.exists(removal)?)
             })
             .await
     }
@@ -301,8 +349,10 @@ impl Db {
                         AND (NOT ?2 OR fleet_revision IS NULL)
                      RETURNING {QUEUED_COLUMNS}"
                 ))?;
-                let rows = stmt.query_map(params![now, here_only], queued)?;
-                Ok(rows.collect::<Result<_, _>>()?)
+                let rows: Vec<Queued> =
+                    (stmt.query_map(params![now, here_only], queued)?).collect::<Result<_, _>>()?;
+                remember_taken(conn, &rows)?;
+                Ok(rows)
             })
             .await
     }
@@ -338,7 +388,8 @@ impl Db {
     }
 
     /// Keeps `q` for `agent` as the fleet's record holds it at `revision`: queued if it is
-    /// not, its revision moved on if it is at an older one.
+    /// not, its revision moved on if it is at an older one; not if this bridge took it at
+    /// that revision or a later one.
     pub async fn apply_queued(
         &self,
         agent: String,
@@ -350,7 +401,9 @@ impl Db {
                 let mut stmt = conn.prepare_cached(
                     "INSERT INTO grid_queue
                         (agent, message_id, instance, priority, ts, expires_at, body, fleet_revision)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                     SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8
+                     WHERE NOT EXISTS (SELECT 1 FROM grid_queue_taken
+                        WHERE agent = ?1 AND message_id = ?2 AND fleet_revision >= ?8)
                      ON CONFLICT (agent, message_id) DO UPDATE SET
                         fleet_revision = excluded.fleet_revision
                      WHERE fleet_revision IS NULL OR fleet_revision < excluded.fleet_revision",
@@ -382,11 +435,13 @@ impl Db {
     ) -> Result<(), StoreError> {
         self.store
             .write(move |conn| {
+                let removal = params![agent, message_id, revision as i64];
                 conn.prepare_cached(
                     "DELETE FROM grid_queue WHERE agent = ?1 AND message_id = ?2
                         AND fleet_revision < ?3",
                 )?
-                .execute(params![agent, message_id, revision as i64])?;
+                .execute(removal)?;
+                forget_taken(conn, removal)?;
                 Ok(())
             })
             .await
@@ -534,5 +589,28 @@ mod tests {
             ids(db.take_expired(3_000, false).await.unwrap()),
             ["fleets"]
         );
+    }
+
+    /// A late copy of a record this bridge took (the watch behind the take) is not queued
+    /// again, and the fleet's removal of the take finds no row to deliver; a row put back
+    /// after a take whose answer was lost is found, and a later revision is queued again.
+    #[tokio::test]
+    async fn a_record_taken_here_is_not_queued_again_by_a_late_copy() {
+        let db = Db::open(Store::open(":memory:").await.unwrap())
+            .await
+            .unwrap();
+        let (agent, id) = (|| "program".to_owned(), || "m0".to_owned());
+        let take = async || db.take("program", None, Instances::All).await.unwrap();
+        db.apply_queued(agent(), expiring("m0"), 7).await.unwrap();
+        assert_eq!(take().await.len(), 1);
+        db.apply_queued(agent(), expiring("m0"), 7).await.unwrap();
+        assert!(take().await.is_empty(), "the late copy is not queued");
+        assert!(!db.taken_here(agent(), id(), 8).await.unwrap());
+
+        // Taken without an answer, and put back: the removal of the take finds it.
+        db.apply_queued(agent(), expiring("m0"), 9).await.unwrap();
+        let unanswered = take().await;
+        db.restore(unanswered).await.unwrap();
+        assert!(db.taken_here(agent(), id(), 10).await.unwrap());
     }
 }

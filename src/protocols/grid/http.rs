@@ -210,7 +210,8 @@ async fn poll(
         Some(instance) => Instances::Of(Some(instance)),
         None => Instances::All,
     };
-    // Mail left for a later take (NATS did not answer) is the next poll's.
+    // Mail left for a later take (NATS did not answer) is kept again by the bridge's
+    // settling of it (`UnsettledMail`), for a later poll.
     let queued = match grid.take_queued(&agent, since, instances).await {
         Ok(mail) => mail.taken,
         Err(e) => {

@@ -210,7 +210,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     }
     core.router
         .set_offline_sink(PROTOCOL, Arc::new(Sink(Arc::downgrade(&grid))));
-    shared_queue::follow(&grid);
+    let settler = shared_queue::follow(&grid);
 
     let listener = super::bind(PROTOCOL, config.listen).await?;
     let addr = listener.local_addr().map_err(|e| fail(&e))?;
@@ -221,6 +221,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         tokio::spawn(grid.clone().expire_queued()),
     ];
     tasks.push(tokio::spawn(grid.clone().watch_scratchpads()));
+    tasks.extend(settler);
     tasks.push(super::serve(
         PROTOCOL,
         listener,

@@ -13,6 +13,8 @@
 
 use std::sync::Arc;
 
+use tokio::task::JoinHandle;
+
 use futures_util::future::join_all;
 
 use super::Grid;
@@ -42,20 +44,19 @@ fn corrupt(e: serde_json::Error) -> StoreError {
 }
 
 /// Follows the fleet's queues, and settles the mail whose take this bridge cannot be sure
-/// of (`UnsettledMail`), when there is a fleet.
-pub fn follow(grid: &Arc<Grid>) {
-    let Some(records) = grid.core.records() else {
-        return;
-    };
+/// of (`UnsettledMail`), when there is a fleet: the settling's task, which ends at
+/// shutdown.
+pub fn follow(grid: &Arc<Grid>) -> Option<JoinHandle<()>> {
+    let records = grid.core.records()?;
     records.follow(QUEUE, sink(grid, "grid queued message", apply_change));
     let (grid, records) = (grid.clone(), records.clone());
-    tokio::spawn(async move {
+    let settler = tokio::spawn(async move {
         let settle = |agent, ids| grid.settle_queued(agent, ids);
-        let connected_here = |agent: &str| grid.sockets.any(agent);
         (grid.unsettled)
-            .keep_settling(records.as_ref(), &grid.shutdown, connected_here, settle)
+            .keep_settling(records.as_ref(), &grid.shutdown, settle)
             .await
     });
+    Some(settler)
 }
 
 async fn apply_change(grid: Arc<Grid>, change: RecordChange) -> Result<(), StoreError> {
@@ -72,9 +73,13 @@ async fn apply_change(grid: Arc<Grid>, change: RecordChange) -> Result<(), Store
             if !change.taken_here {
                 return grid.db.forget_queued(agent, id, change.revision).await;
             }
-            // A row still here is one whose take's answer was lost: this bridge's to
-            // deliver, or to keep again as the fleet's.
-            if grid.db.holds_queued(agent.clone(), id.clone()).await? {
+            // A row from before the take still here is one whose take's answer was lost:
+            // this bridge's to deliver, or to keep again as the fleet's.
+            if (grid
+                .db
+                .taken_here(agent.clone(), id.clone(), change.revision))
+            .await?
+            {
                 grid.unsettled.note(&agent, &id);
             }
             Ok(())
@@ -137,7 +142,7 @@ impl Grid {
         since: Option<i64>,
         instances: Instances<'_>,
     ) -> Result<TakenMail<Queued>, StoreError> {
-        self.unsettled.settled(agent).await;
+        let _taking = self.unsettled.taking(agent).await;
         let candidates = self.db.take(agent, since, instances).await?;
         self.taken_from_fleet(candidates).await
     }
@@ -157,21 +162,21 @@ impl Grid {
         })
         .await;
         // Whether a take NATS did not answer landed is not known yet: the row is put back
-        // at its revision, and the next take of it finds out (`SharedRecords::take`). Its
-        // mark, if it landed, names this bridge, so the fleet's removal leaves the row.
-        let left = !each.unreachable.is_empty();
-        for queued in &each.unreachable {
-            (self.unsettled).note(&queued.agent, &queued.message.message_id);
-        }
-        self.db.restore(each.unreachable).await?;
-        Ok(TakenMail {
-            taken: each.taken,
-            left,
-        })
+        // at its revision, and the next take of it finds out (`SharedRecords::take`), or
+        // its settling (`UnsettledMail`). Its mark, if it landed, names this bridge, so the
+        // fleet's removal leaves the row.
+        let (mail, unreachable) = each.noting_unsettled(&self.unsettled, |queued| {
+            (&queued.agent, &queued.message.message_id)
+        });
+        self.db.restore(unreachable).await?;
+        Ok(mail)
     }
 
     /// Queues again messages taken but not sent, where they were: in a fleet, what was
-    /// taken from the fleet is its record again (at a new revision).
+    /// taken from the fleet is its record again (at a new revision) over the take's mark;
+    /// while the fleet cannot be reached, it waits here at the revision it was taken at,
+    /// to be settled (`UnsettledMail`); one whose record another bridge took since is not
+    /// this bridge's any more.
     pub(super) async fn put_back(&self, taken: Vec<Queued>) -> Result<(), StoreError> {
         let Some(records) = self.core.records() else {
             return self.db.restore(taken).await;
@@ -179,7 +184,14 @@ impl Grid {
         let mut back = Vec::with_capacity(taken.len());
         for mut queued in taken {
             if queued.fleet_revision.is_some() {
-                queued.fleet_revision = self.write_back(records.as_ref(), &queued).await;
+                match self.write_back(records.as_ref(), &queued).await {
+                    Ok(revision) => queued.fleet_revision = Some(revision),
+                    Err(RecordError::Conflict) => continue,
+                    Err(RecordError::Unavailable(why)) => {
+                        tracing::warn!(%why, agent = %queued.agent, "grid: queued again, to settle once NATS is back");
+                        (self.unsettled).note(&queued.agent, &queued.message.message_id);
+                    }
+                }
             }
             back.push(queued);
         }
@@ -200,23 +212,18 @@ impl Grid {
     }
 
     /// Writes `queued` back as the fleet's record over the mark its take left; its new
-    /// revision, or `None` (kept here only) when the fleet cannot be reached.
-    async fn write_back(&self, records: &dyn SharedRecords, queued: &Queued) -> Option<u64> {
+    /// revision.
+    async fn write_back(
+        &self,
+        records: &dyn SharedRecords,
+        queued: &Queued,
+    ) -> Result<u64, RecordError> {
         let record = Record {
             agent: queued.agent.clone(),
             message: queued.message.clone(),
         };
         let value = serde_json::to_vec(&record).expect("a record encodes");
         let key = key(&queued.agent, &queued.message.message_id);
-        match records
-            .write(QUEUE, &key, value.into(), Expect::Absent)
-            .await
-        {
-            Ok(revision) => Some(revision),
-            Err(e) => {
-                tracing::warn!(error = %e, agent = %queued.agent, "grid: queued again on this bridge only");
-                None
-            }
-        }
+        records.put_back(QUEUE, &key, value.into()).await
     }
 }

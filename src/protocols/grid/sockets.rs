@@ -59,11 +59,6 @@ impl Sockets {
         last
     }
 
-    /// Whether the agent has a socket open.
-    pub fn any(&self, agent: &str) -> bool {
-        self.by_agent.contains_key(agent)
-    }
-
     /// Whether the agent has had a socket attached since `at` or earlier, so that a message
     /// routed to everyone at `at` reached it.
     pub fn attached_by(&self, agent: &str, at: Instant) -> bool {

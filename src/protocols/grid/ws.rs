@@ -342,7 +342,7 @@ impl Connection {
         let taken = (self.grid).take_queued(&party.agent, None, instances).await;
         let backlog = match taken {
             Ok(mail) => {
-                self.take_again_at = mail.left.then(|| Instant::now() + TAKE_AGAIN_AFTER);
+                self.take_again_at = mail.retake.then(|| Instant::now() + TAKE_AGAIN_AFTER);
                 mail.taken
             }
             Err(e) => {

@@ -1,7 +1,7 @@
 //! How messages from Synapse agents enter the bridge (`SendMessage`, the streams, the HTTP
 //! callback ingest) and how an agent's open stream is served.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,14 +10,14 @@ use tokio_stream::StreamExt;
 use tonic::{Status, Streaming};
 
 use super::agents::{AGENT_HEADER, Hints, not_stored};
-use super::outbound::Route;
+use super::outbound::{FromInbox, Route};
 use super::proto::{AgentEndpoint, MessageType, SynapseMessage, TransportMode};
 use super::shared_inbox::Keeping;
 use super::{PROTOCOL, Synapse, translate, wire};
 use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
 use crate::core::{
-    Audience, Delivery, Envelope, InFlight, Interest, Kind, Staged, TAKE_AGAIN_AFTER, TakenMail,
-    new_message_id, now_ms,
+    Audience, Delivery, Envelope, InFlight, Interest, Kind, Revision, Staged, TAKE_AGAIN_AFTER,
+    TakenMail, new_message_id, now_ms,
 };
 use crate::protocols::endpoint::Translation;
 use crate::telemetry;
@@ -302,9 +302,11 @@ impl Synapse {
         backlog: &mut Backlog,
     ) -> Result<(), Vec<SynapseMessage>> {
         let mail = self.backlog(&stream.agent, stream.kind).await;
-        backlog.again = mail.left.then(take_again_timer);
-        (backlog.taken).extend(mail.taken.iter().map(|message| message.id.clone()));
-        let mut taken = mail.taken.into_iter();
+        backlog.retake_at = mail.retake.then(take_again_timer);
+        for taken in &mail.taken {
+            (backlog.taken).insert(taken.message.id.clone(), taken.taken_at);
+        }
+        let mut taken = mail.taken.into_iter().map(|taken| taken.message);
         while let Some(message) = taken.next() {
             if let Err(refused) = out.send(message).await {
                 return Err(refused.into_iter().chain(taken).collect());
@@ -323,7 +325,7 @@ impl Synapse {
     ) -> Result<(), Vec<SynapseMessage>> {
         let reachable = (self.core.records()).is_some_and(|records| records.reachable());
         if !reachable {
-            backlog.again = Some(take_again_timer());
+            backlog.retake_at = Some(take_again_timer());
             return Ok(());
         }
         self.send_backlog(stream, out, backlog).await
@@ -358,7 +360,7 @@ impl Synapse {
             tokio::select! {
                 _ = &mut shutdown => break Vec::new(),
                 _ = &mut closed => break Vec::new(),
-                () = run_out(&mut backlog.again) => {
+                () = run_out(&mut backlog.retake_at) => {
                     if let Err(unsent) = Box::pin(self.take_again(stream, out, backlog)).await {
                         break unsent;
                     }
@@ -428,7 +430,7 @@ impl Synapse {
         stream: OpenStream,
         out: Outlet,
         unsent: Vec<SynapseMessage>,
-        from_backlog: HashSet<String>,
+        from_backlog: HashMap<String, Option<Revision>>,
     ) {
         let OpenStream {
             agent,
@@ -486,11 +488,15 @@ impl Synapse {
     /// Sends on what a closed stream did not deliver: what it took from the inbox
     /// (`from_backlog`) goes back there, the rest the way `agent` is reached with no
     /// stream open.
-    fn send_back(&self, agent: &str, message: SynapseMessage, from_backlog: &HashSet<String>) {
-        if from_backlog.contains(&message.id) {
-            self.outbound.keep(agent, message, Keeping::Again);
-        } else {
-            self.send_offline(agent, message);
+    fn send_back(
+        &self,
+        agent: &str,
+        message: SynapseMessage,
+        from_backlog: &HashMap<String, Option<Revision>>,
+    ) {
+        match from_backlog.get(&message.id) {
+            Some(&taken_at) => self.outbound.keep(agent, message, Keeping::Again(taken_at)),
+            None => self.send_offline(agent, message),
         }
     }
 
@@ -502,7 +508,7 @@ impl Synapse {
 
     /// What waited in the agent's inbox while it was away, oldest first, for a stream that
     /// is now its way in. The messages leave the inbox as they are taken.
-    async fn backlog(&self, agent: &str, kind: StreamKind) -> TakenMail<SynapseMessage> {
+    async fn backlog(&self, agent: &str, kind: StreamKind) -> TakenMail<FromInbox> {
         // A group stream carries group traffic only; an agent that polls or takes callbacks
         // keeps its inbox for those.
         if kind != StreamKind::Messages || self.route_for(agent, true) != Route::Stream {
@@ -552,11 +558,12 @@ impl Synapse {
 /// The agent's inbox as one stream takes it.
 #[derive(Default)]
 struct Backlog {
-    /// Ids of the messages the stream took: one its client leaves unread goes back into
-    /// the inbox rather than being kept anew (which a message already taken is not).
-    taken: HashSet<String>,
+    /// The messages the stream took, by id, each with the revision of the fleet's record
+    /// it was taken at: one its client leaves unread goes back into the inbox over its
+    /// take rather than being kept anew (which a message already taken is not).
+    taken: HashMap<String, Option<Revision>>,
     /// When to take again what a take NATS did not answer left in the inbox.
-    again: Option<Timer>,
+    retake_at: Option<Timer>,
 }
 
 /// A stream's wait before it takes its backlog again: boxed, as it is rare and every idle

@@ -206,7 +206,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     });
     synapse.load().await.map_err(|e| fail(&e))?;
     shared_groups::follow(&synapse);
-    shared_inbox::follow(&synapse);
+    let settler = shared_inbox::follow(&synapse);
     shared_tasks::follow(&synapse);
 
     let mut listeners = Vec::new();
@@ -217,6 +217,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     }
     crate::telemetry::callbacks_started(PROTOCOL);
     let mut tasks = synapse.outbound.start(&synapse);
+    tasks.extend(settler);
     let reload = Reloader::of(&synapse);
     tasks.push(tasks::start_hub(synapse.clone()));
     // Agents of the endpoints started before this one may take tasks left waiting.

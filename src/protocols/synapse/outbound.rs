@@ -16,7 +16,7 @@ use super::agents::internal;
 use super::proto::{SynapseMessage, TransportMode};
 use super::shared_inbox::Keeping;
 use super::{Config, PROTOCOL, Synapse, translate};
-use crate::core::{Delivery, OfflineSink, TakenMail};
+use crate::core::{Delivery, OfflineSink, Revision, TakenMail};
 use crate::telemetry;
 
 /// Where one message for an agent goes.
@@ -224,25 +224,31 @@ async fn post_with_retries(
     }
 }
 
+/// A message taken from an inbox.
+pub struct FromInbox {
+    pub message: SynapseMessage,
+    /// The revision of the fleet's record it was taken at; none for one this bridge kept
+    /// alone.
+    pub taken_at: Option<Revision>,
+}
+
 impl Synapse {
     /// Takes every message kept for `agent`, oldest first, including any accepted but not
     /// yet written when this was called.
-    pub async fn take_inbox(&self, agent: &str) -> Result<TakenMail<SynapseMessage>, Status> {
+    pub async fn take_inbox(&self, agent: &str) -> Result<TakenMail<FromInbox>, Status> {
         self.outbound.flush().await;
         let kept = self.take_inbox_rows(agent).await.map_err(internal)?;
         let taken = (kept.taken.iter())
-            .filter_map(|row| SynapseMessage::decode(row.message.as_slice()).ok())
+            .filter_map(|row| {
+                let message = SynapseMessage::decode(row.message.as_slice()).ok()?;
+                let taken_at = row.fleet_revision;
+                Some(FromInbox { message, taken_at })
+            })
             .collect();
         Ok(TakenMail {
             taken,
-            left: kept.left,
+            retake: kept.retake,
         })
-    }
-
-    /// Whether `agent` has a stream open here that takes its inbox.
-    pub fn streams_its_inbox(&self, agent: &str) -> bool {
-        self.streams.get(agent).is_some_and(|open| *open > 0)
-            && self.route_for(agent, true) == Route::Stream
     }
 
     /// Where a message for `agent` goes, given whether the caller holds its open stream.

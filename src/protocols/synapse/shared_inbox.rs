@@ -7,12 +7,14 @@
 
 use std::sync::Arc;
 
+use tokio::task::JoinHandle;
+
 use prost::Message;
 
 use super::Synapse;
 use super::db::InboxRow;
 use super::proto::SynapseMessage;
-use crate::core::{Expect, RecordChange, RecordError, TakenMail, sink, take_each};
+use crate::core::{Expect, RecordChange, RecordError, Revision, TakenMail, sink, take_each};
 use crate::store::StoreError;
 
 /// The table of kept messages in the fleet's records, keyed by `key`; the value is the
@@ -29,20 +31,19 @@ fn agent_and_id(key: &str) -> Result<(String, String), StoreError> {
 }
 
 /// Follows the fleet's inboxes, and settles the messages whose take this bridge cannot be
-/// sure of (`UnsettledMail`), when there is a fleet.
-pub fn follow(synapse: &Arc<Synapse>) {
-    let Some(records) = synapse.core.records() else {
-        return;
-    };
+/// sure of (`UnsettledMail`), when there is a fleet: the settling's task, which ends at
+/// shutdown.
+pub fn follow(synapse: &Arc<Synapse>) -> Option<JoinHandle<()>> {
+    let records = synapse.core.records()?;
     records.follow(INBOX, sink(synapse, "synapse inbox message", apply_change));
     let (synapse, records) = (synapse.clone(), records.clone());
-    tokio::spawn(async move {
+    let settler = tokio::spawn(async move {
         let settle = |agent, ids| synapse.settle_inbox(agent, ids);
-        let connected_here = |agent: &str| synapse.streams_its_inbox(agent);
         (synapse.unsettled)
-            .keep_settling(records.as_ref(), &synapse.shutdown, connected_here, settle)
+            .keep_settling(records.as_ref(), &synapse.shutdown, settle)
             .await
     });
+    Some(settler)
 }
 
 async fn apply_change(synapse: Arc<Synapse>, change: RecordChange) -> Result<(), StoreError> {
@@ -54,10 +55,14 @@ async fn apply_change(synapse: Arc<Synapse>, change: RecordChange) -> Result<(),
                 .await
         }
         None if !change.taken_here => synapse.db.forget_inbox(agent, id, change.revision).await,
-        // A row still here is one whose take's answer was lost: this bridge's to deliver,
-        // or to keep again as the fleet's.
+        // A row from before the take still here is one whose take's answer was lost: this
+        // bridge's to deliver, or to keep again as the fleet's.
         None => {
-            if synapse.db.holds_inbox(agent.clone(), id.clone()).await? {
+            if (synapse
+                .db
+                .taken_here(agent.clone(), id.clone(), change.revision))
+            .await?
+            {
                 synapse.unsettled.note(&agent, &id);
             }
             Ok(())
@@ -72,13 +77,16 @@ pub enum Keeping {
     /// late copy of it).
     New,
     /// Taken from the inbox by this bridge and not delivered (its stream's client left
-    /// before reading it): kept again over the mark its take left.
-    Again,
+    /// before reading it, or it is being settled): the fleet's record again over the mark
+    /// of its take at this revision (`SharedRecords::put_back`), or, with none, this
+    /// bridge's own again.
+    Again(Option<Revision>),
 }
 
 impl Synapse {
     /// Keeps `message` in `agent`'s inbox: in a fleet, as the fleet's record (applied here
-    /// as it is written); alone, or without NATS, here only.
+    /// as it is written); alone, or without NATS, here only. Mail put back while NATS is
+    /// away waits here at the revision it was taken at, to be settled (`UnsettledMail`).
     pub(super) async fn keep_in_inbox(
         &self,
         agent: &str,
@@ -86,25 +94,35 @@ impl Synapse {
         keeping: Keeping,
     ) -> Result<(), StoreError> {
         let encoded = message.encode_to_vec();
-        let Some(records) = self.core.records() else {
-            return self.db.push_inbox(agent, &message.id, encoded).await;
+        let records = match (self.core.records(), keeping) {
+            (Some(records), Keeping::New | Keeping::Again(Some(_))) => records,
+            _ => return self.db.push_inbox(agent, &message.id, encoded, None).await,
         };
         let key = key(agent, &message.id);
-        let expected = match keeping {
-            Keeping::New => Expect::Unused,
-            Keeping::Again => Expect::Absent,
+        let value = bytes::Bytes::from(encoded.clone());
+        let written = match keeping {
+            Keeping::New => records.write(INBOX, &key, value, Expect::Unused).await,
+            Keeping::Again(_) => records.put_back(INBOX, &key, value).await,
         };
-        match (records.write(INBOX, &key, encoded.clone().into(), expected)).await {
-            Ok(revision) => {
+        match (written, keeping) {
+            (Ok(revision), _) => {
                 (self.db)
                     .apply_inbox(agent.to_owned(), message.id.clone(), encoded, revision)
                     .await
             }
-            // Kept already by another bridge (applied here as its record arrives), or taken.
-            Err(RecordError::Conflict) => Ok(()),
-            Err(RecordError::Unavailable(why)) => {
+            // Kept already by another bridge (applied here as its record arrives), or taken
+            // (by another bridge, since this one took it).
+            (Err(RecordError::Conflict), _) => Ok(()),
+            (Err(RecordError::Unavailable(why)), Keeping::Again(taken_at)) => {
+                tracing::warn!(%why, agent, "synapse: put back, to settle once NATS is back");
+                self.unsettled.note(agent, &message.id);
+                (self.db)
+                    .push_inbox(agent, &message.id, encoded, taken_at)
+                    .await
+            }
+            (Err(RecordError::Unavailable(why)), Keeping::New) => {
                 tracing::warn!(%why, agent, "synapse: kept in this bridge's inbox only");
-                self.db.push_inbox(agent, &message.id, encoded).await
+                self.db.push_inbox(agent, &message.id, encoded, None).await
             }
         }
     }
@@ -116,7 +134,7 @@ impl Synapse {
         &self,
         agent: &str,
     ) -> Result<TakenMail<InboxRow>, StoreError> {
-        self.unsettled.settled(agent).await;
+        let _taking = self.unsettled.taking(agent).await;
         let candidates = self.db.take_inbox(agent).await?;
         self.taken_from_fleet(candidates).await
     }
@@ -137,17 +155,12 @@ impl Synapse {
         .await;
         // As Grid's queue does (`grid/shared_queue.rs`): a take NATS did not answer is found
         // out by the next take of the row, put back at its revision.
-        let left = !each.unreachable.is_empty();
-        for row in &each.unreachable {
-            if let Some(id) = &row.message_id {
-                self.unsettled.note(&row.agent_id, id);
-            }
-        }
-        self.db.restore_inbox(each.unreachable).await?;
-        Ok(TakenMail {
-            taken: each.taken,
-            left,
-        })
+        // (Only rows with an id have a record to take.)
+        let (mail, unreachable) = each.noting_unsettled(&self.unsettled, |row| {
+            (&row.agent_id, row.message_id.as_deref().unwrap_or_default())
+        });
+        self.db.restore_inbox(unreachable).await?;
+        Ok(mail)
     }
 
     /// Settles messages `ids` of `agent`'s inbox (`UnsettledMail`): takes them again, here
@@ -163,7 +176,8 @@ impl Synapse {
                 let Ok(message) = SynapseMessage::decode(row.message.as_slice()) else {
                     continue;
                 };
-                self.keep_in_inbox(&agent, &message, Keeping::Again).await?;
+                let keeping = Keeping::Again(row.fleet_revision);
+                self.keep_in_inbox(&agent, &message, keeping).await?;
             }
             Ok::<_, StoreError>(())
         };

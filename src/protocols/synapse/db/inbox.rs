@@ -7,20 +7,31 @@ use super::Db;
 use crate::store::StoreError;
 
 impl Db {
-    /// Keeps `message` (its id `message_id`) in `agent_id`'s inbox, once.
+    /// Keeps `message` (its id `message_id`) in `agent_id`'s inbox, once: this bridge's
+    /// own, or (`fleet_revision`) the fleet's record this bridge took at that revision,
+    /// put back.
     pub async fn push_inbox(
         &self,
         agent_id: &str,
         message_id: &str,
         message: Vec<u8>,
+        fleet_revision: Option<u64>,
     ) -> Result<(), StoreError> {
         let (agent_id, message_id) = (agent_id.to_owned(), message_id.to_owned());
+        let fleet_revision = fleet_revision.map(|r| r as i64);
         self.store
             .write(move |conn| {
                 conn.execute(
-                    "INSERT OR IGNORE INTO synapse_inbox (agent_id, message_id, message, created_at)
-                     VALUES (?1, ?2, ?3, ?4)",
-                    params![agent_id, message_id, message, crate::core::now_ms()],
+                    "INSERT OR IGNORE INTO synapse_inbox
+                        (agent_id, message_id, message, created_at, fleet_revision)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![
+                        agent_id,
+                        message_id,
+                        message,
+                        crate::core::now_ms(),
+                        fleet_revision
+                    ],
                 )?;
                 Ok(())
             })
@@ -28,7 +39,8 @@ impl Db {
     }
 
     /// Keeps `message` in `agent_id`'s inbox as the fleet's record holds it at `revision`:
-    /// kept if it is not, its revision moved on if it is at an older one.
+    /// kept if it is not, its revision moved on if it is at an older one; not if this
+    /// bridge took it at that revision or a later one.
     pub async fn apply_inbox(
         &self,
         agent_id: String,
@@ -40,7 +52,9 @@ impl Db {
             .write(move |conn| {
                 conn.prepare_cached(
                     "INSERT INTO synapse_inbox (agent_id, message_id, message, created_at, fleet_revision)
-                     VALUES (?1, ?2, ?3, ?4, ?5)
+                     SELECT ?1, ?2, ?3, ?4, ?5
+                     WHERE NOT EXISTS (SELECT 1 FROM synapse_inbox_taken
+                        WHERE agent_id = ?1 AND message_id = ?2 AND fleet_revision >= ?5)
                      ON CONFLICT (agent_id, message_id) DO UPDATE SET
                         fleet_revision = excluded.fleet_revision
                      WHERE fleet_revision IS NULL OR fleet_revision < excluded.fleet_revision",
@@ -68,11 +82,13 @@ impl Db {
     ) -> Result<(), StoreError> {
         self.store
             .write(move |conn| {
+                let removal = params![agent_id, message_id, revision as i64];
                 conn.prepare_cached(
                     "DELETE FROM synapse_inbox WHERE agent_id = ?1 AND message_id = ?2
                         AND fleet_revision < ?3",
                 )?
-                .execute(params![agent_id, message_id, revision as i64])?;
+                .execute(removal)?;
+                forget_taken(conn, removal)?;
                 Ok(())
             })
             .await
@@ -89,6 +105,7 @@ impl Db {
                 let mut rows: Vec<InboxRow> = stmt
                     .query_map([agent_id], inbox_row)?
                     .collect::<Result<_, _>>()?;
+                remember_taken(conn, &rows)?;
                 rows.sort_by_key(InboxRow::order);
                 Ok(rows)
             })
@@ -114,24 +131,31 @@ impl Db {
                         rows.push(row?);
                     }
                 }
+                remember_taken(conn, &rows)?;
                 rows.sort_by_key(InboxRow::order);
                 Ok(rows)
             })
             .await
     }
 
-    /// Whether message `message_id` waits in `agent_id`'s inbox here.
-    pub async fn holds_inbox(
+    /// Applies the fleet's removal, at `revision`, of an inbox record this bridge took:
+    /// forgets that it took it, and tells whether a row of it from before is still here
+    /// (put back after a take whose answer was lost).
+    pub async fn taken_here(
         &self,
         agent_id: String,
         message_id: String,
+        revision: u64,
     ) -> Result<bool, StoreError> {
         self.store
-            .read(move |conn| {
+            .write(move |conn| {
+                let removal = params![agent_id, message_id, revision as i64];
+                forget_taken(conn, removal)?;
                 let mut stmt = conn.prepare_cached(
-                    "SELECT 1 FROM synapse_inbox WHERE agent_id = ?1 AND message_id = ?2",
+                    "SELECT 1 FROM synapse_inbox WHERE agent_id = ?1 AND message_id = ?2
+                        AND fleet_revision < ?3",
                 )?;
-                Ok(stmt.exists(params![agent_id, message_id])?)
+                Ok(stmt.exists(removal)?)
             })
             .await
     }
@@ -162,6 +186,34 @@ impl Db {
             })
             .await
     }
+}
+
+/// Forgets takes of `(agent_id, message_id)` before `revision` (`params!`): the fleet's
+/// removal of the record is applied, so no late copy of it is still to come.
+fn forget_taken(
+    conn: &rusqlite::Connection,
+    removal: &[&dyn rusqlite::ToSql],
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "DELETE FROM synapse_inbox_taken
+         WHERE agent_id = ?1 AND message_id = ?2 AND fleet_revision < ?3",
+    )?
+    .execute(removal)?;
+    Ok(())
+}
+
+/// Remembers, in the taking transaction, the fleet's records among `rows` as taken here.
+fn remember_taken(conn: &rusqlite::Connection, rows: &[InboxRow]) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT OR REPLACE INTO synapse_inbox_taken (agent_id, message_id, fleet_revision)
+         VALUES (?1, ?2, ?3)",
+    )?;
+    for row in rows {
+        if let (Some(id), Some(revision)) = (&row.message_id, row.fleet_revision) {
+            stmt.execute(params![row.agent_id, id, revision as i64])?;
+        }
+    }
+    Ok(())
 }
 
 /// The columns of an `InboxRow`, in `inbox_row`'s order.

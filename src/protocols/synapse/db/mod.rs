@@ -108,6 +108,18 @@ pub static MIGRATIONS: &[Migration] = &[
         // task is the fleet's: `shared_tasks.rs`); none for one this bridge alone keeps.
         sql: "ALTER TABLE synapse_tasks ADD COLUMN fleet_revision INTEGER;",
     },
+    Migration {
+        version: 5,
+        // The fleet's inbox records this bridge took, at the revision taken, until the
+        // fleet's removal of each is applied: a late copy of a record taken here (the watch
+        // behind the take) is not kept again.
+        sql: "CREATE TABLE synapse_inbox_taken (
+                agent_id       TEXT NOT NULL,
+                message_id     TEXT NOT NULL,
+                fleet_revision INTEGER NOT NULL,
+                PRIMARY KEY (agent_id, message_id)
+              ) WITHOUT ROWID;",
+    },
 ];
 
 #[derive(Clone, Debug, PartialEq)]

@@ -100,14 +100,15 @@ impl SynapseMessageService for SynapseApi {
                 "{AGENT_HEADER} metadata names the agent whose messages to fetch"
             ))
         })?;
-        // Mail left for a later take (NATS did not answer) is the next call's.
+        // Mail left for a later take (NATS did not answer) is kept again by the bridge's
+        // settling of it (`UnsettledMail`), for a later call.
         let messages: Vec<Result<SynapseMessage, Status>> = self
             .synapse
             .take_inbox(&agent)
             .await?
             .taken
             .into_iter()
-            .map(Ok)
+            .map(|taken| Ok(taken.message))
             .collect();
         Ok(Response::new(Box::pin(tokio_stream::iter(messages))))
     }
