@@ -1218,6 +1218,57 @@ async fn an_open_grid_socket_gets_the_mail_nats_held_back_once_it_is_back() {
     fleet.shutdown().await;
 }
 
+/// Mail the fleet queues for a program while its socket is open — kept by a bridge that
+/// took it for away, its presence still on the way — reaches that socket.
+#[tokio::test]
+async fn mail_queued_for_a_program_whose_socket_is_open_reaches_the_socket() {
+    use agentbridge::core::Expect;
+    let fleet = Fleet::start(2).await;
+    let mut program = common::grid::GridWs::quiet(fleet.nets[0].grid, "waker", None).await;
+    fleet.wait_known(1, "waker").await;
+    // As b1 would have queued it a moment before it saw the program online.
+    let body = serde_json::json!({
+        "id": "late", "type": "request", "timestamp": "2026-12-05T00:00:00Z",
+        "sender": { "agent": "sender" }, "receiver": { "agent": "waker" },
+        "content": { "action": "note", "payload": { "text": "late" } },
+    });
+    let record = serde_json::json!({
+        "agent": "waker", "message_id": "late", "instance": null, "priority": 1,
+        "ts": 0, "expires_at": null, "body": body.to_string(),
+    });
+    let key = serde_json::to_string(&("waker", "late")).unwrap();
+    let records = fleet.nets[1].bridge.core().records().unwrap();
+    let value = record.to_string().into_bytes().into();
+    (records.write("grid-queue", &key, value, Expect::Unused))
+        .await
+        .unwrap();
+    assert_eq!(program.next_message().await["id"], "late");
+    fleet.wait_records_in("grid-queue", 0).await;
+    fleet.shutdown().await;
+}
+
+/// As a Grid socket: mail kept in a Synapse agent's inbox while its stream is open reaches
+/// the stream.
+#[tokio::test]
+async fn mail_kept_for_an_agent_whose_stream_is_open_reaches_the_stream() {
+    use agentbridge::core::Expect;
+    use common::synapse::{Stream, chat, text_of};
+    let fleet = Fleet::start(2).await;
+    let mut stream = Stream::open(fleet.nets[0].synapse, "woken").await;
+    fleet.wait_known(1, "woken").await;
+    let mut late = chat("writer", "woken", "late");
+    late.id = "late".to_owned();
+    let key = serde_json::to_string(&("woken", "late")).unwrap();
+    let value = prost::Message::encode_to_vec(&late).into();
+    let records = fleet.nets[1].bridge.core().records().unwrap();
+    (records.write("synapse-inbox", &key, value, Expect::Unused))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&stream.next().await), "late");
+    fleet.wait_records_in("synapse-inbox", 0).await;
+    fleet.shutdown().await;
+}
+
 /// As a Grid socket: a Synapse stream opened while NATS was away gets the agent's inbox
 /// once NATS is back.
 #[tokio::test]

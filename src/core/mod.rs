@@ -29,8 +29,9 @@ pub use in_flight::InFlight;
 pub use log::{LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
 pub use mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
 pub use records::{
-    Expect, Record, RecordChange, RecordError, RecordFuture, RecordSink, Revision, SharedRecords,
-    TAKE_AGAIN_AFTER, TakenEach, TakenMail, Tried, sink, take_each, unless_lost, until_not_lost,
+    Expect, LATE_COPY_WINDOW, Record, RecordChange, RecordError, RecordFuture, RecordSink,
+    Revision, SharedRecords, TAKE_AGAIN_AFTER, TakenEach, TakenMail, Tried, sink, take_each,
+    unless_lost, until_not_lost,
 };
 pub use router::{AddressedOnly, Interest, OfflineSink, RouteReport, Router, Session};
 pub use unsettled::UnsettledMail;

@@ -61,6 +61,11 @@ pub fn unless_lost(
 /// settles mail whose take it cannot be sure of (`UnsettledMail`).
 pub const TAKE_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long a bridge remembers the revisions of mail it took, against a late copy of a
+/// record it took (its watch behind the take, a local apply held up by a slow write): far
+/// longer than any request to NATS takes.
+pub const LATE_COPY_WINDOW: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Mail taken for an agent, with what `take_each` could not take put back.
 pub struct TakenMail<T> {
     pub taken: Vec<T>,
@@ -274,14 +279,15 @@ pub trait SharedRecords: Send + Sync {
     fn take<'a>(&'a self, table: &'a str, key: &'a str, revision: Revision)
     -> RecordFuture<'a, ()>;
 
-    /// Writes `value` as `table`'s record `key` again over this bridge's take of it (mail
-    /// it took and could not deliver); `Conflict` unless the record's last change is that
-    /// take.
+    /// Writes `value` as `table`'s record `key` again over this bridge's take of it at
+    /// `taken_at` (mail it took and could not deliver); `Conflict` unless the record's
+    /// last change is that take.
     fn put_back<'a>(
         &'a self,
         table: &'a str,
         key: &'a str,
         value: bytes::Bytes,
+        taken_at: Revision,
     ) -> RecordFuture<'a, Revision>;
 
     /// Keeps `bytes` as the fleet's file `name`: what is too large for a record (an

@@ -7,9 +7,9 @@
 //! mark goes, the endpoint settles it once NATS is back (`settle`): it takes the rows
 //! again, keeps what it then holds as the fleet's record again, which any bridge may
 //! deliver, and drops what another bridge took. An agent's open socket or stream whose own
-//! take NATS did not answer takes the mail again itself as well (`TAKE_AGAIN_AFTER`): of
-//! the two, whichever comes first takes it, as an agent's mail is taken, or settled, by one
-//! at a time.
+//! take NATS did not answer takes the mail again itself as well (`TAKE_AGAIN_AFTER`), and
+//! one open when the settling keeps its mail again is woken to take it: an agent's mail is
+//! not taken while it is being settled, nor settled while a take of it is under way.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
@@ -23,9 +23,9 @@ use super::{SharedRecords, TAKE_AGAIN_AFTER};
 #[derive(Default)]
 pub struct UnsettledMail {
     by_agent: Mutex<HashMap<String, HashSet<String>>>,
-    /// Who is taking or settling whose mail: an agent's mail is taken, or settled, by one
-    /// at a time (a take during a settling would find some of it gone for a moment, and a
-    /// settling during a take could keep again what the take delivers).
+    /// Who is taking or settling whose mail: an agent's mail is not taken while it is being
+    /// settled, nor settled while a take of it is under way, so that no take finds some of
+    /// it gone for a moment, held by a settling.
     turns: Mutex<Turns>,
     /// Told when an agent's settling ends.
     settled: Notify,

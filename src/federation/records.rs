@@ -77,12 +77,20 @@ impl FleetRecords {
         }
     }
 
-    /// Whether `message` is the mark of a take by this bridge.
-    fn taken_here(&self, message: &StreamMessage) -> bool {
+    /// Whether `message` is the mark of this bridge's take of the record at `revision`.
+    /// (A mark written before marks carried the revision they took is taken to be.)
+    fn taken_here_at(&self, message: &StreamMessage, revision: Revision) -> bool {
         let purge = kv_operation(message) == Some("PURGE");
+        let at = message.headers.get(TAKEN_AT).map(|at| at.as_str());
         is_take_by(&self.link.bridge_id, purge, &message.payload)
+            && at.is_none_or(|at| at == revision.to_string())
     }
 }
+
+/// The header a take's mark gives the revision it took at: a bridge that took a record,
+/// kept it again, and took it again has two marks, and only the one of the revision it
+/// asks about answers for that take.
+const TAKEN_AT: &str = "Agentbridge-Taken-At";
 
 /// Whether a key's message — a purge or not, with `payload` — is the mark a take by bridge
 /// `bridge_id` left (`SharedRecords::take`: the taker's id is the purge's payload).
@@ -187,6 +195,7 @@ impl SharedRecords for FleetRecords {
             headers.insert(NATS_ROLLUP, "sub");
             headers.insert(NATS_MESSAGE_TTL, TAKEN_REMEMBERED.as_secs().to_string());
             headers.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, revision.to_string());
+            headers.insert(TAKEN_AT, revision.to_string());
             let taker = bytes::Bytes::from(self.link.bridge_id.clone());
             let marked = async {
                 (ready.js.publish_with_headers(subject, headers, taker))
@@ -197,7 +206,7 @@ impl SharedRecords for FleetRecords {
                 Ok(_) => Ok(()),
                 Err(e) if lost_race(&e) => {
                     let last = self.last_message(table, key).await?;
-                    if last.is_some_and(|m| self.taken_here(&m)) {
+                    if last.is_some_and(|m| self.taken_here_at(&m, revision)) {
                         Ok(())
                     } else {
                         Err(RecordError::Conflict)
@@ -215,10 +224,11 @@ impl SharedRecords for FleetRecords {
         table: &'a str,
         key: &'a str,
         value: bytes::Bytes,
+        taken_at: Revision,
     ) -> RecordFuture<'a, Revision> {
         Box::pin(async move {
             let mark = match self.last_message(table, key).await? {
-                Some(mark) if self.taken_here(&mark) => mark.sequence,
+                Some(mark) if self.taken_here_at(&mark, taken_at) => mark.sequence,
                 _ => return Err(RecordError::Conflict),
             };
             let bucket = self.bucket()?;

@@ -1,6 +1,7 @@
 //! The session loop every WebSocket endpoint runs. One task owns the socket and serves, in
 //! this order: shutdown, the endpoint's deadline (an identification it waits for, a
-//! heartbeat), its sent messages as each is stored, the client's frames, and the mailbox.
+//! heartbeat), its wake-ups, its sent messages as each is stored, the client's frames, and
+//! the mailbox.
 //! Handling a frame to its end before taking the next mailbox item is what puts an
 //! endpoint's greeting (Skynet's `workspace.state`) on the wire before anything routed to
 //! it. The endpoint plugs in what its protocol does (`WsSession`); the loop does the rest
@@ -128,6 +129,16 @@ pub trait WsSession: Send {
         async { Flow::Close }
     }
 
+    /// Resolves when something outside the connection wants it to act (`on_wake`): mail
+    /// queued for its agent while it is open, say. Never, by default.
+    fn woken(&self) -> impl Future<Output = ()> + Send + '_ {
+        std::future::pending()
+    }
+
+    fn on_wake(&mut self, _io: &mut Io<Self::Pending>) -> impl Future<Output = Flow> + Send {
+        async { Flow::Continue }
+    }
+
     /// When the endpoint next wants `on_deadline`: an identification it waits for, a
     /// heartbeat it expects. Asked each turn; the timer moves only when it changes.
     fn deadline(&self) -> Option<Instant> {
@@ -189,6 +200,7 @@ pub fn run<S: WsSession>(
                     armed = None;
                     Box::pin(session.on_deadline(&mut io)).await
                 }
+                () = session.woken() => Box::pin(session.on_wake(&mut io)).await,
                 Some((stored, pending)) = io.pending.next(), if !io.pending.is_empty() => {
                     Box::pin(session.on_stored(&mut io, stored, pending)).await
                 }

@@ -78,41 +78,42 @@ pub static MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 5,
-        // The fleet's records this bridge took, at the revision taken, until the fleet's
-        // removal of each is applied: a late copy of a record taken here (the watch behind
-        // the take) is not queued again.
+        // The fleet's records this bridge took lately, at the revision taken: a late copy
+        // of a record taken here (the watch behind the take, a local apply held up) is not
+        // queued again (`core::LATE_COPY_WINDOW`).
         sql: "CREATE TABLE grid_queue_taken (
                 agent          TEXT NOT NULL,
                 message_id     TEXT NOT NULL,
                 fleet_revision INTEGER NOT NULL,
+                taken_at       INTEGER NOT NULL,
                 PRIMARY KEY (agent, message_id)
-              ) WITHOUT ROWID;",
+              ) WITHOUT ROWID;
+              CREATE INDEX grid_queue_taken_by_age ON grid_queue_taken (taken_at);",
     },
 ];
 
-/// Forgets takes of `(agent, message_id)` before `revision` (`params!`): the fleet's removal
-/// of the record is applied, so no late copy of it is still to come.
-fn forget_taken(
-    conn: &rusqlite::Connection,
-    removal: &[&dyn rusqlite::ToSql],
-) -> rusqlite::Result<()> {
-    conn.prepare_cached(
-        "DELETE FROM grid_queue_taken
-         WHERE agent = ?1 AND message_id = ?2 AND fleet_revision < ?3",
-    )?
-    .execute(removal)?;
-    Ok(())
-}
-
-/// Remembers, in the taking transaction, the fleet's records among `rows` as taken here.
+/// Remembers, in the taking transaction, the fleet's records among `rows` as taken here
+/// (`LATE_COPY_WINDOW`), and forgets what was taken longer ago.
 fn remember_taken(conn: &rusqlite::Connection, rows: &[Queued]) -> rusqlite::Result<()> {
+    let now = crate::core::now_ms();
+    let window = crate::core::LATE_COPY_WINDOW.as_millis() as i64;
+    conn.prepare_cached("DELETE FROM grid_queue_taken WHERE taken_at < ?1")?
+        .execute([now - window])?;
     let mut stmt = conn.prepare_cached(
-        "INSERT OR REPLACE INTO grid_queue_taken (agent, message_id, fleet_revision)
-         VALUES (?1, ?2, ?3)",
+        "INSERT INTO grid_queue_taken (agent, message_id, fleet_revision, taken_at)
+         VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (agent, message_id) DO UPDATE SET
+            fleet_revision = max(fleet_revision, excluded.fleet_revision),
+            taken_at = excluded.taken_at",
     )?;
     for row in rows {
         if let Some(revision) = row.fleet_revision {
-            stmt.execute(params![row.agent, row.message.message_id, revision as i64])?;
+            stmt.execute(params![
+                row.agent,
+                row.message.message_id,
+                revision as i64,
+                now
+            ])?;
         }
     }
     Ok(())
@@ -317,24 +318,22 @@ impl Db {
             .await
     }
 
-    /// Applies the fleet's removal, at `revision`, of a record this bridge took: forgets
-    /// that it took it, and tells whether a row of it from before is still here (put back
-    /// after a take whose answer was lost).
-    pub async fn taken_here(
+    /// Whether a row of `message_id` for `agent` from before `revision` is still here:
+    /// asked as the fleet's removal, at `revision`, of this bridge's own take is applied,
+    /// it is one put back after a take whose answer was lost.
+    pub async fn holds_from_before(
         &self,
         agent: String,
         message_id: String,
         revision: u64,
     ) -> Result<bool, StoreError> {
         self.store
-            .write(move |conn| {
-                let removal = params![agent, message_id, revision as i64];
-                forget_taken(conn, removal)?;
+            .read(move |conn| {
                 let mut stmt = conn.prepare_cached(
                     "SELECT 1 FROM grid_queue WHERE agent = ?1 AND message_id = ?2
                         AND fleet_revision < ?3",
                 )?;
-                Ok(stmt.exists(removal)?)
+                Ok(stmt.exists(params![agent, message_id, revision as i64])?)
             })
             .await
     }
@@ -435,13 +434,11 @@ impl Db {
     ) -> Result<(), StoreError> {
         self.store
             .write(move |conn| {
-                let removal = params![agent, message_id, revision as i64];
                 conn.prepare_cached(
                     "DELETE FROM grid_queue WHERE agent = ?1 AND message_id = ?2
                         AND fleet_revision < ?3",
                 )?
-                .execute(removal)?;
-                forget_taken(conn, removal)?;
+                .execute(params![agent, message_id, revision as i64])?;
                 Ok(())
             })
             .await
@@ -605,12 +602,12 @@ mod tests {
         assert_eq!(take().await.len(), 1);
         db.apply_queued(agent(), expiring("m0"), 7).await.unwrap();
         assert!(take().await.is_empty(), "the late copy is not queued");
-        assert!(!db.taken_here(agent(), id(), 8).await.unwrap());
+        assert!(!db.holds_from_before(agent(), id(), 8).await.unwrap());
 
         // Taken without an answer, and put back: the removal of the take finds it.
         db.apply_queued(agent(), expiring("m0"), 9).await.unwrap();
         let unanswered = take().await;
         db.restore(unanswered).await.unwrap();
-        assert!(db.taken_here(agent(), id(), 10).await.unwrap());
+        assert!(db.holds_from_before(agent(), id(), 10).await.unwrap());
     }
 }

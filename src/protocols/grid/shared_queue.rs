@@ -63,9 +63,7 @@ async fn apply_change(grid: Arc<Grid>, change: RecordChange) -> Result<(), Store
     match change.value {
         Some(value) => {
             let record: Record = serde_json::from_slice(&value).map_err(corrupt)?;
-            (grid.db)
-                .apply_queued(record.agent, record.message, change.revision)
-                .await
+            grid.apply_queued(record, change.revision).await
         }
         None => {
             let (agent, id): (String, String) =
@@ -77,7 +75,7 @@ async fn apply_change(grid: Arc<Grid>, change: RecordChange) -> Result<(), Store
             // this bridge's to deliver, or to keep again as the fleet's.
             if (grid
                 .db
-                .taken_here(agent.clone(), id.clone(), change.revision))
+                .holds_from_before(agent.clone(), id.clone(), change.revision))
             .await?
             {
                 grid.unsettled.note(&agent, &id);
@@ -88,6 +86,17 @@ async fn apply_change(grid: Arc<Grid>, change: RecordChange) -> Result<(), Store
 }
 
 impl Grid {
+    /// Queues the fleet's `record` as written at `revision`, and wakes its program's open
+    /// sockets to take it: a bridge that took the program for away (its presence on its
+    /// way), or one keeping again what it took, queued it meanwhile.
+    async fn apply_queued(&self, record: Record, revision: u64) -> Result<(), StoreError> {
+        (self.db)
+            .apply_queued(record.agent.clone(), record.message, revision)
+            .await?;
+        self.sockets.wake(&record.agent);
+        Ok(())
+    }
+
     /// Queues `message` for each of `agents`: in a fleet, as the fleet's records (each
     /// applied here as it is written); alone, or without NATS, here only.
     pub(super) async fn keep_queued(
@@ -113,11 +122,7 @@ impl Grid {
         let mut here_only = Vec::new();
         for (written, record) in join_all(writes).await {
             match written {
-                Ok(revision) => {
-                    (self.db)
-                        .apply_queued(record.agent, record.message, revision)
-                        .await?
-                }
+                Ok(revision) => self.apply_queued(record, revision).await?,
                 // Queued already by another bridge (applied here as its record arrives),
                 // or taken already.
                 Err(RecordError::Conflict) => {}
@@ -135,7 +140,7 @@ impl Grid {
 
     /// Takes the messages waiting for `agent` that `instances` covers (`Db::take`); in a
     /// fleet, each from the fleet as well: one another bridge took first is left out, and
-    /// one NATS did not answer for waits here for the next take.
+    /// one NATS did not answer for waits here, to be taken again or settled.
     pub(super) async fn take_queued(
         &self,
         agent: &str,
@@ -172,30 +177,39 @@ impl Grid {
         Ok(mail)
     }
 
-    /// Queues again messages taken but not sent, where they were: in a fleet, what was
-    /// taken from the fleet is its record again (at a new revision) over the take's mark;
-    /// while the fleet cannot be reached, it waits here at the revision it was taken at,
-    /// to be settled (`UnsettledMail`); one whose record another bridge took since is not
-    /// this bridge's any more.
+    /// Queues again messages taken but not sent: in a fleet, what was taken from the fleet
+    /// is its record again (at a new revision, after what was queued meanwhile) over the
+    /// take's mark, and queued here as the watch would (not if this bridge took it again
+    /// meanwhile); while the fleet cannot be reached, it waits here at the revision it was
+    /// taken at, to be settled (`UnsettledMail`); one whose record another bridge took
+    /// since is not this bridge's any more. The rest goes back where it was.
     pub(super) async fn put_back(&self, taken: Vec<Queued>) -> Result<(), StoreError> {
         let Some(records) = self.core.records() else {
             return self.db.restore(taken).await;
         };
-        let mut back = Vec::with_capacity(taken.len());
-        for mut queued in taken {
-            if queued.fleet_revision.is_some() {
-                match self.write_back(records.as_ref(), &queued).await {
-                    Ok(revision) => queued.fleet_revision = Some(revision),
-                    Err(RecordError::Conflict) => continue,
-                    Err(RecordError::Unavailable(why)) => {
-                        tracing::warn!(%why, agent = %queued.agent, "grid: queued again, to settle once NATS is back");
-                        (self.unsettled).note(&queued.agent, &queued.message.message_id);
-                    }
+        let mut as_it_was = Vec::new();
+        for queued in taken {
+            let Some(taken_at) = queued.fleet_revision else {
+                as_it_was.push(queued);
+                continue;
+            };
+            match self.write_back(records.as_ref(), &queued, taken_at).await {
+                Ok(revision) => {
+                    let record = Record {
+                        agent: queued.agent,
+                        message: queued.message,
+                    };
+                    self.apply_queued(record, revision).await?;
+                }
+                Err(RecordError::Conflict) => {}
+                Err(RecordError::Unavailable(why)) => {
+                    tracing::warn!(%why, agent = %queued.agent, "grid: queued again, to settle once NATS is back");
+                    (self.unsettled).note(&queued.agent, &queued.message.message_id);
+                    as_it_was.push(queued);
                 }
             }
-            back.push(queued);
         }
-        self.db.restore(back).await
+        self.db.restore(as_it_was).await
     }
 
     /// Settles messages `ids` queued for `agent` (`UnsettledMail`): takes them again, here
@@ -203,6 +217,11 @@ impl Grid {
     async fn settle_queued(&self, agent: String, ids: Vec<String>) {
         let settled = async {
             let candidates = self.db.take_ids(&agent, ids).await?;
+            // Mail whose ttl ran out is the expiry sweep's, which tells its sender.
+            let now = crate::core::now_ms();
+            let (expired, candidates): (Vec<_>, _) = (candidates.into_iter())
+                .partition(|queued| queued.message.expires_at.is_some_and(|at| at <= now));
+            self.db.restore(expired).await?;
             let mail = self.taken_from_fleet(candidates).await?;
             self.put_back(mail.taken).await
         };
@@ -211,12 +230,13 @@ impl Grid {
         }
     }
 
-    /// Writes `queued` back as the fleet's record over the mark its take left; its new
-    /// revision.
+    /// Writes `queued` back as the fleet's record over the mark its take at `taken_at`
+    /// left; its new revision.
     async fn write_back(
         &self,
         records: &dyn SharedRecords,
         queued: &Queued,
+        taken_at: u64,
     ) -> Result<u64, RecordError> {
         let record = Record {
             agent: queued.agent.clone(),
@@ -224,6 +244,6 @@ impl Grid {
         };
         let value = serde_json::to_vec(&record).expect("a record encodes");
         let key = key(&queued.agent, &queued.message.message_id);
-        records.put_back(QUEUE, &key, value.into()).await
+        records.put_back(QUEUE, &key, value.into(), taken_at).await
     }
 }

@@ -5,17 +5,26 @@
 //! kept by some socket of the agent (to be queued), and a broadcast routed before a
 //! program's first socket attached must be queued for it, since that socket never saw it.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use dashmap::DashMap;
+use tokio::sync::Notify;
 
 /// One program's open sockets.
 struct Open {
     /// When the first of them attached to the router; `None` until it has.
     since: Option<Instant>,
-    /// (socket id, instance), oldest first.
-    sockets: Vec<(u64, Option<String>)>,
+    /// Oldest first.
+    sockets: Vec<OpenSocket>,
+}
+
+struct OpenSocket {
+    id: u64,
+    instance: Option<String>,
+    /// Wakes the socket to take what was queued for its agent (`Sockets::wake`).
+    wake: Arc<Notify>,
 }
 
 #[derive(Default)]
@@ -25,15 +34,26 @@ pub struct Sockets {
 }
 
 impl Sockets {
-    /// Records a socket about to attach; returns its id and whether it is the agent's first.
-    pub fn open(&self, agent: &str, instance: Option<&str>) -> (u64, bool) {
+    /// Records a socket about to attach, woken by `wake`; returns its id and whether it is
+    /// the agent's first.
+    pub fn open(&self, agent: &str, instance: Option<&str>, wake: Arc<Notify>) -> (u64, bool) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let mut open = self.by_agent.entry(agent.to_owned()).or_insert(Open {
             since: None,
             sockets: Vec::new(),
         });
-        open.sockets.push((id, instance.map(str::to_owned)));
+        let instance = instance.map(str::to_owned);
+        open.sockets.push(OpenSocket { id, instance, wake });
         (id, open.sockets.len() == 1)
+    }
+
+    /// Wakes the agent's sockets: something was queued for it while they are open.
+    pub fn wake(&self, agent: &str) {
+        if let Some(open) = self.by_agent.get(agent) {
+            for socket in &open.sockets {
+                socket.wake.notify_one();
+            }
+        }
     }
 
     /// Records that the agent's socket has attached to the router (the first time counts).
@@ -47,7 +67,7 @@ impl Sockets {
     pub fn close(&self, agent: &str, id: u64) -> bool {
         let last = match self.by_agent.get_mut(agent) {
             Some(mut open) => {
-                open.sockets.retain(|(s, _)| *s != id);
+                open.sockets.retain(|socket| socket.id != id);
                 open.sockets.is_empty()
             }
             None => true,
@@ -79,8 +99,8 @@ impl Sockets {
         let live = open
             .sockets
             .iter()
-            .any(|(_, i)| i.as_deref() == Some(instance));
-        !live && open.sockets.first().is_some_and(|(s, _)| *s == id)
+            .any(|socket| socket.instance.as_deref() == Some(instance));
+        !live && open.sockets.first().is_some_and(|socket| socket.id == id)
     }
 }
 
@@ -91,13 +111,13 @@ mod tests {
     #[test]
     fn the_oldest_socket_keeps_what_is_for_an_absent_instance() {
         let sockets = Sockets::default();
-        let (a, first) = sockets.open("executor", Some("exec-001"));
+        let (a, first) = sockets.open("executor", Some("exec-001"), Default::default());
         assert!(first);
-        let (b, first) = sockets.open("executor", None);
+        let (b, first) = sockets.open("executor", None, Default::default());
         assert!(!first);
         assert!(sockets.keeps_for("executor", "exec-002", a));
         assert!(!sockets.keeps_for("executor", "exec-002", b));
-        let (c, _) = sockets.open("executor", Some("exec-002"));
+        let (c, _) = sockets.open("executor", Some("exec-002"), Default::default());
         assert!(
             !sockets.keeps_for("executor", "exec-002", a),
             "exec-002 is there"
@@ -117,7 +137,7 @@ mod tests {
         let sockets = Sockets::default();
         let before = Instant::now();
         std::thread::sleep(std::time::Duration::from_millis(1));
-        let (a, _) = sockets.open("mc", None);
+        let (a, _) = sockets.open("mc", None, Default::default());
         assert!(
             !sockets.attached_by("mc", Instant::now()),
             "not attached yet"
@@ -126,7 +146,7 @@ mod tests {
         let after = Instant::now();
         assert!(sockets.attached_by("mc", after));
         assert!(!sockets.attached_by("mc", before));
-        let (b, _) = sockets.open("mc", None);
+        let (b, _) = sockets.open("mc", None, Default::default());
         sockets.attached("mc");
         assert!(
             !sockets.attached_by("mc", before),

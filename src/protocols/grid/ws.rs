@@ -12,6 +12,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use serde_json::{Value, json};
 
 use super::db::Instances;
@@ -72,6 +74,9 @@ struct Connection {
     from_backlog: HashSet<String>,
     /// When to take again queued mail whose take NATS did not answer.
     take_again_at: Option<Instant>,
+    /// Wakes the socket to take what was queued for its program while it is open (by
+    /// another bridge that took it for away, or kept again).
+    wake: Arc<Notify>,
     /// A delivery the socket failed to send: queued again when the connection ends.
     unsent: Vec<Arc<Delivery>>,
     /// Whether the program asked for presence (`?presence=1`).
@@ -106,6 +111,7 @@ pub fn serve(
         socket_id: 0,
         from_backlog: HashSet::new(),
         take_again_at: None,
+        wake: Arc::default(),
         unsent: Vec::new(),
         presence: query
             .get("presence")
@@ -224,6 +230,20 @@ impl WsSession for Connection {
         }
     }
 
+    fn woken(&self) -> impl Future<Output = ()> + Send + '_ {
+        self.wake.notified()
+    }
+
+    async fn on_wake(&mut self, io: &mut Io<Sent>) -> Flow {
+        match self.identity.as_ref() {
+            Some((party, _)) => {
+                let party = party.clone();
+                self.take_again(io, &party).await
+            }
+            None => Flow::Continue,
+        }
+    }
+
     async fn finish(mut self) {
         let Some((party, session)) = self.identity.take() else {
             return;
@@ -261,10 +281,11 @@ impl Connection {
             return io.close(1008, "name taken").await;
         }
         // Recorded before attaching, so the socket's interest finds itself among them.
-        let (socket_id, first) = self
-            .grid
-            .sockets
-            .open(&party.agent, party.instance_id.as_deref());
+        let (socket_id, first) = self.grid.sockets.open(
+            &party.agent,
+            party.instance_id.as_deref(),
+            self.wake.clone(),
+        );
         self.socket_id = socket_id;
         let session = self.grid.core.router.attach(
             &party.agent,
@@ -319,11 +340,12 @@ impl Connection {
         io.close(1008, "identify timeout").await
     }
 
-    /// Takes again the queued mail a take NATS did not answer left here, once NATS is
-    /// back: it goes on this open socket, rather than when the program next connects.
+    /// Takes again the program's queued mail: what a take NATS did not answer left here,
+    /// once NATS is back, and what was queued for it while the socket is open. It goes on
+    /// this socket, rather than when the program next connects.
     async fn take_again(&mut self, io: &mut Io<Sent>, party: &Party) -> Flow {
-        let reachable = (self.grid.core.records()).is_some_and(|records| records.reachable());
-        if !reachable {
+        let away = (self.grid.core.records()).is_some_and(|records| !records.reachable());
+        if away {
             self.take_again_at = Some(Instant::now() + TAKE_AGAIN_AFTER);
             return Flow::Continue;
         }

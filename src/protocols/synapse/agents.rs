@@ -1,12 +1,15 @@
 //! Synapse agents: registered on first contact (or declared in bridge.toml), claimed in the
 //! bridge's directory, and online while they hold a message stream.
 
+use std::sync::Arc;
+
 use axum::http::HeaderMap;
+use tokio::sync::Notify;
 use tonic::Status;
 
 use super::db::AgentRow;
 use super::proto::{AgentEndpoint, TransportMode};
-use super::{PROTOCOL, Synapse, translate, wire};
+use super::{OpenStreams, PROTOCOL, Synapse, translate, wire};
 use crate::core::{AgentInfo, Status as Presence};
 
 /// Metadata naming the calling agent.
@@ -218,29 +221,45 @@ impl Synapse {
         }
     }
 
-    pub async fn stream_opened(&self, agent_id: &str) {
-        let first = {
-            let mut count = self.streams.entry(agent_id.to_owned()).or_insert(0);
-            *count += 1;
-            *count == 1
+    /// Counts a stream of `agent_id` open; what wakes its streams (`inbox_kept`).
+    pub async fn stream_opened(&self, agent_id: &str) -> Arc<Notify> {
+        let (first, wake) = {
+            let mut open = self
+                .streams
+                .entry(agent_id.to_owned())
+                .or_insert(OpenStreams {
+                    count: 0,
+                    wake: Arc::default(),
+                });
+            open.count += 1;
+            (open.count == 1, open.wake.clone())
         };
         if first {
             self.core
                 .announce_presence(PROTOCOL, agent_id, true, Presence::Online, None)
                 .await;
         }
+        wake
+    }
+
+    /// Wakes a stream of `agent_id`, if it has one open, to take its inbox: something was
+    /// kept in it.
+    pub fn inbox_kept(&self, agent_id: &str) {
+        if let Some(open) = self.streams.get(agent_id) {
+            open.wake.notify_one();
+        }
     }
 
     pub async fn stream_closed(&self, agent_id: &str) {
         let last = match self.streams.get_mut(agent_id) {
-            Some(mut count) => {
-                *count = count.saturating_sub(1);
-                *count == 0
+            Some(mut open) => {
+                open.count = open.count.saturating_sub(1);
+                open.count == 0
             }
             None => false,
         };
         if last {
-            self.streams.remove_if(agent_id, |_, count| *count == 0);
+            self.streams.remove_if(agent_id, |_, open| open.count == 0);
             if !self.shutdown.is_cancelled() {
                 self.core
                     .announce_presence(PROTOCOL, agent_id, false, Presence::Offline, None)

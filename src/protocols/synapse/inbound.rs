@@ -204,15 +204,19 @@ impl Synapse {
                 synapse: Arc::downgrade(self),
             }),
         );
-        match kind {
+        let wake = match kind {
             StreamKind::Messages => self.stream_opened(agent).await,
-            StreamKind::Groups => *self.group_streams.entry(agent.to_owned()).or_insert(0) += 1,
-        }
+            StreamKind::Groups => {
+                *self.group_streams.entry(agent.to_owned()).or_insert(0) += 1;
+                Arc::default()
+            }
+        };
         OpenStream {
             agent: agent.to_owned(),
             kind,
             mailbox,
             session,
+            wake,
         }
     }
 
@@ -315,16 +319,17 @@ impl Synapse {
         Ok(())
     }
 
-    /// Takes again, for a stream still open, the backlog a take NATS did not answer left
-    /// in the inbox, once NATS is back (as `send_backlog`); meanwhile waits on.
+    /// Takes again, for a stream still open, the agent's inbox (as `send_backlog`): what a
+    /// take NATS did not answer left in it, once NATS is back, and what was kept in it
+    /// while the stream is open.
     async fn take_again(
         &self,
         stream: &OpenStream,
         out: &StreamSender,
         backlog: &mut Backlog,
     ) -> Result<(), Vec<SynapseMessage>> {
-        let reachable = (self.core.records()).is_some_and(|records| records.reachable());
-        if !reachable {
+        let away = (self.core.records()).is_some_and(|records| !records.reachable());
+        if away {
             backlog.retake_at = Some(take_again_timer());
             return Ok(());
         }
@@ -361,6 +366,11 @@ impl Synapse {
                 _ = &mut shutdown => break Vec::new(),
                 _ = &mut closed => break Vec::new(),
                 () = run_out(&mut backlog.retake_at) => {
+                    if let Err(unsent) = Box::pin(self.take_again(stream, out, backlog)).await {
+                        break unsent;
+                    }
+                }
+                () = stream.wake.notified() => {
                     if let Err(unsent) = Box::pin(self.take_again(stream, out, backlog)).await {
                         break unsent;
                     }
@@ -437,6 +447,7 @@ impl Synapse {
             kind,
             mailbox,
             session,
+            wake: _,
         } = stream;
         let Outlet { tx, unread } = out;
         let mut held = Vec::new();
@@ -588,6 +599,8 @@ pub struct OpenStream {
     kind: StreamKind,
     mailbox: Arc<crate::core::Mailbox>,
     session: Arc<crate::core::Session>,
+    /// Wakes the stream to take what was kept in the agent's inbox while it is open.
+    wake: Arc<tokio::sync::Notify>,
 }
 
 /// The bridge's end of a stream's output.

@@ -52,6 +52,14 @@ pub struct Group {
     pub members: Vec<MemberRow>,
 }
 
+/// An agent's open `StreamMessages` streams.
+struct OpenStreams {
+    count: usize,
+    /// Wakes one of them to take what was kept in the agent's inbox while they are open
+    /// (by another bridge that took it for away, or kept again).
+    wake: Arc<tokio::sync::Notify>,
+}
+
 pub struct Synapse {
     core: Arc<Core>,
     config: Config,
@@ -59,8 +67,8 @@ pub struct Synapse {
     started: Instant,
     /// Synapse agents (any protocol's agents are in the core's directory).
     agents: DashMap<String, AgentRow>,
-    /// agent id → open `StreamMessages` streams.
-    streams: DashMap<String, usize>,
+    /// agent id → its open `StreamMessages` streams.
+    streams: DashMap<String, OpenStreams>,
     /// agent id → open `StreamGroupMessages` streams.
     group_streams: DashMap<String, usize>,
     /// Inbox messages of the fleet's whose take this bridge cannot be sure of.

@@ -51,8 +51,10 @@ async fn apply_change(synapse: Arc<Synapse>, change: RecordChange) -> Result<(),
     match change.value {
         Some(message) => {
             (synapse.db)
-                .apply_inbox(agent, id, message.to_vec(), change.revision)
-                .await
+                .apply_inbox(agent.clone(), id, message.to_vec(), change.revision)
+                .await?;
+            synapse.inbox_kept(&agent);
+            Ok(())
         }
         None if !change.taken_here => synapse.db.forget_inbox(agent, id, change.revision).await,
         // A row from before the take still here is one whose take's answer was lost: this
@@ -60,7 +62,7 @@ async fn apply_change(synapse: Arc<Synapse>, change: RecordChange) -> Result<(),
         None => {
             if (synapse
                 .db
-                .taken_here(agent.clone(), id.clone(), change.revision))
+                .holds_from_before(agent.clone(), id.clone(), change.revision))
             .await?
             {
                 synapse.unsettled.note(&agent, &id);
@@ -94,21 +96,24 @@ impl Synapse {
         keeping: Keeping,
     ) -> Result<(), StoreError> {
         let encoded = message.encode_to_vec();
-        let records = match (self.core.records(), keeping) {
-            (Some(records), Keeping::New | Keeping::Again(Some(_))) => records,
-            _ => return self.db.push_inbox(agent, &message.id, encoded, None).await,
-        };
         let key = key(agent, &message.id);
         let value = bytes::Bytes::from(encoded.clone());
-        let written = match keeping {
-            Keeping::New => records.write(INBOX, &key, value, Expect::Unused).await,
-            Keeping::Again(_) => records.put_back(INBOX, &key, value).await,
+        let written = match (self.core.records(), keeping) {
+            (Some(records), Keeping::New) => {
+                records.write(INBOX, &key, value, Expect::Unused).await
+            }
+            (Some(records), Keeping::Again(Some(taken_at))) => {
+                records.put_back(INBOX, &key, value, taken_at).await
+            }
+            _ => return self.db.push_inbox(agent, &message.id, encoded, None).await,
         };
         match (written, keeping) {
             (Ok(revision), _) => {
                 (self.db)
                     .apply_inbox(agent.to_owned(), message.id.clone(), encoded, revision)
-                    .await
+                    .await?;
+                self.inbox_kept(agent);
+                Ok(())
             }
             // Kept already by another bridge (applied here as its record arrives), or taken
             // (by another bridge, since this one took it).
@@ -169,17 +174,23 @@ impl Synapse {
         let settled = async {
             let candidates = self.db.take_inbox_ids(&agent, ids).await?;
             let mail = self.taken_from_fleet(candidates).await?;
-            let (fleet, here_only) =
-                (mail.taken.into_iter()).partition(|row| row.fleet_revision.is_some());
-            self.db.restore_inbox(here_only).await?;
-            for row in fleet {
-                let Ok(message) = SynapseMessage::decode(row.message.as_slice()) else {
-                    continue;
-                };
-                let keeping = Keeping::Again(row.fleet_revision);
-                self.keep_in_inbox(&agent, &message, keeping).await?;
+            let mut as_it_was = Vec::new();
+            for row in mail.taken {
+                let message = SynapseMessage::decode(row.message.as_slice());
+                match (row.fleet_revision, message) {
+                    (Some(taken_at), Ok(message)) => {
+                        let keeping = Keeping::Again(Some(taken_at));
+                        if let Err(e) = self.keep_in_inbox(&agent, &message, keeping).await {
+                            tracing::error!(error = %e, agent, "synapse: cannot keep a settled message again");
+                            self.unsettled.note(&agent, &message.id);
+                            as_it_was.push(row);
+                        }
+                    }
+                    // This bridge's own, or one it cannot read: back as it was.
+                    _ => as_it_was.push(row),
+                }
             }
-            Ok::<_, StoreError>(())
+            self.db.restore_inbox(as_it_was).await
         };
         if let Err(e) = settled.await {
             tracing::error!(error = %e, agent, "synapse: cannot settle inbox messages");

@@ -82,13 +82,11 @@ impl Db {
     ) -> Result<(), StoreError> {
         self.store
             .write(move |conn| {
-                let removal = params![agent_id, message_id, revision as i64];
                 conn.prepare_cached(
                     "DELETE FROM synapse_inbox WHERE agent_id = ?1 AND message_id = ?2
                         AND fleet_revision < ?3",
                 )?
-                .execute(removal)?;
-                forget_taken(conn, removal)?;
+                .execute(params![agent_id, message_id, revision as i64])?;
                 Ok(())
             })
             .await
@@ -138,24 +136,22 @@ impl Db {
             .await
     }
 
-    /// Applies the fleet's removal, at `revision`, of an inbox record this bridge took:
-    /// forgets that it took it, and tells whether a row of it from before is still here
-    /// (put back after a take whose answer was lost).
-    pub async fn taken_here(
+    /// Whether a row of `message_id` for `agent_id` from before `revision` is still here:
+    /// asked as the fleet's removal, at `revision`, of this bridge's own take is applied,
+    /// it is one put back after a take whose answer was lost.
+    pub async fn holds_from_before(
         &self,
         agent_id: String,
         message_id: String,
         revision: u64,
     ) -> Result<bool, StoreError> {
         self.store
-            .write(move |conn| {
-                let removal = params![agent_id, message_id, revision as i64];
-                forget_taken(conn, removal)?;
+            .read(move |conn| {
                 let mut stmt = conn.prepare_cached(
                     "SELECT 1 FROM synapse_inbox WHERE agent_id = ?1 AND message_id = ?2
                         AND fleet_revision < ?3",
                 )?;
-                Ok(stmt.exists(removal)?)
+                Ok(stmt.exists(params![agent_id, message_id, revision as i64])?)
             })
             .await
     }
@@ -188,29 +184,23 @@ impl Db {
     }
 }
 
-/// Forgets takes of `(agent_id, message_id)` before `revision` (`params!`): the fleet's
-/// removal of the record is applied, so no late copy of it is still to come.
-fn forget_taken(
-    conn: &rusqlite::Connection,
-    removal: &[&dyn rusqlite::ToSql],
-) -> rusqlite::Result<()> {
-    conn.prepare_cached(
-        "DELETE FROM synapse_inbox_taken
-         WHERE agent_id = ?1 AND message_id = ?2 AND fleet_revision < ?3",
-    )?
-    .execute(removal)?;
-    Ok(())
-}
-
-/// Remembers, in the taking transaction, the fleet's records among `rows` as taken here.
+/// Remembers, in the taking transaction, the fleet's records among `rows` as taken here
+/// (`LATE_COPY_WINDOW`), and forgets what was taken longer ago.
 fn remember_taken(conn: &rusqlite::Connection, rows: &[InboxRow]) -> rusqlite::Result<()> {
+    let now = crate::core::now_ms();
+    let window = crate::core::LATE_COPY_WINDOW.as_millis() as i64;
+    conn.prepare_cached("DELETE FROM synapse_inbox_taken WHERE taken_at < ?1")?
+        .execute([now - window])?;
     let mut stmt = conn.prepare_cached(
-        "INSERT OR REPLACE INTO synapse_inbox_taken (agent_id, message_id, fleet_revision)
-         VALUES (?1, ?2, ?3)",
+        "INSERT INTO synapse_inbox_taken (agent_id, message_id, fleet_revision, taken_at)
+         VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (agent_id, message_id) DO UPDATE SET
+            fleet_revision = max(fleet_revision, excluded.fleet_revision),
+            taken_at = excluded.taken_at",
     )?;
     for row in rows {
         if let (Some(id), Some(revision)) = (&row.message_id, row.fleet_revision) {
-            stmt.execute(params![row.agent_id, id, revision as i64])?;
+            stmt.execute(params![row.agent_id, id, revision as i64, now])?;
         }
     }
     Ok(())

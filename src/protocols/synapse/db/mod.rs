@@ -110,15 +110,17 @@ pub static MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 5,
-        // The fleet's inbox records this bridge took, at the revision taken, until the
-        // fleet's removal of each is applied: a late copy of a record taken here (the watch
-        // behind the take) is not kept again.
+        // The fleet's records this bridge took lately, at the revision taken: a late copy
+        // of a record taken here (the watch behind the take, a local apply held up) is not
+        // kept again (`core::LATE_COPY_WINDOW`).
         sql: "CREATE TABLE synapse_inbox_taken (
                 agent_id       TEXT NOT NULL,
                 message_id     TEXT NOT NULL,
                 fleet_revision INTEGER NOT NULL,
+                taken_at       INTEGER NOT NULL,
                 PRIMARY KEY (agent_id, message_id)
-              ) WITHOUT ROWID;",
+              ) WITHOUT ROWID;
+              CREATE INDEX synapse_inbox_taken_by_age ON synapse_inbox_taken (taken_at);",
     },
 ];
 
