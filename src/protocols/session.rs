@@ -12,6 +12,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -129,10 +131,11 @@ pub trait WsSession: Send {
         async { Flow::Close }
     }
 
-    /// Resolves when something outside the connection wants it to act (`on_wake`): mail
-    /// queued for its agent while it is open, say. Never, by default.
-    fn woken(&self) -> impl Future<Output = ()> + Send + '_ {
-        std::future::pending()
+    /// What wakes the session when something outside the connection wants it to act
+    /// (`on_wake`): mail queued for its agent while it is open, say. Asked once, as the
+    /// session starts; none by default.
+    fn waker(&self) -> Option<Arc<Notify>> {
+        None
     }
 
     fn on_wake(&mut self, _io: &mut Io<Self::Pending>) -> impl Future<Output = Flow> + Send {
@@ -151,6 +154,14 @@ pub trait WsSession: Send {
 
     /// The session is over; what it was sent has been settled.
     fn finish(self) -> impl Future<Output = ()> + Send;
+}
+
+/// Resolves when `waker` is notified; never without one.
+async fn woken_by(waker: Option<&Notify>) {
+    match waker {
+        Some(waker) => waker.notified().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Far enough away to mean "no deadline".
@@ -179,6 +190,10 @@ pub fn run<S: WsSession>(
         // Every handler is boxed: a session's future is as large as its largest state, and
         // every idle connection holds one. A handler's future lives only while it runs.
         let mut flow = Box::pin(session.on_open(&mut io)).await;
+        // Armed once and again after each wake-up, not every turn: waiting on a `Notify`
+        // takes its lock.
+        let waker = session.waker();
+        let mut woken = std::pin::pin!(woken_by(waker.as_deref()));
         let mut armed = session.deadline();
         let mut timer = std::pin::pin!(tokio::time::sleep_until(
             armed.unwrap_or_else(|| Instant::now() + NEVER)
@@ -200,7 +215,10 @@ pub fn run<S: WsSession>(
                     armed = None;
                     Box::pin(session.on_deadline(&mut io)).await
                 }
-                () = session.woken() => Box::pin(session.on_wake(&mut io)).await,
+                () = &mut woken => {
+                    woken.set(woken_by(waker.as_deref()));
+                    Box::pin(session.on_wake(&mut io)).await
+                }
                 Some((stored, pending)) = io.pending.next(), if !io.pending.is_empty() => {
                     Box::pin(session.on_stored(&mut io, stored, pending)).await
                 }

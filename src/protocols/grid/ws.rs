@@ -230,8 +230,8 @@ impl WsSession for Connection {
         }
     }
 
-    fn woken(&self) -> impl Future<Output = ()> + Send + '_ {
-        self.wake.notified()
+    fn waker(&self) -> Option<Arc<Notify>> {
+        Some(self.wake.clone())
     }
 
     async fn on_wake(&mut self, io: &mut Io<Sent>) -> Flow {

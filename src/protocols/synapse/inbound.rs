@@ -361,6 +361,9 @@ impl Synapse {
         let mut shutdown = std::pin::pin!(shutdown);
         let closed = out.closed();
         let mut closed = std::pin::pin!(closed);
+        // Armed once and again after each wake-up, not every turn (as `protocols/session.rs`).
+        let woken = stream.wake.notified();
+        let mut woken = std::pin::pin!(woken);
         let left = loop {
             tokio::select! {
                 _ = &mut shutdown => break Vec::new(),
@@ -370,7 +373,8 @@ impl Synapse {
                         break unsent;
                     }
                 }
-                () = stream.wake.notified() => {
+                () = &mut woken => {
+                    woken.set(stream.wake.notified());
                     if let Err(unsent) = Box::pin(self.take_again(stream, out, backlog)).await {
                         break unsent;
                     }
