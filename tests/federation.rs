@@ -931,7 +931,8 @@ async fn mail_record(
 
 /// A record taken is its taker's: taking it again (a take whose answer was lost, tried
 /// again) is `Ok` for that bridge and refused to another, and mail is not kept again under
-/// its key. (A table no endpoint follows, so no bridge settles the take meanwhile.)
+/// its key; it is put back over that take only, by that bridge. (A table no endpoint
+/// follows, so no bridge settles the take meanwhile.)
 #[tokio::test]
 async fn a_taken_record_is_its_takers_to_take_again_and_no_one_elses() {
     use agentbridge::core::{Expect, RecordError};
@@ -946,8 +947,27 @@ async fn a_taken_record_is_its_takers_to_take_again_and_no_one_elses() {
     b0.take("test-takes", "m0", revision).await.unwrap();
     let refused = b1.take("test-takes", "m0", revision).await;
     assert!(matches!(refused, Err(RecordError::Conflict)), "{refused:?}");
-    let kept = b1.write("test-takes", "m0", mail, Expect::Unused).await;
+    let kept = b1
+        .write("test-takes", "m0", mail.clone(), Expect::Unused)
+        .await;
     assert!(matches!(kept, Err(RecordError::Conflict)), "{kept:?}");
+
+    // Put back over its take, taken again: only the second take answers for it now.
+    let refused = b1
+        .put_back("test-takes", "m0", mail.clone(), revision)
+        .await;
+    assert!(matches!(refused, Err(RecordError::Conflict)), "{refused:?}");
+    let again = (b0.put_back("test-takes", "m0", mail.clone(), revision))
+        .await
+        .unwrap();
+    b0.take("test-takes", "m0", again).await.unwrap();
+    let stale = b0
+        .put_back("test-takes", "m0", mail.clone(), revision)
+        .await;
+    assert!(matches!(stale, Err(RecordError::Conflict)), "{stale:?}");
+    let stale = b0.take("test-takes", "m0", revision).await;
+    assert!(matches!(stale, Err(RecordError::Conflict)), "{stale:?}");
+    b0.put_back("test-takes", "m0", mail, again).await.unwrap();
     fleet.shutdown().await;
 }
 

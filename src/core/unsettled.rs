@@ -78,6 +78,11 @@ impl UnsettledMail {
         ids.insert(id.to_owned());
     }
 
+    /// Whether `agent`'s mail is being settled now.
+    pub fn is_settling(&self, agent: &str) -> bool {
+        lock(&self.turns).settling.contains(agent)
+    }
+
     /// Starts a take of `agent`'s mail, once it is not being settled; no settling of it
     /// starts until the take ends (the `Taking` is dropped).
     pub async fn taking(&self, agent: &str) -> Taking<'_> {

@@ -132,8 +132,8 @@ pub trait WsSession: Send {
     }
 
     /// What wakes the session when something outside the connection wants it to act
-    /// (`on_wake`): mail queued for its agent while it is open, say. Asked once, as the
-    /// session starts; none by default.
+    /// (`on_wake`): mail queued for its agent while it is open, say. Asked once, after
+    /// `on_open`; none by default.
     fn waker(&self) -> Option<Arc<Notify>> {
         None
     }
@@ -190,8 +190,8 @@ pub fn run<S: WsSession>(
         // Every handler is boxed: a session's future is as large as its largest state, and
         // every idle connection holds one. A handler's future lives only while it runs.
         let mut flow = Box::pin(session.on_open(&mut io)).await;
-        // Armed once and again after each wake-up, not every turn: waiting on a `Notify`
-        // takes its lock.
+        // Armed once and again after each wake-up, not every turn: a waiter made afresh
+        // each turn would join and leave the `Notify`'s list of waiters every time.
         let waker = session.waker();
         let mut woken = std::pin::pin!(woken_by(waker.as_deref()));
         let mut armed = session.deadline();

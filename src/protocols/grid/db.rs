@@ -85,26 +85,29 @@ pub static MIGRATIONS: &[Migration] = &[
                 agent          TEXT NOT NULL,
                 message_id     TEXT NOT NULL,
                 fleet_revision INTEGER NOT NULL,
-                taken_at       INTEGER NOT NULL,
+                taken_ms       INTEGER NOT NULL,
                 PRIMARY KEY (agent, message_id)
               ) WITHOUT ROWID;
-              CREATE INDEX grid_queue_taken_by_age ON grid_queue_taken (taken_at);",
+              CREATE INDEX grid_queue_taken_by_age ON grid_queue_taken (taken_ms);",
     },
 ];
 
 /// Remembers, in the taking transaction, the fleet's records among `rows` as taken here
 /// (`LATE_COPY_WINDOW`), and forgets what was taken longer ago.
 fn remember_taken(conn: &rusqlite::Connection, rows: &[Queued]) -> rusqlite::Result<()> {
+    if rows.iter().all(|row| row.fleet_revision.is_none()) {
+        return Ok(());
+    }
     let now = crate::core::now_ms();
     let window = crate::core::LATE_COPY_WINDOW.as_millis() as i64;
-    conn.prepare_cached("DELETE FROM grid_queue_taken WHERE taken_at < ?1")?
+    conn.prepare_cached("DELETE FROM grid_queue_taken WHERE taken_ms < ?1")?
         .execute([now - window])?;
     let mut stmt = conn.prepare_cached(
-        "INSERT INTO grid_queue_taken (agent, message_id, fleet_revision, taken_at)
+        "INSERT INTO grid_queue_taken (agent, message_id, fleet_revision, taken_ms)
          VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT (agent, message_id) DO UPDATE SET
             fleet_revision = max(fleet_revision, excluded.fleet_revision),
-            taken_at = excluded.taken_at",
+            taken_ms = excluded.taken_ms",
     )?;
     for row in rows {
         if let Some(revision) = row.fleet_revision {
@@ -388,13 +391,13 @@ impl Db {
 
     /// Keeps `q` for `agent` as the fleet's record holds it at `revision`: queued if it is
     /// not, its revision moved on if it is at an older one; not if this bridge took it at
-    /// that revision or a later one.
+    /// that revision or a later one. Whether it was queued or moved on.
     pub async fn apply_queued(
         &self,
         agent: String,
         q: ToQueue,
         revision: u64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         self.store
             .write(move |conn| {
                 let mut stmt = conn.prepare_cached(
@@ -407,7 +410,7 @@ impl Db {
                         fleet_revision = excluded.fleet_revision
                      WHERE fleet_revision IS NULL OR fleet_revision < excluded.fleet_revision",
                 )?;
-                stmt.execute(params![
+                let changed = stmt.execute(params![
                     agent,
                     q.message_id,
                     q.instance,
@@ -417,7 +420,7 @@ impl Db {
                     q.body,
                     revision as i64
                 ])?;
-                Ok(())
+                Ok(changed > 0)
             })
             .await
     }
@@ -588,8 +591,8 @@ mod tests {
         );
     }
 
-    /// A late copy of a record this bridge took (the watch behind the take) is not queued
-    /// again, and the fleet's removal of the take finds no row to deliver; a row put back
+    /// A late copy of a record this bridge took (the watch behind the take, a local apply
+    /// held up) is not queued again, and the fleet's removal of the take finds no row; a row put back
     /// after a take whose answer was lost is found, and a later revision is queued again.
     #[tokio::test]
     async fn a_record_taken_here_is_not_queued_again_by_a_late_copy() {
@@ -603,6 +606,10 @@ mod tests {
         db.apply_queued(agent(), expiring("m0"), 7).await.unwrap();
         assert!(take().await.is_empty(), "the late copy is not queued");
         assert!(!db.holds_from_before(agent(), id(), 8).await.unwrap());
+        // Also once the fleet's removal of the take was applied (a local apply held up).
+        db.forget_queued(agent(), id(), 8).await.unwrap();
+        db.apply_queued(agent(), expiring("m0"), 7).await.unwrap();
+        assert!(take().await.is_empty(), "the late copy is not queued");
 
         // Taken without an answer, and put back: the removal of the take finds it.
         db.apply_queued(agent(), expiring("m0"), 9).await.unwrap();

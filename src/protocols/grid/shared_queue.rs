@@ -90,10 +90,13 @@ impl Grid {
     /// sockets to take it: a bridge that took the program for away (its presence on its
     /// way), or one keeping again what it took, queued it meanwhile.
     async fn apply_queued(&self, record: Record, revision: u64) -> Result<(), StoreError> {
-        (self.db)
+        let instance = record.message.instance.clone();
+        let queued = (self.db)
             .apply_queued(record.agent.clone(), record.message, revision)
             .await?;
-        self.sockets.wake(&record.agent);
+        if queued {
+            self.sockets.wake(&record.agent, instance.as_deref());
+        }
         Ok(())
     }
 

@@ -47,11 +47,14 @@ impl Sockets {
         (id, open.sockets.len() == 1)
     }
 
-    /// Wakes the agent's sockets: something was queued for it while they are open.
-    pub fn wake(&self, agent: &str) {
+    /// Wakes the agent's sockets that take what was queued for it, for `instance` if it
+    /// names one, while they are open.
+    pub fn wake(&self, agent: &str, instance: Option<&str>) {
         if let Some(open) = self.by_agent.get(agent) {
             for socket in &open.sockets {
-                socket.wake.notify_one();
+                if instance.is_none() || socket.instance.as_deref() == instance {
+                    socket.wake.notify_one();
+                }
             }
         }
     }

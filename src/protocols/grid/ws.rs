@@ -309,6 +309,8 @@ impl Connection {
         if self.presence && self.welcome(io, &party).await == Flow::Close {
             return Flow::Close;
         }
+        // What was accepted before the socket attached may still be on its way to the queue.
+        self.grid.flush().await;
         self.send_backlog(io, &party).await
     }
 
@@ -345,7 +347,8 @@ impl Connection {
     /// this socket, rather than when the program next connects.
     async fn take_again(&mut self, io: &mut Io<Sent>, party: &Party) -> Flow {
         let away = (self.grid.core.records()).is_some_and(|records| !records.reachable());
-        if away {
+        // Rather than wait, with the socket's loop, for a settling of the program's mail.
+        if away || self.grid.unsettled.is_settling(&party.agent) {
             self.take_again_at = Some(Instant::now() + TAKE_AGAIN_AFTER);
             return Flow::Continue;
         }
@@ -358,8 +361,6 @@ impl Connection {
     /// of the program opening at once do not both send it; what could not be sent is put
     /// back.
     async fn send_backlog(&mut self, io: &mut Io<Sent>, party: &Party) -> Flow {
-        // What was accepted before the socket attached may still be on its way to the queue.
-        self.grid.flush().await;
         let instances = Instances::Of(party.instance_id.as_deref());
         let taken = (self.grid).take_queued(&party.agent, None, instances).await;
         let backlog = match taken {

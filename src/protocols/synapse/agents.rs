@@ -242,11 +242,14 @@ impl Synapse {
         wake
     }
 
-    /// Wakes a stream of `agent_id`, if it has one open, to take its inbox: something was
-    /// kept in it.
+    /// Wakes a stream of `agent_id`, if it has one open that takes its inbox: something
+    /// was kept in it.
     pub fn inbox_kept(&self, agent_id: &str) {
-        if let Some(open) = self.streams.get(agent_id) {
-            open.wake.notify_one();
+        let Some(wake) = self.streams.get(agent_id).map(|open| open.wake.clone()) else {
+            return;
+        };
+        if self.route_for(agent_id, true) == super::outbound::Route::Stream {
+            wake.notify_one();
         }
     }
 

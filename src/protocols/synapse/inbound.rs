@@ -329,7 +329,8 @@ impl Synapse {
         backlog: &mut Backlog,
     ) -> Result<(), Vec<SynapseMessage>> {
         let away = (self.core.records()).is_some_and(|records| !records.reachable());
-        if away {
+        // Rather than wait, with the stream's relay, for a settling of the agent's mail.
+        if away || self.unsettled.is_settling(&stream.agent) {
             backlog.retake_at = Some(take_again_timer());
             return Ok(());
         }
@@ -361,7 +362,8 @@ impl Synapse {
         let mut shutdown = std::pin::pin!(shutdown);
         let closed = out.closed();
         let mut closed = std::pin::pin!(closed);
-        // Armed once and again after each wake-up, not every turn (as `protocols/session.rs`).
+        // Armed once and again after each wake-up, not every turn (`protocols/session.rs`
+        // says why).
         let woken = stream.wake.notified();
         let mut woken = std::pin::pin!(woken);
         let left = loop {

@@ -50,10 +50,12 @@ async fn apply_change(synapse: Arc<Synapse>, change: RecordChange) -> Result<(),
     let (agent, id) = agent_and_id(&change.key)?;
     match change.value {
         Some(message) => {
-            (synapse.db)
+            let kept = (synapse.db)
                 .apply_inbox(agent.clone(), id, message.to_vec(), change.revision)
                 .await?;
-            synapse.inbox_kept(&agent);
+            if kept {
+                synapse.inbox_kept(&agent);
+            }
             Ok(())
         }
         None if !change.taken_here => synapse.db.forget_inbox(agent, id, change.revision).await,
@@ -109,10 +111,12 @@ impl Synapse {
         };
         match (written, keeping) {
             (Ok(revision), _) => {
-                (self.db)
+                let kept = (self.db)
                     .apply_inbox(agent.to_owned(), message.id.clone(), encoded, revision)
                     .await?;
-                self.inbox_kept(agent);
+                if kept {
+                    self.inbox_kept(agent);
+                }
                 Ok(())
             }
             // Kept already by another bridge (applied here as its record arrives), or taken

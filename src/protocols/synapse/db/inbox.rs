@@ -40,17 +40,17 @@ impl Db {
 
     /// Keeps `message` in `agent_id`'s inbox as the fleet's record holds it at `revision`:
     /// kept if it is not, its revision moved on if it is at an older one; not if this
-    /// bridge took it at that revision or a later one.
+    /// bridge took it at that revision or a later one. Whether it was kept or moved on.
     pub async fn apply_inbox(
         &self,
         agent_id: String,
         message_id: String,
         message: Vec<u8>,
         revision: u64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         self.store
             .write(move |conn| {
-                conn.prepare_cached(
+                let changed = conn.prepare_cached(
                     "INSERT INTO synapse_inbox (agent_id, message_id, message, created_at, fleet_revision)
                      SELECT ?1, ?2, ?3, ?4, ?5
                      WHERE NOT EXISTS (SELECT 1 FROM synapse_inbox_taken
@@ -66,7 +66,7 @@ impl Db {
                     crate::core::now_ms(),
                     revision as i64
                 ])?;
-                Ok(())
+                Ok(changed > 0)
             })
             .await
     }
@@ -187,16 +187,19 @@ impl Db {
 /// Remembers, in the taking transaction, the fleet's records among `rows` as taken here
 /// (`LATE_COPY_WINDOW`), and forgets what was taken longer ago.
 fn remember_taken(conn: &rusqlite::Connection, rows: &[InboxRow]) -> rusqlite::Result<()> {
+    if rows.iter().all(|row| row.fleet_revision.is_none()) {
+        return Ok(());
+    }
     let now = crate::core::now_ms();
     let window = crate::core::LATE_COPY_WINDOW.as_millis() as i64;
-    conn.prepare_cached("DELETE FROM synapse_inbox_taken WHERE taken_at < ?1")?
+    conn.prepare_cached("DELETE FROM synapse_inbox_taken WHERE taken_ms < ?1")?
         .execute([now - window])?;
     let mut stmt = conn.prepare_cached(
-        "INSERT INTO synapse_inbox_taken (agent_id, message_id, fleet_revision, taken_at)
+        "INSERT INTO synapse_inbox_taken (agent_id, message_id, fleet_revision, taken_ms)
          VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT (agent_id, message_id) DO UPDATE SET
             fleet_revision = max(fleet_revision, excluded.fleet_revision),
-            taken_at = excluded.taken_at",
+            taken_ms = excluded.taken_ms",
     )?;
     for row in rows {
         if let (Some(id), Some(revision)) = (&row.message_id, row.fleet_revision) {

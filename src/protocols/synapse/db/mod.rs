@@ -117,10 +117,10 @@ pub static MIGRATIONS: &[Migration] = &[
                 agent_id       TEXT NOT NULL,
                 message_id     TEXT NOT NULL,
                 fleet_revision INTEGER NOT NULL,
-                taken_at       INTEGER NOT NULL,
+                taken_ms       INTEGER NOT NULL,
                 PRIMARY KEY (agent_id, message_id)
               ) WITHOUT ROWID;
-              CREATE INDEX synapse_inbox_taken_by_age ON synapse_inbox_taken (taken_at);",
+              CREATE INDEX synapse_inbox_taken_by_age ON synapse_inbox_taken (taken_ms);",
     },
 ];
 
