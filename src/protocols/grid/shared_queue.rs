@@ -10,12 +10,15 @@
 //! message is not queued a second time. Every bridge applies the queue's records to its own
 //! `grid_queue` table (revision order) and reads candidates from there. A bridge alone, or
 //! one cut off from NATS, queues in its own table only.
+//!
+//! A take NATS did not answer leaves its mail this bridge's to settle (`UnsettledMail`);
+//! mail taken and not delivered goes back over the take's mark (`SharedRecords::put_back`);
+//! and mail queued here for a program with a socket open here wakes that socket to take it.
 
 use std::sync::Arc;
 
-use tokio::task::JoinHandle;
-
 use futures_util::future::join_all;
+use tokio::task::JoinHandle;
 
 use super::Grid;
 use super::db::{Instances, Queued, ToQueue};
@@ -73,11 +76,9 @@ async fn apply_change(grid: Arc<Grid>, change: RecordChange) -> Result<(), Store
             }
             // A row from before the take still here is one whose take's answer was lost:
             // this bridge's to deliver, or to keep again as the fleet's.
-            if (grid
-                .db
-                .holds_from_before(agent.clone(), id.clone(), change.revision))
-            .await?
-            {
+            let db = &grid.db;
+            let from_before = db.holds_from_before(agent.clone(), id.clone(), change.revision);
+            if from_before.await? {
                 grid.unsettled.note(&agent, &id);
             }
             Ok(())

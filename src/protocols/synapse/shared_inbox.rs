@@ -7,9 +7,8 @@
 
 use std::sync::Arc;
 
-use tokio::task::JoinHandle;
-
 use prost::Message;
+use tokio::task::JoinHandle;
 
 use super::Synapse;
 use super::db::InboxRow;
@@ -62,11 +61,9 @@ async fn apply_change(synapse: Arc<Synapse>, change: RecordChange) -> Result<(),
         // A row from before the take still here is one whose take's answer was lost: this
         // bridge's to deliver, or to keep again as the fleet's.
         None => {
-            if (synapse
-                .db
-                .holds_from_before(agent.clone(), id.clone(), change.revision))
-            .await?
-            {
+            let db = &synapse.db;
+            let from_before = db.holds_from_before(agent.clone(), id.clone(), change.revision);
+            if from_before.await? {
                 synapse.unsettled.note(&agent, &id);
             }
             Ok(())
