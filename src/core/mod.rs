@@ -34,7 +34,7 @@ pub use records::{
     unless_lost, until_not_lost,
 };
 pub use router::{AddressedOnly, Interest, OfflineSink, RouteReport, Router, Session};
-pub use unsettled::UnsettledMail;
+pub use unsettled::{Settled, UnsettledMail, settle_record};
 
 use crate::telemetry;
 

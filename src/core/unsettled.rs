@@ -4,9 +4,9 @@
 //! take landed, every other bridge dropped its copy, and only the mark it left — which
 //! lives `TAKEN_REMEMBERED` — says the message is this bridge's to deliver. So that the
 //! mail neither waits here for an agent that now connects elsewhere nor is lost when the
-//! mark goes, the endpoint settles it once NATS is back (`settle`): it takes the rows
-//! again, keeps what it then holds as the fleet's record again, which any bridge may
-//! deliver, and drops what another bridge took. An agent's open socket or stream whose own
+//! mark goes, the endpoint settles it once NATS is back (`settle`, `settle_record`): it
+//! takes each record again, keeps what it then holds as the fleet's record again, which any
+//! bridge may deliver, and drops what another bridge took. An agent's open socket or stream whose own
 //! take NATS did not answer takes the mail again itself as well (`TAKE_AGAIN_AFTER`), and
 //! one open when the settling keeps its mail again is woken to take it: an agent's mail is
 //! not taken while it is being settled, nor settled while a take of it is under way.
@@ -17,7 +17,40 @@ use std::sync::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{SharedRecords, TAKE_AGAIN_AFTER};
+use super::{RecordError, Revision, SharedRecords, TAKE_AGAIN_AFTER};
+
+/// What settling one record of unsettled mail came to (`settle_record`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// The take was this bridge's: the mail is the fleet's record again, at this revision.
+    KeptAgain(Revision),
+    /// Another bridge took it: it is not this bridge's to deliver.
+    TakenElsewhere,
+    /// NATS did not answer: still unsettled.
+    Unsure,
+}
+
+/// Settles `table`'s record `key`, mail this bridge holds as written at `revision` and
+/// cannot be sure it took: takes it again (its own take's mark answers for a take that
+/// landed) and writes `value` back over that take, so that any bridge may deliver it. The
+/// row stays where it is meanwhile, so a bridge stopped halfway keeps it.
+pub async fn settle_record(
+    records: &dyn SharedRecords,
+    table: &str,
+    key: &str,
+    revision: Revision,
+    value: bytes::Bytes,
+) -> Settled {
+    let written = match records.take(table, key, revision).await {
+        Ok(()) => records.put_back(table, key, value, revision).await,
+        Err(e) => Err(e),
+    };
+    match written {
+        Ok(revision) => Settled::KeptAgain(revision),
+        Err(RecordError::Conflict) => Settled::TakenElsewhere,
+        Err(RecordError::Unavailable(_)) => Settled::Unsure,
+    }
+}
 
 /// Unsettled mail, by agent: the ids of its messages.
 #[derive(Default)]
@@ -33,8 +66,8 @@ pub struct UnsettledMail {
 
 #[derive(Default)]
 struct Turns {
-    /// Agents whose mail is being settled.
-    settling: HashSet<String>,
+    /// Agents whose mail is being settled, with the ids being settled.
+    settling: HashMap<String, HashSet<String>>,
     /// Takes of each agent's mail under way.
     taking: HashMap<String, usize>,
 }
@@ -80,7 +113,12 @@ impl UnsettledMail {
 
     /// Whether `agent`'s mail is being settled now.
     pub fn is_settling(&self, agent: &str) -> bool {
-        lock(&self.turns).settling.contains(agent)
+        lock(&self.turns).settling.contains_key(agent)
+    }
+
+    /// Whether message `id` of `agent`'s is being settled now.
+    pub fn is_settling_message(&self, agent: &str, id: &str) -> bool {
+        (lock(&self.turns).settling.get(agent)).is_some_and(|ids| ids.contains(id))
     }
 
     /// Starts a take of `agent`'s mail, once it is not being settled; no settling of it
@@ -92,7 +130,7 @@ impl UnsettledMail {
             settled.as_mut().enable();
             {
                 let mut turns = lock(&self.turns);
-                if !turns.settling.contains(agent) {
+                if !turns.settling.contains_key(agent) {
                     *turns.taking.entry(agent.to_owned()).or_default() += 1;
                     return Taking {
                         mail: self,
@@ -114,21 +152,22 @@ impl UnsettledMail {
     {
         let agents: Vec<String> = lock(&self.by_agent).keys().cloned().collect();
         for agent in agents {
-            {
+            let ids = {
                 let mut turns = lock(&self.turns);
                 if turns.taking.contains_key(&agent) {
                     continue;
                 }
-                turns.settling.insert(agent.clone());
-            }
+                let Some(ids) = lock(&self.by_agent).remove(&agent) else {
+                    continue;
+                };
+                turns.settling.insert(agent.clone(), ids.clone());
+                ids
+            };
             let _settling = Settling {
                 mail: self,
                 agent: &agent,
             };
-            let ids = lock(&self.by_agent).remove(&agent);
-            if let Some(ids) = ids {
-                settle(agent.clone(), ids.into_iter().collect()).await;
-            }
+            settle(agent.clone(), ids.into_iter().collect()).await;
         }
     }
 

@@ -298,15 +298,17 @@ impl Db {
             .await
     }
 
-    /// Removes and returns the messages `ids` queued for `agent` that are still here, in
-    /// queue order.
-    pub async fn take_ids(&self, agent: &str, ids: Vec<String>) -> Result<Vec<Queued>, StoreError> {
+    /// The messages `ids` queued for `agent` that are still here, in queue order.
+    pub async fn queued_ids(
+        &self,
+        agent: &str,
+        ids: Vec<String>,
+    ) -> Result<Vec<Queued>, StoreError> {
         let agent = agent.to_owned();
         self.store
-            .write(move |conn| {
+            .read(move |conn| {
                 let mut stmt = conn.prepare_cached(&format!(
-                    "DELETE FROM grid_queue WHERE agent = ?1 AND message_id = ?2
-                     RETURNING {QUEUED_COLUMNS}"
+                    "SELECT {QUEUED_COLUMNS} FROM grid_queue WHERE agent = ?1 AND message_id = ?2"
                 ))?;
                 let mut rows = Vec::new();
                 for id in ids {
@@ -314,7 +316,6 @@ impl Db {
                         rows.push(row?);
                     }
                 }
-                remember_taken(conn, &rows)?;
                 rows.sort_by_key(Queued::order);
                 Ok(rows)
             })

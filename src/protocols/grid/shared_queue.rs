@@ -22,7 +22,10 @@ use tokio::task::JoinHandle;
 
 use super::Grid;
 use super::db::{Instances, Queued, ToQueue};
-use crate::core::{Expect, RecordChange, RecordError, SharedRecords, TakenMail, sink, take_each};
+use crate::core::{
+    Expect, RecordChange, RecordError, Settled, SharedRecords, TakenMail, settle_record, sink,
+    take_each,
+};
 use crate::store::StoreError;
 
 /// The table of queued messages in the fleet's records, keyed by `key`.
@@ -76,6 +79,10 @@ async fn apply_change(grid: Arc<Grid>, change: RecordChange) -> Result<(), Store
             }
             // A row from before the take still here is one whose take's answer was lost:
             // this bridge's to deliver, or to keep again as the fleet's.
+            // Not the mark of a settling's own take, which keeps the row again meanwhile.
+            if grid.unsettled.is_settling_message(&agent, &id) {
+                return Ok(());
+            }
             let db = &grid.db;
             let from_before = db.holds_from_before(agent.clone(), id.clone(), change.revision);
             if from_before.await? {
@@ -216,18 +223,40 @@ impl Grid {
         self.db.restore(as_it_was).await
     }
 
-    /// Settles messages `ids` queued for `agent` (`UnsettledMail`): takes them again, here
-    /// and from the fleet, and queues again what this bridge took, as the fleet's record.
+    /// Settles messages `ids` queued for `agent` (`UnsettledMail`, `settle_record`): each
+    /// the fleet's record again, or dropped if another bridge took it. Mail whose ttl ran
+    /// out is left to the expiry sweep, which tells its sender.
     async fn settle_queued(&self, agent: String, ids: Vec<String>) {
+        let Some(records) = self.core.records() else {
+            return;
+        };
         let settled = async {
-            let candidates = self.db.take_ids(&agent, ids).await?;
-            // Mail whose ttl ran out is the expiry sweep's, which tells its sender.
             let now = crate::core::now_ms();
-            let (expired, candidates): (Vec<_>, _) = (candidates.into_iter())
-                .partition(|queued| queued.message.expires_at.is_some_and(|at| at <= now));
-            self.db.restore(expired).await?;
-            let mail = self.taken_from_fleet(candidates).await?;
-            self.put_back(mail.taken).await
+            for queued in self.db.queued_ids(&agent, ids).await? {
+                let Some(revision) = queued.fleet_revision else {
+                    continue;
+                };
+                if queued.message.expires_at.is_some_and(|at| at <= now) {
+                    continue;
+                }
+                let id = queued.message.message_id.clone();
+                let record = Record {
+                    agent: queued.agent,
+                    message: queued.message,
+                };
+                let value = serde_json::to_vec(&record).expect("a record encodes");
+                let key = key(&agent, &id);
+                match settle_record(records.as_ref(), QUEUE, &key, revision, value.into()).await {
+                    Settled::KeptAgain(revision) => self.apply_queued(record, revision).await?,
+                    Settled::TakenElsewhere => {
+                        (self.db)
+                            .forget_queued(agent.clone(), id, revision + 1)
+                            .await?
+                    }
+                    Settled::Unsure => self.unsettled.note(&agent, &id),
+                }
+            }
+            Ok::<_, StoreError>(())
         };
         if let Err(e) = settled.await {
             tracing::error!(error = %e, agent, "grid: cannot settle queued messages");

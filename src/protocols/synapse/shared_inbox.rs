@@ -13,7 +13,9 @@ use tokio::task::JoinHandle;
 use super::Synapse;
 use super::db::InboxRow;
 use super::proto::SynapseMessage;
-use crate::core::{Expect, RecordChange, RecordError, Revision, TakenMail, sink, take_each};
+use crate::core::{
+    Expect, RecordChange, RecordError, Revision, Settled, TakenMail, settle_record, sink, take_each,
+};
 use crate::store::StoreError;
 
 /// The table of kept messages in the fleet's records, keyed by `key`; the value is the
@@ -61,6 +63,10 @@ async fn apply_change(synapse: Arc<Synapse>, change: RecordChange) -> Result<(),
         // A row from before the take still here is one whose take's answer was lost: this
         // bridge's to deliver, or to keep again as the fleet's.
         None => {
+            // Not the mark of a settling's own take, which keeps the row again meanwhile.
+            if synapse.unsettled.is_settling_message(&agent, &id) {
+                return Ok(());
+            }
             let db = &synapse.db;
             let from_before = db.holds_from_before(agent.clone(), id.clone(), change.revision);
             if from_before.await? {
@@ -169,29 +175,38 @@ impl Synapse {
         Ok(mail)
     }
 
-    /// Settles messages `ids` of `agent`'s inbox (`UnsettledMail`): takes them again, here
-    /// and from the fleet, and keeps again what this bridge took, as the fleet's record.
+    /// Settles messages `ids` of `agent`'s inbox (`UnsettledMail`, `settle_record`): each
+    /// the fleet's record again, or dropped if another bridge took it.
     async fn settle_inbox(&self, agent: String, ids: Vec<String>) {
+        let Some(records) = self.core.records() else {
+            return;
+        };
         let settled = async {
-            let candidates = self.db.take_inbox_ids(&agent, ids).await?;
-            let mail = self.taken_from_fleet(candidates).await?;
-            let mut as_it_was = Vec::new();
-            for row in mail.taken {
-                let message = SynapseMessage::decode(row.message.as_slice());
-                match (row.fleet_revision, message) {
-                    (Some(taken_at), Ok(message)) => {
-                        let keeping = Keeping::Again(Some(taken_at));
-                        if let Err(e) = self.keep_in_inbox(&agent, &message, keeping).await {
-                            tracing::error!(error = %e, agent, "synapse: cannot keep a settled message again");
-                            self.unsettled.note(&agent, &message.id);
-                            as_it_was.push(row);
+            for row in self.db.inbox_ids(&agent, ids).await? {
+                let (Some(id), Some(revision)) = (row.message_id, row.fleet_revision) else {
+                    continue;
+                };
+                let key = key(&agent, &id);
+                let value = bytes::Bytes::from(row.message.clone());
+                match settle_record(records.as_ref(), INBOX, &key, revision, value).await {
+                    Settled::KeptAgain(revision) => {
+                        let db = &self.db;
+                        if db
+                            .apply_inbox(agent.clone(), id, row.message, revision)
+                            .await?
+                        {
+                            self.inbox_kept(&agent);
                         }
                     }
-                    // This bridge's own, or one it cannot read: back as it was.
-                    _ => as_it_was.push(row),
+                    Settled::TakenElsewhere => {
+                        (self.db)
+                            .forget_inbox(agent.clone(), id, revision + 1)
+                            .await?
+                    }
+                    Settled::Unsure => self.unsettled.note(&agent, &id),
                 }
             }
-            self.db.restore_inbox(as_it_was).await
+            Ok::<_, StoreError>(())
         };
         if let Err(e) = settled.await {
             tracing::error!(error = %e, agent, "synapse: cannot settle inbox messages");

@@ -110,18 +110,18 @@ impl Db {
             .await
     }
 
-    /// Takes messages `ids` of `agent_id`'s inbox that are still here, in inbox order.
-    pub async fn take_inbox_ids(
+    /// Messages `ids` of `agent_id`'s inbox that are still here, in inbox order.
+    pub async fn inbox_ids(
         &self,
         agent_id: &str,
         ids: Vec<String>,
     ) -> Result<Vec<InboxRow>, StoreError> {
         let agent_id = agent_id.to_owned();
         self.store
-            .write(move |conn| {
+            .read(move |conn| {
                 let mut stmt = conn.prepare_cached(&format!(
-                    "DELETE FROM synapse_inbox WHERE agent_id = ?1 AND message_id = ?2
-                     RETURNING {INBOX_COLUMNS}"
+                    "SELECT {INBOX_COLUMNS} FROM synapse_inbox
+                     WHERE agent_id = ?1 AND message_id = ?2"
                 ))?;
                 let mut rows = Vec::new();
                 for id in ids {
@@ -129,7 +129,6 @@ impl Db {
                         rows.push(row?);
                     }
                 }
-                remember_taken(conn, &rows)?;
                 rows.sort_by_key(InboxRow::order);
                 Ok(rows)
             })
