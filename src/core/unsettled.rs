@@ -57,8 +57,8 @@ pub async fn settle_record(
 pub struct UnsettledMail {
     by_agent: Mutex<HashMap<String, HashSet<String>>>,
     /// Who is taking or settling whose mail: an agent's mail is not taken while it is being
-    /// settled, nor settled while a take of it is under way, so that no take finds some of
-    /// it gone for a moment, held by a settling.
+    /// settled, nor settled while a take of it is under way, as a take and a settling of
+    /// one row at one revision are both answered by the same mark (this bridge's).
     turns: Mutex<Turns>,
     /// Told when an agent's settling ends.
     settled: Notify,
@@ -128,18 +128,24 @@ impl UnsettledMail {
             let settled = self.settled.notified();
             let mut settled = std::pin::pin!(settled);
             settled.as_mut().enable();
-            {
-                let mut turns = lock(&self.turns);
-                if !turns.settling.contains_key(agent) {
-                    *turns.taking.entry(agent.to_owned()).or_default() += 1;
-                    return Taking {
-                        mail: self,
-                        agent: agent.to_owned(),
-                    };
-                }
+            if let Some(taking) = self.try_taking(agent) {
+                return taking;
             }
             settled.await;
         }
+    }
+
+    /// As `taking`, but `None` rather than wait while `agent`'s mail is being settled.
+    pub fn try_taking(&self, agent: &str) -> Option<Taking<'_>> {
+        let mut turns = lock(&self.turns);
+        if turns.settling.contains_key(agent) {
+            return None;
+        }
+        *turns.taking.entry(agent.to_owned()).or_default() += 1;
+        Some(Taking {
+            mail: self,
+            agent: agent.to_owned(),
+        })
     }
 
     /// Settles the mail noted so far with `settle` (which takes it again, and keeps again
@@ -252,8 +258,10 @@ mod tests {
             }
         });
         start.await.unwrap();
-        // Another agent's take goes on; this one's waits for the settling.
+        // Another agent's take goes on; this one's waits for the settling (or is refused
+        // for now: the expiry sweep's).
         drop(mail.taking("other").await);
+        assert!(mail.try_taking("away").is_none());
         let waiting = tokio::spawn({
             let mail = mail.clone();
             async move {

@@ -579,7 +579,7 @@ impl Grid {
             let expired = match self.db.take_expired(now, here_only).await {
                 // In a fleet, the bridge that takes an expired message from the fleet's
                 // queue tells its sender.
-                Ok(expired) => self.taken_from_fleet(expired).await.map(|mail| mail.taken),
+                Ok(expired) => self.taken_expired(expired).await,
                 Err(e) => Err(e),
             };
             let expired = match expired {

@@ -15,6 +15,7 @@
 //! mail taken and not delivered goes back over the take's mark (`SharedRecords::put_back`);
 //! and mail queued here for a program with a socket open here wakes that socket to take it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures_util::future::join_all;
@@ -225,42 +226,80 @@ impl Grid {
 
     /// Settles messages `ids` queued for `agent` (`UnsettledMail`, `settle_record`): each
     /// the fleet's record again, or dropped if another bridge took it. Mail whose ttl ran
-    /// out is left to the expiry sweep, which tells its sender.
+    /// out is left to the expiry sweep, which tells its sender. While NATS does not answer,
+    /// the rest waits for the next settling.
     async fn settle_queued(&self, agent: String, ids: Vec<String>) {
         let Some(records) = self.core.records() else {
             return;
         };
-        let settled = async {
-            let now = crate::core::now_ms();
-            for queued in self.db.queued_ids(&agent, ids).await? {
-                let Some(revision) = queued.fleet_revision else {
-                    continue;
-                };
-                if queued.message.expires_at.is_some_and(|at| at <= now) {
-                    continue;
-                }
-                let id = queued.message.message_id.clone();
-                let record = Record {
-                    agent: queued.agent,
-                    message: queued.message,
-                };
-                let value = serde_json::to_vec(&record).expect("a record encodes");
-                let key = key(&agent, &id);
+        let rows = match self.db.queued_ids(&agent, ids.clone()).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(error = %e, agent, "grid: cannot settle queued messages");
+                ids.iter().for_each(|id| self.unsettled.note(&agent, id));
+                return;
+            }
+        };
+        let now = crate::core::now_ms();
+        let mut rows = rows.into_iter();
+        while let Some(queued) = rows.next() {
+            let Some(revision) = queued.fleet_revision else {
+                continue;
+            };
+            if queued.message.expires_at.is_some_and(|at| at <= now) {
+                continue;
+            }
+            let id = queued.message.message_id.clone();
+            let record = Record {
+                agent: queued.agent,
+                message: queued.message,
+            };
+            let value = serde_json::to_vec(&record).expect("a record encodes");
+            let key = key(&agent, &id);
+            let applied =
                 match settle_record(records.as_ref(), QUEUE, &key, revision, value.into()).await {
-                    Settled::KeptAgain(revision) => self.apply_queued(record, revision).await?,
+                    Settled::KeptAgain(revision) => self.apply_queued(record, revision).await,
                     Settled::TakenElsewhere => {
                         (self.db)
-                            .forget_queued(agent.clone(), id, revision + 1)
-                            .await?
+                            .forget_queued(agent.clone(), id.clone(), revision + 1)
+                            .await
                     }
-                    Settled::Unsure => self.unsettled.note(&agent, &id),
-                }
+                    Settled::Unsure => {
+                        self.unsettled.note(&agent, &id);
+                        rows.for_each(|rest| self.unsettled.note(&agent, &rest.message.message_id));
+                        return;
+                    }
+                };
+            if let Err(e) = applied {
+                tracing::error!(error = %e, agent, "grid: cannot settle a queued message");
+                self.unsettled.note(&agent, &id);
             }
-            Ok::<_, StoreError>(())
-        };
-        if let Err(e) = settled.await {
-            tracing::error!(error = %e, agent, "grid: cannot settle queued messages");
         }
+    }
+
+    /// Of expired `candidates` (taken from this bridge's table), those also taken from the
+    /// fleet's records. Those of agents whose mail is being settled go back for the next
+    /// sweep: a settling and a take of one row are answered by the same mark.
+    pub(super) async fn taken_expired(
+        &self,
+        candidates: Vec<Queued>,
+    ) -> Result<Vec<Queued>, StoreError> {
+        let mut takes = HashMap::new();
+        let (mut now, mut later) = (Vec::new(), Vec::new());
+        for queued in candidates {
+            if !takes.contains_key(&queued.agent)
+                && let Some(taking) = self.unsettled.try_taking(&queued.agent)
+            {
+                takes.insert(queued.agent.clone(), taking);
+            }
+            if takes.contains_key(&queued.agent) {
+                now.push(queued);
+            } else {
+                later.push(queued);
+            }
+        }
+        self.db.restore(later).await?;
+        Ok(self.taken_from_fleet(now).await?.taken)
     }
 
     /// Writes `queued` back as the fleet's record over the mark its take at `taken_at`

@@ -84,9 +84,8 @@ pub enum Keeping {
     /// late copy of it).
     New,
     /// Taken from the inbox by this bridge and not delivered (its stream's client left
-    /// before reading it, or it is being settled): the fleet's record again over the mark
-    /// of its take at this revision (`SharedRecords::put_back`), or, with none, this
-    /// bridge's own again.
+    /// before reading it): the fleet's record again over the mark of its take at this
+    /// revision (`SharedRecords::put_back`), or, with none, this bridge's own again.
     Again(Option<Revision>),
 }
 
@@ -176,40 +175,57 @@ impl Synapse {
     }
 
     /// Settles messages `ids` of `agent`'s inbox (`UnsettledMail`, `settle_record`): each
-    /// the fleet's record again, or dropped if another bridge took it.
+    /// the fleet's record again, or dropped if another bridge took it. While NATS does not
+    /// answer, the rest waits for the next settling.
     async fn settle_inbox(&self, agent: String, ids: Vec<String>) {
         let Some(records) = self.core.records() else {
             return;
         };
-        let settled = async {
-            for row in self.db.inbox_ids(&agent, ids).await? {
-                let (Some(id), Some(revision)) = (row.message_id, row.fleet_revision) else {
-                    continue;
-                };
-                let key = key(&agent, &id);
-                let value = bytes::Bytes::from(row.message.clone());
-                match settle_record(records.as_ref(), INBOX, &key, revision, value).await {
-                    Settled::KeptAgain(revision) => {
-                        let db = &self.db;
-                        if db
-                            .apply_inbox(agent.clone(), id, row.message, revision)
-                            .await?
-                        {
+        let rows = match self.db.inbox_ids(&agent, ids.clone()).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(error = %e, agent, "synapse: cannot settle inbox messages");
+                ids.iter().for_each(|id| self.unsettled.note(&agent, id));
+                return;
+            }
+        };
+        let mut rows = rows.into_iter();
+        while let Some(row) = rows.next() {
+            let (Some(id), Some(revision)) = (row.message_id, row.fleet_revision) else {
+                continue;
+            };
+            let key = key(&agent, &id);
+            let value = bytes::Bytes::from(row.message.clone());
+            let applied = match settle_record(records.as_ref(), INBOX, &key, revision, value).await
+            {
+                Settled::KeptAgain(revision) => {
+                    let db = &self.db;
+                    let kept = db.apply_inbox(agent.clone(), id.clone(), row.message, revision);
+                    kept.await.map(|kept| {
+                        if kept {
                             self.inbox_kept(&agent);
                         }
-                    }
-                    Settled::TakenElsewhere => {
-                        (self.db)
-                            .forget_inbox(agent.clone(), id, revision + 1)
-                            .await?
-                    }
-                    Settled::Unsure => self.unsettled.note(&agent, &id),
+                    })
                 }
+                Settled::TakenElsewhere => {
+                    (self.db)
+                        .forget_inbox(agent.clone(), id.clone(), revision + 1)
+                        .await
+                }
+                Settled::Unsure => {
+                    self.unsettled.note(&agent, &id);
+                    for rest in rows {
+                        if let Some(rest) = &rest.message_id {
+                            self.unsettled.note(&agent, rest);
+                        }
+                    }
+                    return;
+                }
+            };
+            if let Err(e) = applied {
+                tracing::error!(error = %e, agent, "synapse: cannot settle an inbox message");
+                self.unsettled.note(&agent, &id);
             }
-            Ok::<_, StoreError>(())
-        };
-        if let Err(e) = settled.await {
-            tracing::error!(error = %e, agent, "synapse: cannot settle inbox messages");
         }
     }
 }
