@@ -31,12 +31,14 @@
 //! connection as a batch sees it); `sqlite.rs` opening the database and the reader pool;
 //! `checkpoint.rs`, `journal.rs`, `priority.rs` the threads and file they name;
 //! `messages.rs` (with `messages/`) the message log's tables and queries; `log.rs` the
-//! core's `MessageLog` on top of them.
+//! core's `MessageLog` on top of them; `mail_table.rs` what the endpoints' tables of fleet
+//! mail share.
 
 mod batch;
 mod checkpoint;
 mod journal;
 mod log;
+mod mail_table;
 mod message_body;
 mod messages;
 mod priority;
@@ -52,6 +54,8 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
+
+pub use mail_table::MailTable;
 
 use batch::Batch;
 use rounds::{JournalTail, Unapplied};

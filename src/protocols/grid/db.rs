@@ -4,7 +4,7 @@
 use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
-use crate::store::{Migration, Store, StoreError};
+use crate::store::{MailTable, Migration, Store, StoreError};
 
 pub static MIGRATIONS: &[Migration] = &[
     Migration {
@@ -92,34 +92,24 @@ pub static MIGRATIONS: &[Migration] = &[
     },
 ];
 
-/// Remembers, in the taking transaction, the fleet's records among `rows` as taken here
-/// (`LATE_COPY_WINDOW`), and forgets what was taken longer ago.
+/// The queue, as a table of fleet mail.
+const QUEUE: MailTable = MailTable {
+    name: "grid_queue",
+    agent: "agent",
+    taken: "grid_queue_taken",
+};
+
+/// Remembers, in the taking transaction, the fleet's records among `rows` as taken here.
 fn remember_taken(conn: &rusqlite::Connection, rows: &[Queued]) -> rusqlite::Result<()> {
-    if rows.iter().all(|row| row.fleet_revision.is_none()) {
-        return Ok(());
-    }
-    let now = crate::core::now_ms();
-    let window = crate::core::LATE_COPY_WINDOW.as_millis() as i64;
-    conn.prepare_cached("DELETE FROM grid_queue_taken WHERE taken_ms < ?1")?
-        .execute([now - window])?;
-    let mut stmt = conn.prepare_cached(
-        "INSERT INTO grid_queue_taken (agent, message_id, fleet_revision, taken_ms)
-         VALUES (?1, ?2, ?3, ?4)
-         ON CONFLICT (agent, message_id) DO UPDATE SET
-            fleet_revision = max(fleet_revision, excluded.fleet_revision),
-            taken_ms = excluded.taken_ms",
-    )?;
-    for row in rows {
-        if let Some(revision) = row.fleet_revision {
-            stmt.execute(params![
-                row.agent,
-                row.message.message_id,
-                revision as i64,
-                now
-            ])?;
-        }
-    }
-    Ok(())
+    let taken = rows.iter().filter_map(|row| {
+        let revision = row.fleet_revision?;
+        Some((
+            row.agent.as_str(),
+            row.message.message_id.as_str(),
+            revision,
+        ))
+    });
+    QUEUE.remember_taken(conn, taken)
 }
 
 /// A message to queue, for one program or several.
@@ -307,24 +297,14 @@ impl Db {
         let agent = agent.to_owned();
         self.store
             .read(move |conn| {
-                let mut stmt = conn.prepare_cached(&format!(
-                    "SELECT {QUEUED_COLUMNS} FROM grid_queue WHERE agent = ?1 AND message_id = ?2"
-                ))?;
-                let mut rows = Vec::new();
-                for id in ids {
-                    for row in stmt.query_map(params![agent, id], queued)? {
-                        rows.push(row?);
-                    }
-                }
+                let mut rows = QUEUE.rows_of(conn, QUEUED_COLUMNS, &agent, &ids, queued)?;
                 rows.sort_by_key(Queued::order);
                 Ok(rows)
             })
             .await
     }
 
-    /// Whether a row of `message_id` for `agent` from before `revision` is still here:
-    /// asked as the fleet's removal, at `revision`, of this bridge's own take is applied,
-    /// it is one put back after a take whose answer was lost.
+    /// `MailTable::holds_from_before`, for the queue.
     pub async fn holds_from_before(
         &self,
         agent: String,
@@ -332,13 +312,7 @@ impl Db {
         revision: u64,
     ) -> Result<bool, StoreError> {
         self.store
-            .read(move |conn| {
-                let mut stmt = conn.prepare_cached(
-                    "SELECT 1 FROM grid_queue WHERE agent = ?1 AND message_id = ?2
-                        AND fleet_revision < ?3",
-                )?;
-                Ok(stmt.exists(params![agent, message_id, revision as i64])?)
-            })
+            .read(move |conn| Ok(QUEUE.holds_from_before(conn, &agent, &message_id, revision)?))
             .await
     }
 

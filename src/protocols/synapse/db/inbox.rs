@@ -4,7 +4,7 @@
 use rusqlite::params;
 
 use super::Db;
-use crate::store::StoreError;
+use crate::store::{MailTable, StoreError};
 
 impl Db {
     /// Keeps `message` (its id `message_id`) in `agent_id`'s inbox, once: this bridge's
@@ -119,25 +119,14 @@ impl Db {
         let agent_id = agent_id.to_owned();
         self.store
             .read(move |conn| {
-                let mut stmt = conn.prepare_cached(&format!(
-                    "SELECT {INBOX_COLUMNS} FROM synapse_inbox
-                     WHERE agent_id = ?1 AND message_id = ?2"
-                ))?;
-                let mut rows = Vec::new();
-                for id in ids {
-                    for row in stmt.query_map(params![agent_id, id], inbox_row)? {
-                        rows.push(row?);
-                    }
-                }
+                let mut rows = INBOXES.rows_of(conn, INBOX_COLUMNS, &agent_id, &ids, inbox_row)?;
                 rows.sort_by_key(InboxRow::order);
                 Ok(rows)
             })
             .await
     }
 
-    /// Whether a row of `message_id` for `agent_id` from before `revision` is still here:
-    /// asked as the fleet's removal, at `revision`, of this bridge's own take is applied,
-    /// it is one put back after a take whose answer was lost.
+    /// `MailTable::holds_from_before`, for the inboxes.
     pub async fn holds_from_before(
         &self,
         agent_id: String,
@@ -146,11 +135,7 @@ impl Db {
     ) -> Result<bool, StoreError> {
         self.store
             .read(move |conn| {
-                let mut stmt = conn.prepare_cached(
-                    "SELECT 1 FROM synapse_inbox WHERE agent_id = ?1 AND message_id = ?2
-                        AND fleet_revision < ?3",
-                )?;
-                Ok(stmt.exists(params![agent_id, message_id, revision as i64])?)
+                Ok(INBOXES.holds_from_before(conn, &agent_id, &message_id, revision)?)
             })
             .await
     }
@@ -183,29 +168,20 @@ impl Db {
     }
 }
 
-/// Remembers, in the taking transaction, the fleet's records among `rows` as taken here
-/// (`LATE_COPY_WINDOW`), and forgets what was taken longer ago.
+/// The inboxes, as a table of fleet mail.
+const INBOXES: MailTable = MailTable {
+    name: "synapse_inbox",
+    agent: "agent_id",
+    taken: "synapse_inbox_taken",
+};
+
+/// Remembers, in the taking transaction, the fleet's records among `rows` as taken here.
 fn remember_taken(conn: &rusqlite::Connection, rows: &[InboxRow]) -> rusqlite::Result<()> {
-    if rows.iter().all(|row| row.fleet_revision.is_none()) {
-        return Ok(());
-    }
-    let now = crate::core::now_ms();
-    let window = crate::core::LATE_COPY_WINDOW.as_millis() as i64;
-    conn.prepare_cached("DELETE FROM synapse_inbox_taken WHERE taken_ms < ?1")?
-        .execute([now - window])?;
-    let mut stmt = conn.prepare_cached(
-        "INSERT INTO synapse_inbox_taken (agent_id, message_id, fleet_revision, taken_ms)
-         VALUES (?1, ?2, ?3, ?4)
-         ON CONFLICT (agent_id, message_id) DO UPDATE SET
-            fleet_revision = max(fleet_revision, excluded.fleet_revision),
-            taken_ms = excluded.taken_ms",
-    )?;
-    for row in rows {
-        if let (Some(id), Some(revision)) = (&row.message_id, row.fleet_revision) {
-            stmt.execute(params![row.agent_id, id, revision as i64, now])?;
-        }
-    }
-    Ok(())
+    let taken = rows.iter().filter_map(|row| {
+        let (id, revision) = (row.message_id.as_deref()?, row.fleet_revision?);
+        Some((row.agent_id.as_str(), id, revision))
+    });
+    INBOXES.remember_taken(conn, taken)
 }
 
 /// The columns of an `InboxRow`, in `inbox_row`'s order.
