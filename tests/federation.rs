@@ -914,6 +914,45 @@ async fn polled_ids(fleet: &Fleet, i: usize, agent: &str) -> Vec<String> {
         .collect()
 }
 
+/// Program `name`, known to bridge 0 and away, with messages `ids` sent to it through
+/// bridge 1 and queued in the fleet's records.
+async fn mail_queued_for_away_program(fleet: &Fleet, name: &str, ids: &[&str]) {
+    away_program(fleet, 0, name).await;
+    let sender = common::grid::GridHttp::new(fleet.nets[1].grid);
+    for id in ids {
+        sender.send(&grid_request(id, "sender", name)).await;
+    }
+    fleet.wait_records_in("grid-queue", ids.len()).await;
+}
+
+/// A Synapse agent known to `fleet`'s bridge `i` and away (its stream opened and closed):
+/// mail for it is kept (by that bridge, in the fleet's records) rather than sent.
+async fn away_synapse_agent(fleet: &Fleet, i: usize, name: &str) {
+    drop(common::synapse::Stream::open(fleet.nets[i].synapse, name).await);
+    for net in &fleet.nets {
+        let directory = &net.bridge.core().directory;
+        eventually("every bridge shows the agent away", async || {
+            directory.get(name).is_some_and(|a| !a.online)
+        })
+        .await;
+    }
+}
+
+/// The texts `agent` fetches from its inbox through `addr` (`ReceiveCallback`), or `None`
+/// when the bridge refuses the call (the agent's name held by another bridge).
+async fn inbox_texts(addr: std::net::SocketAddr, agent: &str) -> Option<Vec<String>> {
+    use common::synapse::{clients, text_of, with_meta};
+    let mut poller = clients(addr).await;
+    let request = with_meta((), &[("x-synapse-agent-id", agent)]);
+    let answer = poller.messages.receive_callback(request).await.ok()?;
+    let mut inbound = answer.into_inner();
+    let mut texts = Vec::new();
+    while let Some(Ok(message)) = futures_util::StreamExt::next(&mut inbound).await {
+        texts.push(text_of(&message));
+    }
+    Some(texts)
+}
+
 /// The fleet's record of mail `id` kept for `agent` in `table`, read from bridge `i`'s
 /// records: its key, and the record.
 async fn mail_record(
@@ -978,12 +1017,7 @@ async fn a_taken_record_is_its_takers_to_take_again_and_no_one_elses() {
 async fn a_take_whose_answer_was_lost_is_found_to_be_the_bridges_own() {
     use agentbridge::core::Expect;
     let fleet = Fleet::start(2).await;
-    away_program(&fleet, 0, "poller").await;
-    let sender = common::grid::GridHttp::new(fleet.nets[1].grid);
-    for id in ["q0", "q1"] {
-        sender.send(&grid_request(id, "sender", "poller")).await;
-    }
-    fleet.wait_records_in("grid-queue", 2).await;
+    mail_queued_for_away_program(&fleet, "poller", &["q0", "q1"]).await;
     let (q0, q0_record) = mail_record(&fleet, 0, "grid-queue", "poller", "q0").await;
     let (q1, q1_record) = mail_record(&fleet, 0, "grid-queue", "poller", "q1").await;
     let (q0_revision, q1_revision) = (q0_record.revision, q1_record.revision);
@@ -1030,26 +1064,15 @@ async fn a_take_whose_answer_was_lost_is_found_to_be_the_bridges_own() {
 #[tokio::test]
 async fn a_synapse_inbox_take_whose_answer_was_lost_is_the_bridges_own() {
     use agentbridge::core::Expect;
-    use agentbridge::protocols::synapse::proto::SendMessageRequest;
-    use common::synapse::{Stream, chat, clients, text_of, with_meta};
+    use common::synapse::{Stream, chat, clients, send};
     let fleet = Fleet::start(2).await;
-    let stream = Stream::open(fleet.nets[0].synapse, "inboxer").await;
-    fleet.wait_known(1, "inboxer").await;
-    drop(stream);
+    away_synapse_agent(&fleet, 0, "inboxer").await;
     drop(Stream::open(fleet.nets[0].synapse, "other").await);
-    let directory = &fleet.nets[1].bridge.core().directory;
-    eventually("b1 shows the agent away", async || {
-        directory.get("inboxer").is_some_and(|a| !a.online)
-    })
-    .await;
     let mut sender = clients(fleet.nets[1].synapse).await;
     for id in ["m0", "m1"] {
         let mut message = chat("writer", "inboxer", id);
         message.id = id.to_owned();
-        let request = SendMessageRequest {
-            message: Some(message),
-        };
-        sender.messages.send_message(request).await.unwrap();
+        send(&mut sender, message).await.unwrap();
     }
     fleet.wait_records_in("synapse-inbox", 2).await;
     let (m0, m0_record) = mail_record(&fleet, 0, "synapse-inbox", "inboxer", "m0").await;
@@ -1070,17 +1093,7 @@ async fn a_synapse_inbox_take_whose_answer_was_lost_is_the_bridges_own() {
     let value = prost::Message::encode_to_vec(&later).into();
     let kept = b1.write("synapse-inbox", &key, value, Expect::Unused).await;
     kept.unwrap();
-    let fetch = async |agent: &str| {
-        let mut poller = clients(fleet.nets[0].synapse).await;
-        let request = with_meta((), &[("x-synapse-agent-id", agent)]);
-        let answer = poller.messages.receive_callback(request).await.unwrap();
-        let mut inbound = answer.into_inner();
-        let mut texts = Vec::new();
-        while let Some(Ok(message)) = futures_util::StreamExt::next(&mut inbound).await {
-            texts.push(text_of(&message));
-        }
-        texts
-    };
+    let fetch = async |agent: &str| inbox_texts(fleet.nets[0].synapse, agent).await.unwrap();
     let mut got = Vec::new();
     eventually("b0 applied the mail kept after the marks", async || {
         got = fetch("other").await;
@@ -1098,10 +1111,7 @@ async fn a_synapse_inbox_take_whose_answer_was_lost_is_the_bridges_own() {
 #[tokio::test]
 async fn mail_whose_take_answer_was_lost_follows_its_program_to_another_bridge() {
     let mut fleet = Fleet::start(2).await;
-    away_program(&fleet, 0, "mover").await;
-    let sender = common::grid::GridHttp::new(fleet.nets[1].grid);
-    sender.send(&grid_request("q0", "sender", "mover")).await;
-    fleet.wait_records_in("grid-queue", 1).await;
+    mail_queued_for_away_program(&fleet, "mover", &["q0"]).await;
     let (q0, taken) = mail_record(&fleet, 0, "grid-queue", "mover", "q0").await;
     // A take by b0 whose answer b0's Grid never saw.
     let records = fleet.nets[0].bridge.core().records().unwrap();
@@ -1141,21 +1151,12 @@ async fn mail_whose_take_answer_was_lost_follows_its_program_to_another_bridge()
 /// again as the fleet's, and the agent, now polling another bridge, gets it there.
 #[tokio::test]
 async fn an_inbox_message_whose_take_answer_was_lost_follows_its_agent() {
-    use agentbridge::protocols::synapse::proto::SendMessageRequest;
-    use common::synapse::{Stream, chat, clients, text_of, with_meta};
+    use common::synapse::{chat, clients, send};
     let mut fleet = Fleet::start(2).await;
-    drop(Stream::open(fleet.nets[0].synapse, "mover").await);
-    let directory = &fleet.nets[1].bridge.core().directory;
-    eventually("b1 shows the agent away", async || {
-        directory.get("mover").is_some_and(|a| !a.online)
-    })
-    .await;
+    away_synapse_agent(&fleet, 0, "mover").await;
     let mut sender = clients(fleet.nets[1].synapse).await;
-    let request = SendMessageRequest {
-        message: Some(chat("writer", "mover", "kept")),
-    };
-    let id = sender.messages.send_message(request).await.unwrap();
-    let id = id.into_inner().message_id;
+    let id = send(&mut sender, chat("writer", "mover", "kept")).await;
+    let id = id.unwrap();
     fleet.wait_records_in("synapse-inbox", 1).await;
     let (key, taken) = mail_record(&fleet, 0, "synapse-inbox", "mover", &id).await;
     let records = fleet.nets[0].bridge.core().records().unwrap();
@@ -1173,15 +1174,8 @@ async fn an_inbox_message_whose_take_answer_was_lost_follows_its_agent() {
     moved_from.bridge.shutdown().await;
     let mut texts = Vec::new();
     eventually("the agent polls through b1", async || {
-        let mut poller = clients(fleet.nets[0].synapse).await;
-        let request = with_meta((), &[("x-synapse-agent-id", "mover")]);
-        let Ok(answer) = poller.messages.receive_callback(request).await else {
-            return false;
-        };
-        let mut inbound = answer.into_inner();
-        while let Some(Ok(message)) = futures_util::StreamExt::next(&mut inbound).await {
-            texts.push(text_of(&message));
-        }
+        let polled = inbox_texts(fleet.nets[0].synapse, "mover").await;
+        texts.extend(polled.unwrap_or_default());
         !texts.is_empty()
     })
     .await;
@@ -1195,10 +1189,7 @@ async fn an_inbox_message_whose_take_answer_was_lost_follows_its_agent() {
 async fn mail_taken_while_nats_is_away_is_delivered_once_when_it_is_back() {
     let mut cluster = Cluster::start(1).await;
     let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
-    away_program(&fleet, 0, "poller").await;
-    let sender = common::grid::GridHttp::new(fleet.nets[1].grid);
-    sender.send(&grid_request("q0", "sender", "poller")).await;
-    fleet.wait_records_in("grid-queue", 1).await;
+    mail_queued_for_away_program(&fleet, "poller", &["q0"]).await;
 
     let bridge = &fleet.nets[0].bridge;
     nats_goes_away(&mut cluster, bridge).await;
@@ -1218,10 +1209,7 @@ async fn mail_taken_while_nats_is_away_is_delivered_once_when_it_is_back() {
 async fn an_open_grid_socket_gets_the_mail_nats_held_back_once_it_is_back() {
     let mut cluster = Cluster::start(1).await;
     let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
-    away_program(&fleet, 0, "waiter").await;
-    let sender = common::grid::GridHttp::new(fleet.nets[1].grid);
-    sender.send(&grid_request("q0", "sender", "waiter")).await;
-    fleet.wait_records_in("grid-queue", 1).await;
+    mail_queued_for_away_program(&fleet, "waiter", &["q0"]).await;
 
     let bridge = &fleet.nets[0].bridge;
     nats_goes_away(&mut cluster, bridge).await;
@@ -1293,21 +1281,14 @@ async fn mail_kept_for_an_agent_whose_stream_is_open_reaches_the_stream() {
 /// once NATS is back.
 #[tokio::test]
 async fn an_open_synapse_stream_gets_the_inbox_nats_held_back_once_it_is_back() {
-    use agentbridge::protocols::synapse::proto::SendMessageRequest;
-    use common::synapse::{Stream, chat, clients, text_of};
+    use common::synapse::{Stream, chat, clients, send, text_of};
     let mut cluster = Cluster::start(1).await;
     let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
-    drop(Stream::open(fleet.nets[0].synapse, "inboxer").await);
-    let directory = &fleet.nets[1].bridge.core().directory;
-    eventually("b1 shows the agent away", async || {
-        directory.get("inboxer").is_some_and(|a| !a.online)
-    })
-    .await;
+    away_synapse_agent(&fleet, 0, "inboxer").await;
     let mut sender = clients(fleet.nets[1].synapse).await;
-    let request = SendMessageRequest {
-        message: Some(chat("writer", "inboxer", "kept")),
-    };
-    sender.messages.send_message(request).await.unwrap();
+    send(&mut sender, chat("writer", "inboxer", "kept"))
+        .await
+        .unwrap();
     fleet.wait_records_in("synapse-inbox", 1).await;
 
     let bridge = &fleet.nets[0].bridge;
@@ -1324,15 +1305,9 @@ async fn an_open_synapse_stream_gets_the_inbox_nats_held_back_once_it_is_back() 
 /// in order, and the agent polls it.
 #[tokio::test]
 async fn an_inbox_a_stream_took_and_left_unread_is_kept_again() {
-    use agentbridge::protocols::synapse::proto::SendMessageRequest;
-    use common::synapse::{Stream, chat, clients, narrow_channel, text_of, with_meta};
+    use common::synapse::{Stream, chat, clients, narrow_channel, send};
     let fleet = Fleet::start(2).await;
-    drop(Stream::open(fleet.nets[0].synapse, "inboxer").await);
-    let directory = &fleet.nets[1].bridge.core().directory;
-    eventually("b1 shows the agent away", async || {
-        directory.get("inboxer").is_some_and(|a| !a.online)
-    })
-    .await;
+    away_synapse_agent(&fleet, 0, "inboxer").await;
     // More than a stream on a narrow channel takes in unread (the HTTP/2 window, the
     // stream's output queue), so some of it is still at the bridge when the client leaves.
     let total = 40;
@@ -1341,10 +1316,8 @@ async fn an_inbox_a_stream_took_and_left_unread_is_kept_again() {
     // answered.
     let mut sender = clients(fleet.nets[0].synapse).await;
     for n in 0..total {
-        let request = SendMessageRequest {
-            message: Some(chat("writer", "inboxer", &format!("{n} {pad}"))),
-        };
-        sender.messages.send_message(request).await.unwrap();
+        let message = chat("writer", "inboxer", &format!("{n} {pad}"));
+        send(&mut sender, message).await.unwrap();
     }
     fleet.wait_records_in("synapse-inbox", total).await;
 
@@ -1354,14 +1327,12 @@ async fn an_inbox_a_stream_took_and_left_unread_is_kept_again() {
     drop(stream);
     let mut got: Vec<usize> = Vec::new();
     eventually("the agent polls the last of its inbox", async || {
-        let mut poller = clients(fleet.nets[0].synapse).await;
-        let request = with_meta((), &[("x-synapse-agent-id", "inboxer")]);
-        let answer = poller.messages.receive_callback(request).await.unwrap();
-        let mut inbound = answer.into_inner();
-        while let Some(Ok(message)) = futures_util::StreamExt::next(&mut inbound).await {
-            let text = text_of(&message);
-            got.push(text.split(' ').next().unwrap().parse().unwrap());
-        }
+        let texts = inbox_texts(fleet.nets[0].synapse, "inboxer").await.unwrap();
+        got.extend(
+            texts
+                .iter()
+                .map(|text| text.split(' ').next().unwrap().parse::<usize>().unwrap()),
+        );
         got.last() == Some(&(total - 1))
     })
     .await;
@@ -1409,8 +1380,7 @@ async fn fleet_mail_that_expires_while_nats_is_away_is_told_to_its_sender_when_i
 /// was sent to it after its bridge was killed and before the fleet took that bridge for gone.
 #[tokio::test]
 async fn a_synapse_agents_inbox_outlives_its_bridge() {
-    use agentbridge::protocols::synapse::proto::SendMessageRequest;
-    use common::synapse::{Stream, chat, clients, text_of, with_meta};
+    use common::synapse::{Stream, chat, clients};
 
     let fleet = Fleet::start(1).await;
     let dir = tempfile::tempdir().unwrap();
@@ -1426,10 +1396,8 @@ async fn a_synapse_agents_inbox_outlives_its_bridge() {
 
     let mut sender = clients(fleet.nets[0].synapse).await;
     let send = async |sender: &mut common::synapse::Clients, text: &str| {
-        let request = SendMessageRequest {
-            message: Some(chat("writer", "inboxer", text)),
-        };
-        sender.messages.send_message(request).await.unwrap();
+        let message = chat("writer", "inboxer", text);
+        common::synapse::send(sender, message).await.unwrap();
     };
     for n in 0..3 {
         send(&mut sender, &format!("m{n}")).await;
@@ -1448,15 +1416,10 @@ async fn a_synapse_agents_inbox_outlives_its_bridge() {
     // The agent fetches its inbox through b0 once b1's claim on its name lapses.
     let mut texts = Vec::new();
     eventually("the agent fetches its inbox through b0", async || {
-        let mut poller = clients(fleet.nets[0].synapse).await;
-        let request = with_meta((), &[("x-synapse-agent-id", "inboxer")]);
-        let Ok(answer) = poller.messages.receive_callback(request).await else {
+        let Some(polled) = inbox_texts(fleet.nets[0].synapse, "inboxer").await else {
             return false;
         };
-        let mut inbound = answer.into_inner();
-        while let Some(Ok(message)) = futures_util::StreamExt::next(&mut inbound).await {
-            texts.push(text_of(&message));
-        }
+        texts = polled;
         true
     })
     .await;
