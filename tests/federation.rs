@@ -1277,6 +1277,81 @@ async fn mail_kept_for_an_agent_whose_stream_is_open_reaches_the_stream() {
     fleet.shutdown().await;
 }
 
+/// A message sent live to a program that has just connected, which a bridge not yet
+/// seeing it there queued for it as well, reaches the program once: the socket takes the
+/// queued copy (so that no bridge keeps it) and does not send it again.
+#[tokio::test]
+async fn mail_queued_for_a_program_as_it_was_sent_live_is_not_sent_again() {
+    use agentbridge::core::Expect;
+    let fleet = Fleet::start(2).await;
+    let mut program = common::grid::GridWs::quiet(fleet.nets[0].grid, "arriving", None).await;
+    fleet.wait_known(1, "arriving").await;
+    let sender = common::grid::GridHttp::new(fleet.nets[1].grid);
+    sender
+        .send(&grid_request("both", "sender", "arriving"))
+        .await;
+    let live = program.next_message().await;
+    assert_eq!(live["id"], "both");
+    // As b1 would have queued it had it not seen the program online yet.
+    let record = serde_json::json!({
+        "agent": "arriving", "message_id": "both", "instance": null, "priority": 1,
+        "ts": 0, "expires_at": null, "body": live.to_string(),
+    });
+    let key = serde_json::to_string(&("arriving", "both")).unwrap();
+    let records = fleet.nets[1].bridge.core().records().unwrap();
+    let value = record.to_string().into_bytes().into();
+    (records.write("grid-queue", &key, value, Expect::Unused))
+        .await
+        .unwrap();
+    fleet.wait_records_in("grid-queue", 0).await;
+    sender
+        .send(&grid_request("after", "sender", "arriving"))
+        .await;
+    assert_eq!(program.next_message().await["id"], "after");
+    fleet.shutdown().await;
+}
+
+/// As a Grid socket: a message a Synapse stream was sent live as it opened, which a bridge
+/// not yet seeing the agent there kept in its inbox too, reaches the stream once, whichever
+/// copy comes first.
+#[tokio::test]
+async fn inbox_mail_kept_for_an_agent_as_it_was_streamed_live_is_not_sent_again() {
+    use agentbridge::core::Expect;
+    use common::synapse::{Stream, chat, clients, send, text_of};
+    let fleet = Fleet::start(2).await;
+    let mut stream = Stream::open(fleet.nets[0].synapse, "arriving").await;
+    fleet.wait_known(1, "arriving").await;
+    let records = fleet.nets[1].bridge.core().records().unwrap();
+    let keep = async |message: &agentbridge::protocols::synapse::proto::SynapseMessage| {
+        let key = serde_json::to_string(&("arriving", &message.id)).unwrap();
+        let value = prost::Message::encode_to_vec(message).into();
+        (records.write("synapse-inbox", &key, value, Expect::Unused))
+            .await
+            .unwrap();
+        fleet.wait_records_in("synapse-inbox", 0).await;
+    };
+    let mut sender = clients(fleet.nets[1].synapse).await;
+    // Live first, then kept.
+    send(&mut sender, chat("writer", "arriving", "live first"))
+        .await
+        .unwrap();
+    let live = stream.next().await;
+    assert_eq!(text_of(&live), "live first");
+    keep(&live).await;
+    // Kept first, then live.
+    let mut kept = chat("writer", "arriving", "kept first");
+    kept.id = uuid::Uuid::new_v4().to_string();
+    keep(&kept).await;
+    assert_eq!(text_of(&stream.next().await), "kept first");
+    send(&mut sender, kept).await.unwrap();
+
+    send(&mut sender, chat("writer", "arriving", "after"))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&stream.next().await), "after");
+    fleet.shutdown().await;
+}
+
 /// As a Grid socket: a Synapse stream opened while NATS was away gets the agent's inbox
 /// once NATS is back.
 #[tokio::test]

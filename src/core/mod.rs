@@ -1,6 +1,7 @@
 //! The protocol-agnostic heart of the bridge: the envelope, the directory of agents, the
 //! router with its mailboxes, and the correlation index. Nothing here knows a wire format.
 
+mod arriving;
 mod claims;
 mod correlation;
 mod delivery;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+pub use arriving::SentOnArrival;
 pub use claims::{ClaimFuture, Claiming, NameClaims};
 pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, TaskRequest, derived_uuid};
 pub use delivery::Delivery;

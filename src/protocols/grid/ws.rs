@@ -22,7 +22,8 @@ use super::{Grid, PROTOCOL, Source, translate};
 use tokio::time::Instant;
 
 use crate::core::{
-    Delivery, Envelope, Interest, Kind, LogError, Mailbox, Session, Status, TAKE_AGAIN_AFTER,
+    Delivery, Envelope, Interest, Kind, LogError, Mailbox, SentOnArrival, Session, Status,
+    TAKE_AGAIN_AFTER,
 };
 use crate::protocols::session::{self, Flow, Io, WsSession};
 use crate::shared::clock::iso8601;
@@ -72,6 +73,9 @@ struct Connection {
     /// Ids of the queued messages sent on connecting: a copy that also reached the
     /// mailbox (routed while the socket attached) is not sent twice.
     from_backlog: HashSet<String>,
+    /// What the socket sent live as it opened: a bridge not yet seeing the program here may
+    /// have queued it too, and that copy, taken, is not sent again.
+    sent_on_arrival: SentOnArrival,
     /// When to take again queued mail whose take NATS did not answer.
     take_again_at: Option<Instant>,
     /// Wakes the socket to take what was queued for its program while it is open (by
@@ -110,6 +114,7 @@ pub fn serve(
         identity: None,
         socket_id: 0,
         from_backlog: HashSet::new(),
+        sent_on_arrival: SentOnArrival::default(),
         take_again_at: None,
         wake: Arc::default(),
         unsent: Vec::new(),
@@ -202,10 +207,14 @@ impl WsSession for Connection {
         }
         // The YAML text from the message the hub may already have encoded.
         let grid = &self.grid;
-        delivery.encoded(PROTOCOL, |_| {
+        let frame = delivery.encoded(PROTOCOL, |_| {
             grid.encode(delivery)
                 .map(|m| Utf8Bytes::from(wire::to_yaml(&m)))
-        })
+        });
+        if frame.is_some() {
+            self.sent_on_arrival.sent(&delivery.envelope.id);
+        }
+        frame
     }
 
     /// Not lost with the socket: queued again when the connection ends.
@@ -287,6 +296,8 @@ impl Connection {
             self.wake.clone(),
         );
         self.socket_id = socket_id;
+        let fleet = self.grid.core.records().is_some();
+        self.sent_on_arrival = SentOnArrival::opening(fleet);
         let session = self.grid.core.router.attach(
             &party.agent,
             self.grid.core.router.mailbox(PROTOCOL),
@@ -375,6 +386,10 @@ impl Connection {
         };
         let mut rest = backlog.into_iter();
         while let Some(queued) = rest.next() {
+            let id = &queued.message.message_id;
+            if self.sent_on_arrival.was_sent(id) {
+                continue; // taken, so that it is kept nowhere, and sent once, live
+            }
             let Ok(message) = serde_json::from_str::<Value>(&queued.message.body) else {
                 continue;
             };

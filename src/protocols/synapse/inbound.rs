@@ -16,8 +16,8 @@ use super::shared_inbox::Keeping;
 use super::{PROTOCOL, Synapse, translate, wire};
 use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
 use crate::core::{
-    Audience, Delivery, Envelope, InFlight, Interest, Kind, Revision, Staged, TAKE_AGAIN_AFTER,
-    TakenMail, new_message_id, now_ms,
+    Audience, Delivery, Envelope, InFlight, Interest, Kind, Revision, SentOnArrival, Staged,
+    TAKE_AGAIN_AFTER, TakenMail, new_message_id, now_ms,
 };
 use crate::protocols::endpoint::Translation;
 use crate::telemetry;
@@ -285,7 +285,10 @@ impl Synapse {
         let _counted = telemetry::ConnectionGuard::new(PROTOCOL);
         // The steps run once a stream (reading the inbox, closing) are boxed: inline, their
         // futures sized the task of every idle stream.
-        let mut backlog = Backlog::default();
+        let mut backlog = Backlog {
+            sent_on_arrival: SentOnArrival::opening(self.core.records().is_some()),
+            ..Backlog::default()
+        };
         let mut unsent = match Box::pin(self.send_backlog(&stream, &out.tx, &mut backlog)).await {
             Ok(()) => Vec::new(),
             Err(unsent) => unsent,
@@ -310,7 +313,11 @@ impl Synapse {
         for taken in &mail.taken {
             (backlog.taken).insert(taken.message.id.clone(), taken.taken_at);
         }
-        let mut taken = mail.taken.into_iter().map(|taken| taken.message);
+        // One it sent live is taken, so that it is kept nowhere, and not sent again.
+        let sent = &backlog.sent_on_arrival;
+        let mut taken = (mail.taken.into_iter())
+            .map(|taken| taken.message)
+            .filter(|message| !sent.was_sent(&message.id));
         while let Some(message) = taken.next() {
             if let Err(refused) = out.send(message).await {
                 return Err(refused.into_iter().chain(taken).collect());
@@ -396,7 +403,13 @@ impl Synapse {
                     let Ok(delivery) = next else { break Vec::new() };
                     let Some(message) = self.encode(&delivery) else { continue };
                     match self.route_for(&stream.agent, true) {
+                        // Sent from the inbox already: kept by a bridge that did not yet
+                        // see the agent here, and taken before this copy came.
+                        Route::Stream if backlog.taken.contains_key(&message.id) => {
+                            delivery.mark_written();
+                        }
                         Route::Stream => {
+                            backlog.sent_on_arrival.sent(&message.id);
                             if let Err(refused) = out.send(message).await {
                                 break refused.into_iter().collect();
                             }
@@ -581,6 +594,9 @@ struct Backlog {
     taken: HashMap<String, Option<Revision>>,
     /// When to take again what a take NATS did not answer left in the inbox.
     retake_at: Option<Timer>,
+    /// What the stream sent live as it opened: a bridge not yet seeing the agent here may
+    /// have kept it in the inbox too, and that copy, taken, is not sent again.
+    sent_on_arrival: SentOnArrival,
 }
 
 /// A stream's wait before it takes its backlog again: boxed, as it is rare and every idle

@@ -1,0 +1,109 @@
+//! What a connection sent live while the rest of the fleet may not yet see its agent here.
+//!
+//! A bridge keeps mail for an agent it takes for away — its own, offline, or one a gone
+//! bridge held — until the agent's presence on another bridge reaches it. So when an
+//! agent connects to one bridge, a message for it in that moment is sent live by this
+//! bridge and may also be kept as the agent's mail by another that does not see it here
+//! yet. The connection takes that mail in its turn (woken to, or when it next takes its
+//! backlog) and must not send it twice: it remembers the ids it sent live in its first
+//! `ARRIVAL_WINDOW`, and mail taken with one of those ids is dropped — taken, so that no
+//! bridge keeps it, and not sent.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+/// How long after a connection opens its live messages are remembered: far longer than
+/// the fleet takes to see its agent's presence (a KV watch, milliseconds), so that no
+/// bridge still keeps mail for the agent once it ends.
+pub const ARRIVAL_WINDOW: Duration = Duration::from_secs(10);
+
+/// The most ids one connection remembers: what it is sent in the fleet's first moments
+/// after it opens is far fewer, even under load.
+const MOST_REMEMBERED: usize = 4_096;
+
+/// The ids a connection sent live in its first `ARRIVAL_WINDOW`, in a fleet. Boxed, and
+/// none outside a fleet: every idle connection holds one.
+#[derive(Default)]
+pub struct SentOnArrival(Option<Box<Arriving>>);
+
+struct Arriving {
+    /// Until when live messages are remembered; none once that has passed.
+    until: Option<Instant>,
+    ids: HashSet<String>,
+}
+
+impl SentOnArrival {
+    /// For a connection opening now: one of a fleet remembers, one of a bridge alone does
+    /// not (it keeps mail only while its agent is away, and no other bridge does).
+    pub fn opening(fleet: bool) -> Self {
+        SentOnArrival(fleet.then(|| {
+            Box::new(Arriving {
+                until: Some(Instant::now() + ARRIVAL_WINDOW),
+                ids: HashSet::new(),
+            })
+        }))
+    }
+
+    /// Notes that message `id` was sent live.
+    pub fn sent(&mut self, id: &str) {
+        let Some(arriving) = &mut self.0 else {
+            return;
+        };
+        let Some(until) = arriving.until else {
+            return;
+        };
+        if Instant::now() >= until || arriving.ids.len() >= MOST_REMEMBERED {
+            arriving.until = None;
+            return;
+        }
+        arriving.ids.insert(id.to_owned());
+    }
+
+    /// Whether message `id` was sent live: mail with that id is a second copy.
+    pub fn was_sent(&self, id: &str) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|arriving| arriving.ids.contains(id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_of_a_fleet_remembers_what_it_sent_on_arrival() {
+        let mut sent = SentOnArrival::opening(true);
+        sent.sent("m1");
+        assert!(sent.was_sent("m1"));
+        assert!(!sent.was_sent("m2"));
+    }
+
+    #[test]
+    fn a_connection_of_a_bridge_alone_remembers_nothing() {
+        let mut sent = SentOnArrival::opening(false);
+        sent.sent("m1");
+        assert!(!sent.was_sent("m1"));
+    }
+
+    #[test]
+    fn what_is_sent_after_the_window_is_not_remembered() {
+        let mut sent = SentOnArrival::opening(true);
+        sent.sent("early");
+        let arriving = sent.0.as_mut().unwrap();
+        arriving.until = Some(Instant::now() - Duration::from_millis(1));
+        sent.sent("late");
+        assert!(sent.was_sent("early"));
+        assert!(!sent.was_sent("late"));
+    }
+
+    #[test]
+    fn at_most_so_many_ids_are_remembered() {
+        let mut sent = SentOnArrival::opening(true);
+        for i in 0..MOST_REMEMBERED + 10 {
+            sent.sent(&i.to_string());
+        }
+        assert!(sent.was_sent("0"));
+        assert!(!sent.was_sent(&MOST_REMEMBERED.to_string()));
+    }
+}
