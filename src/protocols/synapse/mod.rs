@@ -17,11 +17,13 @@ mod groups;
 mod inbound;
 mod json;
 mod outbound;
+mod outlet;
 pub mod proto;
 mod services;
 mod shared_groups;
 mod shared_inbox;
 mod shared_tasks;
+mod stream;
 mod tasks;
 /// SynapseMessage ⇄ Envelope; public for `benches/translate.rs`.
 pub mod translate;

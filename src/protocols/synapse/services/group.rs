@@ -4,13 +4,13 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::SynapseApi;
 use super::message::MessageStream;
-use crate::protocols::synapse::inbound::StreamKind;
 use crate::protocols::synapse::proto::group_service_server::GroupService;
 use crate::protocols::synapse::proto::{
     CreateGroupRequest, CreateGroupResponse, DisbandGroupRequest, DisbandGroupResponse,
     JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse,
     ListGroupMembersRequest, ListGroupMembersResponse, SynapseMessage,
 };
+use crate::protocols::synapse::stream::StreamKind;
 
 #[tonic::async_trait]
 impl GroupService for SynapseApi {

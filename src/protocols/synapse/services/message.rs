@@ -7,11 +7,11 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::SynapseApi;
 use crate::protocols::synapse::agents::AGENT_HEADER;
-use crate::protocols::synapse::inbound::{self, StreamKind};
 use crate::protocols::synapse::proto::synapse_message_service_server::SynapseMessageService;
 use crate::protocols::synapse::proto::{
     AgentEndpoint, SendMessageRequest, SendMessageResponse, SynapseMessage,
 };
+use crate::protocols::synapse::{outlet, stream::StreamKind};
 
 pub type MessageStream = Pin<Box<dyn Stream<Item = Result<SynapseMessage, Status>> + Send>>;
 
@@ -30,7 +30,7 @@ impl SynapseApi {
     ) -> Result<Response<MessageStream>, Status> {
         let hints = self.hints(request.metadata())?;
         let inbound = request.into_inner();
-        let (outlet, outgoing) = inbound::outlet(STREAM_BUFFER);
+        let (outlet, outgoing) = outlet::outlet(STREAM_BUFFER);
         let synapse = self.synapse.clone();
         match hints.agent_id.clone() {
             // Connected before the call is answered, so anything sent to the agent once it

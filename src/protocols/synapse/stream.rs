@@ -1,0 +1,497 @@
+//! How an agent's open stream (`StreamMessages`, `StreamGroupMessages`) is served: what
+//! waited in its inbox first, then its traffic both ways; and, as it closes, what it held
+//! and the client never read goes where the agent's messages go while it is away.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio_stream::StreamExt;
+use tonic::{Status, Streaming};
+
+use super::agents::{AGENT_HEADER, Hints, not_stored};
+use super::outbound::{FromInbox, Route};
+use super::outlet::{Outlet, StreamSender};
+use super::proto::SynapseMessage;
+use super::shared_inbox::Keeping;
+use super::{PROTOCOL, Synapse, translate};
+use crate::core::{
+    Audience, Envelope, InFlight, Interest, Kind, Revision, SentOnArrival, TAKE_AGAIN_AFTER,
+    TakenMail,
+};
+use crate::telemetry;
+
+/// Which traffic a stream carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamKind {
+    /// `StreamMessages`: everything addressed to the agent (group traffic too, unless the
+    /// agent also holds a group stream).
+    Messages,
+    /// `StreamGroupMessages`: the traffic of the agent's groups.
+    Groups,
+}
+
+impl Synapse {
+    /// Connects an open stream of `agent` to the router (before the call is answered, so
+    /// anything sent to the agent after it sees the stream open reaches the stream).
+    pub async fn attach_stream(self: &Arc<Self>, agent: &str, kind: StreamKind) -> OpenStream {
+        let mailbox = self.core.router.mailbox(PROTOCOL);
+        let session = self.core.router.attach(
+            agent,
+            mailbox.clone(),
+            Arc::new(StreamInterest {
+                agent: agent.to_owned(),
+                kind,
+                synapse: Arc::downgrade(self),
+            }),
+        );
+        let wake = match kind {
+            StreamKind::Messages => self.stream_opened(agent).await,
+            StreamKind::Groups => {
+                *self.group_streams.entry(agent.to_owned()).or_insert(0) += 1;
+                Arc::default()
+            }
+        };
+        OpenStream {
+            agent: agent.to_owned(),
+            kind,
+            mailbox,
+            session,
+            wake,
+        }
+    }
+
+    /// Serves a stream that names its agent in its first message: waits for that message,
+    /// registers its sender, connects the stream, then serves it. A stream that ends first,
+    /// or whose first message names no sender, ends with the error.
+    pub async fn identify_and_serve(
+        self: Arc<Self>,
+        kind: StreamKind,
+        mut inbound: Streaming<SynapseMessage>,
+        hints: Hints,
+        out: Outlet,
+    ) {
+        let first = tokio::select! {
+            _ = self.shutdown.cancelled() => return,
+            _ = out.tx.closed() => return,
+            first = Box::pin(self.identify(&mut inbound, &hints)) => first,
+        };
+        match first {
+            Ok((agent, first)) => {
+                let attached = Box::pin(self.attach_stream(&agent, kind)).await;
+                self.serve_stream(attached, Some(Box::new(first)), inbound, hints, out)
+                    .await;
+            }
+            Err(status) => {
+                out.tx.fail(status).await;
+            }
+        }
+    }
+
+    /// The first message of a stream and the agent it names (registered).
+    async fn identify(
+        &self,
+        inbound: &mut Streaming<SynapseMessage>,
+        hints: &Hints,
+    ) -> Result<(String, SynapseMessage), Status> {
+        let first = inbound.next().await.ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "the stream ended before identifying its agent (send {AGENT_HEADER} metadata or a first message)"
+            ))
+        })??;
+        let sender = first
+            .sender
+            .clone()
+            .filter(|s| !s.agent_id.is_empty())
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "the first message must name message.sender.agent_id (or send {AGENT_HEADER} metadata)"
+                ))
+            })?;
+        self.ensure_agent(&sender, hints, "message.sender").await?;
+        Ok((sender.agent_id, first))
+    }
+
+    /// Serves an attached stream: first the agent's backlog, then its messages in and what
+    /// is addressed to it out, until either side closes; then closes it without losing
+    /// what it still held.
+    pub async fn serve_stream(
+        self: Arc<Self>,
+        stream: OpenStream,
+        first: Option<Box<SynapseMessage>>,
+        inbound: Streaming<SynapseMessage>,
+        hints: Hints,
+        out: Outlet,
+    ) {
+        let _counted = telemetry::ConnectionGuard::new(PROTOCOL);
+        // The steps run once a stream (reading the inbox, closing) are boxed: inline, their
+        // futures sized the task of every idle stream.
+        let mut backlog = Backlog {
+            sent_on_arrival: SentOnArrival::opening(self.core.records().is_some()),
+            ..Backlog::default()
+        };
+        let mut unsent = match Box::pin(self.send_backlog(&stream, &out.tx, &mut backlog)).await {
+            Ok(()) => Vec::new(),
+            Err(unsent) => unsent,
+        };
+        // Relayed even when the client left during the backlog: the message it opened the
+        // stream with is stored and routed, and the relay ends at once on a closed output.
+        let relayed = self.relay(&stream, first, inbound, &hints, &out.tx, &mut backlog);
+        unsent.extend(relayed.await);
+        Box::pin(self.close_stream(stream, out, unsent, backlog.taken)).await;
+    }
+
+    /// Takes the agent's backlog and sends it; `Err` with what the client did not take (it
+    /// left).
+    async fn send_backlog(
+        &self,
+        stream: &OpenStream,
+        out: &StreamSender,
+        backlog: &mut Backlog,
+    ) -> Result<(), Vec<SynapseMessage>> {
+        let mail = self.backlog(&stream.agent, stream.kind).await;
+        backlog.retake_at = mail.retake.then(take_again_timer);
+        for taken in &mail.taken {
+            (backlog.taken).insert(taken.message.id.clone(), taken.taken_at);
+        }
+        // One it sent live is taken, so that it is kept nowhere, and not sent again.
+        let sent = &backlog.sent_on_arrival;
+        let mut taken = (mail.taken.into_iter())
+            .map(|taken| taken.message)
+            .filter(|message| !sent.was_sent(&message.id));
+        while let Some(message) = taken.next() {
+            if let Err(refused) = out.send(message).await {
+                return Err(refused.into_iter().chain(taken).collect());
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes again, for a stream still open, the agent's inbox (as `send_backlog`): what a
+    /// take NATS did not answer left in it, once NATS is back, and what was kept in it
+    /// while the stream is open.
+    async fn take_again(
+        &self,
+        stream: &OpenStream,
+        out: &StreamSender,
+        backlog: &mut Backlog,
+    ) -> Result<(), Vec<SynapseMessage>> {
+        let away = (self.core.records()).is_some_and(|records| !records.reachable());
+        // Rather than wait, with the stream's relay, for a settling of the agent's mail.
+        if away || self.unsettled.is_settling(&stream.agent) {
+            backlog.retake_at = Some(take_again_timer());
+            return Ok(());
+        }
+        self.send_backlog(stream, out, backlog).await
+    }
+
+    /// The stream's traffic both ways until either side closes, and the backlog taken again
+    /// when its timer runs out. Returns the messages a departed client could not take.
+    /// Messages the client sent are stored while it sends more and routed in order once
+    /// durable; those still being stored when the stream ends are delivered all the same.
+    async fn relay(
+        &self,
+        stream: &OpenStream,
+        first: Option<Box<SynapseMessage>>,
+        mut inbound: Streaming<SynapseMessage>,
+        hints: &Hints,
+        out: &StreamSender,
+        backlog: &mut Backlog,
+    ) -> Vec<SynapseMessage> {
+        // With each message being stored, what a refusal needs to answer it.
+        let mut storing: InFlight<SynapseMessage> = InFlight::new();
+        // Steps with a message in hand (storing one, settling at the end) are boxed, and
+        // the first message too: inline, each sized the task of every idle stream.
+        if let Some(msg) = first {
+            Box::pin(self.accept_from_stream(*msg, stream.kind, hints, out, &mut storing)).await;
+        }
+        // Made once, as the WebSocket session loop makes its own (`protocols/session.rs`).
+        let shutdown = self.shutdown.cancelled();
+        let mut shutdown = std::pin::pin!(shutdown);
+        let closed = out.closed();
+        let mut closed = std::pin::pin!(closed);
+        // Armed once and again after each wake-up, not every turn (`protocols/session.rs`
+        // says why).
+        let woken = stream.wake.notified();
+        let mut woken = std::pin::pin!(woken);
+        let left = loop {
+            tokio::select! {
+                _ = &mut shutdown => break Vec::new(),
+                _ = &mut closed => break Vec::new(),
+                () = run_out(&mut backlog.retake_at) => {
+                    if let Err(unsent) = Box::pin(self.take_again(stream, out, backlog)).await {
+                        break unsent;
+                    }
+                }
+                () = &mut woken => {
+                    woken.set(stream.wake.notified());
+                    if let Err(unsent) = Box::pin(self.take_again(stream, out, backlog)).await {
+                        break unsent;
+                    }
+                }
+                Some((stored, sent)) = storing.next(), if !storing.is_empty() => {
+                    if let Some(refusal) = self.on_stored(stored, out) {
+                        Box::pin(self.refuse_on_stream(&sent, &refusal, out)).await;
+                    }
+                }
+                next = inbound.next(), if storing.has_room() => match next {
+                    Some(Ok(msg)) => {
+                        Box::pin(self.accept_from_stream(msg, stream.kind, hints, out, &mut storing)).await;
+                    }
+                    _ => break Vec::new(),
+                },
+                next = stream.mailbox.recv() => {
+                    let Ok(delivery) = next else { break Vec::new() };
+                    let Some(message) = self.encode(&delivery) else { continue };
+                    match self.route_for(&stream.agent, true) {
+                        // Sent from the inbox already: kept by a bridge that did not yet
+                        // see the agent here, and taken before this copy came.
+                        Route::Stream if backlog.taken.contains_key(&message.id) => {
+                            delivery.mark_written();
+                        }
+                        Route::Stream => {
+                            backlog.sent_on_arrival.sent(&message.id);
+                            if let Err(refused) = out.send(message).await {
+                                break refused.into_iter().collect();
+                            }
+                            delivery.written_to(PROTOCOL);
+                        }
+                        other => self.send_by(&stream.agent, other, message),
+                    }
+                },
+            }
+        };
+        Box::pin(self.settle(&mut storing, out)).await;
+        left
+    }
+
+    /// Waits for every message the stream has being stored, and settles each in order.
+    async fn settle(&self, storing: &mut InFlight<SynapseMessage>, out: &StreamSender) {
+        while let Some((stored, sent)) = storing.next().await {
+            if let Some(refusal) = self.on_stored(stored, out) {
+                self.refuse_on_stream(&sent, &refusal, out).await;
+            }
+        }
+    }
+
+    /// A message the stream sent is durable, and routed now; or it could not be stored,
+    /// and the refusal to nack it with is returned, if the client still reads. Not async:
+    /// the stream's loop boxes the rare refusal, which inline sized the task of every idle
+    /// stream.
+    fn on_stored(
+        &self,
+        stored: Result<Envelope, crate::core::LogError>,
+        out: &StreamSender,
+    ) -> Option<Status> {
+        match stored {
+            Ok(env) => {
+                self.core.route(env);
+                None
+            }
+            Err(e) => (!out.is_closed()).then(|| not_stored(e)),
+        }
+    }
+
+    /// Disconnects a stream. What it held and the client never read — its unread output,
+    /// `unsent`, its mailbox — goes where the agent's messages go while it is offline, in
+    /// that order (oldest first), before the client sees the stream end.
+    async fn close_stream(
+        self: &Arc<Self>,
+        stream: OpenStream,
+        out: Outlet,
+        unsent: Vec<SynapseMessage>,
+        from_backlog: HashMap<String, Option<Revision>>,
+    ) {
+        let OpenStream {
+            agent,
+            kind,
+            mailbox,
+            session,
+            wake: _,
+        } = stream;
+        let Outlet { tx, unread } = out;
+        let mut held = Vec::new();
+        if tx.is_closed() {
+            // The client is gone: its output came back when tonic dropped it.
+            held.extend(unread.await.unwrap_or_default());
+        } else {
+            // The bridge ends the stream: the client still reads what is queued, and only
+            // what it leaves unread when it goes comes back, later.
+            let synapse = self.clone();
+            let agent = agent.clone();
+            let from_backlog = from_backlog.clone();
+            tokio::spawn(async move {
+                for message in unread.await.unwrap_or_default() {
+                    synapse.send_back(&agent, message, &from_backlog);
+                }
+            });
+        }
+        held.extend(unsent);
+        self.drain(&mailbox, &mut held);
+        self.core.router.detach(&session);
+        // A message routed while detaching may have landed after the first drain.
+        self.drain(&mailbox, &mut held);
+        for message in held {
+            self.send_back(&agent, message, &from_backlog);
+        }
+        drop(tx);
+        match kind {
+            StreamKind::Messages => self.stream_closed(&agent).await,
+            StreamKind::Groups => {
+                if let Some(mut count) = self.group_streams.get_mut(&agent) {
+                    *count = count.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    /// Moves what waits in a closing stream's mailbox into `held`, encoded.
+    fn drain(&self, mailbox: &crate::core::Mailbox, held: &mut Vec<SynapseMessage>) {
+        // `take_left`, not `try_recv`: a mailbox closed by an overflow still holds them.
+        for delivery in mailbox.take_left() {
+            if let Some(message) = self.encode(&delivery) {
+                held.push(message);
+                delivery.written_to(PROTOCOL);
+            }
+        }
+    }
+
+    /// Sends on what a closed stream did not deliver: what it took from the inbox
+    /// (`from_backlog`) goes back there, the rest the way `agent` is reached with no
+    /// stream open.
+    fn send_back(
+        &self,
+        agent: &str,
+        message: SynapseMessage,
+        from_backlog: &HashMap<String, Option<Revision>>,
+    ) {
+        match from_backlog.get(&message.id) {
+            Some(&taken_at) => self.outbound.keep(agent, message, Keeping::Again(taken_at)),
+            None => self.send_offline(agent, message),
+        }
+    }
+
+    /// Sends `message` to `agent` the way it is reached with no stream open.
+    fn send_offline(&self, agent: &str, message: SynapseMessage) {
+        let route = self.route_for(agent, false);
+        self.send_by(agent, route, message);
+    }
+
+    /// What waited in the agent's inbox while it was away, oldest first, for a stream that
+    /// is now its way in. The messages leave the inbox as they are taken.
+    async fn backlog(&self, agent: &str, kind: StreamKind) -> TakenMail<FromInbox> {
+        // A group stream carries group traffic only; an agent that polls or takes callbacks
+        // keeps its inbox for those.
+        if kind != StreamKind::Messages || self.route_for(agent, true) != Route::Stream {
+            return TakenMail::all(Vec::new());
+        }
+        self.take_inbox(agent).await.unwrap_or_else(|status| {
+            tracing::error!(agent, error = %status.message(), "synapse: cannot read the inbox");
+            TakenMail::all(Vec::new())
+        })
+    }
+
+    async fn accept_from_stream(
+        &self,
+        msg: SynapseMessage,
+        kind: StreamKind,
+        hints: &Hints,
+        out: &StreamSender,
+        storing: &mut InFlight<SynapseMessage>,
+    ) {
+        if kind == StreamKind::Groups && msg.group_id.is_empty() {
+            let status =
+                Status::invalid_argument("message.group_id is required on StreamGroupMessages");
+            return self.refuse_on_stream(&msg, &status, out).await;
+        }
+        let sent = translate::answerable(&msg);
+        // A synchronous send is routed at once: what the stream sent before it goes first.
+        let receiver = msg.receiver.as_ref().map(|r| r.agent_id.as_str());
+        if !storing.is_empty()
+            && self.sends_synchronously(receiver.filter(|r| !r.is_empty()), hints)
+        {
+            self.settle(storing, out).await;
+        }
+        match self.stage(msg, hints).await {
+            Ok((_, None)) => {}
+            Ok((_, Some(staged))) => storing.push(staged, sent),
+            Err(status) => self.refuse_on_stream(&sent, &status, out).await,
+        }
+    }
+
+    /// Answers a refused message in the stream's own terms: the stream itself stays open.
+    async fn refuse_on_stream(&self, msg: &SynapseMessage, why: &Status, out: &StreamSender) {
+        telemetry::decode_error(PROTOCOL);
+        let _ = out.send(self.nack(msg, why)).await;
+    }
+}
+
+/// The agent's inbox as one stream takes it.
+#[derive(Default)]
+struct Backlog {
+    /// The messages the stream took, by id, each with the revision of the fleet's record
+    /// it was taken at: one its client leaves unread goes back into the inbox over its
+    /// take rather than being kept anew (which a message already taken is not).
+    taken: HashMap<String, Option<Revision>>,
+    /// When to take again what a take NATS did not answer left in the inbox.
+    retake_at: Option<Timer>,
+    /// What the stream sent live as it opened: a bridge not yet seeing the agent here may
+    /// have kept it in the inbox too, and that copy, taken, is not sent again.
+    sent_on_arrival: SentOnArrival,
+}
+
+/// A stream's wait before it takes its backlog again: boxed, as it is rare and every idle
+/// stream's task would hold it inline.
+type Timer = std::pin::Pin<Box<tokio::time::Sleep>>;
+
+fn take_again_timer() -> Timer {
+    Box::pin(tokio::time::sleep(TAKE_AGAIN_AFTER))
+}
+
+/// Resolves when `timer` runs out; never without one.
+async fn run_out(timer: &mut Option<Timer>) {
+    match timer {
+        Some(timer) => timer.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A stream connected to the router, waiting to be served.
+pub struct OpenStream {
+    agent: String,
+    kind: StreamKind,
+    mailbox: Arc<crate::core::Mailbox>,
+    session: Arc<crate::core::Session>,
+    /// Wakes the stream to take what was kept in the agent's inbox while it is open.
+    wake: Arc<tokio::sync::Notify>,
+}
+
+/// What an open stream of `agent` takes.
+struct StreamInterest {
+    agent: String,
+    kind: StreamKind,
+    synapse: std::sync::Weak<Synapse>,
+}
+
+impl Interest for StreamInterest {
+    fn accepts(&self, env: &Envelope) -> bool {
+        let group = matches!(env.audience, Audience::Group(_));
+        match self.kind {
+            StreamKind::Groups => group,
+            StreamKind::Messages => {
+                if env.kind == Kind::PresenceStatus {
+                    return false;
+                }
+                // Group traffic goes to the group stream when the agent holds one.
+                !group
+                    || self
+                        .synapse
+                        .upgrade()
+                        .is_none_or(|s| s.group_streams.get(&self.agent).is_none_or(|c| *c == 0))
+            }
+        }
+    }
+
+    fn can_observe(&self) -> bool {
+        false
+    }
+}
