@@ -1277,6 +1277,31 @@ async fn mail_kept_for_an_agent_whose_stream_is_open_reaches_the_stream() {
     fleet.shutdown().await;
 }
 
+/// A write whose answer NATS did not give in time, but which reached the stream, is the
+/// writer's all the same: it is read back, rather than refused to the client while the
+/// fleet holds it (and what it was to set off never done).
+#[tokio::test]
+async fn a_write_that_landed_without_its_answer_is_the_writers() {
+    use agentbridge::core::Expect;
+    let cluster = Cluster::start(1).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 1, QUICK).await;
+    let records = fleet.nets[0].bridge.core().records().unwrap();
+    let value = bytes::Bytes::from_static(b"landed late");
+    // QUICK answers a publish within 2 s: the server goes on after that, and before the
+    // read that follows has waited as long.
+    cluster.pause(0);
+    let resume = async {
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        cluster.resume(0);
+    };
+    let write = records.write("test-writes", "w0", value.clone(), Expect::Absent);
+    let (written, ()) = tokio::join!(write, resume);
+    let revision = written.expect("the write landed");
+    let record = records.read("test-writes", "w0").await.unwrap().unwrap();
+    assert_eq!((record.revision, record.value), (revision, Some(value)));
+    fleet.shutdown().await;
+}
+
 /// A message sent live to a program that has just connected, which a bridge not yet
 /// seeing it there queued for it as well, reaches the program once: the socket takes the
 /// queued copy (so that no bridge keeps it) and does not send it again.

@@ -77,6 +77,16 @@ impl FleetRecords {
         }
     }
 
+    /// The revision of a write of `value` to `table`'s record `key` that NATS did not
+    /// answer, if it landed all the same: the record's last message is that value, put. (A
+    /// publish whose answer timed out may have reached the stream, and its writer would
+    /// otherwise refuse its client what the fleet then holds, and leave undone what the
+    /// write was to set off.) One read, from the leader; none while NATS is unreachable.
+    async fn landed(&self, table: &str, key: &str, value: &bytes::Bytes) -> Option<Revision> {
+        let last = self.last_message(table, key).await.ok()??;
+        (!is_removal(&last) && last.payload == *value).then_some(last.sequence)
+    }
+
     /// Whether `message` is the mark of this bridge's take of the record at `revision`.
     /// (A mark written before marks carried the revision they took is taken to be.)
     fn taken_here_at(&self, message: &StreamMessage, revision: Revision) -> bool {
@@ -150,23 +160,29 @@ impl SharedRecords for FleetRecords {
     ) -> RecordFuture<'a, Revision> {
         Box::pin(async move {
             let bucket = self.bucket()?;
-            let key = bucket_key(table, key);
-            match expected {
+            let sent = value.clone();
+            let written = match expected {
                 Expect::Absent => bucket
-                    .create(&key, value)
+                    .create(bucket_key(table, key), value)
                     .await
                     .map_err(|e| match e.kind() {
                         CreateErrorKind::AlreadyExists => RecordError::Conflict,
                         _ if lost_race(&e) => RecordError::Conflict,
                         _ => unavailable(e),
                     }),
-                Expect::At(revision) => {
-                    (bucket.update(&key, value, revision).await).map_err(conflict_or_unavailable)
-                }
+                Expect::At(revision) => (bucket.update(bucket_key(table, key), value, revision))
+                    .await
+                    .map_err(conflict_or_unavailable),
                 // Revision 0: no message at all under the key, not even a take's mark.
-                Expect::Unused => {
-                    (bucket.update(&key, value, 0).await).map_err(conflict_or_unavailable)
+                Expect::Unused => (bucket.update(bucket_key(table, key), value, 0))
+                    .await
+                    .map_err(conflict_or_unavailable),
+            };
+            match written {
+                Err(RecordError::Unavailable(why)) => {
+                    (self.landed(table, key, &sent).await).ok_or(RecordError::Unavailable(why))
                 }
+                written => written,
             }
         })
     }

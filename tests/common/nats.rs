@@ -173,6 +173,26 @@ impl Cluster {
         }
     }
 
+    /// Stops server `i` where it is (SIGSTOP): its connections stay open, and what is sent
+    /// to it waits, unanswered, until `resume(i)`.
+    pub fn pause(&self, i: usize) {
+        self.signal(i, "-STOP");
+    }
+
+    /// Lets a paused server `i` go on (SIGCONT).
+    pub fn resume(&self, i: usize) {
+        self.signal(i, "-CONT");
+    }
+
+    fn signal(&self, i: usize, signal: &str) {
+        let child = self.nodes[i].child.as_ref().expect("the server is running");
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} server {i}");
+    }
+
     /// Starts server `i` again, with the data it had.
     pub async fn restart(&mut self, i: usize) {
         self.start_node(i);
