@@ -1278,28 +1278,42 @@ async fn mail_kept_for_an_agent_whose_stream_is_open_reaches_the_stream() {
 }
 
 /// A write whose answer NATS did not give in time, but which reached the stream, is the
-/// writer's all the same: it is read back, rather than refused to the client while the
-/// fleet holds it (and what it was to set off never done).
+/// writer's all the same: it is made again under its id, which JetStream answers with the
+/// first's revision, rather than refused to the client while the fleet holds it (and what
+/// it was to set off never done).
 #[tokio::test]
 async fn a_write_that_landed_without_its_answer_is_the_writers() {
     use agentbridge::core::Expect;
     let cluster = Cluster::start(1).await;
     let fleet = Fleet::start_on(&cluster.toml_list(), 1, QUICK).await;
     let records = fleet.nets[0].bridge.core().records().unwrap();
-    let value = bytes::Bytes::from_static(b"landed late");
-    // QUICK answers a publish within 2 s: the server goes on after that, and before the
-    // read that follows has waited as long.
+    let (first, second) = (
+        bytes::Bytes::from_static(b"created late"),
+        bytes::Bytes::from_static(b"changed late"),
+    );
+    let write = records.write("test-writes", "w0", first, Expect::Absent);
+    let created = while_paused(&cluster, write)
+        .await
+        .expect("the create landed");
+    let write = records.write("test-writes", "w0", second.clone(), Expect::At(created));
+    let changed = while_paused(&cluster, write)
+        .await
+        .expect("the change landed");
+    let record = records.read("test-writes", "w0").await.unwrap().unwrap();
+    assert_eq!((record.revision, record.value), (changed, Some(second)));
+    assert!(changed > created);
+    fleet.shutdown().await;
+}
+
+/// Runs `write` while the cluster's one server stands still for longer than QUICK's
+/// publish timeout (2 s), and not as long as a second try of it waits.
+async fn while_paused<T>(cluster: &Cluster, write: impl Future<Output = T>) -> T {
     cluster.pause(0);
     let resume = async {
         tokio::time::sleep(std::time::Duration::from_secs(3)).await;
         cluster.resume(0);
     };
-    let write = records.write("test-writes", "w0", value.clone(), Expect::Absent);
-    let (written, ()) = tokio::join!(write, resume);
-    let revision = written.expect("the write landed");
-    let record = records.read("test-writes", "w0").await.unwrap().unwrap();
-    assert_eq!((record.revision, record.value), (revision, Some(value)));
-    fleet.shutdown().await;
+    tokio::join!(write, resume).0
 }
 
 /// A message sent live to a program that has just connected, which a bridge not yet

@@ -258,7 +258,8 @@ pub trait SharedRecords: Send + Sync {
     fn read<'a>(&'a self, table: &'a str, key: &'a str) -> RecordFuture<'a, Option<Record>>;
 
     /// Writes `value` as `table`'s record `key` if it is still as `expected`; its new
-    /// revision.
+    /// revision. `Unavailable` means the write did not land as far as the fleet could
+    /// tell: one whose answer was lost is made again, and is `Ok` if either try landed.
     fn write<'a>(
         &'a self,
         table: &'a str,

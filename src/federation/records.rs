@@ -1,14 +1,14 @@
 //! The records endpoints share, in one KV bucket of the fleet (`<prefix>_records`), keyed
 //! `<table>.<key>` (the key in URL-safe base64, which KV keys allow). A conditional write is
-//! a KV create (the key must not exist) or an update at the revision the writer read,
-//! which JetStream checks: of two bridges writing one record at once, one is refused and
-//! reads again. Each table is followed with a watch from its last values on, so a bridge
+//! published as KV's create and update are, expecting the key's last message at the
+//! revision the writer read (none, for a new record), which JetStream checks: of two
+//! bridges writing one record at once, one is refused and reads again. Each table is followed with a watch from its last values on, so a bridge
 //! that starts late or reconnects applies what it missed.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::kv::{self, CreateErrorKind, Operation};
+use async_nats::jetstream::kv::{self, Operation};
 use async_nats::jetstream::message::StreamMessage;
 use futures_util::StreamExt;
 
@@ -77,14 +77,57 @@ impl FleetRecords {
         }
     }
 
-    /// The revision of a write of `value` to `table`'s record `key` that NATS did not
-    /// answer, if it landed all the same: the record's last message is that value, put. (A
-    /// publish whose answer timed out may have reached the stream, and its writer would
-    /// otherwise refuse its client what the fleet then holds, and leave undone what the
-    /// write was to set off.) One read, from the leader; none while NATS is unreachable.
-    async fn landed(&self, table: &str, key: &str, value: &bytes::Bytes) -> Option<Revision> {
-        let last = self.last_message(table, key).await.ok()??;
-        (!is_removal(&last) && last.payload == *value).then_some(last.sequence)
+    /// Publishes `write` as its record's new value if the key's last message is at
+    /// `expect_last` (0: there is none); its revision. A publish whose answer timed out
+    /// may have reached the stream all the same, and its writer would otherwise refuse its
+    /// client what the fleet then holds, and leave undone what the write was to set off: it
+    /// is made once more under the same `Nats-Msg-Id`, which JetStream answers, if the
+    /// first landed, with that one's sequence (or refuses at `expect_last`, and the key's
+    /// last message is then the first, by its id).
+    async fn publish_record(
+        &self,
+        write: &Write<'_>,
+        expect_last: Revision,
+    ) -> Result<Revision, RecordError> {
+        use async_nats::header::{NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_ID};
+        use async_nats::jetstream::context::PublishErrorKind;
+        let ready = self.ready()?;
+        let bucket = &ready.records;
+        // As `take` names it.
+        let prefix = bucket.put_prefix.as_ref().unwrap_or(&bucket.prefix);
+        let subject = format!("{prefix}{}", bucket_key(write.table, write.key));
+        for again in [false, true] {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(NATS_MESSAGE_ID, write.id.as_str());
+            headers.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, expect_last.to_string());
+            let published = async {
+                (ready.js)
+                    .publish_with_headers(subject.clone(), headers, write.value.clone())
+                    .await?
+                    .await
+            };
+            match published.await {
+                Ok(ack) => return Ok(ack.sequence),
+                Err(e) if lost_race(&e) => {
+                    let last = match again {
+                        true => self.last_message(write.table, write.key).await?,
+                        false => None,
+                    };
+                    return match last.filter(|last| is_write(last, &write.id)) {
+                        Some(first) => Ok(first.sequence),
+                        None => Err(RecordError::Conflict),
+                    };
+                }
+                Err(e) if !again && e.kind() == PublishErrorKind::TimedOut => {
+                    tracing::debug!(
+                        table = write.table,
+                        "federation: a record write got no answer; made again"
+                    );
+                }
+                Err(e) => return Err(unavailable(e)),
+            }
+        }
+        unreachable!("the second try returns")
     }
 
     /// Whether `message` is the mark of this bridge's take of the record at `revision`.
@@ -95,6 +138,20 @@ impl FleetRecords {
         is_take_by(&self.link.bridge_id, purge, &message.payload)
             && at.is_none_or(|at| at == revision.to_string())
     }
+}
+
+/// A write of a record, under an id of its own.
+struct Write<'a> {
+    table: &'a str,
+    key: &'a str,
+    value: bytes::Bytes,
+    id: String,
+}
+
+/// Whether `message` is the write with `id`.
+fn is_write(message: &StreamMessage, id: &str) -> bool {
+    let header = message.headers.get(async_nats::header::NATS_MESSAGE_ID);
+    header.is_some_and(|written| written.as_str() == id)
 }
 
 /// The header a take's mark gives the revision it took at: a bridge that took a record,
@@ -151,6 +208,9 @@ impl SharedRecords for FleetRecords {
         })
     }
 
+    /// A publish of its own rather than KV's `create` and `update`: it carries an id, so
+    /// that a write whose answer did not come can be made again (`publish_record`), and
+    /// a create reads the key from the stream's leader, not from whichever replica answers.
     fn write<'a>(
         &'a self,
         table: &'a str,
@@ -159,30 +219,26 @@ impl SharedRecords for FleetRecords {
         expected: Expect,
     ) -> RecordFuture<'a, Revision> {
         Box::pin(async move {
-            let bucket = self.bucket()?;
-            let sent = value.clone();
-            let written = match expected {
-                Expect::Absent => bucket
-                    .create(bucket_key(table, key), value)
-                    .await
-                    .map_err(|e| match e.kind() {
-                        CreateErrorKind::AlreadyExists => RecordError::Conflict,
-                        _ if lost_race(&e) => RecordError::Conflict,
-                        _ => unavailable(e),
-                    }),
-                Expect::At(revision) => (bucket.update(bucket_key(table, key), value, revision))
-                    .await
-                    .map_err(conflict_or_unavailable),
-                // Revision 0: no message at all under the key, not even a take's mark.
-                Expect::Unused => (bucket.update(bucket_key(table, key), value, 0))
-                    .await
-                    .map_err(conflict_or_unavailable),
+            let write = Write {
+                table,
+                key,
+                value,
+                id: uuid::Uuid::new_v4().to_string(),
             };
-            match written {
-                Err(RecordError::Unavailable(why)) => {
-                    (self.landed(table, key, &sent).await).ok_or(RecordError::Unavailable(why))
-                }
-                written => written,
+            match expected {
+                Expect::At(revision) => self.publish_record(&write, revision).await,
+                // Revision 0: no message at all under the key, not even a take's mark.
+                Expect::Unused => self.publish_record(&write, 0).await,
+                Expect::Absent => match self.publish_record(&write, 0).await {
+                    // Over a removal's marker, as KV's create goes.
+                    Err(RecordError::Conflict) => match self.last_message(table, key).await? {
+                        Some(last) if is_removal(&last) => {
+                            self.publish_record(&write, last.sequence).await
+                        }
+                        _ => Err(RecordError::Conflict),
+                    },
+                    written => written,
+                },
             }
         })
     }
