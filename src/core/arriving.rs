@@ -17,9 +17,13 @@ use std::time::{Duration, Instant};
 /// bridge still keeps mail for the agent once it ends.
 pub const ARRIVAL_WINDOW: Duration = Duration::from_secs(10);
 
-/// The most ids one connection remembers: what it is sent in the fleet's first moments
-/// after it opens is far fewer, even under load.
-const MOST_REMEMBERED: usize = 4_096;
+/// How long after a connection opens the ids are kept: the copies bridges kept before
+/// the window ended reach this one well within this.
+const FORGET_AFTER: Duration = Duration::from_secs(2 * ARRIVAL_WINDOW.as_secs());
+
+/// The most ids one connection remembers (some 100 KiB): what it is sent in the fleet's
+/// first moments after it opens is far fewer, even under load.
+const MOST_REMEMBERED: usize = 1_024;
 
 /// The ids a connection sent live in its first `ARRIVAL_WINDOW`, in a fleet. Boxed, and
 /// none outside a fleet: every idle connection holds one.
@@ -27,8 +31,10 @@ const MOST_REMEMBERED: usize = 4_096;
 pub struct SentOnArrival(Option<Box<Arriving>>);
 
 struct Arriving {
-    /// Until when live messages are remembered; none once that has passed.
-    until: Option<Instant>,
+    opened: Instant,
+    /// Whether live messages are still remembered: not once `ARRIVAL_WINDOW` has passed
+    /// or `MOST_REMEMBERED` are.
+    remembering: bool,
     ids: HashSet<String>,
 }
 
@@ -38,7 +44,8 @@ impl SentOnArrival {
     pub fn opening(fleet: bool) -> Self {
         SentOnArrival(fleet.then(|| {
             Box::new(Arriving {
-                until: Some(Instant::now() + ARRIVAL_WINDOW),
+                opened: Instant::now(),
+                remembering: true,
                 ids: HashSet::new(),
             })
         }))
@@ -49,21 +56,32 @@ impl SentOnArrival {
         let Some(arriving) = &mut self.0 else {
             return;
         };
-        let Some(until) = arriving.until else {
+        if !arriving.remembering {
             return;
-        };
-        if Instant::now() >= until || arriving.ids.len() >= MOST_REMEMBERED {
-            arriving.until = None;
+        }
+        if arriving.opened.elapsed() >= ARRIVAL_WINDOW {
+            arriving.remembering = false;
+            return;
+        }
+        if arriving.ids.len() >= MOST_REMEMBERED {
+            tracing::debug!("more live messages on a connection's arrival than it remembers");
+            arriving.remembering = false;
             return;
         }
         arriving.ids.insert(id.to_owned());
     }
 
-    /// Whether message `id` was sent live: mail with that id is a second copy.
-    pub fn was_sent(&self, id: &str) -> bool {
-        self.0
-            .as_ref()
-            .is_some_and(|arriving| arriving.ids.contains(id))
+    /// Whether message `id` was sent live: mail with that id is a second copy. What is
+    /// remembered is let go once no such copy can still come.
+    pub fn was_sent(&mut self, id: &str) -> bool {
+        let Some(arriving) = &self.0 else {
+            return false;
+        };
+        if arriving.opened.elapsed() >= FORGET_AFTER {
+            self.0 = None;
+            return false;
+        }
+        arriving.ids.contains(id)
     }
 }
 
@@ -90,11 +108,19 @@ mod tests {
     fn what_is_sent_after_the_window_is_not_remembered() {
         let mut sent = SentOnArrival::opening(true);
         sent.sent("early");
-        let arriving = sent.0.as_mut().unwrap();
-        arriving.until = Some(Instant::now() - Duration::from_millis(1));
+        sent.0.as_mut().unwrap().opened -= ARRIVAL_WINDOW;
         sent.sent("late");
         assert!(sent.was_sent("early"));
         assert!(!sent.was_sent("late"));
+    }
+
+    #[test]
+    fn what_was_sent_on_arrival_is_let_go_in_the_end() {
+        let mut sent = SentOnArrival::opening(true);
+        sent.sent("early");
+        sent.0.as_mut().unwrap().opened -= FORGET_AFTER;
+        assert!(!sent.was_sent("early"));
+        assert!(sent.0.is_none());
     }
 
     #[test]

@@ -395,6 +395,9 @@ impl Connection {
             };
             self.from_backlog.insert(queued.message.message_id.clone());
             if send(io, &message).await == Flow::Close {
+                // Not what it sent live: that is taken for good.
+                let sent = &mut self.sent_on_arrival;
+                let rest = rest.filter(|q| !sent.was_sent(&q.message.message_id));
                 let unsent = std::iter::once(queued).chain(rest).collect();
                 if let Err(e) = self.grid.put_back(unsent).await {
                     tracing::error!(error = %e, agent = %party.agent, "grid: cannot queue again");

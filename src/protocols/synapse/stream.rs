@@ -154,7 +154,7 @@ impl Synapse {
             (backlog.taken).insert(taken.message.id.clone(), taken.taken_at);
         }
         // One it sent live is taken, so that it is kept nowhere, and not sent again.
-        let sent = &backlog.sent_on_arrival;
+        let sent = &mut backlog.sent_on_arrival;
         let mut taken = (mail.taken.into_iter())
             .map(|taken| taken.message)
             .filter(|message| !sent.was_sent(&message.id));
