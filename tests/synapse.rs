@@ -1482,6 +1482,33 @@ async fn deliveries_queued_for_an_ending_stream_go_back_to_the_inbox() {
     w.bridge.shutdown().await;
 }
 
+/// An agent with two streams open is sent every message on each. What the newer one holds
+/// when it ends is not kept for the agent again: its older stream was sent all of it.
+#[tokio::test]
+async fn what_a_newer_stream_leaves_undelivered_is_not_kept_while_an_older_one_has_it() {
+    let mut w = world().await;
+    let total = 300;
+    let mut older = Stream::open(w.addr, "twin").await;
+    let Stream { out, mut inbound } = flooded_stream(&mut w, "twin", total).await;
+    for i in 0..total {
+        assert_eq!(seq_of(&older.next().await), i);
+    }
+    // The newer stream's client is done sending: the bridge ends that stream, with what
+    // the client has not taken in still at the bridge.
+    drop(out);
+    let mut read = 0;
+    while let Some(msg) = tokio::time::timeout(common::WAIT, inbound.next())
+        .await
+        .expect("the stream ends within the wait")
+    {
+        msg.unwrap();
+        read += 1;
+    }
+    assert!(read < total, "the newer stream was sent everything: {read}");
+    assert_eq!(w.poll("twin").await.len(), 0);
+    w.bridge.shutdown().await;
+}
+
 /// A client that goes away (cancels the call) mid-stream: what the bridge still held for
 /// it is kept in its inbox, in order, up to the last message.
 #[tokio::test]

@@ -222,17 +222,17 @@ impl Synapse {
     }
 
     /// Counts a stream of `agent_id` open; what wakes its streams (`inbox_kept`).
-    pub async fn stream_opened(&self, agent_id: &str) -> Arc<Notify> {
+    pub async fn stream_opened(&self, agent_id: &str, session: u64) -> Arc<Notify> {
         let (first, wake) = {
             let mut open = self
                 .streams
                 .entry(agent_id.to_owned())
                 .or_insert(OpenStreams {
-                    count: 0,
+                    sessions: Vec::new(),
                     wake: Arc::default(),
                 });
-            open.count += 1;
-            (open.count == 1, open.wake.clone())
+            open.sessions.push(session);
+            (open.sessions.len() == 1, open.wake.clone())
         };
         if first {
             self.core
@@ -253,16 +253,24 @@ impl Synapse {
         }
     }
 
-    pub async fn stream_closed(&self, agent_id: &str) {
+    /// Whether `agent_id` has a `StreamMessages` stream open that attached before the one
+    /// of router session `session`: that one was sent every message this one was.
+    pub fn holds_older_stream(&self, agent_id: &str, session: u64) -> bool {
+        (self.streams.get(agent_id))
+            .is_some_and(|open| open.sessions.iter().any(|&other| other < session))
+    }
+
+    pub async fn stream_closed(&self, agent_id: &str, session: u64) {
         let last = match self.streams.get_mut(agent_id) {
             Some(mut open) => {
-                open.count = open.count.saturating_sub(1);
-                open.count == 0
+                open.sessions.retain(|&open| open != session);
+                open.sessions.is_empty()
             }
             None => false,
         };
         if last {
-            self.streams.remove_if(agent_id, |_, open| open.count == 0);
+            self.streams
+                .remove_if(agent_id, |_, open| open.sessions.is_empty());
             if !self.shutdown.is_cancelled() {
                 self.core
                     .announce_presence(PROTOCOL, agent_id, false, Presence::Offline, None)

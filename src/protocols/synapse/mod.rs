@@ -56,7 +56,8 @@ pub struct Group {
 
 /// An agent's open `StreamMessages` streams.
 struct OpenStreams {
-    count: usize,
+    /// Their router sessions' ids, which grow in the order streams attach.
+    sessions: Vec<u64>,
     /// Wakes one of them to take what was kept in the agent's inbox while they are open
     /// (by another bridge that took it for away, or kept again).
     wake: Arc<tokio::sync::Notify>,

@@ -15,8 +15,8 @@ use super::proto::SynapseMessage;
 use super::shared_inbox::Keeping;
 use super::{PROTOCOL, Synapse, translate};
 use crate::core::{
-    Audience, Envelope, InFlight, Interest, Kind, Revision, SentOnArrival, TAKE_AGAIN_AFTER,
-    TakenMail,
+    Audience, BRIDGE_AGENT, Envelope, InFlight, Interest, Kind, Revision, SentOnArrival,
+    TAKE_AGAIN_AFTER, TakenMail,
 };
 use crate::telemetry;
 
@@ -45,7 +45,7 @@ impl Synapse {
             }),
         );
         let wake = match kind {
-            StreamKind::Messages => self.stream_opened(agent).await,
+            StreamKind::Messages => self.stream_opened(agent, session.id).await,
             StreamKind::Groups => {
                 *self.group_streams.entry(agent.to_owned()).or_insert(0) += 1;
                 Arc::default()
@@ -293,7 +293,9 @@ impl Synapse {
 
     /// Disconnects a stream. What it held and the client never read — its unread output,
     /// `unsent`, its mailbox — goes where the agent's messages go while it is offline, in
-    /// that order (oldest first), before the client sees the stream end.
+    /// that order (oldest first), before the client sees the stream end; unless an older
+    /// stream of the agent is open, which was sent all of that too. (What it took from the
+    /// inbox goes back there either way: that it alone was sent.)
     async fn close_stream(
         self: &Arc<Self>,
         stream: OpenStream,
@@ -309,6 +311,10 @@ impl Synapse {
             wake: _,
         } = stream;
         let Outlet { tx, unread } = out;
+        let left = Left {
+            covered: kind == StreamKind::Messages && self.holds_older_stream(&agent, session.id),
+            from_backlog,
+        };
         let mut held = Vec::new();
         if tx.is_closed() {
             // The client is gone: its output came back when tonic dropped it.
@@ -318,10 +324,10 @@ impl Synapse {
             // what it leaves unread when it goes comes back, later.
             let synapse = self.clone();
             let agent = agent.clone();
-            let from_backlog = from_backlog.clone();
+            let left = left.clone();
             tokio::spawn(async move {
                 for message in unread.await.unwrap_or_default() {
-                    synapse.send_back(&agent, message, &from_backlog);
+                    synapse.send_back(&agent, message, &left);
                 }
             });
         }
@@ -331,11 +337,11 @@ impl Synapse {
         // A message routed while detaching may have landed after the first drain.
         self.drain(&mailbox, &mut held);
         for message in held {
-            self.send_back(&agent, message, &from_backlog);
+            self.send_back(&agent, message, &left);
         }
         drop(tx);
         match kind {
-            StreamKind::Messages => self.stream_closed(&agent).await,
+            StreamKind::Messages => self.stream_closed(&agent, session.id).await,
             StreamKind::Groups => {
                 if let Some(mut count) = self.group_streams.get_mut(&agent) {
                     *count = count.saturating_sub(1);
@@ -355,17 +361,15 @@ impl Synapse {
         }
     }
 
-    /// Sends on what a closed stream did not deliver: what it took from the inbox
-    /// (`from_backlog`) goes back there, the rest the way `agent` is reached with no
-    /// stream open.
-    fn send_back(
-        &self,
-        agent: &str,
-        message: SynapseMessage,
-        from_backlog: &HashMap<String, Option<Revision>>,
-    ) {
-        match from_backlog.get(&message.id) {
+    /// Sends on what a closed stream did not deliver: what it took from the inbox goes
+    /// back there, the rest the way `agent` is reached with no stream open — unless the
+    /// agent's older stream has it: what was routed to it, not the stream's own answers
+    /// (a nack, from the bridge), which only it was sent.
+    fn send_back(&self, agent: &str, message: SynapseMessage, left: &Left) {
+        let answer = || (message.sender.as_ref()).is_some_and(|s| s.agent_id == BRIDGE_AGENT);
+        match left.from_backlog.get(&message.id) {
             Some(&taken_at) => self.outbound.keep(agent, message, Keeping::Again(taken_at)),
+            None if left.covered && !answer() => {}
             None => self.send_offline(agent, message),
         }
     }
@@ -437,6 +441,16 @@ struct Backlog {
     /// What the stream sent live as it opened: a bridge not yet seeing the agent here may
     /// have kept it in the inbox too, and that copy, taken, is not sent again.
     sent_on_arrival: SentOnArrival,
+}
+
+/// What becomes of what a closing stream did not deliver (`send_back`).
+#[derive(Clone)]
+struct Left {
+    /// An older stream of the agent is open: it was sent every message this one was.
+    covered: bool,
+    /// What the stream took from the inbox, each with the revision of the fleet's record
+    /// it was taken at: it goes back there.
+    from_backlog: HashMap<String, Option<Revision>>,
 }
 
 /// A stream's wait before it takes its backlog again: boxed, as it is rare and every idle
