@@ -278,6 +278,14 @@ impl Router {
         self.by_agent.contains_key(agent)
     }
 
+    /// Whether `agent`'s session `id` is attached with its mailbox open: every message
+    /// routed to the agent since it attached that its interest accepts is in it.
+    pub fn is_receiving(&self, agent: &str, id: u64) -> bool {
+        (self.by_agent.get(agent)).is_some_and(|sessions| {
+            (sessions.iter()).any(|s| s.id == id && s.mailbox.closed().is_none())
+        })
+    }
+
     /// Where messages for offline agents of `protocol` go.
     pub fn set_offline_sink(&self, protocol: Protocol, sink: Arc<dyn OfflineSink>) {
         self.offline.insert(protocol, sink);

@@ -253,11 +253,21 @@ impl Synapse {
         }
     }
 
-    /// Whether `agent_id` has a `StreamMessages` stream open that attached before the one
-    /// of router session `session`: that one was sent every message this one was.
+    /// Whether `agent_id` has a `StreamMessages` stream that attached before the one of
+    /// router session `session` and is still receiving: asked once that one is detached,
+    /// the older was sent every message the newer was.
     pub fn holds_older_stream(&self, agent_id: &str, session: u64) -> bool {
-        (self.streams.get(agent_id))
-            .is_some_and(|open| open.sessions.iter().any(|&other| other < session))
+        let older: Vec<u64> = match self.streams.get(agent_id) {
+            Some(open) => (open.sessions.iter())
+                .copied()
+                .filter(|&other| other < session)
+                .collect(),
+            None => return false,
+        };
+        let router = &self.core.router;
+        older
+            .into_iter()
+            .any(|other| router.is_receiving(agent_id, other))
     }
 
     pub async fn stream_closed(&self, agent_id: &str, session: u64) {

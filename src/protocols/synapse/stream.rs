@@ -311,15 +311,26 @@ impl Synapse {
             wake: _,
         } = stream;
         let Outlet { tx, unread } = out;
+        let mut held = Vec::new();
+        let later = match tx.is_closed() {
+            // The client is gone: its output came back when tonic dropped it.
+            true => {
+                held.extend(unread.await.unwrap_or_default());
+                None
+            }
+            false => Some(unread),
+        };
+        held.extend(unsent);
+        self.drain(&mailbox, &mut held);
+        self.core.router.detach(&session);
+        // A message routed while detaching may have landed after the first drain.
+        self.drain(&mailbox, &mut held);
+        // Asked once nothing more reaches this stream.
         let left = Left {
             covered: kind == StreamKind::Messages && self.holds_older_stream(&agent, session.id),
             from_backlog,
         };
-        let mut held = Vec::new();
-        if tx.is_closed() {
-            // The client is gone: its output came back when tonic dropped it.
-            held.extend(unread.await.unwrap_or_default());
-        } else {
+        if let Some(unread) = later {
             // The bridge ends the stream: the client still reads what is queued, and only
             // what it leaves unread when it goes comes back, later.
             let synapse = self.clone();
@@ -331,11 +342,6 @@ impl Synapse {
                 }
             });
         }
-        held.extend(unsent);
-        self.drain(&mailbox, &mut held);
-        self.core.router.detach(&session);
-        // A message routed while detaching may have landed after the first drain.
-        self.drain(&mailbox, &mut held);
         for message in held {
             self.send_back(&agent, message, &left);
         }
