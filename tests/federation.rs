@@ -1283,8 +1283,21 @@ async fn mail_kept_for_an_agent_whose_stream_is_open_reaches_the_stream() {
 /// it was to set off never done).
 #[tokio::test]
 async fn a_write_that_landed_without_its_answer_is_the_writers() {
+    landed_writes_are_the_writers(1).await;
+}
+
+/// As on one server, on three, where the stream's leader refuses the second try while it
+/// still replicates the first.
+#[tokio::test]
+async fn a_write_that_landed_without_its_answer_is_the_writers_on_a_cluster() {
+    landed_writes_are_the_writers(3).await;
+}
+
+/// A create and then a change, each made while every server of a cluster of `servers`
+/// stands still past the publish timeout, land once and are the writer's.
+async fn landed_writes_are_the_writers(servers: usize) {
     use agentbridge::core::Expect;
-    let cluster = Cluster::start(1).await;
+    let cluster = Cluster::start(servers).await;
     let fleet = Fleet::start_on(&cluster.toml_list(), 1, QUICK).await;
     let records = fleet.nets[0].bridge.core().records().unwrap();
     let (first, second) = (
@@ -1292,26 +1305,22 @@ async fn a_write_that_landed_without_its_answer_is_the_writers() {
         bytes::Bytes::from_static(b"changed late"),
     );
     let write = records.write("test-writes", "w0", first, Expect::Absent);
-    let created = while_paused(&cluster, write)
-        .await
-        .expect("the create landed");
+    let created = while_paused(&cluster, write).await.expect("the create landed");
     let write = records.write("test-writes", "w0", second.clone(), Expect::At(created));
-    let changed = while_paused(&cluster, write)
-        .await
-        .expect("the change landed");
+    let changed = while_paused(&cluster, write).await.expect("the change landed");
     let record = records.read("test-writes", "w0").await.unwrap().unwrap();
     assert_eq!((record.revision, record.value), (changed, Some(second)));
     assert!(changed > created);
     fleet.shutdown().await;
 }
 
-/// Runs `write` while the cluster's one server stands still for longer than QUICK's
+/// Runs `write` while every server of `cluster` stands still for longer than QUICK's
 /// publish timeout (2 s), and not as long as a second try of it waits.
 async fn while_paused<T>(cluster: &Cluster, write: impl Future<Output = T>) -> T {
-    cluster.pause(0);
+    (0..cluster.len()).for_each(|i| cluster.pause(i));
     let resume = async {
         tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-        cluster.resume(0);
+        (0..cluster.len()).for_each(|i| cluster.resume(i));
     };
     tokio::join!(write, resume).0
 }

@@ -185,6 +185,12 @@ impl Mailbox {
         self.protocol
     }
 
+    /// Whether, while open, it loses nothing it is pushed: under `drop_oldest` and
+    /// `drop_newest` a full mailbox stays open and drops.
+    pub fn is_lossless(&self) -> bool {
+        matches!(self.policy, WhenFull::Replay | WhenFull::Disconnect)
+    }
+
     /// Messages waiting, the backlog's included.
     pub fn len(&self) -> usize {
         let state = self.lock();

@@ -224,6 +224,9 @@ impl Router {
         mailbox: Arc<Mailbox>,
         interest: Arc<dyn Interest>,
     ) -> Arc<Session> {
+        // Numbered and listed under the agent's entry, so that an agent's sessions are
+        // reached in the order of their ids (`is_receiving`).
+        let mut of_agent = self.by_agent.entry(agent.to_owned()).or_default();
         let session = Arc::new(Session {
             id: self.next_session.fetch_add(1, Ordering::Relaxed),
             agent: agent.to_owned(),
@@ -231,10 +234,7 @@ impl Router {
             can_observe: interest.can_observe(),
             interest,
         });
-        self.by_agent
-            .entry(agent.to_owned())
-            .or_default()
-            .push(session.clone());
+        of_agent.push(session.clone());
         let add = |list: &ArcSwap<Vec<Arc<Session>>>| {
             list.rcu(|all| {
                 let mut next = Vec::with_capacity(all.len() + 1);
@@ -247,6 +247,7 @@ impl Router {
         if session.can_observe {
             add(&self.observers);
         }
+        drop(of_agent);
         session
     }
 
@@ -278,11 +279,13 @@ impl Router {
         self.by_agent.contains_key(agent)
     }
 
-    /// Whether `agent`'s session `id` is attached with its mailbox open: every message
-    /// routed to the agent since it attached that its interest accepts is in it.
+    /// Whether `agent`'s session `id` is attached with its mailbox open and losing
+    /// nothing: every message routed to the agent since it attached that its interest
+    /// accepts is in it — and so in every later session of the agent's too.
     pub fn is_receiving(&self, agent: &str, id: u64) -> bool {
         (self.by_agent.get(agent)).is_some_and(|sessions| {
-            (sessions.iter()).any(|s| s.id == id && s.mailbox.closed().is_none())
+            (sessions.iter())
+                .any(|s| s.id == id && s.mailbox.closed().is_none() && s.mailbox.is_lossless())
         })
     }
 

@@ -180,6 +180,11 @@ impl NatsLink {
         (self.disconnected_since.lock()).unwrap_or_else(|e| e.into_inner())
     }
 
+    /// How long a publish waits for JetStream's answer (`publish_timeout_ms`).
+    pub fn publish_timeout(&self) -> Duration {
+        self.grace
+    }
+
     pub fn is_connected(&self) -> bool {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
@@ -335,16 +340,34 @@ pub fn lost_race(e: &(dyn std::error::Error + 'static)) -> bool {
         {
             return true;
         }
+        cause = error.source();
+    }
+    matches!(
+        answer_code(e),
+        Some(
+            ErrorCode::STREAM_WRONG_LAST_SEQUENCE | ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
+        )
+    )
+}
+
+/// Whether a publish was refused because one with its `Nats-Msg-Id` is still being
+/// replicated: a clustered stream's leader holds the id from the first proposal on, and
+/// answers the first's sequence only once it is stored.
+pub fn still_in_process(e: &(dyn std::error::Error + 'static)) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    answer_code(e) == Some(ErrorCode::STREAM_DUPLICATE_MESSAGE_CONFLICT)
+}
+
+/// The code of the JetStream answer behind `e`, if one is.
+fn answer_code(e: &(dyn std::error::Error + 'static)) -> Option<async_nats::jetstream::ErrorCode> {
+    let mut cause = Some(e);
+    while let Some(error) = cause {
         if let Some(answer) = error.downcast_ref::<async_nats::jetstream::Error>() {
-            return matches!(
-                answer.error_code(),
-                ErrorCode::STREAM_WRONG_LAST_SEQUENCE
-                    | ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT
-            );
+            return Some(answer.error_code());
         }
         cause = error.source();
     }
-    false
+    None
 }
 
 /// Lets the stream behind KV bucket `bucket` give a message a TTL of its own, as the

@@ -12,7 +12,7 @@ use async_nats::jetstream::kv::{self, Operation};
 use async_nats::jetstream::message::StreamMessage;
 use futures_util::StreamExt;
 
-use super::link::{NatsLink, lost_race};
+use super::link::{NatsLink, lost_race, still_in_process};
 use crate::core::{
     Expect, Record, RecordChange, RecordError, RecordFuture, RecordSink, Revision, SharedRecords,
 };
@@ -80,54 +80,61 @@ impl FleetRecords {
     /// Publishes `write` as its record's new value if the key's last message is at
     /// `expect_last` (0: there is none); its revision. A publish whose answer timed out
     /// may have reached the stream all the same, and its writer would otherwise refuse its
-    /// client what the fleet then holds, and leave undone what the write was to set off: it
-    /// is made once more under the same `Nats-Msg-Id`, which JetStream answers, if the
-    /// first landed, with that one's sequence (or refuses at `expect_last`, and the key's
-    /// last message is then the first, by its id).
+    /// client what the fleet then holds, and leave undone what the write was to set off:
+    /// it is made again under its id (`publish_again`).
     async fn publish_record(
         &self,
         write: &Write<'_>,
         expect_last: Revision,
     ) -> Result<Revision, RecordError> {
-        use async_nats::header::{NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_ID};
         use async_nats::jetstream::context::PublishErrorKind;
         let ready = self.ready()?;
-        let bucket = &ready.records;
-        // As `take` names it.
-        let prefix = bucket.put_prefix.as_ref().unwrap_or(&bucket.prefix);
-        let subject = format!("{prefix}{}", bucket_key(write.table, write.key));
-        for again in [false, true] {
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(NATS_MESSAGE_ID, write.id.as_str());
-            headers.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, expect_last.to_string());
-            let published = async {
-                (ready.js)
-                    .publish_with_headers(subject.clone(), headers, write.value.clone())
-                    .await?
-                    .await
-            };
-            match published.await {
-                Ok(ack) => return Ok(ack.sequence),
+        match publish_once(&ready, write, expect_last).await {
+            Ok(revision) => Ok(revision),
+            Err(e) if lost_race(&e) => Err(RecordError::Conflict),
+            Err(e) if e.kind() == PublishErrorKind::TimedOut => {
+                tracing::debug!(
+                    table = write.table,
+                    "federation: a record write got no answer; made again"
+                );
+                self.publish_again(&ready, write, expect_last).await
+            }
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    /// Publishes again `write`, whose first publish got no answer, under the same
+    /// `Nats-Msg-Id`: JetStream answers with the first's revision if it landed, and this
+    /// one lands if it did not. While a clustered stream is still replicating the first,
+    /// it refuses the id for now, and it is tried again, for up to one more publish
+    /// timeout. Refused at `expect_last`, the first landed if the key's last message is
+    /// it (a server that checks the revision before the id); if another write came after
+    /// it, it is a `Conflict` all the same.
+    async fn publish_again(
+        &self,
+        ready: &super::link::Ready,
+        write: &Write<'_>,
+        expect_last: Revision,
+    ) -> Result<Revision, RecordError> {
+        let until = tokio::time::Instant::now() + self.link.publish_timeout();
+        let mut wait = Duration::from_millis(50);
+        loop {
+            match publish_once(ready, write, expect_last).await {
+                Ok(revision) => return Ok(revision),
                 Err(e) if lost_race(&e) => {
-                    let last = match again {
-                        true => self.last_message(write.table, write.key).await?,
-                        false => None,
-                    };
+                    let last = self.last_message(write.table, write.key).await?;
                     return match last.filter(|last| is_write(last, &write.id)) {
                         Some(first) => Ok(first.sequence),
                         None => Err(RecordError::Conflict),
                     };
                 }
-                Err(e) if !again && e.kind() == PublishErrorKind::TimedOut => {
-                    tracing::debug!(
-                        table = write.table,
-                        "federation: a record write got no answer; made again"
-                    );
+                Err(e) if still_in_process(&e) && tokio::time::Instant::now() + wait < until => {
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
                 }
                 Err(e) => return Err(unavailable(e)),
             }
         }
-        unreachable!("the second try returns")
     }
 
     /// Whether `message` is the mark of this bridge's take of the record at `revision`.
@@ -138,6 +145,29 @@ impl FleetRecords {
         is_take_by(&self.link.bridge_id, purge, &message.payload)
             && at.is_none_or(|at| at == revision.to_string())
     }
+}
+
+/// One publish of `write` at `expect_last`: its sequence (the first's, for a copy
+/// JetStream deduplicated).
+async fn publish_once(
+    ready: &super::link::Ready,
+    write: &Write<'_>,
+    expect_last: Revision,
+) -> Result<Revision, async_nats::jetstream::context::PublishError> {
+    use async_nats::header::{NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_ID};
+    let bucket = &ready.records;
+    // As `take` names it.
+    let prefix = bucket.put_prefix.as_ref().unwrap_or(&bucket.prefix);
+    let subject = format!("{prefix}{}", bucket_key(write.table, write.key));
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(NATS_MESSAGE_ID, write.id.as_str());
+    headers.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, expect_last.to_string());
+    let ack = (ready
+        .js
+        .publish_with_headers(subject, headers, write.value.clone()))
+    .await?
+    .await?;
+    Ok(ack.sequence)
 }
 
 /// A write of a record, under an id of its own.
@@ -173,9 +203,11 @@ fn kv_operation(message: &StreamMessage) -> Option<&str> {
     message.headers.get(KV_OPERATION).map(|op| op.as_str())
 }
 
-/// Whether `message` is a removal's marker (a delete, or a take's purge).
+/// Whether `message` is a removal's marker: a delete, a take's purge, or the marker the
+/// server leaves where a message's TTL ran out (`limit_markers`).
 fn is_removal(message: &StreamMessage) -> bool {
     matches!(kv_operation(message), Some("DEL" | "PURGE"))
+        || message.headers.get("Nats-Marker-Reason").is_some()
 }
 
 /// An entry's value, or `None` for the marker a removal leaves.
@@ -230,9 +262,14 @@ impl SharedRecords for FleetRecords {
                 // Revision 0: no message at all under the key, not even a take's mark.
                 Expect::Unused => self.publish_record(&write, 0).await,
                 Expect::Absent => match self.publish_record(&write, 0).await {
-                    // Over a removal's marker, as KV's create goes.
+                    // Over a removal's marker, as KV's create goes: a write of its own (a
+                    // clustered stream keeps the refused one's id a while).
                     Err(RecordError::Conflict) => match self.last_message(table, key).await? {
                         Some(last) if is_removal(&last) => {
+                            let write = Write {
+                                id: uuid::Uuid::new_v4().to_string(),
+                                ..write
+                            };
                             self.publish_record(&write, last.sequence).await
                         }
                         _ => Err(RecordError::Conflict),

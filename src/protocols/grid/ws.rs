@@ -211,7 +211,8 @@ impl WsSession for Connection {
             grid.encode(delivery)
                 .map(|m| Utf8Bytes::from(wire::to_yaml(&m)))
         });
-        if frame.is_some() {
+        // Presence is never anyone's mail.
+        if frame.is_some() && !delivery.envelope.kind.is_presence() {
             self.sent_on_arrival.sent(&delivery.envelope.id);
         }
         frame

@@ -249,7 +249,9 @@ impl Synapse {
                             delivery.mark_written();
                         }
                         Route::Stream => {
-                            backlog.sent_on_arrival.sent(&message.id);
+                            if !delivery.envelope.kind.is_presence() {
+                                backlog.sent_on_arrival.sent(&message.id);
+                            }
                             if let Err(refused) = out.send(message).await {
                                 break refused.into_iter().collect();
                             }
@@ -325,9 +327,12 @@ impl Synapse {
         self.core.router.detach(&session);
         // A message routed while detaching may have landed after the first drain.
         self.drain(&mailbox, &mut held);
-        // Asked once nothing more reaches this stream.
+        // Asked once nothing more reaches this stream; not at shutdown, when the older
+        // stream may close after the inbox writer has stopped.
         let left = Left {
-            covered: kind == StreamKind::Messages && self.holds_older_stream(&agent, session.id),
+            covered: kind == StreamKind::Messages
+                && !self.shutdown.is_cancelled()
+                && self.holds_older_stream(&agent, session.id),
             from_backlog,
         };
         if let Some(unread) = later {
