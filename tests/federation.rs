@@ -1305,9 +1305,13 @@ async fn landed_writes_are_the_writers(servers: usize) {
         bytes::Bytes::from_static(b"changed late"),
     );
     let write = records.write("test-writes", "w0", first, Expect::Absent);
-    let created = while_paused(&cluster, write).await.expect("the create landed");
+    let created = while_paused(&cluster, write)
+        .await
+        .expect("the create landed");
     let write = records.write("test-writes", "w0", second.clone(), Expect::At(created));
-    let changed = while_paused(&cluster, write).await.expect("the change landed");
+    let changed = while_paused(&cluster, write)
+        .await
+        .expect("the change landed");
     let record = records.read("test-writes", "w0").await.unwrap().unwrap();
     assert_eq!((record.revision, record.value), (changed, Some(second)));
     assert!(changed > created);
@@ -1892,5 +1896,55 @@ async fn one_nats_server_of_three_killed_traffic_goes_on() {
     for n in 0..20 {
         assert_eq!(receiver.next(What::Chat).await.text, format!("after {n}"));
     }
+    fleet.shutdown().await;
+}
+
+/// A program that moves from bridge to bridge while another sends to it gets every
+/// message once, in the order sent.
+#[tokio::test]
+async fn a_program_moving_between_bridges_gets_each_message_once_in_order() {
+    use common::grid::GridWs;
+    let fleet = Fleet::start(3).await;
+    let mut sender = GridWs::quiet(fleet.nets[2].grid, "flooder", None).await;
+    let mut socket = GridWs::quiet(fleet.nets[0].grid, "mover", None).await;
+    for i in 1..3 {
+        fleet.wait_known(i, "mover").await;
+    }
+    const TOTAL: usize = 600;
+    let mut got: Vec<usize> = Vec::new();
+    let number = |m: &serde_json::Value| -> Option<usize> {
+        m["id"].as_str()?.strip_prefix('m')?.parse().ok()
+    };
+    let mut sent = 0;
+    for hop in [1, 0, 1, 0] {
+        for _ in 0..TOTAL / 5 {
+            sender
+                .send(&grid_request(&format!("m{sent}"), "flooder", "mover"))
+                .await;
+            sent += 1;
+        }
+        let read = socket.close_reading().await;
+        got.extend(read.iter().filter_map(number));
+        socket = GridWs::quiet(fleet.nets[hop].grid, "mover", None).await;
+    }
+    while sent < TOTAL {
+        sender
+            .send(&grid_request(&format!("m{sent}"), "flooder", "mover"))
+            .await;
+        sent += 1;
+    }
+    while got.last() != Some(&(TOTAL - 1)) || got.len() < TOTAL {
+        let next = tokio::time::timeout(Duration::from_secs(5), socket.next_message()).await;
+        let Ok(message) = next else { break };
+        got.extend(number(&message));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let twice: Vec<_> = got.iter().filter(|n| !seen.insert(**n)).collect();
+    let missing: Vec<_> = (0..TOTAL).filter(|n| !seen.contains(n)).collect();
+    let late: Vec<_> = got.windows(2).filter(|w| w[1] < w[0]).collect();
+    assert!(
+        twice.is_empty() && missing.is_empty() && late.is_empty(),
+        "twice {twice:?}, missing {missing:?}, out of order {late:?}"
+    );
     fleet.shutdown().await;
 }

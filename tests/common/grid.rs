@@ -181,6 +181,15 @@ impl GridWs {
         self.socket.send_text(yaml_text).await;
     }
 
+    /// Closes the socket; the `message:` objects the bridge sent before it saw the close.
+    pub async fn close_reading(self) -> Vec<Value> {
+        let texts = self.socket.close_reading().await;
+        texts
+            .iter()
+            .map(|text| yaml(text)["message"].clone())
+            .collect()
+    }
+
     /// The next frame's `message:` object.
     pub async fn next(&mut self) -> Value {
         yaml(&self.socket.next_text().await)["message"].clone()

@@ -92,6 +92,23 @@ impl TestSocket {
     pub async fn close(mut self) {
         let _ = self.stream.close(None).await;
     }
+
+    /// Closes the socket and reads what the bridge sent before it saw the close: the text
+    /// frames up to its own close.
+    pub async fn close_reading(mut self) -> Vec<String> {
+        self.stream.close(None).await.expect("the close is sent");
+        let mut texts = Vec::new();
+        loop {
+            let frame = tokio::time::timeout(self.wait, self.stream.next())
+                .await
+                .expect("the close within the wait");
+            match frame {
+                Some(Ok(Message::Text(text))) => texts.push(text.as_str().to_owned()),
+                Some(Ok(_)) => continue,
+                Some(Err(_)) | None => return texts,
+            }
+        }
+    }
 }
 
 /// A WebSocket client written byte by byte, for what a well-behaved client library will
