@@ -871,6 +871,45 @@ async fn what_a_closed_socket_had_not_sent_is_queued_again() {
     w.bridge.shutdown().await;
 }
 
+/// A socket that goes away with messages unsent has them queued again even while its
+/// program has another socket open, when that one opened after they were routed: it was
+/// not sent them, and takes them from the queue.
+#[tokio::test]
+async fn what_a_socket_had_not_sent_reaches_a_newer_socket_of_its_program() {
+    let w = world().await;
+    let older = GridWs::quiet_narrow(w.addr, "mc").await;
+    let directory = &w.bridge.core().directory;
+    for _ in 0..500 {
+        if directory.get("mc").is_some_and(|a| a.online) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let big = "x".repeat(512 * 1024);
+    let ids: Vec<String> = (0..24).map(|i| format!("big-{i}")).collect();
+    for id in &ids {
+        let (status, _) = w
+            .http
+            .post_json(json!({ "message": { "id": id, "timestamp": "2026-01-24T10:00:00Z", "type": "request", "sender": { "agent": "planner" }, "receiver": { "agent": "mc" }, "content": { "payload": { "text": big } } } }))
+            .await;
+        assert_eq!(status, 202);
+    }
+    let mut newer = GridWs::quiet(w.addr, "mc", None).await;
+    // The older socket goes away without reading.
+    drop(older);
+    let mut got = Vec::new();
+    while got.last() != ids.last() {
+        got.push(
+            newer.next_message().await["id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    assert!(ids.ends_with(&got), "the rest, in order: {got:?}");
+    w.bridge.shutdown().await;
+}
+
 #[tokio::test]
 async fn an_expired_broadcast_is_one_notice() {
     let w = world().await;

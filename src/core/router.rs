@@ -73,6 +73,13 @@ pub struct Session {
     can_observe: bool,
 }
 
+impl Session {
+    /// Open, and losing nothing it is pushed.
+    fn receives_all(&self) -> bool {
+        self.mailbox.closed().is_none() && self.mailbox.is_lossless()
+    }
+}
+
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
@@ -224,14 +231,16 @@ impl Router {
         mailbox: Arc<Mailbox>,
         interest: Arc<dyn Interest>,
     ) -> Arc<Session> {
-        // Numbered and listed under the agent's entry, so that an agent's sessions are
-        // reached in the order of their ids (`is_receiving`).
+        let can_observe = interest.can_observe();
+        // Numbered and listed under the agent's entry: a session of the agent with a lower
+        // id is in every list before this one, so it is routed everything this one is
+        // (`is_receiving`).
         let mut of_agent = self.by_agent.entry(agent.to_owned()).or_default();
         let session = Arc::new(Session {
             id: self.next_session.fetch_add(1, Ordering::Relaxed),
             agent: agent.to_owned(),
             mailbox,
-            can_observe: interest.can_observe(),
+            can_observe,
             interest,
         });
         of_agent.push(session.clone());
@@ -280,12 +289,19 @@ impl Router {
     }
 
     /// Whether `agent`'s session `id` is attached with its mailbox open and losing
-    /// nothing: every message routed to the agent since it attached that its interest
-    /// accepts is in it — and so in every later session of the agent's too.
+    /// nothing: it holds every message routed to the agent since it attached that its
+    /// interest accepts, and so everything any later session of the agent was routed that
+    /// it accepts too.
     pub fn is_receiving(&self, agent: &str, id: u64) -> bool {
-        (self.by_agent.get(agent)).is_some_and(|sessions| {
-            (sessions.iter())
-                .any(|s| s.id == id && s.mailbox.closed().is_none() && s.mailbox.is_lossless())
+        (self.by_agent.get(agent))
+            .is_some_and(|sessions| sessions.iter().any(|s| s.id == id && s.receives_all()))
+    }
+
+    /// Whether an older session of `session`'s agent is receiving (`is_receiving`): asked
+    /// once `session` is detached, it was routed everything `session` was that it accepts.
+    pub fn older_session_receiving(&self, session: &Session) -> bool {
+        (self.by_agent.get(&session.agent)).is_some_and(|sessions| {
+            (sessions.iter()).any(|s| s.id < session.id && s.receives_all())
         })
     }
 

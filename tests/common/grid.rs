@@ -152,6 +152,14 @@ impl GridWs {
         Self::open(&Self::url(addr, agent, instance)).await
     }
 
+    /// As `quiet`, over a socket with a small receive buffer (`TestSocket::connect_narrow`):
+    /// what the client does not read soon waits at the bridge.
+    pub async fn quiet_narrow(addr: SocketAddr, agent: &str) -> Self {
+        GridWs {
+            socket: TestSocket::connect_narrow(&Self::url(addr, agent, None)).await,
+        }
+    }
+
     fn url(addr: SocketAddr, agent: &str, instance: Option<&str>) -> String {
         let mut url = format!("ws://{addr}/grid/v1/ws?agent={agent}");
         if let Some(instance) = instance {

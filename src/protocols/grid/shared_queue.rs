@@ -110,14 +110,16 @@ impl Grid {
     }
 
     /// Queues `message` for each of `agents`: in a fleet, as the fleet's records (each
-    /// applied here as it is written); alone, or without NATS, here only.
+    /// applied here as it is written); alone, or without NATS, here only. Either way an
+    /// open socket that takes it is woken to (a socket that closed with it unsent hands it
+    /// to the program's others this way).
     pub(super) async fn keep_queued(
         &self,
         agents: Vec<String>,
         message: ToQueue,
     ) -> Result<(), StoreError> {
         let Some(records) = self.core.records() else {
-            return self.db.enqueue(agents, message).await;
+            return self.queue_here(agents, message).await;
         };
         let writes = agents.iter().map(|agent| {
             let record = Record {
@@ -147,7 +149,18 @@ impl Grid {
         if here_only.is_empty() {
             return Ok(());
         }
-        self.db.enqueue(here_only, message).await
+        self.queue_here(here_only, message).await
+    }
+
+    /// Queues `message` for each of `agents` in this bridge's table only, and wakes their
+    /// open sockets that take it.
+    async fn queue_here(&self, agents: Vec<String>, message: ToQueue) -> Result<(), StoreError> {
+        let instance = message.instance.clone();
+        self.db.enqueue(agents.clone(), message).await?;
+        for agent in &agents {
+            self.sockets.wake(agent, instance.as_deref());
+        }
+        Ok(())
     }
 
     /// Takes the messages waiting for `agent` that `instances` covers (`Db::take`); in a

@@ -259,7 +259,13 @@ impl WsSession for Connection {
             return;
         };
         let last = self.grid.sockets.close(&party.agent, self.socket_id);
-        self.grid.core.router.detach(&session);
+        let router = &self.grid.core.router;
+        router.detach(&session);
+        // What names no instance an older socket of the program that still takes
+        // everything was sent too (a newer one may have opened after it was routed here);
+        // not at shutdown, when that one may close after the queue's writer has stopped.
+        let covered =
+            !self.grid.shutdown.is_cancelled() && router.older_session_receiving(&session);
         // Nothing accepted is lost with the socket: what it had not sent is queued again.
         let mut left = std::mem::take(&mut self.unsent);
         // Even from a mailbox an overflow closed.
@@ -268,8 +274,7 @@ impl WsSession for Connection {
             if self.from_backlog.contains(&delivery.envelope.id) {
                 continue; // sent with the backlog
             }
-            // What names no instance reached the program's other sockets too, if it has any.
-            if last || translate::target_instance(&delivery.envelope).is_some() {
+            if !covered || translate::target_instance(&delivery.envelope).is_some() {
                 self.grid.requeue(&party.agent, &delivery);
             }
         }
