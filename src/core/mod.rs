@@ -1,7 +1,6 @@
 //! The protocol-agnostic heart of the bridge: the envelope, the directory of agents, the
 //! router with its mailboxes, and the correlation index. Nothing here knows a wire format.
 
-mod arriving;
 mod claims;
 mod correlation;
 mod delivery;
@@ -12,13 +11,13 @@ mod log;
 mod mailbox;
 mod records;
 mod router;
+mod sent_on_arrival;
 mod unsettled;
 
 use std::sync::Arc;
 
 use serde::Deserialize;
 
-pub use arriving::SentOnArrival;
 pub use claims::{ClaimFuture, Claiming, NameClaims};
 pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, TaskRequest, derived_uuid};
 pub use delivery::Delivery;
@@ -36,6 +35,7 @@ pub use records::{
     unless_lost, until_not_lost,
 };
 pub use router::{AddressedOnly, Interest, OfflineSink, RouteReport, Router, Session};
+pub use sent_on_arrival::SentOnArrival;
 pub use unsettled::{Settled, UnsettledMail, settle_record};
 
 use crate::telemetry;

@@ -258,8 +258,10 @@ pub trait SharedRecords: Send + Sync {
     fn read<'a>(&'a self, table: &'a str, key: &'a str) -> RecordFuture<'a, Option<Record>>;
 
     /// Writes `value` as `table`'s record `key` if it is still as `expected`; its new
-    /// revision. `Unavailable` means the write did not land as far as the fleet could
-    /// tell: one whose answer was lost is made again, and is `Ok` if either try landed.
+    /// revision. A write whose answer was lost is made again, and is `Ok` when either try
+    /// is found to have landed. So `Unavailable` means it was not found to: it may still
+    /// land. `Conflict` means another write came first — or, rarely, after a try that
+    /// landed without its answer, which can then no longer be told.
     fn write<'a>(
         &'a self,
         table: &'a str,

@@ -2,8 +2,9 @@
 //! `<table>.<key>` (the key in URL-safe base64, which KV keys allow). A conditional write is
 //! published as KV's create and update are, expecting the key's last message at the
 //! revision the writer read (none, for a new record), which JetStream checks: of two
-//! bridges writing one record at once, one is refused and reads again. Each table is followed with a watch from its last values on, so a bridge
-//! that starts late or reconnects applies what it missed.
+//! bridges writing one record at once, one is refused and reads again. Each table is
+//! followed with a watch from its last values on, so a bridge that starts late or
+//! reconnects applies what it missed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,7 +85,7 @@ impl FleetRecords {
     /// it is made again under its id (`publish_again`).
     async fn publish_record(
         &self,
-        write: &Write<'_>,
+        write: &RecordWrite<'_>,
         expect_last: Revision,
     ) -> Result<Revision, RecordError> {
         use async_nats::jetstream::context::PublishErrorKind;
@@ -107,13 +108,14 @@ impl FleetRecords {
     /// `Nats-Msg-Id`: JetStream answers with the first's revision if it landed, and this
     /// one lands if it did not. While a clustered stream is still replicating the first,
     /// it refuses the id for now, and it is tried again, for up to one more publish
-    /// timeout. Refused at `expect_last`, the first landed if the key's last message is
-    /// it (a server that checks the revision before the id); if another write came after
-    /// it, it is a `Conflict` all the same.
+    /// timeout. Refused at `expect_last` (a server that checks the revision before the
+    /// id), or still refused by id when the time is up, the key's last message says: the
+    /// first, by its id, landed; another write past `expect_last` makes it a `Conflict`
+    /// (the first may have landed before it, which cannot be told any more).
     async fn publish_again(
         &self,
         ready: &super::link::Ready,
-        write: &Write<'_>,
+        write: &RecordWrite<'_>,
         expect_last: Revision,
     ) -> Result<Revision, RecordError> {
         let until = tokio::time::Instant::now() + self.link.publish_timeout();
@@ -121,19 +123,34 @@ impl FleetRecords {
         loop {
             match publish_once(ready, write, expect_last).await {
                 Ok(revision) => return Ok(revision),
-                Err(e) if lost_race(&e) => {
-                    let last = self.last_message(write.table, write.key).await?;
-                    return match last.filter(|last| is_write(last, &write.id)) {
-                        Some(first) => Ok(first.sequence),
-                        None => Err(RecordError::Conflict),
-                    };
-                }
-                Err(e) if still_in_process(&e) && tokio::time::Instant::now() + wait < until => {
+                Err(e) if lost_race(&e) => return self.which_landed(write, expect_last, e).await,
+                Err(e) if still_in_process(&e) => {
+                    if tokio::time::Instant::now() + wait >= until {
+                        return self.which_landed(write, expect_last, e).await;
+                    }
                     tokio::time::sleep(wait).await;
                     wait *= 2;
                 }
                 Err(e) => return Err(unavailable(e)),
             }
+        }
+    }
+
+    /// What became of `write`, whose tries at `expect_last` got no answer and then `last_try`:
+    /// its revision if the key's last message is it, a `Conflict` if another write is past
+    /// `expect_last` (the write expected that, so it cannot land now), else unknown.
+    async fn which_landed(
+        &self,
+        write: &RecordWrite<'_>,
+        expect_last: Revision,
+        last_try: impl std::fmt::Display,
+    ) -> Result<Revision, RecordError> {
+        let last = self.last_message(write.table, write.key).await?;
+        match last {
+            Some(last) if has_write_id(&last, &write.id) => Ok(last.sequence),
+            Some(last) if last.sequence != expect_last => Err(RecordError::Conflict),
+            None if expect_last != 0 => Err(RecordError::Conflict),
+            _ => Err(unavailable(last_try)),
         }
     }
 
@@ -151,14 +168,11 @@ impl FleetRecords {
 /// JetStream deduplicated).
 async fn publish_once(
     ready: &super::link::Ready,
-    write: &Write<'_>,
+    write: &RecordWrite<'_>,
     expect_last: Revision,
 ) -> Result<Revision, async_nats::jetstream::context::PublishError> {
     use async_nats::header::{NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_ID};
-    let bucket = &ready.records;
-    // As `take` names it.
-    let prefix = bucket.put_prefix.as_ref().unwrap_or(&bucket.prefix);
-    let subject = format!("{prefix}{}", bucket_key(write.table, write.key));
+    let subject = put_subject(&ready.records, write.table, write.key);
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(NATS_MESSAGE_ID, write.id.as_str());
     headers.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, expect_last.to_string());
@@ -170,8 +184,16 @@ async fn publish_once(
     Ok(ack.sequence)
 }
 
+/// The subject a message of `table`'s record `key` is published on, as async-nats's own
+/// puts and purges name it: the bucket's context has no JetStream domain, so no API
+/// prefix goes before it.
+fn put_subject(bucket: &kv::Store, table: &str, key: &str) -> String {
+    let prefix = bucket.put_prefix.as_ref().unwrap_or(&bucket.prefix);
+    format!("{prefix}{}", bucket_key(table, key))
+}
+
 /// A write of a record, under an id of its own.
-struct Write<'a> {
+struct RecordWrite<'a> {
     table: &'a str,
     key: &'a str,
     value: bytes::Bytes,
@@ -179,7 +201,7 @@ struct Write<'a> {
 }
 
 /// Whether `message` is the write with `id`.
-fn is_write(message: &StreamMessage, id: &str) -> bool {
+fn has_write_id(message: &StreamMessage, id: &str) -> bool {
     let header = message.headers.get(async_nats::header::NATS_MESSAGE_ID);
     header.is_some_and(|written| written.as_str() == id)
 }
@@ -251,7 +273,7 @@ impl SharedRecords for FleetRecords {
         expected: Expect,
     ) -> RecordFuture<'a, Revision> {
         Box::pin(async move {
-            let write = Write {
+            let write = RecordWrite {
                 table,
                 key,
                 value,
@@ -266,7 +288,7 @@ impl SharedRecords for FleetRecords {
                     // clustered stream keeps the refused one's id a while).
                     Err(RecordError::Conflict) => match self.last_message(table, key).await? {
                         Some(last) if is_removal(&last) => {
-                            let write = Write {
+                            let write = RecordWrite {
                                 id: uuid::Uuid::new_v4().to_string(),
                                 ..write
                             };
@@ -294,11 +316,7 @@ impl SharedRecords for FleetRecords {
                 NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_TTL, NATS_ROLLUP,
             };
             let ready = self.ready()?;
-            let bucket = &ready.records;
-            // As async-nats's own purge names it; the bucket's context has no JetStream
-            // domain, so no API prefix goes before it.
-            let prefix = bucket.put_prefix.as_ref().unwrap_or(&bucket.prefix);
-            let subject = format!("{prefix}{}", bucket_key(table, key));
+            let subject = put_subject(&ready.records, table, key);
             let mut headers = async_nats::HeaderMap::new();
             headers.insert(KV_OPERATION, "PURGE");
             headers.insert(NATS_ROLLUP, "sub");

@@ -184,6 +184,16 @@ impl Cluster {
         self.signal(i, "-CONT");
     }
 
+    /// Runs `work` while every server stands still (`pause`) for `still`.
+    pub async fn while_paused<T>(&self, still: Duration, work: impl Future<Output = T>) -> T {
+        (0..self.len()).for_each(|i| self.pause(i));
+        let resume = async {
+            tokio::time::sleep(still).await;
+            (0..self.len()).for_each(|i| self.resume(i));
+        };
+        tokio::join!(work, resume).0
+    }
+
     fn signal(&self, i: usize, signal: &str) {
         let child = self.nodes[i].child.as_ref().expect("the server is running");
         let status = Command::new("kill")

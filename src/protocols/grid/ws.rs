@@ -211,9 +211,9 @@ impl WsSession for Connection {
             grid.encode(delivery)
                 .map(|m| Utf8Bytes::from(wire::to_yaml(&m)))
         });
-        // Presence is never anyone's mail.
-        if frame.is_some() && !delivery.envelope.kind.is_presence() {
-            self.sent_on_arrival.sent(&delivery.envelope.id);
+        if frame.is_some() {
+            let env = &delivery.envelope;
+            self.sent_on_arrival.sent(env.kind, &env.id);
         }
         frame
     }

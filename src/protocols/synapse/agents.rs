@@ -256,7 +256,7 @@ impl Synapse {
     /// Whether `agent_id` has a `StreamMessages` stream that attached before the one of
     /// router session `session` and is still receiving: asked once that one is detached,
     /// the older was sent every message the newer was.
-    pub fn holds_older_stream(&self, agent_id: &str, session: u64) -> bool {
+    pub fn older_stream_receiving(&self, agent_id: &str, session: u64) -> bool {
         let older: Vec<u64> = match self.streams.get(agent_id) {
             Some(open) => (open.sessions.iter())
                 .copied()

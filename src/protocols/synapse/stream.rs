@@ -126,7 +126,10 @@ impl Synapse {
         // The steps run once a stream (reading the inbox, closing) are boxed: inline, their
         // futures sized the task of every idle stream.
         let mut backlog = Backlog {
-            sent_on_arrival: SentOnArrival::opening(self.core.records().is_some()),
+            // Only a stream that takes the inbox can be sent a copy of what it was sent.
+            sent_on_arrival: SentOnArrival::opening(
+                self.core.records().is_some() && stream.kind == StreamKind::Messages,
+            ),
             ..Backlog::default()
         };
         let mut unsent = match Box::pin(self.send_backlog(&stream, &out.tx, &mut backlog)).await {
@@ -249,9 +252,7 @@ impl Synapse {
                             delivery.mark_written();
                         }
                         Route::Stream => {
-                            if !delivery.envelope.kind.is_presence() {
-                                backlog.sent_on_arrival.sent(&message.id);
-                            }
+                            (backlog.sent_on_arrival).sent(delivery.envelope.kind, &message.id);
                             if let Err(refused) = out.send(message).await {
                                 break refused.into_iter().collect();
                             }
@@ -329,10 +330,10 @@ impl Synapse {
         self.drain(&mailbox, &mut held);
         // Asked once nothing more reaches this stream; not at shutdown, when the older
         // stream may close after the inbox writer has stopped.
-        let left = Left {
+        let left = Leftovers {
             covered: kind == StreamKind::Messages
                 && !self.shutdown.is_cancelled()
-                && self.holds_older_stream(&agent, session.id),
+                && self.older_stream_receiving(&agent, session.id),
             from_backlog,
         };
         if let Some(unread) = later {
@@ -376,7 +377,7 @@ impl Synapse {
     /// back there, the rest the way `agent` is reached with no stream open — unless the
     /// agent's older stream has it: what was routed to it, not the stream's own answers
     /// (a nack, from the bridge), which only it was sent.
-    fn send_back(&self, agent: &str, message: SynapseMessage, left: &Left) {
+    fn send_back(&self, agent: &str, message: SynapseMessage, left: &Leftovers) {
         let answer = || (message.sender.as_ref()).is_some_and(|s| s.agent_id == BRIDGE_AGENT);
         match left.from_backlog.get(&message.id) {
             Some(&taken_at) => self.outbound.keep(agent, message, Keeping::Again(taken_at)),
@@ -456,7 +457,7 @@ struct Backlog {
 
 /// What becomes of what a closing stream did not deliver (`send_back`).
 #[derive(Clone)]
-struct Left {
+struct Leftovers {
     /// An older stream of the agent is open: it was sent every message this one was.
     covered: bool,
     /// What the stream took from the inbox, each with the revision of the fleet's record

@@ -12,6 +12,8 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use super::Kind;
+
 /// How long after a connection opens its live messages are remembered: far longer than
 /// the fleet takes to see its agent's presence (a KV watch, milliseconds), so that no
 /// bridge still keeps mail for the agent once it ends.
@@ -51,12 +53,20 @@ impl SentOnArrival {
         }))
     }
 
-    /// Notes that message `id` was sent live.
-    pub fn sent(&mut self, id: &str) {
+    /// Notes that a message of `kind` was sent live under `id` (presence is never anyone's
+    /// mail, and is not noted). The ids are let go once no copy kept elsewhere can still
+    /// come.
+    pub fn sent(&mut self, kind: Kind, id: &str) {
         let Some(arriving) = &mut self.0 else {
             return;
         };
         if !arriving.remembering {
+            if arriving.opened.elapsed() >= FORGET_AFTER {
+                self.0 = None;
+            }
+            return;
+        }
+        if kind.is_presence() {
             return;
         }
         if arriving.opened.elapsed() >= ARRIVAL_WINDOW {
@@ -92,7 +102,7 @@ mod tests {
     #[test]
     fn a_connection_of_a_fleet_remembers_what_it_sent_on_arrival() {
         let mut sent = SentOnArrival::opening(true);
-        sent.sent("m1");
+        sent.sent(Kind::Chat, "m1");
         assert!(sent.was_sent("m1"));
         assert!(!sent.was_sent("m2"));
     }
@@ -100,24 +110,41 @@ mod tests {
     #[test]
     fn a_connection_of_a_bridge_alone_remembers_nothing() {
         let mut sent = SentOnArrival::opening(false);
-        sent.sent("m1");
+        sent.sent(Kind::Chat, "m1");
         assert!(!sent.was_sent("m1"));
     }
 
     #[test]
     fn what_is_sent_after_the_window_is_not_remembered() {
         let mut sent = SentOnArrival::opening(true);
-        sent.sent("early");
+        sent.sent(Kind::Chat, "early");
         sent.0.as_mut().unwrap().opened -= ARRIVAL_WINDOW;
-        sent.sent("late");
+        sent.sent(Kind::Chat, "late");
         assert!(sent.was_sent("early"));
         assert!(!sent.was_sent("late"));
     }
 
     #[test]
+    fn presence_is_not_remembered() {
+        let mut sent = SentOnArrival::opening(true);
+        sent.sent(Kind::PresenceJoin, "join");
+        assert!(!sent.was_sent("join"));
+    }
+
+    #[test]
+    fn what_was_sent_on_arrival_is_let_go_as_more_is_sent() {
+        let mut sent = SentOnArrival::opening(true);
+        sent.sent(Kind::Chat, "early");
+        sent.0.as_mut().unwrap().opened -= FORGET_AFTER;
+        sent.sent(Kind::Chat, "late");
+        sent.sent(Kind::Chat, "later");
+        assert!(sent.0.is_none());
+    }
+
+    #[test]
     fn what_was_sent_on_arrival_is_let_go_in_the_end() {
         let mut sent = SentOnArrival::opening(true);
-        sent.sent("early");
+        sent.sent(Kind::Chat, "early");
         sent.0.as_mut().unwrap().opened -= FORGET_AFTER;
         assert!(!sent.was_sent("early"));
         assert!(sent.0.is_none());
@@ -127,7 +154,7 @@ mod tests {
     fn at_most_so_many_ids_are_remembered() {
         let mut sent = SentOnArrival::opening(true);
         for i in 0..MOST_REMEMBERED + 10 {
-            sent.sent(&i.to_string());
+            sent.sent(Kind::Chat, &i.to_string());
         }
         assert!(sent.was_sent("0"));
         assert!(!sent.was_sent(&MOST_REMEMBERED.to_string()));
