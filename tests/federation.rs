@@ -968,6 +968,20 @@ async fn mail_record(
     (key, record.expect("the message is kept in the fleet"))
 }
 
+/// Takes message `id` kept for `agent` in `table` through b0's records, as a take whose
+/// answer b0's endpoint never saw, and waits until b0 has settled it: kept again as the
+/// fleet's record, at a later revision.
+async fn taken_by_b0_without_its_answer(fleet: &Fleet, table: &str, agent: &str, id: &str) {
+    let (key, taken) = mail_record(fleet, 0, table, agent, id).await;
+    let records = fleet.nets[0].bridge.core().records().unwrap();
+    records.take(table, &key, taken.revision).await.unwrap();
+    eventually("b0 keeps the message again as the fleet's", async || {
+        let record = records.read(table, &key).await.unwrap();
+        record.is_some_and(|r| r.value.is_some() && r.revision > taken.revision)
+    })
+    .await;
+}
+
 /// A record taken is its taker's: taking it again (a take whose answer was lost, tried
 /// again) is `Ok` for that bridge and refused to another, and mail is not kept again under
 /// its key; it is put back over that take only, by that bridge. (A table no endpoint
@@ -1112,18 +1126,7 @@ async fn a_synapse_inbox_take_whose_answer_was_lost_is_the_bridges_own() {
 async fn mail_whose_take_answer_was_lost_follows_its_program_to_another_bridge() {
     let mut fleet = Fleet::start(2).await;
     mail_queued_for_away_program(&fleet, "mover", &["q0"]).await;
-    let (q0, taken) = mail_record(&fleet, 0, "grid-queue", "mover", "q0").await;
-    // A take by b0 whose answer b0's Grid never saw.
-    let records = fleet.nets[0].bridge.core().records().unwrap();
-    records
-        .take("grid-queue", &q0, taken.revision)
-        .await
-        .unwrap();
-    eventually("b0 keeps q0 again as the fleet's", async || {
-        let record = records.read("grid-queue", &q0).await.unwrap();
-        record.is_some_and(|r| r.value.is_some() && r.revision > taken.revision)
-    })
-    .await;
+    taken_by_b0_without_its_answer(&fleet, "grid-queue", "mover", "q0").await;
 
     // The program moves to b1: b0 leaves the fleet, and b1 takes its name over.
     let moved_from = fleet.nets.remove(0);
@@ -1158,17 +1161,7 @@ async fn an_inbox_message_whose_take_answer_was_lost_follows_its_agent() {
     let id = send(&mut sender, chat("writer", "mover", "kept")).await;
     let id = id.unwrap();
     fleet.wait_records_in("synapse-inbox", 1).await;
-    let (key, taken) = mail_record(&fleet, 0, "synapse-inbox", "mover", &id).await;
-    let records = fleet.nets[0].bridge.core().records().unwrap();
-    records
-        .take("synapse-inbox", &key, taken.revision)
-        .await
-        .unwrap();
-    eventually("b0 keeps the message again as the fleet's", async || {
-        let record = records.read("synapse-inbox", &key).await.unwrap();
-        record.is_some_and(|r| r.value.is_some() && r.revision > taken.revision)
-    })
-    .await;
+    taken_by_b0_without_its_answer(&fleet, "synapse-inbox", "mover", &id).await;
 
     let moved_from = fleet.nets.remove(0);
     moved_from.bridge.shutdown().await;

@@ -847,15 +847,7 @@ async fn what_a_closed_socket_had_not_sent_is_queued_again() {
         tokio_tungstenite::client_async(format!("ws://{}/grid/v1/ws?agent=mc", w.addr), tcp)
             .await
             .unwrap();
-    let big = "x".repeat(512 * 1024);
-    let ids: Vec<String> = (0..24).map(|i| format!("big-{i}")).collect();
-    for id in &ids {
-        let (status, _) = w
-            .http
-            .post_json(json!({ "message": { "id": id, "timestamp": "2026-01-24T10:00:00Z", "type": "request", "sender": { "agent": "planner" }, "receiver": { "agent": "mc" }, "content": { "payload": { "text": big } } } }))
-            .await;
-        assert_eq!(status, 202);
-    }
+    let ids = post_big_requests(&w, "mc").await;
     // The program goes away without reading.
     drop(stream.into_inner());
     let got: Vec<String> = poll_until_some(&w, "mc")
@@ -869,6 +861,21 @@ async fn what_a_closed_socket_had_not_sent_is_queued_again() {
         got.iter().collect::<Vec<_>>()
     );
     w.bridge.shutdown().await;
+}
+
+/// Posts 24 requests of 512 KiB each to `to`, more than a socket that does not read takes
+/// in, so some wait at the bridge; their ids, in the order sent.
+async fn post_big_requests(w: &World, to: &str) -> Vec<String> {
+    let big = "x".repeat(512 * 1024);
+    let ids: Vec<String> = (0..24).map(|i| format!("big-{i}")).collect();
+    for id in &ids {
+        let (status, _) = w
+            .http
+            .post_json(json!({ "message": { "id": id, "timestamp": "2026-01-24T10:00:00Z", "type": "request", "sender": { "agent": "planner" }, "receiver": { "agent": to }, "content": { "payload": { "text": big } } } }))
+            .await;
+        assert_eq!(status, 202);
+    }
+    ids
 }
 
 /// A socket that goes away with messages unsent has them queued again even while its
@@ -885,15 +892,7 @@ async fn what_a_socket_had_not_sent_reaches_a_newer_socket_of_its_program() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let big = "x".repeat(512 * 1024);
-    let ids: Vec<String> = (0..24).map(|i| format!("big-{i}")).collect();
-    for id in &ids {
-        let (status, _) = w
-            .http
-            .post_json(json!({ "message": { "id": id, "timestamp": "2026-01-24T10:00:00Z", "type": "request", "sender": { "agent": "planner" }, "receiver": { "agent": "mc" }, "content": { "payload": { "text": big } } } }))
-            .await;
-        assert_eq!(status, 202);
-    }
+    let ids = post_big_requests(&w, "mc").await;
     let mut newer = GridWs::quiet(w.addr, "mc", None).await;
     // The older socket goes away without reading.
     drop(older);
