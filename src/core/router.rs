@@ -234,7 +234,7 @@ impl Router {
         let can_observe = interest.can_observe();
         // Numbered and listed under the agent's entry: a session of the agent with a lower
         // id is in every list before this one, so it is routed everything this one is
-        // (`is_receiving`).
+        // (`older_session_receiving`).
         let mut of_agent = self.by_agent.entry(agent.to_owned()).or_default();
         let session = Arc::new(Session {
             id: self.next_session.fetch_add(1, Ordering::Relaxed),
@@ -288,20 +288,13 @@ impl Router {
         self.by_agent.contains_key(agent)
     }
 
-    /// Whether `agent`'s session `id` is attached with its mailbox open and losing
-    /// nothing: it holds every message routed to the agent since it attached that its
-    /// interest accepts, and so everything any later session of the agent was routed that
-    /// it accepts too.
-    pub fn is_receiving(&self, agent: &str, id: u64) -> bool {
-        (self.by_agent.get(agent))
-            .is_some_and(|sessions| sessions.iter().any(|s| s.id == id && s.receives_all()))
-    }
-
-    /// Whether an older session of `session`'s agent is receiving (`is_receiving`): asked
-    /// once `session` is detached, it was routed everything `session` was that it accepts.
-    pub fn older_session_receiving(&self, session: &Session) -> bool {
+    /// Whether a session of `session`'s agent that attached before it, and that `among`
+    /// picks by id, is still attached with its mailbox open and losing nothing. Asked once
+    /// `session` is detached, such a session holds everything `session` was routed that
+    /// it accepts.
+    pub fn older_session_receiving(&self, session: &Session, among: impl Fn(u64) -> bool) -> bool {
         (self.by_agent.get(&session.agent)).is_some_and(|sessions| {
-            (sessions.iter()).any(|s| s.id < session.id && s.receives_all())
+            (sessions.iter()).any(|s| s.id < session.id && among(s.id) && s.receives_all())
         })
     }
 

@@ -264,8 +264,8 @@ impl WsSession for Connection {
         // What names no instance an older socket of the program that still takes
         // everything was sent too (a newer one may have opened after it was routed here);
         // not at shutdown, when that one may close after the queue's writer has stopped.
-        let covered =
-            !self.grid.shutdown.is_cancelled() && router.older_session_receiving(&session);
+        let covered = !self.grid.shutdown.is_cancelled()
+            && router.older_session_receiving(&session, |_| true);
         // Nothing accepted is lost with the socket: what it had not sent is queued again.
         let mut left = std::mem::take(&mut self.unsent);
         // Even from a mailbox an overflow closed.

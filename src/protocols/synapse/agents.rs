@@ -253,21 +253,16 @@ impl Synapse {
         }
     }
 
-    /// Whether `agent_id` has a `StreamMessages` stream that attached before the one of
-    /// router session `session` and is still receiving: asked once that one is detached,
-    /// the older was sent every message the newer was.
-    pub fn older_stream_receiving(&self, agent_id: &str, session: u64) -> bool {
-        let older: Vec<u64> = match self.streams.get(agent_id) {
-            Some(open) => (open.sessions.iter())
-                .copied()
-                .filter(|&other| other < session)
-                .collect(),
+    /// Whether the agent of `session`, a `StreamMessages` stream, has another such stream
+    /// that attached before it and still receives everything (`Router::older_session_receiving`):
+    /// asked once `session` is detached, that one was sent every message this one was.
+    pub fn older_stream_receiving(&self, session: &crate::core::Session) -> bool {
+        let streams: Vec<u64> = match self.streams.get(&session.agent) {
+            Some(open) => open.sessions.clone(),
             None => return false,
         };
         let router = &self.core.router;
-        older
-            .into_iter()
-            .any(|other| router.is_receiving(agent_id, other))
+        router.older_session_receiving(session, |id| streams.contains(&id))
     }
 
     pub async fn stream_closed(&self, agent_id: &str, session: u64) {

@@ -333,7 +333,7 @@ impl Synapse {
         let left = Leftovers {
             covered: kind == StreamKind::Messages
                 && !self.shutdown.is_cancelled()
-                && self.older_stream_receiving(&agent, session.id),
+                && self.older_stream_receiving(&session),
             from_backlog,
         };
         if let Some(unread) = later {
