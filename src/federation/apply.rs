@@ -239,12 +239,12 @@ impl Applier {
                 history,
                 ..
             } = replica;
+            if let Some(info) = agent.and_then(|card| card.into_info()) {
+                self.core.directory.register_replica(info);
+            }
             if history {
                 // Its own bridge delivered it while NATS was away; the others keep it.
                 continue;
-            }
-            if let Some(info) = agent.and_then(|card| card.into_info()) {
-                self.core.directory.register_replica(info);
             }
             self.presence(&envelope);
             telemetry::federation_applied((now_ms() - envelope.timestamp).max(0));

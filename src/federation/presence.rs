@@ -76,7 +76,7 @@ impl Presence {
                     self.sweep(&ready, &mut alive, &heard);
                 }
                 card = next_entry(&mut cards) => match card {
-                    Some(Ok(entry)) => self.take_in_card(&entry.value, &mut alive),
+                    Some(Ok(entry)) => self.take_in_watched_card(&entry.value, &mut alive),
                     Some(Err(_)) | None => cards = None,
                 },
                 entry = next_entry(&mut watch) => match entry {
@@ -142,6 +142,20 @@ impl Presence {
                 env.data = Some(serde_json::json!({ "status": Status::Online.as_str() }));
                 self.core.accept_replica(env, false);
             }
+        }
+    }
+
+    /// Registers the agent a card another bridge just put describes — unless this bridge
+    /// keeps that agent's mail: the card comes before the stream has brought here what was
+    /// sent to the agent before it connected there, which that bridge did not send it and
+    /// this one must keep. The agent's join, in the stream's order, moves it.
+    fn take_in_watched_card(&self, value: &[u8], alive: &mut HashMap<String, Instant>) {
+        let keeps_mail = serde_json::from_slice::<Card>(value).is_ok_and(|card| {
+            card.bridge != self.link.bridge_id
+                && (self.core.directory.keeps_mail_of(&card.name)).is_some()
+        });
+        if !keeps_mail {
+            self.take_in_card(value, alive);
         }
     }
 
