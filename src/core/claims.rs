@@ -11,7 +11,9 @@ pub type ClaimFuture<'a> = Pin<Box<dyn Future<Output = Result<(), NameTaken>> + 
 /// What a claim is for, which says who may take the name from whom.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Claiming {
-    /// An agent this bridge holds: once this bridge is gone, another may take the name.
+    /// An agent this bridge holds: the same agent (the same protocol and native id) takes
+    /// the name to another bridge while it is not online here; once this bridge is gone,
+    /// another agent may take it.
     Held,
     /// A registration the whole fleet keeps (a shared record): the name stays its own after
     /// the bridge that claimed it is gone; only the same agent (the same protocol and

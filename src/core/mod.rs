@@ -99,6 +99,18 @@ pub struct Core {
     records: std::sync::OnceLock<Arc<dyn SharedRecords>>,
 }
 
+/// An agent's name claimed for this bridge as it connects here, from the bridge that held
+/// it (`Core::claim_move`).
+pub struct MoveClaim {
+    info: AgentInfo,
+    /// The bridge that held it.
+    pub from: String,
+}
+
+/// How long `Core::claim_move` waits for the leave of an agent still shown online through
+/// another bridge before it refuses it: one reconnecting at once is let in.
+const LEAVE_ARRIVES_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Core {
     pub fn new(log: Arc<dyn MessageLog>, routing: &RoutingConfig) -> Arc<Core> {
         let directory = Arc::new(Directory::new());
@@ -192,8 +204,65 @@ impl Core {
         self.claim(info, Claiming::Move).await
     }
 
+    /// Claims `name` for this bridge as its agent connects through it, when the directory
+    /// shows it held by another bridge of the fleet (it was connected there, and is not
+    /// now): the name's claim comes here (refused while the agent is online through that
+    /// bridge). The directory moves it once the connection is attached (`complete_move`),
+    /// so that no message routed meanwhile is kept here as mail as well as there.
+    pub async fn claim_move(&self, name: &str) -> Result<Option<MoveClaim>, NameTaken> {
+        self.leave_arrived(name).await;
+        let Some(mut info) = self.directory.get(name) else {
+            return Ok(None);
+        };
+        let Some(from) = info.bridge.take() else {
+            return Ok(None);
+        };
+        self.directory.check_claim(&info)?;
+        if let Some(claims) = self.claims.get() {
+            claims.claim(&info, Claiming::Held).await?;
+        }
+        Ok(Some(MoveClaim { info, from }))
+    }
+
+    /// Ends once `name` is not shown online through another bridge, or after
+    /// `LEAVE_ARRIVES_WITHIN`: an agent connecting here the moment it left another bridge
+    /// is let in once its leave has come.
+    pub async fn leave_arrived(&self, name: &str) {
+        let deadline = tokio::time::Instant::now() + LEAVE_ARRIVES_WITHIN;
+        while (self.directory.get(name)).is_some_and(|a| a.bridge.is_some() && a.online)
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Holds the agent `claim` moved here, its connection attached: every bridge sends it
+    /// live here from its join on, and none other keeps its mail.
+    pub fn complete_move(&self, claim: &MoveClaim) -> Result<(), NameTaken> {
+        self.directory.register(claim.info.clone())
+    }
+
+    /// Ends once the mail `bridge` kept for `agent`, which moved here from it, can
+    /// be taken here (`SharedRecords::mail_handed_over`): a connection takes its agent's
+    /// mail after this, then sends it live.
+    pub async fn mail_handed_over(&self, agent: &str, bridge: &str) {
+        if let Some(records) = self.records() {
+            records.mail_handed_over(agent, bridge).await;
+        }
+    }
+
     async fn claim(&self, info: AgentInfo, how: Claiming) -> Result<(), NameTaken> {
         self.directory.check_claim(&info)?;
+        // The same agent, held by another bridge: it stays there until it connects here
+        // (`claim_move`).
+        let held_elsewhere = (self.directory.get(&info.name)).is_some_and(|held| {
+            held.bridge.is_some()
+                && held.protocol == info.protocol
+                && held.native_id == info.native_id
+        });
+        if how == Claiming::Held && held_elsewhere {
+            return Ok(());
+        }
         let Some(claims) = self.claims.get() else {
             return self.directory.register(info);
         };

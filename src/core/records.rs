@@ -308,4 +308,18 @@ pub trait SharedRecords: Send + Sync {
     /// that answers may still refuse a write). Work that could only try and put back
     /// what it took (a sweep of expired mail) waits while they cannot.
     fn reachable(&self) -> bool;
+
+    /// Ends once the mail `bridge` kept for `agent` — an agent it held that now connected
+    /// here (`Core::hold_here`) — is among the records this bridge follows: everything
+    /// that bridge kept for it before it learned the agent moved. Taken after this, the
+    /// agent's mail comes before anything sent to it live here since it connected, in the
+    /// order sent. Bounded: a bridge that does not answer in time is not waited for.
+    fn mail_handed_over<'a>(
+        &'a self,
+        agent: &'a str,
+        bridge: &'a str,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        let _ = (agent, bridge);
+        Box::pin(std::future::ready(()))
+    }
 }

@@ -55,6 +55,12 @@ impl Interest for AddressedOnly {
 pub trait OfflineSink: Send + Sync {
     fn deliver(&self, agent: &str, delivery: &Arc<Delivery>);
 
+    /// Ends once everything `deliver` was given before this call is kept (a sink that
+    /// writes in the background waits for its writer).
+    fn flush(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(std::future::ready(()))
+    }
+
     /// Whether the protocol keeps messages to everyone for its absent agents too (its
     /// endpoint does that itself, through its hub; `Router::keep_for` asks).
     fn keeps_broadcasts(&self) -> bool {
@@ -296,6 +302,15 @@ impl Router {
         (self.by_agent.get(&session.agent)).is_some_and(|sessions| {
             (sessions.iter()).any(|s| s.id < session.id && among(s.id) && s.receives_all())
         })
+    }
+
+    /// Ends once every offline sink has kept what it was given before this call.
+    pub async fn flush_offline(&self) {
+        // Collected first: no shard lock is held over the waits.
+        let sinks: Vec<Arc<dyn OfflineSink>> = self.offline.iter().map(|s| s.clone()).collect();
+        for sink in sinks {
+            sink.flush().await;
+        }
     }
 
     /// Where messages for offline agents of `protocol` go.

@@ -3,8 +3,8 @@
 //! one name at once, exactly one wins. A name whose holder's bridge is gone (no heartbeat
 //! in the bridges bucket) is taken over with a revision check, which is as linearisable —
 //! unless it is a lasting registration's (a shared record outlives its bridge), which only
-//! the same agent takes. A registered agent connecting through another bridge moves its
-//! name there while it is not online where it was (`Claiming`). While NATS is away, names are claimed in this bridge's directory alone; a claim NATS
+//! the same agent takes. An agent connecting through another bridge moves its name there
+//! while it is not online where it was (`Claiming`). While NATS is away, names are claimed in this bridge's directory alone; a claim NATS
 //! does not answer in time is refused.
 
 use std::sync::Arc;
@@ -104,8 +104,13 @@ impl FleetClaims {
                     let same = held.is_for(info);
                     let alive = self.is_alive(ready, &held.bridge).await;
                     let takes = match how {
+                        // The same agent takes its name from a bridge it is not online
+                        // through (it moved); another only from a gone bridge.
                         Claiming::Move => {
                             same && !(alive && self.online_at(ready, info, &held.bridge).await)
+                        }
+                        Claiming::Held if same => {
+                            !(alive && self.online_at(ready, info, &held.bridge).await)
                         }
                         Claiming::Held | Claiming::Registration => {
                             !alive && (same || !held.lasting)

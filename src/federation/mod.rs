@@ -10,6 +10,7 @@ mod apply;
 mod claims;
 mod config;
 mod fleet_log;
+mod handover;
 mod link;
 mod missed_mail;
 mod presence;
@@ -90,9 +91,11 @@ impl Federation {
             link: self.link.clone(),
             releasing: Arc::default(),
         }));
+        let positions = Arc::<handover::RecordPositions>::default();
         core.set_records(Arc::new(records::FleetRecords {
             link: self.link.clone(),
             shutdown: shutdown.clone(),
+            positions: positions.clone(),
         }));
         let publisher = tokio::spawn(self.publisher.run(shutdown.clone()));
         let sharer = tokio::spawn(self.log.clone().share_when_back(shutdown.clone()));
@@ -111,10 +114,12 @@ impl Federation {
                 core: core.clone(),
                 local,
             };
+            let handover = handover::serve(link.clone(), core.clone(), positions, shutdown.clone());
             let presence = presence::Presence::new(link, core, &config);
             tokio::join!(
                 applier.run(ready.clone(), shutdown.clone()),
                 presence.run(ready, shutdown.clone()),
+                handover,
             );
         });
         vec![publisher, sharer, fleet]

@@ -13,6 +13,7 @@ use async_nats::jetstream::kv::{self, Operation};
 use async_nats::jetstream::message::StreamMessage;
 use futures_util::StreamExt;
 
+use super::handover::RecordPositions;
 use super::link::{NatsLink, lost_race, still_in_process};
 use crate::core::{
     Expect, Record, RecordChange, RecordError, RecordFuture, RecordSink, Revision, SharedRecords,
@@ -29,6 +30,8 @@ pub const TAKEN_REMEMBERED: Duration = Duration::from_secs(7 * 24 * 3600);
 pub struct FleetRecords {
     pub link: Arc<NatsLink>,
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// What this bridge wrote and applied of each table, for a moved agent's mail.
+    pub positions: Arc<RecordPositions>,
 }
 
 fn bucket_key(table: &str, key: &str) -> String {
@@ -279,7 +282,7 @@ impl SharedRecords for FleetRecords {
                 value,
                 id: uuid::Uuid::new_v4().to_string(),
             };
-            match expected {
+            let written = match expected {
                 Expect::At(revision) => self.publish_record(&write, revision).await,
                 // Revision 0: no message at all under the key, not even a take's mark.
                 Expect::Unused => self.publish_record(&write, 0).await,
@@ -298,7 +301,11 @@ impl SharedRecords for FleetRecords {
                     },
                     written => written,
                 },
+            };
+            if let Ok(revision) = written {
+                self.positions.wrote(table, revision);
             }
+            written
         })
     }
 
@@ -330,7 +337,10 @@ impl SharedRecords for FleetRecords {
                     .await
             };
             match marked.await {
-                Ok(_) => Ok(()),
+                Ok(mark) => {
+                    self.positions.wrote(table, mark.sequence);
+                    Ok(())
+                }
                 Err(e) if lost_race(&e) => {
                     let last = self.last_message(table, key).await?;
                     if last.is_some_and(|m| self.taken_here_at(&m, revision)) {
@@ -359,8 +369,10 @@ impl SharedRecords for FleetRecords {
                 _ => return Err(RecordError::Conflict),
             };
             let bucket = self.bucket()?;
-            (bucket.update(bucket_key(table, key), value, mark).await)
-                .map_err(conflict_or_unavailable)
+            let revision = (bucket.update(bucket_key(table, key), value, mark).await)
+                .map_err(conflict_or_unavailable)?;
+            self.positions.wrote(table, revision);
+            Ok(revision)
         })
     }
 
@@ -399,13 +411,28 @@ impl SharedRecords for FleetRecords {
         self.link.ready().is_some()
     }
 
+    fn mail_handed_over<'a>(
+        &'a self,
+        agent: &'a str,
+        bridge: &'a str,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        Box::pin(super::handover::ask(
+            &self.link,
+            &self.positions,
+            agent,
+            bridge,
+        ))
+    }
+
     fn follow(&self, table: &'static str, sink: Arc<dyn RecordSink>) {
         let (link, shutdown) = (self.link.clone(), self.shutdown.clone());
+        let positions = self.positions.clone();
+        positions.follows(table);
         tokio::spawn(async move {
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = follow_once(&link, table, sink.as_ref()) => {}
+                    _ = follow_once(&link, table, sink.as_ref(), &positions) => {}
                 }
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
@@ -417,7 +444,12 @@ impl SharedRecords for FleetRecords {
 }
 
 /// Watches `table` from its last values on, feeding `sink`, until the watch ends.
-async fn follow_once(link: &NatsLink, table: &str, sink: &dyn RecordSink) {
+async fn follow_once(
+    link: &NatsLink,
+    table: &str,
+    sink: &dyn RecordSink,
+    positions: &RecordPositions,
+) {
     let Some(ready) = link.set_up() else {
         return;
     };
@@ -441,13 +473,15 @@ async fn follow_once(link: &NatsLink, table: &str, sink: &dyn RecordSink) {
         };
         let purge = entry.operation == Operation::Purge;
         let taken_here = is_take_by(&link.bridge_id, purge, &entry.value);
+        let revision = entry.revision;
         sink.apply(RecordChange {
             key,
-            revision: entry.revision,
+            revision,
             taken_here,
             value: value_of(entry),
         })
         .await;
+        positions.applied(table, revision);
     }
 }
 

@@ -46,6 +46,12 @@ impl Names {
         format!("{}.msg.>", self.prefix)
     }
 
+    /// The subject `bridge` is asked on to hand over the mail of an agent that left it
+    /// (`handover`).
+    pub fn handover_of(&self, bridge: &str) -> String {
+        format!("{}.handover.{bridge}", self.prefix)
+    }
+
     /// The subject `bridge` publishes what it accepts on.
     pub fn messages_of(&self, bridge: &str) -> String {
         format!("{}.msg.{bridge}", self.prefix)

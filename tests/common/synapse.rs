@@ -183,6 +183,17 @@ impl Stream {
         self.out.send(message).await.expect("stream open");
     }
 
+    /// Ends the stream from the client's side; what the bridge sent before it saw the end.
+    pub async fn close_reading(self) -> Vec<SynapseMessage> {
+        let Stream { out, mut inbound } = self;
+        drop(out);
+        let mut read = Vec::new();
+        while let Ok(Some(Ok(message))) = tokio::time::timeout(WAIT, inbound.next()).await {
+            read.push(message);
+        }
+        read
+    }
+
     pub async fn next(&mut self) -> SynapseMessage {
         tokio::time::timeout(WAIT, self.inbound.next())
             .await

@@ -37,8 +37,8 @@ pub use config::Config;
 use super::endpoint::{Endpoint, Listening, Reloader};
 use super::{Context, Running, StartError};
 use crate::core::{
-    AgentInfo, Core, Delivery, Envelope, Kind, LogError, Mailbox, OfflineSink, Protocol, Staged,
-    UnsettledMail,
+    AgentInfo, Core, Delivery, Envelope, Kind, LogError, Mailbox, MoveClaim, OfflineSink, Protocol,
+    Staged, UnsettledMail,
 };
 use crate::protocols::endpoint::{Decoded, Translation};
 use crate::protocols::hub::{Hub, HubFilter};
@@ -268,6 +268,15 @@ impl Grid {
             tracing::error!(error = %e, agent, "grid: cannot store a program");
         }
         Ok(())
+    }
+
+    /// Registers a program opening a socket here; when another bridge of the fleet held
+    /// it, its name is claimed here, to complete once the socket is attached
+    /// (`Core::claim_move`).
+    pub(super) async fn hold_program(&self, agent: &str) -> Result<Option<MoveClaim>, Invalid> {
+        let moving = self.core.claim_move(agent).await.map_err(name_taken)?;
+        self.register(agent).await?;
+        Ok(moving)
     }
 
     /// Checks that `msg` can reach its receiver: everyone, its own sender, an agent some
@@ -637,6 +646,14 @@ impl OfflineSink for Sink {
     /// A Grid broadcast is queued for every program it did not reach (`keep_broadcast`).
     fn keeps_broadcasts(&self) -> bool {
         true
+    }
+
+    fn flush(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            if let Some(grid) = self.0.upgrade() {
+                grid.flush().await;
+            }
+        })
     }
 }
 

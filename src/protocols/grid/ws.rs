@@ -290,11 +290,10 @@ impl WsSession for Connection {
 impl Connection {
     /// Connects the program; it ends when it cannot be (its name is another protocol's).
     async fn identify(&mut self, io: &mut Io<Sent>, party: Party) -> Flow {
-        if let Err(mut refusal) = self.grid.register(&party.agent).await {
-            refusal.sender = Some(Box::new(party));
-            let _ = send(io, &wire::error_message(&refusal)).await;
-            return io.close(1008, "name taken").await;
-        }
+        let moving = match self.grid.hold_program(&party.agent).await {
+            Ok(moving) => moving,
+            Err(refusal) => return self.name_taken(io, party, refusal).await,
+        };
         // Recorded before attaching, so the socket's interest finds itself among them.
         let (socket_id, first) = self.grid.sockets.open(
             &party.agent,
@@ -315,6 +314,14 @@ impl Connection {
                 presence: self.presence,
             }),
         );
+        if let Some(claim) = &moving
+            && let Err(taken) = self.grid.core.complete_move(claim)
+        {
+            // Online through another bridge since its claim came here.
+            self.grid.core.router.detach(&session);
+            self.grid.sockets.close(&party.agent, socket_id);
+            return self.name_taken(io, party, super::name_taken(taken)).await;
+        }
         self.grid.sockets.attached(&party.agent);
         if first {
             self.grid
@@ -326,9 +333,23 @@ impl Connection {
         if self.presence && self.welcome(io, &party).await == Flow::Close {
             return Flow::Close;
         }
-        // What was accepted before the socket attached may still be on its way to the queue.
+        // What was accepted before the socket attached may still be on its way to the queue;
+        // in a fleet, also on the bridge the program left.
         self.grid.flush().await;
+        if let Some(claim) = &moving {
+            self.grid
+                .core
+                .mail_handed_over(&party.agent, &claim.from)
+                .await;
+        }
         self.send_backlog(io, &party).await
+    }
+
+    /// Refuses the program its name, and closes the socket.
+    async fn name_taken(&mut self, io: &mut Io<Sent>, party: Party, mut refusal: Invalid) -> Flow {
+        refusal.sender = Some(Box::new(party));
+        let _ = send(io, &wire::error_message(&refusal)).await;
+        io.close(1008, "name taken").await
     }
 
     /// Tells a socket that asked for presence who is there.

@@ -309,4 +309,12 @@ impl OfflineSink for Sink {
         synapse.send_by(agent, route, message);
         delivery.written_to(PROTOCOL);
     }
+
+    fn flush(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            if let Some(synapse) = self.0.upgrade() {
+                synapse.outbound.flush().await;
+            }
+        })
+    }
 }

@@ -32,8 +32,20 @@ pub enum StreamKind {
 
 impl Synapse {
     /// Connects an open stream of `agent` to the router (before the call is answered, so
-    /// anything sent to the agent after it sees the stream open reaches the stream).
-    pub async fn attach_stream(self: &Arc<Self>, agent: &str, kind: StreamKind) -> OpenStream {
+    /// anything sent to the agent after it sees the stream open reaches the stream). A
+    /// `StreamMessages` stream of an agent another bridge of the fleet held moves it here
+    /// (`Core::claim_move`), refused with `ALREADY_EXISTS` while the agent is online
+    /// through that bridge.
+    pub async fn attach_stream(
+        self: &Arc<Self>,
+        agent: &str,
+        kind: StreamKind,
+    ) -> Result<OpenStream, Status> {
+        let taken = |taken: crate::core::NameTaken| Status::already_exists(taken.to_string());
+        let moving = match kind {
+            StreamKind::Messages => self.core.claim_move(agent).await.map_err(taken)?,
+            StreamKind::Groups => None,
+        };
         let mailbox = self.core.router.mailbox(PROTOCOL);
         let session = self.core.router.attach(
             agent,
@@ -44,6 +56,13 @@ impl Synapse {
                 synapse: Arc::downgrade(self),
             }),
         );
+        if let Some(claim) = &moving
+            && let Err(refused) = self.core.complete_move(claim)
+        {
+            // Online through another bridge since its claim came here.
+            self.core.router.detach(&session);
+            return Err(taken(refused));
+        }
         let wake = match kind {
             StreamKind::Messages => self.stream_opened(agent, session.id).await,
             StreamKind::Groups => {
@@ -51,13 +70,14 @@ impl Synapse {
                 Arc::default()
             }
         };
-        OpenStream {
+        Ok(OpenStream {
             agent: agent.to_owned(),
             kind,
             mailbox,
             session,
             wake,
-        }
+            moved_from: moving.map(|claim| claim.from),
+        })
     }
 
     /// Serves a stream that names its agent in its first message: waits for that message,
@@ -76,11 +96,13 @@ impl Synapse {
             first = Box::pin(self.identify(&mut inbound, &hints)) => first,
         };
         match first {
-            Ok((agent, first)) => {
-                let attached = Box::pin(self.attach_stream(&agent, kind)).await;
-                self.serve_stream(attached, Some(Box::new(first)), inbound, hints, out)
-                    .await;
-            }
+            Ok((agent, first)) => match Box::pin(self.attach_stream(&agent, kind)).await {
+                Ok(attached) => {
+                    self.serve_stream(attached, Some(Box::new(first)), inbound, hints, out)
+                        .await
+                }
+                Err(status) => out.tx.fail(status).await,
+            },
             Err(status) => {
                 out.tx.fail(status).await;
             }
@@ -107,6 +129,8 @@ impl Synapse {
                     "the first message must name message.sender.agent_id (or send {AGENT_HEADER} metadata)"
                 ))
             })?;
+        // One reconnecting here from another bridge is let in once its leave came.
+        self.core.leave_arrived(&sender.agent_id).await;
         self.ensure_agent(&sender, hints, "message.sender").await?;
         Ok((sender.agent_id, first))
     }
@@ -132,6 +156,10 @@ impl Synapse {
             ),
             ..Backlog::default()
         };
+        if let Some(bridge) = &stream.moved_from {
+            // Its mail on the bridge the agent left is taken first.
+            Box::pin(self.core.mail_handed_over(&stream.agent, bridge)).await;
+        }
         let mut unsent = match Box::pin(self.send_backlog(&stream, &out.tx, &mut backlog)).await {
             Ok(()) => Vec::new(),
             Err(unsent) => unsent,
@@ -311,7 +339,7 @@ impl Synapse {
             kind,
             mailbox,
             session,
-            wake: _,
+            ..
         } = stream;
         let Outlet { tx, unread } = out;
         let mut held = Vec::new();
@@ -489,6 +517,8 @@ pub struct OpenStream {
     session: Arc<crate::core::Session>,
     /// Wakes the stream to take what was kept in the agent's inbox while it is open.
     wake: Arc<tokio::sync::Notify>,
+    /// The bridge of the fleet that held the agent before this stream, if another did.
+    moved_from: Option<String>,
 }
 
 /// What an open stream of `agent` takes.

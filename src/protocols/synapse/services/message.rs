@@ -40,10 +40,12 @@ impl SynapseApi {
                     agent_id: agent.clone(),
                     ..Default::default()
                 };
+                // One reconnecting here from another bridge is let in once its leave came.
+                synapse.core.leave_arrived(&agent).await;
                 synapse
                     .ensure_agent(&endpoint, &hints, AGENT_HEADER)
                     .await?;
-                let attached = synapse.attach_stream(&agent, kind).await;
+                let attached = synapse.attach_stream(&agent, kind).await?;
                 tokio::spawn(synapse.serve_stream(attached, None, inbound, hints, outlet));
             }
             None => {
