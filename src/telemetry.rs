@@ -30,6 +30,7 @@ pub const FEDERATION_REFUSED: &str = "agentbridge_federation_refused_total";
 pub const FEDERATION_OUTBOX: &str = "agentbridge_federation_outbox";
 pub const FEDERATION_APPLY_LAG: &str = "agentbridge_federation_apply_lag_seconds";
 pub const FEDERATION_BRIDGES: &str = "agentbridge_federation_bridges";
+pub const FEDERATION_HANDOVERS: &str = "agentbridge_federation_handovers_total";
 pub const READY: &str = "agentbridge_ready";
 pub const CONFIG_RELOADS: &str = "agentbridge_config_reloads_total";
 
@@ -109,6 +110,10 @@ pub const METRICS: &[(&str, &str)] = &[
     (
         FEDERATION_BRIDGES,
         "Bridges of the fleet alive, as this one sees them (itself included).",
+    ),
+    (
+        FEDERATION_HANDOVERS,
+        "Agents that moved here from another bridge whose mail there was asked for, by outcome.",
     ),
 ];
 
@@ -375,6 +380,9 @@ pub fn bridge_started(protocols: &[&'static str], federated: bool) {
                 .increment(0);
         }
         counter!(FEDERATION_REFUSED, "reason" => "unreachable").increment(0);
+        for outcome in HANDOVER_OUTCOMES {
+            counter!(FEDERATION_HANDOVERS, "outcome" => outcome).increment(0);
+        }
         drop(histogram!(FEDERATION_PUBLISH_DURATION));
         drop(histogram!(FEDERATION_APPLY_LAG));
     }
@@ -463,6 +471,16 @@ pub fn federation_applied(lag_ms: i64) {
 
 pub fn federation_bridges(alive: usize) {
     gauge!(FEDERATION_BRIDGES).set(alive as f64);
+}
+
+/// How asking for a moved agent's mail ended: `handed_over` (all of it here before it was
+/// taken), `late` (answered, not all of it here in time), `unanswered` (no answer in time,
+/// or no bridge to answer).
+const HANDOVER_OUTCOMES: [&str; 3] = ["handed_over", "late", "unanswered"];
+
+pub fn federation_handover(outcome: &'static str) {
+    debug_assert!(HANDOVER_OUTCOMES.contains(&outcome));
+    counter!(FEDERATION_HANDOVERS, "outcome" => outcome).increment(1);
 }
 
 /// Counts a connection for as long as the guard lives.

@@ -965,6 +965,13 @@ async fn a_program_moving_while_messages_flow_gets_them_once_in_order() {
         got.extend(number(&message));
     }
     assert_once_in_order(&got, TOTAL);
+    let (_, metrics) = common::admin_get(&fleet.nets[0].bridge, "/metrics").await;
+    let handed_over = (metrics.lines())
+        .find_map(|line| {
+            line.strip_prefix(r#"agentbridge_federation_handovers_total{outcome="handed_over"} "#)
+        })
+        .and_then(|n| n.trim().parse::<f64>().ok());
+    assert!(handed_over.is_some_and(|n| n > 0.0), "{metrics}");
     fleet.shutdown().await;
 }
 

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::link::NatsLink;
 use crate::core::{Core, Revision};
+use crate::telemetry;
 
 /// How often a bridge asked for an agent's mail looks whether it still keeps it.
 const LOOK_EVERY: Duration = Duration::from_millis(10);
@@ -59,21 +60,18 @@ impl RecordPositions {
     }
 
     /// Waits until this bridge's watch of each followed table of `written` has applied its
-    /// revision there, or `deadline`.
-    async fn wait_applied(&self, written: &HashMap<String, Revision>, deadline: Instant) {
+    /// revision there; false when `deadline` came first.
+    async fn wait_applied(&self, written: &HashMap<String, Revision>, deadline: Instant) -> bool {
         for (table, &revision) in written {
             let Some(mut applied) = self.applied.get(table).map(|a| a.subscribe()) else {
                 continue; // not followed here
             };
             let reached = applied.wait_for(|&at| at >= revision);
-            if tokio::time::timeout_at(deadline, reached).await.is_err() {
-                tracing::debug!(
-                    table,
-                    "federation: a moved agent's mail is taken before it all arrived"
-                );
-                return;
+            if !matches!(tokio::time::timeout_at(deadline, reached).await, Ok(Ok(_))) {
+                return false;
             }
         }
+        true
     }
 }
 
@@ -86,12 +84,12 @@ pub async fn ask(link: &NatsLink, positions: &RecordPositions, agent: &str, brid
         .payload(agent.to_owned().into())
         .timeout(Some(HANDED_OVER_WITHIN));
     let asked = link.client.send_request(subject, request);
+    // No answer (NATS away, the bridge gone or too slow): the mail is taken as it is.
     let answer = match tokio::time::timeout_at(deadline, asked).await {
         Ok(Ok(answer)) => answer,
-        // No answer (NATS away, the bridge gone or too slow): taken as it is.
         Ok(Err(e)) => {
             tracing::debug!(error = %e, agent, bridge, "federation: no hand-over of a moved agent's mail");
-            return;
+            return telemetry::federation_handover("unanswered");
         }
         Err(_) => {
             tracing::debug!(
@@ -99,13 +97,22 @@ pub async fn ask(link: &NatsLink, positions: &RecordPositions, agent: &str, brid
                 bridge,
                 "federation: no hand-over of a moved agent's mail in time"
             );
-            return;
+            return telemetry::federation_handover("unanswered");
         }
     };
     let Ok(written) = serde_json::from_slice::<HashMap<String, Revision>>(&answer.payload) else {
-        return;
+        return telemetry::federation_handover("unanswered");
     };
-    positions.wait_applied(&written, deadline).await;
+    if positions.wait_applied(&written, deadline).await {
+        telemetry::federation_handover("handed_over");
+    } else {
+        tracing::debug!(
+            agent,
+            bridge,
+            "federation: a moved agent's mail is taken before it all arrived"
+        );
+        telemetry::federation_handover("late");
+    }
 }
 
 /// Answers this bridge's hand-over requests until `shutdown`.
@@ -153,11 +160,14 @@ pub async fn serve(
     }
 }
 
-/// Ends once this bridge no longer keeps `agent`'s mail as one it holds and is away — it
-/// applied the agent's join on another bridge — and every offline sink has kept what it
-/// was given before; or at `deadline`.
+/// Ends once this bridge no longer keeps `agent`'s mail — it applied the agent's join on
+/// another bridge — and every offline sink has kept what it was given before; or at
+/// `deadline`.
 async fn hand_over(core: &Core, agent: &str, deadline: Instant) {
-    let kept_here = || (core.directory.get(agent)).is_some_and(|a| a.bridge.is_none() && !a.online);
+    let directory = &core.directory;
+    let kept_here = || {
+        directory.keeps_mail_of(agent).is_some() && directory.get(agent).is_some_and(|a| !a.online)
+    };
     while kept_here() && Instant::now() < deadline {
         tokio::time::sleep(LOOK_EVERY).await;
     }
