@@ -1336,6 +1336,27 @@ async fn mail_taken_while_nats_is_away_is_delivered_once_when_it_is_back() {
     fleet.shutdown().await;
 }
 
+/// A program that moved to another bridge while NATS was away (its join could not reach
+/// the fleet) is held there fleet-wide once NATS is back: the card that bridge puts again
+/// moves it on the bridge it left, once that one has routed what came before it.
+#[tokio::test]
+async fn a_program_that_moved_while_nats_was_away_is_held_where_it_is_once_nats_is_back() {
+    use common::grid::GridWs;
+    let mut cluster = Cluster::start(1).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
+    away_program(&fleet, 0, "wanderer").await;
+    wait_held(&fleet, 1, "wanderer", Some("b0"), false).await;
+
+    nats_goes_away(&mut cluster, &fleet.nets[1].bridge).await;
+    // Past QUICK's publish timeout: the join is refused rather than waiting for NATS.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let _socket = GridWs::quiet(fleet.nets[1].grid, "wanderer", None).await;
+    wait_held(&fleet, 1, "wanderer", None, true).await;
+    nats_is_back(&mut cluster, &fleet.nets[1].bridge).await;
+    wait_held(&fleet, 0, "wanderer", Some("b1"), true).await;
+    fleet.shutdown().await;
+}
+
 /// A program whose socket opened while NATS was away gets the fleet's mail for it on that
 /// socket once NATS is back, without connecting again.
 #[tokio::test]

@@ -186,7 +186,8 @@ impl Core {
 
     /// Registers an agent a client asked for (not one the config declares, which every
     /// bridge of a fleet declares alike): claimed fleet-wide first when there is a fleet,
-    /// so that of two bridges registering one name at once, one is refused.
+    /// so that of two bridges registering one name at once, one is refused. An agent
+    /// another bridge holds stays held there (it moves as it connects: `claim_move`).
     pub async fn register(&self, info: AgentInfo) -> Result<(), NameTaken> {
         self.claim(info, Claiming::Held).await
     }
@@ -242,13 +243,24 @@ impl Core {
         self.directory.register(claim.info.clone())
     }
 
-    /// Ends once the mail `bridge` kept for `agent`, which moved here from it, can
-    /// be taken here (`SharedRecords::mail_handed_over`): a connection takes its agent's
-    /// mail after this, then sends it live.
-    pub async fn mail_handed_over(&self, agent: &str, bridge: &str) {
-        if let Some(records) = self.records() {
-            records.mail_handed_over(agent, bridge).await;
+    /// Ends once the mail kept for `agent`, which moved here from `bridge`, in `table` (a
+    /// shared records table) can be taken here: a connection takes its agent's mail after
+    /// this, then sends it live. From a bridge still in the fleet it is handed over
+    /// (`SharedRecords::mail_handed_over`); one gone from it kept nothing more, and the
+    /// mail the bridges still here kept for its agents waits while what it missed is read
+    /// (`Router::hold_back_mail_of`): this bridge's share of it is kept first.
+    pub async fn mail_handed_over(&self, agent: &str, bridge: &str, table: &str) {
+        let Some(records) = self.records() else {
+            return;
+        };
+        if !self.directory.is_gone(bridge) {
+            return records.mail_handed_over(agent, bridge, table).await;
         }
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.router.holds_back_mail_of(bridge) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        self.router.flush_offline().await;
     }
 
     async fn claim(&self, info: AgentInfo, how: Claiming) -> Result<(), NameTaken> {

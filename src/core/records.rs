@@ -309,17 +309,19 @@ pub trait SharedRecords: Send + Sync {
     /// what it took (a sweep of expired mail) waits while they cannot.
     fn reachable(&self) -> bool;
 
-    /// Ends once the mail `bridge` kept for `agent` — an agent it held that now connected
-    /// here (`Core::hold_here`) — is among the records this bridge follows: everything
-    /// that bridge kept for it before it learned the agent moved. Taken after this, the
-    /// agent's mail comes before anything sent to it live here since it connected, in the
-    /// order sent. Bounded: a bridge that does not answer in time is not waited for.
+    /// Ends once the mail `bridge` kept for `agent` in `table` — an agent it held that now
+    /// connected here (`Core::claim_move`) — is among the records this bridge follows:
+    /// everything that bridge kept for it before it learned the agent moved. Taken after
+    /// this, the agent's mail comes before anything sent to it live here since it
+    /// connected, in the order sent. Bounded: a bridge that does not answer in time is
+    /// not waited for.
     fn mail_handed_over<'a>(
         &'a self,
         agent: &'a str,
         bridge: &'a str,
+        table: &'a str,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
-        let _ = (agent, bridge);
+        let _ = (agent, bridge, table);
         Box::pin(std::future::ready(()))
     }
 }

@@ -534,6 +534,12 @@ impl Router {
         self.holding_back.store(true, Ordering::Release);
     }
 
+    /// Whether mail for the agents `bridge` held is held back now.
+    pub fn holds_back_mail_of(&self, bridge: &str) -> bool {
+        self.holding_back.load(Ordering::Acquire)
+            && (self.held_back.lock().unwrap_or_else(|e| e.into_inner())).contains_key(bridge)
+    }
+
     /// Keeps what was held back for `bridge`'s agents, in the order it was routed, once
     /// every `hold_back_mail_of(bridge)` is released; from then on their mail is kept as
     /// it is routed. How much was held back (0 while another hold remains).

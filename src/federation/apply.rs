@@ -38,6 +38,8 @@ pub struct Applier {
     pub core: Arc<Core>,
     /// The bridge's own store (not the fleet log: nothing applied is published again).
     pub local: Arc<dyn MessageLog>,
+    /// The stream sequence this bridge has routed everything up to.
+    pub applied: tokio::sync::watch::Sender<u64>,
 }
 
 impl Applier {
@@ -107,6 +109,7 @@ impl Applier {
         // a message the store holds is passed over, so one left unrouted now never would be.
         while let Some((written, last)) = writing.next().await {
             self.route(written);
+            self.routed_through(&last);
             let _ = last.ack().await;
         }
         ended
@@ -120,7 +123,20 @@ impl Applier {
         last: async_nats::jetstream::Message,
     ) -> Result<(), async_nats::Error> {
         self.route(written);
+        self.routed_through(&last);
         last.ack().await
+    }
+
+    /// Everything up to `last` in the stream is routed here.
+    fn routed_through(&self, last: &async_nats::jetstream::Message) {
+        if let Ok(info) = last.info() {
+            let sequence = info.stream_sequence;
+            (self.applied).send_if_modified(|applied| {
+                let further = sequence > *applied;
+                *applied = (*applied).max(sequence);
+                further
+            });
+        }
     }
 
     /// Routes and acknowledges, in order, every batch being written.
@@ -239,12 +255,12 @@ impl Applier {
                 history,
                 ..
             } = replica;
-            if let Some(info) = agent.and_then(|card| card.into_info()) {
-                self.core.directory.register_replica(info);
-            }
             if history {
                 // Its own bridge delivered it while NATS was away; the others keep it.
                 continue;
+            }
+            if let Some(info) = agent.and_then(|card| card.into_info()) {
+                self.core.directory.register_replica(info);
             }
             self.presence(&envelope);
             telemetry::federation_applied((now_ms() - envelope.timestamp).max(0));

@@ -4,8 +4,8 @@
 //! in the bridges bucket) is taken over with a revision check, which is as linearisable —
 //! unless it is a lasting registration's (a shared record outlives its bridge), which only
 //! the same agent takes. An agent connecting through another bridge moves its name there
-//! while it is not online where it was (`Claiming`). While NATS is away, names are claimed in this bridge's directory alone; a claim NATS
-//! does not answer in time is refused.
+//! while it is not online where it was (`Claiming`). While NATS is away, names are claimed
+//! in this bridge's directory alone; a claim NATS does not answer in time is refused.
 
 use std::sync::Arc;
 

@@ -6,20 +6,19 @@
 //! if the new bridge takes it only once it is there. Before it does, it asks the bridge the
 //! agent left (a NATS request on `<prefix>.handover.<bridge>`), which answers once it no
 //! longer keeps the agent's mail and what it kept is written, with the last revision it
-//! wrote in each records table; the new bridge then waits for its own watches of those
-//! tables to reach them.
+//! wrote in the mail's table; the new bridge then waits for its own watch of that table
+//! to reach it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dashmap::DashMap;
 use futures_util::StreamExt;
-use tokio::sync::watch;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::link::NatsLink;
+use super::record_positions::RecordPositions;
 use crate::core::{Core, Revision};
 use crate::telemetry;
 
@@ -31,79 +30,60 @@ const LOOK_EVERY: Duration = Duration::from_millis(10);
 /// it, one record write each, and meanwhile the agent's connection sends nothing.
 const HANDED_OVER_WITHIN: Duration = Duration::from_secs(10);
 
-/// Per records table, the last revision this bridge wrote and the last its watch applied.
-#[derive(Default)]
-pub struct RecordPositions {
-    written: DashMap<String, Revision>,
-    applied: DashMap<String, watch::Sender<Revision>>,
+/// How long the bridge asked waits to apply the agent's join: half the asker's wait, so
+/// that its answer, made even without the join, still arrives in time.
+const JOIN_APPLIED_WITHIN: Duration = Duration::from_secs(5);
+
+/// A request to hand over `agent`'s mail, kept in `table`.
+#[derive(Serialize, Deserialize)]
+struct Asked {
+    agent: String,
+    table: String,
 }
 
-impl RecordPositions {
-    pub fn wrote(&self, table: &str, revision: Revision) {
-        let mut last = self.written.entry(table.to_owned()).or_default();
-        *last = (*last).max(revision);
-    }
-
-    pub fn applied(&self, table: &str, revision: Revision) {
-        if let Some(applied) = self.applied.get(table) {
-            applied.send_if_modified(|last| {
-                let newer = revision > *last;
-                *last = (*last).max(revision);
-                newer
-            });
-        }
-    }
-
-    /// `table` is followed here: its applied revision is kept from now on.
-    pub fn follows(&self, table: &str) {
-        (self.applied.entry(table.to_owned())).or_insert_with(|| watch::channel(0).0);
-    }
-
-    /// Waits until this bridge's watch of each followed table of `written` has applied its
-    /// revision there; false when `deadline` came first.
-    async fn wait_applied(&self, written: &HashMap<String, Revision>, deadline: Instant) -> bool {
-        for (table, &revision) in written {
-            let Some(mut applied) = self.applied.get(table).map(|a| a.subscribe()) else {
-                continue; // not followed here
-            };
-            let reached = applied.wait_for(|&at| at >= revision);
-            if !matches!(tokio::time::timeout_at(deadline, reached).await, Ok(Ok(_))) {
-                return false;
-            }
-        }
-        true
-    }
+/// The answer: the last revision the bridge asked wrote in the table.
+#[derive(Serialize, Deserialize)]
+struct Answer {
+    written: Revision,
 }
 
-/// Asks `bridge`, which held `agent` until it connected here, to hand its mail over, and
-/// waits until this bridge's records hold what it kept — within `HANDED_OVER_WITHIN`.
-pub async fn ask(link: &NatsLink, positions: &RecordPositions, agent: &str, bridge: &str) {
+/// Asks `bridge`, which held `agent` until it connected here, to hand over its mail kept
+/// in `table`, and waits until this bridge's watch of the table holds what it kept —
+/// within `HANDED_OVER_WITHIN`. Not while NATS is away: nothing would answer.
+pub async fn ask(
+    link: &NatsLink,
+    positions: &RecordPositions,
+    agent: &str,
+    bridge: &str,
+    table: &str,
+) {
+    if link.ready().is_none() {
+        return telemetry::federation_handover("unanswered");
+    }
     let deadline = Instant::now() + HANDED_OVER_WITHIN;
-    let subject = link.names.handover_of(bridge);
+    let asked = Asked {
+        agent: agent.to_owned(),
+        table: table.to_owned(),
+    };
     let request = async_nats::Request::new()
-        .payload(agent.to_owned().into())
+        .payload(serde_json::to_vec(&asked).unwrap_or_default().into())
         .timeout(Some(HANDED_OVER_WITHIN));
-    let asked = link.client.send_request(subject, request);
-    // No answer (NATS away, the bridge gone or too slow): the mail is taken as it is.
+    let asked = link
+        .client
+        .send_request(link.names.handover_of(bridge), request);
+    // No answer (the bridge gone, or too slow): the mail is taken as it is.
     let answer = match tokio::time::timeout_at(deadline, asked).await {
-        Ok(Ok(answer)) => answer,
+        Ok(Ok(answer)) => serde_json::from_slice::<Answer>(&answer.payload).ok(),
         Ok(Err(e)) => {
             tracing::debug!(error = %e, agent, bridge, "federation: no hand-over of a moved agent's mail");
-            return telemetry::federation_handover("unanswered");
+            None
         }
-        Err(_) => {
-            tracing::debug!(
-                agent,
-                bridge,
-                "federation: no hand-over of a moved agent's mail in time"
-            );
-            return telemetry::federation_handover("unanswered");
-        }
+        Err(_) => None,
     };
-    let Ok(written) = serde_json::from_slice::<HashMap<String, Revision>>(&answer.payload) else {
+    let Some(answer) = answer else {
         return telemetry::federation_handover("unanswered");
     };
-    if positions.wait_applied(&written, deadline).await {
+    if positions.applied_by(table, answer.written, deadline).await {
         telemetry::federation_handover("handed_over");
     } else {
         tracing::debug!(
@@ -141,28 +121,29 @@ pub async fn serve(
                 None => return,
             },
         };
-        let (Some(reply), Ok(agent)) = (request.reply, std::str::from_utf8(&request.payload))
-        else {
+        let (Some(reply), Ok(asked)) = (
+            request.reply,
+            serde_json::from_slice::<Asked>(&request.payload),
+        ) else {
             continue;
         };
-        let agent = agent.to_owned();
         let (link, core, positions) = (link.clone(), core.clone(), positions.clone());
         tokio::spawn(async move {
-            hand_over(&core, &agent, Instant::now() + HANDED_OVER_WITHIN).await;
-            let written: HashMap<String, Revision> = (positions.written.iter())
-                .map(|entry| (entry.key().clone(), *entry.value()))
-                .collect();
-            let answer = serde_json::to_vec(&written).unwrap_or_default();
+            hand_over(&core, &asked.agent, Instant::now() + JOIN_APPLIED_WITHIN).await;
+            let answer = Answer {
+                written: positions.written(&asked.table),
+            };
+            let answer = serde_json::to_vec(&answer).unwrap_or_default();
             if let Err(e) = link.client.publish(reply, answer.into()).await {
-                tracing::debug!(error = %e, agent, "federation: a hand-over answer was not sent");
+                tracing::debug!(error = %e, agent = asked.agent, "federation: a hand-over answer was not sent");
             }
         });
     }
 }
 
 /// Ends once this bridge no longer keeps `agent`'s mail — it applied the agent's join on
-/// another bridge — and every offline sink has kept what it was given before; or at
-/// `deadline`.
+/// another bridge — or at `deadline`, and then once every offline sink has kept what it
+/// was given before.
 async fn hand_over(core: &Core, agent: &str, deadline: Instant) {
     let directory = &core.directory;
     let kept_here = || {

@@ -14,6 +14,7 @@ mod handover;
 mod link;
 mod missed_mail;
 mod presence;
+mod record_positions;
 mod records;
 mod unshared;
 mod wire;
@@ -91,7 +92,7 @@ impl Federation {
             link: self.link.clone(),
             releasing: Arc::default(),
         }));
-        let positions = Arc::<handover::RecordPositions>::default();
+        let positions = Arc::<record_positions::RecordPositions>::default();
         core.set_records(Arc::new(records::FleetRecords {
             link: self.link.clone(),
             shutdown: shutdown.clone(),
@@ -109,13 +110,15 @@ impl Federation {
             let Some(ready) = link.set_up_when_possible(&config, &shutdown).await else {
                 return;
             };
+            let (applied, routed) = tokio::sync::watch::channel(0);
             let applier = apply::Applier {
                 link: link.clone(),
                 core: core.clone(),
                 local,
+                applied,
             };
             let handover = handover::serve(link.clone(), core.clone(), positions, shutdown.clone());
-            let presence = presence::Presence::new(link, core, &config);
+            let presence = presence::Presence::new(link, core, &config, routed);
             tokio::join!(
                 applier.run(ready.clone(), shutdown.clone()),
                 presence.run(ready, shutdown.clone()),

@@ -24,15 +24,27 @@ pub struct Presence {
     pub core: Arc<Core>,
     pub heartbeat: Duration,
     pub ttl: Duration,
+    /// The stream sequence this bridge has routed everything up to (`apply`).
+    pub applied: tokio::sync::watch::Receiver<u64>,
 }
 
+/// How long a watched card of an agent whose mail this bridge keeps waits for the stream
+/// to be routed up to where it was when the card came, before it is taken in anyway.
+const CARD_WAITS_AT_MOST: Duration = Duration::from_secs(30);
+
 impl Presence {
-    pub fn new(link: Arc<NatsLink>, core: Arc<Core>, config: &FederationConfig) -> Presence {
+    pub fn new(
+        link: Arc<NatsLink>,
+        core: Arc<Core>,
+        config: &FederationConfig,
+        applied: tokio::sync::watch::Receiver<u64>,
+    ) -> Presence {
         Presence {
             link,
             core,
             heartbeat: Duration::from_millis(config.heartbeat_ms.max(1)),
             ttl: Duration::from_millis(config.presence_ttl_ms.max(1)),
+            applied,
         }
     }
 
@@ -76,7 +88,7 @@ impl Presence {
                     self.sweep(&ready, &mut alive, &heard);
                 }
                 card = next_entry(&mut cards) => match card {
-                    Some(Ok(entry)) => self.take_in_watched_card(&entry.value, &mut alive),
+                    Some(Ok(entry)) => self.take_in_watched_card(&ready, &entry.value, &mut alive),
                     Some(Err(_)) | None => cards = None,
                 },
                 entry = next_entry(&mut watch) => match entry {
@@ -145,18 +157,50 @@ impl Presence {
         }
     }
 
-    /// Registers the agent a card another bridge just put describes — unless this bridge
-    /// keeps that agent's mail: the card comes before the stream has brought here what was
-    /// sent to the agent before it connected there, which that bridge did not send it and
-    /// this one must keep. The agent's join, in the stream's order, moves it.
-    fn take_in_watched_card(&self, value: &[u8], alive: &mut HashMap<String, Instant>) {
-        let keeps_mail = serde_json::from_slice::<Card>(value).is_ok_and(|card| {
-            card.bridge != self.link.bridge_id
-                && (self.core.directory.keeps_mail_of(&card.name)).is_some()
-        });
+    /// Registers the agent a card another bridge just put describes — once the stream is
+    /// routed here up to where it was when the card came, when this bridge keeps that
+    /// agent's mail: the card comes ahead of the stream, and the messages sent to the
+    /// agent before it connected on that bridge, which that bridge did not send it, are
+    /// this one's to keep until then. (The agent's join, in the stream, moves it in order
+    /// too; a card is what moves it after a join NATS did not take.)
+    fn take_in_watched_card(
+        &self,
+        ready: &Arc<Ready>,
+        value: &[u8],
+        alive: &mut HashMap<String, Instant>,
+    ) {
+        let Ok(card) = serde_json::from_slice::<Card>(value) else {
+            return;
+        };
+        let keeps_mail = card.bridge != self.link.bridge_id
+            && (self.core.directory.keeps_mail_of(&card.name)).is_some();
         if !keeps_mail {
-            self.take_in_card(value, alive);
+            return self.take_in_card(value, alive);
         }
+        let (link, core, ready) = (self.link.clone(), self.core.clone(), ready.clone());
+        let mut applied = self.applied.clone();
+        tokio::spawn(async move {
+            let end = match ready.js.get_stream(&link.names.stream).await {
+                Ok(stream) => stream.cached_info().state.last_sequence,
+                Err(e) => {
+                    tracing::debug!(error = %e, "federation: the stream's end is not known; the card waits its longest");
+                    u64::MAX
+                }
+            };
+            let routed = applied.wait_for(|&at| at >= end);
+            let _ = tokio::time::timeout(CARD_WAITS_AT_MOST, routed).await;
+            // The card as it is by now.
+            let Ok(Some(value)) = ready.agents.get(super::wire::agent_key(&card.name)).await else {
+                return;
+            };
+            let card = serde_json::from_slice::<Card>(&value).ok();
+            if let Some(info) = card
+                .filter(|card| card.bridge != link.bridge_id)
+                .and_then(|card| card.into_info())
+            {
+                core.directory.register_replica(info);
+            }
+        });
     }
 
     /// Registers the agent a card from another bridge describes.

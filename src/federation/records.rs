@@ -13,8 +13,8 @@ use async_nats::jetstream::kv::{self, Operation};
 use async_nats::jetstream::message::StreamMessage;
 use futures_util::StreamExt;
 
-use super::handover::RecordPositions;
 use super::link::{NatsLink, lost_race, still_in_process};
+use super::record_positions::RecordPositions;
 use crate::core::{
     Expect, Record, RecordChange, RecordError, RecordFuture, RecordSink, Revision, SharedRecords,
 };
@@ -341,14 +341,13 @@ impl SharedRecords for FleetRecords {
                     self.positions.wrote(table, mark.sequence);
                     Ok(())
                 }
-                Err(e) if lost_race(&e) => {
-                    let last = self.last_message(table, key).await?;
-                    if last.is_some_and(|m| self.taken_here_at(&m, revision)) {
+                Err(e) if lost_race(&e) => match self.last_message(table, key).await? {
+                    Some(mark) if self.taken_here_at(&mark, revision) => {
+                        self.positions.wrote(table, mark.sequence);
                         Ok(())
-                    } else {
-                        Err(RecordError::Conflict)
                     }
-                }
+                    _ => Err(RecordError::Conflict),
+                },
                 Err(e) => Err(unavailable(e)),
             }
         })
@@ -415,13 +414,10 @@ impl SharedRecords for FleetRecords {
         &'a self,
         agent: &'a str,
         bridge: &'a str,
+        table: &'a str,
     ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
-        Box::pin(super::handover::ask(
-            &self.link,
-            &self.positions,
-            agent,
-            bridge,
-        ))
+        let (link, positions) = (&self.link, &self.positions);
+        Box::pin(super::handover::ask(link, positions, agent, bridge, table))
     }
 
     fn follow(&self, table: &'static str, sink: Arc<dyn RecordSink>) {

@@ -163,6 +163,12 @@ impl Grid {
         Ok(())
     }
 
+    /// Ends once the queue `bridge` kept for `agent`, a program that moved here from it, can
+    /// be taken here (`Core::mail_handed_over`).
+    pub(super) async fn queue_handed_over(&self, agent: &str, bridge: &str) {
+        self.core.mail_handed_over(agent, bridge, QUEUE).await;
+    }
+
     /// Takes the messages waiting for `agent` that `instances` covers (`Db::take`); in a
     /// fleet, each from the fleet as well: one another bridge took first is left out, and
     /// one NATS did not answer for waits here, to be taken again or settled.

@@ -317,7 +317,8 @@ impl Connection {
         if let Some(claim) = &moving
             && let Err(taken) = self.grid.core.complete_move(claim)
         {
-            // Online through another bridge since its claim came here.
+            // Online through another bridge since its claim came here: what was routed
+            // to this connection meanwhile, that bridge was routed too.
             self.grid.core.router.detach(&session);
             self.grid.sockets.close(&party.agent, socket_id);
             return self.name_taken(io, party, super::name_taken(taken)).await;
@@ -337,10 +338,7 @@ impl Connection {
         // in a fleet, also on the bridge the program left.
         self.grid.flush().await;
         if let Some(claim) = &moving {
-            self.grid
-                .core
-                .mail_handed_over(&party.agent, &claim.from)
-                .await;
+            self.grid.queue_handed_over(&party.agent, &claim.from).await;
         }
         self.send_backlog(io, &party).await
     }

@@ -90,6 +90,12 @@ pub enum Keeping {
 }
 
 impl Synapse {
+    /// Ends once the inbox `bridge` kept for `agent`, an agent that moved here from it, can
+    /// be taken here (`Core::mail_handed_over`).
+    pub(super) async fn inbox_handed_over(&self, agent: &str, bridge: &str) {
+        self.core.mail_handed_over(agent, bridge, INBOX).await;
+    }
+
     /// Keeps `message` in `agent`'s inbox: in a fleet, as the fleet's record (applied here
     /// as it is written); alone, or without NATS, here only. Mail put back while NATS is
     /// away waits here at the revision it was taken at, to be settled (`UnsettledMail`).

@@ -59,7 +59,8 @@ impl Synapse {
         if let Some(claim) = &moving
             && let Err(refused) = self.core.complete_move(claim)
         {
-            // Online through another bridge since its claim came here.
+            // Online through another bridge since its claim came here: what was routed
+            // to this connection meanwhile, that bridge was routed too.
             self.core.router.detach(&session);
             return Err(taken(refused));
         }
@@ -93,7 +94,7 @@ impl Synapse {
         let first = tokio::select! {
             _ = self.shutdown.cancelled() => return,
             _ = out.tx.closed() => return,
-            first = Box::pin(self.identify(&mut inbound, &hints)) => first,
+            first = Box::pin(self.identify(&mut inbound, &hints, kind)) => first,
         };
         match first {
             Ok((agent, first)) => match Box::pin(self.attach_stream(&agent, kind)).await {
@@ -114,6 +115,7 @@ impl Synapse {
         &self,
         inbound: &mut Streaming<SynapseMessage>,
         hints: &Hints,
+        kind: StreamKind,
     ) -> Result<(String, SynapseMessage), Status> {
         let first = inbound.next().await.ok_or_else(|| {
             Status::invalid_argument(format!(
@@ -130,7 +132,9 @@ impl Synapse {
                 ))
             })?;
         // One reconnecting here from another bridge is let in once its leave came.
-        self.core.leave_arrived(&sender.agent_id).await;
+        if kind == StreamKind::Messages {
+            self.core.leave_arrived(&sender.agent_id).await;
+        }
         self.ensure_agent(&sender, hints, "message.sender").await?;
         Ok((sender.agent_id, first))
     }
@@ -158,7 +162,7 @@ impl Synapse {
         };
         if let Some(bridge) = &stream.moved_from {
             // Its mail on the bridge the agent left is taken first.
-            Box::pin(self.core.mail_handed_over(&stream.agent, bridge)).await;
+            Box::pin(self.inbox_handed_over(&stream.agent, bridge)).await;
         }
         let mut unsent = match Box::pin(self.send_backlog(&stream, &out.tx, &mut backlog)).await {
             Ok(()) => Vec::new(),

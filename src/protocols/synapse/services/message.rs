@@ -41,7 +41,9 @@ impl SynapseApi {
                     ..Default::default()
                 };
                 // One reconnecting here from another bridge is let in once its leave came.
-                synapse.core.leave_arrived(&agent).await;
+                if kind == StreamKind::Messages {
+                    synapse.core.leave_arrived(&agent).await;
+                }
                 synapse
                     .ensure_agent(&endpoint, &hints, AGENT_HEADER)
                     .await?;
