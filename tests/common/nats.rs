@@ -176,12 +176,12 @@ impl Cluster {
     /// Stops server `i` where it is (SIGSTOP): its connections stay open, and what is sent
     /// to it waits, unanswered, until `resume(i)`.
     pub fn pause(&self, i: usize) {
-        self.signal(i, "-STOP");
+        self.signal(i, libc::SIGSTOP);
     }
 
     /// Lets a paused server `i` go on (SIGCONT).
     pub fn resume(&self, i: usize) {
-        self.signal(i, "-CONT");
+        self.signal(i, libc::SIGCONT);
     }
 
     /// Runs `work` while every server stands still (`pause`) for `still`.
@@ -194,13 +194,11 @@ impl Cluster {
         tokio::join!(work, resume).0
     }
 
-    fn signal(&self, i: usize, signal: &str) {
+    fn signal(&self, i: usize, signal: i32) {
         let child = self.nodes[i].child.as_ref().expect("the server is running");
-        let status = Command::new("kill")
-            .args([signal, &child.id().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill {signal} server {i}");
+        // SAFETY: kill(2) on our own child's pid.
+        let sent = unsafe { libc::kill(child.id() as i32, signal) };
+        assert_eq!(sent, 0, "signal {signal} reaches server {i}");
     }
 
     /// Starts server `i` again, with the data it had.
