@@ -66,6 +66,8 @@ impl Synapse {
         }
         let wake = match kind {
             StreamKind::Messages => self.stream_opened(agent, session.id).await,
+            // Counted once attached: group traffic routed in between reaches the agent's
+            // messages stream too, rather than neither.
             StreamKind::Groups => {
                 *self.group_streams.entry(agent.to_owned()).or_insert(0) += 1;
                 Arc::default()
@@ -357,6 +359,13 @@ impl Synapse {
         };
         held.extend(unsent);
         self.drain(&mailbox, &mut held);
+        if kind == StreamKind::Groups
+            && let Some(mut count) = self.group_streams.get_mut(&agent)
+        {
+            // Before detaching: group traffic routed in between reaches the agent's
+            // messages stream too, rather than neither.
+            *count = count.saturating_sub(1);
+        }
         self.core.router.detach(&session);
         // A message routed while detaching may have landed after the first drain.
         self.drain(&mailbox, &mut held);
@@ -384,13 +393,8 @@ impl Synapse {
             self.send_back(&agent, message, &left);
         }
         drop(tx);
-        match kind {
-            StreamKind::Messages => self.stream_closed(&agent, session.id).await,
-            StreamKind::Groups => {
-                if let Some(mut count) = self.group_streams.get_mut(&agent) {
-                    *count = count.saturating_sub(1);
-                }
-            }
+        if kind == StreamKind::Messages {
+            self.stream_closed(&agent, session.id).await;
         }
     }
 
