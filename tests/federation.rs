@@ -1467,8 +1467,18 @@ async fn landed_writes_are_the_writers(servers: usize) {
     let changed = cluster.while_paused(still, write).await;
     let changed = changed.expect("the change landed");
     let record = records.read("test-writes", "w0").await.unwrap().unwrap();
-    assert_eq!((record.revision, record.value), (changed, Some(second)));
+    assert_eq!(
+        (record.revision, record.value),
+        (changed, Some(second.clone()))
+    );
     assert!(changed > created);
+    // Mail taken and put back (not delivered) is as sure of its answer.
+    records.take("test-writes", "w0", changed).await.unwrap();
+    let put_back = records.put_back("test-writes", "w0", second.clone(), changed);
+    let kept_again = cluster.while_paused(still, put_back).await;
+    let kept_again = kept_again.expect("the put-back landed");
+    let record = records.read("test-writes", "w0").await.unwrap().unwrap();
+    assert_eq!((record.revision, record.value), (kept_again, Some(second)));
     fleet.shutdown().await;
 }
 

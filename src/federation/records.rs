@@ -244,14 +244,6 @@ fn unavailable(e: impl std::fmt::Display) -> RecordError {
     RecordError::Unavailable(e.to_string())
 }
 
-/// A refused revision check is a conflict; anything else, unavailability.
-fn conflict_or_unavailable(e: kv::UpdateError) -> RecordError {
-    match lost_race(&e) {
-        true => RecordError::Conflict,
-        false => unavailable(e),
-    }
-}
-
 impl SharedRecords for FleetRecords {
     fn read<'a>(&'a self, table: &'a str, key: &'a str) -> RecordFuture<'a, Option<Record>> {
         Box::pin(async move {
@@ -367,9 +359,14 @@ impl SharedRecords for FleetRecords {
                 Some(mark) if self.taken_here_at(&mark, taken_at) => mark.sequence,
                 _ => return Err(RecordError::Conflict),
             };
-            let bucket = self.bucket()?;
-            let revision = (bucket.update(bucket_key(table, key), value, mark).await)
-                .map_err(conflict_or_unavailable)?;
+            // As a write: one whose answer was lost is made again under its id.
+            let write = RecordWrite {
+                table,
+                key,
+                value,
+                id: uuid::Uuid::new_v4().to_string(),
+            };
+            let revision = self.publish_record(&write, mark).await?;
             self.positions.wrote(table, revision);
             Ok(revision)
         })
