@@ -107,6 +107,14 @@ pub struct MoveClaim {
     pub from: String,
 }
 
+/// How long a connection of an agent that moved here from a bridge gone from the fleet
+/// waits for this bridge to keep its share of what that bridge missed before it takes its
+/// mail (`Core::mail_handed_over`).
+const MISSED_MAIL_KEPT_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How often a wait on the directory or the router looks again.
+const LOOK_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// How long `Core::claim_move` waits for the leave of an agent still shown online through
 /// another bridge before it refuses it: one reconnecting at once is let in.
 const LEAVE_ARRIVES_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
@@ -233,7 +241,7 @@ impl Core {
         while (self.directory.get(name)).is_some_and(|a| a.bridge.is_some() && a.online)
             && tokio::time::Instant::now() < deadline
         {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            tokio::time::sleep(LOOK_AGAIN_AFTER).await;
         }
     }
 
@@ -256,11 +264,11 @@ impl Core {
         if !self.directory.is_gone(bridge) {
             return records.mail_handed_over(agent, bridge, table).await;
         }
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = tokio::time::Instant::now() + MISSED_MAIL_KEPT_WITHIN;
         while self.router.holds_back_mail_of(bridge) && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            tokio::time::sleep(LOOK_AGAIN_AFTER).await;
         }
-        self.router.flush_offline().await;
+        let _ = tokio::time::timeout_at(deadline, self.router.flush_offline()).await;
     }
 
     async fn claim(&self, info: AgentInfo, how: Claiming) -> Result<(), NameTaken> {

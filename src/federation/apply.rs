@@ -39,7 +39,7 @@ pub struct Applier {
     /// The bridge's own store (not the fleet log: nothing applied is published again).
     pub local: Arc<dyn MessageLog>,
     /// The stream sequence this bridge has routed everything up to.
-    pub applied: tokio::sync::watch::Sender<u64>,
+    pub routed: tokio::sync::watch::Sender<u64>,
 }
 
 impl Applier {
@@ -65,6 +65,8 @@ impl Applier {
         ready: &Ready,
         shutdown: &CancellationToken,
     ) -> Result<(), async_nats::Error> {
+        // What the consumer acknowledged was routed before (also before a restart).
+        self.routed_up_to(ready.consumer.cached_info().ack_floor.stream_sequence);
         let mut messages = ready.consumer.messages().await?;
         // Batches whose store writes are under way, in stream order: the next batch is
         // read and its writes queued meanwhile, and each is routed, then acknowledged, once
@@ -127,15 +129,19 @@ impl Applier {
         last.ack().await
     }
 
+    fn routed_up_to(&self, sequence: u64) {
+        self.routed.send_if_modified(|routed| {
+            let further = sequence > *routed;
+            *routed = (*routed).max(sequence);
+            further
+        });
+    }
+
     /// Everything up to `last` in the stream is routed here.
     fn routed_through(&self, last: &async_nats::jetstream::Message) {
         if let Ok(info) = last.info() {
             let sequence = info.stream_sequence;
-            (self.applied).send_if_modified(|applied| {
-                let further = sequence > *applied;
-                *applied = (*applied).max(sequence);
-                further
-            });
+            self.routed_up_to(sequence);
         }
     }
 

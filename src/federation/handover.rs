@@ -31,8 +31,12 @@ const LOOK_EVERY: Duration = Duration::from_millis(10);
 const HANDED_OVER_WITHIN: Duration = Duration::from_secs(10);
 
 /// How long the bridge asked waits to apply the agent's join: half the asker's wait, so
-/// that its answer, made even without the join, still arrives in time.
+/// that its answer, made even without the join, has time to arrive.
 const JOIN_APPLIED_WITHIN: Duration = Duration::from_secs(5);
+
+/// How long the bridge asked has in all before it answers: its sinks' writes are waited
+/// for until then, leaving the answer a second to arrive within the asker's wait.
+const ANSWERED_WITHIN: Duration = Duration::from_secs(9);
 
 /// A request to hand over `agent`'s mail, kept in `table`.
 #[derive(Serialize, Deserialize)]
@@ -129,7 +133,14 @@ pub async fn serve(
         };
         let (link, core, positions) = (link.clone(), core.clone(), positions.clone());
         tokio::spawn(async move {
-            hand_over(&core, &asked.agent, Instant::now() + JOIN_APPLIED_WITHIN).await;
+            let now = Instant::now();
+            hand_over(
+                &core,
+                &asked.agent,
+                now + JOIN_APPLIED_WITHIN,
+                now + ANSWERED_WITHIN,
+            )
+            .await;
             let answer = Answer {
                 written: positions.written(&asked.table),
             };
@@ -142,15 +153,15 @@ pub async fn serve(
 }
 
 /// Ends once this bridge no longer keeps `agent`'s mail — it applied the agent's join on
-/// another bridge — or at `deadline`, and then once every offline sink has kept what it
-/// was given before.
-async fn hand_over(core: &Core, agent: &str, deadline: Instant) {
+/// another bridge — or at `join_by`, and then once every offline sink has kept what it
+/// was given before, or at `answer_by`.
+async fn hand_over(core: &Core, agent: &str, join_by: Instant, answer_by: Instant) {
     let directory = &core.directory;
     let kept_here = || {
         directory.keeps_mail_of(agent).is_some() && directory.get(agent).is_some_and(|a| !a.online)
     };
-    while kept_here() && Instant::now() < deadline {
+    while kept_here() && Instant::now() < join_by {
         tokio::time::sleep(LOOK_EVERY).await;
     }
-    core.router.flush_offline().await;
+    let _ = tokio::time::timeout_at(answer_by, core.router.flush_offline()).await;
 }

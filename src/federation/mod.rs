@@ -11,6 +11,7 @@ mod claims;
 mod config;
 mod fleet_log;
 mod handover;
+mod held_cards;
 mod link;
 mod missed_mail;
 mod presence;
@@ -110,12 +111,12 @@ impl Federation {
             let Some(ready) = link.set_up_when_possible(&config, &shutdown).await else {
                 return;
             };
-            let (applied, routed) = tokio::sync::watch::channel(0);
+            let (routed_up_to, routed) = tokio::sync::watch::channel(0);
             let applier = apply::Applier {
                 link: link.clone(),
                 core: core.clone(),
                 local,
-                applied,
+                routed: routed_up_to,
             };
             let handover = handover::serve(link.clone(), core.clone(), positions, shutdown.clone());
             let presence = presence::Presence::new(link, core, &config, routed);

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::config::FederationConfig;
+use super::held_cards::HeldCards;
 use super::link::{NatsLink, Ready, put_card, put_heartbeat};
 use super::wire::Card;
 use crate::core::{Audience, Core, Envelope, Kind, Status};
@@ -25,26 +26,22 @@ pub struct Presence {
     pub heartbeat: Duration,
     pub ttl: Duration,
     /// The stream sequence this bridge has routed everything up to (`apply`).
-    pub applied: tokio::sync::watch::Receiver<u64>,
+    pub routed: tokio::sync::watch::Receiver<u64>,
 }
-
-/// How long a watched card of an agent whose mail this bridge keeps waits for the stream
-/// to be routed up to where it was when the card came, before it is taken in anyway.
-const CARD_WAITS_AT_MOST: Duration = Duration::from_secs(30);
 
 impl Presence {
     pub fn new(
         link: Arc<NatsLink>,
         core: Arc<Core>,
         config: &FederationConfig,
-        applied: tokio::sync::watch::Receiver<u64>,
+        routed: tokio::sync::watch::Receiver<u64>,
     ) -> Presence {
         Presence {
             link,
             core,
             heartbeat: Duration::from_millis(config.heartbeat_ms.max(1)),
             ttl: Duration::from_millis(config.presence_ttl_ms.max(1)),
-            applied,
+            routed,
         }
     }
 
@@ -61,6 +58,12 @@ impl Presence {
         let (mut watch, mut cards) = (None, None);
         let mut watched_before = false;
         let mut was_connected = false;
+        let (link, routed) = (self.link.clone(), self.routed.clone());
+        let (held_cards, mut let_go) =
+            HeldCards::start(link, ready.clone(), routed, shutdown.clone());
+        // The revision of each agent's newest watched card: a held card let go after a
+        // newer one came is not taken in.
+        let mut newest_card: HashMap<String, u64> = HashMap::new();
         loop {
             if watch.is_none() {
                 // With the history once, to learn who is alive; a watch made again after an
@@ -88,9 +91,20 @@ impl Presence {
                     self.sweep(&ready, &mut alive, &heard);
                 }
                 card = next_entry(&mut cards) => match card {
-                    Some(Ok(entry)) => self.take_in_watched_card(&ready, &entry.value, &mut alive),
+                    Some(Ok(entry)) => {
+                        newest_card.insert(entry.key.clone(), entry.revision);
+                        match self.moves_away_kept_mail(&entry.value) {
+                            true => held_cards.hold(entry),
+                            false => self.take_in_card(&entry.value, &mut alive),
+                        }
+                    }
                     Some(Err(_)) | None => cards = None,
                 },
+                Some(entry) = let_go.recv() => {
+                    if newest_card.get(&entry.key) == Some(&entry.revision) {
+                        self.take_in_card(&entry.value, &mut alive);
+                    }
+                }
                 entry = next_entry(&mut watch) => match entry {
                     Some(Ok(entry)) => {
                         use async_nats::jetstream::kv::Operation;
@@ -157,50 +171,15 @@ impl Presence {
         }
     }
 
-    /// Registers the agent a card another bridge just put describes — once the stream is
-    /// routed here up to where it was when the card came, when this bridge keeps that
-    /// agent's mail: the card comes ahead of the stream, and the messages sent to the
-    /// agent before it connected on that bridge, which that bridge did not send it, are
-    /// this one's to keep until then. (The agent's join, in the stream, moves it in order
-    /// too; a card is what moves it after a join NATS did not take.)
-    fn take_in_watched_card(
-        &self,
-        ready: &Arc<Ready>,
-        value: &[u8],
-        alive: &mut HashMap<String, Instant>,
-    ) {
-        let Ok(card) = serde_json::from_slice::<Card>(value) else {
-            return;
-        };
-        let keeps_mail = card.bridge != self.link.bridge_id
-            && (self.core.directory.keeps_mail_of(&card.name)).is_some();
-        if !keeps_mail {
-            return self.take_in_card(value, alive);
-        }
-        let (link, core, ready) = (self.link.clone(), self.core.clone(), ready.clone());
-        let mut applied = self.applied.clone();
-        tokio::spawn(async move {
-            let end = match ready.js.get_stream(&link.names.stream).await {
-                Ok(stream) => stream.cached_info().state.last_sequence,
-                Err(e) => {
-                    tracing::debug!(error = %e, "federation: the stream's end is not known; the card waits its longest");
-                    u64::MAX
-                }
-            };
-            let routed = applied.wait_for(|&at| at >= end);
-            let _ = tokio::time::timeout(CARD_WAITS_AT_MOST, routed).await;
-            // The card as it is by now.
-            let Ok(Some(value)) = ready.agents.get(super::wire::agent_key(&card.name)).await else {
-                return;
-            };
-            let card = serde_json::from_slice::<Card>(&value).ok();
-            if let Some(info) = card
-                .filter(|card| card.bridge != link.bridge_id)
-                .and_then(|card| card.into_info())
-            {
-                core.directory.register_replica(info);
-            }
-        });
+    /// Whether a card another bridge just put moves an agent whose mail this bridge keeps:
+    /// then it is held until the stream has caught up with it (`HeldCards`). The agent's
+    /// join, in the stream, moves it in order too; a card is what moves it after a join
+    /// NATS did not take.
+    fn moves_away_kept_mail(&self, value: &[u8]) -> bool {
+        serde_json::from_slice::<Card>(value).is_ok_and(|card| {
+            card.bridge != self.link.bridge_id
+                && (self.core.directory.keeps_mail_of(&card.name)).is_some()
+        })
     }
 
     /// Registers the agent a card from another bridge describes.
