@@ -745,6 +745,30 @@ async fn a_killed_bridges_agents_go_offline_everywhere() {
     fleet.shutdown().await;
 }
 
+/// A program that left a bridge which is then killed, and that connects to another
+/// before the fleet takes the killed one for gone, gets what was sent to it in between:
+/// nobody kept that (the killed bridge was to), and the bridge it moved to keeps it once
+/// it reads what the killed one missed.
+#[tokio::test]
+async fn a_program_that_left_a_bridge_killed_just_after_gets_what_that_bridge_missed() {
+    use common::grid::{GridHttp, GridWs};
+    let fleet = Fleet::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let process = spawn_member(&fleet, dir.path(), "b1").await;
+    let (socket, _) = GridWs::connect(process.addr("grid"), "leaver", None).await;
+    fleet.wait_known(0, "leaver").await;
+    drop(socket);
+    wait_held(&fleet, 0, "leaver", Some("b1"), false).await;
+    process.kill_9();
+    GridHttp::new(fleet.nets[0].grid)
+        .send(&grid_request("between", "poster", "leaver"))
+        .await;
+    let mut moved = GridWs::quiet(fleet.nets[0].grid, "leaver", None).await;
+    let missed = moved.next_message().await;
+    assert_eq!(missed["id"], "between");
+    fleet.shutdown().await;
+}
+
 /// The sender's bridge killed with SIGKILL while messages are in flight: every message
 /// its sender saw acknowledged (Skynet's echo) reaches the recipient on the other bridge,
 /// and none twice.

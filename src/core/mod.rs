@@ -248,7 +248,9 @@ impl Core {
     /// Holds the agent `claim` moved here, its connection attached: every bridge sends it
     /// live here from its join on, and none other keeps its mail.
     pub fn complete_move(&self, claim: &MoveClaim) -> Result<(), NameTaken> {
-        self.directory.register(claim.info.clone())
+        self.directory.register(claim.info.clone())?;
+        self.directory.moved_here(&claim.info.name, &claim.from);
+        Ok(())
     }
 
     /// Ends once the mail kept for `agent`, which moved here from `bridge`, in `table` (a

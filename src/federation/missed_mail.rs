@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 
 use super::link::{NatsLink, Ready};
 use super::wire::{Names, Replica};
-use crate::core::{Core, Delivery};
+use crate::core::{Core, Delivery, Kind};
 
 /// The longest wait for the next message of the stretch before giving up on it.
 const NEXT_WITHIN: Duration = Duration::from_secs(10);
@@ -37,6 +37,10 @@ pub struct Held {
     /// Those shown offline then: its own messages are kept for them (it kept them itself,
     /// but may have been killed before the write; one shown online got them live).
     pub offline: HashSet<String>,
+    /// Agents that moved from it to this bridge: what reached the stream before their
+    /// join here was the gone bridge's to keep (this one did not send it to them), so it
+    /// is kept here, if their join is in the stretch (else the gone bridge applied it).
+    pub moved: HashSet<String>,
 }
 
 /// Keeps, for the agents `bridge` held, the mail it did not apply before it was taken for
@@ -54,7 +58,7 @@ pub async fn keep(
         core: &core,
         bridge: &bridge,
     };
-    if !held.all.is_empty() {
+    if !held.all.is_empty() || !held.moved.is_empty() {
         let reader = Reader {
             link: &link,
             ready: &ready,
@@ -103,8 +107,12 @@ impl Reader<'_> {
         };
         let (mut next, last) = stretch;
         let mut kept = 0;
+        let mut away = match self.held.moved.is_empty() {
+            true => HashSet::new(),
+            false => self.joined_in(next, last).await,
+        };
         for tries in 1..=TRIES {
-            match self.read_from(next, last, &mut kept).await {
+            match self.read_from(next, last, &mut kept, &mut away).await {
                 Ok(()) => break,
                 Err((read_to, e)) => {
                     next = read_to + 1;
@@ -150,15 +158,73 @@ impl Reader<'_> {
         Ok(Some((first, last)))
     }
 
-    /// Reads the stream from `next` to `last`, keeping what `held` missed (adding to `kept`);
-    /// on failure, the last sequence read, and why.
+    /// Of the agents that moved from the gone bridge to this one, those whose join here is
+    /// in the stretch from `next` to `last`. Read as the stretch is (`read_from`); if it
+    /// cannot be, every one of them, so that their mail is kept rather than lost.
+    async fn joined_in(&self, next: u64, last: u64) -> HashSet<String> {
+        let moved = &self.held.moved;
+        let here = self.link.names.messages_of(&self.link.bridge_id);
+        let mut joined = HashSet::new();
+        let read = self.each_in(next, last, |subject, replica| {
+            let env = &replica.envelope;
+            if subject == here && env.kind == Kind::PresenceJoin && moved.contains(&env.from) {
+                joined.insert(env.from.clone());
+            }
+        });
+        match read.await {
+            Ok(()) => joined,
+            Err((_, e)) => {
+                tracing::warn!(bridge = self.bridge, error = %e, "federation: cannot tell when agents moved from a gone bridge; their mail is kept");
+                moved.clone()
+            }
+        }
+    }
+
+    /// Reads the stream from `next` to `last`, keeping what `held` missed (adding to `kept`),
+    /// and for the agents `away` (moved here, their join still ahead) what came before their
+    /// join; on failure, the last sequence read, and why.
     async fn read_from(
         &self,
         next: u64,
         last: u64,
         kept: &mut usize,
+        away: &mut HashSet<String>,
     ) -> Result<(), (u64, async_nats::Error)> {
-        let (link, ready, core, held) = (self.link, self.ready, self.core, self.held);
+        let (core, held) = (self.core, self.held);
+        let its_own = self.link.names.messages_of(self.bridge);
+        let here = self.link.names.messages_of(&self.link.bridge_id);
+        self.each_in(next, last, |subject, replica| {
+            let env = &replica.envelope;
+            if env.kind == Kind::PresenceJoin && subject == here {
+                away.remove(&env.from);
+            }
+            if replica.transient || replica.history || env.kind.is_presence() {
+                return;
+            }
+            // Its own messages it routed when it accepted them: kept here for those it could
+            // only have kept (offline then); the others' for all it held.
+            let whom = match subject == its_own {
+                true => &held.offline,
+                false => &held.all,
+            };
+            let delivery = Arc::new(Delivery::new(replica.envelope));
+            *kept += core.router.keep_for(&delivery, whom);
+            if !away.is_empty() {
+                *kept += core.router.keep_for(&delivery, away);
+            }
+        })
+        .await
+    }
+
+    /// Feeds `each` every message of the stream from `next` to `last`, in order, with the
+    /// subject it came on; on failure, the last sequence read, and why.
+    async fn each_in(
+        &self,
+        next: u64,
+        last: u64,
+        mut each: impl FnMut(&str, Replica),
+    ) -> Result<(), (u64, async_nats::Error)> {
+        let (link, ready) = (self.link, self.ready);
         let read_to = next - 1;
         let stream =
             (ready.js.get_stream(&link.names.stream).await).map_err(|e| (read_to, e.into()))?;
@@ -172,7 +238,6 @@ impl Reader<'_> {
             .await
             .map_err(|e| (read_to, e.into()))?;
         let mut messages = consumer.messages().await.map_err(|e| (read_to, e.into()))?;
-        let its_own = link.names.messages_of(self.bridge);
         let mut read_to = read_to;
         loop {
             let message = match tokio::time::timeout(NEXT_WITHIN, messages.next()).await {
@@ -182,23 +247,10 @@ impl Reader<'_> {
                 Err(_) => return Err((read_to, "the stream stopped sending".into())),
             };
             let sequence = message.info().map_err(|e| (read_to, e))?.stream_sequence;
-            // Its own messages it routed when it accepted them: kept here for those it could
-            // only have kept (offline then); the others' for all it held.
-            let whom = match message.subject.as_str() == its_own {
-                true => &held.offline,
-                false => &held.all,
-            };
             match Replica::all_in(&message.payload) {
                 Ok(replicas) => {
                     for replica in replicas {
-                        if replica.transient
-                            || replica.history
-                            || replica.envelope.kind.is_presence()
-                        {
-                            continue;
-                        }
-                        let delivery = Arc::new(Delivery::new(replica.envelope));
-                        *kept += core.router.keep_for(&delivery, whom);
+                        each(message.subject.as_str(), replica);
                     }
                 }
                 Err(e) => {

@@ -256,7 +256,12 @@ impl Presence {
                 .map(|(name, _)| name.clone())
                 .collect();
             let all = held.into_iter().map(|(name, _)| name).collect();
-            super::missed_mail::Held { all, offline }
+            let moved = directory.moved_here_from(bridge).into_iter().collect();
+            super::missed_mail::Held {
+                all,
+                offline,
+                moved,
+            }
         });
         if read_missed {
             self.core.router.hold_back_mail_of(bridge);
