@@ -155,8 +155,6 @@ pub struct Directory {
     /// Bridges of the fleet taken for gone (`bridge_gone`): the bridges still here keep the
     /// mail of the agents they held.
     gone: Map<String, ()>,
-    /// The bridge each agent that moved here held it before (`moved_here`).
-    moved_from: Map<String, String>,
 }
 
 impl Directory {
@@ -274,21 +272,6 @@ impl Directory {
         (self.by_name.iter())
             .filter(|e| e.bridge.as_deref() == Some(bridge))
             .map(|e| (e.name.clone(), e.online))
-            .collect()
-    }
-
-    /// Records that `name` moved here from `bridge`.
-    pub fn moved_here(&self, name: &str, bridge: &str) {
-        self.moved_from.insert(name.to_owned(), bridge.to_owned());
-    }
-
-    /// The agents held here that moved here from `bridge`: if it is gone, mail it was to
-    /// keep for them before their move may be nobody else's.
-    pub fn moved_here_from(&self, bridge: &str) -> Vec<String> {
-        (self.moved_from.iter())
-            .filter(|moved| moved.value() == bridge)
-            .filter(|moved| (self.by_name.get(moved.key())).is_some_and(|e| e.bridge.is_none()))
-            .map(|moved| moved.key().clone())
             .collect()
     }
 

@@ -9,6 +9,7 @@ mod envelope;
 mod in_flight;
 mod log;
 mod mailbox;
+mod moves;
 mod records;
 mod router;
 mod sent_on_arrival;
@@ -29,6 +30,7 @@ pub use envelope::{
 pub use in_flight::InFlight;
 pub use log::{LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
 pub use mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
+pub use moves::{MoveClaim, MovedHere, Moves};
 pub use records::{
     Expect, LATE_COPY_WINDOW, Record, RecordChange, RecordError, RecordFuture, RecordSink,
     Revision, SharedRecords, TAKE_AGAIN_AFTER, TakenEach, TakenMail, Tried, sink, take_each,
@@ -97,27 +99,9 @@ pub struct Core {
     claims: std::sync::OnceLock<Arc<dyn NameClaims>>,
     /// Where endpoints keep the records a fleet shares, when the bridge is one of a fleet.
     records: std::sync::OnceLock<Arc<dyn SharedRecords>>,
+    /// Agents that moved here from other bridges of the fleet lately.
+    pub moves: Moves,
 }
-
-/// An agent's name claimed for this bridge as it connects here, from the bridge that held
-/// it (`Core::claim_move`).
-pub struct MoveClaim {
-    info: AgentInfo,
-    /// The bridge that held it.
-    pub from: String,
-}
-
-/// How long a connection of an agent that moved here from a bridge gone from the fleet
-/// waits for this bridge to keep its share of what that bridge missed before it takes its
-/// mail (`Core::mail_handed_over`).
-const MISSED_MAIL_KEPT_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// How often a wait on the directory or the router looks again.
-const LOOK_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// How long `Core::claim_move` waits for the leave of an agent still shown online through
-/// another bridge before it refuses it: one reconnecting at once is let in.
-const LEAVE_ARRIVES_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Core {
     pub fn new(log: Arc<dyn MessageLog>, routing: &RoutingConfig) -> Arc<Core> {
@@ -141,6 +125,7 @@ impl Core {
             log,
             claims: std::sync::OnceLock::new(),
             records: std::sync::OnceLock::new(),
+            moves: Moves::default(),
         });
         let log = core.log.clone();
         core.router
@@ -211,66 +196,6 @@ impl Core {
     /// is online through another bridge, or when another agent holds the name.
     pub async fn move_here(&self, info: AgentInfo) -> Result<(), NameTaken> {
         self.claim(info, Claiming::Move).await
-    }
-
-    /// Claims `name` for this bridge as its agent connects through it, when the directory
-    /// shows it held by another bridge of the fleet (it was connected there, and is not
-    /// now): the name's claim comes here (refused while the agent is online through that
-    /// bridge). The directory moves it once the connection is attached (`complete_move`),
-    /// so that no message routed meanwhile is kept here as mail as well as there.
-    pub async fn claim_move(&self, name: &str) -> Result<Option<MoveClaim>, NameTaken> {
-        self.leave_arrived(name).await;
-        let Some(mut info) = self.directory.get(name) else {
-            return Ok(None);
-        };
-        let Some(from) = info.bridge.take() else {
-            return Ok(None);
-        };
-        self.directory.check_claim(&info)?;
-        if let Some(claims) = self.claims.get() {
-            claims.claim(&info, Claiming::Held).await?;
-        }
-        Ok(Some(MoveClaim { info, from }))
-    }
-
-    /// Ends once `name` is not shown online through another bridge, or after
-    /// `LEAVE_ARRIVES_WITHIN`: an agent connecting here the moment it left another bridge
-    /// is let in once its leave has come.
-    pub async fn leave_arrived(&self, name: &str) {
-        let deadline = tokio::time::Instant::now() + LEAVE_ARRIVES_WITHIN;
-        while (self.directory.get(name)).is_some_and(|a| a.bridge.is_some() && a.online)
-            && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(LOOK_AGAIN_AFTER).await;
-        }
-    }
-
-    /// Holds the agent `claim` moved here, its connection attached: every bridge sends it
-    /// live here from its join on, and none other keeps its mail.
-    pub fn complete_move(&self, claim: &MoveClaim) -> Result<(), NameTaken> {
-        self.directory.register(claim.info.clone())?;
-        self.directory.moved_here(&claim.info.name, &claim.from);
-        Ok(())
-    }
-
-    /// Ends once the mail kept for `agent`, which moved here from `bridge`, in `table` (a
-    /// shared records table) can be taken here: a connection takes its agent's mail after
-    /// this, then sends it live. From a bridge still in the fleet it is handed over
-    /// (`SharedRecords::mail_handed_over`); one gone from it kept nothing more, and the
-    /// mail the bridges still here kept for its agents waits while what it missed is read
-    /// (`Router::hold_back_mail_of`): this bridge's share of it is kept first.
-    pub async fn mail_handed_over(&self, agent: &str, bridge: &str, table: &str) {
-        let Some(records) = self.records() else {
-            return;
-        };
-        if !self.directory.is_gone(bridge) {
-            return records.mail_handed_over(agent, bridge, table).await;
-        }
-        let deadline = tokio::time::Instant::now() + MISSED_MAIL_KEPT_WITHIN;
-        while self.router.holds_back_mail_of(bridge) && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(LOOK_AGAIN_AFTER).await;
-        }
-        let _ = tokio::time::timeout_at(deadline, self.router.flush_offline()).await;
     }
 
     async fn claim(&self, info: AgentInfo, how: Claiming) -> Result<(), NameTaken> {
@@ -569,6 +494,9 @@ impl Core {
         env.origin.set_native(native);
         if let Err(e) = self.publish(env).await {
             tracing::error!(error = %e, agent = name, "cannot store a presence change");
+            if online {
+                self.moves.join_refused(name);
+            }
         }
     }
 

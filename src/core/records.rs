@@ -314,14 +314,15 @@ pub trait SharedRecords: Send + Sync {
     /// everything that bridge kept for it before it learned the agent moved. Taken after
     /// this, the agent's mail comes before anything sent to it live here since it
     /// connected, in the order sent. Bounded: a bridge that does not answer in time is
-    /// not waited for.
+    /// not waited for. Whether that bridge said it let the agent go (keeps no more of its
+    /// mail).
     fn mail_handed_over<'a>(
         &'a self,
         agent: &'a str,
         bridge: &'a str,
         table: &'a str,
-    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+    ) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
         let _ = (agent, bridge, table);
-        Box::pin(std::future::ready(()))
+        Box::pin(std::future::ready(true))
     }
 }

@@ -45,24 +45,28 @@ struct Asked {
     table: String,
 }
 
-/// The answer: the last revision the bridge asked wrote in the table.
+/// The answer: the last revision the bridge asked wrote in the table, and whether it let
+/// the agent go (it applied the agent's join elsewhere, so keeps no more of its mail).
 #[derive(Serialize, Deserialize)]
 struct Answer {
     written: Revision,
+    let_go: bool,
 }
 
 /// Asks `bridge`, which held `agent` until it connected here, to hand over its mail kept
 /// in `table`, and waits until this bridge's watch of the table holds what it kept —
-/// within `HANDED_OVER_WITHIN`. Not while NATS is away: nothing would answer.
+/// within `HANDED_OVER_WITHIN`. Not while NATS is away: nothing would answer. Whether that
+/// bridge let the agent go.
 pub async fn ask(
     link: &NatsLink,
     positions: &RecordPositions,
     agent: &str,
     bridge: &str,
     table: &str,
-) {
+) -> bool {
     if link.ready().is_none() {
-        return telemetry::federation_handover("unanswered");
+        telemetry::federation_handover("unanswered");
+        return false;
     }
     let deadline = Instant::now() + HANDED_OVER_WITHIN;
     let asked = Asked {
@@ -85,7 +89,8 @@ pub async fn ask(
         Err(_) => None,
     };
     let Some(answer) = answer else {
-        return telemetry::federation_handover("unanswered");
+        telemetry::federation_handover("unanswered");
+        return false;
     };
     if positions.applied_by(table, answer.written, deadline).await {
         telemetry::federation_handover("handed_over");
@@ -97,6 +102,7 @@ pub async fn ask(
         );
         telemetry::federation_handover("late");
     }
+    answer.let_go
 }
 
 /// Answers this bridge's hand-over requests until `shutdown`.
@@ -134,16 +140,17 @@ pub async fn serve(
         let (link, core, positions) = (link.clone(), core.clone(), positions.clone());
         tokio::spawn(async move {
             let now = Instant::now();
-            hand_over(
+            let agent = &asked.agent;
+            let handed_over = hand_over(
                 &core,
-                &asked.agent,
+                agent,
                 now + JOIN_APPLIED_WITHIN,
                 now + ANSWERED_WITHIN,
-            )
-            .await;
-            let answer = Answer {
-                written: positions.written(&asked.table),
-            };
+            );
+            let let_go = handed_over.await;
+            // Read once the sinks wrote what they were given.
+            let written = positions.written(&asked.table);
+            let answer = Answer { written, let_go };
             let answer = serde_json::to_vec(&answer).unwrap_or_default();
             if let Err(e) = link.client.publish(reply, answer.into()).await {
                 tracing::debug!(error = %e, agent = asked.agent, "federation: a hand-over answer was not sent");
@@ -154,8 +161,8 @@ pub async fn serve(
 
 /// Ends once this bridge no longer keeps `agent`'s mail — it applied the agent's join on
 /// another bridge — or at `join_by`, and then once every offline sink has kept what it
-/// was given before, or at `answer_by`.
-async fn hand_over(core: &Core, agent: &str, join_by: Instant, answer_by: Instant) {
+/// was given before, or at `answer_by`. Whether it let the agent go.
+async fn hand_over(core: &Core, agent: &str, join_by: Instant, answer_by: Instant) -> bool {
     let directory = &core.directory;
     let kept_here = || {
         directory.keeps_mail_of(agent).is_some() && directory.get(agent).is_some_and(|a| !a.online)
@@ -163,5 +170,7 @@ async fn hand_over(core: &Core, agent: &str, join_by: Instant, answer_by: Instan
     while kept_here() && Instant::now() < join_by {
         tokio::time::sleep(LOOK_EVERY).await;
     }
+    let let_go = !kept_here();
     let _ = tokio::time::timeout_at(answer_by, core.router.flush_offline()).await;
+    let_go
 }

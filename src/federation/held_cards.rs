@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv::Entry;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -44,14 +46,23 @@ impl HeldCards {
 async fn hold_cards(
     link: Arc<NatsLink>,
     ready: Arc<Ready>,
-    mut routed: watch::Receiver<u64>,
+    routed: watch::Receiver<u64>,
     mut held: mpsc::UnboundedReceiver<Entry>,
     let_go: mpsc::UnboundedSender<Entry>,
     shutdown: CancellationToken,
 ) {
+    // Each round waits on its own: a card that comes during another's wait does not wait
+    // for it too.
+    let mut waiting = FuturesUnordered::new();
     loop {
         let first = tokio::select! {
             _ = shutdown.cancelled() => return,
+            Some(cards) = waiting.next(), if !waiting.is_empty() => {
+                for card in cards {
+                    let _ = let_go.send(card);
+                }
+                continue;
+            }
             card = held.recv() => match card {
                 Some(card) => card,
                 None => return,
@@ -61,21 +72,34 @@ async fn hold_cards(
         while let Ok(card) = held.try_recv() {
             cards.push(card);
         }
+        let until = tokio::time::Instant::now() + HELD_AT_MOST;
         // Read after every one of these came.
-        let end = match ready.js.get_stream(&link.names.stream).await {
-            Ok(stream) => stream.cached_info().state.last_sequence,
+        let end = stream_end(&link, &ready, until).await;
+        let mut routed = routed.clone();
+        waiting.push(async move {
+            let caught_up = routed.wait_for(|&at| at >= end);
+            let _ = tokio::time::timeout_at(until, caught_up).await;
+            cards
+        });
+    }
+}
+
+/// The stream's last sequence now, asked again a few times; if it cannot be told by
+/// `until`, none (the cards wait their longest).
+async fn stream_end(link: &NatsLink, ready: &Ready, until: tokio::time::Instant) -> u64 {
+    let mut wait = Duration::from_millis(50);
+    loop {
+        match ready.js.get_stream(&link.names.stream).await {
+            Ok(stream) => return stream.cached_info().state.last_sequence,
+            Err(e) if tokio::time::Instant::now() + wait < until => {
+                tracing::debug!(error = %e, "federation: the stream's end is not known yet");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(2));
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "federation: the stream's end is not known; cards wait their longest");
-                u64::MAX
+                return u64::MAX;
             }
-        };
-        let caught_up = routed.wait_for(|&at| at >= end);
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::timeout(HELD_AT_MOST, caught_up) => {}
-        }
-        for card in cards {
-            let _ = let_go.send(card);
         }
     }
 }

@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 
 use super::link::{NatsLink, Ready};
 use super::wire::{Names, Replica};
-use crate::core::{Core, Delivery, Kind};
+use crate::core::{Core, Delivery, Kind, MovedHere};
 
 /// The longest wait for the next message of the stretch before giving up on it.
 const NEXT_WITHIN: Duration = Duration::from_secs(10);
@@ -37,10 +37,21 @@ pub struct Held {
     /// Those shown offline then: its own messages are kept for them (it kept them itself,
     /// but may have been killed before the write; one shown online got them live).
     pub offline: HashSet<String>,
-    /// Agents that moved from it to this bridge: what reached the stream before their
-    /// join here was the gone bridge's to keep (this one did not send it to them), so it
-    /// is kept here, if their join is in the stretch (else the gone bridge applied it).
-    pub moved: HashSet<String>,
+    /// Agents that moved from it to this bridge lately (`core::Moves`): what reached the
+    /// stream before their join here was the gone bridge's to keep (this one did not send
+    /// it to them), so it is kept here (`Reader::away`).
+    pub moved: Vec<MovedHere>,
+}
+
+/// The agents that moved here from the gone bridge whose mail in the stretch is kept here,
+/// as the stretch is read.
+#[derive(Default)]
+struct Away {
+    /// Kept for from the other bridges' messages until their join here.
+    agents: HashSet<String>,
+    /// Of those, the ones whose leave on the gone bridge is still ahead: its own messages
+    /// before that leave it sent them live.
+    leave_ahead: HashSet<String>,
 }
 
 /// Keeps, for the agents `bridge` held, the mail it did not apply before it was taken for
@@ -108,8 +119,8 @@ impl Reader<'_> {
         let (mut next, last) = stretch;
         let mut kept = 0;
         let mut away = match self.held.moved.is_empty() {
-            true => HashSet::new(),
-            false => self.joined_in(next, last).await,
+            true => Away::default(),
+            false => self.away(next, last).await,
         };
         for tries in 1..=TRIES {
             match self.read_from(next, last, &mut kept, &mut away).await {
@@ -158,45 +169,74 @@ impl Reader<'_> {
         Ok(Some((first, last)))
     }
 
-    /// Of the agents that moved from the gone bridge to this one, those whose join here is
-    /// in the stretch from `next` to `last`. Read as the stretch is (`read_from`); if it
-    /// cannot be, every one of them, so that their mail is kept rather than lost.
-    async fn joined_in(&self, next: u64, last: u64) -> HashSet<String> {
-        let moved = &self.held.moved;
-        let here = self.link.names.messages_of(&self.link.bridge_id);
-        let mut joined = HashSet::new();
+    /// Of the agents that moved from the gone bridge to this one, those whose mail in the
+    /// stretch from `next` to `last` is kept here: each whose join here is in the stretch
+    /// (else the gone bridge applied it first, and kept what came before), or was never
+    /// published (NATS away; the fleet learnt of the move from its card) — unless its
+    /// first presence here in the stretch is a leave: it was here already. Read as the
+    /// stretch is (`read_from`); if it cannot be, every one of them, so that their mail is
+    /// kept rather than lost.
+    async fn away(&self, next: u64, last: u64) -> Away {
+        let moved: HashSet<&str> = self.held.moved.iter().map(|m| m.name.as_str()).collect();
+        let (here, its_own) = (
+            self.link.names.messages_of(&self.link.bridge_id),
+            self.link.names.messages_of(self.bridge),
+        );
+        let mut away = Away::default();
+        let mut seen_here = HashSet::new();
         let read = self.each_in(next, last, |subject, replica| {
             let env = &replica.envelope;
-            if subject == here && env.kind == Kind::PresenceJoin && moved.contains(&env.from) {
-                joined.insert(env.from.clone());
+            if !env.kind.is_presence() || !moved.contains(env.from.as_str()) {
+                return;
+            }
+            if subject == here
+                && seen_here.insert(env.from.clone())
+                && env.kind == Kind::PresenceJoin
+            {
+                away.agents.insert(env.from.clone());
+            }
+            if subject == its_own && env.kind == Kind::PresenceLeave {
+                away.leave_ahead.insert(env.from.clone());
             }
         });
-        match read.await {
-            Ok(()) => joined,
-            Err((_, e)) => {
-                tracing::warn!(bridge = self.bridge, error = %e, "federation: cannot tell when agents moved from a gone bridge; their mail is kept");
-                moved.clone()
+        if let Err((_, e)) = read.await {
+            tracing::warn!(bridge = self.bridge, error = %e, "federation: cannot tell when agents moved from a gone bridge; their mail is kept");
+            away.agents
+                .extend(moved.iter().map(|name| name.to_string()));
+            return away;
+        }
+        for moved in self.held.moved.iter().filter(|m| m.join_refused) {
+            if !seen_here.contains(&moved.name) {
+                away.agents.insert(moved.name.clone());
             }
         }
+        away.leave_ahead.retain(|name| away.agents.contains(name));
+        away
     }
 
     /// Reads the stream from `next` to `last`, keeping what `held` missed (adding to `kept`),
-    /// and for the agents `away` (moved here, their join still ahead) what came before their
-    /// join; on failure, the last sequence read, and why.
+    /// and for the agents `away` what came before their join here; on failure, the last
+    /// sequence read, and why.
     async fn read_from(
         &self,
         next: u64,
         last: u64,
         kept: &mut usize,
-        away: &mut HashSet<String>,
+        away: &mut Away,
     ) -> Result<(), (u64, async_nats::Error)> {
         let (core, held) = (self.core, self.held);
         let its_own = self.link.names.messages_of(self.bridge);
         let here = self.link.names.messages_of(&self.link.bridge_id);
         self.each_in(next, last, |subject, replica| {
             let env = &replica.envelope;
-            if env.kind == Kind::PresenceJoin && subject == here {
-                away.remove(&env.from);
+            match env.kind {
+                Kind::PresenceJoin if subject == here => {
+                    away.agents.remove(&env.from);
+                }
+                Kind::PresenceLeave if subject == its_own => {
+                    away.leave_ahead.remove(&env.from);
+                }
+                _ => {}
             }
             if replica.transient || replica.history || env.kind.is_presence() {
                 return;
@@ -209,8 +249,15 @@ impl Reader<'_> {
             };
             let delivery = Arc::new(Delivery::new(replica.envelope));
             *kept += core.router.keep_for(&delivery, whom);
-            if !away.is_empty() {
-                *kept += core.router.keep_for(&delivery, away);
+            if away.agents.is_empty() {
+                return;
+            }
+            if subject != its_own || away.leave_ahead.is_empty() {
+                *kept += core.router.keep_for(&delivery, &away.agents);
+            } else {
+                let left: HashSet<String> =
+                    away.agents.difference(&away.leave_ahead).cloned().collect();
+                *kept += core.router.keep_for(&delivery, &left);
             }
         })
         .await

@@ -61,9 +61,9 @@ impl Presence {
         let (link, routed) = (self.link.clone(), self.routed.clone());
         let (held_cards, mut let_go) =
             HeldCards::start(link, ready.clone(), routed, shutdown.clone());
-        // The revision of each agent's newest watched card: a held card let go after a
-        // newer one came is not taken in.
-        let mut newest_card: HashMap<String, u64> = HashMap::new();
+        // The revision of the newest watched card of each agent with a card held: a held
+        // card let go after a newer one came is not taken in.
+        let mut newest_held: HashMap<String, u64> = HashMap::new();
         loop {
             if watch.is_none() {
                 // With the history once, to learn who is alive; a watch made again after an
@@ -91,17 +91,21 @@ impl Presence {
                     self.sweep(&ready, &mut alive, &heard);
                 }
                 card = next_entry(&mut cards) => match card {
-                    Some(Ok(entry)) => {
-                        newest_card.insert(entry.key.clone(), entry.revision);
-                        match self.moves_away_kept_mail(&entry.value) {
-                            true => held_cards.hold(entry),
-                            false => self.take_in_card(&entry.value, &mut alive),
+                    Some(Ok(entry)) => match self.moves_away_kept_mail(&entry.value) {
+                        true => {
+                            newest_held.insert(entry.key.clone(), entry.revision);
+                            held_cards.hold(entry);
                         }
-                    }
+                        false => {
+                            newest_held.remove(&entry.key);
+                            self.take_in_card(&entry.value, &mut alive);
+                        }
+                    },
                     Some(Err(_)) | None => cards = None,
                 },
                 Some(entry) = let_go.recv() => {
-                    if newest_card.get(&entry.key) == Some(&entry.revision) {
+                    if newest_held.get(&entry.key) == Some(&entry.revision) {
+                        newest_held.remove(&entry.key);
                         self.take_in_card(&entry.value, &mut alive);
                     }
                 }
@@ -256,7 +260,14 @@ impl Presence {
                 .map(|(name, _)| name.clone())
                 .collect();
             let all = held.into_iter().map(|(name, _)| name).collect();
-            let moved = directory.moved_here_from(bridge).into_iter().collect();
+            // Those still held here.
+            let moved = (self.core.moves.from(bridge).into_iter())
+                .filter(|moved| {
+                    directory
+                        .get(&moved.name)
+                        .is_some_and(|a| a.bridge.is_none())
+                })
+                .collect();
             super::missed_mail::Held {
                 all,
                 offline,

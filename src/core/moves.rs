@@ -1,0 +1,184 @@
+//! Agents moving between bridges of a fleet: an agent another bridge held that connects
+//! here is claimed for this bridge (`Core::claim_move`), held here once its connection is
+//! attached (`Core::complete_move`), and takes its mail only once the bridge it left has
+//! handed it over (`Core::mail_handed_over`). Each move is remembered a while (`Moves`): if
+//! the bridge left is killed before it applied the agent's join here, what it was to keep
+//! for the agent meanwhile is kept here from what it missed (`federation::missed_mail`).
+
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+
+use super::Core;
+use super::claims::Claiming;
+use super::directory::{AgentInfo, NameTaken};
+
+/// An agent's name claimed for this bridge as it connects here, from the bridge that held
+/// it (`Core::claim_move`).
+pub struct MoveClaim {
+    info: AgentInfo,
+    /// The bridge that held it.
+    pub from: String,
+}
+
+/// How long a connection of an agent that moved here from a bridge gone from the fleet
+/// waits for this bridge to keep its share of what that bridge missed before it takes its
+/// mail (`Core::mail_handed_over`).
+const MISSED_MAIL_KEPT_WITHIN: Duration = Duration::from_secs(10);
+
+/// How often a wait on the directory or the router looks again.
+const LOOK_AGAIN_AFTER: Duration = Duration::from_millis(10);
+
+/// How long `Core::claim_move` waits for the leave of an agent still shown online through
+/// another bridge before it refuses it: one reconnecting at once is let in.
+const LEAVE_ARRIVES_WITHIN: Duration = Duration::from_secs(1);
+
+/// How long a move is remembered when the bridge left did not say it let the agent go:
+/// far longer than a bridge takes to apply a join, or to be taken for gone.
+const MOVES_REMEMBERED: Duration = Duration::from_secs(600);
+
+/// The recent moves of agents to this bridge whose bridge left has not said it let them go.
+#[derive(Default)]
+pub struct Moves {
+    recent: DashMap<String, Moved>,
+}
+
+struct Moved {
+    from: String,
+    at: Instant,
+    /// Its join here did not reach the fleet (NATS was away): the others learn of the move
+    /// from its card alone.
+    join_refused: bool,
+}
+
+/// An agent that moved here from a bridge (`Moves::from`).
+pub struct MovedHere {
+    pub name: String,
+    /// Whether its join here did not reach the fleet.
+    pub join_refused: bool,
+}
+
+impl Moves {
+    fn moved(&self, name: &str, from: &str) {
+        let moved = Moved {
+            from: from.to_owned(),
+            at: Instant::now(),
+            join_refused: false,
+        };
+        self.recent.insert(name.to_owned(), moved);
+    }
+
+    /// `name`'s join, announcing it here, was not taken by the fleet's log.
+    pub(super) fn join_refused(&self, name: &str) {
+        if let Some(mut moved) = self.recent.get_mut(name) {
+            moved.join_refused = true;
+        }
+    }
+
+    /// The bridge `name` left let it go: nothing more of its mail is kept there.
+    fn let_go(&self, name: &str) {
+        self.recent.remove(name);
+    }
+
+    /// The agents that moved here from `bridge` and are remembered still.
+    pub fn from(&self, bridge: &str) -> Vec<MovedHere> {
+        self.recent
+            .retain(|_, moved| moved.at.elapsed() < MOVES_REMEMBERED);
+        (self.recent.iter())
+            .filter(|moved| moved.from == bridge)
+            .map(|moved| MovedHere {
+                name: moved.key().clone(),
+                join_refused: moved.join_refused,
+            })
+            .collect()
+    }
+}
+
+impl Core {
+    /// Claims `name` for this bridge as its agent connects through it, when the directory
+    /// shows it held by another bridge of the fleet (it was connected there, and is not
+    /// now): the name's claim comes here (refused while the agent is online through that
+    /// bridge). The directory moves it once the connection is attached (`complete_move`),
+    /// so that no message routed meanwhile is kept here as mail as well as there.
+    pub async fn claim_move(&self, name: &str) -> Result<Option<MoveClaim>, NameTaken> {
+        self.leave_arrived(name).await;
+        let Some(mut info) = self.directory.get(name) else {
+            return Ok(None);
+        };
+        let Some(from) = info.bridge.take() else {
+            return Ok(None);
+        };
+        self.directory.check_claim(&info)?;
+        if let Some(claims) = self.claims.get() {
+            claims.claim(&info, Claiming::Held).await?;
+        }
+        Ok(Some(MoveClaim { info, from }))
+    }
+
+    /// Ends once `name` is not shown online through another bridge, or after
+    /// `LEAVE_ARRIVES_WITHIN`: an agent connecting here the moment it left another bridge
+    /// is let in once its leave has come.
+    pub async fn leave_arrived(&self, name: &str) {
+        let deadline = tokio::time::Instant::now() + LEAVE_ARRIVES_WITHIN;
+        while (self.directory.get(name)).is_some_and(|a| a.bridge.is_some() && a.online)
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(LOOK_AGAIN_AFTER).await;
+        }
+    }
+
+    /// Holds the agent `claim` moved here, its connection attached: every bridge sends it
+    /// live here from its join on, and none other keeps its mail.
+    pub fn complete_move(&self, claim: &MoveClaim) -> Result<(), NameTaken> {
+        self.directory.register(claim.info.clone())?;
+        self.moves.moved(&claim.info.name, &claim.from);
+        Ok(())
+    }
+
+    /// Ends once the mail kept for `agent`, which moved here from `bridge`, in `table` (a
+    /// shared records table) can be taken here: a connection takes its agent's mail after
+    /// this, then sends it live. From a bridge still in the fleet it is handed over
+    /// (`SharedRecords::mail_handed_over`); one gone from it kept nothing more, and the
+    /// mail the bridges still here kept for its agents waits while what it missed is read
+    /// (`Router::hold_back_mail_of`): this bridge's share of it is kept first.
+    pub async fn mail_handed_over(&self, agent: &str, bridge: &str, table: &str) {
+        let Some(records) = self.records() else {
+            return;
+        };
+        if !self.directory.is_gone(bridge) {
+            if records.mail_handed_over(agent, bridge, table).await {
+                self.moves.let_go(agent);
+            }
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + MISSED_MAIL_KEPT_WITHIN;
+        while self.router.holds_back_mail_of(bridge) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(LOOK_AGAIN_AFTER).await;
+        }
+        let _ = tokio::time::timeout_at(deadline, self.router.flush_offline()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_move_is_remembered_by_the_bridge_left_until_it_lets_the_agent_go() {
+        let moves = Moves::default();
+        moves.moved("rover", "b0");
+        moves.moved("glider", "b1");
+        moves.join_refused("glider");
+        let from_b0: Vec<_> = moves.from("b0").into_iter().map(|m| m.name).collect();
+        assert_eq!(from_b0, ["rover"]);
+        let from_b1 = moves.from("b1");
+        assert_eq!(from_b1.len(), 1);
+        assert!(from_b1[0].join_refused);
+        moves.let_go("rover");
+        assert!(moves.from("b0").is_empty());
+        // Moving again from elsewhere replaces the older move.
+        moves.moved("glider", "b2");
+        assert!(moves.from("b1").is_empty());
+        assert!(!moves.from("b2")[0].join_refused);
+    }
+}
