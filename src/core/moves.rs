@@ -51,7 +51,7 @@ struct Moved {
     join_refused: bool,
 }
 
-/// An agent that moved here from a bridge (`Moves::from`).
+/// An agent that moved here from a bridge (`Moves::moved_from`).
 pub struct MovedHere {
     pub name: String,
     /// Whether its join here did not reach the fleet.
@@ -60,6 +60,8 @@ pub struct MovedHere {
 
 impl Moves {
     fn moved(&self, name: &str, from: &str) {
+        self.recent
+            .retain(|_, moved| moved.at.elapsed() < MOVES_REMEMBERED);
         let moved = Moved {
             from: from.to_owned(),
             at: Instant::now(),
@@ -75,13 +77,13 @@ impl Moves {
         }
     }
 
-    /// The bridge `name` left let it go: nothing more of its mail is kept there.
-    fn let_go(&self, name: &str) {
-        self.recent.remove(name);
+    /// `bridge`, which `name` left, let it go: nothing more of its mail is kept there.
+    fn let_go(&self, name: &str, bridge: &str) {
+        self.recent.remove_if(name, |_, moved| moved.from == bridge);
     }
 
     /// The agents that moved here from `bridge` and are remembered still.
-    pub fn from(&self, bridge: &str) -> Vec<MovedHere> {
+    pub fn moved_from(&self, bridge: &str) -> Vec<MovedHere> {
         self.recent
             .retain(|_, moved| moved.at.elapsed() < MOVES_REMEMBERED);
         (self.recent.iter())
@@ -147,7 +149,7 @@ impl Core {
         };
         if !self.directory.is_gone(bridge) {
             if records.mail_handed_over(agent, bridge, table).await {
-                self.moves.let_go(agent);
+                self.moves.let_go(agent, bridge);
             }
             return;
         }
@@ -169,16 +171,18 @@ mod tests {
         moves.moved("rover", "b0");
         moves.moved("glider", "b1");
         moves.join_refused("glider");
-        let from_b0: Vec<_> = moves.from("b0").into_iter().map(|m| m.name).collect();
+        let from_b0: Vec<_> = moves.moved_from("b0").into_iter().map(|m| m.name).collect();
         assert_eq!(from_b0, ["rover"]);
-        let from_b1 = moves.from("b1");
+        let from_b1 = moves.moved_from("b1");
         assert_eq!(from_b1.len(), 1);
         assert!(from_b1[0].join_refused);
-        moves.let_go("rover");
-        assert!(moves.from("b0").is_empty());
+        moves.let_go("rover", "b1");
+        assert_eq!(moves.moved_from("b0").len(), 1, "let go by another bridge");
+        moves.let_go("rover", "b0");
+        assert!(moves.moved_from("b0").is_empty());
         // Moving again from elsewhere replaces the older move.
         moves.moved("glider", "b2");
-        assert!(moves.from("b1").is_empty());
-        assert!(!moves.from("b2")[0].join_refused);
+        assert!(moves.moved_from("b1").is_empty());
+        assert!(!moves.moved_from("b2")[0].join_refused);
     }
 }

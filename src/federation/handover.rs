@@ -161,7 +161,7 @@ pub async fn serve(
 
 /// Ends once this bridge no longer keeps `agent`'s mail — it applied the agent's join on
 /// another bridge — or at `join_by`, and then once every offline sink has kept what it
-/// was given before, or at `answer_by`. Whether it let the agent go.
+/// was given before, or at `answer_by`. Whether it let the agent go, all it kept written.
 async fn hand_over(core: &Core, agent: &str, join_by: Instant, answer_by: Instant) -> bool {
     let directory = &core.directory;
     let kept_here = || {
@@ -171,6 +171,6 @@ async fn hand_over(core: &Core, agent: &str, join_by: Instant, answer_by: Instan
         tokio::time::sleep(LOOK_EVERY).await;
     }
     let let_go = !kept_here();
-    let _ = tokio::time::timeout_at(answer_by, core.router.flush_offline()).await;
-    let_go
+    let flushed = tokio::time::timeout_at(answer_by, core.router.flush_offline()).await;
+    let_go && flushed.is_ok()
 }

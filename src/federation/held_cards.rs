@@ -24,7 +24,8 @@ const HELD_AT_MOST: Duration = Duration::from_secs(30);
 pub struct HeldCards(mpsc::UnboundedSender<Entry>);
 
 impl HeldCards {
-    /// Starts holding cards; those let go come out of the receiver, in the order held.
+    /// Starts holding cards; those let go come out of the receiver (not always in the
+    /// order held: a newer card of an agent may come out before an older one).
     /// `routed` is the stream sequence this bridge has routed everything up to.
     pub fn start(
         link: Arc<NatsLink>,
@@ -73,10 +74,10 @@ async fn hold_cards(
             cards.push(card);
         }
         let until = tokio::time::Instant::now() + HELD_AT_MOST;
-        // Read after every one of these came.
-        let end = stream_end(&link, &ready, until).await;
-        let mut routed = routed.clone();
+        let (link, ready, mut routed) = (link.clone(), ready.clone(), routed.clone());
         waiting.push(async move {
+            // Read after every one of these came.
+            let end = stream_end(&link, &ready, until).await;
             let caught_up = routed.wait_for(|&at| at >= end);
             let _ = tokio::time::timeout_at(until, caught_up).await;
             cards

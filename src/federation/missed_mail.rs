@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 
 use super::link::{NatsLink, Ready};
 use super::wire::{Names, Replica};
-use crate::core::{Core, Delivery, Kind, MovedHere};
+use crate::core::{Core, Delivery, Envelope, Kind, MovedHere};
 
 /// The longest wait for the next message of the stretch before giving up on it.
 const NEXT_WITHIN: Duration = Duration::from_secs(10);
@@ -38,20 +38,80 @@ pub struct Held {
     /// but may have been killed before the write; one shown online got them live).
     pub offline: HashSet<String>,
     /// Agents that moved from it to this bridge lately (`core::Moves`): what reached the
-    /// stream before their join here was the gone bridge's to keep (this one did not send
-    /// it to them), so it is kept here (`Reader::away`).
+    /// stream while the gone bridge held them was its to keep, and nobody else kept it, so
+    /// it is kept here (`Stage`).
     pub moved: Vec<MovedHere>,
 }
 
-/// The agents that moved here from the gone bridge whose mail in the stretch is kept here,
-/// as the stretch is read.
+/// Where an agent that moved here from the gone bridge is, as the stretch is read — which
+/// says what of the stretch nobody but this bridge would keep for it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Stage {
+    /// Here, or anywhere but the gone bridge: it was sent what it was to get.
+    Here,
+    /// Online through the gone bridge: the other bridges' messages, which the gone bridge
+    /// did not apply, it was not sent; the gone bridge's own it was, as it accepted them.
+    AtGoneOnline,
+    /// Held by the gone bridge and away: nothing was kept for it.
+    AtGoneOffline,
+}
+
+impl Stage {
+    /// Where an agent is at the start of the stretch, from its first presence in it here or
+    /// on the gone bridge (`None`: none; `refused`: its join here never reached the fleet).
+    fn at_start(first: Option<(bool, Kind)>, refused: bool) -> Stage {
+        match first {
+            // Came here from the gone bridge, where it was away.
+            Some((true, Kind::PresenceJoin)) => Stage::AtGoneOffline,
+            // Went to the gone bridge from here, or from where that bridge did not hold it.
+            Some((true, _)) | Some((false, Kind::PresenceJoin)) => Stage::Here,
+            Some((false, _)) => Stage::AtGoneOnline,
+            // Its join here is older than the stretch: the gone bridge applied it (and kept
+            // what came before); one NATS refused was never in the stream.
+            None if refused => Stage::AtGoneOffline,
+            None => Stage::Here,
+        }
+    }
+
+    /// Where an agent is after its presence `kind`, here or on the gone bridge.
+    fn after(here: bool, kind: Kind) -> Stage {
+        match (here, kind) {
+            (true, _) => Stage::Here,
+            (false, Kind::PresenceJoin) => Stage::AtGoneOnline,
+            (false, _) => Stage::AtGoneOffline,
+        }
+    }
+}
+
+/// The agents that moved here from the gone bridge, each with its `Stage`, and whom the
+/// messages read are kept for at that point.
 #[derive(Default)]
 struct Away {
-    /// Kept for from the other bridges' messages until their join here.
-    agents: HashSet<String>,
-    /// Of those, the ones whose leave on the gone bridge is still ahead: its own messages
-    /// before that leave it sent them live.
-    leave_ahead: HashSet<String>,
+    stages: std::collections::HashMap<String, Stage>,
+    /// Kept for from the other bridges' messages.
+    for_others: HashSet<String>,
+    /// Kept for from the gone bridge's own messages.
+    for_own: HashSet<String>,
+}
+
+impl Away {
+    fn set(&mut self, name: &str, stage: Stage) {
+        let Some(current) = self.stages.get_mut(name) else {
+            return;
+        };
+        *current = stage;
+        let (others, own) = match stage {
+            Stage::Here => (false, false),
+            Stage::AtGoneOnline => (true, false),
+            Stage::AtGoneOffline => (true, true),
+        };
+        for (set, keep) in [(&mut self.for_others, others), (&mut self.for_own, own)] {
+            match keep {
+                true => set.insert(name.to_owned()),
+                false => set.remove(name),
+            };
+        }
+    }
 }
 
 /// Keeps, for the agents `bridge` held, the mail it did not apply before it was taken for
@@ -169,54 +229,44 @@ impl Reader<'_> {
         Ok(Some((first, last)))
     }
 
-    /// Of the agents that moved from the gone bridge to this one, those whose mail in the
-    /// stretch from `next` to `last` is kept here: each whose join here is in the stretch
-    /// (else the gone bridge applied it first, and kept what came before), or was never
-    /// published (NATS away; the fleet learnt of the move from its card) — unless its
-    /// first presence here in the stretch is a leave: it was here already. Read as the
-    /// stretch is (`read_from`); if it cannot be, every one of them, so that their mail is
-    /// kept rather than lost.
+    /// Where each agent that moved from the gone bridge to this one is at the start of the
+    /// stretch from `next` to `last` (`Stage::at_start`), from a read of the stretch made
+    /// as `read_from` makes it; if it cannot be read, each is taken for away from the gone
+    /// bridge, so that its mail is kept rather than lost.
     async fn away(&self, next: u64, last: u64) -> Away {
         let moved: HashSet<&str> = self.held.moved.iter().map(|m| m.name.as_str()).collect();
         let (here, its_own) = (
             self.link.names.messages_of(&self.link.bridge_id),
             self.link.names.messages_of(self.bridge),
         );
-        let mut away = Away::default();
-        let mut seen_here = HashSet::new();
+        let mut first = std::collections::HashMap::new();
         let read = self.each_in(next, last, |subject, replica| {
             let env = &replica.envelope;
-            if !env.kind.is_presence() || !moved.contains(env.from.as_str()) {
-                return;
-            }
-            if subject == here
-                && seen_here.insert(env.from.clone())
-                && env.kind == Kind::PresenceJoin
+            if let Some(here) = presence_of(&here, &its_own, subject, env)
+                && moved.contains(env.from.as_str())
             {
-                away.agents.insert(env.from.clone());
-            }
-            if subject == its_own && env.kind == Kind::PresenceLeave {
-                away.leave_ahead.insert(env.from.clone());
+                first.entry(env.from.clone()).or_insert((here, env.kind));
             }
         });
-        if let Err((_, e)) = read.await {
+        let failed = read.await.err();
+        if let Some((_, e)) = &failed {
             tracing::warn!(bridge = self.bridge, error = %e, "federation: cannot tell when agents moved from a gone bridge; their mail is kept");
-            away.agents
-                .extend(moved.iter().map(|name| name.to_string()));
-            return away;
         }
-        for moved in self.held.moved.iter().filter(|m| m.join_refused) {
-            if !seen_here.contains(&moved.name) {
-                away.agents.insert(moved.name.clone());
-            }
+        let mut away = Away::default();
+        for moved in &self.held.moved {
+            let stage = match failed {
+                Some(_) => Stage::AtGoneOffline,
+                None => Stage::at_start(first.get(&moved.name).copied(), moved.join_refused),
+            };
+            away.stages.insert(moved.name.clone(), stage);
+            away.set(&moved.name, stage);
         }
-        away.leave_ahead.retain(|name| away.agents.contains(name));
         away
     }
 
     /// Reads the stream from `next` to `last`, keeping what `held` missed (adding to `kept`),
-    /// and for the agents `away` what came before their join here; on failure, the last
-    /// sequence read, and why.
+    /// and for the agents that moved here what `away` says nobody else kept for them; on
+    /// failure, the last sequence read, and why.
     async fn read_from(
         &self,
         next: u64,
@@ -229,35 +279,22 @@ impl Reader<'_> {
         let here = self.link.names.messages_of(&self.link.bridge_id);
         self.each_in(next, last, |subject, replica| {
             let env = &replica.envelope;
-            match env.kind {
-                Kind::PresenceJoin if subject == here => {
-                    away.agents.remove(&env.from);
-                }
-                Kind::PresenceLeave if subject == its_own => {
-                    away.leave_ahead.remove(&env.from);
-                }
-                _ => {}
+            if let Some(here) = presence_of(&here, &its_own, subject, env) {
+                away.set(&env.from, Stage::after(here, env.kind));
             }
             if replica.transient || replica.history || env.kind.is_presence() {
                 return;
             }
             // Its own messages it routed when it accepted them: kept here for those it could
             // only have kept (offline then); the others' for all it held.
-            let whom = match subject == its_own {
-                true => &held.offline,
-                false => &held.all,
+            let (whom, moved) = match subject == its_own {
+                true => (&held.offline, &away.for_own),
+                false => (&held.all, &away.for_others),
             };
             let delivery = Arc::new(Delivery::new(replica.envelope));
             *kept += core.router.keep_for(&delivery, whom);
-            if away.agents.is_empty() {
-                return;
-            }
-            if subject != its_own || away.leave_ahead.is_empty() {
-                *kept += core.router.keep_for(&delivery, &away.agents);
-            } else {
-                let left: HashSet<String> =
-                    away.agents.difference(&away.leave_ahead).cloned().collect();
-                *kept += core.router.keep_for(&delivery, &left);
+            if !moved.is_empty() {
+                *kept += core.router.keep_for(&delivery, moved);
             }
         })
         .await
@@ -309,5 +346,64 @@ impl Reader<'_> {
                 return Ok(());
             }
         }
+    }
+}
+
+/// For a join or leave of an agent on this bridge (`here`) or on the gone bridge
+/// (`its_own`), whether it was here; `None` for anything else.
+fn presence_of(here: &str, its_own: &str, subject: &str, env: &Envelope) -> Option<bool> {
+    if !matches!(env.kind, Kind::PresenceJoin | Kind::PresenceLeave) {
+        return None;
+    }
+    match subject {
+        s if s == here => Some(true),
+        s if s == its_own => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const JOIN: Kind = Kind::PresenceJoin;
+    const LEAVE: Kind = Kind::PresenceLeave;
+
+    #[test]
+    fn where_a_moved_agent_starts_the_stretch_follows_its_first_presence() {
+        // Joined here in the stretch: it was away from the gone bridge until then.
+        assert_eq!(
+            Stage::at_start(Some((true, JOIN)), false),
+            Stage::AtGoneOffline
+        );
+        // Left here first: it was here.
+        assert_eq!(Stage::at_start(Some((true, LEAVE)), true), Stage::Here);
+        // Joined the gone bridge first: it was not held there.
+        assert_eq!(Stage::at_start(Some((false, JOIN)), false), Stage::Here);
+        // Left the gone bridge first: it was online there.
+        assert_eq!(
+            Stage::at_start(Some((false, LEAVE)), false),
+            Stage::AtGoneOnline
+        );
+        // No presence: moved before the stretch, unless its join never reached the fleet.
+        assert_eq!(Stage::at_start(None, false), Stage::Here);
+        assert_eq!(Stage::at_start(None, true), Stage::AtGoneOffline);
+    }
+
+    #[test]
+    fn an_agent_back_and_forth_is_kept_for_only_while_the_gone_bridge_held_it() {
+        let mut away = Away::default();
+        away.stages.insert("x".into(), Stage::Here);
+        away.set("x", Stage::Here);
+        assert!(away.for_others.is_empty() && away.for_own.is_empty());
+        away.set("x", Stage::after(false, JOIN));
+        assert!(away.for_others.contains("x") && !away.for_own.contains("x"));
+        away.set("x", Stage::after(false, LEAVE));
+        assert!(away.for_others.contains("x") && away.for_own.contains("x"));
+        away.set("x", Stage::after(true, JOIN));
+        assert!(away.for_others.is_empty() && away.for_own.is_empty());
+        // Not one of the moved agents: nothing changes.
+        away.set("y", Stage::AtGoneOffline);
+        assert!(away.for_others.is_empty());
     }
 }

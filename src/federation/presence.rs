@@ -261,7 +261,7 @@ impl Presence {
                 .collect();
             let all = held.into_iter().map(|(name, _)| name).collect();
             // Those still held here.
-            let moved = (self.core.moves.from(bridge).into_iter())
+            let moved = (self.core.moves.moved_from(bridge).into_iter())
                 .filter(|moved| {
                     directory
                         .get(&moved.name)
