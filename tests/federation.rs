@@ -746,9 +746,10 @@ async fn a_killed_bridges_agents_go_offline_everywhere() {
 }
 
 /// A program that left a bridge which is then killed, and that connects to another
-/// before the fleet takes the killed one for gone, gets what was sent to it in between:
-/// nobody kept that (the killed bridge was to), and the bridge it moved to keeps it once
-/// it reads what the killed one missed.
+/// before the fleet takes the killed one for gone, gets what was sent to it in between,
+/// before what is sent to it once connected: nobody kept that (the killed bridge was
+/// to); the bridge it moved to, finding no one to hand its mail over, waits until it
+/// takes the killed one for gone and keeps it from what that one missed.
 #[tokio::test]
 async fn a_program_that_left_a_bridge_killed_just_after_gets_what_that_bridge_missed() {
     use common::grid::{GridHttp, GridWs};
@@ -764,8 +765,12 @@ async fn a_program_that_left_a_bridge_killed_just_after_gets_what_that_bridge_mi
         .send(&grid_request("between", "poster", "leaver"))
         .await;
     let mut moved = GridWs::quiet(fleet.nets[0].grid, "leaver", None).await;
-    let missed = moved.next_message().await;
-    assert_eq!(missed["id"], "between");
+    wait_held(&fleet, 0, "leaver", None, true).await;
+    GridHttp::new(fleet.nets[0].grid)
+        .send(&grid_request("after", "poster", "leaver"))
+        .await;
+    assert_eq!(moved.next_message().await["id"], "between");
+    assert_eq!(moved.next_message().await["id"], "after");
     fleet.shutdown().await;
 }
 

@@ -12,6 +12,7 @@ use dashmap::DashMap;
 use super::Core;
 use super::claims::Claiming;
 use super::directory::{AgentInfo, NameTaken};
+use super::records::HandOver;
 
 /// An agent's name claimed for this bridge as it connects here, from the bridge that held
 /// it (`Core::claim_move`).
@@ -22,8 +23,9 @@ pub struct MoveClaim {
 }
 
 /// How long a connection of an agent that moved here from a bridge gone from the fleet
-/// waits for this bridge to keep its share of what that bridge missed before it takes its
-/// mail (`Core::mail_handed_over`).
+/// (or about to be taken for gone) waits for this bridge to keep its share of what that
+/// bridge missed before it takes its mail (`Core::mail_handed_over`): more than a presence
+/// TTL and the read of a stretch.
 const MISSED_MAIL_KEPT_WITHIN: Duration = Duration::from_secs(10);
 
 /// How often a wait on the directory or the router looks again.
@@ -147,13 +149,24 @@ impl Core {
         let Some(records) = self.records() else {
             return;
         };
-        if !self.directory.is_gone(bridge) {
-            if records.mail_handed_over(agent, bridge, table).await {
-                self.moves.let_go(agent, bridge);
-            }
-            return;
-        }
         let deadline = tokio::time::Instant::now() + MISSED_MAIL_KEPT_WITHIN;
+        if !self.directory.is_gone(bridge) {
+            match records.mail_handed_over(agent, bridge, table).await {
+                HandOver::LetGo => return self.moves.let_go(agent, bridge),
+                HandOver::Kept => return,
+                // Killed, most likely, and not yet taken for gone: once it is, what it
+                // missed is read, and this bridge keeps the agent's share of it.
+                HandOver::NoOneThere => {
+                    while !self.directory.is_gone(bridge) && tokio::time::Instant::now() < deadline
+                    {
+                        tokio::time::sleep(LOOK_AGAIN_AFTER).await;
+                    }
+                    if !self.directory.is_gone(bridge) {
+                        return;
+                    }
+                }
+            }
+        }
         while self.router.holds_back_mail_of(bridge) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(LOOK_AGAIN_AFTER).await;
         }

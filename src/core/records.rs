@@ -314,15 +314,27 @@ pub trait SharedRecords: Send + Sync {
     /// everything that bridge kept for it before it learned the agent moved. Taken after
     /// this, the agent's mail comes before anything sent to it live here since it
     /// connected, in the order sent. Bounded: a bridge that does not answer in time is
-    /// not waited for. Whether that bridge said it let the agent go (keeps no more of its
-    /// mail).
+    /// not waited for.
     fn mail_handed_over<'a>(
         &'a self,
         agent: &'a str,
         bridge: &'a str,
         table: &'a str,
-    ) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
+    ) -> Pin<Box<dyn Future<Output = HandOver> + Send + 'a>> {
         let _ = (agent, bridge, table);
-        Box::pin(std::future::ready(true))
+        Box::pin(std::future::ready(HandOver::LetGo))
     }
+}
+
+/// How asking a bridge for the mail of an agent that left it ended
+/// (`SharedRecords::mail_handed_over`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandOver {
+    /// It let the agent go: it keeps no more of its mail, and what it kept is here.
+    LetGo,
+    /// It answered, or may be about to, still keeping the agent's mail.
+    Kept,
+    /// Nobody takes the question there: the bridge is not connected to the fleet (killed,
+    /// or cut off), and will be taken for gone.
+    NoOneThere,
 }

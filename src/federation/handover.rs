@@ -12,6 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::client::RequestErrorKind;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -19,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::link::NatsLink;
 use super::record_positions::RecordPositions;
-use crate::core::{Core, Revision};
+use crate::core::{Core, HandOver, Revision};
 use crate::telemetry;
 
 /// How often a bridge asked for an agent's mail looks whether it still keeps it.
@@ -55,18 +56,17 @@ struct Answer {
 
 /// Asks `bridge`, which held `agent` until it connected here, to hand over its mail kept
 /// in `table`, and waits until this bridge's watch of the table holds what it kept —
-/// within `HANDED_OVER_WITHIN`. Not while NATS is away: nothing would answer. Whether that
-/// bridge let the agent go.
+/// within `HANDED_OVER_WITHIN`. Not while NATS is away: nothing would answer.
 pub async fn ask(
     link: &NatsLink,
     positions: &RecordPositions,
     agent: &str,
     bridge: &str,
     table: &str,
-) -> bool {
+) -> HandOver {
     if link.ready().is_none() {
         telemetry::federation_handover("unanswered");
-        return false;
+        return HandOver::Kept;
     }
     let deadline = Instant::now() + HANDED_OVER_WITHIN;
     let asked = Asked {
@@ -82,6 +82,10 @@ pub async fn ask(
     // No answer (the bridge gone, or too slow): the mail is taken as it is.
     let answer = match tokio::time::timeout_at(deadline, asked).await {
         Ok(Ok(answer)) => serde_json::from_slice::<Answer>(&answer.payload).ok(),
+        Ok(Err(e)) if e.kind() == RequestErrorKind::NoResponders => {
+            telemetry::federation_handover("unanswered");
+            return HandOver::NoOneThere;
+        }
         Ok(Err(e)) => {
             tracing::debug!(error = %e, agent, bridge, "federation: no hand-over of a moved agent's mail");
             None
@@ -90,7 +94,7 @@ pub async fn ask(
     };
     let Some(answer) = answer else {
         telemetry::federation_handover("unanswered");
-        return false;
+        return HandOver::Kept;
     };
     if positions.applied_by(table, answer.written, deadline).await {
         telemetry::federation_handover("handed_over");
@@ -102,7 +106,10 @@ pub async fn ask(
         );
         telemetry::federation_handover("late");
     }
-    answer.let_go
+    match answer.let_go {
+        true => HandOver::LetGo,
+        false => HandOver::Kept,
+    }
 }
 
 /// Answers this bridge's hand-over requests until `shutdown`.

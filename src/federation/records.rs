@@ -412,7 +412,7 @@ impl SharedRecords for FleetRecords {
         agent: &'a str,
         bridge: &'a str,
         table: &'a str,
-    ) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
+    ) -> std::pin::Pin<Box<dyn Future<Output = crate::core::HandOver> + Send + 'a>> {
         let (link, positions) = (&self.link, &self.positions);
         Box::pin(super::handover::ask(link, positions, agent, bridge, table))
     }
