@@ -90,7 +90,11 @@ async fn hold_cards(
 async fn stream_end(link: &NatsLink, ready: &Ready, until: tokio::time::Instant) -> u64 {
     let mut wait = Duration::from_millis(50);
     loop {
-        match ready.js.get_stream(&link.names.stream).await {
+        let asked = tokio::time::timeout_at(until, ready.js.get_stream(&link.names.stream));
+        let Ok(answer) = asked.await else {
+            return u64::MAX;
+        };
+        match answer {
             Ok(stream) => return stream.cached_info().state.last_sequence,
             Err(e) if tokio::time::Instant::now() + wait < until => {
                 tracing::debug!(error = %e, "federation: the stream's end is not known yet");

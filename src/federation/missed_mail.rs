@@ -61,10 +61,14 @@ impl Stage {
     /// on the gone bridge (`None`: none; `refused`: its join here never reached the fleet).
     fn at_start(first: Option<(bool, Kind)>, refused: bool) -> Stage {
         match first {
-            // Came here from the gone bridge, where it was away.
-            Some((true, Kind::PresenceJoin)) => Stage::AtGoneOffline,
-            // Went to the gone bridge from here, or from where that bridge did not hold it.
-            Some((true, _)) | Some((false, Kind::PresenceJoin)) => Stage::Here,
+            // Came here from the gone bridge, where it was away; or connected there first,
+            // having been away (held there, or by a bridge that kept its mail itself: kept
+            // once per message all the same).
+            Some((true, Kind::PresenceJoin)) | Some((false, Kind::PresenceJoin)) => {
+                Stage::AtGoneOffline
+            }
+            // Left here: it was here.
+            Some((true, _)) => Stage::Here,
             Some((false, _)) => Stage::AtGoneOnline,
             // Its join here is older than the stretch: the gone bridge applied it (and kept
             // what came before); one NATS refused was never in the stream.
@@ -378,8 +382,11 @@ mod tests {
         );
         // Left here first: it was here.
         assert_eq!(Stage::at_start(Some((true, LEAVE)), true), Stage::Here);
-        // Joined the gone bridge first: it was not held there.
-        assert_eq!(Stage::at_start(Some((false, JOIN)), false), Stage::Here);
+        // Joined the gone bridge first: it was away.
+        assert_eq!(
+            Stage::at_start(Some((false, JOIN)), false),
+            Stage::AtGoneOffline
+        );
         // Left the gone bridge first: it was online there.
         assert_eq!(
             Stage::at_start(Some((false, LEAVE)), false),
