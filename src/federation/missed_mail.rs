@@ -87,11 +87,11 @@ impl Stage {
     }
 }
 
-/// The agents that moved here from the gone bridge, each with its `Stage`, and whom the
-/// messages read are kept for at that point.
+/// The agents that moved here from the gone bridge, and whom the messages read are kept
+/// for at that point (by each one's `Stage`).
 #[derive(Default)]
 struct Away {
-    stages: std::collections::HashMap<String, Stage>,
+    moved: HashSet<String>,
     /// Kept for from the other bridges' messages.
     for_others: HashSet<String>,
     /// Kept for from the gone bridge's own messages.
@@ -100,10 +100,9 @@ struct Away {
 
 impl Away {
     fn set(&mut self, name: &str, stage: Stage) {
-        let Some(current) = self.stages.get_mut(name) else {
+        if !self.moved.contains(name) {
             return;
-        };
-        *current = stage;
+        }
         let (others, own) = match stage {
             Stage::Here => (false, false),
             Stage::AtGoneOnline => (true, false),
@@ -262,7 +261,7 @@ impl Reader<'_> {
                 Some(_) => Stage::AtGoneOffline,
                 None => Stage::at_start(first.get(&moved.name).copied(), moved.join_refused),
             };
-            away.stages.insert(moved.name.clone(), stage);
+            away.moved.insert(moved.name.clone());
             away.set(&moved.name, stage);
         }
         away
@@ -400,7 +399,7 @@ mod tests {
     #[test]
     fn an_agent_back_and_forth_is_kept_for_only_while_the_gone_bridge_held_it() {
         let mut away = Away::default();
-        away.stages.insert("x".into(), Stage::Here);
+        away.moved.insert("x".into());
         away.set("x", Stage::Here);
         assert!(away.for_others.is_empty() && away.for_own.is_empty());
         away.set("x", Stage::after(false, JOIN));
