@@ -30,7 +30,7 @@ pub use envelope::{
 pub use in_flight::InFlight;
 pub use log::{LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
 pub use mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
-pub use moves::{MoveClaim, MovedHere, Moves};
+pub use moves::{MoveClaim, MovedHere, Moves, wait_while};
 pub use records::{
     Expect, HandOver, LATE_COPY_WINDOW, Record, RecordChange, RecordError, RecordFuture,
     RecordSink, Revision, SharedRecords, TAKE_AGAIN_AFTER, TakenEach, TakenMail, Tried, sink,

@@ -28,7 +28,7 @@ pub struct MoveClaim {
 /// TTL and the read of a stretch.
 const MISSED_MAIL_KEPT_WITHIN: Duration = Duration::from_secs(10);
 
-/// How often a wait on the directory or the router looks again.
+/// How often `wait_while` looks again.
 const LOOK_AGAIN_AFTER: Duration = Duration::from_millis(10);
 
 /// How long `Core::claim_move` waits for the leave of an agent still shown online through
@@ -38,6 +38,18 @@ const LEAVE_ARRIVES_WITHIN: Duration = Duration::from_secs(1);
 /// How long a move is remembered when the bridge left did not say it let the agent go:
 /// far longer than a bridge takes to apply a join, or to be taken for gone.
 const MOVES_REMEMBERED: Duration = Duration::from_secs(600);
+
+/// Looks again every `LOOK_AGAIN_AFTER` while `busy` holds, until `deadline`; whether it
+/// stopped holding by then.
+pub async fn wait_while(deadline: tokio::time::Instant, mut busy: impl FnMut() -> bool) -> bool {
+    while busy() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(LOOK_AGAIN_AFTER).await;
+    }
+    true
+}
 
 /// The recent moves of agents to this bridge whose bridge left has not said it let them go.
 #[derive(Default)]
@@ -124,11 +136,9 @@ impl Core {
     /// is let in once its leave has come.
     pub async fn leave_arrived(&self, name: &str) {
         let deadline = tokio::time::Instant::now() + LEAVE_ARRIVES_WITHIN;
-        while (self.directory.get(name)).is_some_and(|a| a.bridge.is_some() && a.online)
-            && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(LOOK_AGAIN_AFTER).await;
-        }
+        let online_elsewhere =
+            || (self.directory.get(name)).is_some_and(|a| a.bridge.is_some() && a.online);
+        wait_while(deadline, online_elsewhere).await;
     }
 
     /// Holds the agent `claim` moved here, its connection attached: every bridge sends it
@@ -157,19 +167,13 @@ impl Core {
                 // Killed, most likely, and not yet taken for gone: once it is, what it
                 // missed is read, and this bridge keeps the agent's share of it.
                 HandOver::NoOneThere => {
-                    while !self.directory.is_gone(bridge) && tokio::time::Instant::now() < deadline
-                    {
-                        tokio::time::sleep(LOOK_AGAIN_AFTER).await;
-                    }
-                    if !self.directory.is_gone(bridge) {
+                    if !wait_while(deadline, || !self.directory.is_gone(bridge)).await {
                         return;
                     }
                 }
             }
         }
-        while self.router.holds_back_mail_of(bridge) && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(LOOK_AGAIN_AFTER).await;
-        }
+        wait_while(deadline, || self.router.holds_back_mail_of(bridge)).await;
         let _ = tokio::time::timeout_at(deadline, self.router.flush_offline()).await;
     }
 }

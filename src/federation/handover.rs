@@ -20,11 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::link::NatsLink;
 use super::record_positions::RecordPositions;
-use crate::core::{Core, HandOver, Revision};
+use crate::core::{Core, HandOver, Revision, wait_while};
 use crate::telemetry;
-
-/// How often a bridge asked for an agent's mail looks whether it still keeps it.
-const LOOK_EVERY: Duration = Duration::from_millis(10);
 
 /// How long a bridge waits for a moved agent's mail before it takes what it has: the bridge
 /// asked may first have to apply a stretch of the stream and write the mail it kept from
@@ -174,10 +171,7 @@ async fn hand_over(core: &Core, agent: &str, join_by: Instant, answer_by: Instan
     let kept_here = || {
         directory.keeps_mail_of(agent).is_some() && directory.get(agent).is_some_and(|a| !a.online)
     };
-    while kept_here() && Instant::now() < join_by {
-        tokio::time::sleep(LOOK_EVERY).await;
-    }
-    let let_go = !kept_here();
+    let let_go = wait_while(join_by, kept_here).await;
     let flushed = tokio::time::timeout_at(answer_by, core.router.flush_offline()).await;
     let_go && flushed.is_ok()
 }
