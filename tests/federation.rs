@@ -24,16 +24,16 @@ mod matrix {
 /// Bridge `id` of `fleet` as a child process (so that it can be killed), its store in
 /// `dir`, connected to the fleet when this returns.
 async fn spawn_member(fleet: &Fleet, dir: &std::path::Path, id: &str) -> BridgeProcess {
+    let section = federation_section(&fleet.nats, &fleet.prefix, id, QUICK);
+    spawn_bridge(dir, id, &section).await
+}
+
+/// Bridge `id` as a child process with `[federation]` `section`, its store in `dir`,
+/// connected to the fleet when this returns.
+async fn spawn_bridge(dir: &std::path::Path, id: &str, section: &str) -> BridgeProcess {
     let config = dir.join(format!("{id}.toml"));
     let data = dir.join(format!("data-{id}"));
-    std::fs::write(
-        &config,
-        bridge_toml(
-            data.to_str().unwrap(),
-            &federation_section(&fleet.nats, &fleet.prefix, id, QUICK),
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config, bridge_toml(data.to_str().unwrap(), section)).unwrap();
     let process = BridgeProcess::spawn(&config);
     let readyz = format!("http://{}/readyz", process.addr("admin"));
     eventually(
@@ -1040,6 +1040,79 @@ async fn a_synapse_agent_moving_while_messages_flow_gets_them_once_in_order() {
     }
     assert_once_in_order(&got, TOTAL);
     fleet.shutdown().await;
+}
+
+/// A bridge nobody answers for a moment (away from NATS, then back) is asked again for the
+/// mail of an agent that left it, until it answers: its mail is handed over, rather than
+/// the bridge being waited for as a killed one would be. Each bridge is a process of its
+/// own, so that its metrics are its own.
+#[tokio::test]
+async fn a_bridge_back_from_a_moment_away_hands_over_the_mail_of_an_agent_that_left_it() {
+    use common::grid::GridWs;
+    let mut cluster = Cluster::start(3).await;
+    let urls = cluster.urls();
+    let dir = tempfile::tempdir().unwrap();
+    // Each bridge on one server, its stream and buckets on all three; b0 is not taken for
+    // gone while it is away.
+    let timing = "heartbeat_ms = 200\npresence_ttl_ms = 60000\npublish_timeout_ms = 2000\n";
+    let on_server = |i: usize| {
+        let nats = &urls[i];
+        format!(
+            "[federation]\nnats = [\"{nats}\"]\nbridge_id = \"b{i}\"\nprefix = \"back\"\nreplicas = 3\n{timing}"
+        )
+    };
+    let b0 = spawn_bridge(dir.path(), "b0", &on_server(0)).await;
+    let b1 = spawn_bridge(dir.path(), "b1", &on_server(1)).await;
+    drop(GridWs::quiet(b0.addr("grid"), "drifter", None).await);
+    let admin =
+        |process: &BridgeProcess, path: &str| format!("http://{}{path}", process.addr("admin"));
+    let agents = admin(&b1, "/admin/api/agents");
+    eventually("b1 shows drifter away on b0", async || {
+        let Ok(answer) = common::http().get(&agents).send().await else {
+            return false;
+        };
+        let listed: serde_json::Value = answer.json().await.unwrap_or_default();
+        (listed["agents"].as_array().into_iter().flatten())
+            .any(|a| a["name"] == "drifter" && a["bridge"] == "b0" && a["online"] == false)
+    })
+    .await;
+
+    cluster.kill(0);
+    let readyz = admin(&b0, "/readyz");
+    eventually("b0 says it is degraded", async || {
+        match common::http().get(&readyz).send().await {
+            Ok(answer) => answer.text().await.is_ok_and(|t| !t.starts_with("ready")),
+            Err(_) => false,
+        }
+    })
+    .await;
+    cluster.wait_streams_led(&urls[1]).await;
+    let grid = b1.addr("grid");
+    let connecting = tokio::spawn(async move { GridWs::quiet(grid, "drifter", None).await });
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    cluster.restart(0).await;
+    let _socket = connecting.await.unwrap();
+
+    let metrics = admin(&b1, "/metrics");
+    let outcome = |metrics: &str, outcome: &str| {
+        let line = format!(r#"agentbridge_federation_handovers_total{{outcome="{outcome}"}} "#);
+        (metrics.lines().find_map(|l| l.strip_prefix(line.as_str())))
+            .and_then(|n| n.trim().parse::<f64>().ok())
+    };
+    let mut seen = String::new();
+    eventually("b1 counts the hand-over", async || {
+        seen = common::http()
+            .get(&metrics)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        outcome(&seen, "handed_over") == Some(1.0)
+    })
+    .await;
+    assert_eq!(outcome(&seen, "unanswered"), Some(0.0), "{seen}");
 }
 
 /// `got` holds each of `0..total` once, in order.

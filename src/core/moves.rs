@@ -13,6 +13,7 @@ use super::Core;
 use super::claims::Claiming;
 use super::directory::{AgentInfo, NameTaken};
 use super::records::HandOver;
+use crate::telemetry;
 
 /// An agent's name claimed for this bridge as it connects here, from the bridge that held
 /// it (`Core::claim_move`).
@@ -22,11 +23,15 @@ pub struct MoveClaim {
     pub from: String,
 }
 
-/// How long a connection of an agent that moved here from a bridge gone from the fleet
-/// (or about to be taken for gone) waits for this bridge to keep its share of what that
-/// bridge missed before it takes its mail (`Core::mail_handed_over`): more than a presence
-/// TTL and the read of a stretch.
-const MISSED_MAIL_KEPT_WITHIN: Duration = Duration::from_secs(10);
+/// How long a connection of an agent that moved here waits before it takes its mail
+/// (`Core::mail_handed_over`): the bridge it left may first have to apply a stretch of the
+/// stream and write the mail it kept from it, one record write each, or, gone from the
+/// fleet, be taken for gone (a presence TTL) and what it missed be read; meanwhile the
+/// agent's connection sends nothing.
+const HANDED_OVER_WITHIN: Duration = Duration::from_secs(10);
+
+/// How soon a bridge nobody takes hand-over requests for is asked again.
+const ASK_AGAIN_AFTER: Duration = Duration::from_millis(250);
 
 /// How often `wait_while` looks again.
 const LOOK_AGAIN_AFTER: Duration = Duration::from_millis(10);
@@ -154,25 +159,35 @@ impl Core {
     /// this, then sends it live. From a bridge still in the fleet it is handed over
     /// (`SharedRecords::mail_handed_over`); one gone from it kept nothing more, and the
     /// mail the bridges still here kept for its agents waits while what it missed is read
-    /// (`Router::hold_back_mail_of`): this bridge's share of it is kept first.
+    /// (`Router::hold_back_mail_of`): this bridge's share of it is kept first. All within
+    /// `HANDED_OVER_WITHIN`.
     pub async fn mail_handed_over(&self, agent: &str, bridge: &str, table: &str) {
         let Some(records) = self.records() else {
             return;
         };
-        let deadline = tokio::time::Instant::now() + MISSED_MAIL_KEPT_WITHIN;
-        if !self.directory.is_gone(bridge) {
-            match records.mail_handed_over(agent, bridge, table).await {
+        let deadline = tokio::time::Instant::now() + HANDED_OVER_WITHIN;
+        let gone = || self.directory.is_gone(bridge);
+        while !gone() {
+            match records
+                .mail_handed_over(agent, bridge, table, deadline)
+                .await
+            {
                 HandOver::LetGo => return self.moves.let_go(agent, bridge),
                 HandOver::Kept => return,
-                // Killed, most likely, and not yet taken for gone: once it is, what it
-                // missed is read, and this bridge keeps the agent's share of it.
+                // Killed, most likely, and not yet taken for gone — or alive with no one
+                // taking the question yet (starting, or resubscribing after a reconnect):
+                // asked again shortly, until it answers or is taken for gone.
                 HandOver::NoOneThere => {
-                    if !wait_while(deadline, || !self.directory.is_gone(bridge)).await {
+                    let again = tokio::time::Instant::now() + ASK_AGAIN_AFTER;
+                    wait_while(again.min(deadline), || !gone()).await;
+                    if tokio::time::Instant::now() >= deadline {
+                        telemetry::federation_handover("unanswered");
                         return;
                     }
                 }
             }
         }
+        // Once it is gone, what it missed is read, and this bridge keeps the agent's share.
         wait_while(deadline, || self.router.holds_back_mail_of(bridge)).await;
         let _ = tokio::time::timeout_at(deadline, self.router.flush_offline()).await;
     }

@@ -314,14 +314,15 @@ pub trait SharedRecords: Send + Sync {
     /// everything that bridge kept for it before it learned the agent moved. Taken after
     /// this, the agent's mail comes before anything sent to it live here since it
     /// connected, in the order sent. Bounded: a bridge that does not answer in time is
-    /// not waited for.
+    /// not waited for past `by`.
     fn mail_handed_over<'a>(
         &'a self,
         agent: &'a str,
         bridge: &'a str,
         table: &'a str,
+        by: tokio::time::Instant,
     ) -> Pin<Box<dyn Future<Output = HandOver> + Send + 'a>> {
-        let _ = (agent, bridge, table);
+        let _ = (agent, bridge, table, by);
         Box::pin(std::future::ready(HandOver::LetGo))
     }
 }

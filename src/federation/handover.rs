@@ -23,24 +23,21 @@ use super::record_positions::RecordPositions;
 use crate::core::{Core, HandOver, Revision, wait_while};
 use crate::telemetry;
 
-/// How long a bridge waits for a moved agent's mail before it takes what it has: the bridge
-/// asked may first have to apply a stretch of the stream and write the mail it kept from
-/// it, one record write each, and meanwhile the agent's connection sends nothing.
-const HANDED_OVER_WITHIN: Duration = Duration::from_secs(10);
+/// How long before the asker stops waiting the bridge asked answers at the latest: what it
+/// has written by then is handed over, and the answer has that long to arrive.
+const ANSWER_TRAVELS_WITHIN: Duration = Duration::from_secs(1);
 
-/// How long the bridge asked waits to apply the agent's join: half the asker's wait, so
-/// that its answer, made even without the join, has time to arrive.
-const JOIN_APPLIED_WITHIN: Duration = Duration::from_secs(5);
+/// The longest the bridge asked takes, whatever the request says: an asker waits ten
+/// seconds at most (`Core::mail_handed_over`).
+const ANSWERED_WITHIN_AT_MOST: Duration = Duration::from_secs(10);
 
-/// How long the bridge asked has in all before it answers: its sinks' writes are waited
-/// for until then, leaving the answer a second to arrive within the asker's wait.
-const ANSWERED_WITHIN: Duration = Duration::from_secs(9);
-
-/// A request to hand over `agent`'s mail, kept in `table`.
+/// A request to hand over `agent`'s mail, kept in `table`, answered within `within_ms`
+/// (what is left of the asker's wait).
 #[derive(Serialize, Deserialize)]
 struct Asked {
     agent: String,
     table: String,
+    within_ms: u64,
 }
 
 /// The answer: the last revision the bridge asked wrote in the table, and whether it let
@@ -52,37 +49,37 @@ struct Answer {
 }
 
 /// Asks `bridge`, which held `agent` until it connected here, to hand over its mail kept
-/// in `table`, and waits until this bridge's watch of the table holds what it kept —
-/// within `HANDED_OVER_WITHIN`. Not while NATS is away: nothing would answer.
+/// in `table`, and waits until this bridge's watch of the table holds what it kept — until
+/// `deadline`. Not while NATS is away: nothing would answer.
 pub async fn ask(
     link: &NatsLink,
     positions: &RecordPositions,
     agent: &str,
     bridge: &str,
     table: &str,
+    deadline: Instant,
 ) -> HandOver {
     if link.ready().is_none() {
         telemetry::federation_handover("unanswered");
         return HandOver::Kept;
     }
-    let deadline = Instant::now() + HANDED_OVER_WITHIN;
+    let within = deadline.saturating_duration_since(Instant::now());
     let asked = Asked {
         agent: agent.to_owned(),
         table: table.to_owned(),
+        within_ms: within.as_millis().try_into().unwrap_or(u64::MAX),
     };
     let request = async_nats::Request::new()
         .payload(serde_json::to_vec(&asked).unwrap_or_default().into())
-        .timeout(Some(HANDED_OVER_WITHIN));
+        .timeout(Some(within));
     let asked = link
         .client
         .send_request(link.names.handover_of(bridge), request);
-    // No answer (the bridge gone, or too slow): the mail is taken as it is.
+    // No answer (the bridge gone, or too slow): the mail is taken as it is. Nobody there
+    // is the asker's to tell (it asks again), and is counted by it.
     let answer = match tokio::time::timeout_at(deadline, asked).await {
         Ok(Ok(answer)) => serde_json::from_slice::<Answer>(&answer.payload).ok(),
-        Ok(Err(e)) if e.kind() == RequestErrorKind::NoResponders => {
-            telemetry::federation_handover("unanswered");
-            return HandOver::NoOneThere;
-        }
+        Ok(Err(e)) if e.kind() == RequestErrorKind::NoResponders => return HandOver::NoOneThere,
         Ok(Err(e)) => {
             tracing::debug!(error = %e, agent, bridge, "federation: no hand-over of a moved agent's mail");
             None
@@ -143,14 +140,14 @@ pub async fn serve(
         };
         let (link, core, positions) = (link.clone(), core.clone(), positions.clone());
         tokio::spawn(async move {
+            // Half the asker's wait for the join, so that an answer made even without it
+            // has time to arrive.
+            let within = Duration::from_millis(asked.within_ms).min(ANSWERED_WITHIN_AT_MOST);
             let now = Instant::now();
+            let join_by = now + within / 2;
+            let answer_by = now + within.saturating_sub(ANSWER_TRAVELS_WITHIN);
             let agent = &asked.agent;
-            let handed_over = hand_over(
-                &core,
-                agent,
-                now + JOIN_APPLIED_WITHIN,
-                now + ANSWERED_WITHIN,
-            );
+            let handed_over = hand_over(&core, agent, join_by.min(answer_by), answer_by);
             let let_go = handed_over.await;
             // Read once the sinks wrote what they were given.
             let written = positions.written(&asked.table);

@@ -412,9 +412,12 @@ impl SharedRecords for FleetRecords {
         agent: &'a str,
         bridge: &'a str,
         table: &'a str,
+        by: tokio::time::Instant,
     ) -> std::pin::Pin<Box<dyn Future<Output = crate::core::HandOver> + Send + 'a>> {
         let (link, positions) = (&self.link, &self.positions);
-        Box::pin(super::handover::ask(link, positions, agent, bridge, table))
+        Box::pin(super::handover::ask(
+            link, positions, agent, bridge, table, by,
+        ))
     }
 
     fn follow(&self, table: &'static str, sink: Arc<dyn RecordSink>) {

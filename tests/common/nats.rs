@@ -55,9 +55,11 @@ impl Cluster {
             let name = format!("n{i}");
             let store = dir.path().join(&name);
             let conf = dir.path().join(format!("{name}.conf"));
+            // `no_advertise`: a client reaches the servers its config lists and no others,
+            // so that a test can cut one bridge off by killing the one server it lists.
             let cluster = if size > 1 {
                 format!(
-                    "cluster {{\n  name: \"agentbridge-test\"\n  listen: \"127.0.0.1:{cluster_port}\"\n  routes: [{}]\n}}\n",
+                    "cluster {{\n  name: \"agentbridge-test\"\n  listen: \"127.0.0.1:{cluster_port}\"\n  no_advertise: true\n  routes: [{}]\n}}\n",
                     routes.join(", ")
                 )
             } else {
@@ -199,6 +201,37 @@ impl Cluster {
         // SAFETY: kill(2) on our own child's pid.
         let sent = unsafe { libc::kill(child.id() as i32, signal) };
         assert_eq!(sent, 0, "signal {signal} reaches server {i}");
+    }
+
+    /// Waits until every stream of the cluster (a KV bucket is one too) is led by a server
+    /// still running, asked through `url`: after a server goes, the streams it led elect
+    /// another, and what is written to them meanwhile waits.
+    pub async fn wait_streams_led(&self, url: &str) {
+        use futures_util::TryStreamExt;
+        let running: Vec<&str> = (self.nodes.iter())
+            .filter(|n| n.child.is_some())
+            .map(|n| n.name.as_str())
+            .collect();
+        let client = async_nats::connect(url).await.expect("connects to NATS");
+        let js = async_nats::jetstream::new(client);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let streams: Result<Vec<_>, _> = js.streams().try_collect().await;
+            let led = streams.is_ok_and(|streams| {
+                streams.iter().all(|info| {
+                    let leader = info.cluster.as_ref().and_then(|c| c.leader.as_deref());
+                    leader.is_some_and(|leader| running.contains(&leader))
+                })
+            });
+            if led {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the streams have no running leaders within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Starts server `i` again, with the data it had.
