@@ -1115,6 +1115,43 @@ async fn a_bridge_back_from_a_moment_away_hands_over_the_mail_of_an_agent_that_l
     assert_eq!(outcome(&seen, "unanswered"), Some(0.0), "{seen}");
 }
 
+/// An agent's card whose put failed (the agents bucket gone a moment, as when its stream
+/// fails over) is put again once it can be: a bridge that starts later finds the agent
+/// where it is.
+#[tokio::test]
+async fn a_card_whose_put_failed_is_put_again() {
+    use futures_util::StreamExt;
+    let fleet = Fleet::start(2).await;
+    let js = fleet.jetstream().await;
+    let bucket = format!("{}_agents", fleet.prefix);
+    let stream = js.get_stream(format!("KV_{bucket}")).await.expect("the agents bucket");
+    let config = stream.cached_info().config.clone();
+    js.delete_key_value(&bucket).await.expect("the bucket goes");
+
+    let _socket = common::grid::GridWs::quiet(fleet.nets[1].grid, "carded", None).await;
+    fleet.wait_known(0, "carded").await;
+    js.create_stream(config).await.expect("the bucket is back");
+
+    let agents = js.get_key_value(&bucket).await.expect("the agents bucket");
+    eventually("the bucket holds carded's card", async || {
+        let Ok(mut keys) = agents.keys().await else {
+            return false;
+        };
+        while let Some(Ok(key)) = keys.next().await {
+            let Ok(Some(card)) = agents.get(&key).await else {
+                continue;
+            };
+            let card: serde_json::Value = serde_json::from_slice(&card).unwrap_or_default();
+            if card["name"] == "carded" {
+                return card["bridge"] == "b1" && card["online"] == true;
+            }
+        }
+        false
+    })
+    .await;
+    fleet.shutdown().await;
+}
+
 /// `got` holds each of `0..total` once, in order.
 fn assert_once_in_order(got: &[usize], total: usize) {
     let mut seen = std::collections::HashSet::new();

@@ -37,7 +37,8 @@ use futures_util::stream::FuturesOrdered;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::link::{NatsLink, put_card};
+use super::cards::CardKeeper;
+use super::link::NatsLink;
 use super::unshared::{Outgoing, Unshared};
 use super::wire::{BRIDGE_HEADER, Card, OutgoingReplica, Replica};
 use crate::core::{
@@ -136,15 +137,18 @@ pub struct FleetLog {
     unshared: Arc<Unshared>,
     unsure: Arc<Unsure>,
     directory: OnceLock<Arc<Directory>>,
+    /// Puts the cards of this bridge's agents in the agents bucket.
+    cards: Arc<CardKeeper>,
 }
 
 impl FleetLog {
     /// The log over `local`, and the task that publishes to the stream; what waits to be
-    /// shared with it is kept in `unshared`.
+    /// shared with it is kept in `unshared`, and `cards` puts the cards of its agents.
     pub fn new(
         local: Arc<dyn MessageLog>,
         link: Arc<NatsLink>,
         unshared: Arc<Unshared>,
+        cards: Arc<CardKeeper>,
         timeout: Duration,
     ) -> (Arc<FleetLog>, Publisher) {
         let (outbox, queued) = mpsc::unbounded_channel();
@@ -156,6 +160,7 @@ impl FleetLog {
             unshared: unshared.clone(),
             unsure: unsure.clone(),
             directory: OnceLock::new(),
+            cards,
         });
         (
             log,
@@ -207,7 +212,7 @@ impl FleetLog {
         let (accepted, told) = oneshot::channel();
         let card = self.card(env);
         if let Some(card) = &card {
-            self.put_card(card.clone());
+            self.cards.keep(&card.name);
         }
         let replica = OutgoingReplica {
             envelope: env,
@@ -287,18 +292,6 @@ impl FleetLog {
                 return; // shutting down; the file keeps them for the next run
             }
         }
-    }
-
-    /// Keeps the agent's card in the fleet's bucket, for bridges that start later.
-    fn put_card(&self, card: Card) {
-        let Some(ready) = self.link.ready() else {
-            return;
-        };
-        tokio::spawn(async move {
-            if let Err(e) = put_card(&ready.agents, &card).await {
-                tracing::warn!(error = %e, agent = %card.name, "federation: cannot keep an agent's card");
-            }
-        });
     }
 }
 

@@ -7,6 +7,7 @@
 //! `docs/federation.md` has the subjects, the guarantees and what it costs.
 
 mod apply;
+mod cards;
 mod claims;
 mod config;
 mod fleet_log;
@@ -41,6 +42,7 @@ pub struct Federation {
     log: Arc<FleetLog>,
     local: Arc<dyn MessageLog>,
     publisher: Publisher,
+    cards: Arc<cards::CardKeeper>,
 }
 
 impl Federation {
@@ -71,13 +73,21 @@ impl Federation {
         };
         let link = NatsLink::connect(config, readiness).await?;
         let timeout = std::time::Duration::from_millis(config.publish_timeout_ms);
-        let (log, publisher) = FleetLog::new(local.clone(), link.clone(), unshared, timeout);
+        let cards = Arc::<cards::CardKeeper>::default();
+        let (log, publisher) = FleetLog::new(
+            local.clone(),
+            link.clone(),
+            unshared,
+            cards.clone(),
+            timeout,
+        );
         Ok(Federation {
             config: config.clone(),
             link,
             log,
             local,
             publisher,
+            cards,
         })
     }
 
@@ -105,8 +115,13 @@ impl Federation {
             config,
             link,
             local,
+            cards,
             ..
         } = self;
+        let card_keeper = cards
+            .clone()
+            .run(link.clone(), core.directory.clone(), shutdown.clone());
+        let card_keeper = tokio::spawn(card_keeper);
         let fleet = tokio::spawn(async move {
             let Some(ready) = link.set_up_when_possible(&config, &shutdown).await else {
                 return;
@@ -119,13 +134,13 @@ impl Federation {
                 routed: routed_up_to,
             };
             let handover = handover::serve(link.clone(), core.clone(), positions, shutdown.clone());
-            let presence = presence::Presence::new(link, core, &config, routed);
+            let presence = presence::Presence::new(link, core, &config, routed, cards);
             tokio::join!(
                 applier.run(ready.clone(), shutdown.clone()),
                 presence.run(ready, shutdown.clone()),
                 handover,
             );
         });
-        vec![publisher, sharer, fleet]
+        vec![publisher, sharer, card_keeper, fleet]
     }
 }

@@ -13,9 +13,10 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::cards::CardKeeper;
 use super::config::FederationConfig;
 use super::held_cards::HeldCards;
-use super::link::{NatsLink, Ready, put_card, put_heartbeat};
+use super::link::{NatsLink, Ready, put_heartbeat};
 use super::wire::Card;
 use crate::core::{Audience, Core, Envelope, Kind, Status};
 use crate::telemetry;
@@ -27,6 +28,7 @@ pub struct Presence {
     pub ttl: Duration,
     /// The stream sequence this bridge has routed everything up to (`apply`).
     pub routed: tokio::sync::watch::Receiver<u64>,
+    pub cards: Arc<CardKeeper>,
 }
 
 impl Presence {
@@ -35,6 +37,7 @@ impl Presence {
         core: Arc<Core>,
         config: &FederationConfig,
         routed: tokio::sync::watch::Receiver<u64>,
+        cards: Arc<CardKeeper>,
     ) -> Presence {
         Presence {
             link,
@@ -42,6 +45,7 @@ impl Presence {
             heartbeat: Duration::from_millis(config.heartbeat_ms.max(1)),
             ttl: Duration::from_millis(config.presence_ttl_ms.max(1)),
             routed,
+            cards,
         }
     }
 
@@ -84,7 +88,7 @@ impl Presence {
                     let connected = self.link.is_connected();
                     if connected && !was_connected {
                         // Presence changes while NATS was away did not reach the others.
-                        self.put_local_cards(&ready).await;
+                        self.put_local_cards();
                     }
                     was_connected = connected;
                     self.beat(&ready).await;
@@ -206,18 +210,12 @@ impl Presence {
     }
 
     /// Puts the card of every agent this bridge holds online in the agents bucket.
-    async fn put_local_cards(&self, ready: &Ready) {
-        let mut cards = Vec::new();
+    fn put_local_cards(&self) {
         self.core.directory.for_each(|info| {
             if info.bridge.is_none() && info.online {
-                cards.push(Card::of(info, &self.link.bridge_id));
+                self.cards.keep(&info.name);
             }
         });
-        for card in cards {
-            if let Err(e) = put_card(&ready.agents, &card).await {
-                tracing::debug!(error = %e, agent = %card.name, "federation: card not kept");
-            }
-        }
     }
 
     async fn beat(&self, ready: &Ready) {
