@@ -1124,7 +1124,10 @@ async fn a_card_whose_put_failed_is_put_again() {
     let fleet = Fleet::start(2).await;
     let js = fleet.jetstream().await;
     let bucket = format!("{}_agents", fleet.prefix);
-    let stream = js.get_stream(format!("KV_{bucket}")).await.expect("the agents bucket");
+    let stream = js
+        .get_stream(format!("KV_{bucket}"))
+        .await
+        .expect("the agents bucket");
     let config = stream.cached_info().config.clone();
     js.delete_key_value(&bucket).await.expect("the bucket goes");
 

@@ -1050,6 +1050,34 @@ async fn task_events_follow_task_listen() {
     w.bridge.shutdown().await;
 }
 
+/// Task events come in the order the changes were made: of many changes of one task made
+/// at once, the last event a member hears is of the task as it ends up. (Changes that
+/// commit together wake their callers in any order.)
+#[tokio::test]
+async fn task_events_come_in_the_order_the_changes_were_made() {
+    let w = world().await;
+    let (mut admin, _) = TrackerWs::auth_subscribed(w.addr, "tb-admin").await;
+    let task = w.admin.task("team-board", json!({ "title": "t" })).await;
+    admin.next_of("task.created").await;
+    let id = task["id"].as_str().unwrap();
+    const CHANGES: usize = 40;
+    let changes = (0..CHANGES).map(|n| {
+        let http = TrackerHttp::new(w.addr, "tb-admin");
+        let path = format!("/tasks/{id}");
+        async move { http.patch(&path, json!({ "title": format!("t{n}") })).await }
+    });
+    for (status, body) in futures_util::future::join_all(changes).await {
+        assert_eq!(status, 200, "{body}");
+    }
+    let (_, last) = w.admin.get(&format!("/tasks/{id}")).await;
+    let mut titles = Vec::new();
+    while titles.len() < CHANGES {
+        titles.push(admin.next_of("task.updated").await["title"].clone());
+    }
+    assert_eq!(titles.last(), Some(&last["title"]), "{titles:?}");
+    w.bridge.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_silent_member_goes_offline_and_back() {
     let w = world_with("heartbeat_timeout_ms = 300").await;
