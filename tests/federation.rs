@@ -1077,6 +1077,12 @@ async fn a_bridge_back_from_a_moment_away_hands_over_the_mail_of_an_agent_that_l
     })
     .await;
 
+    // Mail b0 keeps for it, before b0 is cut off.
+    let sender = common::grid::GridHttp::new(b0.addr("grid"));
+    sender
+        .send(&grid_request("kept", "sender", "drifter"))
+        .await;
+
     cluster.kill(0);
     let readyz = admin(&b0, "/readyz");
     eventually("b0 says it is degraded", async || {
@@ -1087,11 +1093,12 @@ async fn a_bridge_back_from_a_moment_away_hands_over_the_mail_of_an_agent_that_l
     })
     .await;
     cluster.wait_streams_led(&urls[1]).await;
-    let grid = b1.addr("grid");
-    let connecting = tokio::spawn(async move { GridWs::quiet(grid, "drifter", None).await });
+    // Connected while b0 is away: b1 asks it for the program's mail and gets no answer
+    // until it is back.
+    let mut socket = GridWs::quiet(b1.addr("grid"), "drifter", None).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     cluster.restart(0).await;
-    let _socket = connecting.await.unwrap();
+    assert_eq!(socket.next_message().await["id"], "kept");
 
     let metrics = admin(&b1, "/metrics");
     let outcome = |metrics: &str, outcome: &str| {
@@ -1133,6 +1140,8 @@ async fn a_card_whose_put_failed_is_put_again() {
 
     let _socket = common::grid::GridWs::quiet(fleet.nets[1].grid, "carded", None).await;
     fleet.wait_known(0, "carded").await;
+    // Time for b1 to try the card's first put, which fails while the bucket is gone.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     js.create_stream(config).await.expect("the bucket is back");
 
     let agents = js.get_key_value(&bucket).await.expect("the agents bucket");

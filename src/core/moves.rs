@@ -167,7 +167,9 @@ impl Core {
         };
         let deadline = tokio::time::Instant::now() + HANDED_OVER_WITHIN;
         let gone = || self.directory.is_gone(bridge);
+        let mut asked = false;
         while !gone() {
+            asked = true;
             match records
                 .mail_handed_over(agent, bridge, table, deadline)
                 .await
@@ -181,11 +183,13 @@ impl Core {
                     let again = tokio::time::Instant::now() + ASK_AGAIN_AFTER;
                     wait_while(again.min(deadline), || !gone()).await;
                     if tokio::time::Instant::now() >= deadline {
-                        telemetry::federation_handover("unanswered");
-                        return;
+                        break;
                     }
                 }
             }
+        }
+        if asked {
+            telemetry::federation_handover("unanswered");
         }
         // Once it is gone, what it missed is read, and this bridge keeps the agent's share.
         wait_while(deadline, || self.router.holds_back_mail_of(bridge)).await;

@@ -336,6 +336,7 @@ pub enum HandOver {
     /// It answered, or may be about to, still keeping the agent's mail.
     Kept,
     /// Nobody takes the question there: the bridge is not connected to the fleet (killed,
-    /// or cut off), and will be taken for gone.
+    /// or cut off), and will be taken for gone — or it is not taking questions yet
+    /// (starting, or subscribing again after a reconnect), and is worth asking again.
     NoOneThere,
 }

@@ -1,22 +1,25 @@
-//! This bridge's agents' cards in the fleet's agents bucket (`link::put_card`): what a
-//! bridge that starts later knows the agents by, and what moves an agent whose join NATS
-//! did not take. One worker puts them, each made from the directory as it is then: never
-//! two of one agent at once, so an older card cannot land after a newer one, and a put
-//! that failed (a stream failing over) is made again until it lands. A card is put only
-//! while this bridge holds the agent: one that moved on meanwhile is another bridge's to
-//! put. While NATS is away none is put; the cards of the agents online here are put again
-//! when it is back (`presence`).
+//! This bridge's agents' cards in the fleet's agents bucket: what a bridge that starts
+//! later knows the agents by, and what moves an agent whose join NATS did not take. One
+//! worker puts them, each made from the directory as it is then and only while this bridge
+//! holds the agent (one that moved on meanwhile is another bridge's to put): never two of
+//! one agent at once, so an older card cannot land after a newer one. A put that failed
+//! (NATS away, a stream failing over) is made again, backing off, until it lands; a card
+//! kept waiting that long may be older than one another bridge put meanwhile, so a card
+//! showing the agent offline is put only over one of this bridge (a revision check), never
+//! over another bridge's.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_nats::jetstream::kv::{self, CreateErrorKind, Operation};
 use futures_util::StreamExt;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::link::{NatsLink, put_card};
-use super::wire::Card;
+use super::link::{NatsLink, lost_race, put_card};
+use super::wire::{Card, agent_key};
 use crate::core::Directory;
 
 /// How long the worker waits before it puts again the cards whose put failed; doubled
@@ -24,15 +27,30 @@ use crate::core::Directory;
 const PUT_AGAIN_AFTER: Duration = Duration::from_millis(100);
 const PUT_AGAIN_AT_MOST: Duration = Duration::from_secs(2);
 
+/// How many puts of one card fail before it is logged as a warning (some 8 s of trying).
+const WARN_AFTER_FAILURES: u32 = 8;
+
 /// How many cards are put at once: a connect storm's cards go in a few round trips, without
 /// a request per agent in flight.
 const PUTS_AT_ONCE: usize = 64;
+
+/// How many times a card showing an agent offline is put again when another put of the
+/// same key came between its read and its write.
+const RACES_AT_MOST: usize = 3;
 
 /// The agents whose cards wait to be put.
 #[derive(Default)]
 pub struct CardKeeper {
     waiting: Mutex<HashSet<String>>,
     wake: Notify,
+}
+
+/// Cards whose put failed, put again at `again_at`.
+struct Failed {
+    /// Each agent's failures in a row.
+    names: HashMap<String, u32>,
+    again_at: Instant,
+    pause: Duration,
 }
 
 impl CardKeeper {
@@ -46,66 +64,127 @@ impl CardKeeper {
         self.wake.notify_one();
     }
 
-    /// Puts the cards kept, until `shutdown`.
+    /// Puts the cards kept, until `shutdown`. New cards are put as they come, also while
+    /// failed ones wait to be put again.
     pub async fn run(
         self: Arc<Self>,
         link: Arc<NatsLink>,
         directory: Arc<Directory>,
         shutdown: CancellationToken,
     ) {
-        let mut pause = PUT_AGAIN_AFTER;
+        let mut failed = Failed {
+            names: HashMap::new(),
+            again_at: Instant::now(),
+            pause: PUT_AGAIN_AFTER,
+        };
         loop {
+            let retry = async {
+                match failed.names.is_empty() {
+                    true => std::future::pending().await,
+                    false => tokio::time::sleep_until(failed.again_at).await,
+                }
+            };
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = self.wake.notified() => {}
+                _ = retry => {}
             }
-            while !self.put_waiting(&link, &directory).await {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(pause) => {}
+            let mut names: HashMap<String, u32> = (std::mem::take(&mut *self.lock()).into_iter())
+                .map(|name| (name, 0))
+                .collect();
+            if Instant::now() >= failed.again_at {
+                for (name, failures) in failed.names.drain() {
+                    names.entry(name).or_insert(failures);
                 }
-                pause = (pause * 2).min(PUT_AGAIN_AT_MOST);
             }
-            pause = PUT_AGAIN_AFTER;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                () = self.put(&link, &directory, names, &mut failed) => {}
+            }
         }
     }
 
-    /// Puts the card of every agent waiting that this bridge holds; whether none failed.
-    /// Those that did wait again.
-    async fn put_waiting(&self, link: &NatsLink, directory: &Directory) -> bool {
-        loop {
-            let names = std::mem::take(&mut *self.lock());
-            if names.is_empty() {
-                return true;
-            }
-            let Some(ready) = link.ready() else {
-                return true;
-            };
-            let (agents, bridge) = (&ready.agents, link.bridge_id.as_str());
-            let cards = names.into_iter().filter_map(|name| {
-                let info = directory.get(&name).filter(|info| info.bridge.is_none())?;
-                Some(Card::of(&info, bridge))
-            });
-            let puts = futures_util::stream::iter(cards).map(|card| async move {
-                let put = put_card(agents, &card).await;
-                put.map_err(|e| (card.name, e))
-            });
-            let mut puts = puts.buffer_unordered(PUTS_AT_ONCE);
-            let mut failed = Vec::new();
-            while let Some(put) = puts.next().await {
-                if let Err((name, e)) = put {
-                    tracing::debug!(error = %e, agent = %name, "federation: an agent's card is put again");
-                    failed.push(name);
+    /// Puts the cards of `names` (each with its failures so far) that this bridge holds;
+    /// those that fail wait in `failed`.
+    async fn put(
+        &self,
+        link: &NatsLink,
+        directory: &Directory,
+        names: HashMap<String, u32>,
+        failed: &mut Failed,
+    ) {
+        let mut failing = Vec::new();
+        match link.ready() {
+            None => failing.extend(names),
+            Some(ready) => {
+                let (agents, bridge) = (&ready.agents, link.bridge_id.as_str());
+                let cards = names.into_iter().filter_map(|(name, failures)| {
+                    let info = directory.get(&name).filter(|info| info.bridge.is_none())?;
+                    Some((Card::of(&info, bridge), failures))
+                });
+                let puts = futures_util::stream::iter(cards).map(|(card, failures)| async move {
+                    let put = put_own_card(agents, &card).await;
+                    (card.name, failures, put)
+                });
+                let mut puts = puts.buffer_unordered(PUTS_AT_ONCE);
+                while let Some((name, failures, put)) = puts.next().await {
+                    if let Err(e) = put {
+                        if failures + 1 == WARN_AFTER_FAILURES {
+                            tracing::warn!(error = %e, agent = %name, "federation: cannot keep an agent's card yet");
+                        }
+                        failing.push((name, failures + 1));
+                    }
                 }
             }
-            if !failed.is_empty() {
-                self.lock().extend(failed);
-                return false;
-            }
         }
+        if failing.is_empty() {
+            if failed.names.is_empty() {
+                failed.pause = PUT_AGAIN_AFTER;
+            }
+            return;
+        }
+        failed.names.extend(failing);
+        failed.again_at = Instant::now() + failed.pause;
+        failed.pause = (failed.pause * 2).min(PUT_AGAIN_AT_MOST);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Puts `card`, of an agent this bridge holds. One showing the agent online is the latest
+/// word on it, and is put as it is; one showing it offline only over a card of this bridge
+/// (or none): an agent another bridge put a card of since connected there after it left
+/// here, and that card is the newer.
+async fn put_own_card(agents: &kv::Store, card: &Card) -> Result<(), async_nats::Error> {
+    if card.online {
+        return put_card(agents, card).await;
+    }
+    let key = agent_key(&card.name);
+    let value: bytes::Bytes = serde_json::to_vec(card)?.into();
+    for _ in 0..RACES_AT_MOST {
+        let written = match agents.entry(&key).await? {
+            Some(entry) if entry.operation == Operation::Put => {
+                let held = serde_json::from_slice::<Card>(&entry.value);
+                if held.is_ok_and(|held| held.bridge != card.bridge) {
+                    return Ok(());
+                }
+                (agents.update(&key, value.clone(), entry.revision).await).map(drop)
+            }
+            Some(entry) => (agents.update(&key, value.clone(), entry.revision).await).map(drop),
+            None => match agents.create(&key, value.clone()).await {
+                Ok(_) => Ok(()),
+                Err(e) if e.kind() == CreateErrorKind::AlreadyExists || lost_race(&e) => continue,
+                Err(e) => return Err(e.into()),
+            },
+        };
+        match written {
+            Ok(()) => return Ok(()),
+            Err(e) if lost_race(&e) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    // Others kept putting cards of it between a read and a write: theirs are the newer.
+    Ok(())
 }

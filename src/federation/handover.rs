@@ -37,7 +37,13 @@ const ANSWERED_WITHIN_AT_MOST: Duration = Duration::from_secs(10);
 struct Asked {
     agent: String,
     table: String,
+    #[serde(default = "ten_seconds")]
     within_ms: u64,
+}
+
+/// The asker's whole wait, for a request that does not say what is left of it.
+fn ten_seconds() -> u64 {
+    10_000
 }
 
 /// The answer: the last revision the bridge asked wrote in the table, and whether it let
@@ -145,7 +151,8 @@ pub async fn serve(
             let within = Duration::from_millis(asked.within_ms).min(ANSWERED_WITHIN_AT_MOST);
             let now = Instant::now();
             let join_by = now + within / 2;
-            let answer_by = now + within.saturating_sub(ANSWER_TRAVELS_WITHIN);
+            // Late in the asker's wait, half of what is left rather than nothing.
+            let answer_by = now + within.saturating_sub(ANSWER_TRAVELS_WITHIN).max(within / 2);
             let agent = &asked.agent;
             let handed_over = hand_over(&core, agent, join_by.min(answer_by), answer_by);
             let let_go = handed_over.await;
