@@ -191,7 +191,7 @@ pub struct Record {
 }
 
 /// A change to a table, as it reaches every bridge (the writer's too).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct RecordChange {
     pub key: String,
     /// `None` when the record was removed.
@@ -210,8 +210,16 @@ pub trait RecordSink: Send + Sync {
     fn apply(&self, change: RecordChange) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
+/// How many times a change is tried before it is given up (logged), and how long after a
+/// failure it is tried again, doubled each time: a store that failed for a moment (I/O, a
+/// disk full until space was freed) takes it on a later try, within a second; one that
+/// cannot take it (a record it cannot read) is not held up for longer than that.
+const APPLY_TRIES: u32 = 4;
+const APPLY_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The sink that applies each change with `apply` on `owner` (an endpoint) while it lives,
-/// and logs a change it could not apply as one of `what`.
+/// tries a failed change again (`APPLY_TRIES`), and logs one it could not apply as one of
+/// `what`.
 pub fn sink<T, F, Fut, E>(owner: &Arc<T>, what: &'static str, apply: F) -> Arc<dyn RecordSink>
 where
     T: Send + Sync + 'static,
@@ -241,12 +249,23 @@ where
 {
     fn apply(&self, change: RecordChange) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
-            let Some(owner) = self.owner.upgrade() else {
-                return;
-            };
-            let key = change.key.clone();
-            if let Err(e) = (self.apply)(owner, change).await {
-                tracing::error!(error = %e, %key, "cannot apply a shared {}", self.what);
+            let mut pause = APPLY_AGAIN_AFTER;
+            for tried in 1..=APPLY_TRIES {
+                let Some(owner) = self.owner.upgrade() else {
+                    return;
+                };
+                let key = &change.key;
+                let failed = match (self.apply)(owner, change.clone()).await {
+                    Ok(()) => return,
+                    Err(e) => e.to_string(),
+                };
+                if tried == APPLY_TRIES {
+                    tracing::error!(error = failed, %key, "cannot apply a shared {}", self.what);
+                    return;
+                }
+                tracing::warn!(error = failed, %key, "applying a shared {} again", self.what);
+                tokio::time::sleep(pause).await;
+                pause *= 2;
             }
         })
     }
@@ -339,4 +358,52 @@ pub enum HandOver {
     /// or cut off), and will be taken for gone — or it is not taking questions yet
     /// (starting, or subscribing again after a reconnect), and is worth asking again.
     NoOneThere,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// An endpoint whose store fails its first `failing` applies.
+    struct Flaky {
+        failing: u32,
+        tried: AtomicU32,
+    }
+
+    fn change() -> RecordChange {
+        RecordChange {
+            key: "k".into(),
+            value: None,
+            revision: 1,
+            taken_here: false,
+        }
+    }
+
+    async fn tries_of(failing: u32) -> u32 {
+        let owner = Arc::new(Flaky {
+            failing,
+            tried: AtomicU32::new(0),
+        });
+        let sink = sink(&owner, "thing", |flaky: Arc<Flaky>, _| async move {
+            let tried = flaky.tried.fetch_add(1, Ordering::Relaxed) + 1;
+            match tried > flaky.failing {
+                true => Ok(()),
+                false => Err("the disk is full"),
+            }
+        });
+        sink.apply(change()).await;
+        owner.tried.load(Ordering::Relaxed)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_the_store_failed_for_a_moment_is_applied_again() {
+        assert_eq!(tries_of(0).await, 1);
+        assert_eq!(tries_of(2).await, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_that_keeps_failing_is_given_up() {
+        assert_eq!(tries_of(u32::MAX).await, APPLY_TRIES);
+    }
 }
