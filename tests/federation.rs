@@ -1667,6 +1667,45 @@ async fn mail_queued_for_a_program_as_it_was_sent_live_is_not_sent_again() {
     fleet.shutdown().await;
 }
 
+/// As above, when the copy kept for the program is taken by its next socket: one that
+/// reconnects at once remembers, with the program's other sockets on the bridge, what they
+/// were sent live as they arrived.
+#[tokio::test]
+async fn mail_queued_for_a_program_as_its_last_socket_was_sent_it_live_is_not_sent_again() {
+    use agentbridge::core::Expect;
+    use common::grid::GridWs;
+    let fleet = Fleet::start(2).await;
+    let mut program = GridWs::quiet(fleet.nets[0].grid, "flapping", None).await;
+    fleet.wait_known(1, "flapping").await;
+    let sender = common::grid::GridHttp::new(fleet.nets[1].grid);
+    sender
+        .send(&grid_request("both", "sender", "flapping"))
+        .await;
+    let live = program.next_message().await;
+    assert_eq!(live["id"], "both");
+    drop(program.close_reading().await);
+    // As b1 would have queued it had it not seen the program online yet, reaching b0 after
+    // the socket closed.
+    let record = serde_json::json!({
+        "agent": "flapping", "message_id": "both", "instance": null, "priority": 1,
+        "ts": 0, "expires_at": null, "body": live.to_string(),
+    });
+    let key = serde_json::to_string(&("flapping", "both")).unwrap();
+    let records = fleet.nets[1].bridge.core().records().unwrap();
+    let value = record.to_string().into_bytes().into();
+    (records.write("grid-queue", &key, value, Expect::Unused))
+        .await
+        .unwrap();
+    wait_held(&fleet, 1, "flapping", Some("b0"), false).await;
+    let mut program = GridWs::quiet(fleet.nets[0].grid, "flapping", None).await;
+    fleet.wait_records_in("grid-queue", 0).await;
+    sender
+        .send(&grid_request("after", "sender", "flapping"))
+        .await;
+    assert_eq!(program.next_message().await["id"], "after");
+    fleet.shutdown().await;
+}
+
 /// As a Grid socket: a message a Synapse stream was sent live as it opened, which a bridge
 /// not yet seeing the agent there kept in its inbox too, reaches the stream once, whichever
 /// copy comes first.

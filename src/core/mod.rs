@@ -37,6 +37,7 @@ pub use records::{
     take_each, unless_lost, until_not_lost,
 };
 pub use router::{AddressedOnly, Interest, OfflineSink, RouteReport, Router, Session};
+use sent_on_arrival::Arrivals;
 pub use sent_on_arrival::SentOnArrival;
 pub use unsettled::{Settled, UnsettledMail, settle_record};
 
@@ -101,6 +102,8 @@ pub struct Core {
     records: std::sync::OnceLock<Arc<dyn SharedRecords>>,
     /// Agents that moved here from other bridges of the fleet lately.
     pub moves: Moves,
+    /// Agents that connected here lately, with what their connections sent live since.
+    arrivals: Arrivals,
 }
 
 impl Core {
@@ -126,6 +129,7 @@ impl Core {
             claims: std::sync::OnceLock::new(),
             records: std::sync::OnceLock::new(),
             moves: Moves::default(),
+            arrivals: Arrivals::default(),
         });
         let log = core.log.clone();
         core.router
@@ -220,6 +224,12 @@ impl Core {
             claims.release(&info);
         }
         registered
+    }
+
+    /// What a connection of `agent` opening now remembers of what it and the agent's other
+    /// connections here are sent live, in a fleet (`sent_on_arrival`).
+    pub fn sent_on_arrival(&self, agent: &str) -> SentOnArrival {
+        self.arrivals.opening(self.records().is_some(), agent)
     }
 
     /// Whether this bridge is one of a fleet (its names are claimed fleet-wide).

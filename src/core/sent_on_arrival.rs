@@ -1,16 +1,22 @@
-//! What a connection sent live while the rest of the fleet may not yet see its agent here.
+//! What an agent's connections sent live while the rest of the fleet may not yet see the
+//! agent here.
 //!
 //! A bridge keeps mail for an agent it takes for away — its own, offline, or one a gone
 //! bridge held — until the agent's presence on another bridge reaches it. So when an
 //! agent connects to one bridge, a message for it in that moment is sent live by this
 //! bridge and may also be kept as the agent's mail by another that does not see it here
-//! yet. The connection takes that mail in its turn (woken to, or when it next takes its
-//! backlog) and must not send it twice: it remembers the ids it sent live in its first
-//! `ARRIVAL_WINDOW`, and mail taken with one of those ids is dropped — taken, so that no
-//! bridge keeps it, and not sent.
+//! yet. A connection of the agent takes that mail in its turn (woken to, when it next
+//! takes its backlog, or a connection opened after the one that was sent it live) and
+//! must not send it twice: the agent's connections on this bridge remember together the
+//! ids they sent live in the `ARRIVAL_WINDOW` after the latest of them opened, and mail
+//! taken with one of those ids is dropped — taken, so that no bridge keeps it, and not
+//! sent.
 
 use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
 
 use super::Kind;
 
@@ -23,15 +29,34 @@ pub const ARRIVAL_WINDOW: Duration = Duration::from_secs(10);
 /// the window ended reach this one well within this.
 const FORGET_AFTER: Duration = Duration::from_secs(2 * ARRIVAL_WINDOW.as_secs());
 
-/// The most ids one connection remembers (some 100 KiB): what it is sent in the fleet's
-/// first moments after it opens is far fewer, even under load.
+/// The most ids one agent's connections remember (some 100 KiB): what it is sent in the
+/// fleet's first moments after it connects is far fewer, even under load.
 const MOST_REMEMBERED: usize = 1_024;
 
-/// The ids a connection sent live in its first `ARRIVAL_WINDOW`, in a fleet. Boxed, and
-/// none outside a fleet: every idle connection holds one.
+/// The agents that connected here lately, each with what its connections sent live since
+/// (`Core::sent_on_arrival`).
 #[derive(Default)]
-pub struct SentOnArrival(Option<Box<Arriving>>);
+pub struct Arrivals {
+    agents: DashMap<String, Arc<Mutex<Arriving>>>,
+}
 
+impl Arrivals {
+    /// What a connection of `agent` opening now remembers, with the agent's other
+    /// connections here: one of a fleet remembers, one of a bridge alone does not (it keeps
+    /// mail only while its agent is away, and no other bridge does).
+    pub fn opening(&self, fleet: bool, agent: &str) -> SentOnArrival {
+        if !fleet {
+            return SentOnArrival(None);
+        }
+        self.agents
+            .retain(|_, arriving| !lock(arriving).forgotten());
+        let arriving = self.agents.entry(agent.to_owned()).or_default().clone();
+        lock(&arriving).opened_again();
+        SentOnArrival(Some(arriving))
+    }
+}
+
+/// The ids an agent's connections sent live since the latest of them opened.
 struct Arriving {
     opened: Instant,
     /// Whether live messages are still remembered: not once `ARRIVAL_WINDOW` has passed
@@ -40,28 +65,49 @@ struct Arriving {
     ids: HashSet<String>,
 }
 
-impl SentOnArrival {
-    /// For a connection opening now: one of a fleet remembers, one of a bridge alone does
-    /// not (it keeps mail only while its agent is away, and no other bridge does).
-    pub fn opening(fleet: bool) -> Self {
-        SentOnArrival(fleet.then(|| {
-            Box::new(Arriving {
-                opened: Instant::now(),
-                remembering: true,
-                ids: HashSet::new(),
-            })
-        }))
+impl Default for Arriving {
+    fn default() -> Self {
+        Arriving {
+            opened: Instant::now(),
+            remembering: true,
+            ids: HashSet::new(),
+        }
+    }
+}
+
+impl Arriving {
+    /// Another connection of the agent opened: its window starts now.
+    fn opened_again(&mut self) {
+        self.opened = Instant::now();
+        self.remembering = self.ids.len() < MOST_REMEMBERED;
     }
 
+    /// Whether no copy of what was remembered can still come.
+    fn forgotten(&self) -> bool {
+        self.opened.elapsed() >= FORGET_AFTER
+    }
+}
+
+fn lock(arriving: &Mutex<Arriving>) -> MutexGuard<'_, Arriving> {
+    arriving.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A connection's share of its agent's `Arriving`, in a fleet; none outside one.
+#[derive(Default)]
+pub struct SentOnArrival(Option<Arc<Mutex<Arriving>>>);
+
+impl SentOnArrival {
     /// Notes that a message of `kind` was sent live under `id` (presence is never anyone's
-    /// mail, and is not noted). The ids are let go once no copy kept elsewhere can still
-    /// come.
+    /// mail, and is not noted). The connection lets the ids go once no copy kept
+    /// elsewhere can still come.
     pub fn sent(&mut self, kind: Kind, id: &str) {
-        let Some(arriving) = &mut self.0 else {
+        let Some(shared) = &self.0 else {
             return;
         };
+        let mut arriving = lock(shared);
         if !arriving.remembering {
-            if arriving.opened.elapsed() >= FORGET_AFTER {
+            if arriving.forgotten() {
+                drop(arriving);
                 self.0 = None;
             }
             return;
@@ -74,20 +120,22 @@ impl SentOnArrival {
             return;
         }
         if arriving.ids.len() >= MOST_REMEMBERED {
-            tracing::debug!("more live messages on a connection's arrival than it remembers");
+            tracing::debug!("more live messages on an agent's arrival than it remembers");
             arriving.remembering = false;
             return;
         }
         arriving.ids.insert(id.to_owned());
     }
 
-    /// Whether message `id` was sent live: mail with that id is a second copy. What is
-    /// remembered is let go once no such copy can still come.
+    /// Whether message `id` was sent live to a connection of the agent: mail with that id
+    /// is a second copy. What is remembered is let go once no such copy can still come.
     pub fn was_sent(&mut self, id: &str) -> bool {
-        let Some(arriving) = &self.0 else {
+        let Some(shared) = &self.0 else {
             return false;
         };
-        if arriving.opened.elapsed() >= FORGET_AFTER {
+        let arriving = lock(shared);
+        if arriving.forgotten() {
+            drop(arriving);
             self.0 = None;
             return false;
         }
@@ -99,9 +147,20 @@ impl SentOnArrival {
 mod tests {
     use super::*;
 
+    fn opening(agent: &str) -> (Arrivals, SentOnArrival) {
+        let arrivals = Arrivals::default();
+        let sent = arrivals.opening(true, agent);
+        (arrivals, sent)
+    }
+
+    /// Moves the agent's arrival `by` into the past.
+    fn age(sent: &SentOnArrival, by: Duration) {
+        lock(sent.0.as_ref().unwrap()).opened -= by;
+    }
+
     #[test]
     fn a_connection_of_a_fleet_remembers_what_it_sent_on_arrival() {
-        let mut sent = SentOnArrival::opening(true);
+        let (_arrivals, mut sent) = opening("a");
         sent.sent(Kind::Chat, "m1");
         assert!(sent.was_sent("m1"));
         assert!(!sent.was_sent("m2"));
@@ -109,16 +168,43 @@ mod tests {
 
     #[test]
     fn a_connection_of_a_bridge_alone_remembers_nothing() {
-        let mut sent = SentOnArrival::opening(false);
+        let mut sent = Arrivals::default().opening(false, "a");
         sent.sent(Kind::Chat, "m1");
         assert!(!sent.was_sent("m1"));
     }
 
     #[test]
+    fn an_agents_connections_remember_together() {
+        let (arrivals, mut first) = opening("a");
+        first.sent(Kind::Chat, "m1");
+        drop(first);
+        // Opened after the first closed, or beside it: it knows what the first was sent.
+        let mut second = arrivals.opening(true, "a");
+        assert!(second.was_sent("m1"));
+        second.sent(Kind::Chat, "m2");
+        let mut other = arrivals.opening(true, "b");
+        assert!(!other.was_sent("m1"));
+        assert!(!other.was_sent("m2"));
+    }
+
+    #[test]
+    fn a_connection_opening_starts_the_window_again() {
+        let (arrivals, mut first) = opening("a");
+        first.sent(Kind::Chat, "early");
+        age(&first, ARRIVAL_WINDOW);
+        first.sent(Kind::Chat, "unremembered");
+        let mut second = arrivals.opening(true, "a");
+        first.sent(Kind::Chat, "again");
+        assert!(second.was_sent("early"));
+        assert!(!second.was_sent("unremembered"));
+        assert!(second.was_sent("again"));
+    }
+
+    #[test]
     fn what_is_sent_after_the_window_is_not_remembered() {
-        let mut sent = SentOnArrival::opening(true);
+        let (_arrivals, mut sent) = opening("a");
         sent.sent(Kind::Chat, "early");
-        sent.0.as_mut().unwrap().opened -= ARRIVAL_WINDOW;
+        age(&sent, ARRIVAL_WINDOW);
         sent.sent(Kind::Chat, "late");
         assert!(sent.was_sent("early"));
         assert!(!sent.was_sent("late"));
@@ -126,16 +212,16 @@ mod tests {
 
     #[test]
     fn presence_is_not_remembered() {
-        let mut sent = SentOnArrival::opening(true);
+        let (_arrivals, mut sent) = opening("a");
         sent.sent(Kind::PresenceJoin, "join");
         assert!(!sent.was_sent("join"));
     }
 
     #[test]
     fn what_was_sent_on_arrival_is_let_go_as_more_is_sent() {
-        let mut sent = SentOnArrival::opening(true);
+        let (_arrivals, mut sent) = opening("a");
         sent.sent(Kind::Chat, "early");
-        sent.0.as_mut().unwrap().opened -= FORGET_AFTER;
+        age(&sent, FORGET_AFTER);
         sent.sent(Kind::Chat, "late");
         sent.sent(Kind::Chat, "later");
         assert!(sent.0.is_none());
@@ -143,16 +229,19 @@ mod tests {
 
     #[test]
     fn what_was_sent_on_arrival_is_let_go_in_the_end() {
-        let mut sent = SentOnArrival::opening(true);
+        let (arrivals, mut sent) = opening("a");
         sent.sent(Kind::Chat, "early");
-        sent.0.as_mut().unwrap().opened -= FORGET_AFTER;
+        age(&sent, FORGET_AFTER);
         assert!(!sent.was_sent("early"));
         assert!(sent.0.is_none());
+        // And the bridge forgets the agent's arrival as another opens.
+        let _other = arrivals.opening(true, "b");
+        assert!(!arrivals.agents.contains_key("a"));
     }
 
     #[test]
     fn at_most_so_many_ids_are_remembered() {
-        let mut sent = SentOnArrival::opening(true);
+        let (_arrivals, mut sent) = opening("a");
         for i in 0..MOST_REMEMBERED + 10 {
             sent.sent(Kind::Chat, &i.to_string());
         }

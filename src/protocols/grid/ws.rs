@@ -301,8 +301,7 @@ impl Connection {
             self.wake.clone(),
         );
         self.socket_id = socket_id;
-        let fleet = self.grid.core.records().is_some();
-        self.sent_on_arrival = SentOnArrival::opening(fleet);
+        self.sent_on_arrival = self.grid.core.sent_on_arrival(&party.agent);
         let session = self.grid.core.router.attach(
             &party.agent,
             self.grid.core.router.mailbox(PROTOCOL),

@@ -157,9 +157,10 @@ impl Synapse {
         // futures sized the task of every idle stream.
         let mut backlog = Backlog {
             // Only a stream that takes the inbox can be sent a copy of what it was sent.
-            sent_on_arrival: SentOnArrival::opening(
-                self.core.records().is_some() && stream.kind == StreamKind::Messages,
-            ),
+            sent_on_arrival: match stream.kind {
+                StreamKind::Messages => self.core.sent_on_arrival(&stream.agent),
+                StreamKind::Groups => SentOnArrival::default(),
+            },
             ..Backlog::default()
         };
         if let Some(bridge) = &stream.moved_from {
