@@ -210,22 +210,29 @@ pub trait RecordSink: Send + Sync {
     fn apply(&self, change: RecordChange) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
-/// How many times a change is tried before it is given up (logged), and how long after a
-/// failure it is tried again, doubled each time: a store that failed for a moment (I/O, a
-/// disk full until space was freed) takes it on a later try, within a second; one that
-/// cannot take it (a record it cannot read) is not held up for longer than that.
+/// Why a change could not be applied, and whether trying it again may do: a store that
+/// failed for a moment (I/O, a disk full until space was freed) may take it on a later
+/// try; a record this bridge cannot read or place never will.
+pub trait ApplyError: std::fmt::Display {
+    fn worth_trying_again(&self) -> bool;
+}
+
+/// How many times a change is tried while its failures are worth trying again
+/// (`ApplyError`), and how long after a failure it is tried again, doubled each time:
+/// within a second, so that the table's watch, which applies one change at a time, is not
+/// held up for longer than that.
 const APPLY_TRIES: u32 = 4;
 const APPLY_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The sink that applies each change with `apply` on `owner` (an endpoint) while it lives,
-/// tries a failed change again (`APPLY_TRIES`), and logs one it could not apply as one of
-/// `what`.
+/// tries a change that failed for a moment again (`APPLY_TRIES`), and logs one it could
+/// not apply as one of `what`.
 pub fn sink<T, F, Fut, E>(owner: &Arc<T>, what: &'static str, apply: F) -> Arc<dyn RecordSink>
 where
     T: Send + Sync + 'static,
     F: Fn(Arc<T>, RecordChange) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), E>> + Send + 'static,
-    E: std::fmt::Display,
+    E: ApplyError,
 {
     Arc::new(ApplyWith {
         owner: Arc::downgrade(owner),
@@ -245,7 +252,7 @@ where
     T: Send + Sync + 'static,
     F: Fn(Arc<T>, RecordChange) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), E>> + Send + 'static,
-    E: std::fmt::Display,
+    E: ApplyError,
 {
     fn apply(&self, change: RecordChange) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
@@ -255,11 +262,11 @@ where
                     return;
                 };
                 let key = &change.key;
-                let failed = match (self.apply)(owner, change.clone()).await {
+                let (failed, again) = match (self.apply)(owner, change.clone()).await {
                     Ok(()) => return,
-                    Err(e) => e.to_string(),
+                    Err(e) => (e.to_string(), e.worth_trying_again()),
                 };
-                if tried == APPLY_TRIES {
+                if tried == APPLY_TRIES || !again {
                     tracing::error!(error = failed, %key, "cannot apply a shared {}", self.what);
                     return;
                 }
@@ -380,6 +387,21 @@ mod tests {
         }
     }
 
+    /// A failure, and whether it is worth trying again.
+    struct Failed(&'static str, bool);
+
+    impl std::fmt::Display for Failed {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl ApplyError for Failed {
+        fn worth_trying_again(&self) -> bool {
+            self.1
+        }
+    }
+
     async fn tries_of(failing: u32) -> u32 {
         let owner = Arc::new(Flaky {
             failing,
@@ -389,7 +411,7 @@ mod tests {
             let tried = flaky.tried.fetch_add(1, Ordering::Relaxed) + 1;
             match tried > flaky.failing {
                 true => Ok(()),
-                false => Err("the disk is full"),
+                false => Err(Failed("the disk is full", true)),
             }
         });
         sink.apply(change()).await;
@@ -405,5 +427,19 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_change_that_keeps_failing_is_given_up() {
         assert_eq!(tries_of(u32::MAX).await, APPLY_TRIES);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_that_cannot_be_applied_is_not_tried_again() {
+        let owner = Arc::new(Flaky {
+            failing: u32::MAX,
+            tried: AtomicU32::new(0),
+        });
+        let sink = sink(&owner, "thing", |flaky: Arc<Flaky>, _| async move {
+            flaky.tried.fetch_add(1, Ordering::Relaxed);
+            Err::<(), _>(Failed("not a record this bridge can read", false))
+        });
+        sink.apply(change()).await;
+        assert_eq!(owner.tried.load(Ordering::Relaxed), 1);
     }
 }

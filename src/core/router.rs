@@ -134,6 +134,8 @@ pub struct Router {
     held_back: Mutex<HeldBack>,
     /// Whether `held_back` has an entry: routing looks no further when it has none.
     holding_back: AtomicBool,
+    /// How many deliveries were given to the offline sinks (`kept_offline`).
+    kept: AtomicU64,
 }
 
 /// Mail held back, by the gone bridge that held its recipients: how many readers of its
@@ -168,6 +170,7 @@ impl Router {
             expiry: std::sync::OnceLock::new(),
             held_back: Mutex::default(),
             holding_back: AtomicBool::new(false),
+            kept: AtomicU64::new(0),
         }
     }
 
@@ -302,6 +305,13 @@ impl Router {
         (self.by_agent.get(&session.agent)).is_some_and(|sessions| {
             (sessions.iter()).any(|s| s.id < session.id && among(s.id) && s.receives_all())
         })
+    }
+
+    /// How many deliveries were given to the offline sinks so far: a caller that sees it
+    /// move over some work of its own knows to `flush_offline` before it counts that work
+    /// done.
+    pub fn kept_offline(&self) -> u64 {
+        self.kept.load(Ordering::Relaxed)
     }
 
     /// Ends once every offline sink has kept what it was given before this call.
@@ -500,6 +510,7 @@ impl Router {
         report: &mut RouteReport,
     ) {
         report.offline += 1 + earlier.len();
+        (self.kept).fetch_add(1 + earlier.len() as u64, Ordering::Relaxed);
         if self.holding_back.load(Ordering::Acquire)
             && let Some(bridge) = self.directory.gone_holder_of(name)
         {

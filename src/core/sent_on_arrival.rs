@@ -10,9 +10,10 @@
 //! must not send it twice: the agent's connections on this bridge remember together the
 //! ids they sent live in the `ARRIVAL_WINDOW` after the latest of them opened, and mail
 //! taken with one of those ids is dropped — taken, so that no bridge keeps it, and not
-//! sent.
+//! sent. A connection that closes with some of them unsent after all gives them back
+//! (`SentOnArrival::unsent`) as they go back to the agent's mail, to be sent from there.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -35,10 +36,24 @@ const MOST_REMEMBERED: usize = 1_024;
 
 /// The agents that connected here lately, each with what its connections sent live since
 /// (`Core::sent_on_arrival`).
-#[derive(Default)]
 pub struct Arrivals {
     agents: DashMap<String, Arc<Mutex<Arriving>>>,
+    /// When the agents whose arrival is forgotten were last let go.
+    swept: Mutex<Instant>,
 }
+
+impl Default for Arrivals {
+    fn default() -> Self {
+        Arrivals {
+            agents: DashMap::new(),
+            swept: Mutex::new(Instant::now()),
+        }
+    }
+}
+
+/// How often the agents whose arrival is forgotten are let go: at most once a second, not
+/// on every connection of a reconnect storm.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 impl Arrivals {
     /// What a connection of `agent` opening now remembers, with the agent's other
@@ -48,21 +63,36 @@ impl Arrivals {
         if !fleet {
             return SentOnArrival(None);
         }
-        self.agents
-            .retain(|_, arriving| !lock(arriving).forgotten());
+        self.sweep();
         let arriving = self.agents.entry(agent.to_owned()).or_default().clone();
         lock(&arriving).opened_again();
-        SentOnArrival(Some(arriving))
+        SentOnArrival(Some(Box::new(Share {
+            arriving,
+            noted: HashSet::new(),
+        })))
+    }
+
+    fn sweep(&self) {
+        {
+            let mut swept = self.swept.lock().unwrap_or_else(|e| e.into_inner());
+            if swept.elapsed() < SWEEP_EVERY {
+                return;
+            }
+            *swept = Instant::now();
+        }
+        self.agents
+            .retain(|_, arriving| !lock(arriving).forgotten());
     }
 }
 
-/// The ids an agent's connections sent live since the latest of them opened.
+/// The ids an agent's connections sent live since the latest of them opened, each with how
+/// many of them sent it and did not give it back.
 struct Arriving {
     opened: Instant,
     /// Whether live messages are still remembered: not once `ARRIVAL_WINDOW` has passed
     /// or `MOST_REMEMBERED` are.
     remembering: bool,
-    ids: HashSet<String>,
+    ids: HashMap<String, u32>,
 }
 
 impl Default for Arriving {
@@ -70,7 +100,7 @@ impl Default for Arriving {
         Arriving {
             opened: Instant::now(),
             remembering: true,
-            ids: HashSet::new(),
+            ids: HashMap::new(),
         }
     }
 }
@@ -92,19 +122,26 @@ fn lock(arriving: &Mutex<Arriving>) -> MutexGuard<'_, Arriving> {
     arriving.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A connection's share of its agent's `Arriving`, in a fleet; none outside one.
+/// A connection's share of its agent's `Arriving`, in a fleet (boxed: every idle
+/// connection holds one); none outside one.
 #[derive(Default)]
-pub struct SentOnArrival(Option<Arc<Mutex<Arriving>>>);
+pub struct SentOnArrival(Option<Box<Share>>);
+
+struct Share {
+    arriving: Arc<Mutex<Arriving>>,
+    /// What this connection noted: only those it can give back.
+    noted: HashSet<String>,
+}
 
 impl SentOnArrival {
     /// Notes that a message of `kind` was sent live under `id` (presence is never anyone's
     /// mail, and is not noted). The connection lets the ids go once no copy kept
     /// elsewhere can still come.
     pub fn sent(&mut self, kind: Kind, id: &str) {
-        let Some(shared) = &self.0 else {
+        let Some(share) = &mut self.0 else {
             return;
         };
-        let mut arriving = lock(shared);
+        let mut arriving = lock(&share.arriving);
         if !arriving.remembering {
             if arriving.forgotten() {
                 drop(arriving);
@@ -124,22 +161,43 @@ impl SentOnArrival {
             arriving.remembering = false;
             return;
         }
-        arriving.ids.insert(id.to_owned());
+        if share.noted.insert(id.to_owned()) {
+            *arriving.ids.entry(id.to_owned()).or_default() += 1;
+        }
+    }
+
+    /// Gives back message `id`, noted as sent but not delivered after all (the connection
+    /// closed with it unsent, and it goes back to the agent's mail): a connection of the
+    /// agent that takes it from there sends it, unless another one was sent it too.
+    pub fn unsent(&mut self, id: &str) {
+        let Some(share) = &mut self.0 else {
+            return;
+        };
+        if !share.noted.remove(id) {
+            return;
+        }
+        let mut arriving = lock(&share.arriving);
+        if let Some(count) = arriving.ids.get_mut(id) {
+            *count -= 1;
+            if *count == 0 {
+                arriving.ids.remove(id);
+            }
+        }
     }
 
     /// Whether message `id` was sent live to a connection of the agent: mail with that id
     /// is a second copy. What is remembered is let go once no such copy can still come.
     pub fn was_sent(&mut self, id: &str) -> bool {
-        let Some(shared) = &self.0 else {
+        let Some(share) = &self.0 else {
             return false;
         };
-        let arriving = lock(shared);
+        let arriving = lock(&share.arriving);
         if arriving.forgotten() {
             drop(arriving);
             self.0 = None;
             return false;
         }
-        arriving.ids.contains(id)
+        arriving.ids.contains_key(id)
     }
 }
 
@@ -155,7 +213,7 @@ mod tests {
 
     /// Moves the agent's arrival `by` into the past.
     fn age(sent: &SentOnArrival, by: Duration) {
-        lock(sent.0.as_ref().unwrap()).opened -= by;
+        lock(&sent.0.as_ref().unwrap().arriving).opened -= by;
     }
 
     #[test]
@@ -185,6 +243,24 @@ mod tests {
         let mut other = arrivals.opening(true, "b");
         assert!(!other.was_sent("m1"));
         assert!(!other.was_sent("m2"));
+    }
+
+    #[test]
+    fn what_a_connection_gives_back_unsent_is_not_taken_for_sent() {
+        let (arrivals, mut first) = opening("a");
+        first.sent(Kind::Chat, "both");
+        first.sent(Kind::Chat, "unsent");
+        let mut second = arrivals.opening(true, "a");
+        second.sent(Kind::Chat, "both");
+        first.unsent("both");
+        first.unsent("unsent");
+        // Given back by one, and still sent to the other.
+        assert!(second.was_sent("both"));
+        assert!(!second.was_sent("unsent"));
+        // What a connection did not note, it cannot give back.
+        second.unsent("never");
+        first.unsent("both");
+        assert!(second.was_sent("both"));
     }
 
     #[test]
@@ -234,7 +310,8 @@ mod tests {
         age(&sent, FORGET_AFTER);
         assert!(!sent.was_sent("early"));
         assert!(sent.0.is_none());
-        // And the bridge forgets the agent's arrival as another opens.
+        // And the bridge forgets the agent's arrival as another opens, a sweep later.
+        *arrivals.swept.lock().unwrap() -= SWEEP_EVERY;
         let _other = arrivals.opening(true, "b");
         assert!(!arrivals.agents.contains_key("a"));
     }

@@ -118,14 +118,21 @@ impl Applier {
     }
 
     /// Routes a written batch, then acknowledges it: acknowledging its last message
-    /// acknowledges the batch (`AckPolicy::All`).
+    /// acknowledges the batch (`AckPolicy::All`). Mail the batch had kept for agents away
+    /// is written first: a bridge killed before that write lands has the batch in the
+    /// stretch the others read again (`missed_mail`), rather than lose the mail.
     async fn route_and_ack(
         &self,
         written: Vec<(Replica, bool)>,
         last: async_nats::jetstream::Message,
     ) -> Result<(), async_nats::Error> {
+        let router = &self.core.router;
+        let kept_before = router.kept_offline();
         self.route(written);
         self.routed_through(&last);
+        if router.kept_offline() != kept_before {
+            router.flush_offline().await;
+        }
         last.ack().await
     }
 

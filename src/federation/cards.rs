@@ -5,8 +5,8 @@
 //! one agent at once, so an older card cannot land after a newer one. A put that failed
 //! (NATS away, a stream failing over) is made again, backing off, until it lands; a card
 //! kept waiting that long may be older than one another bridge put meanwhile, so a card
-//! showing the agent offline is put only over one of this bridge (a revision check), never
-//! over another bridge's.
+//! showing the agent offline is not put over one showing it online through another bridge
+//! (a revision check).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -143,9 +143,12 @@ impl CardKeeper {
             }
             return;
         }
+        // Cards already waiting are not put off by new failures.
+        if failed.names.is_empty() {
+            failed.again_at = Instant::now() + failed.pause;
+            failed.pause = (failed.pause * 2).min(PUT_AGAIN_AT_MOST);
+        }
         failed.names.extend(failing);
-        failed.again_at = Instant::now() + failed.pause;
-        failed.pause = (failed.pause * 2).min(PUT_AGAIN_AT_MOST);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
@@ -154,9 +157,10 @@ impl CardKeeper {
 }
 
 /// Puts `card`, of an agent this bridge holds. One showing the agent online is the latest
-/// word on it, and is put as it is; one showing it offline only over a card of this bridge
-/// (or none): an agent another bridge put a card of since connected there after it left
-/// here, and that card is the newer.
+/// word on it, and is put as it is; one showing it offline not over a card showing it
+/// online through another bridge: it connected there after it left here, and that card is
+/// the newer. (Over another bridge's offline card it goes: the agent may have moved here
+/// from there, its card here never landing before it left.)
 async fn put_own_card(agents: &kv::Store, card: &Card) -> Result<(), async_nats::Error> {
     if card.online {
         return put_card(agents, card).await;
@@ -167,7 +171,7 @@ async fn put_own_card(agents: &kv::Store, card: &Card) -> Result<(), async_nats:
         let written = match agents.entry(&key).await? {
             Some(entry) if entry.operation == Operation::Put => {
                 let held = serde_json::from_slice::<Card>(&entry.value);
-                if held.is_ok_and(|held| held.bridge != card.bridge) {
+                if held.is_ok_and(|held| held.online && held.bridge != card.bridge) {
                     return Ok(());
                 }
                 (agents.update(&key, value.clone(), entry.revision).await).map(drop)

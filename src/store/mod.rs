@@ -102,6 +102,14 @@ pub enum StoreError {
     Log(Box<dyn std::error::Error + Send + Sync>),
 }
 
+impl crate::core::ApplyError for StoreError {
+    /// A database or journal error may be the moment's (I/O, a full disk); data this bridge
+    /// cannot read, or a store closing, stays so.
+    fn worth_trying_again(&self) -> bool {
+        matches!(self, StoreError::Sqlite(_) | StoreError::Journal { .. })
+    }
+}
+
 /// One migration step of one component. Versions start at 1 and only ever grow.
 pub struct Migration {
     pub version: u32,

@@ -147,6 +147,27 @@ impl GridWs {
         (ws, welcome)
     }
 
+    /// As `connect`, again and again while the name is refused as taken (its holder's
+    /// bridge is gone, and the fleet does not yet let the name go), as a program that
+    /// reconnects would; within `WAIT`.
+    pub async fn connect_once_free(addr: SocketAddr, agent: &str) -> Self {
+        let deadline = std::time::Instant::now() + super::WAIT;
+        loop {
+            let mut ws = Self::open(&format!("{}&presence=1", Self::url(addr, agent, None))).await;
+            // Refused with an error report, then a close.
+            let first = ws.socket.next_text_or_close().await;
+            let welcome = first.as_deref().map(|text| yaml(text)["message"].clone());
+            match welcome {
+                Ok(welcome) if welcome["content"]["action"] == "agents_present" => return ws,
+                refused => assert!(
+                    std::time::Instant::now() < deadline,
+                    "{agent} still refused: {refused:?}"
+                ),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     /// Connects as `agent` without asking for presence: only messages arrive.
     pub async fn quiet(addr: SocketAddr, agent: &str, instance: Option<&str>) -> Self {
         Self::open(&Self::url(addr, agent, instance)).await

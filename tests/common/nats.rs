@@ -135,16 +135,17 @@ impl Cluster {
         }
     }
 
-    /// Waits until JetStream answers on every running server (a meta leader is elected).
+    /// Waits until JetStream answers on every running server (a meta leader is elected);
+    /// a minute at most, for a machine busy with other tests' clusters.
     async fn wait_jetstream(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(60);
         for url in self.urls() {
             let client = async_nats::connect(&url).await.expect("connects to NATS");
             let js = async_nats::jetstream::new(client);
             while js.query_account().await.is_err() {
                 assert!(
                     Instant::now() < deadline,
-                    "JetStream is not available on {url} within 30 s"
+                    "JetStream is not available on {url} within 60 s"
                 );
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }

@@ -75,6 +75,22 @@ impl TestSocket {
         }
     }
 
+    /// The next text frame, or the close frame if the server closes the socket first; an
+    /// error or a silent wait fails the test.
+    pub async fn next_text_or_close(&mut self) -> Result<String, Option<CloseFrame>> {
+        loop {
+            let frame = tokio::time::timeout(self.wait, self.stream.next())
+                .await
+                .expect("a frame within the wait");
+            match frame {
+                Some(Ok(Message::Text(text))) => return Ok(text.as_str().to_owned()),
+                Some(Ok(Message::Close(close))) => return Err(close),
+                Some(Ok(_)) => continue,
+                Some(Err(_)) | None => return Err(None),
+            }
+        }
+    }
+
     /// Waits for the server to close the socket and returns the close frame.
     pub async fn closed(&mut self) -> Option<CloseFrame> {
         loop {

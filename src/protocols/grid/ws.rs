@@ -218,8 +218,12 @@ impl WsSession for Connection {
         frame
     }
 
-    /// Not lost with the socket: queued again when the connection ends.
+    /// Not lost with the socket: queued again when the connection ends (and not taken for
+    /// sent live, when a socket of the program takes it from the queue).
     fn unsent(&mut self, batch: Vec<Arc<Delivery>>) {
+        for delivery in &batch {
+            self.sent_on_arrival.unsent(&delivery.envelope.id);
+        }
         self.unsent.extend(batch);
     }
 
@@ -270,15 +274,22 @@ impl WsSession for Connection {
         let mut left = std::mem::take(&mut self.unsent);
         // Even from a mailbox an overflow closed.
         left.extend(session.mailbox.take_left());
+        let mut requeued = false;
         for delivery in left {
             if self.from_backlog.contains(&delivery.envelope.id) {
                 continue; // sent with the backlog
             }
             if !covered || translate::target_instance(&delivery.envelope).is_some() {
                 self.grid.requeue(&party.agent, &delivery);
+                requeued = true;
             }
         }
         if last && !self.grid.shutdown.is_cancelled() {
+            // Queued before the fleet hears the program left: a bridge killed then has
+            // kept what the socket had not sent.
+            if requeued {
+                self.grid.flush().await;
+            }
             self.grid
                 .core
                 .announce_presence(PROTOCOL, &party.agent, false, Status::Offline, None)

@@ -175,7 +175,9 @@ impl Synapse {
         // stream with is stored and routed, and the relay ends at once on a closed output.
         let relayed = self.relay(&stream, first, inbound, &hints, &out.tx, &mut backlog);
         unsent.extend(relayed.await);
-        Box::pin(self.close_stream(stream, out, unsent, backlog.taken)).await;
+        let closing =
+            self.close_stream(stream, out, unsent, backlog.taken, backlog.sent_on_arrival);
+        Box::pin(closing).await;
     }
 
     /// Takes the agent's backlog and sends it; `Err` with what the client did not take (it
@@ -340,6 +342,7 @@ impl Synapse {
         out: Outlet,
         unsent: Vec<SynapseMessage>,
         from_backlog: HashMap<String, Option<Revision>>,
+        mut sent_on_arrival: SentOnArrival,
     ) {
         let OpenStream {
             agent,
@@ -378,23 +381,35 @@ impl Synapse {
                 && self.older_stream_receiving(&session),
             from_backlog,
         };
+        // Noted as sent live and not delivered after all: sent from the mail, where they go.
+        for message in &held {
+            sent_on_arrival.unsent(&message.id);
+        }
         if let Some(unread) = later {
             // The bridge ends the stream: the client still reads what is queued, and only
             // what it leaves unread when it goes comes back, later.
             let synapse = self.clone();
             let agent = agent.clone();
             let left = left.clone();
+            let mut sent_on_arrival = std::mem::take(&mut sent_on_arrival);
             tokio::spawn(async move {
                 for message in unread.await.unwrap_or_default() {
+                    sent_on_arrival.unsent(&message.id);
                     synapse.send_back(&agent, message, &left);
                 }
             });
         }
+        let kept = !held.is_empty();
         for message in held {
             self.send_back(&agent, message, &left);
         }
         drop(tx);
         if kind == StreamKind::Messages {
+            // Kept before the fleet hears the agent left: a bridge killed then has kept
+            // what the stream had not sent.
+            if kept && !self.shutdown.is_cancelled() {
+                self.outbound.flush().await;
+            }
             self.stream_closed(&agent, session.id).await;
         }
     }
