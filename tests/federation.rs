@@ -1721,8 +1721,8 @@ async fn mail_queued_for_a_program_as_it_was_sent_live_is_not_sent_again() {
 }
 
 /// As above, when the copy kept for the program is taken by its next socket: one that
-/// reconnects at once remembers, with the program's other sockets on the bridge, what they
-/// were sent live as they arrived.
+/// reconnects at once knows what the socket before it, now closed, was sent live as it
+/// arrived.
 #[tokio::test]
 async fn mail_queued_for_a_program_as_its_last_socket_was_sent_it_live_is_not_sent_again() {
     use agentbridge::core::Expect;

@@ -219,7 +219,7 @@ impl WsSession for Connection {
     }
 
     /// Not lost with the socket: queued again when the connection ends (and not taken for
-    /// sent live, when a socket of the program takes it from the queue).
+    /// sent live when the program's next socket takes it from the queue).
     fn unsent(&mut self, batch: Vec<Arc<Delivery>>) {
         for delivery in &batch {
             self.sent_on_arrival.unsent(&delivery.envelope.id);
@@ -284,6 +284,8 @@ impl WsSession for Connection {
                 requeued = true;
             }
         }
+        // What it had unsent was given back as the writes failed (`unsent`).
+        std::mem::take(&mut self.sent_on_arrival).closed();
         if last && !self.grid.shutdown.is_cancelled() {
             // Queued before the fleet hears the program left: a bridge killed then has
             // kept what the socket had not sent.

@@ -397,7 +397,10 @@ impl Synapse {
                     sent_on_arrival.unsent(&message.id);
                     synapse.send_back(&agent, message, &left);
                 }
+                sent_on_arrival.closed();
             });
+        } else {
+            sent_on_arrival.closed();
         }
         let kept = !held.is_empty();
         for message in held {
