@@ -226,8 +226,8 @@ impl Core {
         registered
     }
 
-    /// What a connection of `agent` opening now remembers of what it and the agent's other
-    /// connections here are sent live, in a fleet (`sent_on_arrival`).
+    /// What a connection of `agent` opening now remembers of what it, and the agent's
+    /// connections here that closed lately, were sent live, in a fleet (`sent_on_arrival`).
     pub fn sent_on_arrival(&self, agent: &str) -> SentOnArrival {
         self.arrivals.opening(self.records().is_some(), agent)
     }

@@ -10,12 +10,12 @@
 //! its first `ARRIVAL_WINDOW`, and mail taken with one of those ids is dropped — taken, so
 //! that no bridge keeps it, and not sent. What a connection sent is final only once it
 //! closed (what it then had unsent goes back to the mail, given back with
-//! `SentOnArrival::unsent`); from then on the agent's next connections on this bridge know
+//! `SentOnArrival::unsent`); from then on the agent's other connections on this bridge know
 //! those ids too (`SentOnArrival::closed`), so that one reconnecting at once does not send
 //! again a copy kept for it meanwhile. A connection still open shares nothing: dropping a
 //! copy for an id it may yet give back would lose the message.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -84,20 +84,23 @@ impl Arrivals {
             }
             *swept = Instant::now();
         }
-        self.agents.retain(|_, closed| !lock(closed).forgotten());
+        // Not one an open connection of the agent will merge into when it closes.
+        (self.agents)
+            .retain(|_, closed| Arc::strong_count(closed) > 1 || !lock(closed).forgotten());
     }
 }
 
-/// What an agent's closed connections sent live on arrival, until `until`.
+/// What an agent's closed connections sent live on arrival, each id until twice
+/// `ARRIVAL_WINDOW` after the connection that sent it opened; `until`, the last of those.
 struct Closed {
-    ids: HashSet<String>,
+    ids: HashMap<String, Instant>,
     until: Instant,
 }
 
 impl Default for Closed {
     fn default() -> Self {
         Closed {
-            ids: HashSet::new(),
+            ids: HashMap::new(),
             until: Instant::now(),
         }
     }
@@ -172,7 +175,7 @@ impl SentOnArrival {
             return true;
         }
         let closed = lock(&arriving.closed);
-        !closed.forgotten() && closed.ids.contains(id)
+        (closed.ids.get(id)).is_some_and(|until| Instant::now() < *until)
     }
 
     /// The connection closed, and what it had unsent is given back: what it sent is final,
@@ -186,11 +189,11 @@ impl SentOnArrival {
             return;
         }
         let mut closed = lock(&arriving.closed);
-        if closed.forgotten() {
-            closed.ids.clear();
-        }
+        let now = Instant::now();
+        closed.ids.retain(|_, until| now < *until);
         let room = MOST_REMEMBERED.saturating_sub(closed.ids.len());
-        closed.ids.extend(arriving.ids.into_iter().take(room));
+        let ids = arriving.ids.into_iter().take(room);
+        closed.ids.extend(ids.map(|id| (id, until)));
         closed.until = closed.until.max(until);
     }
 }
@@ -280,7 +283,12 @@ mod tests {
         let (arrivals, mut first) = opening("a");
         first.sent(Kind::Chat, "m1");
         first.closed();
-        lock(&arrivals.agents.get("a").unwrap()).until = Instant::now();
+        {
+            let entry = arrivals.agents.get("a").unwrap();
+            let mut closed = lock(&entry);
+            closed.until = Instant::now();
+            closed.ids.values_mut().for_each(|until| *until = Instant::now());
+        }
         assert!(!arrivals.opening(true, "a").was_sent("m1"));
         *arrivals.swept.lock().unwrap() -= SWEEP_EVERY;
         let _other = arrivals.opening(true, "b");
@@ -295,5 +303,35 @@ mod tests {
         }
         assert!(sent.was_sent("0"));
         assert!(!sent.was_sent(&MOST_REMEMBERED.to_string()));
+    }
+
+    #[test]
+    fn a_sweep_keeps_what_an_open_connection_will_close_into() {
+        let (arrivals, mut open) = opening("a");
+        open.sent(Kind::Chat, "m1");
+        *arrivals.swept.lock().unwrap() -= SWEEP_EVERY;
+        let _other = arrivals.opening(true, "b");
+        open.closed();
+        assert!(arrivals.opening(true, "a").was_sent("m1"));
+    }
+
+    #[test]
+    fn each_closed_connections_ids_last_as_long_as_it_would_have() {
+        let (arrivals, mut older) = opening("a");
+        older.sent(Kind::Chat, "older");
+        age(&mut older, ARRIVAL_WINDOW);
+        older.closed();
+        let mut newer = arrivals.opening(true, "a");
+        newer.sent(Kind::Chat, "newer");
+        newer.closed();
+        let mut next = arrivals.opening(true, "a");
+        assert!(next.was_sent("older") && next.was_sent("newer"));
+        // The older connection's ids go when it would have let them go.
+        *lock(&arrivals.agents.get("a").unwrap())
+            .ids
+            .get_mut("older")
+            .unwrap() = Instant::now();
+        assert!(!next.was_sent("older"));
+        assert!(next.was_sent("newer"));
     }
 }
