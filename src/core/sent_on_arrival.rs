@@ -287,7 +287,10 @@ mod tests {
             let entry = arrivals.agents.get("a").unwrap();
             let mut closed = lock(&entry);
             closed.until = Instant::now();
-            closed.ids.values_mut().for_each(|until| *until = Instant::now());
+            closed
+                .ids
+                .values_mut()
+                .for_each(|until| *until = Instant::now());
         }
         assert!(!arrivals.opening(true, "a").was_sent("m1"));
         *arrivals.swept.lock().unwrap() -= SWEEP_EVERY;
