@@ -33,6 +33,40 @@ struct Replicas {
     maybe_kept: Vec<String>,
 }
 
+/// Acknowledges routed batches, one after another in stream order: acknowledging a batch's
+/// last message acknowledges it and every batch before (`AckPolicy::All`). A batch that
+/// kept mail for agents away is acknowledged once that mail is written, so that a bridge
+/// killed before the write lands has the batch in the stretch the others read again
+/// (`missed_mail`), rather than lose the mail; meanwhile the applier routes on.
+struct Acks {
+    queued: tokio::sync::mpsc::UnboundedSender<(async_nats::jetstream::Message, bool)>,
+}
+
+impl Acks {
+    /// The task that acknowledges what is queued, until the queue is dropped and emptied.
+    fn start(core: Arc<Core>) -> Acks {
+        let (queued, mut to_ack) =
+            tokio::sync::mpsc::unbounded_channel::<(async_nats::jetstream::Message, bool)>();
+        tokio::spawn(async move {
+            while let Some((last, kept)) = to_ack.recv().await {
+                if kept {
+                    core.router.flush_offline().await;
+                }
+                if let Err(e) = last.ack().await {
+                    // Redelivered after `ack_wait`, and passed over as applied already.
+                    tracing::debug!(error = %e, "federation: a batch was not acknowledged");
+                }
+            }
+        });
+        Acks { queued }
+    }
+
+    /// Acknowledges the batch `last` ends, once the mail it `kept` is written.
+    fn ack(&self, last: async_nats::jetstream::Message, kept: bool) {
+        let _ = self.queued.send((last, kept));
+    }
+}
+
 pub struct Applier {
     pub link: Arc<NatsLink>,
     pub core: Arc<Core>,
@@ -68,6 +102,7 @@ impl Applier {
         // What the consumer acknowledged was routed before (also before a restart).
         self.routed_up_to(ready.consumer.cached_info().ack_floor.stream_sequence);
         let mut messages = ready.consumer.messages().await?;
+        let acks = Acks::start(self.core.clone());
         // Batches whose store writes are under way, in stream order: the next batch is
         // read and its writes queued meanwhile, and each is routed, then acknowledged, once
         // its writes and those of every batch before it are done.
@@ -77,9 +112,7 @@ impl Applier {
                 biased;
                 _ = shutdown.cancelled() => break Ok(()),
                 Some((written, last)) = writing.next(), if !writing.is_empty() => {
-                    if let Err(e) = self.route_and_ack(written, last).await {
-                        break Err(e);
-                    }
+                    self.route_and_ack(written, last, &acks);
                 }
                 next = messages.next(), if writing.len() < WRITING => {
                     let first = match next {
@@ -96,10 +129,8 @@ impl Applier {
                     let replicas = self.replicas_of(&batch);
                     // Whether one of these was applied is known once the batches before
                     // are written and routed: its first copy may be in one.
-                    if !replicas.maybe_kept.is_empty()
-                        && let Err(e) = self.route_and_ack_all(&mut writing).await
-                    {
-                        break Err(e);
+                    if !replicas.maybe_kept.is_empty() {
+                        self.route_and_ack_all(&mut writing, &acks).await;
                     }
                     let written = self.apply(replicas).await;
                     let last = batch.pop().expect("a batch holds a message");
@@ -109,31 +140,22 @@ impl Applier {
         };
         // Whatever ends the loop, the batches already in the store are routed: redelivered,
         // a message the store holds is passed over, so one left unrouted now never would be.
-        while let Some((written, last)) = writing.next().await {
-            self.route(written);
-            self.routed_through(&last);
-            let _ = last.ack().await;
-        }
+        self.route_and_ack_all(&mut writing, &acks).await;
         ended
     }
 
-    /// Routes a written batch, then acknowledges it: acknowledging its last message
-    /// acknowledges the batch (`AckPolicy::All`). Mail the batch had kept for agents away
-    /// is written first: a bridge killed before that write lands has the batch in the
-    /// stretch the others read again (`missed_mail`), rather than lose the mail.
-    async fn route_and_ack(
+    /// Routes a written batch, then has it acknowledged (`Acks`).
+    fn route_and_ack(
         &self,
         written: Vec<(Replica, bool)>,
         last: async_nats::jetstream::Message,
-    ) -> Result<(), async_nats::Error> {
-        let router = &self.core.router;
-        let kept_before = router.kept_offline();
+        acks: &Acks,
+    ) {
+        let kept_before = self.core.router.kept_offline();
         self.route(written);
         self.routed_through(&last);
-        if router.kept_offline() != kept_before {
-            router.flush_offline().await;
-        }
-        last.ack().await
+        let kept = self.core.router.kept_offline() != kept_before;
+        acks.ack(last, kept);
     }
 
     fn routed_up_to(&self, sequence: u64) {
@@ -153,17 +175,13 @@ impl Applier {
     }
 
     /// Routes and acknowledges, in order, every batch being written.
-    async fn route_and_ack_all<F>(
-        &self,
-        writing: &mut FuturesOrdered<F>,
-    ) -> Result<(), async_nats::Error>
+    async fn route_and_ack_all<F>(&self, writing: &mut FuturesOrdered<F>, acks: &Acks)
     where
         F: Future<Output = (Vec<(Replica, bool)>, async_nats::jetstream::Message)>,
     {
         while let Some((written, last)) = writing.next().await {
-            self.route_and_ack(written, last).await?;
+            self.route_and_ack(written, last, acks);
         }
-        Ok(())
     }
 
     /// The other bridges' messages `batch` holds, in order, and the ids of those the store
