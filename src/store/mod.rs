@@ -103,10 +103,16 @@ pub enum StoreError {
 }
 
 impl crate::core::ApplyError for StoreError {
-    /// A database or journal error may be the moment's (I/O, a full disk); data this bridge
-    /// cannot read, or a store closing, stays so.
+    /// A database or journal error may be the moment's (I/O, a full disk); a constraint
+    /// the data breaks, data this bridge cannot read, or a store closing stays so.
     fn worth_trying_again(&self) -> bool {
-        matches!(self, StoreError::Sqlite(_) | StoreError::Journal { .. })
+        match self {
+            StoreError::Sqlite(e) => {
+                e.sqlite_error_code() != Some(rusqlite::ErrorCode::ConstraintViolation)
+            }
+            StoreError::Journal { .. } => true,
+            _ => false,
+        }
     }
 }
 

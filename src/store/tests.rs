@@ -391,3 +391,24 @@ async fn closed_store_refuses_work() {
         Err(StoreError::Closed)
     ));
 }
+
+#[tokio::test]
+async fn a_failure_of_the_moment_is_worth_applying_again_and_a_broken_constraint_is_not() {
+    use crate::core::ApplyError;
+    let store = store_with_table().await;
+    let insert = |v: i64| {
+        store.write(move |c| {
+            c.execute("INSERT INTO t (v) VALUES (?1)", [v])?;
+            Ok(())
+        })
+    };
+    insert(1).await.unwrap();
+    let twice = insert(1).await.unwrap_err();
+    assert!(!twice.worth_trying_again(), "{twice}");
+    let full = StoreError::Sqlite(rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+        None,
+    ));
+    assert!(full.worth_trying_again());
+    assert!(!StoreError::Corrupt("not a record".into()).worth_trying_again());
+}
