@@ -37,13 +37,13 @@ const ANSWERED_WITHIN_AT_MOST: Duration = Duration::from_secs(10);
 struct Asked {
     agent: String,
     table: String,
-    #[serde(default = "ten_seconds")]
+    #[serde(default = "whole_wait_ms")]
     within_ms: u64,
 }
 
 /// The asker's whole wait, for a request that does not say what is left of it.
-fn ten_seconds() -> u64 {
-    10_000
+fn whole_wait_ms() -> u64 {
+    ANSWERED_WITHIN_AT_MOST.as_millis() as u64
 }
 
 /// The answer: the last revision the bridge asked wrote in the table, and whether it let

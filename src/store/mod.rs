@@ -102,14 +102,21 @@ pub enum StoreError {
     Log(Box<dyn std::error::Error + Send + Sync>),
 }
 
+impl StoreError {
+    /// Whether the work failed on a constraint its data breaks, which SQLite undoes by
+    /// itself, statement by statement.
+    fn broke_a_constraint(&self) -> bool {
+        matches!(self, StoreError::Sqlite(e)
+            if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation))
+    }
+}
+
 impl crate::core::ApplyError for StoreError {
     /// A database or journal error may be the moment's (I/O, a full disk); a constraint
     /// the data breaks, data this bridge cannot read, or a store closing stays so.
     fn worth_trying_again(&self) -> bool {
         match self {
-            StoreError::Sqlite(e) => {
-                e.sqlite_error_code() != Some(rusqlite::ErrorCode::ConstraintViolation)
-            }
+            StoreError::Sqlite(_) => !self.broke_a_constraint(),
             StoreError::Journal { .. } => true,
             _ => false,
         }

@@ -107,11 +107,7 @@ where
     }
 
     fn failed_on_constraint(&self) -> bool {
-        matches!(
-            &self.outcome,
-            Some(Err(StoreError::Sqlite(e)))
-                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation)
-        )
+        matches!(&self.outcome, Some(Err(e)) if e.broke_a_constraint())
     }
 
     fn finish(mut self: Box<Self>, committed: Result<(), &rusqlite::Error>) {
