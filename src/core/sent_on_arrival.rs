@@ -91,24 +91,17 @@ impl Arrivals {
 }
 
 /// What an agent's closed connections sent live on arrival, each id until twice
-/// `ARRIVAL_WINDOW` after the connection that sent it opened; `until`, the last of those.
+/// `ARRIVAL_WINDOW` after the connection that sent it opened.
+#[derive(Default)]
 struct Closed {
     ids: HashMap<String, Instant>,
-    until: Instant,
-}
-
-impl Default for Closed {
-    fn default() -> Self {
-        Closed {
-            ids: HashMap::new(),
-            until: Instant::now(),
-        }
-    }
 }
 
 impl Closed {
+    /// Whether every id is let go (none remembered yet, for an agent new here).
     fn forgotten(&self) -> bool {
-        Instant::now() >= self.until
+        let now = Instant::now();
+        self.ids.values().all(|until| now >= *until)
     }
 }
 
@@ -133,12 +126,19 @@ struct Arriving {
 
 impl SentOnArrival {
     /// Notes that a message of `kind` was sent live under `id` (presence is never anyone's
-    /// mail, and is not noted).
+    /// mail, and is not noted). The ids are let go once no copy kept elsewhere can still
+    /// come.
     pub fn sent(&mut self, kind: Kind, id: &str) {
         let Some(arriving) = &mut self.0 else {
             return;
         };
-        if !arriving.remembering || kind.is_presence() {
+        if !arriving.remembering {
+            if arriving.opened.elapsed() >= FORGET_AFTER {
+                self.0 = None;
+            }
+            return;
+        }
+        if kind.is_presence() {
             return;
         }
         if arriving.opened.elapsed() >= ARRIVAL_WINDOW {
@@ -194,7 +194,6 @@ impl SentOnArrival {
         let room = MOST_REMEMBERED.saturating_sub(closed.ids.len());
         let ids = arriving.ids.into_iter().take(room);
         closed.ids.extend(ids.map(|id| (id, until)));
-        closed.until = closed.until.max(until);
     }
 }
 
@@ -264,6 +263,16 @@ mod tests {
     }
 
     #[test]
+    fn what_was_sent_on_arrival_is_let_go_as_more_is_sent() {
+        let (_arrivals, mut sent) = opening("a");
+        sent.sent(Kind::Chat, "early");
+        age(&mut sent, FORGET_AFTER);
+        sent.sent(Kind::Chat, "late");
+        sent.sent(Kind::Chat, "later");
+        assert!(sent.0.is_none());
+    }
+
+    #[test]
     fn what_was_sent_on_arrival_is_let_go_in_the_end() {
         let (arrivals, mut sent) = opening("a");
         sent.sent(Kind::Chat, "early");
@@ -286,7 +295,6 @@ mod tests {
         {
             let entry = arrivals.agents.get("a").unwrap();
             let mut closed = lock(&entry);
-            closed.until = Instant::now();
             closed
                 .ids
                 .values_mut()
