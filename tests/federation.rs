@@ -962,44 +962,25 @@ async fn mail_queued_for_away_program(fleet: &Fleet, name: &str, ids: &[&str]) {
 async fn a_program_moving_while_messages_flow_gets_them_once_in_order() {
     use common::grid::GridWs;
     let fleet = Fleet::start(3).await;
-    let mut sender = GridWs::quiet(fleet.nets[2].grid, "steady", None).await;
+    let sender = GridWs::quiet(fleet.nets[2].grid, "steady", None).await;
     let mut socket = GridWs::quiet(fleet.nets[0].grid, "drifter", None).await;
     for i in 1..3 {
         fleet.wait_known(i, "drifter").await;
     }
     const TOTAL: usize = 1500;
-    let sending = tokio::spawn(async move {
-        for n in 0..TOTAL {
-            let request = grid_request(&format!("m{n}"), "steady", "drifter");
-            sender.send(&request).await;
-            if n % 10 == 9 {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }
-        sender
-    });
-    let number = |m: &serde_json::Value| -> Option<usize> {
-        m["id"].as_str()?.strip_prefix('m')?.parse().ok()
-    };
+    let pause = Duration::from_millis(2);
+    let sending = send_steadily(sender, "steady", "drifter", TOTAL, pause);
     let mut got: Vec<usize> = Vec::new();
     for hop in [1, 0, 1, 0, 1, 0] {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        got.extend(socket.close_reading().await.iter().filter_map(number));
+        got.extend(socket.close_reading().await.iter().filter_map(numbered));
         socket = GridWs::quiet(fleet.nets[hop].grid, "drifter", None).await;
     }
     let _sender = sending.await.unwrap();
-    while got.len() < TOTAL {
-        let next = tokio::time::timeout(Duration::from_secs(5), socket.next_message()).await;
-        let Ok(message) = next else { break };
-        got.extend(number(&message));
-    }
+    read_rest(&mut socket, &mut got, TOTAL).await;
     assert_once_in_order(&got, TOTAL);
     let (_, metrics) = common::admin_get(&fleet.nets[0].bridge, "/metrics").await;
-    let handed_over = (metrics.lines())
-        .find_map(|line| {
-            line.strip_prefix(r#"agentbridge_federation_handovers_total{outcome="handed_over"} "#)
-        })
-        .and_then(|n| n.trim().parse::<f64>().ok());
+    let handed_over = handovers(&metrics, "handed_over");
     assert!(handed_over.is_some_and(|n| n > 0.0), "{metrics}");
     fleet.shutdown().await;
 }
@@ -1102,11 +1083,6 @@ async fn a_bridge_back_from_a_moment_away_hands_over_the_mail_of_an_agent_that_l
     assert_eq!(first["id"], "kept", "{first}");
 
     let metrics = admin(&b1, "/metrics");
-    let outcome = |metrics: &str, outcome: &str| {
-        let line = format!(r#"agentbridge_federation_handovers_total{{outcome="{outcome}"}} "#);
-        (metrics.lines().find_map(|l| l.strip_prefix(line.as_str())))
-            .and_then(|n| n.trim().parse::<f64>().ok())
-    };
     let mut seen = String::new();
     eventually("b1 counts the hand-over", async || {
         seen = common::http()
@@ -1117,10 +1093,10 @@ async fn a_bridge_back_from_a_moment_away_hands_over_the_mail_of_an_agent_that_l
             .text()
             .await
             .unwrap();
-        outcome(&seen, "handed_over") == Some(1.0)
+        handovers(&seen, "handed_over") == Some(1.0)
     })
     .await;
-    assert_eq!(outcome(&seen, "unanswered"), Some(0.0), "{seen}");
+    assert_eq!(handovers(&seen, "unanswered"), Some(0.0), "{seen}");
 }
 
 /// An agent's card whose put failed (the agents bucket gone a moment, as when its stream
@@ -1182,39 +1158,61 @@ async fn a_program_that_left_a_bridge_killed_just_after_gets_its_messages_once_i
         fleet.wait_known(i, "survivor").await;
     }
     const TOTAL: usize = 1500;
-    let mut sender = GridWs::quiet(fleet.nets[0].grid, "steady", None).await;
-    let sending = tokio::spawn(async move {
-        for n in 0..TOTAL {
-            let request = grid_request(&format!("m{n}"), "steady", "survivor");
-            sender.send(&request).await;
-            if n % 10 == 9 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-        sender
-    });
-    let number = |m: &serde_json::Value| -> Option<usize> {
-        m["id"].as_str()?.strip_prefix('m')?.parse().ok()
-    };
+    let sender = GridWs::quiet(fleet.nets[0].grid, "steady", None).await;
+    let pause = Duration::from_millis(20);
+    let sending = send_steadily(sender, "steady", "survivor", TOTAL, pause);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut got: Vec<usize> = socket
-        .close_reading()
-        .await
-        .iter()
-        .filter_map(number)
-        .collect();
+    let read = socket.close_reading().await;
+    let mut got: Vec<usize> = read.iter().filter_map(numbered).collect();
     // Killed once the fleet has heard the program left.
     wait_held(&fleet, 1, "survivor", Some("b2"), false).await;
     process.kill_9();
     let mut socket = GridWs::connect_once_free(fleet.nets[1].grid, "survivor").await;
     let _sender = sending.await.unwrap();
-    while got.len() < TOTAL {
-        let next = tokio::time::timeout(Duration::from_secs(5), socket.next_message()).await;
-        let Ok(message) = next else { break };
-        got.extend(number(&message));
-    }
+    read_rest(&mut socket, &mut got, TOTAL).await;
     assert_once_in_order(&got, TOTAL);
     fleet.shutdown().await;
+}
+
+/// Sends `total` Grid requests `m0`, `m1`, … from `sender`, a socket of `from`, to `to`,
+/// resting `pause` after every ten; the socket back once all are sent.
+fn send_steadily(
+    mut sender: common::grid::GridWs,
+    from: &'static str,
+    to: &'static str,
+    total: usize,
+    pause: Duration,
+) -> tokio::task::JoinHandle<common::grid::GridWs> {
+    tokio::spawn(async move {
+        for n in 0..total {
+            sender.send(&grid_request(&format!("m{n}"), from, to)).await;
+            if n % 10 == 9 {
+                tokio::time::sleep(pause).await;
+            }
+        }
+        sender
+    })
+}
+
+/// The number of a message `send_steadily` sent (`m<n>`).
+fn numbered(message: &serde_json::Value) -> Option<usize> {
+    message["id"].as_str()?.strip_prefix('m')?.parse().ok()
+}
+
+/// Reads `socket` until `got` holds `total` numbers, or nothing comes for five seconds.
+async fn read_rest(socket: &mut common::grid::GridWs, got: &mut Vec<usize>, total: usize) {
+    while got.len() < total {
+        let next = tokio::time::timeout(Duration::from_secs(5), socket.next_message()).await;
+        let Ok(message) = next else { break };
+        got.extend(numbered(&message));
+    }
+}
+
+/// A bridge's count of hand-overs that ended with `outcome`, from its `/metrics`.
+fn handovers(metrics: &str, outcome: &str) -> Option<f64> {
+    let line = format!(r#"agentbridge_federation_handovers_total{{outcome="{outcome}"}} "#);
+    (metrics.lines().find_map(|l| l.strip_prefix(line.as_str())))
+        .and_then(|n| n.trim().parse::<f64>().ok())
 }
 
 /// `got` holds each of `0..total` once, in order.
