@@ -31,6 +31,7 @@ pub const FEDERATION_OUTBOX: &str = "agentbridge_federation_outbox";
 pub const FEDERATION_APPLY_LAG: &str = "agentbridge_federation_apply_lag_seconds";
 pub const FEDERATION_BRIDGES: &str = "agentbridge_federation_bridges";
 pub const FEDERATION_HANDOVERS: &str = "agentbridge_federation_handovers_total";
+pub const FEDERATION_ACKED_UNWRITTEN: &str = "agentbridge_federation_acknowledged_unwritten_total";
 pub const READY: &str = "agentbridge_ready";
 pub const CONFIG_RELOADS: &str = "agentbridge_config_reloads_total";
 
@@ -114,6 +115,10 @@ pub const METRICS: &[(&str, &str)] = &[
     (
         FEDERATION_HANDOVERS,
         "Agents that moved here from another bridge whose mail there was asked for, by outcome.",
+    ),
+    (
+        FEDERATION_ACKED_UNWRITTEN,
+        "Applied batches acknowledged to the stream before everything they routed here was written: a recipient that far behind loses that part if the bridge is killed.",
     ),
 ];
 
@@ -383,6 +388,7 @@ pub fn bridge_started(protocols: &[&'static str], federated: bool) {
         for outcome in HANDOVER_OUTCOMES {
             counter!(FEDERATION_HANDOVERS, "outcome" => outcome).increment(0);
         }
+        counter!(FEDERATION_ACKED_UNWRITTEN).increment(0);
         drop(histogram!(FEDERATION_PUBLISH_DURATION));
         drop(histogram!(FEDERATION_APPLY_LAG));
     }
@@ -481,6 +487,11 @@ const HANDOVER_OUTCOMES: [&str; 3] = ["handed_over", "late", "unanswered"];
 pub fn federation_handover(outcome: &'static str) {
     debug_assert!(HANDOVER_OUTCOMES.contains(&outcome));
     counter!(FEDERATION_HANDOVERS, "outcome" => outcome).increment(1);
+}
+
+/// An applied batch was acknowledged before all it routed here was written.
+pub fn federation_acknowledged_unwritten() {
+    counter!(FEDERATION_ACKED_UNWRITTEN).increment(1);
 }
 
 /// Counts a connection for as long as the guard lives.

@@ -11,10 +11,32 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokio::sync::Notify;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::envelope::{Envelope, Protocol};
 
 type Encoded = Arc<dyn Any + Send + Sync>;
+
+/// A hold a source of deliveries keeps on them, to learn when they are done with: each
+/// delivery made with a clone keeps it, and so does whatever holds the message for a
+/// recipient on its way (a mailbox's backlog, a queue's writer, a stream's output), so
+/// once the last copy was written to its connection, handed to what keeps it, or dropped,
+/// the token `Outstanding::new` gave is cancelled. A fleet's applier acknowledges a batch
+/// to the stream only then: a bridge killed before has the batch read again by the others.
+#[derive(Clone)]
+pub struct Outstanding {
+    /// Cancels the token as the last clone drops.
+    _guard: Arc<DropGuard>,
+}
+
+impl Outstanding {
+    /// A hold, and the token cancelled once it and every clone of it are dropped.
+    pub fn new() -> (Outstanding, CancellationToken) {
+        let done = CancellationToken::new();
+        let guard = Arc::new(done.clone().drop_guard());
+        (Outstanding { _guard: guard }, done)
+    }
+}
 
 pub struct Delivery {
     pub envelope: Envelope,
@@ -25,6 +47,8 @@ pub struct Delivery {
     /// Whether the store holds it, so that a mailbox may keep only its id (`Mailbox`'s
     /// backlog) and read it back when the recipient gets to it.
     pub stored: bool,
+    /// What its source waits on until every copy is done with (`Outstanding`).
+    pub outstanding: Option<Outstanding>,
     encoded: Mutex<Vec<(Protocol, Encoded)>>,
     /// Set once the message has been written to some recipient's connection.
     written: AtomicBool,
@@ -43,6 +67,7 @@ impl Delivery {
             routed_at,
             expires_at,
             stored: false,
+            outstanding: None,
             encoded: Mutex::new(Vec::new()),
             written: AtomicBool::new(false),
             written_notify: Notify::new(),
@@ -216,6 +241,24 @@ mod tests {
         let delivery = Delivery::new(env);
         assert_eq!(delivery.expires_at, None);
         assert!(!delivery.is_expired(Instant::now()));
+    }
+
+    #[test]
+    fn a_hold_is_done_once_every_delivery_made_with_it_is_dropped() {
+        let (outstanding, done) = Outstanding::new();
+        let made = |text: &str| {
+            let mut delivery = Delivery::new(Envelope::new("test", text, Kind::Chat));
+            delivery.outstanding = Some(outstanding.clone());
+            Arc::new(delivery)
+        };
+        let (one, two) = (made("one"), made("two"));
+        let shared = one.clone();
+        drop(outstanding);
+        drop(one);
+        drop(two);
+        assert!(!done.is_cancelled(), "a copy of the first is still held");
+        drop(shared);
+        assert!(done.is_cancelled());
     }
 
     #[tokio::test]

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use tokio::sync::Notify;
 
-use super::delivery::Delivery;
+use super::delivery::{Delivery, Outstanding};
 use super::envelope::{Envelope, Priority, Protocol};
 
 /// What happens to a message that arrives at a full mailbox.
@@ -92,6 +92,9 @@ pub struct Mailbox {
     /// mailbox at an overflow, as `disconnect` does).
     backlog_limit: usize,
     reader: Option<BacklogReader>,
+    /// Whether a message waiting in the backlog keeps its delivery's hold
+    /// (`with_holds_behind`).
+    holds_behind: bool,
     /// Shared with a read of the backlog under way, which puts what it read in the lanes.
     shared: Arc<Shared>,
     on_expired: Option<ExpiryHook>,
@@ -107,12 +110,13 @@ struct Shared {
 
 /// A message waiting past the mailbox's capacity.
 enum Behind {
-    /// Its id, and its delivery's times (its ttl runs from when it was routed): the store
-    /// holds the rest.
+    /// Its id, its delivery's times (its ttl runs from when it was routed) and its hold
+    /// (its source learns it was written only once it is): the store holds the rest.
     Stored {
         id: String,
         routed_at: Instant,
         expires_at: Option<Instant>,
+        outstanding: Option<Outstanding>,
     },
     /// Not stored (a control signal, a status change): held as it is.
     Held(Arc<Delivery>),
@@ -128,6 +132,14 @@ struct Lanes {
     untold_drops: u64,
     /// A read of the backlog's front is under way.
     fetching: bool,
+}
+
+/// A message of the backlog's front being read back (`Behind::Stored`).
+struct Fetched {
+    id: String,
+    routed_at: Instant,
+    expires_at: Option<Instant>,
+    outstanding: Option<Outstanding>,
 }
 
 /// What the consumer does next.
@@ -146,6 +158,7 @@ impl Mailbox {
             policy,
             backlog_limit: 0,
             reader: None,
+            holds_behind: false,
             shared: Arc::new(Shared {
                 state: Mutex::new(Lanes {
                     lanes: Default::default(),
@@ -166,6 +179,15 @@ impl Mailbox {
     pub fn with_backlog(mut self, limit: usize, reader: BacklogReader) -> Self {
         self.backlog_limit = limit;
         self.reader = Some(reader);
+        self
+    }
+
+    /// Has a message waiting in the backlog keep its delivery's hold (`Outstanding`), for a
+    /// reader that keeps mail for agents away: its source learns the message was done with
+    /// only once it was read back and kept. Other readers' backlogs (clients that replay
+    /// from history) let it go, so that a recipient far behind does not hold it.
+    pub fn with_holds_behind(mut self) -> Self {
+        self.holds_behind = true;
         self
     }
 
@@ -222,6 +244,8 @@ impl Mailbox {
                                 id: delivery.envelope.id.clone(),
                                 routed_at: delivery.routed_at,
                                 expires_at: delivery.expires_at,
+                                outstanding: (delivery.outstanding.clone())
+                                    .filter(|_| self.holds_behind),
                             }
                         } else {
                             Behind::Held(delivery)
@@ -322,14 +346,20 @@ impl Mailbox {
                         _ => unreachable!("the front was held"),
                     },
                     Some(Behind::Stored { .. }) => {
-                        let batch: Vec<(String, Instant, Option<Instant>)> = (state.backlog.iter())
+                        let batch: Vec<Fetched> = (state.backlog.iter())
                             .take(FETCH)
                             .map_while(|behind| match behind {
                                 Behind::Stored {
                                     id,
                                     routed_at,
                                     expires_at,
-                                } => Some((id.clone(), *routed_at, *expires_at)),
+                                    outstanding,
+                                } => Some(Fetched {
+                                    id: id.clone(),
+                                    routed_at: *routed_at,
+                                    expires_at: *expires_at,
+                                    outstanding: outstanding.clone(),
+                                }),
                                 Behind::Held(_) => None,
                             })
                             .collect();
@@ -348,14 +378,14 @@ impl Mailbox {
 
     /// Reads the backlog's front, `batch`, back from the store into the lanes, on a task
     /// of its own.
-    fn fetch(&self, batch: Vec<(String, Instant, Option<Instant>)>) {
+    fn fetch(&self, batch: Vec<Fetched>) {
         let Some(reader) = self.reader.clone() else {
             return;
         };
         let shared = self.shared.clone();
         let protocol = self.protocol;
         tokio::spawn(async move {
-            let ids = batch.iter().map(|(id, _, _)| id.clone()).collect();
+            let ids = batch.iter().map(|fetched| fetched.id.clone()).collect();
             let read = reader(ids).await;
             if read.is_none() {
                 tokio::time::sleep(FETCH_RETRY).await;
@@ -368,13 +398,15 @@ impl Mailbox {
                 // Only the fetch takes from the backlog's front: it is still `batch`.
                 state.backlog.drain(..batch.len());
                 let mut found = 0;
-                for (id, routed_at, expires_at) in &batch {
-                    let Some(envelope) = read.remove(id) else {
+                for fetched in &batch {
+                    let Some(envelope) = read.remove(&fetched.id) else {
                         continue;
                     };
                     found += 1;
                     let mut delivery = Delivery::stored(envelope);
-                    (delivery.routed_at, delivery.expires_at) = (*routed_at, *expires_at);
+                    delivery.routed_at = fetched.routed_at;
+                    delivery.expires_at = fetched.expires_at;
+                    delivery.outstanding = fetched.outstanding.clone();
                     let lane = delivery.envelope.priority.lane();
                     state.lanes[lane].push_back(Arc::new(delivery));
                     state.len += 1;
@@ -545,6 +577,36 @@ mod tests {
         assert_eq!(mb.take_untold_drops(), 0, "nothing was lost");
         // Caught up: arrivals go to the lanes again.
         assert_eq!(mb.push(stored("x")), Pushed::Queued);
+    }
+
+    /// A message waiting in the backlog as an id keeps its source's hold, where the
+    /// mailbox says so: the source learns it was done with only once the recipient took it.
+    #[tokio::test]
+    async fn the_backlog_keeps_a_held_message_held_until_it_is_taken() {
+        let (outstanding, done) = Outstanding::new();
+        let unheld = vec![stored("first"), stored("behind")];
+        let all: Vec<_> = (unheld.iter())
+            .map(|d| {
+                let mut delivery = Delivery::stored(d.envelope.clone());
+                delivery.outstanding = Some(outstanding.clone());
+                Arc::new(delivery)
+            })
+            .collect();
+        let mb = Mailbox::new("t", 1, WhenFull::Replay)
+            .with_backlog(10, reader(unheld))
+            .with_holds_behind();
+        assert_eq!(mb.push(all[0].clone()), Pushed::Queued);
+        assert_eq!(mb.push(all[1].clone()), Pushed::Behind);
+        drop((all, outstanding));
+        assert!(!done.is_cancelled());
+        let first = mb.recv().await.unwrap();
+        drop(first);
+        assert!(!done.is_cancelled(), "the one behind is held");
+        let behind = mb.recv().await.unwrap();
+        assert_eq!(behind.envelope.text.as_deref(), Some("behind"));
+        assert!(!done.is_cancelled());
+        drop(behind);
+        assert!(done.is_cancelled());
     }
 
     #[test]

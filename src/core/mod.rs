@@ -21,7 +21,7 @@ use serde::Deserialize;
 
 pub use claims::{ClaimFuture, Claiming, NameClaims};
 pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, TaskRequest, derived_uuid};
-pub use delivery::Delivery;
+pub use delivery::{Delivery, Outstanding};
 pub use directory::{AgentInfo, Directory, NameTaken, PerGeneration, Role, Status};
 pub use envelope::{
     Attachment, Audience, Envelope, Kind, Origin, Priority, Protocol, TaskInfo, TaskState,
@@ -317,14 +317,22 @@ impl Core {
     }
 
     /// Delivers a message another bridge of the fleet accepted (and placed in its
-    /// conversation): `kept` when it is in this bridge's log too.
-    pub fn accept_replica(&self, env: Envelope, kept: bool) -> Arc<Delivery> {
+    /// conversation): `kept` when it is in this bridge's log too. Every copy of it holds
+    /// `outstanding`, if given, until it is written, kept or dropped.
+    pub fn accept_replica(
+        &self,
+        env: Envelope,
+        kept: bool,
+        outstanding: Option<&Outstanding>,
+    ) -> Arc<Delivery> {
         self.remember(&env);
-        self.route_delivery(if kept {
+        let mut delivery = if kept {
             Delivery::stored(env)
         } else {
             Delivery::new(env)
-        })
+        };
+        delivery.outstanding = outstanding.cloned();
+        self.route_delivery(delivery)
     }
 
     /// Whether a message with this id passed through this bridge recently (its place in

@@ -134,8 +134,6 @@ pub struct Router {
     held_back: Mutex<HeldBack>,
     /// Whether `held_back` has an entry: routing looks no further when it has none.
     holding_back: AtomicBool,
-    /// How many deliveries were given to the offline sinks (`kept_offline`).
-    kept: AtomicU64,
 }
 
 /// Mail held back, by the gone bridge that held its recipients: how many readers of its
@@ -170,7 +168,6 @@ impl Router {
             expiry: std::sync::OnceLock::new(),
             held_back: Mutex::default(),
             holding_back: AtomicBool::new(false),
-            kept: AtomicU64::new(0),
         }
     }
 
@@ -192,7 +189,7 @@ impl Router {
         let settings = **self.settings.load();
         let backlog = (settings.policy == WhenFull::Replay && !self.offline.contains_key(protocol))
             .then_some(settings.backlog_limit);
-        self.make_mailbox(protocol, settings.capacity, settings.policy, backlog)
+        Arc::new(self.make_mailbox(protocol, settings.capacity, settings.policy, backlog))
     }
 
     /// Mailboxes made from now on take these settings; those already made keep theirs.
@@ -206,10 +203,15 @@ impl Router {
 
     /// A mailbox for an endpoint's own session (a hub applying task messages to its
     /// tables), which must see every message whatever the policy: one whose backlog has no
-    /// bound but memory, a message's id each.
-    pub fn hub_mailbox(&self, protocol: Protocol) -> Arc<Mailbox> {
+    /// bound but memory, a message's id each. One for a hub that `keeps_mail` for agents
+    /// away holds the deliveries waiting in its backlog (`Mailbox::with_holds_behind`).
+    pub fn hub_mailbox(&self, protocol: Protocol, keeps_mail: bool) -> Arc<Mailbox> {
         let capacity = self.settings.load().capacity;
-        self.make_mailbox(protocol, capacity, WhenFull::Replay, Some(usize::MAX))
+        let mailbox = self.make_mailbox(protocol, capacity, WhenFull::Replay, Some(usize::MAX));
+        Arc::new(match keeps_mail {
+            true => mailbox.with_holds_behind(),
+            false => mailbox,
+        })
     }
 
     /// A mailbox of one reading of the settings (a reload between two would mix them).
@@ -219,7 +221,7 @@ impl Router {
         capacity: usize,
         policy: WhenFull,
         backlog: Option<usize>,
-    ) -> Arc<Mailbox> {
+    ) -> Mailbox {
         let mut mailbox = Mailbox::new(protocol, capacity, policy)
             .with_depth_histogram(self.mailbox_depth.clone());
         if let (Some(limit), Some(reader)) = (backlog, self.backlog_reader.get()) {
@@ -230,7 +232,7 @@ impl Router {
             mailbox =
                 mailbox.with_expiry_hook(Arc::new(move |delivery| handler(delivery, protocol)));
         }
-        Arc::new(mailbox)
+        mailbox
     }
 
     /// Connects `mailbox` as a live session of `agent`.
@@ -305,13 +307,6 @@ impl Router {
         (self.by_agent.get(&session.agent)).is_some_and(|sessions| {
             (sessions.iter()).any(|s| s.id < session.id && among(s.id) && s.receives_all())
         })
-    }
-
-    /// How many deliveries were given to the offline sinks so far: a caller that sees it
-    /// move over some work of its own knows to `flush_offline` before it counts that work
-    /// done.
-    pub fn kept_offline(&self) -> u64 {
-        self.kept.load(Ordering::Relaxed)
     }
 
     /// Ends once every offline sink has kept what it was given before this call.
@@ -510,7 +505,6 @@ impl Router {
         report: &mut RouteReport,
     ) {
         report.offline += 1 + earlier.len();
-        (self.kept).fetch_add(1 + earlier.len() as u64, Ordering::Relaxed);
         if self.holding_back.load(Ordering::Acquire)
             && let Some(bridge) = self.directory.gone_holder_of(name)
         {

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::link::{NatsLink, Ready};
 use super::wire::{BRIDGE_HEADER, Replica};
-use crate::core::{Core, Envelope, Kind, MessageLog, Status, now_ms};
+use crate::core::{Core, Envelope, Kind, MessageLog, Outstanding, Status, now_ms};
 use crate::telemetry;
 
 /// Messages taken from the stream and applied together.
@@ -33,24 +33,51 @@ struct Replicas {
     maybe_kept: Vec<String>,
 }
 
-/// Acknowledges routed batches, one after another in stream order: acknowledging a batch's
-/// last message acknowledges it and every batch before (`AckPolicy::All`). A batch that
-/// kept mail for agents away is acknowledged once that mail is written, so that a bridge
-/// killed before the write lands has the batch in the stretch the others read again
-/// (`missed_mail`), rather than lose the mail; meanwhile the applier routes on.
+/// How long an acknowledgement waits for the batch's deliveries to be written: past this,
+/// a recipient that slow (or a callback retried that long) may lose, if the bridge is
+/// killed, what it had not yet been written. Well within the consumer's `ack_wait`, and
+/// short enough that a slow reader does not hold back applying once `max_ack_pending`
+/// batches wait.
+const WRITTEN_WITHIN: Duration = Duration::from_secs(5);
+
+/// A routed batch waiting for its acknowledgement.
+struct Routed {
+    /// The batch's last message: acknowledging it acknowledges the batch and every batch
+    /// before (`AckPolicy::All`).
+    last: async_nats::jetstream::Message,
+    /// Cancelled once every delivery the batch made was written, kept or dropped.
+    done: CancellationToken,
+    at: tokio::time::Instant,
+}
+
+/// Acknowledges routed batches, one after another in stream order, each once what it
+/// routed here was written to its connections or kept (`Outstanding`), and what the
+/// offline sinks were given is written: a bridge killed before has the batch in the
+/// stretch the others read again (`missed_mail`) and keep for its agents, rather than
+/// lose what waited in a mailbox. Meanwhile the applier routes on; a slow client holds
+/// back acknowledgements, not routing.
 struct Acks {
-    queued: tokio::sync::mpsc::UnboundedSender<(async_nats::jetstream::Message, bool)>,
+    queued: tokio::sync::mpsc::UnboundedSender<Routed>,
 }
 
 impl Acks {
-    /// The task that acknowledges what is queued, until the queue is dropped and emptied.
-    fn start(core: Arc<Core>) -> Acks {
-        let (queued, mut to_ack) =
-            tokio::sync::mpsc::unbounded_channel::<(async_nats::jetstream::Message, bool)>();
+    /// The task that acknowledges what is queued, until the queue is dropped or the bridge
+    /// shuts down. Nothing is acknowledged once it does: what a shutdown dropped (a
+    /// mailbox's contents, a callback) stays in the stretch the others read again.
+    fn start(shutdown: CancellationToken) -> Acks {
+        let (queued, mut to_ack) = tokio::sync::mpsc::unbounded_channel::<Routed>();
         tokio::spawn(async move {
-            while let Some((last, kept)) = to_ack.recv().await {
-                if kept {
-                    core.router.flush_offline().await;
+            while let Some(Routed { last, done, at }) = to_ack.recv().await {
+                let written = tokio::time::timeout_at(at + WRITTEN_WITHIN, done.cancelled());
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => return,
+                    in_time = written => if in_time.is_err() {
+                        telemetry::federation_acknowledged_unwritten();
+                    },
+                }
+                if shutdown.is_cancelled() {
+                    return;
                 }
                 if let Err(e) = last.ack().await {
                     // Redelivered after `ack_wait`, and passed over as applied already.
@@ -61,9 +88,10 @@ impl Acks {
         Acks { queued }
     }
 
-    /// Acknowledges the batch `last` ends, once the mail it `kept` is written.
-    fn ack(&self, last: async_nats::jetstream::Message, kept: bool) {
-        let _ = self.queued.send((last, kept));
+    /// Acknowledges the batch `last` ends, once `done`.
+    fn ack(&self, last: async_nats::jetstream::Message, done: CancellationToken) {
+        let at = tokio::time::Instant::now();
+        let _ = self.queued.send(Routed { last, done, at });
     }
 }
 
@@ -79,8 +107,11 @@ pub struct Applier {
 impl Applier {
     pub async fn run(self, ready: Arc<Ready>, shutdown: CancellationToken) {
         let mut delay = Duration::from_millis(100);
+        // One for every reading of the stream: a new reading's batches are acknowledged
+        // after those of the one before, never ahead of them.
+        let acks = Acks::start(shutdown.clone());
         while !shutdown.is_cancelled() {
-            match self.consume(&ready, &shutdown).await {
+            match self.consume(&ready, &acks, &shutdown).await {
                 Ok(()) => return,
                 Err(e) => {
                     tracing::warn!(error = %e, "federation: reading the stream failed; again shortly")
@@ -97,12 +128,12 @@ impl Applier {
     async fn consume(
         &self,
         ready: &Ready,
+        acks: &Acks,
         shutdown: &CancellationToken,
     ) -> Result<(), async_nats::Error> {
         // What the consumer acknowledged was routed before (also before a restart).
         self.routed_up_to(ready.consumer.cached_info().ack_floor.stream_sequence);
         let mut messages = ready.consumer.messages().await?;
-        let acks = Acks::start(self.core.clone());
         // Batches whose store writes are under way, in stream order: the next batch is
         // read and its writes queued meanwhile, and each is routed, then acknowledged, once
         // its writes and those of every batch before it are done.
@@ -112,7 +143,7 @@ impl Applier {
                 biased;
                 _ = shutdown.cancelled() => break Ok(()),
                 Some((written, last)) = writing.next(), if !writing.is_empty() => {
-                    self.route_and_ack(written, last, &acks);
+                    self.route_and_ack(written, last, acks);
                 }
                 next = messages.next(), if writing.len() < WRITING => {
                     let first = match next {
@@ -130,7 +161,7 @@ impl Applier {
                     // Whether one of these was applied is known once the batches before
                     // are written and routed: its first copy may be in one.
                     if !replicas.maybe_kept.is_empty() {
-                        self.route_and_ack_all(&mut writing, &acks).await;
+                        self.route_and_ack_all(&mut writing, acks).await;
                     }
                     let written = self.apply(replicas).await;
                     let last = batch.pop().expect("a batch holds a message");
@@ -140,7 +171,7 @@ impl Applier {
         };
         // Whatever ends the loop, the batches already in the store are routed: redelivered,
         // a message the store holds is passed over, so one left unrouted now never would be.
-        self.route_and_ack_all(&mut writing, &acks).await;
+        self.route_and_ack_all(&mut writing, acks).await;
         ended
     }
 
@@ -151,11 +182,11 @@ impl Applier {
         last: async_nats::jetstream::Message,
         acks: &Acks,
     ) {
-        let kept_before = self.core.router.kept_offline();
-        self.route(written);
+        let (outstanding, done) = Outstanding::new();
+        self.route(written, &outstanding);
         self.routed_through(&last);
-        let kept = self.core.router.kept_offline() != kept_before;
-        acks.ack(last, kept);
+        drop(outstanding);
+        acks.ack(last, done);
     }
 
     fn routed_up_to(&self, sequence: u64) {
@@ -278,7 +309,7 @@ impl Applier {
 
     /// Routes a written batch here, in order: the agents its presence changes carry are
     /// registered first, as they would be on the bridge that holds them.
-    fn route(&self, written: Vec<(Replica, bool)>) {
+    fn route(&self, written: Vec<(Replica, bool)>, outstanding: &Outstanding) {
         for (replica, kept) in written {
             let Replica {
                 envelope,
@@ -295,7 +326,7 @@ impl Applier {
             }
             self.presence(&envelope);
             telemetry::federation_applied((now_ms() - envelope.timestamp).max(0));
-            self.core.accept_replica(envelope, kept);
+            self.core.accept_replica(envelope, kept, Some(outstanding));
         }
     }
 

@@ -22,8 +22,10 @@ use crate::telemetry;
 /// Ids are checked again when a message is applied, so this bounds only the work.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
 
-/// Messages delivered to a bridge and not yet acknowledged, at most: a few apply batches.
-const MAX_ACK_PENDING: i64 = 2048;
+/// Messages delivered to a bridge and not yet acknowledged, at most. A batch is
+/// acknowledged once what it routed here was written (`apply::WRITTEN_WITHIN` at most), so
+/// this is how far applying runs ahead of a recipient that reads slowly before it waits.
+const MAX_ACK_PENDING: i64 = 16_384;
 
 /// How often a wait for the client to reconnect looks at its state without an event.
 const RECHECK_AFTER: Duration = Duration::from_millis(100);
@@ -243,20 +245,19 @@ impl NatsLink {
             })
             .await?;
         let name = Names::consumer_of(&self.bridge_id);
+        // Created, or updated to this config: a consumer an older version made takes
+        // today's `max_ack_pending`.
         let consumer = stream
-            .get_or_create_consumer(
-                &name,
-                pull::Config {
-                    durable_name: Some(name.clone()),
-                    // A bridge new to the fleet starts from now; one that was here before
-                    // resumes after the last message it acknowledged.
-                    deliver_policy: DeliverPolicy::New,
-                    ack_policy: AckPolicy::All,
-                    ack_wait: Duration::from_secs(30),
-                    max_ack_pending: MAX_ACK_PENDING,
-                    ..Default::default()
-                },
-            )
+            .create_consumer(pull::Config {
+                durable_name: Some(name.clone()),
+                // A bridge new to the fleet starts from now; one that was here before
+                // resumes after the last message it acknowledged.
+                deliver_policy: DeliverPolicy::New,
+                ack_policy: AckPolicy::All,
+                ack_wait: Duration::from_secs(30),
+                max_ack_pending: MAX_ACK_PENDING,
+                ..Default::default()
+            })
             .await?;
         let replicas = config.replicas;
         let agents = bucket(

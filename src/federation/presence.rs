@@ -174,7 +174,7 @@ impl Presence {
                 let mut env = Envelope::new(protocol, name, Kind::PresenceJoin);
                 env.audience = Audience::Everyone;
                 env.data = Some(serde_json::json!({ "status": Status::Online.as_str() }));
-                self.core.accept_replica(env, false);
+                self.core.accept_replica(env, false, None);
             }
         }
     }
@@ -279,7 +279,7 @@ impl Presence {
             let mut env = Envelope::new(protocol, name, Kind::PresenceLeave);
             env.audience = Audience::Everyone;
             env.data = Some(serde_json::json!({ "status": Status::Offline.as_str() }));
-            self.core.accept_replica(env, false);
+            self.core.accept_replica(env, false, None);
         }
         if let Some(held) = held {
             tokio::spawn(super::missed_mail::keep(

@@ -13,6 +13,12 @@ use crate::core::{Core, Delivery, Envelope, Interest, Mailbox, Protocol, Session
 /// Which messages a hub applies.
 pub trait HubFilter: Send + Sync + 'static {
     fn wants(&self, env: &Envelope) -> bool;
+
+    /// Whether the hub keeps what it applies as mail for agents away (the Grid's queues):
+    /// then what waits in its backlog holds its delivery (`Mailbox::with_holds_behind`).
+    fn keeps_mail(&self) -> bool {
+        false
+    }
 }
 
 /// A filter as the router's interest: the same answer whether a message names the hub or
@@ -38,7 +44,7 @@ pub struct Hub {
 impl Hub {
     /// Attaches a hub of `protocol` under `name` (one no client can register).
     pub fn attach(core: &Arc<Core>, protocol: Protocol, name: &str, filter: impl HubFilter) -> Hub {
-        let mailbox = core.router.hub_mailbox(protocol);
+        let mailbox = core.router.hub_mailbox(protocol, filter.keeps_mail());
         let session = core
             .router
             .attach(name, mailbox, Arc::new(Filtered(filter)));

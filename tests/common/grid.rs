@@ -219,6 +219,15 @@ impl GridWs {
             .collect()
     }
 
+    /// Every `message:` object the bridge sent until the socket ended (the bridge went).
+    pub async fn read_until_closed(&mut self) -> Vec<Value> {
+        let mut messages = Vec::new();
+        while let Ok(text) = self.socket.next_text_or_close().await {
+            messages.push(yaml(&text)["message"].clone());
+        }
+        messages
+    }
+
     /// The next frame's `message:` object.
     pub async fn next(&mut self) -> Value {
         yaml(&self.socket.next_text().await)["message"].clone()

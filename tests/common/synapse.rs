@@ -158,12 +158,34 @@ impl Stream {
 
     /// Opens `StreamMessages` as `agent` on `channel`.
     pub async fn open_on(channel: Channel, agent: &str) -> Stream {
+        Self::try_open_on(channel, agent).await.unwrap()
+    }
+
+    /// As `open_on`, the bridge's refusal given back.
+    async fn try_open_on(channel: Channel, agent: &str) -> Result<Stream, Status> {
         let mut client = SynapseMessageServiceClient::new(channel);
         let (out, rx) = mpsc::channel(64);
         let request = with_meta(ReceiverStream::new(rx), &[("x-synapse-agent-id", agent)]);
         // The bridge has connected the stream by the time it answers the call.
-        let inbound = client.stream_messages(request).await.unwrap().into_inner();
-        Stream { out, inbound }
+        let inbound = client.stream_messages(request).await?.into_inner();
+        Ok(Stream { out, inbound })
+    }
+
+    /// As `open`, again and again while the bridge refuses it (the agent is still online
+    /// through a bridge that is gone, and the fleet does not yet let it go), as an agent
+    /// that reconnects would; within `WAIT`.
+    pub async fn open_once_free(addr: SocketAddr, agent: &str) -> Stream {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            match Self::try_open_on(channel(addr).await, agent).await {
+                Ok(stream) => return stream,
+                Err(refused) => assert!(
+                    std::time::Instant::now() < deadline,
+                    "{agent} still refused: {refused:?}"
+                ),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
     }
 
     /// Opens `StreamGroupMessages` as `agent`.
@@ -189,6 +211,15 @@ impl Stream {
         drop(out);
         let mut read = Vec::new();
         while let Ok(Some(Ok(message))) = tokio::time::timeout(WAIT, inbound.next()).await {
+            read.push(message);
+        }
+        read
+    }
+
+    /// What the bridge sends until the stream ends (its bridge went).
+    pub async fn read_until_ended(&mut self) -> Vec<SynapseMessage> {
+        let mut read = Vec::new();
+        while let Ok(Some(Ok(message))) = tokio::time::timeout(WAIT, self.inbound.next()).await {
             read.push(message);
         }
         read

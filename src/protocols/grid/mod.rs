@@ -668,4 +668,8 @@ impl HubFilter for HubInterest {
     fn wants(&self, env: &Envelope) -> bool {
         translate::for_every_program(env)
     }
+
+    fn keeps_mail(&self) -> bool {
+        true
+    }
 }

@@ -16,7 +16,7 @@ use super::agents::internal;
 use super::proto::{SynapseMessage, TransportMode};
 use super::shared_inbox::Keeping;
 use super::{Config, PROTOCOL, Synapse, translate};
-use crate::core::{Delivery, OfflineSink, Revision, TakenMail};
+use crate::core::{Delivery, OfflineSink, Outstanding, Revision, TakenMail};
 use crate::telemetry;
 
 /// Where one message for an agent goes.
@@ -32,18 +32,21 @@ pub enum Route {
 }
 
 /// A message POSTed to a callback URL; `fallback` is the agent whose inbox keeps it when
-/// every attempt fails.
+/// every attempt fails. A message routed here keeps its delivery's hold (`Outstanding`)
+/// until it is posted or kept.
 pub struct Callback {
     pub url: String,
     pub token: Option<String>,
     pub message: SynapseMessage,
     pub fallback: Option<String>,
+    pub outstanding: Option<Outstanding>,
 }
 
 /// What the inbox writer does, one job at a time in the order asked.
 enum InboxJob {
-    /// Keep a message for an agent (boxed: a message is far larger than a barrier).
-    Keep(String, Box<SynapseMessage>, Keeping),
+    /// Keep a message for an agent (boxed: a message is far larger than a barrier), and
+    /// the hold of its delivery until it is kept (`Outstanding`).
+    Keep(String, Box<SynapseMessage>, Keeping, Option<Outstanding>),
     /// Answered once everything asked before it is written: a barrier for readers.
     Flush(oneshot::Sender<()>),
 }
@@ -107,7 +110,7 @@ impl Outbound {
                     },
                 };
                 match job {
-                    InboxJob::Keep(agent, message, keeping) => {
+                    InboxJob::Keep(agent, message, keeping, _held) => {
                         let Some(synapse) = keeper.upgrade() else {
                             break;
                         };
@@ -160,9 +163,16 @@ impl Outbound {
         let _ = self.callbacks.send(job);
     }
 
-    /// Keeps `message` in `agent`'s inbox, after what was kept before it.
-    pub fn keep(&self, agent: &str, message: SynapseMessage, keeping: Keeping) {
-        let job = InboxJob::Keep(agent.to_owned(), Box::new(message), keeping);
+    /// Keeps `message` in `agent`'s inbox, after what was kept before it; `outstanding`
+    /// is held until it is.
+    pub fn keep(
+        &self,
+        agent: &str,
+        message: SynapseMessage,
+        keeping: Keeping,
+        outstanding: Option<Outstanding>,
+    ) {
+        let job = InboxJob::Keep(agent.to_owned(), Box::new(message), keeping, outstanding);
         let _ = self.inbox.send(job);
     }
 
@@ -192,7 +202,13 @@ async fn post_with_retries(
             tracing::error!(url = %job.url, error = %e, "synapse: cannot write a callback body");
             telemetry::callback_failed(PROTOCOL, "unencodable");
             if let Some(agent) = job.fallback {
-                let _ = inbox.send(InboxJob::Keep(agent, Box::new(job.message), Keeping::New));
+                let message = Box::new(job.message);
+                let _ = inbox.send(InboxJob::Keep(
+                    agent,
+                    message,
+                    Keeping::New,
+                    job.outstanding,
+                ));
             }
             return;
         }
@@ -220,7 +236,13 @@ async fn post_with_retries(
     }
     telemetry::callback_failed(PROTOCOL, "gave_up");
     if let Some(agent) = job.fallback {
-        let _ = inbox.send(InboxJob::Keep(agent, Box::new(job.message), Keeping::New));
+        let message = Box::new(job.message);
+        let _ = inbox.send(InboxJob::Keep(
+            agent,
+            message,
+            Keeping::New,
+            job.outstanding,
+        ));
     }
 }
 
@@ -269,8 +291,15 @@ impl Synapse {
         }
     }
 
-    /// Sends `message` to `agent` by `route` (other than its stream).
-    pub fn send_by(&self, agent: &str, route: Route, message: SynapseMessage) {
+    /// Sends `message` to `agent` by `route` (other than its stream); a callback keeps
+    /// `outstanding` until it is posted.
+    pub fn send_by(
+        &self,
+        agent: &str,
+        route: Route,
+        message: SynapseMessage,
+        outstanding: Option<Outstanding>,
+    ) {
         match route {
             Route::Stream => {}
             Route::Callback { url, token } => self.outbound.callback(Callback {
@@ -278,8 +307,11 @@ impl Synapse {
                 token,
                 message,
                 fallback: Some(agent.to_owned()),
+                outstanding,
             }),
-            Route::Inbox => self.outbound.keep(agent, message, Keeping::New),
+            Route::Inbox => self
+                .outbound
+                .keep(agent, message, Keeping::New, outstanding),
         }
     }
 }
@@ -306,7 +338,7 @@ impl OfflineSink for Sink {
             true => Route::Inbox,
             false => synapse.route_for(agent, false),
         };
-        synapse.send_by(agent, route, message);
+        synapse.send_by(agent, route, message, delivery.outstanding.clone());
         delivery.written_to(PROTOCOL);
     }
 

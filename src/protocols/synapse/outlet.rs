@@ -5,18 +5,28 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
 use super::proto::SynapseMessage;
+use crate::core::Outstanding;
 
 /// The bridge's end of a stream's output.
 pub struct Outlet {
     pub tx: StreamSender,
     /// What the client left unread, once its end (`Outgoing`) is dropped.
-    pub unread: oneshot::Receiver<Vec<SynapseMessage>>,
+    pub unread: oneshot::Receiver<Unread>,
+}
+
+/// What a stream's client left unread, and the holds of those of its messages routed
+/// here (`Outstanding`), to keep until the messages are kept elsewhere.
+#[derive(Default)]
+pub struct Unread {
+    pub messages: Vec<SynapseMessage>,
+    pub holds: Vec<Outstanding>,
 }
 
 /// What a stream's output queue holds: boxed, because tokio allocates a queue's slots 32
 /// at a time, and a message beside a status unboxed (~465 bytes) made that block ~15 KiB
-/// of every idle stream's memory.
-type Queued = Result<Box<SynapseMessage>, Box<Status>>;
+/// of every idle stream's memory. A message routed here keeps its delivery's hold until
+/// tonic takes it (`Outstanding`).
+type Queued = Result<(Box<SynapseMessage>, Option<Outstanding>), Box<Status>>;
 
 /// The sending side of a stream's output queue.
 pub struct StreamSender(mpsc::Sender<Queued>);
@@ -25,8 +35,18 @@ impl StreamSender {
     /// Queues `message` for the client, waiting for room; gives it back if the client is
     /// gone.
     pub async fn send(&self, message: SynapseMessage) -> Result<(), Option<SynapseMessage>> {
-        (self.0.send(Ok(Box::new(message))).await)
-            .map_err(|refused| refused.0.ok().map(|message| *message))
+        self.send_holding(message, None).await
+    }
+
+    /// As `send`, keeping `outstanding` until tonic takes the message (the caller keeps
+    /// its own clone for a message given back).
+    pub async fn send_holding(
+        &self,
+        message: SynapseMessage,
+        outstanding: Option<Outstanding>,
+    ) -> Result<(), Option<SynapseMessage>> {
+        (self.0.send(Ok((Box::new(message), outstanding))).await)
+            .map_err(|refused| refused.0.ok().map(|(message, _)| *message))
     }
 
     /// Ends the stream with `status`, after what is queued.
@@ -49,7 +69,7 @@ impl StreamSender {
 /// client went away) the messages still queued in it are handed back rather than lost.
 pub struct Outgoing {
     rx: mpsc::Receiver<Queued>,
-    unread: Option<oneshot::Sender<Vec<SynapseMessage>>>,
+    unread: Option<oneshot::Sender<Unread>>,
 }
 
 /// A stream's output queue, `capacity` messages deep.
@@ -76,7 +96,7 @@ impl futures_util::Stream for Outgoing {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
         let next = self.get_mut().rx.poll_recv(cx);
-        next.map(|item| item.map(|queued| queued.map(|m| *m).map_err(|s| *s)))
+        next.map(|item| item.map(|queued| queued.map(|(m, _)| *m).map_err(|s| *s)))
     }
 }
 
@@ -85,9 +105,12 @@ impl Drop for Outgoing {
         // Closed first, so that nothing can be queued behind the drain; then whatever is
         // queued is handed back to the serving task (or its stand-in).
         self.rx.close();
-        let mut unread = Vec::new();
+        let mut unread = Unread::default();
         while let Ok(item) = self.rx.try_recv() {
-            unread.extend(item.ok().map(|message| *message));
+            if let Ok((message, hold)) = item {
+                unread.messages.push(*message);
+                unread.holds.extend(hold);
+            }
         }
         if let Some(back) = self.unread.take() {
             let _ = back.send(unread);

@@ -15,8 +15,8 @@ use super::proto::SynapseMessage;
 use super::shared_inbox::Keeping;
 use super::{PROTOCOL, Synapse, translate};
 use crate::core::{
-    Audience, BRIDGE_AGENT, Envelope, InFlight, Interest, Kind, Revision, SentOnArrival,
-    TAKE_AGAIN_AFTER, TakenMail,
+    Audience, BRIDGE_AGENT, Envelope, InFlight, Interest, Kind, Outstanding, Revision,
+    SentOnArrival, TAKE_AGAIN_AFTER, TakenMail,
 };
 use crate::telemetry;
 
@@ -175,8 +175,7 @@ impl Synapse {
         // stream with is stored and routed, and the relay ends at once on a closed output.
         let relayed = self.relay(&stream, first, inbound, &hints, &out.tx, &mut backlog);
         unsent.extend(relayed.await);
-        let closing =
-            self.close_stream(stream, out, unsent, backlog.taken, backlog.sent_on_arrival);
+        let closing = self.close_stream(stream, out, unsent, backlog);
         Box::pin(closing).await;
     }
 
@@ -290,12 +289,17 @@ impl Synapse {
                         }
                         Route::Stream => {
                             (backlog.sent_on_arrival).sent(delivery.envelope.kind, &message.id);
-                            if let Err(refused) = out.send(message).await {
+                            let outstanding = delivery.outstanding.clone();
+                            if let Err(refused) = out.send_holding(message, outstanding).await {
+                                backlog.holds.extend(delivery.outstanding.clone());
                                 break refused.into_iter().collect();
                             }
                             delivery.written_to(PROTOCOL);
                         }
-                        other => self.send_by(&stream.agent, other, message),
+                        other => {
+                            let outstanding = delivery.outstanding.clone();
+                            self.send_by(&stream.agent, other, message, outstanding);
+                        }
                     }
                 },
             }
@@ -341,9 +345,14 @@ impl Synapse {
         stream: OpenStream,
         out: Outlet,
         unsent: Vec<SynapseMessage>,
-        from_backlog: HashMap<String, Option<Revision>>,
-        mut sent_on_arrival: SentOnArrival,
+        backlog: Backlog,
     ) {
+        let Backlog {
+            taken: from_backlog,
+            mut sent_on_arrival,
+            mut holds,
+            ..
+        } = backlog;
         let OpenStream {
             agent,
             kind,
@@ -356,13 +365,15 @@ impl Synapse {
         let later = match tx.is_closed() {
             // The client is gone: its output came back when tonic dropped it.
             true => {
-                held.extend(unread.await.unwrap_or_default());
+                let unread = unread.await.unwrap_or_default();
+                held.extend(unread.messages);
+                holds.extend(unread.holds);
                 None
             }
             false => Some(unread),
         };
         held.extend(unsent);
-        self.drain(&mailbox, &mut held);
+        self.drain(&mailbox, &mut held, &mut holds);
         if kind == StreamKind::Groups
             && let Some(mut count) = self.group_streams.get_mut(&agent)
         {
@@ -372,7 +383,7 @@ impl Synapse {
         }
         self.core.router.detach(&session);
         // A message routed while detaching may have landed after the first drain.
-        self.drain(&mailbox, &mut held);
+        self.drain(&mailbox, &mut held, &mut holds);
         // Asked once nothing more reaches this stream; not at shutdown, when the older
         // stream may close after the inbox writer has stopped.
         let left = Leftovers {
@@ -393,11 +404,15 @@ impl Synapse {
             let left = left.clone();
             let mut sent_on_arrival = std::mem::take(&mut sent_on_arrival);
             tokio::spawn(async move {
-                for message in unread.await.unwrap_or_default() {
+                let unread = unread.await.unwrap_or_default();
+                for message in unread.messages {
                     sent_on_arrival.unsent(&message.id);
                     synapse.send_back(&agent, message, &left);
                 }
                 sent_on_arrival.closed();
+                if !unread.holds.is_empty() && !synapse.shutdown.is_cancelled() {
+                    synapse.outbound.flush().await;
+                }
             });
         } else {
             sent_on_arrival.closed();
@@ -407,22 +422,32 @@ impl Synapse {
             self.send_back(&agent, message, &left);
         }
         drop(tx);
+        // Kept before the fleet hears the agent left, and before the batches that routed
+        // them here are acknowledged (`holds`): a bridge killed then has kept what the
+        // stream had not sent.
+        let told = kind == StreamKind::Messages || !holds.is_empty();
+        if kept && told && !self.shutdown.is_cancelled() {
+            self.outbound.flush().await;
+        }
+        drop(holds);
         if kind == StreamKind::Messages {
-            // Kept before the fleet hears the agent left: a bridge killed then has kept
-            // what the stream had not sent.
-            if kept && !self.shutdown.is_cancelled() {
-                self.outbound.flush().await;
-            }
             self.stream_closed(&agent, session.id).await;
         }
     }
 
-    /// Moves what waits in a closing stream's mailbox into `held`, encoded.
-    fn drain(&self, mailbox: &crate::core::Mailbox, held: &mut Vec<SynapseMessage>) {
+    /// Moves what waits in a closing stream's mailbox into `held`, encoded, and the holds
+    /// of their deliveries into `holds`.
+    fn drain(
+        &self,
+        mailbox: &crate::core::Mailbox,
+        held: &mut Vec<SynapseMessage>,
+        holds: &mut Vec<Outstanding>,
+    ) {
         // `take_left`, not `try_recv`: a mailbox closed by an overflow still holds them.
         for delivery in mailbox.take_left() {
             if let Some(message) = self.encode(&delivery) {
                 held.push(message);
+                holds.extend(delivery.outstanding.clone());
                 delivery.written_to(PROTOCOL);
             }
         }
@@ -435,7 +460,7 @@ impl Synapse {
     fn send_back(&self, agent: &str, message: SynapseMessage, left: &Leftovers) {
         let answer = || (message.sender.as_ref()).is_some_and(|s| s.agent_id == BRIDGE_AGENT);
         match left.from_backlog.get(&message.id) {
-            Some(&taken_at) => self.outbound.keep(agent, message, Keeping::Again(taken_at)),
+            Some(&taken_at) => (self.outbound).keep(agent, message, Keeping::Again(taken_at), None),
             None if left.covered && !answer() => {}
             None => self.send_offline(agent, message),
         }
@@ -444,7 +469,7 @@ impl Synapse {
     /// Sends `message` to `agent` the way it is reached with no stream open.
     fn send_offline(&self, agent: &str, message: SynapseMessage) {
         let route = self.route_for(agent, false);
-        self.send_by(agent, route, message);
+        self.send_by(agent, route, message, None);
     }
 
     /// What waited in the agent's inbox while it was away, oldest first, for a stream that
@@ -508,6 +533,9 @@ struct Backlog {
     /// What the stream sent live as it opened: a bridge not yet seeing the agent here may
     /// have kept it in the inbox too, and that copy, taken, is not sent again.
     sent_on_arrival: SentOnArrival,
+    /// The holds of messages routed here that the stream gave back unsent: kept until
+    /// they are kept elsewhere (`Outstanding`).
+    holds: Vec<Outstanding>,
 }
 
 /// What becomes of what a closing stream did not deliver (`send_back`).

@@ -350,6 +350,7 @@ impl Synapse {
                 token: task.callback_token.clone(),
                 message,
                 fallback: (task.submitter != BRIDGE_AGENT_ID).then(|| task.submitter.clone()),
+                outstanding: None,
             });
         }
     }
