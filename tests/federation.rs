@@ -1214,8 +1214,45 @@ async fn a_program_whose_bridge_is_killed_as_it_reads_gets_every_message_through
     fleet.shutdown().await;
 }
 
-/// As the test above, for a Synapse agent reading a stream (slowly: a narrow channel, not
-/// read): what waited in the killed bridge's output queue and mailbox reaches the stream it
+/// A bridge `kill -9`ed and started again before the fleet takes it for gone reads again
+/// what it had taken from the stream and not acknowledged: what waited in the mailbox of a
+/// program reading slowly reaches the program when it reconnects there, ahead of what came
+/// after. (What it had been written may come twice.)
+#[tokio::test]
+async fn a_program_on_a_bridge_killed_and_back_at_once_gets_what_waited_for_it_there() {
+    use common::grid::GridWs;
+    // A presence TTL the restart fits in: b0 never takes b1 for gone, so keeps nothing.
+    const PATIENT: &str =
+        "heartbeat_ms = 200\npresence_ttl_ms = 30000\npublish_timeout_ms = 2000\n";
+    let fleet = Fleet::start_timed(1, PATIENT).await;
+    let dir = tempfile::tempdir().unwrap();
+    let section = federation_section(&fleet.nats, &fleet.prefix, "b1", PATIENT);
+    let process = spawn_bridge(dir.path(), "b1", &section).await;
+    let mut socket = GridWs::quiet_narrow(process.addr("grid"), "stayer").await;
+    fleet.wait_known(0, "stayer").await;
+    const TOTAL: usize = 600;
+    let sender = GridWs::quiet(fleet.nets[0].grid, "steady", None).await;
+    let pause = Duration::from_millis(20);
+    let sending = send_steadily_padded(sender, "steady", "stayer", TOTAL, pause, 16 << 10);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    process.kill_9();
+    let read = socket.read_until_closed().await;
+    let mut got: Vec<usize> = read.iter().filter_map(numbered).collect();
+    let process = spawn_bridge(dir.path(), "b1", &section).await;
+    let mut socket = GridWs::connect_once_free(process.addr("grid"), "stayer").await;
+    let _sender = sending.await.unwrap();
+    read_rest(&mut socket, &mut got, TOTAL).await;
+    let firsts: Vec<usize> = {
+        let mut seen = std::collections::HashSet::new();
+        got.iter().copied().filter(|n| seen.insert(*n)).collect()
+    };
+    assert_once_in_order(&firsts, TOTAL);
+    drop(process);
+    fleet.shutdown().await;
+}
+
+/// As `a_program_whose_bridge_is_killed_as_it_reads_gets_every_message_through_another`,
+/// for a Synapse agent reading a stream (slowly: a narrow channel, not read): what waited in the killed bridge's output queue and mailbox reaches the stream it
 /// opens on another bridge, and so does what was sent after the kill. What HTTP/2 held
 /// past the client's window is lost: a message is done once tonic takes it, and tonic
 /// hands on what it took in writes of 32 KiB (four of these messages).

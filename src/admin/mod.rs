@@ -23,30 +23,48 @@ pub use auth::Token;
 /// Whether every configured endpoint is listening, and why the bridge is degraded when
 /// it serves with a part missing (federation without NATS).
 #[derive(Clone, Default)]
-pub struct Readiness {
-    ready: Arc<AtomicBool>,
-    degraded: Arc<ArcSwapOption<String>>,
+pub struct Readiness(Arc<ReadinessState>);
+
+#[derive(Default)]
+struct ReadinessState {
+    ready: AtomicBool,
+    /// Woken when `ready` is set.
+    became_ready: tokio::sync::Notify,
+    degraded: ArcSwapOption<String>,
 }
 
 impl Readiness {
     pub fn set_ready(&self) {
-        self.ready.store(true, Ordering::Release);
+        self.0.ready.store(true, Ordering::Release);
+        self.0.became_ready.notify_waiters();
         crate::telemetry::ready(self.degraded().is_none());
     }
 
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.0.ready.load(Ordering::Acquire)
+    }
+
+    /// Ends once every endpoint is listening (and its mail kept for absent agents has
+    /// somewhere to go).
+    pub async fn listening(&self) {
+        loop {
+            let woken = self.0.became_ready.notified();
+            if self.is_ready() {
+                return;
+            }
+            woken.await;
+        }
     }
 
     /// Says why the bridge is degraded, or (`None`) that it no longer is.
     pub fn set_degraded(&self, reason: Option<String>) {
         let ready = reason.is_none() && self.is_ready();
-        self.degraded.store(reason.map(Arc::new));
+        self.0.degraded.store(reason.map(Arc::new));
         crate::telemetry::ready(ready);
     }
 
     pub fn degraded(&self) -> Option<Arc<String>> {
-        self.degraded.load_full()
+        self.0.degraded.load_full()
     }
 }
 

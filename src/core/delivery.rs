@@ -7,7 +7,7 @@
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
 use tokio::sync::Notify;
@@ -17,16 +17,20 @@ use super::envelope::{Envelope, Protocol};
 
 type Encoded = Arc<dyn Any + Send + Sync>;
 
-/// A hold a source of deliveries keeps on them, to learn when they are done with: each
-/// delivery made with a clone keeps it, and so does whatever holds the message for a
-/// recipient on its way (a mailbox's backlog, a queue's writer, a stream's output), so
-/// once the last copy was written to its connection, handed to what keeps it, or dropped,
-/// the token `Outstanding::new` gave is cancelled. A fleet's applier acknowledges a batch
-/// to the stream only then: a bridge killed before has the batch read again by the others.
+/// A hold a source of deliveries keeps on them, to learn when they are done with. The
+/// source offers it to its deliveries (`Delivery::offer`); a recipient that writes or
+/// keeps the message for an agent whose mail the fleet would otherwise keep again (a
+/// holding mailbox, an offline sink) makes its delivery hold it (`Delivery::hold`), and
+/// so does whatever carries the message on (a mailbox's backlog, a queue's writer, a
+/// stream's output). Once the source let its own go and the last of those is written,
+/// kept or dropped, the token `Outstanding::new` gave is cancelled. A fleet's applier
+/// acknowledges a batch to the stream only then: a bridge killed before has the batch read
+/// again by the others. Recipients that replay from history (Skynet, the Tracker) do not
+/// hold, so one that reads slowly holds nothing back.
 #[derive(Clone)]
 pub struct Outstanding {
     /// Cancels the token as the last clone drops.
-    _guard: Arc<DropGuard>,
+    guard: Arc<DropGuard>,
 }
 
 impl Outstanding {
@@ -34,7 +38,7 @@ impl Outstanding {
     pub fn new() -> (Outstanding, CancellationToken) {
         let done = CancellationToken::new();
         let guard = Arc::new(done.clone().drop_guard());
-        (Outstanding { _guard: guard }, done)
+        (Outstanding { guard }, done)
     }
 }
 
@@ -47,8 +51,10 @@ pub struct Delivery {
     /// Whether the store holds it, so that a mailbox may keep only its id (`Mailbox`'s
     /// backlog) and read it back when the recipient gets to it.
     pub stored: bool,
-    /// What its source waits on until every copy is done with (`Outstanding`).
-    pub outstanding: Option<Outstanding>,
+    /// What its source offered to hold it by (`Outstanding`): not kept alive by the
+    /// delivery until a recipient takes it up (`hold`).
+    offered: Option<Weak<DropGuard>>,
+    held: OnceLock<Outstanding>,
     encoded: Mutex<Vec<(Protocol, Encoded)>>,
     /// Set once the message has been written to some recipient's connection.
     written: AtomicBool,
@@ -67,7 +73,8 @@ impl Delivery {
             routed_at,
             expires_at,
             stored: false,
-            outstanding: None,
+            offered: None,
+            held: OnceLock::new(),
             encoded: Mutex::new(Vec::new()),
             written: AtomicBool::new(false),
             written_notify: Notify::new(),
@@ -79,6 +86,35 @@ impl Delivery {
         Delivery {
             stored: true,
             ..Delivery::new(envelope)
+        }
+    }
+
+    /// Offers it `outstanding`, which it holds once a recipient says so (`hold`), for as
+    /// long as its source keeps its own.
+    pub fn offer(&mut self, outstanding: &Outstanding) {
+        self.offered = Some(Arc::downgrade(&outstanding.guard));
+    }
+
+    /// Has it hold what it was offered, if its source still keeps that: a recipient
+    /// that writes or keeps it for an agent away calls this as it takes it.
+    pub fn hold(&self) {
+        if self.held.get().is_none()
+            && let Some(guard) = self.offered.as_ref().and_then(Weak::upgrade)
+        {
+            let _ = self.held.set(Outstanding { guard });
+        }
+    }
+
+    /// What it holds, for whatever carries the message on without the delivery.
+    pub fn held(&self) -> Option<Outstanding> {
+        self.held.get().cloned()
+    }
+
+    /// It, holding `held` (a delivery made again of a message another one held).
+    pub fn holding(self, held: Option<Outstanding>) -> Self {
+        Delivery {
+            held: held.map(OnceLock::from).unwrap_or_default(),
+            ..self
         }
     }
 
@@ -244,21 +280,29 @@ mod tests {
     }
 
     #[test]
-    fn a_hold_is_done_once_every_delivery_made_with_it_is_dropped() {
+    fn a_hold_is_done_once_every_delivery_that_took_it_up_is_dropped() {
         let (outstanding, done) = Outstanding::new();
         let made = |text: &str| {
             let mut delivery = Delivery::new(Envelope::new("test", text, Kind::Chat));
-            delivery.outstanding = Some(outstanding.clone());
+            delivery.offer(&outstanding);
             Arc::new(delivery)
         };
-        let (one, two) = (made("one"), made("two"));
+        let (one, two, unheld) = (made("one"), made("two"), made("unheld"));
+        one.hold();
+        two.hold();
         let shared = one.clone();
         drop(outstanding);
         drop(one);
         drop(two);
         assert!(!done.is_cancelled(), "a copy of the first is still held");
         drop(shared);
-        assert!(done.is_cancelled());
+        assert!(
+            done.is_cancelled(),
+            "one offered and never held holds nothing"
+        );
+        // Offered once the source let go: there is nothing left to hold.
+        unheld.hold();
+        assert!(unheld.held().is_none());
     }
 
     #[tokio::test]

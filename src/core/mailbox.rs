@@ -92,9 +92,8 @@ pub struct Mailbox {
     /// mailbox at an overflow, as `disconnect` does).
     backlog_limit: usize,
     reader: Option<BacklogReader>,
-    /// Whether a message waiting in the backlog keeps its delivery's hold
-    /// (`with_holds_behind`).
-    holds_behind: bool,
+    /// Whether what it is given holds what its source offered (`holding`).
+    holding: bool,
     /// Shared with a read of the backlog under way, which puts what it read in the lanes.
     shared: Arc<Shared>,
     on_expired: Option<ExpiryHook>,
@@ -158,7 +157,7 @@ impl Mailbox {
             policy,
             backlog_limit: 0,
             reader: None,
-            holds_behind: false,
+            holding: false,
             shared: Arc::new(Shared {
                 state: Mutex::new(Lanes {
                     lanes: Default::default(),
@@ -182,12 +181,13 @@ impl Mailbox {
         self
     }
 
-    /// Has a message waiting in the backlog keep its delivery's hold (`Outstanding`), for a
-    /// reader that keeps mail for agents away: its source learns the message was done with
-    /// only once it was read back and kept. Other readers' backlogs (clients that replay
-    /// from history) let it go, so that a recipient far behind does not hold it.
-    pub fn with_holds_behind(mut self) -> Self {
-        self.holds_behind = true;
+    /// Has what it is given hold what its source offered (`Outstanding`), also while it
+    /// waits in the backlog as an id: for a reader that writes or keeps mail for agents
+    /// whose mail the fleet would otherwise keep again, so that the source learns a
+    /// message was done with only once it was. (Readers that replay from history hold
+    /// nothing: a recipient far behind holds nothing back.)
+    pub fn holding(mut self) -> Self {
+        self.holding = true;
         self
     }
 
@@ -224,6 +224,9 @@ impl Mailbox {
     }
 
     pub fn push(&self, delivery: Arc<Delivery>) -> Pushed {
+        if self.holding {
+            delivery.hold();
+        }
         let lane = delivery.envelope.priority.lane();
         let outcome = {
             let mut state = self.lock();
@@ -244,8 +247,7 @@ impl Mailbox {
                                 id: delivery.envelope.id.clone(),
                                 routed_at: delivery.routed_at,
                                 expires_at: delivery.expires_at,
-                                outstanding: (delivery.outstanding.clone())
-                                    .filter(|_| self.holds_behind),
+                                outstanding: delivery.held(),
                             }
                         } else {
                             Behind::Held(delivery)
@@ -403,10 +405,10 @@ impl Mailbox {
                         continue;
                     };
                     found += 1;
-                    let mut delivery = Delivery::stored(envelope);
+                    let mut delivery =
+                        Delivery::stored(envelope).holding(fetched.outstanding.clone());
                     delivery.routed_at = fetched.routed_at;
                     delivery.expires_at = fetched.expires_at;
-                    delivery.outstanding = fetched.outstanding.clone();
                     let lane = delivery.envelope.priority.lane();
                     state.lanes[lane].push_back(Arc::new(delivery));
                     state.len += 1;
@@ -451,6 +453,9 @@ impl Mailbox {
         let mut state = self.lock();
         if state.closed != Some(Closed::Overflow) || state.len >= 2 * self.capacity {
             return false;
+        }
+        if self.holding {
+            delivery.hold();
         }
         state.lanes[delivery.envelope.priority.lane()].push_back(delivery);
         state.len += 1;
@@ -579,8 +584,9 @@ mod tests {
         assert_eq!(mb.push(stored("x")), Pushed::Queued);
     }
 
-    /// A message waiting in the backlog as an id keeps its source's hold, where the
-    /// mailbox says so: the source learns it was done with only once the recipient took it.
+    /// A holding mailbox has what it is given hold its source's hold, also while it waits
+    /// in the backlog as an id: the source learns it was done with only once the recipient
+    /// took it.
     #[tokio::test]
     async fn the_backlog_keeps_a_held_message_held_until_it_is_taken() {
         let (outstanding, done) = Outstanding::new();
@@ -588,13 +594,13 @@ mod tests {
         let all: Vec<_> = (unheld.iter())
             .map(|d| {
                 let mut delivery = Delivery::stored(d.envelope.clone());
-                delivery.outstanding = Some(outstanding.clone());
+                delivery.offer(&outstanding);
                 Arc::new(delivery)
             })
             .collect();
         let mb = Mailbox::new("t", 1, WhenFull::Replay)
             .with_backlog(10, reader(unheld))
-            .with_holds_behind();
+            .holding();
         assert_eq!(mb.push(all[0].clone()), Pushed::Queued);
         assert_eq!(mb.push(all[1].clone()), Pushed::Behind);
         drop((all, outstanding));
@@ -607,6 +613,19 @@ mod tests {
         assert!(!done.is_cancelled());
         drop(behind);
         assert!(done.is_cancelled());
+    }
+
+    /// A mailbox that does not hold takes nothing up: its source is done once it lets go.
+    #[test]
+    fn a_mailbox_that_does_not_hold_holds_nothing_back() {
+        let (outstanding, done) = Outstanding::new();
+        let mut delivery = Delivery::new(Envelope::new("test", "a", Kind::Chat));
+        delivery.offer(&outstanding);
+        let mb = Mailbox::new("t", 4, WhenFull::Replay);
+        assert_eq!(mb.push(Arc::new(delivery)), Pushed::Queued);
+        drop(outstanding);
+        assert!(done.is_cancelled());
+        assert_eq!(mb.len(), 1);
     }
 
     #[test]

@@ -317,8 +317,9 @@ impl Core {
     }
 
     /// Delivers a message another bridge of the fleet accepted (and placed in its
-    /// conversation): `kept` when it is in this bridge's log too. Every copy of it holds
-    /// `outstanding`, if given, until it is written, kept or dropped.
+    /// conversation): `kept` when it is in this bridge's log too. It is offered
+    /// `outstanding`, if given, which the recipients that write or keep it for an agent
+    /// away hold until they did (`Delivery::hold`).
     pub fn accept_replica(
         &self,
         env: Envelope,
@@ -331,7 +332,9 @@ impl Core {
         } else {
             Delivery::new(env)
         };
-        delivery.outstanding = outstanding.cloned();
+        if let Some(outstanding) = outstanding {
+            delivery.offer(outstanding);
+        }
         self.route_delivery(delivery)
     }
 

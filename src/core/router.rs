@@ -183,13 +183,18 @@ impl Router {
 
     /// A mailbox sized and governed by the bridge's routing settings. Under `replay` it
     /// has a backlog unless `protocol` keeps mail for absent agents (an inbox, a queue):
-    /// that connection's overflow is handed there instead, as under
-    /// `disconnect`.
+    /// that connection's overflow is handed there instead, as under `disconnect`; and
+    /// such a mailbox holds what it is given (`Mailbox::holding`).
     pub fn mailbox(&self, protocol: Protocol) -> Arc<Mailbox> {
         let settings = **self.settings.load();
-        let backlog = (settings.policy == WhenFull::Replay && !self.offline.contains_key(protocol))
-            .then_some(settings.backlog_limit);
-        Arc::new(self.make_mailbox(protocol, settings.capacity, settings.policy, backlog))
+        let keeps_mail = self.offline.contains_key(protocol);
+        let backlog =
+            (settings.policy == WhenFull::Replay && !keeps_mail).then_some(settings.backlog_limit);
+        let mailbox = self.make_mailbox(protocol, settings.capacity, settings.policy, backlog);
+        Arc::new(match keeps_mail {
+            true => mailbox.holding(),
+            false => mailbox,
+        })
     }
 
     /// Mailboxes made from now on take these settings; those already made keep theirs.
@@ -204,12 +209,12 @@ impl Router {
     /// A mailbox for an endpoint's own session (a hub applying task messages to its
     /// tables), which must see every message whatever the policy: one whose backlog has no
     /// bound but memory, a message's id each. One for a hub that `keeps_mail` for agents
-    /// away holds the deliveries waiting in its backlog (`Mailbox::with_holds_behind`).
+    /// away holds what it is given (`Mailbox::holding`).
     pub fn hub_mailbox(&self, protocol: Protocol, keeps_mail: bool) -> Arc<Mailbox> {
         let capacity = self.settings.load().capacity;
         let mailbox = self.make_mailbox(protocol, capacity, WhenFull::Replay, Some(usize::MAX));
         Arc::new(match keeps_mail {
-            true => mailbox.with_holds_behind(),
+            true => mailbox.holding(),
             false => mailbox,
         })
     }
@@ -505,6 +510,8 @@ impl Router {
         report: &mut RouteReport,
     ) {
         report.offline += 1 + earlier.len();
+        // Kept for an agent away: held until it is (`Delivery::hold`).
+        delivery.hold();
         if self.holding_back.load(Ordering::Acquire)
             && let Some(bridge) = self.directory.gone_holder_of(name)
         {
@@ -684,6 +691,7 @@ impl Reached {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::Outstanding;
     use crate::core::directory::AgentInfo;
     use crate::core::envelope::Kind;
     use crate::core::mailbox::Closed;
@@ -896,6 +904,34 @@ mod tests {
         let next = chat("a", &["away"]);
         r.route(&next);
         assert_eq!(sink.ids().last(), Some(&next.envelope.id));
+    }
+
+    /// Only what keeps or writes a message for an agent whose mail the fleet would keep
+    /// again (a sink here) takes up the hold its delivery was offered: a client of a
+    /// protocol that replays from history does not, so one that reads slowly holds nothing
+    /// back; a message both reach is held by every copy.
+    #[test]
+    fn only_what_keeps_mail_takes_up_a_hold() {
+        let (r, _sink) = router_with_sink(&[("away", "queued")], 4, WhenFull::DropOldest);
+        let watcher = connect(&r, "h", Arc::new(Observer));
+        let offered = |outstanding: &Outstanding, mentions: &[&str]| {
+            let mut env = Envelope::new("test", "a", Kind::Chat);
+            env.mentions = mentions.iter().map(|s| s.to_string()).collect();
+            let mut delivery = Delivery::new(env);
+            delivery.offer(outstanding);
+            Arc::new(delivery)
+        };
+        let (outstanding, done) = Outstanding::new();
+        r.route(&offered(&outstanding, &[]));
+        drop(outstanding);
+        assert!(done.is_cancelled(), "the watcher took nothing up");
+
+        let (outstanding, done) = Outstanding::new();
+        r.route(&offered(&outstanding, &["away"]));
+        drop(outstanding);
+        assert!(!done.is_cancelled(), "kept for `away`: held");
+        assert_eq!(received(&watcher).len(), 2);
+        assert!(done.is_cancelled(), "no copy left");
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! locally) and routed to the agents and hubs here once kept, as a bridge routes its own.
 //! Batches are pipelined: while one is being written, the next is read and its writes
 //! queued. A message is applied once: the consumer is durable (a restarted bridge resumes
-//! where it acknowledged), and a redelivered or resent message (`Replica::resent`) whose
-//! id is kept here already is passed over.
+//! where it acknowledged, having kept again for its agents away what its last run took
+//! and did not acknowledge: `missed_mail::keep_unacknowledged`), and a redelivered or
+//! resent message (`Replica::resent`) whose id is kept here already is passed over.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -37,7 +38,7 @@ struct Replicas {
 /// a recipient that slow (or a callback retried that long) may lose, if the bridge is
 /// killed, what it had not yet been written. Well within the consumer's `ack_wait`, and
 /// short enough that a slow reader does not hold back applying once `max_ack_pending`
-/// batches wait.
+/// messages of the stream wait.
 const WRITTEN_WITHIN: Duration = Duration::from_secs(5);
 
 /// A routed batch waiting for its acknowledgement.
@@ -45,17 +46,18 @@ struct Routed {
     /// The batch's last message: acknowledging it acknowledges the batch and every batch
     /// before (`AckPolicy::All`).
     last: async_nats::jetstream::Message,
-    /// Cancelled once every delivery the batch made was written, kept or dropped.
+    /// Cancelled once every delivery the batch made that took up its hold was written,
+    /// kept or dropped.
     done: CancellationToken,
     at: tokio::time::Instant,
 }
 
 /// Acknowledges routed batches, one after another in stream order, each once what it
-/// routed here was written to its connections or kept (`Outstanding`), and what the
-/// offline sinks were given is written: a bridge killed before has the batch in the
-/// stretch the others read again (`missed_mail`) and keep for its agents, rather than
-/// lose what waited in a mailbox. Meanwhile the applier routes on; a slow client holds
-/// back acknowledgements, not routing.
+/// routed here for agents whose mail the fleet keeps (Grid programs, Synapse agents) was
+/// written to their connections or kept (`Outstanding`): a bridge killed before has the
+/// batch in the stretch the others read again (`missed_mail`) and keep for its agents,
+/// rather than lose what waited in a mailbox. Meanwhile the applier routes on; a slow
+/// client holds back acknowledgements, not routing.
 struct Acks {
     queued: tokio::sync::mpsc::UnboundedSender<Routed>,
 }
@@ -106,6 +108,28 @@ pub struct Applier {
 
 impl Applier {
     pub async fn run(self, ready: Arc<Ready>, shutdown: CancellationToken) {
+        // Nothing is routed before every endpoint is listening: the mail of its absent
+        // agents would have nowhere to go.
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            () = self.link.endpoints_listening() => {}
+        }
+        let info = ready.consumer.cached_info();
+        let (floor, delivered) = (
+            info.ack_floor.stream_sequence,
+            info.delivered.stream_sequence,
+        );
+        let unacknowledged = super::missed_mail::keep_unacknowledged(
+            self.link.clone(),
+            ready.clone(),
+            self.core.clone(),
+            floor,
+            delivered,
+        );
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            () = unacknowledged => {}
+        }
         let mut delay = Duration::from_millis(100);
         // One for every reading of the stream: a new reading's batches are acknowledged
         // after those of the one before, never ahead of them.
@@ -135,8 +159,9 @@ impl Applier {
         self.routed_up_to(ready.consumer.cached_info().ack_floor.stream_sequence);
         let mut messages = ready.consumer.messages().await?;
         // Batches whose store writes are under way, in stream order: the next batch is
-        // read and its writes queued meanwhile, and each is routed, then acknowledged, once
-        // its writes and those of every batch before it are done.
+        // read and its writes queued meanwhile, and each is routed once its writes and
+        // those of every batch before it are done, then acknowledged once what it routed
+        // was written (`Acks`).
         let mut writing = FuturesOrdered::new();
         let ended = loop {
             tokio::select! {
@@ -315,6 +340,7 @@ impl Applier {
                 envelope,
                 agent,
                 history,
+                transient,
                 ..
             } = replica;
             if history {
@@ -326,7 +352,10 @@ impl Applier {
             }
             self.presence(&envelope);
             telemetry::federation_applied((now_ms() - envelope.timestamp).max(0));
-            self.core.accept_replica(envelope, kept, Some(outstanding));
+            // Presence and status are news only while new: nobody keeps them again.
+            let news = transient || envelope.kind.is_presence();
+            let offered = (!news).then_some(outstanding);
+            self.core.accept_replica(envelope, kept, offered);
         }
     }
 

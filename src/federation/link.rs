@@ -191,6 +191,11 @@ impl NatsLink {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
+    /// Ends once every endpoint of the bridge is listening.
+    pub async fn endpoints_listening(&self) {
+        self.readiness.listening().await
+    }
+
     fn update_readiness(&self) {
         let reason = if !self.is_connected() {
             Some("federation: NATS unreachable; messages to other bridges are refused")

@@ -73,6 +73,11 @@ impl Fleet {
         Fleet::start_on(&nats, size, QUICK).await
     }
 
+    /// As `start`, with `timing`'s `[federation]` keys.
+    pub async fn start_timed(size: usize, timing: &str) -> Fleet {
+        Fleet::start_on(shared_cluster(), size, timing).await
+    }
+
     /// As `start`, on the cluster `nats`, with `timing`'s `[federation]` keys.
     pub async fn start_on(nats: &str, size: usize, timing: &str) -> Fleet {
         let prefix = fresh_prefix();

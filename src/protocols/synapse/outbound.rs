@@ -338,7 +338,7 @@ impl OfflineSink for Sink {
             true => Route::Inbox,
             false => synapse.route_for(agent, false),
         };
-        synapse.send_by(agent, route, message, delivery.outstanding.clone());
+        synapse.send_by(agent, route, message, delivery.held());
         delivery.written_to(PROTOCOL);
     }
 

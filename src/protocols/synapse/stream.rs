@@ -289,15 +289,15 @@ impl Synapse {
                         }
                         Route::Stream => {
                             (backlog.sent_on_arrival).sent(delivery.envelope.kind, &message.id);
-                            let outstanding = delivery.outstanding.clone();
+                            let outstanding = delivery.held();
                             if let Err(refused) = out.send_holding(message, outstanding).await {
-                                backlog.holds.extend(delivery.outstanding.clone());
+                                backlog.holds.extend(delivery.held());
                                 break refused.into_iter().collect();
                             }
                             delivery.written_to(PROTOCOL);
                         }
                         other => {
-                            let outstanding = delivery.outstanding.clone();
+                            let outstanding = delivery.held();
                             self.send_by(&stream.agent, other, message, outstanding);
                         }
                     }
@@ -447,7 +447,7 @@ impl Synapse {
         for delivery in mailbox.take_left() {
             if let Some(message) = self.encode(&delivery) {
                 held.push(message);
-                holds.extend(delivery.outstanding.clone());
+                holds.extend(delivery.held());
                 delivery.written_to(PROTOCOL);
             }
         }
