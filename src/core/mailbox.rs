@@ -247,7 +247,7 @@ impl Mailbox {
                                 id: delivery.envelope.id.clone(),
                                 routed_at: delivery.routed_at,
                                 expires_at: delivery.expires_at,
-                                outstanding: delivery.held(),
+                                outstanding: delivery.held().filter(|_| self.holding),
                             }
                         } else {
                             Behind::Held(delivery)

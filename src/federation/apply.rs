@@ -3,20 +3,21 @@
 //! locally) and routed to the agents and hubs here once kept, as a bridge routes its own.
 //! Batches are pipelined: while one is being written, the next is read and its writes
 //! queued. A message is applied once: the consumer is durable (a restarted bridge resumes
-//! where it acknowledged, having kept again for its agents away what its last run took
-//! and did not acknowledge: `missed_mail::keep_unacknowledged`), and a redelivered or
-//! resent message (`Replica::resent`) whose id is kept here already is passed over.
+//! where it acknowledged, first applying again what its last run was given and did not
+//! acknowledge: `Applier::apply_unacknowledged`), and a redelivered or resent message
+//! (`Replica::resent`) whose id is kept here already is passed over.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::link::{NatsLink, Ready};
-use super::wire::{BRIDGE_HEADER, Replica};
+use super::wire::{BRIDGE_HEADER, Names, Replica};
 use crate::core::{Core, Envelope, Kind, MessageLog, Outstanding, Status, now_ms};
 use crate::telemetry;
 
@@ -26,12 +27,18 @@ const BATCH: usize = 256;
 /// Batches whose store writes may be under way at once before the next is read.
 const WRITING: usize = 16;
 
+/// The longest wait for the next message of a stretch read again.
+const NEXT_WITHIN: Duration = Duration::from_secs(10);
+
 /// The messages of a batch to apply (`Applier::replicas_of`).
 #[derive(Default)]
 struct Replicas {
     all: Vec<Replica>,
     /// The ids of those the store may hold already.
     maybe_kept: Vec<String>,
+    /// Read again for want of routing (`Applier::apply_unacknowledged`): those the store
+    /// holds are routed all the same, unless routed by this run.
+    replayed: bool,
 }
 
 /// How long an acknowledgement waits for the batch's deliveries to be written: past this,
@@ -114,22 +121,6 @@ impl Applier {
             _ = shutdown.cancelled() => return,
             () = self.link.endpoints_listening() => {}
         }
-        let info = ready.consumer.cached_info();
-        let (floor, delivered) = (
-            info.ack_floor.stream_sequence,
-            info.delivered.stream_sequence,
-        );
-        let unacknowledged = super::missed_mail::keep_unacknowledged(
-            self.link.clone(),
-            ready.clone(),
-            self.core.clone(),
-            floor,
-            delivered,
-        );
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            () = unacknowledged => {}
-        }
         let mut delay = Duration::from_millis(100);
         // One for every reading of the stream: a new reading's batches are acknowledged
         // after those of the one before, never ahead of them.
@@ -157,6 +148,7 @@ impl Applier {
     ) -> Result<(), async_nats::Error> {
         // What the consumer acknowledged was routed before (also before a restart).
         self.routed_up_to(ready.consumer.cached_info().ack_floor.stream_sequence);
+        self.apply_unacknowledged(ready).await?;
         let mut messages = ready.consumer.messages().await?;
         // Batches whose store writes are under way, in stream order: the next batch is
         // read and its writes queued meanwhile, and each is routed once its writes and
@@ -182,7 +174,7 @@ impl Applier {
                     {
                         batch.push(message);
                     }
-                    let replicas = self.replicas_of(&batch);
+                    let replicas = self.replicas_of(&batch, false);
                     // Whether one of these was applied is known once the batches before
                     // are written and routed: its first copy may be in one.
                     if !replicas.maybe_kept.is_empty() {
@@ -198,6 +190,66 @@ impl Applier {
         // a message the store holds is passed over, so one left unrouted now never would be.
         self.route_and_ack_all(&mut writing, acks).await;
         ended
+    }
+
+    /// Applies what the consumer was given and neither acknowledged nor routed here: what a
+    /// run killed had taken in, or a reading that failed had fetched ahead. JetStream gives
+    /// it again only after `ack_wait`, and acknowledging what follows first would
+    /// acknowledge it too (`AckPolicy::All`), so it would never be applied. Read again in
+    /// order, each message passed over where this bridge holds it already, and routed once
+    /// kept, as the consumer's are: mail for the agents away (all of them, after a
+    /// restart), history for replays; what the last run had written to a connection is
+    /// sent again. Waited for until written, as a batch is before its acknowledgement.
+    async fn apply_unacknowledged(&self, ready: &Ready) -> Result<(), async_nats::Error> {
+        let stream = ready.js.get_stream(&self.link.names.stream).await?;
+        let consumer = Names::consumer_of(&self.link.bridge_id);
+        let info = stream.consumer_info(consumer).await?;
+        let routed = *self.routed.borrow();
+        let first = info.ack_floor.stream_sequence.max(routed) + 1;
+        let last = info.delivered.stream_sequence;
+        if first > last {
+            return Ok(());
+        }
+        let mut messages = (stream.create_consumer(pull::OrderedConfig {
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: first,
+            },
+            ..Default::default()
+        }))
+        .await?
+        .messages()
+        .await?;
+        let (outstanding, done) = Outstanding::new();
+        let mut read_to = first - 1;
+        while read_to < last {
+            let mut batch = Vec::new();
+            while batch.len() < BATCH && read_to < last {
+                let message = match tokio::time::timeout(NEXT_WITHIN, messages.next()).await {
+                    Ok(Some(Ok(message))) => message,
+                    Ok(Some(Err(e))) => return Err(e.into()),
+                    Ok(None) => return Err("the stream ended early".into()),
+                    Err(_) => return Err("the stream stopped sending".into()),
+                };
+                read_to = message.info()?.stream_sequence;
+                batch.push(message);
+            }
+            let written = self.apply(self.replicas_of(&batch, true)).await.await;
+            self.route(written, &outstanding);
+            self.routed_up_to(read_to);
+        }
+        drop(outstanding);
+        if tokio::time::timeout(WRITTEN_WITHIN, done.cancelled())
+            .await
+            .is_err()
+        {
+            telemetry::federation_acknowledged_unwritten();
+        }
+        tracing::info!(
+            first,
+            last,
+            "federation: applied what the stream's consumer was given and not acknowledged"
+        );
+        Ok(())
     }
 
     /// Routes a written batch, then has it acknowledged (`Acks`).
@@ -242,11 +294,15 @@ impl Applier {
 
     /// The other bridges' messages `batch` holds, in order, and the ids of those the store
     /// may hold already: delivered before (a redelivery after a restart, or after an
-    /// acknowledgement was lost), or published again by their bridge after a publish
-    /// whose outcome it does not know. A message repeated within the batch is kept once.
-    fn replicas_of(&self, batch: &[async_nats::jetstream::Message]) -> Replicas {
+    /// acknowledgement was lost; every message `replayed` by `apply_unacknowledged`), or
+    /// published again by their bridge after a publish whose outcome it does not know. A
+    /// message repeated within the batch is kept once.
+    fn replicas_of(&self, batch: &[async_nats::jetstream::Message], replayed: bool) -> Replicas {
         let own = self.link.bridge_id.as_str();
-        let mut replicas = Replicas::default();
+        let mut replicas = Replicas {
+            replayed,
+            ..Replicas::default()
+        };
         for message in batch {
             let from_here = (message.headers.as_ref())
                 .and_then(|h| h.get(BRIDGE_HEADER))
@@ -254,7 +310,7 @@ impl Applier {
             if from_here {
                 continue;
             }
-            let again = message.info().is_ok_and(|info| info.delivered > 1);
+            let again = replayed || message.info().is_ok_and(|info| info.delivered > 1);
             match Replica::all_in(&message.payload) {
                 Ok(all) => {
                     for replica in all {
@@ -281,8 +337,9 @@ impl Applier {
     }
 
     /// Queues the writes of `replicas` to this bridge's store, leaving out those it holds
-    /// already; the future that ends when the store holds them, with the messages to route
-    /// then, each with whether it was kept.
+    /// already (and, unless they were read again for want of routing, not routing them);
+    /// the future that ends when the store holds them, with the messages to route then,
+    /// each with whether it is kept.
     async fn apply(
         &self,
         replicas: Replicas,
@@ -290,21 +347,26 @@ impl Applier {
         let Replicas {
             all: mut replicas,
             maybe_kept,
+            replayed,
         } = replicas;
         // Routed here since `replicas_of` looked (in a batch written meanwhile), or in the
         // store.
         let (unknown, seen): (Vec<String>, Vec<String>) =
             (maybe_kept.into_iter()).partition(|id| !self.core.recently_seen(id));
-        let mut kept: HashSet<String> = seen.into_iter().collect();
+        let seen: HashSet<String> = seen.into_iter().collect();
+        let mut stored = HashSet::new();
         if !unknown.is_empty() {
             match self.local.read_ids(unknown).await {
-                Ok(found) => kept.extend(found.into_iter().map(|m| m.envelope.id)),
+                Ok(found) => stored.extend(found.into_iter().map(|m| m.envelope.id)),
                 Err(e) => tracing::error!(error = %e, "federation: cannot read the store"),
             }
         }
-        replicas.retain(|r| r.transient || !kept.contains(&r.envelope.id));
+        replicas.retain(|r| {
+            let id = &r.envelope.id;
+            r.transient || !(seen.contains(id) || (!replayed && stored.contains(id)))
+        });
         let writes: Vec<_> = (replicas.iter())
-            .filter(|r| !r.transient)
+            .filter(|r| !r.transient && !stored.contains(&r.envelope.id))
             .map(|r| self.local.append(&r.envelope))
             .collect();
         async move {
@@ -313,7 +375,8 @@ impl Applier {
             (replicas.into_iter())
                 .map(|replica| {
                     let kept = !replica.transient
-                        && match written.next() {
+                        && (stored.contains(&replica.envelope.id)
+                            || match written.next() {
                             Some(Ok(())) => true,
                             Some(Err(e)) => {
                                 tracing::error!(
@@ -325,7 +388,7 @@ impl Applier {
                                 false
                             }
                             None => false,
-                        };
+                        });
                     (replica, kept)
                 })
                 .collect()

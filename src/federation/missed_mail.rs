@@ -1,16 +1,14 @@
 //! Mail a bridge taken for gone was to keep and never saw, or saw and had not written. A
 //! bridge keeps the mail of the absent agents it holds, and the others keep it only once
 //! they take that bridge for gone (`Directory::keeps_mail_of`). What reached the stream in
-//! between — after the last batch the gone bridge acknowledged (once it was written to its
-//! agents' connections), before the others took it for gone — would wait for it to come
-//! back. So each bridge still here reads that stretch of the stream again, from the gone
-//! bridge's consumer's acknowledgement floor to the stream's end, and keeps each message
-//! for the agents the gone bridge held. Keeping is once fleet-wide (a kept message's record
-//! key is used once), so every bridge doing this, and the gone bridge applying the same
-//! messages if it restarts, keep one copy between them. What the gone bridge accepted
-//! itself is passed over: it routed that when it accepted it. A bridge restarted reads its
-//! own unacknowledged stretch the same way (`keep_unacknowledged`), for when it is back
-//! before the others take it for gone.
+//! between — after the last batch the gone bridge acknowledged (once what it routed to its
+//! Grid and Synapse agents was written), before the others took it for gone — would wait
+//! for it to come back. So each bridge still here reads that stretch of the stream again,
+//! from the gone bridge's consumer's acknowledgement floor to the stream's end, and keeps
+//! each message for the agents the gone bridge held. Keeping is once fleet-wide (a kept
+//! message's record key is used once), so every bridge doing this, and the gone bridge
+//! applying the same messages if it restarts, keep one copy between them. What the gone
+//! bridge accepted itself is passed over: it routed that when it accepted it.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -147,46 +145,6 @@ pub async fn keep(
     }
 }
 
-/// Keeps, for the agents this bridge holds whose protocols keep mail, the other bridges'
-/// messages its last run took from the stream and did not acknowledge: from `floor`, its
-/// consumer's acknowledgement floor as this run starts, to `delivered`, the last message
-/// that run was given. That run routed them and may have been killed before they were
-/// written; this run's consumer would pass them over, its store holding them. Read before
-/// this run applies anything, so they are kept ahead of what comes next; what was written
-/// after all is sent again. (Its own messages it kept for agents away as it accepted them.)
-pub async fn keep_unacknowledged(
-    link: Arc<NatsLink>,
-    ready: Arc<Ready>,
-    core: Arc<Core>,
-    floor: u64,
-    delivered: u64,
-) {
-    let mut all = HashSet::new();
-    core.directory.for_each(|agent| {
-        if agent.bridge.is_none() && core.directory.keeps_mail_of(&agent.name).is_some() {
-            all.insert(agent.name.clone());
-        }
-    });
-    if all.is_empty() || delivered <= floor {
-        return;
-    }
-    let held = Held {
-        all,
-        offline: HashSet::new(),
-        moved: Vec::new(),
-    };
-    let reader = Reader {
-        link: &link,
-        ready: &ready,
-        core: &core,
-        bridge: &link.bridge_id,
-        held: &held,
-    };
-    reader.read_stretch(floor + 1, delivered).await;
-    // Written before this run acknowledges anything past them.
-    core.router.flush_offline().await;
-}
-
 /// Releases the mail held back for `bridge` when dropped.
 struct ReleaseOnDrop<'a> {
     core: &'a Core,
@@ -214,18 +172,15 @@ impl Reader<'_> {
     /// again where it stopped, `TRIES` times.
     async fn read_missed(&self) {
         let bridge = self.bridge;
-        match self.stretch().await {
-            Ok(Some((next, last))) => self.read_stretch(next, last).await,
-            Ok(None) => {}
+        let stretch = match self.stretch().await {
+            Ok(Some(stretch)) => stretch,
+            Ok(None) => return,
             Err(e) => {
                 tracing::warn!(bridge, error = %e, "federation: cannot find the mail a gone bridge missed");
+                return;
             }
-        }
-    }
-
-    /// Reads the stream from `next` to `last`, keeping what the bridge's agents missed.
-    async fn read_stretch(&self, mut next: u64, last: u64) {
-        let bridge = self.bridge;
+        };
+        let (mut next, last) = stretch;
         let mut kept = 0;
         let mut away = match self.held.moved.is_empty() {
             true => Away::default(),
@@ -236,7 +191,7 @@ impl Reader<'_> {
                 Ok(()) => break,
                 Err((read_to, e)) => {
                     next = read_to + 1;
-                    tracing::warn!(bridge, error = %e, tries, "federation: reading the mail a bridge missed failed");
+                    tracing::warn!(bridge, error = %e, tries, "federation: reading the mail a gone bridge missed failed");
                     if tries < TRIES {
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
@@ -244,7 +199,11 @@ impl Reader<'_> {
             }
         }
         if kept > 0 {
-            tracing::info!(bridge, kept, "federation: kept the mail a bridge missed");
+            tracing::info!(
+                bridge,
+                kept,
+                "federation: kept the mail a gone bridge missed"
+            );
         }
     }
 

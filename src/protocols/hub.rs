@@ -15,7 +15,7 @@ pub trait HubFilter: Send + Sync + 'static {
     fn wants(&self, env: &Envelope) -> bool;
 
     /// Whether the hub keeps what it applies as mail for agents away (the Grid's queues):
-    /// then what waits in its backlog holds its delivery (`Mailbox::with_holds_behind`).
+    /// then what waits in its backlog holds its delivery (`Mailbox::holding`).
     fn keeps_mail(&self) -> bool {
         false
     }
