@@ -205,11 +205,41 @@ impl Applier {
         let consumer = Names::consumer_of(&self.link.bridge_id);
         let info = stream.consumer_info(consumer).await?;
         let routed = *self.routed.borrow();
-        let first = info.ack_floor.stream_sequence.max(routed) + 1;
-        let last = info.delivered.stream_sequence;
+        // Not before the stream's first message (what its limits dropped is not there).
+        let state = &stream.cached_info().state;
+        let first = (info.ack_floor.stream_sequence.max(routed) + 1).max(state.first_sequence);
+        let last = info.delivered.stream_sequence.min(state.last_sequence);
         if first > last {
             return Ok(());
         }
+        let (outstanding, done) = Outstanding::new();
+        let read = self.apply_between(&stream, first, last, &outstanding).await;
+        // Waited for also when the reading failed: what was routed is not acknowledged
+        // (by the next reading's first acknowledgement) before it is written.
+        drop(outstanding);
+        if tokio::time::timeout(WRITTEN_WITHIN, done.cancelled())
+            .await
+            .is_err()
+        {
+            telemetry::federation_acknowledged_unwritten();
+        }
+        read?;
+        tracing::info!(
+            first,
+            last,
+            "federation: applied what the stream's consumer was given and not acknowledged"
+        );
+        Ok(())
+    }
+
+    /// Reads the stream from `first` to `last` and applies it, offering `outstanding`.
+    async fn apply_between(
+        &self,
+        stream: &async_nats::jetstream::stream::Stream,
+        first: u64,
+        last: u64,
+        outstanding: &Outstanding,
+    ) -> Result<(), async_nats::Error> {
         let mut messages = (stream.create_consumer(pull::OrderedConfig {
             deliver_policy: DeliverPolicy::ByStartSequence {
                 start_sequence: first,
@@ -219,7 +249,6 @@ impl Applier {
         .await?
         .messages()
         .await?;
-        let (outstanding, done) = Outstanding::new();
         let mut read_to = first - 1;
         while read_to < last {
             let mut batch = Vec::new();
@@ -231,24 +260,16 @@ impl Applier {
                     Err(_) => return Err("the stream stopped sending".into()),
                 };
                 read_to = message.info()?.stream_sequence;
+                // Past a gap (messages removed): the consumer gives the rest.
+                if read_to > last {
+                    break;
+                }
                 batch.push(message);
             }
             let written = self.apply(self.replicas_of(&batch, true)).await.await;
-            self.route(written, &outstanding);
-            self.routed_up_to(read_to);
+            self.route(written, outstanding);
+            self.routed_up_to(read_to.min(last));
         }
-        drop(outstanding);
-        if tokio::time::timeout(WRITTEN_WITHIN, done.cancelled())
-            .await
-            .is_err()
-        {
-            telemetry::federation_acknowledged_unwritten();
-        }
-        tracing::info!(
-            first,
-            last,
-            "federation: applied what the stream's consumer was given and not acknowledged"
-        );
         Ok(())
     }
 
@@ -314,6 +335,11 @@ impl Applier {
             match Replica::all_in(&message.payload) {
                 Ok(all) => {
                     for replica in all {
+                        // Read again: presence and status were news then, and the
+                        // directory has moved on (the agents' cards say where they are).
+                        if replayed && (replica.transient || replica.envelope.kind.is_presence()) {
+                            continue;
+                        }
                         // Passed through here already (a redelivery this bridge remembers).
                         if !replica.transient && self.core.recently_seen(&replica.envelope.id) {
                             continue;
