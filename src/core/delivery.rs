@@ -25,8 +25,8 @@ type Encoded = Arc<dyn Any + Send + Sync>;
 /// stream's output). Once the source let its own go and the last of those is written,
 /// kept or dropped, the token `Outstanding::new` gave is cancelled. A fleet's applier
 /// acknowledges a batch to the stream only then: a bridge killed before has the batch read
-/// again by the others. Recipients that replay from history (Skynet, the Tracker) do not
-/// hold, so one that reads slowly holds nothing back.
+/// again by the others. Recipients whose protocol replays from history do not hold, so
+/// one that reads slowly holds nothing back.
 #[derive(Clone)]
 pub struct Outstanding {
     /// Cancels the token as the last clone drops.
