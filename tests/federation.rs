@@ -982,7 +982,8 @@ async fn a_program_moving_while_messages_flow_gets_them_once_in_order() {
         socket = GridWs::quiet(fleet.nets[hop].grid, "drifter", None).await;
     }
     let _sender = sending.await.unwrap();
-    read_rest(&mut socket, &mut got, TOTAL).await;
+    let last = (fleet.nets[0].grid, "drifter");
+    read_rest(&mut socket, last, &mut got, TOTAL).await;
     assert_once_in_order(&got, TOTAL);
     let (_, metrics) = common::admin_get(&fleet.nets[0].bridge, "/metrics").await;
     let handed_over = handovers(&metrics, "handed_over");
@@ -1174,7 +1175,13 @@ async fn a_program_that_left_a_bridge_killed_just_after_gets_its_messages_once_i
     process.kill_9();
     let mut socket = GridWs::connect_once_free(fleet.nets[1].grid, "survivor").await;
     let _sender = sending.await.unwrap();
-    read_rest(&mut socket, &mut got, TOTAL).await;
+    read_rest(
+        &mut socket,
+        (fleet.nets[1].grid, "survivor"),
+        &mut got,
+        TOTAL,
+    )
+    .await;
     assert_once_in_order(&got, TOTAL);
     fleet.shutdown().await;
 }
@@ -1205,7 +1212,7 @@ async fn a_program_whose_bridge_is_killed_as_it_reads_gets_every_message_through
     let mut got: Vec<usize> = read.iter().filter_map(numbered).collect();
     let mut socket = GridWs::connect_once_free(fleet.nets[1].grid, "stayer").await;
     let _sender = sending.await.unwrap();
-    read_rest(&mut socket, &mut got, TOTAL).await;
+    read_rest(&mut socket, (fleet.nets[1].grid, "stayer"), &mut got, TOTAL).await;
     let firsts: Vec<usize> = {
         let mut seen = std::collections::HashSet::new();
         got.iter().copied().filter(|n| seen.insert(*n)).collect()
@@ -1241,7 +1248,13 @@ async fn a_program_on_a_bridge_killed_and_back_at_once_gets_what_waited_for_it_t
     let process = spawn_bridge(dir.path(), "b1", &section).await;
     let mut socket = GridWs::connect_once_free(process.addr("grid"), "stayer").await;
     let _sender = sending.await.unwrap();
-    read_rest(&mut socket, &mut got, TOTAL).await;
+    read_rest(
+        &mut socket,
+        (process.addr("grid"), "stayer"),
+        &mut got,
+        TOTAL,
+    )
+    .await;
     let firsts: Vec<usize> = {
         let mut seen = std::collections::HashSet::new();
         got.iter().copied().filter(|n| seen.insert(*n)).collect()
@@ -1362,13 +1375,26 @@ fn numbered(message: &serde_json::Value) -> Option<usize> {
     message["id"].as_str()?.strip_prefix('m')?.parse().ok()
 }
 
-/// Reads `socket` until `got` holds `total` numbers (each once), or nothing comes for
-/// five seconds.
-async fn read_rest(socket: &mut common::grid::GridWs, got: &mut Vec<usize>, total: usize) {
+/// Reads `socket`, a socket of `agent` on the bridge at `addr`, until `got` holds `total`
+/// numbers (each once), or nothing comes for five seconds. A socket the bridge closes (too
+/// far behind, on a busy machine) is opened again, as its program would: what it had not
+/// sent is kept for the program, in order.
+async fn read_rest(
+    socket: &mut common::grid::GridWs,
+    (addr, agent): (std::net::SocketAddr, &str),
+    got: &mut Vec<usize>,
+    total: usize,
+) {
     let mut seen: std::collections::HashSet<usize> = got.iter().copied().collect();
     while seen.len() < total {
-        let next = tokio::time::timeout(Duration::from_secs(5), socket.next_message()).await;
-        let Ok(message) = next else { break };
+        let next = socket.next_message_or_closed();
+        let Ok(next) = tokio::time::timeout(Duration::from_secs(5), next).await else {
+            break;
+        };
+        let Some(message) = next else {
+            *socket = common::grid::GridWs::connect_once_free(addr, agent).await;
+            continue;
+        };
         if let Some(n) = numbered(&message) {
             seen.insert(n);
             got.push(n);

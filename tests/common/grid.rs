@@ -233,6 +233,18 @@ impl GridWs {
         yaml(&self.socket.next_text().await)["message"].clone()
     }
 
+    /// The next message that is not a presence notification; `None` once the bridge
+    /// closes the socket.
+    pub async fn next_message_or_closed(&mut self) -> Option<Value> {
+        loop {
+            let msg = yaml(&self.socket.next_text_or_close().await.ok()?)["message"].clone();
+            let action = msg["content"]["action"].as_str().unwrap_or_default();
+            if action != "agent_online" && action != "agent_offline" {
+                return Some(msg);
+            }
+        }
+    }
+
     /// The next message that is not a presence notification.
     pub async fn next_message(&mut self) -> Value {
         loop {
