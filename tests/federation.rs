@@ -1307,7 +1307,7 @@ async fn a_synapse_agent_whose_bridge_is_killed_as_it_reads_gets_every_message_t
     let mut seen: std::collections::HashSet<usize> = got.iter().copied().collect();
     while seen.len() < TOTAL {
         let Ok(Some(Ok(message))) = tokio::time::timeout(
-            Duration::from_secs(5),
+            QUIET_AT_MOST,
             futures_util::StreamExt::next(&mut next.inbound),
         )
         .await
@@ -1370,15 +1370,20 @@ fn send_steadily_padded(
     })
 }
 
+/// The longest a flooded reader waits for the next message before it takes the rest for
+/// lost: on a busy machine the bridge it reconnected to may take seconds to keep, then
+/// hand it, the hundreds of messages a killed bridge left (one record write each).
+const QUIET_AT_MOST: Duration = Duration::from_secs(20);
+
 /// The number of a message `send_steadily` sent (`m<n>`).
 fn numbered(message: &serde_json::Value) -> Option<usize> {
     message["id"].as_str()?.strip_prefix('m')?.parse().ok()
 }
 
 /// Reads `socket`, a socket of `agent` on the bridge at `addr`, until `got` holds `total`
-/// numbers (each once), or nothing comes for five seconds. A socket the bridge closes (too
-/// far behind, on a busy machine) is opened again, as its program would: what it had not
-/// sent is kept for the program, in order.
+/// numbers (each once), or nothing comes for `QUIET_AT_MOST`. A socket the bridge closes
+/// (too far behind, on a busy machine) is opened again, as its program would: what it had
+/// not sent is kept for the program, in order.
 async fn read_rest(
     socket: &mut common::grid::GridWs,
     (addr, agent): (std::net::SocketAddr, &str),
@@ -1388,7 +1393,7 @@ async fn read_rest(
     let mut seen: std::collections::HashSet<usize> = got.iter().copied().collect();
     while seen.len() < total {
         let next = socket.next_message_or_closed();
-        let Ok(next) = tokio::time::timeout(Duration::from_secs(5), next).await else {
+        let Ok(next) = tokio::time::timeout(QUIET_AT_MOST, next).await else {
             break;
         };
         let Some(message) = next else {
