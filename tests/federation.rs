@@ -1189,8 +1189,10 @@ async fn a_program_that_left_a_bridge_killed_just_after_gets_its_messages_once_i
 /// A program connected to a bridge `kill -9`ed as messages flow to it gets every message
 /// through another bridge, those the killed bridge had taken in and not yet written to its
 /// socket too: the program reads slowly (a narrow socket, unread), so they wait in the
-/// bridge's mailbox. What it was written and the fleet could not know of may come twice,
-/// after what came before it.
+/// bridge's mailbox. What it was written and the fleet could not know of may come twice.
+/// (Order is not asserted: the bridge it reconnects to waits for its own share of what the
+/// bridges still here keep from the killed one's stretch, not for the other's; see
+/// docs/federation.md, *Not yet done*.)
 #[tokio::test]
 async fn a_program_whose_bridge_is_killed_as_it_reads_gets_every_message_through_another() {
     use common::grid::GridWs;
@@ -1213,11 +1215,8 @@ async fn a_program_whose_bridge_is_killed_as_it_reads_gets_every_message_through
     let mut socket = GridWs::connect_once_free(fleet.nets[1].grid, "stayer").await;
     let _sender = sending.await.unwrap();
     read_rest(&mut socket, (fleet.nets[1].grid, "stayer"), &mut got, TOTAL).await;
-    let firsts: Vec<usize> = {
-        let mut seen = std::collections::HashSet::new();
-        got.iter().copied().filter(|n| seen.insert(*n)).collect()
-    };
-    assert_once_in_order(&firsts, TOTAL);
+    let missing: Vec<usize> = (0..TOTAL).filter(|n| !got.contains(n)).collect();
+    assert!(missing.is_empty(), "missing {missing:?}");
     fleet.shutdown().await;
 }
 
@@ -1268,7 +1267,8 @@ async fn a_program_on_a_bridge_killed_and_back_at_once_gets_what_waited_for_it_t
 /// for a Synapse agent reading a stream (slowly: a narrow channel, not read): what waited in the killed bridge's output queue and mailbox reaches the stream it
 /// opens on another bridge, and so does what was sent after the kill. What HTTP/2 held
 /// past the client's window is lost: a message is done once tonic takes it, and tonic
-/// hands on what it took in writes of 32 KiB (four of these messages).
+/// hands on what it took in writes of 32 KiB (four of these messages). (Order is not
+/// asserted, as in the Grid test.)
 #[tokio::test]
 async fn a_synapse_agent_whose_bridge_is_killed_as_it_reads_gets_every_message_through_another() {
     use common::synapse::{Stream, chat, clients, narrow_channel, send, text_of};
@@ -1306,11 +1306,13 @@ async fn a_synapse_agent_whose_bridge_is_killed_as_it_reads_gets_every_message_t
     let mut next = Stream::open_once_free(fleet.nets[1].synapse, "stayer").await;
     let mut seen: std::collections::HashSet<usize> = got.iter().copied().collect();
     while seen.len() < TOTAL {
-        let Ok(Some(Ok(message))) = tokio::time::timeout(
-            QUIET_AT_MOST,
-            futures_util::StreamExt::next(&mut next.inbound),
-        )
-        .await
+        // Once only what HTTP/2 may have held is missing, a short wait tells.
+        let quiet = match TOTAL - seen.len() {
+            0..=4 => Duration::from_secs(3),
+            _ => QUIET_AT_MOST,
+        };
+        let Ok(Some(Ok(message))) =
+            tokio::time::timeout(quiet, futures_util::StreamExt::next(&mut next.inbound)).await
         else {
             break;
         };
@@ -1325,12 +1327,6 @@ async fn a_synapse_agent_whose_bridge_is_killed_as_it_reads_gets_every_message_t
                 .all(|n| (read_before..read_before + 4).contains(n)),
         "missing {in_http2:?}, beyond one write after the {read_before} read before the kill"
     );
-    let firsts: Vec<usize> = {
-        let mut seen = std::collections::HashSet::new();
-        got.iter().copied().filter(|n| seen.insert(*n)).collect()
-    };
-    let once: Vec<usize> = (0..TOTAL).filter(|n| !in_http2.contains(n)).collect();
-    assert_eq!(firsts, once, "each once, in order");
     fleet.shutdown().await;
 }
 
