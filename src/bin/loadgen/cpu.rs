@@ -191,11 +191,21 @@ mod tests {
     fn this_process_and_its_threads_are_measured() {
         let pid = std::process::id();
         let meter = Meter::start(Some(pid));
-        // Spins until the kernel has counted three ticks of this process's CPU.
-        let spent = |from: f64| process(pid).map(|c| c.user + c.system).unwrap() - from;
-        let from = spent(0.0);
+        // Spins until the kernel has counted three ticks of this thread's CPU: the
+        // process's alone can get there on other tests' threads, which run meanwhile.
+        let name: String = (std::thread::current().name().unwrap_or_default())
+            .chars()
+            .take(15)
+            .collect();
+        let mine = || -> f64 {
+            (threads(pid).into_values())
+                .filter(|thread| thread.name == name)
+                .map(|thread| thread.cpu.user + thread.cpu.system)
+                .sum()
+        };
+        let from = mine();
         let mut spin = 0u64;
-        while spent(from) < 0.03 {
+        while mine() - from < 0.03 {
             for _ in 0..100_000 {
                 spin = std::hint::black_box(spin + 1);
             }
