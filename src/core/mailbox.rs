@@ -109,14 +109,8 @@ struct Shared {
 
 /// A message waiting past the mailbox's capacity.
 enum Behind {
-    /// Its id, its delivery's times (its ttl runs from when it was routed) and its hold
-    /// (its source learns it was written only once it is): the store holds the rest.
-    Stored {
-        id: String,
-        routed_at: Instant,
-        expires_at: Option<Instant>,
-        outstanding: Option<Outstanding>,
-    },
+    /// Its id, with what its delivery is made again with: the store holds the rest.
+    Stored(StoredId),
     /// Not stored (a control signal, a status change): held as it is.
     Held(Arc<Delivery>),
 }
@@ -133,8 +127,11 @@ struct Lanes {
     fetching: bool,
 }
 
-/// A message of the backlog's front being read back (`Behind::Stored`).
-struct Fetched {
+/// A stored message waiting in the backlog: its id, its delivery's times (its ttl runs
+/// from when it was routed) and its hold (its source learns it was written only once it
+/// is).
+#[derive(Clone)]
+struct StoredId {
     id: String,
     routed_at: Instant,
     expires_at: Option<Instant>,
@@ -243,12 +240,12 @@ impl Mailbox {
                 match self.policy {
                     WhenFull::Replay if state.backlog.len() < self.backlog_limit => {
                         let behind = if delivery.stored {
-                            Behind::Stored {
+                            Behind::Stored(StoredId {
                                 id: delivery.envelope.id.clone(),
                                 routed_at: delivery.routed_at,
                                 expires_at: delivery.expires_at,
                                 outstanding: delivery.held().filter(|_| self.holding),
-                            }
+                            })
                         } else {
                             Behind::Held(delivery)
                         };
@@ -347,21 +344,11 @@ impl Mailbox {
                         Some(Behind::Held(delivery)) => delivery,
                         _ => unreachable!("the front was held"),
                     },
-                    Some(Behind::Stored { .. }) => {
-                        let batch: Vec<Fetched> = (state.backlog.iter())
+                    Some(Behind::Stored(_)) => {
+                        let batch: Vec<StoredId> = (state.backlog.iter())
                             .take(FETCH)
                             .map_while(|behind| match behind {
-                                Behind::Stored {
-                                    id,
-                                    routed_at,
-                                    expires_at,
-                                    outstanding,
-                                } => Some(Fetched {
-                                    id: id.clone(),
-                                    routed_at: *routed_at,
-                                    expires_at: *expires_at,
-                                    outstanding: outstanding.clone(),
-                                }),
+                                Behind::Stored(stored) => Some(stored.clone()),
                                 Behind::Held(_) => None,
                             })
                             .collect();
@@ -380,7 +367,7 @@ impl Mailbox {
 
     /// Reads the backlog's front, `batch`, back from the store into the lanes, on a task
     /// of its own.
-    fn fetch(&self, batch: Vec<Fetched>) {
+    fn fetch(&self, batch: Vec<StoredId>) {
         let Some(reader) = self.reader.clone() else {
             return;
         };

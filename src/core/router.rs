@@ -190,11 +190,13 @@ impl Router {
         let keeps_mail = self.offline.contains_key(protocol);
         let backlog =
             (settings.policy == WhenFull::Replay && !keeps_mail).then_some(settings.backlog_limit);
-        let mailbox = self.make_mailbox(protocol, settings.capacity, settings.policy, backlog);
-        Arc::new(match keeps_mail {
-            true => mailbox.holding(),
-            false => mailbox,
-        })
+        self.make_mailbox(
+            protocol,
+            settings.capacity,
+            settings.policy,
+            backlog,
+            keeps_mail,
+        )
     }
 
     /// Mailboxes made from now on take these settings; those already made keep theirs.
@@ -212,21 +214,20 @@ impl Router {
     /// away holds what it is given (`Mailbox::holding`).
     pub fn hub_mailbox(&self, protocol: Protocol, keeps_mail: bool) -> Arc<Mailbox> {
         let capacity = self.settings.load().capacity;
-        let mailbox = self.make_mailbox(protocol, capacity, WhenFull::Replay, Some(usize::MAX));
-        Arc::new(match keeps_mail {
-            true => mailbox.holding(),
-            false => mailbox,
-        })
+        let backlog = Some(usize::MAX);
+        self.make_mailbox(protocol, capacity, WhenFull::Replay, backlog, keeps_mail)
     }
 
-    /// A mailbox of one reading of the settings (a reload between two would mix them).
+    /// A mailbox of one reading of the settings (a reload between two would mix them);
+    /// one for a reader that keeps mail for agents away is `holding`.
     fn make_mailbox(
         &self,
         protocol: Protocol,
         capacity: usize,
         policy: WhenFull,
         backlog: Option<usize>,
-    ) -> Mailbox {
+        holding: bool,
+    ) -> Arc<Mailbox> {
         let mut mailbox = Mailbox::new(protocol, capacity, policy)
             .with_depth_histogram(self.mailbox_depth.clone());
         if let (Some(limit), Some(reader)) = (backlog, self.backlog_reader.get()) {
@@ -237,7 +238,10 @@ impl Router {
             mailbox =
                 mailbox.with_expiry_hook(Arc::new(move |delivery| handler(delivery, protocol)));
         }
-        mailbox
+        if holding {
+            mailbox = mailbox.holding();
+        }
+        Arc::new(mailbox)
     }
 
     /// Connects `mailbox` as a live session of `agent`.

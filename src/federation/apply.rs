@@ -11,12 +11,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::link::{NatsLink, Ready};
+use super::stretch::Stretch;
 use super::wire::{BRIDGE_HEADER, Names, Replica};
 use crate::core::{Core, Envelope, Kind, MessageLog, Outstanding, Status, now_ms};
 use crate::telemetry;
@@ -26,9 +26,6 @@ const BATCH: usize = 256;
 
 /// Batches whose store writes may be under way at once before the next is read.
 const WRITING: usize = 16;
-
-/// The longest wait for the next message of a stretch read again.
-const NEXT_WITHIN: Duration = Duration::from_secs(10);
 
 /// The messages of a batch to apply (`Applier::replicas_of`).
 #[derive(Default)]
@@ -240,26 +237,13 @@ impl Applier {
         last: u64,
         outstanding: &Outstanding,
     ) -> Result<(), async_nats::Error> {
-        let mut messages = (stream.create_consumer(pull::OrderedConfig {
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: first,
-            },
-            ..Default::default()
-        }))
-        .await?
-        .messages()
-        .await?;
+        let mut stretch = Stretch::from(stream, first).await?;
         let mut read_to = first - 1;
         while read_to < last {
             let mut batch = Vec::new();
             while batch.len() < BATCH && read_to < last {
-                let message = match tokio::time::timeout(NEXT_WITHIN, messages.next()).await {
-                    Ok(Some(Ok(message))) => message,
-                    Ok(Some(Err(e))) => return Err(e.into()),
-                    Ok(None) => return Err("the stream ended early".into()),
-                    Err(_) => return Err("the stream stopped sending".into()),
-                };
-                read_to = message.info()?.stream_sequence;
+                let message;
+                (read_to, message) = stretch.next().await?;
                 // Past a gap (messages removed): the consumer gives the rest.
                 if read_to > last {
                     break;

@@ -14,15 +14,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
-use futures_util::StreamExt;
-
 use super::link::{NatsLink, Ready};
+use super::stretch::Stretch;
 use super::wire::{Names, Replica};
 use crate::core::{Core, Delivery, Envelope, Kind, MovedHere};
-
-/// The longest wait for the next message of the stretch before giving up on it.
-const NEXT_WITHIN: Duration = Duration::from_secs(10);
 
 /// How many times a failed read of the stretch is taken up again.
 const TRIES: u32 = 3;
@@ -316,25 +311,10 @@ impl Reader<'_> {
         let read_to = next - 1;
         let stream =
             (ready.js.get_stream(&link.names.stream).await).map_err(|e| (read_to, e.into()))?;
-        let consumer = stream
-            .create_consumer(pull::OrderedConfig {
-                deliver_policy: DeliverPolicy::ByStartSequence {
-                    start_sequence: next,
-                },
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| (read_to, e.into()))?;
-        let mut messages = consumer.messages().await.map_err(|e| (read_to, e.into()))?;
+        let mut stretch = (Stretch::from(&stream, next).await).map_err(|e| (read_to, e))?;
         let mut read_to = read_to;
         loop {
-            let message = match tokio::time::timeout(NEXT_WITHIN, messages.next()).await {
-                Ok(Some(Ok(message))) => message,
-                Ok(Some(Err(e))) => return Err((read_to, e.into())),
-                Ok(None) => return Err((read_to, "the stream ended early".into())),
-                Err(_) => return Err((read_to, "the stream stopped sending".into())),
-            };
-            let sequence = message.info().map_err(|e| (read_to, e))?.stream_sequence;
+            let (sequence, message) = stretch.next().await.map_err(|e| (read_to, e))?;
             match Replica::all_in(&message.payload) {
                 Ok(replicas) => {
                     for replica in replicas {

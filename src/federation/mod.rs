@@ -18,6 +18,7 @@ mod missed_mail;
 mod presence;
 mod record_positions;
 mod records;
+mod stretch;
 mod unshared;
 mod wire;
 

@@ -238,8 +238,7 @@ impl GridWs {
     pub async fn next_message_or_closed(&mut self) -> Option<Value> {
         loop {
             let msg = yaml(&self.socket.next_text_or_close().await.ok()?)["message"].clone();
-            let action = msg["content"]["action"].as_str().unwrap_or_default();
-            if action != "agent_online" && action != "agent_offline" {
+            if !is_presence(&msg) {
                 return Some(msg);
             }
         }
@@ -249,10 +248,15 @@ impl GridWs {
     pub async fn next_message(&mut self) -> Value {
         loop {
             let msg = self.next().await;
-            let action = msg["content"]["action"].as_str().unwrap_or_default();
-            if action != "agent_online" && action != "agent_offline" {
+            if !is_presence(&msg) {
                 return msg;
             }
         }
     }
+}
+
+/// Whether a `message:` object is a presence notification (`agent_online`, `agent_offline`).
+fn is_presence(msg: &Value) -> bool {
+    let action = msg["content"]["action"].as_str().unwrap_or_default();
+    action == "agent_online" || action == "agent_offline"
 }

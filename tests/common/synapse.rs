@@ -209,20 +209,12 @@ impl Stream {
     pub async fn close_reading(self) -> Vec<SynapseMessage> {
         let Stream { out, mut inbound } = self;
         drop(out);
-        let mut read = Vec::new();
-        while let Ok(Some(Ok(message))) = tokio::time::timeout(WAIT, inbound.next()).await {
-            read.push(message);
-        }
-        read
+        read_to_end(&mut inbound).await
     }
 
     /// What the bridge sends until the stream ends (its bridge went).
     pub async fn read_until_ended(&mut self) -> Vec<SynapseMessage> {
-        let mut read = Vec::new();
-        while let Ok(Some(Ok(message))) = tokio::time::timeout(WAIT, self.inbound.next()).await {
-            read.push(message);
-        }
-        read
+        read_to_end(&mut self.inbound).await
     }
 
     pub async fn next(&mut self) -> SynapseMessage {
@@ -232,6 +224,15 @@ impl Stream {
             .expect("the stream is open")
             .expect("a message, not an error")
     }
+}
+
+/// What `inbound` brings until it ends (or is silent for `WAIT`).
+async fn read_to_end(inbound: &mut Streaming<SynapseMessage>) -> Vec<SynapseMessage> {
+    let mut read = Vec::new();
+    while let Ok(Some(Ok(message))) = tokio::time::timeout(WAIT, inbound.next()).await {
+        read.push(message);
+    }
+    read
 }
 
 /// What a callback receiver got: the JSON body and the Authorization header.

@@ -201,15 +201,7 @@ async fn post_with_retries(
             // checked on the way in); it waits in the inbox, where it is kept whole.
             tracing::error!(url = %job.url, error = %e, "synapse: cannot write a callback body");
             telemetry::callback_failed(PROTOCOL, "unencodable");
-            if let Some(agent) = job.fallback {
-                let message = Box::new(job.message);
-                let _ = inbox.send(InboxJob::Keep(
-                    agent,
-                    message,
-                    Keeping::New,
-                    job.outstanding,
-                ));
-            }
+            keep_instead(job, inbox);
             return;
         }
     };
@@ -235,6 +227,12 @@ async fn post_with_retries(
         }
     }
     telemetry::callback_failed(PROTOCOL, "gave_up");
+    keep_instead(job, inbox);
+}
+
+/// Keeps a callback that could not be posted in its fallback agent's inbox, if it has one,
+/// its hold with it.
+fn keep_instead(job: Callback, inbox: &mpsc::UnboundedSender<InboxJob>) {
     if let Some(agent) = job.fallback {
         let message = Box::new(job.message);
         let _ = inbox.send(InboxJob::Keep(
