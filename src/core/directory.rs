@@ -267,11 +267,11 @@ impl Directory {
         gone
     }
 
-    /// The names of the agents `bridge` holds, each with whether it is online.
-    pub fn held_by(&self, bridge: &str) -> Vec<(String, bool)> {
+    /// The names of the agents `bridge` holds.
+    pub fn held_by(&self, bridge: &str) -> Vec<String> {
         (self.by_name.iter())
             .filter(|e| e.bridge.as_deref() == Some(bridge))
-            .map(|e| (e.name.clone(), e.online))
+            .map(|e| e.name.clone())
             .collect()
     }
 

@@ -6,6 +6,7 @@
 use std::pin::Pin;
 
 use super::correlation::{Link, TaskRequest};
+use super::delivery::Outstanding;
 use super::envelope::Envelope;
 
 /// A message read back from the log.
@@ -93,6 +94,14 @@ pub trait MessageLog: Send + Sync {
     /// A message that is not kept (a status change) was routed. A log shared with other
     /// bridges passes it on to them; the embedded one has nothing to do.
     fn pass_on(&self, _env: &Envelope) {}
+
+    /// What the deliveries of appended message `id` are to hold as they are written or kept
+    /// for an agent away (`Outstanding`), if the log would learn when they are: a log shared
+    /// with other bridges has its own messages acknowledged only then, so a bridge killed
+    /// before leaves them to the others to keep. Asked once, as the message is routed.
+    fn delivery_hold(&self, _id: &str) -> Option<Outstanding> {
+        None
+    }
 
     /// The id of the message whose UUID form (a derived id shown to a protocol whose ids
     /// must be UUIDs) is `uuid`.

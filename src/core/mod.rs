@@ -346,7 +346,13 @@ impl Core {
 
     /// Delivers an accepted message, durable in the store, to its recipients' mailboxes.
     pub fn route(&self, env: Envelope) -> Arc<Delivery> {
-        self.route_delivery(Delivery::stored(env))
+        let mut delivery = Delivery::stored(env);
+        // Offered while routing; after it, only the deliveries that took it up hold it.
+        let hold = self.log.delivery_hold(&delivery.envelope.id);
+        if let Some(hold) = &hold {
+            delivery.offer(hold);
+        }
+        self.route_delivery(delivery)
     }
 
     fn route_delivery(&self, delivery: Delivery) -> Arc<Delivery> {

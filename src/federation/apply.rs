@@ -5,7 +5,11 @@
 //! queued. A message is applied once: the consumer is durable (a restarted bridge resumes
 //! where it acknowledged, first applying again what its last run was given and did not
 //! acknowledge: `Applier::apply_unacknowledged`), and a redelivered or resent message
-//! (`Replica::resent`) whose id is kept here already is passed over.
+//! (`Replica::resent`) whose id is kept here already is passed over. Of this bridge's own
+//! messages, those this run accepted (and routed then) are passed over, their publishes
+//! acknowledged once what they were routed to here was written (`own_deliveries`); those
+//! an earlier run accepted are routed again, as it may have been killed before it wrote
+//! them.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -16,8 +20,9 @@ use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::link::{NatsLink, Ready};
+use super::own_deliveries::OwnDeliveries;
 use super::stretch::Stretch;
-use super::wire::{BRIDGE_HEADER, Names, Replica};
+use super::wire::{BRIDGE_HEADER, Names, RUN_HEADER, Replica};
 use crate::core::{Core, Envelope, Kind, MessageLog, Outstanding, Status, now_ms};
 use crate::telemetry;
 
@@ -33,9 +38,12 @@ struct Replicas {
     all: Vec<Replica>,
     /// The ids of those the store may hold already.
     maybe_kept: Vec<String>,
-    /// Read again for want of routing (`Applier::apply_unacknowledged`): those the store
-    /// holds are routed all the same, unless routed by this run.
-    replayed: bool,
+    /// The ids of those routed before and perhaps not written (read again by
+    /// `Applier::apply_unacknowledged`, or accepted by an earlier run of this bridge):
+    /// routed even where the store holds them, unless routed by this run.
+    routed_before: HashSet<String>,
+    /// What this run's own messages in the batch wait for (`own_deliveries`).
+    own: Vec<CancellationToken>,
 }
 
 /// How long an acknowledgement waits for the batch's deliveries to be written: past this,
@@ -50,10 +58,34 @@ struct Routed {
     /// The batch's last message: acknowledging it acknowledges the batch and every batch
     /// before (`AckPolicy::All`).
     last: async_nats::jetstream::Message,
-    /// Cancelled once every delivery the batch made that took up its hold was written,
-    /// kept or dropped.
-    done: CancellationToken,
+    written: Written,
     at: tokio::time::Instant,
+}
+
+/// What tells that a batch's deliveries here are done: written, kept or dropped.
+struct Written {
+    /// Cancelled once every delivery the batch made that took up its hold is done.
+    routed: CancellationToken,
+    /// Cancelled once each of this run's own messages the batch carries is done.
+    own: Vec<CancellationToken>,
+}
+
+impl Written {
+    async fn done(&self) {
+        self.routed.cancelled().await;
+        for own in &self.own {
+            own.cancelled().await;
+        }
+    }
+
+    /// Waits until done, at most until `by`; whether it was.
+    async fn done_by(&self, by: tokio::time::Instant) -> bool {
+        let done = tokio::time::timeout_at(by, self.done()).await.is_ok();
+        if !done {
+            telemetry::federation_acknowledged_unwritten();
+        }
+        done
+    }
 }
 
 /// Acknowledges routed batches, one after another in stream order, each once what it
@@ -73,14 +105,11 @@ impl Acks {
     fn start(shutdown: CancellationToken) -> Acks {
         let (queued, mut to_ack) = tokio::sync::mpsc::unbounded_channel::<Routed>();
         tokio::spawn(async move {
-            while let Some(Routed { last, done, at }) = to_ack.recv().await {
-                let written = tokio::time::timeout_at(at + WRITTEN_WITHIN, done.cancelled());
+            while let Some(Routed { last, written, at }) = to_ack.recv().await {
                 tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => return,
-                    in_time = written => if in_time.is_err() {
-                        telemetry::federation_acknowledged_unwritten();
-                    },
+                    _ = written.done_by(at + WRITTEN_WITHIN) => {}
                 }
                 if shutdown.is_cancelled() {
                     return;
@@ -94,10 +123,10 @@ impl Acks {
         Acks { queued }
     }
 
-    /// Acknowledges the batch `last` ends, once `done`.
-    fn ack(&self, last: async_nats::jetstream::Message, done: CancellationToken) {
+    /// Acknowledges the batch `last` ends, once `written`.
+    fn ack(&self, last: async_nats::jetstream::Message, written: Written) {
         let at = tokio::time::Instant::now();
-        let _ = self.queued.send(Routed { last, done, at });
+        let _ = self.queued.send(Routed { last, written, at });
     }
 }
 
@@ -106,6 +135,8 @@ pub struct Applier {
     pub core: Arc<Core>,
     /// The bridge's own store (not the fleet log: nothing applied is published again).
     pub local: Arc<dyn MessageLog>,
+    /// What this run's own publishes wait for before their acknowledgement.
+    pub own: Arc<OwnDeliveries>,
     /// The stream sequence this bridge has routed everything up to.
     pub routed: tokio::sync::watch::Sender<u64>,
 }
@@ -156,8 +187,8 @@ impl Applier {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break Ok(()),
-                Some((written, last)) = writing.next(), if !writing.is_empty() => {
-                    self.route_and_ack(written, last, acks);
+                Some((written, last, own)) = writing.next(), if !writing.is_empty() => {
+                    self.route_and_ack(written, last, own, acks);
                 }
                 next = messages.next(), if writing.len() < WRITING => {
                     let first = match next {
@@ -171,15 +202,16 @@ impl Applier {
                     {
                         batch.push(message);
                     }
-                    let replicas = self.replicas_of(&batch, false);
+                    let mut replicas = self.replicas_of(&batch, false);
                     // Whether one of these was applied is known once the batches before
                     // are written and routed: its first copy may be in one.
                     if !replicas.maybe_kept.is_empty() {
                         self.route_and_ack_all(&mut writing, acks).await;
                     }
+                    let own = std::mem::take(&mut replicas.own);
                     let written = self.apply(replicas).await;
                     let last = batch.pop().expect("a batch holds a message");
-                    writing.push_back(async move { (written.await, last) });
+                    writing.push_back(async move { (written.await, last, own) });
                 }
             }
         };
@@ -209,17 +241,16 @@ impl Applier {
         if first > last {
             return Ok(());
         }
-        let (outstanding, done) = Outstanding::new();
-        let read = self.apply_between(&stream, first, last, &outstanding).await;
+        let (outstanding, routed) = Outstanding::new();
+        let mut own = Vec::new();
+        let read = (self.apply_between(&stream, first, last, &outstanding, &mut own)).await;
         // Waited for also when the reading failed: what was routed is not acknowledged
         // (by the next reading's first acknowledgement) before it is written.
         drop(outstanding);
-        if tokio::time::timeout(WRITTEN_WITHIN, done.cancelled())
-            .await
-            .is_err()
-        {
-            telemetry::federation_acknowledged_unwritten();
-        }
+        let written = Written { routed, own };
+        written
+            .done_by(tokio::time::Instant::now() + WRITTEN_WITHIN)
+            .await;
         read?;
         tracing::info!(
             first,
@@ -229,13 +260,15 @@ impl Applier {
         Ok(())
     }
 
-    /// Reads the stream from `first` to `last` and applies it, offering `outstanding`.
+    /// Reads the stream from `first` to `last` and applies it, offering `outstanding`; adds
+    /// to `own` what this run's own messages read wait for.
     async fn apply_between(
         &self,
         stream: &async_nats::jetstream::stream::Stream,
         first: u64,
         last: u64,
         outstanding: &Outstanding,
+        own: &mut Vec<CancellationToken>,
     ) -> Result<(), async_nats::Error> {
         let mut stretch = Stretch::from(stream, first).await?;
         let mut read_to = first - 1;
@@ -250,25 +283,29 @@ impl Applier {
                 }
                 batch.push(message);
             }
-            let written = self.apply(self.replicas_of(&batch, true)).await.await;
+            let mut replicas = self.replicas_of(&batch, true);
+            own.append(&mut replicas.own);
+            let written = self.apply(replicas).await.await;
             self.route(written, outstanding);
             self.routed_up_to(read_to.min(last));
         }
         Ok(())
     }
 
-    /// Routes a written batch, then has it acknowledged (`Acks`).
+    /// Routes a written batch, then has it acknowledged (`Acks`) once its deliveries, and
+    /// those of this run's own messages it carries (`own`), are done.
     fn route_and_ack(
         &self,
         written: Vec<(Replica, bool)>,
         last: async_nats::jetstream::Message,
+        own: Vec<CancellationToken>,
         acks: &Acks,
     ) {
-        let (outstanding, done) = Outstanding::new();
+        let (outstanding, routed) = Outstanding::new();
         self.route(written, &outstanding);
         self.routed_through(&last);
         drop(outstanding);
-        acks.ack(last, done);
+        acks.ack(last, Written { routed, own });
     }
 
     fn routed_up_to(&self, sequence: u64) {
@@ -290,38 +327,53 @@ impl Applier {
     /// Routes and acknowledges, in order, every batch being written.
     async fn route_and_ack_all<F>(&self, writing: &mut FuturesOrdered<F>, acks: &Acks)
     where
-        F: Future<Output = (Vec<(Replica, bool)>, async_nats::jetstream::Message)>,
+        F: Future<
+            Output = (
+                Vec<(Replica, bool)>,
+                async_nats::jetstream::Message,
+                Vec<CancellationToken>,
+            ),
+        >,
     {
-        while let Some((written, last)) = writing.next().await {
-            self.route_and_ack(written, last, acks);
+        while let Some((written, last, own)) = writing.next().await {
+            self.route_and_ack(written, last, own, acks);
         }
     }
 
-    /// The other bridges' messages `batch` holds, in order, and the ids of those the store
-    /// may hold already: delivered before (a redelivery after a restart, or after an
-    /// acknowledgement was lost; every message `replayed` by `apply_unacknowledged`), or
-    /// published again by their bridge after a publish whose outcome it does not know. A
-    /// message repeated within the batch is kept once.
+    /// The messages `batch` holds that this run did not accept, in order, and the ids of
+    /// those the store may hold already: delivered before (a redelivery after a restart, or
+    /// after an acknowledgement was lost; every message `replayed` by
+    /// `apply_unacknowledged`), accepted by an earlier run of this bridge, or published
+    /// again by their bridge after a publish whose outcome it does not know. A message
+    /// repeated within the batch is kept once. For the messages this run accepted, what
+    /// their deliveries here are waited for by.
     fn replicas_of(&self, batch: &[async_nats::jetstream::Message], replayed: bool) -> Replicas {
-        let own = self.link.bridge_id.as_str();
-        let mut replicas = Replicas {
-            replayed,
-            ..Replicas::default()
-        };
+        let mut replicas = Replicas::default();
         for message in batch {
-            let from_here = (message.headers.as_ref())
-                .and_then(|h| h.get(BRIDGE_HEADER))
-                .is_some_and(|b| b.as_str() == own);
-            if from_here {
+            let header = |name: &str| {
+                (message.headers.as_ref())
+                    .and_then(|h| h.get(name))
+                    .map(|value| value.as_str())
+            };
+            let from_here = header(BRIDGE_HEADER) == Some(self.link.bridge_id.as_str());
+            if from_here && header(RUN_HEADER) == Some(self.link.run_id.as_str()) {
+                if let Some(id) = header(async_nats::header::NATS_MESSAGE_ID.as_ref()) {
+                    replicas.own.extend(self.own.read_back(id));
+                }
                 continue;
             }
-            let again = replayed || message.info().is_ok_and(|info| info.delivered > 1);
+            // Routed before: an earlier run of this bridge routed its own as it accepted
+            // them, and may have been killed before it wrote them.
+            let routed_before = replayed || from_here;
+            let again = routed_before || message.info().is_ok_and(|info| info.delivered > 1);
             match Replica::all_in(&message.payload) {
                 Ok(all) => {
                     for replica in all {
                         // Read again: presence and status were news then, and the
                         // directory has moved on (the agents' cards say where they are).
-                        if replayed && (replica.transient || replica.envelope.kind.is_presence()) {
+                        if routed_before
+                            && (replica.transient || replica.envelope.kind.is_presence())
+                        {
                             continue;
                         }
                         // Passed through here already (a redelivery this bridge remembers).
@@ -330,6 +382,9 @@ impl Applier {
                         }
                         if (again || replica.resent) && !replica.transient {
                             replicas.maybe_kept.push(replica.envelope.id.clone());
+                        }
+                        if routed_before {
+                            (replicas.routed_before).insert(replica.envelope.id.clone());
                         }
                         replicas.all.push(replica);
                     }
@@ -347,9 +402,9 @@ impl Applier {
     }
 
     /// Queues the writes of `replicas` to this bridge's store, leaving out those it holds
-    /// already (and, unless they were read again for want of routing, not routing them);
-    /// the future that ends when the store holds them, with the messages to route then,
-    /// each with whether it is kept.
+    /// already (and, unless they were routed before, not routing them); the future that
+    /// ends when the store holds them, with the messages to route then, each with whether
+    /// it is kept.
     async fn apply(
         &self,
         replicas: Replicas,
@@ -357,7 +412,8 @@ impl Applier {
         let Replicas {
             all: mut replicas,
             maybe_kept,
-            replayed,
+            routed_before,
+            ..
         } = replicas;
         // Routed here since `replicas_of` looked (in a batch written meanwhile), or in the
         // store.
@@ -373,7 +429,8 @@ impl Applier {
         }
         replicas.retain(|r| {
             let id = &r.envelope.id;
-            r.transient || !(seen.contains(id) || (!replayed && stored.contains(id)))
+            let again = stored.contains(id) && !routed_before.contains(id);
+            r.transient || !(seen.contains(id) || again)
         });
         let writes: Vec<_> = (replicas.iter())
             .filter(|r| !r.transient && !stored.contains(&r.envelope.id))

@@ -39,11 +39,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::cards::CardKeeper;
 use super::link::NatsLink;
+use super::own_deliveries::OwnDeliveries;
 use super::unshared::{Outgoing, Unshared};
-use super::wire::{BRIDGE_HEADER, Card, OutgoingReplica, Replica};
+use super::wire::{BRIDGE_HEADER, Card, OutgoingReplica, RUN_HEADER, Replica};
 use crate::core::{
     Audience, Directory, Envelope, Kind, Link, LogError, LogFuture, MessageLog, MessageQuery,
-    StoredMessage, TaskRequest,
+    Outstanding, StoredMessage, TaskRequest,
 };
 use crate::telemetry;
 
@@ -123,6 +124,29 @@ impl UnsureIds {
     }
 }
 
+/// Lets the hold of a message being appended go, unless the append completes: a message
+/// refused, or whose append was given up, is not routed, and its publish (if JetStream
+/// holds it) is not to wait for it.
+struct Unrouted {
+    own: Arc<OwnDeliveries>,
+    id: Option<String>,
+}
+
+impl Unrouted {
+    /// The append completed: the message's routing takes its hold.
+    fn appended(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for Unrouted {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.own.not_appended(&id);
+        }
+    }
+}
+
 /// How often a bridge looks whether NATS is back to share what it kept meanwhile.
 const SHARE_CHECK: Duration = Duration::from_millis(500);
 
@@ -136,6 +160,9 @@ pub struct FleetLog {
     /// (`share_unshared`).
     unshared: Arc<Unshared>,
     unsure: Arc<Unsure>,
+    /// Its own messages on their way to its own agents, for the applier to acknowledge
+    /// their publishes once they were written.
+    own: Arc<OwnDeliveries>,
     directory: OnceLock<Arc<Directory>>,
     /// Puts the cards of this bridge's agents in the agents bucket.
     cards: Arc<CardKeeper>,
@@ -143,12 +170,14 @@ pub struct FleetLog {
 
 impl FleetLog {
     /// The log over `local`, and the task that publishes to the stream; what waits to be
-    /// shared with it is kept in `unshared`, and `cards` puts the cards of its agents.
+    /// shared with it is kept in `unshared`, `cards` puts the cards of its agents, and `own`
+    /// follows its own messages to its own agents.
     pub fn new(
         local: Arc<dyn MessageLog>,
         link: Arc<NatsLink>,
         unshared: Arc<Unshared>,
         cards: Arc<CardKeeper>,
+        own: Arc<OwnDeliveries>,
         timeout: Duration,
     ) -> (Arc<FleetLog>, Publisher) {
         let (outbox, queued) = mpsc::unbounded_channel();
@@ -159,6 +188,7 @@ impl FleetLog {
             outbox,
             unshared: unshared.clone(),
             unsure: unsure.clone(),
+            own: own.clone(),
             directory: OnceLock::new(),
             cards,
         });
@@ -169,6 +199,7 @@ impl FleetLog {
                 queued,
                 unshared,
                 unsure,
+                own,
                 timeout,
             },
         )
@@ -207,8 +238,14 @@ impl FleetLog {
             .then(|| Card::of(&info, &self.link.bridge_id))
     }
 
-    /// Queues `env` for the stream; the receiver says when JetStream holds it.
-    fn publish(&self, env: &Envelope, transient: bool) -> oneshot::Receiver<Result<(), LogError>> {
+    /// Queues `env` for the stream, with the token cancelled once its deliveries here are
+    /// done, if it is to wait for them; the receiver says when JetStream holds it.
+    fn publish(
+        &self,
+        env: &Envelope,
+        transient: bool,
+        written: Option<CancellationToken>,
+    ) -> oneshot::Receiver<Result<(), LogError>> {
         let (accepted, told) = oneshot::channel();
         let card = self.card(env);
         if let Some(card) = &card {
@@ -226,6 +263,7 @@ impl FleetLog {
                 id: env.id.clone(),
                 payload: payload.into(),
                 accepted: Some(accepted),
+                written,
             },
             Err(e) => {
                 let _ = accepted.send(Err(LogError::Failed(e.into())));
@@ -253,11 +291,7 @@ impl FleetLog {
             resent: false,
         };
         let payload = replica.to_json().ok()?;
-        Some(Outgoing {
-            id: env.id.clone(),
-            payload: payload.into(),
-            accepted: None,
-        })
+        Some(Outgoing::history(env.id.clone(), payload.into()))
     }
 
     /// Shares what was kept while NATS was away as soon as it is back, also when nothing
@@ -320,12 +354,20 @@ impl MessageLog for FleetLog {
             // A server is failing over: the publisher waits for the client to reconnect.
         }
         let local = self.local.append(env);
-        let published = self.publish(env, false);
+        let written = self.own.appended(&env.id);
+        let published = self.publish(env, false, written);
+        let unrouted = Unrouted {
+            own: self.own.clone(),
+            id: Some(env.id.clone()),
+        };
         Box::pin(async move {
             let (local, published) = tokio::join!(local, published);
             local?;
             match published {
-                Ok(Ok(())) => Ok(()),
+                Ok(Ok(())) => {
+                    unrouted.appended();
+                    Ok(())
+                }
                 Ok(Err(e)) => Err(e),
                 Err(_) => Err(LogError::Closed),
             }
@@ -334,8 +376,12 @@ impl MessageLog for FleetLog {
 
     fn pass_on(&self, env: &Envelope) {
         if self.link.ready().is_some() {
-            drop(self.publish(env, true));
+            drop(self.publish(env, true, None));
         }
+    }
+
+    fn delivery_hold(&self, id: &str) -> Option<Outstanding> {
+        self.own.hold_of(id)
     }
 
     fn read(&self, query: MessageQuery) -> LogFuture<'_, Vec<StoredMessage>> {
@@ -380,6 +426,8 @@ pub struct Publisher {
     unshared: Arc<Unshared>,
     /// Where the messages of a publish that got no answer are remembered.
     unsure: Arc<Unsure>,
+    /// Where a publish's tokens wait for the consumer to read it back.
+    own: Arc<OwnDeliveries>,
     /// How long a message may take to be acknowledged, retries included.
     timeout: Duration,
 }
@@ -389,6 +437,7 @@ struct Message {
     js: async_nats::jetstream::Context,
     subject: String,
     bridge: String,
+    run: String,
     id: String,
     payload: Bytes,
 }
@@ -400,7 +449,8 @@ impl Message {
         let publish = PublishMessage::build()
             .payload(self.payload.clone())
             .message_id(self.id.as_str())
-            .header(BRIDGE_HEADER, self.bridge.as_str());
+            .header(BRIDGE_HEADER, self.bridge.as_str())
+            .header(RUN_HEADER, self.run.as_str());
         (self.js.send_publish(self.subject.clone(), publish).await).map_err(|e| e.to_string())
     }
 
@@ -438,6 +488,8 @@ struct Batch {
     id: String,
     payload: Bytes,
     accepted: Vec<Option<oneshot::Sender<Result<(), LogError>>>>,
+    /// Its messages' tokens (`Outgoing::written`).
+    written: Vec<CancellationToken>,
     /// The history it carries (no one waits for it): put back to wait for NATS again if
     /// the publish is refused.
     history: Vec<Outgoing>,
@@ -465,22 +517,23 @@ impl Batch {
         }
         let history = (batch.iter())
             .filter(|o| o.accepted.is_none())
-            .map(|o| Outgoing {
-                id: o.id.clone(),
-                payload: o.payload.clone(),
-                accepted: None,
-            })
+            .map(|o| Outgoing::history(o.id.clone(), o.payload.clone()))
+            .collect();
+        let written = (batch.iter_mut())
+            .filter_map(|o| o.written.take())
             .collect();
         if batch.len() == 1 {
             let Outgoing {
                 id,
                 payload,
                 accepted,
+                ..
             } = batch.pop().expect("one message");
             return Batch {
                 id,
                 payload,
                 accepted: vec![accepted],
+                written,
                 history,
             };
         }
@@ -499,6 +552,7 @@ impl Batch {
             id,
             payload: payload.into(),
             accepted: batch.into_iter().map(|o| o.accepted).collect(),
+            written,
             history,
         }
     }
@@ -545,6 +599,7 @@ impl Publisher {
                         js: ready.js.clone(),
                         subject: subject.clone(),
                         bridge: self.link.bridge_id.clone(),
+                        run: self.link.run_id.clone(),
                         id: batch.id,
                         payload: batch.payload,
                     };
@@ -557,6 +612,8 @@ impl Publisher {
                         continue;
                     }
                     telemetry::federation_outbox(accepted.len() as i64);
+                    // Before it can be read back.
+                    self.own.sending(&message.id, batch.written);
                     // Sent here, in order; only a retry is sent from the acknowledgement's
                     // future.
                     let sent = message.send().await;
@@ -567,16 +624,17 @@ impl Publisher {
                         let result = acknowledged.map_err(|e| LogError::Refused(format!(
                             "the fleet's message log (NATS) did not take the message ({e}); send it again later"
                         )));
-                        (accepted, history, result, unsure, started)
+                        (accepted, history, result, unsure, started, message.id)
                     });
                 }
-                Some((accepted, history, result, unsure, started)) = in_flight.next(), if !in_flight.is_empty() => {
+                Some((accepted, history, result, unsure, started, id)) = in_flight.next(), if !in_flight.is_empty() => {
                     telemetry::federation_outbox(-(accepted.len() as i64));
                     telemetry::federation_published(started.elapsed(), accepted.len(), result.is_ok());
                     if let Some(payload) = unsure {
                         self.unsure.add(&payload);
                     }
                     if result.is_err() {
+                        self.own.not_published(&id);
                         self.put_back(history);
                     } else if !history.is_empty() {
                         self.unshared.shared(history.len());

@@ -50,6 +50,8 @@ pub struct NatsLink {
     pub client: async_nats::Client,
     pub names: Names,
     pub bridge_id: String,
+    /// This run of the bridge, unique to its process (`wire::RUN_HEADER`).
+    pub run_id: String,
     ready: ArcSwapOption<Ready>,
     readiness: Readiness,
     /// Since when the client has been disconnected. A server failing over is ridden out
@@ -109,6 +111,7 @@ impl NatsLink {
             client,
             names: Names::new(&config.prefix),
             bridge_id: config.bridge_id.clone(),
+            run_id: uuid::Uuid::new_v4().to_string(),
             ready: ArcSwapOption::empty(),
             readiness,
             disconnected_since: std::sync::Mutex::new(None),

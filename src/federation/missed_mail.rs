@@ -2,13 +2,13 @@
 //! bridge keeps the mail of the absent agents it holds, and the others keep it only once
 //! they take that bridge for gone (`Directory::keeps_mail_of`). What reached the stream in
 //! between — after the last batch the gone bridge acknowledged (once what it routed to its
-//! Grid and Synapse agents was written), before the others took it for gone — would wait
-//! for it to come back. So each bridge still here reads that stretch of the stream again,
-//! from the gone bridge's consumer's acknowledgement floor to the stream's end, and keeps
-//! each message for the agents the gone bridge held. Keeping is once fleet-wide (a kept
-//! message's record key is used once), so every bridge doing this, and the gone bridge
-//! applying the same messages if it restarts, keep one copy between them. What the gone
-//! bridge accepted itself is passed over: it routed that when it accepted it.
+//! Grid and Synapse agents was written, its own messages as well as the others'), before
+//! the others took it for gone — would wait for it to come back. So each bridge still here
+//! reads that stretch of the stream again, from the gone bridge's consumer's
+//! acknowledgement floor to the stream's end, and keeps each message for the agents the
+//! gone bridge held. Keeping is once fleet-wide (a kept message's record key is used once),
+//! so every bridge doing this, and the gone bridge applying the same messages if it
+//! restarts, keep one copy between them.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -28,11 +28,8 @@ const MOST_READ: u64 = 200_000;
 
 /// Who the gone bridge held, as this bridge knew them just before it took it for gone.
 pub struct Held {
-    /// Every agent it held: the other bridges' messages are kept for them.
+    /// Every agent it held: the messages of the stretch are kept for them.
     pub all: HashSet<String>,
-    /// Those shown offline then: its own messages are kept for them (it kept them itself,
-    /// but may have been killed before the write; one shown online got them live).
-    pub offline: HashSet<String>,
     /// Agents that moved from it to this bridge lately (`core::Moves`): what reached the
     /// stream while the gone bridge held them was its to keep, and nobody else kept it, so
     /// it is kept here (`Stage`).
@@ -45,11 +42,9 @@ pub struct Held {
 enum Stage {
     /// Here, or anywhere but the gone bridge: it was sent what it was to get.
     Here,
-    /// Online through the gone bridge: the other bridges' messages, which the gone bridge
-    /// did not apply, it was not sent; the gone bridge's own it was, as it accepted them.
-    AtGoneOnline,
-    /// Held by the gone bridge and away: nothing was kept for it.
-    AtGoneOffline,
+    /// Held by the gone bridge, online there or away: what reached the stream meanwhile the
+    /// gone bridge did not apply, or did not write, or did not keep.
+    AtGone,
 }
 
 impl Stage {
@@ -57,28 +52,24 @@ impl Stage {
     /// on the gone bridge (`None`: none; `refused`: its join here never reached the fleet).
     fn at_start(first: Option<(bool, Kind)>, refused: bool) -> Stage {
         match first {
-            // Came here from the gone bridge, where it was away; or connected there first,
-            // having been away (held there, or by a bridge that kept its mail itself: kept
-            // once per message all the same).
-            Some((true, Kind::PresenceJoin)) | Some((false, Kind::PresenceJoin)) => {
-                Stage::AtGoneOffline
-            }
             // Left here: it was here.
-            Some((true, _)) => Stage::Here,
-            Some((false, _)) => Stage::AtGoneOnline,
+            Some((true, kind)) if kind != Kind::PresenceJoin => Stage::Here,
+            // Came here from the gone bridge, where it was away; or left the gone bridge,
+            // or connected there, having been away (held there, or by a bridge that kept
+            // its mail itself: kept once per message all the same).
+            Some(_) => Stage::AtGone,
             // Its join here is older than the stretch: the gone bridge applied it (and kept
             // what came before); one NATS refused was never in the stream.
-            None if refused => Stage::AtGoneOffline,
+            None if refused => Stage::AtGone,
             None => Stage::Here,
         }
     }
 
-    /// Where an agent is after its presence `kind`, here or on the gone bridge.
-    fn after(here: bool, kind: Kind) -> Stage {
-        match (here, kind) {
-            (true, _) => Stage::Here,
-            (false, Kind::PresenceJoin) => Stage::AtGoneOnline,
-            (false, _) => Stage::AtGoneOffline,
+    /// Where an agent is after a presence change here or on the gone bridge.
+    fn after(here: bool) -> Stage {
+        match here {
+            true => Stage::Here,
+            false => Stage::AtGone,
         }
     }
 }
@@ -88,10 +79,7 @@ impl Stage {
 #[derive(Default)]
 struct Away {
     moved: HashSet<String>,
-    /// Kept for from the other bridges' messages.
-    for_others: HashSet<String>,
-    /// Kept for from the gone bridge's own messages.
-    for_own: HashSet<String>,
+    kept_for: HashSet<String>,
 }
 
 impl Away {
@@ -99,17 +87,10 @@ impl Away {
         if !self.moved.contains(name) {
             return;
         }
-        let (others, own) = match stage {
-            Stage::Here => (false, false),
-            Stage::AtGoneOnline => (true, false),
-            Stage::AtGoneOffline => (true, true),
+        match stage {
+            Stage::Here => self.kept_for.remove(name),
+            Stage::AtGone => self.kept_for.insert(name.to_owned()),
         };
-        for (set, keep) in [(&mut self.for_others, others), (&mut self.for_own, own)] {
-            match keep {
-                true => set.insert(name.to_owned()),
-                false => set.remove(name),
-            };
-        }
     }
 }
 
@@ -254,7 +235,7 @@ impl Reader<'_> {
         let mut away = Away::default();
         for moved in &self.held.moved {
             let stage = match failed {
-                Some(_) => Stage::AtGoneOffline,
+                Some(_) => Stage::AtGone,
                 None => Stage::at_start(first.get(&moved.name).copied(), moved.join_refused),
             };
             away.moved.insert(moved.name.clone());
@@ -279,21 +260,15 @@ impl Reader<'_> {
         self.each_in(next, last, |subject, replica| {
             let env = &replica.envelope;
             if let Some(here) = presence_of(&here, &its_own, subject, env) {
-                away.set(&env.from, Stage::after(here, env.kind));
+                away.set(&env.from, Stage::after(here));
             }
             if replica.transient || replica.history || env.kind.is_presence() {
                 return;
             }
-            // Its own messages it routed when it accepted them: kept here for those it could
-            // only have kept (offline then); the others' for all it held.
-            let (whom, moved) = match subject == its_own {
-                true => (&held.offline, &away.for_own),
-                false => (&held.all, &away.for_others),
-            };
             let delivery = Arc::new(Delivery::new(replica.envelope));
-            *kept += core.router.keep_for(&delivery, whom);
-            if !moved.is_empty() {
-                *kept += core.router.keep_for(&delivery, moved);
+            *kept += core.router.keep_for(&delivery, &held.all);
+            if !away.kept_for.is_empty() {
+                *kept += core.router.keep_for(&delivery, &away.kept_for);
             }
         })
         .await
@@ -356,25 +331,16 @@ mod tests {
     #[test]
     fn where_a_moved_agent_starts_the_stretch_follows_its_first_presence() {
         // Joined here in the stretch: it was away from the gone bridge until then.
-        assert_eq!(
-            Stage::at_start(Some((true, JOIN)), false),
-            Stage::AtGoneOffline
-        );
+        assert_eq!(Stage::at_start(Some((true, JOIN)), false), Stage::AtGone);
         // Left here first: it was here.
         assert_eq!(Stage::at_start(Some((true, LEAVE)), true), Stage::Here);
         // Joined the gone bridge first: it was away.
-        assert_eq!(
-            Stage::at_start(Some((false, JOIN)), false),
-            Stage::AtGoneOffline
-        );
+        assert_eq!(Stage::at_start(Some((false, JOIN)), false), Stage::AtGone);
         // Left the gone bridge first: it was online there.
-        assert_eq!(
-            Stage::at_start(Some((false, LEAVE)), false),
-            Stage::AtGoneOnline
-        );
+        assert_eq!(Stage::at_start(Some((false, LEAVE)), false), Stage::AtGone);
         // No presence: moved before the stretch, unless its join never reached the fleet.
         assert_eq!(Stage::at_start(None, false), Stage::Here);
-        assert_eq!(Stage::at_start(None, true), Stage::AtGoneOffline);
+        assert_eq!(Stage::at_start(None, true), Stage::AtGone);
     }
 
     #[test]
@@ -382,15 +348,13 @@ mod tests {
         let mut away = Away::default();
         away.moved.insert("x".into());
         away.set("x", Stage::Here);
-        assert!(away.for_others.is_empty() && away.for_own.is_empty());
-        away.set("x", Stage::after(false, JOIN));
-        assert!(away.for_others.contains("x") && !away.for_own.contains("x"));
-        away.set("x", Stage::after(false, LEAVE));
-        assert!(away.for_others.contains("x") && away.for_own.contains("x"));
-        away.set("x", Stage::after(true, JOIN));
-        assert!(away.for_others.is_empty() && away.for_own.is_empty());
+        assert!(away.kept_for.is_empty());
+        away.set("x", Stage::after(false));
+        assert!(away.kept_for.contains("x"));
+        away.set("x", Stage::after(true));
+        assert!(away.kept_for.is_empty());
         // Not one of the moved agents: nothing changes.
-        away.set("y", Stage::AtGoneOffline);
-        assert!(away.for_others.is_empty());
+        away.set("y", Stage::AtGone);
+        assert!(away.kept_for.is_empty());
     }
 }

@@ -15,6 +15,7 @@ mod handover;
 mod held_cards;
 mod link;
 mod missed_mail;
+mod own_deliveries;
 mod presence;
 mod record_positions;
 mod records;
@@ -44,6 +45,7 @@ pub struct Federation {
     local: Arc<dyn MessageLog>,
     publisher: Publisher,
     cards: Arc<cards::CardKeeper>,
+    own: Arc<own_deliveries::OwnDeliveries>,
 }
 
 impl Federation {
@@ -75,11 +77,13 @@ impl Federation {
         let link = NatsLink::connect(config, readiness).await?;
         let timeout = std::time::Duration::from_millis(config.publish_timeout_ms);
         let cards = Arc::<cards::CardKeeper>::default();
+        let own = Arc::<own_deliveries::OwnDeliveries>::default();
         let (log, publisher) = FleetLog::new(
             local.clone(),
             link.clone(),
             unshared,
             cards.clone(),
+            own.clone(),
             timeout,
         );
         Ok(Federation {
@@ -89,6 +93,7 @@ impl Federation {
             local,
             publisher,
             cards,
+            own,
         })
     }
 
@@ -117,6 +122,7 @@ impl Federation {
             link,
             local,
             cards,
+            own,
             ..
         } = self;
         let card_keeper = cards
@@ -132,6 +138,7 @@ impl Federation {
                 link: link.clone(),
                 core: core.clone(),
                 local,
+                own,
                 routed: routed_up_to,
             };
             let handover = handover::serve(link.clone(), core.clone(), positions, shutdown.clone());

@@ -253,11 +253,7 @@ impl Presence {
         // one departure, a heartbeat's delete after the TTL's sweep, reads nothing new).
         let read_missed = heard && !directory.is_gone(bridge);
         let held = read_missed.then(|| {
-            let held = directory.held_by(bridge);
-            let offline = (held.iter().filter(|(_, online)| !online))
-                .map(|(name, _)| name.clone())
-                .collect();
-            let all = held.into_iter().map(|(name, _)| name).collect();
+            let all = directory.held_by(bridge).into_iter().collect();
             // Those still held here.
             let moved = (self.core.moves.moved_from(bridge).into_iter())
                 .filter(|moved| {
@@ -266,11 +262,7 @@ impl Presence {
                         .is_some_and(|a| a.bridge.is_none())
                 })
                 .collect();
-            super::missed_mail::Held {
-                all,
-                offline,
-                moved,
-            }
+            super::missed_mail::Held { all, moved }
         });
         if read_missed {
             self.core.router.hold_back_mail_of(bridge);

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 use serde::Deserialize;
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use crate::core::LogError;
 
@@ -28,6 +29,21 @@ pub struct Outgoing {
     pub id: String,
     pub payload: Bytes,
     pub accepted: Option<oneshot::Sender<Result<(), LogError>>>,
+    /// Cancelled once the message's deliveries on this bridge are done, for its publish's
+    /// acknowledgement to wait for (`own_deliveries`).
+    pub written: Option<CancellationToken>,
+}
+
+impl Outgoing {
+    /// History: a message no one waits for, and that is not routed again.
+    pub fn history(id: String, payload: Bytes) -> Outgoing {
+        Outgoing {
+            id,
+            payload,
+            accepted: None,
+            written: None,
+        }
+    }
 }
 
 /// The file in the data directory that lists what waits, one message's JSON a line.
@@ -107,11 +123,10 @@ impl Unshared {
                 }
                 Ok(head) => {
                     waiting.bytes += json.len();
-                    waiting.queue.push_back(Outgoing {
-                        id: head.envelope.id,
-                        payload: Bytes::copy_from_slice(json),
-                        accepted: None,
-                    });
+                    (waiting.queue).push_back(Outgoing::history(
+                        head.envelope.id,
+                        Bytes::copy_from_slice(json),
+                    ));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, file = %path.display(), "federation: a line of the messages waiting for NATS cannot be read; left out")
@@ -250,11 +265,10 @@ mod tests {
     use super::*;
 
     fn history(id: &str) -> Outgoing {
-        Outgoing {
-            id: id.into(),
-            payload: format!(r#"{{"envelope":{{"id":"{id}"}},"history":true}}"#).into(),
-            accepted: None,
-        }
+        Outgoing::history(
+            id.into(),
+            format!(r#"{{"envelope":{{"id":"{id}"}},"history":true}}"#).into(),
+        )
     }
 
     fn ids(all: &[Outgoing]) -> Vec<&str> {

@@ -10,6 +10,11 @@ use crate::protocols::registry;
 /// others' messages, so nothing it receives is published again.
 pub const BRIDGE_HEADER: &str = "Agentbridge-Bridge";
 
+/// The header naming the run of the bridge (its process) that accepted a message: a bridge
+/// passes over what it accepted in this run, which it routed then, and applies what an
+/// earlier run of it accepted, as that run may not have written it to its agents.
+pub const RUN_HEADER: &str = "Agentbridge-Run";
+
 /// The names one fleet uses in NATS, all from its prefix.
 #[derive(Clone, Debug)]
 pub struct Names {

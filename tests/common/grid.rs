@@ -75,6 +75,18 @@ impl GridHttp {
         (status, yaml(&text))
     }
 
+    /// Posts (stamping a timestamp where one is missing); whether it was accepted. Refused,
+    /// or no bridge answering, is `false`.
+    pub async fn try_send(&self, body: &str) -> bool {
+        let res = (self.client)
+            .post(format!("{}/messages", self.base))
+            .header("content-type", "application/yaml")
+            .body(stamped(body))
+            .send()
+            .await;
+        res.is_ok_and(|res| res.status().as_u16() == 202)
+    }
+
     pub async fn post_json(&self, body: Value) -> (u16, Value) {
         let res = self
             .client
