@@ -1,13 +1,15 @@
 //! One accepted message on its way to its recipients.
 //!
-//! Fan-out shares a single `Arc<Delivery>` between every recipient's mailbox. The first
-//! recipient of a protocol to write it encodes the native frame and leaves it in the
-//! delivery's cache; every other recipient of that protocol reuses it, so a message is
-//! encoded once per protocol, not once per recipient.
+//! Fan-out shares a single `Arc<Delivery>` between every recipient's mailbox, and every
+//! copy of a delivery (`Delivery::held_copy`) shares what it routes (`Routed`). The first
+//! recipient of a protocol to write it encodes the native frame and leaves it in that
+//! cache; every other recipient of that protocol reuses it, so a message is encoded once
+//! per protocol, not once per recipient.
 
 use std::any::Any;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use tokio::sync::Notify;
@@ -20,13 +22,13 @@ type Encoded = Arc<dyn Any + Send + Sync>;
 /// A hold a source of deliveries keeps on them, to learn when they are done with. The
 /// source offers it to its deliveries (`Delivery::offer`); a recipient that writes or
 /// keeps the message for an agent whose mail the fleet would otherwise keep again (a
-/// holding mailbox, an offline sink) makes its delivery hold it (`Delivery::hold`), and
-/// so does whatever carries the message on (a mailbox's backlog, a queue's writer, a
-/// stream's output). Once the source let its own go and the last of those is written,
-/// kept or dropped, the token `Outstanding::new` gave is cancelled. A fleet's applier
-/// acknowledges a batch to the stream only then: a bridge killed before has the batch read
-/// again by the others. Recipients whose protocol replays from history do not hold, so
-/// one that reads slowly holds nothing back.
+/// holding mailbox, an offline sink) takes a copy of the delivery that holds it
+/// (`Delivery::held_copy`), and whatever carries that copy on (a mailbox's backlog, a
+/// queue's writer, a stream's output) keeps it. Once the source let its own go and the
+/// last of those is written, kept or dropped, the token `Outstanding::new` gave is
+/// cancelled. A fleet's applier acknowledges a batch to the stream only then: a bridge
+/// killed before has the batch read again by the others. Recipients whose protocol replays
+/// from history do not hold, so one that reads slowly holds nothing back.
 #[derive(Clone)]
 pub struct Outstanding {
     /// Cancels the token as the last clone drops.
@@ -42,7 +44,21 @@ impl Outstanding {
     }
 }
 
+/// A message routed to its recipients: a delivery and each of its copies share it.
 pub struct Delivery {
+    routed: Arc<Routed>,
+    /// What its source offered to hold it by (`Outstanding`): not kept alive by the
+    /// delivery; a recipient that takes it up takes a copy that holds it (`held_copy`).
+    offered: Option<Weak<DropGuard>>,
+    /// What this copy holds: the hold is each holding recipient's, so that a recipient
+    /// that holds nothing (one replaying from history) and reads slowly holds nothing back.
+    held: Option<Outstanding>,
+    /// For the recipients that hold only (`for_holders_only`).
+    holders_only: bool,
+}
+
+/// What every copy of a delivery shares.
+pub struct Routed {
     pub envelope: Envelope,
     /// When the bridge routed the message (after storing it, for a stored one).
     pub routed_at: Instant,
@@ -51,73 +67,104 @@ pub struct Delivery {
     /// Whether the store holds it, so that a mailbox may keep only its id (`Mailbox`'s
     /// backlog) and read it back when the recipient gets to it.
     pub stored: bool,
-    /// What its source offered to hold it by (`Outstanding`): not kept alive by the
-    /// delivery until a recipient takes it up (`hold`).
-    offered: Option<Weak<DropGuard>>,
-    held: OnceLock<Outstanding>,
     encoded: Mutex<Vec<(Protocol, Encoded)>>,
     /// Set once the message has been written to some recipient's connection.
     written: AtomicBool,
     written_notify: Notify,
 }
 
+impl Deref for Delivery {
+    type Target = Routed;
+
+    fn deref(&self) -> &Routed {
+        &self.routed
+    }
+}
+
 impl Delivery {
     pub fn new(envelope: Envelope) -> Self {
-        let routed_at = Instant::now();
+        Delivery::of(envelope, false, Instant::now())
+    }
+
+    /// A delivery of a message the store holds.
+    pub fn stored(envelope: Envelope) -> Self {
+        Delivery::of(envelope, true, Instant::now())
+    }
+
+    /// A delivery, made again, of a stored message routed at `routed_at` (its ttl runs from
+    /// then), holding `held` (what its first delivery's copy held).
+    pub fn stored_again(envelope: Envelope, routed_at: Instant, held: Option<Outstanding>) -> Self {
+        Delivery {
+            held,
+            ..Delivery::of(envelope, true, routed_at)
+        }
+    }
+
+    fn of(envelope: Envelope, stored: bool, routed_at: Instant) -> Self {
         // A ttl too long for the clock to represent is a message that never expires.
         let expires_at = envelope
             .ttl_secs
             .and_then(|secs| routed_at.checked_add(std::time::Duration::from_secs(secs)));
         Delivery {
-            envelope,
-            routed_at,
-            expires_at,
-            stored: false,
+            routed: Arc::new(Routed {
+                envelope,
+                routed_at,
+                expires_at,
+                stored,
+                encoded: Mutex::new(Vec::new()),
+                written: AtomicBool::new(false),
+                written_notify: Notify::new(),
+            }),
             offered: None,
-            held: OnceLock::new(),
-            encoded: Mutex::new(Vec::new()),
-            written: AtomicBool::new(false),
-            written_notify: Notify::new(),
+            held: None,
+            holders_only: false,
         }
     }
 
-    /// A delivery of a message the store holds.
-    pub fn stored(envelope: Envelope) -> Self {
-        Delivery {
-            stored: true,
-            ..Delivery::new(envelope)
-        }
-    }
-
-    /// Offers it `outstanding`, which it holds once a recipient says so (`hold`), for as
-    /// long as its source keeps its own.
+    /// Offers it `outstanding`, which a recipient's copy holds once it takes it up
+    /// (`held_copy`), for as long as its source keeps its own.
     pub fn offer(&mut self, outstanding: &Outstanding) {
         self.offered = Some(Arc::downgrade(&outstanding.guard));
     }
 
-    /// Has it hold what it was offered, if its source still keeps that: a recipient
-    /// that writes or keeps it for an agent away calls this as it takes it.
-    pub fn hold(&self) {
-        if self.held.get().is_none()
-            && let Some(guard) = self.offered.as_ref().and_then(Weak::upgrade)
-        {
-            let _ = self.held.set(Outstanding { guard });
+    /// It for a recipient that writes or keeps it for an agent away: a copy holding what
+    /// it was offered, if its source still keeps that, so that the source learns it was
+    /// done with only once this recipient (and whatever it hands the copy on to) was
+    /// done; the other recipients' copies do not hold it. It itself if it holds already,
+    /// or was offered nothing that is still kept.
+    pub fn held_copy(self: &Arc<Self>) -> Arc<Delivery> {
+        if self.held.is_some() {
+            return self.clone();
+        }
+        match self.offered.as_ref().and_then(Weak::upgrade) {
+            Some(guard) => Arc::new(Delivery {
+                routed: self.routed.clone(),
+                offered: None,
+                held: Some(Outstanding { guard }),
+                holders_only: self.holders_only,
+            }),
+            None => self.clone(),
         }
     }
 
     /// What it holds, for whatever carries the message on without the delivery.
     pub fn held(&self) -> Option<Outstanding> {
-        self.held.get().cloned()
+        self.held.clone()
     }
 
-    /// It, holding `held` (a delivery made again of a message another one held).
-    pub fn holding(self, held: Option<Outstanding>) -> Self {
-        Delivery {
-            held: held.map(OnceLock::from).unwrap_or_default(),
-            ..self
-        }
+    /// Routes it only to the recipients that write or keep it for an agent away (holding
+    /// mailboxes, offline sinks): a message routed before, which those replaying from
+    /// history had from there, and which only those may not have been written.
+    pub fn for_holders_only(&mut self) {
+        self.holders_only = true;
     }
 
+    pub fn is_for_holders_only(&self) -> bool {
+        self.holders_only
+    }
+}
+
+impl Routed {
     /// Records that the message was written to a connection of protocol `to`: counted,
     /// timed from its decode, and marked written for a sender waiting on synchronous
     /// delivery.
@@ -288,21 +335,21 @@ mod tests {
             Arc::new(delivery)
         };
         let (one, two, unheld) = (made("one"), made("two"), made("unheld"));
-        one.hold();
-        two.hold();
-        let shared = one.clone();
+        let (one_held, two_held) = (one.held_copy(), two.held_copy());
+        assert!(Arc::ptr_eq(&one_held, &one_held.held_copy()), "held once");
+        let passed_on = one_held.clone();
         drop(outstanding);
-        drop(one);
-        drop(two);
+        drop(one_held);
+        drop(two_held);
         assert!(!done.is_cancelled(), "a copy of the first is still held");
-        drop(shared);
+        drop(passed_on);
         assert!(
             done.is_cancelled(),
-            "one offered and never held holds nothing"
+            "the deliveries themselves, and one offered and never held, hold nothing"
         );
         // Offered once the source let go: there is nothing left to hold.
-        unheld.hold();
-        assert!(unheld.held().is_none());
+        assert!(unheld.held_copy().held().is_none());
+        assert_eq!(one.envelope.from, "one");
     }
 
     #[tokio::test]

@@ -127,14 +127,12 @@ struct Lanes {
     fetching: bool,
 }
 
-/// A stored message waiting in the backlog: its id, its delivery's times (its ttl runs
-/// from when it was routed) and its hold (its source learns it was written only once it
-/// is).
+/// A stored message waiting in the backlog: its id, when its delivery was routed (its ttl
+/// runs from then) and its hold (its source learns it was written only once it is).
 #[derive(Clone)]
 struct StoredId {
     id: String,
     routed_at: Instant,
-    expires_at: Option<Instant>,
     outstanding: Option<Outstanding>,
 }
 
@@ -188,6 +186,10 @@ impl Mailbox {
         self
     }
 
+    pub fn is_holding(&self) -> bool {
+        self.holding
+    }
+
     /// Records the mailbox's depth in `histogram` whenever `recv` returns a message.
     pub fn with_depth_histogram(mut self, histogram: metrics::Histogram) -> Self {
         self.depth = histogram;
@@ -221,9 +223,10 @@ impl Mailbox {
     }
 
     pub fn push(&self, delivery: Arc<Delivery>) -> Pushed {
-        if self.holding {
-            delivery.hold();
-        }
+        let delivery = match self.holding {
+            true => delivery.held_copy(),
+            false => delivery,
+        };
         let lane = delivery.envelope.priority.lane();
         let outcome = {
             let mut state = self.lock();
@@ -243,7 +246,6 @@ impl Mailbox {
                             Behind::Stored(StoredId {
                                 id: delivery.envelope.id.clone(),
                                 routed_at: delivery.routed_at,
-                                expires_at: delivery.expires_at,
                                 outstanding: delivery.held().filter(|_| self.holding),
                             })
                         } else {
@@ -392,10 +394,8 @@ impl Mailbox {
                         continue;
                     };
                     found += 1;
-                    let mut delivery =
-                        Delivery::stored(envelope).holding(fetched.outstanding.clone());
-                    delivery.routed_at = fetched.routed_at;
-                    delivery.expires_at = fetched.expires_at;
+                    let held = fetched.outstanding.clone();
+                    let delivery = Delivery::stored_again(envelope, fetched.routed_at, held);
                     let lane = delivery.envelope.priority.lane();
                     state.lanes[lane].push_back(Arc::new(delivery));
                     state.len += 1;
@@ -441,9 +441,10 @@ impl Mailbox {
         if state.closed != Some(Closed::Overflow) || state.len >= 2 * self.capacity {
             return false;
         }
-        if self.holding {
-            delivery.hold();
-        }
+        let delivery = match self.holding {
+            true => delivery.held_copy(),
+            false => delivery,
+        };
         state.lanes[delivery.envelope.priority.lane()].push_back(delivery);
         state.len += 1;
         true

@@ -21,7 +21,7 @@ use serde::Deserialize;
 
 pub use claims::{ClaimFuture, Claiming, NameClaims};
 pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, TaskRequest, derived_uuid};
-pub use delivery::{Delivery, Outstanding};
+pub use delivery::{Delivery, Outstanding, Routed};
 pub use directory::{AgentInfo, Directory, NameTaken, PerGeneration, Role, Status};
 pub use envelope::{
     Attachment, Audience, Envelope, Kind, Origin, Priority, Protocol, TaskInfo, TaskState,
@@ -75,6 +75,20 @@ const CORRELATION_CACHE: usize = 16_384;
 pub const BRIDGE_AGENT: &str = "agentbridge";
 /// The directory "protocol" of the bridge's own agent.
 pub const BRIDGE_PROTOCOL: Protocol = "bridge";
+
+/// How a message another bridge of the fleet accepted is delivered here
+/// (`Core::accept_replica`).
+#[derive(Clone, Copy, Default)]
+pub struct Replicated<'a> {
+    /// It is in this bridge's log too.
+    pub kept: bool,
+    /// What the recipients that write or keep it for an agent away hold until they did
+    /// (`Delivery::held_copy`).
+    pub offered: Option<&'a Outstanding>,
+    /// Routed here before, by an earlier run of this bridge: again only to the recipients
+    /// that hold (`Delivery::for_holders_only`).
+    pub holders_only: bool,
+}
 
 /// A message whose store write is queued (see `Core::stage`).
 pub struct Staged {
@@ -317,23 +331,19 @@ impl Core {
     }
 
     /// Delivers a message another bridge of the fleet accepted (and placed in its
-    /// conversation): `kept` when it is in this bridge's log too. It is offered
-    /// `outstanding`, if given, which the recipients that write or keep it for an agent
-    /// away hold until they did (`Delivery::hold`).
-    pub fn accept_replica(
-        &self,
-        env: Envelope,
-        kept: bool,
-        outstanding: Option<&Outstanding>,
-    ) -> Arc<Delivery> {
+    /// conversation), as `how` says.
+    pub fn accept_replica(&self, env: Envelope, how: Replicated<'_>) -> Arc<Delivery> {
         self.remember(&env);
-        let mut delivery = if kept {
+        let mut delivery = if how.kept {
             Delivery::stored(env)
         } else {
             Delivery::new(env)
         };
-        if let Some(outstanding) = outstanding {
+        if let Some(outstanding) = how.offered {
             delivery.offer(outstanding);
+        }
+        if how.holders_only {
+            delivery.for_holders_only();
         }
         self.route_delivery(delivery)
     }

@@ -514,8 +514,8 @@ impl Router {
         report: &mut RouteReport,
     ) {
         report.offline += 1 + earlier.len();
-        // Kept for an agent away: held until it is (`Delivery::hold`).
-        delivery.hold();
+        // Kept for an agent away: held until it is (`Delivery::held_copy`).
+        let delivery = &delivery.held_copy();
         if self.holding_back.load(Ordering::Acquire)
             && let Some(bridge) = self.directory.gone_holder_of(name)
         {
@@ -603,6 +603,10 @@ impl Router {
         report: &mut RouteReport,
     ) -> Offer {
         if !reached.insert(session.id) {
+            return Offer::Taken;
+        }
+        // Its client has it from history.
+        if delivery.is_for_holders_only() && !session.mailbox.is_holding() {
             return Offer::Taken;
         }
         let protocol = session.mailbox.protocol();
@@ -911,13 +915,16 @@ mod tests {
     }
 
     /// Only what keeps or writes a message for an agent whose mail the fleet would keep
-    /// again (a sink here) takes up the hold its delivery was offered: a client of a
-    /// protocol that replays from history does not, so one that reads slowly holds nothing
-    /// back; a message both reach is held by every copy.
+    /// again (a sink here, a session of the sink's protocol) takes up the hold its delivery
+    /// was offered, each for its own copy: a client of a protocol that replays from
+    /// history holds nothing, so one that reads slowly holds nothing back, also of a
+    /// message another recipient holds.
     #[test]
     fn only_what_keeps_mail_takes_up_a_hold() {
-        let (r, _sink) = router_with_sink(&[("away", "queued")], 4, WhenFull::DropOldest);
+        let agents = [("away", "queued"), ("here", "queued")];
+        let (r, _sink) = router_with_sink(&agents, 4, WhenFull::DropOldest);
         let watcher = connect(&r, "h", Arc::new(Observer));
+        let here = r.attach("here", r.mailbox("queued"), Arc::new(AddressedOnly));
         let offered = |outstanding: &Outstanding, mentions: &[&str]| {
             let mut env = Envelope::new("test", "a", Kind::Chat);
             env.mentions = mentions.iter().map(|s| s.to_string()).collect();
@@ -930,12 +937,46 @@ mod tests {
         drop(outstanding);
         assert!(done.is_cancelled(), "the watcher took nothing up");
 
+        // The sink kept it at once; the watcher's copy, unread, holds nothing.
         let (outstanding, done) = Outstanding::new();
         r.route(&offered(&outstanding, &["away"]));
         drop(outstanding);
-        assert!(!done.is_cancelled(), "kept for `away`: held");
-        assert_eq!(received(&watcher).len(), 2);
-        assert!(done.is_cancelled(), "no copy left");
+        assert!(
+            done.is_cancelled(),
+            "kept for `away`, and only that held it"
+        );
+
+        let (outstanding, done) = Outstanding::new();
+        r.route(&offered(&outstanding, &["here"]));
+        drop(outstanding);
+        assert!(!done.is_cancelled(), "waiting in `here`'s mailbox: held");
+        assert_eq!(received(&watcher).len(), 3);
+        assert!(
+            !done.is_cancelled(),
+            "the watcher's copy was not what held it"
+        );
+        assert_eq!(received(&here).len(), 1);
+        assert!(done.is_cancelled(), "no holding copy left");
+    }
+
+    /// A message routed again for the recipients that hold (`Delivery::for_holders_only`)
+    /// reaches them, and the sinks of agents away, but not a client that replays from
+    /// history.
+    #[test]
+    fn a_message_for_holders_only_passes_over_those_that_replay_from_history() {
+        let agents = [("away", "queued"), ("here", "queued"), ("reader", "test")];
+        let (r, sink) = router_with_sink(&agents, 4, WhenFull::DropOldest);
+        let watcher = connect(&r, "h", Arc::new(Observer));
+        let reader = connect(&r, "reader", Arc::new(AddressedOnly));
+        let here = r.attach("here", r.mailbox("queued"), Arc::new(AddressedOnly));
+        let mut env = Envelope::new("test", "a", Kind::Chat);
+        env.mentions = vec!["away".into(), "here".into(), "reader".into()];
+        let mut delivery = Delivery::new(env);
+        delivery.for_holders_only();
+        r.route(&Arc::new(delivery));
+        assert_eq!(sink.agents(), ["away"]);
+        assert_eq!(received(&here).len(), 1);
+        assert!(received(&reader).is_empty() && received(&watcher).is_empty());
     }
 
     #[test]

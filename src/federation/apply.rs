@@ -23,7 +23,7 @@ use super::link::{NatsLink, Ready};
 use super::own_deliveries::OwnDeliveries;
 use super::stretch::Stretch;
 use super::wire::{BRIDGE_HEADER, Names, RUN_HEADER, Replica};
-use crate::core::{Core, Envelope, Kind, MessageLog, Outstanding, Status, now_ms};
+use crate::core::{Core, Envelope, Kind, MessageLog, Outstanding, Replicated, Status, now_ms};
 use crate::telemetry;
 
 /// Messages taken from the stream and applied together.
@@ -38,10 +38,18 @@ struct Replicas {
     all: Vec<Replica>,
     /// The ids of those the store may hold already.
     maybe_kept: Vec<String>,
-    /// The ids of those routed before and perhaps not written (read again by
-    /// `Applier::apply_unacknowledged`, or accepted by an earlier run of this bridge):
-    /// routed even where the store holds them, unless routed by this run.
-    routed_before: HashSet<String>,
+    /// The ids of those routed even where the store holds them: routed before and perhaps
+    /// not written (read again by `Applier::apply_unacknowledged`, or accepted by an
+    /// earlier run of this bridge), or accepted by this run and never routed here (its
+    /// append did not complete: `OwnDeliveries::take_unrouted`).
+    route_if_stored: HashSet<String>,
+    /// The ids of those this run accepted and never routed here: routed although this
+    /// run passed them (`Core::recently_seen`).
+    never_routed: HashSet<String>,
+    /// The ids of those an earlier run of this bridge accepted: routed again, if it had
+    /// stored them (and so routed them), only to recipients that hold
+    /// (`Delivery::for_holders_only`).
+    holders_only: HashSet<String>,
     /// What this run's own messages in the batch wait for (`own_deliveries`).
     own: Vec<CancellationToken>,
 }
@@ -53,8 +61,16 @@ struct Replicas {
 /// messages of the stream wait.
 const WRITTEN_WITHIN: Duration = Duration::from_secs(5);
 
+/// A message of the stream, applied to the store.
+struct Applied {
+    replica: Replica,
+    /// Whether the store holds it.
+    kept: bool,
+    holders_only: bool,
+}
+
 /// A routed batch waiting for its acknowledgement.
-struct Routed {
+struct ToAcknowledge {
     /// The batch's last message: acknowledging it acknowledges the batch and every batch
     /// before (`AckPolicy::All`).
     last: async_nats::jetstream::Message,
@@ -95,7 +111,7 @@ impl Written {
 /// rather than lose what waited in a mailbox. Meanwhile the applier routes on; a slow
 /// client holds back acknowledgements, not routing.
 struct Acks {
-    queued: tokio::sync::mpsc::UnboundedSender<Routed>,
+    queued: tokio::sync::mpsc::UnboundedSender<ToAcknowledge>,
 }
 
 impl Acks {
@@ -103,9 +119,9 @@ impl Acks {
     /// shuts down. Nothing is acknowledged once it does: what a shutdown dropped (a
     /// mailbox's contents, a callback) stays in the stretch the others read again.
     fn start(shutdown: CancellationToken) -> Acks {
-        let (queued, mut to_ack) = tokio::sync::mpsc::unbounded_channel::<Routed>();
+        let (queued, mut to_ack) = tokio::sync::mpsc::unbounded_channel::<ToAcknowledge>();
         tokio::spawn(async move {
-            while let Some(Routed { last, written, at }) = to_ack.recv().await {
+            while let Some(ToAcknowledge { last, written, at }) = to_ack.recv().await {
                 tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => return,
@@ -126,7 +142,7 @@ impl Acks {
     /// Acknowledges the batch `last` ends, once `written`.
     fn ack(&self, last: async_nats::jetstream::Message, written: Written) {
         let at = tokio::time::Instant::now();
-        let _ = self.queued.send(Routed { last, written, at });
+        let _ = self.queued.send(ToAcknowledge { last, written, at });
     }
 }
 
@@ -296,7 +312,7 @@ impl Applier {
     /// those of this run's own messages it carries (`own`), are done.
     fn route_and_ack(
         &self,
-        written: Vec<(Replica, bool)>,
+        written: Vec<Applied>,
         last: async_nats::jetstream::Message,
         own: Vec<CancellationToken>,
         acks: &Acks,
@@ -329,7 +345,7 @@ impl Applier {
     where
         F: Future<
             Output = (
-                Vec<(Replica, bool)>,
+                Vec<Applied>,
                 async_nats::jetstream::Message,
                 Vec<CancellationToken>,
             ),
@@ -356,35 +372,51 @@ impl Applier {
                     .map(|value| value.as_str())
             };
             let from_here = header(BRIDGE_HEADER) == Some(self.link.bridge_id.as_str());
-            if from_here && header(RUN_HEADER) == Some(self.link.run_id.as_str()) {
+            let this_run = from_here && header(RUN_HEADER) == Some(self.link.run_id.as_str());
+            if this_run {
                 if let Some(id) = header(async_nats::header::NATS_MESSAGE_ID.as_ref()) {
                     replicas.own.extend(self.own.read_back(id));
                 }
-                continue;
+                // Routed as it was accepted, unless its append did not complete.
+                if !self.own.any_unrouted() {
+                    continue;
+                }
             }
             // Routed before: an earlier run of this bridge routed its own as it accepted
             // them, and may have been killed before it wrote them.
-            let routed_before = replayed || from_here;
-            let again = routed_before || message.info().is_ok_and(|info| info.delivered > 1);
+            let earlier_run = from_here && !this_run;
+            let routed_before = replayed || earlier_run;
+            let again =
+                routed_before || this_run || message.info().is_ok_and(|info| info.delivered > 1);
             match Replica::all_in(&message.payload) {
                 Ok(all) => {
                     for replica in all {
+                        let id = &replica.envelope.id;
                         // Read again: presence and status were news then, and the
                         // directory has moved on (the agents' cards say where they are).
-                        if routed_before
-                            && (replica.transient || replica.envelope.kind.is_presence())
-                        {
+                        let news = replica.transient || replica.envelope.kind.is_presence();
+                        if (routed_before || this_run) && news {
                             continue;
                         }
+                        if this_run {
+                            if !self.own.take_unrouted(id) {
+                                continue;
+                            }
                         // Passed through here already (a redelivery this bridge remembers).
-                        if !replica.transient && self.core.recently_seen(&replica.envelope.id) {
+                        } else if !replica.transient && self.core.recently_seen(id) {
                             continue;
                         }
                         if (again || replica.resent) && !replica.transient {
-                            replicas.maybe_kept.push(replica.envelope.id.clone());
+                            replicas.maybe_kept.push(id.clone());
                         }
-                        if routed_before {
-                            (replicas.routed_before).insert(replica.envelope.id.clone());
+                        if routed_before || this_run {
+                            replicas.route_if_stored.insert(id.clone());
+                        }
+                        if this_run {
+                            replicas.never_routed.insert(id.clone());
+                        }
+                        if earlier_run {
+                            replicas.holders_only.insert(id.clone());
                         }
                         replicas.all.push(replica);
                     }
@@ -402,23 +434,24 @@ impl Applier {
     }
 
     /// Queues the writes of `replicas` to this bridge's store, leaving out those it holds
-    /// already (and, unless they were routed before, not routing them); the future that
-    /// ends when the store holds them, with the messages to route then, each with whether
-    /// it is kept.
+    /// already (and, unless they are to be routed all the same, not routing them); the
+    /// future that ends when the store holds them, with the messages to route then.
     async fn apply(
         &self,
         replicas: Replicas,
-    ) -> impl Future<Output = Vec<(Replica, bool)>> + Send + 'static {
+    ) -> impl Future<Output = Vec<Applied>> + Send + 'static {
         let Replicas {
             all: mut replicas,
             maybe_kept,
-            routed_before,
+            route_if_stored,
+            never_routed,
+            holders_only,
             ..
         } = replicas;
         // Routed here since `replicas_of` looked (in a batch written meanwhile), or in the
         // store.
-        let (unknown, seen): (Vec<String>, Vec<String>) =
-            (maybe_kept.into_iter()).partition(|id| !self.core.recently_seen(id));
+        let (unknown, seen): (Vec<String>, Vec<String>) = (maybe_kept.into_iter())
+            .partition(|id| never_routed.contains(id) || !self.core.recently_seen(id));
         let seen: HashSet<String> = seen.into_iter().collect();
         let mut stored = HashSet::new();
         if !unknown.is_empty() {
@@ -429,8 +462,8 @@ impl Applier {
         }
         replicas.retain(|r| {
             let id = &r.envelope.id;
-            let again = stored.contains(id) && !routed_before.contains(id);
-            r.transient || !(seen.contains(id) || again)
+            let routed = stored.contains(id) && !route_if_stored.contains(id);
+            r.transient || !(seen.contains(id) || routed)
         });
         let writes: Vec<_> = (replicas.iter())
             .filter(|r| !r.transient && !stored.contains(&r.envelope.id))
@@ -456,7 +489,14 @@ impl Applier {
                             }
                             None => false,
                         });
-                    (replica, kept)
+                    // What the earlier run had not stored it had not routed either.
+                    let id = &replica.envelope.id;
+                    let holders_only = holders_only.contains(id) && stored.contains(id);
+                    Applied {
+                        replica,
+                        kept,
+                        holders_only,
+                    }
                 })
                 .collect()
         }
@@ -464,8 +504,13 @@ impl Applier {
 
     /// Routes a written batch here, in order: the agents its presence changes carry are
     /// registered first, as they would be on the bridge that holds them.
-    fn route(&self, written: Vec<(Replica, bool)>, outstanding: &Outstanding) {
-        for (replica, kept) in written {
+    fn route(&self, written: Vec<Applied>, outstanding: &Outstanding) {
+        for applied in written {
+            let Applied {
+                replica,
+                kept,
+                holders_only,
+            } = applied;
             let Replica {
                 envelope,
                 agent,
@@ -485,7 +530,12 @@ impl Applier {
             // Presence and status are news only while new: nobody keeps them again.
             let news = transient || envelope.kind.is_presence();
             let offered = (!news).then_some(outstanding);
-            self.core.accept_replica(envelope, kept, offered);
+            let how = Replicated {
+                kept,
+                offered,
+                holders_only,
+            };
+            self.core.accept_replica(envelope, how);
         }
     }
 

@@ -124,25 +124,44 @@ impl UnsureIds {
     }
 }
 
-/// Lets the hold of a message being appended go, unless the append completes: a message
-/// refused, or whose append was given up, is not routed, and its publish (if JetStream
-/// holds it) is not to wait for it.
-struct Unrouted {
+/// The hold of a message being appended, kept for its routing once the append completes.
+/// Otherwise the message is not routed here: its hold goes, and if its publish may be in
+/// the stream (JetStream took it, or did not answer, or the append was given up before it
+/// was known) it is applied as another bridge's when read back (`OwnDeliveries`).
+struct HoldUntilAppended {
     own: Arc<OwnDeliveries>,
-    id: Option<String>,
+    unsure: Arc<Unsure>,
+    id: String,
+    /// Whether the message has a hold of its own (not so past `OwnDeliveries`' room, or
+    /// while another message with its id is being appended, whose hold is not this one's).
+    held: bool,
+    settled: bool,
 }
 
-impl Unrouted {
+impl HoldUntilAppended {
     /// The append completed: the message's routing takes its hold.
-    fn appended(mut self) {
-        self.id = None;
+    fn completed(mut self) {
+        self.settled = true;
+        self.own.appended(&self.id);
+    }
+
+    /// The append failed, after the stream took the message if `published`.
+    fn failed(mut self, published: bool) {
+        self.settled = true;
+        if self.held {
+            match published || self.unsure.contains(&self.id) {
+                true => self.own.not_routed(&self.id),
+                false => self.own.not_appended(&self.id),
+            }
+        }
     }
 }
 
-impl Drop for Unrouted {
+impl Drop for HoldUntilAppended {
+    /// Given up before it was known how the append went.
     fn drop(&mut self) {
-        if let Some(id) = self.id.take() {
-            self.own.not_appended(&id);
+        if !self.settled && self.held {
+            self.own.not_routed(&self.id);
         }
     }
 }
@@ -354,22 +373,27 @@ impl MessageLog for FleetLog {
             // A server is failing over: the publisher waits for the client to reconnect.
         }
         let local = self.local.append(env);
-        let written = self.own.appended(&env.id);
-        let published = self.publish(env, false, written);
-        let unrouted = Unrouted {
+        let written = self.own.appending(&env.id);
+        let appending = HoldUntilAppended {
             own: self.own.clone(),
-            id: Some(env.id.clone()),
+            unsure: self.unsure.clone(),
+            id: env.id.clone(),
+            held: written.is_some(),
+            settled: false,
         };
+        let published = self.publish(env, false, written);
         Box::pin(async move {
             let (local, published) = tokio::join!(local, published);
-            local?;
-            match published {
-                Ok(Ok(())) => {
-                    unrouted.appended();
+            let published = published.unwrap_or(Err(LogError::Closed));
+            match (local, published) {
+                (Ok(()), Ok(())) => {
+                    appending.completed();
                     Ok(())
                 }
-                Ok(Err(e)) => Err(e),
-                Err(_) => Err(LogError::Closed),
+                (local, published) => {
+                    appending.failed(published.is_ok());
+                    local.and(published)
+                }
             }
         })
     }

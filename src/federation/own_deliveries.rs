@@ -3,16 +3,21 @@
 //! here too, not only the other bridges' messages it applied.
 //!
 //! A message a bridge accepts is routed here as it is accepted, not applied from the
-//! stream. So that a bridge killed before its own Grid programs and Synapse agents were
-//! written their copies leaves those messages in the stretch the others read again
-//! (`missed_mail`), each message is given a hold as it is appended (`Outstanding`), which
-//! its routing offers to its deliveries (`MessageLog::delivery_hold`), and the token the
-//! hold cancels goes with its publish. When the consumer reads the publish back, the
-//! applier waits for those tokens before acknowledging it, as it waits for a batch it
-//! routed itself.
+//! stream. A bridge killed before it wrote such a message to its own Grid program or
+//! Synapse agent must leave it in the stretch the others read again (`missed_mail`). So
+//! each message is given a hold as it is appended (`Outstanding`), which its routing
+//! offers to its deliveries (`MessageLog::delivery_hold`), and the token the hold cancels
+//! goes with its publish. When the consumer reads the publish back, the applier waits for
+//! those tokens before acknowledging it, as it waits for a batch it routed itself.
+//!
+//! A message whose append did not complete here (the local write failed, or the sender
+//! stopped waiting) was not routed here, and its publish may have reached the stream all
+//! the same: it is marked, and applied like another bridge's when it is read back (within
+//! `UNROUTED_FOR`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -28,6 +33,11 @@ const MOST: usize = 65_536;
 /// needed.
 const STALE_AFTER: Duration = Duration::from_secs(60);
 
+/// How long a message whose append did not complete is looked for among the publishes read
+/// back: a publish JetStream never held is not, and while any is marked, every publish of
+/// this bridge read back is decoded to look for it.
+const UNROUTED_FOR: Duration = Duration::from_secs(600);
+
 #[derive(Default)]
 pub struct OwnDeliveries {
     /// The hold of each message appended and not yet routed, by message id.
@@ -35,12 +45,15 @@ pub struct OwnDeliveries {
     /// For each publish sent and not yet read back, by its NATS message id: cancelled once
     /// each of its messages' deliveries here is written, kept or dropped.
     published: Entries<Vec<CancellationToken>>,
+    /// Messages whose append did not complete, by id: not routed here.
+    unrouted: Entries<()>,
 }
 
 impl OwnDeliveries {
     /// Message `id` is being appended: the token cancelled once its routing let its hold go
-    /// and each delivery that took the hold up is done; `None` when there is no room.
-    pub fn appended(&self, id: &str) -> Option<CancellationToken> {
+    /// and each delivery that took the hold up is done; `None` when there is no room (or a
+    /// message with its id is being appended already).
+    pub fn appending(&self, id: &str) -> Option<CancellationToken> {
         let (hold, done) = Outstanding::new();
         self.holds.insert(id, hold).then_some(done)
     }
@@ -50,9 +63,38 @@ impl OwnDeliveries {
         self.holds.take(id)
     }
 
-    /// Message `id` was not appended: it will not be routed.
+    /// Message `id` was refused: it is not routed, nor in the stream.
     pub fn not_appended(&self, id: &str) {
         self.holds.take(id);
+    }
+
+    /// Message `id`'s append did not complete: it is not routed here, and its publish, if
+    /// the stream holds it, is to be applied here as another bridge's (`take_unrouted`).
+    pub fn not_routed(&self, id: &str) {
+        self.holds.take(id);
+        self.unrouted.insert(id, ());
+    }
+
+    /// Message `id` was appended (and is routed): a message with its id whose append did
+    /// not complete before (a publish without an answer, sent again) is routed by this one.
+    pub fn appended(&self, id: &str) {
+        if !self.unrouted.is_empty() {
+            self.unrouted.take(id);
+        }
+    }
+
+    /// Whether message `id`, read back, was not routed here (once).
+    pub fn take_unrouted(&self, id: &str) -> bool {
+        self.unrouted.take(id).is_some()
+    }
+
+    /// Whether a message read back now may not have been routed here.
+    pub fn any_unrouted(&self) -> bool {
+        if self.unrouted.is_empty() {
+            return false;
+        }
+        self.unrouted.sweep(UNROUTED_FOR);
+        !self.unrouted.is_empty()
     }
 
     /// A publish is being sent under NATS message id `id`, carrying messages with these
@@ -78,12 +120,13 @@ impl OwnDeliveries {
 /// Values by id, at most `MOST`.
 struct Entries<T> {
     map: Mutex<Map<T>>,
+    /// How many: whether there are any is asked without the lock.
+    len: AtomicUsize,
 }
 
 struct Map<T> {
     by_id: HashMap<String, (Instant, T)>,
-    /// When stale entries were last let go: at most once a second, so a full map of fresh
-    /// entries is not scanned on every insert.
+    /// When stale entries were last let go (`Entries::sweep_locked`).
     swept: Instant,
 }
 
@@ -94,29 +137,52 @@ impl<T> Default for Entries<T> {
                 by_id: HashMap::new(),
                 swept: Instant::now(),
             }),
+            len: AtomicUsize::new(0),
         }
     }
 }
 
 impl<T> Entries<T> {
-    /// Keeps `value` under `id`, unless there is no room; whether it was kept.
+    /// Keeps `value` under `id`, unless there is no room or `id` is kept already; whether
+    /// it was kept.
     fn insert(&self, id: &str, value: T) -> bool {
         let mut map = self.lock();
-        let now = Instant::now();
-        if map.by_id.len() >= MOST && now.duration_since(map.swept) >= Duration::from_secs(1) {
-            map.swept = now;
-            map.by_id
-                .retain(|_, (at, _)| now.duration_since(*at) < STALE_AFTER);
-        }
         if map.by_id.len() >= MOST {
+            self.sweep_locked(&mut map, STALE_AFTER);
+        }
+        if map.by_id.len() >= MOST || map.by_id.contains_key(id) {
             return false;
         }
-        map.by_id.insert(id.to_owned(), (now, value));
+        map.by_id.insert(id.to_owned(), (Instant::now(), value));
+        self.len.store(map.by_id.len(), Ordering::Release);
         true
     }
 
     fn take(&self, id: &str) -> Option<T> {
-        self.lock().by_id.remove(id).map(|(_, value)| value)
+        let mut map = self.lock();
+        let taken = map.by_id.remove(id).map(|(_, value)| value);
+        self.len.store(map.by_id.len(), Ordering::Release);
+        taken
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Acquire) == 0
+    }
+
+    /// Lets go the entries older than `older_than`.
+    fn sweep(&self, older_than: Duration) {
+        self.sweep_locked(&mut self.lock(), older_than);
+    }
+
+    /// At most once a second, so that a map of fresh entries is not scanned every time.
+    fn sweep_locked(&self, map: &mut Map<T>, older_than: Duration) {
+        let now = Instant::now();
+        if now.duration_since(map.swept) < Duration::from_secs(1) {
+            return;
+        }
+        map.swept = now;
+        (map.by_id).retain(|_, (at, _)| now.duration_since(*at) < older_than);
+        self.len.store(map.by_id.len(), Ordering::Release);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Map<T>> {
@@ -131,7 +197,7 @@ mod tests {
     #[test]
     fn a_message_is_done_once_routed_and_let_go_by_what_held_it() {
         let own = OwnDeliveries::default();
-        let done = own.appended("m1").expect("room");
+        let done = own.appending("m1").expect("room");
         own.sending("batch:1", vec![done]);
         let [done] = <[_; 1]>::try_from(own.read_back("batch:1")).expect("one token");
         // Not routed yet: its hold is kept for its routing.
@@ -147,24 +213,47 @@ mod tests {
     }
 
     #[test]
-    fn a_message_not_appended_is_not_waited_for() {
+    fn a_message_not_appended_is_not_waited_for_and_is_applied_when_read_back() {
         let own = OwnDeliveries::default();
-        let done = own.appended("m1").expect("room");
-        own.not_appended("m1");
+        assert!(!own.any_unrouted());
+        let done = own.appending("m1").expect("room");
+        own.not_routed("m1");
         assert!(done.is_cancelled());
+        assert!(own.hold_of("m1").is_none(), "not routed");
         own.sending("batch:1", vec![done]);
         own.not_published("batch:1");
         assert!(own.read_back("batch:1").is_empty());
+        assert!(own.any_unrouted());
+        assert!(own.take_unrouted("m1"));
+        assert!(!own.take_unrouted("m1"), "once");
+        assert!(!own.any_unrouted());
+        // Sent again, and appended: routed by that append.
+        own.not_routed("m3");
+        own.appended("m3");
+        assert!(!own.any_unrouted());
+        // Refused: nothing to apply.
+        let done = own.appending("m2").expect("room");
+        own.not_appended("m2");
+        assert!(done.is_cancelled() && !own.take_unrouted("m2"));
+    }
+
+    #[test]
+    fn a_second_message_with_the_same_id_takes_no_hold_of_its_own() {
+        let own = OwnDeliveries::default();
+        let first = own.appending("m1").expect("room");
+        assert!(own.appending("m1").is_none());
+        drop(own.hold_of("m1"));
+        assert!(first.is_cancelled());
     }
 
     #[test]
     fn past_its_room_a_message_is_not_waited_for() {
         let own = OwnDeliveries::default();
-        let kept: Vec<_> = (0..MOST).map(|i| own.appended(&format!("m{i}"))).collect();
+        let kept: Vec<_> = (0..MOST).map(|i| own.appending(&format!("m{i}"))).collect();
         assert!(kept.iter().all(Option::is_some));
         // Every entry is fresh: none is let go to make room.
-        assert!(own.appended("one more").is_none());
+        assert!(own.appending("one more").is_none());
         own.hold_of("m0");
-        assert!(own.appended("one more").is_some());
+        assert!(own.appending("one more").is_some());
     }
 }

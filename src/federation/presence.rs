@@ -18,7 +18,7 @@ use super::config::FederationConfig;
 use super::held_cards::HeldCards;
 use super::link::{NatsLink, Ready, put_heartbeat};
 use super::wire::Card;
-use crate::core::{Audience, Core, Envelope, Kind, Status};
+use crate::core::{Audience, Core, Envelope, Kind, Replicated, Status};
 use crate::telemetry;
 
 pub struct Presence {
@@ -174,7 +174,7 @@ impl Presence {
                 let mut env = Envelope::new(protocol, name, Kind::PresenceJoin);
                 env.audience = Audience::Everyone;
                 env.data = Some(serde_json::json!({ "status": Status::Online.as_str() }));
-                self.core.accept_replica(env, false, None);
+                self.core.accept_replica(env, Replicated::default());
             }
         }
     }
@@ -271,7 +271,7 @@ impl Presence {
             let mut env = Envelope::new(protocol, name, Kind::PresenceLeave);
             env.audience = Audience::Everyone;
             env.data = Some(serde_json::json!({ "status": Status::Offline.as_str() }));
-            self.core.accept_replica(env, false, None);
+            self.core.accept_replica(env, Replicated::default());
         }
         if let Some(held) = held {
             tokio::spawn(super::missed_mail::keep(
