@@ -1197,22 +1197,20 @@ async fn a_program_that_left_a_bridge_killed_just_after_gets_its_messages_once_i
 #[tokio::test]
 async fn a_program_whose_bridge_is_killed_as_it_reads_gets_every_message_through_another() {
     use common::grid::GridWs;
-    let fleet = Fleet::start(2).await;
-    let dir = tempfile::tempdir().unwrap();
-    let process = spawn_member(&fleet, dir.path(), "b2").await;
-    let mut socket = GridWs::quiet_narrow(process.addr("grid"), "stayer").await;
-    for i in 0..2 {
-        fleet.wait_known(i, "stayer").await;
-    }
+    let SlowReader {
+        fleet,
+        dir: _dir,
+        process,
+        socket,
+        ..
+    } = SlowReader::on_a_third_bridge().await;
     // 16 KB each, so that the socket's buffers fill and the rest waits at the bridge.
     const TOTAL: usize = 600;
     let sender = GridWs::quiet(fleet.nets[0].grid, "steady", None).await;
     let pause = Duration::from_millis(20);
     let sending = send_steadily_padded(sender, "steady", "stayer", TOTAL, pause, 16 << 10);
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    process.kill_9();
-    let read = socket.read_until_closed().await;
-    let mut got: Vec<usize> = read.iter().filter_map(numbered).collect();
+    let mut got = read_past_the_kill(process, socket).await;
     let mut socket = GridWs::connect_once_free(fleet.nets[1].grid, "stayer").await;
     let _sender = sending.await.unwrap();
     read_rest(&mut socket, (fleet.nets[1].grid, "stayer"), &mut got, TOTAL).await;
@@ -1228,20 +1226,19 @@ async fn a_program_whose_bridge_is_killed_as_it_reads_gets_every_message_through
 #[tokio::test]
 async fn a_program_on_a_bridge_killed_and_back_at_once_gets_what_waited_for_it_there() {
     use common::grid::GridWs;
-    let fleet = Fleet::start_timed(1, PATIENT).await;
-    let dir = tempfile::tempdir().unwrap();
-    let section = federation_section(&fleet.nats, &fleet.prefix, "b1", PATIENT);
-    let process = spawn_bridge(dir.path(), "b1", &section).await;
-    let mut socket = GridWs::quiet_narrow(process.addr("grid"), "stayer").await;
-    fleet.wait_known(0, "stayer").await;
+    let SlowReader {
+        fleet,
+        dir,
+        section,
+        process,
+        socket,
+    } = SlowReader::on_a_patient_fleet().await;
     const TOTAL: usize = 600;
     let sender = GridWs::quiet(fleet.nets[0].grid, "steady", None).await;
     let pause = Duration::from_millis(20);
     let sending = send_steadily_padded(sender, "steady", "stayer", TOTAL, pause, 16 << 10);
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    process.kill_9();
-    let read = socket.read_until_closed().await;
-    let mut got: Vec<usize> = read.iter().filter_map(numbered).collect();
+    let mut got = read_past_the_kill(process, socket).await;
     let process = spawn_bridge(dir.path(), "b1", &section).await;
     let mut socket = GridWs::connect_once_free(process.addr("grid"), "stayer").await;
     let _sender = sending.await.unwrap();
@@ -1269,18 +1266,16 @@ async fn a_program_on_a_bridge_killed_and_back_at_once_gets_what_waited_for_it_t
 #[tokio::test]
 async fn a_program_whose_bridge_is_killed_as_it_reads_gets_what_that_bridge_accepted_for_it() {
     use common::grid::GridWs;
-    let fleet = Fleet::start(2).await;
-    let dir = tempfile::tempdir().unwrap();
-    let process = spawn_member(&fleet, dir.path(), "b2").await;
-    let mut socket = GridWs::quiet_narrow(process.addr("grid"), "stayer").await;
-    for i in 0..2 {
-        fleet.wait_known(i, "stayer").await;
-    }
+    let SlowReader {
+        fleet,
+        dir: _dir,
+        process,
+        socket,
+        ..
+    } = SlowReader::on_a_third_bridge().await;
     let sending = SentUntilKilled::start(process.addr("grid"), "stayer").await;
-    process.kill_9();
+    let mut got = read_past_the_kill(process, socket).await;
     let accepted = sending.accepted().await;
-    let read = socket.read_until_closed().await;
-    let mut got: Vec<usize> = read.iter().filter_map(numbered).collect();
     let mut socket = GridWs::connect_once_free(fleet.nets[1].grid, "stayer").await;
     let at = (fleet.nets[1].grid, "stayer");
     read_rest_of(&mut socket, at, &mut got, &accepted).await;
@@ -1293,23 +1288,78 @@ async fn a_program_whose_bridge_is_killed_as_it_reads_gets_what_that_bridge_acce
 #[tokio::test]
 async fn a_program_on_a_bridge_killed_and_back_at_once_gets_what_that_bridge_accepted_for_it() {
     use common::grid::GridWs;
-    let fleet = Fleet::start_timed(1, PATIENT).await;
-    let dir = tempfile::tempdir().unwrap();
-    let section = federation_section(&fleet.nats, &fleet.prefix, "b1", PATIENT);
-    let process = spawn_bridge(dir.path(), "b1", &section).await;
-    let mut socket = GridWs::quiet_narrow(process.addr("grid"), "stayer").await;
-    fleet.wait_known(0, "stayer").await;
+    let SlowReader {
+        fleet,
+        dir,
+        section,
+        process,
+        socket,
+    } = SlowReader::on_a_patient_fleet().await;
     let sending = SentUntilKilled::start(process.addr("grid"), "stayer").await;
-    process.kill_9();
+    let mut got = read_past_the_kill(process, socket).await;
     let accepted = sending.accepted().await;
-    let read = socket.read_until_closed().await;
-    let mut got: Vec<usize> = read.iter().filter_map(numbered).collect();
     let process = spawn_bridge(dir.path(), "b1", &section).await;
     let at = (process.addr("grid"), "stayer");
     let mut socket = GridWs::connect_once_free(at.0, "stayer").await;
     read_rest_of(&mut socket, at, &mut got, &accepted).await;
     drop(process);
     fleet.shutdown().await;
+}
+
+/// A Grid program, `stayer`, on a bridge in a process of its own, reading slowly (a narrow
+/// socket, unread), known to every bridge of the fleet: what is sent to it waits at its
+/// bridge once the socket's buffers are full.
+struct SlowReader {
+    fleet: Fleet,
+    /// The bridge's data directory, and its federation section: to start it again.
+    dir: tempfile::TempDir,
+    section: String,
+    process: BridgeProcess,
+    socket: common::grid::GridWs,
+}
+
+impl SlowReader {
+    /// On `b2`, the third bridge of a fleet whose other two are in this process.
+    async fn on_a_third_bridge() -> SlowReader {
+        let fleet = Fleet::start(2).await;
+        let section = federation_section(&fleet.nats, &fleet.prefix, "b2", QUICK);
+        SlowReader::on(fleet, "b2", section).await
+    }
+
+    /// On `b1`, the second bridge of a fleet whose presence TTL a restart fits in
+    /// (`PATIENT`): the other never takes it for gone, so keeps nothing for its agents.
+    async fn on_a_patient_fleet() -> SlowReader {
+        let fleet = Fleet::start_timed(1, PATIENT).await;
+        let section = federation_section(&fleet.nats, &fleet.prefix, "b1", PATIENT);
+        SlowReader::on(fleet, "b1", section).await
+    }
+
+    async fn on(fleet: Fleet, id: &str, section: String) -> SlowReader {
+        let dir = tempfile::tempdir().unwrap();
+        let process = spawn_bridge(dir.path(), id, &section).await;
+        let socket = common::grid::GridWs::quiet_narrow(process.addr("grid"), "stayer").await;
+        for i in 0..fleet.nets.len() {
+            fleet.wait_known(i, "stayer").await;
+        }
+        SlowReader {
+            fleet,
+            dir,
+            section,
+            process,
+            socket,
+        }
+    }
+}
+
+/// Kills `process` (`kill -9`) and reads what its bridge had written to `socket` before:
+/// the numbers of the messages (`numbered`).
+async fn read_past_the_kill(
+    process: BridgeProcess,
+    mut socket: common::grid::GridWs,
+) -> Vec<usize> {
+    process.kill_9();
+    let read = socket.read_until_closed().await;
+    read.iter().filter_map(numbered).collect()
 }
 
 /// A presence TTL a restart fits in: the fleet never takes the restarted bridge for gone,
