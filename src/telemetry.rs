@@ -118,7 +118,7 @@ pub const METRICS: &[(&str, &str)] = &[
     ),
     (
         FEDERATION_ACKED_UNWRITTEN,
-        "Applied batches acknowledged to the stream before everything they routed here was written: a recipient that far behind loses that part if the bridge is killed.",
+        "Batches of the stream (the others' applied here, this bridge's own read back) acknowledged before everything routed here was written: a recipient that far behind loses that part if the bridge is killed.",
     ),
 ];
 
@@ -489,7 +489,7 @@ pub fn federation_handover(outcome: &'static str) {
     counter!(FEDERATION_HANDOVERS, "outcome" => outcome).increment(1);
 }
 
-/// An applied batch was acknowledged before all it routed here was written.
+/// A batch of the stream was acknowledged before all that was routed here was written.
 pub fn federation_acknowledged_unwritten() {
     counter!(FEDERATION_ACKED_UNWRITTEN).increment(1);
 }
