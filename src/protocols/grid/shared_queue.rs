@@ -134,9 +134,10 @@ impl Grid {
             }
         });
         let mut here_only = Vec::new();
+        let mut applies = Vec::new();
         for (written, record) in join_all(writes).await {
             match written {
-                Ok(revision) => self.apply_queued(record, revision).await?,
+                Ok(revision) => applies.push(self.apply_queued(record, revision)),
                 // Queued already by another bridge (applied here as its record arrives),
                 // or taken already.
                 Err(RecordError::Conflict) => {}
@@ -146,6 +147,8 @@ impl Grid {
                 }
             }
         }
+        // Together: the store commits them in one batch, not one a program.
+        join_all(applies).await.into_iter().collect::<Result<(), _>>()?;
         if here_only.is_empty() {
             return Ok(());
         }
