@@ -148,7 +148,10 @@ impl Grid {
             }
         }
         // Together: the store commits them in one batch, not one a program.
-        join_all(applies).await.into_iter().collect::<Result<(), _>>()?;
+        join_all(applies)
+            .await
+            .into_iter()
+            .collect::<Result<(), _>>()?;
         if here_only.is_empty() {
             return Ok(());
         }

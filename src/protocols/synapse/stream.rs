@@ -386,11 +386,13 @@ impl Synapse {
         self.drain(&mailbox, &mut held, &mut holds);
         // Asked once nothing more reaches this stream; not at shutdown, when the older
         // stream may close after the inbox writer has stopped.
+        let (sending, sent) = Outstanding::new();
         let left = Leftovers {
             covered: kind == StreamKind::Messages
                 && !self.shutdown.is_cancelled()
                 && self.older_stream_receiving(&session),
             from_backlog,
+            sending,
         };
         // Noted as sent live and not delivered after all: sent from the mail, where they go.
         for message in &held {
@@ -402,6 +404,7 @@ impl Synapse {
             let synapse = self.clone();
             let agent = agent.clone();
             let left = left.clone();
+            let sent = sent.clone();
             let mut sent_on_arrival = std::mem::take(&mut sent_on_arrival);
             tokio::spawn(async move {
                 let unread = unread.await.unwrap_or_default();
@@ -413,6 +416,8 @@ impl Synapse {
                 if !unread.holds.is_empty() && !synapse.shutdown.is_cancelled() {
                     synapse.outbound.flush().await;
                 }
+                drop(left);
+                holds_until_sent(unread.holds, sent);
             });
         } else {
             sent_on_arrival.closed();
@@ -429,7 +434,8 @@ impl Synapse {
         if kept && told && !self.shutdown.is_cancelled() {
             self.outbound.flush().await;
         }
-        drop(holds);
+        drop(left);
+        holds_until_sent(holds, sent);
         if kind == StreamKind::Messages {
             self.stream_closed(&agent, session.id).await;
         }
@@ -459,17 +465,17 @@ impl Synapse {
     /// (a nack, from the bridge), which only it was sent.
     fn send_back(&self, agent: &str, message: SynapseMessage, left: &Leftovers) {
         let answer = || (message.sender.as_ref()).is_some_and(|s| s.agent_id == BRIDGE_AGENT);
+        let sending = Some(left.sending.clone());
         match left.from_backlog.get(&message.id) {
-            Some(&taken_at) => (self.outbound).keep(agent, message, Keeping::Again(taken_at), None),
+            Some(&taken_at) => {
+                (self.outbound).keep(agent, message, Keeping::Again(taken_at), sending)
+            }
             None if left.covered && !answer() => {}
-            None => self.send_offline(agent, message),
+            None => {
+                let route = self.route_for(agent, false);
+                self.send_by(agent, route, message, sending);
+            }
         }
-    }
-
-    /// Sends `message` to `agent` the way it is reached with no stream open.
-    fn send_offline(&self, agent: &str, message: SynapseMessage) {
-        let route = self.route_for(agent, false);
-        self.send_by(agent, route, message, None);
     }
 
     /// What waited in the agent's inbox while it was away, oldest first, for a stream that
@@ -546,6 +552,23 @@ struct Leftovers {
     /// What the stream took from the inbox, each with the revision of the fleet's record
     /// it was taken at: it goes back there.
     from_backlog: HashMap<String, Option<Revision>>,
+    /// Kept by every inbox keep and callback that sends a leftover on: the holds of the
+    /// batches that routed the leftovers here are let go once it is done with
+    /// (`holds_until_sent`).
+    sending: Outstanding,
+}
+
+/// Keeps `holds` until `sent` is cancelled: until every leftover sent on with
+/// `Leftovers::sending` was kept or posted (a callback is posted after the inbox writer's
+/// flush), so that a bridge killed before has the batches that routed them here read again.
+fn holds_until_sent(holds: Vec<Outstanding>, sent: tokio_util::sync::CancellationToken) {
+    if holds.is_empty() || sent.is_cancelled() {
+        return;
+    }
+    tokio::spawn(async move {
+        sent.cancelled().await;
+        drop(holds);
+    });
 }
 
 /// A stream's wait before it takes its backlog again: boxed, as it is rare and every idle
@@ -604,5 +627,30 @@ impl Interest for StreamInterest {
 
     fn can_observe(&self) -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The batches' holds a closing stream kept are let go only once what sent its
+    /// leftovers on (a callback not yet posted) let go of its own.
+    #[tokio::test]
+    async fn a_closing_streams_holds_wait_for_what_sends_its_leftovers_on() {
+        let (batch, acknowledged) = Outstanding::new();
+        let (sending, sent) = Outstanding::new();
+        let callback = sending.clone();
+        holds_until_sent(vec![batch], sent);
+        drop(sending);
+        tokio::task::yield_now().await;
+        assert!(
+            !acknowledged.is_cancelled(),
+            "the callback is not posted yet"
+        );
+        drop(callback);
+        tokio::time::timeout(std::time::Duration::from_secs(5), acknowledged.cancelled())
+            .await
+            .expect("let go once it is");
     }
 }
