@@ -48,6 +48,19 @@ impl Cluster {
     /// `size` servers in one cluster, each accepting clients when this returns, with a
     /// JetStream meta leader elected.
     pub async fn start(size: usize) -> Cluster {
+        // Ports are picked free, and may be taken by another test before a server binds
+        // them: a server that found its port taken is started again on others.
+        for _ in 1..TRIES {
+            if let Some(cluster) = Cluster::start_once(size).await {
+                return cluster;
+            }
+        }
+        Cluster::start_once(size)
+            .await
+            .expect("a cluster starts on free ports")
+    }
+
+    async fn start_once(size: usize) -> Option<Cluster> {
         let binary = server_binary();
         let dir = tempfile::tempdir().expect("a temp dir");
         let free = free_ports(2 * size);
@@ -97,10 +110,20 @@ impl Cluster {
             cluster.start_node(i);
         }
         for i in 0..size {
+            if cluster.port_taken(i).await {
+                return None;
+            }
             cluster.wait_accepting(i).await;
         }
         cluster.wait_jetstream().await;
-        cluster
+        Some(cluster)
+    }
+
+    /// Whether server `i` stopped because one of its ports was taken (it says so at once).
+    async fn port_taken(&self, i: usize) -> bool {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let log = std::fs::read_to_string(&self.nodes[i].log).unwrap_or_default();
+        log.contains("address already in use")
     }
 
     fn start_node(&mut self, i: usize) {
@@ -273,6 +296,9 @@ impl Cluster {
         self.nodes[i].cluster_port
     }
 }
+
+/// Starts of a cluster tried before a taken port fails the test.
+const TRIES: usize = 3;
 
 impl Drop for Cluster {
     fn drop(&mut self) {
