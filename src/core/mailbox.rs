@@ -190,6 +190,15 @@ impl Mailbox {
         self.holding
     }
 
+    /// `delivery` as this mailbox keeps it: a copy holding what its source offered, if it
+    /// is a holding mailbox (`Mailbox::holding`).
+    fn taken(&self, delivery: Arc<Delivery>) -> Arc<Delivery> {
+        match self.holding {
+            true => delivery.held_copy(),
+            false => delivery,
+        }
+    }
+
     /// Records the mailbox's depth in `histogram` whenever `recv` returns a message.
     pub fn with_depth_histogram(mut self, histogram: metrics::Histogram) -> Self {
         self.depth = histogram;
@@ -223,10 +232,7 @@ impl Mailbox {
     }
 
     pub fn push(&self, delivery: Arc<Delivery>) -> Pushed {
-        let delivery = match self.holding {
-            true => delivery.held_copy(),
-            false => delivery,
-        };
+        let delivery = self.taken(delivery);
         let lane = delivery.envelope.priority.lane();
         let outcome = {
             let mut state = self.lock();
@@ -441,10 +447,7 @@ impl Mailbox {
         if state.closed != Some(Closed::Overflow) || state.len >= 2 * self.capacity {
             return false;
         }
-        let delivery = match self.holding {
-            true => delivery.held_copy(),
-            false => delivery,
-        };
+        let delivery = self.taken(delivery);
         state.lanes[delivery.envelope.priority.lane()].push_back(delivery);
         state.len += 1;
         true

@@ -35,23 +35,43 @@ const WRITING: usize = 16;
 /// The messages of a batch to apply (`Applier::replicas_of`).
 #[derive(Default)]
 struct Replicas {
-    all: Vec<Replica>,
-    /// The ids of those the store may hold already.
-    maybe_kept: Vec<String>,
-    /// The ids of those routed even where the store holds them: routed before and perhaps
-    /// not written (read again by `Applier::apply_unacknowledged`, or accepted by an
-    /// earlier run of this bridge), or accepted by this run and never routed here (its
-    /// append did not complete: `OwnDeliveries::take_unrouted`).
-    route_if_stored: HashSet<String>,
-    /// The ids of those this run accepted and never routed here: routed although this
-    /// run passed them (`Core::recently_seen`).
-    never_routed: HashSet<String>,
-    /// The ids of those an earlier run of this bridge accepted: routed again, if it had
-    /// stored them (and so routed them), only to recipients that hold
-    /// (`Delivery::for_holders_only`).
-    holders_only: HashSet<String>,
+    all: Vec<ToApply>,
     /// What this run's own messages in the batch wait for (`own_deliveries`).
     own: Vec<CancellationToken>,
+}
+
+impl Replicas {
+    fn any_maybe_kept(&self) -> bool {
+        self.all.iter().any(|m| m.maybe_kept)
+    }
+}
+
+/// A message of a batch to apply.
+struct ToApply {
+    replica: Replica,
+    /// Whether the store may hold it already.
+    maybe_kept: bool,
+    routing: Routing,
+}
+
+/// How a message of the stream was routed here before, which says whether it is routed
+/// now where the store holds it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Routing {
+    /// As it was kept: one the store holds was routed then, and is passed over.
+    WhenKept,
+    /// Perhaps not written: read again by `Applier::apply_unacknowledged`. Routed where the
+    /// store holds it, unless this run routed it.
+    Again,
+    /// Accepted by an earlier run of this bridge, which routed it as it accepted it and
+    /// may have been killed before it wrote it: routed again where the store holds it (the
+    /// earlier run stored, and so routed, it), only to the recipients that hold
+    /// (`Delivery::for_holders_only`); where it does not, to all.
+    EarlierRun,
+    /// Accepted by this run and never routed here (its append did not complete:
+    /// `OwnDeliveries::take_unrouted`): routed, although this run passed it
+    /// (`Core::recently_seen`) and the store may hold it.
+    Never,
 }
 
 /// How long an acknowledgement waits for the batch's deliveries to be written: past this,
@@ -221,7 +241,7 @@ impl Applier {
                     let mut replicas = self.replicas_of(&batch, false);
                     // Whether one of these was applied is known once the batches before
                     // are written and routed: its first copy may be in one.
-                    if !replicas.maybe_kept.is_empty() {
+                    if replicas.any_maybe_kept() {
                         self.route_and_ack_all(&mut writing, acks).await;
                     }
                     let own = std::mem::take(&mut replicas.own);
@@ -382,12 +402,14 @@ impl Applier {
                     continue;
                 }
             }
-            // Routed before: an earlier run of this bridge routed its own as it accepted
-            // them, and may have been killed before it wrote them.
-            let earlier_run = from_here && !this_run;
-            let routed_before = replayed || earlier_run;
+            let routing = match (from_here, this_run, replayed) {
+                (_, true, _) => Routing::Never,
+                (true, false, _) => Routing::EarlierRun,
+                (false, _, true) => Routing::Again,
+                (false, _, false) => Routing::WhenKept,
+            };
             let again =
-                routed_before || this_run || message.info().is_ok_and(|info| info.delivered > 1);
+                routing != Routing::WhenKept || message.info().is_ok_and(|info| info.delivered > 1);
             match Replica::all_in(&message.payload) {
                 Ok(all) => {
                     for replica in all {
@@ -395,10 +417,10 @@ impl Applier {
                         // Read again: presence and status were news then, and the
                         // directory has moved on (the agents' cards say where they are).
                         let news = replica.transient || replica.envelope.kind.is_presence();
-                        if (routed_before || this_run) && news {
+                        if routing != Routing::WhenKept && news {
                             continue;
                         }
-                        if this_run {
+                        if routing == Routing::Never {
                             if !self.own.take_unrouted(id) {
                                 continue;
                             }
@@ -406,19 +428,12 @@ impl Applier {
                         } else if !replica.transient && self.core.recently_seen(id) {
                             continue;
                         }
-                        if (again || replica.resent) && !replica.transient {
-                            replicas.maybe_kept.push(id.clone());
-                        }
-                        if routed_before || this_run {
-                            replicas.route_if_stored.insert(id.clone());
-                        }
-                        if this_run {
-                            replicas.never_routed.insert(id.clone());
-                        }
-                        if earlier_run {
-                            replicas.holders_only.insert(id.clone());
-                        }
-                        replicas.all.push(replica);
+                        let maybe_kept = (again || replica.resent) && !replica.transient;
+                        replicas.all.push(ToApply {
+                            replica,
+                            maybe_kept,
+                            routing,
+                        });
                     }
                 }
                 Err(e) => {
@@ -426,9 +441,11 @@ impl Applier {
                 }
             }
         }
-        if !replicas.maybe_kept.is_empty() {
+        if replicas.any_maybe_kept() {
             let mut seen = HashSet::new();
-            (replicas.all).retain(|r| r.transient || seen.insert(r.envelope.id.clone()));
+            (replicas.all).retain(|ToApply { replica: r, .. }| {
+                r.transient || seen.insert(r.envelope.id.clone())
+            });
         }
         replicas
     }
@@ -440,19 +457,18 @@ impl Applier {
         &self,
         replicas: Replicas,
     ) -> impl Future<Output = Vec<Applied>> + Send + 'static {
-        let Replicas {
-            all: mut replicas,
-            maybe_kept,
-            route_if_stored,
-            never_routed,
-            holders_only,
-            ..
-        } = replicas;
+        let mut replicas = replicas.all;
         // Routed here since `replicas_of` looked (in a batch written meanwhile), or in the
         // store.
-        let (unknown, seen): (Vec<String>, Vec<String>) = (maybe_kept.into_iter())
-            .partition(|id| never_routed.contains(id) || !self.core.recently_seen(id));
-        let seen: HashSet<String> = seen.into_iter().collect();
+        let (mut unknown, mut seen) = (Vec::new(), HashSet::new());
+        for m in replicas.iter().filter(|m| m.maybe_kept) {
+            let id = m.replica.envelope.id.clone();
+            if m.routing == Routing::Never || !self.core.recently_seen(&id) {
+                unknown.push(id);
+            } else {
+                seen.insert(id);
+            }
+        }
         let mut stored = HashSet::new();
         if !unknown.is_empty() {
             match self.local.read_ids(unknown).await {
@@ -460,12 +476,12 @@ impl Applier {
                 Err(e) => tracing::error!(error = %e, "federation: cannot read the store"),
             }
         }
-        replicas.retain(|r| {
-            let id = &r.envelope.id;
-            let routed = stored.contains(id) && !route_if_stored.contains(id);
-            r.transient || !(seen.contains(id) || routed)
+        replicas.retain(|m| {
+            let id = &m.replica.envelope.id;
+            let routed = stored.contains(id) && m.routing == Routing::WhenKept;
+            m.replica.transient || !(seen.contains(id) || routed)
         });
-        let writes: Vec<_> = (replicas.iter())
+        let writes: Vec<_> = (replicas.iter().map(|m| &m.replica))
             .filter(|r| !r.transient && !stored.contains(&r.envelope.id))
             .map(|r| self.local.append(&r.envelope))
             .collect();
@@ -473,7 +489,7 @@ impl Applier {
             // In the order they were queued: one result for each message to keep.
             let mut written = futures_util::future::join_all(writes).await.into_iter();
             (replicas.into_iter())
-                .map(|replica| {
+                .map(|ToApply { replica, routing, .. }| {
                     let kept = !replica.transient
                         && (stored.contains(&replica.envelope.id)
                             || match written.next() {
@@ -490,8 +506,8 @@ impl Applier {
                             None => false,
                         });
                     // What the earlier run had not stored it had not routed either.
-                    let id = &replica.envelope.id;
-                    let holders_only = holders_only.contains(id) && stored.contains(id);
+                    let holders_only =
+                        routing == Routing::EarlierRun && stored.contains(&replica.envelope.id);
                     Applied {
                         replica,
                         kept,
