@@ -50,9 +50,15 @@ impl Claim {
     }
 }
 
-/// Tries at a contended or unanswered claim before it is refused (two seconds' worth).
-const ATTEMPTS: usize = 20;
+/// How long a contended or unanswered claim is tried before it is refused: longer than a
+/// NATS stream takes to elect a leader once its old one is gone (election timeouts run up
+/// to 9 s), so that a claim made while a NATS server fails over waits rather than fails.
+const SETTLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(12);
+/// The pause before a claim is tried again after NATS did not answer or refused it.
 const RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+/// The pause before a claim that lost a race is read again: a replica that answered with an
+/// older revision has usually caught up by then.
+const REREAD_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
 
 pub struct FleetClaims {
     pub link: Arc<NatsLink>,
@@ -82,7 +88,8 @@ impl FleetClaims {
         };
         // A registration's claim lasts; so does one an agent the fleet registered moves.
         let fresh = claim(how != Claiming::Held);
-        for _ in 0..ATTEMPTS {
+        let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
+        while tokio::time::Instant::now() < deadline {
             match ready.names.create(&key, fresh.clone()).await {
                 Ok(_) => return Ok(()),
                 Err(e) if e.kind() == CreateErrorKind::AlreadyExists || lost_race(&e) => {}
@@ -128,7 +135,11 @@ impl FleetClaims {
             };
             match ready.names.update(&key, value, entry.revision).await {
                 Ok(_) => return Ok(()),
-                Err(e) if lost_race(&e) => continue,
+                // Read again: another bridge wrote first, or the replica read was behind.
+                Err(e) if lost_race(&e) => {
+                    tokio::time::sleep(REREAD_AFTER).await;
+                    continue;
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, name = %info.name, lasting, "federation: taking a name over again");
                     tokio::time::sleep(RETRY_AFTER).await;
