@@ -959,6 +959,32 @@ async fn mail_queued_for_away_program(fleet: &Fleet, name: &str, ids: &[&str]) {
     fleet.wait_records_in("grid-queue", ids.len()).await;
 }
 
+/// A burst through one bridge to a program away that another keeps: the keeper's writer
+/// writes the burst's records many at a time, yet the program polls each message once, in
+/// the order sent.
+#[tokio::test]
+async fn a_burst_to_a_program_away_is_queued_in_the_fleet_in_order_once() {
+    const BURST: usize = 300;
+    let fleet = Fleet::start(2).await;
+    away_program(&fleet, 0, "absent").await;
+    let mut sender = common::grid::GridWs::quiet(fleet.nets[1].grid, "burster", None).await;
+    for i in 0..BURST {
+        sender
+            .send(&grid_request(&format!("b{i}"), "burster", "absent"))
+            .await;
+    }
+    fleet.wait_records_in("grid-queue", BURST).await;
+    let mut got = Vec::new();
+    eventually("the program polls the whole burst", async || {
+        got.extend(polled_ids(&fleet, 0, "absent").await);
+        got.len() >= BURST
+    })
+    .await;
+    let sent: Vec<String> = (0..BURST).map(|i| format!("b{i}")).collect();
+    assert_eq!(got, sent, "in the order sent, once");
+    fleet.shutdown().await;
+}
+
 /// A program moving between bridges while a sender on a third sends to it steadily gets
 /// every message once, in the order sent: the bridge it left keeps what it routes for it
 /// until it applies the move, and the bridge it moved to takes that mail before it sends

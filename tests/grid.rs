@@ -517,6 +517,47 @@ async fn a_message_kept_for_several_programs_is_appended_to_the_scratchpad_once(
     w.bridge.shutdown().await;
 }
 
+/// A burst to a program that is not connected: the writer takes it in turns of many
+/// messages (queued together, appended in one write), yet the program's queue and the
+/// scratchpad hold each message once, in the order sent.
+#[tokio::test]
+async fn a_burst_to_a_program_away_is_queued_and_appended_in_order_once() {
+    const BURST: usize = 400;
+    let dir = tempfile::tempdir().unwrap();
+    let pad = dir.path().join("SCRATCHPAD.md");
+    let w = world_from(start_bridge(&grid_section(&pad)).await);
+    programs(&w, &["mc"]).await;
+    let (mut scout, _) = GridWs::connect(w.addr, "scout", None).await;
+    for i in 0..BURST {
+        (scout.send(&request(&format!("away-{i}"), "scout", "mc", "found"))).await;
+    }
+    scout
+        .send(&request("away-last", "scout", "mc", "done"))
+        .await;
+    let mut got = Vec::new();
+    while got.last().is_none_or(|id| id != "away-last") {
+        got.extend(
+            poll_until_some(&w, "mc")
+                .await
+                .iter()
+                .map(|m| m["id"].as_str().unwrap_or_default().to_owned()),
+        );
+        assert!(got.len() <= BURST + 1, "more than was sent: {got:?}");
+    }
+    let sent: Vec<String> = (0..BURST).map(|i| format!("away-{i}")).collect();
+    assert_eq!(got[..BURST], sent[..], "in the order sent, once");
+    let text = file_contains(&pad, "away-last").await;
+    let appended: Vec<usize> = (0..BURST)
+        .map(|i| {
+            let id = format!("id: away-{i}\n");
+            assert_eq!(text.matches(&id).count(), 1, "away-{i} once in {text}");
+            text.find(&id).unwrap()
+        })
+        .collect();
+    assert!(appended.is_sorted(), "appended in the order sent");
+    w.bridge.shutdown().await;
+}
+
 /// Polls `agent`'s queue until something arrives.
 async fn poll_until_some(w: &World, agent: &str) -> Vec<Value> {
     for _ in 0..500 {

@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::kv::{self, Operation};
 use async_nats::jetstream::message::StreamMessage;
 use futures_util::StreamExt;
@@ -91,9 +92,21 @@ impl FleetRecords {
         write: &RecordWrite<'_>,
         expect_last: Revision,
     ) -> Result<Revision, RecordError> {
-        use async_nats::jetstream::context::PublishErrorKind;
         let ready = self.ready()?;
-        match publish_once(&ready, write, expect_last).await {
+        let answer = publish_once(&ready, write, expect_last).await;
+        self.settle(&ready, write, expect_last, answer).await
+    }
+
+    /// What became of `write`, given its publish's `answer`.
+    async fn settle(
+        &self,
+        ready: &super::link::Ready,
+        write: &RecordWrite<'_>,
+        expect_last: Revision,
+        answer: Result<Revision, async_nats::jetstream::context::PublishError>,
+    ) -> Result<Revision, RecordError> {
+        use async_nats::jetstream::context::PublishErrorKind;
+        match answer {
             Ok(revision) => Ok(revision),
             Err(e) if lost_race(&e) => Err(RecordError::Conflict),
             Err(e) if e.kind() == PublishErrorKind::TimedOut => {
@@ -101,7 +114,7 @@ impl FleetRecords {
                     table = write.table,
                     "federation: a record write got no answer; made again"
                 );
-                self.publish_again(&ready, write, expect_last).await
+                self.publish_again(ready, write, expect_last).await
             }
             Err(e) => Err(unavailable(e)),
         }
@@ -174,17 +187,23 @@ async fn publish_once(
     write: &RecordWrite<'_>,
     expect_last: Revision,
 ) -> Result<Revision, async_nats::jetstream::context::PublishError> {
+    Ok(send_once(ready, write, expect_last).await?.await?.sequence)
+}
+
+/// Sends `write` once; its answer is the future returned.
+async fn send_once(
+    ready: &super::link::Ready,
+    write: &RecordWrite<'_>,
+    expect_last: Revision,
+) -> Result<PublishAckFuture, async_nats::jetstream::context::PublishError> {
     use async_nats::header::{NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_ID};
     let subject = put_subject(&ready.records, write.table, write.key);
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(NATS_MESSAGE_ID, write.id.as_str());
     headers.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, expect_last.to_string());
-    let ack = (ready
-        .js
-        .publish_with_headers(subject, headers, write.value.clone()))
-    .await?
-    .await?;
-    Ok(ack.sequence)
+    (ready.js)
+        .publish_with_headers(subject, headers, write.value.clone())
+        .await
 }
 
 /// The subject a message of `table`'s record `key` is published on, as async-nats's own
@@ -369,6 +388,44 @@ impl SharedRecords for FleetRecords {
             let revision = self.publish_record(&write, mark).await?;
             self.positions.wrote(table, revision);
             Ok(revision)
+        })
+    }
+
+    fn write_unused_in_order<'a>(
+        &'a self,
+        table: &'a str,
+        writes: Vec<(String, bytes::Bytes)>,
+    ) -> RecordFuture<'a, Vec<Result<Revision, RecordError>>> {
+        Box::pin(async move {
+            let ready = self.ready()?;
+            let writes: Vec<RecordWrite> = (writes.iter())
+                .map(|(key, value)| RecordWrite {
+                    table,
+                    key,
+                    value: value.clone(),
+                    id: uuid::Uuid::new_v4().to_string(),
+                })
+                .collect();
+            // Sent in order, each as soon as the connection takes it; answered together.
+            let mut sent = Vec::with_capacity(writes.len());
+            for write in &writes {
+                sent.push(send_once(&ready, write, 0).await);
+            }
+            let answers = (sent.into_iter().zip(&writes)).map(|(sent, write)| {
+                let ready = &ready;
+                async move {
+                    let answer = match sent {
+                        Ok(ack) => ack.await.map(|ack| ack.sequence),
+                        Err(e) => Err(e),
+                    };
+                    let written = self.settle(ready, write, 0, answer).await;
+                    if let Ok(revision) = written {
+                        self.positions.wrote(table, revision);
+                    }
+                    written
+                }
+            });
+            Ok(futures_util::future::join_all(answers).await)
         })
     }
 

@@ -229,16 +229,16 @@ impl Db {
             .await
     }
 
-    /// Queues `message` for each of `agents` (a message already queued for an agent is not
-    /// queued twice).
-    pub async fn enqueue(&self, agents: Vec<String>, message: ToQueue) -> Result<(), StoreError> {
+    /// Queues each message for its agent, in the order given (a message already queued for
+    /// an agent is not queued twice).
+    pub async fn enqueue(&self, rows: Vec<(String, ToQueue)>) -> Result<(), StoreError> {
         self.store
             .write(move |conn| {
                 let mut stmt = conn.prepare_cached(
                     "INSERT OR IGNORE INTO grid_queue (agent, message_id, instance, priority, ts, expires_at, body)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 )?;
-                for agent in agents {
+                for (agent, message) in rows {
                     stmt.execute(params![
                         agent,
                         message.message_id,
@@ -477,10 +477,10 @@ impl Db {
     }
 
     /// Marks entries of `path` as seen.
-    pub async fn mark_seen(&self, path: &str, hash: String) -> Result<(), StoreError> {
+    pub async fn mark_seen(&self, path: &str, hashes: Vec<String>) -> Result<(), StoreError> {
         let path = path.to_owned();
         self.store
-            .write(move |conn| insert_seen(conn, &path, vec![hash]))
+            .write(move |conn| insert_seen(conn, &path, hashes))
             .await
     }
 
@@ -547,8 +547,8 @@ mod tests {
         let db = Db::open(Store::open(":memory:").await.unwrap())
             .await
             .unwrap();
-        let program = || vec!["program".to_owned()];
-        db.enqueue(program(), expiring("kept-here")).await.unwrap();
+        let kept_here = vec![("program".to_owned(), expiring("kept-here"))];
+        db.enqueue(kept_here).await.unwrap();
         (db.apply_queued("program".to_owned(), expiring("fleets"), 7))
             .await
             .unwrap();

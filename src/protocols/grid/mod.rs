@@ -20,6 +20,7 @@ mod sockets;
 pub mod translate;
 /// Grid messages: parsing, validation, YAML; public for `benches/translate.rs`.
 pub mod wire;
+mod writer;
 mod ws;
 
 use std::collections::{HashSet, VecDeque};
@@ -29,7 +30,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use dashmap::DashSet;
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
@@ -37,8 +38,8 @@ pub use config::Config;
 use super::endpoint::{Endpoint, Listening, Reloader};
 use super::{Context, Running, StartError};
 use crate::core::{
-    AgentInfo, Core, Delivery, Envelope, Kind, LogError, Mailbox, MoveClaim, OfflineSink, Protocol,
-    Staged, UnsettledMail,
+    AgentInfo, Core, Delivery, Envelope, Kind, LogError, MoveClaim, OfflineSink, Protocol, Staged,
+    UnsettledMail,
 };
 use crate::protocols::endpoint::{Decoded, Translation};
 use crate::protocols::hub::{Hub, HubFilter};
@@ -46,6 +47,7 @@ use crate::shared::budget::ByteBudget;
 use crate::telemetry;
 use db::Db;
 use wire::{Invalid, Message, Party};
+use writer::Outgoing;
 
 pub const PROTOCOL: Protocol = "grid";
 
@@ -105,21 +107,6 @@ pub fn store_failed(id: &str, sender: &Party, error: &LogError) -> Invalid {
         id: Some(id.to_owned()),
         sender: Some(Box::new(sender.clone())),
     }
-}
-
-/// Work for the writer that keeps queued messages and scratchpad appends in order.
-enum Outgoing {
-    /// Queue for a program that polls.
-    Queue {
-        agent: String,
-        delivery: Arc<Delivery>,
-        message: Value,
-    },
-    /// Append to the scratchpad.
-    Append(Value),
-    /// Answered once everything sent before it, and every broadcast routed before it, is
-    /// written: a poll waits for this, so it sees every message accepted before it.
-    Flush(oneshot::Sender<()>),
 }
 
 pub struct Grid {
@@ -414,24 +401,6 @@ impl Grid {
         !self.scratchpads.load().is_empty() && !id.is_some_and(|id| self.in_scratchpad(id))
     }
 
-    /// Appends `message` to the scratchpad, when it is for it. Only the task that writes
-    /// the queue and the scratchpad calls this, so a message kept for several programs is
-    /// written once; a failed append is tried again by the message's next copy.
-    async fn append_once(&self, message: &Value) {
-        let id = message.get("id").and_then(Value::as_str);
-        if !self.for_scratchpad(id) {
-            return;
-        }
-        match self.append_to_scratchpad(message).await {
-            Ok(()) => {
-                if let Some(id) = id {
-                    self.mark_in_scratchpad(id);
-                }
-            }
-            Err(e) => tracing::error!(error = %e, "grid: cannot append to the scratchpad"),
-        }
-    }
-
     /// The message as Grid programs receive it, encoded once per message.
     pub fn encode(&self, delivery: &Delivery) -> Option<Value> {
         delivery.encoded(PROTOCOL, translate::encode)
@@ -443,7 +412,7 @@ impl Grid {
         let Some(message) = self.encode(delivery) else {
             return;
         };
-        // Checked again by `append_once`; here it saves a copy for the writing task.
+        // Checked again by the writer; here it saves a copy for it.
         if self.for_scratchpad(Some(&delivery.envelope.id)) {
             let _ = self.outgoing.send(Outgoing::Append(message.clone()));
         }
@@ -470,106 +439,16 @@ impl Grid {
         });
     }
 
-    /// Writes queued messages and scratchpad appends in the order they were sent, and keeps
-    /// every broadcast for the programs that are not connected. The hub's mailbox is read
-    /// here rather than by a task of its own, so a flush can take in what it holds.
-    async fn write_outgoing(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Outgoing>, hub: Hub) {
-        loop {
-            tokio::select! {
-                biased;
-                job = rx.recv() => match job {
-                    Some(job) => self.run(job, hub.mailbox()).await,
-                    None => break,
-                },
-                next = hub.recv() => match next {
-                    Some(delivery) => self.keep_broadcast(&delivery).await,
-                    None => break,
-                },
-                _ = self.shutdown.cancelled() => {
-                    // At shutdown, what is already waiting is still written.
-                    self.drain_hub(hub.mailbox()).await;
-                    while let Ok(job) = rx.try_recv() {
-                        self.run(job, hub.mailbox()).await;
-                    }
-                    break;
-                }
-            }
-        }
-    }
-
-    async fn run(&self, job: Outgoing, hub: &Mailbox) {
-        match job {
-            Outgoing::Queue {
-                agent,
-                delivery,
-                message,
-            } => self.queue(vec![agent], &delivery, &message).await,
-            Outgoing::Append(message) => self.append_once(&message).await,
-            Outgoing::Flush(done) => {
-                self.drain_hub(hub).await;
-                let _ = done.send(());
-            }
-        }
-    }
-
-    /// Waits until every message accepted so far is in the queue.
-    pub async fn flush(&self) {
-        let (done, flushed) = oneshot::channel();
-        if self.outgoing.send(Outgoing::Flush(done)).is_ok() {
-            // An error means the writer stopped (shutdown): nothing more will be written.
-            let _ = flushed.await;
-        }
-    }
-
-    async fn drain_hub(&self, hub: &Mailbox) {
-        while let Ok(Some(delivery)) = hub.try_recv() {
-            self.keep_broadcast(&delivery).await;
-        }
-    }
-
-    /// A message for every Grid program: appended to the scratchpad, and queued for each
-    /// program it did not reach: one with no socket, or whose first socket attached after
-    /// the message was routed. In a fleet, also for the programs of bridges gone from it.
-    async fn keep_broadcast(&self, delivery: &Arc<Delivery>) {
-        let Some(message) = self.encode(delivery) else {
-            return;
-        };
-        self.append_once(&message).await;
-        let programs: Vec<String> = (self.programs.iter())
-            .map(|p| p.clone())
-            .filter(|p| !self.reached_by_broadcast(p, delivery))
-            .filter(|p| *p != delivery.envelope.from)
-            .collect();
-        self.queue(programs, delivery, &message).await;
-        // Through the router, which holds them back while a gone bridge's missed mail is read.
-        for orphan in self.core.directory.held_by_gone_bridges(PROTOCOL) {
-            if orphan != delivery.envelope.from {
-                self.core.router.keep_offline(&orphan, delivery);
-            }
-        }
-    }
-
-    fn reached_by_broadcast(&self, program: &str, delivery: &Delivery) -> bool {
-        self.core.router.is_connected(program)
-            && self.sockets.attached_by(program, delivery.routed_at)
-    }
-
-    /// Queues `message` for each of `agents`.
-    async fn queue(&self, agents: Vec<String>, delivery: &Delivery, message: &Value) {
-        if agents.is_empty() {
-            return;
-        }
+    /// `message`, the encoding of `delivery`, as it is queued.
+    fn to_queue(delivery: &Delivery, message: &Value) -> db::ToQueue {
         let env = &delivery.envelope;
-        let queued = db::ToQueue {
+        db::ToQueue {
             message_id: env.id.clone(),
             instance: (message["receiver"]["instance_id"].as_str()).map(str::to_owned),
             priority: env.priority.lane() as i64,
             ts: env.timestamp,
             expires_at: queue_expiry(env, crate::core::now_ms()),
             body: message.to_string(),
-        };
-        if let Err(e) = self.keep_queued(agents, queued).await {
-            tracing::error!(error = %e, message_id = %env.id, "grid: cannot queue a message");
         }
     }
 

@@ -120,18 +120,20 @@ impl Grid {
         }
     }
 
-    /// Appends `message` as an entry to the first scratchpad, in one write. The entry is
-    /// marked seen first, so the watcher does not route it back.
-    pub async fn append_to_scratchpad(&self, message: &Value) -> Result<(), String> {
+    /// Appends `messages` as entries to the first scratchpad, all in one write. The entries
+    /// are marked seen first, so the watcher does not route them back.
+    pub async fn append_to_scratchpad(&self, messages: &[&Value]) -> Result<(), String> {
         let Some(path) = self.scratchpads.load().first().cloned() else {
             return Ok(());
         };
-        let entry = wire::entry(message);
+        let entries: Vec<String> = messages.iter().map(|m| wire::entry(m)).collect();
+        let hashes = entries.iter().map(|entry| hash(entry)).collect();
         self.db
-            .mark_seen(&path.display().to_string(), hash(&entry))
+            .mark_seen(&path.display().to_string(), hashes)
             .await
             .map_err(|e| e.to_string())?;
-        tokio::task::spawn_blocking(move || append(&path, &entry))
+        let text = entries.concat();
+        tokio::task::spawn_blocking(move || append(&path, &text))
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())
@@ -263,8 +265,8 @@ fn read_from(path: &Path, position: Position) -> std::io::Result<Option<Found>> 
     }))
 }
 
-/// Appends `entry` in one write, starting on a fresh line.
-fn append(path: &PathBuf, entry: &str) -> std::io::Result<()> {
+/// Appends `entries` in one write, starting on a fresh line.
+fn append(path: &PathBuf, entries: &str) -> std::io::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)?;
     }
@@ -282,9 +284,9 @@ fn append(path: &PathBuf, entry: &str) -> std::io::Result<()> {
         needs_newline = last[0] != b'\n';
     }
     let text = if needs_newline {
-        format!("\n{entry}")
+        format!("\n{entries}")
     } else {
-        entry.to_owned()
+        entries.to_owned()
     };
     file.write_all(text.as_bytes())?;
     file.flush()

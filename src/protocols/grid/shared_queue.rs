@@ -24,8 +24,7 @@ use tokio::task::JoinHandle;
 use super::Grid;
 use super::db::{Instances, Queued, ToQueue};
 use crate::core::{
-    Expect, RecordChange, RecordError, Settled, SharedRecords, TakenMail, settle_record, sink,
-    take_each,
+    RecordChange, RecordError, Settled, SharedRecords, TakenMail, settle_record, sink, take_each,
 };
 use crate::store::StoreError;
 
@@ -109,61 +108,83 @@ impl Grid {
         Ok(())
     }
 
-    /// Queues `message` for each of `agents`: in a fleet, as the fleet's records (each
-    /// applied here as it is written); alone, or without NATS, here only. Either way an
-    /// open socket that takes it is woken to (a socket that closed with it unsent hands it
-    /// to the program's others this way).
-    pub(super) async fn keep_queued(
-        &self,
-        agents: Vec<String>,
-        message: ToQueue,
-    ) -> Result<(), StoreError> {
-        let Some(records) = self.core.records() else {
-            return self.queue_here(agents, message).await;
+    /// Queues each message for its program, in the order given: in a fleet, as the fleet's
+    /// records (each applied here as it is written); alone, or without NATS, here only.
+    /// Either way an open socket that takes one is woken to (a socket that closed with it
+    /// unsent hands it to the program's others this way). What cannot be queued is logged.
+    pub(super) async fn keep_queued(&self, rows: Vec<(String, ToQueue)>) {
+        let here_only = match self.core.records() {
+            Some(records) if !rows.is_empty() => self.keep_in_fleet(&**records, rows).await,
+            _ => rows,
         };
-        let writes = agents.iter().map(|agent| {
-            let record = Record {
-                agent: agent.clone(),
-                message: message.clone(),
-            };
-            let value = serde_json::to_vec(&record).expect("a record encodes");
-            let key = key(agent, &message.message_id);
-            async move {
-                let written = records.write(QUEUE, &key, value.into(), Expect::Unused);
-                (written.await, record)
+        if here_only.is_empty() {
+            return;
+        }
+        let ids: Vec<String> = (here_only.iter())
+            .map(|(_, message)| message.message_id.clone())
+            .collect();
+        if let Err(e) = self.queue_here(here_only).await {
+            tracing::error!(error = %e, message_ids = ?ids, "grid: cannot queue messages");
+        }
+    }
+
+    /// Writes `rows` as the fleet's records, in order, and applies here those written;
+    /// what is to be queued on this bridge only, as NATS did not take it.
+    async fn keep_in_fleet(
+        &self,
+        records: &dyn SharedRecords,
+        rows: Vec<(String, ToQueue)>,
+    ) -> Vec<(String, ToQueue)> {
+        let rows: Vec<Record> = (rows.into_iter())
+            .map(|(agent, message)| Record { agent, message })
+            .collect();
+        let writes = (rows.iter())
+            .map(|record| {
+                let value = serde_json::to_vec(record).expect("a record encodes");
+                (key(&record.agent, &record.message.message_id), value.into())
+            })
+            .collect();
+        let written = match records.write_unused_in_order(QUEUE, writes).await {
+            Ok(written) => written,
+            Err(e) => {
+                tracing::warn!(error = %e, "grid: queued on this bridge only");
+                return rows.into_iter().map(|r| (r.agent, r.message)).collect();
             }
-        });
+        };
         let mut here_only = Vec::new();
         let mut applies = Vec::new();
-        for (written, record) in join_all(writes).await {
+        for (written, record) in written.into_iter().zip(rows) {
             match written {
-                Ok(revision) => applies.push(self.apply_queued(record, revision)),
+                Ok(revision) => {
+                    let id = record.message.message_id.clone();
+                    applies.push(async move { (id, self.apply_queued(record, revision).await) });
+                }
                 // Queued already by another bridge (applied here as its record arrives),
                 // or taken already.
                 Err(RecordError::Conflict) => {}
                 Err(RecordError::Unavailable(why)) => {
                     tracing::warn!(%why, agent = %record.agent, "grid: queued on this bridge only");
-                    here_only.push(record.agent);
+                    here_only.push((record.agent, record.message));
                 }
             }
         }
-        // Together: the store commits them in one batch, not one a program.
-        join_all(applies)
-            .await
-            .into_iter()
-            .collect::<Result<(), _>>()?;
-        if here_only.is_empty() {
-            return Ok(());
+        // Together: the store commits them in one batch, not one a message.
+        for (id, applied) in join_all(applies).await {
+            if let Err(e) = applied {
+                tracing::error!(error = %e, message_id = %id, "grid: cannot queue a message");
+            }
         }
-        self.queue_here(here_only, message).await
+        here_only
     }
 
-    /// Queues `message` for each of `agents` in this bridge's table only, and wakes their
-    /// open sockets that take it.
-    async fn queue_here(&self, agents: Vec<String>, message: ToQueue) -> Result<(), StoreError> {
-        let instance = message.instance.clone();
-        self.db.enqueue(agents.clone(), message).await?;
-        for agent in &agents {
+    /// Queues each message for its program in this bridge's table only, and wakes the open
+    /// sockets that take them.
+    async fn queue_here(&self, rows: Vec<(String, ToQueue)>) -> Result<(), StoreError> {
+        let woken: Vec<(String, Option<String>)> = (rows.iter())
+            .map(|(agent, message)| (agent.clone(), message.instance.clone()))
+            .collect();
+        self.db.enqueue(rows).await?;
+        for (agent, instance) in &woken {
             self.sockets.wake(agent, instance.as_deref());
         }
         Ok(())
