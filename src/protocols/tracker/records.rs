@@ -231,9 +231,12 @@ impl Tracker {
                 }
                 Ok(after)
             }
-            // Applied already (the watch came first), or overtaken since: what the writer
-            // is answered with is still its own write.
-            None => Ok(task),
+            // Applied already (the watch came first, or an earlier try of this change),
+            // or overtaken since: what the writer is answered with is still its own write.
+            None => {
+                self.applied_task_again(&task.id).await?;
+                Ok(task)
+            }
         }
     }
 

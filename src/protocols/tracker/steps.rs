@@ -136,12 +136,7 @@ impl Tracker {
             == StepsApplied::NoTask
             && !self.db.is_removed(task_id).await?
         {
-            {
-                let mut pending = self.pending_steps.entry(task_id.to_owned()).or_default();
-                if pending.1 < revision {
-                    *pending = (steps, revision);
-                }
-            }
+            self.wait_for_task(task_id, steps, revision);
             // The task may have been applied meanwhile, after it looked for these.
             if self.db.task(task_id).await?.is_some() {
                 self.apply_pending_steps(task_id).await?;
@@ -150,10 +145,33 @@ impl Tracker {
         Ok(())
     }
 
-    /// Applies the steps that waited for task `task_id`, now that it is here.
+    /// Applies the steps that waited for task `task_id`, now that it is here. Steps whose
+    /// write failed wait again (unless newer ones came meanwhile), for the task change's
+    /// next try (`applied_task_again`).
     pub(super) async fn apply_pending_steps(&self, task_id: &str) -> Result<(), StoreError> {
-        if let Some((_, (steps, revision))) = self.pending_steps.remove(task_id) {
-            self.db.apply_steps(task_id, steps, revision).await?;
+        let Some((_, (steps, revision))) = self.pending_steps.remove(task_id) else {
+            return Ok(());
+        };
+        let applied = self.db.apply_steps(task_id, steps.clone(), revision).await;
+        if applied.is_err() {
+            self.wait_for_task(task_id, steps, revision);
+        }
+        applied.map(drop)
+    }
+
+    /// Keeps `steps` at `revision` until task `task_id` is here, unless newer ones wait.
+    fn wait_for_task(&self, task_id: &str, steps: Vec<StepRow>, revision: Revision) {
+        let mut pending = self.pending_steps.entry(task_id.to_owned()).or_default();
+        if pending.1 < revision {
+            *pending = (steps, revision);
+        }
+    }
+
+    /// A change of task `task_id` was applied already (an earlier try of it committed):
+    /// steps that still wait for it, as that try could not write them, are written now.
+    pub(super) async fn applied_task_again(&self, task_id: &str) -> Result<(), StoreError> {
+        if self.pending_steps.contains_key(task_id) && self.db.task(task_id).await?.is_some() {
+            self.apply_pending_steps(task_id).await?;
         }
         Ok(())
     }
