@@ -28,6 +28,12 @@ const REWATCH_AFTER: Duration = Duration::from_millis(500);
 /// late copy of a message takes to reach the fleet from a bridge that was away.
 pub const TAKEN_REMEMBERED: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Record writes `write_unused_in_order` has unanswered at once. Each holds one of the
+/// JetStream context's ack permits (async-nats allows 5,000, shared with every other
+/// publish) until its answer is awaited, so a batch larger than the permits left would
+/// wait for one only its own answers could free.
+const SENT_AT_ONCE: usize = 256;
+
 pub struct FleetRecords {
     pub link: Arc<NatsLink>,
     pub shutdown: tokio_util::sync::CancellationToken,
@@ -406,26 +412,30 @@ impl SharedRecords for FleetRecords {
                     id: uuid::Uuid::new_v4().to_string(),
                 })
                 .collect();
-            // Sent in order, each as soon as the connection takes it; answered together.
-            let mut sent = Vec::with_capacity(writes.len());
-            for write in &writes {
-                sent.push(send_once(&ready, write, 0).await);
-            }
-            let answers = (sent.into_iter().zip(&writes)).map(|(sent, write)| {
-                let ready = &ready;
-                async move {
-                    let answer = match sent {
-                        Ok(ack) => ack.await.map(|ack| ack.sequence),
-                        Err(e) => Err(e),
-                    };
-                    let written = self.settle(ready, write, 0, answer).await;
-                    if let Ok(revision) = written {
-                        self.positions.wrote(table, revision);
-                    }
-                    written
+            let mut written = Vec::with_capacity(writes.len());
+            for chunk in writes.chunks(SENT_AT_ONCE) {
+                // Sent in order, each as soon as the connection takes it; answered together.
+                let mut sent = Vec::with_capacity(chunk.len());
+                for write in chunk {
+                    sent.push(send_once(&ready, write, 0).await);
                 }
-            });
-            Ok(futures_util::future::join_all(answers).await)
+                let answers = (sent.into_iter().zip(chunk)).map(|(sent, write)| {
+                    let ready = &ready;
+                    async move {
+                        let answer = match sent {
+                            Ok(ack) => ack.await.map(|ack| ack.sequence),
+                            Err(e) => Err(e),
+                        };
+                        let written = self.settle(ready, write, 0, answer).await;
+                        if let Ok(revision) = written {
+                            self.positions.wrote(table, revision);
+                        }
+                        written
+                    }
+                });
+                written.extend(futures_util::future::join_all(answers).await);
+            }
+            Ok(written)
         })
     }
 

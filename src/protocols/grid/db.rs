@@ -230,8 +230,12 @@ impl Db {
     }
 
     /// Queues each message for its agent, in the order given (a message already queued for
-    /// an agent is not queued twice).
-    pub async fn enqueue(&self, rows: Vec<(String, ToQueue)>) -> Result<(), StoreError> {
+    /// an agent is not queued twice). Queued for the store at the call, so writes made one
+    /// after another commit in that order.
+    pub fn enqueue(
+        &self,
+        rows: Vec<(String, ToQueue)>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         self.store
             .write(move |conn| {
                 let mut stmt = conn.prepare_cached(
@@ -251,7 +255,6 @@ impl Db {
                 }
                 Ok(())
             })
-            .await
     }
 
     /// Takes the messages waiting for `agent` that `instances` covers: higher priority

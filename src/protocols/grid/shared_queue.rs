@@ -117,15 +117,7 @@ impl Grid {
             Some(records) if !rows.is_empty() => self.keep_in_fleet(&**records, rows).await,
             _ => rows,
         };
-        if here_only.is_empty() {
-            return;
-        }
-        let ids: Vec<String> = (here_only.iter())
-            .map(|(_, message)| message.message_id.clone())
-            .collect();
-        if let Err(e) = self.queue_here(here_only).await {
-            tracing::error!(error = %e, message_ids = ?ids, "grid: cannot queue messages");
-        }
+        self.queue_here(here_only).await;
     }
 
     /// Writes `rows` as the fleet's records, in order, and applies here those written;
@@ -178,16 +170,38 @@ impl Grid {
     }
 
     /// Queues each message for its program in this bridge's table only, and wakes the open
-    /// sockets that take them.
-    async fn queue_here(&self, rows: Vec<(String, ToQueue)>) -> Result<(), StoreError> {
-        let woken: Vec<(String, Option<String>)> = (rows.iter())
-            .map(|(agent, message)| (agent.clone(), message.instance.clone()))
-            .collect();
-        self.db.enqueue(rows).await?;
-        for (agent, instance) in &woken {
-            self.sockets.wake(agent, instance.as_deref());
+    /// sockets that take them. Each message is a store write of its own, so that one that
+    /// fails fails alone, and all are queued at once, so that they commit together.
+    async fn queue_here(&self, rows: Vec<(String, ToQueue)>) {
+        let mut messages: Vec<Vec<(String, ToQueue)>> = Vec::new();
+        for row in rows {
+            match messages.last_mut() {
+                Some(message) if message[0].1.message_id == row.1.message_id => message.push(row),
+                _ => messages.push(vec![row]),
+            }
         }
-        Ok(())
+        let writes: Vec<_> = (messages.into_iter())
+            .map(|rows| {
+                let woken: Vec<(String, Option<String>)> = (rows.iter())
+                    .map(|(agent, message)| (agent.clone(), message.instance.clone()))
+                    .collect();
+                let id = rows[0].1.message_id.clone();
+                let written = self.db.enqueue(rows);
+                async move { (id, woken, written.await) }
+            })
+            .collect();
+        for (id, woken, written) in join_all(writes).await {
+            match written {
+                Ok(()) => {
+                    for (agent, instance) in &woken {
+                        self.sockets.wake(agent, instance.as_deref());
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, message_id = %id, "grid: cannot queue a message")
+                }
+            }
+        }
     }
 
     /// Ends once the queue `bridge` kept for `agent`, a program that moved here from it, can

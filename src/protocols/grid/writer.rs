@@ -51,8 +51,9 @@ struct Turn {
     flushes: Vec<oneshot::Sender<()>>,
 }
 
-/// A message to queue for `agents`. Its delivery is kept until the queue write is done,
-/// as what holds the message's acknowledgement waits for the delivery to be dropped.
+/// A message to queue for `agents` (none: a broadcast that reached every program). Its
+/// delivery is kept until the turn is written, as what holds the message's
+/// acknowledgement waits for the delivery to be dropped.
 struct Queuing {
     agents: Vec<String>,
     delivery: Arc<Delivery>,
@@ -155,13 +156,13 @@ impl Grid {
             .filter(|p| *p != delivery.envelope.from)
             .collect();
         turn.appends.push(message.clone());
-        if !agents.is_empty() {
-            turn.queuings.push(Queuing {
-                agents,
-                delivery,
-                message,
-            });
-        }
+        // Kept, even for no program, until the turn is written: what holds the message's
+        // acknowledgement waits for its scratchpad entry too.
+        turn.queuings.push(Queuing {
+            agents,
+            delivery,
+            message,
+        });
     }
 
     fn reached_by_broadcast(&self, program: &str, delivery: &Delivery) -> bool {
