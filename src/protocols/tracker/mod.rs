@@ -17,6 +17,7 @@ mod members;
 mod records;
 mod rest;
 mod steps;
+mod task_events;
 mod tasks;
 /// Tracker frames ⇄ Envelope; public for `benches/translate.rs`.
 pub mod translate;
@@ -177,6 +178,8 @@ pub struct Tracker {
     mention_names: PerGeneration<chat::MentionNames>,
     /// The fleet's checklists of tasks not applied here yet.
     pending_steps: steps::PendingSteps,
+    /// Task changes written and not yet announced, in the order written.
+    task_events: Arc<task_events::Line>,
     shutdown: CancellationToken,
     read_budget: ByteBudget,
 }
@@ -338,6 +341,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         next_conn: AtomicU64::new(1),
         mention_names: PerGeneration::default(),
         pending_steps: steps::PendingSteps::default(),
+        task_events: Arc::default(),
         shutdown: shutdown.clone(),
         read_budget: ctx.read_budget.clone(),
     });

@@ -220,12 +220,16 @@ impl Tracker {
         revision: Revision,
     ) -> Result<TaskRow, StoreError> {
         self.localise(&mut task)?;
-        match self.db.apply_task(task.clone(), revision).await? {
+        let ticket = self.task_events.ticket();
+        let applied = (self.db)
+            .apply_task(task.clone(), revision, ticket.on_written())
+            .await;
+        if let Ok(Some((None, after))) = &applied {
+            self.chats.index(after);
+        }
+        self.announce_in_line(ticket, applied.is_ok());
+        match applied? {
             Some((before, after)) => {
-                if before.is_none() {
-                    self.chats.index(&after);
-                }
-                self.announce_task(before.as_ref(), &after);
                 if before.is_none() {
                     self.apply_pending_steps(&after.id).await?;
                 }

@@ -6,6 +6,7 @@ mod steps;
 mod tasks;
 
 pub use steps::StepsApplied;
+pub use tasks::TaskWritten;
 
 use rusqlite::{OptionalExtension, Row, params};
 

@@ -8,6 +8,12 @@ use super::{Db, TaskFilter, TaskRow, corrupt};
 use crate::protocols::tracker::wire::{Priority, TaskStatus, TaskType};
 use crate::store::StoreError;
 
+/// Told of a task's change (the row before, if any, and after) inside the store write that
+/// makes it, so in the order changes commit: the store answers the writes of one commit in
+/// any order.
+pub trait TaskWritten: FnOnce(Option<&TaskRow>, &TaskRow) + Send + 'static {}
+impl<F: FnOnce(Option<&TaskRow>, &TaskRow) + Send + 'static> TaskWritten for F {}
+
 impl Db {
     pub async fn task(&self, id: &str) -> Result<Option<TaskRow>, StoreError> {
         let id = id.to_owned();
@@ -43,21 +49,31 @@ impl Db {
             .await
     }
 
-    pub async fn insert_task(&self, task: TaskRow) -> Result<TaskRow, StoreError> {
+    /// Inserts `task`; `on_written` is told of it inside the write (`TaskWritten`).
+    pub async fn insert_task(
+        &self,
+        task: TaskRow,
+        on_written: impl TaskWritten,
+    ) -> Result<TaskRow, StoreError> {
         self.store
             .write(move |conn| {
                 write_task(conn, &task, 0, "")?;
-                get_task(conn, &task.id)?.ok_or_else(|| StoreError::Corrupt("task vanished".into()))
+                let task = get_task(conn, &task.id)?
+                    .ok_or_else(|| StoreError::Corrupt("task vanished".into()))?;
+                on_written(None, &task);
+                Ok(task)
             })
             .await
     }
 
     /// Applies `change` to the stored task atomically; returns (before, after), or `None`
     /// when there is no such task. `change` may refuse by returning `Err(reason)`.
+    /// `on_written` is told of a change inside the write (`TaskWritten`).
     pub async fn update_task<F>(
         &self,
         id: &str,
         change: F,
+        on_written: impl TaskWritten,
     ) -> Result<Option<Result<(TaskRow, TaskRow), String>>, StoreError>
     where
         F: FnOnce(&mut TaskRow) -> Result<(), String> + Send + 'static,
@@ -98,6 +114,7 @@ impl Db {
                 set_watchers(conn, &id, &before.watchers, &after.watchers)?;
                 let after = get_task(conn, &id)?
                     .ok_or_else(|| StoreError::Corrupt("task vanished".into()))?;
+                on_written(Some(&before), &after);
                 Ok(Some(Ok((before, after))))
             })
             .await
@@ -105,10 +122,12 @@ impl Db {
 
     /// Makes the task's row what the fleet's record at `revision` says, unless a record
     /// as new or newer was applied: (the row before, if any; the row after), or `None`.
+    /// `on_written` is told of a change inside the write (`TaskWritten`).
     pub async fn apply_task(
         &self,
         task: TaskRow,
         revision: u64,
+        on_written: impl TaskWritten,
     ) -> Result<Option<(Option<TaskRow>, TaskRow)>, StoreError> {
         self.store
             .write(move |conn| {
@@ -138,6 +157,7 @@ impl Db {
                 set_watchers(conn, &task.id, watched, &task.watchers)?;
                 let after = get_task(conn, &task.id)?
                     .ok_or_else(|| StoreError::Corrupt("task vanished".into()))?;
+                on_written(before.as_ref(), &after);
                 Ok(Some((before, after)))
             })
             .await
