@@ -302,6 +302,30 @@ impl Store {
         self.queue(move |batch: &mut Batch<'_>| f(batch.conn()), true)
     }
 
+    /// Like `write`; `committed` is called with the result once the write's batch has
+    /// committed, before the caller hears, on the writer's thread: so in the order the
+    /// writes committed, which the callers, woken together, do not keep. For what must
+    /// follow that order (events telling of each change); it must be quick and not block.
+    pub fn write_then<R, F, C>(
+        &self,
+        f: F,
+        committed: C,
+    ) -> impl Future<Output = Result<R, StoreError>> + Send + 'static
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+        C: FnOnce(&R) + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job = WriteJob::new(move |batch: &mut Batch<'_>| f(batch.conn()), true, reply)
+            .then(Box::new(committed));
+        let queued = self.submit(Box::new(job), true);
+        async move {
+            queued?;
+            answer.await.map_err(|_| StoreError::Closed)?
+        }
+    }
+
     /// Like `write`, without the savepoint that keeps a failed write from undoing part of
     /// its batch: for work that can fail on its data only in its first statement, with a
     /// constraint violation, which SQLite undoes by itself. Any other failure (out of

@@ -412,3 +412,32 @@ async fn a_failure_of_the_moment_is_worth_applying_again_and_a_broken_constraint
     assert!(full.worth_trying_again());
     assert!(!StoreError::Corrupt("not a record".into()).worth_trying_again());
 }
+
+/// What `write_then` is told comes in the order the writes committed, once they did: a
+/// write that failed tells nothing.
+#[tokio::test]
+async fn writes_are_told_of_their_commit_in_commit_order() {
+    let store = store_with_table().await;
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let (release, holding) = hold_writer(&store).await;
+    let write = |v: i64| {
+        let told = told.clone();
+        store.write_then(
+            move |c| Ok(c.execute("INSERT INTO t (v) VALUES (?1)", [v]).map(|_| v)?),
+            move |v: &i64| told.lock().unwrap().push(*v),
+        )
+    };
+    // One batch, with a duplicate that fails in its savepoint.
+    let writes: Vec<_> = [3, 1, 2, 1, 5].into_iter().map(write).collect();
+    assert!(
+        told.lock().unwrap().is_empty(),
+        "nothing is told before it commits"
+    );
+    release.send(()).unwrap();
+    holding.await.unwrap();
+    let answered: Vec<bool> = (futures_util::future::join_all(writes).await.iter())
+        .map(Result::is_ok)
+        .collect();
+    assert_eq!(answered, [true, true, true, false, true]);
+    assert_eq!(*told.lock().unwrap(), [3, 1, 2, 5]);
+}

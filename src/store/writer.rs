@@ -64,11 +64,16 @@ pub(super) trait Job: Send {
     }
 }
 
+/// Called on the writer's thread with a write's result once its batch committed, before
+/// its caller hears: in the order the writes committed (`Store::write_then`).
+pub(super) type Committed<R> = Box<dyn FnOnce(&R) + Send>;
+
 pub(super) struct WriteJob<F, R> {
     work: Option<F>,
     savepoint: bool,
     outcome: Option<Result<R, StoreError>>,
     reply: Option<oneshot::Sender<Result<R, StoreError>>>,
+    committed: Option<Committed<R>>,
 }
 
 impl<F, R> WriteJob<F, R> {
@@ -82,7 +87,13 @@ impl<F, R> WriteJob<F, R> {
             savepoint,
             outcome: None,
             reply: Some(reply),
+            committed: None,
         }
+    }
+
+    pub(super) fn then(mut self, committed: Committed<R>) -> Self {
+        self.committed = Some(committed);
+        self
     }
 }
 
@@ -112,7 +123,12 @@ where
 
     fn finish(mut self: Box<Self>, committed: Result<(), &rusqlite::Error>) {
         let outcome = match (self.outcome.take(), committed) {
-            (Some(Ok(value)), Ok(())) => Ok(value),
+            (Some(Ok(value)), Ok(())) => {
+                if let Some(committed) = self.committed.take() {
+                    committed(&value);
+                }
+                Ok(value)
+            }
             (Some(Err(e)), _) => Err(e),
             // Ran and succeeded, or never ran, in a batch that was not committed.
             (_, Err(e)) => Err(StoreError::Corrupt(format!("commit failed: {e}"))),

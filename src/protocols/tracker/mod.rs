@@ -178,8 +178,8 @@ pub struct Tracker {
     mention_names: PerGeneration<chat::MentionNames>,
     /// The fleet's checklists of tasks not applied here yet.
     pending_steps: steps::PendingSteps,
-    /// Task changes written and not yet announced, in the order written.
-    task_events: Arc<task_events::Line>,
+    /// Where task writes send their changes as they commit, to be announced in that order.
+    task_events: task_events::TaskEvents,
     shutdown: CancellationToken,
     read_budget: ByteBudget,
 }
@@ -330,6 +330,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
 
     let listener = super::bind(PROTOCOL, config.listen).await?;
     let addr = listener.local_addr().map_err(|e| fail(&e))?;
+    let (task_events, committed) = task_events::channel();
     let tracker = Arc::new(Tracker {
         core,
         config: config.clone(),
@@ -341,7 +342,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         next_conn: AtomicU64::new(1),
         mention_names: PerGeneration::default(),
         pending_steps: steps::PendingSteps::default(),
-        task_events: Arc::default(),
+        task_events,
         shutdown: shutdown.clone(),
         read_budget: ctx.read_budget.clone(),
     });
@@ -349,6 +350,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     tracker.follow_shared();
     tracker.follow_attachments();
     let hub = hub::start(tracker.clone());
+    let announcer = task_events::announce(tracker.clone(), committed);
     let server = super::serve(
         PROTOCOL,
         listener,
@@ -359,7 +361,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     Ok(Running {
         name: PROTOCOL,
         listeners: vec![("rest+ws", addr)],
-        tasks: vec![server, hub],
+        tasks: vec![server, hub, announcer],
         reload,
     })
 }

@@ -220,19 +220,17 @@ impl Tracker {
         revision: Revision,
     ) -> Result<TaskRow, StoreError> {
         self.localise(&mut task)?;
-        let ticket = self.task_events.ticket();
         let applied = (self.db)
-            .apply_task(task.clone(), revision, ticket.on_written())
-            .await;
-        if let Ok(Some((None, after))) = &applied {
-            self.chats.index(after);
-        }
-        self.announce_in_line(ticket, applied.is_ok());
-        match applied? {
+            .apply_task(task.clone(), revision, self.task_events.on_commit())
+            .await?;
+        match applied {
             Some((before, after)) => {
                 if before.is_none() {
-                    self.apply_pending_steps(&after.id).await?;
+                    self.chats.index(&after);
                 }
+                // Steps that waited for the task; or, when writing them failed with an
+                // earlier revision of it, still wait.
+                self.apply_pending_steps(&after.id).await?;
                 Ok(after)
             }
             // Applied already (the watch came first, or an earlier try of this change),

@@ -147,7 +147,7 @@ impl Tracker {
 
     /// Applies the steps that waited for task `task_id`, now that it is here. Steps whose
     /// write failed wait again (unless newer ones came meanwhile), for the task change's
-    /// next try (`applied_task_again`).
+    /// next try (`applied_task_again`) or the task's next change.
     pub(super) async fn apply_pending_steps(&self, task_id: &str) -> Result<(), StoreError> {
         let Some((_, (steps, revision))) = self.pending_steps.remove(task_id) else {
             return Ok(());

@@ -4,7 +4,6 @@
 //! record every bridge shares (`records`).
 
 use super::db::TaskRow;
-use super::task_events;
 use super::translate::{self, state_of};
 use super::wire::TaskStatus;
 use super::{PROTOCOL, Tracker};
@@ -41,13 +40,12 @@ impl Tracker {
         let task = match self.core.records() {
             Some(records) => self.create_shared(records.as_ref(), task).await?,
             None => {
-                let ticket = self.task_events.ticket();
-                let task = self.db.insert_task(task, ticket.on_written()).await;
-                if let Ok(task) = &task {
-                    self.chats.index(task);
-                }
-                self.announce_in_line(ticket, task.is_ok());
-                task?
+                let task = self
+                    .db
+                    .insert_task(task, self.task_events.on_commit())
+                    .await?;
+                self.chats.index(&task);
+                task
             }
         };
         Ok(self.follow_up(None, task, None, None).await?)
@@ -87,10 +85,10 @@ impl Tracker {
         if let Some(records) = self.core.records() {
             return self.change_shared(records.as_ref(), id, change).await;
         }
-        let ticket = self.task_events.ticket();
-        let changed = self.db.update_task(id, change, ticket.on_written()).await;
-        self.announce_in_line(ticket, changed.is_ok());
-        Ok(match changed? {
+        let changed = (self.db)
+            .update_task(id, change, self.task_events.on_commit())
+            .await?;
+        Ok(match changed {
             None => Err(Refused::Missing),
             Some(Err(reason)) => Err(Refused::Conflict(reason)),
             Some(Ok(pair)) => Ok(pair),
@@ -123,17 +121,9 @@ impl Tracker {
         Ok(())
     }
 
-    /// Settles `ticket`'s write (`written`: committed) and announces the changes whose
-    /// turn it is, in the order they were written (`task_events`).
-    pub(super) fn announce_in_line(&self, ticket: task_events::Ticket, written: bool) {
-        for (before, after) in ticket.settle(written) {
-            self.announce_task(before.as_ref(), &after);
-        }
-    }
-
     /// Tells this bridge's connections what became of a task: created (`before` is `None`),
-    /// assigned, updated.
-    fn announce_task(&self, before: Option<&TaskRow>, after: &TaskRow) {
+    /// assigned, updated. Called in the order changes commit (`task_events`).
+    pub(super) fn announce_task(&self, before: Option<&TaskRow>, after: &TaskRow) {
         let Some(before) = before else {
             self.emit_task_event("task.created", after);
             if after.assignee_slug.is_some() {

@@ -6,7 +6,7 @@ mod steps;
 mod tasks;
 
 pub use steps::StepsApplied;
-pub use tasks::TaskWritten;
+pub use tasks::TaskChanged;
 
 use rusqlite::{OptionalExtension, Row, params};
 

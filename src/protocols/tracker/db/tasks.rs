@@ -8,11 +8,11 @@ use super::{Db, TaskFilter, TaskRow, corrupt};
 use crate::protocols::tracker::wire::{Priority, TaskStatus, TaskType};
 use crate::store::StoreError;
 
-/// Told of a task's change (the row before, if any, and after) inside the store write that
-/// makes it, so in the order changes commit: the store answers the writes of one commit in
-/// any order.
-pub trait TaskWritten: FnOnce(Option<&TaskRow>, &TaskRow) + Send + 'static {}
-impl<F: FnOnce(Option<&TaskRow>, &TaskRow) + Send + 'static> TaskWritten for F {}
+/// Told of a task's change (the row before, if any, and after) once the write that makes
+/// it commits, in the order changes commit (`Store::write_then`); the writes' callers,
+/// woken together, do not keep that order.
+pub trait TaskChanged: FnOnce(Option<&TaskRow>, &TaskRow) + Send + 'static {}
+impl<F: FnOnce(Option<&TaskRow>, &TaskRow) + Send + 'static> TaskChanged for F {}
 
 impl Db {
     pub async fn task(&self, id: &str) -> Result<Option<TaskRow>, StoreError> {
@@ -49,51 +49,60 @@ impl Db {
             .await
     }
 
-    /// Inserts `task`; `on_written` is told of it inside the write (`TaskWritten`).
+    /// Inserts `task`; `changed` is told of it as it commits (`TaskChanged`).
     pub async fn insert_task(
         &self,
         task: TaskRow,
-        on_written: impl TaskWritten,
+        changed: impl TaskChanged,
     ) -> Result<TaskRow, StoreError> {
         self.store
-            .write(move |conn| {
-                write_task(conn, &task, 0, "")?;
-                let task = get_task(conn, &task.id)?
-                    .ok_or_else(|| StoreError::Corrupt("task vanished".into()))?;
-                on_written(None, &task);
-                Ok(task)
-            })
+            .write_then(
+                move |conn| {
+                    write_task(conn, &task, 0, "")?;
+                    get_task(conn, &task.id)?
+                        .ok_or_else(|| StoreError::Corrupt("task vanished".into()))
+                },
+                move |task| changed(None, task),
+            )
             .await
     }
 
     /// Applies `change` to the stored task atomically; returns (before, after), or `None`
     /// when there is no such task. `change` may refuse by returning `Err(reason)`.
-    /// `on_written` is told of a change inside the write (`TaskWritten`).
+    /// `changed` is told of a change as it commits (`TaskChanged`).
     pub async fn update_task<F>(
         &self,
         id: &str,
         change: F,
-        on_written: impl TaskWritten,
+        changed: impl TaskChanged,
     ) -> Result<Option<Result<(TaskRow, TaskRow), String>>, StoreError>
     where
         F: FnOnce(&mut TaskRow) -> Result<(), String> + Send + 'static,
     {
         let id = id.to_owned();
+        let committed = move |updated: &Option<Result<(TaskRow, TaskRow), String>>| {
+            if let Some(Ok((before, after))) = updated
+                && before != after
+            {
+                changed(Some(before), after);
+            }
+        };
         self.store
-            .write(move |conn| {
-                let Some(before) = get_task(conn, &id)? else {
-                    return Ok(None);
-                };
-                let mut after = before.clone();
-                if let Err(reason) = change(&mut after) {
-                    return Ok(Some(Err(reason)));
-                }
-                if after == before {
-                    // Nothing changed: no write, and `updated_at` stays, so no event follows.
-                    return Ok(Some(Ok((before, after))));
-                }
-                after.updated_at = crate::core::now_ms();
-                conn.execute(
+            .write_then(
+                move |conn| {
+                    let Some(before) = get_task(conn, &id)? else {
+                        return Ok(None);
+                    };
+                    let mut after = before.clone();
+                    if let Err(reason) = change(&mut after) {
+                        return Ok(Some(Err(reason)));
+                    }
+                    if after == before {
+                        // Nothing changed: no write, and `updated_at` stays, so no event follows.
+                        return Ok(Some(Ok((before, after))));
+                    }
+                    after.updated_at = crate::core::now_ms();
+                    conn.execute(
                     "UPDATE tracker_tasks SET title = ?2, description = ?3, status = ?4, type = ?5,
                         priority = ?6, assignee_slug = ?7, reviewer_slug = ?8,
                         delegation_message_id = ?9, updated_at = ?10
@@ -111,26 +120,32 @@ impl Db {
                         after.updated_at
                     ],
                 )?;
-                set_watchers(conn, &id, &before.watchers, &after.watchers)?;
-                let after = get_task(conn, &id)?
-                    .ok_or_else(|| StoreError::Corrupt("task vanished".into()))?;
-                on_written(Some(&before), &after);
-                Ok(Some(Ok((before, after))))
-            })
+                    set_watchers(conn, &id, &before.watchers, &after.watchers)?;
+                    let after = get_task(conn, &id)?
+                        .ok_or_else(|| StoreError::Corrupt("task vanished".into()))?;
+                    Ok(Some(Ok((before, after))))
+                },
+                committed,
+            )
             .await
     }
 
     /// Makes the task's row what the fleet's record at `revision` says, unless a record
     /// as new or newer was applied: (the row before, if any; the row after), or `None`.
-    /// `on_written` is told of a change inside the write (`TaskWritten`).
+    /// `changed` is told of a change as it commits (`TaskChanged`).
     pub async fn apply_task(
         &self,
         task: TaskRow,
         revision: u64,
-        on_written: impl TaskWritten,
+        changed: impl TaskChanged,
     ) -> Result<Option<(Option<TaskRow>, TaskRow)>, StoreError> {
+        let committed = move |applied: &Option<(Option<TaskRow>, TaskRow)>| {
+            if let Some((before, after)) = applied {
+                changed(before.as_ref(), after);
+            }
+        };
         self.store
-            .write(move |conn| {
+            .write_then(move |conn| {
                 let applied: Option<i64> = conn
                     .query_row(
                         "SELECT fleet_revision FROM tracker_tasks WHERE id = ?1",
@@ -157,9 +172,8 @@ impl Db {
                 set_watchers(conn, &task.id, watched, &task.watchers)?;
                 let after = get_task(conn, &task.id)?
                     .ok_or_else(|| StoreError::Corrupt("task vanished".into()))?;
-                on_written(before.as_ref(), &after);
                 Ok(Some((before, after)))
-            })
+            }, committed)
             .await
     }
 
