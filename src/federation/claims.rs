@@ -109,16 +109,20 @@ impl FleetClaims {
                 Ok(held) if held.bridge == self.link.bridge_id => return Ok(()),
                 Ok(held) => {
                     let same = held.is_for(info);
-                    let alive = self.is_alive(ready, &held.bridge).await;
+                    // Not known while NATS does not answer (a stream electing its leader):
+                    // asked again rather than decided, as for the claim itself.
+                    let (Some(alive), Some(online)) = (
+                        self.is_alive(ready, &held.bridge).await,
+                        self.online_at(ready, info, &held.bridge).await,
+                    ) else {
+                        tokio::time::sleep(RETRY_AFTER).await;
+                        continue;
+                    };
                     let takes = match how {
                         // The same agent takes its name from a bridge it is not online
                         // through (it moved); another only from a gone bridge.
-                        Claiming::Move => {
-                            same && !(alive && self.online_at(ready, info, &held.bridge).await)
-                        }
-                        Claiming::Held if same => {
-                            !(alive && self.online_at(ready, info, &held.bridge).await)
-                        }
+                        Claiming::Move => same && !(alive && online),
+                        Claiming::Held if same => !(alive && online),
                         Claiming::Held | Claiming::Registration => {
                             !alive && (same || !held.lasting)
                         }
@@ -155,22 +159,27 @@ impl FleetClaims {
         })
     }
 
-    /// Whether the fleet's card of `info`'s agent shows it online through `bridge`.
-    async fn online_at(&self, ready: &Ready, info: &AgentInfo, bridge: &str) -> bool {
+    /// Whether the fleet's card of `info`'s agent shows it online through `bridge`; `None`
+    /// when NATS did not answer.
+    async fn online_at(&self, ready: &Ready, info: &AgentInfo, bridge: &str) -> Option<bool> {
         match ready.agents.get(agent_key(&info.name)).await {
-            Ok(Some(value)) => serde_json::from_slice::<Card>(&value)
-                .is_ok_and(|card| card.online && card.bridge == bridge),
-            Ok(None) => false,
-            // Not known: taken for online, so that a name never has two live holders.
-            Err(_) => true,
+            Ok(Some(value)) => Some(
+                serde_json::from_slice::<Card>(&value)
+                    .is_ok_and(|card| card.online && card.bridge == bridge),
+            ),
+            Ok(None) => Some(false),
+            Err(_) => None,
         }
     }
 
     /// Whether `bridge` has a heartbeat in the bridges bucket (which forgets one a few
     /// TTLs old): a bridge that has just stopped keeps its names a little longer, rather
-    /// than a name ever having two holders.
-    async fn is_alive(&self, ready: &Ready, bridge: &str) -> bool {
-        !matches!(ready.bridges.get(bridge).await, Ok(None))
+    /// than a name ever having two holders. `None` when NATS did not answer.
+    async fn is_alive(&self, ready: &Ready, bridge: &str) -> Option<bool> {
+        match ready.bridges.get(bridge).await {
+            Ok(heartbeat) => Some(heartbeat.is_some()),
+            Err(_) => None,
+        }
     }
 }
 
