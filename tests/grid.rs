@@ -558,6 +558,38 @@ async fn a_burst_to_a_program_away_is_queued_and_appended_in_order_once() {
     w.bridge.shutdown().await;
 }
 
+/// Direct messages and broadcasts from one sender to a program away, interleaved and sent
+/// without waiting: the program's queue holds them in the order sent, though the writer
+/// takes them from two places (what is kept for one program, and the hub's broadcasts).
+#[tokio::test]
+async fn direct_messages_and_broadcasts_to_a_program_away_are_queued_in_the_order_sent() {
+    const EACH: usize = 150;
+    let w = world().await;
+    programs(&w, &["mc"]).await;
+    let (mut scout, _) = GridWs::connect(w.addr, "scout", None).await;
+    let mut sent = Vec::new();
+    for i in 0..EACH {
+        let direct = format!("direct-{i}");
+        scout.send(&request(&direct, "scout", "mc", "found")).await;
+        let broadcast = format!("all-{i}");
+        scout
+            .send(&format!("message: {{ id: {broadcast}, type: notification, sender: {{ agent: scout }}, receiver: {{ agent: broadcast }}, content: {{ action: note }} }}"))
+            .await;
+        sent.extend([direct, broadcast]);
+    }
+    let mut got: Vec<String> = Vec::new();
+    while got.len() < sent.len() {
+        let polled = poll_until_some(&w, "mc").await;
+        got.extend(
+            polled
+                .iter()
+                .map(|m| m["id"].as_str().unwrap_or_default().to_owned()),
+        );
+    }
+    assert_eq!(got, sent);
+    w.bridge.shutdown().await;
+}
+
 /// Polls `agent`'s queue until something arrives.
 async fn poll_until_some(w: &World, agent: &str) -> Vec<Value> {
     for _ in 0..500 {

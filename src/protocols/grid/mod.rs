@@ -412,14 +412,12 @@ impl Grid {
         let Some(message) = self.encode(delivery) else {
             return;
         };
-        // Checked again by the writer; here it saves a copy for it.
-        if self.for_scratchpad(Some(&delivery.envelope.id)) {
-            let _ = self.outgoing.send(Outgoing::Append(message.clone()));
-        }
         let _ = self.outgoing.send(Outgoing::Queue {
             agent: agent.to_owned(),
             delivery: delivery.clone(),
             message,
+            // Checked again by the writer; here it saves it a copy.
+            append: self.for_scratchpad(Some(&delivery.envelope.id)),
         });
     }
 
@@ -436,6 +434,7 @@ impl Grid {
             agent: agent.to_owned(),
             delivery: delivery.clone(),
             message,
+            append: false,
         });
     }
 

@@ -13,25 +13,105 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::Value;
+use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use super::{Grid, PROTOCOL};
-use crate::core::{Delivery, Mailbox};
+use crate::core::Delivery;
 use crate::protocols::hub::Hub;
 
 /// Work for the writer.
 pub(super) enum Outgoing {
-    /// Queue for a program that polls.
+    /// Queue for a program that polls, and append to the scratchpad when `append`.
     Queue {
         agent: String,
         delivery: Arc<Delivery>,
         message: Value,
+        append: bool,
     },
-    /// Append to the scratchpad.
-    Append(Value),
-    /// Answered once everything sent before it, and every broadcast routed before it, is
-    /// written: a poll waits for this, so it sees every message accepted before it.
-    Flush(oneshot::Sender<()>),
+    /// Answered once everything sent before it, and every broadcast routed before it
+    /// (`asked_at`), is written: a poll waits for this, so it sees every message accepted
+    /// before it.
+    Flush {
+        done: oneshot::Sender<()>,
+        asked_at: Instant,
+    },
+}
+
+impl Outgoing {
+    /// Where the job goes among the hub's broadcasts.
+    fn routed_at(&self) -> Instant {
+        match self {
+            Outgoing::Queue { delivery, .. } => delivery.routed_at,
+            Outgoing::Flush { asked_at, .. } => *asked_at,
+        }
+    }
+}
+
+/// The writer's two inputs — what is kept for one program, and the hub's broadcasts —
+/// read as one, in the order their messages were routed: a program's direct messages and
+/// broadcasts from one sender are queued in the order sent. (Within each input the order
+/// is the routing order already; the hub's mailbox puts higher priorities first, as a
+/// queue does.)
+struct Inputs {
+    jobs: mpsc::UnboundedReceiver<Outgoing>,
+    hub: Hub,
+    next_job: Option<Outgoing>,
+    next_broadcast: Option<Arc<Delivery>>,
+}
+
+enum Next {
+    Job(Outgoing),
+    Broadcast(Arc<Delivery>),
+}
+
+enum Waited {
+    Ready,
+    Stopping,
+    Closed,
+}
+
+impl Inputs {
+    /// Waits until either input has something.
+    async fn wait(&mut self, shutdown: &CancellationToken) -> Waited {
+        if self.next_job.is_some() || self.next_broadcast.is_some() {
+            return Waited::Ready;
+        }
+        tokio::select! {
+            biased;
+            job = self.jobs.recv() => match job {
+                Some(job) => self.next_job = Some(job),
+                None => return Waited::Closed,
+            },
+            next = self.hub.recv() => match next {
+                Some(delivery) => self.next_broadcast = Some(delivery),
+                None => return Waited::Closed,
+            },
+            _ = shutdown.cancelled() => return Waited::Stopping,
+        }
+        Waited::Ready
+    }
+
+    /// Of what waits in the two inputs, the one routed first.
+    fn next(&mut self) -> Option<Next> {
+        if self.next_job.is_none() {
+            self.next_job = self.jobs.try_recv().ok();
+        }
+        if self.next_broadcast.is_none() {
+            self.next_broadcast = self.hub.mailbox().try_recv().ok().flatten();
+        }
+        let broadcast_first = match (&self.next_job, &self.next_broadcast) {
+            (Some(job), Some(broadcast)) => broadcast.routed_at < job.routed_at(),
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        if broadcast_first {
+            self.next_broadcast.take().map(Next::Broadcast)
+        } else {
+            self.next_job.take().map(Next::Job)
+        }
+    }
 }
 
 /// The jobs one turn takes in at most (a flush also takes in every broadcast waiting):
@@ -66,73 +146,56 @@ impl Grid {
     /// here rather than by a task of its own, so a flush can take in what it holds.
     pub(super) async fn write_outgoing(
         self: Arc<Self>,
-        mut rx: mpsc::UnboundedReceiver<Outgoing>,
+        jobs: mpsc::UnboundedReceiver<Outgoing>,
         hub: Hub,
     ) {
+        let mut inputs = Inputs {
+            jobs,
+            hub,
+            next_job: None,
+            next_broadcast: None,
+        };
         loop {
+            // At shutdown, what is already waiting is still written.
+            let most = match inputs.wait(&self.shutdown).await {
+                Waited::Ready => TURN_AT_MOST,
+                Waited::Stopping => usize::MAX,
+                Waited::Closed => break,
+            };
             let mut turn = Turn::default();
-            tokio::select! {
-                biased;
-                job = rx.recv() => match job {
-                    Some(job) => self.take_job(&mut turn, job, hub.mailbox()),
+            while turn.jobs < most {
+                match inputs.next() {
+                    Some(Next::Job(job)) => self.take_job(&mut turn, job),
+                    Some(Next::Broadcast(delivery)) => self.take_broadcast(&mut turn, delivery),
                     None => break,
-                },
-                next = hub.recv() => match next {
-                    Some(delivery) => self.take_broadcast(&mut turn, delivery),
-                    None => break,
-                },
-                _ = self.shutdown.cancelled() => {
-                    // At shutdown, what is already waiting is still written.
-                    self.take_waiting(&mut turn, &mut rx, hub.mailbox(), usize::MAX);
-                    self.write(turn).await;
-                    break;
                 }
             }
-            self.take_waiting(&mut turn, &mut rx, hub.mailbox(), TURN_AT_MOST);
             self.write(turn).await;
-        }
-    }
-
-    /// Takes into `turn` what waits, until it holds `most` jobs: what was sent first, then
-    /// broadcasts.
-    fn take_waiting(
-        &self,
-        turn: &mut Turn,
-        rx: &mut mpsc::UnboundedReceiver<Outgoing>,
-        hub: &Mailbox,
-        most: usize,
-    ) {
-        while turn.jobs < most {
-            if let Ok(job) = rx.try_recv() {
-                self.take_job(turn, job, hub);
-                continue;
-            }
-            match hub.try_recv() {
-                Ok(Some(delivery)) => self.take_broadcast(turn, delivery),
-                _ => break,
+            if most == usize::MAX {
+                break;
             }
         }
     }
 
-    fn take_job(&self, turn: &mut Turn, job: Outgoing, hub: &Mailbox) {
+    fn take_job(&self, turn: &mut Turn, job: Outgoing) {
         turn.jobs += 1;
         match job {
             Outgoing::Queue {
                 agent,
                 delivery,
                 message,
-            } => turn.queuings.push(Queuing {
-                agents: vec![agent],
-                delivery,
-                message,
-            }),
-            Outgoing::Append(message) => turn.appends.push(message),
-            Outgoing::Flush(done) => {
-                while let Ok(Some(delivery)) = hub.try_recv() {
-                    self.take_broadcast(turn, delivery);
+                append,
+            } => {
+                if append {
+                    turn.appends.push(message.clone());
                 }
-                turn.flushes.push(done);
+                turn.queuings.push(Queuing {
+                    agents: vec![agent],
+                    delivery,
+                    message,
+                })
             }
+            Outgoing::Flush { done, .. } => turn.flushes.push(done),
         }
     }
 
@@ -214,7 +277,12 @@ impl Grid {
     /// Waits until every message accepted so far is in the queue.
     pub async fn flush(&self) {
         let (done, flushed) = oneshot::channel();
-        if self.outgoing.send(Outgoing::Flush(done)).is_ok() {
+        let asked_at = Instant::now();
+        if self
+            .outgoing
+            .send(Outgoing::Flush { done, asked_at })
+            .is_ok()
+        {
             // An error means the writer stopped (shutdown): nothing more will be written.
             let _ = flushed.await;
         }
