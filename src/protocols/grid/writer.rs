@@ -9,7 +9,7 @@
 //! queue's order. So a flood to a program away is written at the rate of batches, not of
 //! one SQLite write, one file append and one NATS round trip a message.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -51,14 +51,16 @@ impl Outgoing {
 
 /// The writer's two inputs — what is kept for one program, and the hub's broadcasts —
 /// read as one, in the order their messages were routed: a program's direct messages and
-/// broadcasts from one sender are queued in the order sent. (Within each input the order
-/// is the routing order already; the hub's mailbox puts higher priorities first, as a
-/// queue does.)
+/// broadcasts from one sender are queued in the order sent, and a flush comes after every
+/// broadcast routed before it was asked for. The job channel is in that order already; the
+/// hub's mailbox hands out higher priorities first, so what it holds is taken in at once
+/// and put back in routing order here (a queue puts priorities first anyway).
 struct Inputs {
     jobs: mpsc::UnboundedReceiver<Outgoing>,
     hub: Hub,
     next_job: Option<Outgoing>,
-    next_broadcast: Option<Arc<Delivery>>,
+    /// Broadcasts taken from the hub, in routing order.
+    broadcasts: VecDeque<Arc<Delivery>>,
 }
 
 enum Next {
@@ -75,7 +77,7 @@ enum Waited {
 impl Inputs {
     /// Waits until either input has something.
     async fn wait(&mut self, shutdown: &CancellationToken) -> Waited {
-        if self.next_job.is_some() || self.next_broadcast.is_some() {
+        if self.next_job.is_some() || !self.broadcasts.is_empty() {
             return Waited::Ready;
         }
         tokio::select! {
@@ -85,7 +87,7 @@ impl Inputs {
                 None => return Waited::Closed,
             },
             next = self.hub.recv() => match next {
-                Some(delivery) => self.next_broadcast = Some(delivery),
+                Some(delivery) => self.broadcasts.push_back(delivery),
                 None => return Waited::Closed,
             },
             _ = shutdown.cancelled() => return Waited::Stopping,
@@ -98,23 +100,26 @@ impl Inputs {
         if self.next_job.is_none() {
             self.next_job = self.jobs.try_recv().ok();
         }
-        if self.next_broadcast.is_none() {
-            self.next_broadcast = self.hub.mailbox().try_recv().ok().flatten();
+        // After the job: a broadcast routed before it is in the hub by now. Each goes in
+        // after those routed no later (mostly at the end: one priority comes in order).
+        while let Ok(Some(delivery)) = self.hub.mailbox().try_recv() {
+            let at = (self.broadcasts).partition_point(|b| b.routed_at <= delivery.routed_at);
+            self.broadcasts.insert(at, delivery);
         }
-        let broadcast_first = match (&self.next_job, &self.next_broadcast) {
+        let broadcast_first = match (&self.next_job, self.broadcasts.front()) {
             (Some(job), Some(broadcast)) => broadcast.routed_at < job.routed_at(),
             (None, Some(_)) => true,
             _ => false,
         };
         if broadcast_first {
-            self.next_broadcast.take().map(Next::Broadcast)
+            self.broadcasts.pop_front().map(Next::Broadcast)
         } else {
             self.next_job.take().map(Next::Job)
         }
     }
 }
 
-/// The jobs one turn takes in at most (a flush also takes in every broadcast waiting):
+/// The jobs one turn takes in at most:
 /// enough for a batch to pay for its commit, few enough that a turn's writes are not held
 /// back long by one slow record write.
 const TURN_AT_MOST: usize = 256;
@@ -143,7 +148,8 @@ struct Queuing {
 impl Grid {
     /// Writes queued messages and scratchpad appends in the order they were sent, and keeps
     /// every broadcast for the programs that are not connected. The hub's mailbox is read
-    /// here rather than by a task of its own, so a flush can take in what it holds.
+    /// here rather than by a task of its own, so that broadcasts take their place among the
+    /// other jobs in routing order (`Inputs`).
     pub(super) async fn write_outgoing(
         self: Arc<Self>,
         jobs: mpsc::UnboundedReceiver<Outgoing>,
@@ -153,7 +159,7 @@ impl Grid {
             jobs,
             hub,
             next_job: None,
-            next_broadcast: None,
+            broadcasts: VecDeque::new(),
         };
         loop {
             // At shutdown, what is already waiting is still written.
