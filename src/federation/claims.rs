@@ -111,12 +111,20 @@ impl FleetClaims {
                     let same = held.is_for(info);
                     // Not known while NATS does not answer (a stream electing its leader):
                     // asked again rather than decided, as for the claim itself.
-                    let (Some(alive), Some(online)) = (
-                        self.is_alive(ready, &held.bridge).await,
-                        self.online_at(ready, info, &held.bridge).await,
-                    ) else {
+                    let Some(alive) = self.is_alive(ready, &held.bridge).await else {
                         tokio::time::sleep(RETRY_AFTER).await;
                         continue;
+                    };
+                    // Only the same agent's move or hold asks where it is online.
+                    let online = match same && alive && how != Claiming::Registration {
+                        false => false,
+                        true => match self.online_at(ready, info, &held.bridge).await {
+                            Some(online) => online,
+                            None => {
+                                tokio::time::sleep(RETRY_AFTER).await;
+                                continue;
+                            }
+                        },
                     };
                     let takes = match how {
                         // The same agent takes its name from a bridge it is not online
