@@ -227,10 +227,11 @@ impl Tracker {
             Some((before, after)) => {
                 if before.is_none() {
                     self.chats.index(&after);
+                    self.apply_pending_steps(&after.id).await?;
+                } else if let Err(e) = self.apply_pending_steps(&after.id).await {
+                    // Steps whose write failed as the task came: they wait for its next change.
+                    tracing::warn!(error = %e, task = %after.id, "tracker: cannot write a task's steps yet");
                 }
-                // Steps that waited for the task; or, when writing them failed with an
-                // earlier revision of it, still wait.
-                self.apply_pending_steps(&after.id).await?;
                 Ok(after)
             }
             // Applied already (the watch came first, or an earlier try of this change),
