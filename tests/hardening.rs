@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::frame::Frame;
@@ -644,25 +644,32 @@ async fn synapse_unauthenticated_streams_are_unauthenticated_for_grpcs_python_cl
         env!("CARGO_MANIFEST_DIR"),
         "/tests/clients/synapse_unauthenticated.py"
     );
-    let run = tokio::process::Command::new(python)
+    let mut child = tokio::process::Command::new(python)
         .arg(script)
         .arg(addr.to_string())
         .arg("30")
+        .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("the client ends")
+        .spawn()
         .expect("python runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let codes: Vec<&str> = stdout.lines().collect();
-    assert_eq!(codes.len(), 30, "{stdout}");
-    assert!(codes.iter().all(|c| *c == "UNAUTHENTICATED"), "{stdout}");
+    // Read as it prints, so that a client that does not end still says how far it got.
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut printed = Vec::new();
+    let read_all = async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            printed.push(line);
+        }
+        child.wait().await
+    };
+    let status = tokio::time::timeout(Duration::from_secs(120), read_all).await;
+    let status = status.unwrap_or_else(|_| panic!("the client ends; it printed {printed:?}"));
+    assert!(status.is_ok_and(|s| s.success()), "{printed:?}");
+    let codes: Vec<&str> = printed
+        .iter()
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(codes.len(), 30, "{printed:?}");
+    assert!(codes.iter().all(|c| *c == "UNAUTHENTICATED"), "{printed:?}");
     bridge.shutdown().await;
 }
 

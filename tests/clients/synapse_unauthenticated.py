@@ -1,6 +1,6 @@
 """Calls StreamMessages on a Synapse endpoint that requires a token, without one and
 with a wrong one, as gRPC's own Python client (grpcio, C-core) does, and prints each
-call's status code name, one per line.
+call's status code name and how long it took (seconds), one call per line.
 
     python synapse_unauthenticated.py HOST:PORT CALLS
 """
@@ -29,12 +29,14 @@ def main() -> None:
 
     for i in range(calls):
         metadata = [] if i % 2 == 0 else [("authorization", "Bearer wrong")]
+        started = time.monotonic()
         try:
             for _ in stream(requests(), metadata=metadata, timeout=10):
                 pass
-            print("OK", flush=True)
+            code = "OK"
         except grpc.RpcError as e:
-            print(e.code().name, flush=True)
+            code = e.code().name
+        print(code, round(time.monotonic() - started, 3), flush=True)
 
 
 if __name__ == "__main__":
