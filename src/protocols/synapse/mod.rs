@@ -84,8 +84,9 @@ pub struct Synapse {
     tasks: Arc<DashSet<String>>,
     /// Ids of those still waiting for an agent that takes their type.
     pending: Arc<DashSet<String>>,
-    /// task id → `StreamTaskStatus` subscribers.
-    task_watchers: DashMap<String, Vec<tokio::sync::mpsc::Sender<TaskStatusUpdate>>>,
+    /// task id → `StreamTaskStatus` subscribers; told of changes from the store's thread
+    /// as they commit (`tasks::told_watchers`).
+    task_watchers: Arc<DashMap<String, Vec<tokio::sync::mpsc::Sender<TaskStatusUpdate>>>>,
     outbound: outbound::Outbound,
     /// The token calls must carry (`[synapse] token`), if any; a reload may change it.
     token: Arc<ArcSwapOption<String>>,
@@ -210,7 +211,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         group_revisions: DashMap::new(),
         tasks: Arc::new(DashSet::new()),
         pending: Arc::new(DashSet::new()),
-        task_watchers: DashMap::new(),
+        task_watchers: Arc::default(),
         outbound: outbound::Outbound::new(config),
         token: Arc::new(ArcSwapOption::from(config.token.clone().map(Arc::new))),
         shutdown: shutdown.clone(),

@@ -139,11 +139,12 @@ impl Synapse {
         F: Fn(&mut TaskRow) + Send + 'static,
     {
         let Some(records) = self.core.records() else {
-            let update = self.db.update_task(id, change).await.map_err(internal)?;
-            if let Update::Changed(task) = &update {
-                self.tell_watchers(task);
-            }
-            return Ok(update);
+            let told = self.told_watchers();
+            return self
+                .db
+                .update_task(id, change, told)
+                .await
+                .map_err(internal);
         };
         let changed = until_not_lost::<_, Status, _, _>(|| async {
             let Some(record) = records.read(TASKS, id).await.map_err(refused)? else {
@@ -197,9 +198,9 @@ impl Synapse {
     /// Keeps a revision of a fleet's task here, and tells this bridge's watchers when it
     /// is news here.
     async fn apply_task(&self, task: TaskRow, revision: u64) -> Result<(), StoreError> {
-        if self.db.apply_task(task.clone(), revision).await? {
+        let told = self.told_watchers();
+        if self.db.apply_task(task.clone(), revision, told).await? {
             self.tasks.insert(task.id.clone());
-            self.tell_watchers(&task);
         }
         Ok(())
     }

@@ -285,11 +285,17 @@ impl Synapse {
         }
     }
 
-    /// Pushes a changed task to this bridge's `StreamTaskStatus` watchers of it.
-    pub(super) fn tell_watchers(&self, task: &TaskRow) {
-        let update = Self::status_update(task);
-        if let Some(mut watchers) = self.task_watchers.get_mut(&task.id) {
-            watchers.retain(|w| w.try_send(update.clone()).is_ok() || !w.is_closed());
+    /// What a task write calls as its change commits: pushes the changed task to this
+    /// bridge's `StreamTaskStatus` watchers of it. Called on the store's thread, in the
+    /// order changes commit (`Store::write_then`); their callers, woken together, could
+    /// tell a watcher of an older state after a newer one.
+    pub(super) fn told_watchers(&self) -> impl FnOnce(&TaskRow) + Send + 'static {
+        let watchers = self.task_watchers.clone();
+        move |task| {
+            let update = Self::status_update(task);
+            if let Some(mut watchers) = watchers.get_mut(&task.id) {
+                watchers.retain(|w| w.try_send(update.clone()).is_ok() || !w.is_closed());
+            }
         }
     }
 

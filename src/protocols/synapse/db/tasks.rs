@@ -257,24 +257,36 @@ impl Db {
     }
 
     /// Applies `change` to the task atomically. Only a real change is written (and gets a
-    /// new `updated_at`): watchers are told of changes, not of every attempt.
-    pub async fn update_task<F>(&self, id: &str, change: F) -> Result<Update, StoreError>
+    /// new `updated_at`), and `changed` is told of it as it commits (`Store::write_then`):
+    /// watchers are told of changes, not of every attempt.
+    pub async fn update_task<F>(
+        &self,
+        id: &str,
+        change: F,
+        changed: impl FnOnce(&TaskRow) + Send + 'static,
+    ) -> Result<Update, StoreError>
     where
         F: FnOnce(&mut TaskRow) + Send + 'static,
     {
         let id = id.to_owned();
+        let committed = move |update: &Update| {
+            if let Update::Changed(task) = update {
+                changed(task);
+            }
+        };
         self.store
-            .write(move |conn| {
-                let Some(mut task) = get_task(conn, &id)? else {
-                    return Ok(Update::Missing);
-                };
-                let before = task.clone();
-                change(&mut task);
-                if task == before {
-                    return Ok(Update::Unchanged(task));
-                }
-                task.updated_at = crate::core::now_ms();
-                conn.execute(
+            .write_then(
+                move |conn| {
+                    let Some(mut task) = get_task(conn, &id)? else {
+                        return Ok(Update::Missing);
+                    };
+                    let before = task.clone();
+                    change(&mut task);
+                    if task == before {
+                        return Ok(Update::Unchanged(task));
+                    }
+                    task.updated_at = crate::core::now_ms();
+                    conn.execute(
                     "UPDATE synapse_tasks SET status = ?2, progress = ?3, message = ?4, result = ?5,
                         error_code = ?6, error_message = ?7, updated_at = ?8, completed_at = ?9,
                         assignee = ?10
@@ -292,16 +304,30 @@ impl Db {
                         task.assignee
                     ],
                 )?;
-                Ok(Update::Changed(task))
-            })
+                    Ok(Update::Changed(task))
+                },
+                committed,
+            )
             .await
     }
 
     /// Keeps `task` as the fleet's record holds it at `revision`: inserted if it is not
-    /// here, changed if it is here at an older revision. Whether it was news here.
-    pub async fn apply_task(&self, task: TaskRow, revision: u64) -> Result<bool, StoreError> {
+    /// here, changed if it is here at an older revision. Whether it was news here;
+    /// `changed` is told of news as it commits (`Store::write_then`).
+    pub async fn apply_task(
+        &self,
+        task: TaskRow,
+        revision: u64,
+        changed: impl FnOnce(&TaskRow) + Send + 'static,
+    ) -> Result<bool, StoreError> {
+        let applied = task.clone();
+        let committed = move |news: &bool| {
+            if *news {
+                changed(&applied);
+            }
+        };
         self.store
-            .write(move |conn| {
+            .write_then(move |conn| {
                 let revision = revision as i64;
                 let mut values = task_values(&task).to_vec();
                 values.push(&revision);
@@ -319,7 +345,7 @@ impl Db {
                     ))?
                     .execute(values.as_slice())?;
                 Ok(changed > 0)
-            })
+            }, committed)
             .await
     }
 
