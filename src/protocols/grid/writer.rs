@@ -2,18 +2,18 @@
 //! queued for polling (or a program's next socket) and appended to the scratchpad — and
 //! keeps every broadcast for the programs it did not reach.
 //!
-//! It works in turns. A turn takes in whatever waits, up to `TURN_AT_MOST` jobs, appends its
-//! new scratchpad entries in one write and queues its messages together, in the order they
-//! were routed: in one store batch and, in a fleet, as records sent one after another and
-//! answered together (`SharedRecords::write_unused_in_order`), whose revisions are the
-//! queue's order. So a flood to a program away is written at the rate of batches, not of
+//! It works in turns. A turn takes in whatever waits, up to `TURN_AT_MOST` jobs, in the
+//! order they were routed (`Inputs`), appends its new scratchpad entries in one write and
+//! queues its messages together, in that order: in one store commit and, in a fleet, as
+//! records sent one after another and answered together
+//! (`SharedRecords::write_unused_in_order`), whose revisions are the queue's order. So a flood to a program away is written at the rate of batches, not of
 //! one SQLite write, one file append and one NATS round trip a message.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde_json::Value;
-use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
