@@ -563,8 +563,19 @@ async fn a_burst_to_a_program_away_is_queued_and_appended_in_order_once() {
 /// takes them from two places (what is kept for one program, and the hub's broadcasts).
 #[tokio::test]
 async fn direct_messages_and_broadcasts_to_a_program_away_are_queued_in_the_order_sent() {
+    direct_and_broadcasts_in_order(world().await).await;
+}
+
+/// The same with the Grid's hub holding most broadcasts past its mailbox, as ids to read
+/// back from the store, while the direct messages wait in memory.
+#[tokio::test]
+async fn direct_messages_and_broadcasts_past_the_hubs_mailbox_are_queued_in_the_order_sent() {
+    let w = world_from(start_bridge("[routing]\nmailbox_capacity = 4\n").await);
+    direct_and_broadcasts_in_order(w).await;
+}
+
+async fn direct_and_broadcasts_in_order(w: World) {
     const EACH: usize = 150;
-    let w = world().await;
     programs(&w, &["mc"]).await;
     let (mut scout, _) = GridWs::connect(w.addr, "scout", None).await;
     let mut sent = Vec::new();

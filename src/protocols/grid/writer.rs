@@ -75,8 +75,26 @@ enum Waited {
 }
 
 impl Inputs {
-    /// Waits until either input has something.
+    /// Whether broadcasts wait in the hub's backlog (ids kept past its mailbox, read back
+    /// only by `recv`) with none taken in: they may have been routed before the next job.
+    fn backlog_first(&self) -> bool {
+        self.broadcasts.is_empty() && !self.hub.mailbox().is_empty()
+    }
+
+    /// Waits until either input has something the writer can take.
     async fn wait(&mut self, shutdown: &CancellationToken) -> Waited {
+        while self.next_job.is_some() && self.backlog_first() {
+            // Looked at again now and then: what the backlog read back may all have
+            // expired, leaving `recv` nothing to return.
+            tokio::select! {
+                next = self.hub.recv() => match next {
+                    Some(delivery) => self.broadcasts.push_back(delivery),
+                    None => return Waited::Closed,
+                },
+                _ = tokio::time::sleep(BACKLOG_RECHECK) => {}
+                _ = shutdown.cancelled() => return Waited::Stopping,
+            }
+        }
         if self.next_job.is_some() || !self.broadcasts.is_empty() {
             return Waited::Ready;
         }
@@ -109,6 +127,9 @@ impl Inputs {
         let broadcast_first = match (&self.next_job, self.broadcasts.front()) {
             (Some(job), Some(broadcast)) => broadcast.routed_at < job.routed_at(),
             (None, Some(_)) => true,
+            // What the backlog holds is read back first (`wait`). (Once some broadcasts
+            // are taken in, the backlog's are newer than them: it is read back in order.)
+            (Some(_), None) if self.backlog_first() => return None,
             _ => false,
         };
         if broadcast_first {
@@ -118,6 +139,9 @@ impl Inputs {
         }
     }
 }
+
+/// How often a job waiting for the hub's backlog to be read back looks again.
+const BACKLOG_RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The jobs one turn takes in at most:
 /// enough for a batch to pay for its commit, few enough that a turn's writes are not held
