@@ -229,12 +229,13 @@ impl Db {
             .await
     }
 
-    /// Queues each message for its agent, in the order given (a message already queued for
-    /// an agent is not queued twice). Queued for the store at the call, so writes made one
-    /// after another commit in that order.
+    /// Queues `message` for each of `agents` (a message already queued for an agent is not
+    /// queued twice). Queued for the store at the call, so writes made one after another
+    /// commit in that order.
     pub fn enqueue(
         &self,
-        rows: Vec<(String, ToQueue)>,
+        agents: Vec<String>,
+        message: ToQueue,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         self.store
             .write(move |conn| {
@@ -242,7 +243,7 @@ impl Db {
                     "INSERT OR IGNORE INTO grid_queue (agent, message_id, instance, priority, ts, expires_at, body)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 )?;
-                for (agent, message) in rows {
+                for agent in agents {
                     stmt.execute(params![
                         agent,
                         message.message_id,
@@ -550,8 +551,8 @@ mod tests {
         let db = Db::open(Store::open(":memory:").await.unwrap())
             .await
             .unwrap();
-        let kept_here = vec![("program".to_owned(), expiring("kept-here"))];
-        db.enqueue(kept_here).await.unwrap();
+        let program = || vec!["program".to_owned()];
+        db.enqueue(program(), expiring("kept-here")).await.unwrap();
         (db.apply_queued("program".to_owned(), expiring("fleets"), 7))
             .await
             .unwrap();

@@ -108,27 +108,33 @@ impl Grid {
         Ok(())
     }
 
-    /// Queues each message for its program, in the order given: in a fleet, as the fleet's
-    /// records (each applied here as it is written); alone, or without NATS, here only.
-    /// Either way an open socket that takes one is woken to (a socket that closed with it
-    /// unsent hands it to the program's others this way). What cannot be queued is logged.
-    pub(super) async fn keep_queued(&self, rows: Vec<(String, ToQueue)>) {
+    /// Queues each message for its programs, in the order given: in a fleet, as the
+    /// fleet's records (each applied here as it is written); alone, or without NATS, here
+    /// only. Either way an open socket that takes one is woken to (a socket that closed
+    /// with it unsent hands it to the program's others this way). What cannot be queued is
+    /// logged.
+    pub(super) async fn keep_queued(&self, messages: Vec<(Vec<String>, ToQueue)>) {
         let here_only = match self.core.records() {
-            Some(records) if !rows.is_empty() => self.keep_in_fleet(&**records, rows).await,
-            _ => rows,
+            Some(records) if !messages.is_empty() => self.keep_in_fleet(&**records, messages).await,
+            _ => messages,
         };
         self.queue_here(here_only).await;
     }
 
-    /// Writes `rows` as the fleet's records, in order, and applies here those written;
-    /// what is to be queued on this bridge only, as NATS did not take it.
+    /// Writes `messages` as the fleet's records (one a program), in order, and applies here
+    /// those written; what is to be queued on this bridge only, as NATS did not take it.
     async fn keep_in_fleet(
         &self,
         records: &dyn SharedRecords,
-        rows: Vec<(String, ToQueue)>,
-    ) -> Vec<(String, ToQueue)> {
-        let rows: Vec<Record> = (rows.into_iter())
-            .map(|(agent, message)| Record { agent, message })
+        messages: Vec<(Vec<String>, ToQueue)>,
+    ) -> Vec<(Vec<String>, ToQueue)> {
+        let rows: Vec<Record> = (messages.into_iter())
+            .flat_map(|(agents, message)| {
+                (agents.into_iter()).map(move |agent| Record {
+                    agent,
+                    message: message.clone(),
+                })
+            })
             .collect();
         let writes = (rows.iter())
             .map(|record| {
@@ -140,7 +146,10 @@ impl Grid {
             Ok(written) => written,
             Err(e) => {
                 tracing::warn!(error = %e, "grid: queued on this bridge only");
-                return rows.into_iter().map(|r| (r.agent, r.message)).collect();
+                return rows
+                    .into_iter()
+                    .map(|r| (vec![r.agent], r.message))
+                    .collect();
             }
         };
         let mut here_only = Vec::new();
@@ -156,7 +165,7 @@ impl Grid {
                 Err(RecordError::Conflict) => {}
                 Err(RecordError::Unavailable(why)) => {
                     tracing::warn!(%why, agent = %record.agent, "grid: queued on this bridge only");
-                    here_only.push((record.agent, record.message));
+                    here_only.push((vec![record.agent], record.message));
                 }
             }
         }
@@ -169,31 +178,21 @@ impl Grid {
         here_only
     }
 
-    /// Queues each message for its program in this bridge's table only, and wakes the open
-    /// sockets that take them. Each message is a store write of its own, so that one that
-    /// fails fails alone, and all are queued at once, so that they commit together.
-    async fn queue_here(&self, rows: Vec<(String, ToQueue)>) {
-        let mut messages: Vec<Vec<(String, ToQueue)>> = Vec::new();
-        for row in rows {
-            match messages.last_mut() {
-                Some(message) if message[0].1.message_id == row.1.message_id => message.push(row),
-                _ => messages.push(vec![row]),
-            }
-        }
+    /// Queues each message for its programs in this bridge's table only, and wakes the
+    /// open sockets that take them. Each message is a store write of its own, so that one
+    /// that fails fails alone, and all are queued at once, so that they commit together.
+    async fn queue_here(&self, messages: Vec<(Vec<String>, ToQueue)>) {
         let writes: Vec<_> = (messages.into_iter())
-            .map(|rows| {
-                let woken: Vec<(String, Option<String>)> = (rows.iter())
-                    .map(|(agent, message)| (agent.clone(), message.instance.clone()))
-                    .collect();
-                let id = rows[0].1.message_id.clone();
-                let written = self.db.enqueue(rows);
-                async move { (id, woken, written.await) }
+            .map(|(agents, message)| {
+                let (id, instance) = (message.message_id.clone(), message.instance.clone());
+                let written = self.db.enqueue(agents.clone(), message);
+                async move { (id, agents, instance, written.await) }
             })
             .collect();
-        for (id, woken, written) in join_all(writes).await {
+        for (id, agents, instance, written) in join_all(writes).await {
             match written {
                 Ok(()) => {
-                    for (agent, instance) in &woken {
+                    for agent in &agents {
                         self.sockets.wake(agent, instance.as_deref());
                     }
                 }

@@ -143,9 +143,8 @@ impl Inputs {
 /// How often a job waiting for the hub's backlog to be read back looks again.
 const BACKLOG_RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// The jobs one turn takes in at most:
-/// enough for a batch to pay for its commit, few enough that a turn's writes are not held
-/// back long by one slow record write.
+/// The jobs one turn takes in at most: enough for a batch to pay for its commit, few
+/// enough that a turn's writes are not held back long by one slow record write.
 const TURN_AT_MOST: usize = 256;
 
 /// What one turn writes.
@@ -267,11 +266,10 @@ impl Grid {
     /// flushes.
     async fn write(&self, turn: Turn) {
         self.append_new(&turn.appends).await;
-        let rows = (turn.queuings.iter()).flat_map(|q| {
-            let queued = Grid::to_queue(&q.delivery, &q.message);
-            (q.agents.iter()).map(move |agent| (agent.clone(), queued.clone()))
-        });
-        self.keep_queued(rows.collect()).await;
+        let messages = (turn.queuings.iter())
+            .filter(|q| !q.agents.is_empty())
+            .map(|q| (q.agents.clone(), Grid::to_queue(&q.delivery, &q.message)));
+        self.keep_queued(messages.collect()).await;
         drop(turn.queuings);
         for done in turn.flushes {
             let _ = done.send(());
