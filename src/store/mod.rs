@@ -60,7 +60,7 @@ pub use mail_table::MailTable;
 use batch::Batch;
 use rounds::{JournalTail, Unapplied};
 use sqlite::{ReaderPool, configure, open_file};
-use writer::{Backlog, Job, WriteJob, write_loop};
+use writer::{Backlog, Committed, Job, WriteJob, write_loop};
 
 /// Name of the database file inside `data_dir`.
 pub const DB_FILE: &str = "agentbridge.db";
@@ -316,14 +316,8 @@ impl Store {
         F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
         C: FnOnce(&R) + Send + 'static,
     {
-        let (reply, answer) = oneshot::channel();
-        let job = WriteJob::new(move |batch: &mut Batch<'_>| f(batch.conn()), true, reply)
-            .then(Box::new(committed));
-        let queued = self.submit(Box::new(job), true);
-        async move {
-            queued?;
-            answer.await.map_err(|_| StoreError::Closed)?
-        }
+        let job = move |batch: &mut Batch<'_>| f(batch.conn());
+        self.queue_then(job, true, Some(Box::new(committed)))
     }
 
     /// Like `write`, without the savepoint that keeps a failed write from undoing part of
@@ -366,8 +360,23 @@ impl Store {
         R: Send + 'static,
         F: FnOnce(&mut Batch<'_>) -> Result<R, StoreError> + Send + 'static,
     {
+        self.queue_then(f, savepoint, None)
+    }
+
+    /// `queue`, with what the writer calls once the write committed (`write_then`).
+    fn queue_then<R, F>(
+        &self,
+        f: F,
+        savepoint: bool,
+        committed: Option<Committed<R>>,
+    ) -> impl Future<Output = Result<R, StoreError>> + Send + 'static
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Batch<'_>) -> Result<R, StoreError> + Send + 'static,
+    {
         let (reply, answer) = oneshot::channel();
-        let queued = self.submit(Box::new(WriteJob::new(f, savepoint, reply)), true);
+        let job = WriteJob::new(f, savepoint, reply, committed);
+        let queued = self.submit(Box::new(job), true);
         async move {
             queued?;
             answer.await.map_err(|_| StoreError::Closed)?

@@ -270,7 +270,12 @@ fn the_writer_joins_small_rounds() {
         "the first is full"
     );
     let (reply, _) = tokio::sync::oneshot::channel::<Result<(), StoreError>>();
-    let mut other: Box<dyn Job> = Box::new(WriteJob::new(|_: &mut Batch<'_>| Ok(()), false, reply));
+    let mut other: Box<dyn Job> = Box::new(WriteJob::new(
+        |_: &mut Batch<'_>| Ok(()),
+        false,
+        reply,
+        None,
+    ));
     let mut batch = vec![round(1, 1)];
     assert!(!join_round(&mut batch, &mut *other));
     let mut batch = vec![other];

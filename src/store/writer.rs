@@ -81,19 +81,15 @@ impl<F, R> WriteJob<F, R> {
         work: F,
         savepoint: bool,
         reply: oneshot::Sender<Result<R, StoreError>>,
+        committed: Option<Committed<R>>,
     ) -> Self {
         WriteJob {
             work: Some(work),
             savepoint,
             outcome: None,
             reply: Some(reply),
-            committed: None,
+            committed,
         }
-    }
-
-    pub(super) fn then(mut self, committed: Committed<R>) -> Self {
-        self.committed = Some(committed);
-        self
     }
 }
 
