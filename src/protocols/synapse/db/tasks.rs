@@ -287,23 +287,23 @@ impl Db {
                     }
                     task.updated_at = crate::core::now_ms();
                     conn.execute(
-                    "UPDATE synapse_tasks SET status = ?2, progress = ?3, message = ?4, result = ?5,
-                        error_code = ?6, error_message = ?7, updated_at = ?8, completed_at = ?9,
-                        assignee = ?10
-                     WHERE id = ?1",
-                    params![
-                        id,
-                        task.status,
-                        task.progress,
-                        task.message,
-                        task.result,
-                        task.error_code,
-                        task.error_message,
-                        task.updated_at,
-                        task.completed_at,
-                        task.assignee
-                    ],
-                )?;
+                        "UPDATE synapse_tasks SET status = ?2, progress = ?3, message = ?4, result = ?5,
+                            error_code = ?6, error_message = ?7, updated_at = ?8, completed_at = ?9,
+                            assignee = ?10
+                         WHERE id = ?1",
+                        params![
+                            id,
+                            task.status,
+                            task.progress,
+                            task.message,
+                            task.result,
+                            task.error_code,
+                            task.error_message,
+                            task.updated_at,
+                            task.completed_at,
+                            task.assignee
+                        ],
+                    )?;
                     Ok(Update::Changed(task))
                 },
                 committed,

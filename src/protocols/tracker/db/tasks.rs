@@ -103,23 +103,23 @@ impl Db {
                     }
                     after.updated_at = crate::core::now_ms();
                     conn.execute(
-                    "UPDATE tracker_tasks SET title = ?2, description = ?3, status = ?4, type = ?5,
-                        priority = ?6, assignee_slug = ?7, reviewer_slug = ?8,
-                        delegation_message_id = ?9, updated_at = ?10
-                     WHERE id = ?1",
-                    params![
-                        id,
-                        after.title,
-                        after.description,
-                        after.status.as_str(),
-                        after.task_type.as_str(),
-                        after.priority.as_str(),
-                        after.assignee_slug,
-                        after.reviewer_slug,
-                        after.delegation_message_id,
-                        after.updated_at
-                    ],
-                )?;
+                        "UPDATE tracker_tasks SET title = ?2, description = ?3, status = ?4, type = ?5,
+                            priority = ?6, assignee_slug = ?7, reviewer_slug = ?8,
+                            delegation_message_id = ?9, updated_at = ?10
+                         WHERE id = ?1",
+                        params![
+                            id,
+                            after.title,
+                            after.description,
+                            after.status.as_str(),
+                            after.task_type.as_str(),
+                            after.priority.as_str(),
+                            after.assignee_slug,
+                            after.reviewer_slug,
+                            after.delegation_message_id,
+                            after.updated_at
+                        ],
+                    )?;
                     set_watchers(conn, &id, &before.watchers, &after.watchers)?;
                     let after = get_task(conn, &id)?
                         .ok_or_else(|| StoreError::Corrupt("task vanished".into()))?;
