@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::fleet::{QUICK, federation_section};
+use common::bridge_toml;
+use common::fleet::{QUICK, SET_UP_WAIT, federation_section};
 use common::nats::Cluster;
 use common::process::BridgeProcess;
-use common::{WAIT, bridge_toml};
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -146,7 +146,7 @@ fn assert_success(what: &str, out: &Output) {
 
 /// A scrape of a real, federated bridge (the `agentbridge` binary on a one-server NATS
 /// cluster, every endpoint configured), taken once it exports every name in `wanted` or
-/// after `WAIT` * 3, whichever is first.
+/// after `SET_UP_WAIT`, whichever is first.
 async fn scrape_of_a_federated_bridge(wanted: &BTreeSet<String>) -> String {
     let cluster = Cluster::start(1).await;
     let dir = tempfile::tempdir().expect("a temp dir");
@@ -162,7 +162,7 @@ async fn scrape_of_a_federated_bridge(wanted: &BTreeSet<String>) -> String {
     .expect("the config is written");
     let process = BridgeProcess::spawn(&config);
     let metrics = format!("http://{}/metrics", process.addr("admin"));
-    let deadline = Instant::now() + WAIT * 3;
+    let deadline = Instant::now() + SET_UP_WAIT;
     loop {
         let scrape = match common::http().get(&metrics).send().await {
             Ok(answer) if answer.status().is_success() => answer.text().await.unwrap_or_default(),

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fleet::{Fleet, QUICK, federation_section, start_member};
+use common::fleet::{Fleet, QUICK, SET_UP_WAIT, federation_section, start_member};
 use common::nats::Cluster;
 use common::peers::{Proto, What};
 use common::skynet::{SkynetHttp, SkynetWs};
@@ -36,15 +36,27 @@ async fn spawn_bridge(dir: &std::path::Path, id: &str, section: &str) -> BridgeP
     std::fs::write(&config, bridge_toml(data.to_str().unwrap(), section)).unwrap();
     let process = BridgeProcess::spawn(&config);
     let readyz = format!("http://{}/readyz", process.addr("admin"));
-    eventually(
-        "the bridge process is connected to the fleet",
-        async || match common::http().get(&readyz).send().await {
-            Ok(answer) => answer.text().await.is_ok_and(|t| t.starts_with("ready")),
-            Err(_) => false,
-        },
-    )
-    .await;
-    process
+    let deadline = Instant::now() + SET_UP_WAIT;
+    loop {
+        let said = match common::http().get(&readyz).send().await {
+            Ok(answer) => answer.text().await.unwrap_or_else(|e| e.to_string()),
+            Err(e) => e.to_string(),
+        };
+        if said.starts_with("ready") {
+            return process;
+        }
+        if Instant::now() >= deadline {
+            let warned = std::iter::from_fn(|| {
+                process.next_log(Duration::from_millis(1), |line| line["level"] == "WARN")
+            });
+            let warned: Vec<String> = warned.map(|line| line["fields"].to_string()).collect();
+            panic!(
+                "bridge {id} is not connected to the fleet within {SET_UP_WAIT:?}: {said}\nits warnings:\n{}",
+                warned.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
 /// Stops the one NATS server of `cluster` and waits until `bridge` says it is degraded.

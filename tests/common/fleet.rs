@@ -45,6 +45,10 @@ fn fresh_prefix() -> String {
     )
 }
 
+/// How long a bridge may take to set up its stream and buckets: each replicated stream,
+/// bucket and consumer it creates elects a leader, seconds apiece on a busy machine.
+pub const SET_UP_WAIT: Duration = Duration::from_secs(WAIT.as_secs() * 3);
+
 /// How quickly the tests' bridges notice one another go: a fast presence TTL, a short
 /// publish timeout.
 pub const QUICK: &str = "heartbeat_ms = 200\npresence_ttl_ms = 1500\npublish_timeout_ms = 2000\n";
@@ -96,7 +100,7 @@ impl Fleet {
 
     /// Waits until every bridge is connected with its stream and buckets set up.
     pub async fn wait_set_up(&self) {
-        let deadline = Instant::now() + WAIT * 3;
+        let deadline = Instant::now() + SET_UP_WAIT;
         for net in &self.nets {
             while let Some(reason) = net.bridge.readiness().degraded() {
                 assert!(
