@@ -226,8 +226,71 @@ async fn of_two_bridges_claiming_one_name_at_once_exactly_one_wins() {
     fleet.shutdown().await;
 }
 
-/// A bridge killed with SIGKILL: its agents are shown offline on the others within the
-/// presence TTL, with a leave event.
+/// A registration whose client went away while its name's claim waited for NATS leaves
+/// no claim behind: once NATS answers, what was claimed for it is given up, and another
+/// bridge registers the name.
+#[tokio::test]
+async fn a_registration_whose_client_left_mid_claim_leaves_the_name_free() {
+    let cluster = Cluster::start(1).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
+    let body = serde_json::json!({ "name": "hasty", "type": "claude-code" });
+    let url = format!("http://{}/api/agents", fleet.nets[0].skynet);
+    // NATS holds the claim unanswered, within the presence TTL, while the client gives up.
+    let gave_up = cluster
+        .while_paused(Duration::from_millis(800), async {
+            let impatient = reqwest::Client::builder()
+                .timeout(Duration::from_millis(300))
+                .build()
+                .unwrap();
+            impatient.post(&url).json(&body).send().await
+        })
+        .await;
+    assert!(gave_up.is_err(), "the client gives up first: {gave_up:?}");
+    let other = SkynetHttp::new(fleet.nets[1].skynet);
+    let mut last = (0, serde_json::Value::Null);
+    let deadline = Instant::now() + WAIT;
+    while last.0 != 201 {
+        assert!(
+            Instant::now() < deadline,
+            "b1 cannot register the name b0's client left: {last:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        last = other.post("/api/agents", body.clone()).await;
+    }
+    fleet.shutdown().await;
+}
+
+/// Of two agents of different protocols registering one name on one bridge at once, the
+/// one refused leaves the other's claim in place: no other bridge registers the name.
+#[tokio::test]
+async fn a_name_refused_on_its_own_bridge_stays_claimed_for_its_holder() {
+    let fleet = Fleet::start(2).await;
+    let skynet = SkynetHttp::new(fleet.nets[0].skynet);
+    let tracker = TrackerHttp::new(fleet.nets[0].tracker, "tb-admin");
+    let other = SkynetHttp::new(fleet.nets[1].skynet);
+    for n in 0..5 {
+        let name = format!("twin{n}");
+        let agent = serde_json::json!({ "name": name, "type": "claude-code" });
+        let member = serde_json::json!({ "slug": name, "name": name, "type": "agent" });
+        let (as_agent, as_member) = tokio::join!(
+            skynet.post("/api/agents", agent.clone()),
+            tracker.post("/members", member)
+        );
+        let mut codes = [as_agent.0, as_member.0];
+        codes.sort();
+        assert_eq!(
+            codes,
+            [201, 409],
+            "{name}: {} / {}",
+            as_agent.1,
+            as_member.1
+        );
+        let (status, refusal) = other.post("/api/agents", agent).await;
+        assert_eq!(status, 409, "{name} is still claimed: {refusal}");
+    }
+    fleet.shutdown().await;
+}
+
 /// Skynet's message history is the fleet's: what an agent said on one bridge is in
 /// `GET /api/messages` on the other, as the same messages.
 #[tokio::test]

@@ -13,6 +13,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use serde::{Deserialize, Serialize};
 
+use super::BRIDGE_PROTOCOL;
 use super::envelope::Protocol;
 
 /// Whether an agent is a program or a person. Humans observe conversations in some protocols.
@@ -118,6 +119,17 @@ impl NameTaken {
     /// " on bridge 'b1'" when another bridge of the fleet holds the name, else nothing.
     pub fn on_bridge(&self) -> String {
         (self.holder_bridge.as_ref()).map_or_else(String::new, |b| format!(" on bridge '{b}'"))
+    }
+
+    /// The refusal of a claim on `name` the fleet could not settle in time (NATS did not
+    /// answer, or the claim's task ended without an answer).
+    pub fn unsettled(name: &str) -> NameTaken {
+        NameTaken {
+            name: name.to_owned(),
+            holder_protocol: BRIDGE_PROTOCOL,
+            holder_role: "agent",
+            holder_bridge: Some("(the fleet could not settle who holds it; try again)".into()),
+        }
     }
 
     fn by(info: &AgentInfo) -> NameTaken {

@@ -231,12 +231,10 @@ impl Core {
         let Some(claims) = self.claims.get() else {
             return self.directory.register(info);
         };
-        claims.claim(&info, how).await?;
-        let registered = self.directory.register(info.clone());
-        // A name moved here is still the same agent's: kept, not freed for anyone.
-        if registered.is_err() && how != Claiming::Move {
-            claims.release(&info);
-        }
+        let claimed = claims::claim_to_the_end(claims, &self.directory, &info, how).await?;
+        let registered = self.directory.register(info);
+        // Given up unless the directory holds the name here now.
+        drop(claimed);
         registered
     }
 

@@ -159,12 +159,7 @@ impl FleetClaims {
                 }
             }
         }
-        Err(NameTaken {
-            name: info.name.clone(),
-            holder_protocol: BRIDGE_PROTOCOL,
-            holder_role: "agent",
-            holder_bridge: Some("(the fleet could not settle who holds it; try again)".into()),
-        })
+        Err(NameTaken::unsettled(&info.name))
     }
 
     /// Whether the fleet's card of `info`'s agent shows it online through `bridge`; `None`
