@@ -260,14 +260,61 @@ async fn a_registration_whose_client_left_mid_claim_leaves_the_name_free() {
     fleet.shutdown().await;
 }
 
+/// A registration retried at once after its client gave up mid-claim holds the name: the
+/// first claim, given up once NATS answers, does not take the key the retry relies on.
+#[tokio::test]
+async fn a_registration_retried_after_its_client_left_mid_claim_keeps_the_name() {
+    let cluster = Cluster::start(1).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
+    let body = serde_json::json!({ "name": "retrier", "type": "claude-code" });
+    let url = format!("http://{}/api/agents", fleet.nets[0].skynet);
+    let (gave_up, retried) = cluster
+        .while_paused(Duration::from_millis(800), async {
+            let impatient = reqwest::Client::builder()
+                .timeout(Duration::from_millis(300))
+                .build()
+                .unwrap();
+            let gave_up = impatient.post(&url).json(&body).send().await;
+            let retried = common::http().post(&url).json(&body).send().await;
+            (gave_up, retried)
+        })
+        .await;
+    assert!(gave_up.is_err(), "the client gives up first: {gave_up:?}");
+    let status = retried.expect("the retry is answered").status().as_u16();
+    assert_eq!(status, 201, "the retry registers the name");
+    // Time for a claim given up to go, if it wrongly were.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let js = fleet.jetstream().await;
+    let names = js
+        .get_key_value(format!("{}_names", fleet.prefix))
+        .await
+        .expect("the names bucket");
+    let key = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, "retrier");
+    let claim = names.get(&key).await.expect("NATS answers");
+    let claim: serde_json::Value = claim
+        .map(|c| serde_json::from_slice(&c).expect("a claim is JSON"))
+        .unwrap_or_default();
+    assert_eq!(
+        claim["bridge"], "b0",
+        "the fleet's key holds the name for b0: {claim}"
+    );
+    fleet.shutdown().await;
+}
+
 /// Of two agents of different protocols registering one name on one bridge at once, the
-/// one refused leaves the other's claim in place: no other bridge registers the name.
+/// one refused leaves the other's claim in place, and the fleet's key for the name
+/// describes the one that holds it: no other bridge registers the name.
 #[tokio::test]
 async fn a_name_refused_on_its_own_bridge_stays_claimed_for_its_holder() {
     let fleet = Fleet::start(2).await;
     let skynet = SkynetHttp::new(fleet.nets[0].skynet);
     let tracker = TrackerHttp::new(fleet.nets[0].tracker, "tb-admin");
     let other = SkynetHttp::new(fleet.nets[1].skynet);
+    let js = fleet.jetstream().await;
+    let names = js
+        .get_key_value(format!("{}_names", fleet.prefix))
+        .await
+        .expect("the names bucket");
     for n in 0..5 {
         let name = format!("twin{n}");
         let agent = serde_json::json!({ "name": name, "type": "claude-code" });
@@ -276,15 +323,23 @@ async fn a_name_refused_on_its_own_bridge_stays_claimed_for_its_holder() {
             skynet.post("/api/agents", agent.clone()),
             tracker.post("/members", member)
         );
-        let mut codes = [as_agent.0, as_member.0];
-        codes.sort();
-        assert_eq!(
-            codes,
-            [201, 409],
-            "{name}: {} / {}",
-            as_agent.1,
-            as_member.1
-        );
+        let holder = match (as_agent.0, as_member.0) {
+            (201, 409) => "skynet",
+            (409, 201) => "tracker",
+            other => panic!(
+                "{name}: exactly one wins: {other:?} {} / {}",
+                as_agent.1, as_member.1
+            ),
+        };
+        // Time for a claim given up to go (it is given up in the background).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let key = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, &name);
+        let claim = names.get(&key).await.expect("NATS answers");
+        let claim: serde_json::Value = claim
+            .map(|c| serde_json::from_slice(&c).expect("a claim is JSON"))
+            .unwrap_or_default();
+        assert_eq!(claim["bridge"], "b0", "{name}: {claim}");
+        assert_eq!(claim["protocol"], holder, "{name}: {claim}");
         let (status, refusal) = other.post("/api/agents", agent).await;
         assert_eq!(status, 409, "{name} is still claimed: {refusal}");
     }

@@ -5,6 +5,8 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use dashmap::DashMap;
+
 use super::directory::{AgentInfo, Directory, NameTaken};
 
 pub type ClaimFuture<'a> = Pin<Box<dyn Future<Output = Result<(), NameTaken>> + Send + 'a>>;
@@ -33,49 +35,106 @@ pub trait NameClaims: Send + Sync {
     /// Gives `agent`'s name up (it was unregistered here): the claim this bridge holds,
     /// or a registration's wherever it is (the registration is gone for the fleet).
     fn release(&self, agent: &AgentInfo);
+
+    /// Gives up a claim this bridge just made for `agent`, which no agent here holds: tried
+    /// once before the future ends, then as `release` does if that did not land.
+    fn give_up<'a>(&'a self, agent: &'a AgentInfo)
+    -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+}
+
+/// Claims of one name on this bridge, one at a time: each is settled (its agent
+/// registered in the directory, or the claim given up) before the next claim of the name
+/// starts. So the fleet's key for a name this bridge holds describes the agent the
+/// directory holds it for (of two agents registering one name here at once, the second is
+/// refused by the directory, not let through by the key the first made), and a claim given
+/// up never deletes a key that a later claim found and relies on.
+#[derive(Default)]
+pub struct ClaimLocks(DashMap<String, Arc<tokio::sync::Mutex<()>>>);
+
+impl ClaimLocks {
+    async fn lock(self: &Arc<Self>, name: &str) -> NameLock {
+        let lock = self.0.entry(name.to_owned()).or_default().clone();
+        NameLock {
+            locks: self.clone(),
+            name: name.to_owned(),
+            guard: Some(lock.lock_owned().await),
+        }
+    }
+}
+
+/// The right to claim a name on this bridge (`ClaimLocks`), until dropped.
+struct NameLock {
+    locks: Arc<ClaimLocks>,
+    name: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for NameLock {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        // Forgotten once nobody holds or waits for it (each holds a clone), so that names
+        // claimed once do not stay in memory.
+        (self.locks.0).remove_if(&self.name, |_, lock| Arc::strong_count(lock) == 1);
+    }
 }
 
 /// A name the fleet holds for this bridge from a claim, until the directory holds it here
-/// too. Dropped while the directory does not (the registration was refused, or its caller
-/// went away mid-claim), the claim is given up: the fleet never keeps a name for this
-/// bridge that no agent here holds, which would refuse it on every other bridge. A name
-/// moved here is still the same agent's, and kept.
+/// too; no other claim of the name starts here meanwhile (`ClaimLocks`). Dropped while
+/// the directory does not hold the name here (another bridge's agent holds it, or the
+/// caller went away mid-claim), the claim is given up before the next claim of the name
+/// starts: the fleet never keeps a name for this bridge that no agent here holds, which
+/// would refuse it on every other bridge. A name moved here is still the same agent's,
+/// and kept.
 pub struct Claimed {
     claims: Arc<dyn NameClaims>,
     directory: Arc<Directory>,
     info: AgentInfo,
     how: Claiming,
+    lock: Option<NameLock>,
 }
 
 impl Drop for Claimed {
     fn drop(&mut self) {
         let held_here = (self.directory.get(&self.info.name)).is_some_and(|a| a.bridge.is_none());
-        if self.how != Claiming::Move && !held_here {
-            self.claims.release(&self.info);
+        if self.how == Claiming::Move || held_here {
+            return;
         }
+        let (claims, info, lock) = (self.claims.clone(), self.info.clone(), self.lock.take());
+        tokio::spawn(async move {
+            claims.give_up(&info).await;
+            drop(lock);
+        });
     }
 }
 
-/// Claims `info.name` through `claims` as `how` allows, in a task of its own: a caller
-/// dropped mid-claim (its client went away while NATS was slow to answer) does not stop it
-/// half-way, with the name perhaps claimed in NATS; what it claimed is given up once it
-/// settles (`Claimed`, dropped unread with the channel).
+/// Claims `info.name` through `claims` as `how` allows, once the directory here would
+/// register it, in a task of its own: a caller dropped mid-claim (its client went away
+/// while NATS was slow to answer) does not stop it half-way, with the name perhaps claimed
+/// in NATS; what it claimed is given up once it settles (`Claimed`, dropped unread with
+/// the channel).
 pub async fn claim_to_the_end(
+    locks: &Arc<ClaimLocks>,
     claims: &Arc<dyn NameClaims>,
     directory: &Arc<Directory>,
     info: &AgentInfo,
     how: Claiming,
 ) -> Result<Claimed, NameTaken> {
-    let (claims, directory, info) = (claims.clone(), directory.clone(), info.clone());
+    let (locks, claims, directory) = (locks.clone(), claims.clone(), directory.clone());
+    let info = info.clone();
     let name = info.name.clone();
     let (answer, answered) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let claimed = claims.claim(&info, how).await;
+        let lock = locks.lock(&info.name).await;
+        let claimed = match directory.check_claim(&info) {
+            Ok(()) => claims.claim(&info, how).await,
+            Err(taken) => Err(taken),
+        };
         let claimed = claimed.map(|()| Claimed {
             claims,
             directory,
             info,
             how,
+            lock: Some(lock),
         });
         let _ = answer.send(claimed);
     });

@@ -112,6 +112,8 @@ pub struct Core {
     pub log: Arc<dyn MessageLog>,
     /// Where names are claimed fleet-wide, when the bridge is one of a fleet.
     claims: std::sync::OnceLock<Arc<dyn NameClaims>>,
+    /// Claims of one name, one at a time.
+    claim_locks: Arc<claims::ClaimLocks>,
     /// Where endpoints keep the records a fleet shares, when the bridge is one of a fleet.
     records: std::sync::OnceLock<Arc<dyn SharedRecords>>,
     /// Agents that moved here from other bridges of the fleet lately.
@@ -141,6 +143,7 @@ impl Core {
             correlation: CorrelationIndex::new(CORRELATION_CACHE),
             log,
             claims: std::sync::OnceLock::new(),
+            claim_locks: Arc::default(),
             records: std::sync::OnceLock::new(),
             moves: Moves::default(),
             arrivals: Arrivals::default(),
@@ -231,7 +234,8 @@ impl Core {
         let Some(claims) = self.claims.get() else {
             return self.directory.register(info);
         };
-        let claimed = claims::claim_to_the_end(claims, &self.directory, &info, how).await?;
+        let locks = &self.claim_locks;
+        let claimed = claims::claim_to_the_end(locks, claims, &self.directory, &info, how).await?;
         let registered = self.directory.register(info);
         // Given up unless the directory holds the name here now.
         drop(claimed);

@@ -197,6 +197,22 @@ impl NameClaims for FleetClaims {
         })
     }
 
+    fn give_up<'a>(
+        &'a self,
+        agent: &'a AgentInfo,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        Box::pin(async move {
+            if let Some(ready) = self.link.ready()
+                && release_once(&ready, &self.link.bridge_id, agent)
+                    .await
+                    .is_ok()
+            {
+                return;
+            }
+            self.release(agent);
+        })
+    }
+
     /// Gives the name up in the background, again until NATS takes it (a release lost while
     /// NATS is away would leave a lasting claim held for good).
     fn release(&self, agent: &AgentInfo) {
