@@ -157,3 +157,149 @@ async fn accepted_messages_survive_kill_9() {
     assert_eq!(http.get("/api/agents/a").await.1["id"], json!(a["id"]));
     process.kill_9();
 }
+
+/// Tasks assigned to a Tracker member from another protocol as fast as they are accepted,
+/// the bridge killed right after the last acknowledgement: restarted, the Tracker has every
+/// one of them once, those its hub had not yet made into tasks included.
+#[tokio::test]
+async fn task_assignments_accepted_before_kill_9_are_all_tasks_after_a_restart() {
+    use common::grid::GridHttp;
+    use futures_util::StreamExt;
+    const TASKS: usize = 600;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = config_file(dir.path(), &common::bridge_toml(data.to_str().unwrap(), ""));
+    {
+        let process = BridgeProcess::spawn(&config);
+        let grid = GridHttp::new(process.addr("grid"));
+        let sent = futures_util::stream::iter(0..TASKS)
+            .map(|i| {
+                let message = json!({ "message": {
+                    "id": format!("assign-{i}"),
+                    "timestamp": agentbridge::shared::clock::iso8601(agentbridge::core::now_ms()),
+                    "type": "request",
+                    "sender": { "agent": "planner" },
+                    "receiver": { "agent": "coder" },
+                    "content": { "action": "mission_assigned", "payload": { "task_id": format!("job-{i}"), "title": format!("job {i}") } },
+                }});
+                let grid = &grid;
+                async move { grid.post(&message.to_string()).await }
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<_>>()
+            .await;
+        for (status, answer) in sent {
+            assert_eq!(status, 202, "{answer}");
+        }
+        process.kill_9();
+    }
+    let process = BridgeProcess::spawn(&config);
+    let tracker = common::tracker::TrackerHttp::new(process.addr("tracker"), "tb-admin");
+    let mut titles = Vec::new();
+    let deadline = std::time::Instant::now() + common::WAIT;
+    while titles.len() < TASKS && std::time::Instant::now() < deadline {
+        let (status, tasks) = tracker.get("/tasks?assignee=coder").await;
+        assert_eq!(status, 200, "{tasks}");
+        titles = (tasks.as_array().into_iter().flatten())
+            .filter_map(|t| t["title"].as_str().map(str::to_owned))
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    titles.sort();
+    let mut expected: Vec<String> = (0..TASKS).map(|i| format!("job {i}")).collect();
+    expected.sort();
+    assert_eq!(
+        titles.len(),
+        TASKS,
+        "missing: {:?}",
+        expected
+            .iter()
+            .filter(|t| !titles.contains(t))
+            .take(20)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(titles, expected);
+    process.kill_9();
+}
+
+/// Results for Synapse tasks sent as fast as they are accepted, the bridge killed right
+/// after the last acknowledgement: restarted, every task is completed, those whose result
+/// its hub had not yet applied included.
+#[tokio::test]
+async fn task_results_accepted_before_kill_9_complete_their_tasks_after_a_restart() {
+    use agentbridge::protocols::synapse::proto::{GetTaskRequest, SubmitTaskRequest, TaskStatus};
+    use common::synapse::{Stream, clients, send, task_complete};
+    use futures_util::StreamExt;
+    const TASKS: usize = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = config_file(dir.path(), &common::bridge_toml(data.to_str().unwrap(), ""));
+    let mut ids = Vec::new();
+    {
+        let process = BridgeProcess::spawn(&config);
+        let addr = process.addr("synapse");
+        let _worker = Stream::open(addr, "worker").await;
+        let mut c = clients(addr).await;
+        for i in 0..TASKS {
+            let submitted = c
+                .tasks
+                .submit_task(SubmitTaskRequest {
+                    task_type: "worker".into(),
+                    external_task_id: format!("ext-{i}"),
+                    ..Default::default()
+                })
+                .await
+                .expect("the task is taken")
+                .into_inner();
+            ids.push(submitted.task_id);
+        }
+        let sent = futures_util::stream::iter(ids.clone())
+            .map(|id| {
+                let mut c = c.clone();
+                async move {
+                    send(
+                        &mut c,
+                        task_complete("worker", "agentbridge", &id, "done", ""),
+                    )
+                    .await
+                }
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<_>>()
+            .await;
+        for result in sent {
+            result.expect("the result is accepted");
+        }
+        process.kill_9();
+    }
+    let process = BridgeProcess::spawn(&config);
+    let mut c = clients(process.addr("synapse")).await;
+    let mut open = ids.clone();
+    let deadline = std::time::Instant::now() + common::WAIT;
+    while !open.is_empty() && std::time::Instant::now() < deadline {
+        let mut still = Vec::new();
+        for id in open {
+            let task = c
+                .tasks
+                .get_task(GetTaskRequest {
+                    task_id: id.clone(),
+                })
+                .await;
+            let status = task
+                .ok()
+                .and_then(|t| t.into_inner().task)
+                .map(|t| t.status);
+            if status != Some(TaskStatus::Completed as i32) {
+                still.push(id);
+            }
+        }
+        open = still;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        open.is_empty(),
+        "{} of {TASKS} tasks not completed",
+        open.len()
+    );
+    process.kill_9();
+}

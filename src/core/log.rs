@@ -16,6 +16,15 @@ pub struct StoredMessage {
     pub envelope: Envelope,
 }
 
+/// Task messages a consumer of the log has not marked applied (`MessageLog::unapplied_tasks`).
+#[derive(Debug, Default)]
+pub struct Unapplied {
+    pub messages: Vec<StoredMessage>,
+    /// The newest message stored when they were read: the consumer has caught up to it
+    /// once it applied them (`MessageLog::caught_up`).
+    pub through: i64,
+}
+
 /// Which stored messages to read back. Results are always chronological.
 #[derive(Clone, Debug, Default)]
 pub struct MessageQuery {
@@ -102,6 +111,23 @@ pub trait MessageLog: Send + Sync {
     fn delivery_hold(&self, _id: &str) -> Option<Outstanding> {
         None
     }
+
+    /// Marks message `id` applied by `consumer` (an endpoint's hub), queued at the call:
+    /// what it applied before a restart is not given it again (`unapplied_tasks`). With
+    /// `prune`, only its newest that many marks are kept.
+    fn mark_applied(
+        &self,
+        consumer: &'static str,
+        id: &str,
+        prune: Option<usize>,
+    ) -> LogFuture<'static, ()>;
+
+    /// Of the newest `limit` task messages stored since `consumer` last caught up, those it
+    /// has not marked applied, in the order stored.
+    fn unapplied_tasks(&self, consumer: &'static str, limit: usize) -> LogFuture<'_, Unapplied>;
+
+    /// `consumer` applied, or passed over, every message up to `through`.
+    fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, ()>;
 
     /// The id of the message whose UUID form (a derived id shown to a protocol whose ids
     /// must be UUIDs) is `uuid`.

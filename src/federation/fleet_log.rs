@@ -44,7 +44,7 @@ use super::unshared::{Outgoing, Unshared};
 use super::wire::{BRIDGE_HEADER, Card, OutgoingReplica, RUN_HEADER, Replica};
 use crate::core::{
     Audience, Directory, Envelope, Kind, Link, LogError, LogFuture, MessageLog, MessageQuery,
-    Outstanding, StoredMessage, TaskRequest,
+    Outstanding, StoredMessage, TaskRequest, Unapplied,
 };
 use crate::telemetry;
 
@@ -410,6 +410,23 @@ impl MessageLog for FleetLog {
 
     fn read(&self, query: MessageQuery) -> LogFuture<'_, Vec<StoredMessage>> {
         self.local.read(query)
+    }
+
+    fn mark_applied(
+        &self,
+        consumer: &'static str,
+        id: &str,
+        prune: Option<usize>,
+    ) -> LogFuture<'static, ()> {
+        self.local.mark_applied(consumer, id, prune)
+    }
+
+    fn unapplied_tasks(&self, consumer: &'static str, limit: usize) -> LogFuture<'_, Unapplied> {
+        self.local.unapplied_tasks(consumer, limit)
+    }
+
+    fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, ()> {
+        self.local.caught_up(consumer, through)
     }
 
     fn read_ids(&self, ids: Vec<String>) -> LogFuture<'_, Vec<StoredMessage>> {

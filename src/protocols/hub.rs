@@ -4,15 +4,42 @@
 //! Synapse's task tables, the Grid's queues). Its mailbox never drops: past its capacity
 //! messages wait as ids in its backlog (`Router::hub_mailbox`).
 
+use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
 use crate::core::{Core, Delivery, Envelope, Interest, Mailbox, Protocol, Session};
 
+/// How many of the newest task messages a hub looks through as it catches up: a hub
+/// further behind than that when its bridge stopped does not apply the oldest it missed.
+const CATCH_UP_AT_MOST: usize = 10_000;
+/// How many of its applied marks a hub keeps: the mark of any message among the newest
+/// `CATCH_UP_AT_MOST` is among them.
+const MARKS_KEPT: usize = 2 * CATCH_UP_AT_MOST;
+/// Marks made between two prunings of a hub's old marks.
+const PRUNE_EVERY: usize = 4096;
+
+/// Whether a hub applies a message as it comes, or again as it catches up after a restart
+/// (`Hub::catch_up`): then an entity changed since the message was sent has its change
+/// already, or a newer one, and is left as it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applying {
+    Live,
+    Again,
+}
+
 /// Which messages a hub applies.
 pub trait HubFilter: Send + Sync + 'static {
     fn wants(&self, env: &Envelope) -> bool;
+
+    /// Whether the hub, catching up after a restart (`Hub::catch_up`), applies a message
+    /// routed to it before: as `wants`, less what only held as the message was routed
+    /// (its sender connected then).
+    fn wants_again(&self, env: &Envelope) -> bool {
+        self.wants(env)
+    }
 
     /// Whether the hub keeps what it applies as mail for agents away (the Grid's queues):
     /// then what waits in its backlog holds its delivery (`Mailbox::holding`).
@@ -23,7 +50,7 @@ pub trait HubFilter: Send + Sync + 'static {
 
 /// A filter as the router's interest: the same answer whether a message names the hub or
 /// only passes by.
-struct Filtered<F>(F);
+struct Filtered<F>(Arc<F>);
 
 impl<F: HubFilter> Interest for Filtered<F> {
     fn observes(&self, env: &Envelope) -> bool {
@@ -39,19 +66,94 @@ impl<F: HubFilter> Interest for Filtered<F> {
 pub struct Hub {
     core: Arc<Core>,
     session: Arc<Session>,
+    protocol: Protocol,
+    filter: Arc<dyn HubFilter>,
+    /// The messages it applied as it caught up, passed over if they are routed to it too.
+    caught_up: std::sync::Mutex<HashSet<String>>,
+    marked: AtomicUsize,
 }
 
 impl Hub {
     /// Attaches a hub of `protocol` under `name` (one no client can register).
     pub fn attach(core: &Arc<Core>, protocol: Protocol, name: &str, filter: impl HubFilter) -> Hub {
         let mailbox = core.router.hub_mailbox(protocol, filter.keeps_mail());
+        let filter = Arc::new(filter);
         let session = core
             .router
-            .attach(name, mailbox, Arc::new(Filtered(filter)));
+            .attach(name, mailbox, Arc::new(Filtered(filter.clone())));
         Hub {
             core: core.clone(),
             session,
+            protocol,
+            filter,
+            caught_up: std::sync::Mutex::default(),
+            marked: AtomicUsize::new(0),
         }
+    }
+
+    /// Applies, with `apply`, the task messages the log holds that this hub wants and has
+    /// not marked applied (`applied`): those it was routed before its bridge last stopped,
+    /// or was killed, and had not applied then; in the order stored. Called once, as the
+    /// hub starts: what is routed to it meanwhile waits in its mailbox. A hub that calls
+    /// it marks every task message it applies.
+    pub async fn catch_up<F>(
+        &self,
+        shutdown: &CancellationToken,
+        mut apply: impl FnMut(Envelope) -> F,
+    ) where
+        F: Future<Output = ()>,
+    {
+        let log = &self.core.log;
+        let unapplied = match log.unapplied_tasks(self.protocol, CATCH_UP_AT_MOST).await {
+            Ok(unapplied) => unapplied,
+            Err(e) => {
+                tracing::error!(error = %e, hub = self.protocol, "cannot read what the hub missed");
+                return;
+            }
+        };
+        let mut applied = 0;
+        for stored in unapplied.messages {
+            if shutdown.is_cancelled() {
+                return;
+            }
+            let env = stored.envelope;
+            if !self.filter.wants_again(&env) {
+                continue;
+            }
+            let id = env.id.clone();
+            self.lock_caught_up().insert(id.clone());
+            apply(env).await;
+            self.mark(&id);
+            applied += 1;
+        }
+        if applied > 0 {
+            tracing::info!(
+                hub = self.protocol,
+                applied,
+                "applied the task messages the hub had missed"
+            );
+        }
+        if let Err(e) = log.caught_up(self.protocol, unapplied.through).await {
+            tracing::error!(error = %e, hub = self.protocol, "cannot keep how far the hub caught up");
+        }
+    }
+
+    /// Marks a delivery applied, once `apply` is done with it (`catch_up`).
+    pub fn applied(&self, delivery: &Delivery) {
+        if delivery.stored && delivery.envelope.task.is_some() {
+            self.mark(&delivery.envelope.id);
+        }
+    }
+
+    fn mark(&self, id: &str) {
+        let marked = self.marked.fetch_add(1, Ordering::Relaxed) + 1;
+        let prune = marked.is_multiple_of(PRUNE_EVERY).then_some(MARKS_KEPT);
+        // Queued at the call, after the writes of what it marks.
+        drop(self.core.log.mark_applied(self.protocol, id, prune));
+    }
+
+    fn lock_caught_up(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.caught_up.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn mailbox(&self) -> &Mailbox {
@@ -63,11 +165,18 @@ impl Hub {
         self.session.mailbox.recv().await.ok()
     }
 
-    /// The next message; `None` too once the bridge shuts down.
+    /// The next message, but for those it applied as it caught up; `None` too once the
+    /// bridge shuts down.
     pub async fn next(&self, shutdown: &CancellationToken) -> Option<Arc<Delivery>> {
-        tokio::select! {
-            _ = shutdown.cancelled() => None,
-            next = self.recv() => next,
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => None,
+                next = self.recv() => next,
+            }?;
+            let mut caught_up = self.lock_caught_up();
+            if caught_up.is_empty() || !caught_up.remove(&next.envelope.id) {
+                return Some(next);
+            }
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use crate::core::{
     Envelope, Link, LogError, LogFuture, MessageLog, MessageQuery, StoredMessage, TaskRequest,
+    Unapplied,
 };
 
 use super::{Store, StoreError};
@@ -71,6 +72,23 @@ impl MessageLog for Store {
     fn id_by_uuid(&self, uuid: &str) -> LogFuture<'_, Option<String>> {
         let uuid = uuid.to_owned();
         logged(async move { self.message_id_by_uuid(&uuid).await })
+    }
+
+    fn mark_applied(
+        &self,
+        consumer: &'static str,
+        id: &str,
+        prune: Option<usize>,
+    ) -> LogFuture<'static, ()> {
+        logged(Store::mark_applied(self, consumer, id, prune))
+    }
+
+    fn unapplied_tasks(&self, consumer: &'static str, limit: usize) -> LogFuture<'_, Unapplied> {
+        logged(Store::unapplied_tasks(self, consumer, limit))
+    }
+
+    fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, ()> {
+        logged(Store::caught_up(self, consumer, through))
     }
 }
 

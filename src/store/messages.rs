@@ -315,14 +315,17 @@ fn push_placeholders(sql: &mut String, n: usize) {
 }
 
 /// What a message is read back from: `seq`, the columns its envelope takes back, `body`.
-const STORED: &str = "seq, id, ts, sender, reply_to, correlation_id, thread, origin, body";
+pub(super) const STORED: &str =
+    "seq, id, ts, sender, reply_to, correlation_id, thread, origin, body";
 
 /// One row selected as `STORED`.
-fn stored(row: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, Columns, String)> {
+pub(super) fn stored(row: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, Columns, String)> {
     Ok((row.get(0)?, Columns::read(row, 1)?, row.get(8)?))
 }
 
-fn decode((seq, columns, body): (i64, Columns, String)) -> Result<StoredMessage, StoreError> {
+pub(super) fn decode(
+    (seq, columns, body): (i64, Columns, String),
+) -> Result<StoredMessage, StoreError> {
     let envelope = message_body::decode(columns, &body)
         .map_err(|e| StoreError::Corrupt(format!("message {seq}: {e}")))?;
     Ok(StoredMessage { seq, envelope })

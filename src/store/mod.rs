@@ -34,6 +34,7 @@
 //! core's `MessageLog` on top of them; `mail_table.rs` what the endpoints' tables of fleet
 //! mail share.
 
+mod applied_marks;
 mod batch;
 mod checkpoint;
 mod journal;

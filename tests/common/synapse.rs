@@ -43,6 +43,7 @@ pub async fn narrow_channel(addr: SocketAddr) -> Channel {
         .expect("gRPC connects")
 }
 
+#[derive(Clone)]
 pub struct Clients {
     pub tasks: TaskServiceClient<Channel>,
     pub messages: SynapseMessageServiceClient<Channel>,

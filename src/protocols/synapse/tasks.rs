@@ -24,7 +24,7 @@ use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
 use crate::core::{
     Attachment, Directory, Envelope, Kind, Priority, TaskInfo, TaskState, new_message_id,
 };
-use crate::protocols::hub::{Hub, HubFilter};
+use crate::protocols::hub::{Applying, Hub, HubFilter};
 
 /// Largest file accepted with a task.
 pub const MAX_FILE: usize = 5 * 1024 * 1024;
@@ -364,7 +364,7 @@ impl Synapse {
     /// Applies progress or a result (from any protocol) to a submitted task. In a fleet,
     /// the bridge that accepted the message writes it: another bridge's hub, behind in the
     /// stream, would write an older step over a newer one (and call back twice).
-    async fn apply_progress(&self, env: &Envelope) {
+    async fn apply_progress(&self, env: &Envelope, applying: Applying) {
         if self.core.directory.held_elsewhere(&env.from) {
             return;
         }
@@ -389,9 +389,13 @@ impl Synapse {
             .map(|any| any.encode_to_vec());
         let now = crate::core::now_ms();
         let id = info.id.clone();
+        let sent_at = env.timestamp;
         let updated = self
             .update_task(&id, move |t| {
-                if is_finished(t) {
+                // Applied again as the hub catches up: a task changed since has this
+                // change, or a newer one.
+                let known = applying == Applying::Again && t.updated_at >= sent_at;
+                if is_finished(t) || known {
                     return;
                 }
                 t.status = status as i32;
@@ -492,14 +496,11 @@ struct HubInterest {
 }
 
 impl HubInterest {
-    fn concerns(&self, env: &Envelope) -> bool {
-        if env.kind == Kind::PresenceJoin {
-            return !self.pending.is_empty();
-        }
+    /// Progress or a result for a submitted task, from its assignee or anyone else.
+    fn is_progress(&self, env: &Envelope) -> bool {
         matches!(env.kind, Kind::TaskUpdate | Kind::TaskResult)
             // The bridge's own updates (cancellations) are not progress.
             && env.from != BRIDGE_AGENT_ID
-            && self.directory.contains(&env.from)
             && env
                 .task
                 .as_ref()
@@ -509,7 +510,15 @@ impl HubInterest {
 
 impl HubFilter for HubInterest {
     fn wants(&self, env: &Envelope) -> bool {
-        self.concerns(env)
+        if env.kind == Kind::PresenceJoin {
+            return !self.pending.is_empty();
+        }
+        self.is_progress(env) && self.directory.contains(&env.from)
+    }
+
+    /// Its sender was known as it sent it, and may be away now.
+    fn wants_again(&self, env: &Envelope) -> bool {
+        self.is_progress(env)
     }
 }
 
@@ -521,11 +530,22 @@ pub fn start_hub(synapse: Arc<Synapse>) -> JoinHandle<()> {
     };
     let hub = Hub::attach(&synapse.core, PROTOCOL, HUB, filter);
     tokio::spawn(async move {
-        while let Some(delivery) = hub.next(&synapse.shutdown).await {
+        let shutdown = &synapse.shutdown;
+        let again = |env: Envelope| {
+            let synapse = synapse.clone();
+            async move { synapse.apply_progress(&env, Applying::Again).await }
+        };
+        hub.catch_up(shutdown, again).await;
+        while let Some(delivery) = hub.next(shutdown).await {
             match delivery.envelope.kind {
                 Kind::PresenceJoin => synapse.assign_pending().await,
-                _ => synapse.apply_progress(&delivery.envelope).await,
+                _ => {
+                    synapse
+                        .apply_progress(&delivery.envelope, Applying::Live)
+                        .await
+                }
             }
+            hub.applied(&delivery);
         }
     })
 }

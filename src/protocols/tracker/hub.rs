@@ -10,8 +10,8 @@ use tokio::task::JoinHandle;
 use super::tasks::WriteError;
 use super::translate::{TaskChange, task_change, task_from};
 use super::{Chats, PROTOCOL, Tracker};
-use crate::core::{Audience, Delivery, Directory, Envelope, Kind, Origin, RecordError, TaskInfo};
-use crate::protocols::hub::{Hub, HubFilter};
+use crate::core::{Audience, Directory, Envelope, Kind, Origin, RecordError, TaskInfo};
+use crate::protocols::hub::{Applying, Hub, HubFilter};
 
 /// The hub's routing name; not an agent name any client can register.
 const HUB: &str = "\0tracker-hub";
@@ -57,21 +57,27 @@ pub fn start(tracker: Arc<Tracker>) -> JoinHandle<()> {
     };
     let hub = Hub::attach(&tracker.core, PROTOCOL, HUB, filter);
     tokio::spawn(async move {
-        while let Some(delivery) = hub.next(&tracker.shutdown).await {
-            tracker.apply(&delivery).await;
+        let shutdown = &tracker.shutdown;
+        let again = |env: Envelope| {
+            let tracker = tracker.clone();
+            async move { tracker.apply(&env, Applying::Again).await }
+        };
+        hub.catch_up(shutdown, again).await;
+        while let Some(delivery) = hub.next(shutdown).await {
+            tracker.apply(&delivery.envelope, Applying::Live).await;
+            hub.applied(&delivery);
         }
     })
 }
 
 impl Tracker {
-    async fn apply(&self, delivery: &Delivery) {
-        let env = &delivery.envelope;
+    async fn apply(&self, env: &Envelope, applying: Applying) {
         let known = env
             .task
             .as_ref()
             .and_then(|t| self.chats.task_id_for(&t.id));
         let result = match (env.kind, known) {
-            (_, Some(task_id)) => self.apply_progress(env, &task_id).await,
+            (_, Some(task_id)) => self.apply_progress(env, &task_id, applying).await,
             (Kind::TaskAssign, None) => self.apply_assignment(env).await,
             _ => Ok(()),
         };
@@ -109,18 +115,33 @@ impl Tracker {
     }
 
     /// Progress or a result from another protocol for a Tracker task.
-    async fn apply_progress(&self, env: &Envelope, task_id: &str) -> Result<(), WriteError> {
+    async fn apply_progress(
+        &self,
+        env: &Envelope,
+        task_id: &str,
+        applying: Applying,
+    ) -> Result<(), WriteError> {
         let TaskChange {
             status,
             note,
             reassign,
         } = task_change(env);
+        if applying == Applying::Again {
+            let task = self.db.task(task_id).await?;
+            if task.is_none_or(|task| task.updated_at >= env.timestamp) {
+                return Ok(());
+            }
+        }
         if let Some(note) = note.as_ref().filter(|n| !n.is_empty()) {
             self.comment(env, task_id, note).await;
         }
         // A task deleted meanwhile has nothing left to update.
+        let sent_at = env.timestamp;
         let _applied = self
             .change_task(task_id, None, Some(&env.from), move |task| {
+                if applying == Applying::Again && task.updated_at >= sent_at {
+                    return Ok(());
+                }
                 if let Some(status) = status {
                     task.status = status;
                 }

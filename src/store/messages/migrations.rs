@@ -186,4 +186,27 @@ pub(in crate::store) static MIGRATIONS: &[Migration] = &[
         CREATE INDEX messages_by_uuid ON messages (seq >> 14, uuid) WHERE uuid <> id AND uuid <> '';
     ",
     },
+    Migration {
+        version: 12,
+        // What an endpoint's hub applied (`Store::mark_applied`), so that after a restart it
+        // applies what it had been routed and had not (`Store::unapplied_tasks`), and the
+        // message it caught up to (`applied_floor`; the row for '' is every hub's before its
+        // first catch-up: it cannot tell what it applied before marks were kept). Task
+        // messages by order stored, indexed only where a message has a task.
+        sql: "
+        CREATE TABLE applied_marks (
+            consumer TEXT NOT NULL,
+            id       TEXT NOT NULL,
+            at       INTEGER NOT NULL,
+            PRIMARY KEY (consumer, id)
+        ) WITHOUT ROWID;
+        CREATE INDEX applied_marks_by_time ON applied_marks (consumer, at);
+        CREATE TABLE applied_floor (
+            consumer TEXT PRIMARY KEY,
+            seq      INTEGER NOT NULL
+        ) WITHOUT ROWID;
+        INSERT INTO applied_floor (consumer, seq) SELECT '', COALESCE(MAX(seq), 0) FROM messages;
+        CREATE INDEX messages_with_a_task ON messages (seq) WHERE task_id IS NOT NULL;
+    ",
+    },
 ];

@@ -157,7 +157,7 @@ async fn messages_keep_their_numbers_and_recipients_through_the_rebuild() {
         .unwrap();
     assert_eq!(
         indexes,
-        "messages_by_correlation,messages_by_reply,messages_by_task,messages_by_thread,messages_by_time,messages_by_uuid"
+        "messages_by_correlation,messages_by_reply,messages_by_task,messages_by_thread,messages_by_time,messages_by_uuid,messages_with_a_task"
     );
     assert!(
         !schema.contains("AUTOINCREMENT") && !schema.contains("_v5") && !schema.contains("_v8"),
