@@ -222,13 +222,13 @@ async fn task_assignments_accepted_before_kill_9_are_all_tasks_after_a_restart()
     process.kill_9();
 }
 
-/// Results for Synapse tasks sent as fast as they are accepted, the bridge killed right
-/// after the last acknowledgement: restarted, every task is completed, those whose result
-/// its hub had not yet applied included.
+/// Progress and results for Synapse tasks sent as fast as they are accepted, the bridge
+/// killed right after the last acknowledgement: restarted, every task is completed, those
+/// whose result its hub had not yet applied included.
 #[tokio::test]
 async fn task_results_accepted_before_kill_9_complete_their_tasks_after_a_restart() {
     use agentbridge::protocols::synapse::proto::{GetTaskRequest, SubmitTaskRequest, TaskStatus};
-    use common::synapse::{Stream, clients, send, task_complete};
+    use common::synapse::{Stream, clients, send, status_update, task_complete};
     use futures_util::StreamExt;
     const TASKS: usize = 300;
     let dir = tempfile::tempdir().unwrap();
@@ -253,10 +253,21 @@ async fn task_results_accepted_before_kill_9_complete_their_tasks_after_a_restar
                 .into_inner();
             ids.push(submitted.task_id);
         }
+        // Progress, then the result, for each task: the result lands after the progress,
+        // however far behind the hub is.
         let sent = futures_util::stream::iter(ids.clone())
             .map(|id| {
                 let mut c = c.clone();
                 async move {
+                    let half = status_update(
+                        "worker",
+                        "agentbridge",
+                        &id,
+                        TaskStatus::Processing,
+                        50,
+                        "half",
+                    );
+                    send(&mut c, half).await?;
                     send(
                         &mut c,
                         task_complete("worker", "agentbridge", &id, "done", ""),

@@ -16,12 +16,11 @@ pub struct StoredMessage {
     pub envelope: Envelope,
 }
 
-/// Task messages a consumer of the log has not marked applied (`MessageLog::unapplied_tasks`).
-#[derive(Debug, Default)]
-pub struct Unapplied {
-    pub messages: Vec<StoredMessage>,
-    /// The newest message stored when they were read: the consumer has caught up to it
-    /// once it applied them (`MessageLog::caught_up`).
+/// The stored messages a consumer of the log catches up on (`MessageLog::catch_up_window`):
+/// those after `after`, through `through`, in the order stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CatchUp {
+    pub after: i64,
     pub through: i64,
 }
 
@@ -122,9 +121,18 @@ pub trait MessageLog: Send + Sync {
         prune: Option<usize>,
     ) -> LogFuture<'static, ()>;
 
-    /// Of the newest `limit` task messages stored since `consumer` last caught up, those it
-    /// has not marked applied, in the order stored.
-    fn unapplied_tasks(&self, consumer: &'static str, limit: usize) -> LogFuture<'_, Unapplied>;
+    /// Where `consumer` catches up: after the message it last caught up to (or, if that
+    /// is earlier, the `at_most`th newest task message), through the newest message.
+    fn catch_up_window(&self, consumer: &'static str, at_most: usize) -> LogFuture<'_, CatchUp>;
+
+    /// The first `page` task messages of `window` that `consumer` has not marked applied,
+    /// in the order stored.
+    fn unapplied_tasks(
+        &self,
+        consumer: &'static str,
+        window: CatchUp,
+        page: usize,
+    ) -> LogFuture<'_, Vec<StoredMessage>>;
 
     /// `consumer` applied, or passed over, every message up to `through`.
     fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, ()>;

@@ -43,8 +43,8 @@ use super::own_deliveries::OwnDeliveries;
 use super::unshared::{Outgoing, Unshared};
 use super::wire::{BRIDGE_HEADER, Card, OutgoingReplica, RUN_HEADER, Replica};
 use crate::core::{
-    Audience, Directory, Envelope, Kind, Link, LogError, LogFuture, MessageLog, MessageQuery,
-    Outstanding, StoredMessage, TaskRequest, Unapplied,
+    Audience, CatchUp, Directory, Envelope, Kind, Link, LogError, LogFuture, MessageLog,
+    MessageQuery, Outstanding, StoredMessage, TaskRequest,
 };
 use crate::telemetry;
 
@@ -421,8 +421,17 @@ impl MessageLog for FleetLog {
         self.local.mark_applied(consumer, id, prune)
     }
 
-    fn unapplied_tasks(&self, consumer: &'static str, limit: usize) -> LogFuture<'_, Unapplied> {
-        self.local.unapplied_tasks(consumer, limit)
+    fn catch_up_window(&self, consumer: &'static str, at_most: usize) -> LogFuture<'_, CatchUp> {
+        self.local.catch_up_window(consumer, at_most)
+    }
+
+    fn unapplied_tasks(
+        &self,
+        consumer: &'static str,
+        window: CatchUp,
+        page: usize,
+    ) -> LogFuture<'_, Vec<StoredMessage>> {
+        self.local.unapplied_tasks(consumer, window, page)
     }
 
     fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, ()> {

@@ -18,17 +18,10 @@ const CATCH_UP_AT_MOST: usize = 10_000;
 /// How many of its applied marks a hub keeps: the mark of any message among the newest
 /// `CATCH_UP_AT_MOST` is among them.
 const MARKS_KEPT: usize = 2 * CATCH_UP_AT_MOST;
+/// Task messages read at once as a hub catches up.
+const CATCH_UP_PAGE: usize = 256;
 /// Marks made between two prunings of a hub's old marks.
 const PRUNE_EVERY: usize = 4096;
-
-/// Whether a hub applies a message as it comes, or again as it catches up after a restart
-/// (`Hub::catch_up`): then an entity changed since the message was sent has its change
-/// already, or a newer one, and is left as it is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Applying {
-    Live,
-    Again,
-}
 
 /// Which messages a hub applies.
 pub trait HubFilter: Send + Sync + 'static {
@@ -93,9 +86,9 @@ impl Hub {
 
     /// Applies, with `apply`, the task messages the log holds that this hub wants and has
     /// not marked applied (`applied`): those it was routed before its bridge last stopped,
-    /// or was killed, and had not applied then; in the order stored. Called once, as the
-    /// hub starts: what is routed to it meanwhile waits in its mailbox. A hub that calls
-    /// it marks every task message it applies.
+    /// or was killed, and had not applied then; in the order stored, read a page at a
+    /// time. Called once, as the hub starts: what is routed to it meanwhile waits in its
+    /// mailbox. A hub that calls it marks every task message it applies.
     pub async fn catch_up<F>(
         &self,
         shutdown: &CancellationToken,
@@ -104,27 +97,39 @@ impl Hub {
         F: Future<Output = ()>,
     {
         let log = &self.core.log;
-        let unapplied = match log.unapplied_tasks(self.protocol, CATCH_UP_AT_MOST).await {
-            Ok(unapplied) => unapplied,
-            Err(e) => {
-                tracing::error!(error = %e, hub = self.protocol, "cannot read what the hub missed");
-                return;
-            }
+        let failed = |e: crate::core::LogError| {
+            tracing::error!(error = %e, hub = self.protocol, "cannot read what the hub missed");
         };
+        let mut window = match log.catch_up_window(self.protocol, CATCH_UP_AT_MOST).await {
+            Ok(window) => window,
+            Err(e) => return failed(e),
+        };
+        let through = window.through;
         let mut applied = 0;
-        for stored in unapplied.messages {
-            if shutdown.is_cancelled() {
-                return;
+        loop {
+            let page = match log
+                .unapplied_tasks(self.protocol, window, CATCH_UP_PAGE)
+                .await
+            {
+                Ok(page) => page,
+                Err(e) => return failed(e),
+            };
+            let Some(last) = page.last() else { break };
+            window.after = last.seq;
+            for stored in page {
+                if shutdown.is_cancelled() {
+                    return;
+                }
+                let env = stored.envelope;
+                if !self.filter.wants_again(&env) {
+                    continue;
+                }
+                let id = env.id.clone();
+                self.lock_caught_up().insert(id.clone());
+                apply(env).await;
+                self.mark(&id);
+                applied += 1;
             }
-            let env = stored.envelope;
-            if !self.filter.wants_again(&env) {
-                continue;
-            }
-            let id = env.id.clone();
-            self.lock_caught_up().insert(id.clone());
-            apply(env).await;
-            self.mark(&id);
-            applied += 1;
         }
         if applied > 0 {
             tracing::info!(
@@ -133,7 +138,7 @@ impl Hub {
                 "applied the task messages the hub had missed"
             );
         }
-        if let Err(e) = log.caught_up(self.protocol, unapplied.through).await {
+        if let Err(e) = log.caught_up(self.protocol, through).await {
             tracing::error!(error = %e, hub = self.protocol, "cannot keep how far the hub caught up");
         }
     }

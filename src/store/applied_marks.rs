@@ -2,9 +2,11 @@
 //! its hub was behind the messages it accepted applies the rest when it starts again, and
 //! nothing twice (`core::MessageLog::unapplied_tasks`).
 
+use rusqlite::OptionalExtension;
+
 use super::messages::{STORED, decode, stored};
 use super::{Store, StoreError};
-use crate::core::Unapplied;
+use crate::core::{CatchUp, StoredMessage};
 
 impl Store {
     /// Marks message `id` applied by `consumer`, queued at the call. With `prune`, only its
@@ -16,7 +18,8 @@ impl Store {
         prune: Option<usize>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         let id = id.to_owned();
-        self.write(move |conn| {
+        // Unguarded: only the insert can fail on its data, and it ignores a conflict.
+        self.write_unguarded(move |conn| {
             conn.prepare_cached(
                 "INSERT OR IGNORE INTO applied_marks (consumer, id, at) VALUES (?1, ?2, ?3)",
             )?
@@ -34,38 +37,58 @@ impl Store {
         })
     }
 
-    /// Of the newest `limit` task messages stored after `consumer` last caught up, those it
-    /// has not marked applied, in the order stored; and the newest message stored.
-    pub async fn unapplied_tasks(
+    /// Where `consumer` catches up: after the message it last caught up to, or the
+    /// `at_most`th newest task message if that is later, through the newest message now.
+    /// A consumer that never caught up has nothing to catch up on: it cannot tell what it
+    /// applied before it kept marks.
+    pub async fn catch_up_window(
         &self,
         consumer: &'static str,
-        limit: usize,
-    ) -> Result<Unapplied, StoreError> {
+        at_most: usize,
+    ) -> Result<CatchUp, StoreError> {
         self.read_messages(move |conn| {
-            let floor: i64 = conn.query_row(
-                "SELECT COALESCE(
-                    (SELECT seq FROM applied_floor WHERE consumer = ?1),
-                    (SELECT seq FROM applied_floor WHERE consumer = ''),
-                    0)",
-                [consumer],
-                |r| r.get(0),
-            )?;
             let through: i64 =
                 conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM messages", [], |r| {
                     r.get(0)
                 })?;
+            let floor: Option<i64> = conn
+                .query_row(
+                    "SELECT seq FROM applied_floor WHERE consumer = ?1",
+                    [consumer],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let oldest: i64 = conn.query_row(
+                "SELECT COALESCE(MIN(seq), 1) - 1 FROM (SELECT seq FROM messages
+                 WHERE task_id IS NOT NULL ORDER BY seq DESC LIMIT ?1)",
+                [at_most as i64],
+                |r| r.get(0),
+            )?;
+            let after = floor.map_or(through, |floor| floor.max(oldest));
+            Ok(CatchUp { after, through })
+        })
+        .await
+    }
+
+    /// The first `page` task messages of `window` that `consumer` has not marked applied,
+    /// in the order stored.
+    pub async fn unapplied_tasks(
+        &self,
+        consumer: &'static str,
+        window: CatchUp,
+        page: usize,
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        self.read_messages(move |conn| {
             let sql = format!(
-                "SELECT {STORED} FROM messages m
-                 WHERE m.seq IN (SELECT seq FROM messages
-                                 WHERE task_id IS NOT NULL AND seq > ?1
-                                 ORDER BY seq DESC LIMIT ?3)
+                "SELECT {STORED} FROM messages m INDEXED BY messages_with_a_task
+                 WHERE m.task_id IS NOT NULL AND m.seq > ?1 AND m.seq <= ?2
                    AND NOT EXISTS (SELECT 1 FROM applied_marks a
-                                   WHERE a.consumer = ?2 AND a.id = m.id)
-                 ORDER BY m.seq"
+                                   WHERE a.consumer = ?3 AND a.id = m.id)
+                 ORDER BY m.seq LIMIT ?4"
             );
             let mut statement = conn.prepare_cached(&sql)?;
-            let rows =
-                statement.query_map(rusqlite::params![floor, consumer, limit as i64], stored)?;
+            let arguments = rusqlite::params![window.after, window.through, consumer, page as i64];
+            let rows = statement.query_map(arguments, stored)?;
             let mut messages = Vec::new();
             for row in rows {
                 match decode(row?) {
@@ -73,7 +96,7 @@ impl Store {
                     Err(e) => tracing::error!(error = %e, "a stored message cannot be decoded"),
                 }
             }
-            Ok(Unapplied { messages, through })
+            Ok(messages)
         })
         .await
     }
@@ -113,48 +136,64 @@ mod tests {
         env
     }
 
-    async fn unapplied(store: &Store, consumer: &'static str) -> Vec<String> {
-        let unapplied = store.unapplied_tasks(consumer, 100).await.unwrap();
-        (unapplied.messages.into_iter())
-            .map(|m| m.envelope.id)
-            .collect()
+    async fn unapplied(store: &Store, consumer: &'static str, at_most: usize) -> Vec<String> {
+        let mut window = store.catch_up_window(consumer, at_most).await.unwrap();
+        let mut ids = Vec::new();
+        loop {
+            let page = store.unapplied_tasks(consumer, window, 2).await.unwrap();
+            let Some(last) = page.last() else { break };
+            window.after = last.seq;
+            ids.extend(page.into_iter().map(|m| m.envelope.id));
+        }
+        ids
     }
 
-    /// A consumer is given back the task messages it did not mark, in the order stored,
-    /// and none from before it last caught up; chats are not task messages.
+    async fn caught_up(store: &Store, consumer: &'static str) {
+        let window = store.catch_up_window(consumer, 100).await.unwrap();
+        store.caught_up(consumer, window.through).await.unwrap();
+    }
+
+    /// A consumer that never caught up has nothing to catch up on; after that, it is given
+    /// back, page by page and in the order stored, the task messages it did not mark, the
+    /// newest `at_most` at most. Chats are not task messages.
     #[tokio::test]
     async fn a_consumer_gets_back_the_task_messages_it_did_not_mark() {
         let store = Store::open(IN_MEMORY).await.unwrap();
-        for id in ["m1", "m2", "m3"] {
+        store.insert_message(&task_message("m0")).await.unwrap();
+        assert!(unapplied(&store, "hub", 100).await.is_empty());
+        caught_up(&store, "hub").await;
+        for id in ["m1", "m2", "m3", "m4", "m5"] {
             store.insert_message(&task_message(id)).await.unwrap();
         }
-        store
-            .insert_message(&Envelope::new("test", "a", Kind::Chat))
-            .await
-            .unwrap();
+        let chat = Envelope::new("test", "a", Kind::Chat);
+        store.insert_message(&chat).await.unwrap();
         store.mark_applied("hub", "m2", None).await.unwrap();
-        assert_eq!(unapplied(&store, "hub").await, ["m1", "m3"]);
-        assert_eq!(unapplied(&store, "other").await, ["m1", "m2", "m3"]);
+        assert_eq!(
+            unapplied(&store, "hub", 100).await,
+            ["m1", "m3", "m4", "m5"]
+        );
+        assert_eq!(unapplied(&store, "hub", 3).await, ["m3", "m4", "m5"]);
+        assert!(unapplied(&store, "other", 100).await.is_empty());
 
-        let through = store.unapplied_tasks("hub", 100).await.unwrap().through;
-        store.caught_up("hub", through).await.unwrap();
-        assert!(unapplied(&store, "hub").await.is_empty());
-        store.insert_message(&task_message("m4")).await.unwrap();
-        assert_eq!(unapplied(&store, "hub").await, ["m4"]);
-        store.mark_applied("hub", "m4", None).await.unwrap();
-        assert!(unapplied(&store, "hub").await.is_empty());
+        caught_up(&store, "hub").await;
+        assert!(unapplied(&store, "hub", 100).await.is_empty());
+        store.insert_message(&task_message("m6")).await.unwrap();
+        assert_eq!(unapplied(&store, "hub", 100).await, ["m6"]);
+        store.mark_applied("hub", "m6", None).await.unwrap();
+        assert!(unapplied(&store, "hub", 100).await.is_empty());
     }
 
     /// Pruned, a consumer keeps its newest marks.
     #[tokio::test]
     async fn pruning_keeps_the_newest_marks() {
         let store = Store::open(IN_MEMORY).await.unwrap();
+        caught_up(&store, "hub").await;
         for id in ["m1", "m2", "m3", "m4"] {
             store.insert_message(&task_message(id)).await.unwrap();
             store.mark_applied("hub", id, None).await.unwrap();
             tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
         store.mark_applied("hub", "m4", Some(2)).await.unwrap();
-        assert_eq!(unapplied(&store, "hub").await, ["m1", "m2"]);
+        assert_eq!(unapplied(&store, "hub", 100).await, ["m1", "m2"]);
     }
 }

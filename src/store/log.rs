@@ -1,8 +1,8 @@
 //! The store as the core's message log (`core::MessageLog`).
 
 use crate::core::{
-    Envelope, Link, LogError, LogFuture, MessageLog, MessageQuery, StoredMessage, TaskRequest,
-    Unapplied,
+    CatchUp, Envelope, Link, LogError, LogFuture, MessageLog, MessageQuery, StoredMessage,
+    TaskRequest,
 };
 
 use super::{Store, StoreError};
@@ -83,8 +83,17 @@ impl MessageLog for Store {
         logged(Store::mark_applied(self, consumer, id, prune))
     }
 
-    fn unapplied_tasks(&self, consumer: &'static str, limit: usize) -> LogFuture<'_, Unapplied> {
-        logged(Store::unapplied_tasks(self, consumer, limit))
+    fn catch_up_window(&self, consumer: &'static str, at_most: usize) -> LogFuture<'_, CatchUp> {
+        logged(Store::catch_up_window(self, consumer, at_most))
+    }
+
+    fn unapplied_tasks(
+        &self,
+        consumer: &'static str,
+        window: CatchUp,
+        page: usize,
+    ) -> LogFuture<'_, Vec<StoredMessage>> {
+        logged(Store::unapplied_tasks(self, consumer, window, page))
     }
 
     fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, ()> {

@@ -24,7 +24,7 @@ use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
 use crate::core::{
     Attachment, Directory, Envelope, Kind, Priority, TaskInfo, TaskState, new_message_id,
 };
-use crate::protocols::hub::{Applying, Hub, HubFilter};
+use crate::protocols::hub::{Hub, HubFilter};
 
 /// Largest file accepted with a task.
 pub const MAX_FILE: usize = 5 * 1024 * 1024;
@@ -364,7 +364,7 @@ impl Synapse {
     /// Applies progress or a result (from any protocol) to a submitted task. In a fleet,
     /// the bridge that accepted the message writes it: another bridge's hub, behind in the
     /// stream, would write an older step over a newer one (and call back twice).
-    async fn apply_progress(&self, env: &Envelope, applying: Applying) {
+    async fn apply_progress(&self, env: &Envelope) {
         if self.core.directory.held_elsewhere(&env.from) {
             return;
         }
@@ -389,13 +389,11 @@ impl Synapse {
             .map(|any| any.encode_to_vec());
         let now = crate::core::now_ms();
         let id = info.id.clone();
-        let sent_at = env.timestamp;
         let updated = self
             .update_task(&id, move |t| {
-                // Applied again as the hub catches up: a task changed since has this
-                // change, or a newer one.
-                let known = applying == Applying::Again && t.updated_at >= sent_at;
-                if is_finished(t) || known {
+                // Late news of a finished task, or progress applied again after its
+                // result as the hub catches up (`Hub::catch_up`): it stays finished.
+                if is_finished(t) {
                     return;
                 }
                 t.status = status as i32;
@@ -533,17 +531,13 @@ pub fn start_hub(synapse: Arc<Synapse>) -> JoinHandle<()> {
         let shutdown = &synapse.shutdown;
         let again = |env: Envelope| {
             let synapse = synapse.clone();
-            async move { synapse.apply_progress(&env, Applying::Again).await }
+            async move { synapse.apply_progress(&env).await }
         };
         hub.catch_up(shutdown, again).await;
         while let Some(delivery) = hub.next(shutdown).await {
             match delivery.envelope.kind {
                 Kind::PresenceJoin => synapse.assign_pending().await,
-                _ => {
-                    synapse
-                        .apply_progress(&delivery.envelope, Applying::Live)
-                        .await
-                }
+                _ => synapse.apply_progress(&delivery.envelope).await,
             }
             hub.applied(&delivery);
         }

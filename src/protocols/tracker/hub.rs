@@ -9,9 +9,10 @@ use tokio::task::JoinHandle;
 
 use super::tasks::WriteError;
 use super::translate::{TaskChange, task_change, task_from};
+use super::wire::TaskStatus;
 use super::{Chats, PROTOCOL, Tracker};
 use crate::core::{Audience, Directory, Envelope, Kind, Origin, RecordError, TaskInfo};
-use crate::protocols::hub::{Applying, Hub, HubFilter};
+use crate::protocols::hub::{Hub, HubFilter};
 
 /// The hub's routing name; not an agent name any client can register.
 const HUB: &str = "\0tracker-hub";
@@ -70,6 +71,14 @@ pub fn start(tracker: Arc<Tracker>) -> JoinHandle<()> {
     })
 }
 
+/// Whether a task message is applied as it comes, or again as the hub catches up after a
+/// restart (`Hub::catch_up`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Applying {
+    Live,
+    Again,
+}
+
 impl Tracker {
     async fn apply(&self, env: &Envelope, applying: Applying) {
         let known = env
@@ -126,9 +135,12 @@ impl Tracker {
             note,
             reassign,
         } = task_change(env);
+        // Applied again (`Applying::Again`): a task done since stays done, rather than an
+        // older progress undoing its result (another bridge of the fleet may have applied
+        // both, or a member closed it).
         if applying == Applying::Again {
             let task = self.db.task(task_id).await?;
-            if task.is_none_or(|task| task.updated_at >= env.timestamp) {
+            if task.is_none_or(|task| task.status == TaskStatus::Done) {
                 return Ok(());
             }
         }
@@ -136,10 +148,9 @@ impl Tracker {
             self.comment(env, task_id, note).await;
         }
         // A task deleted meanwhile has nothing left to update.
-        let sent_at = env.timestamp;
         let _applied = self
             .change_task(task_id, None, Some(&env.from), move |task| {
-                if applying == Applying::Again && task.updated_at >= sent_at {
+                if applying == Applying::Again && task.status == TaskStatus::Done {
                     return Ok(());
                 }
                 if let Some(status) = status {

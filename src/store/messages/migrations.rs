@@ -190,9 +190,8 @@ pub(in crate::store) static MIGRATIONS: &[Migration] = &[
         version: 12,
         // What an endpoint's hub applied (`Store::mark_applied`), so that after a restart it
         // applies what it had been routed and had not (`Store::unapplied_tasks`), and the
-        // message it caught up to (`applied_floor`; the row for '' is every hub's before its
-        // first catch-up: it cannot tell what it applied before marks were kept). Task
-        // messages by order stored, indexed only where a message has a task.
+        // message it last caught up to (`applied_floor`). Task messages by order stored,
+        // indexed only where a message has a task.
         sql: "
         CREATE TABLE applied_marks (
             consumer TEXT NOT NULL,
@@ -205,7 +204,6 @@ pub(in crate::store) static MIGRATIONS: &[Migration] = &[
             consumer TEXT PRIMARY KEY,
             seq      INTEGER NOT NULL
         ) WITHOUT ROWID;
-        INSERT INTO applied_floor (consumer, seq) SELECT '', COALESCE(MAX(seq), 0) FROM messages;
         CREATE INDEX messages_with_a_task ON messages (seq) WHERE task_id IS NOT NULL;
     ",
     },
