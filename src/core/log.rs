@@ -134,8 +134,9 @@ pub trait MessageLog: Send + Sync {
         page: usize,
     ) -> LogFuture<'_, Vec<StoredMessage>>;
 
-    /// `consumer` applied, or passed over, every message up to `through`.
-    fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, ()>;
+    /// `consumer` applied, or passed over, every message up to `through`: the ids it had
+    /// marked applied, whose marks go.
+    fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, Vec<String>>;
 
     /// The id of the message whose UUID form (a derived id shown to a protocol whose ids
     /// must be UUIDs) is `uuid`.

@@ -434,7 +434,7 @@ impl MessageLog for FleetLog {
         self.local.unapplied_tasks(consumer, window, page)
     }
 
-    fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, ()> {
+    fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, Vec<String>> {
         self.local.caught_up(consumer, through)
     }
 

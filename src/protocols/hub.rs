@@ -61,7 +61,8 @@ pub struct Hub {
     session: Arc<Session>,
     protocol: Protocol,
     filter: Arc<dyn HubFilter>,
-    /// The messages it applied as it caught up, passed over if they are routed to it too.
+    /// The messages it applied as it caught up, or before the restart, passed over if they
+    /// are routed to it too.
     caught_up: std::sync::Mutex<HashSet<String>>,
     marked: AtomicUsize,
 }
@@ -138,8 +139,13 @@ impl Hub {
                 "applied the task messages the hub had missed"
             );
         }
-        if let Err(e) = log.caught_up(self.protocol, through).await {
-            tracing::error!(error = %e, hub = self.protocol, "cannot keep how far the hub caught up");
+        match log.caught_up(self.protocol, through).await {
+            // Applied before the restart: passed over too if they are routed again (a fleet
+            // routes again what its consumer had not acknowledged).
+            Ok(marked) => self.lock_caught_up().extend(marked),
+            Err(e) => {
+                tracing::error!(error = %e, hub = self.protocol, "cannot keep how far the hub caught up")
+            }
         }
     }
 

@@ -102,21 +102,22 @@ impl Store {
     }
 
     /// `consumer` applied, or passed over, every message up to `through`: its next catch-up
-    /// starts after it, and its marks so far are of no more use.
+    /// starts after it, and its marks so far go. The ids they marked.
     pub fn caught_up(
         &self,
         consumer: &'static str,
         through: i64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send + 'static {
         self.write(move |conn| {
             conn.prepare_cached(
                 "INSERT INTO applied_floor (consumer, seq) VALUES (?1, ?2)
                  ON CONFLICT (consumer) DO UPDATE SET seq = MAX(seq, excluded.seq)",
             )?
             .execute(rusqlite::params![consumer, through])?;
-            conn.prepare_cached("DELETE FROM applied_marks WHERE consumer = ?1")?
-                .execute([consumer])?;
-            Ok(())
+            let mut deleted =
+                conn.prepare_cached("DELETE FROM applied_marks WHERE consumer = ?1 RETURNING id")?;
+            let ids = deleted.query_map([consumer], |r| r.get(0))?;
+            Ok(ids.collect::<Result<_, _>>()?)
         })
     }
 }
@@ -151,6 +152,16 @@ mod tests {
     async fn caught_up(store: &Store, consumer: &'static str) {
         let window = store.catch_up_window(consumer, 100).await.unwrap();
         store.caught_up(consumer, window.through).await.unwrap();
+    }
+
+    /// Caught up, a consumer hears which messages it had marked.
+    #[tokio::test]
+    async fn catching_up_gives_back_the_marked_ids() {
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        store.mark_applied("hub", "m1", None).await.unwrap();
+        store.mark_applied("other", "m2", None).await.unwrap();
+        assert_eq!(store.caught_up("hub", 0).await.unwrap(), ["m1"]);
+        assert!(store.caught_up("hub", 0).await.unwrap().is_empty());
     }
 
     /// A consumer that never caught up has nothing to catch up on; after that, it is given

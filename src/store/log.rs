@@ -96,7 +96,7 @@ impl MessageLog for Store {
         logged(Store::unapplied_tasks(self, consumer, window, page))
     }
 
-    fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, ()> {
+    fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, Vec<String>> {
         logged(Store::caught_up(self, consumer, through))
     }
 }
