@@ -314,3 +314,85 @@ async fn task_results_accepted_before_kill_9_complete_their_tasks_after_a_restar
     );
     process.kill_9();
 }
+
+/// Messages to a Grid program away sent as fast as they are accepted, the bridge killed
+/// right after the last acknowledgement, or stopped: restarted, the program polls every
+/// one of them once, those the queue writer had not yet kept included.
+#[tokio::test]
+async fn mail_for_a_program_away_accepted_before_kill_9_or_a_stop_is_kept() {
+    for stop in [libc::SIGKILL, libc::SIGTERM] {
+        let polled = mail_for_a_program_away_across_a_restart(stop, 1000).await;
+        let expected: std::collections::BTreeSet<String> =
+            (0..1000).map(|i| format!("m-{i}")).collect();
+        assert_eq!(
+            polled.len(),
+            expected.len(),
+            "signal {stop}: polled {}",
+            polled.len()
+        );
+        let polled: std::collections::BTreeSet<String> = polled.into_iter().collect();
+        assert_eq!(polled, expected, "signal {stop}");
+    }
+}
+
+/// Sends `count` messages to the declared Grid program `absent`, ends the bridge with
+/// `signal`, starts it again and polls everything `absent` is given.
+async fn mail_for_a_program_away_across_a_restart(signal: i32, count: usize) -> Vec<String> {
+    use common::grid::GridHttp;
+    use futures_util::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let pad = dir.path().join("SCRATCHPAD.md");
+    let grid = format!(
+        "[grid]\nlisten = \"127.0.0.1:0\"\nscratchpad = {:?}\nprograms = [\"absent\"]\n",
+        pad.display().to_string()
+    );
+    let config = config_file(
+        dir.path(),
+        &common::bridge_toml(data.to_str().unwrap(), &grid),
+    );
+    {
+        let mut process = BridgeProcess::spawn(&config);
+        let http = GridHttp::new(process.addr("grid"));
+        let sent = futures_util::stream::iter(0..count)
+            .map(|i| {
+                let message = json!({ "message": {
+                    "id": format!("m-{i}"),
+                    "timestamp": agentbridge::shared::clock::iso8601(agentbridge::core::now_ms()),
+                    "type": "notification",
+                    "sender": { "agent": "sender" },
+                    "receiver": { "agent": "absent" },
+                    "content": { "action": "note", "payload": { "n": i } },
+                }});
+                let http = &http;
+                async move { http.post(&message.to_string()).await }
+            })
+            .buffer_unordered(32)
+            .collect::<Vec<_>>()
+            .await;
+        for (status, answer) in sent {
+            assert_eq!(status, 202, "{answer}");
+        }
+        process.signal(signal);
+        assert!(
+            process.exited(common::WAIT).is_some(),
+            "the bridge ends on signal {signal}"
+        );
+    }
+    let process = BridgeProcess::spawn(&config);
+    let http = GridHttp::new(process.addr("grid"));
+    let mut polled = Vec::new();
+    // Polled until nothing more waits.
+    for _ in 0..100 {
+        let got = http.poll("agent=absent").await;
+        if got.is_empty() {
+            break;
+        }
+        polled.extend(
+            got.iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_owned)),
+        );
+    }
+    process.kill_9();
+    polled
+}

@@ -22,12 +22,14 @@ use crate::federation::Federation;
 use crate::protocols::{self, StartError};
 use crate::shared::budget::ByteBudget;
 use crate::shared::listener::SharedLimits;
-use crate::store::Store;
+use crate::store::{SettlingLog, Store};
 use crate::telemetry;
 
 pub struct Bridge {
     core: Arc<Core>,
     store: Store,
+    /// A bridge alone's log, which keeps what is not yet delivered (`store::settling`).
+    settling: Option<Arc<SettlingLog>>,
     read_budget: ByteBudget,
     admin: Option<SocketAddr>,
     readiness: Readiness,
@@ -84,7 +86,16 @@ impl Bridge {
             ),
             None => None,
         };
-        let log = federation.as_ref().map_or(local, Federation::log);
+        // A bridge alone with its store on disk routes again, as it starts, what its last
+        // run had not finished delivering (`store::settling`); a fleet reads it again from
+        // its stream.
+        let settling =
+            (federation.is_none() && data_dir.is_some()).then(|| SettlingLog::new(store.clone()));
+        let log = match (&federation, &settling) {
+            (Some(federation), _) => federation.log(),
+            (None, Some(settling)) => settling.clone(),
+            (None, None) => local,
+        };
         let core = Core::new(log, &config.routing);
         let bridge_id = (config.federation.as_ref()).map(|f| f.bridge_id.clone());
         let mut tasks = Vec::new();
@@ -169,6 +180,14 @@ impl Bridge {
             tasks.extend(endpoint.tasks);
             reloaders.push((endpoint.name, endpoint.reload));
         }
+        if let Some(settling) = &settling {
+            // Once every endpoint is up: the mail of agents away has somewhere to go.
+            let routed = settling.route_unsettled(&core).await;
+            if routed > 0 {
+                tracing::info!(routed, "routed again what the last run had not delivered");
+            }
+            tasks.push(settling.keep_pending(shutdown.clone()));
+        }
         let protocols: Vec<&'static str> = reloaders.iter().map(|(name, _)| *name).collect();
         telemetry::bridge_started(&protocols, config.federation.is_some());
         let _ = live.endpoints.set(reloaders);
@@ -180,6 +199,7 @@ impl Bridge {
         Ok(Bridge {
             core,
             store,
+            settling,
             read_budget,
             admin,
             readiness,
@@ -230,9 +250,15 @@ impl Bridge {
     /// Stops listening, closes every connection, and closes the store once its queued
     /// writes are committed.
     pub async fn shutdown(self) {
+        if let Some(settling) = &self.settling {
+            settling.stopping();
+        }
         self.shutdown.cancel();
         for task in self.tasks {
             let _ = task.await;
+        }
+        if let Some(settling) = &self.settling {
+            settling.stopped().await;
         }
         self.store.close().await;
     }

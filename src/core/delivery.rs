@@ -27,20 +27,44 @@ type Encoded = Arc<dyn Any + Send + Sync>;
 /// queue's writer, a stream's output) keeps it. Once the source let its own go and the
 /// last of those is written, kept or dropped, the token `Outstanding::new` gave is
 /// cancelled. A fleet's applier acknowledges a batch to the stream only then: a bridge
-/// killed before has the batch read again by the others. Recipients whose protocol replays
-/// from history do not hold, so one that reads slowly holds nothing back.
+/// killed before has the batch read again by the others. A bridge alone keeps the ids of
+/// messages not yet done with, to route them again as it starts (`store::settling`).
+/// Recipients whose protocol replays from history do not hold, so one that reads slowly
+/// holds nothing back.
 #[derive(Clone)]
 pub struct Outstanding {
-    /// Cancels the token as the last clone drops.
-    guard: Arc<DropGuard>,
+    /// Says it is done as the last clone drops.
+    guard: Arc<DoneGuard>,
+}
+
+/// What an `Outstanding` does once done: cancel a token, or call a function.
+enum DoneGuard {
+    Cancels(#[expect(dead_code, reason = "held for its drop")] DropGuard),
+    Calls(Mutex<Option<Box<dyn FnOnce() + Send>>>),
+}
+
+impl Drop for DoneGuard {
+    fn drop(&mut self) {
+        if let DoneGuard::Calls(call) = self
+            && let Some(call) = call.get_mut().unwrap_or_else(|e| e.into_inner()).take()
+        {
+            call();
+        }
+    }
 }
 
 impl Outstanding {
     /// A hold, and the token cancelled once it and every clone of it are dropped.
     pub fn new() -> (Outstanding, CancellationToken) {
         let done = CancellationToken::new();
-        let guard = Arc::new(done.clone().drop_guard());
+        let guard = Arc::new(DoneGuard::Cancels(done.clone().drop_guard()));
         (Outstanding { guard }, done)
+    }
+
+    /// A hold that calls `done` once it and every clone of it are dropped.
+    pub fn calling(done: impl FnOnce() + Send + 'static) -> Outstanding {
+        let guard = Arc::new(DoneGuard::Calls(Mutex::new(Some(Box::new(done)))));
+        Outstanding { guard }
     }
 }
 
@@ -49,7 +73,7 @@ pub struct Delivery {
     routed: Arc<Routed>,
     /// What its source offered to hold it by (`Outstanding`): not kept alive by the
     /// delivery; a recipient that takes it up takes a copy that holds it (`held_copy`).
-    offered: Option<Weak<DropGuard>>,
+    offered: Option<Weak<DoneGuard>>,
     /// What this copy holds: the hold is each holding recipient's, so that a recipient
     /// that holds nothing (one replaying from history) and reads slowly holds nothing back.
     held: Option<Outstanding>,

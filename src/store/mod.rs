@@ -44,6 +44,7 @@ mod message_body;
 mod messages;
 mod priority;
 mod rounds;
+mod settling;
 mod sqlite;
 #[cfg(test)]
 mod tests;
@@ -57,6 +58,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 pub use mail_table::MailTable;
+pub use settling::SettlingLog;
 
 use batch::Batch;
 use rounds::{JournalTail, Unapplied};

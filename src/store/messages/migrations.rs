@@ -207,4 +207,14 @@ pub(in crate::store) static MIGRATIONS: &[Migration] = &[
         CREATE INDEX messages_with_a_task ON messages (seq) WHERE task_id IS NOT NULL;
     ",
     },
+    Migration {
+        version: 13,
+        // A bridge alone's messages not yet done with (`store::settling`): those whose ids
+        // `unsettled` holds, and every message after `unsettled_after`, are routed again to
+        // the recipients that hold as the bridge starts.
+        sql: "
+        CREATE TABLE unsettled (id TEXT PRIMARY KEY) WITHOUT ROWID;
+        CREATE TABLE unsettled_after (seq INTEGER NOT NULL);
+    ",
+    },
 ];

@@ -1,0 +1,323 @@
+//! The message log of a bridge alone, which routes again as it starts what its last run
+//! had not finished delivering. A message is acknowledged once it is durable, and its
+//! recipients that hold (a holding mailbox, an offline sink: `core::Outstanding`) are done
+//! with it only later, once it is written to their connections or kept as their mail: a
+//! bridge killed or stopped meanwhile would lose it. So each message is pending from its
+//! append until its route's hold is done, and every `KEPT_EVERY` the pending ids, and the
+//! newest message the database then holds, are kept (`Store::keep_unsettled`). As it
+//! starts, the bridge routes again, for the recipients that hold only, the messages kept
+//! pending and every message stored after (`route_unsettled`). What was done with between
+//! the last keeping and a kill is routed again too: a program or agent away may be given
+//! it twice.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use dashmap::DashSet;
+use tokio_util::sync::CancellationToken;
+
+use super::Store;
+use crate::core::{
+    CatchUp, Core, Envelope, Link, LogFuture, MessageLog, MessageQuery, Outstanding, Replicated,
+    StoredMessage, TaskRequest,
+};
+
+/// How often the pending ids are kept, when they changed.
+const KEPT_EVERY: Duration = Duration::from_millis(200);
+/// Messages read at once as they are routed again.
+const ROUTED_AGAIN_AT_ONCE: usize = 256;
+
+/// The ids of messages appended and not yet done with.
+#[derive(Default)]
+struct Pending {
+    ids: DashSet<String>,
+    changed: AtomicBool,
+    /// Set as the bridge stops: what its stopping drops (a mailbox's contents) is not done
+    /// with, and stays pending.
+    stopping: AtomicBool,
+}
+
+impl Pending {
+    fn add(&self, id: &str) {
+        self.ids.insert(id.to_owned());
+        self.changed.store(true, Ordering::Release);
+    }
+
+    fn done(&self, id: &str) {
+        if self.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        self.ids.remove(id);
+        self.changed.store(true, Ordering::Release);
+    }
+}
+
+/// The store as the message log of a bridge alone.
+pub struct SettlingLog {
+    store: Store,
+    pending: Arc<Pending>,
+}
+
+impl SettlingLog {
+    pub fn new(store: Store) -> Arc<SettlingLog> {
+        Arc::new(SettlingLog {
+            store,
+            pending: Arc::default(),
+        })
+    }
+
+    /// Keeps the pending ids every `KEPT_EVERY` while they change, until the bridge shuts
+    /// down (`stopped` keeps them a last time).
+    pub fn keep_pending(
+        self: &Arc<Self>,
+        shutdown: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let log = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(KEPT_EVERY) => {}
+                }
+                if log.pending.changed.swap(false, Ordering::AcqRel) {
+                    log.keep().await;
+                }
+            }
+        })
+    }
+
+    /// The bridge is stopping: what is pending now stays so, whatever its stopping drops.
+    pub fn stopping(&self) {
+        self.pending.stopping.store(true, Ordering::Release);
+    }
+
+    /// The bridge stopped: keeps what is pending, to route it again at the next start.
+    pub async fn stopped(&self) {
+        self.keep().await;
+    }
+
+    async fn keep(&self) {
+        let pending = self.pending.clone();
+        let ids = move || pending.ids.iter().map(|id| id.clone()).collect();
+        if let Err(e) = self.store.keep_unsettled(ids).await {
+            tracing::error!(error = %e, "store: cannot keep the messages not yet delivered");
+        }
+    }
+
+    /// Routes again, to the recipients that hold only, what the last run had not finished
+    /// delivering (the module's doc); how many messages.
+    pub async fn route_unsettled(&self, core: &Core) -> usize {
+        let mut after = 0;
+        let mut routed = 0;
+        loop {
+            let page = match self.store.unsettled(after, ROUTED_AGAIN_AT_ONCE).await {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::error!(error = %e, "store: cannot read the messages not yet delivered");
+                    return routed;
+                }
+            };
+            let Some(last) = page.last() else {
+                return routed;
+            };
+            after = last.seq;
+            for message in page {
+                let envelope = message.envelope;
+                self.pending.add(&envelope.id);
+                let hold = self.hold(&envelope.id);
+                let how = Replicated {
+                    kept: true,
+                    offered: Some(&hold),
+                    holders_only: true,
+                };
+                core.accept_replica(envelope, how);
+                routed += 1;
+            }
+        }
+    }
+
+    fn hold(&self, id: &str) -> Outstanding {
+        let (pending, id) = (self.pending.clone(), id.to_owned());
+        Outstanding::calling(move || pending.done(&id))
+    }
+}
+
+impl MessageLog for SettlingLog {
+    fn append(&self, env: &Envelope) -> LogFuture<'static, ()> {
+        self.pending.add(&env.id);
+        let (appended, pending, id) = (
+            MessageLog::append(&self.store, env),
+            self.pending.clone(),
+            env.id.clone(),
+        );
+        Box::pin(async move {
+            let appended = appended.await;
+            if appended.is_err() {
+                pending.done(&id);
+            }
+            appended
+        })
+    }
+
+    fn delivery_hold(&self, id: &str) -> Option<Outstanding> {
+        Some(self.hold(id))
+    }
+
+    fn read(&self, query: MessageQuery) -> LogFuture<'_, Vec<StoredMessage>> {
+        MessageLog::read(&self.store, query)
+    }
+
+    fn read_ids(&self, ids: Vec<String>) -> LogFuture<'_, Vec<StoredMessage>> {
+        MessageLog::read_ids(&self.store, ids)
+    }
+
+    fn get(&self, id: &str) -> LogFuture<'_, Option<StoredMessage>> {
+        MessageLog::get(&self.store, id)
+    }
+
+    fn replies(&self, id: &str) -> LogFuture<'_, Vec<StoredMessage>> {
+        MessageLog::replies(&self.store, id)
+    }
+
+    fn contains(&self, id: &str) -> LogFuture<'_, bool> {
+        MessageLog::contains(&self.store, id)
+    }
+
+    fn link(&self, id: &str) -> LogFuture<'_, Option<Link>> {
+        MessageLog::link(&self.store, id)
+    }
+
+    fn task_request(&self, task_id: &str) -> LogFuture<'_, Option<TaskRequest>> {
+        MessageLog::task_request(&self.store, task_id)
+    }
+
+    fn id_by_uuid(&self, uuid: &str) -> LogFuture<'_, Option<String>> {
+        MessageLog::id_by_uuid(&self.store, uuid)
+    }
+
+    fn mark_applied(
+        &self,
+        consumer: &'static str,
+        id: &str,
+        prune: Option<usize>,
+    ) -> LogFuture<'static, ()> {
+        MessageLog::mark_applied(&self.store, consumer, id, prune)
+    }
+
+    fn catch_up_window(&self, consumer: &'static str, at_most: usize) -> LogFuture<'_, CatchUp> {
+        MessageLog::catch_up_window(&self.store, consumer, at_most)
+    }
+
+    fn unapplied_tasks(
+        &self,
+        consumer: &'static str,
+        window: CatchUp,
+        page: usize,
+    ) -> LogFuture<'_, Vec<StoredMessage>> {
+        MessageLog::unapplied_tasks(&self.store, consumer, window, page)
+    }
+
+    fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, Vec<String>> {
+        MessageLog::caught_up(&self.store, consumer, through)
+    }
+}
+
+impl Store {
+    /// Keeps the ids `pending` gives, read on the writer's thread as the write runs, and the
+    /// newest message the database then holds: every message it holds up to that one that
+    /// is not done with is among them, since a message is pending from before its append.
+    pub fn keep_unsettled(
+        &self,
+        pending: impl FnOnce() -> Vec<String> + Send + 'static,
+    ) -> impl Future<Output = Result<(), super::StoreError>> + Send + 'static {
+        self.write(move |conn| {
+            conn.execute("DELETE FROM unsettled", [])?;
+            let mut insert =
+                conn.prepare_cached("INSERT OR IGNORE INTO unsettled (id) VALUES (?1)")?;
+            for id in pending() {
+                insert.execute([id])?;
+            }
+            conn.execute("DELETE FROM unsettled_after", [])?;
+            conn.execute(
+                "INSERT INTO unsettled_after (seq) SELECT COALESCE(MAX(seq), 0) FROM messages",
+                [],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The first `page` messages after `after` that were kept pending, or stored after the
+    /// newest message kept with them (none before anything was kept), in the order stored.
+    pub async fn unsettled(
+        &self,
+        after: i64,
+        page: usize,
+    ) -> Result<Vec<StoredMessage>, super::StoreError> {
+        use super::messages::{STORED, decode, stored};
+        self.read_messages(move |conn| {
+            let sql = format!(
+                "SELECT {STORED} FROM messages m WHERE m.seq IN (
+                     SELECT seq FROM messages
+                     WHERE id IN (SELECT id FROM unsettled) AND seq > ?1
+                     UNION
+                     SELECT seq FROM messages
+                     WHERE seq > MAX(?1, (SELECT COALESCE(MAX(seq), 9223372036854775807)
+                                          FROM unsettled_after))
+                     ORDER BY seq LIMIT ?2)
+                 ORDER BY m.seq"
+            );
+            let mut statement = conn.prepare_cached(&sql)?;
+            let rows = statement.query_map(rusqlite::params![after, page as i64], stored)?;
+            let mut messages = Vec::new();
+            for row in rows {
+                match decode(row?) {
+                    Ok(message) => messages.push(message),
+                    Err(e) => tracing::error!(error = %e, "a stored message cannot be decoded"),
+                }
+            }
+            Ok(messages)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::core::{Envelope, Kind};
+    use crate::store::{IN_MEMORY, Store};
+
+    fn message(id: &str) -> Envelope {
+        let mut env = Envelope::new("test", "a", Kind::Chat);
+        env.id = id.to_owned();
+        env
+    }
+
+    async fn unsettled(store: &Store) -> Vec<String> {
+        let (mut after, mut ids) = (0, Vec::new());
+        loop {
+            let page = store.unsettled(after, 2).await.unwrap();
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            ids.extend(page.into_iter().map(|m| m.envelope.id));
+        }
+        ids
+    }
+
+    /// Nothing is routed again before anything was kept; after, the messages kept pending
+    /// and those stored after the keeping are, in the order stored, page by page.
+    #[tokio::test]
+    async fn what_was_pending_or_came_after_is_routed_again() {
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        for id in ["m1", "m2", "m3", "m4"] {
+            store.insert_message(&message(id)).await.unwrap();
+        }
+        assert!(unsettled(&store).await.is_empty());
+        let pending = || vec!["m2".to_owned(), "m3".to_owned(), "gone".to_owned()];
+        store.keep_unsettled(pending).await.unwrap();
+        store.insert_message(&message("m5")).await.unwrap();
+        assert_eq!(unsettled(&store).await, ["m2", "m3", "m5"]);
+        store.keep_unsettled(Vec::new).await.unwrap();
+        assert!(unsettled(&store).await.is_empty());
+    }
+}
