@@ -321,7 +321,7 @@ async fn task_results_accepted_before_kill_9_complete_their_tasks_after_a_restar
 #[tokio::test]
 async fn mail_for_a_program_away_accepted_before_kill_9_or_a_stop_is_kept() {
     for stop in [libc::SIGKILL, libc::SIGTERM] {
-        let polled = mail_for_a_program_away_across_a_restart(stop, 1000).await;
+        let (polled, scratchpad) = mail_for_a_program_away_across_a_restart(stop, 1000).await;
         let expected: std::collections::BTreeSet<String> =
             (0..1000).map(|i| format!("m-{i}")).collect();
         assert_eq!(
@@ -332,12 +332,24 @@ async fn mail_for_a_program_away_accepted_before_kill_9_or_a_stop_is_kept() {
         );
         let polled: std::collections::BTreeSet<String> = polled.into_iter().collect();
         assert_eq!(polled, expected, "signal {stop}");
+        // Each appended to the scratchpad once, those routed again included.
+        let entries: Vec<&str> = (scratchpad.lines())
+            .filter_map(|line| line.trim().strip_prefix("id: "))
+            .collect();
+        let distinct: std::collections::BTreeSet<String> =
+            entries.iter().map(|id| id.to_string()).collect();
+        assert_eq!(distinct, expected, "signal {stop}: the scratchpad");
+        assert_eq!(entries.len(), expected.len(), "signal {stop}: once each");
     }
 }
 
 /// Sends `count` messages to the declared Grid program `absent`, ends the bridge with
-/// `signal`, starts it again and polls everything `absent` is given.
-async fn mail_for_a_program_away_across_a_restart(signal: i32, count: usize) -> Vec<String> {
+/// `signal`, starts it again and polls everything `absent` is given; with the scratchpad
+/// as it is then.
+async fn mail_for_a_program_away_across_a_restart(
+    signal: i32,
+    count: usize,
+) -> (Vec<String>, String) {
     use common::grid::GridHttp;
     use futures_util::StreamExt;
     let dir = tempfile::tempdir().unwrap();
@@ -393,6 +405,8 @@ async fn mail_for_a_program_away_across_a_restart(signal: i32, count: usize) -> 
                 .filter_map(|m| m["id"].as_str().map(str::to_owned)),
         );
     }
+    // The poll waited for the queue writer, which appends before it queues.
+    let scratchpad = std::fs::read_to_string(&pad).unwrap_or_default();
     process.kill_9();
-    polled
+    (polled, scratchpad)
 }

@@ -91,6 +91,18 @@ impl Bridge {
         // its stream.
         let settling =
             (federation.is_none() && data_dir.is_some()).then(|| SettlingLog::new(store.clone()));
+        // The newest message before this run accepts any: what is routed again ends there.
+        let stored_before = match &settling {
+            Some(_) => (store.newest_seq().await).map_err(|e| StartError::new("store", e))?,
+            // A fleet reads it again from its stream: the bridge, alone again later, is not
+            // to route again what it stored meanwhile.
+            None if data_dir.is_some() => {
+                let forget = store.keep_unsettled(Vec::new).await;
+                forget.map_err(|e| StartError::new("store", e))?;
+                0
+            }
+            None => 0,
+        };
         let log = match (&federation, &settling) {
             (Some(federation), _) => federation.log(),
             (None, Some(settling)) => settling.clone(),
@@ -182,7 +194,7 @@ impl Bridge {
         }
         if let Some(settling) = &settling {
             // Once every endpoint is up: the mail of agents away has somewhere to go.
-            let routed = settling.route_unsettled(&core).await;
+            let routed = settling.route_unsettled(&core, stored_before).await;
             if routed > 0 {
                 tracing::info!(routed, "routed again what the last run had not delivered");
             }

@@ -41,7 +41,7 @@ struct Pending {
 impl Pending {
     fn add(&self, id: &str) {
         self.ids.insert(id.to_owned());
-        self.changed.store(true, Ordering::Release);
+        self.changed();
     }
 
     fn done(&self, id: &str) {
@@ -49,7 +49,15 @@ impl Pending {
             return;
         }
         self.ids.remove(id);
-        self.changed.store(true, Ordering::Release);
+        self.changed();
+    }
+
+    /// Marks the ids changed; read first, so that the cores do not write the flag's cache
+    /// line at every message.
+    fn changed(&self) {
+        if !self.changed.load(Ordering::Relaxed) {
+            self.changed.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -106,12 +114,18 @@ impl SettlingLog {
     }
 
     /// Routes again, to the recipients that hold only, what the last run had not finished
-    /// delivering (the module's doc); how many messages.
-    pub async fn route_unsettled(&self, core: &Core) -> usize {
+    /// delivering (the module's doc), up to `through`, the newest message stored before
+    /// this run accepted any (`Store::newest_seq`, asked before the endpoints start); how
+    /// many messages. Presence is news only while new, and is not routed again.
+    pub async fn route_unsettled(&self, core: &Core, through: i64) -> usize {
         let mut after = 0;
         let mut routed = 0;
         loop {
-            let page = match self.store.unsettled(after, ROUTED_AGAIN_AT_ONCE).await {
+            let page = self
+                .store
+                .unsettled(after, through, ROUTED_AGAIN_AT_ONCE)
+                .await;
+            let page = match page {
                 Ok(page) => page,
                 Err(e) => {
                     tracing::error!(error = %e, "store: cannot read the messages not yet delivered");
@@ -124,6 +138,9 @@ impl SettlingLog {
             after = last.seq;
             for message in page {
                 let envelope = message.envelope;
+                if envelope.kind.is_presence() {
+                    continue;
+                }
                 self.pending.add(&envelope.id);
                 let hold = self.hold(&envelope.id);
                 let how = Replicated {
@@ -224,6 +241,18 @@ impl MessageLog for SettlingLog {
 }
 
 impl Store {
+    /// The newest message stored (the journal's included, which `open` put in).
+    pub async fn newest_seq(&self) -> Result<i64, super::StoreError> {
+        self.read_messages(|conn| {
+            Ok(
+                conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM messages", [], |r| {
+                    r.get(0)
+                })?,
+            )
+        })
+        .await
+    }
+
     /// Keeps the ids `pending` gives, read on the writer's thread as the write runs, and the
     /// newest message the database then holds: every message it holds up to that one that
     /// is not done with is among them, since a message is pending from before its append.
@@ -247,11 +276,12 @@ impl Store {
         })
     }
 
-    /// The first `page` messages after `after` that were kept pending, or stored after the
-    /// newest message kept with them (none before anything was kept), in the order stored.
+    /// The first `page` messages after `after`, up to `through`, that were kept pending or
+    /// stored after the newest message kept with them, in the order stored.
     pub async fn unsettled(
         &self,
         after: i64,
+        through: i64,
         page: usize,
     ) -> Result<Vec<StoredMessage>, super::StoreError> {
         use super::messages::{STORED, decode, stored};
@@ -259,16 +289,18 @@ impl Store {
             let sql = format!(
                 "SELECT {STORED} FROM messages m WHERE m.seq IN (
                      SELECT seq FROM messages
-                     WHERE id IN (SELECT id FROM unsettled) AND seq > ?1
+                     WHERE id IN (SELECT id FROM unsettled) AND seq > ?1 AND seq <= ?2
                      UNION
                      SELECT seq FROM messages
                      WHERE seq > MAX(?1, (SELECT COALESCE(MAX(seq), 9223372036854775807)
                                           FROM unsettled_after))
-                     ORDER BY seq LIMIT ?2)
+                       AND seq <= ?2
+                     ORDER BY seq LIMIT ?3)
                  ORDER BY m.seq"
             );
             let mut statement = conn.prepare_cached(&sql)?;
-            let rows = statement.query_map(rusqlite::params![after, page as i64], stored)?;
+            let arguments = rusqlite::params![after, through, page as i64];
+            let rows = statement.query_map(arguments, stored)?;
             let mut messages = Vec::new();
             for row in rows {
                 match decode(row?) {
@@ -296,7 +328,8 @@ mod tests {
     async fn unsettled(store: &Store) -> Vec<String> {
         let (mut after, mut ids) = (0, Vec::new());
         loop {
-            let page = store.unsettled(after, 2).await.unwrap();
+            let through = store.newest_seq().await.unwrap();
+            let page = store.unsettled(after, through, 2).await.unwrap();
             let Some(last) = page.last() else { break };
             after = last.seq;
             ids.extend(page.into_iter().map(|m| m.envelope.id));
@@ -304,15 +337,17 @@ mod tests {
         ids
     }
 
-    /// Nothing is routed again before anything was kept; after, the messages kept pending
-    /// and those stored after the keeping are, in the order stored, page by page.
+    /// A new store routes again all it holds until it keeps what is pending; then the
+    /// messages kept pending and those stored after the keeping are, in the order stored,
+    /// page by page.
     #[tokio::test]
     async fn what_was_pending_or_came_after_is_routed_again() {
         let store = Store::open(IN_MEMORY).await.unwrap();
+        store.insert_message(&message("m0")).await.unwrap();
+        assert_eq!(unsettled(&store).await, ["m0"]);
         for id in ["m1", "m2", "m3", "m4"] {
             store.insert_message(&message(id)).await.unwrap();
         }
-        assert!(unsettled(&store).await.is_empty());
         let pending = || vec!["m2".to_owned(), "m3".to_owned(), "gone".to_owned()];
         store.keep_unsettled(pending).await.unwrap();
         store.insert_message(&message("m5")).await.unwrap();

@@ -475,13 +475,17 @@ impl Db {
                         position.generation as i64
                     ],
                 )?;
-                insert_seen(conn, &path, seen)
+                insert_seen(conn, &path, seen).map(drop)
             })
             .await
     }
 
-    /// Marks entries of `path` as seen.
-    pub async fn mark_seen(&self, path: &str, hashes: Vec<String>) -> Result<(), StoreError> {
+    /// Marks entries of `path` as seen; for each, whether it was not seen before.
+    pub async fn mark_seen(
+        &self,
+        path: &str,
+        hashes: Vec<String>,
+    ) -> Result<Vec<bool>, StoreError> {
         let path = path.to_owned();
         self.store
             .write(move |conn| insert_seen(conn, &path, hashes))
@@ -516,19 +520,21 @@ impl Db {
     }
 }
 
+/// Marks `hashes` seen in `path`; for each, whether it was not seen before.
 fn insert_seen(
     conn: &rusqlite::Connection,
     path: &str,
     hashes: Vec<String>,
-) -> Result<(), StoreError> {
+) -> Result<Vec<bool>, StoreError> {
     let now = crate::core::now_ms();
     let mut stmt = conn.prepare_cached(
         "INSERT OR IGNORE INTO grid_scratchpad_seen (path, hash, seen_at) VALUES (?1, ?2, ?3)",
     )?;
+    let mut new = Vec::with_capacity(hashes.len());
     for hash in hashes {
-        stmt.execute(params![path, hash, now])?;
+        new.push(stmt.execute(params![path, hash, now])? > 0);
     }
-    Ok(())
+    Ok(new)
 }
 
 #[cfg(test)]

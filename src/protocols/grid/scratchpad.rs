@@ -128,11 +128,19 @@ impl Grid {
         };
         let entries: Vec<String> = messages.iter().map(|m| wire::entry(m)).collect();
         let hashes = entries.iter().map(|entry| hash(entry)).collect();
-        self.db
+        let new = self
+            .db
             .mark_seen(&path.display().to_string(), hashes)
             .await
             .map_err(|e| e.to_string())?;
-        let text = entries.concat();
+        // An entry the file holds already (a message routed again after a restart) is not
+        // appended twice.
+        let text: String = (entries.into_iter().zip(new))
+            .filter_map(|(entry, new)| new.then_some(entry))
+            .collect();
+        if text.is_empty() {
+            return Ok(());
+        }
         tokio::task::spawn_blocking(move || append(&path, &text))
             .await
             .map_err(|e| e.to_string())?

@@ -211,10 +211,12 @@ pub(in crate::store) static MIGRATIONS: &[Migration] = &[
         version: 13,
         // A bridge alone's messages not yet done with (`store::settling`): those whose ids
         // `unsettled` holds, and every message after `unsettled_after`, are routed again to
-        // the recipients that hold as the bridge starts.
+        // the recipients that hold as the bridge starts. From the first start on: what was
+        // stored before cannot be told done with or not.
         sql: "
         CREATE TABLE unsettled (id TEXT PRIMARY KEY) WITHOUT ROWID;
         CREATE TABLE unsettled_after (seq INTEGER NOT NULL);
+        INSERT INTO unsettled_after (seq) SELECT COALESCE(MAX(seq), 0) FROM messages;
     ",
     },
 ];
