@@ -410,3 +410,51 @@ async fn mail_for_a_program_away_across_a_restart(
     process.kill_9();
     (polled, scratchpad)
 }
+
+/// Messages to a Synapse agent away sent as fast as they are accepted, the bridge killed
+/// right after the last acknowledgement: restarted, the agent fetches from its inbox every
+/// one of them once, those the inbox writer had not yet kept included.
+#[tokio::test]
+async fn mail_for_a_synapse_agent_away_accepted_before_kill_9_is_kept() {
+    use common::synapse::{Stream, chat, clients, send, text_of, with_meta};
+    use futures_util::StreamExt;
+    const COUNT: usize = 500;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = config_file(dir.path(), &common::bridge_toml(data.to_str().unwrap(), ""));
+    {
+        let process = BridgeProcess::spawn(&config);
+        let addr = process.addr("synapse");
+        // Known, then away: its mail goes to its inbox.
+        drop(Stream::open(addr, "inboxer").await);
+        let c = clients(addr).await;
+        let sent = futures_util::stream::iter(0..COUNT)
+            .map(|i| {
+                let mut c = c.clone();
+                async move { send(&mut c, chat("writer", "inboxer", &format!("n{i}"))).await }
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<_>>()
+            .await;
+        for result in sent {
+            result.expect("the message is accepted");
+        }
+        process.kill_9();
+    }
+    let process = BridgeProcess::spawn(&config);
+    let mut poller = clients(process.addr("synapse")).await;
+    let request = with_meta((), &[("x-synapse-agent-id", "inboxer")]);
+    let mut inbound = (poller.messages.receive_callback(request).await)
+        .expect("the inbox answers")
+        .into_inner();
+    let mut texts = Vec::new();
+    while let Ok(Some(Ok(message))) = tokio::time::timeout(common::WAIT, inbound.next()).await {
+        texts.push(text_of(&message));
+    }
+    let expected: std::collections::BTreeSet<String> =
+        (0..COUNT).map(|i| format!("n{i}")).collect();
+    assert_eq!(texts.len(), COUNT, "fetched {}", texts.len());
+    let texts: std::collections::BTreeSet<String> = texts.into_iter().collect();
+    assert_eq!(texts, expected);
+    process.kill_9();
+}
