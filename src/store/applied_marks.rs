@@ -4,7 +4,7 @@
 
 use rusqlite::OptionalExtension;
 
-use super::messages::{STORED, decode, stored};
+use super::messages::{STORED, decodable};
 use super::{Store, StoreError};
 use crate::core::{CatchUp, StoredMessage};
 
@@ -88,15 +88,7 @@ impl Store {
             );
             let mut statement = conn.prepare_cached(&sql)?;
             let arguments = rusqlite::params![window.after, window.through, consumer, page as i64];
-            let rows = statement.query_map(arguments, stored)?;
-            let mut messages = Vec::new();
-            for row in rows {
-                match decode(row?) {
-                    Ok(message) => messages.push(message),
-                    Err(e) => tracing::error!(error = %e, "a stored message cannot be decoded"),
-                }
-            }
-            Ok(messages)
+            decodable(&mut statement, arguments)
         })
         .await
     }

@@ -319,13 +319,27 @@ pub(super) const STORED: &str =
     "seq, id, ts, sender, reply_to, correlation_id, thread, origin, body";
 
 /// One row selected as `STORED`.
-pub(super) fn stored(row: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, Columns, String)> {
+fn stored(row: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, Columns, String)> {
     Ok((row.get(0)?, Columns::read(row, 1)?, row.get(8)?))
 }
 
-pub(super) fn decode(
-    (seq, columns, body): (i64, Columns, String),
-) -> Result<StoredMessage, StoreError> {
+/// The messages `statement` (selecting `STORED`) gives for `params`, in its order: a row
+/// that cannot be read back is left out and logged, rather than keeping the others back.
+pub(super) fn decodable(
+    statement: &mut rusqlite::CachedStatement<'_>,
+    params: impl rusqlite::Params,
+) -> Result<Vec<StoredMessage>, StoreError> {
+    let mut messages = Vec::new();
+    for row in statement.query_map(params, stored)? {
+        match decode(row?) {
+            Ok(message) => messages.push(message),
+            Err(e) => tracing::error!(error = %e, "a stored message cannot be decoded"),
+        }
+    }
+    Ok(messages)
+}
+
+fn decode((seq, columns, body): (i64, Columns, String)) -> Result<StoredMessage, StoreError> {
     let envelope = message_body::decode(columns, &body)
         .map_err(|e| StoreError::Corrupt(format!("message {seq}: {e}")))?;
     Ok(StoredMessage { seq, envelope })

@@ -284,7 +284,7 @@ impl Store {
         through: i64,
         page: usize,
     ) -> Result<Vec<StoredMessage>, super::StoreError> {
-        use super::messages::{STORED, decode, stored};
+        use super::messages::{STORED, decodable};
         self.read_messages(move |conn| {
             let sql = format!(
                 "SELECT {STORED} FROM messages m WHERE m.seq IN (
@@ -300,15 +300,7 @@ impl Store {
             );
             let mut statement = conn.prepare_cached(&sql)?;
             let arguments = rusqlite::params![after, through, page as i64];
-            let rows = statement.query_map(arguments, stored)?;
-            let mut messages = Vec::new();
-            for row in rows {
-                match decode(row?) {
-                    Ok(message) => messages.push(message),
-                    Err(e) => tracing::error!(error = %e, "a stored message cannot be decoded"),
-                }
-            }
-            Ok(messages)
+            decodable(&mut statement, arguments)
         })
         .await
     }
