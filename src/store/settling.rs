@@ -18,6 +18,7 @@ use dashmap::DashSet;
 use tokio_util::sync::CancellationToken;
 
 use super::Store;
+use super::messages::{STORED, decodable};
 use crate::core::{
     CatchUp, Core, Envelope, Link, LogFuture, MessageLog, MessageQuery, Outstanding, Replicated,
     StoredMessage, TaskRequest,
@@ -284,7 +285,6 @@ impl Store {
         through: i64,
         page: usize,
     ) -> Result<Vec<StoredMessage>, super::StoreError> {
-        use super::messages::{STORED, decodable};
         self.read_messages(move |conn| {
             let sql = format!(
                 "SELECT {STORED} FROM messages m WHERE m.seq IN (
