@@ -93,12 +93,17 @@ impl Bridge {
             (federation.is_none() && data_dir.is_some()).then(|| SettlingLog::new(store.clone()));
         // The newest message before this run accepts any: what is routed again ends there.
         let stored_before = match &settling {
-            Some(_) => (store.newest_seq().await).map_err(|e| StartError::new("store", e))?,
+            Some(_) => {
+                let newest = (store.newest_seq().await).map_err(|e| StartError::new("store", e))?;
+                let settled = store.settle_from(newest).await;
+                settled.map_err(|e| StartError::new("store", e))?;
+                newest
+            }
             // A fleet reads it again from its stream: the bridge, alone again later, is not
             // to route again what it stored meanwhile.
             None if data_dir.is_some() => {
-                let forget = store.keep_unsettled(Vec::new).await;
-                forget.map_err(|e| StartError::new("store", e))?;
+                let forgot = store.forget_unsettled().await;
+                forgot.map_err(|e| StartError::new("store", e))?;
                 0
             }
             None => 0,

@@ -242,6 +242,34 @@ impl MessageLog for SettlingLog {
 }
 
 impl Store {
+    /// A bridge alone starts: routes again what was stored after `stored_before` only if it
+    /// kept nothing yet (it ran in a fleet, which reads that from its stream instead).
+    pub fn settle_from(
+        &self,
+        stored_before: i64,
+    ) -> impl Future<Output = Result<(), super::StoreError>> + Send + 'static {
+        self.write(move |conn| {
+            conn.execute(
+                "INSERT INTO unsettled_after (seq) SELECT ?1
+                 WHERE NOT EXISTS (SELECT 1 FROM unsettled_after)",
+                [stored_before],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// A bridge in a fleet keeps nothing for when it runs alone: its stream holds what it
+    /// had not delivered, and everything it stores meanwhile is delivered or kept by the
+    /// fleet.
+    pub fn forget_unsettled(
+        &self,
+    ) -> impl Future<Output = Result<(), super::StoreError>> + Send + 'static {
+        self.write(|conn| {
+            conn.execute_batch("DELETE FROM unsettled; DELETE FROM unsettled_after;")?;
+            Ok(())
+        })
+    }
+
     /// The newest message stored (the journal's included, which `open` put in).
     pub async fn newest_seq(&self) -> Result<i64, super::StoreError> {
         self.read_messages(|conn| {
@@ -346,5 +374,23 @@ mod tests {
         assert_eq!(unsettled(&store).await, ["m2", "m3", "m5"]);
         store.keep_unsettled(Vec::new).await.unwrap();
         assert!(unsettled(&store).await.is_empty());
+    }
+
+    /// What a bridge stored while it ran in a fleet is not routed again when it runs alone
+    /// again; what it stores from then on is.
+    #[tokio::test]
+    async fn what_a_fleet_stored_is_not_routed_again_alone() {
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        store.keep_unsettled(|| vec!["m0".to_owned()]).await.unwrap();
+        store.forget_unsettled().await.unwrap();
+        for id in ["m0", "f1", "f2"] {
+            store.insert_message(&message(id)).await.unwrap();
+        }
+        assert!(unsettled(&store).await.is_empty());
+        let newest = store.newest_seq().await.unwrap();
+        store.settle_from(newest).await.unwrap();
+        assert!(unsettled(&store).await.is_empty());
+        store.insert_message(&message("a1")).await.unwrap();
+        assert_eq!(unsettled(&store).await, ["a1"]);
     }
 }

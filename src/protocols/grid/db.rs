@@ -492,6 +492,26 @@ impl Db {
             .await
     }
 
+    /// Forgets that entries `hashes` of `path` were seen (they were not appended after all).
+    pub async fn forget_seen_entries(
+        &self,
+        path: &str,
+        hashes: Vec<String>,
+    ) -> Result<(), StoreError> {
+        let path = path.to_owned();
+        self.store
+            .write(move |conn| {
+                let mut forget = conn.prepare_cached(
+                    "DELETE FROM grid_scratchpad_seen WHERE path = ?1 AND hash = ?2",
+                )?;
+                for hash in hashes {
+                    forget.execute(params![path, hash])?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
     /// Forgets the entries seen in `path`: it was rewritten, and what is in it now is new.
     pub async fn forget_seen(&self, path: &str) -> Result<(), StoreError> {
         let path = path.to_owned();

@@ -127,24 +127,28 @@ impl Grid {
             return Ok(());
         };
         let entries: Vec<String> = messages.iter().map(|m| wire::entry(m)).collect();
-        let hashes = entries.iter().map(|entry| hash(entry)).collect();
-        let new = self
-            .db
-            .mark_seen(&path.display().to_string(), hashes)
-            .await
-            .map_err(|e| e.to_string())?;
+        let hashes: Vec<String> = entries.iter().map(|entry| hash(entry)).collect();
+        let shown = path.display().to_string();
+        let new = (self.db.mark_seen(&shown, hashes.clone()).await).map_err(|e| e.to_string())?;
         // An entry the file holds already (a message routed again after a restart) is not
         // appended twice.
-        let text: String = (entries.into_iter().zip(new))
+        let (text, marked): (String, Vec<String>) = (entries.into_iter().zip(hashes).zip(new))
             .filter_map(|(entry, new)| new.then_some(entry))
-            .collect();
+            .unzip();
         if text.is_empty() {
             return Ok(());
         }
-        tokio::task::spawn_blocking(move || append(&path, &text))
-            .await
-            .map_err(|e| e.to_string())?
+        let appended = tokio::task::spawn_blocking(move || append(&path, &text)).await;
+        let appended = appended
             .map_err(|e| e.to_string())
+            .and_then(|written| written.map_err(|e| e.to_string()));
+        if appended.is_err() {
+            // Not in the file after all: a later copy of the message appends it.
+            if let Err(e) = self.db.forget_seen_entries(&shown, marked).await {
+                tracing::error!(error = %e, "grid: cannot forget scratchpad entries not appended");
+            }
+        }
+        appended
     }
 }
 
