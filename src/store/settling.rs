@@ -381,7 +381,10 @@ mod tests {
     #[tokio::test]
     async fn what_a_fleet_stored_is_not_routed_again_alone() {
         let store = Store::open(IN_MEMORY).await.unwrap();
-        store.keep_unsettled(|| vec!["m0".to_owned()]).await.unwrap();
+        store
+            .keep_unsettled(|| vec!["m0".to_owned()])
+            .await
+            .unwrap();
         store.forget_unsettled().await.unwrap();
         for id in ["m0", "f1", "f2"] {
             store.insert_message(&message(id)).await.unwrap();
