@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use tokio::sync::Notify;
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 
 use super::envelope::{Envelope, Protocol};
 
@@ -33,38 +33,24 @@ type Encoded = Arc<dyn Any + Send + Sync>;
 /// holds nothing back.
 #[derive(Clone)]
 pub struct Outstanding {
-    /// Says it is done as the last clone drops.
-    guard: Arc<DoneGuard>,
-}
-
-/// What an `Outstanding` does once done: cancel a token, or call a function.
-enum DoneGuard {
-    Cancels(#[expect(dead_code, reason = "held for its drop")] DropGuard),
-    Calls(Mutex<Option<Box<dyn FnOnce() + Send>>>),
-}
-
-impl Drop for DoneGuard {
-    fn drop(&mut self) {
-        if let DoneGuard::Calls(call) = self
-            && let Some(call) = call.get_mut().unwrap_or_else(|e| e.into_inner()).take()
-        {
-            call();
-        }
-    }
+    /// Says it is done as the last clone drops (its `Drop`).
+    guard: Arc<dyn Send + Sync>,
 }
 
 impl Outstanding {
     /// A hold, and the token cancelled once it and every clone of it are dropped.
     pub fn new() -> (Outstanding, CancellationToken) {
         let done = CancellationToken::new();
-        let guard = Arc::new(DoneGuard::Cancels(done.clone().drop_guard()));
+        let guard = Arc::new(done.clone().drop_guard());
         (Outstanding { guard }, done)
     }
 
-    /// A hold that calls `done` once it and every clone of it are dropped.
-    pub fn calling(done: impl FnOnce() + Send + 'static) -> Outstanding {
-        let guard = Arc::new(DoneGuard::Calls(Mutex::new(Some(Box::new(done)))));
-        Outstanding { guard }
+    /// A hold that drops `guard` once it and every clone of it are dropped: `guard`'s
+    /// `Drop` says it is done.
+    pub fn dropping(guard: impl Send + Sync + 'static) -> Outstanding {
+        Outstanding {
+            guard: Arc::new(guard),
+        }
     }
 }
 
@@ -73,7 +59,7 @@ pub struct Delivery {
     routed: Arc<Routed>,
     /// What its source offered to hold it by (`Outstanding`): not kept alive by the
     /// delivery; a recipient that takes it up takes a copy that holds it (`held_copy`).
-    offered: Option<Weak<DoneGuard>>,
+    offered: Option<Weak<dyn Send + Sync>>,
     /// What this copy holds: the hold is each holding recipient's, so that a recipient
     /// that holds nothing (one replaying from history) and reads slowly holds nothing back.
     held: Option<Outstanding>,

@@ -62,6 +62,18 @@ impl Pending {
     }
 }
 
+/// A pending message's hold: done with once dropped.
+struct Held {
+    pending: Arc<Pending>,
+    id: String,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.pending.done(&self.id);
+    }
+}
+
 /// The store as the message log of a bridge alone.
 pub struct SettlingLog {
     store: Store,
@@ -156,8 +168,10 @@ impl SettlingLog {
     }
 
     fn hold(&self, id: &str) -> Outstanding {
-        let (pending, id) = (self.pending.clone(), id.to_owned());
-        Outstanding::calling(move || pending.done(&id))
+        Outstanding::dropping(Held {
+            pending: self.pending.clone(),
+            id: id.to_owned(),
+        })
     }
 }
 
