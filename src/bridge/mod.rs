@@ -113,7 +113,7 @@ impl Bridge {
             (None, Some(settling)) => settling.clone(),
             (None, None) => local,
         };
-        let core = Core::new(log, &config.routing);
+        let core = Core::new(log, Arc::new(store.clone()), &config.routing);
         let bridge_id = (config.federation.as_ref()).map(|f| f.bridge_id.clone());
         let mut tasks = Vec::new();
         if let Some(federation) = federation {

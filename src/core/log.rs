@@ -16,14 +16,6 @@ pub struct StoredMessage {
     pub envelope: Envelope,
 }
 
-/// The stored messages a consumer of the log catches up on (`MessageLog::catch_up_window`):
-/// those after `after`, through `through`, in the order stored.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CatchUp {
-    pub after: i64,
-    pub through: i64,
-}
-
 /// Which stored messages to read back. Results are always chronological.
 #[derive(Clone, Debug, Default)]
 pub struct MessageQuery {
@@ -110,33 +102,6 @@ pub trait MessageLog: Send + Sync {
     fn delivery_hold(&self, _id: &str) -> Option<Outstanding> {
         None
     }
-
-    /// Marks message `id` applied by `consumer` (an endpoint's hub), queued at the call:
-    /// what it applied before a restart is not given it again (`unapplied_tasks`). With
-    /// `prune`, only its newest that many marks are kept.
-    fn mark_applied(
-        &self,
-        consumer: &'static str,
-        id: &str,
-        prune: Option<usize>,
-    ) -> LogFuture<'static, ()>;
-
-    /// Where `consumer` catches up: after the message it last caught up to (or, if that
-    /// is earlier, the `at_most`th newest task message), through the newest message.
-    fn catch_up_window(&self, consumer: &'static str, at_most: usize) -> LogFuture<'_, CatchUp>;
-
-    /// The first `page` task messages of `window` that `consumer` has not marked applied,
-    /// in the order stored.
-    fn unapplied_tasks(
-        &self,
-        consumer: &'static str,
-        window: CatchUp,
-        page: usize,
-    ) -> LogFuture<'_, Vec<StoredMessage>>;
-
-    /// `consumer` applied, or passed over, every message up to `through`: the ids it had
-    /// marked applied, whose marks go.
-    fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, Vec<String>>;
 
     /// The id of the message whose UUID form (a derived id shown to a protocol whose ids
     /// must be UUIDs) is `uuid`.

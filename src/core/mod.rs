@@ -1,6 +1,7 @@
 //! The protocol-agnostic heart of the bridge: the envelope, the directory of agents, the
 //! router with its mailboxes, and the correlation index. Nothing here knows a wire format.
 
+mod applied;
 mod claims;
 mod correlation;
 mod delivery;
@@ -19,6 +20,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+pub use applied::{AppliedMarks, CatchUp};
 pub use claims::{ClaimFuture, Claiming, NameClaims};
 pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, TaskRequest, derived_uuid};
 pub use delivery::{Delivery, Outstanding, Routed};
@@ -28,7 +30,7 @@ pub use envelope::{
     new_message_id, now_ms,
 };
 pub use in_flight::InFlight;
-pub use log::{CatchUp, LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
+pub use log::{LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
 pub use mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
 pub use moves::{MoveClaim, MovedHere, Moves, wait_while};
 pub use records::{
@@ -110,6 +112,8 @@ pub struct Core {
     pub correlation: CorrelationIndex,
     /// The log of record every accepted message is appended to.
     pub log: Arc<dyn MessageLog>,
+    /// What the endpoints' hubs applied of it.
+    pub applied: Arc<dyn AppliedMarks>,
     /// Where names are claimed fleet-wide, when the bridge is one of a fleet.
     claims: std::sync::OnceLock<Arc<dyn NameClaims>>,
     /// Claims of one name, one at a time.
@@ -123,7 +127,11 @@ pub struct Core {
 }
 
 impl Core {
-    pub fn new(log: Arc<dyn MessageLog>, routing: &RoutingConfig) -> Arc<Core> {
+    pub fn new(
+        log: Arc<dyn MessageLog>,
+        applied: Arc<dyn AppliedMarks>,
+        routing: &RoutingConfig,
+    ) -> Arc<Core> {
         let directory = Arc::new(Directory::new());
         let mut bridge = AgentInfo::new(BRIDGE_AGENT, BRIDGE_PROTOCOL, BRIDGE_AGENT);
         bridge.description = Some("agentbridge".into());
@@ -142,6 +150,7 @@ impl Core {
             directory,
             correlation: CorrelationIndex::new(CORRELATION_CACHE),
             log,
+            applied,
             claims: std::sync::OnceLock::new(),
             claim_locks: Arc::default(),
             records: std::sync::OnceLock::new(),

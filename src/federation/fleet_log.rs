@@ -43,8 +43,8 @@ use super::own_deliveries::OwnDeliveries;
 use super::unshared::{Outgoing, Unshared};
 use super::wire::{BRIDGE_HEADER, Card, OutgoingReplica, RUN_HEADER, Replica};
 use crate::core::{
-    Audience, CatchUp, Directory, Envelope, Kind, Link, LogError, LogFuture, MessageLog,
-    MessageQuery, Outstanding, StoredMessage, TaskRequest,
+    Audience, Directory, Envelope, Kind, Link, LogError, LogFuture, MessageLog, MessageQuery,
+    Outstanding, StoredMessage, TaskRequest,
 };
 use crate::telemetry;
 
@@ -410,32 +410,6 @@ impl MessageLog for FleetLog {
 
     fn read(&self, query: MessageQuery) -> LogFuture<'_, Vec<StoredMessage>> {
         self.local.read(query)
-    }
-
-    fn mark_applied(
-        &self,
-        consumer: &'static str,
-        id: &str,
-        prune: Option<usize>,
-    ) -> LogFuture<'static, ()> {
-        self.local.mark_applied(consumer, id, prune)
-    }
-
-    fn catch_up_window(&self, consumer: &'static str, at_most: usize) -> LogFuture<'_, CatchUp> {
-        self.local.catch_up_window(consumer, at_most)
-    }
-
-    fn unapplied_tasks(
-        &self,
-        consumer: &'static str,
-        window: CatchUp,
-        page: usize,
-    ) -> LogFuture<'_, Vec<StoredMessage>> {
-        self.local.unapplied_tasks(consumer, window, page)
-    }
-
-    fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, Vec<String>> {
-        self.local.caught_up(consumer, through)
     }
 
     fn read_ids(&self, ids: Vec<String>) -> LogFuture<'_, Vec<StoredMessage>> {

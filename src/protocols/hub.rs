@@ -97,7 +97,7 @@ impl Hub {
     ) where
         F: Future<Output = ()>,
     {
-        let log = &self.core.log;
+        let log = &self.core.applied;
         let failed = |e: crate::core::LogError| {
             tracing::error!(error = %e, hub = self.protocol, "cannot read what the hub missed");
         };
@@ -160,7 +160,7 @@ impl Hub {
         let marked = self.marked.fetch_add(1, Ordering::Relaxed) + 1;
         let prune = marked.is_multiple_of(PRUNE_EVERY).then_some(MARKS_KEPT);
         // Queued at the call, after the writes of what it marks.
-        drop(self.core.log.mark_applied(self.protocol, id, prune));
+        drop(self.core.applied.mark_applied(self.protocol, id, prune));
     }
 
     fn lock_caught_up(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {

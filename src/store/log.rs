@@ -1,8 +1,8 @@
 //! The store as the core's message log (`core::MessageLog`).
 
 use crate::core::{
-    CatchUp, Envelope, Link, LogError, LogFuture, MessageLog, MessageQuery, StoredMessage,
-    TaskRequest,
+    AppliedMarks, CatchUp, Envelope, Link, LogError, LogFuture, MessageLog, MessageQuery,
+    StoredMessage, TaskRequest,
 };
 
 use super::{Store, StoreError};
@@ -73,7 +73,9 @@ impl MessageLog for Store {
         let uuid = uuid.to_owned();
         logged(async move { self.message_id_by_uuid(&uuid).await })
     }
+}
 
+impl AppliedMarks for Store {
     fn mark_applied(
         &self,
         consumer: &'static str,
@@ -112,10 +114,8 @@ mod tests {
 
     #[tokio::test]
     async fn replies_inherit_the_conversation_root() {
-        let core = Core::new(
-            Arc::new(Store::open(IN_MEMORY).await.unwrap()),
-            &RoutingConfig::default(),
-        );
+        let store = Arc::new(Store::open(IN_MEMORY).await.unwrap());
+        let core = Core::new(store.clone(), store, &RoutingConfig::default());
         let first = Envelope::new("test", "a", Kind::Chat);
         let first_id = first.id.clone();
         core.publish(first).await.unwrap();
@@ -139,8 +139,8 @@ mod tests {
 
     #[tokio::test]
     async fn derived_ids_map_back_to_stored_messages() {
-        let store = Store::open(IN_MEMORY).await.unwrap();
-        let core = Core::new(Arc::new(store), &RoutingConfig::default());
+        let store = Arc::new(Store::open(IN_MEMORY).await.unwrap());
+        let core = Core::new(store.clone(), store, &RoutingConfig::default());
         let mut env = Envelope::new("test", "a", Kind::Chat);
         env.id = "msg-abc".into();
         core.publish(env).await.unwrap();

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::Store;
 use super::messages::{STORED, decodable};
 use crate::core::{
-    CatchUp, Core, Envelope, Link, LogFuture, MessageLog, MessageQuery, Outstanding, Replicated,
+    Core, Envelope, Link, LogFuture, MessageLog, MessageQuery, Outstanding, Replicated,
     StoredMessage, TaskRequest,
 };
 
@@ -226,32 +226,6 @@ impl MessageLog for SettlingLog {
 
     fn id_by_uuid(&self, uuid: &str) -> LogFuture<'_, Option<String>> {
         MessageLog::id_by_uuid(&self.store, uuid)
-    }
-
-    fn mark_applied(
-        &self,
-        consumer: &'static str,
-        id: &str,
-        prune: Option<usize>,
-    ) -> LogFuture<'static, ()> {
-        MessageLog::mark_applied(&self.store, consumer, id, prune)
-    }
-
-    fn catch_up_window(&self, consumer: &'static str, at_most: usize) -> LogFuture<'_, CatchUp> {
-        MessageLog::catch_up_window(&self.store, consumer, at_most)
-    }
-
-    fn unapplied_tasks(
-        &self,
-        consumer: &'static str,
-        window: CatchUp,
-        page: usize,
-    ) -> LogFuture<'_, Vec<StoredMessage>> {
-        MessageLog::unapplied_tasks(&self.store, consumer, window, page)
-    }
-
-    fn caught_up(&self, consumer: &'static str, through: i64) -> LogFuture<'static, Vec<String>> {
-        MessageLog::caught_up(&self.store, consumer, through)
     }
 }
 
