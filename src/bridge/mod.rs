@@ -22,14 +22,14 @@ use crate::federation::Federation;
 use crate::protocols::{self, StartError};
 use crate::shared::budget::ByteBudget;
 use crate::shared::listener::SharedLimits;
-use crate::store::{SettlingLog, Store};
+use crate::store::{RedeliveringLog, Store};
 use crate::telemetry;
 
 pub struct Bridge {
     core: Arc<Core>,
     store: Store,
-    /// A bridge alone's log, which keeps what is not yet delivered (`store::settling`).
-    settling: Option<Arc<SettlingLog>>,
+    /// A bridge alone's log, which keeps what is not yet delivered (`store::redelivery`).
+    redelivery: Option<Arc<RedeliveringLog>>,
     read_budget: ByteBudget,
     admin: Option<SocketAddr>,
     readiness: Readiness,
@@ -87,30 +87,30 @@ impl Bridge {
             None => None,
         };
         // A bridge alone with its store on disk routes again, as it starts, what its last
-        // run had not finished delivering (`store::settling`); a fleet reads it again from
+        // run had not finished delivering (`store::redelivery`); a fleet reads it again from
         // its stream.
-        let settling =
-            (federation.is_none() && data_dir.is_some()).then(|| SettlingLog::new(store.clone()));
+        let redelivery = (federation.is_none() && data_dir.is_some())
+            .then(|| RedeliveringLog::new(store.clone()));
         // The newest message before this run accepts any: what is routed again ends there.
-        let stored_before = match &settling {
+        let stored_before = match &redelivery {
             Some(_) => {
                 let newest = (store.newest_seq().await).map_err(|e| StartError::new("store", e))?;
-                let settled = store.settle_from(newest).await;
-                settled.map_err(|e| StartError::new("store", e))?;
+                let kept = store.redeliver_after(newest).await;
+                kept.map_err(|e| StartError::new("store", e))?;
                 newest
             }
             // A fleet reads it again from its stream: the bridge, alone again later, is not
             // to route again what it stored meanwhile.
             None if data_dir.is_some() => {
-                let forgot = store.forget_unsettled().await;
+                let forgot = store.forget_undelivered().await;
                 forgot.map_err(|e| StartError::new("store", e))?;
                 0
             }
             None => 0,
         };
-        let log = match (&federation, &settling) {
+        let log = match (&federation, &redelivery) {
             (Some(federation), _) => federation.log(),
-            (None, Some(settling)) => settling.clone(),
+            (None, Some(redelivery)) => redelivery.clone(),
             (None, None) => local,
         };
         let core = Core::new(log, Arc::new(store.clone()), &config.routing);
@@ -197,13 +197,13 @@ impl Bridge {
             tasks.extend(endpoint.tasks);
             reloaders.push((endpoint.name, endpoint.reload));
         }
-        if let Some(settling) = &settling {
+        if let Some(redelivery) = &redelivery {
             // Once every endpoint is up: the mail of agents away has somewhere to go.
-            let routed = settling.route_unsettled(&core, stored_before).await;
+            let routed = redelivery.route_undelivered(&core, stored_before).await;
             if routed > 0 {
                 tracing::info!(routed, "routed again what the last run had not delivered");
             }
-            tasks.push(settling.keep_pending(shutdown.clone()));
+            tasks.push(redelivery.keep_pending(shutdown.clone()));
         }
         let protocols: Vec<&'static str> = reloaders.iter().map(|(name, _)| *name).collect();
         telemetry::bridge_started(&protocols, config.federation.is_some());
@@ -216,7 +216,7 @@ impl Bridge {
         Ok(Bridge {
             core,
             store,
-            settling,
+            redelivery,
             read_budget,
             admin,
             readiness,
@@ -264,18 +264,19 @@ impl Bridge {
         &self.read_budget
     }
 
-    /// Stops listening, closes every connection, and closes the store once its queued
+    /// Stops listening, closes every connection, keeps (for a bridge alone) what was not
+    /// delivered to route it again at the next start, and closes the store once its queued
     /// writes are committed.
     pub async fn shutdown(self) {
-        if let Some(settling) = &self.settling {
-            settling.stopping();
+        if let Some(redelivery) = &self.redelivery {
+            redelivery.stopping();
         }
         self.shutdown.cancel();
         for task in self.tasks {
             let _ = task.await;
         }
-        if let Some(settling) = &self.settling {
-            settling.stopped().await;
+        if let Some(redelivery) = &self.redelivery {
+            redelivery.stopped().await;
         }
         self.store.close().await;
     }

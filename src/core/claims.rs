@@ -32,12 +32,14 @@ pub trait NameClaims: Send + Sync {
     /// when another bridge holds it.
     fn claim<'a>(&'a self, info: &'a AgentInfo, how: Claiming) -> ClaimFuture<'a>;
 
-    /// Gives `agent`'s name up (it was unregistered here): the claim this bridge holds,
-    /// or a registration's wherever it is (the registration is gone for the fleet).
+    /// Gives `agent`'s name up (it was unregistered here, or a claim given up could not be
+    /// at once): the claim this bridge holds, or a registration's wherever it is (the
+    /// registration is gone for the fleet). In the background, until NATS takes it.
     fn release(&self, agent: &AgentInfo);
 
     /// Gives up a claim this bridge just made for `agent`, which no agent here holds: tried
-    /// once before the future ends, then as `release` does if that did not land.
+    /// until it lands, for as long as a claim waits, before the future ends; then as
+    /// `release` does.
     fn give_up<'a>(&'a self, agent: &'a AgentInfo)
     -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 }
@@ -47,7 +49,8 @@ pub trait NameClaims: Send + Sync {
 /// starts. So the fleet's key for a name this bridge holds describes the agent the
 /// directory holds it for (of two agents registering one name here at once, the second is
 /// refused by the directory, not let through by the key the first made), and a claim given
-/// up never deletes a key that a later claim found and relies on.
+/// up never deletes a key that a later claim found and relies on (unless NATS did not
+/// answer for as long as a claim waits, and the release went on in the background).
 #[derive(Default)]
 pub struct ClaimLocks(DashMap<String, Arc<tokio::sync::Mutex<()>>>);
 

@@ -21,14 +21,15 @@ type Encoded = Arc<dyn Any + Send + Sync>;
 
 /// A hold a source of deliveries keeps on them, to learn when they are done with. The
 /// source offers it to its deliveries (`Delivery::offer`); a recipient that writes or
-/// keeps the message for an agent whose mail the fleet would otherwise keep again (a
-/// holding mailbox, an offline sink) takes a copy of the delivery that holds it
+/// keeps the message for an agent whose mail is kept for it when it is away (a holding
+/// mailbox, an offline sink) takes a copy of the delivery that holds it
 /// (`Delivery::held_copy`), and whatever carries that copy on (a mailbox's backlog, a
 /// queue's writer, a stream's output) keeps it. Once the source let its own go and the
-/// last of those is written, kept or dropped, the token `Outstanding::new` gave is
-/// cancelled. A fleet's applier acknowledges a batch to the stream only then: a bridge
+/// last of those is written, kept or dropped, the hold is done: the token
+/// `Outstanding::new` gave is cancelled, or the guard `Outstanding::dropping` took is
+/// dropped. A fleet's applier acknowledges a batch to the stream only then: a bridge
 /// killed before has the batch read again by the others. A bridge alone keeps the ids of
-/// messages not yet done with, to route them again as it starts (`store::settling`).
+/// messages not yet done with, to route them again as it starts (`store::redelivery`).
 /// Recipients whose protocol replays from history do not hold, so one that reads slowly
 /// holds nothing back.
 #[derive(Clone)]

@@ -98,7 +98,9 @@ pub trait MessageLog: Send + Sync {
     /// What the deliveries of appended message `id` are to hold as they are written or kept
     /// for an agent away (`Outstanding`), if the log would learn when they are: a log shared
     /// with other bridges has its own messages acknowledged only then, so a bridge killed
-    /// before leaves them to the others to keep. Asked once, as the message is routed.
+    /// before leaves them to the others to keep; a bridge alone's keeps the message pending
+    /// until then, to route it again after a restart (`store::redelivery`). Asked once, as
+    /// the message is routed.
     fn delivery_hold(&self, _id: &str) -> Option<Outstanding> {
         None
     }

@@ -178,7 +178,7 @@ impl Mailbox {
 
     /// Has what it is given hold what its source offered (`Outstanding`), also while it
     /// waits in the backlog as an id: for a reader that writes or keeps mail for agents
-    /// whose mail the fleet would otherwise keep again, so that the source learns a
+    /// whose mail is kept for them when they are away, so that the source learns a
     /// message was done with only once it was. (Readers that replay from history hold
     /// nothing: a recipient far behind holds nothing back.)
     pub fn holding(mut self) -> Self {

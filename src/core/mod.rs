@@ -78,8 +78,8 @@ pub const BRIDGE_AGENT: &str = "agentbridge";
 /// The directory "protocol" of the bridge's own agent.
 pub const BRIDGE_PROTOCOL: Protocol = "bridge";
 
-/// How a message another bridge of the fleet accepted is delivered here
-/// (`Core::accept_replica`).
+/// How a message another bridge of the fleet accepted, or one this bridge routes again
+/// after a restart, is delivered here (`Core::accept_replica`).
 #[derive(Clone, Copy, Default)]
 pub struct Replicated<'a> {
     /// It is in this bridge's log too.
@@ -342,7 +342,7 @@ impl Core {
     }
 
     /// Delivers a message another bridge of the fleet accepted (and placed in its
-    /// conversation), as `how` says.
+    /// conversation), or one this bridge routes again after a restart, as `how` says.
     pub fn accept_replica(&self, env: Envelope, how: Replicated<'_>) -> Arc<Delivery> {
         self.remember(&env);
         let mut delivery = if how.kept {

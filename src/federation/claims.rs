@@ -202,12 +202,20 @@ impl NameClaims for FleetClaims {
         agent: &'a AgentInfo,
     ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
         Box::pin(async move {
-            if let Some(ready) = self.link.ready()
-                && release_once(&ready, &self.link.bridge_id, agent)
+            // Tried for as long as a claim waits, while the next claim of the name waits
+            // for it; with NATS away (claims are this bridge's alone then), or past that,
+            // the release goes on in the background.
+            let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
+            while let Some(ready) = self.link.ready()
+                && tokio::time::Instant::now() < deadline
+            {
+                if release_once(&ready, &self.link.bridge_id, agent)
                     .await
                     .is_ok()
-            {
-                return;
+                {
+                    return;
+                }
+                tokio::time::sleep(RETRY_AFTER).await;
             }
             self.release(agent);
         })

@@ -1,6 +1,7 @@
-//! What an endpoint's hub applied, marked by message id: a bridge stopped or killed while
-//! its hub was behind the messages it accepted applies the rest when it starts again, and
-//! nothing twice (`core::MessageLog::unapplied_tasks`).
+//! What an endpoint's hub applied, marked by message id (`core::AppliedMarks`): a bridge
+//! stopped or killed while its hub was behind the messages it accepted applies the rest
+//! when it starts again. A message whose mark the kill lost (it is queued after the
+//! apply, not awaited) is applied twice.
 
 use rusqlite::OptionalExtension;
 
@@ -10,7 +11,7 @@ use crate::core::{CatchUp, StoredMessage};
 
 impl Store {
     /// Marks message `id` applied by `consumer`, queued at the call. With `prune`, only its
-    /// newest `keep` marks are kept.
+    /// newest that many marks are kept.
     pub fn mark_applied(
         &self,
         consumer: &'static str,

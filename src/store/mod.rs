@@ -31,8 +31,9 @@
 //! connection as a batch sees it); `sqlite.rs` opening the database and the reader pool;
 //! `checkpoint.rs`, `journal.rs`, `priority.rs` the threads and file they name;
 //! `messages.rs` (with `messages/`) the message log's tables and queries; `log.rs` the
-//! core's `MessageLog` on top of them; `mail_table.rs` what the endpoints' tables of fleet
-//! mail share.
+//! core's `MessageLog` on top of them; `redelivery.rs` a bridge alone's, which routes again
+//! after a restart what was not delivered; `applied_marks.rs` what the hubs applied;
+//! `mail_table.rs` what the endpoints' tables of fleet mail share.
 
 mod applied_marks;
 mod batch;
@@ -43,8 +44,8 @@ mod mail_table;
 mod message_body;
 mod messages;
 mod priority;
+mod redelivery;
 mod rounds;
-mod settling;
 mod sqlite;
 #[cfg(test)]
 mod tests;
@@ -58,7 +59,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 pub use mail_table::MailTable;
-pub use settling::SettlingLog;
+pub use redelivery::RedeliveringLog;
 
 use batch::Batch;
 use rounds::{JournalTail, Unapplied};

@@ -120,8 +120,9 @@ impl Grid {
         }
     }
 
-    /// Appends `messages` as entries to the first scratchpad, all in one write. The entries
-    /// are marked seen first, so the watcher does not route them back.
+    /// Appends `messages` as entries to the first scratchpad, all in one write, but for
+    /// those it holds already (marked seen: a message routed again after a restart). The
+    /// entries are marked seen first, so the watcher does not route them back.
     pub async fn append_to_scratchpad(&self, messages: &[&Value]) -> Result<(), String> {
         let Some(path) = self.scratchpads.load().first().cloned() else {
             return Ok(());

@@ -209,14 +209,14 @@ pub(in crate::store) static MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 13,
-        // A bridge alone's messages not yet done with (`store::settling`): those whose ids
-        // `unsettled` holds, and every message after `unsettled_after`, are routed again to
+        // A bridge alone's messages not yet done with (`store::redelivery`): those whose ids
+        // `undelivered` holds, and every message after `undelivered_after`, are routed again to
         // the recipients that hold as the bridge starts. From the first start on: what was
         // stored before cannot be told done with or not.
         sql: "
-        CREATE TABLE unsettled (id TEXT PRIMARY KEY) WITHOUT ROWID;
-        CREATE TABLE unsettled_after (seq INTEGER NOT NULL);
-        INSERT INTO unsettled_after (seq) SELECT COALESCE(MAX(seq), 0) FROM messages;
+        CREATE TABLE undelivered (id TEXT PRIMARY KEY) WITHOUT ROWID;
+        CREATE TABLE undelivered_after (seq INTEGER NOT NULL);
+        INSERT INTO undelivered_after (seq) SELECT COALESCE(MAX(seq), 0) FROM messages;
     ",
     },
 ];

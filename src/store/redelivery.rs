@@ -4,9 +4,9 @@
 //! with it only later, once it is written to their connections or kept as their mail: a
 //! bridge killed or stopped meanwhile would lose it. So each message is pending from its
 //! append until its route's hold is done, and every `KEPT_EVERY` the pending ids, and the
-//! newest message the database then holds, are kept (`Store::keep_unsettled`). As it
+//! newest message the database then holds, are kept (`Store::keep_undelivered`). As it
 //! starts, the bridge routes again, for the recipients that hold only, the messages kept
-//! pending and every message stored after (`route_unsettled`). What was done with between
+//! pending and every message stored after (`route_undelivered`). What was done with between
 //! the last keeping and a kill is routed again too: a program or agent away may be given
 //! it twice.
 
@@ -75,14 +75,14 @@ impl Drop for Held {
 }
 
 /// The store as the message log of a bridge alone.
-pub struct SettlingLog {
+pub struct RedeliveringLog {
     store: Store,
     pending: Arc<Pending>,
 }
 
-impl SettlingLog {
-    pub fn new(store: Store) -> Arc<SettlingLog> {
-        Arc::new(SettlingLog {
+impl RedeliveringLog {
+    pub fn new(store: Store) -> Arc<RedeliveringLog> {
+        Arc::new(RedeliveringLog {
             store,
             pending: Arc::default(),
         })
@@ -121,7 +121,7 @@ impl SettlingLog {
     async fn keep(&self) {
         let pending = self.pending.clone();
         let ids = move || pending.ids.iter().map(|id| id.clone()).collect();
-        if let Err(e) = self.store.keep_unsettled(ids).await {
+        if let Err(e) = self.store.keep_undelivered(ids).await {
             tracing::error!(error = %e, "store: cannot keep the messages not yet delivered");
         }
     }
@@ -130,13 +130,13 @@ impl SettlingLog {
     /// delivering (the module's doc), up to `through`, the newest message stored before
     /// this run accepted any (`Store::newest_seq`, asked before the endpoints start); how
     /// many messages. Presence is news only while new, and is not routed again.
-    pub async fn route_unsettled(&self, core: &Core, through: i64) -> usize {
+    pub async fn route_undelivered(&self, core: &Core, through: i64) -> usize {
         let mut after = 0;
         let mut routed = 0;
         loop {
             let page = self
                 .store
-                .unsettled(after, through, ROUTED_AGAIN_AT_ONCE)
+                .undelivered(after, through, ROUTED_AGAIN_AT_ONCE)
                 .await;
             let page = match page {
                 Ok(page) => page,
@@ -175,7 +175,7 @@ impl SettlingLog {
     }
 }
 
-impl MessageLog for SettlingLog {
+impl MessageLog for RedeliveringLog {
     fn append(&self, env: &Envelope) -> LogFuture<'static, ()> {
         self.pending.add(&env.id);
         let (appended, pending, id) = (
@@ -230,16 +230,17 @@ impl MessageLog for SettlingLog {
 }
 
 impl Store {
-    /// A bridge alone starts: routes again what was stored after `stored_before` only if it
-    /// kept nothing yet (it ran in a fleet, which reads that from its stream instead).
-    pub fn settle_from(
+    /// A bridge alone starts: when nothing was kept (it ran in a fleet, which reads that
+    /// from its stream instead), a later start routes again what is stored after
+    /// `stored_before`. Routes nothing itself.
+    pub fn redeliver_after(
         &self,
         stored_before: i64,
     ) -> impl Future<Output = Result<(), super::StoreError>> + Send + 'static {
         self.write(move |conn| {
             conn.execute(
-                "INSERT INTO unsettled_after (seq) SELECT ?1
-                 WHERE NOT EXISTS (SELECT 1 FROM unsettled_after)",
+                "INSERT INTO undelivered_after (seq) SELECT ?1
+                 WHERE NOT EXISTS (SELECT 1 FROM undelivered_after)",
                 [stored_before],
             )?;
             Ok(())
@@ -249,11 +250,11 @@ impl Store {
     /// A bridge in a fleet keeps nothing for when it runs alone: its stream holds what it
     /// had not delivered, and everything it stores meanwhile is delivered or kept by the
     /// fleet.
-    pub fn forget_unsettled(
+    pub fn forget_undelivered(
         &self,
     ) -> impl Future<Output = Result<(), super::StoreError>> + Send + 'static {
         self.write(|conn| {
-            conn.execute_batch("DELETE FROM unsettled; DELETE FROM unsettled_after;")?;
+            conn.execute_batch("DELETE FROM undelivered; DELETE FROM undelivered_after;")?;
             Ok(())
         })
     }
@@ -273,20 +274,20 @@ impl Store {
     /// Keeps the ids `pending` gives, read on the writer's thread as the write runs, and the
     /// newest message the database then holds: every message it holds up to that one that
     /// is not done with is among them, since a message is pending from before its append.
-    pub fn keep_unsettled(
+    pub fn keep_undelivered(
         &self,
         pending: impl FnOnce() -> Vec<String> + Send + 'static,
     ) -> impl Future<Output = Result<(), super::StoreError>> + Send + 'static {
         self.write(move |conn| {
-            conn.execute("DELETE FROM unsettled", [])?;
+            conn.execute("DELETE FROM undelivered", [])?;
             let mut insert =
-                conn.prepare_cached("INSERT OR IGNORE INTO unsettled (id) VALUES (?1)")?;
+                conn.prepare_cached("INSERT OR IGNORE INTO undelivered (id) VALUES (?1)")?;
             for id in pending() {
                 insert.execute([id])?;
             }
-            conn.execute("DELETE FROM unsettled_after", [])?;
+            conn.execute("DELETE FROM undelivered_after", [])?;
             conn.execute(
-                "INSERT INTO unsettled_after (seq) SELECT COALESCE(MAX(seq), 0) FROM messages",
+                "INSERT INTO undelivered_after (seq) SELECT COALESCE(MAX(seq), 0) FROM messages",
                 [],
             )?;
             Ok(())
@@ -295,7 +296,7 @@ impl Store {
 
     /// The first `page` messages after `after`, up to `through`, that were kept pending or
     /// stored after the newest message kept with them, in the order stored.
-    pub async fn unsettled(
+    pub async fn undelivered(
         &self,
         after: i64,
         through: i64,
@@ -305,11 +306,11 @@ impl Store {
             let sql = format!(
                 "SELECT {STORED} FROM messages m WHERE m.seq IN (
                      SELECT seq FROM messages
-                     WHERE id IN (SELECT id FROM unsettled) AND seq > ?1 AND seq <= ?2
+                     WHERE id IN (SELECT id FROM undelivered) AND seq > ?1 AND seq <= ?2
                      UNION
                      SELECT seq FROM messages
                      WHERE seq > MAX(?1, (SELECT COALESCE(MAX(seq), 9223372036854775807)
-                                          FROM unsettled_after))
+                                          FROM undelivered_after))
                        AND seq <= ?2
                      ORDER BY seq LIMIT ?3)
                  ORDER BY m.seq"
@@ -333,11 +334,11 @@ mod tests {
         env
     }
 
-    async fn unsettled(store: &Store) -> Vec<String> {
+    async fn undelivered(store: &Store) -> Vec<String> {
         let (mut after, mut ids) = (0, Vec::new());
         loop {
             let through = store.newest_seq().await.unwrap();
-            let page = store.unsettled(after, through, 2).await.unwrap();
+            let page = store.undelivered(after, through, 2).await.unwrap();
             let Some(last) = page.last() else { break };
             after = last.seq;
             ids.extend(page.into_iter().map(|m| m.envelope.id));
@@ -352,16 +353,16 @@ mod tests {
     async fn what_was_pending_or_came_after_is_routed_again() {
         let store = Store::open(IN_MEMORY).await.unwrap();
         store.insert_message(&message("m0")).await.unwrap();
-        assert_eq!(unsettled(&store).await, ["m0"]);
+        assert_eq!(undelivered(&store).await, ["m0"]);
         for id in ["m1", "m2", "m3", "m4"] {
             store.insert_message(&message(id)).await.unwrap();
         }
         let pending = || vec!["m2".to_owned(), "m3".to_owned(), "gone".to_owned()];
-        store.keep_unsettled(pending).await.unwrap();
+        store.keep_undelivered(pending).await.unwrap();
         store.insert_message(&message("m5")).await.unwrap();
-        assert_eq!(unsettled(&store).await, ["m2", "m3", "m5"]);
-        store.keep_unsettled(Vec::new).await.unwrap();
-        assert!(unsettled(&store).await.is_empty());
+        assert_eq!(undelivered(&store).await, ["m2", "m3", "m5"]);
+        store.keep_undelivered(Vec::new).await.unwrap();
+        assert!(undelivered(&store).await.is_empty());
     }
 
     /// What a bridge stored while it ran in a fleet is not routed again when it runs alone
@@ -370,18 +371,18 @@ mod tests {
     async fn what_a_fleet_stored_is_not_routed_again_alone() {
         let store = Store::open(IN_MEMORY).await.unwrap();
         store
-            .keep_unsettled(|| vec!["m0".to_owned()])
+            .keep_undelivered(|| vec!["m0".to_owned()])
             .await
             .unwrap();
-        store.forget_unsettled().await.unwrap();
+        store.forget_undelivered().await.unwrap();
         for id in ["m0", "f1", "f2"] {
             store.insert_message(&message(id)).await.unwrap();
         }
-        assert!(unsettled(&store).await.is_empty());
+        assert!(undelivered(&store).await.is_empty());
         let newest = store.newest_seq().await.unwrap();
-        store.settle_from(newest).await.unwrap();
-        assert!(unsettled(&store).await.is_empty());
+        store.redeliver_after(newest).await.unwrap();
+        assert!(undelivered(&store).await.is_empty());
         store.insert_message(&message("a1")).await.unwrap();
-        assert_eq!(unsettled(&store).await, ["a1"]);
+        assert_eq!(undelivered(&store).await, ["a1"]);
     }
 }
