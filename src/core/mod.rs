@@ -98,6 +98,29 @@ pub struct Staged {
     written: LogFuture<'static, ()>,
 }
 
+/// A staged message `publish_staged` has not routed yet: dropped so, it is routed once
+/// durable, by a task of its own.
+struct Unrouted<'a> {
+    core: &'a Core,
+    staged: Option<Staged>,
+}
+
+impl Drop for Unrouted<'_> {
+    fn drop(&mut self) {
+        let Some(staged) = self.staged.take() else {
+            return;
+        };
+        let Some(core) = self.core.me.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            if let Ok(env) = staged.durable().await {
+                core.route(env);
+            }
+        });
+    }
+}
+
 impl Staged {
     /// The message, once its write is durable.
     pub async fn durable(self) -> Result<Envelope, LogError> {
@@ -124,6 +147,8 @@ pub struct Core {
     pub moves: Moves,
     /// Agents that connected here lately, with what their connections sent live since.
     arrivals: Arrivals,
+    /// Itself, for what must finish after its caller is gone (`publish_staged`).
+    me: std::sync::Weak<Core>,
 }
 
 impl Core {
@@ -140,7 +165,8 @@ impl Core {
         directory
             .register(bridge)
             .expect("an empty directory has room for the bridge");
-        let core = Arc::new(Core {
+        let core = Arc::new_cyclic(|me| Core {
+            me: me.clone(),
             router: Router::new(
                 directory.clone(),
                 routing.mailbox_capacity.get(),
@@ -309,9 +335,20 @@ impl Core {
         self.publish_staged(self.stage(env).await).await
     }
 
-    /// The second half of `publish`: routes a staged message once it is durable.
+    /// The second half of `publish`: routes a staged message once it is durable. A caller
+    /// dropped meanwhile (an HTTP client that went away) does not leave it stored and never
+    /// routed: it is routed once durable all the same, and a client sending it again is
+    /// told it was accepted, as a repeat.
     pub async fn publish_staged(&self, staged: Staged) -> Result<Arc<Delivery>, LogError> {
-        Ok(self.route(staged.durable().await?))
+        let mut unrouted = Unrouted {
+            core: self,
+            staged: Some(staged),
+        };
+        let staged = unrouted.staged.as_mut().expect("staged until written");
+        let written = (&mut staged.written).await;
+        let staged = unrouted.staged.take().expect("staged until written");
+        written?;
+        Ok(self.route(staged.env))
     }
 
     /// The first half of `publish`, for a connection that keeps reading while its earlier

@@ -109,7 +109,7 @@ mod tests {
 
     use std::sync::Arc;
 
-    use crate::core::{Core, Envelope, Kind, RoutingConfig, uuid_form};
+    use crate::core::{AddressedOnly, AgentInfo, Core, Envelope, Kind, RoutingConfig, uuid_form};
     use crate::store::{IN_MEMORY, Store};
 
     #[tokio::test]
@@ -153,5 +153,33 @@ mod tests {
         assert_eq!(uuid_form(&uuid.to_uppercase()), uuid);
         assert_eq!(uuid_form(&uuid.replace('-', "")), uuid);
         assert_eq!(core.original_id("unknown").await, "unknown");
+    }
+
+    /// A publish whose caller is dropped before its message is durable (an HTTP client
+    /// that went away) routes it all the same, once it is.
+    #[tokio::test]
+    async fn a_publish_dropped_before_its_write_is_durable_is_routed_all_the_same() {
+        use futures_util::FutureExt;
+        let store = Arc::new(Store::open(IN_MEMORY).await.unwrap());
+        let core = Core::new(store.clone(), store, &RoutingConfig::default());
+        core.directory
+            .register(AgentInfo::new("b", "test", "b"))
+            .unwrap();
+        let mailbox = core.router.mailbox("test");
+        let _b = core
+            .router
+            .attach("b", mailbox.clone(), Arc::new(AddressedOnly));
+        let mut env = Envelope::new("test", "a", Kind::Chat);
+        env.to = vec!["b".into()];
+        let id = env.id.clone();
+        let staged = core.stage(env).await;
+        let dropped = core.publish_staged(staged).now_or_never();
+        assert!(
+            dropped.is_none(),
+            "the write is not durable at its first poll"
+        );
+        let routed = tokio::time::timeout(std::time::Duration::from_secs(10), mailbox.recv());
+        let routed = routed.await.expect("routed within the wait").expect("open");
+        assert_eq!(routed.envelope.id, id);
     }
 }

@@ -78,19 +78,34 @@ impl From<LogError> for PostError {
 impl Tracker {
     /// Posts a message; a comment on a task another protocol asked for is also sent to the
     /// task's requester as progress.
-    pub async fn post_message(&self, new: NewMessage) -> Result<MessageOut, PostError> {
+    pub async fn post_message(self: &Arc<Self>, new: NewMessage) -> Result<MessageOut, PostError> {
         self.post(new, true).await
     }
 
     /// Posts a message without telling a task's requester (the caller already did).
-    pub async fn post_comment_quietly(&self, new: NewMessage) -> Result<MessageOut, PostError> {
+    pub async fn post_comment_quietly(
+        self: &Arc<Self>,
+        new: NewMessage,
+    ) -> Result<MessageOut, PostError> {
         self.post(new, false).await
     }
 
-    async fn post(&self, new: NewMessage, notify_requester: bool) -> Result<MessageOut, PostError> {
-        let (staged, post) = self.stage_post(new, notify_requester).await?;
-        let env = staged.durable().await?;
-        Ok(self.posted(env, post).await)
+    /// Posts in a task of its own: a caller dropped once the message is staged (an HTTP
+    /// client that went away) does not leave it stored and never routed.
+    async fn post(
+        self: &Arc<Self>,
+        new: NewMessage,
+        notify_requester: bool,
+    ) -> Result<MessageOut, PostError> {
+        let tracker = self.clone();
+        let posting = tokio::spawn(async move {
+            let (staged, post) = tracker.stage_post(new, notify_requester).await?;
+            let env = staged.durable().await?;
+            Ok(tracker.posted(env, post).await)
+        });
+        posting
+            .await
+            .unwrap_or_else(|e| Err(PostError::Store(crate::store::StoreError::Log(e.into()))))
     }
 
     /// The first half of posting, for a connection that keeps reading while its earlier
