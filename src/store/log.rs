@@ -161,7 +161,7 @@ mod tests {
     async fn a_publish_dropped_before_its_write_is_durable_is_routed_all_the_same() {
         use futures_util::FutureExt;
         let store = Arc::new(Store::open(IN_MEMORY).await.unwrap());
-        let core = Core::new(store.clone(), store, &RoutingConfig::default());
+        let core = Core::new(store.clone(), store.clone(), &RoutingConfig::default());
         core.directory
             .register(AgentInfo::new("b", "test", "b"))
             .unwrap();
@@ -169,6 +169,13 @@ mod tests {
         let _b = core
             .router
             .attach("b", mailbox.clone(), Arc::new(AddressedOnly));
+        // The writer waits until told, so the message's write cannot be durable before its
+        // caller is dropped.
+        let (go_on, held) = std::sync::mpsc::channel::<()>();
+        let holding = store.write(move |_| {
+            let _ = held.recv();
+            Ok(())
+        });
         let mut env = Envelope::new("test", "a", Kind::Chat);
         env.to = vec!["b".into()];
         let id = env.id.clone();
@@ -176,8 +183,10 @@ mod tests {
         let dropped = core.publish_staged(staged).now_or_never();
         assert!(
             dropped.is_none(),
-            "the write is not durable at its first poll"
+            "the write is not durable while the writer waits"
         );
+        go_on.send(()).unwrap();
+        holding.await.unwrap();
         let routed = tokio::time::timeout(std::time::Duration::from_secs(10), mailbox.recv());
         let routed = routed.await.expect("routed within the wait").expect("open");
         assert_eq!(routed.envelope.id, id);
