@@ -89,24 +89,19 @@ impl Bridge {
         // A bridge alone with its store on disk routes again, as it starts, what its last
         // run had not finished delivering (`store::redelivery`); a fleet reads it again from
         // its stream.
-        let redelivery = (federation.is_none() && data_dir.is_some())
-            .then(|| RedeliveringLog::new(store.clone()));
-        // The newest message before this run accepts any: what is routed again ends there.
-        let stored_before = match &redelivery {
-            Some(_) => {
-                let newest = (store.newest_seq().await).map_err(|e| StartError::new("store", e))?;
-                let kept = store.redeliver_after(newest).await;
-                kept.map_err(|e| StartError::new("store", e))?;
-                newest
-            }
+        let redelivery = match (&federation, data_dir) {
+            (None, Some(_)) => Some(
+                (RedeliveringLog::open(store.clone()).await)
+                    .map_err(|e| StartError::new("store", e))?,
+            ),
             // A fleet reads it again from its stream: the bridge, alone again later, is not
             // to route again what it stored meanwhile.
-            None if data_dir.is_some() => {
+            (Some(_), Some(_)) => {
                 let forgot = store.forget_undelivered().await;
                 forgot.map_err(|e| StartError::new("store", e))?;
-                0
+                None
             }
-            None => 0,
+            (_, None) => None,
         };
         let log = match (&federation, &redelivery) {
             (Some(federation), _) => federation.log(),
@@ -199,7 +194,7 @@ impl Bridge {
         }
         if let Some(redelivery) = &redelivery {
             // Once every endpoint is up: the mail of agents away has somewhere to go.
-            let routed = redelivery.route_undelivered(&core, stored_before).await;
+            let routed = redelivery.route_undelivered(&core).await;
             if routed > 0 {
                 tracing::info!(routed, "routed again what the last run had not delivered");
             }

@@ -97,18 +97,18 @@ impl Hub {
     ) where
         F: Future<Output = ()>,
     {
-        let log = &self.core.applied;
+        let marks = &self.core.applied;
         let failed = |e: crate::core::LogError| {
             tracing::error!(error = %e, hub = self.protocol, "cannot read what the hub missed");
         };
-        let mut window = match log.catch_up_window(self.protocol, CATCH_UP_AT_MOST).await {
+        let mut window = match marks.catch_up_window(self.protocol, CATCH_UP_AT_MOST).await {
             Ok(window) => window,
             Err(e) => return failed(e),
         };
         let through = window.through;
         let mut applied = 0;
         loop {
-            let page = match log
+            let page = match marks
                 .unapplied_tasks(self.protocol, window, CATCH_UP_PAGE)
                 .await
             {
@@ -139,7 +139,7 @@ impl Hub {
                 "applied the task messages the hub had missed"
             );
         }
-        match log.caught_up(self.protocol, through).await {
+        match marks.caught_up(self.protocol, through).await {
             // Applied before the restart: passed over too if they are routed again (a fleet
             // routes again what its consumer had not acknowledged).
             Ok(marked) => self.lock_caught_up().extend(marked),

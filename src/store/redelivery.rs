@@ -78,14 +78,20 @@ impl Drop for Held {
 pub struct RedeliveringLog {
     store: Store,
     pending: Arc<Pending>,
+    /// The newest message stored before this run accepted any: what `route_undelivered`
+    /// routes again ends there.
+    stored_before: i64,
 }
 
 impl RedeliveringLog {
-    pub fn new(store: Store) -> Arc<RedeliveringLog> {
-        Arc::new(RedeliveringLog {
+    /// The log over `store`, opened before the bridge accepts anything.
+    pub async fn open(store: Store) -> Result<Arc<RedeliveringLog>, super::StoreError> {
+        let stored_before = store.start_redelivery().await?;
+        Ok(Arc::new(RedeliveringLog {
             store,
             pending: Arc::default(),
-        })
+            stored_before,
+        }))
     }
 
     /// Keeps the pending ids every `KEPT_EVERY` while they change, until the bridge shuts
@@ -127,16 +133,16 @@ impl RedeliveringLog {
     }
 
     /// Routes again, to the recipients that hold only, what the last run had not finished
-    /// delivering (the module's doc), up to `through`, the newest message stored before
-    /// this run accepted any (`Store::newest_seq`, asked before the endpoints start); how
-    /// many messages. Presence is news only while new, and is not routed again.
-    pub async fn route_undelivered(&self, core: &Core, through: i64) -> usize {
+    /// delivering (the module's doc), up to the newest message stored before this run
+    /// accepted any; how many messages. Presence is news only while new, and is not routed
+    /// again.
+    pub async fn route_undelivered(&self, core: &Core) -> usize {
         let mut after = 0;
         let mut routed = 0;
         loop {
             let page = self
                 .store
-                .undelivered(after, through, ROUTED_AGAIN_AT_ONCE)
+                .undelivered(after, self.stored_before, ROUTED_AGAIN_AT_ONCE)
                 .await;
             let page = match page {
                 Ok(page) => page,
@@ -230,20 +236,24 @@ impl MessageLog for RedeliveringLog {
 }
 
 impl Store {
-    /// A bridge alone starts: when nothing was kept (it ran in a fleet, which reads that
-    /// from its stream instead), a later start routes again what is stored after
-    /// `stored_before`. Routes nothing itself.
-    pub fn redeliver_after(
+    /// A bridge alone starts: the newest message stored before it accepts any, where what
+    /// it routes again ends. When nothing was kept (it ran in a fleet, which reads that
+    /// from its stream instead), a later start routes again what is stored after it.
+    fn start_redelivery(
         &self,
-        stored_before: i64,
-    ) -> impl Future<Output = Result<(), super::StoreError>> + Send + 'static {
-        self.write(move |conn| {
+    ) -> impl Future<Output = Result<i64, super::StoreError>> + Send + 'static {
+        // On the writer's thread, after every message `open` put in from the journal.
+        self.write(|conn| {
+            let newest: i64 =
+                conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM messages", [], |r| {
+                    r.get(0)
+                })?;
             conn.execute(
                 "INSERT INTO undelivered_after (seq) SELECT ?1
                  WHERE NOT EXISTS (SELECT 1 FROM undelivered_after)",
-                [stored_before],
+                [newest],
             )?;
-            Ok(())
+            Ok(newest)
         })
     }
 
@@ -257,18 +267,6 @@ impl Store {
             conn.execute_batch("DELETE FROM undelivered; DELETE FROM undelivered_after;")?;
             Ok(())
         })
-    }
-
-    /// The newest message stored (the journal's included, which `open` put in).
-    pub async fn newest_seq(&self) -> Result<i64, super::StoreError> {
-        self.read_messages(|conn| {
-            Ok(
-                conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM messages", [], |r| {
-                    r.get(0)
-                })?,
-            )
-        })
-        .await
     }
 
     /// Keeps the ids `pending` gives, read on the writer's thread as the write runs, and the
@@ -337,8 +335,7 @@ mod tests {
     async fn undelivered(store: &Store) -> Vec<String> {
         let (mut after, mut ids) = (0, Vec::new());
         loop {
-            let through = store.newest_seq().await.unwrap();
-            let page = store.undelivered(after, through, 2).await.unwrap();
+            let page = store.undelivered(after, i64::MAX, 2).await.unwrap();
             let Some(last) = page.last() else { break };
             after = last.seq;
             ids.extend(page.into_iter().map(|m| m.envelope.id));
@@ -379,8 +376,7 @@ mod tests {
             store.insert_message(&message(id)).await.unwrap();
         }
         assert!(undelivered(&store).await.is_empty());
-        let newest = store.newest_seq().await.unwrap();
-        store.redeliver_after(newest).await.unwrap();
+        store.start_redelivery().await.unwrap();
         assert!(undelivered(&store).await.is_empty());
         store.insert_message(&message("a1")).await.unwrap();
         assert_eq!(undelivered(&store).await, ["a1"]);
