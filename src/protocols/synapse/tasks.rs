@@ -529,10 +529,8 @@ pub fn start_hub(synapse: Arc<Synapse>) -> JoinHandle<()> {
     let hub = Hub::attach(&synapse.core, PROTOCOL, HUB, filter);
     tokio::spawn(async move {
         let shutdown = &synapse.shutdown;
-        let again = |env: Envelope| {
-            let synapse = synapse.clone();
-            async move { synapse.apply_progress(&env).await }
-        };
+        let synapse = &synapse;
+        let again = |env: Envelope| async move { synapse.apply_progress(&env).await };
         hub.catch_up(shutdown, again).await;
         while let Some(delivery) = hub.next(shutdown).await {
             match delivery.envelope.kind {

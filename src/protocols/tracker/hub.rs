@@ -59,10 +59,8 @@ pub fn start(tracker: Arc<Tracker>) -> JoinHandle<()> {
     let hub = Hub::attach(&tracker.core, PROTOCOL, HUB, filter);
     tokio::spawn(async move {
         let shutdown = &tracker.shutdown;
-        let again = |env: Envelope| {
-            let tracker = tracker.clone();
-            async move { tracker.apply(&env, Applying::Again).await }
-        };
+        let tracker = &tracker;
+        let again = |env: Envelope| async move { tracker.apply(&env, Applying::Again).await };
         hub.catch_up(shutdown, again).await;
         while let Some(delivery) = hub.next(shutdown).await {
             tracker.apply(&delivery.envelope, Applying::Live).await;
