@@ -5,9 +5,38 @@ mod common;
 
 use std::io::Write;
 
+use common::peers::grid_message;
 use common::process::{BridgeProcess, run};
 use common::skynet::{SkynetHttp, SkynetWs, text_of};
 use serde_json::json;
+
+/// The config of a bridge with every endpoint and its store in `dir`, `extra`'s sections
+/// replacing the defaults.
+fn config_on_disk(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
+    let data = dir.join("data");
+    config_file(dir, &common::bridge_toml(data.to_str().unwrap(), extra))
+}
+
+/// Posts `count` Grid messages (`message(i)`), `in_flight` at once, each accepted (202).
+async fn flood(
+    grid: &common::grid::GridHttp,
+    count: usize,
+    in_flight: usize,
+    message: impl Fn(usize) -> String,
+) {
+    use futures_util::StreamExt;
+    let sent = futures_util::stream::iter(0..count)
+        .map(|i| {
+            let body = message(i);
+            async move { grid.post(&body).await }
+        })
+        .buffer_unordered(in_flight)
+        .collect::<Vec<_>>()
+        .await;
+    for (status, answer) in sent {
+        assert_eq!(status, 202, "{answer}");
+    }
+}
 
 fn config_file(dir: &std::path::Path, text: &str) -> std::path::PathBuf {
     let path = dir.join("bridge.toml");
@@ -164,33 +193,26 @@ async fn accepted_messages_survive_kill_9() {
 #[tokio::test]
 async fn task_assignments_accepted_before_kill_9_are_all_tasks_after_a_restart() {
     use common::grid::GridHttp;
-    use futures_util::StreamExt;
     const TASKS: usize = 600;
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let config = config_file(dir.path(), &common::bridge_toml(data.to_str().unwrap(), ""));
+    let config = config_on_disk(dir.path(), "");
     {
         let process = BridgeProcess::spawn(&config);
         let grid = GridHttp::new(process.addr("grid"));
-        let sent = futures_util::stream::iter(0..TASKS)
-            .map(|i| {
-                let message = json!({ "message": {
-                    "id": format!("assign-{i}"),
-                    "timestamp": agentbridge::shared::clock::iso8601(agentbridge::core::now_ms()),
-                    "type": "request",
-                    "sender": { "agent": "planner" },
-                    "receiver": { "agent": "coder" },
-                    "content": { "action": "mission_assigned", "payload": { "task_id": format!("job-{i}"), "title": format!("job {i}") } },
-                }});
-                let grid = &grid;
-                async move { grid.post(&message.to_string()).await }
-            })
-            .buffer_unordered(16)
-            .collect::<Vec<_>>()
-            .await;
-        for (status, answer) in sent {
-            assert_eq!(status, 202, "{answer}");
-        }
+        let assignment = |i: usize| {
+            let payload = json!({ "task_id": format!("job-{i}"), "title": format!("job {i}") });
+            let id = format!("assign-{i}");
+            grid_message(
+                &id,
+                "request",
+                "planner",
+                "coder",
+                "mission_assigned",
+                payload,
+                None,
+            )
+        };
+        flood(&grid, TASKS, 16, assignment).await;
         process.kill_9();
     }
     let process = BridgeProcess::spawn(&config);
@@ -232,8 +254,7 @@ async fn task_results_accepted_before_kill_9_complete_their_tasks_after_a_restar
     use futures_util::StreamExt;
     const TASKS: usize = 300;
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let config = config_file(dir.path(), &common::bridge_toml(data.to_str().unwrap(), ""));
+    let config = config_on_disk(dir.path(), "");
     let mut ids = Vec::new();
     {
         let process = BridgeProcess::spawn(&config);
@@ -351,40 +372,29 @@ async fn mail_for_a_program_away_across_a_restart(
     count: usize,
 ) -> (Vec<String>, String) {
     use common::grid::GridHttp;
-    use futures_util::StreamExt;
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
     let pad = dir.path().join("SCRATCHPAD.md");
     let grid = format!(
         "[grid]\nlisten = \"127.0.0.1:0\"\nscratchpad = {:?}\nprograms = [\"absent\"]\n",
         pad.display().to_string()
     );
-    let config = config_file(
-        dir.path(),
-        &common::bridge_toml(data.to_str().unwrap(), &grid),
-    );
+    let config = config_on_disk(dir.path(), &grid);
     {
         let mut process = BridgeProcess::spawn(&config);
         let http = GridHttp::new(process.addr("grid"));
-        let sent = futures_util::stream::iter(0..count)
-            .map(|i| {
-                let message = json!({ "message": {
-                    "id": format!("m-{i}"),
-                    "timestamp": agentbridge::shared::clock::iso8601(agentbridge::core::now_ms()),
-                    "type": "notification",
-                    "sender": { "agent": "sender" },
-                    "receiver": { "agent": "absent" },
-                    "content": { "action": "note", "payload": { "n": i } },
-                }});
-                let http = &http;
-                async move { http.post(&message.to_string()).await }
-            })
-            .buffer_unordered(32)
-            .collect::<Vec<_>>()
-            .await;
-        for (status, answer) in sent {
-            assert_eq!(status, 202, "{answer}");
-        }
+        let note = |i: usize| {
+            let id = format!("m-{i}");
+            grid_message(
+                &id,
+                "notification",
+                "sender",
+                "absent",
+                "note",
+                json!({ "n": i }),
+                None,
+            )
+        };
+        flood(&http, count, 32, note).await;
         process.signal(signal);
         assert!(
             process.exited(common::WAIT).is_some(),
@@ -420,8 +430,7 @@ async fn mail_for_a_synapse_agent_away_accepted_before_kill_9_is_kept() {
     use futures_util::StreamExt;
     const COUNT: usize = 500;
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let config = config_file(dir.path(), &common::bridge_toml(data.to_str().unwrap(), ""));
+    let config = config_on_disk(dir.path(), "");
     {
         let process = BridgeProcess::spawn(&config);
         let addr = process.addr("synapse");

@@ -201,7 +201,8 @@ fn fresh_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-fn grid_message(
+/// A Grid message as its wire form (`{"message": …}`), stamped now.
+pub fn grid_message(
     id: &str,
     msg_type: &str,
     from: &str,
