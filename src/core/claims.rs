@@ -55,7 +55,7 @@ pub trait NameClaims: Send + Sync {
 pub struct ClaimLocks(DashMap<String, Arc<tokio::sync::Mutex<()>>>);
 
 impl ClaimLocks {
-    async fn lock(self: &Arc<Self>, name: &str) -> NameLock {
+    pub(super) async fn lock(self: &Arc<Self>, name: &str) -> NameLock {
         let lock = self.0.entry(name.to_owned()).or_default().clone();
         NameLock {
             locks: self.clone(),
@@ -66,7 +66,7 @@ impl ClaimLocks {
 }
 
 /// The right to claim a name on this bridge (`ClaimLocks`), until dropped.
-struct NameLock {
+pub(super) struct NameLock {
     locks: Arc<ClaimLocks>,
     name: String,
     guard: Option<tokio::sync::OwnedMutexGuard<()>>,

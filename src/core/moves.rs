@@ -129,10 +129,14 @@ impl Core {
         let Some(from) = info.bridge.take() else {
             return Ok(None);
         };
+        let Some(claims) = self.claims.get() else {
+            self.directory.check_claim(&info)?;
+            return Ok(Some(MoveClaim { info, from }));
+        };
+        // One claim of the name at a time here, as for a registration (`ClaimLocks`).
+        let _lock = self.claim_locks.lock(name).await;
         self.directory.check_claim(&info)?;
-        if let Some(claims) = self.claims.get() {
-            claims.claim(&info, Claiming::Held).await?;
-        }
+        claims.claim(&info, Claiming::Held).await?;
         Ok(Some(MoveClaim { info, from }))
     }
 

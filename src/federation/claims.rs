@@ -62,18 +62,26 @@ const REREAD_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
 
 pub struct FleetClaims {
     pub link: Arc<NatsLink>,
-    /// Names whose release is being tried again: a name claimed again meanwhile leaves
-    /// this set, and its pending release gives up rather than free the new claim.
-    pub releasing: Arc<dashmap::DashSet<String>>,
+    /// Names whose release is being tried again, each with the id of the release that
+    /// tries it: a name claimed again meanwhile leaves this map, and its pending release
+    /// gives up rather than free the new claim; a later release of the name takes over.
+    pub releasing: Arc<dashmap::DashMap<String, u64>>,
 }
+
+/// The id of the next background release (`FleetClaims::releasing`).
+static NEXT_RELEASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl FleetClaims {
     /// Claims the name for this bridge, as `how` allows.
+    /// `was_releasing`: a release of the name was pending here, which reads the key again
+    /// before it deletes it; a key this bridge holds is then written again, so that the
+    /// release's revision check fails rather than free this claim.
     async fn claim_in(
         &self,
         ready: &Ready,
         info: &AgentInfo,
         how: Claiming,
+        was_releasing: bool,
     ) -> Result<(), NameTaken> {
         let key = agent_key(&info.name);
         let claim = |lasting: bool| {
@@ -106,7 +114,11 @@ impl FleetClaims {
                 continue;
             };
             let (value, lasting) = match serde_json::from_slice::<Claim>(&entry.value) {
-                Ok(held) if held.bridge == self.link.bridge_id => return Ok(()),
+                Ok(held) if held.bridge == self.link.bridge_id && !was_releasing => return Ok(()),
+                Ok(held) if held.bridge == self.link.bridge_id => {
+                    let lasting = how != Claiming::Held || (held.is_for(info) && held.lasting);
+                    (claim(lasting), lasting)
+                }
                 Ok(held) => {
                     let same = held.is_for(info);
                     // Not known while NATS does not answer (a stream electing its leader):
@@ -189,9 +201,9 @@ impl FleetClaims {
 impl NameClaims for FleetClaims {
     fn claim<'a>(&'a self, info: &'a AgentInfo, how: Claiming) -> ClaimFuture<'a> {
         Box::pin(async move {
-            self.releasing.remove(&info.name);
+            let was_releasing = self.releasing.remove(&info.name).is_some();
             match self.link.ready() {
-                Some(ready) => self.claim_in(&ready, info, how).await,
+                Some(ready) => self.claim_in(&ready, info, how, was_releasing).await,
                 None => Ok(()),
             }
         })
@@ -209,7 +221,7 @@ impl NameClaims for FleetClaims {
             while let Some(ready) = self.link.ready()
                 && tokio::time::Instant::now() < deadline
             {
-                if release_once(&ready, &self.link.bridge_id, agent)
+                if release_once(&ready, &self.link.bridge_id, agent, || true)
                     .await
                     .is_ok()
                 {
@@ -226,15 +238,18 @@ impl NameClaims for FleetClaims {
     fn release(&self, agent: &AgentInfo) {
         let (link, agent) = (self.link.clone(), agent.clone());
         let releasing = self.releasing.clone();
-        releasing.insert(agent.name.clone());
+        let id = NEXT_RELEASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        releasing.insert(agent.name.clone(), id);
         tokio::spawn(async move {
             let mut wait = RETRY_AFTER;
-            // Until it lands, or the name is claimed again (and so is not to be freed).
-            while releasing.contains(&agent.name) {
+            // Until it lands, or the name is claimed again (and so is not to be freed), or
+            // released again (by a task of its own).
+            let wanted = || releasing.get(&agent.name).is_some_and(|r| *r == id);
+            while wanted() {
                 if let Some(ready) = link.ready() {
-                    match release_once(&ready, &link.bridge_id, &agent).await {
+                    match release_once(&ready, &link.bridge_id, &agent, wanted).await {
                         Ok(()) => {
-                            releasing.remove(&agent.name);
+                            releasing.remove_if(&agent.name, |_, r| *r == id);
                             return;
                         }
                         Err(e) => {
@@ -258,15 +273,23 @@ impl NameClaims for FleetClaims {
 const RELEASE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Deletes `agent`'s name claim if `bridge` holds it, or it is `agent`'s lasting claim;
-/// `Ok` also when there is nothing of ours to release.
-async fn release_once(ready: &Ready, bridge: &str, agent: &AgentInfo) -> Result<(), String> {
+/// `Ok` also when there is nothing of ours to release, or it is no longer `wanted` once
+/// the key is read. A claim of the name here stops wanting it before it writes the key,
+/// and writes a key this bridge holds again (`claim_in`): the revision read here is then
+/// behind, and the delete refused.
+async fn release_once(
+    ready: &Ready,
+    bridge: &str,
+    agent: &AgentInfo,
+    wanted: impl Fn() -> bool,
+) -> Result<(), String> {
     let key = agent_key(&agent.name);
     let Some(entry) = ready.names.entry(&key).await.map_err(|e| e.to_string())? else {
         return Ok(());
     };
     let ours = serde_json::from_slice::<Claim>(&entry.value)
         .is_ok_and(|c| c.bridge == bridge || (c.lasting && c.is_for(agent)));
-    if !ours || entry.operation != Operation::Put {
+    if !ours || entry.operation != Operation::Put || !wanted() {
         return Ok(());
     }
     match (ready.names)
