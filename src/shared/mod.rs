@@ -12,4 +12,5 @@ pub mod json_writer;
 pub mod listener;
 pub mod raw_object;
 pub mod text;
+pub mod to_the_end;
 pub mod websocket;

@@ -39,7 +39,7 @@ pub type MentionCandidates = Arc<mentions::Candidates>;
 pub struct Skynet {
     core: Arc<Core>,
     config: Config,
-    registry: Registry,
+    registry: Arc<Registry>,
     workspace: Workspace,
     /// Everyone a chat may @mention.
     mention_cache: PerGeneration<mentions::Candidates>,
@@ -83,7 +83,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     let skynet = Arc::new(Skynet {
         core,
         config: config.clone(),
-        registry,
+        registry: Arc::new(registry),
         workspace: Workspace::new(),
         mention_cache: PerGeneration::default(),
         foreign_card_ids: PerGeneration::default(),

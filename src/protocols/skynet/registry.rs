@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 
 use super::PROTOCOL;
 use crate::core::{AgentInfo, Core, Expect, NameTaken, RecordChange, RecordError, Role, Status};
+use crate::shared::to_the_end::run_to_the_end;
 use crate::store::{Migration, Store, StoreError};
 
 static MIGRATIONS: &[Migration] = &[Migration {
@@ -170,7 +171,7 @@ impl Registry {
 
     /// Registers an agent (`agent_type` set) or a human (`None`).
     pub async fn create(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         agent_type: Option<&str>,
         role: Option<&str>,
@@ -188,6 +189,17 @@ impl Registry {
         self.core
             .register_for_fleet(profile.directory_entry())
             .await?;
+        // Claimed, the registration runs to its end even if its client goes: dropped before
+        // its record is written or refused, it would leave the name claimed with no record.
+        let registry = self.clone();
+        run_to_the_end(async move { registry.record(profile).await })
+            .await
+            .unwrap_or(Err(RegisterError::Store(StoreError::Closed)))
+    }
+
+    /// Writes the record of `profile`, whose name is claimed, and keeps it here; the name
+    /// is given up if either is refused.
+    async fn record(&self, profile: Profile) -> Result<Profile, RegisterError> {
         let fleet = self.core.records();
         if let Some(fleet) = fleet {
             let written = fleet

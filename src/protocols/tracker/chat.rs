@@ -15,6 +15,7 @@ use crate::protocols::endpoint::{Decoded, Translation};
 use crate::shared::at_names;
 use crate::shared::clock::iso8601;
 use crate::shared::each_once::{each_once, push_once};
+use crate::shared::to_the_end::run_to_the_end;
 
 /// The agents a chat may `@mention`, oldest first, each labelled with its own name.
 pub type MentionNames = at_names::Needles<String>;
@@ -98,14 +99,12 @@ impl Tracker {
         notify_requester: bool,
     ) -> Result<MessageOut, PostError> {
         let tracker = self.clone();
-        let posting = tokio::spawn(async move {
+        let posting = run_to_the_end(async move {
             let (staged, post) = tracker.stage_post(new, notify_requester).await?;
             let env = staged.durable().await?;
             Ok(tracker.posted(env, post).await)
         });
-        posting
-            .await
-            .unwrap_or_else(|e| Err(PostError::Store(crate::store::StoreError::Log(e.into()))))
+        (posting.await).unwrap_or(Err(PostError::Store(crate::store::StoreError::Closed)))
     }
 
     /// The first half of posting, for a connection that keeps reading while its earlier

@@ -13,6 +13,8 @@ use crate::protocols::tracker::tasks::WriteError;
 use crate::protocols::tracker::wire::{ChatListen, MemberKind, MemberOut, TaskListen};
 use crate::protocols::tracker::{PROTOCOL, Tracker, check_slug, directory_entry};
 use crate::shared::clock::iso8601;
+use crate::shared::to_the_end::run_to_the_end;
+use crate::store::StoreError;
 
 impl Tracker {
     fn member_out(&self, m: &MemberRow) -> MemberOut {
@@ -135,6 +137,19 @@ pub async fn create(State(tracker): Shared, caller: Caller, body: Bytes) -> ApiR
         .register_for_fleet(directory_entry(&member))
         .await
         .map_err(|taken| ApiError::conflict(taken.to_string()))?;
+    // Claimed, the member is created to the end even if its client goes: dropped before
+    // its record is written or refused, it would leave the name claimed with no member.
+    let keeping = tracker.clone();
+    let stored = run_to_the_end(async move { keep(&keeping, member).await }).await;
+    let stored = stored.unwrap_or_else(|| Err(ApiError::store(StoreError::Closed)))?;
+    let mut out = serde_json::to_value(tracker.member_out(&stored)).unwrap_or_default();
+    out["token"] = Value::String(token);
+    Ok(created(out))
+}
+
+/// Keeps `member`, whose name is claimed: in the fleet's records when there is a fleet,
+/// else here; the name is given up if it is refused.
+async fn keep(tracker: &Tracker, member: MemberRow) -> Result<MemberRow, ApiError> {
     let stored = match tracker.core.records() {
         Some(records) => match tracker
             .create_shared_member(records.as_ref(), member.clone())
@@ -153,14 +168,8 @@ pub async fn create(State(tracker): Shared, caller: Caller, body: Bytes) -> ApiR
             .inspect(|stored| tracker.members.insert(stored.clone()))
             .map_err(ApiError::store),
     };
-    let stored = match stored {
-        Ok(stored) => stored,
-        Err(e) => {
-            tracker.core.unregister(&member.slug, PROTOCOL);
-            return Err(e);
-        }
-    };
-    let mut out = serde_json::to_value(tracker.member_out(&stored)).unwrap_or_default();
-    out["token"] = Value::String(token);
-    Ok(created(out))
+    if stored.is_err() {
+        tracker.core.unregister(&member.slug, PROTOCOL);
+    }
+    stored
 }
