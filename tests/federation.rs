@@ -301,6 +301,71 @@ async fn a_registration_retried_after_its_client_left_mid_claim_keeps_the_name()
     fleet.shutdown().await;
 }
 
+/// A Tracker write whose REST client gave up while NATS held it is made to its end: a task
+/// assigned to an agent of another protocol reaches it once NATS answers.
+#[tokio::test]
+async fn a_tracker_task_whose_client_left_mid_write_still_reaches_its_assignee() {
+    let cluster = Cluster::start(1).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
+    let mut sky = fleet.nets[1].peer(Proto::Skynet).await;
+    fleet.wait_known(0, "sky").await;
+    let url = format!(
+        "http://{}/api/v1/tasks?project_slug=team-board",
+        fleet.nets[0].tracker
+    );
+    let task = serde_json::json!({ "title": "left behind", "assignee_slug": "sky" });
+    let gave_up = cluster
+        .while_paused(Duration::from_millis(800), async {
+            let impatient = reqwest::Client::builder()
+                .timeout(Duration::from_millis(300))
+                .build()
+                .unwrap();
+            impatient
+                .post(&url)
+                .bearer_auth("tb-coder")
+                .json(&task)
+                .send()
+                .await
+        })
+        .await;
+    assert!(gave_up.is_err(), "the client gives up first: {gave_up:?}");
+    // Within WAIT, or the test fails.
+    sky.next_assignment().await;
+    fleet.shutdown().await;
+}
+
+/// A Synapse task whose client gave up while NATS held its submission is submitted to its
+/// end: its agent on another bridge is asked for it once NATS answers, and its external id
+/// is the task's.
+#[tokio::test]
+async fn a_synapse_task_whose_client_left_mid_submit_still_reaches_its_agent() {
+    use agentbridge::protocols::synapse::proto::{MessageType, SubmitTaskRequest};
+    use common::synapse::{Stream, clients};
+
+    let cluster = Cluster::start(1).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
+    let mut worker = Stream::open(fleet.nets[1].synapse, "worker").await;
+    fleet.wait_known(0, "worker").await;
+    let mut c0 = clients(fleet.nets[0].synapse).await;
+    let submit = SubmitTaskRequest {
+        task_type: "worker".into(),
+        external_task_id: "ext-left".into(),
+        ..Default::default()
+    };
+    let gave_up = cluster
+        .while_paused(Duration::from_millis(800), async {
+            let submitting = c0.tasks.submit_task(submit.clone());
+            tokio::time::timeout(Duration::from_millis(300), submitting).await
+        })
+        .await;
+    assert!(gave_up.is_err(), "the client gives up first: {gave_up:?}");
+    let request = worker.next().await;
+    assert_eq!(request.r#type, MessageType::P2pTaskRequest as i32);
+    let again = c0.tasks.submit_task(submit).await.unwrap_err();
+    assert_eq!(again.code(), tonic::Code::AlreadyExists, "{again:?}");
+    fleet.shutdown().await;
+}
+
 /// Of two agents of different protocols registering one name on one bridge at once, the
 /// one refused leaves the other's claim in place, and the fleet's key for the name
 /// describes the one that holds it: no other bridge registers the name.

@@ -123,20 +123,22 @@ impl Core {
     /// so that no message routed meanwhile is kept here as mail as well as there.
     pub async fn claim_move(&self, name: &str) -> Result<Option<MoveClaim>, NameTaken> {
         self.leave_arrived(name).await;
+        let claims = self.claims.get();
+        // One claim of the name at a time here, as for a registration (`ClaimLocks`).
+        let _lock = match claims {
+            Some(_) => Some(self.claim_locks.lock(name).await),
+            None => None,
+        };
         let Some(mut info) = self.directory.get(name) else {
             return Ok(None);
         };
         let Some(from) = info.bridge.take() else {
             return Ok(None);
         };
-        let Some(claims) = self.claims.get() else {
-            self.directory.check_claim(&info)?;
-            return Ok(Some(MoveClaim { info, from }));
-        };
-        // One claim of the name at a time here, as for a registration (`ClaimLocks`).
-        let _lock = self.claim_locks.lock(name).await;
         self.directory.check_claim(&info)?;
-        claims.claim(&info, Claiming::Held).await?;
+        if let Some(claims) = claims {
+            claims.claim(&info, Claiming::Held).await?;
+        }
         Ok(Some(MoveClaim { info, from }))
     }
 

@@ -63,9 +63,10 @@ const REREAD_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
 pub struct FleetClaims {
     pub link: Arc<NatsLink>,
     /// Names whose release is being tried again, each with the id of the release that
-    /// tries it: a name claimed again meanwhile leaves this map, and its pending release
-    /// gives up rather than free the new claim; a later release of the name takes over.
-    pub releasing: Arc<dashmap::DashMap<String, u64>>,
+    /// tries it and the agent it releases: a name claimed again meanwhile leaves this map,
+    /// and its pending release gives up rather than free the new claim (it starts again if
+    /// that claim fails); a later release of the name takes over.
+    pub releasing: Arc<dashmap::DashMap<String, (u64, AgentInfo)>>,
 }
 
 /// The id of the next background release (`FleetClaims::releasing`).
@@ -201,11 +202,23 @@ impl FleetClaims {
 impl NameClaims for FleetClaims {
     fn claim<'a>(&'a self, info: &'a AgentInfo, how: Claiming) -> ClaimFuture<'a> {
         Box::pin(async move {
-            let was_releasing = self.releasing.remove(&info.name).is_some();
-            match self.link.ready() {
-                Some(ready) => self.claim_in(&ready, info, how, was_releasing).await,
+            let released = self
+                .releasing
+                .remove(&info.name)
+                .map(|(_, (_, agent))| agent);
+            let claimed = match self.link.ready() {
+                Some(ready) => self.claim_in(&ready, info, how, released.is_some()).await,
+                // Claimed here alone: the key, if still this bridge's, stays so.
                 None => Ok(()),
+            };
+            // Refused or unsettled: the name is not this claim's, and the release it
+            // stopped goes on.
+            if claimed.is_err()
+                && let Some(agent) = released
+            {
+                self.release(&agent);
             }
+            claimed
         })
     }
 
@@ -239,17 +252,17 @@ impl NameClaims for FleetClaims {
         let (link, agent) = (self.link.clone(), agent.clone());
         let releasing = self.releasing.clone();
         let id = NEXT_RELEASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        releasing.insert(agent.name.clone(), id);
+        releasing.insert(agent.name.clone(), (id, agent.clone()));
         tokio::spawn(async move {
             let mut wait = RETRY_AFTER;
             // Until it lands, or the name is claimed again (and so is not to be freed), or
             // released again (by a task of its own).
-            let wanted = || releasing.get(&agent.name).is_some_and(|r| *r == id);
+            let wanted = || releasing.get(&agent.name).is_some_and(|r| r.0 == id);
             while wanted() {
                 if let Some(ready) = link.ready() {
                     match release_once(&ready, &link.bridge_id, &agent, wanted).await {
                         Ok(()) => {
-                            releasing.remove_if(&agent.name, |_, r| *r == id);
+                            releasing.remove_if(&agent.name, |_, r| r.0 == id);
                             return;
                         }
                         Err(e) => {

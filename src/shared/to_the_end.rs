@@ -5,6 +5,11 @@
 
 use std::future::Future;
 
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
 /// Runs `work` in a task of its own and waits for its output: a caller dropped meanwhile
 /// only stops waiting. A panic in `work` goes on in the caller, as if run there; `None`
 /// when the runtime shut down first.
@@ -16,6 +21,18 @@ pub async fn run_to_the_end<T: Send + 'static>(
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         Err(_) => None,
     }
+}
+
+/// Middleware for routes whose writes must not stop half-way: a request that may write
+/// (any method but the safe ones, GET, HEAD, OPTIONS and TRACE) is handled to its end
+/// (`run_to_the_end`). Reads, long polls among them, still stop with their client, so that
+/// nothing is taken for a client that is gone.
+pub async fn writes_to_the_end(request: Request, next: Next) -> Response {
+    if request.method().is_safe() {
+        return next.run(request).await;
+    }
+    (run_to_the_end(next.run(request)).await)
+        .unwrap_or_else(|| StatusCode::SERVICE_UNAVAILABLE.into_response())
 }
 
 #[cfg(test)]

@@ -179,15 +179,23 @@ impl Synapse {
         Box::pin(self.keep_agent(row, new)).await
     }
 
-    /// Keeps an agent's new or changed `row`: a new one is registered first.
+    /// Keeps an agent's new or changed `row`: a new one is registered first, and its name
+    /// given up again if the row cannot be stored.
     async fn keep_agent(&self, row: AgentRow, new: bool) -> Result<(), Status> {
+        let entry = directory_entry(&row);
+        let name = entry.name.clone();
         if new {
             self.core
-                .register(directory_entry(&row))
+                .register(entry)
                 .await
                 .map_err(|taken| Status::already_exists(taken.to_string()))?;
         }
-        self.db.put_agent(row.clone()).await.map_err(internal)?;
+        if let Err(e) = self.db.put_agent(row.clone()).await {
+            if new {
+                self.core.unregister(&name, PROTOCOL);
+            }
+            return Err(internal(e));
+        }
         self.agents.insert(row.agent_id.clone(), row);
         if new {
             // A new agent may be the one a waiting task was submitted for.

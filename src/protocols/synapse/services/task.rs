@@ -19,6 +19,7 @@ use crate::protocols::synapse::proto::{
 };
 use crate::protocols::synapse::tasks::MAX_FILE;
 use crate::protocols::synapse::{Synapse, wire};
+use crate::shared::to_the_end::run_to_the_end;
 
 /// `ListTasks` pages are at most this long; 20 when not asked.
 const MAX_PAGE: i32 = 100;
@@ -39,8 +40,14 @@ impl SynapseApi {
                 "callback_url is required with preferred_transport TRANSPORT_MODE_CALLBACK",
             ));
         }
-        let caller = self.synapse.caller(&hints).await?;
-        let task = self.synapse.submit_task(request, caller, files).await?;
+        // To the end even if the client goes: a submission dropped half-way would leave
+        // its external id taken by no task, or a task nobody was assigned.
+        let synapse = self.synapse.clone();
+        let task = run_to_the_end(async move {
+            let caller = synapse.caller(&hints).await?;
+            synapse.submit_task(request, caller, files).await
+        });
+        let task = task.await.unwrap_or_else(|| Err(stopping()))?;
         Ok(Response::new(SubmitTaskResponse {
             success: true,
             task_id: task.id.clone(),
@@ -66,6 +73,11 @@ impl SynapseApi {
             error_message: String::new(),
         }))
     }
+}
+
+/// The answer to a call the bridge stopped before it ended.
+fn stopping() -> Status {
+    Status::unavailable("agentbridge is stopping")
 }
 
 type UpdateStream = Pin<Box<dyn Stream<Item = Result<TaskStatusUpdate, Status>> + Send>>;
@@ -182,7 +194,9 @@ impl TaskService for SynapseApi {
         if request.task_id.is_empty() {
             return Err(Status::invalid_argument("task_id is required"));
         }
-        let task = self.synapse.cancel_task(&request.task_id).await?;
+        let synapse = self.synapse.clone();
+        let task = run_to_the_end(async move { synapse.cancel_task(&request.task_id).await });
+        let task = task.await.unwrap_or_else(|| Err(stopping()))?;
         Ok(Response::new(CancelTaskResponse {
             success: true,
             task_id: task.id,

@@ -148,27 +148,28 @@ pub async fn create(State(tracker): Shared, caller: Caller, body: Bytes) -> ApiR
 }
 
 /// Keeps `member`, whose name is claimed: in the fleet's records when there is a fleet,
-/// else here; the name is given up if it is refused.
+/// else here. The name is given up if the member is not kept; but once the fleet's record
+/// is written, the member is the fleet's (its watch keeps it here too), and so is its name.
 async fn keep(tracker: &Tracker, member: MemberRow) -> Result<MemberRow, ApiError> {
-    let stored = match tracker.core.records() {
-        Some(records) => match tracker
-            .create_shared_member(records.as_ref(), member.clone())
-            .await
-        {
-            Err(WriteError::Fleet(RecordError::Conflict)) => Err(ApiError::conflict(format!(
-                "member '{}' exists",
-                member.slug
-            ))),
-            created => created.map_err(ApiError::from),
-        },
-        None => tracker
-            .db
-            .put_member(member.clone(), false)
-            .await
-            .inspect(|stored| tracker.members.insert(stored.clone()))
-            .map_err(ApiError::store),
+    let (stored, recorded) = match tracker.core.records() {
+        Some(records) => {
+            let created = (tracker.create_shared_member(records.as_ref(), member.clone())).await;
+            let recorded = matches!(created, Ok(_) | Err(WriteError::Store(_)));
+            let created = created.map_err(|e| match e {
+                WriteError::Fleet(RecordError::Conflict) => {
+                    ApiError::conflict(format!("member '{}' exists", member.slug))
+                }
+                e => ApiError::from(e),
+            });
+            (created, recorded)
+        }
+        None => {
+            let put = (tracker.db.put_member(member.clone(), false)).await;
+            let put = put.inspect(|stored| tracker.members.insert(stored.clone()));
+            (put.map_err(ApiError::store), false)
+        }
     };
-    if stored.is_err() {
+    if stored.is_err() && !recorded {
         tracker.core.unregister(&member.slug, PROTOCOL);
     }
     stored

@@ -27,7 +27,7 @@ use super::db::{MemberRow, TaskRow};
 use super::tasks::WriteError;
 use super::wire::MessageOut;
 use super::{Tracker, ws};
-use crate::shared::http_refusals;
+use crate::shared::{http_refusals, to_the_end};
 use crate::store::StoreError;
 
 type Shared = State<Arc<Tracker>>;
@@ -71,6 +71,11 @@ pub fn router(tracker: Arc<Tracker>) -> Router {
         )
         .route("/api/v1/attachments", get(attachments::list))
         .route("/api/v1/attachments/{id}", get(attachments::download))
+        // Above: a write is made to its end even if its client goes (else a task could be
+        // changed and its messages never sent). A member's creation runs to its end only
+        // once its name is claimed (`members::create`): a client gone mid-claim would never
+        // get the member's token, so no member is made for it.
+        .route_layer(axum::middleware::from_fn(to_the_end::writes_to_the_end))
         .route("/api/v1/members", get(members::list).post(members::create))
         .route("/api/v1/members/{slug}", get(members::get))
         .route("/ws", get(upgrade))
