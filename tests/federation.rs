@@ -122,6 +122,187 @@ async fn an_agent_on_one_bridge_is_listed_natively_on_the_others() {
     fleet.shutdown().await;
 }
 
+/// Presence crosses bridges in every protocol's events, and every listing names the bridge
+/// that holds each agent: a Grid program and a Tracker member connected through b1 join,
+/// change status and leave, as a Skynet human and a Tracker member on b0 see them.
+#[tokio::test]
+async fn presence_crosses_bridges_in_every_protocol_naming_the_holders_bridge() {
+    use serde_json::{Value, json};
+
+    /// The next Skynet presence message of `kind` about `who` (its name, or card id).
+    async fn skynet_presence(ws: &mut SkynetWs, kind: &str, who: &str) -> Value {
+        loop {
+            let frame = ws.next_message().await;
+            let about = frame["payload"]["agent"]["name"] == who || frame["from"] == who;
+            if frame["type"] == kind && about {
+                return frame;
+            }
+        }
+    }
+    /// The next Skynet `status-change` event about the card `who`.
+    async fn skynet_status(ws: &mut SkynetWs, who: &str) -> Value {
+        loop {
+            let frame = ws.next().await;
+            if frame["event"] == "status-change" && frame["data"]["agentId"] == who {
+                return frame["data"].clone();
+            }
+        }
+    }
+    /// The next Tracker `agent.status` about `slug`.
+    async fn tracker_status(ws: &mut TrackerWs, slug: &str) -> Value {
+        loop {
+            let data = ws.next_of("agent.status").await;
+            if data["slug"] == slug {
+                return data;
+            }
+        }
+    }
+
+    let fleet = Fleet::start(2).await;
+    let sk0 = SkynetHttp::new(fleet.nets[0].skynet);
+    let boss = sk0.human("boss").await;
+    let (mut boss_ws, _) = SkynetWs::join(fleet.nets[0].skynet, &boss).await;
+    let (mut admin, _) = TrackerWs::auth_subscribed(fleet.nets[0].tracker, "tb-admin").await;
+
+    // A Grid program connecting through b1 joins on b0, in Skynet and the Tracker.
+    let (prog, _) = common::grid::GridWs::connect(fleet.nets[1].grid, "prog", None).await;
+    let join = skynet_presence(&mut boss_ws, "agent.join", "prog").await;
+    assert_eq!(join["payload"]["agent"]["bridge"], "b1", "{join}");
+    let prog_card = join["from"].as_str().unwrap().to_owned();
+    let online = tracker_status(&mut admin, "prog").await;
+    assert_eq!(online, json!({ "slug": "prog", "status": "online" }));
+
+    // Listed on b0, online and held by b1, in every protocol.
+    let tracker = TrackerHttp::new(fleet.nets[0].tracker, "tb-admin");
+    let (_, member) = tracker.get("/members/prog").await;
+    assert_eq!(
+        (&member["protocol"], &member["is_online"], &member["bridge"]),
+        (&json!("grid"), &json!(true), &json!("b1")),
+        "Tracker /members: {member}"
+    );
+    let (_, grid) = common::grid::GridHttp::new(fleet.nets[0].grid)
+        .get("/agents")
+        .await;
+    let listed = |name: &str| {
+        (grid["agents"].as_array().unwrap().iter())
+            .find(|a| a["agent"] == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(listed("prog")["bridge"], "b1", "Grid /agents: {grid}");
+    assert_eq!(listed("boss")["bridge"], "b0", "Grid /agents: {grid}");
+    let (_, cards) = sk0.get("/api/members").await;
+    let card = (cards.as_array().unwrap().iter())
+        .find(|c| c["name"] == "prog")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (&card["status"], &card["bridge"]),
+        (&json!("idle"), &json!("b1")),
+        "Skynet /api/members: {cards}"
+    );
+    let agents = common::synapse::clients(fleet.nets[0].synapse)
+        .await
+        .capabilities
+        .list_agents(())
+        .await
+        .unwrap()
+        .into_inner()
+        .agents;
+    let prog_info = agents.iter().find(|a| a.agent_id == "prog");
+    assert!(
+        prog_info.is_some_and(|a| a.is_active && a.system_id == "grid"),
+        "Synapse ListAgents: {agents:?}"
+    );
+
+    // A Tracker member on b1 going busy is a Skynet status change on b0.
+    let (mut coder, _) = TrackerWs::auth_subscribed(fleet.nets[1].tracker, "tb-coder").await;
+    let join = skynet_presence(&mut boss_ws, "agent.join", "coder").await;
+    let coder_card = join["from"].as_str().unwrap().to_owned();
+    tracker_status(&mut admin, "coder").await;
+    coder
+        .send(json!({ "type": "heartbeat", "status": "busy" }))
+        .await;
+    assert_eq!(
+        skynet_status(&mut boss_ws, &coder_card).await,
+        json!({ "agentId": coder_card, "status": "busy" })
+    );
+
+    // Leaving crosses too (the Tracker's `agent.status` is `online | offline` alone).
+    drop(prog);
+    skynet_presence(&mut boss_ws, "agent.leave", &prog_card).await;
+    assert_eq!(
+        tracker_status(&mut admin, "prog").await,
+        json!({ "slug": "prog", "status": "offline" })
+    );
+    fleet.shutdown().await;
+}
+
+/// Broadcasts and observers are the fleet's: a Grid broadcast and a Skynet `@all` from b1
+/// reach a Grid program on b0, and a Skynet human and a Tracker member listening to all on
+/// b0 see them, and a message between two agents on b1, once each.
+#[tokio::test]
+async fn broadcasts_and_observers_cross_bridges() {
+    use common::grid::GridWs;
+    use common::skynet::text_of;
+
+    /// The next Skynet message whose text is not presence.
+    async fn next_text(ws: &mut SkynetWs) -> String {
+        loop {
+            let frame = ws.next_message().await;
+            if !frame["type"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("agent.")
+            {
+                return text_of(&frame).to_owned();
+            }
+        }
+    }
+
+    let fleet = Fleet::start(2).await;
+    let sk0 = SkynetHttp::new(fleet.nets[0].skynet);
+    let (mut boss, _) = SkynetWs::join(fleet.nets[0].skynet, &sk0.human("boss").await).await;
+    let (mut listener, _) = TrackerWs::auth_subscribed(fleet.nets[0].tracker, "tb-listener").await;
+    let (mut mc, _) = GridWs::connect(fleet.nets[0].grid, "mc", None).await;
+    let (mut scout, _) = GridWs::connect(fleet.nets[1].grid, "scout", None).await;
+    let sk1 = SkynetHttp::new(fleet.nets[1].skynet);
+    let (mut alice, _) = SkynetWs::join(fleet.nets[1].skynet, &sk1.agent("alice").await).await;
+    for name in ["scout", "alice"] {
+        fleet.wait_known(0, name).await;
+    }
+    fleet.wait_known(1, "mc").await;
+    fleet.wait_known(1, "boss").await;
+
+    scout.send("message: { id: msg-b, type: notification, sender: { agent: scout }, receiver: { agent: broadcast }, content: { action: discovery, payload: { text: Found the auth bug } } }").await;
+    assert_eq!(mc.next_message().await["id"], "msg-b");
+    assert_eq!(next_text(&mut boss).await, "Found the auth bug");
+    assert_eq!(listener.next_content().await, "Found the auth bug");
+
+    alice.chat("@all standup in 5").await;
+    let got = mc.next_message().await;
+    assert_eq!(
+        (
+            got["receiver"]["agent"].as_str(),
+            got["content"]["payload"]["text"].as_str()
+        ),
+        (Some("broadcast"), Some("@all standup in 5"))
+    );
+    assert_eq!(next_text(&mut boss).await, "@all standup in 5");
+    assert_eq!(listener.next_content().await, "@all standup in 5");
+
+    // Between two agents of b1, observed on b0.
+    scout.send("message: { id: msg-n, type: notification, sender: { agent: scout }, receiver: { agent: alice }, content: { action: discovery, payload: { text: just for alice } } }").await;
+    assert_eq!(next_text(&mut boss).await, "just for alice");
+    assert_eq!(listener.next_content().await, "just for alice");
+    // Once each: nothing else follows.
+    let more = tokio::time::timeout(Duration::from_millis(500), listener.next_content()).await;
+    assert!(more.is_err(), "the listener got a copy twice: {more:?}");
+    let more = tokio::time::timeout(Duration::from_millis(500), next_text(&mut boss)).await;
+    assert!(more.is_err(), "the human got a copy twice: {more:?}");
+    fleet.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_broadcast_from_each_of_three_bridges_reaches_every_recipient_once() {
     let fleet = Fleet::start(3).await;
@@ -431,6 +612,49 @@ async fn skynet_history_is_the_same_on_every_bridge() {
             .filter(|id| said.contains(id))
             .collect();
         ids == said
+    })
+    .await;
+    fleet.shutdown().await;
+}
+
+/// The Tracker's messages are the fleet's: what is posted through one bridge, over REST or
+/// from another protocol, is listed alike by every bridge, with its ids and `reply_to`.
+#[tokio::test]
+async fn tracker_messages_are_the_same_on_every_bridge() {
+    use serde_json::json;
+
+    let fleet = Fleet::start(2).await;
+    let admin = TrackerHttp::new(fleet.nets[0].tracker, "tb-admin");
+    let (_, ok) = TrackerWs::auth_subscribed(fleet.nets[0].tracker, "tb-admin").await;
+    let lobby = ok["lobby_chat_id"].as_str().unwrap().to_owned();
+    let first = admin
+        .message(json!({ "chat_id": lobby, "content": "hello @coder" }))
+        .await;
+    // From another protocol, through the other bridge.
+    let (_coder, _) = TrackerWs::auth_subscribed(fleet.nets[0].tracker, "tb-coder").await;
+    fleet.wait_known(1, "coder").await;
+    let mut sky = fleet.nets[1].peer(Proto::Skynet).await;
+    sky.chat("coder", "@coder from skynet", None).await;
+    let reply = admin
+        .message(json!({ "chat_id": lobby, "content": "thread", "reply_to": first["id"] }))
+        .await;
+    let listed = async |i: usize| {
+        let http = TrackerHttp::new(fleet.nets[i].tracker, "tb-admin");
+        let (_, listed) = http
+            .get(&format!("/messages?chat_id={lobby}&limit=50"))
+            .await;
+        (listed.as_array().into_iter().flatten())
+            .map(|m| (m["id"].clone(), m["content"].clone(), m["reply_to"].clone()))
+            .collect::<Vec<_>>()
+    };
+    let on_a = listed(0).await;
+    assert!(
+        on_a.iter().any(|m| m.1 == "@coder from skynet"),
+        "b0 lists the message from b1: {on_a:?}"
+    );
+    assert!(on_a.contains(&(reply["id"].clone(), json!("thread"), first["id"].clone())));
+    eventually("b1 lists b0's messages alike", async || {
+        listed(1).await == on_a
     })
     .await;
     fleet.shutdown().await;

@@ -167,11 +167,25 @@ pub struct Directory {
     /// Bridges of the fleet taken for gone (`bridge_gone`): the bridges still here keep the
     /// mail of the agents they held.
     gone: Map<String, ()>,
+    /// This bridge's name in its fleet, once it joined one.
+    bridge_id: std::sync::OnceLock<String>,
 }
 
 impl Directory {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// This bridge is `id` in a fleet: listings name the bridge that holds each agent.
+    pub fn set_bridge_id(&self, id: &str) {
+        let _ = self.bridge_id.set(id.to_owned());
+    }
+
+    /// The bridge of the fleet that holds `agent` (this one, or the one it names); `None`
+    /// for a bridge alone, whose listings name no bridge.
+    pub fn holding_bridge<'a>(&'a self, agent: &'a AgentInfo) -> Option<&'a str> {
+        let here = self.bridge_id.get()?;
+        Some(agent.bridge.as_deref().unwrap_or(here))
     }
 
     /// Claims `info.name` for the agent. Re-registering the same agent (same protocol and

@@ -105,6 +105,7 @@ impl Federation {
     /// Runs the fleet's tasks for `core` until `shutdown`.
     pub fn start(self, core: Arc<Core>, shutdown: CancellationToken) -> Vec<JoinHandle<()>> {
         self.log.set_directory(core.directory.clone());
+        core.directory.set_bridge_id(&self.link.bridge_id);
         core.set_claims(Arc::new(claims::FleetClaims {
             link: self.link.clone(),
             releasing: Arc::default(),

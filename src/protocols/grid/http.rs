@@ -251,13 +251,18 @@ impl Grid {
             .list()
             .into_iter()
             .map(|a| {
-                json!({
+                let mut agent = json!({
                     "agent": a.name,
                     "protocol": a.protocol,
                     "role": match a.role { Role::Human => "human", Role::Agent => "agent" },
                     "online": a.online,
                     "status": if a.online { a.status.as_str() } else { "offline" },
-                })
+                });
+                // In a fleet, the bridge that holds it.
+                if let Some(bridge) = self.core.directory.holding_bridge(&a) {
+                    agent["bridge"] = json!(bridge);
+                }
+                agent
             })
             .collect()
     }

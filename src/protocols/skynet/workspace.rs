@@ -418,6 +418,10 @@ impl Skynet {
             }),
         );
         card.insert("createdAt".into(), json!(peer.created_at));
+        // In a fleet, the bridge that holds it.
+        if let Some(bridge) = self.core.directory.holding_bridge(peer) {
+            card.insert("bridge".into(), json!(bridge));
+        }
         Value::Object(card)
     }
 

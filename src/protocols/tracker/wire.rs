@@ -212,6 +212,9 @@ pub struct MemberOut {
     pub is_online: bool,
     /// The protocol the member speaks (`tracker` for the Tracker's own members).
     pub protocol: String,
+    /// The bridge of the fleet that holds it; absent for a bridge alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bridge: Option<String>,
     pub created_at: String,
 }
 

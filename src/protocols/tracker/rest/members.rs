@@ -31,6 +31,8 @@ impl Tracker {
             status: self.members.status(&m.slug).to_owned(),
             is_online: self.members.is_online(&m.slug),
             protocol: PROTOCOL.to_owned(),
+            bridge: (self.core.directory.get(&m.slug))
+                .and_then(|a| self.core.directory.holding_bridge(&a).map(str::to_owned)),
             created_at: iso8601(m.created_at),
         }
     }
@@ -58,6 +60,7 @@ impl Tracker {
             .to_owned(),
             is_online: a.online,
             protocol: a.protocol.to_owned(),
+            bridge: self.core.directory.holding_bridge(a).map(str::to_owned),
             created_at: iso8601(a.created_at),
         }
     }
