@@ -3119,8 +3119,8 @@ async fn a_message_resent_under_another_nats_id_is_delivered_once() {
     fleet.shutdown().await;
 }
 
-/// One of three NATS servers killed: the bridges' clients move to the others, and messages
-/// keep crossing, in order.
+/// One of three NATS servers killed, the one the sending bridge is connected to: its client
+/// moves to another, and messages keep crossing, in order.
 #[tokio::test]
 async fn one_nats_server_of_three_killed_traffic_goes_on() {
     let mut cluster = Cluster::start(3).await;
@@ -3138,7 +3138,10 @@ async fn one_nats_server_of_three_killed_traffic_goes_on() {
     for peer in [&mut sender, &mut receiver] {
         peer.wait_up_to(Duration::from_secs(30));
     }
-    cluster.kill(0);
+    // The server the sending bridge is connected to: it must connect to another.
+    let serving = cluster.serving("agentbridge b0").await;
+    let serving = serving.expect("a server serves b0's connection");
+    cluster.kill(serving);
     for n in 0..20 {
         sender
             .chat(&receiver.name, &format!("after {n}"), None)
@@ -3147,6 +3150,10 @@ async fn one_nats_server_of_three_killed_traffic_goes_on() {
     for n in 0..20 {
         assert_eq!(receiver.next(What::Chat).await.text, format!("after {n}"));
     }
+    assert!(
+        cluster.serving("agentbridge b0").await.is_some(),
+        "b0 is connected to another server"
+    );
     fleet.shutdown().await;
 }
 

@@ -31,6 +31,8 @@ struct Node {
     name: String,
     client_port: u16,
     cluster_port: u16,
+    /// Its monitoring port (`/connz`: which clients it serves).
+    http_port: u16,
     conf: PathBuf,
     /// Where the server logs, for a test that fails on it to show.
     log: PathBuf,
@@ -63,14 +65,16 @@ impl Cluster {
     async fn start_once(size: usize) -> Option<Cluster> {
         let binary = server_binary();
         let dir = tempfile::tempdir().expect("a temp dir");
-        let free = free_ports(2 * size);
-        let ports: Vec<(u16, u16)> = free.chunks(2).map(|pair| (pair[0], pair[1])).collect();
+        let free = free_ports(3 * size);
+        let ports: Vec<(u16, u16, u16)> = (free.chunks(3))
+            .map(|three| (three[0], three[1], three[2]))
+            .collect();
         let routes: Vec<String> = ports
             .iter()
-            .map(|(_, cluster)| format!("\"nats-route://127.0.0.1:{cluster}\""))
+            .map(|(_, cluster, _)| format!("\"nats-route://127.0.0.1:{cluster}\""))
             .collect();
         let mut nodes = Vec::new();
-        for (i, &(client_port, cluster_port)) in ports.iter().enumerate() {
+        for (i, &(client_port, cluster_port, http_port)) in ports.iter().enumerate() {
             let name = format!("n{i}");
             let store = dir.path().join(&name);
             let conf = dir.path().join(format!("{name}.conf"));
@@ -87,7 +91,7 @@ impl Cluster {
             std::fs::write(
                 &conf,
                 format!(
-                    "server_name: \"{name}\"\nlisten: \"127.0.0.1:{client_port}\"\n\
+                    "server_name: \"{name}\"\nlisten: \"127.0.0.1:{client_port}\"\nhttp: \"127.0.0.1:{http_port}\"\n\
                      jetstream {{\n  store_dir: {store:?}\n  max_memory_store: 256MB\n  max_file_store: 2GB\n}}\n{cluster}"
                 ),
             )
@@ -97,6 +101,7 @@ impl Cluster {
                 name,
                 client_port,
                 cluster_port,
+                http_port,
                 conf,
                 child: None,
             });
@@ -289,6 +294,26 @@ impl Cluster {
 
     pub fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// The running server that serves the client connection named `name` (a bridge names
+    /// its connection `agentbridge <bridge_id>`), asked through each server's `/connz`.
+    pub async fn serving(&self, name: &str) -> Option<usize> {
+        for (i, node) in self.nodes.iter().enumerate() {
+            if node.child.is_none() {
+                continue;
+            }
+            let url = format!("http://127.0.0.1:{}/connz", node.http_port);
+            let Ok(answer) = super::http().get(&url).send().await else {
+                continue;
+            };
+            let connz: serde_json::Value = answer.json().await.unwrap_or_default();
+            let connections = connz["connections"].as_array().into_iter().flatten();
+            if connections.into_iter().any(|c| c["name"] == name) {
+                return Some(i);
+            }
+        }
+        None
     }
 
     /// The cluster port of server `i` (for tests that cut routes).
