@@ -21,6 +21,14 @@ mod matrix {
     crate::matrix_cells!(Placement::TwoBridges);
 }
 
+/// An HTTP client that gives up after 300 ms, well within a NATS pause of the tests.
+fn impatient_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
+}
+
 /// Bridge `id` of `fleet` as a child process (so that it can be killed), its store in
 /// `dir`, connected to the fleet when this returns.
 async fn spawn_member(fleet: &Fleet, dir: &std::path::Path, id: &str) -> BridgeProcess {
@@ -419,10 +427,7 @@ async fn a_registration_whose_client_left_mid_claim_leaves_the_name_free() {
     // NATS holds the claim unanswered, within the presence TTL, while the client gives up.
     let gave_up = cluster
         .while_paused(Duration::from_millis(800), async {
-            let impatient = reqwest::Client::builder()
-                .timeout(Duration::from_millis(300))
-                .build()
-                .unwrap();
+            let impatient = impatient_client();
             impatient.post(&url).json(&body).send().await
         })
         .await;
@@ -451,10 +456,7 @@ async fn a_registration_retried_after_its_client_left_mid_claim_keeps_the_name()
     let url = format!("http://{}/api/agents", fleet.nets[0].skynet);
     let (gave_up, retried) = cluster
         .while_paused(Duration::from_millis(800), async {
-            let impatient = reqwest::Client::builder()
-                .timeout(Duration::from_millis(300))
-                .build()
-                .unwrap();
+            let impatient = impatient_client();
             let gave_up = impatient.post(&url).json(&body).send().await;
             let retried = common::http().post(&url).json(&body).send().await;
             (gave_up, retried)
@@ -497,10 +499,7 @@ async fn a_tracker_task_whose_client_left_mid_write_still_reaches_its_assignee()
     let task = serde_json::json!({ "title": "left behind", "assignee_slug": "sky" });
     let gave_up = cluster
         .while_paused(Duration::from_millis(800), async {
-            let impatient = reqwest::Client::builder()
-                .timeout(Duration::from_millis(300))
-                .build()
-                .unwrap();
+            let impatient = impatient_client();
             impatient
                 .post(&url)
                 .bearer_auth("tb-coder")

@@ -42,6 +42,17 @@ fn run_with_baseline(paths: &[&str], baseline: &str, count: u64) -> Vec<Value> {
     serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
 }
 
+/// Each row sent at least `count` messages, without an error, and delivered each.
+fn every_message_delivered(rows: &[Value], count: u64) {
+    for row in rows {
+        let path = row["path"].as_str().unwrap();
+        assert_eq!(row["send_errors"], 0, "{path}: {row:#}");
+        assert_eq!(row["lost"], 0, "{path}: {row:#}");
+        assert!(row["sent"].as_u64().unwrap() >= count, "{path}: {row:#}");
+        assert_eq!(row["delivered"], row["sent"], "{path}: {row:#}");
+    }
+}
+
 /// The federation measurement: paths across two bridges of a fleet, and the JetStream
 /// baseline, on a NATS server loadgen starts, deliver every message they send.
 #[test]
@@ -57,13 +68,7 @@ fn fleet_paths_and_the_jetstream_baseline_deliver_every_message_they_send() {
     let named: Vec<&str> = rows.iter().filter_map(|r| r["path"].as_str()).collect();
     assert!(named.iter().any(|p| p.starts_with("stream")), "{named:?}");
     assert_eq!(rows.len(), paths.len() + 1, "{rows:#?}");
-    for row in &rows {
-        let path = row["path"].as_str().unwrap();
-        assert_eq!(row["send_errors"], 0, "{path}: {row:#}");
-        assert_eq!(row["lost"], 0, "{path}: {row:#}");
-        assert!(row["sent"].as_u64().unwrap() >= 400, "{path}: {row:#}");
-        assert_eq!(row["delivered"], row["sent"], "{path}: {row:#}");
-    }
+    every_message_delivered(&rows, 400);
 }
 
 #[test]
@@ -77,11 +82,5 @@ fn request_senders_deliver_every_message_they_send() {
     ];
     let rows = run(&paths, 400);
     assert_eq!(rows.len(), paths.len(), "{rows:#?}");
-    for row in &rows {
-        let path = row["path"].as_str().unwrap();
-        assert_eq!(row["send_errors"], 0, "{path}: {row:#}");
-        assert_eq!(row["lost"], 0, "{path}: {row:#}");
-        assert!(row["sent"].as_u64().unwrap() >= 400, "{path}: {row:#}");
-        assert_eq!(row["delivered"], row["sent"], "{path}: {row:#}");
-    }
+    every_message_delivered(&rows, 400);
 }
