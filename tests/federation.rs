@@ -181,6 +181,12 @@ async fn presence_crosses_bridges_in_every_protocol_naming_the_holders_bridge() 
     assert_eq!(online, json!({ "slug": "prog", "status": "online" }));
 
     // Listed on b0, online and held by b1, in every protocol.
+    let (_listener, ok) = TrackerWs::auth_subscribed(fleet.nets[0].tracker, "tb-listener").await;
+    let online = ok["online"].as_array().cloned().unwrap_or_default();
+    assert!(
+        online.contains(&json!("prog")),
+        "the Tracker's online list: {ok}"
+    );
     let tracker = TrackerHttp::new(fleet.nets[0].tracker, "tb-admin");
     let (_, member) = tracker.get("/members/prog").await;
     assert_eq!(
