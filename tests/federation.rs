@@ -3018,6 +3018,34 @@ async fn without_nats_local_traffic_goes_on_and_crossing_traffic_is_refused() {
     fleet.shutdown().await;
 }
 
+/// A name registered while NATS was away, claimed then in its bridge's directory alone, is
+/// claimed in the fleet's names bucket once NATS is back.
+#[tokio::test]
+async fn a_name_registered_while_nats_was_away_is_claimed_once_it_is_back() {
+    let mut cluster = Cluster::start(1).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
+    let bridge = &fleet.nets[0].bridge;
+    nats_goes_away(&mut cluster, bridge).await;
+    let (_newcomer, _) = common::grid::GridWs::connect(fleet.nets[0].grid, "newcomer", None).await;
+    nats_is_back(&mut cluster, bridge).await;
+    let js = fleet.jetstream().await;
+    let names = js
+        .get_key_value(format!("{}_names", fleet.prefix))
+        .await
+        .expect("the names bucket");
+    let key = base64::Engine::encode(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+        "newcomer",
+    );
+    eventually("the names bucket holds newcomer for b0", async || {
+        let claim = names.get(&key).await.ok().flatten();
+        let claim = claim.and_then(|c| serde_json::from_slice::<serde_json::Value>(&c).ok());
+        claim.is_some_and(|c| c["bridge"] == "b0")
+    })
+    .await;
+    fleet.shutdown().await;
+}
+
 /// Whether `bridge`'s store holds a message saying `text`.
 async fn holds_text(bridge: &agentbridge::Bridge, text: &str) -> bool {
     let query = agentbridge::core::MessageQuery {

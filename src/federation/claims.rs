@@ -5,12 +5,14 @@
 //! unless it is a lasting registration's (a shared record outlives its bridge), which only
 //! the same agent takes. An agent connecting through another bridge moves its name there
 //! while it is not online where it was (`Claiming`). While NATS is away, names are claimed
-//! in this bridge's directory alone; a claim NATS does not answer in time is refused.
+//! in this bridge's directory alone, and in the bucket once it is back
+//! (`FleetClaims::settle_claimed_alone`); a claim NATS does not answer in time is refused.
 
 use std::sync::Arc;
 
 use async_nats::jetstream::kv::{CreateErrorKind, Operation};
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
 use super::link::{NatsLink, Ready, lost_race};
 use super::wire::{Card, agent_key, known_protocol};
@@ -67,7 +69,14 @@ pub struct FleetClaims {
     /// and its pending release gives up rather than free the new claim (it starts again if
     /// that claim fails); a later release of the name takes over.
     pub releasing: Arc<dashmap::DashMap<String, (u64, AgentInfo)>>,
+    /// Names claimed in this bridge's directory alone, while NATS was away or before the
+    /// fleet's buckets were set up: claimed in the names bucket once NATS is back
+    /// (`settle_claimed_alone`), unless released meanwhile.
+    pub claimed_alone: dashmap::DashMap<String, (AgentInfo, Claiming)>,
 }
+
+/// How often names claimed while NATS was away are looked at, to claim them once it is back.
+const SETTLE_ALONE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The id of the next background release (`FleetClaims::releasing`).
 static NEXT_RELEASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -208,8 +217,12 @@ impl NameClaims for FleetClaims {
                 .map(|(_, (_, agent))| agent);
             let claimed = match self.link.ready() {
                 Some(ready) => self.claim_in(&ready, info, how, released.is_some()).await,
-                // Claimed here alone: the key, if still this bridge's, stays so.
-                None => Ok(()),
+                // Claimed here alone (the key, if still this bridge's, stays so), and in
+                // the fleet once NATS is back.
+                None => {
+                    (self.claimed_alone).insert(info.name.clone(), (info.clone(), how));
+                    Ok(())
+                }
             };
             // Refused or unsettled: the name is not this claim's, and the release it
             // stopped goes on.
@@ -249,6 +262,7 @@ impl NameClaims for FleetClaims {
     /// Gives the name up in the background, again until NATS takes it (a release lost while
     /// NATS is away would leave a lasting claim held for good).
     fn release(&self, agent: &AgentInfo) {
+        self.claimed_alone.remove(&agent.name);
         let (link, agent) = (self.link.clone(), agent.clone());
         let releasing = self.releasing.clone();
         let id = NEXT_RELEASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -279,6 +293,47 @@ impl NameClaims for FleetClaims {
                 wait = (wait * 2).min(RELEASE_RETRY_MAX);
             }
         });
+    }
+}
+
+impl FleetClaims {
+    /// Claims in the names bucket, once NATS is back, the names this bridge claimed in its
+    /// directory alone meanwhile; until `shutdown`. A name another bridge claimed meanwhile
+    /// stays held by both (each bridge's agent registered while they could not tell): it
+    /// is logged. One released while its claim was being made is released again.
+    pub async fn settle_claimed_alone(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(SETTLE_ALONE_EVERY) => {}
+            }
+            if self.claimed_alone.is_empty() {
+                continue;
+            }
+            let Some(ready) = self.link.ready() else {
+                continue;
+            };
+            let alone: Vec<(AgentInfo, Claiming)> = (self.claimed_alone.iter())
+                .map(|e| e.value().clone())
+                .collect();
+            for (info, how) in alone {
+                let claimed = self.claim_in(&ready, &info, how, false).await;
+                let still = |e: &(AgentInfo, Claiming)| e.0 == info;
+                // Gone from the set: released meanwhile (a name claimed here again alone
+                // for another agent is settled next).
+                let released = !self.claimed_alone.contains_key(&info.name);
+                match claimed {
+                    Ok(()) if released => self.release(&info),
+                    Ok(()) => drop(self.claimed_alone.remove_if(&info.name, |_, e| still(e))),
+                    // NATS did not answer in time: tried again shortly.
+                    Err(taken) if taken.holder_protocol == BRIDGE_PROTOCOL => {}
+                    Err(taken) => {
+                        tracing::warn!(name = %info.name, holder = %taken, "federation: a name registered here while NATS was away is held by another bridge too");
+                        self.claimed_alone.remove_if(&info.name, |_, e| still(e));
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -106,10 +106,13 @@ impl Federation {
     pub fn start(self, core: Arc<Core>, shutdown: CancellationToken) -> Vec<JoinHandle<()>> {
         self.log.set_directory(core.directory.clone());
         core.directory.set_bridge_id(&self.link.bridge_id);
-        core.set_claims(Arc::new(claims::FleetClaims {
+        let claims = Arc::new(claims::FleetClaims {
             link: self.link.clone(),
             releasing: Arc::default(),
-        }));
+            claimed_alone: Default::default(),
+        });
+        core.set_claims(claims.clone());
+        let settler = tokio::spawn(claims.settle_claimed_alone(shutdown.clone()));
         let positions = Arc::<record_positions::RecordPositions>::default();
         core.set_records(Arc::new(records::FleetRecords {
             link: self.link.clone(),
@@ -150,6 +153,6 @@ impl Federation {
                 handover,
             );
         });
-        vec![publisher, sharer, card_keeper, fleet]
+        vec![publisher, sharer, card_keeper, settler, fleet]
     }
 }
