@@ -21,6 +21,11 @@ mod matrix {
     crate::matrix_cells!(Placement::TwoBridges);
 }
 
+/// Presence as quick as `QUICK`, but writes that wait for NATS longer than a pause of the
+/// tests, however loaded the machine: a write whose client left must still land.
+const PATIENT_WRITES: &str =
+    "heartbeat_ms = 200\npresence_ttl_ms = 1500\npublish_timeout_ms = 15000\n";
+
 /// An HTTP client that gives up after 300 ms, well within a NATS pause of the tests.
 fn impatient_client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -166,7 +171,8 @@ async fn presence_crosses_bridges_in_every_protocol_naming_the_holders_bridge() 
         }
     }
 
-    let fleet = Fleet::start(2).await;
+    // A TTL a loaded machine does not outlast, so that nobody flaps offline meanwhile.
+    let fleet = Fleet::start_timed(2, "heartbeat_ms = 200\npresence_ttl_ms = 10000\n").await;
     let sk0 = SkynetHttp::new(fleet.nets[0].skynet);
     let boss = sk0.human("boss").await;
     let (mut boss_ws, _) = SkynetWs::join(fleet.nets[0].skynet, &boss).await;
@@ -495,7 +501,7 @@ async fn a_registration_retried_after_its_client_left_mid_claim_keeps_the_name()
 #[tokio::test]
 async fn a_tracker_task_whose_client_left_mid_write_still_reaches_its_assignee() {
     let cluster = Cluster::start(1).await;
-    let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, PATIENT_WRITES).await;
     let mut sky = fleet.nets[1].peer(Proto::Skynet).await;
     fleet.wait_known(0, "sky").await;
     let url = format!(
@@ -529,7 +535,7 @@ async fn a_synapse_task_whose_client_left_mid_submit_still_reaches_its_agent() {
     use common::synapse::{Stream, clients};
 
     let cluster = Cluster::start(1).await;
-    let fleet = Fleet::start_on(&cluster.toml_list(), 2, QUICK).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, PATIENT_WRITES).await;
     let mut worker = Stream::open(fleet.nets[1].synapse, "worker").await;
     fleet.wait_known(0, "worker").await;
     let mut c0 = clients(fleet.nets[0].synapse).await;
@@ -652,12 +658,13 @@ async fn tracker_messages_are_the_same_on_every_bridge() {
             .map(|m| (m["id"].clone(), m["content"].clone(), m["reply_to"].clone()))
             .collect::<Vec<_>>()
     };
-    let on_a = listed(0).await;
-    assert!(
-        on_a.iter().any(|m| m.1 == "@coder from skynet"),
-        "b0 lists the message from b1: {on_a:?}"
-    );
-    assert!(on_a.contains(&(reply["id"].clone(), json!("thread"), first["id"].clone())));
+    let said = (reply["id"].clone(), json!("thread"), first["id"].clone());
+    let mut on_a = Vec::new();
+    eventually("b0 lists the message from b1, and its own", async || {
+        on_a = listed(0).await;
+        on_a.iter().any(|m| m.1 == "@coder from skynet") && on_a.contains(&said)
+    })
+    .await;
     eventually("b1 lists b0's messages alike", async || {
         listed(1).await == on_a
     })

@@ -15,7 +15,6 @@ use crate::protocols::endpoint::{Decoded, Translation};
 use crate::shared::at_names;
 use crate::shared::clock::iso8601;
 use crate::shared::each_once::{each_once, push_once};
-use crate::shared::to_the_end::run_to_the_end;
 
 /// The agents a chat may `@mention`, oldest first, each labelled with its own name.
 pub type MentionNames = at_names::Needles<String>;
@@ -79,32 +78,22 @@ impl From<LogError> for PostError {
 impl Tracker {
     /// Posts a message; a comment on a task another protocol asked for is also sent to the
     /// task's requester as progress.
-    pub async fn post_message(self: &Arc<Self>, new: NewMessage) -> Result<MessageOut, PostError> {
+    pub async fn post_message(&self, new: NewMessage) -> Result<MessageOut, PostError> {
         self.post(new, true).await
     }
 
     /// Posts a message without telling a task's requester (the caller already did).
-    pub async fn post_comment_quietly(
-        self: &Arc<Self>,
-        new: NewMessage,
-    ) -> Result<MessageOut, PostError> {
+    pub async fn post_comment_quietly(&self, new: NewMessage) -> Result<MessageOut, PostError> {
         self.post(new, false).await
     }
 
-    /// Posts in a task of its own: a caller dropped once the message is staged (an HTTP
-    /// client that went away) does not leave it stored and never routed.
-    async fn post(
-        self: &Arc<Self>,
-        new: NewMessage,
-        notify_requester: bool,
-    ) -> Result<MessageOut, PostError> {
-        let tracker = self.clone();
-        let posting = run_to_the_end(async move {
-            let (staged, post) = tracker.stage_post(new, notify_requester).await?;
-            let env = staged.durable().await?;
-            Ok(tracker.posted(env, post).await)
-        });
-        (posting.await).unwrap_or(Err(PostError::Store(crate::store::StoreError::Closed)))
+    /// Stages, then delivers once durable. Its callers are REST writes, which run to
+    /// their end even if their client goes (`shared::to_the_end::writes_to_the_end`), so a
+    /// message staged is not left stored and never delivered.
+    async fn post(&self, new: NewMessage, notify_requester: bool) -> Result<MessageOut, PostError> {
+        let (staged, post) = self.stage_post(new, notify_requester).await?;
+        let env = staged.durable().await?;
+        Ok(self.posted(env, post).await)
     }
 
     /// The first half of posting, for a connection that keeps reading while its earlier
