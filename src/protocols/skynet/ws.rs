@@ -193,18 +193,17 @@ impl Connection {
 
     async fn on_join(&mut self, io: &mut Io<Unresolved>, request: JoinRequest) -> Flow {
         let skynet = self.skynet.clone();
+        let unknown = match request.human {
+            true => wire::ERR_UNKNOWN_HUMAN,
+            false => wire::ERR_UNKNOWN_AGENT,
+        };
         let profile = skynet
             .registry
             .by_id(&request.id)
             .filter(|p| p.is_human() == request.human);
         let Some(profile) = profile else {
             tracing::info!(id = %request.id, "skynet: refused an unregistered join");
-            let text = if request.human {
-                wire::ERR_UNKNOWN_HUMAN
-            } else {
-                wire::ERR_UNKNOWN_AGENT
-            };
-            let _ = io.send(wire::error_event(text, None)).await;
+            let _ = io.send(wire::error_event(unknown, None)).await;
             return io.close(1000, "").await;
         };
         // In a fleet, the agent may have been held by another bridge last: its name comes
@@ -223,6 +222,16 @@ impl Connection {
                 false => taken.to_string(),
             };
             let _ = io.send(wire::error_event(&text, None)).await;
+            return io.close(1000, "").await;
+        }
+        // Deleted while its name came here: the move registered it again, and it goes.
+        if skynet.core.in_fleet() && skynet.registry.by_id(&profile.id).is_none() {
+            let moved_here = (skynet.core.directory.get(&profile.name))
+                .is_some_and(|a| a.native_id == profile.id && a.bridge.is_none());
+            if moved_here {
+                skynet.core.unregister(&profile.name, PROTOCOL);
+            }
+            let _ = io.send(wire::error_event(unknown, None)).await;
             return io.close(1000, "").await;
         }
         // The same socket joining as someone else leaves its old membership behind.
