@@ -360,6 +360,58 @@ async fn a_broadcast_from_each_of_three_bridges_reaches_every_recipient_once() {
     fleet.shutdown().await;
 }
 
+/// A message is published to the stream once, by the bridge that accepted it, under its
+/// envelope's id (`Nats-Msg-Id`); the bridges that apply it never publish it again.
+#[tokio::test]
+async fn a_message_is_published_once_under_its_id_and_never_again() {
+    use common::grid::GridWs;
+
+    let fleet = Fleet::start(3).await;
+    let (mut sender, _) = GridWs::connect(fleet.nets[0].grid, "herald", None).await;
+    let (mut one, _) = GridWs::connect(fleet.nets[1].grid, "listener1", None).await;
+    let (mut two, _) = GridWs::connect(fleet.nets[2].grid, "listener2", None).await;
+    for (i, name) in ["herald", "listener1", "listener2"].into_iter().enumerate() {
+        for other in (0..3).filter(|&j| j != i) {
+            fleet.wait_known(other, name).await;
+        }
+    }
+    let js = fleet.jetstream().await;
+    let stream_name = format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase());
+    let mut stream = js.get_stream(&stream_name).await.expect("the stream");
+    let before = stream.info().await.expect("its info").state.last_sequence;
+
+    sender.send("message: { id: once-1, type: notification, sender: { agent: herald }, receiver: { agent: broadcast }, content: { action: discovery, payload: { text: heard once } } }").await;
+    assert_eq!(one.next_message().await["id"], "once-1");
+    assert_eq!(two.next_message().await["id"], "once-1");
+    // Room for a bridge that wrongly published what it applied to have done so.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = stream.info().await.expect("its info").state.last_sequence;
+    let mut published = Vec::new();
+    for sequence in before + 1..=after {
+        let message = stream.get_raw_message(sequence).await.expect("a message");
+        if String::from_utf8_lossy(&message.payload).contains("heard once") {
+            published.push(message);
+        }
+    }
+    assert_eq!(published.len(), 1, "published once: {published:?}");
+    let message = &published[0];
+    let body: serde_json::Value = serde_json::from_slice(&message.payload).expect("JSON");
+    let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
+    let id = header("Nats-Msg-Id").unwrap_or_default();
+    match &body {
+        // Sent alone (as at rest): under its envelope's id.
+        serde_json::Value::Object(_) => assert_eq!(
+            Some(id.as_str()),
+            body["envelope"]["id"].as_str(),
+            "published under its envelope's id: {body}"
+        ),
+        // In a batch with what else was appended meanwhile (docs/federation.md).
+        _ => assert!(id.starts_with("batch:"), "{id}: {body}"),
+    }
+    assert_eq!(header("Agentbridge-Bridge").as_deref(), Some("b0"));
+    fleet.shutdown().await;
+}
+
 #[tokio::test]
 async fn messages_from_one_sender_to_one_recipient_arrive_in_order() {
     let fleet = Fleet::start(2).await;
