@@ -3152,6 +3152,52 @@ async fn what_was_said_while_nats_was_away_is_shared_after_a_restart() {
     fleet.shutdown().await;
 }
 
+/// Messages from one sender to one recipient arrive in the order sent, once, across a
+/// restart of the sender's bridge.
+#[tokio::test]
+async fn messages_keep_their_order_across_a_restart_of_the_senders_bridge() {
+    let fleet = Fleet::start(1).await;
+    let mut receiver = fleet.nets[0].peer(Proto::Tracker).await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data-b1");
+    let data = data.to_str().unwrap();
+    let start_b1 = async || {
+        let b1 = start_member(&fleet.nats, &fleet.prefix, "b1", data, QUICK).await;
+        eventually("b1 knows the receiver on b0", async || {
+            (b1.bridge.core().directory.get("coder"))
+                .is_some_and(|a| a.online && a.bridge.as_deref() == Some("b0"))
+        })
+        .await;
+        b1
+    };
+    const EACH: usize = 50;
+    let b1 = start_b1().await;
+    let mut sender = b1.named_peer(Proto::Grid, "crier").await;
+    for n in 0..EACH {
+        sender.chat("coder", &format!("@coder {n}"), None).await;
+    }
+    // Grid does not acknowledge: stopped once b1 holds them all (accepted), not before.
+    let last = format!("@coder {}", EACH - 1);
+    eventually("b1 accepted the first messages", async || {
+        holds_text(&b1.bridge, &last).await
+    })
+    .await;
+    drop(sender);
+    b1.bridge.shutdown().await;
+    let b1 = start_b1().await;
+    let mut sender = b1.named_peer(Proto::Grid, "crier").await;
+    for n in EACH..2 * EACH {
+        sender.chat("coder", &format!("@coder {n}"), None).await;
+    }
+    for n in 0..2 * EACH {
+        assert_eq!(receiver.next(What::Chat).await.text, format!("@coder {n}"));
+    }
+    let more = tokio::time::timeout(Duration::from_millis(500), receiver.next(What::Chat)).await;
+    assert!(more.is_err(), "a message came twice: {more:?}");
+    b1.bridge.shutdown().await;
+    fleet.shutdown().await;
+}
+
 /// A message that reaches the stream twice under two NATS ids — published, its answer
 /// lost, then sent again by its client in a batch — is delivered once, also when so much
 /// passed in between that the applying bridge no longer remembers it (the second carries
