@@ -1815,6 +1815,57 @@ async fn a_program_on_a_bridge_killed_and_back_at_once_gets_what_that_bridge_acc
     fleet.shutdown().await;
 }
 
+/// As `a_program_on_a_bridge_killed_and_back_at_once_gets_what_that_bridge_accepted_for_it`,
+/// its sender going on through the restarted bridge at once: what the killed run accepted
+/// reaches the program before what was sent to it after the restart.
+#[tokio::test]
+async fn what_a_killed_bridge_accepted_comes_before_what_is_sent_after_its_restart() {
+    use common::grid::{GridHttp, GridWs};
+    let SlowReader {
+        fleet,
+        dir,
+        section,
+        process,
+        socket,
+    } = SlowReader::on_a_patient_fleet().await;
+    let sending = SentUntilKilled::start(process.addr("grid"), "stayer").await;
+    let mut got = read_past_the_kill(process, socket).await;
+    let accepted = sending.accepted().await;
+    let before_restart = got.len();
+    let process = spawn_bridge(dir.path(), "b1", &section).await;
+    let at = (process.addr("grid"), "stayer");
+    let mut socket = GridWs::connect_once_free(at.0, "stayer").await;
+    const AFTER: usize = 1_000_000;
+    let http = GridHttp::new(at.0);
+    for n in AFTER..AFTER + 20 {
+        let id = format!("m{n}");
+        assert!(
+            http.try_send(&grid_note(&id, "neighbour", "stayer", "after"))
+                .await
+        );
+    }
+    let wanted = (accepted.iter().copied())
+        .chain(AFTER..AFTER + 20)
+        .collect();
+    read_until_got(&mut socket, at, &mut got, &wanted).await;
+    let since = &got[before_restart..];
+    let first_after = since.iter().position(|&n| n >= AFTER);
+    let late: Vec<usize> = (since[first_after.unwrap_or(since.len())..].iter())
+        .copied()
+        .filter(|&n| n < AFTER && !got[..before_restart].contains(&n))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "accepted before the kill, came after later ones: {late:?}"
+    );
+    let missing: Vec<usize> = (wanted.iter().copied())
+        .filter(|n| !got.contains(n))
+        .collect();
+    assert!(missing.is_empty(), "missing {missing:?}");
+    drop(process);
+    fleet.shutdown().await;
+}
+
 /// A Grid program, `stayer`, on a bridge in a process of its own, reading slowly (a narrow
 /// socket, unread), known to every bridge of the fleet: what is sent to it waits at its
 /// bridge once the socket's buffers are full.

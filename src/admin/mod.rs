@@ -20,6 +20,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 pub use api::{Sources, Summary, Trace};
 pub use auth::Token;
 
+use crate::shared::doors::Doors;
+
 /// Whether every configured endpoint is listening, and why the bridge is degraded when
 /// it serves with a part missing (federation without NATS).
 #[derive(Clone, Default)]
@@ -31,6 +33,8 @@ struct ReadinessState {
     /// Woken when `ready` is set.
     became_ready: tokio::sync::Notify,
     degraded: ArcSwapOption<String>,
+    /// Whether the endpoints let clients in yet.
+    doors: Doors,
 }
 
 impl Readiness {
@@ -65,6 +69,12 @@ impl Readiness {
 
     pub fn degraded(&self) -> Option<Arc<String>> {
         self.0.degraded.load_full()
+    }
+
+    /// The doors of the bridge's endpoints (`shared::doors`), closed until it may let
+    /// clients in.
+    pub fn doors(&self) -> Doors {
+        self.0.doors.clone()
     }
 }
 
@@ -150,7 +160,7 @@ pub fn router(admin: Admin) -> Router {
         .route(
             "/readyz",
             get(move || {
-                let ready = readiness.is_ready();
+                let ready = readiness.is_ready() && readiness.doors().is_open();
                 let degraded = readiness.degraded();
                 async move {
                     // Degraded still serves: the agents on this bridge reach one another.

@@ -21,6 +21,7 @@ use crate::core::{Core, MessageLog};
 use crate::federation::Federation;
 use crate::protocols::{self, StartError};
 use crate::shared::budget::ByteBudget;
+use crate::shared::doors::Doors;
 use crate::shared::listener::SharedLimits;
 use crate::store::{RedeliveringLog, Store};
 use crate::telemetry;
@@ -111,6 +112,7 @@ impl Bridge {
         let core = Core::new(log, Arc::new(store.clone()), &config.routing);
         let bridge_id = (config.federation.as_ref()).map(|f| f.bridge_id.clone());
         let mut tasks = Vec::new();
+        let in_fleet = federation.is_some();
         if let Some(federation) = federation {
             tasks.extend(federation.start(core.clone(), shutdown.clone()));
         }
@@ -149,6 +151,7 @@ impl Bridge {
                     listener,
                     admin::router(admin),
                     &limits,
+                    Doors::always_open(),
                     shutdown.clone(),
                 ));
                 listeners.push(("admin", "http", addr));
@@ -163,6 +166,7 @@ impl Bridge {
             shutdown: shutdown.clone(),
             limits,
             read_budget: ByteBudget::new(config.limits.read_budget_bytes),
+            doors: readiness.doors(),
         };
         let read_budget = context.read_budget.clone();
         let started = async {
@@ -199,6 +203,11 @@ impl Bridge {
                 tracing::info!(routed, "routed again what the last run had not delivered");
             }
             tasks.push(redelivery.keep_pending(shutdown.clone()));
+        }
+        // A bridge alone has routed again what its last run left: clients may come in. A
+        // fleet's opens its doors once it has read its stream again (`federation`).
+        if !in_fleet {
+            readiness.doors().open();
         }
         let protocols: Vec<&'static str> = reloaders.iter().map(|(name, _)| *name).collect();
         telemetry::bridge_started(&protocols, config.federation.is_some());

@@ -194,6 +194,11 @@ impl NatsLink {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
+    /// The doors of the bridge's endpoints (`federation::doors` opens them).
+    pub fn doors(&self) -> crate::shared::doors::Doors {
+        self.readiness.doors()
+    }
+
     /// Ends once every endpoint of the bridge is listening.
     pub async fn endpoints_listening(&self) {
         self.readiness.listening().await

@@ -10,6 +10,7 @@ mod apply;
 mod cards;
 mod claims;
 mod config;
+mod doors;
 mod fleet_log;
 mod handover;
 mod held_cards;
@@ -133,11 +134,13 @@ impl Federation {
             .clone()
             .run(link.clone(), core.directory.clone(), shutdown.clone());
         let card_keeper = tokio::spawn(card_keeper);
+        let (routed_up_to, routed) = tokio::sync::watch::channel(0);
+        let doors = doors::open_once_caught_up(link.clone(), routed.clone(), shutdown.clone());
+        let doors = tokio::spawn(doors);
         let fleet = tokio::spawn(async move {
             let Some(ready) = link.set_up_when_possible(&config, &shutdown).await else {
                 return;
             };
-            let (routed_up_to, routed) = tokio::sync::watch::channel(0);
             let applier = apply::Applier {
                 link: link.clone(),
                 core: core.clone(),
@@ -153,6 +156,6 @@ impl Federation {
                 handover,
             );
         });
-        vec![publisher, sharer, card_keeper, settler, fleet]
+        vec![publisher, sharer, card_keeper, settler, doors, fleet]
     }
 }

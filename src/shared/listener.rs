@@ -36,6 +36,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use super::doors::Doors;
+
 /// `[limits]`: what the bridge allows any one client, whichever endpoint it uses.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -146,18 +148,24 @@ impl Serving {
     }
 }
 
-/// Serves `app` on `listener` until `shutdown`, then lets each connection finish what it
-/// is answering; open WebSocket sessions watch `shutdown` themselves.
+/// Serves `app` on `listener`, once `doors` open, until `shutdown`, then lets each
+/// connection finish what it is answering; open WebSocket sessions watch `shutdown`
+/// themselves.
 pub fn serve(
     endpoint: &'static str,
     listener: TcpListener,
     app: axum::Router,
     limits: &SharedLimits,
+    doors: Doors,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
     let shared = limits.clone();
     let mut serving = Serving::new(shared.load());
     tokio::spawn(async move {
+        tokio::select! {
+            () = doors.opened() => {}
+            _ = shutdown.cancelled() => return,
+        }
         let mut listener = listener;
         let connections = CancellationToken::new();
         let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<Infallible>(1);

@@ -214,6 +214,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         listener,
         http::router(grid),
         &ctx.limits,
+        ctx.doors.clone(),
         shutdown,
     ));
     Ok(Running {

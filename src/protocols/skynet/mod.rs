@@ -98,6 +98,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         listener,
         http::router(skynet),
         &ctx.limits,
+        ctx.doors.clone(),
         shutdown,
     );
     Ok(Running {

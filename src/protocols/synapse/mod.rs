@@ -245,6 +245,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
             listener,
             app.clone(),
             &ctx.limits,
+            ctx.doors.clone(),
             shutdown.clone(),
         ));
         addrs.push((role, addr));

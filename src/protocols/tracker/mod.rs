@@ -356,6 +356,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         listener,
         rest::router(tracker),
         &ctx.limits,
+        ctx.doors.clone(),
         shutdown,
     );
     Ok(Running {
