@@ -41,7 +41,13 @@ impl Readiness {
     pub fn set_ready(&self) {
         self.0.ready.store(true, Ordering::Release);
         self.0.became_ready.notify_waiters();
-        crate::telemetry::ready(self.degraded().is_none());
+        self.report();
+    }
+
+    /// The `agentbridge_ready` gauge, as `/readyz` answers: 1 when ready and not degraded.
+    fn report(&self) {
+        let serving = self.is_ready() && self.0.doors.is_open();
+        crate::telemetry::ready(serving && self.degraded().is_none());
     }
 
     pub fn is_ready(&self) -> bool {
@@ -62,9 +68,8 @@ impl Readiness {
 
     /// Says why the bridge is degraded, or (`None`) that it no longer is.
     pub fn set_degraded(&self, reason: Option<String>) {
-        let ready = reason.is_none() && self.is_ready();
         self.0.degraded.store(reason.map(Arc::new));
-        crate::telemetry::ready(ready);
+        self.report();
     }
 
     pub fn degraded(&self) -> Option<Arc<String>> {
@@ -72,9 +77,15 @@ impl Readiness {
     }
 
     /// The doors of the bridge's endpoints (`shared::doors`), closed until it may let
-    /// clients in.
+    /// clients in (`open_doors`).
     pub fn doors(&self) -> Doors {
         self.0.doors.clone()
+    }
+
+    /// Lets clients in to every endpoint, from now on.
+    pub fn open_doors(&self) {
+        self.0.doors.open();
+        self.report();
     }
 }
 

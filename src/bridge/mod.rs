@@ -207,7 +207,7 @@ impl Bridge {
         // A bridge alone has routed again what its last run left: clients may come in. A
         // fleet's opens its doors once it has read its stream again (`federation`).
         if !in_fleet {
-            readiness.doors().open();
+            readiness.open_doors();
         }
         let protocols: Vec<&'static str> = reloaders.iter().map(|(name, _)| *name).collect();
         telemetry::bridge_started(&protocols, config.federation.is_some());

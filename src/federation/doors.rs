@@ -26,25 +26,31 @@ pub async fn open_once_caught_up(
     shutdown: CancellationToken,
 ) {
     let caught_up = async {
+        // Whether it caught up (`false`: NATS could not tell where the stream ended).
         let ready = loop {
             match link.set_up() {
                 Some(ready) => break ready,
                 None => tokio::time::sleep(LOOK_AGAIN_AFTER).await,
             }
         };
-        // Unknown (NATS gone again): nothing is waited for.
         let Ok(mut stream) = ready.js.get_stream(&link.names.stream).await else {
-            return;
+            return false;
         };
         let Ok(info) = stream.info().await else {
-            return;
+            return false;
         };
         let end = info.state.last_sequence;
-        let _ = routed.wait_for(|routed| *routed >= end).await;
+        routed.wait_for(|routed| *routed >= end).await.is_ok()
     };
-    tokio::select! {
+    let caught_up = tokio::select! {
         _ = shutdown.cancelled() => return,
-        _ = tokio::time::timeout(CAUGHT_UP_WITHIN, caught_up) => {}
+        caught_up = tokio::time::timeout(CAUGHT_UP_WITHIN, caught_up) => caught_up,
+    };
+    if !matches!(caught_up, Ok(true)) {
+        tracing::warn!(
+            within = ?CAUGHT_UP_WITHIN,
+            "federation: letting clients in before the stream is read again; what the last run left for them may come after newer messages"
+        );
     }
-    link.doors().open();
+    link.open_doors();
 }

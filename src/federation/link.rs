@@ -194,9 +194,9 @@ impl NatsLink {
         self.client.connection_state() == async_nats::connection::State::Connected
     }
 
-    /// The doors of the bridge's endpoints (`federation::doors` opens them).
-    pub fn doors(&self) -> crate::shared::doors::Doors {
-        self.readiness.doors()
+    /// Lets clients in to the bridge's endpoints (`federation::doors`).
+    pub fn open_doors(&self) {
+        self.readiness.open_doors();
     }
 
     /// Ends once every endpoint of the bridge is listening.
