@@ -98,14 +98,17 @@ impl Fleet {
         fleet
     }
 
-    /// Waits until every bridge is connected with its stream and buckets set up.
+    /// Waits until every bridge is connected with its stream and buckets set up, and lets
+    /// clients in.
     pub async fn wait_set_up(&self) {
         let deadline = Instant::now() + SET_UP_WAIT;
         for net in &self.nets {
-            while let Some(reason) = net.bridge.readiness().degraded() {
+            let readiness = net.bridge.readiness();
+            while readiness.degraded().is_some() || !readiness.doors().is_open() {
                 assert!(
                     Instant::now() < deadline,
-                    "a bridge of the fleet did not get ready: {reason}"
+                    "a bridge of the fleet did not get ready: {:?}",
+                    readiness.degraded()
                 );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
