@@ -198,6 +198,20 @@ impl Directory {
         registered
     }
 
+    /// Registers an agent the bridge knows from its config or its store, as it starts or
+    /// reloads: as `register`, but the same agent online through another bridge of the
+    /// fleet (it moved there; its card came first) stays held there, which is no refusal.
+    pub fn register_known(&self, info: AgentInfo) -> Result<(), NameTaken> {
+        let (name, protocol, native_id) =
+            (info.name.clone(), info.protocol, info.native_id.clone());
+        self.register(info).or_else(|taken| {
+            let moved = (self.by_name.get(&name)).is_some_and(|held| {
+                held.bridge.is_some() && held.protocol == protocol && held.native_id == native_id
+            });
+            if moved { Ok(()) } else { Err(taken) }
+        })
+    }
+
     /// Whether `register(info)` would be refused, without registering.
     pub fn check_claim(&self, info: &AgentInfo) -> Result<(), NameTaken> {
         match self.by_name.get(&info.name) {
@@ -483,6 +497,22 @@ impl<T> PerGeneration<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agent_known_here_and_online_through_another_bridge_stays_held_there() {
+        let dir = Directory::new();
+        let mut elsewhere = AgentInfo::new("coder", "tracker", "c-1");
+        (elsewhere.bridge, elsewhere.online) = (Some("b0".into()), true);
+        dir.register_replica(elsewhere);
+        let known = AgentInfo::new("coder", "tracker", "c-1");
+        assert!(dir.register(known.clone()).is_err(), "online elsewhere");
+        assert_eq!(dir.register_known(known), Ok(()));
+        let held = dir.get("coder").unwrap();
+        assert_eq!((held.bridge.as_deref(), held.online), (Some("b0"), true));
+        // Another agent of the name is refused all the same.
+        let other = AgentInfo::new("coder", "grid", "coder");
+        assert!(dir.register_known(other).is_err());
+    }
 
     #[test]
     fn a_value_per_generation_is_built_again_once_the_directory_changes() {

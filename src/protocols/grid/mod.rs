@@ -237,7 +237,7 @@ impl Grid {
     /// Takes in a program this bridge kept from before it started.
     fn keep(&self, agent: &str, created_at: i64) -> Result<(), Invalid> {
         (self.core.directory)
-            .register(Self::program(agent, created_at))
+            .register_known(Self::program(agent, created_at))
             .map_err(name_taken)?;
         self.programs.insert(agent.to_owned());
         Ok(())

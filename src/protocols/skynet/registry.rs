@@ -160,7 +160,7 @@ impl Registry {
             by_id: DashMap::new(),
         };
         for profile in profiles {
-            if let Err(e) = registry.core.directory.register(profile.directory_entry()) {
+            if let Err(e) = (registry.core.directory).register_known(profile.directory_entry()) {
                 tracing::warn!(error = %e, "skynet: a registered name is held elsewhere; it stays unreachable");
                 continue;
             }

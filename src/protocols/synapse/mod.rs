@@ -155,7 +155,7 @@ impl Synapse {
         for agent in self.db.agents().await.map_err(|e| e.to_string())? {
             self.core
                 .directory
-                .register(agents::directory_entry(&agent))
+                .register_known(agents::directory_entry(&agent))
                 .map_err(|e| format!("agent '{}': {e}", agent.agent_id))?;
             self.agents.insert(agent.agent_id.clone(), agent);
         }

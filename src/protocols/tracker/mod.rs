@@ -235,7 +235,7 @@ impl Endpoint for Tracker {
 async fn register_members(db: &Db, core: &Core, members: &Members) -> Result<(), String> {
     let mut refused = Vec::new();
     for member in db.members().await.map_err(|e| e.to_string())? {
-        match core.directory.register(directory_entry(&member)) {
+        match core.directory.register_known(directory_entry(&member)) {
             Ok(()) => members.insert(member),
             Err(e) => refused.push(format!("member '{}': {e}", member.slug)),
         }
