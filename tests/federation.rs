@@ -1793,33 +1793,11 @@ async fn a_program_whose_bridge_is_killed_as_it_reads_gets_what_that_bridge_acce
 
 /// As `a_program_whose_bridge_is_killed_as_it_reads_gets_what_that_bridge_accepted_for_it`,
 /// the bridge started again before the fleet takes it for gone: it routes again what its
-/// killed run accepted and perhaps did not write, and the program gets it there.
+/// killed run accepted and perhaps did not write, and the program gets it there — before
+/// what its sender, going on through the restarted bridge at once, sent it after.
 #[tokio::test]
-async fn a_program_on_a_bridge_killed_and_back_at_once_gets_what_that_bridge_accepted_for_it() {
-    use common::grid::GridWs;
-    let SlowReader {
-        fleet,
-        dir,
-        section,
-        process,
-        socket,
-    } = SlowReader::on_a_patient_fleet().await;
-    let sending = SentUntilKilled::start(process.addr("grid"), "stayer").await;
-    let mut got = read_past_the_kill(process, socket).await;
-    let accepted = sending.accepted().await;
-    let process = spawn_bridge(dir.path(), "b1", &section).await;
-    let at = (process.addr("grid"), "stayer");
-    let mut socket = GridWs::connect_once_free(at.0, "stayer").await;
-    read_rest_of(&mut socket, at, &mut got, &accepted).await;
-    drop(process);
-    fleet.shutdown().await;
-}
-
-/// As `a_program_on_a_bridge_killed_and_back_at_once_gets_what_that_bridge_accepted_for_it`,
-/// its sender going on through the restarted bridge at once: what the killed run accepted
-/// reaches the program before what was sent to it after the restart.
-#[tokio::test]
-async fn what_a_killed_bridge_accepted_comes_before_what_is_sent_after_its_restart() {
+async fn a_program_on_a_bridge_killed_and_back_at_once_gets_what_it_accepted_before_what_came_after()
+ {
     use common::grid::{GridHttp, GridWs};
     let SlowReader {
         fleet,
