@@ -83,15 +83,17 @@ static NEXT_RELEASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64
 
 impl FleetClaims {
     /// Claims the name for this bridge, as `how` allows.
-    /// `was_releasing`: a release of the name was pending here, which reads the key again
-    /// before it deletes it; a key this bridge holds is then written again, so that the
-    /// release's revision check fails rather than free this claim.
+    ///
+    /// `rewrite`: a key this bridge holds already is written again, to describe `info`. A
+    /// release of the name pending here reads the key before it deletes it, so its revision
+    /// check then fails rather than free this claim; and a claim made here alone while NATS
+    /// was away replaces what the key said of an agent before it.
     async fn claim_in(
         &self,
         ready: &Ready,
         info: &AgentInfo,
         how: Claiming,
-        was_releasing: bool,
+        rewrite: bool,
     ) -> Result<(), NameTaken> {
         let key = agent_key(&info.name);
         let claim = |lasting: bool| {
@@ -124,7 +126,7 @@ impl FleetClaims {
                 continue;
             };
             let (value, lasting) = match serde_json::from_slice::<Claim>(&entry.value) {
-                Ok(held) if held.bridge == self.link.bridge_id && !was_releasing => return Ok(()),
+                Ok(held) if held.bridge == self.link.bridge_id && !rewrite => return Ok(()),
                 Ok(held) if held.bridge == self.link.bridge_id => {
                     let lasting = how != Claiming::Held || (held.is_for(info) && held.lasting);
                     (claim(lasting), lasting)
@@ -317,7 +319,7 @@ impl FleetClaims {
                 .map(|e| e.value().clone())
                 .collect();
             for (info, how) in alone {
-                let claimed = self.claim_in(&ready, &info, how, false).await;
+                let claimed = self.claim_in(&ready, &info, how, true).await;
                 let still = |e: &(AgentInfo, Claiming)| e.0 == info;
                 // Gone from the set: released meanwhile (a name claimed here again alone
                 // for another agent is settled next).
