@@ -88,7 +88,7 @@ impl Tracker {
     }
 
     /// Stages, then delivers once durable. Its callers are REST writes, which run to
-    /// their end even if their client goes (`shared::to_the_end::writes_to_the_end`), so a
+    /// their end even if their client goes (`shared::to_the_end::WritesToTheEnd`), so a
     /// message staged is not left stored and never delivered.
     async fn post(&self, new: NewMessage, notify_requester: bool) -> Result<MessageOut, PostError> {
         let (staged, post) = self.stage_post(new, notify_requester).await?;
