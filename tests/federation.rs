@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fleet::{Fleet, QUICK, SET_UP_WAIT, federation_section, start_member};
+use common::fleet::{Fleet, QUICK, SET_UP_WAIT, claim_of, federation_section, start_member};
 use common::nats::Cluster;
 use common::peers::{Proto, What};
 use common::skynet::{SkynetHttp, SkynetWs};
@@ -531,16 +531,8 @@ async fn a_registration_retried_after_its_client_left_mid_claim_keeps_the_name()
     assert_eq!(status, 201, "the retry registers the name");
     // Time for a claim given up to go, if it wrongly were.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let js = fleet.jetstream().await;
-    let names = js
-        .get_key_value(format!("{}_names", fleet.prefix))
-        .await
-        .expect("the names bucket");
-    let key = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, "retrier");
-    let claim = names.get(&key).await.expect("NATS answers");
-    let claim: serde_json::Value = claim
-        .map(|c| serde_json::from_slice(&c).expect("a claim is JSON"))
-        .unwrap_or_default();
+    let names = fleet.names().await;
+    let claim = claim_of(&names, "retrier").await.expect("NATS answers");
     assert_eq!(
         claim["bridge"], "b0",
         "the fleet's key holds the name for b0: {claim}"
@@ -619,11 +611,7 @@ async fn a_name_refused_on_its_own_bridge_stays_claimed_for_its_holder() {
     let skynet = SkynetHttp::new(fleet.nets[0].skynet);
     let tracker = TrackerHttp::new(fleet.nets[0].tracker, "tb-admin");
     let other = SkynetHttp::new(fleet.nets[1].skynet);
-    let js = fleet.jetstream().await;
-    let names = js
-        .get_key_value(format!("{}_names", fleet.prefix))
-        .await
-        .expect("the names bucket");
+    let names = fleet.names().await;
     for n in 0..5 {
         let name = format!("twin{n}");
         let agent = serde_json::json!({ "name": name, "type": "claude-code" });
@@ -642,11 +630,7 @@ async fn a_name_refused_on_its_own_bridge_stays_claimed_for_its_holder() {
         };
         // Time for a claim given up to go (it is given up in the background).
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let key = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, &name);
-        let claim = names.get(&key).await.expect("NATS answers");
-        let claim: serde_json::Value = claim
-            .map(|c| serde_json::from_slice(&c).expect("a claim is JSON"))
-            .unwrap_or_default();
+        let claim = claim_of(&names, &name).await.expect("NATS answers");
         assert_eq!(claim["bridge"], "b0", "{name}: {claim}");
         assert_eq!(claim["protocol"], holder, "{name}: {claim}");
         let (status, refusal) = other.post("/api/agents", agent).await;
@@ -3116,19 +3100,10 @@ async fn a_name_registered_while_nats_was_away_is_claimed_once_it_is_back() {
     nats_goes_away(&mut cluster, bridge).await;
     let (_newcomer, _) = common::grid::GridWs::connect(fleet.nets[0].grid, "newcomer", None).await;
     nats_is_back(&mut cluster, bridge).await;
-    let js = fleet.jetstream().await;
-    let names = js
-        .get_key_value(format!("{}_names", fleet.prefix))
-        .await
-        .expect("the names bucket");
-    let key = base64::Engine::encode(
-        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
-        "newcomer",
-    );
+    let names = fleet.names().await;
     eventually("the names bucket holds newcomer for b0", async || {
-        let claim = names.get(&key).await.ok().flatten();
-        let claim = claim.and_then(|c| serde_json::from_slice::<serde_json::Value>(&c).ok());
-        claim.is_some_and(|c| c["bridge"] == "b0")
+        let claim = claim_of(&names, "newcomer").await;
+        claim.is_ok_and(|c| c["bridge"] == "b0")
     })
     .await;
     fleet.shutdown().await;

@@ -172,6 +172,12 @@ impl Fleet {
         async_nats::jetstream::new(client)
     }
 
+    /// The fleet's names bucket: which bridge holds each name a client registered.
+    pub async fn names(&self) -> async_nats::jetstream::kv::Store {
+        let js = self.jetstream().await;
+        (js.get_key_value(format!("{}_names", self.prefix)).await).expect("the names bucket")
+    }
+
     pub async fn shutdown(self) {
         for net in self.nets {
             net.bridge.shutdown().await;
@@ -188,4 +194,17 @@ pub async fn start_member(nats: &str, prefix: &str, id: &str, data_dir: &str, ti
             .await
             .expect("a bridge of the fleet starts"),
     )
+}
+
+/// What the names bucket `names` (`Fleet::names`) says of `name`: its claim as JSON, `Null`
+/// when there is none; `Err` when NATS does not answer.
+pub async fn claim_of(
+    names: &async_nats::jetstream::kv::Store,
+    name: &str,
+) -> Result<serde_json::Value, String> {
+    let key = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, name);
+    let claim = names.get(&key).await.map_err(|e| e.to_string())?;
+    Ok(claim
+        .map(|c| serde_json::from_slice(&c).expect("a claim is JSON"))
+        .unwrap_or_default())
 }
