@@ -7,7 +7,6 @@ mod auth;
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwapOption;
 
@@ -20,7 +19,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 pub use api::{Sources, Summary, Trace};
 pub use auth::Token;
 
-use crate::shared::doors::Doors;
+use crate::shared::latch::Latch;
 
 /// Whether every configured endpoint is listening, and why the bridge is degraded when
 /// it serves with a part missing (federation without NATS).
@@ -29,18 +28,16 @@ pub struct Readiness(Arc<ReadinessState>);
 
 #[derive(Default)]
 struct ReadinessState {
-    ready: AtomicBool,
-    /// Woken when `ready` is set.
-    became_ready: tokio::sync::Notify,
+    /// Open once every configured endpoint listens.
+    listening: Latch,
     degraded: ArcSwapOption<String>,
-    /// Whether the endpoints let clients in yet.
-    doors: Doors,
+    /// Open once the endpoints let clients in.
+    doors: Latch,
 }
 
 impl Readiness {
     pub fn set_ready(&self) {
-        self.0.ready.store(true, Ordering::Release);
-        self.0.became_ready.notify_waiters();
+        self.0.listening.open();
         self.report();
     }
 
@@ -51,19 +48,13 @@ impl Readiness {
     }
 
     pub fn is_ready(&self) -> bool {
-        self.0.ready.load(Ordering::Acquire)
+        self.0.listening.is_open()
     }
 
     /// Ends once every endpoint is listening (and its mail kept for absent agents has
     /// somewhere to go).
     pub async fn listening(&self) {
-        loop {
-            let woken = self.0.became_ready.notified();
-            if self.is_ready() {
-                return;
-            }
-            woken.await;
-        }
+        self.0.listening.opened().await
     }
 
     /// Says why the bridge is degraded, or (`None`) that it no longer is.
@@ -76,9 +67,9 @@ impl Readiness {
         self.0.degraded.load_full()
     }
 
-    /// The doors of the bridge's endpoints (`shared::doors`), closed until it may let
+    /// The doors of the bridge's endpoints (`shared::latch`), closed until it may let
     /// clients in (`open_doors`).
-    pub fn doors(&self) -> Doors {
+    pub fn doors(&self) -> Latch {
         self.0.doors.clone()
     }
 

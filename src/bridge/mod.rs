@@ -21,7 +21,7 @@ use crate::core::{Core, MessageLog};
 use crate::federation::Federation;
 use crate::protocols::{self, StartError};
 use crate::shared::budget::ByteBudget;
-use crate::shared::doors::Doors;
+use crate::shared::latch::Latch;
 use crate::shared::listener::SharedLimits;
 use crate::store::{RedeliveringLog, Store};
 use crate::telemetry;
@@ -151,7 +151,7 @@ impl Bridge {
                     listener,
                     admin::router(admin),
                     &limits,
-                    Doors::always_open(),
+                    Latch::always_open(),
                     shutdown.clone(),
                 ));
                 listeners.push(("admin", "http", addr));

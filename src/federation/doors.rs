@@ -1,5 +1,5 @@
 //! A fleet bridge lets clients in once it has read its stream again up to where the stream
-//! ended as it was set up (`shared::doors`): what its earlier run accepted and had not
+//! ended as it was set up (`shared::latch`): what its earlier run accepted and had not
 //! delivered is routed again as its consumer reads it, and a client let in before could
 //! be sent, or send, something that overtakes it. Set-up and reading are bounded by
 //! `CAUGHT_UP_WITHIN`: a bridge that cannot reach NATS as it starts still serves its own

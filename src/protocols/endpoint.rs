@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::core::{Core, Envelope, TaskState};
 use crate::shared::budget::ByteBudget;
-use crate::shared::doors::Doors;
+use crate::shared::latch::Latch;
 use crate::shared::listener::SharedLimits;
 use crate::store::Store;
 
@@ -132,9 +132,9 @@ pub struct Context {
     pub limits: SharedLimits,
     /// Shared by every WebSocket of every endpoint (`Limits::read_budget_bytes`).
     pub read_budget: ByteBudget,
-    /// Open once the bridge may let clients in (`shared::doors`): every listener of an
+    /// Open once the bridge may let clients in (`shared::latch`): every listener of an
     /// endpoint waits for them.
-    pub doors: Doors,
+    pub doors: Latch,
 }
 
 /// An endpoint that is up: where it listens, the task serving it, and how a reload of the

@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use super::doors::Doors;
+use super::latch::Latch;
 
 /// `[limits]`: what the bridge allows any one client, whichever endpoint it uses.
 #[derive(Clone, Debug, Deserialize)]
@@ -156,7 +156,7 @@ pub fn serve(
     listener: TcpListener,
     app: axum::Router,
     limits: &SharedLimits,
-    doors: Doors,
+    doors: Latch,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
     let shared = limits.clone();

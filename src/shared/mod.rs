@@ -5,11 +5,11 @@
 pub mod at_names;
 pub mod budget;
 pub mod clock;
-pub mod doors;
 pub mod each_once;
 pub mod gate;
 pub mod http_refusals;
 pub mod json_writer;
+pub mod latch;
 pub mod listener;
 pub mod raw_object;
 pub mod text;

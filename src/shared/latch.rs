@@ -1,18 +1,19 @@
-//! Whether a bridge's endpoints let clients in yet. A bridge started again first routes
-//! what its earlier run accepted and had not delivered (a bridge alone from its store, one
-//! of a fleet as it reads its stream again); a client let in before could be sent, or send,
-//! something that overtakes it. Until the doors open, the endpoints' listeners are bound
-//! but accept nothing: a client's connection waits in the listen backlog, and `/readyz`
-//! says the bridge is starting.
+//! A flag that, once open, stays open, and that can be waited for. A bridge has two: its
+//! endpoints listening (`admin::Readiness`), and its doors, which let clients in. A bridge
+//! started again first routes what its earlier run accepted and had not delivered (a
+//! bridge alone from its store, one of a fleet as it reads its stream again); a client let
+//! in before could be sent, or send, something that overtakes it. Until the doors open,
+//! the endpoints' listeners are bound but accept nothing: a client's connection waits in
+//! the listen backlog, and `/readyz` says the bridge is starting.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::Notify;
 
-/// Shared by every listener of the bridge's endpoints; closed until `open`.
+/// Closed until `open`; clones share it.
 #[derive(Clone, Default)]
-pub struct Doors(Arc<State>);
+pub struct Latch(Arc<State>);
 
 #[derive(Default)]
 struct State {
@@ -20,15 +21,15 @@ struct State {
     opened: Notify,
 }
 
-impl Doors {
-    /// Doors open from the start (the operations listener's).
-    pub fn always_open() -> Doors {
-        let doors = Doors::default();
-        doors.open();
-        doors
+impl Latch {
+    /// Open from the start (the operations listener's doors).
+    pub fn always_open() -> Latch {
+        let latch = Latch::default();
+        latch.open();
+        latch
     }
 
-    /// Lets clients in, from now on.
+    /// Opens it, for good.
     pub fn open(&self) {
         self.0.open.store(true, Ordering::Release);
         self.0.opened.notify_waiters();
@@ -38,7 +39,7 @@ impl Doors {
         self.0.open.load(Ordering::Acquire)
     }
 
-    /// Ends once the doors are open.
+    /// Ends once it is open.
     pub async fn opened(&self) {
         loop {
             // Registered before the look: an `open` in between still wakes it.
@@ -56,8 +57,8 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_wait_ends_once_the_doors_open() {
-        let doors = Doors::default();
+    async fn a_wait_ends_once_it_opens() {
+        let doors = Latch::default();
         let waiting = tokio::spawn({
             let doors = doors.clone();
             async move { doors.opened().await }
