@@ -85,16 +85,33 @@ impl Hub {
         }
     }
 
+    /// Runs a hub that applies task messages to its endpoint's tables, until `shutdown`:
+    /// first applies with `again` what it missed before its bridge restarted
+    /// (`catch_up`), then applies with `live` each message routed to it (but for those it
+    /// just caught up on), marking every task message applied once it is done with it.
+    pub async fn apply<F, G>(
+        &self,
+        shutdown: &CancellationToken,
+        again: impl FnMut(Envelope) -> F,
+        mut live: impl FnMut(Arc<Delivery>) -> G,
+    ) where
+        F: Future<Output = ()>,
+        G: Future<Output = ()>,
+    {
+        self.catch_up(shutdown, again).await;
+        while let Some(delivery) = self.next(shutdown).await {
+            live(delivery.clone()).await;
+            self.applied(&delivery);
+        }
+    }
+
     /// Applies, with `apply`, the task messages the log holds that this hub wants and has
     /// not marked applied (`applied`): those it was routed before its bridge last stopped,
     /// or was killed, and had not applied then; in the order stored, read a page at a
     /// time. Called once, as the hub starts: what is routed to it meanwhile waits in its
-    /// mailbox. A hub that calls it marks every task message it applies.
-    pub async fn catch_up<F>(
-        &self,
-        shutdown: &CancellationToken,
-        mut apply: impl FnMut(Envelope) -> F,
-    ) where
+    /// mailbox.
+    async fn catch_up<F>(&self, shutdown: &CancellationToken, mut apply: impl FnMut(Envelope) -> F)
+    where
         F: Future<Output = ()>,
     {
         let marks = &self.core.applied;
@@ -150,7 +167,7 @@ impl Hub {
     }
 
     /// Marks a delivery applied, once `apply` is done with it (`catch_up`).
-    pub fn applied(&self, delivery: &Delivery) {
+    fn applied(&self, delivery: &Delivery) {
         if delivery.stored && delivery.envelope.task.is_some() {
             self.mark(&delivery.envelope.id);
         }
@@ -178,7 +195,7 @@ impl Hub {
 
     /// The next message, but for those it applied as it caught up; `None` too once the
     /// bridge shuts down.
-    pub async fn next(&self, shutdown: &CancellationToken) -> Option<Arc<Delivery>> {
+    async fn next(&self, shutdown: &CancellationToken) -> Option<Arc<Delivery>> {
         loop {
             let next = tokio::select! {
                 _ = shutdown.cancelled() => None,

@@ -22,7 +22,7 @@ use super::proto::{
 use super::{PROTOCOL, Synapse, agents::internal, translate, wire};
 use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
 use crate::core::{
-    Attachment, Directory, Envelope, Kind, Priority, TaskInfo, TaskState, new_message_id,
+    Attachment, Delivery, Directory, Envelope, Kind, Priority, TaskInfo, TaskState, new_message_id,
 };
 use crate::protocols::hub::{Hub, HubFilter};
 
@@ -531,13 +531,12 @@ pub fn start_hub(synapse: Arc<Synapse>) -> JoinHandle<()> {
         let shutdown = &synapse.shutdown;
         let synapse = &synapse;
         let again = |env: Envelope| async move { synapse.apply_progress(&env).await };
-        hub.catch_up(shutdown, again).await;
-        while let Some(delivery) = hub.next(shutdown).await {
+        let live = |delivery: Arc<Delivery>| async move {
             match delivery.envelope.kind {
                 Kind::PresenceJoin => synapse.assign_pending().await,
                 _ => synapse.apply_progress(&delivery.envelope).await,
             }
-            hub.applied(&delivery);
-        }
+        };
+        hub.apply(shutdown, again, live).await;
     })
 }

@@ -11,7 +11,7 @@ use super::tasks::WriteError;
 use super::translate::{TaskChange, task_change, task_from};
 use super::wire::TaskStatus;
 use super::{Chats, PROTOCOL, Tracker};
-use crate::core::{Audience, Directory, Envelope, Kind, Origin, RecordError, TaskInfo};
+use crate::core::{Audience, Delivery, Directory, Envelope, Kind, Origin, RecordError, TaskInfo};
 use crate::protocols::hub::{Hub, HubFilter};
 
 /// The hub's routing name; not an agent name any client can register.
@@ -61,11 +61,10 @@ pub fn start(tracker: Arc<Tracker>) -> JoinHandle<()> {
         let shutdown = &tracker.shutdown;
         let tracker = &tracker;
         let again = |env: Envelope| async move { tracker.apply(&env, Applying::Again).await };
-        hub.catch_up(shutdown, again).await;
-        while let Some(delivery) = hub.next(shutdown).await {
-            tracker.apply(&delivery.envelope, Applying::Live).await;
-            hub.applied(&delivery);
-        }
+        let live = |delivery: Arc<Delivery>| async move {
+            tracker.apply(&delivery.envelope, Applying::Live).await
+        };
+        hub.apply(shutdown, again, live).await;
     })
 }
 
