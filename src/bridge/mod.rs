@@ -112,7 +112,6 @@ impl Bridge {
         let core = Core::new(log, Arc::new(store.clone()), &config.routing);
         let bridge_id = (config.federation.as_ref()).map(|f| f.bridge_id.clone());
         let mut tasks = Vec::new();
-        let in_fleet = federation.is_some();
         if let Some(federation) = federation {
             tasks.extend(federation.start(core.clone(), shutdown.clone()));
         }
@@ -206,7 +205,7 @@ impl Bridge {
         }
         // A bridge alone has routed again what its last run left: clients may come in. A
         // fleet's opens its doors once it has read its stream again (`federation`).
-        if !in_fleet {
+        if config.federation.is_none() {
             readiness.open_doors();
         }
         let protocols: Vec<&'static str> = reloaders.iter().map(|(name, _)| *name).collect();
