@@ -211,11 +211,13 @@ mod tests {
             }
         }
         let measured = meter.finish(1);
+        // The kernel scales a process's and a thread's ticks to their runtimes apart,
+        // so the process's total can trail one thread's by a tick (10 ms).
         let own = measured.load_generator.unwrap();
-        assert!(own.all_us >= 30_000.0, "{own:?}");
+        assert!(own.all_us >= 20_000.0, "{own:?}");
         assert!(own.all_us >= own.system_us);
         let server = measured.server.unwrap();
-        assert!(server.all_us >= 30_000.0, "{server:?}");
+        assert!(server.all_us >= 20_000.0, "{server:?}");
         // This test's thread is among them; their sum is the process's, within a tick
         // for each thread that ended meanwhile or was read at another moment.
         let threads: f64 = measured.server_threads.iter().map(|t| t.cpu.all_us).sum();
