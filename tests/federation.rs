@@ -1828,6 +1828,78 @@ async fn a_program_on_a_bridge_killed_and_back_at_once_gets_what_it_accepted_bef
     fleet.shutdown().await;
 }
 
+/// A bridge killed under load can leave its consumer holding as many deliveries as it
+/// allows unacknowledged (`max_ack_pending`), and JetStream then delivers nothing more to it
+/// until their `ack_wait` (30 s) runs out. Started again, the bridge reads them from the
+/// stream and acknowledges them: a message sent to its program after the restart arrives
+/// at once.
+#[tokio::test]
+async fn a_bridge_back_after_a_kill_that_left_its_consumer_full_is_delivered_to_at_once() {
+    use async_nats::jetstream::consumer::PullConsumer;
+    use common::grid::{GridHttp, GridWs};
+    use futures_util::StreamExt;
+
+    let fleet = Fleet::start_timed(1, PATIENT).await;
+    let dir = tempfile::tempdir().unwrap();
+    let section = federation_section(&fleet.nats, &fleet.prefix, "b1", PATIENT);
+    let process = spawn_bridge(dir.path(), "b1", &section).await;
+    let socket = GridWs::quiet(process.addr("grid"), "stayer", None).await;
+    fleet.wait_known(0, "stayer").await;
+    process.kill_9();
+    drop(socket);
+
+    // What the killed run had taken: every delivery the consumer allows, none acknowledged
+    // (of empty batches, which route nothing).
+    let js = fleet.jetstream().await;
+    let stream_name = format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase());
+    let stream = js.get_stream(&stream_name).await.expect("the stream");
+    let mut consumer: PullConsumer = stream.get_consumer("bridge-b1").await.expect("b1's");
+    let most = consumer
+        .info()
+        .await
+        .expect("its info")
+        .config
+        .max_ack_pending as usize;
+    let client = js.client();
+    for _ in 0..most {
+        let subject = format!("{}.msg.gone", fleet.prefix);
+        client
+            .publish(subject, "[]".into())
+            .await
+            .expect("published");
+    }
+    client.flush().await.expect("flushed");
+    let deadline = Instant::now() + WAIT;
+    let mut taken = 0;
+    while taken < most {
+        assert!(Instant::now() < deadline, "{taken} of {most} taken");
+        let fetch = consumer.fetch().max_messages(most - taken);
+        let mut batch = (fetch.expires(Duration::from_secs(1)).messages().await).expect("fetched");
+        while let Some(delivery) = batch.next().await {
+            delivery.expect("a delivery");
+            taken += 1;
+        }
+    }
+    assert_eq!(consumer.info().await.unwrap().num_ack_pending, most);
+
+    let process = spawn_bridge(dir.path(), "b1", &section).await;
+    let mut socket = GridWs::connect_once_free(process.addr("grid"), "stayer").await;
+    let http = GridHttp::new(fleet.nets[0].grid);
+    assert!(
+        http.try_send(&grid_note("m1", "neighbour", "stayer", "after"))
+            .await
+    );
+    // Within `WAIT`: a third of `ack_wait`.
+    assert_eq!(socket.next_message().await["id"], "m1");
+    let pending = consumer.info().await.unwrap().num_ack_pending;
+    assert!(
+        pending < most,
+        "{pending} deliveries to the killed run still pending"
+    );
+    drop(process);
+    fleet.shutdown().await;
+}
+
 /// A Grid program, `stayer`, on a bridge in a process of its own, reading slowly (a narrow
 /// socket, unread), known to every bridge of the fleet: what is sent to it waits at its
 /// bridge once the socket's buffers are full.

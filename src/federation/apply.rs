@@ -19,6 +19,8 @@ use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
+use async_nats::jetstream::consumer::SequenceInfo;
+
 use super::link::{NatsLink, Ready};
 use super::own_deliveries::OwnDeliveries;
 use super::stretch::Stretch;
@@ -91,11 +93,44 @@ struct Applied {
 
 /// A routed batch waiting for its acknowledgement.
 struct ToAcknowledge {
-    /// The batch's last message: acknowledging it acknowledges the batch and every batch
-    /// before (`AckPolicy::All`).
-    last: async_nats::jetstream::Message,
+    last: Last,
     written: Written,
     at: tokio::time::Instant,
+}
+
+/// What acknowledges a batch, and with it every batch before (`AckPolicy::All`).
+enum Last {
+    /// The batch's last message (boxed: it is several times the size of the other).
+    Message(Box<async_nats::jetstream::Message>),
+    /// The consumer's last delivery, made to an earlier reading or run and read again from
+    /// the stream (`Applier::apply_unacknowledged`): its acknowledgement subject
+    /// (`ack_subject`), on this client.
+    Delivery {
+        client: async_nats::Client,
+        subject: String,
+    },
+}
+
+impl Last {
+    async fn ack(self) -> Result<(), async_nats::Error> {
+        match self {
+            Last::Message(message) => message.ack().await,
+            Last::Delivery { client, subject } => {
+                Ok(client.publish(subject, bytes::Bytes::new()).await?)
+            }
+        }
+    }
+}
+
+/// The subject acknowledging the consumer's delivery `delivered`, as JetStream names it in
+/// the delivery's reply (`$JS.ACK.<stream>.<consumer>.<times delivered>.<stream
+/// sequence>.<consumer sequence>.<time>.<pending>`). Under `AckPolicy::All` the server
+/// reads only the two sequences from it and acknowledges every delivery up to them; the
+/// other tokens are given as 1 and 0. (NATS 2.14's consumer reset would move the
+/// acknowledgement floor too, but refuses a consumer made with `DeliverPolicy::New`.)
+fn ack_subject(stream: &str, consumer: &str, delivered: &SequenceInfo) -> String {
+    let (stream_seq, consumer_seq) = (delivered.stream_sequence, delivered.consumer_sequence);
+    format!("$JS.ACK.{stream}.{consumer}.1.{stream_seq}.{consumer_seq}.0.0")
 }
 
 /// What tells that a batch's deliveries here are done: written, kept or dropped.
@@ -107,6 +142,16 @@ struct Written {
 }
 
 impl Written {
+    /// Nothing to wait for.
+    fn nothing() -> Written {
+        let routed = CancellationToken::new();
+        routed.cancel();
+        Written {
+            routed,
+            own: Vec::new(),
+        }
+    }
+
     async fn done(&self) {
         self.routed.cancelled().await;
         for own in &self.own {
@@ -160,7 +205,7 @@ impl Acks {
     }
 
     /// Acknowledges the batch `last` ends, once `written`.
-    fn ack(&self, last: async_nats::jetstream::Message, written: Written) {
+    fn ack(&self, last: Last, written: Written) {
         let at = tokio::time::Instant::now();
         let _ = self.queued.send(ToAcknowledge { last, written, at });
     }
@@ -212,7 +257,7 @@ impl Applier {
     ) -> Result<(), async_nats::Error> {
         // What the consumer acknowledged was routed before (also before a restart).
         self.routed_up_to(ready.consumer.cached_info().ack_floor.stream_sequence);
-        self.apply_unacknowledged(ready).await?;
+        self.apply_unacknowledged(ready, acks).await?;
         let mut messages = ready.consumer.messages().await?;
         // Batches whose store writes are under way, in stream order: the next batch is
         // read and its writes queued meanwhile, and each is routed once its writes and
@@ -264,11 +309,18 @@ impl Applier {
     /// order, each message passed over where this bridge holds it already, and routed once
     /// kept, as the consumer's are: mail for the agents away (all of them, after a
     /// restart), history for replays; what the last run had written to a connection is
-    /// sent again. Waited for until written, as a batch is before its acknowledgement.
-    async fn apply_unacknowledged(&self, ready: &Ready) -> Result<(), async_nats::Error> {
+    /// sent again. Waited for until written, as a batch is before its acknowledgement;
+    /// then acknowledged, after the batches this run queued before (`Acks`): while
+    /// `max_ack_pending` deliveries wait, as a run killed under load leaves them, JetStream
+    /// delivers nothing new until their `ack_wait` runs out.
+    async fn apply_unacknowledged(
+        &self,
+        ready: &Ready,
+        acks: &Acks,
+    ) -> Result<(), async_nats::Error> {
         let stream = ready.js.get_stream(&self.link.names.stream).await?;
         let consumer = Names::consumer_of(&self.link.bridge_id);
-        let info = stream.consumer_info(consumer).await?;
+        let info = stream.consumer_info(&consumer).await?;
         let routed = *self.routed.borrow();
         // Not before the stream's first message (what its limits dropped is not there).
         let state = &stream.cached_info().state;
@@ -288,9 +340,16 @@ impl Applier {
             .done_by(tokio::time::Instant::now() + WRITTEN_WITHIN)
             .await;
         read?;
+        let pending = info.num_ack_pending;
+        if pending > 0 && last == info.delivered.stream_sequence {
+            let subject = ack_subject(&self.link.names.stream, &consumer, &info.delivered);
+            let client = ready.js.client();
+            acks.ack(Last::Delivery { client, subject }, Written::nothing());
+        }
         tracing::info!(
             first,
             last,
+            pending,
             "federation: applied what the stream's consumer was given and not acknowledged"
         );
         Ok(())
@@ -341,7 +400,7 @@ impl Applier {
         self.route(written, &outstanding);
         self.routed_through(&last);
         drop(outstanding);
-        acks.ack(last, Written { routed, own });
+        acks.ack(Last::Message(Box::new(last)), Written { routed, own });
     }
 
     fn routed_up_to(&self, sequence: u64) {
