@@ -33,6 +33,9 @@ struct ReadinessState {
     degraded: ArcSwapOption<String>,
     /// Open once the endpoints let clients in.
     doors: Latch,
+    /// One report at a time: each reads the state after its own change, so the last to set
+    /// the gauge has seen every change before it.
+    reporting: std::sync::Mutex<()>,
 }
 
 impl Readiness {
@@ -43,6 +46,7 @@ impl Readiness {
 
     /// The `agentbridge_ready` gauge, as `/readyz` answers: 1 when ready and not degraded.
     fn report(&self) {
+        let _one = self.0.reporting.lock().unwrap_or_else(|e| e.into_inner());
         let serving = self.is_ready() && self.0.doors.is_open();
         crate::telemetry::ready(serving && self.degraded().is_none());
     }

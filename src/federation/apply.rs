@@ -257,7 +257,11 @@ impl Applier {
     ) -> Result<(), async_nats::Error> {
         // What the consumer acknowledged was routed before (also before a restart).
         self.routed_up_to(ready.consumer.cached_info().ack_floor.stream_sequence);
-        self.apply_unacknowledged(ready, acks).await?;
+        // While the bridge's doors wait for it (`doors`): a stop does not wait for it.
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            applied = self.apply_unacknowledged(ready, acks) => applied?,
+        }
         let mut messages = ready.consumer.messages().await?;
         // Batches whose store writes are under way, in stream order: the next batch is
         // read and its writes queued meanwhile, and each is routed once its writes and
@@ -322,8 +326,10 @@ impl Applier {
         let consumer = Names::consumer_of(&self.link.bridge_id);
         let info = stream.consumer_info(&consumer).await?;
         let routed = *self.routed.borrow();
-        // Not before the stream's first message (what its limits dropped is not there).
+        // Not before the stream's first message (what its limits dropped is not there, and
+        // counts as routed: a stream whose every message was dropped is read to its end).
         let state = &stream.cached_info().state;
+        self.routed_up_to(state.first_sequence.saturating_sub(1));
         let first = (info.ack_floor.stream_sequence.max(routed) + 1).max(state.first_sequence);
         let last = info.delivered.stream_sequence.min(state.last_sequence);
         if first > last {

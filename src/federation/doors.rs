@@ -2,8 +2,9 @@
 //! ended as it was set up (`shared::latch`): what its earlier run accepted and had not
 //! delivered is routed again as its consumer reads it, and a client let in before could
 //! be sent, or send, something that overtakes it. Set-up and reading are bounded by
-//! `CAUGHT_UP_WITHIN`: a bridge that cannot reach NATS as it starts still serves its own
-//! agents after that.
+//! `CAUGHT_UP_WITHIN`, counted from when every endpoint listens (loading their stores
+//! comes first, and routes nothing): a bridge that cannot reach NATS as it starts still
+//! serves its own agents after that.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,33 +19,45 @@ const CAUGHT_UP_WITHIN: Duration = Duration::from_secs(10);
 /// How often a starting bridge looks whether its stream and buckets are set up.
 const LOOK_AGAIN_AFTER: Duration = Duration::from_millis(20);
 
+/// How soon a starting bridge asks again where its stream ends, after NATS did not answer.
+const ASK_AGAIN_AFTER: Duration = Duration::from_millis(100);
+
 /// Opens the bridge's doors once what the stream held as the bridge was set up is routed
-/// (`routed`, the stream sequence routed up to), or after `CAUGHT_UP_WITHIN`.
+/// (`routed`, the stream sequence routed up to), or `CAUGHT_UP_WITHIN` after every endpoint
+/// listens.
 pub async fn open_once_caught_up(
     link: Arc<NatsLink>,
     mut routed: tokio::sync::watch::Receiver<u64>,
     shutdown: CancellationToken,
 ) {
     let caught_up = async {
-        // Whether it caught up (`false`: NATS could not tell where the stream ended).
         let ready = loop {
             match link.set_up() {
                 Some(ready) => break ready,
                 None => tokio::time::sleep(LOOK_AGAIN_AFTER).await,
             }
         };
-        let Ok(mut stream) = ready.js.get_stream(&link.names.stream).await else {
-            return false;
+        // Asked again while NATS does not answer (a stream electing its leader as the
+        // fleet restarts): within the bound, not given up at the first failure.
+        let end = loop {
+            match ready.js.get_stream(&link.names.stream).await {
+                Ok(stream) => break stream.cached_info().state.last_sequence,
+                Err(e) => {
+                    tracing::debug!(error = %e, "federation: asking again where the stream ends");
+                    tokio::time::sleep(ASK_AGAIN_AFTER).await;
+                }
+            }
         };
-        let Ok(info) = stream.info().await else {
-            return false;
-        };
-        let end = info.state.last_sequence;
         routed.wait_for(|routed| *routed >= end).await.is_ok()
+    };
+    let listening = link.clone();
+    let caught_up = async move {
+        listening.endpoints_listening().await;
+        tokio::time::timeout(CAUGHT_UP_WITHIN, caught_up).await
     };
     let caught_up = tokio::select! {
         _ = shutdown.cancelled() => return,
-        caught_up = tokio::time::timeout(CAUGHT_UP_WITHIN, caught_up) => caught_up,
+        caught_up = caught_up => caught_up,
     };
     if !matches!(caught_up, Ok(true)) {
         tracing::warn!(
