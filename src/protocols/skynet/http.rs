@@ -17,7 +17,7 @@ use super::registry::{Profile, RegisterError};
 use super::{PROTOCOL, Skynet, ws};
 use crate::core::MessageQuery;
 use crate::core::{Audience, Envelope, Kind, Origin, new_message_id, now_ms};
-use crate::shared::http_refusals;
+use crate::shared::{http_refusals, to_the_end};
 
 type Shared = State<Arc<Skynet>>;
 
@@ -25,14 +25,18 @@ pub fn router(skynet: Arc<Skynet>) -> Router {
     let body_limit = DefaultBodyLimit::max(skynet.config.max_body_bytes);
     let app = Router::new()
         .route("/health", get(health))
-        .route("/api/agents", post(create_agent).get(list_agents))
         .route("/api/agents/{id}", get(get_agent).delete(delete_agent))
         .route("/api/agents/{id}/interrupt", post(interrupt))
         .route("/api/agents/{id}/forget", post(forget))
         .route("/api/agents/{id}/watch", post(watch))
         .route("/api/agents/{id}/unwatch", post(unwatch))
-        .route("/api/humans", post(create_human).get(list_humans))
         .route("/api/humans/{id}", get(get_human).delete(delete_human))
+        // Above: a write is made to its end even if its client goes (a profile deleted
+        // from the store and still listed, its name still held). A registration runs to
+        // its end only once its name is claimed (`Registry::create`).
+        .route_layer(to_the_end::WritesToTheEnd)
+        .route("/api/agents", post(create_agent).get(list_agents))
+        .route("/api/humans", post(create_human).get(list_humans))
         .route("/api/names/check", get(check_name))
         .route("/api/members", get(members))
         .route("/api/messages", get(messages))

@@ -1,9 +1,11 @@
 //! `GroupService`: create, join, leave, disband, list members, and the group stream.
+//! A change of a group runs to its end even if its client goes: dropped between its row
+//! and the router's copy of the group, it would leave them disagreeing.
 
 use tonic::{Request, Response, Status, Streaming};
 
-use super::SynapseApi;
 use super::message::MessageStream;
+use super::{SynapseApi, stopping};
 use crate::protocols::synapse::proto::group_service_server::GroupService;
 use crate::protocols::synapse::proto::{
     CreateGroupRequest, CreateGroupResponse, DisbandGroupRequest, DisbandGroupResponse,
@@ -11,6 +13,7 @@ use crate::protocols::synapse::proto::{
     ListGroupMembersRequest, ListGroupMembersResponse, SynapseMessage,
 };
 use crate::protocols::synapse::stream::StreamKind;
+use crate::shared::to_the_end::run_to_the_end;
 
 #[tonic::async_trait]
 impl GroupService for SynapseApi {
@@ -19,11 +22,13 @@ impl GroupService for SynapseApi {
         request: Request<CreateGroupRequest>,
     ) -> Result<Response<CreateGroupResponse>, Status> {
         let hints = self.hints(request.metadata())?;
-        let caller = self.synapse.caller(&hints).await?;
-        let group = self
-            .synapse
-            .create_group(request.into_inner(), caller)
-            .await?;
+        let request = request.into_inner();
+        let synapse = self.synapse.clone();
+        let group = run_to_the_end(async move {
+            let caller = synapse.caller(&hints).await?;
+            synapse.create_group(request, caller).await
+        });
+        let group = group.await.unwrap_or_else(|| Err(stopping()))?;
         Ok(Response::new(CreateGroupResponse {
             success: true,
             group_id: group.row.id.clone(),
@@ -40,9 +45,12 @@ impl GroupService for SynapseApi {
         let request = request.into_inner();
         let mut agent = request.agent.unwrap_or_default();
         agent.agent_id = hints.agent_or_caller(agent.agent_id);
-        self.synapse
-            .join_group(&request.group_id, &agent, &hints)
-            .await?;
+        let synapse = self.synapse.clone();
+        let joined =
+            run_to_the_end(
+                async move { (synapse.join_group(&request.group_id, &agent, &hints)).await },
+            );
+        joined.await.unwrap_or_else(|| Err(stopping()))?;
         Ok(Response::new(JoinGroupResponse {
             success: true,
             error: String::new(),
@@ -56,7 +64,10 @@ impl GroupService for SynapseApi {
         let hints = self.hints(request.metadata())?;
         let request = request.into_inner();
         let agent = hints.agent_or_caller(request.agent_id);
-        self.synapse.leave_group(&request.group_id, &agent).await?;
+        let synapse = self.synapse.clone();
+        let left =
+            run_to_the_end(async move { synapse.leave_group(&request.group_id, &agent).await });
+        left.await.unwrap_or_else(|| Err(stopping()))?;
         Ok(Response::new(LeaveGroupResponse {
             success: true,
             error: String::new(),
@@ -67,9 +78,9 @@ impl GroupService for SynapseApi {
         &self,
         request: Request<DisbandGroupRequest>,
     ) -> Result<Response<DisbandGroupResponse>, Status> {
-        self.synapse
-            .disband_group(&request.into_inner().group_id)
-            .await?;
+        let (synapse, group) = (self.synapse.clone(), request.into_inner().group_id);
+        let disbanded = run_to_the_end(async move { synapse.disband_group(&group).await });
+        disbanded.await.unwrap_or_else(|| Err(stopping()))?;
         Ok(Response::new(DisbandGroupResponse {
             success: true,
             error: String::new(),

@@ -99,6 +99,11 @@ pub fn with_auth(app: axum::Router, token: Arc<ArcSwapOption<String>>) -> axum::
     }))
 }
 
+/// The answer to a call the bridge stopped before it ended (one run to its end).
+fn stopping() -> Status {
+    Status::unavailable("agentbridge is stopping")
+}
+
 fn presented(request: &Request) -> Option<&str> {
     let headers = request.headers();
     if let Some(token) = headers.get("x-synapse-token").and_then(|v| v.to_str().ok()) {

@@ -8,7 +8,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::SynapseApi;
+use super::{SynapseApi, stopping};
 use crate::protocols::synapse::agents::internal;
 use crate::protocols::synapse::db::{FileRow, TaskRow};
 use crate::protocols::synapse::proto::task_service_server::TaskService;
@@ -73,11 +73,6 @@ impl SynapseApi {
             error_message: String::new(),
         }))
     }
-}
-
-/// The answer to a call the bridge stopped before it ended.
-fn stopping() -> Status {
-    Status::unavailable("agentbridge is stopping")
 }
 
 type UpdateStream = Pin<Box<dyn Stream<Item = Result<TaskStatusUpdate, Status>> + Send>>;
