@@ -26,6 +26,9 @@ use crate::shared::listener::SharedLimits;
 use crate::store::{RedeliveringLog, Store};
 use crate::telemetry;
 
+/// How long a stop waits for the writes whose clients went away (`Core::to_the_end`).
+const FINISH_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub struct Bridge {
     core: Arc<Core>,
     store: Store,
@@ -277,6 +280,10 @@ impl Bridge {
         self.shutdown.cancel();
         for task in self.tasks {
             let _ = task.await;
+        }
+        // Writes whose clients went away, made to their end before the store closes.
+        if !self.core.to_the_end.finish(FINISH_WITHIN).await {
+            tracing::warn!(within = ?FINISH_WITHIN, "stopping before every write whose client went away was made to its end");
         }
         if let Some(redelivery) = &self.redelivery {
             redelivery.stopped().await;

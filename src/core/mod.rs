@@ -43,6 +43,7 @@ use sent_on_arrival::Arrivals;
 pub use sent_on_arrival::SentOnArrival;
 pub use unsettled::{Settled, UnsettledMail, settle_record};
 
+use crate::shared::to_the_end::ToTheEnd;
 use crate::telemetry;
 
 /// `[routing]`: how recipients' mailboxes behave.
@@ -149,6 +150,9 @@ pub struct Core {
     arrivals: Arrivals,
     /// Itself, for what must finish after its caller is gone (`publish_staged`).
     me: std::sync::Weak<Core>,
+    /// The endpoints' work that must not stop half-way when its client goes: bounded, and
+    /// waited for as the bridge stops.
+    pub to_the_end: ToTheEnd,
 }
 
 impl Core {
@@ -182,6 +186,7 @@ impl Core {
             records: std::sync::OnceLock::new(),
             moves: Moves::default(),
             arrivals: Arrivals::default(),
+            to_the_end: ToTheEnd::default(),
         });
         let log = core.log.clone();
         core.router

@@ -5,47 +5,110 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::{BoxFuture, Either};
+use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
 use tower::{Layer, Service};
 
-/// Runs `work` in a task of its own and waits for its output: a caller dropped meanwhile
-/// only stops waiting. A panic in `work` goes on in the caller, as if run there; `None`
-/// when the runtime shut down first.
-pub async fn run_to_the_end<T: Send + 'static>(
-    work: impl Future<Output = T> + Send + 'static,
-) -> Option<T> {
-    match tokio::spawn(work).await {
-        Ok(out) => Some(out),
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => None,
+/// The work a bridge runs to its end: at most `MOST` pieces at once, so that clients that
+/// send writes and go at once cannot pile up work without bound (a caller waits for room,
+/// and one gone before there was room starts nothing); waited for as the bridge stops
+/// (`finish`), before its store closes.
+#[derive(Clone)]
+pub struct ToTheEnd {
+    room: Arc<Semaphore>,
+    running: TaskTracker,
+}
+
+/// Pieces of work run at once, at most: far more than a bridge's clients write at once.
+const MOST: usize = 4096;
+
+impl Default for ToTheEnd {
+    fn default() -> Self {
+        ToTheEnd {
+            room: Arc::new(Semaphore::new(MOST)),
+            running: TaskTracker::new(),
+        }
+    }
+}
+
+impl ToTheEnd {
+    #[cfg(test)]
+    fn with_room(most: usize) -> ToTheEnd {
+        ToTheEnd {
+            room: Arc::new(Semaphore::new(most)),
+            running: TaskTracker::new(),
+        }
+    }
+
+    /// Runs `work` in a task of its own, once there is room, and waits for its output: a
+    /// caller dropped meanwhile only stops waiting. A panic in `work` goes on in the
+    /// caller, as if run there; `None` when the bridge is stopping (nothing new starts) or
+    /// the runtime shut down first.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = T> + Send + 'static,
+    ) -> Option<T> {
+        let room = self.room.clone().acquire_owned().await.ok()?;
+        self.go_on(async move {
+            let out = work.await;
+            drop(room);
+            out
+        })
+        .await
+    }
+
+    /// As `run`, for work that goes on from where its caller is and must not wait (what a
+    /// name claimed already commits to): started at once, room or not, stopping or not.
+    pub async fn go_on<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = T> + Send + 'static,
+    ) -> Option<T> {
+        match self.running.spawn(work).await {
+            Ok(out) => Some(out),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => None,
+        }
+    }
+
+    /// Starts nothing more, and ends once every piece of work started has ended, or after
+    /// `within`; whether it all ended.
+    pub async fn finish(&self, within: Duration) -> bool {
+        self.room.close();
+        self.running.close();
+        tokio::time::timeout(within, self.running.wait())
+            .await
+            .is_ok()
     }
 }
 
 /// A layer for routes whose writes must not stop half-way: a request that may write (any
 /// method but the safe ones, GET, HEAD, OPTIONS and TRACE) is handled to its end
-/// (`run_to_the_end`). Reads, long polls among them, still stop with their client, so that
+/// (`ToTheEnd::run`). Reads, long polls among them, still stop with their client, so that
 /// nothing is taken for a client that is gone; their future is the route's own (not
 /// boxed, as `axum::middleware::from_fn` would for every request: `shared::gate`).
-#[derive(Clone, Copy, Default)]
-pub struct WritesToTheEnd;
+#[derive(Clone)]
+pub struct WritesToTheEnd(pub ToTheEnd);
 
 impl<S> Layer<S> for WritesToTheEnd {
-    type Service = ToTheEnd<S>;
+    type Service = WriteToTheEnd<S>;
 
-    fn layer(&self, inner: S) -> ToTheEnd<S> {
-        ToTheEnd(inner)
+    fn layer(&self, inner: S) -> WriteToTheEnd<S> {
+        WriteToTheEnd(inner, self.0.clone())
     }
 }
 
 #[derive(Clone)]
-pub struct ToTheEnd<S>(S);
+pub struct WriteToTheEnd<S>(S, ToTheEnd);
 
-impl<S> Service<Request> for ToTheEnd<S>
+impl<S> Service<Request> for WriteToTheEnd<S>
 where
     S: Service<Request, Response = Response, Error = Infallible>,
     S::Future: Send + 'static,
@@ -62,9 +125,9 @@ where
         if request.method().is_safe() {
             return Either::Left(self.0.call(request));
         }
-        let handling = self.0.call(request);
+        let (handling, to_the_end) = (self.0.call(request), self.1.clone());
         Either::Right(Box::pin(async move {
-            let answer = run_to_the_end(handling).await;
+            let answer = to_the_end.run(handling).await;
             Ok(answer.map_or_else(
                 || StatusCode::SERVICE_UNAVAILABLE.into_response(),
                 |a| a.unwrap_or_else(|never| match never {}),
@@ -81,10 +144,14 @@ mod tests {
     async fn work_whose_caller_went_away_goes_on_to_its_end() {
         let (go_on, wait) = tokio::sync::oneshot::channel::<()>();
         let (done, finished) = tokio::sync::oneshot::channel();
-        let caller = tokio::spawn(run_to_the_end(async move {
-            let _ = wait.await;
-            let _ = done.send("done");
-        }));
+        let to_the_end = ToTheEnd::default();
+        let caller = tokio::spawn(async move {
+            (to_the_end.run(async move {
+                let _ = wait.await;
+                let _ = done.send("done");
+            }))
+            .await
+        });
         tokio::task::yield_now().await;
         caller.abort();
         assert!(caller.await.unwrap_err().is_cancelled());
@@ -113,7 +180,7 @@ mod tests {
             }
         };
         let app = (Router::new().route("/", get(handler.clone()).post(handler)))
-            .route_layer(WritesToTheEnd);
+            .route_layer(WritesToTheEnd(ToTheEnd::default()));
         for method in ["POST", "GET"] {
             let request = Request::builder().method(method).uri("/");
             let request = request.body(Body::empty()).unwrap();
@@ -141,6 +208,50 @@ mod tests {
 
     #[tokio::test]
     async fn its_output_is_the_callers() {
-        assert_eq!(run_to_the_end(async { 7 }).await, Some(7));
+        assert_eq!(ToTheEnd::default().run(async { 7 }).await, Some(7));
+    }
+
+    #[tokio::test]
+    async fn a_caller_waits_for_room_and_one_gone_before_there_was_room_starts_nothing() {
+        let to_the_end = ToTheEnd::with_room(1);
+        let (go_on, wait) = tokio::sync::oneshot::channel::<()>();
+        let first = tokio::spawn({
+            let to_the_end = to_the_end.clone();
+            async move { to_the_end.run(async move { wait.await.is_ok() }).await }
+        });
+        tokio::task::yield_now().await;
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let second = tokio::spawn({
+            let (to_the_end, started) = (to_the_end.clone(), started.clone());
+            async move {
+                let work = async move { started.store(true, std::sync::atomic::Ordering::SeqCst) };
+                to_the_end.run(work).await
+            }
+        });
+        tokio::task::yield_now().await;
+        // Gone while the first holds the only room: its work never starts.
+        second.abort();
+        assert!(second.await.unwrap_err().is_cancelled());
+        go_on.send(()).unwrap();
+        assert_eq!(first.await.unwrap(), Some(true));
+        assert_eq!(to_the_end.run(async { 7 }).await, Some(7));
+        assert!(!started.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn finishing_waits_for_what_runs_and_starts_nothing_more() {
+        let to_the_end = ToTheEnd::default();
+        let (go_on, wait) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn({
+            let to_the_end = to_the_end.clone();
+            async move { to_the_end.run(async move { wait.await.is_ok() }).await }
+        });
+        tokio::task::yield_now().await;
+        let within = std::time::Duration::from_millis(50);
+        assert!(!to_the_end.finish(within).await, "ended while work ran");
+        assert_eq!(to_the_end.run(async { 7 }).await, None);
+        go_on.send(()).unwrap();
+        assert!(to_the_end.finish(std::time::Duration::from_secs(10)).await);
+        assert_eq!(running.await.unwrap(), Some(true));
     }
 }

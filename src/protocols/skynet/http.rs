@@ -34,7 +34,7 @@ pub fn router(skynet: Arc<Skynet>) -> Router {
         // Above: a write is made to its end even if its client goes (a profile deleted
         // from the store and still listed, its name still held). A registration runs to
         // its end only once its name is claimed (`Registry::create`).
-        .route_layer(to_the_end::WritesToTheEnd)
+        .route_layer(to_the_end::WritesToTheEnd(skynet.core.to_the_end.clone()))
         .route("/api/agents", post(create_agent).get(list_agents))
         .route("/api/humans", post(create_human).get(list_humans))
         .route("/api/names/check", get(check_name))

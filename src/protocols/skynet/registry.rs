@@ -11,7 +11,6 @@ use serde_json::{Map, Value, json};
 
 use super::PROTOCOL;
 use crate::core::{AgentInfo, Core, Expect, NameTaken, RecordChange, RecordError, Role, Status};
-use crate::shared::to_the_end::run_to_the_end;
 use crate::store::{Migration, Store, StoreError};
 
 static MIGRATIONS: &[Migration] = &[Migration {
@@ -192,7 +191,11 @@ impl Registry {
         // Claimed, the registration runs to its end even if its client goes: dropped before
         // its record is written or refused, it would leave the name claimed with no record.
         let registry = self.clone();
-        run_to_the_end(async move { registry.record(profile).await })
+        let recorded = self
+            .core
+            .to_the_end
+            .go_on(async move { registry.record(profile).await });
+        recorded
             .await
             .unwrap_or(Err(RegisterError::Store(StoreError::Closed)))
     }

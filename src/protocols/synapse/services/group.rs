@@ -13,7 +13,6 @@ use crate::protocols::synapse::proto::{
     ListGroupMembersRequest, ListGroupMembersResponse, SynapseMessage,
 };
 use crate::protocols::synapse::stream::StreamKind;
-use crate::shared::to_the_end::run_to_the_end;
 
 #[tonic::async_trait]
 impl GroupService for SynapseApi {
@@ -24,7 +23,7 @@ impl GroupService for SynapseApi {
         let hints = self.hints(request.metadata())?;
         let request = request.into_inner();
         let synapse = self.synapse.clone();
-        let group = run_to_the_end(async move {
+        let group = self.to_the_end().run(async move {
             let caller = synapse.caller(&hints).await?;
             synapse.create_group(request, caller).await
         });
@@ -46,10 +45,9 @@ impl GroupService for SynapseApi {
         let mut agent = request.agent.unwrap_or_default();
         agent.agent_id = hints.agent_or_caller(agent.agent_id);
         let synapse = self.synapse.clone();
-        let joined =
-            run_to_the_end(
-                async move { (synapse.join_group(&request.group_id, &agent, &hints)).await },
-            );
+        let joined = self
+            .to_the_end()
+            .run(async move { (synapse.join_group(&request.group_id, &agent, &hints)).await });
         joined.await.unwrap_or_else(|| Err(stopping()))?;
         Ok(Response::new(JoinGroupResponse {
             success: true,
@@ -65,8 +63,9 @@ impl GroupService for SynapseApi {
         let request = request.into_inner();
         let agent = hints.agent_or_caller(request.agent_id);
         let synapse = self.synapse.clone();
-        let left =
-            run_to_the_end(async move { synapse.leave_group(&request.group_id, &agent).await });
+        let left = self
+            .to_the_end()
+            .run(async move { synapse.leave_group(&request.group_id, &agent).await });
         left.await.unwrap_or_else(|| Err(stopping()))?;
         Ok(Response::new(LeaveGroupResponse {
             success: true,
@@ -79,7 +78,9 @@ impl GroupService for SynapseApi {
         request: Request<DisbandGroupRequest>,
     ) -> Result<Response<DisbandGroupResponse>, Status> {
         let (synapse, group) = (self.synapse.clone(), request.into_inner().group_id);
-        let disbanded = run_to_the_end(async move { synapse.disband_group(&group).await });
+        let disbanded = self
+            .to_the_end()
+            .run(async move { synapse.disband_group(&group).await });
         disbanded.await.unwrap_or_else(|| Err(stopping()))?;
         Ok(Response::new(DisbandGroupResponse {
             success: true,

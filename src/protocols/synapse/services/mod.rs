@@ -99,6 +99,13 @@ pub fn with_auth(app: axum::Router, token: Arc<ArcSwapOption<String>>) -> axum::
     }))
 }
 
+impl SynapseApi {
+    /// Where the calls that must not stop half-way run (`Core::to_the_end`).
+    fn to_the_end(&self) -> &crate::shared::to_the_end::ToTheEnd {
+        &self.synapse.core.to_the_end
+    }
+}
+
 /// The answer to a call the bridge stopped before it ended (one run to its end).
 fn stopping() -> Status {
     Status::unavailable("agentbridge is stopping")

@@ -19,7 +19,6 @@ use crate::protocols::synapse::proto::{
 };
 use crate::protocols::synapse::tasks::MAX_FILE;
 use crate::protocols::synapse::{Synapse, wire};
-use crate::shared::to_the_end::run_to_the_end;
 
 /// `ListTasks` pages are at most this long; 20 when not asked.
 const MAX_PAGE: i32 = 100;
@@ -43,7 +42,7 @@ impl SynapseApi {
         // To the end even if the client goes: a submission dropped half-way would leave
         // its external id taken by no task, or a task nobody was assigned.
         let synapse = self.synapse.clone();
-        let task = run_to_the_end(async move {
+        let task = self.to_the_end().run(async move {
             let caller = synapse.caller(&hints).await?;
             synapse.submit_task(request, caller, files).await
         });
@@ -190,7 +189,9 @@ impl TaskService for SynapseApi {
             return Err(Status::invalid_argument("task_id is required"));
         }
         let synapse = self.synapse.clone();
-        let task = run_to_the_end(async move { synapse.cancel_task(&request.task_id).await });
+        let task = self
+            .to_the_end()
+            .run(async move { synapse.cancel_task(&request.task_id).await });
         let task = task.await.unwrap_or_else(|| Err(stopping()))?;
         Ok(Response::new(CancelTaskResponse {
             success: true,

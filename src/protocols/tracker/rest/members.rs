@@ -13,7 +13,6 @@ use crate::protocols::tracker::tasks::WriteError;
 use crate::protocols::tracker::wire::{ChatListen, MemberKind, MemberOut, TaskListen};
 use crate::protocols::tracker::{PROTOCOL, Tracker, check_slug, directory_entry};
 use crate::shared::clock::iso8601;
-use crate::shared::to_the_end::run_to_the_end;
 use crate::store::StoreError;
 
 impl Tracker {
@@ -143,7 +142,11 @@ pub async fn create(State(tracker): Shared, caller: Caller, body: Bytes) -> ApiR
     // Claimed, the member is created to the end even if its client goes: dropped before
     // its record is written or refused, it would leave the name claimed with no member.
     let keeping = tracker.clone();
-    let stored = run_to_the_end(async move { keep(&keeping, member).await }).await;
+    let stored = tracker
+        .core
+        .to_the_end
+        .go_on(async move { keep(&keeping, member).await });
+    let stored = stored.await;
     let stored = stored.unwrap_or_else(|| Err(ApiError::store(StoreError::Closed)))?;
     let mut out = serde_json::to_value(tracker.member_out(&stored)).unwrap_or_default();
     out["token"] = Value::String(token);

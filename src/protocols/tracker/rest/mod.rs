@@ -75,7 +75,7 @@ pub fn router(tracker: Arc<Tracker>) -> Router {
         // changed and its messages never sent). A member's creation runs to its end only
         // once its name is claimed (`members::create`): a client gone mid-claim would never
         // get the member's token, so no member is made for it.
-        .route_layer(to_the_end::WritesToTheEnd)
+        .route_layer(to_the_end::WritesToTheEnd(tracker.core.to_the_end.clone()))
         .route("/api/v1/members", get(members::list).post(members::create))
         .route("/api/v1/members/{slug}", get(members::get))
         .route("/ws", get(upgrade))
