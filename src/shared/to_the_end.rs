@@ -5,7 +5,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -13,75 +12,39 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::{BoxFuture, Either};
-use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 use tower::{Layer, Service};
 
-/// The work a bridge runs to its end: at most `MOST` pieces at once, so that clients that
-/// send writes and go at once cannot pile up work without bound (a caller waits for room,
-/// and one gone before there was room starts nothing); waited for as the bridge stops
-/// (`finish`), before its store closes.
-#[derive(Clone)]
+/// The work a bridge runs to its end, waited for as the bridge stops (`finish`), before its
+/// store closes. Not bounded in number: each piece is bounded in time by its own waits (a
+/// body read, a store write, a NATS request), and a bound on how many run would let a
+/// client that trickles its requests' bodies hold every slot.
+#[derive(Clone, Default)]
 pub struct ToTheEnd {
-    room: Arc<Semaphore>,
     running: TaskTracker,
 }
 
-/// Pieces of work run at once, at most: far more than a bridge's clients write at once.
-const MOST: usize = 4096;
-
-impl Default for ToTheEnd {
-    fn default() -> Self {
-        ToTheEnd {
-            room: Arc::new(Semaphore::new(MOST)),
-            running: TaskTracker::new(),
-        }
-    }
-}
-
 impl ToTheEnd {
-    #[cfg(test)]
-    fn with_room(most: usize) -> ToTheEnd {
-        ToTheEnd {
-            room: Arc::new(Semaphore::new(most)),
-            running: TaskTracker::new(),
+    /// Runs `work` in a task of its own and waits for its output: a caller dropped
+    /// meanwhile only stops waiting. A panic in `work` goes on in the caller, as if run
+    /// there; `None` when the runtime shut down first.
+    pub fn run<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = T> + Send + 'static,
+    ) -> impl Future<Output = Option<T>> + Send + 'static {
+        let running = self.running.spawn(work);
+        async move {
+            match running.await {
+                Ok(out) => Some(out),
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => None,
+            }
         }
     }
 
-    /// Runs `work` in a task of its own, once there is room, and waits for its output: a
-    /// caller dropped meanwhile only stops waiting. A panic in `work` goes on in the
-    /// caller, as if run there; `None` when the bridge is stopping (nothing new starts) or
-    /// the runtime shut down first.
-    pub async fn run<T: Send + 'static>(
-        &self,
-        work: impl Future<Output = T> + Send + 'static,
-    ) -> Option<T> {
-        let room = self.room.clone().acquire_owned().await.ok()?;
-        self.go_on(async move {
-            let out = work.await;
-            drop(room);
-            out
-        })
-        .await
-    }
-
-    /// As `run`, for work that goes on from where its caller is and must not wait (what a
-    /// name claimed already commits to): started at once, room or not, stopping or not.
-    pub async fn go_on<T: Send + 'static>(
-        &self,
-        work: impl Future<Output = T> + Send + 'static,
-    ) -> Option<T> {
-        match self.running.spawn(work).await {
-            Ok(out) => Some(out),
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => None,
-        }
-    }
-
-    /// Starts nothing more, and ends once every piece of work started has ended, or after
-    /// `within`; whether it all ended.
+    /// Ends once every piece of work started has ended (what starts meanwhile too), or
+    /// after `within`; whether it all ended.
     pub async fn finish(&self, within: Duration) -> bool {
-        self.room.close();
         self.running.close();
         tokio::time::timeout(within, self.running.wait())
             .await
@@ -212,34 +175,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_caller_waits_for_room_and_one_gone_before_there_was_room_starts_nothing() {
-        let to_the_end = ToTheEnd::with_room(1);
-        let (go_on, wait) = tokio::sync::oneshot::channel::<()>();
-        let first = tokio::spawn({
-            let to_the_end = to_the_end.clone();
-            async move { to_the_end.run(async move { wait.await.is_ok() }).await }
-        });
-        tokio::task::yield_now().await;
-        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let second = tokio::spawn({
-            let (to_the_end, started) = (to_the_end.clone(), started.clone());
-            async move {
-                let work = async move { started.store(true, std::sync::atomic::Ordering::SeqCst) };
-                to_the_end.run(work).await
-            }
-        });
-        tokio::task::yield_now().await;
-        // Gone while the first holds the only room: its work never starts.
-        second.abort();
-        assert!(second.await.unwrap_err().is_cancelled());
-        go_on.send(()).unwrap();
-        assert_eq!(first.await.unwrap(), Some(true));
-        assert_eq!(to_the_end.run(async { 7 }).await, Some(7));
-        assert!(!started.load(std::sync::atomic::Ordering::SeqCst));
-    }
-
-    #[tokio::test]
-    async fn finishing_waits_for_what_runs_and_starts_nothing_more() {
+    async fn finishing_waits_for_what_runs() {
         let to_the_end = ToTheEnd::default();
         let (go_on, wait) = tokio::sync::oneshot::channel::<()>();
         let running = tokio::spawn({
@@ -249,7 +185,6 @@ mod tests {
         tokio::task::yield_now().await;
         let within = std::time::Duration::from_millis(50);
         assert!(!to_the_end.finish(within).await, "ended while work ran");
-        assert_eq!(to_the_end.run(async { 7 }).await, None);
         go_on.send(()).unwrap();
         assert!(to_the_end.finish(std::time::Duration::from_secs(10)).await);
         assert_eq!(running.await.unwrap(), Some(true));

@@ -194,7 +194,7 @@ impl Registry {
         let recorded = self
             .core
             .to_the_end
-            .go_on(async move { registry.record(profile).await });
+            .run(async move { registry.record(profile).await });
         recorded
             .await
             .unwrap_or(Err(RegisterError::Store(StoreError::Closed)))

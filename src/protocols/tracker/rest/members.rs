@@ -145,7 +145,7 @@ pub async fn create(State(tracker): Shared, caller: Caller, body: Bytes) -> ApiR
     let stored = tracker
         .core
         .to_the_end
-        .go_on(async move { keep(&keeping, member).await });
+        .run(async move { keep(&keeping, member).await });
     let stored = stored.await;
     let stored = stored.unwrap_or_else(|| Err(ApiError::store(StoreError::Closed)))?;
     let mut out = serde_json::to_value(tracker.member_out(&stored)).unwrap_or_default();
