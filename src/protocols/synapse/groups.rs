@@ -99,12 +99,15 @@ impl Synapse {
             self.create_shared_group(records.as_ref(), &group).await?;
             return Ok(group);
         }
-        self.db
-            .insert_group(group.row.clone(), group.members.clone())
-            .await
-            .map_err(internal)?;
+        // Kept in memory in the poll that queues its row, which a caller gone after does
+        // not stop (`Store::write`): the two never disagree. Taken back if the write fails.
         self.sync_group(&group);
         self.groups.insert(group.row.id.clone(), group.clone());
+        let written = (self.db).insert_group(group.row.clone(), group.members.clone());
+        if let Err(e) = written.await {
+            self.forget_group(&group.row.id);
+            return Err(internal(e));
+        }
         Ok(group)
     }
 
@@ -140,11 +143,14 @@ impl Synapse {
                 .await;
         }
         join(&mut self.group(group_id)?)?;
-        self.db
-            .set_membership(group_id, member.clone(), true)
-            .await
-            .map_err(internal)?;
-        self.update_group(group_id, |g| g.members.push(member));
+        // In memory as its row's write is queued, as a group is created.
+        self.update_group(group_id, |g| g.members.push(member.clone()));
+        let written = self.db.set_membership(group_id, member.clone(), true);
+        if let Err(e) = written.await {
+            let id = member.agent_id;
+            self.update_group(group_id, |g| g.members.retain(|m| m.agent_id != id));
+            return Err(internal(e));
+        }
         Ok(())
     }
 
@@ -166,11 +172,13 @@ impl Synapse {
                 .map(drop);
         }
         let member = leave(&mut self.group(group_id)?)?;
-        self.db
-            .set_membership(group_id, member, false)
-            .await
-            .map_err(internal)?;
+        // In memory as its row's write is queued, as a group is created.
         self.update_group(group_id, |g| g.members.retain(|m| m.agent_id != agent_id));
+        let written = self.db.set_membership(group_id, member.clone(), false);
+        if let Err(e) = written.await {
+            self.update_group(group_id, |g| g.members.push(member));
+            return Err(internal(e));
+        }
         Ok(())
     }
 
@@ -181,9 +189,14 @@ impl Synapse {
             }
             return self.remove_shared_group(records.as_ref(), group_id).await;
         }
-        self.group(group_id)?;
-        self.db.delete_group(group_id).await.map_err(internal)?;
+        let group = self.group(group_id)?;
+        // Gone from memory as its row's delete is queued, as a group is created.
         self.forget_group(group_id);
+        if let Err(e) = self.db.delete_group(group_id).await {
+            self.sync_group(&group);
+            self.groups.insert(group.row.id.clone(), group);
+            return Err(internal(e));
+        }
         Ok(())
     }
 

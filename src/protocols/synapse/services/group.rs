@@ -1,11 +1,9 @@
 //! `GroupService`: create, join, leave, disband, list members, and the group stream.
-//! A change of a group runs to its end even if its client goes: dropped between its row
-//! and the router's copy of the group, it would leave them disagreeing.
 
 use tonic::{Request, Response, Status, Streaming};
 
+use super::SynapseApi;
 use super::message::MessageStream;
-use super::{SynapseApi, stopping};
 use crate::protocols::synapse::proto::group_service_server::GroupService;
 use crate::protocols::synapse::proto::{
     CreateGroupRequest, CreateGroupResponse, DisbandGroupRequest, DisbandGroupResponse,
@@ -21,13 +19,11 @@ impl GroupService for SynapseApi {
         request: Request<CreateGroupRequest>,
     ) -> Result<Response<CreateGroupResponse>, Status> {
         let hints = self.hints(request.metadata())?;
-        let request = request.into_inner();
-        let synapse = self.synapse.clone();
-        let group = self.to_the_end().run(async move {
-            let caller = synapse.caller(&hints).await?;
-            synapse.create_group(request, caller).await
-        });
-        let group = group.await.unwrap_or_else(|| Err(stopping()))?;
+        let caller = self.synapse.caller(&hints).await?;
+        let group = self
+            .synapse
+            .create_group(request.into_inner(), caller)
+            .await?;
         Ok(Response::new(CreateGroupResponse {
             success: true,
             group_id: group.row.id.clone(),
@@ -44,11 +40,9 @@ impl GroupService for SynapseApi {
         let request = request.into_inner();
         let mut agent = request.agent.unwrap_or_default();
         agent.agent_id = hints.agent_or_caller(agent.agent_id);
-        let synapse = self.synapse.clone();
-        let joined = self
-            .to_the_end()
-            .run(async move { (synapse.join_group(&request.group_id, &agent, &hints)).await });
-        joined.await.unwrap_or_else(|| Err(stopping()))?;
+        self.synapse
+            .join_group(&request.group_id, &agent, &hints)
+            .await?;
         Ok(Response::new(JoinGroupResponse {
             success: true,
             error: String::new(),
@@ -62,11 +56,7 @@ impl GroupService for SynapseApi {
         let hints = self.hints(request.metadata())?;
         let request = request.into_inner();
         let agent = hints.agent_or_caller(request.agent_id);
-        let synapse = self.synapse.clone();
-        let left = self
-            .to_the_end()
-            .run(async move { synapse.leave_group(&request.group_id, &agent).await });
-        left.await.unwrap_or_else(|| Err(stopping()))?;
+        self.synapse.leave_group(&request.group_id, &agent).await?;
         Ok(Response::new(LeaveGroupResponse {
             success: true,
             error: String::new(),
@@ -77,11 +67,9 @@ impl GroupService for SynapseApi {
         &self,
         request: Request<DisbandGroupRequest>,
     ) -> Result<Response<DisbandGroupResponse>, Status> {
-        let (synapse, group) = (self.synapse.clone(), request.into_inner().group_id);
-        let disbanded = self
-            .to_the_end()
-            .run(async move { synapse.disband_group(&group).await });
-        disbanded.await.unwrap_or_else(|| Err(stopping()))?;
+        self.synapse
+            .disband_group(&request.into_inner().group_id)
+            .await?;
         Ok(Response::new(DisbandGroupResponse {
             success: true,
             error: String::new(),
