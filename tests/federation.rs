@@ -3191,6 +3191,34 @@ async fn a_name_registered_while_nats_was_away_is_claimed_once_it_is_back() {
     fleet.shutdown().await;
 }
 
+/// An agent unregistered while a claim of its name by the same agent runs is registered
+/// again by that claim after: the release its unregistering started does not delete the
+/// key the directory now relies on (the name would be free for another bridge to take).
+#[tokio::test]
+async fn a_release_leaves_the_key_of_a_name_held_here_again() {
+    use agentbridge::core::AgentInfo;
+
+    let fleet = Fleet::start(1).await;
+    let core = fleet.nets[0].bridge.core();
+    let agent = AgentInfo::new("lingerer", "grid", "lingerer");
+    core.register(agent.clone()).await.expect("claimed");
+    let names = fleet.names().await;
+    let held = async || {
+        claim_of(&names, "lingerer")
+            .await
+            .is_ok_and(|c| c["bridge"] == "b0")
+    };
+    eventually("the names bucket holds lingerer for b0", held).await;
+    core.unregister("lingerer", "grid")
+        .expect("it was registered");
+    // What a claim that ran meanwhile does once it lands, before the release reads the key.
+    core.directory.register(agent).expect("registered again");
+    // Room for the release, which reads the key at once, to have deleted it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(held().await, "the key was released under a name held here");
+    fleet.shutdown().await;
+}
+
 /// Whether `bridge`'s store holds a message saying `text`.
 async fn holds_text(bridge: &agentbridge::Bridge, text: &str) -> bool {
     let query = agentbridge::core::MessageQuery {

@@ -16,7 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::link::{NatsLink, Ready, lost_race};
 use super::wire::{Card, agent_key, known_protocol};
-use crate::core::{AgentInfo, BRIDGE_PROTOCOL, ClaimFuture, Claiming, NameClaims, NameTaken, Role};
+use crate::core::{
+    AgentInfo, BRIDGE_PROTOCOL, ClaimFuture, Claiming, Directory, NameClaims, NameTaken, Role,
+};
 
 /// Who holds a name, as its key in the names bucket says.
 #[derive(Debug, Serialize, Deserialize)]
@@ -73,6 +75,8 @@ pub struct FleetClaims {
     /// fleet's buckets were set up: claimed in the names bucket once NATS is back
     /// (`settle_claimed_alone`), unless released meanwhile.
     pub claimed_alone: dashmap::DashMap<String, (AgentInfo, Claiming)>,
+    /// This bridge's directory: a name it holds again is not released (`release`).
+    pub directory: Arc<Directory>,
 }
 
 /// How often names claimed while NATS was away are looked at, to claim them once it is back.
@@ -266,14 +270,18 @@ impl NameClaims for FleetClaims {
     fn release(&self, agent: &AgentInfo) {
         self.claimed_alone.remove(&agent.name);
         let (link, agent) = (self.link.clone(), agent.clone());
-        let releasing = self.releasing.clone();
+        let (releasing, directory) = (self.releasing.clone(), self.directory.clone());
         let id = NEXT_RELEASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         releasing.insert(agent.name.clone(), (id, agent.clone()));
         tokio::spawn(async move {
             let mut wait = RETRY_AFTER;
             // Until it lands, or the name is claimed again (and so is not to be freed), or
-            // released again (by a task of its own).
-            let wanted = || releasing.get(&agent.name).is_some_and(|r| r.0 == id);
+            // released again (by a task of its own), or held here again: a claim that ran
+            // as its agent was unregistered registered it after, and relies on the key.
+            let wanted = || {
+                releasing.get(&agent.name).is_some_and(|r| r.0 == id)
+                    && (directory.get(&agent.name)).is_none_or(|a| a.bridge.is_some())
+            };
             while wanted() {
                 if let Some(ready) = link.ready() {
                     match release_once(&ready, &link.bridge_id, &agent, wanted).await {
@@ -294,6 +302,7 @@ impl NameClaims for FleetClaims {
                 }
                 wait = (wait * 2).min(RELEASE_RETRY_MAX);
             }
+            releasing.remove_if(&agent.name, |_, r| r.0 == id);
         });
     }
 }

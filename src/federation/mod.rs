@@ -111,6 +111,7 @@ impl Federation {
             link: self.link.clone(),
             releasing: Arc::default(),
             claimed_alone: Default::default(),
+            directory: core.directory.clone(),
         });
         core.set_claims(claims.clone());
         let settler = tokio::spawn(claims.settle_claimed_alone(shutdown.clone()));
