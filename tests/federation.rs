@@ -3451,3 +3451,25 @@ async fn a_program_moving_between_bridges_gets_each_message_once() {
     assert_once_in_order(&got, TOTAL);
     fleet.shutdown().await;
 }
+
+/// A payload nested as deep as a JSON reader takes crosses bridges whole: the replica that
+/// carries it, a few levels deeper, is read on the other side.
+#[tokio::test]
+async fn a_deeply_nested_payload_crosses_bridges() {
+    let fleet = Fleet::start(2).await;
+    let diver = SkynetHttp::new(fleet.nets[0].skynet).agent("diver").await;
+    let (mut diver, _) = SkynetWs::join(fleet.nets[0].skynet, &diver).await;
+    let card = SkynetHttp::new(fleet.nets[1].skynet).agent("watcher").await;
+    let (mut watcher, _) = SkynetWs::join(fleet.nets[1].skynet, &card).await;
+    fleet.wait_known(0, "watcher").await;
+    fleet.wait_known(1, "diver").await;
+    let watcher_id = card["id"].to_string();
+    let deep = format!("{}1{}", "[".repeat(126), "]".repeat(126));
+    let frame = format!(
+        "{{\"action\":\"send\",\"data\":{{\"id\":\"deep-1\",\"type\":\"context.share\",\"mentions\":[{watcher_id}],\"payload\":{{\"d\":{deep}}}}}}}"
+    );
+    diver.send_text(frame).await;
+    // Each read within WAIT: presence events first, perhaps.
+    while !watcher.next_text().await.contains("deep-1") {}
+    fleet.shutdown().await;
+}

@@ -806,3 +806,37 @@ async fn synapse_tasks_waiting_for_an_agent_are_bounded() {
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     bridge.shutdown().await;
 }
+
+// ---- Deeply nested payloads: refused, or kept whole ------------------------------------
+
+/// A payload nested as deep as a JSON reader takes (127 levels, alone) is either refused
+/// in the sender's protocol or kept: once echoed to its sender, it is in the history that
+/// replays read, however deep the store's own wrapping takes it.
+#[tokio::test]
+async fn a_deeply_nested_payload_echoed_to_its_sender_is_in_the_history() {
+    let bridge = start_bridge("[skynet]\nlisten = \"127.0.0.1:0\"\n").await;
+    let addr = bridge.addr("skynet").unwrap();
+    let http = SkynetHttp::new(addr);
+    let card = http.agent("diver").await;
+    let (mut ws, _) = SkynetWs::join(addr, &card).await;
+    let deep = format!("{}1{}", "[".repeat(126), "]".repeat(126));
+    let payload = format!("{{\"d\":{deep}}}");
+    let frame = format!(
+        "{{\"action\":\"send\",\"data\":{{\"id\":\"deep-1\",\"type\":\"context.share\",\"payload\":{payload}}}}}"
+    );
+    ws.send_text(frame).await;
+    let answer = ws.next_text().await;
+    if answer.contains("\"event\":\"error\"") {
+        // Refused, and said so: nothing was accepted.
+        bridge.shutdown().await;
+        return;
+    }
+    assert!(answer.contains("deep-1"), "the echo: {answer:.200}");
+    let (status, history) = http.get_text("/api/messages?limit=10").await;
+    assert_eq!(status, 200);
+    assert!(
+        history.contains("deep-1"),
+        "not in the history: {history:.300}"
+    );
+    bridge.shutdown().await;
+}

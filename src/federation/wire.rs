@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::{AgentInfo, BRIDGE_PROTOCOL, Envelope, Protocol, Role, Status};
 use crate::protocols::registry;
+use crate::shared::deep_json::from_own_str;
 
 /// The header naming the bridge that accepted a message: a bridge applies only the
 /// others' messages, so nothing it receives is published again.
@@ -136,8 +137,8 @@ impl Replica {
         // (`benches/callgrind-fleet.sh b`).
         let text = std::str::from_utf8(payload).map_err(serde::de::Error::custom)?;
         match text.trim_ascii_start().as_bytes().first() {
-            Some(b'[') => serde_json::from_str(text),
-            _ => serde_json::from_str(text).map(|one| vec![one]),
+            Some(b'[') => from_own_str(text),
+            _ => from_own_str(text).map(|one| vec![one]),
         }
     }
 }

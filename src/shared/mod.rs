@@ -5,6 +5,7 @@
 pub mod at_names;
 pub mod budget;
 pub mod clock;
+pub mod deep_json;
 pub mod each_once;
 pub mod gate;
 pub mod http_refusals;

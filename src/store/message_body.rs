@@ -134,7 +134,7 @@ pub(super) fn decode(columns: Columns, body: &str) -> serde_json::Result<Envelop
         priority,
         ttl_secs,
         origin,
-    } = serde_json::from_str(body)?;
+    } = crate::shared::deep_json::from_own_str(body)?;
     Ok(Envelope {
         id: columns.id,
         from: columns.sender,

@@ -17,6 +17,7 @@ use super::db::Instances;
 use super::wire::{self, Invalid, Message};
 use super::{Grid, Source, ws};
 use crate::core::Role;
+use crate::shared::deep_json::from_own_str;
 use crate::shared::http_refusals::{self, Asked};
 
 type Shared = State<Arc<Grid>>;
@@ -227,7 +228,7 @@ async fn poll(
     };
     let messages: Vec<Value> = queued
         .iter()
-        .filter_map(|q| serde_json::from_str::<Value>(&q.message.body).ok())
+        .filter_map(|q| from_own_str::<Value>(&q.message.body).ok())
         .collect();
     if json {
         return answer(StatusCode::OK, &json!({ "messages": messages }), true);
