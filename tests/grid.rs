@@ -1095,3 +1095,61 @@ async fn structured_data_from_another_protocol_reaches_the_grid_payload() {
     assert_eq!(payload["task_id"], "t-7", "what the bridge sets stays");
     w.bridge.shutdown().await;
 }
+
+/// A scratchpad that starts with a byte-order mark and holds a byte that is not UTF-8 is
+/// still read: the first entry is not hidden by the mark, the bad byte is read as `?`, and
+/// the entries after it reach their programs.
+#[tokio::test]
+async fn a_scratchpad_with_a_byte_order_mark_and_a_byte_not_utf8_is_read_on() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let pad: PathBuf = dir.path().join("SCRATCHPAD.md");
+    let first = entry(
+        "executor",
+        "mc",
+        "  action: \"discovery\"\n  payload:\n    n: \"first\"\n",
+    );
+    let mut bytes = "\u{feff}".as_bytes().to_vec();
+    bytes.extend_from_slice(first.trim_start().as_bytes());
+    std::fs::write(&pad, bytes).unwrap();
+    let w = world_from(start_bridge(&grid_section(&pad)).await);
+    let (mut mc, _) = GridWs::connect(w.addr, "mc", None).await;
+    programs(&w, &["executor"]).await;
+    assert_eq!(mc.next_message().await["content"]["payload"]["n"], "first");
+    let mut file = std::fs::OpenOptions::new().append(true).open(&pad).unwrap();
+    let bad = entry(
+        "executor",
+        "mc",
+        "  action: \"discovery\"\n  payload:\n    n: \"cafX\"\n",
+    );
+    let bad: Vec<u8> = bad
+        .bytes()
+        .map(|b| if b == b'X' { 0xe9 } else { b })
+        .collect();
+    file.write_all(&bad).unwrap();
+    drop(file);
+    write_entry(
+        &pad,
+        &entry(
+            "executor",
+            "mc",
+            "  action: \"discovery\"\n  payload:\n    n: \"after\"\n",
+        ),
+    );
+    // The entry with the bad byte, then the one after; each read within WAIT.
+    let mut seen = Vec::new();
+    while seen.last() != Some(&serde_json::json!("after")) {
+        assert!(seen.len() < 4, "not read on: {seen:?}");
+        seen.push(mc.next_message().await["content"]["payload"]["n"].clone());
+    }
+    assert_eq!(seen, ["caf?", "after"], "each once");
+    // Read on from where it was, not again from the start.
+    let last = entry(
+        "executor",
+        "mc",
+        "  action: \"discovery\"\n  payload:\n    n: \"last\"\n",
+    );
+    write_entry(&pad, &last);
+    assert_eq!(mc.next_message().await["content"]["payload"]["n"], "last");
+    w.bridge.shutdown().await;
+}

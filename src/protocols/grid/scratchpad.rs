@@ -193,8 +193,10 @@ struct Found {
     head: Vec<u8>,
     /// The bytes before `position.offset` (up to `TAIL`).
     before: Vec<u8>,
-    /// What follows `position.offset`.
+    /// What follows `position.offset`, as read (`readable`).
     text: String,
+    /// The same bytes as the file holds them, which the fingerprint is of.
+    raw: Vec<u8>,
 }
 
 impl Found {
@@ -202,7 +204,7 @@ impl Found {
     fn advanced(&self, consumed: usize) -> Position {
         let start = self.position.offset - self.before.len() as u64;
         let offset = self.position.offset + consumed as u64;
-        let around = [self.before.as_slice(), self.text.as_bytes()].concat();
+        let around = [self.before.as_slice(), self.raw.as_slice()].concat();
         Position {
             offset,
             fingerprint: fingerprint(&self.head, &around, start, offset),
@@ -259,23 +261,42 @@ fn read_from(path: &Path, position: Position) -> std::io::Result<Option<Found>> 
         position.offset,
         meta.len().saturating_sub(position.offset),
     )?;
-    // An entry cut mid-character by a writer in progress is left for the next read.
-    let text = match String::from_utf8(bytes) {
-        Ok(text) => text,
-        Err(e) => {
-            let valid = e.utf8_error().valid_up_to();
-            let mut bytes = e.into_bytes();
-            bytes.truncate(valid);
-            String::from_utf8(bytes).unwrap_or_default()
-        }
-    };
+    let text = readable(bytes.clone(), position.offset == 0);
     Ok(Some(Found {
         position,
         rewritten,
         head,
         before,
         text,
+        raw: bytes,
     }))
+}
+
+/// The text of `bytes` read from a scratchpad, byte for byte, so that offsets into it are
+/// the file's: a character cut by a writer in progress at the end is left for the next
+/// read; a byte that is not UTF-8 anywhere else is read as `?` (were it left, every entry
+/// after it would wait for good); and a byte-order mark at the file's `start` is read as
+/// line ends, so the entry after it starts a line.
+fn readable(mut bytes: Vec<u8>, start: bool) -> String {
+    const BOM: &[u8] = "\u{feff}".as_bytes();
+    if start && bytes.starts_with(BOM) {
+        bytes[..BOM.len()].fill(b'\n');
+    }
+    let mut from = 0;
+    while let Err(e) = std::str::from_utf8(&bytes[from..]) {
+        let at = from + e.valid_up_to();
+        match e.error_len() {
+            None => {
+                bytes.truncate(at);
+                break;
+            }
+            Some(len) => {
+                bytes[at..at + len].fill(b'?');
+                from = at + len;
+            }
+        }
+    }
+    String::from_utf8(bytes).unwrap_or_default()
 }
 
 /// Appends `entries` in one write, starting on a fresh line.
@@ -303,4 +324,30 @@ fn append(path: &PathBuf, entries: &str) -> std::io::Result<()> {
     };
     file.write_all(text.as_bytes())?;
     file.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::readable;
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_read_as_question_marks_and_offsets_hold() {
+        let mut bytes = b"caf\xe9 au lait\n### [".to_vec();
+        let text = readable(bytes.clone(), false);
+        assert_eq!(text, "caf? au lait\n### [");
+        assert_eq!(text.len(), bytes.len());
+        // A character cut at the end by a writer in progress waits for the next read.
+        bytes.extend_from_slice(&"é".as_bytes()[..1]);
+        assert_eq!(readable(bytes, false), "caf? au lait\n### [");
+    }
+
+    #[test]
+    fn a_byte_order_mark_at_the_start_is_read_as_line_ends() {
+        let bytes = "\u{feff}### [2026-01-24T10:00:00Z]".as_bytes().to_vec();
+        assert_eq!(
+            readable(bytes.clone(), true),
+            "\n\n\n### [2026-01-24T10:00:00Z]"
+        );
+        assert!(readable(bytes, false).starts_with('\u{feff}'));
+    }
 }
