@@ -840,3 +840,25 @@ async fn a_deeply_nested_payload_echoed_to_its_sender_is_in_the_history() {
     );
     bridge.shutdown().await;
 }
+
+/// A small Grid body whose aliases would expand it into a message of megabytes is refused,
+/// in the Grid's error shape, rather than relayed to every program.
+#[tokio::test]
+async fn a_grid_body_whose_aliases_expand_it_many_times_over_is_refused() {
+    let bridge = start_bridge("[grid]\nlisten = \"127.0.0.1:0\"\n").await;
+    let http = common::grid::GridHttp::new(bridge.addr("grid").unwrap());
+    let ten = |of: &str| vec![format!("*{of}"); 10].join(", ");
+    let body = format!(
+        "message:\n  type: notification\n  timestamp: 2026-01-01T00:00:00Z\n  sender: {{agent: x}}\n  content:\n    payload:\n      a: &a \"{}\"\n      b: &b [{}]\n      c: &c [{}]\n      d: &d [{}]\n      e: [{}]\n",
+        "x".repeat(1000),
+        ten("a"),
+        ten("b"),
+        ten("c"),
+        ten("d"),
+    );
+    assert!(body.len() < 2_000, "{} bytes", body.len());
+    let (status, answer) = http.post(&body).await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["message"]["type"], "error", "{answer}");
+    bridge.shutdown().await;
+}

@@ -182,13 +182,32 @@ pub fn parse_documents(body: &str, json: bool) -> Result<Vec<Value>, Invalid> {
             Err(e) => Err(Invalid::new("body", format!("body is not valid JSON: {e}"))),
         };
     }
-    let docs: Vec<Value> = serde_saphyr::from_multiple(body)
+    let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(body, yaml_options(body))
         .map_err(|e| Invalid::new("body", format!("body is not valid YAML: {e}")))?;
     let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
     if docs.is_empty() {
         return Err(Invalid::new("message", "the body holds no message"));
     }
     Ok(docs)
+}
+
+/// What aliases may add to a document beyond its own text.
+const ALIAS_ALLOWANCE: usize = 64 << 10;
+
+/// Events aliases may replay in one parse.
+const MOST_REPLAYED_EVENTS: usize = 10_000;
+
+/// How a client's YAML is read: what aliases replay is bounded by the text's own size (plus
+/// `ALIAS_ALLOWANCE`), so that a small body or frame, within every size limit, cannot expand
+/// into a message many times its size (serde-saphyr's default budget allows 64 MiB of
+/// scalars and a million replayed events).
+fn yaml_options(text: &str) -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_total_scalar_bytes = text.len() + ALIAS_ALLOWANCE;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options.alias_limits.max_total_replayed_events = MOST_REPLAYED_EVENTS;
+    options
 }
 
 /// The documents of a WebSocket text frame, which says nothing of its format: JSON when it
@@ -641,12 +660,13 @@ fn parse_entry(heading: &str, body: &str) -> Result<Message, Invalid> {
         }));
         e
     };
-    let doc: Value = serde_saphyr::from_str(body).map_err(|e| {
-        with_sender(Invalid::new(
-            "message",
-            format!("the entry's yaml does not parse: {e}"),
-        ))
-    })?;
+    let doc: Value =
+        serde_saphyr::from_str_with_options(body, yaml_options(body)).map_err(|e| {
+            with_sender(Invalid::new(
+                "message",
+                format!("the entry's yaml does not parse: {e}"),
+            ))
+        })?;
     let Some(Value::Object(mut msg)) = doc.get("message").cloned() else {
         return Err(with_sender(Invalid::new(
             "message",
