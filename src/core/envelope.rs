@@ -270,7 +270,7 @@ impl Origin {
         self.native
             .get_or_init(|| {
                 let json = self.native_json.get()?.as_deref()?;
-                serde_json::from_str(json).ok()
+                crate::shared::deep_json::from_own_str(json).ok()
             })
             .as_ref()
     }

@@ -194,7 +194,8 @@ pub fn parse_documents(body: &str, json: bool) -> Result<Vec<Value>, Invalid> {
 /// What aliases may add to a document beyond its own text.
 const ALIAS_ALLOWANCE: usize = 64 << 10;
 
-/// Events aliases may replay in one parse.
+/// Events aliases may replay in one parse, besides one for every eight bytes of its text
+/// (a stream of many documents each merging a mapping, `<<: *defaults`, replays more).
 const MOST_REPLAYED_EVENTS: usize = 10_000;
 
 /// How a client's YAML is read: what aliases replay is bounded by the text's own size (plus
@@ -206,7 +207,7 @@ fn yaml_options(text: &str) -> serde_saphyr::Options {
     budget.max_total_scalar_bytes = text.len() + ALIAS_ALLOWANCE;
     let mut options = serde_saphyr::Options::default();
     options.budget = Some(budget);
-    options.alias_limits.max_total_replayed_events = MOST_REPLAYED_EVENTS;
+    options.alias_limits.max_total_replayed_events = MOST_REPLAYED_EVENTS + text.len() / 8;
     options
 }
 

@@ -27,6 +27,7 @@ use crate::core::{
 };
 use crate::protocols::session::{self, Flow, Io, WsSession};
 use crate::shared::clock::iso8601;
+use crate::shared::deep_json::from_own_str;
 use crate::shared::websocket::{self, Message as Frame, Refusal, Socket, Utf8Bytes};
 
 /// What a program's connection takes: what is for its agent (and its instance, when the
@@ -427,7 +428,7 @@ impl Connection {
             if self.sent_on_arrival.was_sent(id) {
                 continue; // taken, so that it is kept nowhere, and sent once, live
             }
-            let Ok(message) = serde_json::from_str::<Value>(&queued.message.body) else {
+            let Ok(message) = from_own_str::<Value>(&queued.message.body) else {
                 continue;
             };
             self.from_backlog.insert(queued.message.message_id.clone());
