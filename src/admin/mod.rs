@@ -47,8 +47,12 @@ impl Readiness {
     /// The `agentbridge_ready` gauge, as `/readyz` answers: 1 when ready and not degraded.
     fn report(&self) {
         let _one = self.0.reporting.lock().unwrap_or_else(|e| e.into_inner());
-        let serving = self.is_ready() && self.0.doors.is_open();
-        crate::telemetry::ready(serving && self.degraded().is_none());
+        crate::telemetry::ready(self.serving() && self.degraded().is_none());
+    }
+
+    /// Whether every endpoint listens and lets clients in.
+    fn serving(&self) -> bool {
+        self.is_ready() && self.0.doors.is_open()
     }
 
     pub fn is_ready(&self) -> bool {
@@ -166,7 +170,7 @@ pub fn router(admin: Admin) -> Router {
         .route(
             "/readyz",
             get(move || {
-                let ready = readiness.is_ready() && readiness.doors().is_open();
+                let ready = readiness.serving();
                 let degraded = readiness.degraded();
                 async move {
                     // Degraded still serves: the agents on this bridge reach one another.

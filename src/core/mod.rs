@@ -150,8 +150,8 @@ pub struct Core {
     arrivals: Arrivals,
     /// Itself, for what must finish after its caller is gone (`publish_staged`).
     me: std::sync::Weak<Core>,
-    /// The endpoints' work that must not stop half-way when its client goes: bounded, and
-    /// waited for as the bridge stops.
+    /// The endpoints' work that must not stop half-way when its client goes, waited for as
+    /// the bridge stops.
     pub to_the_end: ToTheEnd,
 }
 

@@ -101,8 +101,7 @@ impl Synapse {
         }
         // Kept in memory in the poll that queues its row, which a caller gone after does
         // not stop (`Store::write`): the two never disagree. Taken back if the write fails.
-        self.sync_group(&group);
-        self.groups.insert(group.row.id.clone(), group.clone());
+        self.keep_group(group.clone());
         let written = (self.db).insert_group(group.row.clone(), group.members.clone());
         if let Err(e) = written.await {
             self.forget_group(&group.row.id);
@@ -193,11 +192,16 @@ impl Synapse {
         // Gone from memory as its row's delete is queued, as a group is created.
         self.forget_group(group_id);
         if let Err(e) = self.db.delete_group(group_id).await {
-            self.sync_group(&group);
-            self.groups.insert(group.row.id.clone(), group);
+            self.keep_group(group);
             return Err(internal(e));
         }
         Ok(())
+    }
+
+    /// Puts `group` in the group map and the router.
+    pub(super) fn keep_group(&self, group: Group) {
+        self.sync_group(&group);
+        self.groups.insert(group.row.id.clone(), group);
     }
 
     /// Drops group `id` from the group map and the router.

@@ -263,11 +263,7 @@ impl Synapse {
     async fn load(self: &Arc<Self>) -> Result<(), String> {
         self.declare(&self.config.agents).await?;
         for (row, members) in self.db.groups().await.map_err(|e| e.to_string())? {
-            self.core.router.set_group(
-                &row.id,
-                members.iter().map(|m| m.agent_id.clone()).collect(),
-            );
-            self.groups.insert(row.id.clone(), Group { row, members });
+            self.keep_group(Group { row, members });
         }
         for id in self.db.task_ids().await.map_err(|e| e.to_string())? {
             self.tasks.insert(id);

@@ -148,10 +148,7 @@ impl Synapse {
         }
         *applied = revision;
         match group {
-            Some(group) => {
-                self.sync_group(&group);
-                self.groups.insert(id.to_owned(), group);
-            }
+            Some(group) => self.keep_group(group),
             None => self.forget_group(id),
         }
         Ok(())

@@ -99,18 +99,6 @@ pub fn with_auth(app: axum::Router, token: Arc<ArcSwapOption<String>>) -> axum::
     }))
 }
 
-impl SynapseApi {
-    /// Where the calls that must not stop half-way run (`Core::to_the_end`).
-    fn to_the_end(&self) -> &crate::shared::to_the_end::ToTheEnd {
-        &self.synapse.core.to_the_end
-    }
-}
-
-/// The answer to a call the bridge stopped before it ended (one run to its end).
-fn stopping() -> Status {
-    Status::unavailable("agentbridge is stopping")
-}
-
 fn presented(request: &Request) -> Option<&str> {
     let headers = request.headers();
     if let Some(token) = headers.get("x-synapse-token").and_then(|v| v.to_str().ok()) {

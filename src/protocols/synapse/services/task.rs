@@ -8,7 +8,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{SynapseApi, stopping};
+use super::SynapseApi;
 use crate::protocols::synapse::agents::internal;
 use crate::protocols::synapse::db::{FileRow, TaskRow};
 use crate::protocols::synapse::proto::task_service_server::TaskService;
@@ -72,6 +72,16 @@ impl SynapseApi {
             error_message: String::new(),
         }))
     }
+
+    /// Where the calls that must not stop half-way run (`Core::to_the_end`).
+    fn to_the_end(&self) -> &crate::shared::to_the_end::ToTheEnd {
+        &self.synapse.core.to_the_end
+    }
+}
+
+/// The answer to a call the bridge stopped before it ended (one run to its end).
+fn stopping() -> Status {
+    Status::unavailable("agentbridge is stopping")
 }
 
 type UpdateStream = Pin<Box<dyn Stream<Item = Result<TaskStatusUpdate, Status>> + Send>>;
