@@ -3463,11 +3463,7 @@ async fn a_deeply_nested_payload_crosses_bridges() {
     let (mut watcher, _) = SkynetWs::join(fleet.nets[1].skynet, &card).await;
     fleet.wait_known(0, "watcher").await;
     fleet.wait_known(1, "diver").await;
-    let watcher_id = card["id"].to_string();
-    let deep = format!("{}1{}", "[".repeat(126), "]".repeat(126));
-    let frame = format!(
-        "{{\"action\":\"send\",\"data\":{{\"id\":\"deep-1\",\"type\":\"context.share\",\"mentions\":[{watcher_id}],\"payload\":{{\"d\":{deep}}}}}}}"
-    );
+    let frame = common::skynet::deep_share("deep-1", &[card["id"].clone()]);
     diver.send_text(frame).await;
     // Each read within WAIT: presence events first, perhaps.
     while !watcher.next_text().await.contains("deep-1") {}

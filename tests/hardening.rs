@@ -819,12 +819,8 @@ async fn a_deeply_nested_payload_echoed_to_its_sender_is_in_the_history() {
     let http = SkynetHttp::new(addr);
     let card = http.agent("diver").await;
     let (mut ws, _) = SkynetWs::join(addr, &card).await;
-    let deep = format!("{}1{}", "[".repeat(126), "]".repeat(126));
-    let payload = format!("{{\"d\":{deep}}}");
-    let frame = format!(
-        "{{\"action\":\"send\",\"data\":{{\"id\":\"deep-1\",\"type\":\"context.share\",\"payload\":{payload}}}}}"
-    );
-    ws.send_text(frame).await;
+    ws.send_text(common::skynet::deep_share("deep-1", &[]))
+        .await;
     let answer = ws.next_text().await;
     if answer.contains("\"event\":\"error\"") {
         // Refused, and said so: nothing was accepted.

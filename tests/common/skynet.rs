@@ -211,3 +211,13 @@ impl SkynetWs {
 pub fn text_of(msg: &Value) -> &str {
     msg["payload"]["text"].as_str().unwrap_or_default()
 }
+
+/// A `send` frame, `id`, of a `context.share` whose payload nests 127 levels, as deep as a
+/// JSON reader takes it alone, and `mentions` (card ids, as JSON).
+pub fn deep_share(id: &str, mentions: &[Value]) -> String {
+    let deep = format!("{}1{}", "[".repeat(126), "]".repeat(126));
+    let mentions = Value::from(mentions.to_vec());
+    format!(
+        "{{\"action\":\"send\",\"data\":{{\"id\":\"{id}\",\"type\":\"context.share\",\"mentions\":{mentions},\"payload\":{{\"d\":{deep}}}}}}}"
+    )
+}
