@@ -554,6 +554,104 @@ async fn large_messages_past_the_read_budget_are_refused_until_it_frees() {
     bridge.shutdown().await;
 }
 
+/// A request's head on `addr` promising a body of `length` bytes, and all but the last
+/// `short` of them: the connection holds what it sent until it sends the rest.
+async fn held_body(addr: SocketAddr, path: &str, length: usize, short: usize) -> TcpStream {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Authorization: Bearer tb-coder\r\nContent-Length: {length}\r\n\r\n"
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(&vec![b' '; length - short]).await.unwrap();
+    tcp
+}
+
+#[tokio::test]
+async fn large_request_bodies_past_the_read_budget_are_refused_until_it_frees() {
+    let bridge = start_bridge(
+        "[limits]\nread_budget_bytes = 300000\nbody_read_timeout_ms = 600000\n\
+         [skynet]\nlisten = \"127.0.0.1:0\"\n\
+         [grid]\nlisten = \"127.0.0.1:0\"\n\
+         [synapse]\nlisten = \"127.0.0.1:0\"\n",
+    )
+    .await;
+    let http = common::http();
+    let held = || 300_000 - bridge.read_budget().available();
+    let paths = [
+        ("skynet", "/api/agents"),
+        ("tracker", "/api/v1/messages"),
+        ("grid", "/grid/v1/messages"),
+        ("synapse", "/api/v1/synapse/message"),
+    ];
+    for (protocol, path) in paths {
+        let addr = bridge.addr(protocol).unwrap();
+        let url = format!("http://{addr}{path}");
+        let post = |bytes: usize| {
+            http.post(&url)
+                .bearer_auth("tb-coder")
+                .header("content-type", "application/json")
+                .body(" ".repeat(bytes))
+                .send()
+        };
+        // One client sends 200 KB of a body and stops: what it sent holds the budget.
+        let mut holder = held_body(addr, path, 201_000, 1000).await;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while held() < 200_000 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{protocol}: held only {}",
+                held()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Another's large body does not fit in what is left: 503, in the endpoint's shape.
+        let res = post(150_000).await.unwrap();
+        assert_eq!(res.status(), 503, "{protocol}");
+        assert_eq!(res.headers()["retry-after"], "1", "{protocol}");
+        let body = res.text().await.unwrap();
+        let said = match protocol {
+            "skynet" => serde_json::from_str::<Value>(&body).unwrap()["error"].clone(),
+            "tracker" => serde_json::from_str::<Value>(&body).unwrap()["detail"].clone(),
+            "synapse" => {
+                let body: Value = serde_json::from_str(&body).unwrap();
+                assert_eq!(body["code"], 14, "UNAVAILABLE: {body}");
+                body["message"].clone()
+            }
+            _ => {
+                let body = yaml(&body);
+                let error = &body["message"]["content"]["payload"];
+                assert_eq!(error["error_code"], "BUSY", "{body:?}");
+                Value::String(format!("{:?}", error["error_message"]))
+            }
+        };
+        assert!(
+            said.to_string().contains("send it again later"),
+            "{protocol}: {body}"
+        );
+        assert!(held() < 210_000, "{protocol}: the refused body let go");
+        // Small bodies are never held back.
+        let (status, _) = answer(post(1000)).await;
+        assert_ne!(status, 503, "{protocol}");
+        // Once the holder's body is whole (and answered), its bytes are free again.
+        holder.write_all(&[b' '; 1000]).await.unwrap();
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(WAIT, holder.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(n)) if n > 0), "{protocol}: no answer");
+        while held() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{protocol}: still held {}",
+                held()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let (status, _) = answer(post(150_000)).await;
+        assert_ne!(status, 503, "{protocol}");
+    }
+    bridge.shutdown().await;
+}
+
 // ---- 6. Authorization ---------------------------------------------------------------------
 
 #[tokio::test]

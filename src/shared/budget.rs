@@ -1,9 +1,14 @@
-//! A bridge-wide budget of bytes, taken by large inbound frames while they are read and
-//! held, so that many connections cannot each pin a frame of the largest allowed size.
+//! A bridge-wide budget of bytes, taken by large inbound WebSocket messages and HTTP
+//! request bodies while they are read and held, so that many connections cannot each pin
+//! a message of the largest allowed size.
 
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Inbound messages and request bodies of at least this many bytes take from the budget;
+/// smaller ones are the common case and are not counted.
+pub const BUDGETED_BYTES: u64 = 64 * 1024;
 
 /// Bytes that may be reserved at once across the bridge. Cheap to clone: clones share one
 /// budget.

@@ -5,17 +5,24 @@
 //!
 //! They are told apart from the endpoint's own answers by their form: axum's are plain
 //! text or empty, an endpoint's never are. gRPC calls are left alone: tonic answers them.
+//!
+//! The same layer charges request bodies to the bridge's read budget
+//! ([`body_budget`](super::body_budget)), and answers a body the budget could not take
+//! with 503 in the endpoint's shape, whatever the endpoint made of its failed read.
 
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use axum::Router;
+use axum::body::HttpBody;
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use tower::{Layer, Service};
 
+use super::body_budget::{self, Charged};
+use super::budget::ByteBudget;
 use crate::telemetry;
 
 /// What a refused request asked for, for a shape that answers in the requested format.
@@ -41,18 +48,24 @@ impl Asked {
 pub type Shape = fn(StatusCode, &str, &Asked) -> Response;
 
 /// `app` with the framework's refusals written by `shape`, counted as malformed input of
-/// `protocol` when they are the client's fault in form (400, 413, 415, 422).
-pub fn shaped(app: Router, protocol: &'static str, shape: Shape) -> Router {
-    app.layer(ReshapeLayer { protocol, shape })
+/// `protocol` when they are the client's fault in form (400, 413, 415, 422), and its
+/// request bodies charged to `budget`.
+pub fn shaped(app: Router, protocol: &'static str, budget: &ByteBudget, shape: Shape) -> Router {
+    app.layer(ReshapeLayer {
+        protocol,
+        shape,
+        budget: budget.clone(),
+    })
 }
 
 /// A layer rather than `axum::middleware::from_fn`, which boxes every request's future and
 /// a clone of the service it calls: every HTTP request passes through this one, and only
 /// a refusal needs more than a look at the response's head.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct ReshapeLayer {
     protocol: &'static str,
     shape: Shape,
+    budget: ByteBudget,
 }
 
 impl<S> Layer<S> for ReshapeLayer {
@@ -63,6 +76,7 @@ impl<S> Layer<S> for ReshapeLayer {
             inner,
             protocol: self.protocol,
             shape: self.shape,
+            budget: self.budget.clone(),
         }
     }
 }
@@ -72,6 +86,7 @@ struct Reshape<S> {
     inner: S,
     protocol: &'static str,
     shape: Shape,
+    budget: ByteBudget,
 }
 
 impl<S> Service<Request> for Reshape<S>
@@ -87,14 +102,21 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        // gRPC calls are tonic's to answer.
+        // gRPC calls are tonic's to answer, and their streams' messages tonic's to bound.
         let asked = (!is_grpc(request.headers())).then(|| Asked {
             accept: request.headers().get(header::ACCEPT).cloned(),
             content_type: request.headers().get(header::CONTENT_TYPE).cloned(),
         });
+        let (request, charged) = if asked.is_some() && !request.body().is_end_stream() {
+            let (request, charged) = body_budget::charge(request, &self.budget);
+            (request, Some(charged))
+        } else {
+            (request, None)
+        };
         Reshaping {
             inner: self.inner.call(request),
             asked,
+            charged,
             protocol: self.protocol,
             shape: self.shape,
             refusal: None,
@@ -109,6 +131,7 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: F,
         asked: Option<Asked>,
+        charged: Option<Charged>,
         protocol: &'static str,
         shape: Shape,
         refusal: Option<Pin<Box<dyn Future<Output = Response> + Send>>>,
@@ -130,6 +153,18 @@ where
         let Some(asked) = this.asked.take() else {
             return Poll::Ready(Ok(response));
         };
+        let over_budget = this.charged.as_ref().is_some_and(Charged::refused);
+        if over_budget
+            && (response.status().is_client_error() || response.status().is_server_error())
+        {
+            let mut refused = (this.shape)(
+                StatusCode::SERVICE_UNAVAILABLE,
+                body_budget::REFUSED,
+                &asked,
+            );
+            (refused.headers_mut()).insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return Poll::Ready(Ok(refused));
+        }
         if !is_framework_refusal(&response) {
             return Poll::Ready(Ok(response));
         }

@@ -3,6 +3,7 @@
 //! and text helpers of the hot path, and small data structures.
 
 pub mod at_names;
+pub mod body_budget;
 pub mod budget;
 pub mod clock;
 pub mod deep_json;

@@ -30,7 +30,7 @@ mod coalesced;
 mod gate;
 use coalesced::Coalesced;
 use gate::Gate;
-pub use gate::{BUDGETED_BYTES, Limits, Refusal};
+pub use gate::{Limits, Refusal};
 
 pub use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 pub use tokio_tungstenite::tungstenite::{Error, Message, Utf8Bytes};

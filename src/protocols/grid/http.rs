@@ -24,6 +24,7 @@ type Shared = State<Arc<Grid>>;
 
 pub fn router(grid: Arc<Grid>) -> Router {
     let body_limit = axum::extract::DefaultBodyLimit::max(grid.config.max_body_bytes);
+    let read_budget = grid.read_budget.clone();
     let app = Router::new()
         .route("/grid/v1/messages", post(post_messages).get(poll))
         .route("/grid/v1/agents", get(agents))
@@ -41,7 +42,7 @@ pub fn router(grid: Arc<Grid>) -> Router {
         })
         .with_state(grid)
         .layer(body_limit);
-    http_refusals::shaped(app, super::PROTOCOL, refused)
+    http_refusals::shaped(app, super::PROTOCOL, &read_budget, refused)
 }
 
 /// A refusal of axum's (a body over the limit, a bad query, a wrong method) as a Grid
@@ -52,6 +53,7 @@ fn refused(status: StatusCode, text: &str, asked: &Asked) -> Response {
         StatusCode::METHOD_NOT_ALLOWED => "METHOD_NOT_ALLOWED",
         StatusCode::NOT_FOUND => "NOT_FOUND",
         StatusCode::UNSUPPORTED_MEDIA_TYPE => "UNSUPPORTED_MEDIA_TYPE",
+        StatusCode::SERVICE_UNAVAILABLE => "BUSY",
         s if s.is_server_error() => "INTERNAL",
         _ => "VALIDATION_FAILED",
     };

@@ -23,6 +23,7 @@ type Shared = State<Arc<Skynet>>;
 
 pub fn router(skynet: Arc<Skynet>) -> Router {
     let body_limit = DefaultBodyLimit::max(skynet.config.max_body_bytes);
+    let read_budget = skynet.read_budget.clone();
     let app = Router::new()
         .route("/health", get(health))
         .route("/api/agents/{id}", get(get_agent).delete(delete_agent))
@@ -44,7 +45,7 @@ pub fn router(skynet: Arc<Skynet>) -> Router {
         .fallback(|| async { error(StatusCode::NOT_FOUND, "Not found") })
         .with_state(skynet)
         .layer(body_limit);
-    http_refusals::shaped(app, PROTOCOL, |status, text, _| {
+    http_refusals::shaped(app, PROTOCOL, &read_budget, |status, text, _| {
         (status, axum::Json(json!({ "error": text }))).into_response()
     })
 }

@@ -42,6 +42,7 @@ pub use config::Config;
 use super::endpoint::{Endpoint, Listening, Reloader};
 use super::{Context, Running, StartError};
 use crate::core::{Core, Protocol, UnsettledMail};
+use crate::shared::budget::ByteBudget;
 use db::{AgentRow, Db, GroupRow, MemberRow};
 use proto::{AgentEndpoint, TaskStatusUpdate};
 
@@ -90,6 +91,8 @@ pub struct Synapse {
     outbound: outbound::Outbound,
     /// The token calls must carry (`[synapse] token`), if any; a reload may change it.
     token: Arc<ArcSwapOption<String>>,
+    /// Charged by the gateway's large request bodies.
+    read_budget: ByteBudget,
     shutdown: CancellationToken,
 }
 
@@ -214,6 +217,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         task_watchers: Arc::default(),
         outbound: outbound::Outbound::new(config),
         token: Arc::new(ArcSwapOption::from(config.token.clone().map(Arc::new))),
+        read_budget: ctx.read_budget.clone(),
         shutdown: shutdown.clone(),
     });
     synapse.load().await.map_err(|e| fail(&e))?;

@@ -21,11 +21,7 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::shared::budget::{ByteBudget, Reserved};
-
-/// Messages of at least this many bytes take from the bridge's read budget; smaller ones
-/// are the common case and are not counted.
-pub const BUDGETED_BYTES: u64 = 64 * 1024;
+use crate::shared::budget::{BUDGETED_BYTES, ByteBudget, Reserved};
 
 /// The longest frame header: 2 bytes, a 64-bit length and a masking key.
 const MAX_HEADER: usize = 14;

@@ -115,6 +115,7 @@ struct Gateway {
 
 pub fn router(synapse: Arc<Synapse>) -> Router {
     let max_body = synapse.config.max_message_bytes;
+    let read_budget = synapse.read_budget.clone();
     let gateway = Arc::new(Gateway {
         api: SynapseApi { synapse },
         max_body,
@@ -169,12 +170,13 @@ pub fn router(synapse: Arc<Synapse>) -> Router {
         .layer(gate(move |request: Request| {
             refuse_declared_oversize(request, max_body)
         }));
-    http_refusals::shaped(router, super::PROTOCOL, |status, text, _| {
+    http_refusals::shaped(router, super::PROTOCOL, &read_budget, |status, text, _| {
         let code = match status {
             StatusCode::PAYLOAD_TOO_LARGE => tonic::Code::ResourceExhausted,
             StatusCode::NOT_FOUND => tonic::Code::NotFound,
             StatusCode::METHOD_NOT_ALLOWED => tonic::Code::Unimplemented,
             StatusCode::UNAUTHORIZED => tonic::Code::Unauthenticated,
+            StatusCode::SERVICE_UNAVAILABLE => tonic::Code::Unavailable,
             s if s.is_server_error() => tonic::Code::Internal,
             _ => tonic::Code::InvalidArgument,
         };

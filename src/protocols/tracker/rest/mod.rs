@@ -81,8 +81,9 @@ pub fn router(tracker: Arc<Tracker>) -> Router {
         .route("/ws", get(upgrade))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "Not Found") });
     let body_limit = axum::extract::DefaultBodyLimit::max(tracker.config.max_body_bytes);
+    let read_budget = tracker.read_budget.clone();
     let app = app.with_state(tracker).layer(body_limit);
-    http_refusals::shaped(app, super::PROTOCOL, |status, text, _| {
+    http_refusals::shaped(app, super::PROTOCOL, &read_budget, |status, text, _| {
         (status, axum::Json(json!({ "detail": text }))).into_response()
     })
 }
