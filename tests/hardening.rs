@@ -652,6 +652,91 @@ async fn large_request_bodies_past_the_read_budget_are_refused_until_it_frees() 
     bridge.shutdown().await;
 }
 
+#[tokio::test]
+async fn large_grpc_messages_past_the_read_budget_are_unavailable_until_it_frees() {
+    use tokio_stream::StreamExt;
+    use tokio_stream::wrappers::ReceiverStream;
+
+    let bridge =
+        start_bridge("[limits]\nread_budget_bytes = 300000\n[synapse]\nlisten = \"127.0.0.1:0\"\n")
+            .await;
+    let addr = bridge.addr("synapse").unwrap();
+    let held = || 300_000 - bridge.read_budget().available();
+    // A call over raw HTTP/2 whose one message (of 250,000 bytes) stops 50,000 short.
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let (body_tx, body_rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let body = ReceiverStream::new(body_rx).map(Ok::<_, std::convert::Infallible>);
+    let call = axum::http::Request::post(format!(
+        "http://{addr}/synapse.SynapseMessageService/SendMessage"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(axum::body::Body::from_stream(body))
+    .unwrap();
+    let answered = tokio::spawn(sender.send_request(call));
+    let mut start = vec![0u8];
+    start.extend(250_000u32.to_be_bytes());
+    start.extend([b' '; 200_000]);
+    body_tx.send(start.into()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while held() < 200_000 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "held only {}",
+            held()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let mut clients = common::synapse::clients(addr).await;
+    let large = || common::synapse::chat("a", "b", &"q".repeat(150_000));
+    let refused = common::synapse::send(&mut clients, large())
+        .await
+        .expect_err("over the budget");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("send it again later"),
+        "{refused:?}"
+    );
+    // Small messages are never held back.
+    let small = common::synapse::send(&mut clients, common::synapse::chat("a", "b", "hi")).await;
+    assert!(
+        small
+            .as_ref()
+            .err()
+            .is_none_or(|s| s.code() != tonic::Code::Unavailable),
+        "{small:?}"
+    );
+    // Once the held message is whole and handled, its bytes are free again.
+    body_tx.send(vec![b' '; 50_000].into()).await.unwrap();
+    drop(body_tx);
+    let answer = tokio::time::timeout(WAIT, answered).await;
+    assert!(matches!(answer, Ok(Ok(Ok(_)))), "{answer:?}");
+    while held() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still held {}",
+            held()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let sent = common::synapse::send(&mut clients, large()).await;
+    assert!(
+        sent.as_ref()
+            .err()
+            .is_none_or(|s| s.code() != tonic::Code::Unavailable),
+        "{sent:?}"
+    );
+    bridge.shutdown().await;
+}
+
 // ---- 6. Authorization ---------------------------------------------------------------------
 
 #[tokio::test]

@@ -91,7 +91,7 @@ pub struct Synapse {
     outbound: outbound::Outbound,
     /// The token calls must carry (`[synapse] token`), if any; a reload may change it.
     token: Arc<ArcSwapOption<String>>,
-    /// Charged by the gateway's large request bodies.
+    /// Charged by large request bodies and gRPC messages.
     read_budget: ByteBudget,
     shutdown: CancellationToken,
 }

@@ -16,6 +16,7 @@ use axum::http::{StatusCode, header};
 use tonic::Status;
 use tonic::metadata::MetadataMap;
 
+use crate::shared::body_budget;
 use crate::shared::gate::{Verdict, gate};
 
 use super::Synapse;
@@ -41,6 +42,7 @@ impl SynapseApi {
 
 pub fn router(synapse: Arc<Synapse>) -> axum::Router {
     let max_message = synapse.config.max_message_bytes;
+    let read_budget = synapse.read_budget.clone();
     let api = SynapseApi { synapse };
     let (health, health_service) = tonic_health::server::health_reporter();
     tokio::spawn(async move {
@@ -75,6 +77,9 @@ pub fn router(synapse: Arc<Synapse>) -> axum::Router {
     .layer(tower::util::MapResponseLayer::new(
         statuses::oversize_is_resource_exhausted as fn(axum::response::Response) -> _,
     ))
+    .layer(tower::util::MapRequestLayer::new(move |call| {
+        body_budget::charge_grpc(call, &read_budget)
+    }))
 }
 
 /// Refuses calls without the configured token: UNAUTHENTICATED for gRPC, 401 with the
