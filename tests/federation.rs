@@ -708,6 +708,73 @@ async fn tracker_messages_are_the_same_on_every_bridge() {
     fleet.shutdown().await;
 }
 
+/// A Skynet schedule is the fleet's: listed and changed through any bridge. Every bridge
+/// fires each tick, as one message (its id derived from the tick), which reaches the agent
+/// once.
+#[tokio::test]
+async fn a_skynet_schedule_is_the_fleets_and_each_tick_reaches_its_agent_once() {
+    let fleet = Fleet::start(2).await;
+    let (a, b) = (fleet.nets[0].skynet, fleet.nets[1].skynet);
+    let (on_a, on_b) = (SkynetHttp::new(a), SkynetHttp::new(b));
+    let backend = on_a.agent("backend").await;
+    eventually("b1 lists the agent registered through b0", async || {
+        on_b.get("/api/agents/backend").await.0 == 200
+    })
+    .await;
+    let (mut ws, _) = SkynetWs::join(b, &backend).await;
+    fleet.wait_known(0, "backend").await;
+    let (status, schedule) = on_a
+        .post(
+            "/api/schedules",
+            serde_json::json!({
+                "name": "every-second",
+                "cronExpr": "* * * * * *",
+                "agentId": backend["id"],
+                "taskTemplate": { "title": "Tick", "description": "Once per second" },
+            }),
+        )
+        .await;
+    assert_eq!(status, 201, "{schedule}");
+    let path = format!("/api/schedules/{}", schedule["id"].as_str().unwrap());
+    eventually("b1 lists the schedule created through b0", async || {
+        on_b.get(&path).await.0 == 200
+    })
+    .await;
+
+    // A tick both bridges fire twice over would come twice: same id, same time.
+    let mut ticks = Vec::new();
+    while ticks.len() < 4 {
+        let message = ws.next_message().await;
+        if message["type"] == "task.assign" {
+            ticks.push(message);
+        }
+    }
+    for pair in ticks.windows(2) {
+        assert_ne!(pair[0]["id"], pair[1]["id"], "{pair:?}");
+        assert!(
+            pair[0]["timestamp"].as_i64() < pair[1]["timestamp"].as_i64(),
+            "{pair:?}"
+        );
+    }
+
+    // Changed through b1, for both; deleted through b0, for both.
+    let (status, _) = on_b
+        .patch(&path, serde_json::json!({ "enabled": false }))
+        .await;
+    assert_eq!(status, 200);
+    eventually("b0 shows the schedule disabled through b1", async || {
+        on_a.get(&path).await.1["enabled"] == false
+    })
+    .await;
+    assert_eq!(on_a.delete(&path).await.0, 200);
+    eventually(
+        "b1 no longer lists the schedule deleted through b0",
+        async || on_b.get(&path).await.0 == 404,
+    )
+    .await;
+    fleet.shutdown().await;
+}
+
 /// A Skynet registration is the fleet's: listed by every bridge under the same id, able to
 /// join through any of them and be reached there, its name taken fleet-wide, and deleted
 /// for all — but not while it is online anywhere.

@@ -63,6 +63,18 @@ impl SkynetHttp {
         (status, res.json().await.unwrap_or(Value::Null))
     }
 
+    pub async fn patch(&self, path: &str, body: Value) -> (u16, Value) {
+        let res = self
+            .client
+            .patch(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        (status, res.json().await.unwrap_or(Value::Null))
+    }
+
     pub async fn delete(&self, path: &str) -> (u16, Value) {
         let res = self
             .client

@@ -1,4 +1,4 @@
-//! Skynet's HTTP API: registration, listings, history and agent control, with the status
+//! Skynet's HTTP API: registration, listings, history, agent control and schedules, with the status
 //! codes and `{error}` bodies of Skynet's reference server.
 
 use std::collections::HashMap;
@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::registry::{Profile, RegisterError};
-use super::{PROTOCOL, Skynet, ws};
+use super::{PROTOCOL, Skynet, schedules, ws};
 use crate::core::MessageQuery;
 use crate::core::{Audience, Envelope, Kind, Origin, new_message_id, now_ms};
 use crate::shared::{http_refusals, to_the_end};
@@ -32,6 +32,16 @@ pub fn router(skynet: Arc<Skynet>) -> Router {
         .route("/api/agents/{id}/watch", post(watch))
         .route("/api/agents/{id}/unwatch", post(unwatch))
         .route("/api/humans/{id}", get(get_human).delete(delete_human))
+        .route(
+            "/api/schedules",
+            post(schedules::routes::create).get(schedules::routes::list),
+        )
+        .route(
+            "/api/schedules/{id}",
+            get(schedules::routes::get)
+                .patch(schedules::routes::update)
+                .delete(schedules::routes::delete),
+        )
         // Above: a write is made to its end even if its client goes (a profile deleted
         // from the store and still listed, its name still held). A registration runs to
         // its end only once its name is claimed (`Registry::create`).
@@ -54,11 +64,11 @@ pub fn router(skynet: Arc<Skynet>) -> Router {
 pub(super) struct ApiError(StatusCode, String);
 
 impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(super) fn new(status: StatusCode, message: impl Into<String>) -> Self {
         ApiError(status, message.into())
     }
 
-    fn bad_request(message: impl Into<String>) -> Self {
+    pub(super) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
 }
@@ -72,7 +82,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult = Result<Response, ApiError>;
+pub(super) type ApiResult = Result<Response, ApiError>;
 
 fn error(status: StatusCode, message: &str) -> Response {
     ApiError::new(status, message).into_response()
@@ -83,7 +93,7 @@ fn ok(value: Value) -> Response {
 }
 
 /// The request body as a JSON object; an empty body is an empty object.
-fn body_object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
+pub(super) fn body_object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }
@@ -97,7 +107,7 @@ fn body_object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
 }
 
 /// An optional string field; present but not a string is an error.
-fn opt_string(body: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
+pub(super) fn opt_string(body: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
     match body.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -105,7 +115,7 @@ fn opt_string(body: &Map<String, Value>, key: &str) -> Result<Option<String>, Ap
     }
 }
 
-fn required_string(body: &Map<String, Value>, key: &str) -> Result<String, ApiError> {
+pub(super) fn required_string(body: &Map<String, Value>, key: &str) -> Result<String, ApiError> {
     match body.get(key) {
         Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
         _ => Err(ApiError::bad_request(format!("{key} is required"))),
@@ -181,7 +191,7 @@ async fn register(
 }
 
 /// A registration the fleet's records did not take (NATS unreachable, or too contended).
-fn fleet_unavailable(e: &crate::core::RecordError) -> ApiError {
+pub(super) fn fleet_unavailable(e: &crate::core::RecordError) -> ApiError {
     tracing::warn!(error = %e, "skynet: the fleet did not take a registration change");
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,

@@ -1,5 +1,6 @@
-//! The Skynet endpoint: Skynet's HTTP registration API and its WebSocket workspace, as
-//! described in `skynet-protocol.md` and `skynet-workspace-rules.md`, on one listener.
+//! The Skynet endpoint: Skynet's HTTP registration API, its WebSocket workspace and its
+//! scheduler, as described in `skynet-protocol.md`, `skynet-workspace-rules.md` and
+//! `skynet-scheduler.md`, on one listener.
 
 mod config;
 mod http;
@@ -7,6 +8,7 @@ mod http;
 pub mod mentions;
 mod records;
 mod registry;
+mod schedules;
 mod sent;
 /// SkynetMessage ⇄ Envelope; public for `benches/translate.rs`.
 pub mod translate;
@@ -28,6 +30,7 @@ use super::{Context, Running, StartError};
 use crate::core::{Core, PerGeneration, Protocol};
 use crate::shared::budget::ByteBudget;
 use registry::Registry;
+use schedules::Schedules;
 use workspace::Workspace;
 
 pub const PROTOCOL: Protocol = "skynet";
@@ -40,6 +43,7 @@ pub struct Skynet {
     core: Arc<Core>,
     config: Config,
     registry: Arc<Registry>,
+    schedules: Arc<Schedules>,
     workspace: Workspace,
     /// Everyone a chat may @mention.
     mention_cache: PerGeneration<mentions::Candidates>,
@@ -76,6 +80,9 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     let registry = Registry::load(core.clone(), ctx.store.clone())
         .await
         .map_err(|e| StartError::new(PROTOCOL, e))?;
+    let schedules = Schedules::load(core.clone(), ctx.store.clone())
+        .await
+        .map_err(|e| StartError::new(PROTOCOL, e))?;
     let listener = super::bind(PROTOCOL, config.listen).await?;
     let addr = listener
         .local_addr()
@@ -84,6 +91,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
         core,
         config: config.clone(),
         registry: Arc::new(registry),
+        schedules: Arc::new(schedules),
         workspace: Workspace::new(),
         mention_cache: PerGeneration::default(),
         foreign_card_ids: PerGeneration::default(),
@@ -93,6 +101,8 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     });
     let reload = Reloader::of(&skynet);
     records::follow(&skynet);
+    skynet.schedules.follow();
+    let ticks = tokio::spawn(schedules::ticks::run(skynet.clone()));
     let task = super::serve(
         PROTOCOL,
         listener,
@@ -104,7 +114,7 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     Ok(Running {
         name: PROTOCOL,
         listeners: vec![("http+ws", addr)],
-        tasks: vec![task],
+        tasks: vec![task, ticks],
         reload,
     })
 }

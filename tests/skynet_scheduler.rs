@@ -1,0 +1,282 @@
+//! Skynet's scheduler over real sockets, checked against skynet-scheduler.md: the
+//! `/api/schedules` routes, and the `task.assign` each tick sends its agent.
+//!
+//! Ticks use a six-field expression (`* * * * * *`, every second), which croner takes
+//! beside the standard five fields, so that a test waits a second for one, not a minute.
+
+mod common;
+
+use std::time::Duration;
+
+use common::skynet::{SkynetHttp, SkynetWs};
+use common::{WAIT, start_bridge, start_bridge_in};
+use serde_json::{Value, json};
+
+fn daily_review(agent_id: &Value, created_by: &Value) -> Value {
+    json!({
+        "name": "daily-review",
+        "cronExpr": "0 9 * * *",
+        "agentId": agent_id,
+        "taskTemplate": {
+            "title": "Daily PR review",
+            "description": "Review all open PRs from yesterday and summarize."
+        },
+        "createdBy": created_by,
+    })
+}
+
+/// The next message `ws` receives that is not presence.
+async fn next_task(ws: &mut SkynetWs) -> Value {
+    loop {
+        let message = ws.next_message().await;
+        if message["type"] != "agent.join" && message["type"] != "agent.leave" {
+            return message;
+        }
+    }
+}
+
+#[tokio::test]
+async fn schedules_are_created_listed_updated_and_deleted() {
+    let bridge = start_bridge("").await;
+    let http = SkynetHttp::new(bridge.addr("skynet").unwrap());
+    let backend = http.agent("backend").await;
+    let alice = http.human("alice").await;
+
+    let before = agentbridge::core::now_ms();
+    let (status, created) = http
+        .post("/api/schedules", daily_review(&backend["id"], &alice["id"]))
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert_eq!(created["name"], "daily-review");
+    assert_eq!(created["cronExpr"], "0 9 * * *");
+    assert_eq!(created["agentId"], backend["id"]);
+    assert_eq!(created["taskTemplate"]["title"], "Daily PR review");
+    assert_eq!(created["enabled"], true);
+    assert_eq!(created["createdBy"], alice["id"]);
+    assert_eq!(created["lastRunAt"], Value::Null);
+    let next = created["nextRunAt"].as_i64().unwrap();
+    assert!(
+        next > before && next <= before + 24 * 3600 * 1000,
+        "{created}"
+    );
+    assert_eq!(next % (24 * 3600 * 1000), 9 * 3600 * 1000, "09:00 UTC");
+    assert!(created["createdAt"].as_i64().unwrap() >= before);
+    assert_eq!(created["updatedAt"], created["createdAt"]);
+
+    // By the agent's name too, as the agent runner's `agent="@backend"` may resolve it.
+    let mut by_name = daily_review(&json!("backend"), &Value::Null);
+    by_name["name"] = json!("by-name");
+    let (status, second) = http.post("/api/schedules", by_name).await;
+    assert_eq!(status, 201, "{second}");
+    assert_eq!(second["agentId"], backend["id"]);
+
+    // Refusals.
+    let refused = [
+        (
+            json!({ "cronExpr": "0 9 * * *", "agentId": backend["id"], "taskTemplate": { "title": "t", "description": "d" } }),
+            400,
+            "name",
+        ),
+        (
+            json!({ "name": "x", "cronExpr": "not a cron", "agentId": backend["id"], "taskTemplate": { "title": "t", "description": "d" } }),
+            400,
+            "cron",
+        ),
+        (
+            json!({ "name": "x", "cronExpr": "61 * * * *", "agentId": backend["id"], "taskTemplate": { "title": "t", "description": "d" } }),
+            400,
+            "cron",
+        ),
+        (
+            json!({ "name": "x", "cronExpr": "0 9 * * *", "agentId": backend["id"], "taskTemplate": { "title": "t" } }),
+            400,
+            "description",
+        ),
+        (
+            json!({ "name": "x", "cronExpr": "0 9 * * *", "agentId": backend["id"] }),
+            400,
+            "taskTemplate",
+        ),
+        (
+            json!({ "name": "x", "cronExpr": "0 9 * * *", "agentId": "nobody", "taskTemplate": { "title": "t", "description": "d" } }),
+            404,
+            "Agent not found",
+        ),
+    ];
+    for (body, status, says) in refused {
+        let (got, answer) = http.post("/api/schedules", body.clone()).await;
+        assert_eq!(got, status, "{body} → {answer}");
+        assert!(
+            answer["error"].as_str().unwrap().contains(says),
+            "{body} → {answer}"
+        );
+    }
+
+    // Listed, by agent too.
+    let (status, all) = http.get("/api/schedules").await;
+    assert_eq!(status, 200);
+    let names: Vec<&str> = (all.as_array().unwrap().iter())
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["daily-review", "by-name"]);
+    let agent_id = backend["id"].as_str().unwrap();
+    let (_, mine) = http
+        .get(&format!("/api/schedules?agentId={agent_id}"))
+        .await;
+    assert_eq!(mine.as_array().unwrap().len(), 2);
+    let (_, none) = http.get("/api/schedules?agentId=someone-else").await;
+    assert_eq!(none, json!([]));
+    let (status, one) = http.get(&format!("/api/schedules/{id}")).await;
+    assert_eq!((status, &one), (200, &created));
+    let (status, missing) = http.get("/api/schedules/no-such-id").await;
+    assert_eq!(
+        (status, missing),
+        (404, json!({ "error": "Schedule not found" }))
+    );
+
+    // Updated: a field at a time; disabled, it has no next run.
+    let (status, updated) = http
+        .patch(
+            &format!("/api/schedules/{id}"),
+            json!({ "cronExpr": "0 17 * * 1-5", "enabled": false }),
+        )
+        .await;
+    assert_eq!(status, 200, "{updated}");
+    assert_eq!(updated["cronExpr"], "0 17 * * 1-5");
+    assert_eq!(updated["enabled"], false);
+    assert_eq!(updated["nextRunAt"], Value::Null);
+    assert_eq!(updated["name"], "daily-review");
+    assert!(updated["updatedAt"].as_i64() >= created["updatedAt"].as_i64());
+    let (status, _) = http
+        .patch(
+            &format!("/api/schedules/{id}"),
+            json!({ "cronExpr": "nope" }),
+        )
+        .await;
+    assert_eq!(status, 400);
+    let (status, _) = http
+        .patch("/api/schedules/no-such-id", json!({ "enabled": true }))
+        .await;
+    assert_eq!(status, 404);
+    let (status, enabled) = http
+        .patch(&format!("/api/schedules/{id}"), json!({ "enabled": true }))
+        .await;
+    assert_eq!(status, 200);
+    assert!(enabled["nextRunAt"].is_i64(), "{enabled}");
+
+    // Deleted.
+    let (status, deleted) = http.delete(&format!("/api/schedules/{id}")).await;
+    assert_eq!((status, deleted), (200, json!({ "deleted": true })));
+    let (status, _) = http.delete(&format!("/api/schedules/{id}")).await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        http.get("/api/schedules").await.1.as_array().unwrap().len(),
+        1
+    );
+    bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn each_tick_sends_the_agent_a_task_from_the_schedules_creator() {
+    let bridge = start_bridge("").await;
+    let addr = bridge.addr("skynet").unwrap();
+    let http = SkynetHttp::new(addr);
+    let backend = http.agent("backend").await;
+    let alice = http.human("alice").await;
+    let (mut ws, _) = SkynetWs::join(addr, &backend).await;
+    let mut every_second = daily_review(&backend["id"], &alice["id"]);
+    every_second["cronExpr"] = json!("* * * * * *");
+    every_second["taskTemplate"]["files"] = json!(["CHANGELOG.md"]);
+    let (status, schedule) = http.post("/api/schedules", every_second).await;
+    assert_eq!(status, 201, "{schedule}");
+
+    let first = next_task(&mut ws).await;
+    assert_eq!(first["type"], "task.assign", "{first}");
+    assert_eq!(first["from"], alice["id"]);
+    assert_eq!(first["mentions"], json!([backend["id"]]));
+    let payload = &first["payload"];
+    assert_eq!(payload["title"], "Daily PR review");
+    assert_eq!(
+        payload["description"],
+        "Review all open PRs from yesterday and summarize."
+    );
+    assert_eq!(payload["files"], json!(["CHANGELOG.md"]));
+    assert_eq!(payload["scheduleId"], schedule["id"]);
+    assert!(payload["taskId"].is_string());
+    let at = first["timestamp"].as_i64().unwrap();
+    assert_eq!(at % 1000, 0, "the tick's own time: {first}");
+
+    let second = next_task(&mut ws).await;
+    assert_eq!(second["type"], "task.assign");
+    assert_ne!(second["id"], first["id"]);
+    assert_ne!(second["payload"]["taskId"], payload["taskId"]);
+    assert!(second["timestamp"].as_i64().unwrap() > at);
+
+    // Stored, as any sent message is, and shown as run.
+    let (_, history) = http.get("/api/messages").await;
+    assert!(
+        (history.as_array().unwrap().iter()).any(|m| m["id"] == first["id"]),
+        "{history}"
+    );
+    let id = schedule["id"].as_str().unwrap();
+    let (_, shown) = http.get(&format!("/api/schedules/{id}")).await;
+    assert!(shown["lastRunAt"].as_i64().unwrap() >= at, "{shown}");
+    bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_task_fired_while_its_agent_is_away_is_in_its_joins_replay() {
+    let bridge = start_bridge("").await;
+    let addr = bridge.addr("skynet").unwrap();
+    let http = SkynetHttp::new(addr);
+    let backend = http.agent("backend").await;
+    let mut every_second = daily_review(&backend["id"], &Value::Null);
+    every_second["cronExpr"] = json!("* * * * * *");
+    let (_, schedule) = http.post("/api/schedules", every_second).await;
+    let id = schedule["id"].as_str().unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, shown) = http.get(&format!("/api/schedules/{id}")).await;
+        if shown["lastRunAt"].is_i64() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never ran: {shown}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    http.delete(&format!("/api/schedules/{id}")).await;
+    let (_ws, state) = SkynetWs::join(addr, &backend).await;
+    let replayed = state["recentMessages"].as_array().unwrap();
+    let task = (replayed.iter())
+        .find(|m| m["type"] == "task.assign")
+        .unwrap_or_else(|| panic!("no task in {state}"));
+    assert_eq!(task["from"], "scheduler", "no creator: from the scheduler");
+    assert_eq!(task["payload"]["scheduleId"], schedule["id"]);
+    bridge.shutdown().await;
+}
+
+#[tokio::test]
+async fn schedules_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let (id, agent) = {
+        let bridge = start_bridge_in(data_dir, "").await;
+        let http = SkynetHttp::new(bridge.addr("skynet").unwrap());
+        let backend = http.agent("backend").await;
+        let (_, created) = http
+            .post("/api/schedules", daily_review(&backend["id"], &Value::Null))
+            .await;
+        bridge.shutdown().await;
+        (
+            created["id"].as_str().unwrap().to_owned(),
+            backend["id"].clone(),
+        )
+    };
+    let bridge = start_bridge_in(data_dir, "").await;
+    let http = SkynetHttp::new(bridge.addr("skynet").unwrap());
+    let (status, kept) = http.get(&format!("/api/schedules/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(kept["agentId"], agent);
+    assert!(kept["nextRunAt"].is_i64());
+    bridge.shutdown().await;
+}
