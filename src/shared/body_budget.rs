@@ -8,16 +8,18 @@
 //! charged: sending the bytes is what costs the bridge memory.
 //! - A plain body ([`charge`]) is charged once [`BUDGETED_BYTES`] of it have arrived, for
 //!   all it has read, and holds the bytes until it is dropped (once the handler's
-//!   extractor has it whole). One the budget cannot take fails, and [`Charged::refused`]
-//!   says so, for the endpoint to answer 503 in its own shape.
+//!   extractor has it whole). One the budget cannot take fails, and [`Charged::refusal`]
+//!   says so, for the endpoint to answer 503 (413 past the whole budget) in its shape.
 //! - A gRPC call's body ([`charge_grpc`]) is a stream of length-prefixed messages that
-//!   may stay open for hours, so each message of at least `BUDGETED_BYTES` is charged on
-//!   its own, as its bytes arrive, until the call asks for what follows it (tonic then has
-//!   it decoded and handed over). One the budget cannot take fails the call `UNAVAILABLE`.
+//!   may stay open for hours. tonic reads each message into one buffer, which keeps the
+//!   size of the largest so far until the call ends, so the call holds as much of the
+//!   budget as its largest message of at least `BUDGETED_BYTES`, charged as its bytes
+//!   arrive. A message the budget cannot take fails the call `UNAVAILABLE`; one larger
+//!   than the whole budget, `RESOURCE_EXHAUSTED` as soon as its length prefix says so.
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll, ready};
 
 use axum::body::{Body, Bytes, HttpBody};
@@ -26,21 +28,51 @@ use hyper::body::{Frame, SizeHint};
 
 use super::budget::{BUDGETED_BYTES, ByteBudget, Reserved};
 
-/// The text a refused body's 503 says.
-pub const REFUSED: &str =
-    "the bridge is reading as many large request bodies as it may; send it again later";
+/// Why a charged body was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The budget holds as many bytes as it may now: the client may send it again later.
+    Busy,
+    /// Larger than the whole budget: it can never be taken.
+    LargerThanBudget,
+}
+
+impl Refusal {
+    /// What the refusal says, for a budget of `budget` bytes.
+    pub fn text(self, budget: usize) -> String {
+        match self {
+            Refusal::Busy => {
+                "the bridge is reading as many large request bodies as it may; send it again later"
+                    .into()
+            }
+            Refusal::LargerThanBudget => format!(
+                "the request body is larger than the bridge's read budget of {budget} bytes"
+            ),
+        }
+    }
+}
+
+const NOT_REFUSED: u8 = 0;
 
 /// Whether a charged body was refused, readable once the endpoint has answered.
 #[derive(Clone, Debug, Default)]
-pub struct Charged(Arc<AtomicBool>);
+pub struct Charged(Arc<AtomicU8>);
 
 impl Charged {
-    pub fn refused(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self.0.load(Ordering::Acquire) {
+            NOT_REFUSED => None,
+            1 => Some(Refusal::Busy),
+            _ => Some(Refusal::LargerThanBudget),
+        }
     }
 
-    fn refuse(&self) {
-        self.0.store(true, Ordering::Release);
+    fn refuse(&self, refusal: Refusal) {
+        let code = match refusal {
+            Refusal::Busy => 1,
+            Refusal::LargerThanBudget => 2,
+        };
+        self.0.store(code, Ordering::Release);
     }
 }
 
@@ -75,23 +107,22 @@ fn budgeted(
             budget,
             counting,
             held: None,
-            let_go: None,
             charged,
         })
     })
 }
 
-/// The bridge holds as many bytes of large bodies as it may.
+/// A refused body's error, for an extractor or tonic to fail on.
 #[derive(Debug)]
-struct OverBudget;
+struct Refused(String);
 
-impl std::fmt::Display for OverBudget {
+impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(REFUSED)
+        f.write_str(&self.0)
     }
 }
 
-impl std::error::Error for OverBudget {}
+impl std::error::Error for Refused {}
 
 /// How a body's bytes are counted against the budget.
 enum Counting {
@@ -102,38 +133,30 @@ enum Counting {
 }
 
 /// Where a gRPC body's reading is: in a message's 5-byte prefix (a flag and a big-endian
-/// length), or `left` bytes short of a message's end.
+/// length), or in a message, `read` bytes of its `length`.
 #[derive(Default)]
 struct GrpcMessages {
     prefix: [u8; 5],
     prefix_read: usize,
-    left: u64,
-    /// Whether the message being read is large enough to charge.
-    large: bool,
-    /// Its length, for the refusal.
     length: u64,
+    read: u64,
+    in_message: bool,
 }
 
 struct BudgetedBody {
     body: Body,
     budget: ByteBudget,
     counting: Counting,
-    /// What the body (or the gRPC message being read) holds of the budget.
+    /// What the body holds of the budget: all it read, for a plain body; for a gRPC call,
+    /// as much as its largest message so far (tonic's buffer keeps that size).
     held: Option<Reserved>,
-    /// What gRPC messages read whole hold, let go once the call asks for more.
-    let_go: Option<Reserved>,
     charged: Charged,
-}
-
-/// A frame the budget could not take.
-enum Refused {
-    Body,
-    GrpcMessage { bytes: u64 },
 }
 
 impl BudgetedBody {
     /// Charges a frame of `data` just read.
-    fn charge(&mut self, data: &[u8]) -> Result<(), Refused> {
+    fn charge(&mut self, data: &[u8]) -> Result<(), Refusal> {
+        let budget = self.budget.bytes();
         match &mut self.counting {
             Counting::Whole { read } => {
                 *read += data.len() as u64;
@@ -141,19 +164,21 @@ impl BudgetedBody {
                     return Ok(());
                 }
                 // The first charge covers the small start the body read uncharged.
-                let owed = if self.held.is_some() {
-                    data.len() as u64
+                let owed = *read - held_bytes(&self.held);
+                if let Some(taken) = self.budget.try_reserve(owed) {
+                    hold(&mut self.held, taken);
+                    return Ok(());
+                }
+                Err(if *read > budget as u64 {
+                    Refusal::LargerThanBudget
                 } else {
-                    *read
-                };
-                let taken = self.budget.try_reserve(owed).ok_or(Refused::Body)?;
-                hold(&mut self.held, taken);
-                Ok(())
+                    Refusal::Busy
+                })
             }
             Counting::Grpc(messages) => {
                 let mut data = data;
                 while !data.is_empty() {
-                    if messages.left == 0 {
+                    if !messages.in_message {
                         let n = (5 - messages.prefix_read).min(data.len());
                         let at = messages.prefix_read;
                         messages.prefix[at..at + n].copy_from_slice(&data[..n]);
@@ -165,30 +190,35 @@ impl BudgetedBody {
                                 messages.prefix[1..].try_into().expect("4 bytes"),
                             );
                             messages.length = u64::from(length);
-                            messages.left = messages.length;
-                            messages.large = messages.length >= BUDGETED_BYTES;
+                            messages.read = 0;
+                            messages.in_message = length > 0;
+                            // It could never be taken: refused before it is sent.
+                            if messages.length >= BUDGETED_BYTES && messages.length > budget as u64
+                            {
+                                return Err(Refusal::LargerThanBudget);
+                            }
                         }
                         continue;
                     }
-                    let n = messages.left.min(data.len() as u64);
+                    let n = (messages.length - messages.read).min(data.len() as u64);
                     data = &data[n as usize..];
-                    messages.left -= n;
-                    if messages.large {
-                        let taken = (self.budget.try_reserve(n)).ok_or(Refused::GrpcMessage {
-                            bytes: messages.length,
-                        })?;
+                    messages.read += n;
+                    messages.in_message = messages.read < messages.length;
+                    // Charged up to this message's bytes so far, past what the body holds.
+                    if messages.length >= BUDGETED_BYTES && messages.read > held_bytes(&self.held) {
+                        let owed = messages.read - held_bytes(&self.held);
+                        let taken = self.budget.try_reserve(owed).ok_or(Refusal::Busy)?;
                         hold(&mut self.held, taken);
-                    }
-                    if messages.left == 0
-                        && let Some(read) = self.held.take()
-                    {
-                        hold(&mut self.let_go, read);
                     }
                 }
                 Ok(())
             }
         }
     }
+}
+
+fn held_bytes(held: &Option<Reserved>) -> u64 {
+    held.as_ref().map_or(0, Reserved::bytes)
 }
 
 fn hold(held: &mut Option<Reserved>, taken: Reserved) {
@@ -207,42 +237,49 @@ impl HttpBody for BudgetedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = self.get_mut();
-        if this.charged.refused() {
-            return Poll::Ready(Some(Err(axum::Error::new(OverBudget))));
+        if let Some(refusal) = this.charged.refusal() {
+            return Poll::Ready(Some(Err(this.error(refusal))));
         }
-        // Asked for more: the messages read whole are the call's now.
-        this.let_go = None;
         let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
-        let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref)) else {
-            return Poll::Ready(frame);
-        };
-        let Some(data) = data else {
+        let Some(Ok(Some(data))) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref)) else {
             return Poll::Ready(frame);
         };
         match this.charge(data) {
             Ok(()) => Poll::Ready(frame),
-            Err(refused) => {
-                (this.held, this.let_go) = (None, None);
-                this.charged.refuse();
-                Poll::Ready(Some(Err(match refused {
-                    Refused::Body => axum::Error::new(OverBudget),
-                    // tonic answers the call with the status it finds among the errors.
-                    Refused::GrpcMessage { bytes } => {
-                        axum::Error::new(tonic::Status::unavailable(format!(
-                            "message of {bytes} bytes refused: the bridge is reading as many large messages as it may; send it again later"
-                        )))
-                    }
-                })))
+            Err(refusal) => {
+                this.held = None;
+                this.charged.refuse(refusal);
+                Poll::Ready(Some(Err(this.error(refusal))))
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        !self.charged.refused() && self.body.is_end_stream()
+        self.charged.refusal().is_none() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+impl BudgetedBody {
+    /// The body's error for `refusal`: for a gRPC call, the status tonic finds among the
+    /// error's sources and answers the call with.
+    fn error(&self, refusal: Refusal) -> axum::Error {
+        let budget = self.budget.bytes();
+        let Counting::Grpc(messages) = &self.counting else {
+            return axum::Error::new(Refused(refusal.text(budget)));
+        };
+        let bytes = messages.length;
+        axum::Error::new(match refusal {
+            Refusal::Busy => tonic::Status::unavailable(format!(
+                "message of {bytes} bytes refused: the bridge is reading as many large messages as it may; send it again later"
+            )),
+            Refusal::LargerThanBudget => tonic::Status::resource_exhausted(format!(
+                "message of {bytes} bytes refused: it is larger than the bridge's read budget of {budget} bytes"
+            )),
+        })
     }
 }
 
@@ -287,7 +324,7 @@ mod tests {
         while let Some(data) = body.next().await {
             data.unwrap();
         }
-        assert!(!charged.refused());
+        assert_eq!(charged.refusal(), None);
         assert_eq!(budget.available(), 1000);
     }
 
@@ -303,51 +340,63 @@ mod tests {
         assert_eq!(budget.available(), 80_000);
         drop(body);
         assert_eq!(budget.available(), 200_000);
-        assert!(!charged.refused());
+        assert_eq!(charged.refusal(), None);
     }
 
     #[tokio::test]
-    async fn a_body_past_the_budget_fails_and_gives_back_what_it_held() {
+    async fn a_body_past_what_the_budget_has_free_fails_and_gives_back_what_it_held() {
         let budget = ByteBudget::new(100_000);
-        let (mut body, charged) = charged(&[70_000, 40_000, 10], &budget);
+        let elsewhere = budget.try_reserve(20_000).unwrap();
+        let (mut body, charged) = charged(&[70_000, 20_000, 10], &budget);
         body.next().await.unwrap().unwrap();
-        assert_eq!(budget.available(), 30_000);
+        assert_eq!(budget.available(), 10_000);
         assert!(body.next().await.unwrap().is_err());
-        assert!(charged.refused());
-        assert_eq!(budget.available(), 100_000);
+        assert_eq!(charged.refusal(), Some(Refusal::Busy));
+        assert_eq!(budget.available(), 80_000);
         assert!(body.next().await.unwrap().is_err(), "stays refused");
+        drop(elsewhere);
     }
 
     #[tokio::test]
-    async fn a_large_grpc_message_holds_its_bytes_until_the_call_asks_for_more() {
+    async fn a_body_larger_than_the_whole_budget_is_told_so() {
+        let budget = ByteBudget::new(100_000);
+        let (mut body, charged) = charged(&[70_000, 40_000], &budget);
+        body.next().await.unwrap().unwrap();
+        assert!(body.next().await.unwrap().is_err());
+        assert_eq!(charged.refusal(), Some(Refusal::LargerThanBudget));
+        assert_eq!(budget.available(), 100_000);
+    }
+
+    #[tokio::test]
+    async fn a_grpc_call_holds_as_much_as_its_largest_message_until_it_ends() {
         let budget = ByteBudget::new(200_000);
         // 105 bytes of a small message, then the large one's prefix and first 49,893 bytes.
-        let mut body = grpc(&[100, 100_000], 50_003, &budget);
+        let mut body = grpc(&[100, 100_000, 80_000], 50_003, &budget);
         body.next().await.unwrap().unwrap();
         assert_eq!(budget.available(), 200_000 - 49_893);
         body.next().await.unwrap().unwrap();
         assert_eq!(budget.available(), 200_000 - 49_893 - 50_003);
-        body.next().await.unwrap().unwrap();
-        assert_eq!(
-            budget.available(),
-            100_000,
-            "read whole, not yet handed over"
-        );
-        assert!(body.next().await.is_none());
-        assert_eq!(budget.available(), 200_000, "asked for more");
+        while let Some(data) = body.next().await {
+            data.unwrap();
+        }
+        assert_eq!(budget.available(), 100_000, "the largest message's size");
+        drop(body);
+        assert_eq!(budget.available(), 200_000);
     }
 
     #[tokio::test]
     async fn grpc_prefixes_cut_anywhere_are_read() {
         let budget = ByteBudget::new(200_000);
-        let mut body = grpc(&[10, 70_000, 10], 3, &budget);
+        let mut body = grpc(&[10, 70_000, 10, 90_000], 3, &budget);
         let mut read = 0;
         while read < 15 + 70_005 {
             read += body.next().await.unwrap().unwrap().len();
         }
         assert_eq!(budget.available(), 130_000);
-        body.next().await.unwrap().unwrap();
-        assert_eq!(budget.available(), 200_000);
+        while let Some(data) = body.next().await {
+            data.unwrap();
+        }
+        assert_eq!(budget.available(), 110_000);
     }
 
     #[tokio::test]
@@ -359,15 +408,29 @@ mod tests {
         }
     }
 
+    fn status_of(error: axum::Error) -> tonic::Status {
+        tonic::Status::from_error(Box::new(error))
+    }
+
     #[tokio::test]
-    async fn a_grpc_message_past_the_budget_is_unavailable() {
+    async fn a_grpc_message_past_what_the_budget_has_free_is_unavailable() {
         let budget = ByteBudget::new(100_000);
-        let mut body = grpc(&[150_000], 60_000, &budget);
+        let elsewhere = budget.try_reserve(50_000).unwrap();
+        let mut body = grpc(&[80_000], 40_000, &budget);
         body.next().await.unwrap().unwrap();
-        let refused = body.next().await.unwrap().unwrap_err();
-        let status = tonic::Status::from_error(Box::new(refused));
+        let status = status_of(body.next().await.unwrap().unwrap_err());
         assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(status.message().contains("80000 bytes"), "{status:?}");
+        assert_eq!(budget.available(), 50_000);
+        drop(elsewhere);
+    }
+
+    #[tokio::test]
+    async fn a_grpc_message_larger_than_the_whole_budget_is_refused_by_its_prefix() {
+        let budget = ByteBudget::new(100_000);
+        let mut body = grpc(&[150_000], 10, &budget);
+        let status = status_of(body.next().await.unwrap().unwrap_err());
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
         assert!(status.message().contains("150000 bytes"), "{status:?}");
-        assert_eq!(budget.available(), 100_000);
     }
 }

@@ -8,7 +8,8 @@
 //!
 //! The same layer charges request bodies to the bridge's read budget
 //! ([`body_budget`](super::body_budget)), and answers a body the budget could not take
-//! with 503 in the endpoint's shape, whatever the endpoint made of its failed read.
+//! with 503 (413 when it is larger than the whole budget) in the endpoint's shape,
+//! whatever the endpoint made of its failed read.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -21,7 +22,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use tower::{Layer, Service};
 
-use super::body_budget::{self, Charged};
+use super::body_budget::{self, Charged, Refusal};
 use super::budget::ByteBudget;
 use crate::telemetry;
 
@@ -107,16 +108,19 @@ where
             accept: request.headers().get(header::ACCEPT).cloned(),
             content_type: request.headers().get(header::CONTENT_TYPE).cloned(),
         });
-        let (request, charged) = if asked.is_some() && !request.body().is_end_stream() {
+        // Every body here is charged, gRPC's content type or not: no gRPC call reaches an
+        // endpoint's own routes, and the header must not let a body past the budget.
+        let (request, charged) = if request.body().is_end_stream() {
+            (request, None)
+        } else {
             let (request, charged) = body_budget::charge(request, &self.budget);
             (request, Some(charged))
-        } else {
-            (request, None)
         };
         Reshaping {
             inner: self.inner.call(request),
             asked,
             charged,
+            budget: self.budget.bytes(),
             protocol: self.protocol,
             shape: self.shape,
             refusal: None,
@@ -132,6 +136,7 @@ pin_project_lite::pin_project! {
         inner: F,
         asked: Option<Asked>,
         charged: Option<Charged>,
+        budget: usize,
         protocol: &'static str,
         shape: Shape,
         refusal: Option<Pin<Box<dyn Future<Output = Response> + Send>>>,
@@ -150,21 +155,17 @@ where
             return refusal.as_mut().poll(cx).map(Ok);
         }
         let response = ready!(this.inner.poll(cx))?;
+        // Whatever the endpoint made of a body the budget refused, it is told as such.
+        let refused_body = this.charged.as_ref().and_then(Charged::refusal);
+        if let Some(refusal) = refused_body
+            && (response.status().is_client_error() || response.status().is_server_error())
+        {
+            let asked = this.asked.take().unwrap_or_default();
+            return Poll::Ready(Ok(over_budget(refusal, *this.budget, *this.shape, &asked)));
+        }
         let Some(asked) = this.asked.take() else {
             return Poll::Ready(Ok(response));
         };
-        let over_budget = this.charged.as_ref().is_some_and(Charged::refused);
-        if over_budget
-            && (response.status().is_client_error() || response.status().is_server_error())
-        {
-            let mut refused = (this.shape)(
-                StatusCode::SERVICE_UNAVAILABLE,
-                body_budget::REFUSED,
-                &asked,
-            );
-            (refused.headers_mut()).insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return Poll::Ready(Ok(refused));
-        }
         if !is_framework_refusal(&response) {
             return Poll::Ready(Ok(response));
         }
@@ -173,6 +174,18 @@ where
         *this.refusal = Some(refusal);
         polled.map(Ok)
     }
+}
+
+/// A body the read budget refused, in the endpoint's shape: 503 to be sent again, or 413
+/// when it is larger than the whole budget.
+fn over_budget(refusal: Refusal, budget: usize, shape: Shape, asked: &Asked) -> Response {
+    let text = refusal.text(budget);
+    if refusal == Refusal::LargerThanBudget {
+        return shape(StatusCode::PAYLOAD_TOO_LARGE, &text, asked);
+    }
+    let mut refused = shape(StatusCode::SERVICE_UNAVAILABLE, &text, asked);
+    (refused.headers_mut()).insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    refused
 }
 
 /// A framework's refusal, in the endpoint's shape.

@@ -350,7 +350,7 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
         let busy = Busy::new(&self.activity);
         let app = self.app.clone();
         // A request without a body (a GET, a WebSocket upgrade) has nothing to time.
-        let request = if is_grpc(&request) || request.body().is_end_stream() {
+        let request = if is_grpc_call(&request) || request.body().is_end_stream() {
             request.map(Body::new)
         } else {
             let deadline = Box::pin(tokio::time::sleep(self.body_read_timeout));
@@ -389,10 +389,17 @@ impl HttpBody for TrackedBody {
     }
 }
 
-/// gRPC requests are streams a client may keep open, quiet, for as long as it likes.
-fn is_grpc<B>(request: &Request<B>) -> bool {
-    (request.headers().get(axum::http::header::CONTENT_TYPE))
-        .is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"))
+/// gRPC calls are streams a client may keep open, quiet, for as long as it likes. A call
+/// is told by its content type and its path's form, `/<package>.<Service>/<Method>`: no
+/// endpoint's own route has a dot in its first segment, so the header alone does not let
+/// a plain request's body past the timeout.
+fn is_grpc_call<B>(request: &Request<B>) -> bool {
+    let grpc = (request.headers().get(axum::http::header::CONTENT_TYPE))
+        .is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"));
+    let path = request.uri().path().strip_prefix('/').unwrap_or_default();
+    grpc && path.split_once('/').is_some_and(|(service, method)| {
+        service.contains('.') && !method.is_empty() && !method.contains('/')
+    })
 }
 
 /// A request body that fails once its deadline passes before it has all arrived.

@@ -276,7 +276,13 @@ impl Synapse {
                     Some(Ok(msg)) => {
                         Box::pin(self.accept_from_stream(msg, stream.kind, hints, out, &mut storing)).await;
                     }
-                    _ => break Vec::new(),
+                    // A message the stream could not read (past the read budget, not
+                    // protobuf): the client hears why, and the stream ends.
+                    Some(Err(status)) => {
+                        out.fail(status).await;
+                        break Vec::new();
+                    }
+                    None => break Vec::new(),
                 },
                 next = stream.mailbox.recv() => {
                     let Ok(delivery) = next else { break Vec::new() };

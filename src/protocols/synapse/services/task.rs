@@ -236,7 +236,12 @@ impl TaskService for SynapseApi {
                                 break;
                             }
                         }
-                        _ => break,
+                        // A request the stream could not read: the client hears why.
+                        Some(Err(status)) => {
+                            let _ = out_tx.send(Err(status)).await;
+                            break;
+                        }
+                        None => break,
                     },
                     Some(update) = updates.next() => {
                         if subscribed.contains(&update.task_id) && out_tx.send(Ok(update)).await.is_err() {
