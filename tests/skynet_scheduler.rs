@@ -280,3 +280,35 @@ async fn schedules_survive_a_restart() {
     assert!(kept["nextRunAt"].is_i64());
     bridge.shutdown().await;
 }
+
+/// The agent a schedule names may be any protocol's, by the card id Skynet clients see it
+/// under: each tick reaches it as its protocol's task assignment.
+#[tokio::test]
+async fn a_schedule_for_another_protocols_agent_reaches_it_as_a_task() {
+    use common::peers::{Net, Proto, What};
+
+    let net = Net::start().await;
+    let http = SkynetHttp::new(net.skynet);
+    for proto in [Proto::Tracker, Proto::Synapse, Proto::Grid] {
+        let mut peer = net.peer(proto).await;
+        let (_, members) = http.get("/api/members").await;
+        let card = (members.as_array().unwrap().iter())
+            .find(|m| m["name"] == proto.agent())
+            .unwrap_or_else(|| panic!("{proto:?} is no member: {members}"))
+            .clone();
+        let mut every_second = daily_review(&card["id"], &Value::Null);
+        every_second["cronExpr"] = json!("* * * * * *");
+        let (status, schedule) = http.post("/api/schedules", every_second).await;
+        assert_eq!(status, 201, "{proto:?}: {schedule}");
+        let task = peer.next(What::TaskAssigned).await;
+        assert_eq!(task.from, "scheduler", "{proto:?}: {}", task.raw);
+        // The task's title or description, as the protocol shows a task's text.
+        assert!(
+            task.text.contains("Daily PR review") || task.text.contains("Review all open PRs"),
+            "{proto:?}: {task:?}"
+        );
+        let path = format!("/api/schedules/{}", schedule["id"].as_str().unwrap());
+        assert_eq!(http.delete(&path).await.0, 200);
+    }
+    net.bridge.shutdown().await;
+}
