@@ -708,9 +708,8 @@ async fn tracker_messages_are_the_same_on_every_bridge() {
     fleet.shutdown().await;
 }
 
-/// A Skynet schedule is the fleet's: listed and changed through any bridge. Every bridge
-/// fires each tick, as one message (its id derived from the tick), which reaches the agent
-/// once.
+/// A Skynet schedule is the fleet's: listed and changed through any bridge. Of the
+/// bridges each tick comes due on, one fires it, and it reaches the agent once.
 #[tokio::test]
 async fn a_skynet_schedule_is_the_fleets_and_each_tick_reaches_its_agent_once() {
     let fleet = Fleet::start(2).await;
@@ -756,6 +755,13 @@ async fn a_skynet_schedule_is_the_fleets_and_each_tick_reaches_its_agent_once() 
             "{pair:?}"
         );
     }
+
+    // Each tick's claim is taken once it is fired: the records keep none of them.
+    eventually(
+        "no tick's claim is left in the fleet's records",
+        async || fleet.records_in("skynet-schedule-ticks").await == 0,
+    )
+    .await;
 
     // Changed through b1, for both; deleted through b0, for both.
     let (status, _) = on_b

@@ -113,6 +113,16 @@ async fn schedules_are_created_listed_updated_and_deleted() {
         );
     }
 
+    // One that never fires is kept, with no next run, as croner keeps it.
+    let mut never = daily_review(&backend["id"], &Value::Null);
+    never["name"] = json!("never");
+    never["cronExpr"] = json!("0 0 30 2 *");
+    let (status, kept) = http.post("/api/schedules", never).await;
+    assert_eq!(status, 201, "{kept}");
+    assert_eq!(kept["nextRunAt"], Value::Null);
+    let path = format!("/api/schedules/{}", kept["id"].as_str().unwrap());
+    assert_eq!(http.delete(&path).await.0, 200);
+
     // Listed, by agent too.
     let (status, all) = http.get("/api/schedules").await;
     assert_eq!(status, 200);
@@ -204,6 +214,10 @@ async fn each_tick_sends_the_agent_a_task_from_the_schedules_creator() {
     assert_eq!(payload["files"], json!(["CHANGELOG.md"]));
     assert_eq!(payload["scheduleId"], schedule["id"]);
     assert!(payload["taskId"].is_string());
+    // A TaskPayload: assigned to the schedule's agent, its schedule in `metadata` too.
+    assert_eq!(payload["status"], "assigned");
+    assert_eq!(payload["assignee"], backend["id"]);
+    assert_eq!(payload["metadata"]["scheduleName"], "daily-review");
     let at = first["timestamp"].as_i64().unwrap();
     assert_eq!(at % 1000, 0, "the tick's own time: {first}");
 

@@ -6,6 +6,7 @@
 pub mod endpoint;
 pub mod grid;
 pub mod hub;
+pub mod record_json;
 pub mod registry;
 pub mod session;
 pub mod skynet;

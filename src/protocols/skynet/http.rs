@@ -115,6 +115,15 @@ pub(super) fn opt_string(body: &Map<String, Value>, key: &str) -> Result<Option<
     }
 }
 
+/// An optional boolean field; present but not a boolean is an error.
+pub(super) fn opt_bool(body: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::bad_request(format!("{key} must be a boolean"))),
+    }
+}
+
 pub(super) fn required_string(body: &Map<String, Value>, key: &str) -> Result<String, ApiError> {
     match body.get(key) {
         Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),

@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 
 use super::PROTOCOL;
 use crate::core::{AgentInfo, Core, Expect, NameTaken, RecordChange, RecordError, Role, Status};
+use crate::protocols::record_json::{decode, encode};
 use crate::store::{Migration, Store, StoreError};
 
 static MIGRATIONS: &[Migration] = &[Migration {
@@ -86,17 +87,6 @@ impl Profile {
 
 /// The table of registrations in the fleet's records, keyed by the agent's or human's id.
 pub const PROFILES: &str = "skynet-profiles";
-
-fn encode(profile: &Profile) -> bytes::Bytes {
-    serde_json::to_vec(profile)
-        .expect("a profile is plain data")
-        .into()
-}
-
-fn decode(value: &[u8]) -> Result<Profile, StoreError> {
-    serde_json::from_slice(value)
-        .map_err(|e| StoreError::Corrupt(format!("a fleet registration: {e}")))
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {

@@ -61,13 +61,7 @@ async fn apply_member_change(
     }
 }
 
-pub(super) fn encode(row: &impl serde::Serialize) -> bytes::Bytes {
-    serde_json::to_vec(row).expect("a row is plain data").into()
-}
-
-pub(super) fn decode<T: serde::de::DeserializeOwned>(value: &[u8]) -> Result<T, StoreError> {
-    serde_json::from_slice(value).map_err(|e| StoreError::Corrupt(format!("a shared record: {e}")))
-}
+pub(super) use crate::protocols::record_json::{decode, encode};
 
 impl Tracker {
     /// Follows the fleet's tasks, their steps and members, when there is a fleet.

@@ -1,14 +1,12 @@
 //! Skynet's scheduler (`skynet-scheduler.md`): recurring tasks for agents, kept in the
 //! store and, in a fleet, as the fleet's shared records, so that every bridge lists the
-//! same schedules and fires them. Each firing is a `task.assign` whose id is derived from
-//! the schedule and the tick (`ticks`), so the bridges that fire one tick publish one
-//! message: the fleet's log takes an id once, and each bridge applies it once.
+//! same schedules. Each tick is fired by one bridge of the fleet (`ticks`).
 //!
-//! A schedule's definition is shared; when it last ran is each bridge's own (every bridge
-//! fires every tick it is up for), and when it runs next is worked out from its cron
-//! expression, in UTC, when asked.
+//! A schedule's definition is shared; when it last ran is each bridge's own record of the
+//! ticks it saw, and when it runs next is worked out from its cron expression, in UTC.
 
 pub mod routes;
+mod store;
 pub mod ticks;
 
 use std::str::FromStr;
@@ -16,36 +14,18 @@ use std::sync::Arc;
 
 use croner::Cron;
 use dashmap::DashMap;
-use rusqlite::params;
+use dashmap::mapref::entry::Entry;
 use serde_json::{Value, json};
 
-use crate::core::{Core, Expect, RecordChange, RecordError, Revision, sink};
-use crate::store::{Migration, Store, StoreError};
-
-static MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: "
-        CREATE TABLE skynet_schedules (
-            id            TEXT PRIMARY KEY,
-            name          TEXT NOT NULL,
-            cron_expr     TEXT NOT NULL,
-            agent_id      TEXT NOT NULL,
-            task_template TEXT NOT NULL,
-            enabled       INTEGER NOT NULL,
-            created_by    TEXT,
-            last_run_at   INTEGER,
-            created_at    INTEGER NOT NULL,
-            updated_at    INTEGER NOT NULL
-        );
-    ",
-}];
+use crate::core::{
+    Core, Expect, RecordChange, RecordError, Revision, Tried, sink, unless_lost, until_not_lost,
+};
+use crate::protocols::record_json::{decode, encode};
+use crate::store::{Store, StoreError};
+use store::Table;
 
 /// The table of schedules in the fleet's records, keyed by schedule id.
 pub const SCHEDULES: &str = "skynet-schedules";
-
-/// How many times an update is tried against the fleet's record when other writes keep
-/// coming first.
-const UPDATE_TRIES: usize = 4;
 
 /// A schedule's definition: what the fleet shares.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -53,7 +33,7 @@ pub struct Schedule {
     pub id: String,
     pub name: String,
     pub cron_expr: String,
-    /// The target agent's id as the schedule's creator gave it (a card id).
+    /// The target agent's id as Skynet clients know it (a card id).
     pub agent_id: String,
     /// `{title, description, files?, metadata?}`.
     pub task_template: Value,
@@ -63,16 +43,14 @@ pub struct Schedule {
     pub updated_at: i64,
 }
 
-/// A cron expression Skynet's scheduler (croner) takes: five fields, or six with seconds.
+/// A cron expression as Skynet's scheduler (croner) reads it: five fields, or six with
+/// seconds (or seven with a year). One that never fires is taken, as croner takes it,
+/// with no next run.
 pub fn parse_cron(expr: &str) -> Result<Cron, String> {
-    let cron = Cron::from_str(expr.trim()).map_err(|e| e.to_string())?;
-    // One that never comes (February 30th) is refused as croner's `nextRun` would give none.
-    next_after(&cron, crate::core::now_ms())
-        .map(|_| cron)
-        .ok_or_else(|| "it never fires".to_owned())
+    Cron::from_str(expr.trim()).map_err(|e| e.to_string())
 }
 
-/// The first time after `after_ms` (Unix ms, UTC) that `cron` fires.
+/// The first time after `after_ms` (Unix ms, UTC) that `cron` fires, if it ever does.
 pub fn next_after(cron: &Cron, after_ms: i64) -> Option<i64> {
     let after = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(after_ms)?;
     let next = cron.find_next_occurrence(&after, false).ok()?;
@@ -84,32 +62,40 @@ struct Running {
     schedule: Schedule,
     cron: Cron,
     last_run_at: Option<i64>,
-    /// When it fires next; `None` while disabled.
+    /// When it fires next; `None` while disabled, or when it never will.
     next_at: Option<i64>,
     /// The fleet's revision of it, in a fleet.
     revision: Option<Revision>,
 }
 
 impl Running {
+    /// `schedule`, to run from now on; `before` is what this bridge ran of it until now.
     fn new(
         schedule: Schedule,
-        last_run_at: Option<i64>,
+        before: Option<&Running>,
         revision: Option<Revision>,
     ) -> Option<Running> {
         let cron = match parse_cron(&schedule.cron_expr) {
             Ok(cron) => cron,
             Err(e) => {
-                tracing::warn!(schedule = %schedule.id, error = %e, "skynet: a stored schedule's cron expression is not read; it does not run");
+                tracing::warn!(schedule = %schedule.id, error = %e, "skynet: a schedule's cron expression is not read; it does not run");
                 return None;
             }
         };
-        let next_at = (schedule.enabled)
-            .then(|| next_after(&cron, crate::core::now_ms()))
-            .flatten();
+        // A change that leaves when it runs as it was keeps its next tick, even one due
+        // this instant.
+        let same_times = before.filter(|b| {
+            b.schedule.cron_expr == schedule.cron_expr && b.schedule.enabled == schedule.enabled
+        });
+        let next_at = match same_times {
+            Some(before) => before.next_at,
+            None if schedule.enabled => next_after(&cron, crate::core::now_ms()),
+            None => None,
+        };
         Some(Running {
             schedule,
             cron,
-            last_run_at,
+            last_run_at: before.and_then(|b| b.last_run_at),
             next_at,
             revision,
         })
@@ -186,7 +172,7 @@ impl Changes {
 
 pub struct Schedules {
     core: Arc<Core>,
-    store: Store,
+    table: Table,
     by_id: DashMap<String, Running>,
     /// Wakes the ticks when a schedule changes.
     changed: tokio::sync::Notify,
@@ -195,41 +181,21 @@ pub struct Schedules {
 impl Schedules {
     /// Loads every stored schedule.
     pub async fn load(core: Arc<Core>, store: Store) -> Result<Schedules, StoreError> {
-        store.migrate("skynet-schedules", MIGRATIONS).await?;
-        let stored = store
-            .read(|conn| {
-                let mut select = conn.prepare(
-                    "SELECT id, name, cron_expr, agent_id, task_template, enabled, created_by,
-                            last_run_at, created_at, updated_at
-                     FROM skynet_schedules",
-                )?;
-                let rows = select.query_map([], |r| {
-                    let template: String = r.get(4)?;
-                    let schedule = Schedule {
-                        id: r.get(0)?,
-                        name: r.get(1)?,
-                        cron_expr: r.get(2)?,
-                        agent_id: r.get(3)?,
-                        task_template: serde_json::from_str(&template).unwrap_or(Value::Null),
-                        enabled: r.get(5)?,
-                        created_by: r.get(6)?,
-                        created_at: r.get(8)?,
-                        updated_at: r.get(9)?,
-                    };
-                    Ok((schedule, r.get::<_, Option<i64>>(7)?))
-                })?;
-                Ok(rows.collect::<Result<Vec<_>, _>>()?)
-            })
-            .await?;
+        let table = Table::open(store).await?;
         let by_id = DashMap::new();
-        for (schedule, last_run_at) in stored {
-            if let Some(running) = Running::new(schedule, last_run_at, None) {
-                by_id.insert(running.schedule.id.clone(), running);
+        for row in table.all().await? {
+            let id = row.schedule.id.clone();
+            let ran = Running::new(row.schedule, None, row.revision).map(|mut running| {
+                running.last_run_at = row.last_run_at;
+                running
+            });
+            if let Some(running) = ran {
+                by_id.insert(id, running);
             }
         }
         Ok(Schedules {
             core,
-            store,
+            table,
             by_id,
             changed: tokio::sync::Notify::new(),
         })
@@ -258,14 +224,20 @@ impl Schedules {
 
     /// Creates a schedule whose fields the caller checked; its ScheduleInfo.
     pub async fn create(&self, schedule: Schedule) -> Result<Value, ScheduleError> {
-        let mut revision = None;
-        if let Some(fleet) = self.core.records() {
-            let value = encode(&schedule);
-            let written = fleet.write(SCHEDULES, &schedule.id, value, Expect::Absent);
-            revision = Some(written.await?);
-        }
         let id = schedule.id.clone();
-        self.keep(schedule, revision).await?;
+        let Some(fleet) = self.core.records() else {
+            self.keep(schedule, None).await?;
+            return self.info(&id).ok_or(ScheduleError::NotFound);
+        };
+        let written = fleet.write(SCHEDULES, &id, encode(&schedule), Expect::Absent);
+        let revision = written.await?;
+        if let Err(e) = self.keep(schedule, Some(revision)).await {
+            // Not kept here: not the fleet's either, so that a retry makes no twin.
+            if let Err(e) = fleet.remove(SCHEDULES, &id).await {
+                tracing::warn!(error = %e, "skynet: a schedule not kept here stays in the fleet's records");
+            }
+            return Err(e.into());
+        }
         self.info(&id).ok_or(ScheduleError::NotFound)
     }
 
@@ -276,29 +248,35 @@ impl Schedules {
                 .map(|r| r.schedule.clone())
                 .ok_or(ScheduleError::NotFound)?;
             changes.apply_to(&mut schedule);
-            self.keep(schedule, None).await?;
+            // A schedule deleted meanwhile stays deleted.
+            if !self.table.update(&schedule).await? {
+                return Err(ScheduleError::NotFound);
+            }
+            if let Some(mut running) = self.by_id.get_mut(id)
+                && let Some(changed) = Running::new(schedule, Some(&running), None)
+            {
+                *running = changed;
+            }
+            self.changed.notify_one();
             return self.info(id).ok_or(ScheduleError::NotFound);
         };
-        let mut tries = 0;
-        loop {
-            tries += 1;
+        let changed = until_not_lost::<_, ScheduleError, _, _>(|| async {
             let record = fleet.read(SCHEDULES, id).await?;
             let Some((value, revision)) = record.and_then(|r| Some((r.value?, r.revision))) else {
                 return Err(ScheduleError::NotFound);
             };
-            let mut schedule = decode(&value)?;
+            let mut schedule: Schedule = decode(&value)?;
             changes.apply_to(&mut schedule);
-            let written =
-                (fleet.write(SCHEDULES, id, encode(&schedule), Expect::At(revision))).await;
-            match written {
-                Ok(revision) => {
-                    self.keep(schedule, Some(revision)).await?;
-                    return self.info(id).ok_or(ScheduleError::NotFound);
-                }
-                Err(RecordError::Conflict) if tries < UPDATE_TRIES => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
+            let written = fleet.write(SCHEDULES, id, encode(&schedule), Expect::At(revision));
+            let Some(revision) = unless_lost(written.await)? else {
+                return Ok(Tried::Lost);
+            };
+            self.keep(schedule, Some(revision)).await?;
+            Ok(Tried::Done(()))
+        })
+        .await?;
+        changed.ok_or(RecordError::Conflict)?;
+        self.info(id).ok_or(ScheduleError::NotFound)
     }
 
     /// Deletes a schedule: from the fleet's records first, when there is a fleet.
@@ -316,66 +294,40 @@ impl Schedules {
     /// A change the fleet made to its schedules (through this bridge or another).
     async fn apply(self: Arc<Self>, change: RecordChange) -> Result<(), StoreError> {
         match change.value {
-            Some(value) => {
-                let schedule = decode(&value)?;
-                // Its own write, kept already, comes back through the watch too.
-                let known = (self.by_id.get(&schedule.id)).and_then(|r| r.revision);
-                if known.is_some_and(|known| known >= change.revision) {
-                    return Ok(());
-                }
-                self.keep(schedule, Some(change.revision)).await
-            }
+            Some(value) => self.keep(decode(&value)?, Some(change.revision)).await,
             None => self.forget(&change.key).await,
         }
     }
 
-    /// Stores `schedule` (at the fleet's `revision`) and runs it (again), keeping when it
-    /// last ran here.
+    /// Stores `schedule` (at the fleet's `revision`, in a fleet) and runs it, unless a
+    /// later revision of it is here already: its own write comes back through the watch,
+    /// and the watch's copy of a later change may come before a write's own keep.
     async fn keep(&self, schedule: Schedule, revision: Option<Revision>) -> Result<(), StoreError> {
-        let row = schedule.clone();
-        let template = row.task_template.to_string();
-        self.store
-            .write(move |conn| {
-                conn.execute(
-                    "INSERT INTO skynet_schedules
-                        (id, name, cron_expr, agent_id, task_template, enabled, created_by, created_at, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-                     ON CONFLICT (id) DO UPDATE SET name = ?2, cron_expr = ?3, agent_id = ?4,
-                        task_template = ?5, enabled = ?6, created_by = ?7, created_at = ?8, updated_at = ?9",
-                    params![
-                        row.id, row.name, row.cron_expr, row.agent_id, template, row.enabled,
-                        row.created_by, row.created_at, row.updated_at
-                    ],
-                )?;
-                Ok(())
-            })
-            .await?;
-        let known = self
-            .by_id
-            .get(&schedule.id)
-            .map(|r| (r.last_run_at, r.revision));
-        let (last_run_at, known_revision) = known.unwrap_or_default();
-        // A newer revision kept meanwhile (by the watch, or a write here) stays.
-        if known_revision.is_some_and(|known| revision.is_none_or(|r| r < known)) {
+        if !self.table.upsert(&schedule, revision).await? {
             return Ok(());
         }
-        let id = schedule.id.clone();
-        match Running::new(schedule, last_run_at, revision) {
-            Some(running) => drop(self.by_id.insert(id, running)),
-            None => drop(self.by_id.remove(&id)),
+        match self.by_id.entry(schedule.id.clone()) {
+            Entry::Occupied(mut known) => {
+                let later = revision
+                    .zip(known.get().revision)
+                    .is_none_or(|(new, old)| new >= old);
+                if later && let Some(running) = Running::new(schedule, Some(known.get()), revision)
+                {
+                    known.insert(running);
+                }
+            }
+            Entry::Vacant(vacant) => {
+                if let Some(running) = Running::new(schedule, None, revision) {
+                    vacant.insert(running);
+                }
+            }
         }
         self.changed.notify_one();
         Ok(())
     }
 
     async fn forget(&self, id: &str) -> Result<(), StoreError> {
-        let row_id = id.to_owned();
-        self.store
-            .write(move |conn| {
-                conn.execute("DELETE FROM skynet_schedules WHERE id = ?1", [row_id])?;
-                Ok(())
-            })
-            .await?;
+        self.table.delete(id).await?;
         self.by_id.remove(id);
         self.changed.notify_one();
         Ok(())
@@ -402,29 +354,10 @@ impl Schedules {
         self.by_id.iter().filter_map(|r| r.next_at).min()
     }
 
-    /// Notes when `id` last ran, for `lastRunAt` after a restart.
+    /// Notes when `id` last ran here, for `lastRunAt` after a restart.
     async fn ran(&self, id: &str, at: i64) -> Result<(), StoreError> {
-        let row_id = id.to_owned();
-        self.store
-            .write(move |conn| {
-                conn.execute(
-                    "UPDATE skynet_schedules SET last_run_at = ?2 WHERE id = ?1",
-                    params![row_id, at],
-                )?;
-                Ok(())
-            })
-            .await
+        self.table.ran(id, at).await
     }
-}
-
-fn encode(schedule: &Schedule) -> bytes::Bytes {
-    serde_json::to_vec(schedule)
-        .expect("a schedule is plain data")
-        .into()
-}
-
-fn decode(value: &[u8]) -> Result<Schedule, StoreError> {
-    serde_json::from_slice(value).map_err(|e| StoreError::Corrupt(format!("a fleet schedule: {e}")))
 }
 
 #[cfg(test)]
@@ -432,19 +365,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn five_and_six_field_expressions_are_taken_and_nonsense_is_not() {
-        for expr in [
+    fn croners_expressions_are_taken_and_nonsense_is_not() {
+        let taken = [
             "0 9 * * *",
             "*/30 * * * *",
             "0 17 * * 1-5",
             "0 9,17 * * *",
             "* * * * * *",
-        ] {
+            "0 0 30 2 *",
+        ];
+        for expr in taken {
             assert!(parse_cron(expr).is_ok(), "{expr}");
         }
-        for expr in ["", "60 * * * *", "* * *", "every day", "0 0 30 2 *"] {
+        for expr in ["", "60 * * * *", "* * *", "every day"] {
             assert!(parse_cron(expr).is_err(), "{expr}");
         }
+        let never = parse_cron("0 0 30 2 *").unwrap();
+        assert_eq!(next_after(&never, crate::core::now_ms()), None);
     }
 
     #[test]

@@ -14,8 +14,9 @@ use super::{Changes, Schedule, ScheduleError, parse_cron};
 use crate::core::now_ms;
 use crate::protocols::skynet::Skynet;
 use crate::protocols::skynet::http::{
-    ApiError, ApiResult, body_object, fleet_unavailable, opt_string, required_string,
+    ApiError, ApiResult, body_object, fleet_unavailable, opt_bool, opt_string, required_string,
 };
+use crate::protocols::skynet::translate::Peers;
 
 type Shared = State<Arc<Skynet>>;
 
@@ -54,11 +55,12 @@ fn task_template(body: &Map<String, Value>) -> Result<Value, ApiError> {
             "taskTemplate is required: {title, description, files?, metadata?}",
         ));
     };
-    required_string(template, "title")
-        .and(required_string(template, "description"))
-        .map_err(|_| {
-            ApiError::bad_request("taskTemplate.title and taskTemplate.description are required")
-        })?;
+    let text = |key: &str| template.get(key).is_some_and(Value::is_string);
+    if !text("title") || !text("description") {
+        return Err(ApiError::bad_request(
+            "taskTemplate.title and taskTemplate.description are required",
+        ));
+    }
     if template
         .get("files")
         .is_some_and(|f| !f.is_array() && !f.is_null())
@@ -74,19 +76,10 @@ fn target(skynet: &Skynet, agent_id: &str) -> Result<String, ApiError> {
         return Ok(profile.id);
     }
     // An agent of another protocol, by the card id Skynet clients see it under.
-    use crate::protocols::skynet::translate::Peers;
     if skynet.name_of(agent_id).is_some() {
         return Ok(agent_id.to_owned());
     }
     Err(ApiError::new(StatusCode::NOT_FOUND, "Agent not found"))
-}
-
-fn opt_bool(body: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
-    match body.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(ApiError::bad_request(format!("{key} must be a boolean"))),
-    }
 }
 
 pub async fn create(State(skynet): Shared, body: Bytes) -> ApiResult {

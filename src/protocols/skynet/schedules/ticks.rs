@@ -2,10 +2,13 @@
 //! routed as a sent message is ("reuses existing message routing"), so an agent away
 //! finds it in its join's replay, and an agent of another protocol gets it as a task.
 //!
-//! The message's id, and its task's, are derived from the schedule's id and the tick's
-//! time: every bridge of a fleet fires the same tick as the same message, which the
-//! fleet's log takes once (its deduplication by id) and each bridge applies once. Clocks
-//! further apart than the log's deduplication window would fire a tick twice.
+//! In a fleet every bridge runs every schedule, and the one whose claim on the tick lands
+//! first in the fleet's records (`TICKS`, a write expecting the key unused) fires it; the
+//! claim is then taken, which leaves the key refusing later claims for a week without
+//! keeping a record of every tick. A bridge that cannot reach the records fires the tick
+//! all the same. The message's id, and its task's, are derived from the schedule and the
+//! tick, so that a tick fired twice is still one message to the fleet's log, which takes
+//! an id once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +16,13 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::Schedule;
-use crate::core::{derived_uuid, now_ms};
+use crate::core::{Expect, RecordError, derived_uuid, now_ms};
 use crate::protocols::skynet::sent::SentMessage;
 use crate::protocols::skynet::wire::Data;
 use crate::protocols::skynet::{PROTOCOL, Skynet, translate};
+
+/// The fleet's claims on ticks, keyed `<schedule id>@<tick, Unix ms>`.
+pub const TICKS: &str = "skynet-schedule-ticks";
 
 /// The longest sleep between looks at the schedules, so that a jump of the wall clock is
 /// noticed within it.
@@ -47,19 +53,28 @@ pub async fn run(skynet: Arc<Skynet>) {
     }
 }
 
-/// The SkynetMessage a schedule's tick at `at` (Unix ms) sends, from `from` (a card id).
+/// The SkynetMessage a schedule's tick at `at` (Unix ms) sends, from `from` (a card id):
+/// a TaskPayload of the task template, its schedule named beside it and in its
+/// `metadata` (which crosses to other protocols).
 pub fn tick_message(schedule: &Schedule, at: i64, from: &str) -> Value {
     let tick = format!("{}@{at}", schedule.id);
     let mut payload = match &schedule.task_template {
         Value::Object(template) => template.clone(),
         _ => serde_json::Map::new(),
     };
-    payload.insert(
-        "taskId".into(),
-        json!(derived_uuid("schedule-task", &tick).to_string()),
-    );
+    let task_id = derived_uuid("schedule-task", &tick).to_string();
+    payload.insert("taskId".into(), json!(task_id));
+    payload.insert("assignee".into(), json!(schedule.agent_id));
+    payload.insert("status".into(), json!("assigned"));
     payload.insert("scheduleId".into(), json!(schedule.id));
     payload.insert("scheduleName".into(), json!(schedule.name));
+    let mut metadata = match payload.remove("metadata") {
+        Some(Value::Object(metadata)) => metadata,
+        _ => serde_json::Map::new(),
+    };
+    metadata.insert("scheduleId".into(), json!(schedule.id));
+    metadata.insert("scheduleName".into(), json!(schedule.name));
+    payload.insert("metadata".into(), Value::Object(metadata));
     json!({
         "id": derived_uuid("schedule-tick", &tick).to_string(),
         "type": "task.assign",
@@ -70,9 +85,37 @@ pub fn tick_message(schedule: &Schedule, at: i64, from: &str) -> Value {
     })
 }
 
-/// Sends a schedule's tick to its agent, and notes that it ran.
+/// Fires a schedule's tick, if this bridge is the one to; notes that it ran.
 async fn fire(skynet: &Arc<Skynet>, schedule: &Schedule, at: i64) {
+    let tick = format!("{}@{at}", schedule.id);
+    let claim = match skynet.core.records() {
+        None => None,
+        Some(fleet) => match fleet
+            .write(TICKS, &tick, bytes::Bytes::new(), Expect::Unused)
+            .await
+        {
+            Ok(revision) => Some((fleet, revision)),
+            // Another bridge fires it.
+            Err(RecordError::Conflict) => {
+                note_ran(skynet, schedule, at).await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(schedule = %schedule.id, error = %e, "skynet: a tick could not be claimed in the fleet; fired here all the same");
+                None
+            }
+        },
+    };
     send(skynet, schedule, at).await;
+    if let Some((fleet, revision)) = claim
+        && let Err(e) = fleet.take(TICKS, &tick, revision).await
+    {
+        tracing::debug!(schedule = %schedule.id, error = %e, "skynet: a tick's claim stays in the fleet's records");
+    }
+    note_ran(skynet, schedule, at).await;
+}
+
+async fn note_ran(skynet: &Skynet, schedule: &Schedule, at: i64) {
     if let Err(e) = skynet.schedules.ran(&schedule.id, at).await {
         tracing::warn!(schedule = %schedule.id, error = %e, "skynet: when a schedule ran is not stored");
     }
@@ -85,7 +128,7 @@ async fn send(skynet: &Arc<Skynet>, schedule: &Schedule, at: i64) {
         .and_then(|id| (skynet.registry.by_id(id)).map(|p| (p.id, p.name)));
     let (from, sender) = creator.unwrap_or_else(|| (SCHEDULER.into(), SCHEDULER.into()));
     let message = tick_message(schedule, at, &from);
-    // Another bridge's firing of this tick, applied here first, is this one.
+    // A firing of this tick already applied here (a bridge that could not claim it).
     if (message["id"].as_str()).is_some_and(|id| skynet.core.recently_seen(id)) {
         return;
     }
@@ -101,7 +144,9 @@ async fn send(skynet: &Arc<Skynet>, schedule: &Schedule, at: i64) {
         }
     };
     sent.stamp(&from);
-    let (env, unknown) = translate::decode(sent, &sender, skynet.as_ref());
+    let (mut env, unknown) = translate::decode(sent, &sender, skynet.as_ref());
+    // The creator did not send it now: it is not echoed to them.
+    env.echo = false;
     if !unknown.is_empty() {
         tracing::info!(schedule = %schedule.id, agent = %schedule.agent_id, "skynet: a schedule's agent is not known here; its task is stored for it");
     }
