@@ -11,6 +11,7 @@ pub mod ticks;
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use croner::Cron;
 use dashmap::DashMap;
@@ -170,10 +171,19 @@ impl Changes {
     }
 }
 
+/// How long a schedule's removal is remembered against a late write of it.
+const REMOVAL_REMEMBERED: Duration = Duration::from_secs(600);
+
 pub struct Schedules {
     core: Arc<Core>,
     table: Table,
     by_id: DashMap<String, Running>,
+    /// Changes to the table and to `by_id` are made one at a time, so that the two agree.
+    writing: tokio::sync::Mutex<()>,
+    /// In a fleet: the revisions at which schedules were removed, recently, so that a
+    /// write of an earlier revision landing after (a change's own keep, behind the watch)
+    /// does not bring one back.
+    removed: DashMap<String, (Revision, Instant)>,
     /// Wakes the ticks when a schedule changes.
     changed: tokio::sync::Notify,
 }
@@ -197,6 +207,8 @@ impl Schedules {
             core,
             table,
             by_id,
+            writing: tokio::sync::Mutex::new(()),
+            removed: DashMap::new(),
             changed: tokio::sync::Notify::new(),
         })
     }
@@ -244,6 +256,7 @@ impl Schedules {
     /// Changes a schedule; its ScheduleInfo.
     pub async fn update(&self, id: &str, changes: &Changes) -> Result<Value, ScheduleError> {
         let Some(fleet) = self.core.records() else {
+            let _writing = self.writing.lock().await;
             let mut schedule = (self.by_id.get(id))
                 .map(|r| r.schedule.clone())
                 .ok_or(ScheduleError::NotFound)?;
@@ -286,8 +299,12 @@ impl Schedules {
         }
         if let Some(fleet) = self.core.records() {
             fleet.remove(SCHEDULES, id).await?;
+            // Which tick it last fired goes with it.
+            if let Err(e) = fleet.remove(ticks::TICKS, id).await {
+                tracing::debug!(error = %e, "skynet: a deleted schedule's last tick stays in the fleet's records");
+            }
         }
-        self.forget(id).await?;
+        self.forget(id, None).await?;
         Ok(())
     }
 
@@ -295,7 +312,7 @@ impl Schedules {
     async fn apply(self: Arc<Self>, change: RecordChange) -> Result<(), StoreError> {
         match change.value {
             Some(value) => self.keep(decode(&value)?, Some(change.revision)).await,
-            None => self.forget(&change.key).await,
+            None => self.forget(&change.key, Some(change.revision)).await,
         }
     }
 
@@ -303,7 +320,11 @@ impl Schedules {
     /// later revision of it is here already: its own write comes back through the watch,
     /// and the watch's copy of a later change may come before a write's own keep.
     async fn keep(&self, schedule: Schedule, revision: Option<Revision>) -> Result<(), StoreError> {
-        if !self.table.upsert(&schedule, revision).await? {
+        let _writing = self.writing.lock().await;
+        let removed_since = (self.removed.get(&schedule.id))
+            .zip(revision)
+            .is_some_and(|(removed, revision)| removed.0 >= revision);
+        if removed_since || !self.table.upsert(&schedule, revision).await? {
             return Ok(());
         }
         match self.by_id.entry(schedule.id.clone()) {
@@ -326,9 +347,16 @@ impl Schedules {
         Ok(())
     }
 
-    async fn forget(&self, id: &str) -> Result<(), StoreError> {
+    /// Removes schedule `id` (removed from the fleet's records at `revision`, in a fleet).
+    async fn forget(&self, id: &str, revision: Option<Revision>) -> Result<(), StoreError> {
+        let _writing = self.writing.lock().await;
         self.table.delete(id).await?;
         self.by_id.remove(id);
+        if let Some(revision) = revision {
+            (self.removed).retain(|_, (_, at)| at.elapsed() < REMOVAL_REMEMBERED);
+            self.removed
+                .insert(id.to_owned(), (revision, Instant::now()));
+        }
         self.changed.notify_one();
         Ok(())
     }

@@ -3,12 +3,12 @@
 //! finds it in its join's replay, and an agent of another protocol gets it as a task.
 //!
 //! In a fleet every bridge runs every schedule, and the one whose claim on the tick lands
-//! first in the fleet's records (`TICKS`, a write expecting the key unused) fires it; the
-//! claim is then taken, which leaves the key refusing later claims for a week without
-//! keeping a record of every tick. A bridge that cannot reach the records fires the tick
-//! all the same. The message's id, and its task's, are derived from the schedule and the
-//! tick, so that a tick fired twice is still one message to the fleet's log, which takes
-//! an id once.
+//! first fires it: the claim is a write of the tick's time to the schedule's record in
+//! `TICKS` at the revision read, made only while that record holds an earlier tick, so
+//! one record a schedule says which tick was fired last. A bridge that cannot reach the
+//! records fires the tick all the same. The message's id, and its task's, are derived from
+//! the schedule and the tick, so that a tick fired twice is still one message to the
+//! fleet's log, which takes an id once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,12 +16,14 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::Schedule;
-use crate::core::{Expect, RecordError, derived_uuid, now_ms};
+use crate::core::{
+    Expect, RecordError, SharedRecords, Tried, derived_uuid, now_ms, unless_lost, until_not_lost,
+};
 use crate::protocols::skynet::sent::SentMessage;
 use crate::protocols::skynet::wire::Data;
 use crate::protocols::skynet::{PROTOCOL, Skynet, translate};
 
-/// The fleet's claims on ticks, keyed `<schedule id>@<tick, Unix ms>`.
+/// The last tick fired of each schedule (Unix ms, as text), keyed by schedule id.
 pub const TICKS: &str = "skynet-schedule-ticks";
 
 /// The longest sleep between looks at the schedules, so that a jump of the wall clock is
@@ -87,38 +89,51 @@ pub fn tick_message(schedule: &Schedule, at: i64, from: &str) -> Value {
 
 /// Fires a schedule's tick, if this bridge is the one to; notes that it ran.
 async fn fire(skynet: &Arc<Skynet>, schedule: &Schedule, at: i64) {
-    let tick = format!("{}@{at}", schedule.id);
-    let claim = match skynet.core.records() {
-        None => None,
-        Some(fleet) => match fleet
-            .write(TICKS, &tick, bytes::Bytes::new(), Expect::Unused)
-            .await
-        {
-            Ok(revision) => Some((fleet, revision)),
-            // Another bridge fires it.
-            Err(RecordError::Conflict) => {
-                note_ran(skynet, schedule, at).await;
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(schedule = %schedule.id, error = %e, "skynet: a tick could not be claimed in the fleet; fired here all the same");
-                None
-            }
-        },
+    let ours = match skynet.core.records() {
+        None => true,
+        Some(fleet) => claim(fleet.as_ref(), &schedule.id, at).await.unwrap_or_else(|e| {
+            tracing::warn!(schedule = %schedule.id, error = %e, "skynet: a tick could not be claimed in the fleet; fired here all the same");
+            true
+        }),
     };
-    send(skynet, schedule, at).await;
-    if let Some((fleet, revision)) = claim
-        && let Err(e) = fleet.take(TICKS, &tick, revision).await
-    {
-        tracing::debug!(schedule = %schedule.id, error = %e, "skynet: a tick's claim stays in the fleet's records");
+    if ours {
+        send(skynet, schedule, at).await;
     }
-    note_ran(skynet, schedule, at).await;
-}
-
-async fn note_ran(skynet: &Skynet, schedule: &Schedule, at: i64) {
     if let Err(e) = skynet.schedules.ran(&schedule.id, at).await {
         tracing::warn!(schedule = %schedule.id, error = %e, "skynet: when a schedule ran is not stored");
     }
+}
+
+/// Claims tick `at` of schedule `id` in the fleet's records: whether this bridge is the
+/// one to fire it (no other bridge claimed it, nor a later tick).
+async fn claim(fleet: &dyn SharedRecords, id: &str, at: i64) -> Result<bool, RecordError> {
+    let claimed = until_not_lost::<_, RecordError, _, _>(|| async {
+        let record = fleet.read(TICKS, id).await?;
+        let (last, expected) = match record {
+            Some(record) => {
+                let last = (record.value.as_deref())
+                    .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok());
+                let expected = match record.value {
+                    Some(_) => Expect::At(record.revision),
+                    None => Expect::Absent,
+                };
+                (last, expected)
+            }
+            None => (None, Expect::Absent),
+        };
+        if last.is_some_and(|last| last >= at) {
+            return Ok(Tried::Done(false));
+        }
+        let written = fleet
+            .write(TICKS, id, at.to_string().into(), expected)
+            .await;
+        Ok(match unless_lost(written)? {
+            Some(_) => Tried::Done(true),
+            None => Tried::Lost,
+        })
+    })
+    .await?;
+    Ok(claimed.unwrap_or(false))
 }
 
 async fn send(skynet: &Arc<Skynet>, schedule: &Schedule, at: i64) {
@@ -128,7 +143,7 @@ async fn send(skynet: &Arc<Skynet>, schedule: &Schedule, at: i64) {
         .and_then(|id| (skynet.registry.by_id(id)).map(|p| (p.id, p.name)));
     let (from, sender) = creator.unwrap_or_else(|| (SCHEDULER.into(), SCHEDULER.into()));
     let message = tick_message(schedule, at, &from);
-    // A firing of this tick already applied here (a bridge that could not claim it).
+    // A firing of this tick already applied here (by a bridge that could not claim it).
     if (message["id"].as_str()).is_some_and(|id| skynet.core.recently_seen(id)) {
         return;
     }

@@ -40,6 +40,9 @@ impl SynapseApi {
     }
 }
 
+/// The largest request the standard health service reads.
+const PROBE_MESSAGE_BYTES: usize = 4096;
+
 pub fn router(synapse: Arc<Synapse>) -> axum::Router {
     let max_message = synapse.config.max_message_bytes;
     let read_budget = synapse.read_budget.clone();
@@ -71,7 +74,9 @@ pub fn router(synapse: Arc<Synapse>) -> axum::Router {
     .add_service(CapabilitiesServiceServer::new(api.clone()).max_decoding_message_size(max_message))
     .add_service(GroupServiceServer::new(api.clone()).max_decoding_message_size(max_message))
     .add_service(HealthServiceServer::new(api).max_decoding_message_size(max_message))
-    .add_service(health_service)
+    // Open to callers without the token, for probes: its requests are a service name,
+    // and tonic's default limit (4 MiB) would let anyone hold that much of the read budget.
+    .add_service(health_service.max_decoding_message_size(PROBE_MESSAGE_BYTES))
     .add_service(reflection)
     .into_axum_router()
     .layer(tower::util::MapResponseLayer::new(
