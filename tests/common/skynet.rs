@@ -38,52 +38,36 @@ impl SkynetHttp {
         (status, serde_json::from_str(&body).unwrap_or(Value::Null))
     }
 
-    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let res = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+    /// A request's status and JSON answer (`null` when it has none).
+    async fn answer(&self, request: reqwest::RequestBuilder) -> (u16, Value) {
+        let res = request.send().await.unwrap();
         let status = res.status().as_u16();
         (status, res.json().await.unwrap_or(Value::Null))
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.answer(self.client.post(self.url(path)).json(&body))
+            .await
     }
 
     pub async fn post_raw(&self, path: &str, body: &'static str) -> (u16, Value) {
-        let res = self
-            .client
-            .post(format!("{}{path}", self.base))
+        let request = (self.client.post(self.url(path)))
             .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let status = res.status().as_u16();
-        (status, res.json().await.unwrap_or(Value::Null))
+            .body(body);
+        self.answer(request).await
     }
 
     pub async fn patch(&self, path: &str, body: Value) -> (u16, Value) {
-        let res = self
-            .client
-            .patch(format!("{}{path}", self.base))
-            .json(&body)
-            .send()
+        self.answer(self.client.patch(self.url(path)).json(&body))
             .await
-            .unwrap();
-        let status = res.status().as_u16();
-        (status, res.json().await.unwrap_or(Value::Null))
     }
 
     pub async fn delete(&self, path: &str) -> (u16, Value) {
-        let res = self
-            .client
-            .delete(format!("{}{path}", self.base))
-            .send()
-            .await
-            .unwrap();
-        let status = res.status().as_u16();
-        (status, res.json().await.unwrap_or(Value::Null))
+        self.answer(self.client.delete(self.url(path))).await
     }
 
     /// Registers an agent and returns its card.
