@@ -326,3 +326,38 @@ async fn a_schedule_for_another_protocols_agent_reaches_it_as_a_task() {
     }
     net.bridge.shutdown().await;
 }
+
+#[tokio::test]
+async fn schedules_are_bounded_in_number_and_size() {
+    let bridge = start_bridge("[skynet]\nlisten = \"127.0.0.1:0\"\nmax_schedules = 2\n").await;
+    let http = SkynetHttp::new(bridge.addr("skynet").unwrap());
+    let backend = http.agent("backend").await;
+    let mut huge = daily_review(&backend["id"], &Value::Null);
+    huge["taskTemplate"]["description"] = json!("x".repeat(70_000));
+    let (status, refused) = http.post("/api/schedules", huge).await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap()
+            .contains("limit is 65536")
+    );
+    for _ in 0..2 {
+        let (status, _) = http
+            .post("/api/schedules", daily_review(&backend["id"], &Value::Null))
+            .await;
+        assert_eq!(status, 201);
+    }
+    let (status, refused) = http
+        .post("/api/schedules", daily_review(&backend["id"], &Value::Null))
+        .await;
+    assert_eq!(status, 409, "{refused}");
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("Too many schedules"),
+        "{refused}"
+    );
+    bridge.shutdown().await;
+}

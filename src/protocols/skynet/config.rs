@@ -23,6 +23,8 @@ pub struct Config {
     pub join_timeout_ms: u64,
     /// Largest HTTP request body; larger ones get 413 `{error}`.
     pub max_body_bytes: usize,
+    /// Most schedules (fleet-wide, in a fleet); creating another is refused with 409.
+    pub max_schedules: usize,
 }
 
 impl Default for Config {
@@ -35,6 +37,7 @@ impl Default for Config {
             max_mentions: 1024,
             join_timeout_ms: 10_000,
             max_body_bytes: 2 * 1024 * 1024,
+            max_schedules: 1000,
         }
     }
 }

@@ -230,6 +230,11 @@ impl Schedules {
         all.into_iter().map(|(_, _, info)| info).collect()
     }
 
+    /// How many schedules there are.
+    pub fn count(&self) -> usize {
+        self.by_id.len()
+    }
+
     pub fn info(&self, id: &str) -> Option<Value> {
         self.by_id.get(id).map(|r| r.info())
     }

@@ -48,6 +48,10 @@ fn cron_expr(value: String) -> Result<String, ApiError> {
     }
 }
 
+/// The most bytes a task template may take as JSON: every schedule's is held in memory,
+/// and sent on each tick.
+const TEMPLATE_BYTES: usize = 64 * 1024;
+
 /// `taskTemplate`: an object with a `title` and a `description`.
 fn task_template(body: &Map<String, Value>) -> Result<Value, ApiError> {
     let Some(Value::Object(template)) = body.get("taskTemplate") else {
@@ -55,6 +59,12 @@ fn task_template(body: &Map<String, Value>) -> Result<Value, ApiError> {
             "taskTemplate is required: {title, description, files?, metadata?}",
         ));
     };
+    let bytes = serde_json::to_vec(template).map_or(usize::MAX, |t| t.len());
+    if bytes > TEMPLATE_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "taskTemplate is {bytes} bytes of JSON; the limit is {TEMPLATE_BYTES}"
+        )));
+    }
     let text = |key: &str| template.get(key).is_some_and(Value::is_string);
     if !text("title") || !text("description") {
         return Err(ApiError::bad_request(
@@ -91,6 +101,13 @@ pub async fn create(State(skynet): Shared, body: Bytes) -> ApiResult {
     let created_by = opt_string(&body, "createdBy")?;
     let enabled = opt_bool(&body, "enabled")?.unwrap_or(true);
     let agent_id = target(&skynet, &agent_id)?;
+    let limit = skynet.config.max_schedules;
+    if skynet.schedules.count() >= limit {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("Too many schedules: the limit is {limit}; delete one first"),
+        ));
+    }
     let now = now_ms();
     let schedule = Schedule {
         id: uuid::Uuid::new_v4().to_string(),
