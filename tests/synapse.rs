@@ -1013,16 +1013,31 @@ async fn groups_reach_members_of_every_protocol() {
             .await
             .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
-    let err =
+    // Members named by id before they ever connected are Synapse agents from then on, as
+    // an agent `JoinGroup` names is.
+    let created =
         w.c.groups
             .create_group(Request::new(CreateGroupRequest {
                 name: "x".into(),
+                coordinator_id: "lead".into(),
                 initial_members: vec!["ghost".into()],
                 ..Default::default()
             }))
             .await
-            .unwrap_err();
-    assert_eq!(err.code(), Code::NotFound);
+            .unwrap()
+            .into_inner();
+    let members =
+        w.c.groups
+            .list_group_members(Request::new(ListGroupMembersRequest {
+                group_id: created.group_id,
+            }))
+            .await
+            .unwrap()
+            .into_inner();
+    let ids: Vec<&str> = (members.members.iter())
+        .map(|m| m.agent_id.as_str())
+        .collect();
+    assert_eq!(ids, ["lead", "ghost"]);
     let err =
         w.c.groups
             .create_group(Request::new(CreateGroupRequest::default()))

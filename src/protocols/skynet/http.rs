@@ -282,6 +282,17 @@ async fn delete(skynet: &Skynet, id: &str, human: bool) -> Response {
         return error(StatusCode::CONFLICT, connected);
     }
     match skynet.registry.delete(&profile.id).await {
+        // An agent's schedules go with it, as Skynet's server deletes them.
+        Ok(_) if !human => match skynet.schedules.delete_for_agent(&profile.id).await {
+            Ok(count) => ok(json!({
+                "deleted": profile.to_json("offline"),
+                "deletedSchedules": count,
+            })),
+            Err(e) => {
+                tracing::warn!(error = %e, "skynet: a deleted agent's schedules are not all deleted");
+                ok(json!({ "deleted": profile.to_json("offline") }))
+            }
+        },
         Ok(_) => ok(json!({ "deleted": profile.to_json("offline") })),
         Err(RegisterError::Fleet(e)) => fleet_unavailable(&e).into_response(),
         Err(e) => {

@@ -10,14 +10,18 @@ use super::proto::{AgentEndpoint, CreateGroupRequest, GroupInfo, GroupMember};
 use super::{Group, Synapse, translate::Context, wire};
 
 impl Synapse {
-    fn known_agent(&self, id: &str, field: &str) -> Result<(), Status> {
+    /// Agent `id`, named in a group by its id alone: an agent of any protocol the
+    /// directory knows, or else a Synapse agent registered by that id, as `JoinGroup`
+    /// registers the agent it names.
+    async fn member_agent(&self, id: &str, field: &str) -> Result<(), Status> {
         if self.core.directory.contains(id) {
-            Ok(())
-        } else {
-            Err(Status::not_found(format!(
-                "{field} '{id}' is not a known agent"
-            )))
+            return Ok(());
         }
+        let endpoint = AgentEndpoint {
+            agent_id: id.to_owned(),
+            ..Default::default()
+        };
+        self.ensure_agent(&endpoint, &Hints::default(), field).await
     }
 
     pub fn group(&self, id: &str) -> Result<Group, Status> {
@@ -54,7 +58,7 @@ impl Synapse {
             .or(caller)
             .unwrap_or_default();
         if !coordinator.is_empty() {
-            self.known_agent(&coordinator, "coordinator_id")?;
+            self.member_agent(&coordinator, "coordinator_id").await?;
         }
         // Bounded before any member is looked up.
         let max = self.config.max_group_members;
@@ -65,7 +69,7 @@ impl Synapse {
             )));
         }
         for member in &request.initial_members {
-            self.known_agent(member, "initial_members")?;
+            self.member_agent(member, "initial_members").await?;
         }
         let now = crate::core::now_ms();
         let mut members: Vec<MemberRow> = Vec::new();

@@ -102,22 +102,31 @@ impl Running {
         })
     }
 
-    /// ScheduleInfo, as the HTTP API answers.
+    /// ScheduleInfo, as the HTTP API answers: `createdBy`, `lastRunAt` and `nextRunAt`
+    /// left out when there are none, as Skynet's server leaves them out.
     fn info(&self) -> Value {
         let s = &self.schedule;
-        json!({
+        let mut info = json!({
             "id": s.id,
             "name": s.name,
             "cronExpr": s.cron_expr,
             "agentId": s.agent_id,
             "taskTemplate": s.task_template,
             "enabled": s.enabled,
-            "createdBy": s.created_by,
-            "lastRunAt": self.last_run_at,
-            "nextRunAt": self.next_at,
             "createdAt": s.created_at,
             "updatedAt": s.updated_at,
-        })
+        });
+        let optional = [
+            ("createdBy", s.created_by.as_ref().map(|c| json!(c))),
+            ("lastRunAt", self.last_run_at.map(|at| json!(at))),
+            ("nextRunAt", self.next_at.map(|at| json!(at))),
+        ];
+        for (key, value) in optional {
+            if let (Some(value), Some(info)) = (value, info.as_object_mut()) {
+                info.insert(key.into(), value);
+            }
+        }
+        info
     }
 }
 
@@ -311,6 +320,21 @@ impl Schedules {
         }
         self.forget(id, None).await?;
         Ok(())
+    }
+
+    /// Deletes the schedules of agent `agent_id` (deleted itself); how many there were.
+    pub async fn delete_for_agent(&self, agent_id: &str) -> Result<usize, ScheduleError> {
+        let theirs: Vec<String> = (self.by_id.iter())
+            .filter(|r| r.schedule.agent_id == agent_id)
+            .map(|r| r.schedule.id.clone())
+            .collect();
+        for id in &theirs {
+            match self.delete(id).await {
+                Ok(()) | Err(ScheduleError::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(theirs.len())
     }
 
     /// A change the fleet made to its schedules (through this bridge or another).

@@ -8,13 +8,13 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::{Changes, Schedule, ScheduleError, parse_cron};
-use crate::core::now_ms;
+use crate::core::{Role, now_ms};
 use crate::protocols::skynet::Skynet;
 use crate::protocols::skynet::http::{
-    ApiError, ApiResult, body_object, fleet_unavailable, opt_bool, opt_string, required_string,
+    ApiError, ApiResult, body_object, fleet_unavailable, opt_bool, opt_string,
 };
 use crate::protocols::skynet::translate::Peers;
 
@@ -43,7 +43,7 @@ fn cron_expr(value: String) -> Result<String, ApiError> {
     match parse_cron(&value) {
         Ok(_) => Ok(value),
         Err(e) => Err(ApiError::bad_request(format!(
-            "Invalid cron expression '{value}': {e}"
+            "Invalid cron expression: {e}"
         ))),
     }
 }
@@ -52,55 +52,64 @@ fn cron_expr(value: String) -> Result<String, ApiError> {
 /// and sent on each tick.
 const TEMPLATE_BYTES: usize = 64 * 1024;
 
-/// `taskTemplate`: an object with a `title` and a `description`.
-fn task_template(body: &Map<String, Value>) -> Result<Value, ApiError> {
-    let Some(Value::Object(template)) = body.get("taskTemplate") else {
+/// `taskTemplate` (`{title, description, files?, metadata?}`), an object of at most
+/// `TEMPLATE_BYTES`; its fields are the agent's to read, as Skynet's server leaves them.
+fn task_template(template: &Value) -> Result<Value, ApiError> {
+    if !template.is_object() {
         return Err(ApiError::bad_request(
-            "taskTemplate is required: {title, description, files?, metadata?}",
+            "taskTemplate must be an object: {title, description, files?, metadata?}",
         ));
-    };
+    }
     let bytes = serde_json::to_vec(template).map_or(usize::MAX, |t| t.len());
     if bytes > TEMPLATE_BYTES {
         return Err(ApiError::bad_request(format!(
             "taskTemplate is {bytes} bytes of JSON; the limit is {TEMPLATE_BYTES}"
         )));
     }
-    let text = |key: &str| template.get(key).is_some_and(Value::is_string);
-    if !text("title") || !text("description") {
-        return Err(ApiError::bad_request(
-            "taskTemplate.title and taskTemplate.description are required",
-        ));
-    }
-    if template
-        .get("files")
-        .is_some_and(|f| !f.is_array() && !f.is_null())
-    {
-        return Err(ApiError::bad_request("taskTemplate.files must be an array"));
-    }
-    Ok(Value::Object(template.clone()))
+    Ok(template.clone())
 }
 
-/// The agent `agentId` names (by id or name), as the card id its tasks mention.
-fn target(skynet: &Skynet, agent_id: &str) -> Result<String, ApiError> {
-    if let Some(profile) = skynet.registry.by_id_or_name(agent_id, false) {
-        return Ok(profile.id);
+/// Whether `agent_id` names an agent: a registered Skynet agent by id or name, as
+/// Skynet's server looks it up, or another protocol's agent by the card id Skynet
+/// clients see it under (not a human).
+fn is_agent(skynet: &Skynet, agent_id: &str) -> bool {
+    if skynet.registry.by_id_or_name(agent_id, false).is_some() {
+        return true;
     }
-    // An agent of another protocol, by the card id Skynet clients see it under.
-    if skynet.name_of(agent_id).is_some() {
-        return Ok(agent_id.to_owned());
-    }
-    Err(ApiError::new(StatusCode::NOT_FOUND, "Agent not found"))
+    let Some(name) = skynet.name_of(agent_id) else {
+        return false;
+    };
+    (skynet.core.directory.get(&name))
+        .is_some_and(|a| a.protocol != super::super::PROTOCOL && a.role != Role::Human)
+}
+
+fn agent_not_found(agent_id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("Agent '{agent_id}' not found"),
+    )
 }
 
 pub async fn create(State(skynet): Shared, body: Bytes) -> ApiResult {
     let body = body_object(&body)?;
-    let name = required_string(&body, "name")?;
-    let cron = cron_expr(required_string(&body, "cronExpr")?)?;
-    let agent_id = required_string(&body, "agentId")?;
-    let task_template = task_template(&body)?;
+    let text = |key: &str| (body.get(key).and_then(Value::as_str)).filter(|s| !s.is_empty());
+    let (Some(name), Some(cron), Some(agent_id), Some(template)) = (
+        text("name"),
+        text("cronExpr"),
+        text("agentId"),
+        body.get("taskTemplate").filter(|t| !t.is_null()),
+    ) else {
+        return Err(ApiError::bad_request(
+            "name, cronExpr, agentId, and taskTemplate are required",
+        ));
+    };
+    if !is_agent(&skynet, agent_id) {
+        return Err(agent_not_found(agent_id));
+    }
+    let cron = cron_expr(cron.to_owned())?;
+    let task_template = task_template(template)?;
     let created_by = opt_string(&body, "createdBy")?;
     let enabled = opt_bool(&body, "enabled")?.unwrap_or(true);
-    let agent_id = target(&skynet, &agent_id)?;
     let limit = skynet.config.max_schedules;
     if skynet.schedules.count() >= limit {
         return Err(ApiError::new(
@@ -111,9 +120,9 @@ pub async fn create(State(skynet): Shared, body: Bytes) -> ApiResult {
     let now = now_ms();
     let schedule = Schedule {
         id: uuid::Uuid::new_v4().to_string(),
-        name,
+        name: name.to_owned(),
         cron_expr: cron,
-        agent_id,
+        agent_id: agent_id.to_owned(),
         task_template,
         enabled,
         created_by,
@@ -146,12 +155,15 @@ pub async fn update(State(skynet): Shared, Path(id): Path<String>, body: Bytes) 
     let changes = Changes {
         name: non_empty("name")?,
         cron_expr: non_empty("cronExpr")?.map(cron_expr).transpose()?,
-        agent_id: (non_empty("agentId")?)
-            .map(|a| target(&skynet, &a))
-            .transpose()?,
+        agent_id: match non_empty("agentId")? {
+            Some(agent_id) if !is_agent(&skynet, &agent_id) => {
+                return Err(agent_not_found(&agent_id));
+            }
+            agent_id => agent_id,
+        },
         task_template: match body.get("taskTemplate") {
             None | Some(Value::Null) => None,
-            Some(_) => Some(task_template(&body)?),
+            Some(template) => Some(task_template(template)?),
         },
         enabled: opt_bool(&body, "enabled")?,
     };

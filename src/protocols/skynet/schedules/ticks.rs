@@ -30,8 +30,8 @@ pub const TICKS: &str = "skynet-schedule-ticks";
 /// noticed within it.
 const LOOK_AT_LEAST_EVERY: Duration = Duration::from_secs(60);
 
-/// Who a tick's message is from when its schedule names no creator this bridge knows.
-pub const SCHEDULER: &str = "scheduler";
+/// Who a tick's message is from, as Skynet's scheduler sends it.
+pub const SCHEDULER: &str = "system:scheduler";
 
 /// Fires the schedules as they come due, until shutdown.
 pub async fn run(skynet: Arc<Skynet>) {
@@ -55,35 +55,39 @@ pub async fn run(skynet: Arc<Skynet>) {
     }
 }
 
-/// The SkynetMessage a schedule's tick at `at` (Unix ms) sends, from `from` (a card id):
-/// a TaskPayload of the task template, its schedule named beside it and in its
-/// `metadata` (which crosses to other protocols).
-pub fn tick_message(schedule: &Schedule, at: i64, from: &str) -> Value {
+/// The SkynetMessage a schedule's tick at `at` (Unix ms) sends to the agent whose card id
+/// is `agent`, as Skynet's scheduler builds it: a TaskPayload of the task template,
+/// pending, its schedule named in `metadata`.
+pub fn tick_message(schedule: &Schedule, at: i64, agent: &str) -> Value {
     let tick = format!("{}@{at}", schedule.id);
-    let mut payload = match &schedule.task_template {
-        Value::Object(template) => template.clone(),
-        _ => serde_json::Map::new(),
-    };
-    let task_id = derived_uuid("schedule-task", &tick).to_string();
-    payload.insert("taskId".into(), json!(task_id));
-    payload.insert("assignee".into(), json!(schedule.agent_id));
-    payload.insert("status".into(), json!("assigned"));
-    payload.insert("scheduleId".into(), json!(schedule.id));
-    payload.insert("scheduleName".into(), json!(schedule.name));
-    let mut metadata = match payload.remove("metadata") {
+    let template = |key: &str| schedule.task_template.get(key).cloned();
+    let mut metadata = match template("metadata") {
         Some(Value::Object(metadata)) => metadata,
         _ => serde_json::Map::new(),
     };
-    metadata.insert("scheduleId".into(), json!(schedule.id));
+    metadata.insert("scheduledBy".into(), json!(schedule.id));
     metadata.insert("scheduleName".into(), json!(schedule.name));
+    let mut payload = serde_json::Map::new();
+    payload.insert(
+        "taskId".into(),
+        json!(derived_uuid("schedule-task", &tick).to_string()),
+    );
+    for key in ["title", "description"] {
+        payload.insert(key.into(), template(key).unwrap_or(Value::Null));
+    }
+    payload.insert("assignee".into(), json!(schedule.agent_id));
+    payload.insert("status".into(), json!("pending"));
+    if let Some(files) = template("files").filter(|f| !f.is_null()) {
+        payload.insert("files".into(), files);
+    }
     payload.insert("metadata".into(), Value::Object(metadata));
     json!({
         "id": derived_uuid("schedule-tick", &tick).to_string(),
         "type": "task.assign",
-        "from": from,
+        "from": SCHEDULER,
         "timestamp": at,
         "payload": payload,
-        "mentions": [schedule.agent_id],
+        "mentions": [agent],
     })
 }
 
@@ -137,12 +141,10 @@ async fn claim(fleet: &dyn SharedRecords, id: &str, at: i64) -> Result<bool, Rec
 }
 
 async fn send(skynet: &Arc<Skynet>, schedule: &Schedule, at: i64) {
-    // From the schedule's creator when it is a registered agent or human, else from the
-    // scheduler itself.
-    let creator = (schedule.created_by.as_deref())
-        .and_then(|id| (skynet.registry.by_id(id)).map(|p| (p.id, p.name)));
-    let (from, sender) = creator.unwrap_or_else(|| (SCHEDULER.into(), SCHEDULER.into()));
-    let message = tick_message(schedule, at, &from);
+    // The agent as a card id: a registered Skynet agent may be named by its name.
+    let agent = (skynet.registry.by_id_or_name(&schedule.agent_id, false))
+        .map_or_else(|| schedule.agent_id.clone(), |profile| profile.id);
+    let message = tick_message(schedule, at, &agent);
     // A firing of this tick already applied here (by a bridge that could not claim it).
     if (message["id"].as_str()).is_some_and(|id| skynet.core.recently_seen(id)) {
         return;
@@ -158,9 +160,8 @@ async fn send(skynet: &Arc<Skynet>, schedule: &Schedule, at: i64) {
             return;
         }
     };
-    sent.stamp(&from);
-    let (mut env, unknown) = translate::decode(sent, &sender, skynet.as_ref());
-    // The creator did not send it now: it is not echoed to them.
+    sent.stamp(SCHEDULER);
+    let (mut env, unknown) = translate::decode(sent, SCHEDULER, skynet.as_ref());
     env.echo = false;
     if !unknown.is_empty() {
         tracing::info!(schedule = %schedule.id, agent = %schedule.agent_id, "skynet: a schedule's agent is not known here; its task is stored for it");
