@@ -224,6 +224,28 @@ async fn each_tick_sends_the_agent_a_task_from_the_scheduler() {
     let at = first["timestamp"].as_i64().unwrap();
     assert_eq!(at % 1000, 0, "the tick's own time: {first}");
 
+    // The agent runner answers a task mentioning its sender, the scheduler: passed over,
+    // not refused (the SDK raises an `error` event no runner listens for).
+    ws.chat_with(json!({
+        "type": "task.result",
+        "payload": { "taskId": payload["taskId"], "success": true, "summary": "done" },
+        "mentions": ["system:scheduler"],
+    }))
+    .await;
+    ws.action(
+        "send",
+        json!({ "type": "chat", "payload": { "text": "sentinel" } }),
+    )
+    .await;
+    loop {
+        let frame = ws.next().await;
+        assert_ne!(frame["event"], "error", "{frame}");
+        if frame["type"] == "chat" {
+            assert_eq!(frame["payload"]["text"], "sentinel");
+            break;
+        }
+    }
+
     let second = next_task(&mut ws).await;
     assert_eq!(second["type"], "task.assign");
     assert_ne!(second["id"], first["id"]);

@@ -128,6 +128,7 @@ pub fn decode(
     for id in mentions {
         if id == wire::MENTION_ALL {
             env.audience = Audience::Everyone;
+        } else if id == wire::SCHEDULER {
         } else if let Some(name) = peers.name_of(&id) {
             push_once(&mut env.mentions, &mut named, name);
         } else {

@@ -20,7 +20,7 @@ use crate::core::{
     Expect, RecordError, SharedRecords, Tried, derived_uuid, now_ms, unless_lost, until_not_lost,
 };
 use crate::protocols::skynet::sent::SentMessage;
-use crate::protocols::skynet::wire::Data;
+use crate::protocols::skynet::wire::{Data, SCHEDULER};
 use crate::protocols::skynet::{PROTOCOL, Skynet, translate};
 
 /// The last tick fired of each schedule (Unix ms, as text), keyed by schedule id.
@@ -29,9 +29,6 @@ pub const TICKS: &str = "skynet-schedule-ticks";
 /// The longest sleep between looks at the schedules, so that a jump of the wall clock is
 /// noticed within it.
 const LOOK_AT_LEAST_EVERY: Duration = Duration::from_secs(60);
-
-/// Who a tick's message is from, as Skynet's scheduler sends it.
-pub const SCHEDULER: &str = "system:scheduler";
 
 /// Fires the schedules as they come due, until shutdown.
 pub async fn run(skynet: Arc<Skynet>) {
