@@ -1189,11 +1189,15 @@ async fn the_gateway_serves_every_http_rule() {
             .await;
         assert_eq!(status, 200);
     }
-    for body in ["", "{}"] {
+    // The agent named in metadata as gRPC sends it, then as grpc-gateway clients do.
+    for (body, header) in [
+        ("", "x-synapse-agent-id"),
+        ("{}", "Grpc-Metadata-X-Synapse-Agent-Id"),
+    ] {
         let res = w
             .http
             .post(w.url("/api/v1/synapse/callback"))
-            .header("x-synapse-agent-id", "poller")
+            .header(header, "poller")
             .header("content-type", "application/json")
             .body(body)
             .send()
@@ -2187,5 +2191,46 @@ async fn the_gateway_takes_submit_task_with_files_as_a_multipart_form() {
     let (status, err) = w.post_form("/api/v1/synapse/task/multipart", form).await;
     assert_eq!((status, err["code"].as_i64()), (400, Some(3)), "{err}");
     assert!(err["message"].as_str().unwrap().contains("colour"), "{err}");
+    w.bridge.shutdown().await;
+}
+
+/// A task its assignee rejects, or that is cancelled, ends without a result: its
+/// `TaskInfo.error` says why, as a failed one's does.
+#[tokio::test]
+async fn a_rejected_task_says_why() {
+    let w = world().await;
+    let mut worker = Stream::open(w.addr, "worker").await;
+    let (status, submitted) = w
+        .post("/api/v1/synapse/task", json!({ "taskType": "worker", "payload": { "@type": "type.googleapis.com/google.protobuf.StringValue", "value": "not for me" } }))
+        .await;
+    assert_eq!(status, 200, "{submitted}");
+    let id = submitted["taskId"].as_str().unwrap().to_owned();
+    assert_eq!(
+        worker.next().await.r#type,
+        MessageType::P2pTaskRequest as i32
+    );
+    worker
+        .send(common::synapse::status_update(
+            "worker",
+            "agentbridge",
+            &id,
+            TaskStatus::Rejected,
+            0,
+            "not mine",
+        ))
+        .await;
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    let task = loop {
+        let (_, got) = w.get(&format!("/api/v1/synapse/task/{id}")).await;
+        if got["task"]["status"] == "TASK_STATUS_REJECTED" {
+            break got["task"].clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{got}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        task["error"],
+        json!({ "code": "REJECTED", "message": "not mine" })
+    );
     w.bridge.shutdown().await;
 }

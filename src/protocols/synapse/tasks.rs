@@ -249,7 +249,14 @@ impl Synapse {
     }
 
     pub fn task_info(&self, task: &TaskRow, with_result: bool) -> TaskInfoPb {
-        let failed = task.status == TaskStatus::Failed as i32;
+        // Ended without a result: the error says why (failed, rejected or cancelled).
+        let failed = [
+            TaskStatus::Failed,
+            TaskStatus::Rejected,
+            TaskStatus::Cancelled,
+        ]
+        .iter()
+        .any(|s| task.status == *s as i32);
         TaskInfoPb {
             id: task.id.clone(),
             r#type: task.task_type.clone(),

@@ -580,14 +580,28 @@ fn error_json(status: &Status) -> Value {
     json!({ "code": status.code() as i32, "message": status.message(), "details": [] })
 }
 
-/// An RPC's request as the gateway calls it: the HTTP request's headers are its metadata.
-fn rpc_request<T>(headers: HeaderMap, message: T) -> tonic::Request<T> {
+/// An RPC's request as the gateway calls it: the HTTP request's headers are its metadata,
+/// and a `Grpc-Metadata-<key>` header is metadata `<key>`, as grpc-gateway passes it.
+fn rpc_request<T>(mut headers: HeaderMap, message: T) -> tonic::Request<T> {
+    let prefixed: Vec<(axum::http::HeaderName, axum::http::HeaderValue)> = (headers.iter())
+        .filter_map(|(name, value)| {
+            let key = name.as_str().strip_prefix(GRPC_METADATA)?;
+            Some((axum::http::HeaderName::try_from(key).ok()?, value.clone()))
+        })
+        .collect();
+    for (name, value) in prefixed {
+        headers.insert(name, value);
+    }
     tonic::Request::from_parts(
         MetadataMap::from_headers(headers),
         Extensions::default(),
         message,
     )
 }
+
+/// The prefix grpc-gateway clients give metadata sent as HTTP headers (lower case, as
+/// `HeaderName` keeps names).
+const GRPC_METADATA: &str = "grpc-metadata-";
 
 /// Calls the RPC `name` with an encoded request and `headers`; returns the response's
 /// descriptor and bytes.
