@@ -92,6 +92,7 @@ fn sample(kind: Kind) -> Envelope {
                 description: Some("Task description".into()),
                 assignee: Some("bob".into()),
                 files: vec!["src/lib.rs".into()],
+                external_id: Some("ext-7".into()),
                 ..task(Some(TaskState::Assigned))
             }));
         }
@@ -166,7 +167,7 @@ fn task_has(env: &Envelope, has: fn(&TaskInfo) -> bool) -> bool {
     env.task.as_deref().is_some_and(has)
 }
 
-const FIELDS: [Field; 21] = [
+const FIELDS: [Field; 22] = [
     Field {
         name: "id",
         is_set: |_| true,
@@ -246,6 +247,11 @@ const FIELDS: [Field; 21] = [
         name: "task.files",
         is_set: |e| task_has(e, |t| !t.files.is_empty()),
         change: |e| task_mut(e).files = vec!["README.md".into()],
+    },
+    Field {
+        name: "task.external_id",
+        is_set: |e| task_has(e, |t| t.external_id.is_some()),
+        change: |e| task_mut(e).external_id = Some("ext-8".into()),
     },
     Field {
         name: "text",

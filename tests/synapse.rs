@@ -1059,10 +1059,11 @@ async fn the_gateway_serves_every_http_rule() {
     assert_eq!(submitted["success"], true);
     assert_eq!(submitted["status"], "TASK_STATUS_RECEIVED");
     let id = submitted["taskId"].as_str().unwrap().to_owned();
-    assert_eq!(
-        worker.next().await.r#type,
-        MessageType::P2pTaskRequest as i32
-    );
+    let request = worker.next().await;
+    assert_eq!(request.r#type, MessageType::P2pTaskRequest as i32);
+    // The assignee is told the id the submitter knows the task by.
+    let payload: TaskPayload = unpack(&request);
+    assert_eq!(payload.external_task_id, "h-1");
 
     let (status, got) = w.get(&format!("/api/v1/synapse/task/{id}")).await;
     assert_eq!(status, 200);

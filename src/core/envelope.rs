@@ -200,6 +200,10 @@ pub struct TaskInfo {
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<String>,
+    /// The id the task's submitter knows it by in its own system (Synapse
+    /// `external_task_id`), when it gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_id: Option<String>,
 }
 
 /// A file carried inside a message.

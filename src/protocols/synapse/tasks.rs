@@ -483,6 +483,7 @@ fn assignment(task: &TaskRow, (names, attachments): (Vec<String>, Vec<Attachment
         state: Some(TaskState::Assigned),
         assignee: Some(task.assignee.clone()),
         files: names,
+        external_id: task.external_task_id.clone(),
         ..Default::default()
     }));
     env

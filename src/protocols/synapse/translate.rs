@@ -270,7 +270,7 @@ pub fn encode(env: &Envelope, ctx: &(impl Context + ?Sized)) -> Option<SynapseMe
                                 .unwrap_or_default(),
                         ),
                     }),
-                    external_task_id: String::new(),
+                    external_task_id: task.external_id.clone().unwrap_or_default(),
                 },
             ),
         ),
