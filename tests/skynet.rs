@@ -1015,3 +1015,31 @@ async fn long_messages_arrive_whole_and_plain_gets_of_ws_are_refused_in_skynets_
     );
     w.bridge.shutdown().await;
 }
+
+/// An execution log mentions the humans its agent was told watch it; one that is gone is
+/// passed over without an `error` event, which Skynet's agent runner has no listener for.
+#[tokio::test]
+async fn an_execution_log_for_a_watcher_that_is_gone_is_not_refused() {
+    let w = world().await;
+    let a = w.http.agent("a").await;
+    let (mut ws, _) = SkynetWs::join(w.addr, &a).await;
+    ws.action(
+        "send",
+        json!({ "type": "execution.log", "payload": { "event": "thinking", "summary": "hm" }, "mentions": ["gone-human"] }),
+    )
+    .await;
+    ws.action(
+        "send",
+        json!({ "type": "chat", "payload": { "text": "sentinel" } }),
+    )
+    .await;
+    loop {
+        let frame = ws.next().await;
+        assert_ne!(frame["event"], "error", "{frame}");
+        if frame["type"] == "chat" {
+            assert_eq!(text_of(&frame), "sentinel");
+            break;
+        }
+    }
+    w.bridge.shutdown().await;
+}
