@@ -400,6 +400,9 @@ async fn humans_see_ticks_and_an_agents_schedules_go_with_it() {
     let mut every_second = daily_review(&backend["id"], &alice["id"]);
     every_second["cronExpr"] = json!("* * * * * *");
     let (_, schedule) = http.post("/api/schedules", every_second).await;
+    // One that names the agent by its name goes with it too.
+    let by_name = daily_review(&json!("backend"), &Value::Null);
+    assert_eq!(http.post("/api/schedules", by_name).await.0, 201);
     let seen = next_task(&mut watcher).await;
     assert_eq!(seen["type"], "task.assign", "{seen}");
     assert_eq!(seen["mentions"], json!([backend["id"]]));
@@ -407,7 +410,7 @@ async fn humans_see_ticks_and_an_agents_schedules_go_with_it() {
     let path = format!("/api/agents/{}", backend["id"].as_str().unwrap());
     let (status, deleted) = http.delete(&path).await;
     assert_eq!(status, 200, "{deleted}");
-    assert_eq!(deleted["deletedSchedules"], 1);
+    assert_eq!(deleted["deletedSchedules"], 2);
     let schedule_path = format!("/api/schedules/{}", schedule["id"].as_str().unwrap());
     assert_eq!(http.get(&schedule_path).await.0, 404);
     bridge.shutdown().await;

@@ -1038,6 +1038,18 @@ async fn groups_reach_members_of_every_protocol() {
         .map(|m| m.agent_id.as_str())
         .collect();
     assert_eq!(ids, ["lead", "ghost"]);
+    // One member that cannot be registered refuses the group, and registers none.
+    let err =
+        w.c.groups
+            .create_group(Request::new(CreateGroupRequest {
+                name: "y".into(),
+                initial_members: vec!["newcomer".into(), "  ".into()],
+                ..Default::default()
+            }))
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(!w.bridge.core().directory.contains("newcomer"));
     let err =
         w.c.groups
             .create_group(Request::new(CreateGroupRequest::default()))

@@ -14,6 +14,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::registry::{Profile, RegisterError};
+use super::schedules::ScheduleError;
 use super::{PROTOCOL, Skynet, schedules, ws};
 use crate::core::MessageQuery;
 use crate::core::{Audience, Envelope, Kind, Origin, new_message_id, now_ms};
@@ -281,19 +282,34 @@ async fn delete(skynet: &Skynet, id: &str, human: bool) -> Response {
     if skynet.workspace.is_member(&profile.id) || online_elsewhere {
         return error(StatusCode::CONFLICT, connected);
     }
-    match skynet.registry.delete(&profile.id).await {
-        // An agent's schedules go with it, as Skynet's server deletes them.
-        Ok(_) if !human => match skynet.schedules.delete_for_agent(&profile.id).await {
-            Ok(count) => ok(json!({
-                "deleted": profile.to_json("offline"),
-                "deletedSchedules": count,
-            })),
+    // An agent's schedules go first, as Skynet's server deletes them: a failure leaves the
+    // agent, to be deleted again.
+    let mut deleted_schedules = None;
+    if !human {
+        match skynet
+            .schedules
+            .delete_for_agent(&profile.id, &profile.name)
+            .await
+        {
+            Ok(count) => deleted_schedules = Some(count),
+            Err(ScheduleError::Fleet(e)) => return fleet_unavailable(&e).into_response(),
             Err(e) => {
-                tracing::warn!(error = %e, "skynet: a deleted agent's schedules are not all deleted");
-                ok(json!({ "deleted": profile.to_json("offline") }))
+                tracing::error!(error = %e, "skynet: cannot delete an agent's schedules");
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "cannot delete the agent's schedules",
+                );
             }
-        },
-        Ok(_) => ok(json!({ "deleted": profile.to_json("offline") })),
+        }
+    }
+    match skynet.registry.delete(&profile.id).await {
+        Ok(_) => {
+            let mut answer = json!({ "deleted": profile.to_json("offline") });
+            if let Some(count) = deleted_schedules {
+                answer["deletedSchedules"] = json!(count);
+            }
+            ok(answer)
+        }
         Err(RegisterError::Fleet(e)) => fleet_unavailable(&e).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "skynet: cannot delete a registration");

@@ -133,13 +133,9 @@ impl Synapse {
     /// it did before, nearly every call, is settled here without waiting: the registering
     /// is boxed, so that this future (part of every message's) stays small, as moving a
     /// future of kilobytes into each box on the way cost a tenth of the gateway's CPU.
-    pub async fn ensure_agent(
-        &self,
-        endpoint: &AgentEndpoint,
-        hints: &Hints,
-        field: &str,
-    ) -> Result<(), Status> {
-        let id = endpoint.agent_id.trim();
+    /// Whether a Synapse agent `id` may be registered here (or is already): refused when
+    /// empty, the bridge's own, or another protocol's or another bridge's agent.
+    pub fn may_register(&self, id: &str, field: &str) -> Result<(), Status> {
         if id.is_empty() {
             return Err(Status::invalid_argument(format!(
                 "{field}.agent_id is required"
@@ -159,6 +155,17 @@ impl Synapse {
                 holder.on_bridge()
             )));
         }
+        Ok(())
+    }
+
+    pub async fn ensure_agent(
+        &self,
+        endpoint: &AgentEndpoint,
+        hints: &Hints,
+        field: &str,
+    ) -> Result<(), Status> {
+        let id = endpoint.agent_id.trim();
+        self.may_register(id, field)?;
         let known = self.agents.get(id).map(|a| a.clone());
         let new = known.is_none();
         let mut row = known.unwrap_or_else(|| AgentRow {

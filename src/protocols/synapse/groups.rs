@@ -57,9 +57,6 @@ impl Synapse {
             .filter(|c| !c.is_empty())
             .or(caller)
             .unwrap_or_default();
-        if !coordinator.is_empty() {
-            self.member_agent(&coordinator, "coordinator_id").await?;
-        }
         // Bounded before any member is looked up.
         let max = self.config.max_group_members;
         if request.initial_members.len() > max {
@@ -68,8 +65,18 @@ impl Synapse {
                 request.initial_members.len()
             )));
         }
-        for member in &request.initial_members {
-            self.member_agent(member, "initial_members").await?;
+        let named = std::iter::once((&coordinator, "coordinator_id"))
+            .filter(|(id, _)| !id.is_empty())
+            .chain((request.initial_members.iter()).map(|m| (m, "initial_members")));
+        // Every one checked before any is registered, so that a refusal registers none.
+        let unknown: Vec<(&String, &str)> = named
+            .filter(|(id, _)| !self.core.directory.contains(id))
+            .collect();
+        for (id, field) in &unknown {
+            self.may_register(id.trim(), field)?;
+        }
+        for (id, field) in unknown {
+            self.member_agent(id, field).await?;
         }
         let now = crate::core::now_ms();
         let mut members: Vec<MemberRow> = Vec::new();

@@ -249,14 +249,11 @@ impl Synapse {
     }
 
     pub fn task_info(&self, task: &TaskRow, with_result: bool) -> TaskInfoPb {
-        // Ended without a result: the error says why (failed, rejected or cancelled).
-        let failed = [
-            TaskStatus::Failed,
-            TaskStatus::Rejected,
-            TaskStatus::Cancelled,
-        ]
-        .iter()
-        .any(|s| task.status == *s as i32);
+        // Ended without a result: the error says why (failed, rejected or cancelled), when
+        // its assignee said.
+        let failed = task.status == TaskStatus::Failed as i32
+            || ([TaskStatus::Rejected, TaskStatus::Cancelled].iter())
+                .any(|s| task.status == *s as i32 && !task.error_code.is_empty());
         TaskInfoPb {
             id: task.id.clone(),
             r#type: task.task_type.clone(),

@@ -322,10 +322,11 @@ impl Schedules {
         Ok(())
     }
 
-    /// Deletes the schedules of agent `agent_id` (deleted itself); how many there were.
-    pub async fn delete_for_agent(&self, agent_id: &str) -> Result<usize, ScheduleError> {
+    /// Deletes the schedules of the agent with `id` and `name` (named by either, as a
+    /// schedule may name its agent); how many there were.
+    pub async fn delete_for_agent(&self, id: &str, name: &str) -> Result<usize, ScheduleError> {
         let theirs: Vec<String> = (self.by_id.iter())
-            .filter(|r| r.schedule.agent_id == agent_id)
+            .filter(|r| r.schedule.agent_id == id || r.schedule.agent_id == name)
             .map(|r| r.schedule.id.clone())
             .collect();
         for id in &theirs {

@@ -70,7 +70,9 @@ pub fn tick_message(schedule: &Schedule, at: i64, agent: &str) -> Value {
         json!(derived_uuid("schedule-task", &tick).to_string()),
     );
     for key in ["title", "description"] {
-        payload.insert(key.into(), template(key).unwrap_or(Value::Null));
+        if let Some(value) = template(key).filter(|v| !v.is_null()) {
+            payload.insert(key.into(), value);
+        }
     }
     payload.insert("assignee".into(), json!(schedule.agent_id));
     payload.insert("status".into(), json!("pending"));
