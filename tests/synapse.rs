@@ -12,6 +12,7 @@ use agentbridge::protocols::synapse::proto::{
     JoinGroupRequest, LeaveGroupRequest, ListGroupMembersRequest, ListTasksRequest, MessageType,
     QueryAgentRequest, SendMessageRequest, SubmitTaskRequest, SubmitTaskWithFilesRequest,
     SynapseMessage, TaskPayload, TaskResult, TaskStatus, TaskStatusStreamRequest, TaskStatusUpdate,
+    TransportMode,
 };
 use common::start_bridge;
 use common::synapse::{
@@ -2244,6 +2245,50 @@ async fn a_rejected_task_says_why() {
     assert_eq!(
         task["error"],
         json!({ "code": "REJECTED", "message": "not mine" })
+    );
+    w.bridge.shutdown().await;
+}
+
+/// A submitter that asks to poll (`preferred_transport: POLLING`) is not called back, even
+/// with a callback URL; one that asks for callbacks is.
+#[tokio::test]
+async fn a_submitter_that_polls_is_not_called_back() {
+    let mut w = world().await;
+    let mut worker = Stream::open(w.addr, "worker").await;
+    let mut receiver = CallbackReceiver::start(0).await;
+    let mut submit = async |transport: TransportMode| {
+        let submitted =
+            w.c.tasks
+                .submit_task(Request::new(SubmitTaskRequest {
+                    task_type: "worker".into(),
+                    callback_url: receiver.url.clone(),
+                    preferred_transport: transport as i32,
+                    ..Default::default()
+                }))
+                .await
+                .unwrap()
+                .into_inner();
+        let request = worker.next().await;
+        assert_eq!(request.r#type, MessageType::P2pTaskRequest as i32);
+        worker
+            .send(common::synapse::status_update(
+                "worker",
+                "agentbridge",
+                &submitted.task_id,
+                TaskStatus::Processing,
+                10,
+                "started",
+            ))
+            .await;
+        submitted.task_id
+    };
+    let _polled = submit(TransportMode::Polling).await;
+    let called = submit(TransportMode::Callback).await;
+    let first = receiver.next().await;
+    assert_eq!(
+        first.body["payload"]["taskId"], called,
+        "the first callback is the second task's: {}",
+        first.body
     );
     w.bridge.shutdown().await;
 }

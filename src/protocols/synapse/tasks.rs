@@ -17,7 +17,7 @@ use super::db::{FileRow, TaskRow, Update};
 use super::outbound::Callback;
 use super::proto::{
     MessageType, SubmitTaskRequest, SynapseMessage, TaskError, TaskInfo as TaskInfoPb, TaskResult,
-    TaskStatus, TaskStatusUpdate,
+    TaskStatus, TaskStatusUpdate, TransportMode,
 };
 use super::{PROTOCOL, Synapse, agents::internal, translate, wire};
 use crate::core::BRIDGE_AGENT as BRIDGE_AGENT_ID;
@@ -306,6 +306,10 @@ impl Synapse {
     /// Tells a changed task's submitter, at its callback URL if it gave one (in a fleet,
     /// the bridge that wrote the change does).
     fn call_back(&self, task: &TaskRow) {
+        // A submitter that asked to poll is not called back, its callback URL or not.
+        if task.transport == TransportMode::Polling as i32 {
+            return;
+        }
         if let Some(url) = &task.callback_url {
             let update = Self::status_update(task);
             let status = TaskStatus::try_from(task.status).unwrap_or(TaskStatus::Unspecified);
