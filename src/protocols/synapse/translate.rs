@@ -146,6 +146,7 @@ pub fn decode(msg: &SynapseMessage) -> Result<Envelope, String> {
                 description: wire::unpack(task.payload.as_ref()).text(),
                 assignee: receiver.clone(),
                 state: Some(TaskState::Assigned),
+                external_id: non_empty(&task.external_task_id),
                 ..Default::default()
             }));
             env.data = wire::unpack(task.payload.as_ref())
@@ -530,7 +531,7 @@ mod tests {
                     task_id: "t-1".into(),
                     task_type: "code-review".into(),
                     payload: Some(wire::text("review PR 7")),
-                    external_task_id: String::new(),
+                    external_task_id: "ext-9".into(),
                 },
             )),
             ..Default::default()
@@ -550,6 +551,7 @@ mod tests {
             ("t-1", Some("code-review"), Some("review PR 7"))
         );
         assert_eq!(task.assignee.as_deref(), Some("alice"));
+        assert_eq!(task.external_id.as_deref(), Some("ext-9"));
         // Synapse peers get the message itself back.
         assert_eq!(encode(&env, &Ctx).unwrap(), msg);
     }
