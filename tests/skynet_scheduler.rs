@@ -232,19 +232,7 @@ async fn each_tick_sends_the_agent_a_task_from_the_scheduler() {
         "mentions": ["system:scheduler"],
     }))
     .await;
-    ws.action(
-        "send",
-        json!({ "type": "chat", "payload": { "text": "sentinel" } }),
-    )
-    .await;
-    loop {
-        let frame = ws.next().await;
-        assert_ne!(frame["event"], "error", "{frame}");
-        if frame["type"] == "chat" {
-            assert_eq!(frame["payload"]["text"], "sentinel");
-            break;
-        }
-    }
+    ws.no_error_before_a_sentinel().await;
 
     let second = next_task(&mut ws).await;
     assert_eq!(second["type"], "task.assign");

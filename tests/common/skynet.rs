@@ -163,6 +163,21 @@ impl SkynetWs {
     }
 
     /// The next frame, as JSON (events and messages alike).
+    /// Sends a chat and reads up to its echo, failing on any `error` event before it: what
+    /// was sent before drew none.
+    pub async fn no_error_before_a_sentinel(&mut self) {
+        let sentinel = json!({ "type": "chat", "payload": { "text": "sentinel" } });
+        self.action("send", sentinel).await;
+        loop {
+            let frame = self.next().await;
+            assert_ne!(frame["event"], "error", "{frame}");
+            if frame["type"] == "chat" {
+                assert_eq!(text_of(&frame), "sentinel");
+                return;
+            }
+        }
+    }
+
     pub async fn next(&mut self) -> Value {
         serde_json::from_str(&self.next_text().await).expect("JSON frame")
     }
