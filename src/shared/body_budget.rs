@@ -18,8 +18,7 @@
 //!   than the whole budget, `RESOURCE_EXHAUSTED` as soon as its length prefix says so.
 
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 
 use axum::body::{Body, Bytes, HttpBody};
@@ -52,27 +51,17 @@ impl Refusal {
     }
 }
 
-const NOT_REFUSED: u8 = 0;
-
 /// Whether a charged body was refused, readable once the endpoint has answered.
 #[derive(Clone, Debug, Default)]
-pub struct Charged(Arc<AtomicU8>);
+pub struct Charged(Arc<OnceLock<Refusal>>);
 
 impl Charged {
     pub fn refusal(&self) -> Option<Refusal> {
-        match self.0.load(Ordering::Acquire) {
-            NOT_REFUSED => None,
-            1 => Some(Refusal::Busy),
-            _ => Some(Refusal::LargerThanBudget),
-        }
+        self.0.get().copied()
     }
 
     fn refuse(&self, refusal: Refusal) {
-        let code = match refusal {
-            Refusal::Busy => 1,
-            Refusal::LargerThanBudget => 2,
-        };
-        self.0.store(code, Ordering::Release);
+        let _ = self.0.set(refusal);
     }
 }
 
@@ -164,9 +153,7 @@ impl BudgetedBody {
                     return Ok(());
                 }
                 // The first charge covers the small start the body read uncharged.
-                let owed = *read - held_bytes(&self.held);
-                if let Some(taken) = self.budget.try_reserve(owed) {
-                    hold(&mut self.held, taken);
+                if hold_at_least(&mut self.held, &self.budget, *read) {
                     return Ok(());
                 }
                 Err(if *read > budget as u64 {
@@ -205,10 +192,10 @@ impl BudgetedBody {
                     messages.read += n;
                     messages.in_message = messages.read < messages.length;
                     // Charged up to this message's bytes so far, past what the body holds.
-                    if messages.length >= BUDGETED_BYTES && messages.read > held_bytes(&self.held) {
-                        let owed = messages.read - held_bytes(&self.held);
-                        let taken = self.budget.try_reserve(owed).ok_or(Refusal::Busy)?;
-                        hold(&mut self.held, taken);
+                    if messages.length >= BUDGETED_BYTES
+                        && !hold_at_least(&mut self.held, &self.budget, messages.read)
+                    {
+                        return Err(Refusal::Busy);
                     }
                 }
                 Ok(())
@@ -217,15 +204,21 @@ impl BudgetedBody {
     }
 }
 
-fn held_bytes(held: &Option<Reserved>) -> u64 {
-    held.as_ref().map_or(0, Reserved::bytes)
-}
-
-fn hold(held: &mut Option<Reserved>, taken: Reserved) {
+/// Makes `held` at least `bytes` of `budget`, taking what it lacks; false when the budget
+/// has not that much free.
+fn hold_at_least(held: &mut Option<Reserved>, budget: &ByteBudget, bytes: u64) -> bool {
+    let owed = bytes.saturating_sub(held.as_ref().map_or(0, Reserved::bytes));
+    if owed == 0 {
+        return true;
+    }
+    let Some(taken) = budget.try_reserve(owed) else {
+        return false;
+    };
     match held {
         Some(held) => held.merge(taken),
         None => *held = Some(taken),
     }
+    true
 }
 
 impl HttpBody for BudgetedBody {
