@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use croner::Cron;
 use dashmap::DashMap;
-use dashmap::mapref::entry::Entry;
 use serde_json::{Value, json};
 
 use crate::core::{
@@ -65,17 +64,11 @@ struct Running {
     last_run_at: Option<i64>,
     /// When it fires next; `None` while disabled, or when it never will.
     next_at: Option<i64>,
-    /// The fleet's revision of it, in a fleet.
-    revision: Option<Revision>,
 }
 
 impl Running {
     /// `schedule`, to run from now on; `before` is what this bridge ran of it until now.
-    fn new(
-        schedule: Schedule,
-        before: Option<&Running>,
-        revision: Option<Revision>,
-    ) -> Option<Running> {
+    fn new(schedule: Schedule, before: Option<&Running>) -> Option<Running> {
         let cron = match parse_cron(&schedule.cron_expr) {
             Ok(cron) => cron,
             Err(e) => {
@@ -98,7 +91,6 @@ impl Running {
             cron,
             last_run_at: before.and_then(|b| b.last_run_at),
             next_at,
-            revision,
         })
     }
 
@@ -204,7 +196,7 @@ impl Schedules {
         let by_id = DashMap::new();
         for row in table.all().await? {
             let id = row.schedule.id.clone();
-            let ran = Running::new(row.schedule, None, row.revision).map(|mut running| {
+            let ran = Running::new(row.schedule, None).map(|mut running| {
                 running.last_run_at = row.last_run_at;
                 running
             });
@@ -270,21 +262,13 @@ impl Schedules {
     /// Changes a schedule; its ScheduleInfo.
     pub async fn update(&self, id: &str, changes: &Changes) -> Result<Value, ScheduleError> {
         let Some(fleet) = self.core.records() else {
-            let _writing = self.writing.lock().await;
+            // Read and written under one lock: a schedule deleted meanwhile stays deleted.
+            let writing = self.writing.lock().await;
             let mut schedule = (self.by_id.get(id))
                 .map(|r| r.schedule.clone())
                 .ok_or(ScheduleError::NotFound)?;
             changes.apply_to(&mut schedule);
-            // A schedule deleted meanwhile stays deleted.
-            if !self.table.update(&schedule).await? {
-                return Err(ScheduleError::NotFound);
-            }
-            if let Some(mut running) = self.by_id.get_mut(id)
-                && let Some(changed) = Running::new(schedule, Some(&running), None)
-            {
-                *running = changed;
-            }
-            self.changed.notify_one();
+            self.keep_writing(schedule, None, &writing).await?;
             return self.info(id).ok_or(ScheduleError::NotFound);
         };
         let changed = until_not_lost::<_, ScheduleError, _, _>(|| async {
@@ -350,28 +334,29 @@ impl Schedules {
     /// later revision of it is here already: its own write comes back through the watch,
     /// and the watch's copy of a later change may come before a write's own keep.
     async fn keep(&self, schedule: Schedule, revision: Option<Revision>) -> Result<(), StoreError> {
-        let _writing = self.writing.lock().await;
+        let writing = self.writing.lock().await;
+        self.keep_writing(schedule, revision, &writing).await
+    }
+
+    /// `keep`, under the `writing` lock its caller holds. The table's row and `by_id` move
+    /// together under it, so the row's revision (`Table::upsert`) says for both whether
+    /// `revision` is later than what is here.
+    async fn keep_writing(
+        &self,
+        schedule: Schedule,
+        revision: Option<Revision>,
+        _writing: &tokio::sync::MutexGuard<'_, ()>,
+    ) -> Result<(), StoreError> {
         let removed_since = (self.removed.get(&schedule.id))
             .zip(revision)
             .is_some_and(|(removed, revision)| removed.0 >= revision);
         if removed_since || !self.table.upsert(&schedule, revision).await? {
             return Ok(());
         }
-        match self.by_id.entry(schedule.id.clone()) {
-            Entry::Occupied(mut known) => {
-                let later = revision
-                    .zip(known.get().revision)
-                    .is_none_or(|(new, old)| new >= old);
-                if later && let Some(running) = Running::new(schedule, Some(known.get()), revision)
-                {
-                    known.insert(running);
-                }
-            }
-            Entry::Vacant(vacant) => {
-                if let Some(running) = Running::new(schedule, None, revision) {
-                    vacant.insert(running);
-                }
-            }
+        let id = schedule.id.clone();
+        let running = Running::new(schedule, self.by_id.get(&id).as_deref());
+        if let Some(running) = running {
+            self.by_id.insert(id, running);
         }
         self.changed.notify_one();
         Ok(())

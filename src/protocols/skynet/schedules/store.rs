@@ -28,11 +28,10 @@ static MIGRATIONS: &[Migration] = &[Migration {
     ",
 }];
 
-/// A stored schedule, with when it last ran here and the fleet's revision of it.
+/// A stored schedule, with when it last ran here.
 pub struct Row {
     pub schedule: Schedule,
     pub last_run_at: Option<i64>,
-    pub revision: Option<Revision>,
 }
 
 #[derive(Clone)]
@@ -49,7 +48,7 @@ impl Table {
             .read(|conn| {
                 let mut select = conn.prepare(
                     "SELECT id, name, cron_expr, agent_id, task_template, enabled, created_by,
-                            last_run_at, created_at, updated_at, revision
+                            last_run_at, created_at, updated_at
                      FROM skynet_schedules",
                 )?;
                 let rows = select.query_map([], |r| {
@@ -67,7 +66,6 @@ impl Table {
                             updated_at: r.get(9)?,
                         },
                         last_run_at: r.get(7)?,
-                        revision: r.get::<_, Option<i64>>(10)?.map(|r| r as Revision),
                     })
                 })?;
                 Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -109,31 +107,6 @@ impl Table {
                     ],
                 )?;
                 Ok(written > 0)
-            })
-            .await
-    }
-
-    /// Changes the row of a schedule still here (a bridge alone); whether there was one.
-    pub async fn update(&self, schedule: &Schedule) -> Result<bool, StoreError> {
-        let row = schedule.clone();
-        let template = row.task_template.to_string();
-        self.0
-            .write(move |conn| {
-                let changed = conn.execute(
-                    "UPDATE skynet_schedules SET name = ?2, cron_expr = ?3, agent_id = ?4,
-                        task_template = ?5, enabled = ?6, updated_at = ?7
-                     WHERE id = ?1",
-                    params![
-                        row.id,
-                        row.name,
-                        row.cron_expr,
-                        row.agent_id,
-                        template,
-                        row.enabled,
-                        row.updated_at
-                    ],
-                )?;
-                Ok(changed > 0)
             })
             .await
     }
