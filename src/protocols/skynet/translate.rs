@@ -94,7 +94,7 @@ pub fn task_state_from_skynet(status: &str) -> Option<TaskState> {
 
 /// A sent SkynetMessage the server has normalised (`stamp`, mentions enriched) →
 /// Envelope, and the mentioned card ids no agent holds (`@all` aside), which the sender is
-/// told of. `sender` is the sender's agent name; the message, as text, becomes
+/// told of — but for those no Skynet client should be told of (below). `sender` is the sender's agent name; the message, as text, becomes
 /// `origin.native`.
 pub fn decode(
     msg: SentMessage<'_>,
@@ -125,13 +125,16 @@ pub fn decode(
     // Each id looked up once: the directory's lookup takes a shard's lock.
     let mut unknown = Vec::new();
     let mut named = foldhash::HashSet::default();
+    // Skynet's agent runner has no listener for the `error` event its SDK raises, and
+    // falls over on one; it mentions, without fault, the humans it was told watch it in its
+    // execution logs (one may be gone), and the scheduler when it answers a scheduled task.
+    let told_of_unknown = env.kind != Kind::Log;
     for id in mentions {
         if id == wire::MENTION_ALL {
             env.audience = Audience::Everyone;
-        } else if id == wire::SCHEDULER {
         } else if let Some(name) = peers.name_of(&id) {
             push_once(&mut env.mentions, &mut named, name);
-        } else {
+        } else if told_of_unknown && id != wire::SCHEDULER {
             unknown.push(id);
         }
     }

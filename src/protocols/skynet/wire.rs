@@ -14,9 +14,7 @@ pub use super::sent::SentMessage;
 use crate::shared::raw_object::{FieldName, RawObject};
 
 pub const MENTION_ALL: &str = "__all__";
-/// Who a schedule's tick is from, as Skynet's scheduler sends it. An agent runner replies
-/// to a task mentioning its sender, so a mention of it is passed over, not refused as an
-/// unknown recipient: the SDK raises an `error` event no runner listens for.
+/// Who a schedule's tick is from, as Skynet's scheduler sends it.
 pub const SCHEDULER: &str = "system:scheduler";
 /// Close code for a socket replaced by a newer one of the same agent.
 pub const WS_CLOSE_REPLACED: u16 = 4001;

@@ -13,7 +13,7 @@ use super::translate;
 use super::wire::{self, ClientFrame, FrameError, JoinRequest, SentMessage};
 use super::workspace::Joined;
 use super::{PROTOCOL, Skynet};
-use crate::core::{Closed, Delivery, Envelope, Kind, Mailbox, now_ms};
+use crate::core::{Closed, Delivery, Envelope, Mailbox, now_ms};
 use crate::core::{LogError, MessageQuery};
 use crate::protocols::endpoint::{Decoded, Translation};
 use crate::protocols::session::{self, Flow, Io, WsSession};
@@ -306,14 +306,8 @@ impl Connection {
             };
             let Ok(Decoded {
                 envelope: env,
-                unresolved: mut unknown,
+                unresolved: unknown,
             }) = translate::Translator::decode(skynet.as_ref(), sent);
-            // An execution log mentions the humans its agent was told watch it; one that is
-            // gone is passed over. Skynet's agent runner has no listener for the `error`
-            // event its SDK raises, and would fall over on it.
-            if env.kind == Kind::Log {
-                unknown.clear();
-            }
             let staged = skynet.core.stage(env).await;
             io.pending.push(staged, unknown);
             Flow::Continue
