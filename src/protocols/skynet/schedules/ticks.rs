@@ -112,15 +112,12 @@ async fn fire(skynet: &Arc<Skynet>, schedule: &Schedule, at: i64) {
 async fn claim(fleet: &dyn SharedRecords, id: &str, at: i64) -> Result<bool, RecordError> {
     let claimed = until_not_lost::<_, RecordError, _, _>(|| async {
         let record = fleet.read(TICKS, id).await?;
-        let (last, expected) = match record {
-            Some(record) => {
-                let last = (record.value.as_deref())
-                    .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok());
-                let expected = match record.value {
-                    Some(_) => Expect::At(record.revision),
-                    None => Expect::Absent,
-                };
-                (last, expected)
+        let (last, expected) = match record.and_then(|r| Some((r.value?, r.revision))) {
+            Some((value, revision)) => {
+                let last = std::str::from_utf8(&value)
+                    .ok()
+                    .and_then(|v| v.parse::<i64>().ok());
+                (last, Expect::At(revision))
             }
             None => (None, Expect::Absent),
         };
