@@ -32,6 +32,7 @@ pub const FEDERATION_APPLY_LAG: &str = "agentbridge_federation_apply_lag_seconds
 pub const FEDERATION_BRIDGES: &str = "agentbridge_federation_bridges";
 pub const FEDERATION_HANDOVERS: &str = "agentbridge_federation_handovers_total";
 pub const FEDERATION_ACKED_UNWRITTEN: &str = "agentbridge_federation_acknowledged_unwritten_total";
+pub const FEDERATION_DELIVERY_GAPS: &str = "agentbridge_federation_delivery_gaps_total";
 pub const READY: &str = "agentbridge_ready";
 pub const CONFIG_RELOADS: &str = "agentbridge_config_reloads_total";
 
@@ -119,6 +120,10 @@ pub const METRICS: &[(&str, &str)] = &[
     (
         FEDERATION_ACKED_UNWRITTEN,
         "Batches of the stream (the others' applied here, this bridge's own read back) acknowledged before everything routed here was written: a recipient that far behind loses that part if the bridge is killed.",
+    ),
+    (
+        FEDERATION_DELIVERY_GAPS,
+        "Deliveries of this bridge's stream consumer that went elsewhere (lost as a NATS server failed, or served to a pull request left over), read again from the stream.",
     ),
 ];
 
@@ -389,6 +394,7 @@ pub fn bridge_started(protocols: &[&'static str], federated: bool) {
             counter!(FEDERATION_HANDOVERS, "outcome" => outcome).increment(0);
         }
         counter!(FEDERATION_ACKED_UNWRITTEN).increment(0);
+        counter!(FEDERATION_DELIVERY_GAPS).increment(0);
         drop(histogram!(FEDERATION_PUBLISH_DURATION));
         drop(histogram!(FEDERATION_APPLY_LAG));
     }
@@ -492,6 +498,11 @@ pub fn federation_handover(outcome: &'static str) {
 /// A batch of the stream was acknowledged before all that was routed here was written.
 pub fn federation_acknowledged_unwritten() {
     counter!(FEDERATION_ACKED_UNWRITTEN).increment(1);
+}
+
+/// A reading of the stream found deliveries of its consumer that went elsewhere.
+pub fn federation_delivery_gap() {
+    counter!(FEDERATION_DELIVERY_GAPS).increment(1);
 }
 
 /// Counts a connection for as long as the guard lives.

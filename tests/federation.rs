@@ -431,6 +431,61 @@ async fn messages_from_one_sender_to_one_recipient_arrive_in_order() {
     fleet.shutdown().await;
 }
 
+/// Deliveries of a bridge's consumer that never reach its reading — served to a pull
+/// request left from a reading before, or lost in flight as its NATS server failed — are
+/// read from the stream, not acknowledged past unapplied. Here another client's pull
+/// request on the consumer takes some.
+#[tokio::test]
+async fn deliveries_taken_from_a_bridges_consumer_elsewhere_still_reach_its_agents() {
+    use futures_util::StreamExt;
+
+    let fleet = Fleet::start(2).await;
+    let mut receiver = fleet.nets[1].peer(Proto::Tracker).await;
+    fleet.wait_known(0, &receiver.name).await;
+    let mut sender = fleet.nets[0].peer(Proto::Skynet).await;
+    let js = fleet.jetstream().await;
+    let client = js.client();
+    let inbox = client.new_inbox();
+    let mut taken = client
+        .subscribe(inbox.clone())
+        .await
+        .expect("a subscription");
+    let stream = format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase());
+    let request = r#"{"batch":4,"expires":30000000000}"#;
+    client
+        .publish_with_reply(
+            format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.bridge-b1"),
+            inbox,
+            request.into(),
+        )
+        .await
+        .expect("a pull request");
+    client.flush().await.expect("flushed");
+    const COUNT: usize = 40;
+    for n in 0..COUNT {
+        sender
+            .chat(&receiver.name, &format!("@coder {n}"), None)
+            .await;
+        // One publish each, so that the requests waiting on the consumer share them.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut stolen = 0;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(300), taken.next()).await {
+        stolen += 1;
+    }
+    assert!(stolen > 0, "the other pull request was given none");
+    for n in 0..COUNT {
+        let seen = receiver.next(What::Chat).await;
+        assert_eq!(seen.text, format!("@coder {n}"), "message {n} in order");
+    }
+    let (_, metrics) = common::admin_get(&fleet.nets[1].bridge, "/metrics").await;
+    let gaps = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("agentbridge_federation_delivery_gaps_total "));
+    assert!(gaps.is_some_and(|n| n != "0"), "gaps counted: {gaps:?}");
+    fleet.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_name_held_on_another_bridge_is_refused_naming_the_holder_and_its_bridge() {
     let fleet = Fleet::start(2).await;

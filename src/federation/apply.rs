@@ -91,6 +91,37 @@ struct Applied {
     holders_only: bool,
 }
 
+/// Why a reading of the stream's consumer ended without an error.
+enum ReadingEnded {
+    Shutdown,
+    /// The consumer gave a delivery after `expected` elsewhere: to a pull request left from
+    /// a reading before, or into a connection to a NATS server that failed before it
+    /// passed the delivery on. Acknowledging what follows would acknowledge it unapplied
+    /// (`AckPolicy::All`), so the reading ends there, before `given`, and the next one
+    /// reads the stream from where this bridge routed up to (`apply_unacknowledged`).
+    Gap {
+        expected: u64,
+        given: u64,
+    },
+}
+
+/// The consumer sequence of the last delivery a reading was given: the consumer numbers
+/// every delivery, redeliveries too, so a reading given them all sees them one by one.
+struct Delivered(u64);
+
+impl Delivered {
+    /// Takes `message` as the next delivery, or says it is not.
+    fn follow(&mut self, message: &async_nats::jetstream::Message) -> Option<ReadingEnded> {
+        let expected = self.0 + 1;
+        let given = message.info().map_or(0, |info| info.consumer_sequence);
+        if given != expected {
+            return Some(ReadingEnded::Gap { expected, given });
+        }
+        self.0 = given;
+        None
+    }
+}
+
 /// A routed batch waiting for its acknowledgement.
 struct ToAcknowledge {
     last: Last,
@@ -236,7 +267,17 @@ impl Applier {
         let acks = Acks::start(shutdown.clone());
         while !shutdown.is_cancelled() {
             match self.consume(&ready, &acks, &shutdown).await {
-                Ok(()) => return,
+                Ok(ReadingEnded::Shutdown) => return,
+                Ok(ReadingEnded::Gap { expected, given }) => {
+                    telemetry::federation_delivery_gap();
+                    tracing::info!(
+                        expected,
+                        given,
+                        "federation: deliveries of the stream's consumer went elsewhere; reading them from the stream"
+                    );
+                    delay = Duration::from_millis(100);
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "federation: reading the stream failed; again shortly")
                 }
@@ -254,14 +295,14 @@ impl Applier {
         ready: &Ready,
         acks: &Acks,
         shutdown: &CancellationToken,
-    ) -> Result<(), async_nats::Error> {
+    ) -> Result<ReadingEnded, async_nats::Error> {
         // What the consumer acknowledged was routed before (also before a restart).
         self.routed_up_to(ready.consumer.cached_info().ack_floor.stream_sequence);
         // While the bridge's doors wait for it (`doors`): a stop does not wait for it.
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
+        let mut delivered = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(ReadingEnded::Shutdown),
             applied = self.apply_unacknowledged(ready, acks) => applied?,
-        }
+        };
         let mut messages = ready.consumer.messages().await?;
         // Batches whose store writes are under way, in stream order: the next batch is
         // read and its writes queued meanwhile, and each is routed once its writes and
@@ -271,7 +312,7 @@ impl Applier {
         let ended = loop {
             tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => break Ok(()),
+                _ = shutdown.cancelled() => break Ok(ReadingEnded::Shutdown),
                 Some((written, last, own)) = writing.next(), if !writing.is_empty() => {
                     self.route_and_ack(written, last, own, acks);
                 }
@@ -281,10 +322,18 @@ impl Applier {
                         Some(Err(e)) => break Err(e.into()),
                         None => break Err("the stream's consumer ended".into()),
                     };
+                    if let Some(gap) = delivered.follow(&first) {
+                        break Ok(gap);
+                    }
                     let mut batch = vec![first];
+                    let mut gap = None;
                     while batch.len() < BATCH
                         && let Some(Some(Ok(message))) = messages.next().now_or_never()
                     {
+                        gap = delivered.follow(&message);
+                        if gap.is_some() {
+                            break;
+                        }
                         batch.push(message);
                     }
                     let mut replicas = self.replicas_of(&batch, false);
@@ -297,6 +346,9 @@ impl Applier {
                     let written = self.apply(replicas).await;
                     let last = batch.pop().expect("a batch holds a message");
                     writing.push_back(async move { (written.await, last, own) });
+                    if let Some(gap) = gap {
+                        break Ok(gap);
+                    }
                 }
             }
         };
@@ -321,7 +373,7 @@ impl Applier {
         &self,
         ready: &Ready,
         acks: &Acks,
-    ) -> Result<(), async_nats::Error> {
+    ) -> Result<Delivered, async_nats::Error> {
         let stream = ready.js.get_stream(&self.link.names.stream).await?;
         let consumer = Names::consumer_of(&self.link.bridge_id);
         let info = stream.consumer_info(&consumer).await?;
@@ -332,8 +384,9 @@ impl Applier {
         self.routed_up_to(state.first_sequence.saturating_sub(1));
         let first = (info.ack_floor.stream_sequence.max(routed) + 1).max(state.first_sequence);
         let last = info.delivered.stream_sequence.min(state.last_sequence);
+        let delivered = Delivered(info.delivered.consumer_sequence);
         if first > last {
-            return Ok(());
+            return Ok(delivered);
         }
         let (outstanding, routed) = Outstanding::new();
         let mut own = Vec::new();
@@ -358,7 +411,7 @@ impl Applier {
             pending,
             "federation: applied what the stream's consumer was given and not acknowledged"
         );
-        Ok(())
+        Ok(delivered)
     }
 
     /// Reads the stream from `first` to `last` and applies it, offering `outstanding`; adds
