@@ -90,6 +90,16 @@ pub static MIGRATIONS: &[Migration] = &[
               ) WITHOUT ROWID;
               CREATE INDEX grid_queue_taken_by_age ON grid_queue_taken (taken_ms);",
     },
+    Migration {
+        version: 6,
+        // Entries marked seen for an append not yet known to have reached the file: a
+        // bridge killed in between finds, as it starts, which did (`settle_appending`).
+        sql: "CREATE TABLE grid_scratchpad_appending (
+                path TEXT NOT NULL,
+                hash TEXT NOT NULL,
+                PRIMARY KEY (path, hash)
+              ) WITHOUT ROWID;",
+    },
 ];
 
 /// The queue, as a table of fleet mail.
@@ -480,15 +490,34 @@ impl Db {
             .await
     }
 
-    /// Marks entries of `path` as seen; for each, whether it was not seen before.
-    pub async fn mark_seen(
+    /// Marks entries of `path` as seen, about to be appended; for each, whether it was not
+    /// seen before. Those that were not are appending until `appended` or
+    /// `forget_seen_entries` says how the append ended.
+    pub async fn mark_appending(
         &self,
         path: &str,
         hashes: Vec<String>,
     ) -> Result<Vec<bool>, StoreError> {
         let path = path.to_owned();
         self.store
-            .write(move |conn| insert_seen(conn, &path, hashes))
+            .write(move |conn| {
+                let new = insert_seen(conn, &path, hashes.clone())?;
+                let mut appending = conn.prepare_cached(
+                    "INSERT OR IGNORE INTO grid_scratchpad_appending (path, hash) VALUES (?1, ?2)",
+                )?;
+                for (hash, _) in hashes.iter().zip(&new).filter(|(_, new)| **new) {
+                    appending.execute(params![path, hash])?;
+                }
+                Ok(new)
+            })
+            .await
+    }
+
+    /// The entries `hashes` of `path` are in the file.
+    pub async fn appended(&self, path: &str, hashes: Vec<String>) -> Result<(), StoreError> {
+        let path = path.to_owned();
+        self.store
+            .write(move |conn| delete_entries(conn, "grid_scratchpad_appending", &path, &hashes))
             .await
     }
 
@@ -501,13 +530,28 @@ impl Db {
         let path = path.to_owned();
         self.store
             .write(move |conn| {
-                let mut forget = conn.prepare_cached(
-                    "DELETE FROM grid_scratchpad_seen WHERE path = ?1 AND hash = ?2",
-                )?;
-                for hash in hashes {
-                    forget.execute(params![path, hash])?;
+                delete_entries(conn, "grid_scratchpad_seen", &path, &hashes)?;
+                delete_entries(conn, "grid_scratchpad_appending", &path, &hashes)
+            })
+            .await
+    }
+
+    /// The entries still appending, by file: what a bridge killed mid-append left.
+    pub async fn appending(&self) -> Result<Vec<(String, Vec<String>)>, StoreError> {
+        self.store
+            .read(|conn| {
+                let mut stmt =
+                    conn.prepare("SELECT path, hash FROM grid_scratchpad_appending ORDER BY path")?;
+                let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get(1)?)))?;
+                let mut by_path: Vec<(String, Vec<String>)> = Vec::new();
+                for row in rows {
+                    let (path, hash) = row?;
+                    match by_path.last_mut() {
+                        Some((last, hashes)) if *last == path => hashes.push(hash),
+                        _ => by_path.push((path, vec![hash])),
+                    }
                 }
-                Ok(())
+                Ok(by_path)
             })
             .await
     }
@@ -538,6 +582,23 @@ impl Db {
             })
             .await
     }
+}
+
+/// Deletes the rows of `table` (one of the scratchpad's, keyed by path and hash) for
+/// `hashes` of `path`.
+fn delete_entries(
+    conn: &rusqlite::Connection,
+    table: &str,
+    path: &str,
+    hashes: &[String],
+) -> Result<(), StoreError> {
+    let mut delete = conn.prepare_cached(&format!(
+        "DELETE FROM {table} WHERE path = ?1 AND hash = ?2"
+    ))?;
+    for hash in hashes {
+        delete.execute(params![path, hash])?;
+    }
+    Ok(())
 }
 
 /// Marks `hashes` seen in `path`; for each, whether it was not seen before.

@@ -175,6 +175,9 @@ pub async fn start(config: &Config, ctx: &Context) -> Result<Running, StartError
     let (core, shutdown) = (ctx.core.clone(), ctx.shutdown.clone());
     let fail = |e: &dyn std::fmt::Display| StartError::new(PROTOCOL, e);
     let db = Db::open(ctx.store.clone()).await.map_err(|e| fail(&e))?;
+    scratchpad::settle_appending(&db)
+        .await
+        .map_err(|e| fail(&e))?;
     let (outgoing, outgoing_rx) = mpsc::unbounded_channel();
     let grid = Arc::new(Grid {
         core: core.clone(),

@@ -122,7 +122,8 @@ impl Grid {
 
     /// Appends `messages` as entries to the first scratchpad, all in one write, but for
     /// those it holds already (marked seen: a message routed again after a restart). The
-    /// entries are marked seen first, so the watcher does not route them back.
+    /// entries are marked seen first, so the watcher does not route them back, and
+    /// appending until the write ended (`settle_appending`).
     pub async fn append_to_scratchpad(&self, messages: &[&Value]) -> Result<(), String> {
         let Some(path) = self.scratchpads.load().first().cloned() else {
             return Ok(());
@@ -130,7 +131,8 @@ impl Grid {
         let entries: Vec<String> = messages.iter().map(|m| wire::entry(m)).collect();
         let hashes: Vec<String> = entries.iter().map(|entry| hash(entry)).collect();
         let shown = path.display().to_string();
-        let new = (self.db.mark_seen(&shown, hashes.clone()).await).map_err(|e| e.to_string())?;
+        let new = self.db.mark_appending(&shown, hashes.clone()).await;
+        let new = new.map_err(|e| e.to_string())?;
         // An entry the file holds already (a message routed again after a restart) is not
         // appended twice.
         let (text, marked): (String, Vec<String>) = (entries.into_iter().zip(hashes).zip(new))
@@ -143,14 +145,65 @@ impl Grid {
         let appended = appended
             .map_err(|e| e.to_string())
             .and_then(|written| written.map_err(|e| e.to_string()));
-        if appended.is_err() {
+        let settled = match appended {
+            Ok(()) => self.db.appended(&shown, marked).await,
             // Not in the file after all: a later copy of the message appends it.
-            if let Err(e) = self.db.forget_seen_entries(&shown, marked).await {
-                tracing::error!(error = %e, "grid: cannot forget scratchpad entries not appended");
-            }
+            Err(_) => self.db.forget_seen_entries(&shown, marked).await,
+        };
+        if let Err(e) = settled {
+            tracing::error!(error = %e, "grid: cannot record how a scratchpad append ended");
         }
         appended
     }
+}
+
+/// Settles the appends a bridge killed mid-append left (`Db::appending`), before anything
+/// is routed: an entry its file holds stays seen, and one it does not is forgotten, so the
+/// message, routed again as the bridge starts, is appended then rather than passed over as
+/// in the file already.
+/// A file that cannot be read is left appending, to be settled at the next start; its
+/// entries stay seen meanwhile, as they were before.
+pub(super) async fn settle_appending(db: &super::Db) -> Result<(), String> {
+    for (path, appending) in db.appending().await.map_err(|e| e.to_string())? {
+        let file = PathBuf::from(&path);
+        let held = tokio::task::spawn_blocking(move || entries_in(&file)).await;
+        let held = match held
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            Ok(held) => held,
+            Err(e) => {
+                tracing::error!(path, error = %e, "grid: cannot read the scratchpad to settle its last appends");
+                continue;
+            }
+        };
+        let (written, missing): (Vec<String>, Vec<String>) =
+            appending.into_iter().partition(|hash| held.contains(hash));
+        if !missing.is_empty() {
+            tracing::warn!(
+                path,
+                entries = missing.len(),
+                "grid: scratchpad entries a stopped run had not appended are appended again"
+            );
+        }
+        db.appended(&path, written)
+            .await
+            .map_err(|e| e.to_string())?;
+        (db.forget_seen_entries(&path, missing).await).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The hashes of the entries `path` holds (none when it is absent).
+fn entries_in(path: &Path) -> std::io::Result<std::collections::HashSet<String>> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    let text = readable(bytes, true);
+    let (entries, _) = wire::parse_entries(&text);
+    Ok(entries.iter().map(|entry| hash(entry.text)).collect())
 }
 
 /// The fingerprint covers this many of the file's first bytes…
@@ -328,7 +381,64 @@ fn append(path: &PathBuf, entries: &str) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::readable;
+    use super::*;
+    use crate::store::Store;
+
+    fn message(id: &str) -> Value {
+        serde_json::json!({
+            "id": id, "timestamp": "2026-01-24T10:00:00Z", "type": "notification",
+            "sender": { "agent": "mc" }, "receiver": { "agent": "scout" },
+            "content": { "action": "status", "payload": { "text": id } },
+        })
+    }
+
+    /// A bridge killed between marking entries seen and appending them: as it starts, the
+    /// entry the file holds stays seen, and the one it lacks is forgotten, to be appended
+    /// when its message is routed again.
+    #[tokio::test]
+    async fn an_append_a_killed_run_did_not_make_is_forgotten_as_the_bridge_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("SCRATCHPAD.md");
+        let shown = path.display().to_string();
+        let db = super::super::Db::open(Store::open(":memory:").await.unwrap())
+            .await
+            .unwrap();
+        let (written, lost) = (wire::entry(&message("m-1")), wire::entry(&message("m-2")));
+        let hashes = vec![hash(&written), hash(&lost)];
+        let new = db.mark_appending(&shown, hashes.clone()).await.unwrap();
+        assert_eq!(new, [true, true]);
+        append(&path, &written).unwrap();
+
+        settle_appending(&db).await.unwrap();
+        assert!(db.seen(&shown, &hashes[0]).await.unwrap(), "in the file");
+        assert!(
+            !db.seen(&shown, &hashes[1]).await.unwrap(),
+            "not in the file"
+        );
+        assert!(db.appending().await.unwrap().is_empty());
+        let again = db.mark_appending(&shown, hashes).await.unwrap();
+        assert_eq!(
+            again,
+            [false, true],
+            "only the lost entry is appended again"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_append_that_ended_is_not_settled_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let shown = dir.path().join("SCRATCHPAD.md").display().to_string();
+        let db = super::super::Db::open(Store::open(":memory:").await.unwrap())
+            .await
+            .unwrap();
+        let hashes = vec![hash(&wire::entry(&message("m-1")))];
+        db.mark_appending(&shown, hashes.clone()).await.unwrap();
+        db.appended(&shown, hashes.clone()).await.unwrap();
+        assert!(db.appending().await.unwrap().is_empty());
+        // The file is gone meanwhile: what it held was appended, and stays seen.
+        settle_appending(&db).await.unwrap();
+        assert!(db.seen(&shown, &hashes[0]).await.unwrap());
+    }
 
     #[test]
     fn bytes_that_are_not_utf8_are_read_as_question_marks_and_offsets_hold() {
