@@ -3534,6 +3534,44 @@ async fn one_nats_server_of_three_killed_traffic_goes_on() {
     fleet.shutdown().await;
 }
 
+/// One of three NATS servers killed while messages flow, the one the receiving bridge reads
+/// the stream through: what that server was passing on as it went is read from the stream
+/// (a gap in the consumer's deliveries), and every message arrives once, in order.
+#[tokio::test]
+async fn the_nats_server_a_bridge_reads_through_killed_mid_flow_loses_nothing() {
+    let mut cluster = Cluster::start(3).await;
+    let timing = "heartbeat_ms = 200\npresence_ttl_ms = 15000\npublish_timeout_ms = 15000\n";
+    let fleet = Fleet::start_on(&cluster.toml_list(), 2, timing).await;
+    let mut receiver = fleet.nets[1].peer(Proto::Grid).await;
+    fleet.wait_known(0, &receiver.name).await;
+    let mut sender = fleet.nets[0].peer(Proto::Skynet).await;
+    for peer in [&mut sender, &mut receiver] {
+        peer.wait_up_to(Duration::from_secs(30));
+    }
+    const TOTAL: usize = 400;
+    const BEFORE: usize = 100;
+    let to = receiver.name.clone();
+    let sending = tokio::spawn(async move {
+        for n in 0..TOTAL {
+            sender.chat(&to, &format!("flow {n}"), None).await;
+            if n % 10 == 9 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        sender
+    });
+    for n in 0..BEFORE {
+        assert_eq!(receiver.next(What::Chat).await.text, format!("flow {n}"));
+    }
+    let serving = cluster.serving("agentbridge b1").await;
+    cluster.kill(serving.expect("a server serves b1's connection"));
+    for n in BEFORE..TOTAL {
+        assert_eq!(receiver.next(What::Chat).await.text, format!("flow {n}"));
+    }
+    drop(sending.await.expect("the sender"));
+    fleet.shutdown().await;
+}
+
 /// A program that moves from bridge to bridge while another sends to it gets every
 /// message once. (Not always in the order sent: docs/federation.md, *Not yet done*.)
 #[tokio::test]
