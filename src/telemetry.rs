@@ -123,7 +123,7 @@ pub const METRICS: &[(&str, &str)] = &[
     ),
     (
         FEDERATION_DELIVERY_GAPS,
-        "Deliveries of this bridge's stream consumer that went elsewhere (lost as a NATS server failed, or served to a pull request left over), read again from the stream.",
+        "Readings of this bridge's stream consumer that ended at a gap in its deliveries (lost as a NATS server failed, or served to a pull request left over), which the next reading read from the stream.",
     ),
 ];
 

@@ -62,8 +62,9 @@ struct ToApply {
 enum Routing {
     /// As it was kept: one the store holds was routed then, and is passed over.
     WhenKept,
-    /// Perhaps not written: read again by `Applier::apply_unacknowledged`. Routed where the
-    /// store holds it, unless this run routed it.
+    /// Delivered to an earlier run, and perhaps not written: read again by
+    /// `Applier::apply_unacknowledged`. Routed where the store holds it, unless this run
+    /// routed it.
     Again,
     /// Accepted by an earlier run of this bridge, which routed it as it accepted it and
     /// may have been killed before it wrote it: routed again where the store holds it (the
@@ -94,11 +95,11 @@ struct Applied {
 /// Why a reading of the stream's consumer ended without an error.
 enum ReadingEnded {
     Shutdown,
-    /// The consumer gave a delivery after `expected` elsewhere: to a pull request left from
-    /// a reading before, or into a connection to a NATS server that failed before it
-    /// passed the delivery on. Acknowledging what follows would acknowledge it unapplied
-    /// (`AckPolicy::All`), so the reading ends there, before `given`, and the next one
-    /// reads the stream from where this bridge routed up to (`apply_unacknowledged`).
+    /// Delivery `expected` (and perhaps more) went elsewhere, and this reading was given
+    /// `given`: the consumer served a pull request left from a reading before, or the NATS
+    /// server passing deliveries on failed. Acknowledging what follows would acknowledge
+    /// them unapplied (`AckPolicy::All`), so the reading ends before `given`, and the next
+    /// one reads the stream from where this bridge routed up to (`apply_unacknowledged`).
     Gap {
         expected: u64,
         given: u64,
@@ -110,15 +111,18 @@ enum ReadingEnded {
 struct Delivered(u64);
 
 impl Delivered {
-    /// Takes `message` as the next delivery, or says it is not.
-    fn follow(&mut self, message: &async_nats::jetstream::Message) -> Option<ReadingEnded> {
+    /// Takes `message` as the next delivery, or says where the reading ends.
+    fn follow(
+        &mut self,
+        message: &async_nats::jetstream::Message,
+    ) -> Result<Option<ReadingEnded>, async_nats::Error> {
         let expected = self.0 + 1;
-        let given = message.info().map_or(0, |info| info.consumer_sequence);
+        let given = message.info()?.consumer_sequence;
         if given != expected {
-            return Some(ReadingEnded::Gap { expected, given });
+            return Ok(Some(ReadingEnded::Gap { expected, given }));
         }
         self.0 = given;
-        None
+        Ok(None)
     }
 }
 
@@ -251,6 +255,9 @@ pub struct Applier {
     pub own: Arc<OwnDeliveries>,
     /// The stream sequence this bridge has routed everything up to.
     pub routed: tokio::sync::watch::Sender<u64>,
+    /// The last stream sequence the consumer had delivered as this run started: what an
+    /// earlier run may have routed (`Routing::Again`), set by the first reading.
+    pub delivered_before: std::sync::OnceLock<u64>,
 }
 
 impl Applier {
@@ -265,6 +272,9 @@ impl Applier {
         // One for every reading of the stream: a new reading's batches are acknowledged
         // after those of the one before, never ahead of them.
         let acks = Acks::start(shutdown.clone());
+        // Where routing stood at the last gap: a gap with nothing routed since (another
+        // reader takes from the consumer each time) waits as an error does.
+        let mut routed_at_gap = None;
         while !shutdown.is_cancelled() {
             match self.consume(&ready, &acks, &shutdown).await {
                 Ok(ReadingEnded::Shutdown) => return,
@@ -275,8 +285,11 @@ impl Applier {
                         given,
                         "federation: deliveries of the stream's consumer went elsewhere; reading them from the stream"
                     );
-                    delay = Duration::from_millis(100);
-                    continue;
+                    let routed = Some(*self.routed.borrow());
+                    if routed > std::mem::replace(&mut routed_at_gap, routed) {
+                        delay = Duration::from_millis(100);
+                        continue;
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "federation: reading the stream failed; again shortly")
@@ -322,21 +335,26 @@ impl Applier {
                         Some(Err(e)) => break Err(e.into()),
                         None => break Err("the stream's consumer ended".into()),
                     };
-                    if let Some(gap) = delivered.follow(&first) {
-                        break Ok(gap);
+                    match delivered.follow(&first) {
+                        Ok(None) => {}
+                        Ok(Some(gap)) => break Ok(gap),
+                        Err(e) => break Err(e),
                     }
                     let mut batch = vec![first];
-                    let mut gap = None;
+                    let mut ended = None;
                     while batch.len() < BATCH
                         && let Some(Some(Ok(message))) = messages.next().now_or_never()
                     {
-                        gap = delivered.follow(&message);
-                        if gap.is_some() {
+                        match delivered.follow(&message) {
+                            Ok(None) => batch.push(message),
+                            Ok(Some(gap)) => ended = Some(Ok(gap)),
+                            Err(e) => ended = Some(Err(e)),
+                        }
+                        if ended.is_some() {
                             break;
                         }
-                        batch.push(message);
                     }
-                    let mut replicas = self.replicas_of(&batch, false);
+                    let mut replicas = self.replicas_of(&batch, 0);
                     // Whether one of these was applied is known once the batches before
                     // are written and routed: its first copy may be in one.
                     if replicas.any_maybe_kept() {
@@ -346,8 +364,8 @@ impl Applier {
                     let written = self.apply(replicas).await;
                     let last = batch.pop().expect("a batch holds a message");
                     writing.push_back(async move { (written.await, last, own) });
-                    if let Some(gap) = gap {
-                        break Ok(gap);
+                    if let Some(ended) = ended {
+                        break ended;
                     }
                 }
             }
@@ -374,13 +392,17 @@ impl Applier {
         ready: &Ready,
         acks: &Acks,
     ) -> Result<Delivered, async_nats::Error> {
-        let stream = ready.js.get_stream(&self.link.names.stream).await?;
+        let mut stream = ready.js.get_stream(&self.link.names.stream).await?;
         let consumer = Names::consumer_of(&self.link.bridge_id);
         let info = stream.consumer_info(&consumer).await?;
+        let delivered_before =
+            *(self.delivered_before).get_or_init(|| info.delivered.stream_sequence);
         let routed = *self.routed.borrow();
         // Not before the stream's first message (what its limits dropped is not there, and
         // counts as routed: a stream whose every message was dropped is read to its end).
-        let state = &stream.cached_info().state;
+        // Read after the consumer's, so that it ends past every delivery the consumer's
+        // info counts (one served meanwhile to a pull request left over included).
+        let state = stream.info().await?.state.clone();
         self.routed_up_to(state.first_sequence.saturating_sub(1));
         let first = (info.ack_floor.stream_sequence.max(routed) + 1).max(state.first_sequence);
         let last = info.delivered.stream_sequence.min(state.last_sequence);
@@ -390,7 +412,8 @@ impl Applier {
         }
         let (outstanding, routed) = Outstanding::new();
         let mut own = Vec::new();
-        let read = (self.apply_between(&stream, first, last, &outstanding, &mut own)).await;
+        let between = (first, last, delivered_before);
+        let read = (self.apply_between(&stream, between, &outstanding, &mut own)).await;
         // Waited for also when the reading failed: what was routed is not acknowledged
         // (by the next reading's first acknowledgement) before it is written.
         drop(outstanding);
@@ -415,12 +438,13 @@ impl Applier {
     }
 
     /// Reads the stream from `first` to `last` and applies it, offering `outstanding`; adds
-    /// to `own` what this run's own messages read wait for.
+    /// to `own` what this run's own messages read wait for. What the consumer had delivered
+    /// before this run (up to `delivered_before`) is routed again; the rest this run never
+    /// routed.
     async fn apply_between(
         &self,
         stream: &async_nats::jetstream::stream::Stream,
-        first: u64,
-        last: u64,
+        (first, last, delivered_before): (u64, u64, u64),
         outstanding: &Outstanding,
         own: &mut Vec<CancellationToken>,
     ) -> Result<(), async_nats::Error> {
@@ -437,7 +461,7 @@ impl Applier {
                 }
                 batch.push(message);
             }
-            let mut replicas = self.replicas_of(&batch, true);
+            let mut replicas = self.replicas_of(&batch, delivered_before);
             own.append(&mut replicas.own);
             let written = self.apply(replicas).await.await;
             self.route(written, outstanding);
@@ -496,14 +520,21 @@ impl Applier {
 
     /// The messages `batch` holds that this run did not accept, in order, and the ids of
     /// those the store may hold already: delivered before (a redelivery after a restart, or
-    /// after an acknowledgement was lost; every message `replayed` by
-    /// `apply_unacknowledged`), accepted by an earlier run of this bridge, or published
+    /// after an acknowledgement was lost; every message up to `replayed_through`, which
+    /// `apply_unacknowledged` reads again for an earlier run), accepted by an earlier run
+    /// of this bridge, or published
     /// again by their bridge after a publish whose outcome it does not know. A message
     /// repeated within the batch is kept once. For the messages this run accepted, what
     /// their deliveries here are waited for by.
-    fn replicas_of(&self, batch: &[async_nats::jetstream::Message], replayed: bool) -> Replicas {
+    fn replicas_of(
+        &self,
+        batch: &[async_nats::jetstream::Message],
+        replayed_through: u64,
+    ) -> Replicas {
         let mut replicas = Replicas::default();
         for message in batch {
+            let replayed = replayed_through > 0
+                && (message.info()).is_ok_and(|info| info.stream_sequence <= replayed_through);
             let header = |name: &str| {
                 (message.headers.as_ref())
                     .and_then(|h| h.get(name))

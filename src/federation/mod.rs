@@ -148,6 +148,7 @@ impl Federation {
                 local,
                 own,
                 routed: routed_up_to,
+                delivered_before: Default::default(),
             };
             let handover = handover::serve(link.clone(), core.clone(), positions, shutdown.clone());
             let presence = presence::Presence::new(link, core, &config, routed, cards);

@@ -161,8 +161,9 @@ impl Grid {
 /// is routed: an entry its file holds stays seen, and one it does not is forgotten, so the
 /// message, routed again as the bridge starts, is appended then rather than passed over as
 /// in the file already.
+///
 /// A file that cannot be read is left appending, to be settled at the next start; its
-/// entries stay seen meanwhile, as they were before.
+/// entries stay seen meanwhile. One that is not there holds none of them.
 pub(super) async fn settle_appending(db: &super::Db) -> Result<(), String> {
     for (path, appending) in db.appending().await.map_err(|e| e.to_string())? {
         let file = PathBuf::from(&path);
@@ -183,7 +184,7 @@ pub(super) async fn settle_appending(db: &super::Db) -> Result<(), String> {
             tracing::warn!(
                 path,
                 entries = missing.len(),
-                "grid: scratchpad entries a stopped run had not appended are appended again"
+                "grid: scratchpad entries a stopped run had not appended are appended when routed again"
             );
         }
         db.appended(&path, written)
