@@ -29,19 +29,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::context::PublishAckFuture;
-use async_nats::jetstream::message::PublishMessage;
-use bytes::Bytes;
-use futures_util::StreamExt;
-use futures_util::stream::FuturesOrdered;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::cards::CardKeeper;
 use super::link::NatsLink;
 use super::own_deliveries::OwnDeliveries;
+use super::publisher::Publisher;
 use super::unshared::{Outgoing, Unshared};
-use super::wire::{BRIDGE_HEADER, Card, OutgoingReplica, RUN_HEADER, Replica};
+use super::wire::{Card, OutgoingReplica, Replica};
 use crate::core::{
     Audience, Directory, Envelope, Kind, Link, LogError, LogFuture, MessageLog, MessageQuery,
     Outstanding, StoredMessage, TaskRequest,
@@ -52,7 +48,7 @@ use crate::telemetry;
 const UNREACHABLE: &str = "the fleet's message log (NATS) is unreachable: the message was not accepted; send it again later";
 
 /// The refusal of a message that must cross bridges while NATS is unreachable, counted.
-fn refused_unreachable() -> LogError {
+pub(super) fn refused_unreachable() -> LogError {
     telemetry::federation_refused("unreachable");
     LogError::Refused(UNREACHABLE.into())
 }
@@ -62,7 +58,7 @@ fn refused_unreachable() -> LogError {
 /// JetStream cannot deduplicate), each is marked `resent` for the applying bridges to ask
 /// their stores first. The newest `UNSURE_REMEMBERED` are kept.
 #[derive(Default)]
-struct Unsure {
+pub(super) struct Unsure {
     /// Whether any is kept: the common case is answered without the lock.
     any: AtomicBool,
     ids: Mutex<UnsureIds>,
@@ -82,7 +78,7 @@ const UNSURE_FOR: Duration = Duration::from_secs(600);
 
 impl Unsure {
     /// The messages `payload` (one publish) carried.
-    fn add(&self, payload: &[u8]) {
+    pub(super) fn add(&self, payload: &[u8]) {
         let Ok(replicas) = Replica::all_in(payload) else {
             return;
         };
@@ -438,265 +434,6 @@ impl MessageLog for FleetLog {
 
     fn id_by_uuid(&self, uuid: &str) -> LogFuture<'_, Option<String>> {
         self.local.id_by_uuid(uuid)
-    }
-}
-
-/// Publishes queued messages in order, many in flight at once, and tells each sender
-/// when JetStream holds its message.
-pub struct Publisher {
-    link: Arc<NatsLink>,
-    queued: mpsc::UnboundedReceiver<Outgoing>,
-    /// Where history a refused publish carried goes back to.
-    unshared: Arc<Unshared>,
-    /// Where the messages of a publish that got no answer are remembered.
-    unsure: Arc<Unsure>,
-    /// Where a publish's tokens wait for the consumer to read it back.
-    own: Arc<OwnDeliveries>,
-    /// How long a message may take to be acknowledged, retries included.
-    timeout: Duration,
-}
-
-/// One message being published.
-struct Message {
-    js: async_nats::jetstream::Context,
-    subject: String,
-    bridge: String,
-    run: String,
-    id: String,
-    payload: Bytes,
-}
-
-type Sent = Result<PublishAckFuture, String>;
-
-impl Message {
-    async fn send(&self) -> Sent {
-        let publish = PublishMessage::build()
-            .payload(self.payload.clone())
-            .message_id(self.id.as_str())
-            .header(BRIDGE_HEADER, self.bridge.as_str())
-            .header(RUN_HEADER, self.run.as_str());
-        (self.js.send_publish(self.subject.clone(), publish).await).map_err(|e| e.to_string())
-    }
-
-    /// Waits for JetStream to hold the message, publishing it again (under the same id,
-    /// which JetStream deduplicates) while a server fails over, until `deadline`.
-    async fn acknowledged(&self, sent: Sent, deadline: Instant) -> Result<(), String> {
-        let mut sent = sent;
-        loop {
-            let outcome = match sent {
-                Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-                Err(e) => Err(e),
-            };
-            match outcome {
-                Ok(()) => return Ok(()),
-                Err(e) if Instant::now() + RETRY_AFTER >= deadline => return Err(e),
-                Err(e) => {
-                    tracing::debug!(error = %e, message_id = %self.id, "federation: publish again")
-                }
-            }
-            tokio::time::sleep(RETRY_AFTER).await;
-            sent = self.send().await;
-        }
-    }
-}
-
-/// How long a failed publish waits before it is sent again.
-const RETRY_AFTER: Duration = Duration::from_millis(100);
-
-/// Most messages, and bytes, one publish carries (NATS's default largest message is 1 MiB).
-const BATCH: usize = 256;
-const BATCH_BYTES: usize = 256 * 1024;
-
-/// Messages published in one NATS message, with whom to tell once JetStream holds them.
-struct Batch {
-    id: String,
-    payload: Bytes,
-    accepted: Vec<Option<oneshot::Sender<Result<(), LogError>>>>,
-    /// Its messages' tokens (`Outgoing::written`).
-    written: Vec<CancellationToken>,
-    /// The history it carries (no one waits for it): put back to wait for NATS again if
-    /// the publish is refused.
-    history: Vec<Outgoing>,
-}
-
-impl Batch {
-    /// `first` and what else is queued behind it, up to `BATCH` messages and `BATCH_BYTES`
-    /// (a message alone may be larger); one that would not fit is left in `held`, to start
-    /// the next batch.
-    fn gather(
-        first: Outgoing,
-        queued: &mut mpsc::UnboundedReceiver<Outgoing>,
-        held: &mut Option<Outgoing>,
-    ) -> Batch {
-        let mut bytes = first.payload.len();
-        let mut batch = vec![first];
-        while batch.len() < BATCH {
-            let Ok(next) = queued.try_recv() else { break };
-            if bytes + 1 + next.payload.len() > BATCH_BYTES {
-                *held = Some(next);
-                break;
-            }
-            bytes += next.payload.len() + 1;
-            batch.push(next);
-        }
-        let history = (batch.iter())
-            .filter(|o| o.accepted.is_none())
-            .map(|o| Outgoing::history(o.id.clone(), o.payload.clone()))
-            .collect();
-        let written = (batch.iter_mut())
-            .filter_map(|o| o.written.take())
-            .collect();
-        if batch.len() == 1 {
-            let Outgoing {
-                id,
-                payload,
-                accepted,
-                ..
-            } = batch.pop().expect("one message");
-            return Batch {
-                id,
-                payload,
-                accepted: vec![accepted],
-                written,
-                history,
-            };
-        }
-        // Its own id, which no message's can be: sent again, the batch is the same.
-        let id = format!("batch:{}", uuid::Uuid::new_v4());
-        let mut payload = Vec::with_capacity(bytes + 2);
-        payload.push(b'[');
-        for (i, outgoing) in batch.iter().enumerate() {
-            if i > 0 {
-                payload.push(b',');
-            }
-            payload.extend_from_slice(&outgoing.payload);
-        }
-        payload.push(b']');
-        Batch {
-            id,
-            payload: payload.into(),
-            accepted: batch.into_iter().map(|o| o.accepted).collect(),
-            written,
-            history,
-        }
-    }
-}
-
-impl Publisher {
-    /// History a refused publish carried waits for NATS again, ahead of what came since.
-    fn put_back(&self, history: Vec<Outgoing>) {
-        if !history.is_empty() {
-            self.unshared.put_back(history);
-        }
-    }
-
-    /// Runs until the bridge shuts down, then publishes what was queued before it did.
-    pub async fn run(mut self, shutdown: CancellationToken) {
-        let subject = self.link.names.messages_of(&self.link.bridge_id);
-        let mut in_flight = FuturesOrdered::new();
-        let mut shutting_down = std::pin::pin!(shutdown.cancelled());
-        let (mut open, mut closing) = (true, false);
-        // A message that did not fit in the last batch: it starts the next.
-        let mut held: Option<Outgoing> = None;
-        while open || held.is_some() || !in_flight.is_empty() {
-            tokio::select! {
-                _ = &mut shutting_down, if !closing => {
-                    closing = true;
-                    // What was appended before the bridge stopped is still published; what
-                    // comes later is told the bridge is shutting down.
-                    self.queued.close();
-                }
-                next = next_outgoing(&mut held, &mut self.queued), if open || held.is_some() => {
-                    let Some(first) = next else {
-                        open = false;
-                        continue;
-                    };
-                    let batch = Batch::gather(first, &mut self.queued, &mut held);
-                    let (accepted, history) = (batch.accepted, batch.history);
-                    let Some(ready) = self.link.set_up() else {
-                        self.put_back(history);
-                        tell(accepted, Err(refused_unreachable()));
-                        continue;
-                    };
-                    let started = Instant::now();
-                    let message = Message {
-                        js: ready.js.clone(),
-                        subject: subject.clone(),
-                        bridge: self.link.bridge_id.clone(),
-                        run: self.link.run_id.clone(),
-                        id: batch.id,
-                        payload: batch.payload,
-                    };
-                    let deadline = started + self.timeout;
-                    // Nothing is sent while disconnected: a publish the client buffered could
-                    // reach the others after its sender was told it was refused.
-                    if !self.link.reconnected(deadline).await {
-                        self.put_back(history);
-                        tell(accepted, Err(refused_unreachable()));
-                        continue;
-                    }
-                    telemetry::federation_outbox(accepted.len() as i64);
-                    // Before it can be read back.
-                    self.own.sending(&message.id, batch.written);
-                    // Sent here, in order; only a retry is sent from the acknowledgement's
-                    // future.
-                    let sent = message.send().await;
-                    in_flight.push_back(async move {
-                        let acknowledged = message.acknowledged(sent, deadline).await;
-                        // Sent, then no answer: JetStream may hold it all the same.
-                        let unsure = acknowledged.is_err().then_some(message.payload);
-                        let result = acknowledged.map_err(|e| LogError::Refused(format!(
-                            "the fleet's message log (NATS) did not take the message ({e}); send it again later"
-                        )));
-                        (accepted, history, result, unsure, started, message.id)
-                    });
-                }
-                Some((accepted, history, result, unsure, started, id)) = in_flight.next(), if !in_flight.is_empty() => {
-                    telemetry::federation_outbox(-(accepted.len() as i64));
-                    telemetry::federation_published(started.elapsed(), accepted.len(), result.is_ok());
-                    if let Some(payload) = unsure {
-                        self.unsure.add(&payload);
-                    }
-                    if result.is_err() {
-                        self.own.not_published(&id);
-                        self.put_back(history);
-                    } else if !history.is_empty() {
-                        self.unshared.shared(history.len());
-                    }
-                    tell(accepted, result);
-                }
-            }
-        }
-    }
-}
-
-/// The message `held` back from the last batch, else the next one queued; `None` once the
-/// queue is closed and empty.
-async fn next_outgoing(
-    held: &mut Option<Outgoing>,
-    queued: &mut mpsc::UnboundedReceiver<Outgoing>,
-) -> Option<Outgoing> {
-    match held.take() {
-        Some(held) => Some(held),
-        None => queued.recv().await,
-    }
-}
-
-/// Tells each sender of a batch what became of it.
-fn tell(
-    accepted: Vec<Option<oneshot::Sender<Result<(), LogError>>>>,
-    result: Result<(), LogError>,
-) {
-    // What the publisher tells is a refusal (or nothing), which each sender is told again.
-    let reason = result.err().map(|e| match e {
-        LogError::Refused(reason) => reason,
-        other => other.to_string(),
-    });
-    for accepted in accepted.into_iter().flatten() {
-        let _ = accepted.send(match &reason {
-            None => Ok(()),
-            Some(reason) => Err(LogError::Refused(reason.clone())),
-        });
     }
 }
 

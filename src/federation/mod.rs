@@ -18,6 +18,7 @@ mod link;
 mod missed_mail;
 mod own_deliveries;
 mod presence;
+mod publisher;
 mod record_positions;
 mod records;
 mod stretch;
@@ -34,8 +35,9 @@ pub use config::FederationConfig;
 
 use crate::admin::Readiness;
 use crate::core::{Core, MessageLog};
-use fleet_log::{FleetLog, Publisher};
+use fleet_log::FleetLog;
 use link::NatsLink;
+use publisher::Publisher;
 use unshared::Unshared;
 
 /// A bridge's membership of the fleet, between connecting and starting its tasks.
