@@ -60,6 +60,8 @@ pub struct NatsLink {
     grace: Duration,
     /// Woken when the client connects again (`reconnected`).
     connected: tokio::sync::Notify,
+    /// Changed whenever the client connects (`connected_after`).
+    connections: tokio::sync::watch::Sender<()>,
 }
 
 impl NatsLink {
@@ -117,6 +119,7 @@ impl NatsLink {
             disconnected_since: std::sync::Mutex::new(None),
             grace: Duration::from_millis(config.publish_timeout_ms),
             connected: tokio::sync::Notify::new(),
+            connections: tokio::sync::watch::Sender::new(()),
         });
         let watched = Arc::downgrade(&link);
         tokio::spawn(async move {
@@ -127,6 +130,7 @@ impl NatsLink {
                         tracing::info!("federation: connected to NATS");
                         *link.disconnected() = None;
                         link.update_readiness();
+                        link.connections.send_replace(());
                         link.connected.notify_waiters();
                     }
                     Event::Disconnected => {
@@ -179,6 +183,21 @@ impl NatsLink {
             // the client's state may change before its event is handled.
             let _ = tokio::time::timeout(left.min(RECHECK_AFTER), connected).await;
         }
+    }
+
+    /// The client's connection now, counted from its first: what was sent on an earlier
+    /// one may have been lost with it, or its answer (`publisher`). The client counts a
+    /// connection before it shows itself connected.
+    pub fn connection(&self) -> u64 {
+        let connects = &self.client.statistics().connects;
+        connects.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Ends once the client has connected again since `connection`.
+    pub async fn connected_after(&self, connection: u64) {
+        let mut connected = self.connections.subscribe();
+        // The sender lives as long as the link, which the caller holds.
+        let _ = connected.wait_for(|()| self.connection() > connection).await;
     }
 
     fn disconnected(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {

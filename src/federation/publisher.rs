@@ -1,6 +1,8 @@
 //! The fleet log's publisher: what the bridge appends, published to the stream in order,
 //! many publishes in flight at once, each sender told once JetStream holds its message.
 
+use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,24 +60,103 @@ impl Message {
     }
 
     /// Waits for JetStream to hold the message, publishing it again (under the same id,
-    /// which JetStream deduplicates) while a server fails over, until `deadline`.
-    async fn acknowledged(&self, sent: Sent, deadline: Instant) -> Result<(), String> {
+    /// which JetStream deduplicates) while a server fails over, until `deadline`; or until
+    /// the client connects again after `connection`, the one it was sent on, which may
+    /// have lost it or its answer: the publisher sends it again then, in order.
+    async fn acknowledged(
+        &self,
+        sent: Sent,
+        deadline: Instant,
+        link: &NatsLink,
+        connection: u64,
+    ) -> Answer {
         let mut sent = sent;
         loop {
             let outcome = match sent {
-                Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+                Ok(ack) => tokio::select! {
+                    answer = ack => answer.map(drop).map_err(|e| e.to_string()),
+                    () = link.connected_after(connection) => return Answer::Reconnected,
+                },
                 Err(e) => Err(e),
             };
             match outcome {
-                Ok(()) => return Ok(()),
-                Err(e) if Instant::now() + RETRY_AFTER >= deadline => return Err(e),
+                Ok(()) => return Answer::Answered(Ok(())),
+                Err(e) if Instant::now() + RETRY_AFTER >= deadline => {
+                    return Answer::Answered(Err(e));
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, message_id = %self.id, "federation: publish again")
                 }
             }
-            tokio::time::sleep(RETRY_AFTER).await;
+            tokio::select! {
+                () = tokio::time::sleep(RETRY_AFTER) => {}
+                () = link.connected_after(connection) => return Answer::Reconnected,
+            }
             sent = self.send().await;
         }
+    }
+}
+
+/// What became of a publish in flight.
+enum Answer {
+    /// JetStream's answer, or the last error before the deadline.
+    Answered(Result<(), String>),
+    /// The client connected again since it was sent.
+    Reconnected,
+}
+
+/// A publish in flight, with whom to tell what became of it.
+struct Flight {
+    message: Message,
+    accepted: Vec<Option<oneshot::Sender<Result<(), LogError>>>>,
+    history: Vec<Outgoing>,
+    started: Instant,
+    deadline: Instant,
+    /// The client's connection it was last sent on (`NatsLink::connection`).
+    connection: u64,
+}
+
+type Flying = Pin<Box<dyn Future<Output = (Flight, Answer)> + Send>>;
+
+/// Publishes in flight, in the order they were sent, and how many were sent on each of
+/// the client's connections.
+#[derive(Default)]
+struct InFlight {
+    flights: FuturesOrdered<Flying>,
+    by_connection: BTreeMap<u64, usize>,
+}
+
+impl InFlight {
+    fn send(&mut self, flight: Flight, sent: Sent, link: Arc<NatsLink>) {
+        *self.by_connection.entry(flight.connection).or_default() += 1;
+        self.flights.push_back(Box::pin(async move {
+            let answer = (flight.message)
+                .acknowledged(sent, flight.deadline, &link, flight.connection)
+                .await;
+            (flight, answer)
+        }));
+    }
+
+    async fn next(&mut self) -> Option<(Flight, Answer)> {
+        let (flight, answer) = self.flights.next().await?;
+        if let std::collections::btree_map::Entry::Occupied(mut sent) =
+            self.by_connection.entry(flight.connection)
+        {
+            *sent.get_mut() -= 1;
+            if *sent.get() == 0 {
+                sent.remove();
+            }
+        }
+        Some((flight, answer))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.flights.is_empty()
+    }
+
+    /// Whether a publish sent on a connection before `connection` is still in flight.
+    fn sent_before(&self, connection: u64) -> bool {
+        self.by_connection.range(..connection).next().is_some()
     }
 }
 
@@ -172,7 +253,7 @@ impl Publisher {
     /// Runs until the bridge shuts down, then publishes what was queued before it did.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let subject = self.link.names.messages_of(&self.link.bridge_id);
-        let mut in_flight = FuturesOrdered::new();
+        let mut in_flight = InFlight::default();
         let mut shutting_down = std::pin::pin!(shutdown.cancelled());
         let (mut open, mut closing) = (true, false);
         // A message that did not fit in the last batch: it starts the next.
@@ -214,38 +295,65 @@ impl Publisher {
                         tell(accepted, Err(refused_unreachable()));
                         continue;
                     }
+                    // What was in flight when the client lost its connection goes again
+                    // first, in the order it was sent: the stream holds a prefix of it.
+                    while in_flight.sent_before(self.link.connection())
+                        && let Some((flight, answer)) = in_flight.next().await
+                    {
+                        self.landed(flight, answer, &mut in_flight).await;
+                    }
                     telemetry::federation_outbox(accepted.len() as i64);
                     // Before it can be read back.
                     self.own.sending(&message.id, batch.written);
+                    let connection = self.link.connection();
                     // Sent here, in order; only a retry is sent from the acknowledgement's
                     // future.
                     let sent = message.send().await;
-                    in_flight.push_back(async move {
-                        let acknowledged = message.acknowledged(sent, deadline).await;
-                        // Sent, then no answer: JetStream may hold it all the same.
-                        let unsure = acknowledged.is_err().then_some(message.payload);
-                        let result = acknowledged.map_err(|e| LogError::Refused(format!(
-                            "the fleet's message log (NATS) did not take the message ({e}); send it again later"
-                        )));
-                        (accepted, history, result, unsure, started, message.id)
-                    });
+                    let flight = Flight { message, accepted, history, started, deadline, connection };
+                    in_flight.send(flight, sent, self.link.clone());
                 }
-                Some((accepted, history, result, unsure, started, id)) = in_flight.next(), if !in_flight.is_empty() => {
-                    telemetry::federation_outbox(-(accepted.len() as i64));
-                    telemetry::federation_published(started.elapsed(), accepted.len(), result.is_ok());
-                    if let Some(payload) = unsure {
-                        self.unsure.add(&payload);
-                    }
-                    if result.is_err() {
-                        self.own.not_published(&id);
-                        self.put_back(history);
-                    } else if !history.is_empty() {
-                        self.unshared.shared(history.len());
-                    }
-                    tell(accepted, result);
+                Some((flight, answer)) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.landed(flight, answer, &mut in_flight).await;
                 }
             }
         }
+    }
+
+    /// Tells the senders of `flight` what became of it; or, the client having connected
+    /// again since it was sent, sends it again (JetStream keeps one of a message id).
+    async fn landed(&self, mut flight: Flight, answer: Answer, in_flight: &mut InFlight) {
+        let result = match answer {
+            Answer::Reconnected if self.link.reconnected(flight.deadline).await => {
+                flight.connection = self.link.connection();
+                let sent = flight.message.send().await;
+                return in_flight.send(flight, sent, self.link.clone());
+            }
+            Answer::Reconnected => Err("no connection to NATS in time".to_owned()),
+            Answer::Answered(result) => result,
+        };
+        let Flight {
+            message,
+            accepted,
+            history,
+            started,
+            ..
+        } = flight;
+        telemetry::federation_outbox(-(accepted.len() as i64));
+        telemetry::federation_published(started.elapsed(), accepted.len(), result.is_ok());
+        if result.is_err() {
+            // Sent, then no answer: JetStream may hold it all the same.
+            self.unsure.add(&message.payload);
+            self.own.not_published(&message.id);
+            self.put_back(history);
+        } else if !history.is_empty() {
+            self.unshared.shared(history.len());
+        }
+        let result = result.map_err(|e| {
+            LogError::Refused(format!(
+                "the fleet's message log (NATS) did not take the message ({e}); send it again later"
+            ))
+        });
+        tell(accepted, result);
     }
 }
 
