@@ -3539,19 +3539,31 @@ async fn one_nats_server_of_three_killed_traffic_goes_on() {
 /// (a gap in the consumer's deliveries), and every message arrives once, in order.
 #[tokio::test]
 async fn the_nats_server_a_bridge_reads_through_killed_mid_flow_loses_nothing() {
-    nats_server_killed_mid_flow("agentbridge b1").await;
+    nats_server_killed_mid_flow(async |cluster, _| cluster.serving("agentbridge b1").await).await;
 }
 
 /// As above, for the server the sending bridge publishes through: publishes whose answer
 /// it took with it are made again, and each message still arrives once, in order.
 #[tokio::test]
 async fn the_nats_server_a_bridge_publishes_through_killed_mid_flow_loses_nothing() {
-    nats_server_killed_mid_flow("agentbridge b0").await;
+    nats_server_killed_mid_flow(async |cluster, _| cluster.serving("agentbridge b0").await).await;
+}
+
+/// As above, for the server leading the stream of messages: the others elect another
+/// while publishes and deliveries wait.
+#[tokio::test]
+async fn the_nats_server_leading_the_stream_killed_mid_flow_loses_nothing() {
+    nats_server_killed_mid_flow(async |cluster, fleet| {
+        let url = cluster.urls().remove(0);
+        let stream = format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase());
+        cluster.leading(&url, &stream).await
+    })
+    .await;
 }
 
 /// Sends 400 chats from a Skynet agent on b0 to a Grid program on b1, and kills the NATS
-/// server serving the connection named `client` a quarter of the way in.
-async fn nats_server_killed_mid_flow(client: &str) {
+/// server `pick` names a quarter of the way in.
+async fn nats_server_killed_mid_flow(pick: impl AsyncFnOnce(&Cluster, &Fleet) -> Option<usize>) {
     let mut cluster = Cluster::start(3).await;
     let timing = "heartbeat_ms = 200\npresence_ttl_ms = 15000\npublish_timeout_ms = 15000\n";
     let fleet = Fleet::start_on(&cluster.toml_list(), 2, timing).await;
@@ -3576,8 +3588,8 @@ async fn nats_server_killed_mid_flow(client: &str) {
     for n in 0..BEFORE {
         assert_eq!(receiver.next(What::Chat).await.text, format!("flow {n}"));
     }
-    let serving = cluster.serving(client).await;
-    cluster.kill(serving.expect("a server serves the connection"));
+    let picked = pick(&cluster, &fleet).await;
+    cluster.kill(picked.expect("a server to kill"));
     for n in BEFORE..TOTAL {
         assert_eq!(receiver.next(What::Chat).await.text, format!("flow {n}"));
     }

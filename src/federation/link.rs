@@ -197,7 +197,9 @@ impl NatsLink {
     pub async fn connected_after(&self, connection: u64) {
         let mut connected = self.connections.subscribe();
         // The sender lives as long as the link, which the caller holds.
-        let _ = connected.wait_for(|()| self.connection() > connection).await;
+        let _ = connected
+            .wait_for(|()| self.connection() > connection)
+            .await;
     }
 
     fn disconnected(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {

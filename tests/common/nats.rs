@@ -316,6 +316,16 @@ impl Cluster {
         None
     }
 
+    /// The running server that leads the stream `name`, asked through `url`.
+    pub async fn leading(&self, url: &str, name: &str) -> Option<usize> {
+        let client = async_nats::connect(url).await.ok()?;
+        let js = async_nats::jetstream::new(client);
+        let mut stream = js.get_stream(name).await.ok()?;
+        let info = stream.info().await.ok()?;
+        let leader = info.cluster.as_ref()?.leader.clone()?;
+        (self.nodes.iter()).position(|n| n.child.is_some() && n.name == leader)
+    }
+
     /// The cluster port of server `i` (for tests that cut routes).
     pub fn cluster_port(&self, i: usize) -> u16 {
         self.nodes[i].cluster_port
