@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::fleet_log::{Unsure, refused_unreachable};
-use super::link::NatsLink;
+use super::link::{NatsLink, lost_race};
 use super::own_deliveries::OwnDeliveries;
 use super::unshared::{Outgoing, Unshared};
 use super::wire::{BRIDGE_HEADER, RUN_HEADER};
@@ -50,59 +50,49 @@ struct Message {
 type Sent = Result<PublishAckFuture, String>;
 
 impl Message {
-    async fn send(&self) -> Sent {
-        let publish = PublishMessage::build()
+    /// Sends it once; `after`, for a message sent again: only onto the stream message of
+    /// its subject at that sequence (0: none), so that it never lands behind a later one.
+    async fn send(&self, after: Option<u64>) -> Sent {
+        let mut publish = PublishMessage::build()
             .payload(self.payload.clone())
             .message_id(self.id.as_str())
             .header(BRIDGE_HEADER, self.bridge.as_str())
             .header(RUN_HEADER, self.run.as_str());
+        if let Some(last) = after {
+            publish = publish.expected_last_subject_sequence(last);
+        }
         (self.js.send_publish(self.subject.clone(), publish).await).map_err(|e| e.to_string())
     }
 
-    /// Waits for JetStream to hold the message, publishing it again (under the same id,
-    /// which JetStream deduplicates) while a server fails over, until `deadline`; or until
-    /// the client connects again after `connection`, the one it was sent on, which may
-    /// have lost it or its answer: the publisher sends it again then, in order.
-    async fn acknowledged(
-        &self,
-        sent: Sent,
-        deadline: Instant,
-        link: &NatsLink,
-        connection: u64,
-    ) -> Answer {
-        let mut sent = sent;
-        loop {
-            let outcome = match sent {
-                Ok(ack) => tokio::select! {
-                    answer = ack => answer.map(drop).map_err(|e| e.to_string()),
-                    () = link.connected_after(connection) => return Answer::Reconnected,
-                },
-                Err(e) => Err(e),
-            };
-            match outcome {
-                Ok(()) => return Answer::Answered(Ok(())),
-                Err(e) if Instant::now() + RETRY_AFTER >= deadline => {
-                    return Answer::Answered(Err(e));
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, message_id = %self.id, "federation: publish again")
-                }
+    /// Waits for JetStream's answer to the send on the client's `connection`: none comes
+    /// once the client has connected again since, as the connection lost may have taken
+    /// the message or its answer with it.
+    async fn answered(sent: Sent, link: &NatsLink, connection: u64) -> Answer {
+        let ack = match sent {
+            Ok(ack) => ack,
+            Err(e) => return Answer::Failed(e),
+        };
+        tokio::select! {
+            answer = ack => match answer {
+                Ok(_) => Answer::Acknowledged,
+                Err(e) if lost_race(&e) => Answer::Overtaken,
+                Err(e) => Answer::Failed(e.to_string()),
+            },
+            () = link.connected_after(connection) => {
+                Answer::Failed("the connection to NATS was lost before the answer came".into())
             }
-            tokio::select! {
-                () = tokio::time::sleep(RETRY_AFTER) => {}
-                () = link.connected_after(connection) => return Answer::Reconnected,
-            }
-            sent = self.send().await;
         }
     }
 }
 
-/// What became of a publish in flight.
+/// What became of one send of a publish.
 enum Answer {
-    /// JetStream's answer, or the last error before the deadline.
-    Answered(Result<(), String>),
-    /// The client connected again since it was sent.
-    Reconnected,
+    Acknowledged,
+    /// A later publish of this bridge is on the stream past where it was to go
+    /// (`Message::send`'s `after`).
+    Overtaken,
+    /// No answer, or an error: NATS was failing over, or the connection was lost.
+    Failed(String),
 }
 
 /// A publish in flight, with whom to tell what became of it.
@@ -112,8 +102,10 @@ struct Flight {
     history: Vec<Outgoing>,
     started: Instant,
     deadline: Instant,
-    /// The client's connection it was last sent on (`NatsLink::connection`).
+    /// The client's connection it was sent on (`NatsLink::connection`).
     connection: u64,
+    /// The id of the publish this run sent before it.
+    after: Option<String>,
 }
 
 type Flying = Pin<Box<dyn Future<Output = (Flight, Answer)> + Send>>;
@@ -130,9 +122,7 @@ impl InFlight {
     fn send(&mut self, flight: Flight, sent: Sent, link: Arc<NatsLink>) {
         *self.by_connection.entry(flight.connection).or_default() += 1;
         self.flights.push_back(Box::pin(async move {
-            let answer = (flight.message)
-                .acknowledged(sent, flight.deadline, &link, flight.connection)
-                .await;
+            let answer = Message::answered(sent, &link, flight.connection).await;
             (flight, answer)
         }));
     }
@@ -160,7 +150,7 @@ impl InFlight {
     }
 }
 
-/// How long a failed publish waits before it is sent again.
+/// How long a publish that failed waits before it is sent again.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 
 /// Most messages, and bytes, one publish carries (NATS's default largest message is 1 MiB).
@@ -258,6 +248,8 @@ impl Publisher {
         let (mut open, mut closing) = (true, false);
         // A message that did not fit in the last batch: it starts the next.
         let mut held: Option<Outgoing> = None;
+        // The id of the last publish sent (`Flight::after`).
+        let mut last_sent: Option<String> = None;
         while open || held.is_some() || !in_flight.is_empty() {
             tokio::select! {
                 _ = &mut shutting_down, if !closing => {
@@ -288,6 +280,14 @@ impl Publisher {
                         payload: batch.payload,
                     };
                     let deadline = started + self.timeout;
+                    // What was in flight when the client lost its connection is settled
+                    // first, in the order sent: sent again, it is then not overtaken by
+                    // this one.
+                    while in_flight.sent_before(self.link.connection())
+                        && let Some((flight, answer)) = in_flight.next().await
+                    {
+                        self.landed(flight, answer).await;
+                    }
                     // Nothing is sent while disconnected: a publish the client buffered could
                     // reach the others after its sender was told it was refused.
                     if !self.link.reconnected(deadline).await {
@@ -295,41 +295,29 @@ impl Publisher {
                         tell(accepted, Err(refused_unreachable()));
                         continue;
                     }
-                    // What was in flight when the client lost its connection goes again
-                    // first, in the order it was sent: the stream holds a prefix of it.
-                    while in_flight.sent_before(self.link.connection())
-                        && let Some((flight, answer)) = in_flight.next().await
-                    {
-                        self.landed(flight, answer, &mut in_flight).await;
-                    }
                     telemetry::federation_outbox(accepted.len() as i64);
                     // Before it can be read back.
                     self.own.sending(&message.id, batch.written);
                     let connection = self.link.connection();
-                    // Sent here, in order; only a retry is sent from the acknowledgement's
-                    // future.
-                    let sent = message.send().await;
-                    let flight = Flight { message, accepted, history, started, deadline, connection };
+                    let sent = message.send(None).await;
+                    let after = last_sent.replace(message.id.clone());
+                    let flight = Flight { message, accepted, history, started, deadline, connection, after };
                     in_flight.send(flight, sent, self.link.clone());
                 }
                 Some((flight, answer)) = in_flight.next(), if !in_flight.is_empty() => {
-                    self.landed(flight, answer, &mut in_flight).await;
+                    self.landed(flight, answer).await;
                 }
             }
         }
     }
 
-    /// Tells the senders of `flight` what became of it; or, the client having connected
-    /// again since it was sent, sends it again (JetStream keeps one of a message id).
-    async fn landed(&self, mut flight: Flight, answer: Answer, in_flight: &mut InFlight) {
+    /// Tells the senders of `flight` what became of it, once sent again if its send got
+    /// no answer (`send_again`).
+    async fn landed(&self, flight: Flight, answer: Answer) {
         let result = match answer {
-            Answer::Reconnected if self.link.reconnected(flight.deadline).await => {
-                flight.connection = self.link.connection();
-                let sent = flight.message.send().await;
-                return in_flight.send(flight, sent, self.link.clone());
-            }
-            Answer::Reconnected => Err("no connection to NATS in time".to_owned()),
-            Answer::Answered(result) => result,
+            Answer::Acknowledged => Ok(()),
+            Answer::Overtaken => Err("overtaken".to_owned()),
+            Answer::Failed(e) => self.send_again(&flight, e).await,
         };
         let Flight {
             message,
@@ -355,6 +343,85 @@ impl Publisher {
         });
         tell(accepted, result);
     }
+
+    /// Sends `flight` again, under its id, until its deadline, while it may still land
+    /// where it was sent: right after the publish this run sent before it (`Flight::after`;
+    /// for the run's first, after an earlier run's), which the stream's last message on
+    /// this bridge's subject must then be. Publishes are pipelined, so one that got no
+    /// answer may be behind a later one on the stream already (the client sent what it
+    /// still held on its new connection), and sent again it would land out of order: it
+    /// is refused then. A publish JetStream holds already is found by its id.
+    async fn send_again(&self, flight: &Flight, failed: String) -> Result<(), String> {
+        let mut failed = failed;
+        loop {
+            tracing::debug!(error = %failed, message_id = %flight.message.id, "federation: publish again");
+            if Instant::now() + RETRY_AFTER >= flight.deadline {
+                return Err(failed);
+            }
+            tokio::time::sleep(RETRY_AFTER).await;
+            if !self.link.reconnected(flight.deadline).await {
+                return Err(failed);
+            }
+            let connection = self.link.connection();
+            let after = match self.last_on_subject(flight).await {
+                Ok(After::Itself) => return Ok(()),
+                Ok(After::Sequence(last)) => last,
+                Ok(After::Overtaken) => return Err("overtaken".to_owned()),
+                Err(e) => {
+                    failed = e;
+                    continue;
+                }
+            };
+            let sent = flight.message.send(Some(after)).await;
+            let answered = Message::answered(sent, &self.link, connection);
+            match tokio::time::timeout_at(flight.deadline.into(), answered).await {
+                Ok(Answer::Acknowledged) => return Ok(()),
+                Ok(Answer::Overtaken) => return Err("overtaken".to_owned()),
+                Ok(Answer::Failed(e)) => failed = e,
+                Err(_) => return Err("timed out".to_owned()),
+            }
+        }
+    }
+
+    /// Where on the stream `flight` may still go, from the last message on its subject.
+    async fn last_on_subject(&self, flight: &Flight) -> Result<After, String> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        let message = &flight.message;
+        let stream = message.js.get_stream(&self.link.names.stream).await;
+        let stream = stream.map_err(|e| e.to_string())?;
+        let last = match stream
+            .get_last_raw_message_by_subject(&message.subject)
+            .await
+        {
+            Ok(last) => last,
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                return Ok(match flight.after {
+                    None => After::Sequence(0),
+                    Some(_) => After::Overtaken,
+                });
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        let header = |name: &str| last.headers.get(name).map(|v| v.as_str().to_owned());
+        let id = header(async_nats::header::NATS_MESSAGE_ID.as_ref());
+        let this_run = header(RUN_HEADER).as_deref() == Some(message.run.as_str());
+        Ok(match (&flight.after, id) {
+            (_, Some(id)) if id == message.id => After::Itself,
+            (Some(before), Some(id)) if *before == id => After::Sequence(last.sequence),
+            (None, _) if !this_run => After::Sequence(last.sequence),
+            _ => After::Overtaken,
+        })
+    }
+}
+
+/// Where a publish sent again may still go (`Publisher::last_on_subject`).
+enum After {
+    /// The stream holds it already.
+    Itself,
+    /// Right after the message at this sequence, the one it was sent after.
+    Sequence(u64),
+    /// Another message is past where it was to go.
+    Overtaken,
 }
 
 /// The message `held` back from the last batch, else the next one queued; `None` once the
