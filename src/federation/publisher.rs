@@ -64,30 +64,37 @@ impl Message {
         (self.js.send_publish(self.subject.clone(), publish).await).map_err(|e| e.to_string())
     }
 
-    /// Waits for JetStream's answer to the send on the client's `connection`: none comes
-    /// once the client has connected again since, as the connection lost may have taken
-    /// the message or its answer with it.
-    async fn answered(sent: Sent, link: &NatsLink, connection: u64) -> Answer {
+    /// Waits, until `deadline`, for JetStream's answer to the send on the client's
+    /// `connection`: none comes once the client has connected again since, as the
+    /// connection lost may have taken the message or its answer with it.
+    async fn answered(sent: Sent, link: &NatsLink, connection: u64, deadline: Instant) -> Answer {
         let ack = match sent {
             Ok(ack) => ack,
             Err(e) => return Answer::Failed(e),
         };
-        tokio::select! {
-            answer = ack => match answer {
-                Ok(_) => Answer::Acknowledged,
-                Err(e) if lost_race(&e) => Answer::Overtaken,
-                Err(e) => Answer::Failed(e.to_string()),
-            },
-            () = link.connected_after(connection) => {
-                Answer::Failed("the connection to NATS was lost before the answer came".into())
+        let answer = async {
+            tokio::select! {
+                answer = ack => match answer {
+                    // The stream sequence it has (the first's, for a copy JetStream kept
+                    // already).
+                    Ok(ack) => Answer::Acknowledged(ack.sequence),
+                    Err(e) if lost_race(&e) => Answer::Overtaken,
+                    Err(e) => Answer::Failed(e.to_string()),
+                },
+                () = link.connected_after(connection) => {
+                    Answer::Failed("the connection to NATS was lost before the answer came".into())
+                }
             }
-        }
+        };
+        (tokio::time::timeout_at(deadline.into(), answer).await)
+            .unwrap_or_else(|_| Answer::Failed("no answer in time".into()))
     }
 }
 
 /// What became of one send of a publish.
 enum Answer {
-    Acknowledged,
+    /// At this stream sequence.
+    Acknowledged(u64),
     /// A later publish of this bridge is on the stream past where it was to go
     /// (`Message::send`'s `after`).
     Overtaken,
@@ -104,8 +111,10 @@ struct Flight {
     deadline: Instant,
     /// The client's connection it was sent on (`NatsLink::connection`).
     connection: u64,
-    /// The id of the publish this run sent before it.
-    after: Option<String>,
+    /// The sequence of the publish acknowledged last when it was sent: JetStream holding
+    /// it already at or before that, from an earlier publish of the same id (a client's
+    /// retry), is no overtaking.
+    acked_before: Option<u64>,
 }
 
 type Flying = Pin<Box<dyn Future<Output = (Flight, Answer)> + Send>>;
@@ -122,7 +131,8 @@ impl InFlight {
     fn send(&mut self, flight: Flight, sent: Sent, link: Arc<NatsLink>) {
         *self.by_connection.entry(flight.connection).or_default() += 1;
         self.flights.push_back(Box::pin(async move {
-            let answer = Message::answered(sent, &link, flight.connection).await;
+            let answer = Message::answered(sent, &link, flight.connection, flight.deadline);
+            let answer = answer.await;
             (flight, answer)
         }));
     }
@@ -144,11 +154,20 @@ impl InFlight {
         self.flights.is_empty()
     }
 
+    fn len(&self) -> usize {
+        self.flights.len()
+    }
+
     /// Whether a publish sent on a connection before `connection` is still in flight.
     fn sent_before(&self, connection: u64) -> bool {
         self.by_connection.range(..connection).next().is_some()
     }
 }
+
+/// Most publishes in flight at once: well under the JetStream context's answers awaited
+/// at once (5,000), past which a send would wait for a flight the loop does not settle
+/// meanwhile.
+const MOST_IN_FLIGHT: usize = 1_024;
 
 /// How long a publish that failed waits before it is sent again.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
@@ -248,8 +267,9 @@ impl Publisher {
         let (mut open, mut closing) = (true, false);
         // A message that did not fit in the last batch: it starts the next.
         let mut held: Option<Outgoing> = None;
-        // The id of the last publish sent (`Flight::after`).
-        let mut last_sent: Option<String> = None;
+        // The stream sequence of the last publish acknowledged: each acknowledged after is
+        // past it, in the order sent (`landed`).
+        let mut last_acked: Option<u64> = None;
         while open || held.is_some() || !in_flight.is_empty() {
             tokio::select! {
                 _ = &mut shutting_down, if !closing => {
@@ -258,7 +278,9 @@ impl Publisher {
                     // comes later is told the bridge is shutting down.
                     self.queued.close();
                 }
-                next = next_outgoing(&mut held, &mut self.queued), if open || held.is_some() => {
+                next = next_outgoing(&mut held, &mut self.queued),
+                    if (open || held.is_some()) && in_flight.len() < MOST_IN_FLIGHT =>
+                {
                     let Some(first) = next else {
                         open = false;
                         continue;
@@ -280,17 +302,10 @@ impl Publisher {
                         payload: batch.payload,
                     };
                     let deadline = started + self.timeout;
-                    // What was in flight when the client lost its connection is settled
-                    // first, in the order sent: sent again, it is then not overtaken by
-                    // this one.
-                    while in_flight.sent_before(self.link.connection())
-                        && let Some((flight, answer)) = in_flight.next().await
-                    {
-                        self.landed(flight, answer).await;
-                    }
                     // Nothing is sent while disconnected: a publish the client buffered could
                     // reach the others after its sender was told it was refused.
-                    if !self.link.reconnected(deadline).await {
+                    let settled = self.connected_and_settled(&mut in_flight, &mut last_acked, deadline);
+                    if !settled.await {
                         self.put_back(history);
                         tell(accepted, Err(refused_unreachable()));
                         continue;
@@ -300,24 +315,62 @@ impl Publisher {
                     self.own.sending(&message.id, batch.written);
                     let connection = self.link.connection();
                     let sent = message.send(None).await;
-                    let after = last_sent.replace(message.id.clone());
-                    let flight = Flight { message, accepted, history, started, deadline, connection, after };
+                    let acked_before = last_acked;
+                    let flight = Flight { message, accepted, history, started, deadline, connection, acked_before };
                     in_flight.send(flight, sent, self.link.clone());
                 }
                 Some((flight, answer)) = in_flight.next(), if !in_flight.is_empty() => {
-                    self.landed(flight, answer).await;
+                    self.landed(flight, answer, &mut last_acked).await;
                 }
             }
         }
     }
 
+    /// Waits until the client is connected, and settles first, in the order sent, what
+    /// was sent on an earlier connection: sent again, it is then not overtaken by what is
+    /// sent next. Whether the client is connected by `deadline`.
+    async fn connected_and_settled(
+        &self,
+        in_flight: &mut InFlight,
+        last_acked: &mut Option<u64>,
+        deadline: Instant,
+    ) -> bool {
+        loop {
+            if !self.link.reconnected(deadline).await {
+                return false;
+            }
+            let connection = self.link.connection();
+            while in_flight.sent_before(connection)
+                && let Some((flight, answer)) = in_flight.next().await
+            {
+                self.landed(flight, answer, last_acked).await;
+            }
+            if self.link.connection() == connection {
+                return true;
+            }
+        }
+    }
+
     /// Tells the senders of `flight` what became of it, once sent again if its send got
-    /// no answer (`send_again`).
-    async fn landed(&self, flight: Flight, answer: Answer) {
+    /// no answer (`send_again`). Flights land here in the order sent, so each one
+    /// acknowledged is past the last (`last_acked`): one JetStream holds behind it (lost
+    /// with its connection and then carried late, or overtaken while it was sent again)
+    /// is out of its senders' order, and refused to them — unless JetStream held its id
+    /// from before it was sent.
+    async fn landed(&self, flight: Flight, answer: Answer, last_acked: &mut Option<u64>) {
         let result = match answer {
-            Answer::Acknowledged => Ok(()),
-            Answer::Overtaken => Err("overtaken".to_owned()),
-            Answer::Failed(e) => self.send_again(&flight, e).await,
+            Answer::Acknowledged(sequence) => Ok(sequence),
+            Answer::Overtaken => Err(OVERTAKEN.to_owned()),
+            Answer::Failed(e) => self.send_again(&flight, e, *last_acked).await,
+        };
+        let result = match result {
+            Ok(sequence) if last_acked.is_none_or(|last| sequence > last) => {
+                *last_acked = Some(sequence);
+                Ok(())
+            }
+            Ok(sequence) if flight.acked_before.is_some_and(|before| sequence <= before) => Ok(()),
+            Ok(_) => Err(OVERTAKEN.to_owned()),
+            Err(e) => Err(e),
         };
         let Flight {
             message,
@@ -344,14 +397,18 @@ impl Publisher {
         tell(accepted, result);
     }
 
-    /// Sends `flight` again, under its id, until its deadline, while it may still land
-    /// where it was sent: right after the publish this run sent before it (`Flight::after`;
-    /// for the run's first, after an earlier run's), which the stream's last message on
-    /// this bridge's subject must then be. Publishes are pipelined, so one that got no
-    /// answer may be behind a later one on the stream already (the client sent what it
-    /// still held on its new connection), and sent again it would land out of order: it
-    /// is refused then. A publish JetStream holds already is found by its id.
-    async fn send_again(&self, flight: &Flight, failed: String) -> Result<(), String> {
+    /// Sends `flight` again, under its id, until its deadline, but only onto the publish
+    /// acknowledged last (`Nats-Expected-Last-Subject-Sequence` at `last_acked`; before
+    /// any, onto what an earlier run left on this bridge's subject): publishes are
+    /// pipelined, and a later one may be on the stream already (the client sent what it
+    /// still held on its new connection), behind which it would land out of order. One
+    /// JetStream holds already is answered with its sequence, which `landed` checks.
+    async fn send_again(
+        &self,
+        flight: &Flight,
+        failed: String,
+        last_acked: Option<u64>,
+    ) -> Result<u64, String> {
         let mut failed = failed;
         loop {
             tracing::debug!(error = %failed, message_id = %flight.message.id, "federation: publish again");
@@ -363,64 +420,73 @@ impl Publisher {
                 return Err(failed);
             }
             let connection = self.link.connection();
-            let after = match self.last_on_subject(flight).await {
-                Ok(After::Itself) => return Ok(()),
-                Ok(After::Sequence(last)) => last,
-                Ok(After::Overtaken) => return Err("overtaken".to_owned()),
-                Err(e) => {
-                    failed = e;
-                    continue;
+            let after = match last_acked {
+                Some(last) => last,
+                None => {
+                    let last = self.last_on_subject(flight);
+                    match tokio::time::timeout_at(flight.deadline.into(), last).await {
+                        Ok(Ok(After::Itself(sequence))) => return Ok(sequence),
+                        Ok(Ok(After::Sequence(last))) => last,
+                        Ok(Ok(After::Overtaken)) => return Err(OVERTAKEN.to_owned()),
+                        Ok(Err(e)) => {
+                            failed = e;
+                            continue;
+                        }
+                        Err(_) => return Err(failed),
+                    }
                 }
             };
             let sent = flight.message.send(Some(after)).await;
-            let answered = Message::answered(sent, &self.link, connection);
-            match tokio::time::timeout_at(flight.deadline.into(), answered).await {
-                Ok(Answer::Acknowledged) => return Ok(()),
-                Ok(Answer::Overtaken) => return Err("overtaken".to_owned()),
-                Ok(Answer::Failed(e)) => failed = e,
-                Err(_) => return Err("timed out".to_owned()),
+            match Message::answered(sent, &self.link, connection, flight.deadline).await {
+                Answer::Acknowledged(sequence) => return Ok(sequence),
+                Answer::Overtaken => return Err(OVERTAKEN.to_owned()),
+                Answer::Failed(e) => failed = e,
             }
         }
     }
 
-    /// Where on the stream `flight` may still go, from the last message on its subject.
+    /// Where `flight`, sent before any publish of this run was acknowledged, may still go:
+    /// after what an earlier run left last on this bridge's subject. The last message
+    /// there being another of this run's, it would land out of order.
     async fn last_on_subject(&self, flight: &Flight) -> Result<After, String> {
         use async_nats::jetstream::stream::LastRawMessageErrorKind;
         let message = &flight.message;
-        let stream = message.js.get_stream(&self.link.names.stream).await;
-        let stream = stream.map_err(|e| e.to_string())?;
+        let stream = (message.js)
+            .get_stream_no_info(&self.link.names.stream)
+            .await
+            .map_err(|e| e.to_string())?;
         let last = match stream
             .get_last_raw_message_by_subject(&message.subject)
             .await
         {
             Ok(last) => last,
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
-                return Ok(match flight.after {
-                    None => After::Sequence(0),
-                    Some(_) => After::Overtaken,
-                });
+                return Ok(After::Sequence(0));
             }
             Err(e) => return Err(e.to_string()),
         };
         let header = |name: &str| last.headers.get(name).map(|v| v.as_str().to_owned());
         let id = header(async_nats::header::NATS_MESSAGE_ID.as_ref());
-        let this_run = header(RUN_HEADER).as_deref() == Some(message.run.as_str());
-        Ok(match (&flight.after, id) {
-            (_, Some(id)) if id == message.id => After::Itself,
-            (Some(before), Some(id)) if *before == id => After::Sequence(last.sequence),
-            (None, _) if !this_run => After::Sequence(last.sequence),
-            _ => After::Overtaken,
+        Ok(if id.as_deref() == Some(message.id.as_str()) {
+            After::Itself(last.sequence)
+        } else if header(RUN_HEADER).as_deref() == Some(message.run.as_str()) {
+            After::Overtaken
+        } else {
+            After::Sequence(last.sequence)
         })
     }
 }
 
+/// Why a publish that landed out of its senders' order, or would have, was refused.
+const OVERTAKEN: &str = "a later message of this bridge reached the stream first";
+
 /// Where a publish sent again may still go (`Publisher::last_on_subject`).
 enum After {
-    /// The stream holds it already.
-    Itself,
-    /// Right after the message at this sequence, the one it was sent after.
+    /// The stream holds it already, at this sequence.
+    Itself(u64),
+    /// Right after the message at this sequence.
     Sequence(u64),
-    /// Another message is past where it was to go.
+    /// Another message of this run is past where it was to go.
     Overtaken,
 }
 
