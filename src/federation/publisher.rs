@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::context::PublishAckFuture;
+use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -47,12 +47,12 @@ struct Message {
     payload: Bytes,
 }
 
-type Sent = Result<PublishAckFuture, String>;
+type Sent = Result<PublishAckFuture, PublishError>;
 
 impl Message {
     /// Sends it once; `after`, for a message sent again: only onto the stream message of
     /// its subject at that sequence (0: none), so that it never lands behind a later one.
-    async fn send(&self, after: Option<u64>) -> Sent {
+    async fn send(&self, after: Option<u64>, deadline: Instant) -> Sent {
         let mut publish = PublishMessage::build()
             .payload(self.payload.clone())
             .message_id(self.id.as_str())
@@ -61,7 +61,9 @@ impl Message {
         if let Some(last) = after {
             publish = publish.expected_last_subject_sequence(last);
         }
-        (self.js.send_publish(self.subject.clone(), publish).await).map_err(|e| e.to_string())
+        let send = self.js.send_publish(self.subject.clone(), publish);
+        (tokio::time::timeout_at(deadline.into(), send).await)
+            .unwrap_or_else(|_| Err(PublishError::new(PublishErrorKind::TimedOut)))
     }
 
     /// Waits, until `deadline`, for JetStream's answer to the send on the client's
@@ -70,20 +72,25 @@ impl Message {
     async fn answered(sent: Sent, link: &NatsLink, connection: u64, deadline: Instant) -> Answer {
         let ack = match sent {
             Ok(ack) => ack,
-            Err(e) => return Answer::Failed(e),
+            // Larger than NATS takes: no try would pass.
+            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                return Answer::Unsendable(e.to_string());
+            }
+            Err(e) => return Answer::Failed(e.to_string()),
         };
         let answer = async {
             tokio::select! {
+                // An answer that came is taken, even when the client has reconnected since.
+                biased;
                 answer = ack => match answer {
-                    // The stream sequence it has (the first's, for a copy JetStream kept
-                    // already).
-                    Ok(ack) => Answer::Acknowledged(ack.sequence),
+                    Ok(ack) => Answer::Acknowledged {
+                        sequence: ack.sequence,
+                        duplicate: ack.duplicate,
+                    },
                     Err(e) if lost_race(&e) => Answer::Overtaken,
                     Err(e) => Answer::Failed(e.to_string()),
                 },
-                () = link.connected_after(connection) => {
-                    Answer::Failed("the connection to NATS was lost before the answer came".into())
-                }
+                () = link.connected_after(connection) => Answer::Lost,
             }
         };
         (tokio::time::timeout_at(deadline.into(), answer).await)
@@ -93,13 +100,19 @@ impl Message {
 
 /// What became of one send of a publish.
 enum Answer {
-    /// At this stream sequence.
-    Acknowledged(u64),
+    /// At this stream sequence: the first publish's, for an id JetStream held already
+    /// (`duplicate`).
+    Acknowledged { sequence: u64, duplicate: bool },
     /// A later publish of this bridge is on the stream past where it was to go
     /// (`Message::send`'s `after`).
     Overtaken,
-    /// No answer, or an error: NATS was failing over, or the connection was lost.
+    /// The client connected again before the answer came: the connection lost may have
+    /// taken the message or its answer with it.
+    Lost,
+    /// No answer in time, or an error (a stream leader being elected).
     Failed(String),
+    /// Never sent: larger than NATS takes.
+    Unsendable(String),
 }
 
 /// A publish in flight, with whom to tell what became of it.
@@ -305,7 +318,7 @@ impl Publisher {
                     // Nothing is sent while disconnected: a publish the client buffered could
                     // reach the others after its sender was told it was refused.
                     let settled = self.connected_and_settled(&mut in_flight, &mut last_acked, deadline);
-                    if !settled.await {
+                    if !settled.await || Instant::now() >= deadline {
                         self.put_back(history);
                         tell(accepted, Err(refused_unreachable()));
                         continue;
@@ -314,7 +327,7 @@ impl Publisher {
                     // Before it can be read back.
                     self.own.sending(&message.id, batch.written);
                     let connection = self.link.connection();
-                    let sent = message.send(None).await;
+                    let sent = message.send(None, deadline).await;
                     let acked_before = last_acked;
                     let flight = Flight { message, accepted, history, started, deadline, connection, acked_before };
                     in_flight.send(flight, sent, self.link.clone());
@@ -356,20 +369,27 @@ impl Publisher {
     /// acknowledged is past the last (`last_acked`): one JetStream holds behind it (lost
     /// with its connection and then carried late, or overtaken while it was sent again)
     /// is out of its senders' order, and refused to them — unless JetStream held its id
-    /// from before it was sent.
+    /// from before it was sent (a client's retry, history shared again).
     async fn landed(&self, flight: Flight, answer: Answer, last_acked: &mut Option<u64>) {
         let result = match answer {
-            Answer::Acknowledged(sequence) => Ok(sequence),
+            // Its first send, and JetStream held the id already: from before it was sent.
+            Answer::Acknowledged {
+                duplicate: true, ..
+            } => Ok(None),
+            Answer::Acknowledged { sequence, .. } => Ok(Some(sequence)),
             Answer::Overtaken => Err(OVERTAKEN.to_owned()),
-            Answer::Failed(e) => self.send_again(&flight, e, *last_acked).await,
+            Answer::Unsendable(e) => Err(e),
+            Answer::Lost => self.send_again(&flight, None, *last_acked).await,
+            Answer::Failed(e) => self.send_again(&flight, Some(e), *last_acked).await,
         };
         let result = match result {
-            Ok(sequence) if last_acked.is_none_or(|last| sequence > last) => {
+            Ok(None) => Ok(()),
+            Ok(Some(sequence)) if last_acked.is_none_or(|last| sequence > last) => {
                 *last_acked = Some(sequence);
                 Ok(())
             }
-            Ok(sequence) if flight.acked_before.is_some_and(|before| sequence <= before) => Ok(()),
-            Ok(_) => Err(OVERTAKEN.to_owned()),
+            Ok(Some(sequence)) if flight.acked_before.is_some_and(|b| sequence <= b) => Ok(()),
+            Ok(Some(_)) => Err(OVERTAKEN.to_owned()),
             Err(e) => Err(e),
         };
         let Flight {
@@ -399,96 +419,48 @@ impl Publisher {
 
     /// Sends `flight` again, under its id, until its deadline, but only onto the publish
     /// acknowledged last (`Nats-Expected-Last-Subject-Sequence` at `last_acked`; before
-    /// any, onto what an earlier run left on this bridge's subject): publishes are
-    /// pipelined, and a later one may be on the stream already (the client sent what it
-    /// still held on its new connection), behind which it would land out of order. One
-    /// JetStream holds already is answered with its sequence, which `landed` checks.
+    /// any in this run, onto none, so that only a copy JetStream holds already is
+    /// answered): publishes are pipelined, and a later one may be on the stream already
+    /// (the client sent what it still held on its new connection), behind which it would
+    /// land out of order. A copy JetStream holds is answered with its sequence, which
+    /// `landed` checks. `failed`: why the last send failed; none when its connection was
+    /// lost, which is sent again at once.
     async fn send_again(
         &self,
         flight: &Flight,
-        failed: String,
+        failed: Option<String>,
         last_acked: Option<u64>,
-    ) -> Result<u64, String> {
+    ) -> Result<Option<u64>, String> {
+        let lost = || "the connection to NATS was lost before the answer came".to_owned();
         let mut failed = failed;
         loop {
-            tracing::debug!(error = %failed, message_id = %flight.message.id, "federation: publish again");
-            if Instant::now() + RETRY_AFTER >= flight.deadline {
-                return Err(failed);
+            if let Some(e) = &failed {
+                tracing::debug!(error = %e, message_id = %flight.message.id, "federation: publish again");
+                if Instant::now() + RETRY_AFTER >= flight.deadline {
+                    return Err(e.clone());
+                }
+                tokio::time::sleep(RETRY_AFTER).await;
             }
-            tokio::time::sleep(RETRY_AFTER).await;
             if !self.link.reconnected(flight.deadline).await {
-                return Err(failed);
+                return Err(failed.unwrap_or_else(lost));
             }
             let connection = self.link.connection();
-            let after = match last_acked {
-                Some(last) => last,
-                None => {
-                    let last = self.last_on_subject(flight);
-                    match tokio::time::timeout_at(flight.deadline.into(), last).await {
-                        Ok(Ok(After::Itself(sequence))) => return Ok(sequence),
-                        Ok(Ok(After::Sequence(last))) => last,
-                        Ok(Ok(After::Overtaken)) => return Err(OVERTAKEN.to_owned()),
-                        Ok(Err(e)) => {
-                            failed = e;
-                            continue;
-                        }
-                        Err(_) => return Err(failed),
-                    }
-                }
-            };
-            let sent = flight.message.send(Some(after)).await;
+            // A sequence the stream never reaches, within what a server reads as a number.
+            let after = last_acked.unwrap_or(i64::MAX as u64);
+            let sent = flight.message.send(Some(after), flight.deadline).await;
             match Message::answered(sent, &self.link, connection, flight.deadline).await {
-                Answer::Acknowledged(sequence) => return Ok(sequence),
+                Answer::Acknowledged { sequence, .. } => return Ok(Some(sequence)),
                 Answer::Overtaken => return Err(OVERTAKEN.to_owned()),
-                Answer::Failed(e) => failed = e,
+                Answer::Unsendable(e) => return Err(e),
+                Answer::Lost => failed = None,
+                Answer::Failed(e) => failed = Some(e),
             }
         }
-    }
-
-    /// Where `flight`, sent before any publish of this run was acknowledged, may still go:
-    /// after what an earlier run left last on this bridge's subject. The last message
-    /// there being another of this run's, it would land out of order.
-    async fn last_on_subject(&self, flight: &Flight) -> Result<After, String> {
-        use async_nats::jetstream::stream::LastRawMessageErrorKind;
-        let message = &flight.message;
-        let stream = (message.js)
-            .get_stream_no_info(&self.link.names.stream)
-            .await
-            .map_err(|e| e.to_string())?;
-        let last = match stream
-            .get_last_raw_message_by_subject(&message.subject)
-            .await
-        {
-            Ok(last) => last,
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
-                return Ok(After::Sequence(0));
-            }
-            Err(e) => return Err(e.to_string()),
-        };
-        let header = |name: &str| last.headers.get(name).map(|v| v.as_str().to_owned());
-        let id = header(async_nats::header::NATS_MESSAGE_ID.as_ref());
-        Ok(if id.as_deref() == Some(message.id.as_str()) {
-            After::Itself(last.sequence)
-        } else if header(RUN_HEADER).as_deref() == Some(message.run.as_str()) {
-            After::Overtaken
-        } else {
-            After::Sequence(last.sequence)
-        })
     }
 }
 
 /// Why a publish that landed out of its senders' order, or would have, was refused.
 const OVERTAKEN: &str = "a later message of this bridge reached the stream first";
-
-/// Where a publish sent again may still go (`Publisher::last_on_subject`).
-enum After {
-    /// The stream holds it already, at this sequence.
-    Itself(u64),
-    /// Right after the message at this sequence.
-    Sequence(u64),
-    /// Another message of this run is past where it was to go.
-    Overtaken,
-}
 
 /// The message `held` back from the last batch, else the next one queued; `None` once the
 /// queue is closed and empty.
