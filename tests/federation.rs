@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::fleet::{Fleet, QUICK, SET_UP_WAIT, claim_of, federation_section, start_member};
 use common::nats::Cluster;
-use common::peers::{Proto, What};
+use common::peers::{Peer, Proto, What};
 use common::skynet::{SkynetHttp, SkynetWs};
 use common::tracker::{TrackerHttp, TrackerWs};
 use common::{WAIT, bridge_toml, process::BridgeProcess};
@@ -412,22 +412,32 @@ async fn a_message_is_published_once_under_its_id_and_never_again() {
     fleet.shutdown().await;
 }
 
+/// A Skynet agent on b0 and, known there, a Tracker agent on b1: sender and receiver.
+async fn skynet_on_b0_to_tracker_on_b1(fleet: &Fleet) -> (Peer, Peer) {
+    let receiver = fleet.nets[1].peer(Proto::Tracker).await;
+    fleet.wait_known(0, &receiver.name).await;
+    (fleet.nets[0].peer(Proto::Skynet).await, receiver)
+}
+
+/// Reads chats `@coder 0` … `@coder {count - 1}`, each once, in that order.
+async fn chats_in_order(receiver: &mut Peer, count: usize) {
+    for n in 0..count {
+        let seen = receiver.next(What::Chat).await;
+        assert_eq!(seen.text, format!("@coder {n}"), "message {n} in order");
+    }
+}
+
 #[tokio::test]
 async fn messages_from_one_sender_to_one_recipient_arrive_in_order() {
     let fleet = Fleet::start(2).await;
-    let mut receiver = fleet.nets[1].peer(Proto::Tracker).await;
-    fleet.wait_known(0, &receiver.name).await;
-    let mut sender = fleet.nets[0].peer(Proto::Skynet).await;
+    let (mut sender, mut receiver) = skynet_on_b0_to_tracker_on_b1(&fleet).await;
     const COUNT: usize = 200;
     for n in 0..COUNT {
         sender
             .chat(&receiver.name, &format!("@coder {n}"), None)
             .await;
     }
-    for n in 0..COUNT {
-        let seen = receiver.next(What::Chat).await;
-        assert_eq!(seen.text, format!("@coder {n}"), "message {n} in order");
-    }
+    chats_in_order(&mut receiver, COUNT).await;
     fleet.shutdown().await;
 }
 
@@ -440,9 +450,7 @@ async fn deliveries_taken_from_a_bridges_consumer_elsewhere_still_reach_its_agen
     use futures_util::StreamExt;
 
     let fleet = Fleet::start(2).await;
-    let mut receiver = fleet.nets[1].peer(Proto::Tracker).await;
-    fleet.wait_known(0, &receiver.name).await;
-    let mut sender = fleet.nets[0].peer(Proto::Skynet).await;
+    let (mut sender, mut receiver) = skynet_on_b0_to_tracker_on_b1(&fleet).await;
     let js = fleet.jetstream().await;
     let client = js.client();
     let inbox = client.new_inbox();
@@ -474,10 +482,7 @@ async fn deliveries_taken_from_a_bridges_consumer_elsewhere_still_reach_its_agen
         stolen += 1;
     }
     assert!(stolen > 0, "the other pull request was given none");
-    for n in 0..COUNT {
-        let seen = receiver.next(What::Chat).await;
-        assert_eq!(seen.text, format!("@coder {n}"), "message {n} in order");
-    }
+    chats_in_order(&mut receiver, COUNT).await;
     let (_, metrics) = common::admin_get(&fleet.nets[1].bridge, "/metrics").await;
     let gaps = metrics
         .lines()
@@ -3500,21 +3505,9 @@ async fn a_message_resent_under_another_nats_id_is_delivered_once() {
 /// moves to another, and messages keep crossing, in order.
 #[tokio::test]
 async fn one_nats_server_of_three_killed_traffic_goes_on() {
-    let mut cluster = Cluster::start(3).await;
-    // Room for a stream leader to be elected again on a loaded machine: the bridges must not
-    // take one another for dead, nor give up on a publish, meanwhile.
-    let timing = "heartbeat_ms = 200\npresence_ttl_ms = 15000\npublish_timeout_ms = 15000\n";
-    let fleet = Fleet::start_on(&cluster.toml_list(), 2, timing).await;
-    let mut receiver = fleet.nets[1].peer(Proto::Grid).await;
-    fleet.wait_known(0, &receiver.name).await;
-    let mut sender = fleet.nets[0].peer(Proto::Skynet).await;
+    let (mut cluster, fleet, mut sender, mut receiver) = fleet_riding_out_failovers().await;
     sender.chat(&receiver.name, "before", None).await;
     assert_eq!(receiver.next(What::Chat).await.text, "before");
-    // Sent at once: a message for the other bridge waits for the client to reconnect, and
-    // for the stream's leader to be elected again, up to the publish timeout.
-    for peer in [&mut sender, &mut receiver] {
-        peer.wait_up_to(Duration::from_secs(30));
-    }
     // The server the sending bridge is connected to: it must connect to another.
     let serving = cluster.serving("agentbridge b0").await;
     let serving = serving.expect("a server serves b0's connection");
@@ -3561,18 +3554,29 @@ async fn the_nats_server_leading_the_stream_killed_mid_flow_loses_nothing() {
     .await;
 }
 
-/// Sends 400 chats from a Skynet agent on b0 to a Grid program on b1, and kills the NATS
-/// server `pick` names a quarter of the way in.
-async fn nats_server_killed_mid_flow(pick: impl AsyncFnOnce(&Cluster, &Fleet) -> Option<usize>) {
-    let mut cluster = Cluster::start(3).await;
+/// Two bridges on a cluster of three NATS servers, with a Skynet agent on b0 (the sender)
+/// and a Grid program on b1 (the receiver) that wait out a server's failover.
+async fn fleet_riding_out_failovers() -> (Cluster, Fleet, Peer, Peer) {
+    let cluster = Cluster::start(3).await;
+    // Room for a stream leader to be elected again on a loaded machine: the bridges must not
+    // take one another for dead, nor give up on a publish, meanwhile.
     let timing = "heartbeat_ms = 200\npresence_ttl_ms = 15000\npublish_timeout_ms = 15000\n";
     let fleet = Fleet::start_on(&cluster.toml_list(), 2, timing).await;
     let mut receiver = fleet.nets[1].peer(Proto::Grid).await;
     fleet.wait_known(0, &receiver.name).await;
     let mut sender = fleet.nets[0].peer(Proto::Skynet).await;
+    // A message for the other bridge waits for the client to reconnect, and for the
+    // stream's leader to be elected again, up to the publish timeout.
     for peer in [&mut sender, &mut receiver] {
         peer.wait_up_to(Duration::from_secs(30));
     }
+    (cluster, fleet, sender, receiver)
+}
+
+/// Sends 400 chats from a Skynet agent on b0 to a Grid program on b1, and kills the NATS
+/// server `pick` names a quarter of the way in.
+async fn nats_server_killed_mid_flow(pick: impl AsyncFnOnce(&Cluster, &Fleet) -> Option<usize>) {
+    let (mut cluster, fleet, mut sender, mut receiver) = fleet_riding_out_failovers().await;
     const TOTAL: usize = 400;
     const BEFORE: usize = 100;
     let to = receiver.name.clone();
