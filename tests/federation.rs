@@ -1708,6 +1708,10 @@ async fn a_bridge_back_from_a_moment_away_hands_over_the_mail_of_an_agent_that_l
     let mut socket = GridWs::quiet(b1.addr("grid"), "drifter", None).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     cluster.restart(0).await;
+    // b0 back: its client reconnects (backing off up to 2 s), its server rejoins the
+    // cluster, and b0 answers; on a loaded machine that can take most of the ten seconds
+    // a hand-over is waited for, which the counts below tell from an answered one.
+    socket.wait_up_to(Duration::from_secs(30));
     let first = socket.next_message().await;
     assert_eq!(first["id"], "kept", "{first}");
 
