@@ -91,10 +91,14 @@ async fn nats_is_back(cluster: &mut Cluster, bridge: &agentbridge::Bridge) {
 }
 
 /// Waits, bounded, until `done` holds.
-async fn eventually(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
+async fn eventually(what: &str, done: impl AsyncFnMut() -> bool) {
+    eventually_within(what, WAIT, done).await;
+}
+
+async fn eventually_within(what: &str, wait: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + wait;
     while !done().await {
-        assert!(Instant::now() < deadline, "not within {WAIT:?}: {what}");
+        assert!(Instant::now() < deadline, "not within {wait:?}: {what}");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
@@ -3556,6 +3560,56 @@ async fn the_nats_server_leading_the_stream_killed_mid_flow_loses_nothing() {
         cluster.leading(&url, &stream).await
     })
     .await;
+}
+
+/// Tracker tasks created through a bridge while the NATS server it is connected to fails:
+/// each is created once (201; a write whose answer the failed connection took is made
+/// again under its id), and the other bridge has every one.
+#[tokio::test]
+async fn tracker_tasks_created_as_a_bridges_nats_server_fails_are_each_kept_once() {
+    let (mut cluster, fleet, _, _) = fleet_riding_out_failovers().await;
+    let patient = |addr| TrackerHttp::new(addr, "tb-admin").waiting_up_to(Duration::from_secs(60));
+    let (on_a, on_b) = (
+        patient(fleet.nets[0].tracker),
+        patient(fleet.nets[1].tracker),
+    );
+    let (mut made, mut killed) = (Vec::new(), false);
+    for n in 0..40 {
+        if n == 10 {
+            let serving = cluster.serving("agentbridge b0").await;
+            cluster.kill(serving.expect("a server serves b0's connection"));
+            killed = true;
+        }
+        let task = on_a
+            .task(
+                "team-board",
+                serde_json::json!({ "title": format!("failover {n}") }),
+            )
+            .await;
+        made.push(task["id"].as_str().expect("a task id").to_owned());
+    }
+    assert!(killed);
+    // A watch whose consumer went with the server resumes once its client has missed two
+    // of the consumer's heartbeats, 5 s apart (async-nats's ordered consumer): some ten
+    // seconds, far longer than a write takes to show elsewhere otherwise.
+    eventually_within("b1 has every task once", 3 * WAIT, async || {
+        let (_, tasks) = on_b.get("/tasks?project_slug=team-board").await;
+        let titles: Vec<String> = (tasks.as_array().into_iter().flatten())
+            .filter_map(|t| t["title"].as_str())
+            .filter(|t| t.starts_with("failover "))
+            .map(str::to_owned)
+            .collect();
+        titles.len() == 40
+            && (0..40).all(|n| {
+                titles
+                    .iter()
+                    .filter(|t| **t == format!("failover {n}"))
+                    .count()
+                    == 1
+            })
+    })
+    .await;
+    fleet.shutdown().await;
 }
 
 /// Two bridges on a cluster of three NATS servers, with a Skynet agent on b0 (the sender)

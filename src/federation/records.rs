@@ -55,14 +55,26 @@ fn record_key(table: &str, bucket_key: &str) -> Option<String> {
 }
 
 impl FleetRecords {
-    /// The fleet's buckets, while NATS is reachable.
-    fn ready(&self) -> Result<Arc<super::link::Ready>, RecordError> {
-        (self.link.ready()).ok_or_else(|| RecordError::Unavailable("NATS is unreachable".into()))
+    /// The fleet's buckets, while NATS is reachable: a server failing over is waited out
+    /// (the client reconnects to another) for as long as a publish waits, as a message's
+    /// publish does; NATS away for longer than that refuses at once.
+    async fn ready(&self) -> Result<Arc<super::link::Ready>, RecordError> {
+        if let Some(ready) = self.link.ready() {
+            return Ok(ready);
+        }
+        let deadline = std::time::Instant::now() + self.link.publish_timeout();
+        if !self.link.unreachable()
+            && self.link.reconnected(deadline).await
+            && let Some(ready) = self.link.ready()
+        {
+            return Ok(ready);
+        }
+        Err(RecordError::Unavailable("NATS is unreachable".into()))
     }
 
-    /// The records bucket, while NATS is reachable.
-    fn bucket(&self) -> Result<kv::Store, RecordError> {
-        Ok(self.ready()?.records.clone())
+    /// The records bucket, while NATS is reachable (`ready`).
+    async fn bucket(&self) -> Result<kv::Store, RecordError> {
+        Ok(self.ready().await?.records.clone())
     }
 
     /// The last message under `table`'s record `key`, from the stream's leader rather than
@@ -75,7 +87,7 @@ impl FleetRecords {
         key: &str,
     ) -> Result<Option<StreamMessage>, RecordError> {
         use async_nats::jetstream::stream::LastRawMessageErrorKind;
-        let bucket = self.bucket()?;
+        let bucket = self.bucket().await?;
         let subject = format!("{}{}", bucket.prefix, bucket_key(table, key));
         match bucket
             .stream
@@ -98,7 +110,7 @@ impl FleetRecords {
         write: &RecordWrite<'_>,
         expect_last: Revision,
     ) -> Result<Revision, RecordError> {
-        let ready = self.ready()?;
+        let ready = self.ready().await?;
         let answer = publish_once(&ready, write, expect_last).await;
         self.settle(&ready, write, expect_last, answer).await
     }
@@ -115,7 +127,14 @@ impl FleetRecords {
         match answer {
             Ok(revision) => Ok(revision),
             Err(e) if lost_race(&e) => Err(RecordError::Conflict),
-            Err(e) if e.kind() == PublishErrorKind::TimedOut => {
+            // No answer, or no stream leader to answer (one being elected as a server
+            // fails over): made again under its id.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    PublishErrorKind::TimedOut | PublishErrorKind::StreamNotFound
+                ) =>
+            {
                 tracing::debug!(
                     table = write.table,
                     "federation: a record write got no answer; made again"
@@ -140,13 +159,14 @@ impl FleetRecords {
         write: &RecordWrite<'_>,
         expect_last: Revision,
     ) -> Result<Revision, RecordError> {
+        use async_nats::jetstream::context::PublishErrorKind::StreamNotFound;
         let until = tokio::time::Instant::now() + self.link.publish_timeout();
         let mut wait = Duration::from_millis(50);
         loop {
             match publish_once(ready, write, expect_last).await {
                 Ok(revision) => return Ok(revision),
                 Err(e) if lost_race(&e) => return self.which_landed(write, expect_last, e).await,
-                Err(e) if still_in_process(&e) => {
+                Err(e) if still_in_process(&e) || e.kind() == StreamNotFound => {
                     if tokio::time::Instant::now() + wait >= until {
                         return self.which_landed(write, expect_last, e).await;
                     }
@@ -339,7 +359,7 @@ impl SharedRecords for FleetRecords {
             use async_nats::header::{
                 NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, NATS_MESSAGE_TTL, NATS_ROLLUP,
             };
-            let ready = self.ready()?;
+            let ready = self.ready().await?;
             let subject = put_subject(&ready.records, table, key);
             let mut headers = async_nats::HeaderMap::new();
             headers.insert(KV_OPERATION, "PURGE");
@@ -403,7 +423,7 @@ impl SharedRecords for FleetRecords {
         writes: Vec<(String, bytes::Bytes)>,
     ) -> RecordFuture<'a, Vec<Result<Revision, RecordError>>> {
         Box::pin(async move {
-            let ready = self.ready()?;
+            let ready = self.ready().await?;
             let writes: Vec<RecordWrite> = (writes.iter())
                 .map(|(key, value)| RecordWrite {
                     table,
@@ -441,13 +461,13 @@ impl SharedRecords for FleetRecords {
 
     fn remove<'a>(&'a self, table: &'a str, key: &'a str) -> RecordFuture<'a, ()> {
         Box::pin(async move {
-            (self.bucket()?.delete(bucket_key(table, key)).await).map_err(unavailable)
+            (self.bucket().await?.delete(bucket_key(table, key)).await).map_err(unavailable)
         })
     }
 
     fn put_file<'a>(&'a self, name: &'a str, bytes: bytes::Bytes) -> RecordFuture<'a, ()> {
         Box::pin(async move {
-            let files = self.ready()?.files.clone();
+            let files = self.ready().await?.files.clone();
             let mut reader: &[u8] = &bytes;
             files.put(name, &mut reader).await.map_err(unavailable)?;
             Ok(())
@@ -458,7 +478,7 @@ impl SharedRecords for FleetRecords {
         Box::pin(async move {
             use async_nats::jetstream::object_store::GetErrorKind;
             use tokio::io::AsyncReadExt;
-            let files = self.ready()?.files.clone();
+            let files = self.ready().await?.files.clone();
             let mut object = match files.get(name).await {
                 Ok(object) => object,
                 Err(e) if e.kind() == GetErrorKind::NotFound => return Ok(None),

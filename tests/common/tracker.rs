@@ -30,6 +30,16 @@ impl TrackerHttp {
         }
     }
 
+    /// Waits up to `wait` for each answer (a write held up by a NATS failover, say).
+    pub fn waiting_up_to(self, wait: std::time::Duration) -> Self {
+        let _ = http();
+        let client = reqwest::Client::builder().timeout(wait).build();
+        TrackerHttp {
+            client: client.expect("http client"),
+            ..self
+        }
+    }
+
     pub fn anonymous(addr: SocketAddr) -> Self {
         TrackerHttp {
             token: None,
