@@ -298,7 +298,8 @@ pub trait SharedRecords: Send + Sync {
 
     /// Writes each of `writes`, a key and its value, as `table`'s record `Expect::Unused`,
     /// sent one after another so that their revisions follow the order given (but for a
-    /// write whose answer was lost and that was made again) and answered together: many
+    /// write whose answer was lost, or that no stream leader answered, and that was made
+    /// again) and answered together: many
     /// writes cost about one round trip, not one each. Each write's revision or error, in
     /// the same order; the whole is `Unavailable` when none could be sent.
     fn write_unused_in_order<'a>(

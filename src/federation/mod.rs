@@ -122,6 +122,7 @@ impl Federation {
             link: self.link.clone(),
             shutdown: shutdown.clone(),
             positions: positions.clone(),
+            leaderless_since: Default::default(),
         }));
         let publisher = tokio::spawn(self.publisher.run(shutdown.clone()));
         let sharer = tokio::spawn(self.log.clone().share_when_back(shutdown.clone()));

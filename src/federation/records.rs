@@ -39,6 +39,8 @@ pub struct FleetRecords {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// What this bridge wrote and applied of each table, for a moved agent's mail.
     pub positions: Arc<RecordPositions>,
+    /// Since when writes have found no stream leader to answer them (`no_leader`).
+    pub leaderless_since: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 fn bucket_key(table: &str, key: &str) -> String {
@@ -115,6 +117,19 @@ impl FleetRecords {
         self.settle(&ready, write, expect_last, answer).await
     }
 
+    /// Whether writes have found no stream leader to answer them for longer than a
+    /// publish waits (quorum lost, say): then one is refused at once rather than made
+    /// again, as a leader's election is waited out.
+    fn no_leader(&self) -> bool {
+        let mut since = (self.leaderless_since.lock()).unwrap_or_else(|e| e.into_inner());
+        let since = since.get_or_insert_with(std::time::Instant::now);
+        since.elapsed() > self.link.publish_timeout()
+    }
+
+    fn leader_answered(&self) {
+        *(self.leaderless_since.lock()).unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     /// What became of `write`, given its publish's `answer`.
     async fn settle(
         &self,
@@ -125,8 +140,14 @@ impl FleetRecords {
     ) -> Result<Revision, RecordError> {
         use async_nats::jetstream::context::PublishErrorKind;
         match answer {
-            Ok(revision) => Ok(revision),
+            Ok(revision) => {
+                self.leader_answered();
+                Ok(revision)
+            }
             Err(e) if lost_race(&e) => Err(RecordError::Conflict),
+            Err(e) if e.kind() == PublishErrorKind::StreamNotFound && self.no_leader() => {
+                Err(unavailable(e))
+            }
             // No answer, or no stream leader to answer (one being elected as a server
             // fails over): made again under its id.
             Err(e)
@@ -159,13 +180,18 @@ impl FleetRecords {
         write: &RecordWrite<'_>,
         expect_last: Revision,
     ) -> Result<Revision, RecordError> {
-        use async_nats::jetstream::context::PublishErrorKind::StreamNotFound;
+        use async_nats::jetstream::context::PublishErrorKind::{StreamNotFound, TimedOut};
         let until = tokio::time::Instant::now() + self.link.publish_timeout();
         let mut wait = Duration::from_millis(50);
         loop {
             match publish_once(ready, write, expect_last).await {
-                Ok(revision) => return Ok(revision),
-                Err(e) if lost_race(&e) => return self.which_landed(write, expect_last, e).await,
+                Ok(revision) => {
+                    self.leader_answered();
+                    return Ok(revision);
+                }
+                Err(e) if lost_race(&e) || e.kind() == TimedOut => {
+                    return self.which_landed(write, expect_last, e).await;
+                }
                 Err(e) if still_in_process(&e) || e.kind() == StreamNotFound => {
                     if tokio::time::Instant::now() + wait >= until {
                         return self.which_landed(write, expect_last, e).await;
