@@ -214,21 +214,6 @@ impl FleetClaims {
     }
 }
 
-impl FleetClaims {
-    /// The fleet's buckets, once the client is connected: a server failing over is waited
-    /// out, for as long as a publish waits, rather than the name claimed here alone.
-    async fn ready(&self) -> Option<Arc<Ready>> {
-        if let Some(ready) = self.link.ready() {
-            return Some(ready);
-        }
-        let deadline = std::time::Instant::now() + self.link.publish_timeout();
-        if self.link.unreachable() || !self.link.reconnected(deadline).await {
-            return None;
-        }
-        self.link.ready()
-    }
-}
-
 impl NameClaims for FleetClaims {
     fn claim<'a>(&'a self, info: &'a AgentInfo, how: Claiming) -> ClaimFuture<'a> {
         Box::pin(async move {
@@ -236,7 +221,8 @@ impl NameClaims for FleetClaims {
                 .releasing
                 .remove(&info.name)
                 .map(|(_, (_, agent))| agent);
-            let claimed = match self.ready().await {
+            // A server failing over is waited out, rather than the name claimed alone.
+            let claimed = match self.link.ready_after_failover().await {
                 Some(ready) => self.claim_in(&ready, info, how, released.is_some()).await,
                 // Claimed here alone (the key, if still this bridge's, stays so), and in
                 // the fleet once NATS is back.

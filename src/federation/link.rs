@@ -58,9 +58,7 @@ pub struct NatsLink {
     /// (messages wait for the client to reconnect); past `grace` NATS is unreachable.
     disconnected_since: std::sync::Mutex<Option<Instant>>,
     grace: Duration,
-    /// Woken when the client connects again (`reconnected`).
-    connected: tokio::sync::Notify,
-    /// Changed whenever the client connects (`connected_after`).
+    /// Changed whenever the client connects (`reconnected`, `connected_after`).
     connections: tokio::sync::watch::Sender<()>,
 }
 
@@ -118,7 +116,6 @@ impl NatsLink {
             readiness,
             disconnected_since: std::sync::Mutex::new(None),
             grace: Duration::from_millis(config.publish_timeout_ms),
-            connected: tokio::sync::Notify::new(),
             connections: tokio::sync::watch::Sender::new(()),
         });
         let watched = Arc::downgrade(&link);
@@ -131,7 +128,6 @@ impl NatsLink {
                         *link.disconnected() = None;
                         link.update_readiness();
                         link.connections.send_replace(());
-                        link.connected.notify_waiters();
                     }
                     Event::Disconnected => {
                         tracing::warn!("federation: disconnected from NATS; reconnecting");
@@ -168,10 +164,8 @@ impl NatsLink {
 
     /// Waits until the client is connected, or `deadline`; whether it is.
     pub async fn reconnected(&self, deadline: std::time::Instant) -> bool {
+        let mut connected = self.connections.subscribe();
         loop {
-            let connected = self.connected.notified();
-            tokio::pin!(connected);
-            connected.as_mut().enable();
             if self.is_connected() {
                 return true;
             }
@@ -180,9 +174,23 @@ impl NatsLink {
                 return false;
             }
             // Woken by the connection event; looked at again now and then regardless, as
-            // the client's state may change before its event is handled.
-            let _ = tokio::time::timeout(left.min(RECHECK_AFTER), connected).await;
+            // the client sends its event before it shows itself connected.
+            let _ = tokio::time::timeout(left.min(RECHECK_AFTER), connected.changed()).await;
         }
+    }
+
+    /// The stream and buckets once the client is connected: a server failing over is
+    /// waited out (the client reconnects to another) for as long as a publish waits;
+    /// none at once when NATS has been away longer than that (`unreachable`).
+    pub async fn ready_after_failover(&self) -> Option<Arc<Ready>> {
+        if let Some(ready) = self.ready() {
+            return Some(ready);
+        }
+        let deadline = std::time::Instant::now() + self.publish_timeout();
+        if self.unreachable() || !self.reconnected(deadline).await {
+            return None;
+        }
+        self.ready()
     }
 
     /// The client's connection now, counted from its first: what was sent on an earlier

@@ -57,21 +57,11 @@ fn record_key(table: &str, bucket_key: &str) -> Option<String> {
 }
 
 impl FleetRecords {
-    /// The fleet's buckets, while NATS is reachable: a server failing over is waited out
-    /// (the client reconnects to another) for as long as a publish waits, as a message's
-    /// publish does; NATS away for longer than that refuses at once.
+    /// The fleet's buckets, while NATS is reachable, a server's failover waited out
+    /// (`NatsLink::ready_after_failover`), as a message's publish waits.
     async fn ready(&self) -> Result<Arc<super::link::Ready>, RecordError> {
-        if let Some(ready) = self.link.ready() {
-            return Ok(ready);
-        }
-        let deadline = std::time::Instant::now() + self.link.publish_timeout();
-        if !self.link.unreachable()
-            && self.link.reconnected(deadline).await
-            && let Some(ready) = self.link.ready()
-        {
-            return Ok(ready);
-        }
-        Err(RecordError::Unavailable("NATS is unreachable".into()))
+        (self.link.ready_after_failover().await)
+            .ok_or_else(|| RecordError::Unavailable("NATS is unreachable".into()))
     }
 
     /// The records bucket, while NATS is reachable (`ready`).

@@ -485,7 +485,7 @@ impl Db {
                         position.generation as i64
                     ],
                 )?;
-                insert_seen(conn, &path, seen).map(drop)
+                insert_seen(conn, &path, &seen).map(drop)
             })
             .await
     }
@@ -501,7 +501,7 @@ impl Db {
         let path = path.to_owned();
         self.store
             .write(move |conn| {
-                let new = insert_seen(conn, &path, hashes.clone())?;
+                let new = insert_seen(conn, &path, &hashes)?;
                 let mut appending = conn.prepare_cached(
                     "INSERT OR IGNORE INTO grid_scratchpad_appending (path, hash) VALUES (?1, ?2)",
                 )?;
@@ -605,7 +605,7 @@ fn delete_entries(
 fn insert_seen(
     conn: &rusqlite::Connection,
     path: &str,
-    hashes: Vec<String>,
+    hashes: &[String],
 ) -> Result<Vec<bool>, StoreError> {
     let now = crate::core::now_ms();
     let mut stmt = conn.prepare_cached(
