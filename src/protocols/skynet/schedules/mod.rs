@@ -11,6 +11,7 @@ pub mod ticks;
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use croner::Cron;
@@ -64,6 +65,9 @@ struct Running {
     last_run_at: Option<i64>,
     /// When it fires next; `None` while disabled, or when it never will.
     next_at: Option<i64>,
+    /// Its place in the order schedules came to this bridge, which breaks ties between
+    /// schedules created in the same millisecond when they are listed.
+    arrival: u64,
 }
 
 impl Running {
@@ -91,6 +95,7 @@ impl Running {
             cron,
             last_run_at: before.and_then(|b| b.last_run_at),
             next_at,
+            arrival: before.map_or(0, |b| b.arrival),
         })
     }
 
@@ -187,6 +192,8 @@ pub struct Schedules {
     removed: DashMap<String, (Revision, Instant)>,
     /// Wakes the ticks when a schedule changes.
     changed: tokio::sync::Notify,
+    /// The `arrival` the next new schedule gets.
+    arrivals: AtomicU64,
 }
 
 impl Schedules {
@@ -194,10 +201,12 @@ impl Schedules {
     pub async fn load(core: Arc<Core>, store: Store) -> Result<Schedules, StoreError> {
         let table = Table::open(store).await?;
         let by_id = DashMap::new();
+        let arrivals = AtomicU64::new(0);
         for row in table.all().await? {
             let id = row.schedule.id.clone();
             let ran = Running::new(row.schedule, None).map(|mut running| {
                 running.last_run_at = row.last_run_at;
+                running.arrival = arrivals.fetch_add(1, Ordering::Relaxed);
                 running
             });
             if let Some(running) = ran {
@@ -211,6 +220,7 @@ impl Schedules {
             writing: tokio::sync::Mutex::new(()),
             removed: DashMap::new(),
             changed: tokio::sync::Notify::new(),
+            arrivals,
         })
     }
 
@@ -223,12 +233,12 @@ impl Schedules {
 
     /// Every schedule (for `agent_id` only, when given), oldest first, as ScheduleInfo.
     pub fn list(&self, agent_id: Option<&str>) -> Vec<Value> {
-        let mut all: Vec<(i64, String, Value)> = (self.by_id.iter())
+        let mut all: Vec<((i64, u64), Value)> = (self.by_id.iter())
             .filter(|r| agent_id.is_none_or(|a| r.schedule.agent_id == a))
-            .map(|r| (r.schedule.created_at, r.schedule.id.clone(), r.info()))
+            .map(|r| ((r.schedule.created_at, r.arrival), r.info()))
             .collect();
-        all.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-        all.into_iter().map(|(_, _, info)| info).collect()
+        all.sort_by_key(|(created, _)| *created);
+        all.into_iter().map(|(_, info)| info).collect()
     }
 
     /// How many schedules there are.
@@ -354,7 +364,14 @@ impl Schedules {
             return Ok(());
         }
         let id = schedule.id.clone();
-        let running = Running::new(schedule, self.by_id.get(&id).as_deref());
+        let before = self.by_id.get(&id);
+        let running = Running::new(schedule, before.as_deref()).map(|mut running| {
+            if before.is_none() {
+                running.arrival = self.arrivals.fetch_add(1, Ordering::Relaxed);
+            }
+            running
+        });
+        drop(before);
         if let Some(running) = running {
             self.by_id.insert(id, running);
         }
@@ -438,5 +455,47 @@ mod tests {
         // Exactly on a tick: the one after.
         let after = next_after(&cron, next).unwrap();
         assert_eq!(after - next, 24 * 3600 * 1000);
+    }
+
+    #[tokio::test]
+    async fn schedules_created_in_one_millisecond_are_listed_in_the_order_made() {
+        use crate::core::RoutingConfig;
+        use crate::store::IN_MEMORY;
+
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        let log = Arc::new(store.clone());
+        let core = Core::new(log.clone(), log, &RoutingConfig::default());
+        let schedule = |id: &str| Schedule {
+            id: id.into(),
+            name: id.into(),
+            cron_expr: "0 9 * * *".into(),
+            agent_id: "agent".into(),
+            task_template: json!({ "title": "t", "description": "d" }),
+            enabled: true,
+            created_by: None,
+            created_at: 1,
+            updated_at: 1,
+        };
+        let names = |schedules: &Schedules| -> Vec<String> {
+            let listed = schedules.list(None);
+            listed
+                .iter()
+                .map(|s| s["name"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let schedules = Schedules::load(core.clone(), store.clone()).await.unwrap();
+        for id in ["c", "a", "b"] {
+            schedules.create(schedule(id)).await.unwrap();
+        }
+        assert_eq!(names(&schedules), ["c", "a", "b"]);
+        // A change keeps a schedule's place, and a restart keeps the order.
+        let disabled = Changes {
+            enabled: Some(false),
+            ..Changes::default()
+        };
+        schedules.update("c", &disabled).await.unwrap();
+        assert_eq!(names(&schedules), ["c", "a", "b"]);
+        let reloaded = Schedules::load(core, store).await.unwrap();
+        assert_eq!(names(&reloaded), ["c", "a", "b"]);
     }
 }

@@ -49,7 +49,7 @@ impl Table {
                 let mut select = conn.prepare(
                     "SELECT id, name, cron_expr, agent_id, task_template, enabled, created_by,
                             last_run_at, created_at, updated_at
-                     FROM skynet_schedules",
+                     FROM skynet_schedules ORDER BY rowid",
                 )?;
                 let rows = select.query_map([], |r| {
                     let template: String = r.get(4)?;
