@@ -4,6 +4,7 @@
 //! registered through one bridge may join through any.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 use rusqlite::params;
@@ -103,6 +104,10 @@ pub struct Registry {
     core: Arc<Core>,
     store: Store,
     by_id: DashMap<String, Profile>,
+    /// Each listed profile's place in the order profiles came to this bridge, which
+    /// breaks ties between profiles created in the same millisecond when they are listed.
+    arrival: DashMap<String, u64>,
+    arrivals: AtomicU64,
 }
 
 impl Registry {
@@ -113,7 +118,7 @@ impl Registry {
             .read(|conn| {
                 let mut out = Vec::new();
                 let mut agents = conn.prepare(
-                    "SELECT id, name, type, role, persona, created_at FROM skynet_agents",
+                    "SELECT id, name, type, role, persona, created_at FROM skynet_agents ORDER BY rowid",
                 )?;
                 for row in agents.query_map([], |r| {
                     Ok(Profile {
@@ -127,7 +132,7 @@ impl Registry {
                 })? {
                     out.push(row?);
                 }
-                let mut humans = conn.prepare("SELECT id, name, created_at FROM skynet_humans")?;
+                let mut humans = conn.prepare("SELECT id, name, created_at FROM skynet_humans ORDER BY rowid")?;
                 for row in humans.query_map([], |r| {
                     Ok(Profile {
                         id: r.get(0)?,
@@ -147,13 +152,15 @@ impl Registry {
             core,
             store,
             by_id: DashMap::new(),
+            arrival: DashMap::new(),
+            arrivals: AtomicU64::new(0),
         };
         for profile in profiles {
             if let Err(e) = (registry.core.directory).register_known(profile.directory_entry()) {
                 tracing::warn!(error = %e, "skynet: a registered name is held elsewhere; it stays unreachable");
                 continue;
             }
-            registry.by_id.insert(profile.id.clone(), profile);
+            registry.list_here(profile);
         }
         Ok(registry)
     }
@@ -237,8 +244,15 @@ impl Registry {
                 Ok(())
             })
             .await?;
-        self.by_id.insert(profile.id.clone(), profile.clone());
+        self.list_here(profile.clone());
         Ok(())
+    }
+
+    /// Lists `profile`, in its place if it was listed before.
+    fn list_here(&self, profile: Profile) {
+        (self.arrival.entry(profile.id.clone()))
+            .or_insert_with(|| self.arrivals.fetch_add(1, Ordering::Relaxed));
+        self.by_id.insert(profile.id.clone(), profile);
     }
 
     /// A change the fleet made to its registrations (through this bridge or another).
@@ -297,6 +311,7 @@ impl Registry {
             })
             .await?;
         self.by_id.remove(id);
+        self.arrival.remove(id);
         let held_here = (self.core.directory.get(&profile.name))
             .is_some_and(|a| a.protocol == PROTOCOL && a.native_id == profile.id);
         if held_here {
@@ -325,14 +340,13 @@ impl Registry {
 
     /// Every agent (or every human), oldest first.
     pub fn list(&self, humans: bool) -> Vec<Profile> {
-        let mut all: Vec<Profile> = self
-            .by_id
-            .iter()
+        let arrival = |id: &str| self.arrival.get(id).map_or(u64::MAX, |a| *a);
+        let mut all: Vec<((i64, u64), Profile)> = (self.by_id.iter())
             .filter(|p| p.is_human() == humans)
-            .map(|p| p.clone())
+            .map(|p| ((p.created_at, arrival(&p.id)), p.clone()))
             .collect();
-        all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
-        all
+        all.sort_by_key(|(created, _)| *created);
+        all.into_iter().map(|(_, profile)| profile).collect()
     }
 }
 
@@ -354,5 +368,48 @@ pub fn status_to_skynet(status: Status) -> &'static str {
         Status::Busy => "busy",
         Status::Offline => "offline",
         Status::Error => "error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::RoutingConfig;
+    use crate::store::IN_MEMORY;
+
+    #[tokio::test]
+    async fn profiles_created_in_one_millisecond_are_listed_in_the_order_made() {
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        let log = Arc::new(store.clone());
+        let core = Core::new(log.clone(), log, &RoutingConfig::default());
+        let names = |registry: &Registry| -> Vec<String> {
+            (registry.list(false).into_iter()).map(|p| p.name).collect()
+        };
+        let registry = Registry::load(core.clone(), store.clone()).await.unwrap();
+        for (id, name) in [("3", "carol"), ("1", "alice"), ("2", "bob")] {
+            let profile = Profile {
+                id: id.into(),
+                name: name.into(),
+                agent_type: Some("worker".into()),
+                role: None,
+                persona: None,
+                created_at: 1,
+            };
+            registry.keep(&profile).await.unwrap();
+        }
+        assert_eq!(names(&registry), ["carol", "alice", "bob"]);
+        // A restart keeps the order.
+        drop(registry);
+        let reloaded = Registry::load(
+            Core::new(
+                Arc::new(store.clone()),
+                Arc::new(store.clone()),
+                &RoutingConfig::default(),
+            ),
+            store,
+        )
+        .await
+        .unwrap();
+        assert_eq!(names(&reloaded), ["carol", "alice", "bob"]);
     }
 }

@@ -178,7 +178,7 @@ impl Db {
             .read(|conn| {
                 let mut stmt = conn.prepare(&format!(
                     "SELECT {TASK_COLUMNS} FROM synapse_tasks WHERE assignee = '' AND status = ?1
-                     ORDER BY created_at, id"
+                     ORDER BY created_at, rowid"
                 ))?;
                 let rows = stmt.query_map([TaskStatus::Received as i32], task_from)?;
                 Ok(rows.collect::<Result<_, _>>()?)
@@ -246,7 +246,7 @@ impl Db {
                 page_args.push(offset);
                 let n = page_args.len();
                 let mut stmt = conn.prepare(&format!(
-                    "SELECT {TASK_COLUMNS} FROM synapse_tasks {filter} ORDER BY created_at DESC, id LIMIT ?{} OFFSET ?{}",
+                    "SELECT {TASK_COLUMNS} FROM synapse_tasks {filter} ORDER BY created_at DESC, rowid DESC LIMIT ?{} OFFSET ?{}",
                     n - 1,
                     n
                 ))?;

@@ -491,7 +491,7 @@ impl Db {
                 let column = if by_task { "task_id" } else { "message_id" };
                 let mut stmt = conn.prepare_cached(&format!(
                     "SELECT id, message_id, task_id, filename, mime_type, size, created_at
-                     FROM tracker_attachments WHERE {column} = ?1 ORDER BY created_at, id"
+                     FROM tracker_attachments WHERE {column} = ?1 ORDER BY created_at, rowid"
                 ))?;
                 let rows = stmt.query_map([key], attachment_from)?;
                 Ok(rows.collect::<Result<_, _>>()?)

@@ -37,7 +37,7 @@ impl Db {
                     args.push(assignee.clone());
                     sql.push_str(&format!(" AND t.assignee_slug = ?{}", args.len()));
                 }
-                sql.push_str(" ORDER BY t.created_at, t.id");
+                sql.push_str(" ORDER BY t.created_at, t.rowid");
                 let mut stmt = conn.prepare(&sql)?;
                 let mut rows = stmt.query(rusqlite::params_from_iter(args))?;
                 let mut out = Vec::new();
