@@ -33,6 +33,7 @@ pub const FEDERATION_BRIDGES: &str = "agentbridge_federation_bridges";
 pub const FEDERATION_HANDOVERS: &str = "agentbridge_federation_handovers_total";
 pub const FEDERATION_ACKED_UNWRITTEN: &str = "agentbridge_federation_acknowledged_unwritten_total";
 pub const FEDERATION_DELIVERY_GAPS: &str = "agentbridge_federation_delivery_gaps_total";
+pub const FEDERATION_WATCH_STALLS: &str = "agentbridge_federation_watch_stalls_total";
 pub const READY: &str = "agentbridge_ready";
 pub const CONFIG_RELOADS: &str = "agentbridge_config_reloads_total";
 
@@ -124,6 +125,10 @@ pub const METRICS: &[(&str, &str)] = &[
     (
         FEDERATION_DELIVERY_GAPS,
         "Readings of this bridge's stream consumer that ended at a gap in its deliveries (lost as a NATS server failed, or served to a pull request left over), which the next reading read from the stream.",
+    ),
+    (
+        FEDERATION_WATCH_STALLS,
+        "Watches of the fleet's buckets made again because their stream held a change they had not delivered a second later (their consumer's NATS server failed), by bucket.",
     ),
 ];
 
@@ -395,6 +400,9 @@ pub fn bridge_started(protocols: &[&'static str], federated: bool) {
         }
         counter!(FEDERATION_ACKED_UNWRITTEN).increment(0);
         counter!(FEDERATION_DELIVERY_GAPS).increment(0);
+        for watch in WATCHES {
+            counter!(FEDERATION_WATCH_STALLS, "watch" => watch).increment(0);
+        }
         drop(histogram!(FEDERATION_PUBLISH_DURATION));
         drop(histogram!(FEDERATION_APPLY_LAG));
     }
@@ -503,6 +511,15 @@ pub fn federation_acknowledged_unwritten() {
 /// A reading of the stream found deliveries of its consumer that went elsewhere.
 pub fn federation_delivery_gap() {
     counter!(FEDERATION_DELIVERY_GAPS).increment(1);
+}
+
+/// The buckets a bridge watches, as `FEDERATION_WATCH_STALLS` labels them.
+const WATCHES: [&str; 3] = ["records", "heartbeats", "cards"];
+
+/// A watch of the fleet's bucket `watch` (one of `WATCHES`) stalled and was made again.
+pub fn federation_watch_stalled(watch: &'static str) {
+    debug_assert!(WATCHES.contains(&watch));
+    counter!(FEDERATION_WATCH_STALLS, "watch" => watch).increment(1);
 }
 
 /// Counts a connection for as long as the guard lives.

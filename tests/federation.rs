@@ -2326,9 +2326,37 @@ async fn read_until_got(
 
 /// A bridge's count of hand-overs that ended with `outcome`, from its `/metrics`.
 fn handovers(metrics: &str, outcome: &str) -> Option<f64> {
-    let line = format!(r#"agentbridge_federation_handovers_total{{outcome="{outcome}"}} "#);
+    metric(
+        metrics,
+        &format!(r#"agentbridge_federation_handovers_total{{outcome="{outcome}"}}"#),
+    )
+}
+
+/// The value of `series` (a metric's name with its labels) in a bridge's `/metrics`.
+fn metric(metrics: &str, series: &str) -> Option<f64> {
+    let line = format!("{series} ");
     (metrics.lines().find_map(|l| l.strip_prefix(line.as_str())))
         .and_then(|n| n.trim().parse::<f64>().ok())
+}
+
+/// Deletes the consumers of the fleet's bucket `bucket` (`records`, `bridges`, …) whose
+/// filter ends with `keys`, as the failure of the NATS server holding them would end them:
+/// the clients reading them are not told. How many there were.
+async fn consumers_gone(fleet: &Fleet, bucket: &str, keys: &str) -> usize {
+    use futures_util::TryStreamExt;
+    let js = fleet.jetstream().await;
+    let stream = js.get_stream(format!("KV_{}_{bucket}", fleet.prefix));
+    let stream = stream.await.expect("the bucket");
+    let consumers: Vec<_> = (stream.consumers().try_collect().await).expect("its consumers");
+    let mut gone = 0;
+    for consumer in consumers
+        .iter()
+        .filter(|c| c.config.filter_subject.ends_with(keys))
+    {
+        (stream.delete_consumer(&consumer.name).await).expect("the consumer goes");
+        gone += 1;
+    }
+    gone
 }
 
 /// `got` holds each of `0..total` once, in order.
@@ -3589,9 +3617,9 @@ async fn tracker_tasks_created_as_a_bridges_nats_server_fails_are_each_kept_once
         made.push(task["id"].as_str().expect("a task id").to_owned());
     }
     assert!(killed);
-    // A watch whose consumer went with the server resumes once its client has missed two
-    // of the consumer's heartbeats, 5 s apart (async-nats's ordered consumer): some ten
-    // seconds, far longer than a write takes to show elsewhere otherwise.
+    // A watch whose consumer went with the server starts again once it misses a change
+    // (`a_records_watch_whose_consumer_went_starts_again_when_it_misses_a_change`); the
+    // stream's leader may be elected again meanwhile.
     eventually_within("b1 has every task once", 3 * WAIT, async || {
         let (_, tasks) = on_b.get("/tasks?project_slug=team-board").await;
         let titles: Vec<String> = (tasks.as_array().into_iter().flatten())
@@ -3609,6 +3637,90 @@ async fn tracker_tasks_created_as_a_bridges_nats_server_fails_are_each_kept_once
             })
     })
     .await;
+    fleet.shutdown().await;
+}
+
+/// A watch of the fleet's records whose consumer went without a word (its NATS server
+/// failed while the bridge's own stayed up) is made again once the stream holds a change it
+/// did not deliver, rather than after the ten seconds of missed heartbeats async-nats waits.
+#[tokio::test]
+async fn a_records_watch_whose_consumer_went_is_made_again_when_it_misses_a_change() {
+    let fleet = Fleet::start(2).await;
+    let (on_a, on_b) = (
+        TrackerHttp::new(fleet.nets[0].tracker, "tb-admin"),
+        TrackerHttp::new(fleet.nets[1].tracker, "tb-admin"),
+    );
+    let has = async |title: &str| {
+        let (_, tasks) = on_b.get("/tasks?project_slug=team-board").await;
+        (tasks.as_array().into_iter().flatten()).any(|t| t["title"] == title)
+    };
+    on_a.task("team-board", serde_json::json!({ "title": "before" }))
+        .await;
+    eventually_within("b1 has the task made before", WAIT, async || {
+        has("before").await
+    })
+    .await;
+
+    let gone = consumers_gone(&fleet, "records", ".tracker-tasks.>").await;
+    assert_eq!(gone, 2, "each bridge watches the tasks");
+    on_a.task("team-board", serde_json::json!({ "title": "after" }))
+        .await;
+    let made = Instant::now();
+    eventually_within("b1 has the task made after", 3 * WAIT, async || {
+        has("after").await
+    })
+    .await;
+    println!("b1 had the task {:?} after it was made", made.elapsed());
+    let (_, metrics) = common::admin_get(&fleet.nets[1].bridge, "/metrics").await;
+    let stalls = metric(
+        &metrics,
+        r#"agentbridge_federation_watch_stalls_total{watch="records"}"#,
+    );
+    assert!(
+        stalls.is_some_and(|n| n > 0.0),
+        "stalls counted: {stalls:?}"
+    );
+    fleet.shutdown().await;
+}
+
+/// A watch of the heartbeats whose consumer went without a word is made again within the
+/// presence TTL: its bridge does not take the others for gone meanwhile, nor show their
+/// agents offline.
+#[tokio::test]
+async fn a_heartbeats_watch_whose_consumer_went_is_made_again_before_the_others_seem_gone() {
+    let timing = "heartbeat_ms = 200\npresence_ttl_ms = 3000\npublish_timeout_ms = 2000\n";
+    let fleet = Fleet::start_timed(2, timing).await;
+    let sky = fleet.nets[0].peer(Proto::Skynet).await;
+    fleet.wait_known(1, &sky.name).await;
+    let bridges_b1_knows = async || {
+        let (_, metrics) = common::admin_get(&fleet.nets[1].bridge, "/metrics").await;
+        metric(&metrics, "agentbridge_federation_bridges")
+    };
+    eventually_within("b1 hears b0", WAIT, async || {
+        bridges_b1_knows().await == Some(2.0)
+    })
+    .await;
+
+    assert_eq!(consumers_gone(&fleet, "bridges", ">").await, 2);
+    // Two TTLs, checked often enough to see a sweep and the revival the next heartbeat
+    // brings (at the ten seconds async-nats waits).
+    let until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < until {
+        let left = until - Instant::now();
+        assert_eq!(
+            bridges_b1_knows().await,
+            Some(2.0),
+            "b1 took b0 for gone, {left:?} before the end"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, metrics) = common::admin_get(&fleet.nets[1].bridge, "/metrics").await;
+    let series = r#"agentbridge_federation_watch_stalls_total{watch="heartbeats"}"#;
+    let stalls = metric(&metrics, series);
+    assert!(
+        stalls.is_some_and(|n| n > 0.0),
+        "stalls counted: {stalls:?}"
+    );
     fleet.shutdown().await;
 }
 

@@ -7,6 +7,7 @@
 //! `docs/federation.md` has the subjects, the guarantees and what it costs.
 
 mod apply;
+mod bucket_watch;
 mod cards;
 mod claims;
 mod config;

@@ -13,6 +13,7 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::bucket_watch::BucketWatch;
 use super::cards::CardKeeper;
 use super::config::FederationConfig;
 use super::held_cards::HeldCards;
@@ -20,6 +21,12 @@ use super::link::{NatsLink, Ready, put_heartbeat};
 use super::wire::Card;
 use crate::core::{Audience, Core, Envelope, Kind, Replicated, Status};
 use crate::telemetry;
+
+/// How long the cards' watch is idle before it is checked for a stall (`BucketWatch`).
+const CARDS_CHECKED_EVERY: Duration = Duration::from_secs(1);
+
+/// The shortest wait between two stall checks of the heartbeats' watch.
+const MIN_CHECK: Duration = Duration::from_millis(100);
 
 pub struct Presence {
     pub link: Arc<NatsLink>,
@@ -73,14 +80,22 @@ impl Presence {
                 // With the history once, to learn who is alive; a watch made again after an
                 // error starts from now, or heartbeats a sweep took for gone would bring
                 // their bridges back (a live bridge's next heartbeat comes within one beat).
+                // It is checked for a stall every heartbeat, so that one is caught within a
+                // TTL.
+                let (bridges, every) = (&ready.bridges, self.heartbeat.max(MIN_CHECK));
                 watch = match watched_before {
-                    false => ready.bridges.watch_with_history(">").await.ok(),
-                    true => ready.bridges.watch(">").await.ok(),
+                    false => (BucketWatch::from_last_values(bridges, ">", every, "heartbeats"))
+                        .await
+                        .ok(),
+                    true => (BucketWatch::from_next(bridges, ">", every, "heartbeats"))
+                        .await
+                        .ok(),
                 };
                 watched_before |= watch.is_some();
             }
             if cards.is_none() {
-                cards = ready.agents.watch_all().await.ok();
+                let made = BucketWatch::from_next(&ready.agents, ">", CARDS_CHECKED_EVERY, "cards");
+                cards = made.await.ok();
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -304,7 +319,7 @@ async fn all_cards(ready: &Ready) -> Vec<bytes::Bytes> {
 }
 
 async fn next_entry(
-    watch: &mut Option<async_nats::jetstream::kv::Watch>,
+    watch: &mut Option<BucketWatch>,
 ) -> Option<Result<async_nats::jetstream::kv::Entry, async_nats::jetstream::kv::WatcherError>> {
     match watch {
         Some(watch) => watch.next().await,

@@ -12,8 +12,8 @@ use std::time::Duration;
 use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::kv::{self, Operation};
 use async_nats::jetstream::message::StreamMessage;
-use futures_util::StreamExt;
 
+use super::bucket_watch::BucketWatch;
 use super::link::{NatsLink, lost_race, still_in_process};
 use super::record_positions::RecordPositions;
 use crate::core::{
@@ -22,6 +22,9 @@ use crate::core::{
 
 /// How long a watch that failed waits before it starts again.
 const REWATCH_AFTER: Duration = Duration::from_millis(500);
+
+/// How long a table's watch is idle before it is checked for a stall (`BucketWatch`).
+const WATCH_CHECKED_EVERY: Duration = Duration::from_secs(1);
 
 /// How long a taken record's key refuses `Expect::Unused` writes: the mark a take leaves
 /// lives this long (a per-message TTL, so the records bucket allows them), longer than a
@@ -552,13 +555,17 @@ async fn follow_once(
     let Some(ready) = link.set_up() else {
         return;
     };
-    let mut watch = match ready.records.watch_with_history(format!("{table}.>")).await {
-        Ok(watch) => watch,
-        Err(e) => {
-            tracing::debug!(error = %e, table, "federation: cannot watch records yet");
-            return;
-        }
-    };
+    let keys = format!("{table}.>");
+    let mut watch =
+        match BucketWatch::from_last_values(&ready.records, &keys, WATCH_CHECKED_EVERY, "records")
+            .await
+        {
+            Ok(watch) => watch,
+            Err(e) => {
+                tracing::debug!(error = %e, table, "federation: cannot watch records yet");
+                return;
+            }
+        };
     while let Some(entry) = watch.next().await {
         let entry = match entry {
             Ok(entry) => entry,
