@@ -4,25 +4,50 @@
 //! five seconds. When the NATS server holding that consumer fails while the client, on
 //! another server, stays connected, the watch learns of it only after two missed
 //! heartbeats: ten seconds in which nothing reaches it — longer than the presence TTL. So
-//! while a watch is idle, its bridge asks the bucket's stream, every `check_every` (a second,
-//! or a heartbeat for the heartbeats), for the first message past what the watch delivered
-//! (a direct get, which any of the stream's servers answers); one still not delivered at
-//! the next check means the watch stalled, and it is made again from there.
+//! every `check_every` (a second, or a heartbeat for the heartbeats) a bridge asks the
+//! bucket's stream for the first message past what the watch delivered (a direct get, which
+//! any of the stream's servers answers); when one found at a check is still not delivered
+//! at the next, and the watch delivered nothing in between, the watch stalled, and it is
+//! made again from there.
 
 use std::time::Duration;
 
-use async_nats::jetstream::kv::{Entry, Store, Watch, WatchError, WatcherError};
+use async_nats::jetstream::kv::{Entry, Store, Watch, WatcherError};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
-use tokio::time::{Interval, MissedTickBehavior};
+use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::core::Revision;
+
+/// How many times in a row making the watch may fail before `next` gives up (its caller
+/// then makes another), and the pause before each try again.
+const TRIES: usize = 5;
+const TRY_AGAIN_AFTER: Duration = Duration::from_millis(500);
+
+/// How long an answer from the stream is waited for, at least: a heartbeat may be shorter
+/// than a busy server takes to answer.
+const ANSWERED_WITHIN: Duration = Duration::from_secs(1);
+
+/// Where a watch starts.
+#[derive(Clone, Copy)]
+enum From {
+    /// The keys' last values.
+    LastValues,
+    /// What comes after the stream's last message now.
+    Next,
+    /// What comes after this revision.
+    After(Revision),
+}
+
+type Making = BoxFuture<'static, Result<(Watch, Revision), async_nats::Error>>;
 
 pub struct BucketWatch {
     bucket: Store,
     /// The keys watched (`>` for all).
     keys: String,
-    watch: Watch,
+    /// None until it is made, and while it is made again.
+    watch: Option<Watch>,
+    from: From,
     /// The last revision the watch delivered (or, for a watch of what comes next, the
     /// stream's last when it was made).
     delivered: Revision,
@@ -30,118 +55,139 @@ pub struct BucketWatch {
     news: bool,
     /// A revision past `delivered` that the stream held at the last check.
     awaited: Option<Revision>,
-    /// How long a watch is idle before its stream is asked whether it missed something,
-    /// and how long what it missed may then take to arrive before it is taken for stalled.
+    /// How long what the stream holds may take to be delivered before the watch is taken
+    /// for stalled; the stream is asked that often.
     check: Interval,
-    /// The question to the stream under way, kept here so that a caller's `select!`
-    /// dropping `next` does not drop it; likewise the watch being made again.
+    /// The question to the stream under way, and the watch being made, kept here so that a
+    /// caller's `select!` dropping `next` drops neither.
     asking: Option<BoxFuture<'static, Option<Revision>>>,
-    making_again: Option<BoxFuture<'static, Result<Watch, WatchError>>>,
+    making: Option<Making>,
+    /// Failed tries at making the watch, in a row.
+    failed: usize,
     /// The watch's name in `agentbridge_federation_watch_stalls_total`.
     label: &'static str,
 }
 
 impl BucketWatch {
-    /// Watches `keys` of `bucket` from their last values on.
-    pub async fn from_last_values(
+    /// A watch of `keys` of `bucket` from their last values on, made as `next` is first
+    /// awaited.
+    pub fn from_last_values(
         bucket: &Store,
         keys: &str,
         check_every: Duration,
         label: &'static str,
-    ) -> Result<BucketWatch, WatchError> {
-        let watch = bucket.watch_with_history(keys).await?;
-        Ok(BucketWatch::new(bucket, keys, watch, 0, check_every, label))
+    ) -> BucketWatch {
+        BucketWatch::new(bucket, keys, From::LastValues, check_every, label)
     }
 
-    /// Watches the changes to `keys` of `bucket` that come next.
-    pub async fn from_next(
+    /// A watch of the changes to `keys` of `bucket` that come next, made as `next` is
+    /// first awaited.
+    pub fn from_next(
         bucket: &Store,
         keys: &str,
         check_every: Duration,
         label: &'static str,
-    ) -> Result<BucketWatch, async_nats::Error> {
-        let last = bucket.stream.clone().info().await?.state.last_sequence;
-        let watch = bucket.watch_from_revision(keys, last + 1).await?;
-        Ok(BucketWatch::new(
-            bucket,
-            keys,
-            watch,
-            last,
-            check_every,
-            label,
-        ))
+    ) -> BucketWatch {
+        BucketWatch::new(bucket, keys, From::Next, check_every, label)
     }
 
     fn new(
         bucket: &Store,
         keys: &str,
-        watch: Watch,
-        delivered: Revision,
+        from: From,
         check_every: Duration,
         label: &'static str,
     ) -> BucketWatch {
-        let mut check = tokio::time::interval(check_every);
+        let mut check = tokio::time::interval_at(Instant::now() + check_every, check_every);
         check.set_missed_tick_behavior(MissedTickBehavior::Delay);
         BucketWatch {
             bucket: bucket.clone(),
             keys: keys.to_owned(),
-            watch,
-            delivered,
+            watch: None,
+            from,
+            delivered: 0,
             news: false,
             awaited: None,
             check,
             asking: None,
-            making_again: None,
+            making: None,
+            failed: 0,
             label,
         }
     }
 
-    /// The next change; `None` when the watch ended, or could not be made again after it
-    /// stalled. Cancel-safe.
+    /// The next change; `None` when the watch cannot be made (after `TRIES`), or ended.
+    /// Cancel-safe.
     pub async fn next(&mut self) -> Option<Result<Entry, WatcherError>> {
         loop {
-            let idle = self.asking.is_none() && self.making_again.is_none();
+            if self.watch.is_none() && self.making.is_none() {
+                self.making = Some(self.make(Duration::ZERO));
+            }
+            let watching = self.watch.is_some();
             tokio::select! {
-                entry = self.watch.next(), if self.making_again.is_none() => {
+                entry = next_entry(&mut self.watch), if watching => {
                     if let Some(Ok(entry)) = &entry {
                         self.delivered = self.delivered.max(entry.revision);
                         self.news = true;
                     }
                     return entry;
                 }
-                _ = self.check.tick(), if idle => self.check_for_stall(),
-                awaited = finished(&mut self.asking) => self.awaited = awaited,
-                made = finished(&mut self.making_again) => match made {
-                    Ok(watch) => self.watch = watch,
+                made = finished(&mut self.making) => match made {
+                    Ok((watch, delivered)) => {
+                        (self.watch, self.delivered, self.failed) = (Some(watch), delivered, 0);
+                        self.check.reset();
+                    }
                     Err(e) => {
-                        tracing::debug!(error = %e, watch = self.label, "federation: cannot watch again yet");
-                        return None;
+                        self.failed += 1;
+                        tracing::debug!(error = %e, watch = self.label, keys = %self.keys, "federation: cannot watch yet");
+                        if self.failed >= TRIES {
+                            return None;
+                        }
+                        self.making = Some(self.make(TRY_AGAIN_AFTER));
                     }
                 },
+                _ = self.check.tick(), if watching && self.asking.is_none() => self.check_for_stall(),
+                awaited = finished(&mut self.asking) => {
+                    self.awaited = awaited;
+                    // What was found gets a whole period to be delivered.
+                    self.check.reset();
+                }
             }
         }
     }
 
-    /// At a check: a watch idle since the last, and still without a revision the stream
-    /// held then, stalled, and is made again from past what it delivered. Otherwise, if
-    /// it is idle, the stream is asked for the first revision it holds past that; one that
+    /// The watch, made from `self.from` after `pause`, with what it delivered up to then.
+    fn make(&self, pause: Duration) -> Making {
+        let (bucket, keys, from) = (self.bucket.clone(), self.keys.clone(), self.from);
+        Box::pin(async move {
+            tokio::time::sleep(pause).await;
+            let after = match from {
+                From::LastValues => return Ok((bucket.watch_with_history(keys).await?, 0)),
+                From::Next => bucket.stream.clone().info().await?.state.last_sequence,
+                From::After(revision) => revision,
+            };
+            Ok((bucket.watch_from_revision(keys, after + 1).await?, after))
+        })
+    }
+
+    /// At a check: a watch that delivered nothing since the last, and not the revision
+    /// the stream held then, stalled, and is made again from past what it delivered.
+    /// Otherwise the stream is asked for the first revision it holds past that; one that
     /// cannot say is taken for one with nothing more.
     fn check_for_stall(&mut self) {
-        if std::mem::take(&mut self.news) {
-            self.awaited = None;
-            return;
-        }
+        let news = std::mem::take(&mut self.news);
         let after = self.delivered;
-        if self.awaited.take().is_some_and(|at| at > after) {
+        if !news && self.awaited.take().is_some_and(|at| at > after) {
             crate::telemetry::federation_watch_stalled(self.label);
             tracing::info!(watch = self.label, keys = %self.keys, after, "federation: a watch stalled; it is made again");
-            let (bucket, keys) = (self.bucket.clone(), self.keys.clone());
-            self.making_again = Some(Box::pin(async move {
-                bucket.watch_from_revision(keys, after + 1).await
-            }));
+            // Dropped unpolled: what it still holds comes again from the new one.
+            self.watch = None;
+            self.from = From::After(after);
+            self.making = Some(self.make(Duration::ZERO));
             return;
         }
-        let (stream, timeout) = (self.bucket.stream.clone(), self.check.period());
+        let stream = self.bucket.stream.clone();
+        let timeout = self.check.period().max(ANSWERED_WITHIN);
         let subject = format!("{}{}", self.bucket.prefix, self.keys);
         self.asking = Some(Box::pin(async move {
             let next = stream.direct_get_next_for_subject(subject, Some(after + 1));
@@ -150,6 +196,13 @@ impl BucketWatch {
                 _ => None,
             }
         }));
+    }
+}
+
+async fn next_entry(watch: &mut Option<Watch>) -> Option<Result<Entry, WatcherError>> {
+    match watch {
+        Some(watch) => watch.next().await,
+        None => std::future::pending().await,
     }
 }
 

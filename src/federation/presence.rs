@@ -81,21 +81,18 @@ impl Presence {
                 // error starts from now, or heartbeats a sweep took for gone would bring
                 // their bridges back (a live bridge's next heartbeat comes within one beat).
                 // It is checked for a stall every heartbeat, so that one is caught within a
-                // TTL.
+                // TTL, and a stalled one is made again from where it was: the few heartbeats
+                // it missed show their bridges alive, as they were.
                 let (bridges, every) = (&ready.bridges, self.heartbeat.max(MIN_CHECK));
-                watch = match watched_before {
-                    false => (BucketWatch::from_last_values(bridges, ">", every, "heartbeats"))
-                        .await
-                        .ok(),
-                    true => (BucketWatch::from_next(bridges, ">", every, "heartbeats"))
-                        .await
-                        .ok(),
-                };
-                watched_before |= watch.is_some();
+                watch = Some(match watched_before {
+                    false => BucketWatch::from_last_values(bridges, ">", every, "heartbeats"),
+                    true => BucketWatch::from_next(bridges, ">", every, "heartbeats"),
+                });
+                watched_before = true;
             }
             if cards.is_none() {
-                let made = BucketWatch::from_next(&ready.agents, ">", CARDS_CHECKED_EVERY, "cards");
-                cards = made.await.ok();
+                let every = CARDS_CHECKED_EVERY;
+                cards = Some(BucketWatch::from_next(&ready.agents, ">", every, "cards"));
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,

@@ -371,6 +371,8 @@ impl Publisher {
     /// is out of its senders' order, and refused to them — unless JetStream held its id
     /// from before it was sent (a client's retry, history shared again).
     async fn landed(&self, flight: Flight, answer: Answer, last_acked: &mut Option<u64>) {
+        // Refused before it was sent (too large for NATS): JetStream cannot hold it.
+        let never_sent = matches!(answer, Answer::Unsendable(_));
         let result = match answer {
             // Its first send, and JetStream held the id already: from before it was sent.
             Answer::Acknowledged {
@@ -403,7 +405,9 @@ impl Publisher {
         telemetry::federation_published(started.elapsed(), accepted.len(), result.is_ok());
         if result.is_err() {
             // Sent, then no answer: JetStream may hold it all the same.
-            self.unsure.add(&message.payload);
+            if !never_sent {
+                self.unsure.add(&message.payload);
+            }
             self.own.not_published(&message.id);
             self.put_back(history);
         } else if !history.is_empty() {

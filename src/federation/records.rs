@@ -557,15 +557,7 @@ async fn follow_once(
     };
     let keys = format!("{table}.>");
     let mut watch =
-        match BucketWatch::from_last_values(&ready.records, &keys, WATCH_CHECKED_EVERY, "records")
-            .await
-        {
-            Ok(watch) => watch,
-            Err(e) => {
-                tracing::debug!(error = %e, table, "federation: cannot watch records yet");
-                return;
-            }
-        };
+        BucketWatch::from_last_values(&ready.records, &keys, WATCH_CHECKED_EVERY, "records");
     while let Some(entry) = watch.next().await {
         let entry = match entry {
             Ok(entry) => entry,
