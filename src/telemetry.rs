@@ -128,7 +128,7 @@ pub const METRICS: &[(&str, &str)] = &[
     ),
     (
         FEDERATION_WATCH_STALLS,
-        "Watches of the fleet's buckets made again because their stream held a change they had not delivered by the next check (their consumer's NATS server failed), by bucket.",
+        "Watches of the fleet's buckets made again because their stream held a change they had not delivered by the next check, with nothing delivered in between (their consumer's NATS server failed, or the bridge was too busy to read it), by bucket.",
     ),
 ];
 

@@ -3665,6 +3665,7 @@ async fn a_records_watch_whose_consumer_went_is_made_again_when_it_misses_a_chan
     })
     .await;
 
+    let before = stalls_counted(&b1, "records").await;
     let gone = consumers_gone(&fleet, "records", ".tracker-tasks.>").await;
     assert!(gone >= 2, "each bridge watches the tasks: {gone}");
     on_a.task("team-board", serde_json::json!({ "title": "after" }))
@@ -3676,10 +3677,7 @@ async fn a_records_watch_whose_consumer_went_is_made_again_when_it_misses_a_chan
     .await;
     println!("b1 had the task {:?} after it was made", made.elapsed());
     let stalls = stalls_counted(&b1, "records").await;
-    assert!(
-        stalls.is_some_and(|n| n > 0.0),
-        "stalls counted: {stalls:?}"
-    );
+    assert!(stalls > before, "stalls counted: {before}, then {stalls}");
     fleet.shutdown().await;
 }
 
@@ -3695,47 +3693,49 @@ async fn a_heartbeats_watch_whose_consumer_went_is_made_again_before_the_others_
     let b1 = spawn_bridge(dir.path(), "b1", &section).await;
     let sky = fleet.nets[0].peer(Proto::Skynet).await;
     let agents = format!("http://{}/admin/api/agents", b1.addr("admin"));
-    let online_on_b1 = async || {
-        let Ok(answer) = common::http().get(&agents).send().await else {
-            return false;
+    // Whether b1 shows the agent on b0 online; `None` when b1 did not answer.
+    let online_on_b1 =
+        async || {
+            let answer = common::http().get(&agents).send().await.ok()?;
+            let listed: serde_json::Value = answer.json().await.ok()?;
+            let agents = listed["agents"].as_array()?;
+            Some((agents.iter()).any(|a| {
+                a["name"] == sky.name.as_str() && a["bridge"] == "b0" && a["online"] == true
+            }))
         };
-        let listed: serde_json::Value = answer.json().await.unwrap_or_default();
-        (listed["agents"].as_array().into_iter().flatten())
-            .any(|a| a["name"] == sky.name.as_str() && a["bridge"] == "b0" && a["online"] == true)
-    };
-    eventually_within("b1 shows the agent on b0 online", WAIT, online_on_b1).await;
+    eventually_within("b1 shows the agent on b0 online", WAIT, async || {
+        online_on_b1().await == Some(true)
+    })
+    .await;
 
+    let before = stalls_counted(&b1, "heartbeats").await;
     let gone = consumers_gone(&fleet, "bridges", ">").await;
     assert!(gone >= 2, "each bridge watches the heartbeats: {gone}");
-    // Two TTLs, checked often enough to see a sweep and the revival the next heartbeat
-    // brings (at the ten seconds async-nats waits).
+    // Two TTLs, in which a watch left stalled would have its bridge take b0 for gone.
     let until = Instant::now() + Duration::from_secs(6);
     while Instant::now() < until {
         let left = until - Instant::now();
-        assert!(
-            online_on_b1().await,
+        let online = online_on_b1().await;
+        assert_ne!(
+            online,
+            Some(false),
             "b1 took b0 for gone, {left:?} before the end"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let stalls = stalls_counted(&b1, "heartbeats").await;
-    assert!(
-        stalls.is_some_and(|n| n > 0.0),
-        "stalls counted: {stalls:?}"
-    );
+    assert!(stalls > before, "stalls counted: {before}, then {stalls}");
     fleet.shutdown().await;
 }
 
 /// How many times the bridge `process` made a watch of `watch` (`records`, `heartbeats`,
 /// `cards`) again after it stalled, from its `/metrics`.
-async fn stalls_counted(process: &BridgeProcess, watch: &str) -> Option<f64> {
+async fn stalls_counted(process: &BridgeProcess, watch: &str) -> f64 {
     let metrics = format!("http://{}/metrics", process.addr("admin"));
-    let answer = common::http().get(&metrics).send().await.ok()?;
-    let text = answer.text().await.ok()?;
-    metric(
-        &text,
-        &format!(r#"agentbridge_federation_watch_stalls_total{{watch="{watch}"}}"#),
-    )
+    let answer = common::http().get(&metrics).send().await;
+    let text = answer.expect("the bridge answers").text().await.unwrap();
+    let series = format!(r#"agentbridge_federation_watch_stalls_total{{watch="{watch}"}}"#);
+    metric(&text, &series).expect("the bridge counts stalls")
 }
 
 /// Two bridges on a cluster of three NATS servers, with a Skynet agent on b0 (the sender)

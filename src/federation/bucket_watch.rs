@@ -19,10 +19,10 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::core::Revision;
 
-/// How many times in a row making the watch may fail before `next` gives up (its caller
-/// then makes another), and the pause before each try again.
-const TRIES: usize = 5;
-const TRY_AGAIN_AFTER: Duration = Duration::from_millis(500);
+/// The pause before making a watch again after a failed try, doubled after each failure
+/// in a row up to `MOST_BETWEEN_TRIES`.
+const TRY_AGAIN_AFTER: Duration = Duration::from_millis(250);
+const MOST_BETWEEN_TRIES: Duration = Duration::from_secs(4);
 
 /// How long an answer from the stream is waited for, at least: a heartbeat may be shorter
 /// than a busy server takes to answer.
@@ -63,7 +63,7 @@ pub struct BucketWatch {
     asking: Option<BoxFuture<'static, Option<Revision>>>,
     making: Option<Making>,
     /// Failed tries at making the watch, in a row.
-    failed: usize,
+    failed: u32,
     /// The watch's name in `agentbridge_federation_watch_stalls_total`.
     label: &'static str,
 }
@@ -116,34 +116,46 @@ impl BucketWatch {
         }
     }
 
-    /// The next change; `None` when the watch cannot be made (after `TRIES`), or ended.
-    /// Cancel-safe.
-    pub async fn next(&mut self) -> Option<Result<Entry, WatcherError>> {
+    /// The next change; `None` once the client is closed. A watch that cannot be made is
+    /// tried again, and one that fails is made again from what it delivered. Cancel-safe.
+    pub async fn next(&mut self) -> Option<Entry> {
         loop {
             if self.watch.is_none() && self.making.is_none() {
-                self.making = Some(self.make(Duration::ZERO));
+                let pause = match self.failed {
+                    0 => Duration::ZERO,
+                    failed => {
+                        (TRY_AGAIN_AFTER * 2u32.pow((failed - 1).min(8))).min(MOST_BETWEEN_TRIES)
+                    }
+                };
+                self.making = Some(self.make(pause));
             }
             let watching = self.watch.is_some();
+            // Biased, entries first: a check taking its turn ahead of an entry already here
+            // would find the watch behind.
             tokio::select! {
-                entry = next_entry(&mut self.watch), if watching => {
-                    if let Some(Ok(entry)) = &entry {
+                biased;
+                entry = next_entry(&mut self.watch), if watching => match entry {
+                    Some(Ok(entry)) => {
                         self.delivered = self.delivered.max(entry.revision);
                         self.news = true;
+                        return Some(entry);
                     }
-                    return entry;
-                }
+                    // async-nats's watch fails as it makes its consumer again (after missed
+                    // heartbeats): made again here, from what it delivered.
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, watch = self.label, keys = %self.keys, "federation: a watch failed; it is made again");
+                        self.make_again();
+                    }
+                    None => return None,
+                },
                 made = finished(&mut self.making) => match made {
                     Ok((watch, delivered)) => {
                         (self.watch, self.delivered, self.failed) = (Some(watch), delivered, 0);
                         self.check.reset();
                     }
                     Err(e) => {
-                        self.failed += 1;
+                        self.failed = self.failed.saturating_add(1);
                         tracing::debug!(error = %e, watch = self.label, keys = %self.keys, "federation: cannot watch yet");
-                        if self.failed >= TRIES {
-                            return None;
-                        }
-                        self.making = Some(self.make(TRY_AGAIN_AFTER));
                     }
                 },
                 _ = self.check.tick(), if watching && self.asking.is_none() => self.check_for_stall(),
@@ -154,6 +166,13 @@ impl BucketWatch {
                 }
             }
         }
+    }
+
+    /// Drops the watch, unpolled, to be made again from past what it delivered: what it
+    /// still held comes again from the new one.
+    fn make_again(&mut self) {
+        self.watch = None;
+        self.from = From::After(self.delivered);
     }
 
     /// The watch, made from `self.from` after `pause`, with what it delivered up to then.
@@ -180,10 +199,7 @@ impl BucketWatch {
         if !news && self.awaited.take().is_some_and(|at| at > after) {
             crate::telemetry::federation_watch_stalled(self.label);
             tracing::info!(watch = self.label, keys = %self.keys, after, "federation: a watch stalled; it is made again");
-            // Dropped unpolled: what it still holds comes again from the new one.
-            self.watch = None;
-            self.from = From::After(after);
-            self.making = Some(self.make(Duration::ZERO));
+            self.make_again();
             return;
         }
         let stream = self.bucket.stream.clone();

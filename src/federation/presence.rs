@@ -77,12 +77,12 @@ impl Presence {
         let mut newest_held: HashMap<String, u64> = HashMap::new();
         loop {
             if watch.is_none() {
-                // With the history once, to learn who is alive; a watch made again after an
-                // error starts from now, or heartbeats a sweep took for gone would bring
+                // With the history once, to learn who is alive. It is checked for a stall
+                // every heartbeat, so that one is caught within a TTL; made again (stalled,
+                // or failed), it goes on from where it was, and the heartbeats it missed
+                // show their bridges alive as they were. One that ended (its client closed)
+                // is made again from now, or heartbeats a sweep took for gone would bring
                 // their bridges back (a live bridge's next heartbeat comes within one beat).
-                // It is checked for a stall every heartbeat, so that one is caught within a
-                // TTL, and a stalled one is made again from where it was: the few heartbeats
-                // it missed show their bridges alive, as they were.
                 let (bridges, every) = (&ready.bridges, self.heartbeat.max(MIN_CHECK));
                 watch = Some(match watched_before {
                     false => BucketWatch::from_last_values(bridges, ">", every, "heartbeats"),
@@ -107,7 +107,7 @@ impl Presence {
                     self.sweep(&ready, &mut alive, &heard);
                 }
                 card = next_entry(&mut cards) => match card {
-                    Some(Ok(entry)) => match self.moves_away_kept_mail(&entry.value) {
+                    Some(entry) => match self.moves_away_kept_mail(&entry.value) {
                         true => {
                             newest_held.insert(entry.key.clone(), entry.revision);
                             held_cards.hold(entry);
@@ -117,7 +117,7 @@ impl Presence {
                             self.take_in_card(&entry.value, &mut alive);
                         }
                     },
-                    Some(Err(_)) | None => cards = None,
+                    None => cards = None,
                 },
                 Some(entry) = let_go.recv() => {
                     if newest_held.get(&entry.key) == Some(&entry.revision) {
@@ -126,7 +126,7 @@ impl Presence {
                     }
                 }
                 entry = next_entry(&mut watch) => match entry {
-                    Some(Ok(entry)) => {
+                    Some(entry) => {
                         use async_nats::jetstream::kv::Operation;
                         if entry.key == self.link.bridge_id {
                             continue;
@@ -147,10 +147,6 @@ impl Presence {
                             }
                         }
                         telemetry::federation_bridges(alive.len() + 1);
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "federation: watching heartbeats failed");
-                        watch = None;
                     }
                     None => watch = None,
                 },
@@ -315,9 +311,7 @@ async fn all_cards(ready: &Ready) -> Vec<bytes::Bytes> {
     cards
 }
 
-async fn next_entry(
-    watch: &mut Option<BucketWatch>,
-) -> Option<Result<async_nats::jetstream::kv::Entry, async_nats::jetstream::kv::WatcherError>> {
+async fn next_entry(watch: &mut Option<BucketWatch>) -> Option<async_nats::jetstream::kv::Entry> {
     match watch {
         Some(watch) => watch.next().await,
         None => std::future::pending().await,

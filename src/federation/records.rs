@@ -559,13 +559,6 @@ async fn follow_once(
     let mut watch =
         BucketWatch::from_last_values(&ready.records, &keys, WATCH_CHECKED_EVERY, "records");
     while let Some(entry) = watch.next().await {
-        let entry = match entry {
-            Ok(entry) => entry,
-            Err(e) => {
-                tracing::warn!(error = %e, table, "federation: watching records failed");
-                return;
-            }
-        };
         let Some(key) = record_key(table, &entry.key) else {
             continue;
         };
