@@ -772,6 +772,77 @@ async fn tracker_messages_are_the_same_on_every_bridge() {
     fleet.shutdown().await;
 }
 
+/// A tick another bridge claimed and never sent (killed between its claim and its send)
+/// is sent by the others once it has not reached them a while after: the tick's claim is
+/// written here as a claimer would, and nobody sends it.
+#[tokio::test]
+async fn a_tick_claimed_by_a_bridge_that_never_sent_it_is_sent_by_another() {
+    use base64::Engine;
+    let fleet = Fleet::start(2).await;
+    let (a, b) = (fleet.nets[0].skynet, fleet.nets[1].skynet);
+    let (on_a, on_b) = (SkynetHttp::new(a), SkynetHttp::new(b));
+    let backend = on_a.agent("backend").await;
+    eventually("b1 lists the agent registered through b0", async || {
+        on_b.get("/api/agents/backend").await.0 == 200
+    })
+    .await;
+    let (mut ws, _) = SkynetWs::join(b, &backend).await;
+    let every_two_seconds = serde_json::json!({
+        "name": "every-two-seconds",
+        "cronExpr": "*/2 * * * * *",
+        "agentId": backend["id"],
+        "taskTemplate": { "title": "Tick", "description": "Every two seconds" },
+        "enabled": false,
+    });
+    let (status, schedule) = on_a.post("/api/schedules", every_two_seconds).await;
+    assert_eq!(status, 201, "{schedule}");
+    let id = schedule["id"].as_str().unwrap();
+    let path = format!("/api/schedules/{id}");
+    eventually("b1 lists the schedule", async || {
+        on_b.get(&path).await.0 == 200
+    })
+    .await;
+
+    // The claim of a tick a few seconds ahead, as a bridge that then died wrote it.
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let tick = ((now_s + 6) / 2 * 2) * 1000;
+    let js = fleet.jetstream().await;
+    let records = js.get_key_value(format!("{}_records", fleet.prefix));
+    let records = records.await.expect("the records bucket");
+    let key = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id);
+    let claimed = records.put(
+        format!("skynet-schedule-ticks.{key}"),
+        tick.to_string().into(),
+    );
+    claimed.await.expect("the claim is written");
+    let (status, _) = on_a
+        .patch(&path, serde_json::json!({ "enabled": true }))
+        .await;
+    assert_eq!(status, 200);
+
+    // The ticks after it come as ever; it comes too, once, after the bridges' wait.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    let mut after = 0;
+    while !seen.contains(&tick) || after < 2 {
+        assert!(Instant::now() < deadline, "tick {tick} not sent: {seen:?}");
+        let message = ws.next_message().await;
+        if message["type"] != "task.assign" {
+            continue;
+        }
+        let at = message["timestamp"].as_i64().expect("a tick's time");
+        assert!(!seen.contains(&at), "tick {at} came twice: {message}");
+        seen.push(at);
+        if seen.contains(&tick) && at != tick {
+            after += 1;
+        }
+    }
+    fleet.shutdown().await;
+}
+
 /// A Skynet schedule is the fleet's: listed and changed through any bridge. Of the
 /// bridges each tick comes due on, one fires it, and it reaches the agent once.
 #[tokio::test]

@@ -409,6 +409,12 @@ impl Schedules {
         due
     }
 
+    /// Schedule `id` as it is now, while it is enabled.
+    fn enabled(&self, id: &str) -> Option<Schedule> {
+        let running = self.by_id.get(id)?;
+        running.schedule.enabled.then(|| running.schedule.clone())
+    }
+
     /// When the next schedule is due, if any is.
     fn next_due(&self) -> Option<i64> {
         self.by_id.iter().filter_map(|r| r.next_at).min()

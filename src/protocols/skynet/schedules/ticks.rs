@@ -8,10 +8,15 @@
 //! one record a schedule says which tick was fired last. A bridge that cannot reach the
 //! records fires the tick all the same. The message's id, and its task's, are derived from
 //! the schedule and the tick, so that a tick fired twice is still one message to the
-//! fleet's log, which takes an id once.
+//! fleet's log, which takes an id once. So the other bridges look, a while after the tick,
+//! whether its message reached them, and send it if not: the claimer may have been killed
+//! between its claim and its send, or had its publish refused.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use serde_json::{Value, json};
 
@@ -30,26 +35,58 @@ pub const TICKS: &str = "skynet-schedule-ticks";
 /// noticed within it.
 const LOOK_AT_LEAST_EVERY: Duration = Duration::from_secs(60);
 
+/// How long after another bridge claimed a tick its message must have reached this
+/// bridge's store; past that, this bridge sends it. Longer than a publish waits for
+/// JetStream by default (`publish_timeout_ms`, twice over for a retried record write) and
+/// than a message takes to be applied here.
+const CLAIMED_TICK_SENT_WITHIN: Duration = Duration::from_secs(30);
+
+/// The most ticks claimed by other bridges that are followed at once (a thousand schedules
+/// firing every second); past it the newest are not.
+const MOST_FOLLOWED: usize = 30_000;
+
 /// Fires the schedules as they come due, until shutdown.
 pub async fn run(skynet: Arc<Skynet>) {
     let schedules = skynet.schedules.clone();
+    // Ticks other bridges claimed: when to look for their messages, the schedule, the tick.
+    let mut claimed_elsewhere: VecDeque<(Instant, String, i64)> = VecDeque::new();
     loop {
         let changed = schedules.changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
         for (schedule, at) in schedules.take_due(now_ms()) {
-            fire(&skynet, &schedule, at).await;
+            let theirs = fire(&skynet, &schedule, at).await == Claim::Theirs;
+            if theirs && claimed_elsewhere.len() < MOST_FOLLOWED {
+                let look_at = Instant::now() + CLAIMED_TICK_SENT_WITHIN;
+                claimed_elsewhere.push_back((look_at, schedule.id, at));
+            }
+        }
+        while let Some((look_at, ..)) = claimed_elsewhere.front()
+            && *look_at <= Instant::now()
+        {
+            if let Some((_, id, at)) = claimed_elsewhere.pop_front() {
+                send_if_not_sent(&skynet, &id, at).await;
+            }
         }
         let wait = match schedules.next_due() {
             Some(at) => Duration::from_millis(at.saturating_sub(now_ms()).max(0) as u64),
             None => LOOK_AT_LEAST_EVERY,
         };
+        let look_in = claimed_elsewhere
+            .front()
+            .map(|(at, ..)| *at - Instant::now());
+        let wait = look_in.map_or(wait, |look_in| wait.min(look_in));
         tokio::select! {
             () = tokio::time::sleep(wait.min(LOOK_AT_LEAST_EVERY)) => {}
             () = changed => {}
             () = skynet.shutdown.cancelled() => return,
         }
     }
+}
+
+/// The id of the message tick `at` of schedule `id` sends, the same on every bridge.
+fn tick_id(id: &str, at: i64) -> String {
+    derived_uuid("schedule-tick", &format!("{id}@{at}")).to_string()
 }
 
 /// The SkynetMessage a schedule's tick at `at` (Unix ms) sends to the agent whose card id
@@ -81,7 +118,7 @@ pub fn tick_message(schedule: &Schedule, at: i64, agent: &str) -> Value {
     }
     payload.insert("metadata".into(), Value::Object(metadata));
     json!({
-        "id": derived_uuid("schedule-tick", &tick).to_string(),
+        "id": tick_id(&schedule.id, at),
         "type": "task.assign",
         "from": SCHEDULER,
         "timestamp": at,
@@ -90,26 +127,55 @@ pub fn tick_message(schedule: &Schedule, at: i64, agent: &str) -> Value {
     })
 }
 
+/// Whose a schedule's tick is to fire.
+#[derive(Debug, PartialEq)]
+enum Claim {
+    /// This bridge's: no other bridge claimed it, nor a later tick.
+    Ours,
+    /// Another bridge's, which claimed this very tick.
+    Theirs,
+    /// Nobody's: another bridge claimed a later tick (this bridge's clock is behind).
+    Passed,
+}
+
 /// Fires a schedule's tick, if this bridge is the one to; notes that it ran.
-async fn fire(skynet: &Arc<Skynet>, schedule: &Schedule, at: i64) {
-    let ours = match skynet.core.records() {
-        None => true,
+async fn fire(skynet: &Arc<Skynet>, schedule: &Schedule, at: i64) -> Claim {
+    let claim = match skynet.core.records() {
+        None => Claim::Ours,
         Some(fleet) => claim(fleet.as_ref(), &schedule.id, at).await.unwrap_or_else(|e| {
             tracing::warn!(schedule = %schedule.id, error = %e, "skynet: a tick could not be claimed in the fleet; fired here all the same");
-            true
+            Claim::Ours
         }),
     };
-    if ours {
+    if claim == Claim::Ours {
         send(skynet, schedule, at).await;
     }
     if let Err(e) = skynet.schedules.ran(&schedule.id, at).await {
         tracing::warn!(schedule = %schedule.id, error = %e, "skynet: when a schedule ran is not stored");
     }
+    claim
 }
 
-/// Claims tick `at` of schedule `id` in the fleet's records: whether this bridge is the
-/// one to fire it (no other bridge claimed it, nor a later tick).
-async fn claim(fleet: &dyn SharedRecords, id: &str, at: i64) -> Result<bool, RecordError> {
+/// Sends tick `at` of schedule `id`, which another bridge claimed, if its message has not
+/// reached this bridge's store (and the schedule is still enabled).
+async fn send_if_not_sent(skynet: &Arc<Skynet>, id: &str, at: i64) {
+    let Some(schedule) = skynet.schedules.enabled(id) else {
+        return;
+    };
+    match skynet.core.log.contains(&tick_id(id, at)).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(schedule = %id, at, "skynet: a tick another bridge claimed did not reach this one; it is sent from here");
+            send(skynet, &schedule, at).await;
+        }
+        Err(e) => {
+            tracing::warn!(schedule = %id, error = %e, "skynet: whether a tick another bridge claimed was sent is not known");
+        }
+    }
+}
+
+/// Claims tick `at` of schedule `id` in the fleet's records.
+async fn claim(fleet: &dyn SharedRecords, id: &str, at: i64) -> Result<Claim, RecordError> {
     let claimed = until_not_lost::<_, RecordError, _, _>(|| async {
         let record = fleet.read(TICKS, id).await?;
         let (last, expected) = match record.and_then(|r| Some((r.value?, r.revision))) {
@@ -121,19 +187,23 @@ async fn claim(fleet: &dyn SharedRecords, id: &str, at: i64) -> Result<bool, Rec
             }
             None => (None, Expect::Absent),
         };
-        if last.is_some_and(|last| last >= at) {
-            return Ok(Tried::Done(false));
+        match last {
+            Some(last) if last == at => return Ok(Tried::Done(Claim::Theirs)),
+            Some(last) if last > at => return Ok(Tried::Done(Claim::Passed)),
+            _ => {}
         }
         let written = fleet
             .write(TICKS, id, at.to_string().into(), expected)
             .await;
         Ok(match unless_lost(written)? {
-            Some(_) => Tried::Done(true),
+            Some(_) => Tried::Done(Claim::Ours),
             None => Tried::Lost,
         })
     })
     .await?;
-    Ok(claimed.unwrap_or(false))
+    // A claim whose answer was lost each time is taken for another bridge's: if it landed
+    // and its message is not sent, the look after the tick sends it.
+    Ok(claimed.unwrap_or(Claim::Theirs))
 }
 
 async fn send(skynet: &Arc<Skynet>, schedule: &Schedule, at: i64) {
