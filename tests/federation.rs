@@ -772,6 +772,53 @@ async fn tracker_messages_are_the_same_on_every_bridge() {
     fleet.shutdown().await;
 }
 
+/// A Skynet schedule made through b0 for an agent registered through b0 and joined on b1.
+struct ScheduleAcross {
+    on_a: SkynetHttp,
+    on_b: SkynetHttp,
+    /// The agent's socket, on b1.
+    ws: SkynetWs,
+    id: String,
+    path: String,
+}
+
+impl ScheduleAcross {
+    /// With `cron`, enabled or not; listed on b1 when this returns.
+    async fn made(fleet: &Fleet, cron: &str, enabled: bool) -> ScheduleAcross {
+        let (a, b) = (fleet.nets[0].skynet, fleet.nets[1].skynet);
+        let (on_a, on_b) = (SkynetHttp::new(a), SkynetHttp::new(b));
+        let backend = on_a.agent("backend").await;
+        eventually("b1 lists the agent registered through b0", async || {
+            on_b.get("/api/agents/backend").await.0 == 200
+        })
+        .await;
+        let (ws, _) = SkynetWs::join(b, &backend).await;
+        fleet.wait_known(0, "backend").await;
+        let schedule = serde_json::json!({
+            "name": "ticking",
+            "cronExpr": cron,
+            "agentId": backend["id"],
+            "taskTemplate": { "title": "Tick", "description": "Every tick" },
+            "enabled": enabled,
+        });
+        let (status, schedule) = on_a.post("/api/schedules", schedule).await;
+        assert_eq!(status, 201, "{schedule}");
+        let id = schedule["id"].as_str().unwrap().to_owned();
+        let path = format!("/api/schedules/{id}");
+        eventually("b1 lists the schedule created through b0", async || {
+            on_b.get(&path).await.0 == 200
+        })
+        .await;
+        ScheduleAcross {
+            on_a,
+            on_b,
+            ws,
+            id,
+            path,
+        }
+    }
+}
+
 /// A tick another bridge claimed and never sent (killed between its claim and its send)
 /// is sent by the others once it has not reached them a while after: the tick's claim is
 /// written here as a claimer would, and nobody sends it.
@@ -779,29 +826,7 @@ async fn tracker_messages_are_the_same_on_every_bridge() {
 async fn a_tick_claimed_by_a_bridge_that_never_sent_it_is_sent_by_another() {
     use base64::Engine;
     let fleet = Fleet::start(2).await;
-    let (a, b) = (fleet.nets[0].skynet, fleet.nets[1].skynet);
-    let (on_a, on_b) = (SkynetHttp::new(a), SkynetHttp::new(b));
-    let backend = on_a.agent("backend").await;
-    eventually("b1 lists the agent registered through b0", async || {
-        on_b.get("/api/agents/backend").await.0 == 200
-    })
-    .await;
-    let (mut ws, _) = SkynetWs::join(b, &backend).await;
-    let every_two_seconds = serde_json::json!({
-        "name": "every-two-seconds",
-        "cronExpr": "*/2 * * * * *",
-        "agentId": backend["id"],
-        "taskTemplate": { "title": "Tick", "description": "Every two seconds" },
-        "enabled": false,
-    });
-    let (status, schedule) = on_a.post("/api/schedules", every_two_seconds).await;
-    assert_eq!(status, 201, "{schedule}");
-    let id = schedule["id"].as_str().unwrap();
-    let path = format!("/api/schedules/{id}");
-    eventually("b1 lists the schedule", async || {
-        on_b.get(&path).await.0 == 200
-    })
-    .await;
+    let mut across = ScheduleAcross::made(&fleet, "*/2 * * * * *", false).await;
 
     // The claim of a tick a few seconds ahead, as a bridge that then died wrote it.
     let now_s = std::time::SystemTime::now()
@@ -812,16 +837,14 @@ async fn a_tick_claimed_by_a_bridge_that_never_sent_it_is_sent_by_another() {
     let js = fleet.jetstream().await;
     let records = js.get_key_value(format!("{}_records", fleet.prefix));
     let records = records.await.expect("the records bucket");
-    let key = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id);
+    let key = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&across.id);
     let claimed = records.put(
         format!("skynet-schedule-ticks.{key}"),
         tick.to_string().into(),
     );
     claimed.await.expect("the claim is written");
-    let (status, _) = on_a
-        .patch(&path, serde_json::json!({ "enabled": true }))
-        .await;
-    assert_eq!(status, 200);
+    let enable = serde_json::json!({ "enabled": true });
+    assert_eq!(across.on_a.patch(&across.path, enable).await.0, 200);
 
     // The ticks after it come as ever; it comes too, once, after the bridges' wait.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -829,7 +852,7 @@ async fn a_tick_claimed_by_a_bridge_that_never_sent_it_is_sent_by_another() {
     let mut after = 0;
     while !seen.contains(&tick) || after < 2 {
         assert!(Instant::now() < deadline, "tick {tick} not sent: {seen:?}");
-        let message = ws.next_message().await;
+        let message = across.ws.next_message().await;
         if message["type"] != "task.assign" {
             continue;
         }
@@ -848,32 +871,13 @@ async fn a_tick_claimed_by_a_bridge_that_never_sent_it_is_sent_by_another() {
 #[tokio::test]
 async fn a_skynet_schedule_is_the_fleets_and_each_tick_reaches_its_agent_once() {
     let fleet = Fleet::start(2).await;
-    let (a, b) = (fleet.nets[0].skynet, fleet.nets[1].skynet);
-    let (on_a, on_b) = (SkynetHttp::new(a), SkynetHttp::new(b));
-    let backend = on_a.agent("backend").await;
-    eventually("b1 lists the agent registered through b0", async || {
-        on_b.get("/api/agents/backend").await.0 == 200
-    })
-    .await;
-    let (mut ws, _) = SkynetWs::join(b, &backend).await;
-    fleet.wait_known(0, "backend").await;
-    let (status, schedule) = on_a
-        .post(
-            "/api/schedules",
-            serde_json::json!({
-                "name": "every-second",
-                "cronExpr": "* * * * * *",
-                "agentId": backend["id"],
-                "taskTemplate": { "title": "Tick", "description": "Once per second" },
-            }),
-        )
-        .await;
-    assert_eq!(status, 201, "{schedule}");
-    let path = format!("/api/schedules/{}", schedule["id"].as_str().unwrap());
-    eventually("b1 lists the schedule created through b0", async || {
-        on_b.get(&path).await.0 == 200
-    })
-    .await;
+    let ScheduleAcross {
+        on_a,
+        on_b,
+        mut ws,
+        path,
+        ..
+    } = ScheduleAcross::made(&fleet, "* * * * * *", true).await;
 
     // A tick both bridges fire twice over would come twice: same id, same time.
     let mut ticks = Vec::new();
