@@ -863,6 +863,8 @@ async fn a_tick_claimed_by_a_bridge_that_never_sent_it_is_sent_by_another() {
             after += 1;
         }
     }
+    // Sent by one bridge, the first to claim sending it.
+    assert_eq!(fleet.records_in("skynet-schedule-resent-ticks").await, 1);
     fleet.shutdown().await;
 }
 

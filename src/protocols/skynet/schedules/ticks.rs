@@ -9,8 +9,9 @@
 //! records fires the tick all the same. The message's id, and its task's, are derived from
 //! the schedule and the tick, so that a tick fired twice is still one message to the
 //! fleet's log, which takes an id once. So the other bridges look, a while after the tick,
-//! whether its message reached them, and send it if not: the claimer may have been killed
-//! between its claim and its send, or had its publish refused.
+//! whether its message reached them, and if not the first of them to claim sending it in
+//! `RESENT_TICKS` sends it: the claimer may have been killed between its claim and its
+//! send, or had its publish refused.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -30,6 +31,10 @@ use crate::protocols::skynet::{PROTOCOL, Skynet, translate};
 
 /// The last tick fired of each schedule (Unix ms, as text), keyed by schedule id.
 pub const TICKS: &str = "skynet-schedule-ticks";
+
+/// The ticks claimed by a bridge that did not send them, each sent by the bridge that
+/// created its record here (keyed `<schedule id>@<tick>`, the tick as text).
+pub const RESENT_TICKS: &str = "skynet-schedule-resent-ticks";
 
 /// The longest sleep between looks at the schedules, so that a jump of the wall clock is
 /// noticed within it.
@@ -59,13 +64,19 @@ pub async fn run(skynet: Arc<Skynet>) {
             if theirs && claimed_elsewhere.len() < MOST_FOLLOWED {
                 let look_at = Instant::now() + CLAIMED_TICK_SENT_WITHIN;
                 claimed_elsewhere.push_back((look_at, schedule.id, at));
+            } else if theirs {
+                tracing::warn!(schedule = %schedule.id, at, "skynet: too many ticks claimed by other bridges are followed; this one is not");
             }
         }
         while let Some((look_at, ..)) = claimed_elsewhere.front()
             && *look_at <= Instant::now()
         {
-            if let Some((_, id, at)) = claimed_elsewhere.pop_front() {
-                send_if_not_sent(&skynet, &id, at).await;
+            if let Some((_, id, at)) = claimed_elsewhere.pop_front()
+                && !send_if_not_sent(&skynet, &id, at).await
+            {
+                // The fleet's records did not answer: looked at again later.
+                let look_at = Instant::now() + CLAIMED_TICK_SENT_WITHIN;
+                claimed_elsewhere.push_back((look_at, id, at));
             }
         }
         let wait = match schedules.next_due() {
@@ -157,21 +168,36 @@ async fn fire(skynet: &Arc<Skynet>, schedule: &Schedule, at: i64) -> Claim {
 }
 
 /// Sends tick `at` of schedule `id`, which another bridge claimed, if its message has not
-/// reached this bridge's store (and the schedule is still enabled).
-async fn send_if_not_sent(skynet: &Arc<Skynet>, id: &str, at: i64) {
+/// reached this bridge's store (and the schedule is still enabled), and no other bridge
+/// claimed sending it first; false when that is not known (the store or the fleet's
+/// records did not answer).
+async fn send_if_not_sent(skynet: &Arc<Skynet>, id: &str, at: i64) -> bool {
     let Some(schedule) = skynet.schedules.enabled(id) else {
-        return;
+        return true;
     };
     match skynet.core.log.contains(&tick_id(id, at)).await {
-        Ok(true) => {}
-        Ok(false) => {
-            tracing::warn!(schedule = %id, at, "skynet: a tick another bridge claimed did not reach this one; it is sent from here");
-            send(skynet, &schedule, at).await;
-        }
+        Ok(true) => return true,
+        Ok(false) => {}
         Err(e) => {
             tracing::warn!(schedule = %id, error = %e, "skynet: whether a tick another bridge claimed was sent is not known");
+            return false;
         }
     }
+    if let Some(fleet) = skynet.core.records() {
+        let key = format!("{id}@{at}");
+        let claimed = fleet.write(RESENT_TICKS, &key, at.to_string().into(), Expect::Absent);
+        match claimed.await {
+            Ok(_) => {}
+            Err(RecordError::Conflict) => return true,
+            Err(e) => {
+                tracing::warn!(schedule = %id, error = %e, "skynet: sending a tick another bridge claimed is not claimed yet");
+                return false;
+            }
+        }
+    }
+    tracing::warn!(schedule = %id, at, "skynet: a tick another bridge claimed did not reach this one; it is sent from here");
+    send(skynet, &schedule, at).await;
+    true
 }
 
 /// Claims tick `at` of schedule `id` in the fleet's records.
@@ -201,8 +227,8 @@ async fn claim(fleet: &dyn SharedRecords, id: &str, at: i64) -> Result<Claim, Re
         })
     })
     .await?;
-    // A claim whose answer was lost each time is taken for another bridge's: if it landed
-    // and its message is not sent, the look after the tick sends it.
+    // A claim that lost to another bridge's write every time is taken for theirs: if its
+    // message is not sent, the look after the tick sends it.
     Ok(claimed.unwrap_or(Claim::Theirs))
 }
 
