@@ -180,10 +180,16 @@ impl BucketWatch {
         let (bucket, keys, from) = (self.bucket.clone(), self.keys.clone(), self.from);
         Box::pin(async move {
             tokio::time::sleep(pause).await;
-            let after = match from {
-                From::LastValues => return Ok((bucket.watch_with_history(keys).await?, 0)),
-                From::Next => bucket.stream.clone().info().await?.state.last_sequence,
-                From::After(revision) => revision,
+            let last = match from {
+                From::LastValues => None,
+                _ => Some(bucket.stream.clone().info().await?.state.last_sequence),
+            };
+            let after = match (from, last) {
+                (From::Next, Some(last)) => last,
+                // A stream behind what the watch delivered was made again (the bucket
+                // deleted and created anew): its revisions start over, so it is read whole.
+                (From::After(revision), Some(last)) if last >= revision => revision,
+                _ => return Ok((bucket.watch_with_history(keys).await?, 0)),
             };
             Ok((bucket.watch_from_revision(keys, after + 1).await?, after))
         })
