@@ -22,7 +22,7 @@ use crate::core::Revision;
 /// The pause before making a watch again after a failed try, doubled after each failure
 /// in a row up to `MOST_BETWEEN_TRIES`.
 const TRY_AGAIN_AFTER: Duration = Duration::from_millis(250);
-const MOST_BETWEEN_TRIES: Duration = Duration::from_secs(4);
+const MOST_BETWEEN_TRIES: Duration = Duration::from_secs(1);
 
 /// How long an answer from the stream is waited for, at least: a heartbeat may be shorter
 /// than a busy server takes to answer.
