@@ -4,7 +4,7 @@
 //! per-key TTLs), installed on first use into the tests' virtual environment.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -64,7 +64,7 @@ impl Cluster {
 
     async fn start_once(size: usize) -> Option<Cluster> {
         let binary = server_binary();
-        let dir = tempfile::tempdir().expect("a temp dir");
+        let dir = cluster_dir();
         let free = free_ports(3 * size);
         let ports: Vec<(u16, u16, u16)> = (free.chunks(3))
             .map(|three| (three[0], three[1], three[2]))
@@ -329,6 +329,36 @@ impl Cluster {
     /// The cluster port of server `i` (for tests that cut routes).
     pub fn cluster_port(&self, i: usize) -> u16 {
         self.nodes[i].cluster_port
+    }
+}
+
+/// The start of a cluster's directory's name, followed by the test process's id. A shared
+/// cluster lives as long as its test binary, and a static is never dropped, so its
+/// directory (half a gigabyte of JetStream files) is left behind: one whose process is gone
+/// is removed as the next cluster starts.
+const DIR_PREFIX: &str = "agentbridge-nats-";
+
+fn cluster_dir() -> tempfile::TempDir {
+    remove_left_behind();
+    let prefix = format!("{DIR_PREFIX}{}-", std::process::id());
+    (tempfile::Builder::new().prefix(&prefix).tempdir()).expect("a temp dir")
+}
+
+/// Removes the cluster directories of test processes that are gone.
+fn remove_left_behind() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = (name.to_str())
+            .and_then(|name| name.strip_prefix(DIR_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        let gone = pid.is_some_and(|pid| !Path::new("/proc").join(pid.to_string()).exists());
+        if gone {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
