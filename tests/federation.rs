@@ -3725,8 +3725,7 @@ async fn tracker_tasks_created_as_a_bridges_nats_server_fails_are_each_kept_once
 async fn a_records_watch_whose_consumer_went_is_made_again_when_it_misses_a_change() {
     let fleet = Fleet::start(1).await;
     let dir = tempfile::tempdir().unwrap();
-    let section = federation_section(&fleet.nats, &fleet.prefix, "b1", QUICK);
-    let b1 = spawn_bridge(dir.path(), "b1", &section).await;
+    let b1 = spawn_member(&fleet, dir.path(), "b1").await;
     let (on_a, on_b) = (
         TrackerHttp::new(fleet.nets[0].tracker, "tb-admin"),
         TrackerHttp::new(b1.addr("tracker"), "tb-admin"),

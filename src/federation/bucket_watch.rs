@@ -24,6 +24,10 @@ use crate::core::Revision;
 const TRY_AGAIN_AFTER: Duration = Duration::from_millis(250);
 const MOST_BETWEEN_TRIES: Duration = Duration::from_secs(1);
 
+/// How often a watch of a bucket without heartbeats of its own (the cards, the records)
+/// is checked for a stall.
+pub const CHECKED_EVERY: Duration = Duration::from_secs(1);
+
 /// How long an answer from the stream is waited for, at least: a heartbeat may be shorter
 /// than a busy server takes to answer.
 const ANSWERED_WITHIN: Duration = Duration::from_secs(1);

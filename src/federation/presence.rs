@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::bucket_watch::BucketWatch;
+use super::bucket_watch::{self, BucketWatch};
 use super::cards::CardKeeper;
 use super::config::FederationConfig;
 use super::held_cards::HeldCards;
@@ -21,9 +21,6 @@ use super::link::{NatsLink, Ready, put_heartbeat};
 use super::wire::Card;
 use crate::core::{Audience, Core, Envelope, Kind, Replicated, Status};
 use crate::telemetry;
-
-/// How long the cards' watch is idle before it is checked for a stall (`BucketWatch`).
-const CARDS_CHECKED_EVERY: Duration = Duration::from_secs(1);
 
 /// The shortest wait between two stall checks of the heartbeats' watch.
 const MIN_CHECK: Duration = Duration::from_millis(100);
@@ -91,7 +88,7 @@ impl Presence {
                 watched_before = true;
             }
             if cards.is_none() {
-                let every = CARDS_CHECKED_EVERY;
+                let every = bucket_watch::CHECKED_EVERY;
                 cards = Some(BucketWatch::from_next(&ready.agents, ">", every, "cards"));
             }
             tokio::select! {

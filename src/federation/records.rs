@@ -13,7 +13,7 @@ use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::kv::{self, Operation};
 use async_nats::jetstream::message::StreamMessage;
 
-use super::bucket_watch::BucketWatch;
+use super::bucket_watch::{self, BucketWatch};
 use super::link::{NatsLink, lost_race, still_in_process};
 use super::record_positions::RecordPositions;
 use crate::core::{
@@ -22,9 +22,6 @@ use crate::core::{
 
 /// How long a watch that failed waits before it starts again.
 const REWATCH_AFTER: Duration = Duration::from_millis(500);
-
-/// How long a table's watch is idle before it is checked for a stall (`BucketWatch`).
-const WATCH_CHECKED_EVERY: Duration = Duration::from_secs(1);
 
 /// How long a taken record's key refuses `Expect::Unused` writes: the mark a take leaves
 /// lives this long (a per-message TTL, so the records bucket allows them), longer than a
@@ -556,8 +553,12 @@ async fn follow_once(
         return;
     };
     let keys = format!("{table}.>");
-    let mut watch =
-        BucketWatch::from_last_values(&ready.records, &keys, WATCH_CHECKED_EVERY, "records");
+    let mut watch = BucketWatch::from_last_values(
+        &ready.records,
+        &keys,
+        bucket_watch::CHECKED_EVERY,
+        "records",
+    );
     while let Some(entry) = watch.next().await {
         let Some(key) = record_key(table, &entry.key) else {
             continue;

@@ -2,6 +2,7 @@
 //! HTTP serving every endpoint uses (with the limits a public listener keeps), the JSON
 //! and text helpers of the hot path, and small data structures.
 
+pub mod arrival_order;
 pub mod at_names;
 pub mod body_budget;
 pub mod budget;

@@ -4,7 +4,6 @@
 //! registered through one bridge may join through any.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 use rusqlite::params;
@@ -13,6 +12,7 @@ use serde_json::{Map, Value, json};
 use super::PROTOCOL;
 use crate::core::{AgentInfo, Core, Expect, NameTaken, RecordChange, RecordError, Role, Status};
 use crate::protocols::record_json::{decode, encode};
+use crate::shared::arrival_order::ArrivalOrder;
 use crate::store::{Migration, Store, StoreError};
 
 static MIGRATIONS: &[Migration] = &[Migration {
@@ -104,10 +104,8 @@ pub struct Registry {
     core: Arc<Core>,
     store: Store,
     by_id: DashMap<String, Profile>,
-    /// Each listed profile's place in the order profiles came to this bridge, which
-    /// breaks ties between profiles created in the same millisecond when they are listed.
-    arrival: DashMap<String, u64>,
-    arrivals: AtomicU64,
+    /// The order profiles came to this bridge, for `list`.
+    order: ArrivalOrder,
 }
 
 impl Registry {
@@ -152,8 +150,7 @@ impl Registry {
             core,
             store,
             by_id: DashMap::new(),
-            arrival: DashMap::new(),
-            arrivals: AtomicU64::new(0),
+            order: ArrivalOrder::default(),
         };
         for profile in profiles {
             if let Err(e) = (registry.core.directory).register_known(profile.directory_entry()) {
@@ -250,8 +247,7 @@ impl Registry {
 
     /// Lists `profile`, in its place if it was listed before.
     fn list_here(&self, profile: Profile) {
-        (self.arrival.entry(profile.id.clone()))
-            .or_insert_with(|| self.arrivals.fetch_add(1, Ordering::Relaxed));
+        self.order.arrived(&profile.id);
         self.by_id.insert(profile.id.clone(), profile);
     }
 
@@ -311,7 +307,7 @@ impl Registry {
             })
             .await?;
         self.by_id.remove(id);
-        self.arrival.remove(id);
+        self.order.forget(id);
         let held_here = (self.core.directory.get(&profile.name))
             .is_some_and(|a| a.protocol == PROTOCOL && a.native_id == profile.id);
         if held_here {
@@ -340,10 +336,9 @@ impl Registry {
 
     /// Every agent (or every human), oldest first.
     pub fn list(&self, humans: bool) -> Vec<Profile> {
-        let arrival = |id: &str| self.arrival.get(id).map_or(u64::MAX, |a| *a);
         let mut all: Vec<((i64, u64), Profile)> = (self.by_id.iter())
             .filter(|p| p.is_human() == humans)
-            .map(|p| ((p.created_at, arrival(&p.id)), p.clone()))
+            .map(|p| ((p.created_at, self.order.place(&p.id)), p.clone()))
             .collect();
         all.sort_by_key(|(created, _)| *created);
         all.into_iter().map(|(_, profile)| profile).collect()

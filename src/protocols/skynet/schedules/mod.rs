@@ -11,7 +11,6 @@ pub mod ticks;
 
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use croner::Cron;
@@ -22,6 +21,7 @@ use crate::core::{
     Core, Expect, RecordChange, RecordError, Revision, Tried, sink, unless_lost, until_not_lost,
 };
 use crate::protocols::record_json::{decode, encode};
+use crate::shared::arrival_order::ArrivalOrder;
 use crate::store::{Store, StoreError};
 use store::Table;
 
@@ -65,9 +65,6 @@ struct Running {
     last_run_at: Option<i64>,
     /// When it fires next; `None` while disabled, or when it never will.
     next_at: Option<i64>,
-    /// Its place in the order schedules came to this bridge, which breaks ties between
-    /// schedules created in the same millisecond when they are listed.
-    arrival: u64,
 }
 
 impl Running {
@@ -95,7 +92,6 @@ impl Running {
             cron,
             last_run_at: before.and_then(|b| b.last_run_at),
             next_at,
-            arrival: before.map_or(0, |b| b.arrival),
         })
     }
 
@@ -192,8 +188,8 @@ pub struct Schedules {
     removed: DashMap<String, (Revision, Instant)>,
     /// Wakes the ticks when a schedule changes.
     changed: tokio::sync::Notify,
-    /// The `arrival` the next new schedule gets.
-    arrivals: AtomicU64,
+    /// The order schedules came to this bridge, for `list`.
+    order: ArrivalOrder,
 }
 
 impl Schedules {
@@ -201,15 +197,15 @@ impl Schedules {
     pub async fn load(core: Arc<Core>, store: Store) -> Result<Schedules, StoreError> {
         let table = Table::open(store).await?;
         let by_id = DashMap::new();
-        let arrivals = AtomicU64::new(0);
+        let order = ArrivalOrder::default();
         for row in table.all().await? {
             let id = row.schedule.id.clone();
             let ran = Running::new(row.schedule, None).map(|mut running| {
                 running.last_run_at = row.last_run_at;
-                running.arrival = arrivals.fetch_add(1, Ordering::Relaxed);
                 running
             });
             if let Some(running) = ran {
+                order.arrived(&id);
                 by_id.insert(id, running);
             }
         }
@@ -220,7 +216,7 @@ impl Schedules {
             writing: tokio::sync::Mutex::new(()),
             removed: DashMap::new(),
             changed: tokio::sync::Notify::new(),
-            arrivals,
+            order,
         })
     }
 
@@ -235,7 +231,12 @@ impl Schedules {
     pub fn list(&self, agent_id: Option<&str>) -> Vec<Value> {
         let mut all: Vec<((i64, u64), Value)> = (self.by_id.iter())
             .filter(|r| agent_id.is_none_or(|a| r.schedule.agent_id == a))
-            .map(|r| ((r.schedule.created_at, r.arrival), r.info()))
+            .map(|r| {
+                (
+                    (r.schedule.created_at, self.order.place(&r.schedule.id)),
+                    r.info(),
+                )
+            })
             .collect();
         all.sort_by_key(|(created, _)| *created);
         all.into_iter().map(|(_, info)| info).collect()
@@ -364,15 +365,9 @@ impl Schedules {
             return Ok(());
         }
         let id = schedule.id.clone();
-        let before = self.by_id.get(&id);
-        let running = Running::new(schedule, before.as_deref()).map(|mut running| {
-            if before.is_none() {
-                running.arrival = self.arrivals.fetch_add(1, Ordering::Relaxed);
-            }
-            running
-        });
-        drop(before);
+        let running = Running::new(schedule, self.by_id.get(&id).as_deref());
         if let Some(running) = running {
+            self.order.arrived(&id);
             self.by_id.insert(id, running);
         }
         self.changed.notify_one();
@@ -384,6 +379,7 @@ impl Schedules {
         let _writing = self.writing.lock().await;
         self.table.delete(id).await?;
         self.by_id.remove(id);
+        self.order.forget(id);
         if let Some(revision) = revision {
             (self.removed).retain(|_, (_, at)| at.elapsed() < REMOVAL_REMEMBERED);
             self.removed

@@ -95,16 +95,21 @@ pub async fn run(skynet: Arc<Skynet>) {
     }
 }
 
+/// Tick `at` of schedule `id`, as the ids derived from it and its `RESENT_TICKS` key name it.
+fn tick_key(id: &str, at: i64) -> String {
+    format!("{id}@{at}")
+}
+
 /// The id of the message tick `at` of schedule `id` sends, the same on every bridge.
 fn tick_id(id: &str, at: i64) -> String {
-    derived_uuid("schedule-tick", &format!("{id}@{at}")).to_string()
+    derived_uuid("schedule-tick", &tick_key(id, at)).to_string()
 }
 
 /// The SkynetMessage a schedule's tick at `at` (Unix ms) sends to the agent whose card id
 /// is `agent`, as Skynet's scheduler builds it: a TaskPayload of the task template,
 /// pending, its schedule named in `metadata`.
 pub fn tick_message(schedule: &Schedule, at: i64, agent: &str) -> Value {
-    let tick = format!("{}@{at}", schedule.id);
+    let tick = tick_key(&schedule.id, at);
     let template = |key: &str| schedule.task_template.get(key).cloned();
     let mut metadata = match template("metadata") {
         Some(Value::Object(metadata)) => metadata,
@@ -184,7 +189,7 @@ async fn send_if_not_sent(skynet: &Arc<Skynet>, id: &str, at: i64) -> bool {
         }
     }
     if let Some(fleet) = skynet.core.records() {
-        let key = format!("{id}@{at}");
+        let key = tick_key(id, at);
         let claimed = fleet.write(RESENT_TICKS, &key, at.to_string().into(), Expect::Absent);
         match claimed.await {
             Ok(_) => {}
