@@ -1813,6 +1813,71 @@ async fn a_bridge_back_from_a_moment_away_hands_over_the_mail_of_an_agent_that_l
     assert_eq!(handovers(&seen, "unanswered"), Some(0.0), "{seen}");
 }
 
+/// A message a bridge refused (cut off from NATS, it could not reach the fleet) and its
+/// client then sent again through another bridge reaches that first bridge's agents too:
+/// the refusal left nothing there that takes the second copy for one seen already.
+#[tokio::test]
+async fn a_message_refused_by_a_bridge_cut_off_and_sent_again_through_another_reaches_it() {
+    use common::grid::{GridHttp, GridWs, stamped};
+    let mut cluster = Cluster::start(3).await;
+    let urls = cluster.urls();
+    let dir = tempfile::tempdir().unwrap();
+    let timing = "heartbeat_ms = 200\npresence_ttl_ms = 60000\npublish_timeout_ms = 1000\n";
+    let on_server = |i: usize| {
+        let nats = &urls[i];
+        format!(
+            "[federation]\nnats = [\"{nats}\"]\nbridge_id = \"b{i}\"\nprefix = \"refused\"\nreplicas = 3\n{timing}"
+        )
+    };
+    let b0 = spawn_bridge(dir.path(), "b0", &on_server(0)).await;
+    let b1 = spawn_bridge(dir.path(), "b1", &on_server(1)).await;
+    let mut reader = GridWs::quiet(b0.addr("grid"), "reader", None).await;
+    // An agent on b1, so that a broadcast from b0 must cross.
+    let _far = GridWs::quiet(b1.addr("grid"), "far", None).await;
+    let agents = format!("http://{}/admin/api/agents", b0.addr("admin"));
+    eventually("b0 knows far", async || {
+        let Ok(answer) = common::http().get(&agents).send().await else {
+            return false;
+        };
+        let listed: serde_json::Value = answer.json().await.unwrap_or_default();
+        (listed["agents"].as_array().into_iter().flatten()).any(|a| a["name"] == "far")
+    })
+    .await;
+    let readyz = |process: &BridgeProcess| format!("http://{}/readyz", process.addr("admin"));
+    let ready = async |process: &BridgeProcess, yes: bool| {
+        let url = readyz(process);
+        eventually("readiness as expected", async || {
+            match common::http().get(&url).send().await {
+                Ok(answer) => answer
+                    .text()
+                    .await
+                    .is_ok_and(|t| t.starts_with("ready") == yes),
+                Err(_) => false,
+            }
+        })
+        .await;
+    };
+    let broadcast = "message: { id: twice, type: notification, sender: { agent: caller }, receiver: { agent: broadcast }, content: { action: note, payload: { text: twice } } }";
+
+    cluster.kill(0);
+    ready(&b0, false).await;
+    let (status, answer) = GridHttp::new(b0.addr("grid"))
+        .post(&stamped(broadcast))
+        .await;
+    let refusal = &answer["message"]["content"]["payload"]["error_message"];
+    assert!(
+        status != 202 && refusal.as_str().is_some_and(|r| r.contains("unreachable")),
+        "b0, cut off, refuses a broadcast: {status} {answer:?}"
+    );
+    cluster.restart(0).await;
+    ready(&b0, true).await;
+    GridHttp::new(b1.addr("grid")).send(broadcast).await;
+
+    reader.wait_up_to(Duration::from_secs(15));
+    let got = reader.next_message().await;
+    assert_eq!(got["id"], "twice", "{got}");
+}
+
 /// An agent's card whose put failed (the agents bucket gone a moment, as when its stream
 /// fails over) is put again once it can be: a bridge that starts later finds the agent
 /// where it is.

@@ -292,6 +292,12 @@ impl Directory {
         self.by_name.get(name).is_some_and(|e| e.bridge.is_some())
     }
 
+    /// Whether another bridge of the fleet holds any agent (online or not: a bridge cut
+    /// off cannot tell).
+    pub fn any_held_elsewhere(&self) -> bool {
+        self.by_name.iter().any(|e| e.bridge.is_some())
+    }
+
     /// Shows offline every agent `bridge` holds (it stopped telling the fleet it is
     /// alive); returns those that were online, with their protocols.
     pub fn bridge_gone(&self, bridge: &str) -> Vec<(String, Protocol)> {

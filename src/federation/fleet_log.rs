@@ -144,8 +144,12 @@ impl HoldUntilAppended {
     /// The append failed, after the stream took the message if `published`.
     fn failed(mut self, published: bool) {
         self.settled = true;
+        let on_stream = published || self.unsure.contains(&self.id);
+        if !on_stream {
+            self.own.refused(&self.id);
+        }
         if self.held {
-            match published || self.unsure.contains(&self.id) {
+            match on_stream {
                 true => self.own.not_routed(&self.id),
                 false => self.own.not_appended(&self.id),
             }
@@ -225,15 +229,24 @@ impl FleetLog {
         let _ = self.directory.set(directory);
     }
 
-    /// Whether `env` must reach an agent another bridge holds.
+    /// Whether `env` must reach an agent another bridge holds. A message that names no
+    /// one is for whoever observes it (a Grid broadcast is every Grid program's, a chat
+    /// without mentions a Skynet human's or a Tracker project's): it must, when another
+    /// bridge holds agents. Execution logs are the exception: only humans watching their
+    /// agent observe them, and, like an observer of a message that names agents here,
+    /// those elsewhere find it in the fleet's history once NATS is back.
     fn must_cross(&self, env: &Envelope) -> bool {
+        let Some(directory) = self.directory.get() else {
+            return true;
+        };
+        let mut named = env.to.iter().chain(&env.mentions).peekable();
         match &env.audience {
             Audience::Everyone | Audience::Group(_) => true,
+            Audience::Addressed if named.peek().is_none() => {
+                env.kind != Kind::Log && directory.any_held_elsewhere()
+            }
             Audience::Addressed | Audience::Private => {
-                let Some(directory) = self.directory.get() else {
-                    return true;
-                };
-                (env.to.iter().chain(&env.mentions)).any(|name| directory.held_elsewhere(name))
+                named.any(|name| directory.held_elsewhere(name))
             }
         }
     }
@@ -364,6 +377,7 @@ impl MessageLog for FleetLog {
                 });
             }
             if self.link.unreachable() {
+                self.own.refused(&env.id);
                 return Box::pin(std::future::ready(Err(refused_unreachable())));
             }
             // A server is failing over: the publisher waits for the client to reconnect.
