@@ -127,12 +127,17 @@ impl Links {
     }
 
     fn find(&self, id: &str, hash: u64, capacity: usize) -> Option<usize> {
+        self.find_slot(id, hash, capacity).map(|(_, at)| at)
+    }
+
+    /// The bucket and slot of `id`'s live record, and its place in the ring.
+    fn find_slot(&self, id: &str, hash: u64, capacity: usize) -> Option<((usize, usize), usize)> {
         if self.index.is_empty() {
             return None;
         }
         let (bucket, tag) = self.bucket_and_tag(hash);
         let oldest_live = self.oldest_live(capacity);
-        self.index[bucket].0.iter().find_map(|&slot| {
+        (self.index[bucket].0.iter().enumerate()).find_map(|(way, &slot)| {
             if slot == 0 || slot & TAG_MASK != tag {
                 return None;
             }
@@ -142,8 +147,16 @@ impl Links {
             }
             let at = (number % capacity as u64) as usize;
             let entry = &self.ring[at];
-            (entry.hash == hash && *entry.id == *id).then_some(at)
+            (entry.hash == hash && *entry.id == *id).then_some(((bucket, way), at))
         })
+    }
+
+    /// Forgets `id`'s record: its slot is freed, and its ring entry is left to be
+    /// overwritten in turn.
+    fn forget(&mut self, id: &str, hash: u64, capacity: usize) {
+        if let Some(((bucket, way), _)) = self.find_slot(id, hash, capacity) {
+            self.index[bucket].0[way] = 0;
+        }
     }
 
     fn get(&self, id: &str, hash: u64, capacity: usize) -> Option<Link> {
@@ -157,11 +170,12 @@ impl Links {
         })
     }
 
-    /// Records `entry`, in place of an earlier record of its id, else of the oldest.
-    fn insert(&mut self, entry: LinkEntry, capacity: usize) {
+    /// Records `entry`, in place of an earlier record of its id, else of the oldest;
+    /// whether there was none.
+    fn insert(&mut self, entry: LinkEntry, capacity: usize) -> bool {
         if let Some(at) = self.find(&entry.id, entry.hash, capacity) {
             self.ring[at] = entry;
-            return;
+            return false;
         }
         if self.index.is_empty() {
             let buckets = (SLOTS_PER_LINK * capacity)
@@ -191,6 +205,7 @@ impl Links {
             )
         });
         slots[taken] = ((number + 1) << TAG_BITS) | tag;
+        true
     }
 }
 
@@ -225,7 +240,8 @@ impl CorrelationIndex {
         }
     }
 
-    /// Records a message's place in its conversation.
+    /// Records a message's place in its conversation; whether its id was not recorded
+    /// already.
     pub fn record(
         &self,
         id: &str,
@@ -234,7 +250,7 @@ impl CorrelationIndex {
         correlation_id: Option<&str>,
         assigned_task: Option<&str>,
         asks_decision: bool,
-    ) {
+    ) -> bool {
         let boxed = |s: &str| Box::<str>::from(s);
         let entry = LinkEntry {
             hash: self.hasher.hash_one(id),
@@ -245,12 +261,18 @@ impl CorrelationIndex {
             task_id: assigned_task.map(boxed),
             asks_decision,
         };
-        self.lock().links.insert(entry, self.capacity);
+        self.lock().links.insert(entry, self.capacity)
     }
 
     pub fn link(&self, id: &str) -> Option<Link> {
         let hash = self.hasher.hash_one(id);
         self.lock().links.get(id, hash, self.capacity)
+    }
+
+    /// Forgets a message's place in its conversation (it was not accepted after all).
+    pub fn forget(&self, id: &str) {
+        let hash = self.hasher.hash_one(id);
+        self.lock().links.forget(id, hash, self.capacity);
     }
 
     /// Records that `request` assigned task `task_id`.
@@ -339,6 +361,23 @@ mod tests {
         index.record("c", "x", None, None, None, false);
         assert!(index.link("a").is_none());
         assert!(index.link("b").is_some() && index.link("c").is_some());
+    }
+
+    #[test]
+    fn a_forgotten_message_is_not_found_and_may_be_recorded_again() {
+        let index = CorrelationIndex::new(4);
+        assert!(index.record("a", "x", None, None, None, false));
+        assert!(index.record("b", "x", None, None, None, false));
+        assert!(
+            !index.record("a", "y", None, None, None, false),
+            "recorded already"
+        );
+        index.forget("a");
+        index.forget("never");
+        assert!(index.link("a").is_none());
+        assert!(index.link("b").is_some(), "only its own record goes");
+        assert!(index.record("a", "z", None, None, None, false), "new again");
+        assert_eq!(index.link("a").unwrap().from, "z");
     }
 
     fn entry_of_hash(id: &str, hash: u64) -> LinkEntry {

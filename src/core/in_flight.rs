@@ -44,7 +44,7 @@ impl<T: Send + 'static> InFlight<T> {
     /// Cancel-safe: a write finished is taken out in the same poll that sees it finish.
     pub async fn next(&mut self) -> Option<(Result<Envelope, LogError>, T)> {
         let (oldest, _) = self.queue.front_mut()?;
-        let written = (&mut oldest.written).await;
+        let written = oldest.written().await;
         let (staged, then) = self.queue.pop_front()?;
         Some((written.map(|()| staged.env), then))
     }
@@ -70,7 +70,15 @@ mod tests {
         let (done, finished) = oneshot::channel();
         let env = Envelope::with_id(id.into(), "test", "a", Kind::Chat);
         let written = Box::pin(async move { finished.await.unwrap_or(Err(LogError::Closed)) });
-        (Staged { env, written }, done)
+        let remembered_by = None;
+        (
+            Staged {
+                env,
+                written,
+                remembered_by,
+            },
+            done,
+        )
     }
 
     #[tokio::test]

@@ -97,6 +97,10 @@ pub struct Replicated<'a> {
 pub struct Staged {
     env: Envelope,
     written: LogFuture<'static, ()>,
+    /// The core that first remembered its id as it was staged (`Core::recently_seen`),
+    /// which forgets it again if the write fails: a refused message was not seen, and its
+    /// sender's retry — here, or through another bridge of the fleet — is not one.
+    remembered_by: Option<std::sync::Weak<Core>>,
 }
 
 /// A staged message `publish_staged` has not routed yet: dropped so, it is routed once
@@ -124,9 +128,20 @@ impl Drop for Unrouted<'_> {
 
 impl Staged {
     /// The message, once its write is durable.
-    pub async fn durable(self) -> Result<Envelope, LogError> {
-        self.written.await?;
+    pub async fn durable(mut self) -> Result<Envelope, LogError> {
+        self.written().await?;
         Ok(self.env)
+    }
+
+    /// Ends with its write. Cancel-safe: a failure is handled in the poll that sees it.
+    async fn written(&mut self) -> Result<(), LogError> {
+        let written = (&mut self.written).await;
+        if written.is_err()
+            && let Some(core) = self.remembered_by.take().and_then(|core| core.upgrade())
+        {
+            core.correlation.forget(&self.env.id);
+        }
+        written
     }
 }
 
@@ -350,7 +365,7 @@ impl Core {
             staged: Some(staged),
         };
         let staged = unrouted.staged.as_mut().expect("staged until written");
-        let written = (&mut staged.written).await;
+        let written = staged.written().await;
         let staged = unrouted.staged.take().expect("staged until written");
         written?;
         Ok(self.route(staged.env))
@@ -369,9 +384,13 @@ impl Core {
         // into both in its state, two envelopes in every message's future.
         async move {
             self.link_conversation(&mut env).await;
-            self.remember(&env);
+            let remembered_by = self.remember(&env).then(|| self.me.clone());
             let written = self.log.append(&env);
-            Staged { env, written }
+            Staged {
+                env,
+                written,
+                remembered_by,
+            }
         }
     }
 
@@ -435,13 +454,14 @@ impl Core {
         delivery
     }
 
-    /// Records the message's place in its conversation, for the replies that follow.
-    fn remember(&self, env: &Envelope) {
+    /// Records the message's place in its conversation, for the replies that follow;
+    /// whether its id was new.
+    fn remember(&self, env: &Envelope) -> bool {
         let assigned = (env.kind == Kind::TaskAssign)
             .then(|| env.task.as_ref().map(|t| t.id.as_str()))
             .flatten()
             .filter(|id| !id.is_empty());
-        self.correlation.record(
+        let new = self.correlation.record(
             &env.id,
             &env.from,
             env.reply_to.as_deref(),
@@ -460,6 +480,7 @@ impl Core {
                 },
             );
         }
+        new
     }
 
     /// Places a message in its conversation:

@@ -569,23 +569,15 @@ impl Applier {
                         if routing != Routing::WhenKept && news {
                             continue;
                         }
-                        let mut refused_here = false;
                         if routing == Routing::Never {
                             if !self.own.take_unrouted(id) {
                                 continue;
                             }
+                        // Passed through here already (a redelivery this bridge remembers).
                         } else if !replica.transient && self.core.recently_seen(id) {
-                            // Passed through here already (a redelivery this bridge
-                            // remembers), unless this bridge refused it and its sender sent
-                            // it again through another: then what the store may hold of it
-                            // (written as it was refused) was never routed.
-                            refused_here = self.own.take_refused(id);
-                            if !refused_here {
-                                continue;
-                            }
+                            continue;
                         }
-                        let maybe_kept =
-                            (again || replica.resent) && !replica.transient && !refused_here;
+                        let maybe_kept = (again || replica.resent) && !replica.transient;
                         replicas.all.push(ToApply {
                             replica,
                             maybe_kept,

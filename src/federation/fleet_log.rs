@@ -4,8 +4,8 @@
 //! bridge killed after acknowledging a message cannot take it with it.
 //!
 //! While the client is disconnected, a message that only this bridge's agents take is kept
-//! here alone and delivered. One that must reach another bridge (it names an agent another
-//! bridge holds, or goes to everyone) waits for the client to reconnect to another server,
+//! here alone and delivered. One that must reach another bridge (`must_cross`: it names an
+//! agent another bridge holds, goes to everyone or a group, or names no one) waits for the client to reconnect to another server,
 //! up to the publish timeout; once NATS has been away for longer than that, it is refused
 //! at once, in the sender's protocol — never acknowledged and then lost. Nothing is sent
 //! while disconnected, and a publish that fails while connected (a stream leader being
@@ -144,12 +144,8 @@ impl HoldUntilAppended {
     /// The append failed, after the stream took the message if `published`.
     fn failed(mut self, published: bool) {
         self.settled = true;
-        let on_stream = published || self.unsure.contains(&self.id);
-        if !on_stream {
-            self.own.refused(&self.id);
-        }
         if self.held {
-            match on_stream {
+            match published || self.unsure.contains(&self.id) {
                 true => self.own.not_routed(&self.id),
                 false => self.own.not_appended(&self.id),
             }
@@ -377,7 +373,6 @@ impl MessageLog for FleetLog {
                 });
             }
             if self.link.unreachable() {
-                self.own.refused(&env.id);
                 return Box::pin(std::future::ready(Err(refused_unreachable())));
             }
             // A server is failing over: the publisher waits for the client to reconnect.

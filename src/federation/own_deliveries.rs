@@ -47,8 +47,6 @@ pub struct OwnDeliveries {
     published: Entries<Vec<CancellationToken>>,
     /// Messages whose append did not complete, by id: not routed here.
     unrouted: Entries<()>,
-    /// Messages refused here that the stream does not hold, by id (`refused`).
-    refused: Entries<()>,
 }
 
 impl OwnDeliveries {
@@ -70,19 +68,6 @@ impl OwnDeliveries {
         self.holds.take(id);
     }
 
-    /// Message `id` was refused to its sender, and the stream does not hold it. Its id is
-    /// remembered here all the same (`Core::recently_seen`), as a message accepted here
-    /// is: the first copy another bridge publishes (the sender sent it again there) is not
-    /// taken for one this bridge routed (`take_refused`).
-    pub fn refused(&self, id: &str) {
-        self.refused.insert(id, ());
-    }
-
-    /// Whether message `id`, which this bridge remembers, was refused here (once).
-    pub fn take_refused(&self, id: &str) -> bool {
-        !self.refused.is_empty() && self.refused.take(id).is_some()
-    }
-
     /// Message `id`'s append did not complete: it is not routed here, and its publish, if
     /// the stream holds it, is to be applied here as another bridge's (`take_unrouted`).
     pub fn not_routed(&self, id: &str) {
@@ -95,9 +80,6 @@ impl OwnDeliveries {
     pub fn appended(&self, id: &str) {
         if !self.unrouted.is_empty() {
             self.unrouted.take(id);
-        }
-        if !self.refused.is_empty() {
-            self.refused.take(id);
         }
     }
 

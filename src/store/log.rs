@@ -155,6 +155,36 @@ mod tests {
         assert_eq!(core.original_id("unknown").await, "unknown");
     }
 
+    /// A message whose write failed was not accepted, so it is not among those the core
+    /// has seen lately: its sender's retry, here or through another bridge of a fleet, is
+    /// not passed over as a repeat. One seen before stays seen when a retry of it fails.
+    #[tokio::test]
+    async fn a_message_whose_write_failed_is_not_taken_for_one_seen() {
+        let store = Arc::new(Store::open(IN_MEMORY).await.unwrap());
+        let core = Core::new(store.clone(), store.clone(), &RoutingConfig::default());
+        let accepted = Envelope::new("test", "a", Kind::Chat);
+        core.publish(accepted.clone()).await.unwrap();
+        assert!(core.recently_seen(&accepted.id));
+        // Every write of a message fails from here on.
+        let broken = store.write(|conn| {
+            conn.execute_batch("ALTER TABLE messages RENAME TO elsewhere")?;
+            Ok(())
+        });
+        broken.await.unwrap();
+
+        let refused = Envelope::new("test", "a", Kind::Chat);
+        assert!(core.publish(refused.clone()).await.is_err());
+        assert!(
+            !core.recently_seen(&refused.id),
+            "a refused message is not seen"
+        );
+        assert!(core.publish(accepted.clone()).await.is_err());
+        assert!(
+            core.recently_seen(&accepted.id),
+            "a refused retry forgets nothing"
+        );
+    }
+
     /// A publish whose caller is dropped before its message is durable (an HTTP client
     /// that went away) routes it all the same, once it is.
     #[tokio::test]
