@@ -81,6 +81,9 @@ struct Links {
     ring: Vec<LinkEntry>,
     /// How many links have been recorded: the next one goes to `recorded % capacity`.
     recorded: u64,
+    /// How many times a link was recorded, a new one or one updated in place: each
+    /// record's `LinkEntry::stamp`.
+    stamped: u64,
     /// Made at the first record, with at least [`SLOTS_PER_LINK`] slots for each place in
     /// the ring (512 KiB for the 16,384 links `Core` keeps; a lookup reads 32 bytes of it).
     /// When all of a bucket's slots hold live records, a new one takes the oldest's slot:
@@ -105,6 +108,8 @@ struct Bucket([u64; WAYS]);
 
 struct LinkEntry {
     hash: u64,
+    /// Which record of its id this is (`Links::forget` forgets only that one).
+    stamp: u64,
     id: Box<str>,
     from: Box<str>,
     /// Only when it is not the message itself: most messages start their conversation.
@@ -151,10 +156,12 @@ impl Links {
         })
     }
 
-    /// Forgets `id`'s record: its slot is freed, and its ring entry is left to be
-    /// overwritten in turn.
-    fn forget(&mut self, id: &str, hash: u64, capacity: usize) {
-        if let Some(((bucket, way), _)) = self.find_slot(id, hash, capacity) {
+    /// Forgets `id`'s record `stamp`, unless its id was recorded again since: its slot is
+    /// freed, and its ring entry is left to be overwritten in turn.
+    fn forget(&mut self, id: &str, hash: u64, capacity: usize, stamp: u64) {
+        if let Some(((bucket, way), at)) = self.find_slot(id, hash, capacity)
+            && self.ring[at].stamp == stamp
+        {
             self.index[bucket].0[way] = 0;
         }
     }
@@ -170,13 +177,16 @@ impl Links {
         })
     }
 
-    /// Records `entry`, in place of an earlier record of its id, else of the oldest;
-    /// whether there was none.
-    fn insert(&mut self, entry: LinkEntry, capacity: usize) -> bool {
+    /// Records `entry`, in place of an earlier record of its id, else of the oldest; its
+    /// stamp when there was none.
+    fn insert(&mut self, mut entry: LinkEntry, capacity: usize) -> Option<u64> {
+        entry.stamp = self.stamped;
+        self.stamped += 1;
         if let Some(at) = self.find(&entry.id, entry.hash, capacity) {
             self.ring[at] = entry;
-            return false;
+            return None;
         }
+        let stamp = entry.stamp;
         if self.index.is_empty() {
             let buckets = (SLOTS_PER_LINK * capacity)
                 .div_ceil(WAYS)
@@ -205,7 +215,7 @@ impl Links {
             )
         });
         slots[taken] = ((number + 1) << TAG_BITS) | tag;
-        true
+        Some(stamp)
     }
 }
 
@@ -240,8 +250,8 @@ impl CorrelationIndex {
         }
     }
 
-    /// Records a message's place in its conversation; whether its id was not recorded
-    /// already.
+    /// Records a message's place in its conversation; when its id was not recorded
+    /// already, the record's stamp, which `forget` takes.
     pub fn record(
         &self,
         id: &str,
@@ -250,10 +260,11 @@ impl CorrelationIndex {
         correlation_id: Option<&str>,
         assigned_task: Option<&str>,
         asks_decision: bool,
-    ) -> bool {
+    ) -> Option<u64> {
         let boxed = |s: &str| Box::<str>::from(s);
         let entry = LinkEntry {
             hash: self.hasher.hash_one(id),
+            stamp: 0,
             id: boxed(id),
             from: boxed(from),
             root: correlation_id.filter(|root| *root != id).map(boxed),
@@ -269,10 +280,12 @@ impl CorrelationIndex {
         self.lock().links.get(id, hash, self.capacity)
     }
 
-    /// Forgets a message's place in its conversation (it was not accepted after all).
-    pub fn forget(&self, id: &str) {
+    /// Forgets a message's place in its conversation (it was not accepted after all):
+    /// record `stamp`, unless its id was recorded again since (another message with its
+    /// id was accepted, or applied from another bridge).
+    pub fn forget(&self, id: &str, stamp: u64) {
         let hash = self.hasher.hash_one(id);
-        self.lock().links.forget(id, hash, self.capacity);
+        self.lock().links.forget(id, hash, self.capacity, stamp);
     }
 
     /// Records that `request` assigned task `task_id`.
@@ -366,23 +379,30 @@ mod tests {
     #[test]
     fn a_forgotten_message_is_not_found_and_may_be_recorded_again() {
         let index = CorrelationIndex::new(4);
-        assert!(index.record("a", "x", None, None, None, false));
-        assert!(index.record("b", "x", None, None, None, false));
-        assert!(
-            !index.record("a", "y", None, None, None, false),
-            "recorded already"
-        );
-        index.forget("a");
-        index.forget("never");
+        let a = index
+            .record("a", "x", None, None, None, false)
+            .expect("new");
+        let b = index
+            .record("b", "x", None, None, None, false)
+            .expect("new");
+        index.forget("a", a);
+        index.forget("never", b);
         assert!(index.link("a").is_none());
         assert!(index.link("b").is_some(), "only its own record goes");
-        assert!(index.record("a", "z", None, None, None, false), "new again");
+        let again = index
+            .record("a", "z", None, None, None, false)
+            .expect("new again");
         assert_eq!(index.link("a").unwrap().from, "z");
+        // Recorded again in place since: a forget of the earlier record is too late.
+        assert!(index.record("a", "y", None, None, None, false).is_none());
+        index.forget("a", again);
+        assert_eq!(index.link("a").unwrap().from, "y");
     }
 
     fn entry_of_hash(id: &str, hash: u64) -> LinkEntry {
         LinkEntry {
             hash,
+            stamp: 0,
             id: id.into(),
             from: "x".into(),
             root: None,

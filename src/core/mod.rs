@@ -98,9 +98,10 @@ pub struct Staged {
     env: Envelope,
     written: LogFuture<'static, ()>,
     /// The core that first remembered its id as it was staged (`Core::recently_seen`),
-    /// which forgets it again if the write fails: a refused message was not seen, and its
-    /// sender's retry — here, or through another bridge of the fleet — is not one.
-    remembered_by: Option<std::sync::Weak<Core>>,
+    /// with that record's stamp, which forgets it again if the write fails: a refused
+    /// message was not seen, and its sender's retry — here, or through another bridge of
+    /// the fleet — is not a repeat.
+    remembered_by: Option<(std::sync::Weak<Core>, u64)>,
 }
 
 /// A staged message `publish_staged` has not routed yet: dropped so, it is routed once
@@ -137,9 +138,10 @@ impl Staged {
     async fn written(&mut self) -> Result<(), LogError> {
         let written = (&mut self.written).await;
         if written.is_err()
-            && let Some(core) = self.remembered_by.take().and_then(|core| core.upgrade())
+            && let Some((core, stamp)) = self.remembered_by.take()
+            && let Some(core) = core.upgrade()
         {
-            core.correlation.forget(&self.env.id);
+            core.correlation.forget(&self.env.id, stamp);
         }
         written
     }
@@ -384,7 +386,7 @@ impl Core {
         // into both in its state, two envelopes in every message's future.
         async move {
             self.link_conversation(&mut env).await;
-            let remembered_by = self.remember(&env).then(|| self.me.clone());
+            let remembered_by = self.remember(&env).map(|stamp| (self.me.clone(), stamp));
             let written = self.log.append(&env);
             Staged {
                 env,
@@ -455,8 +457,8 @@ impl Core {
     }
 
     /// Records the message's place in its conversation, for the replies that follow;
-    /// whether its id was new.
-    fn remember(&self, env: &Envelope) -> bool {
+    /// the record's stamp when its id was new.
+    fn remember(&self, env: &Envelope) -> Option<u64> {
         let assigned = (env.kind == Kind::TaskAssign)
             .then(|| env.task.as_ref().map(|t| t.id.as_str()))
             .flatten()
