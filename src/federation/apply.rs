@@ -19,8 +19,7 @@ use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use async_nats::jetstream::consumer::SequenceInfo;
-
+use super::acks::{Acks, Last, WRITTEN_WITHIN, Written, ack_subject};
 use super::link::{NatsLink, Ready};
 use super::own_deliveries::OwnDeliveries;
 use super::stretch::Stretch;
@@ -77,13 +76,6 @@ enum Routing {
     Never,
 }
 
-/// How long an acknowledgement waits for the batch's deliveries to be written: past this,
-/// a recipient that slow (or a callback retried that long) may lose, if the bridge is
-/// killed, what it had not yet been written. Well within the consumer's `ack_wait`, and
-/// short enough that a slow reader does not hold back applying once `max_ack_pending`
-/// messages of the stream wait.
-const WRITTEN_WITHIN: Duration = Duration::from_secs(5);
-
 /// A message of the stream, applied to the store.
 struct Applied {
     replica: Replica,
@@ -123,126 +115,6 @@ impl Delivered {
         }
         self.0 = given;
         Ok(None)
-    }
-}
-
-/// A routed batch waiting for its acknowledgement.
-struct ToAcknowledge {
-    last: Last,
-    written: Written,
-    at: tokio::time::Instant,
-}
-
-/// What acknowledges a batch, and with it every batch before (`AckPolicy::All`).
-enum Last {
-    /// The batch's last message (boxed: it is several times the size of the other).
-    Message(Box<async_nats::jetstream::Message>),
-    /// The consumer's last delivery, made to an earlier reading or run and read again from
-    /// the stream (`Applier::apply_unacknowledged`): its acknowledgement subject
-    /// (`ack_subject`), on this client.
-    Delivery {
-        client: async_nats::Client,
-        subject: String,
-    },
-}
-
-impl Last {
-    async fn ack(self) -> Result<(), async_nats::Error> {
-        match self {
-            Last::Message(message) => message.ack().await,
-            Last::Delivery { client, subject } => {
-                Ok(client.publish(subject, bytes::Bytes::new()).await?)
-            }
-        }
-    }
-}
-
-/// The subject acknowledging the consumer's delivery `delivered`, as JetStream names it in
-/// the delivery's reply (`$JS.ACK.<stream>.<consumer>.<times delivered>.<stream
-/// sequence>.<consumer sequence>.<time>.<pending>`). Under `AckPolicy::All` the server
-/// reads only the two sequences from it and acknowledges every delivery up to them; the
-/// other tokens are given as 1 and 0. (NATS 2.14's consumer reset would move the
-/// acknowledgement floor too, but refuses a consumer made with `DeliverPolicy::New`.)
-fn ack_subject(stream: &str, consumer: &str, delivered: &SequenceInfo) -> String {
-    let (stream_seq, consumer_seq) = (delivered.stream_sequence, delivered.consumer_sequence);
-    format!("$JS.ACK.{stream}.{consumer}.1.{stream_seq}.{consumer_seq}.0.0")
-}
-
-/// What tells that a batch's deliveries here are done: written, kept or dropped.
-struct Written {
-    /// Cancelled once every delivery the batch made that took up its hold is done.
-    routed: CancellationToken,
-    /// Cancelled once each of this run's own messages the batch carries is done.
-    own: Vec<CancellationToken>,
-}
-
-impl Written {
-    /// Nothing to wait for.
-    fn nothing() -> Written {
-        let routed = CancellationToken::new();
-        routed.cancel();
-        Written {
-            routed,
-            own: Vec::new(),
-        }
-    }
-
-    async fn done(&self) {
-        self.routed.cancelled().await;
-        for own in &self.own {
-            own.cancelled().await;
-        }
-    }
-
-    /// Waits until done, at most until `by`; whether it was.
-    async fn done_by(&self, by: tokio::time::Instant) -> bool {
-        let done = tokio::time::timeout_at(by, self.done()).await.is_ok();
-        if !done {
-            telemetry::federation_acknowledged_unwritten();
-        }
-        done
-    }
-}
-
-/// Acknowledges routed batches, one after another in stream order, each once what it
-/// routed here for agents whose mail the fleet keeps (Grid programs, Synapse agents) was
-/// written to their connections or kept (`Outstanding`): a bridge killed before has the
-/// batch in the stretch the others read again (`missed_mail`) and keep for its agents,
-/// rather than lose what waited in a mailbox. Meanwhile the applier routes on; a slow
-/// client holds back acknowledgements, not routing.
-struct Acks {
-    queued: tokio::sync::mpsc::UnboundedSender<ToAcknowledge>,
-}
-
-impl Acks {
-    /// The task that acknowledges what is queued, until the queue is dropped or the bridge
-    /// shuts down. Nothing is acknowledged once it does: what a shutdown dropped (a
-    /// mailbox's contents, a callback) stays in the stretch the others read again.
-    fn start(shutdown: CancellationToken) -> Acks {
-        let (queued, mut to_ack) = tokio::sync::mpsc::unbounded_channel::<ToAcknowledge>();
-        tokio::spawn(async move {
-            while let Some(ToAcknowledge { last, written, at }) = to_ack.recv().await {
-                tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => return,
-                    _ = written.done_by(at + WRITTEN_WITHIN) => {}
-                }
-                if shutdown.is_cancelled() {
-                    return;
-                }
-                if let Err(e) = last.ack().await {
-                    // Redelivered after `ack_wait`, and passed over as applied already.
-                    tracing::debug!(error = %e, "federation: a batch was not acknowledged");
-                }
-            }
-        });
-        Acks { queued }
-    }
-
-    /// Acknowledges the batch `last` ends, once `written`.
-    fn ack(&self, last: Last, written: Written) {
-        let at = tokio::time::Instant::now();
-        let _ = self.queued.send(ToAcknowledge { last, written, at });
     }
 }
 

@@ -23,7 +23,7 @@ use crate::telemetry;
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
 
 /// Messages delivered to a bridge and not yet acknowledged, at most. A batch is
-/// acknowledged once what it routed here was written (`apply::WRITTEN_WITHIN` at most), so
+/// acknowledged once what it routed here was written (`acks::WRITTEN_WITHIN` at most), so
 /// this is how far applying runs ahead of a recipient that reads slowly before it waits.
 const MAX_ACK_PENDING: i64 = 16_384;
 

@@ -6,6 +6,7 @@
 //! agent and which bridge holds it; heartbeats tell which bridges are alive (`presence`).
 //! `docs/federation.md` has the subjects, the guarantees and what it costs.
 
+mod acks;
 mod apply;
 mod bucket_watch;
 mod cards;
