@@ -1755,16 +1755,9 @@ async fn a_bridge_back_from_a_moment_away_hands_over_the_mail_of_an_agent_that_l
     let b0 = spawn_bridge(dir.path(), "b0", &on_server(0)).await;
     let b1 = spawn_bridge(dir.path(), "b1", &on_server(1)).await;
     drop(GridWs::quiet(b0.addr("grid"), "drifter", None).await);
-    let admin =
-        |process: &BridgeProcess, path: &str| format!("http://{}{path}", process.addr("admin"));
-    let agents = admin(&b1, "/admin/api/agents");
     eventually("b1 shows drifter away on b0", async || {
-        let Ok(answer) = common::http().get(&agents).send().await else {
-            return false;
-        };
-        let listed: serde_json::Value = answer.json().await.unwrap_or_default();
-        (listed["agents"].as_array().into_iter().flatten())
-            .any(|a| a["name"] == "drifter" && a["bridge"] == "b0" && a["online"] == false)
+        let drifter = listed(&b1, "drifter").await.unwrap_or_default();
+        drifter["bridge"] == "b0" && drifter["online"] == false
     })
     .await;
 
@@ -1775,14 +1768,7 @@ async fn a_bridge_back_from_a_moment_away_hands_over_the_mail_of_an_agent_that_l
         .await;
 
     cluster.kill(0);
-    let readyz = admin(&b0, "/readyz");
-    eventually("b0 says it is degraded", async || {
-        match common::http().get(&readyz).send().await {
-            Ok(answer) => answer.text().await.is_ok_and(|t| !t.starts_with("ready")),
-            Err(_) => false,
-        }
-    })
-    .await;
+    readiness_is(&b0, false).await;
     cluster.wait_streams_led(&urls[1]).await;
     // Connected while b0 is away: b1 asks it for the program's mail and gets no answer
     // until it is back.
@@ -1796,7 +1782,7 @@ async fn a_bridge_back_from_a_moment_away_hands_over_the_mail_of_an_agent_that_l
     let first = socket.next_message().await;
     assert_eq!(first["id"], "kept", "{first}");
 
-    let metrics = admin(&b1, "/metrics");
+    let metrics = format!("http://{}/metrics", b1.addr("admin"));
     let mut seen = String::new();
     eventually("b1 counts the hand-over", async || {
         seen = common::http()
@@ -1822,45 +1808,24 @@ async fn a_message_refused_by_a_bridge_cut_off_and_sent_again_through_another_re
     let mut cluster = Cluster::start(3).await;
     let urls = cluster.urls();
     let dir = tempfile::tempdir().unwrap();
-    let timing = "heartbeat_ms = 200\npresence_ttl_ms = 60000\npublish_timeout_ms = 1000\n";
-    let on_server = |i: usize| {
+    // b0 refuses soon; b1 rides out the stream's leader being elected again after.
+    let on_server = |i: usize, publish_timeout_ms: u32| {
         let nats = &urls[i];
         format!(
-            "[federation]\nnats = [\"{nats}\"]\nbridge_id = \"b{i}\"\nprefix = \"refused\"\nreplicas = 3\n{timing}"
+            "[federation]\nnats = [\"{nats}\"]\nbridge_id = \"b{i}\"\nprefix = \"refused\"\nreplicas = 3\n\
+             heartbeat_ms = 200\npresence_ttl_ms = 60000\npublish_timeout_ms = {publish_timeout_ms}\n"
         )
     };
-    let b0 = spawn_bridge(dir.path(), "b0", &on_server(0)).await;
-    let b1 = spawn_bridge(dir.path(), "b1", &on_server(1)).await;
+    let b0 = spawn_bridge(dir.path(), "b0", &on_server(0, 1_000)).await;
+    let b1 = spawn_bridge(dir.path(), "b1", &on_server(1, 15_000)).await;
     let mut reader = GridWs::quiet(b0.addr("grid"), "reader", None).await;
     // An agent on b1, so that a broadcast from b0 must cross.
     let _far = GridWs::quiet(b1.addr("grid"), "far", None).await;
-    let agents = format!("http://{}/admin/api/agents", b0.addr("admin"));
-    eventually("b0 knows far", async || {
-        let Ok(answer) = common::http().get(&agents).send().await else {
-            return false;
-        };
-        let listed: serde_json::Value = answer.json().await.unwrap_or_default();
-        (listed["agents"].as_array().into_iter().flatten()).any(|a| a["name"] == "far")
-    })
-    .await;
-    let readyz = |process: &BridgeProcess| format!("http://{}/readyz", process.addr("admin"));
-    let ready = async |process: &BridgeProcess, yes: bool| {
-        let url = readyz(process);
-        eventually("readiness as expected", async || {
-            match common::http().get(&url).send().await {
-                Ok(answer) => answer
-                    .text()
-                    .await
-                    .is_ok_and(|t| t.starts_with("ready") == yes),
-                Err(_) => false,
-            }
-        })
-        .await;
-    };
+    eventually("b0 knows far", async || listed(&b0, "far").await.is_some()).await;
     let broadcast = "message: { id: twice, type: notification, sender: { agent: caller }, receiver: { agent: broadcast }, content: { action: note, payload: { text: twice } } }";
 
     cluster.kill(0);
-    ready(&b0, false).await;
+    readiness_is(&b0, false).await;
     let (status, answer) = GridHttp::new(b0.addr("grid"))
         .post(&stamped(broadcast))
         .await;
@@ -1870,12 +1835,35 @@ async fn a_message_refused_by_a_bridge_cut_off_and_sent_again_through_another_re
         "b0, cut off, refuses a broadcast: {status} {answer:?}"
     );
     cluster.restart(0).await;
-    ready(&b0, true).await;
+    readiness_is(&b0, true).await;
     GridHttp::new(b1.addr("grid")).send(broadcast).await;
 
     reader.wait_up_to(Duration::from_secs(15));
     let got = reader.next_message().await;
     assert_eq!(got["id"], "twice", "{got}");
+}
+
+/// `name` as bridge `process` lists it (`/admin/api/agents`), if it does.
+async fn listed(process: &BridgeProcess, name: &str) -> Option<serde_json::Value> {
+    let agents = format!("http://{}/admin/api/agents", process.addr("admin"));
+    let answer = common::http().get(&agents).send().await.ok()?;
+    let listed: serde_json::Value = answer.json().await.ok()?;
+    (listed["agents"].as_array()?.iter())
+        .find(|a| a["name"] == name)
+        .cloned()
+}
+
+/// Waits until bridge `process` says it is ready (`/readyz`), or, with `ready` false,
+/// that it is not (degraded: cut off from NATS).
+async fn readiness_is(process: &BridgeProcess, ready: bool) {
+    let readyz = format!("http://{}/readyz", process.addr("admin"));
+    eventually("the bridge's readiness", async || {
+        match common::http().get(&readyz).send().await {
+            Ok(answer) => (answer.text().await).is_ok_and(|t| t.starts_with("ready") == ready),
+            Err(_) => false,
+        }
+    })
+    .await;
 }
 
 /// An agent's card whose put failed (the agents bucket gone a moment, as when its stream

@@ -69,12 +69,12 @@ mod tests {
     fn staged(id: &str) -> (Staged, oneshot::Sender<Result<(), LogError>>) {
         let (done, finished) = oneshot::channel();
         let env = Envelope::with_id(id.into(), "test", "a", Kind::Chat);
-        let written = Box::pin(async move { finished.await.unwrap_or(Err(LogError::Closed)) });
+        let write = Box::pin(async move { finished.await.unwrap_or(Err(LogError::Closed)) });
         let remembered_by = None;
         (
             Staged {
                 env,
-                written,
+                write,
                 remembered_by,
             },
             done,

@@ -96,7 +96,8 @@ pub struct Replicated<'a> {
 /// A message whose store write is queued (see `Core::stage`).
 pub struct Staged {
     env: Envelope,
-    written: LogFuture<'static, ()>,
+    /// Its store write, queued.
+    write: LogFuture<'static, ()>,
     /// The core that first remembered its id as it was staged (`Core::recently_seen`),
     /// with that record's stamp, which forgets it again if the write fails: a refused
     /// message was not seen, and its sender's retry — here, or through another bridge of
@@ -136,7 +137,7 @@ impl Staged {
 
     /// Ends with its write. Cancel-safe: a failure is handled in the poll that sees it.
     async fn written(&mut self) -> Result<(), LogError> {
-        let written = (&mut self.written).await;
+        let written = (&mut self.write).await;
         if written.is_err()
             && let Some((core, stamp)) = self.remembered_by.take()
             && let Some(core) = core.upgrade()
@@ -387,10 +388,10 @@ impl Core {
         async move {
             self.link_conversation(&mut env).await;
             let remembered_by = self.remember(&env).map(|stamp| (self.me.clone(), stamp));
-            let written = self.log.append(&env);
+            let write = self.log.append(&env);
             Staged {
                 env,
-                written,
+                write,
                 remembered_by,
             }
         }

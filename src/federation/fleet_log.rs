@@ -5,9 +5,10 @@
 //!
 //! While the client is disconnected, a message that only this bridge's agents take is kept
 //! here alone and delivered. One that must reach another bridge (`must_cross`: it names an
-//! agent another bridge holds, goes to everyone or a group, or names no one) waits for the client to reconnect to another server,
-//! up to the publish timeout; once NATS has been away for longer than that, it is refused
-//! at once, in the sender's protocol — never acknowledged and then lost. Nothing is sent
+//! agent another bridge holds, goes to everyone or a group, or names no one while another
+//! bridge holds agents, execution logs aside) waits for the client to reconnect to another
+//! server, up to the publish timeout; once NATS has been away for longer than that, it is
+//! refused at once, in the sender's protocol — never acknowledged and then lost. Nothing is sent
 //! while disconnected, and a publish that fails while connected (a stream leader being
 //! elected) is sent again under the same id, until the publish timeout.
 //!
