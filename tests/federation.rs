@@ -3726,7 +3726,7 @@ async fn the_nats_server_leading_the_stream_killed_mid_flow_loses_nothing() {
 #[tokio::test]
 async fn tracker_tasks_created_as_a_bridges_nats_server_fails_are_each_kept_once() {
     let (mut cluster, fleet, _, _) = fleet_riding_out_failovers().await;
-    let patient = |addr| TrackerHttp::new(addr, "tb-admin").waiting_up_to(Duration::from_secs(90));
+    let patient = |addr| TrackerHttp::new(addr, "tb-admin").waiting_up_to(Duration::from_secs(60));
     let (on_a, on_b) = (
         patient(fleet.nets[0].tracker),
         patient(fleet.nets[1].tracker),
@@ -3873,7 +3873,7 @@ async fn fleet_riding_out_failovers() -> (Cluster, Fleet, Peer, Peer) {
     let cluster = Cluster::start(3).await;
     // Room for a stream leader to be elected again on a loaded machine: the bridges must not
     // take one another for dead, nor give up on a publish, meanwhile.
-    let timing = "heartbeat_ms = 200\npresence_ttl_ms = 30000\npublish_timeout_ms = 30000\n";
+    let timing = "heartbeat_ms = 200\npresence_ttl_ms = 15000\npublish_timeout_ms = 15000\n";
     let fleet = Fleet::start_on(&cluster.toml_list(), 2, timing).await;
     let mut receiver = fleet.nets[1].peer(Proto::Grid).await;
     fleet.wait_known(0, &receiver.name).await;
@@ -3881,7 +3881,7 @@ async fn fleet_riding_out_failovers() -> (Cluster, Fleet, Peer, Peer) {
     // A message for the other bridge waits for the client to reconnect, and for the
     // stream's leader to be elected again, up to the publish timeout.
     for peer in [&mut sender, &mut receiver] {
-        peer.wait_up_to(Duration::from_secs(45));
+        peer.wait_up_to(Duration::from_secs(30));
     }
     (cluster, fleet, sender, receiver)
 }

@@ -66,9 +66,9 @@ impl Message {
             .unwrap_or_else(|_| Err(PublishError::new(PublishErrorKind::TimedOut)))
     }
 
-    /// Waits, until `deadline`, for JetStream's answer to the send on the client's
-    /// `connection`: none comes once the client has connected again since, as the
-    /// connection lost may have taken the message or its answer with it.
+    /// Waits, until `deadline` but at most `ANSWER_WITHIN`, for JetStream's answer to the
+    /// send on the client's `connection`: none comes once the client has connected again
+    /// since, as the connection lost may have taken the message or its answer with it.
     async fn answered(sent: Sent, link: &NatsLink, connection: u64, deadline: Instant) -> Answer {
         let ack = match sent {
             Ok(ack) => ack,
@@ -93,7 +93,8 @@ impl Message {
                 () = link.connected_after(connection) => Answer::Lost,
             }
         };
-        (tokio::time::timeout_at(deadline.into(), answer).await)
+        let by = deadline.min(Instant::now() + ANSWER_WITHIN);
+        (tokio::time::timeout_at(by.into(), answer).await)
             .unwrap_or_else(|_| Answer::Failed("no answer in time".into()))
     }
 }
@@ -184,6 +185,14 @@ const MOST_IN_FLIGHT: usize = 1_024;
 
 /// How long a publish that failed waits before it is sent again.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
+
+/// How long one send of a publish waits for JetStream's answer before it is sent again
+/// (under its id, onto the last publish acknowledged: JetStream keeps one copy, in
+/// order). A stream leader that failed with the publish in flight never answers, though
+/// the client stays connected (to another server): waiting for that answer until the
+/// publish timeout left no time to send it again, and its senders were refused. Far
+/// longer than JetStream takes to answer under load.
+const ANSWER_WITHIN: Duration = Duration::from_secs(2);
 
 /// Most messages, and bytes, one publish carries (NATS's default largest message is 1 MiB).
 const BATCH: usize = 256;
