@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use super::cards::CardKeeper;
 use super::link::NatsLink;
 use super::own_deliveries::OwnDeliveries;
-use super::publisher::Publisher;
+use super::publisher::{ANSWER_WITHIN, Publisher};
 use super::unshared::{Outgoing, Unshared};
 use super::wire::{Card, OutgoingReplica, Replica};
 use crate::core::{
@@ -185,9 +185,10 @@ pub struct FleetLog {
 }
 
 impl FleetLog {
-    /// The log over `local`, and the task that publishes to the stream; what waits to be
-    /// shared with it is kept in `unshared`, `cards` puts the cards of its agents, and `own`
-    /// follows its own messages to its own agents.
+    /// The log over `local`, and the task that publishes to the stream (of `replicas`
+    /// copies; a message waits `timeout` for it); what waits to be shared with it is kept
+    /// in `unshared`, `cards` puts the cards of its agents, and `own` follows its own
+    /// messages to its own agents.
     pub fn new(
         local: Arc<dyn MessageLog>,
         link: Arc<NatsLink>,
@@ -195,6 +196,7 @@ impl FleetLog {
         cards: Arc<CardKeeper>,
         own: Arc<OwnDeliveries>,
         timeout: Duration,
+        replicas: usize,
     ) -> (Arc<FleetLog>, Publisher) {
         let (outbox, queued) = mpsc::unbounded_channel();
         let unsure = Arc::<Unsure>::default();
@@ -217,6 +219,7 @@ impl FleetLog {
                 unsure,
                 own,
                 timeout,
+                answer_within: if replicas > 1 { ANSWER_WITHIN } else { timeout },
             },
         )
     }

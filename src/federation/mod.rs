@@ -90,6 +90,7 @@ impl Federation {
             cards.clone(),
             own.clone(),
             timeout,
+            config.replicas,
         );
         Ok(Federation {
             config: config.clone(),

@@ -35,6 +35,9 @@ pub struct Publisher {
     pub(super) own: Arc<OwnDeliveries>,
     /// How long a message may take to be acknowledged, retries included.
     pub(super) timeout: Duration,
+    /// How long one send waits for JetStream's answer (`ANSWER_WITHIN` when the stream is
+    /// replicated; the whole `timeout` when it is not).
+    pub(super) answer_within: Duration,
 }
 
 /// One message being published.
@@ -66,10 +69,16 @@ impl Message {
             .unwrap_or_else(|_| Err(PublishError::new(PublishErrorKind::TimedOut)))
     }
 
-    /// Waits, until `deadline` but at most `ANSWER_WITHIN`, for JetStream's answer to the
-    /// send on the client's `connection`: none comes once the client has connected again
-    /// since, as the connection lost may have taken the message or its answer with it.
-    async fn answered(sent: Sent, link: &NatsLink, connection: u64, deadline: Instant) -> Answer {
+    /// Waits, until `deadline` but at most `within`, for JetStream's answer to the send on
+    /// the client's `connection`: none comes once the client has connected again since, as
+    /// the connection lost may have taken the message or its answer with it.
+    async fn answered(
+        sent: Sent,
+        link: &NatsLink,
+        connection: u64,
+        deadline: Instant,
+        within: Duration,
+    ) -> Answer {
         let ack = match sent {
             Ok(ack) => ack,
             // Larger than NATS takes: no try would pass.
@@ -93,7 +102,7 @@ impl Message {
                 () = link.connected_after(connection) => Answer::Lost,
             }
         };
-        let by = deadline.min(Instant::now() + ANSWER_WITHIN);
+        let by = deadline.min(Instant::now() + within);
         (tokio::time::timeout_at(by.into(), answer).await)
             .unwrap_or_else(|_| Answer::Failed("no answer in time".into()))
     }
@@ -123,6 +132,8 @@ struct Flight {
     history: Vec<Outgoing>,
     started: Instant,
     deadline: Instant,
+    /// How long each send waits for JetStream's answer (`Publisher::answer_within`).
+    answer_within: Duration,
     /// The client's connection it was sent on (`NatsLink::connection`).
     connection: u64,
     /// The sequence of the publish acknowledged last when it was sent: JetStream holding
@@ -145,7 +156,13 @@ impl InFlight {
     fn send(&mut self, flight: Flight, sent: Sent, link: Arc<NatsLink>) {
         *self.by_connection.entry(flight.connection).or_default() += 1;
         self.flights.push_back(Box::pin(async move {
-            let answer = Message::answered(sent, &link, flight.connection, flight.deadline);
+            let answer = Message::answered(
+                sent,
+                &link,
+                flight.connection,
+                flight.deadline,
+                flight.answer_within,
+            );
             let answer = answer.await;
             (flight, answer)
         }));
@@ -186,13 +203,17 @@ const MOST_IN_FLIGHT: usize = 1_024;
 /// How long a publish that failed waits before it is sent again.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 
-/// How long one send of a publish waits for JetStream's answer before it is sent again
-/// (under its id, onto the last publish acknowledged: JetStream keeps one copy, in
-/// order). A stream leader that failed with the publish in flight never answers, though
-/// the client stays connected (to another server): waiting for that answer until the
-/// publish timeout left no time to send it again, and its senders were refused. Far
-/// longer than JetStream takes to answer under load.
-const ANSWER_WITHIN: Duration = Duration::from_secs(2);
+/// How long one send of a publish to a replicated stream waits for JetStream's answer
+/// before it is sent again (under its id, onto the last publish acknowledged). A stream
+/// leader that failed with the publish in flight never answers, though the client stays
+/// connected (to another server): waiting for that answer until the publish timeout left
+/// no time to send it again, and its senders were refused. Far longer than JetStream
+/// takes to answer under load. A clustered stream answers a copy it holds by its id before
+/// it checks the expected sequence (one still being replicated: "in process", asked
+/// again); a stream of one replica, which has no leader to lose, checks the sequence first
+/// (nats-server 2.12 and newer), and would refuse the copy: its sends wait the whole
+/// timeout.
+pub(super) const ANSWER_WITHIN: Duration = Duration::from_secs(2);
 
 /// Most messages, and bytes, one publish carries (NATS's default largest message is 1 MiB).
 const BATCH: usize = 256;
@@ -338,7 +359,8 @@ impl Publisher {
                     let connection = self.link.connection();
                     let sent = message.send(None, deadline).await;
                     let acked_before = last_acked;
-                    let flight = Flight { message, accepted, history, started, deadline, connection, acked_before };
+                    let answer_within = self.answer_within;
+                    let flight = Flight { message, accepted, history, started, deadline, answer_within, connection, acked_before };
                     in_flight.send(flight, sent, self.link.clone());
                 }
                 Some((flight, answer)) = in_flight.next(), if !in_flight.is_empty() => {
@@ -461,7 +483,8 @@ impl Publisher {
             // A sequence the stream never reaches, within what a server reads as a number.
             let after = last_acked.unwrap_or(i64::MAX as u64);
             let sent = flight.message.send(Some(after), flight.deadline).await;
-            match Message::answered(sent, &self.link, connection, flight.deadline).await {
+            let within = flight.answer_within;
+            match Message::answered(sent, &self.link, connection, flight.deadline, within).await {
                 Answer::Acknowledged { sequence, .. } => return Ok(Some(sequence)),
                 Answer::Overtaken => return Err(OVERTAKEN.to_owned()),
                 Answer::Unsendable(e) => return Err(e),
