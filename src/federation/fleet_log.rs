@@ -8,8 +8,8 @@
 //! agent another bridge holds, goes to everyone or a group, or names no one while another
 //! bridge holds agents, execution logs aside) waits for the client to reconnect to another
 //! server, up to the publish timeout; once NATS has been away for longer than that, it is
-//! refused at once, in the sender's protocol — never acknowledged and then lost. Nothing is sent
-//! while disconnected, and a publish that fails while connected (a stream leader being
+//! refused at once, in the sender's protocol — never acknowledged and then lost. Nothing is
+//! sent while disconnected, and a publish that fails while connected (a stream leader being
 //! elected) is sent again under the same id, until the publish timeout.
 //!
 //! A message kept here alone while NATS was away is published once it is back (within
