@@ -132,8 +132,6 @@ struct Flight {
     history: Vec<Outgoing>,
     started: Instant,
     deadline: Instant,
-    /// How long each send waits for JetStream's answer (`Publisher::answer_within`).
-    answer_within: Duration,
     /// The client's connection it was sent on (`NatsLink::connection`).
     connection: u64,
     /// The sequence of the publish acknowledged last when it was sent: JetStream holding
@@ -153,16 +151,11 @@ struct InFlight {
 }
 
 impl InFlight {
-    fn send(&mut self, flight: Flight, sent: Sent, link: Arc<NatsLink>) {
+    /// Follows `flight`'s first send, whose answer is waited for `within` at most.
+    fn send(&mut self, flight: Flight, sent: Sent, link: Arc<NatsLink>, within: Duration) {
         *self.by_connection.entry(flight.connection).or_default() += 1;
         self.flights.push_back(Box::pin(async move {
-            let answer = Message::answered(
-                sent,
-                &link,
-                flight.connection,
-                flight.deadline,
-                flight.answer_within,
-            );
+            let answer = Message::answered(sent, &link, flight.connection, flight.deadline, within);
             let answer = answer.await;
             (flight, answer)
         }));
@@ -359,9 +352,8 @@ impl Publisher {
                     let connection = self.link.connection();
                     let sent = message.send(None, deadline).await;
                     let acked_before = last_acked;
-                    let answer_within = self.answer_within;
-                    let flight = Flight { message, accepted, history, started, deadline, answer_within, connection, acked_before };
-                    in_flight.send(flight, sent, self.link.clone());
+                    let flight = Flight { message, accepted, history, started, deadline, connection, acked_before };
+                    in_flight.send(flight, sent, self.link.clone(), self.answer_within);
                 }
                 Some((flight, answer)) = in_flight.next(), if !in_flight.is_empty() => {
                     self.landed(flight, answer, &mut last_acked).await;
@@ -483,7 +475,7 @@ impl Publisher {
             // A sequence the stream never reaches, within what a server reads as a number.
             let after = last_acked.unwrap_or(i64::MAX as u64);
             let sent = flight.message.send(Some(after), flight.deadline).await;
-            let within = flight.answer_within;
+            let within = self.answer_within;
             match Message::answered(sent, &self.link, connection, flight.deadline, within).await {
                 Answer::Acknowledged { sequence, .. } => return Ok(Some(sequence)),
                 Answer::Overtaken => return Err(OVERTAKEN.to_owned()),
