@@ -11,6 +11,7 @@
 
 mod config;
 mod db;
+mod entry;
 mod http;
 mod order;
 mod scratchpad;

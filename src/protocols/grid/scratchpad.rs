@@ -23,7 +23,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::db::Position;
-use super::wire::{self, Entry};
+use super::entry::{self, Entry};
 use super::{Grid, Source};
 use crate::core::derived_uuid;
 
@@ -64,7 +64,7 @@ impl Grid {
         if read.rewritten {
             self.db.forget_seen(&key).await.map_err(|e| e.to_string())?;
         }
-        let (entries, consumed) = wire::parse_entries(&read.text);
+        let (entries, consumed) = entry::parse_entries(&read.text);
         let generation = read.position.generation;
         let mut seen = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -128,7 +128,7 @@ impl Grid {
         let Some(path) = self.scratchpads.load().first().cloned() else {
             return Ok(());
         };
-        let entries: Vec<String> = messages.iter().map(|m| wire::entry(m)).collect();
+        let entries: Vec<String> = messages.iter().map(|m| entry::entry(m)).collect();
         let hashes: Vec<String> = entries.iter().map(|entry| hash(entry)).collect();
         let shown = path.display().to_string();
         let new = self.db.mark_appending(&shown, hashes.clone()).await;
@@ -203,7 +203,7 @@ fn entries_in(path: &Path) -> std::io::Result<std::collections::HashSet<String>>
         Err(e) => return Err(e),
     };
     let text = readable(bytes, true);
-    let (entries, _) = wire::parse_entries(&text);
+    let (entries, _) = entry::parse_entries(&text);
     Ok(entries.iter().map(|entry| hash(entry.text)).collect())
 }
 
@@ -404,7 +404,7 @@ mod tests {
         let db = super::super::Db::open(Store::open(":memory:").await.unwrap())
             .await
             .unwrap();
-        let (written, lost) = (wire::entry(&message("m-1")), wire::entry(&message("m-2")));
+        let (written, lost) = (entry::entry(&message("m-1")), entry::entry(&message("m-2")));
         let hashes = vec![hash(&written), hash(&lost)];
         let new = db.mark_appending(&shown, hashes.clone()).await.unwrap();
         assert_eq!(new, [true, true]);
@@ -432,7 +432,7 @@ mod tests {
         let db = super::super::Db::open(Store::open(":memory:").await.unwrap())
             .await
             .unwrap();
-        let hashes = vec![hash(&wire::entry(&message("m-1")))];
+        let hashes = vec![hash(&entry::entry(&message("m-1")))];
         db.mark_appending(&shown, hashes.clone()).await.unwrap();
         db.appended(&shown, hashes.clone()).await.unwrap();
         assert!(db.appending().await.unwrap().is_empty());
