@@ -1843,6 +1843,118 @@ async fn a_message_refused_by_a_bridge_cut_off_and_sent_again_through_another_re
     assert_eq!(got["id"], "twice", "{got}");
 }
 
+/// Two bridges cut off from NATS together each let a Grid program take one name, and each
+/// let one Skynet agent join. Once NATS is back the fleet settles each name on one bridge
+/// (the earlier registration; for the one agent, the bridge whose id sorts first): the
+/// other's socket is refused in its protocol, naming the bridge that keeps the name, and
+/// closed; both bridges list the name there, online; the program's key names that bridge;
+/// and what is sent to the name through the bridge that gave it up reaches the program
+/// that kept it.
+#[tokio::test]
+async fn a_name_two_bridges_cut_off_each_let_a_program_take_is_settled_on_one() {
+    use common::grid::{GridHttp, GridWs};
+    let mut cluster = Cluster::start(3).await;
+    let urls = cluster.urls();
+    let dir = tempfile::tempdir().unwrap();
+    let on_server = |i: usize| {
+        let nats = &urls[i];
+        format!(
+            "[federation]\nnats = [\"{nats}\"]\nbridge_id = \"b{i}\"\nprefix = \"clash\"\nreplicas = 3\n\
+             heartbeat_ms = 200\npresence_ttl_ms = 60000\npublish_timeout_ms = 1000\n"
+        )
+    };
+    let b0 = spawn_bridge(dir.path(), "b0", &on_server(0)).await;
+    let b1 = spawn_bridge(dir.path(), "b1", &on_server(1)).await;
+    // A Skynet agent both bridges know, which joins through both while they are cut off.
+    let dual = SkynetHttp::new(b0.addr("skynet")).agent("dual").await;
+    eventually("b1 knows dual", async || {
+        listed(&b1, "dual").await.is_some()
+    })
+    .await;
+
+    cluster.kill(0);
+    cluster.kill(1);
+    readiness_is(&b0, false).await;
+    readiness_is(&b1, false).await;
+    let (_dual_kept, _) = SkynetWs::join(b0.addr("skynet"), &dual).await;
+    let (mut dual_lost, _) = SkynetWs::join(b1.addr("skynet"), &dual).await;
+    let mut kept = GridWs::quiet(b0.addr("grid"), "twin", None).await;
+    eventually("b0 holds twin", async || {
+        listed(&b0, "twin")
+            .await
+            .is_some_and(|a| a["online"] == true)
+    })
+    .await;
+    // Registered a little later on b1: b0's is the earlier registration.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut lost = GridWs::quiet(b1.addr("grid"), "twin", None).await;
+    eventually("b1 holds twin too", async || {
+        listed(&b1, "twin")
+            .await
+            .is_some_and(|a| a["online"] == true)
+    })
+    .await;
+
+    cluster.restart(0).await;
+    cluster.restart(1).await;
+    lost.wait_up_to(Duration::from_secs(30));
+    let refused = lost.read_until_closed().await;
+    let refusal = &refused.last().expect("b1 refuses its twin")["content"]["payload"];
+    assert_eq!(refusal["error_code"], "NAME_TAKEN", "{refused:?}");
+    let text = refusal["error_message"].as_str().unwrap_or_default();
+    assert!(text.contains("on bridge 'b0'"), "{refused:?}");
+
+    // One registration on both: the tie goes to the bridge whose id sorts first.
+    dual_lost.wait_up_to(Duration::from_secs(30));
+    let error = loop {
+        let frame = dual_lost.next().await;
+        if frame["event"] == "error" {
+            break frame;
+        }
+    };
+    let text = error["data"]["message"].as_str().unwrap_or_default();
+    assert_eq!(
+        text, "dual is connected on bridge 'b0'; disconnect it there first",
+        "{error}"
+    );
+    assert!(
+        dual_lost.closed().await.is_some(),
+        "b1 closes dual's socket"
+    );
+
+    // Held by b0 (named by the bridges that do not hold it).
+    for name in ["twin", "dual"] {
+        for (process, holder) in [(&b0, serde_json::Value::Null), (&b1, "b0".into())] {
+            eventually("the name is listed online through b0", async || {
+                listed(process, name)
+                    .await
+                    .is_some_and(|a| a["online"] == true && a["bridge"] == holder)
+            })
+            .await;
+        }
+    }
+    let names = async_nats::jetstream::new(async_nats::connect(&urls[2]).await.unwrap())
+        .get_key_value("clash_names")
+        .await
+        .expect("the names bucket");
+    eventually("twin's key names b0", async || {
+        claim_of(&names, "twin")
+            .await
+            .is_ok_and(|c| c["bridge"] == "b0")
+    })
+    .await;
+
+    // Sent again while refused: the stream's leader may still be being elected.
+    let to_the_twin = "message: { id: to-the-twin, type: request, sender: { agent: caller }, receiver: { agent: twin }, content: { action: ping } }";
+    eventually("b1 takes a message for twin", async || {
+        GridHttp::new(b1.addr("grid")).try_send(to_the_twin).await
+    })
+    .await;
+    kept.wait_up_to(Duration::from_secs(15));
+    let got = kept.next_message().await;
+    assert_eq!(got["id"], "to-the-twin", "{got}");
+}
+
 /// `name` as bridge `process` lists it (`/admin/api/agents`), if it does.
 async fn listed(process: &BridgeProcess, name: &str) -> Option<serde_json::Value> {
     let agents = format!("http://{}/admin/api/agents", process.addr("admin"));

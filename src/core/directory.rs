@@ -287,6 +287,34 @@ impl Directory {
         self.generation.fetch_add(1, Ordering::Release);
     }
 
+    /// Gives `winner`'s name, which an agent of this bridge holds, to the agent another
+    /// bridge holds under it (`winner.bridge`): unlike `register_replica`, over an agent
+    /// online here. Returns the entry replaced; `None`, changing nothing, when the name is
+    /// not held here.
+    pub fn yield_to(&self, winner: AgentInfo) -> Option<AgentInfo> {
+        debug_assert!(winner.bridge.is_some());
+        let Entry::Occupied(mut held) = self.by_name.entry(winner.name.clone()) else {
+            return None;
+        };
+        if held.get().bridge.is_some() {
+            return None;
+        }
+        let lost = held.insert(winner);
+        let name = &held.get().name;
+        let (protocol, native_id) = (held.get().protocol, held.get().native_id.clone());
+        if lost.native_id != native_id || lost.protocol != protocol {
+            if let Some(mut names) = self.by_native.get_mut(&lost.native_id) {
+                names.retain(|(p, n)| !(*p == lost.protocol && n == name));
+            }
+            self.by_native
+                .remove_if(&lost.native_id, |_, names| names.is_empty());
+            self.name_native(protocol, native_id, name);
+        }
+        drop(held);
+        self.generation.fetch_add(1, Ordering::Release);
+        Some(lost)
+    }
+
     /// Whether another bridge of the fleet holds `name`.
     pub fn held_elsewhere(&self, name: &str) -> bool {
         self.by_name.get(name).is_some_and(|e| e.bridge.is_some())
@@ -593,5 +621,30 @@ mod tests {
         assert_eq!(a.status, Status::Busy);
         assert_eq!(dir.online_foreign("beta").len(), 1);
         assert!(dir.online_foreign("alpha").is_empty());
+    }
+
+    #[test]
+    fn a_name_yielded_to_another_bridge_is_held_there_even_over_an_agent_online_here() {
+        let dir = Directory::new();
+        dir.register(AgentInfo::new("twin", "grid", "twin"))
+            .unwrap();
+        dir.set_presence("twin", true, Status::Online);
+        let mut winner = AgentInfo::new("twin", "synapse", "twin-s");
+        (winner.bridge, winner.online) = (Some("b0".into()), true);
+        // A card alone does not take the name from an agent online here.
+        dir.register_replica(winner.clone());
+        assert_eq!(dir.get("twin").unwrap().protocol, "grid");
+
+        let lost = dir.yield_to(winner.clone()).expect("held here");
+        assert_eq!((lost.protocol, lost.online), ("grid", true));
+        let held = dir.get("twin").unwrap();
+        assert_eq!(
+            (held.protocol, held.bridge.as_deref()),
+            ("synapse", Some("b0"))
+        );
+        assert_eq!(dir.by_native("grid", "twin"), None);
+        assert_eq!(dir.by_native("synapse", "twin-s").as_deref(), Some("twin"));
+        // Held elsewhere now: nothing more to yield.
+        assert!(dir.yield_to(winner).is_none());
     }
 }

@@ -51,6 +51,9 @@ pub enum Closed {
     Gone,
     /// The bridge is shutting down.
     Shutdown,
+    /// The fleet settled the agent's name on an agent another bridge holds: two bridges
+    /// cut off from the fleet at once had each let an agent take it (`Core::yield_name`).
+    NameTaken,
 }
 
 /// The outcome of a push, for the router's accounting.

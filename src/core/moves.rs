@@ -4,6 +4,8 @@
 //! handed it over (`Core::mail_handed_over`). Each move is remembered a while (`Moves`): if
 //! the bridge left is killed before it applied the agent's join here, what it was to keep
 //! for the agent meanwhile is kept here from what it missed (`federation::missed_mail`).
+//! A name the fleet finds held here and by another bridge at once, and settles on the
+//! other's agent, is given up to it (`Core::yield_name`).
 
 use std::time::{Duration, Instant};
 
@@ -12,6 +14,7 @@ use dashmap::DashMap;
 use super::Core;
 use super::claims::Claiming;
 use super::directory::{AgentInfo, NameTaken};
+use super::mailbox::Closed;
 use super::records::HandOver;
 use crate::telemetry;
 
@@ -140,6 +143,27 @@ impl Core {
             claims.claim(&info, Claiming::Held).await?;
         }
         Ok(Some(MoveClaim { info, from }))
+    }
+
+    /// Gives the name of an agent online here to `winner`, the agent another bridge holds
+    /// under it (`winner.bridge`): two bridges cut off from the fleet at once each let an
+    /// agent take one name, and the fleet settled it on the other's. The agent's
+    /// connections here are closed with their protocol's name-taken refusal
+    /// (`Closed::NameTaken`), announcing no leave (the name is the winner's now), and the
+    /// fleet's claim of the name is left to the winner. Returns whether the name was held
+    /// here.
+    pub async fn yield_name(&self, winner: AgentInfo) -> bool {
+        // Not while a claim of the name runs here: that claim settles first.
+        let _lock = self.claim_locks.lock(&winner.name).await;
+        let name = winner.name.clone();
+        let Some(lost) = self.directory.yield_to(winner) else {
+            return false;
+        };
+        if lost.online {
+            telemetry::agent_online(lost.protocol, false);
+        }
+        self.router.close_agent(&name, Closed::NameTaken);
+        true
     }
 
     /// Ends once `name` is not shown online through another bridge, or after

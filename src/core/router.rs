@@ -21,7 +21,7 @@ use foldhash::HashSet;
 use super::delivery::Delivery;
 use super::directory::Directory;
 use super::envelope::{Audience, Envelope, Protocol};
-use super::mailbox::{BacklogReader, Mailbox, Pushed, WhenFull};
+use super::mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
 use crate::telemetry;
 
 /// A connected recipient's say in what reaches it.
@@ -301,6 +301,15 @@ impl Router {
         remove(&self.sessions);
         if session.can_observe {
             remove(&self.observers);
+        }
+    }
+
+    /// Closes the mailbox of every session of `agent` for `reason`; each detaches as its
+    /// connection ends.
+    pub fn close_agent(&self, agent: &str, reason: Closed) {
+        let sessions = (self.by_agent.get(agent)).map(|sessions| sessions.clone());
+        for session in sessions.into_iter().flatten() {
+            session.mailbox.close(reason);
         }
     }
 

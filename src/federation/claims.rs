@@ -311,8 +311,8 @@ impl NameClaims for FleetClaims {
 impl FleetClaims {
     /// Claims in the names bucket, once NATS is back, the names this bridge claimed in its
     /// directory alone meanwhile; until `shutdown`. A name another bridge claimed meanwhile
-    /// stays held by both (each bridge's agent registered while they could not tell): it
-    /// is logged. One released while its claim was being made is released again.
+    /// is held by both until their cards meet, which settles it on one (`clashes`). One
+    /// released while its claim was being made is released again.
     pub async fn settle_claimed_alone(self: Arc<Self>, shutdown: CancellationToken) {
         loop {
             tokio::select! {
@@ -340,12 +340,76 @@ impl FleetClaims {
                     // NATS did not answer in time: tried again shortly.
                     Err(taken) if taken.holder_protocol == BRIDGE_PROTOCOL => {}
                     Err(taken) => {
-                        tracing::warn!(name = %info.name, holder = %taken, "federation: a name registered here while NATS was away is held by another bridge too");
+                        tracing::info!(name = %info.name, holder = %taken, "federation: a name registered here while NATS was away is held by another bridge too; their cards settle it");
                         self.claimed_alone.remove_if(&info.name, |_, e| still(e));
                     }
                 }
             }
         }
+    }
+}
+
+impl FleetClaims {
+    /// Writes the key of `info`'s name as this bridge's, while the directory holds the name
+    /// here (for as long as a claim waits): the fleet settled a clash on this bridge's agent
+    /// (`clashes`), and the key may name the other bridge, whose claim made while cut off
+    /// landed last. A lasting claim of the same agent stays lasting.
+    pub async fn keep_here(&self, info: AgentInfo) {
+        let key = agent_key(&info.name);
+        let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
+        let held_here = || (self.directory.get(&info.name)).is_some_and(|a| a.bridge.is_none());
+        while held_here() && tokio::time::Instant::now() < deadline {
+            let Some(ready) = self.link.ready() else {
+                tokio::time::sleep(RETRY_AFTER).await;
+                continue;
+            };
+            let entry = match ready.names.entry(&key).await {
+                Ok(entry) => entry.filter(|e| e.operation == Operation::Put),
+                Err(_) => {
+                    tokio::time::sleep(RETRY_AFTER).await;
+                    continue;
+                }
+            };
+            let held =
+                (entry.as_ref()).and_then(|e| serde_json::from_slice::<Claim>(&e.value).ok());
+            if held
+                .as_ref()
+                .is_some_and(|c| c.bridge == self.link.bridge_id)
+            {
+                return;
+            }
+            let mine = Claim {
+                bridge: self.link.bridge_id.clone(),
+                protocol: info.protocol.to_owned(),
+                role: info.role,
+                native_id: Some(info.native_id.clone()),
+                lasting: held.is_some_and(|c| c.is_for(&info) && c.lasting),
+            };
+            let value = bytes::Bytes::from(serde_json::to_vec(&mine).unwrap_or_default());
+            let written = match entry {
+                Some(entry) => (ready.names.update(&key, value, entry.revision).await)
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+                None => (ready.names.create(&key, value).await)
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+            };
+            match written {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, name = %info.name, "federation: writing a settled name's key again");
+                    tokio::time::sleep(REREAD_AFTER).await;
+                }
+            }
+        }
+    }
+
+    /// Forgets that `info`'s name was claimed here alone: the fleet settled it on another
+    /// bridge's agent (`clashes`), and it is not to be claimed once NATS is back.
+    pub fn forget_claimed_alone(&self, info: &AgentInfo) {
+        (self.claimed_alone).remove_if(&info.name, |_, (alone, _)| {
+            alone.native_id == info.native_id && alone.protocol == info.protocol
+        });
     }
 }
 

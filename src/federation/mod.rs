@@ -11,6 +11,7 @@ mod apply;
 mod bucket_watch;
 mod cards;
 mod claims;
+mod clashes;
 mod config;
 mod doors;
 mod fleet_log;
@@ -119,7 +120,7 @@ impl Federation {
             directory: core.directory.clone(),
         });
         core.set_claims(claims.clone());
-        let settler = tokio::spawn(claims.settle_claimed_alone(shutdown.clone()));
+        let settler = tokio::spawn(claims.clone().settle_claimed_alone(shutdown.clone()));
         let positions = Arc::<record_positions::RecordPositions>::default();
         core.set_records(Arc::new(records::FleetRecords {
             link: self.link.clone(),
@@ -157,7 +158,7 @@ impl Federation {
                 delivered_before: Default::default(),
             };
             let handover = handover::serve(link.clone(), core.clone(), positions, shutdown.clone());
-            let presence = presence::Presence::new(link, core, &config, routed, cards);
+            let presence = presence::Presence::new(link, core, &config, routed, cards, claims);
             tokio::join!(
                 applier.run(ready.clone(), shutdown.clone()),
                 presence.run(ready, shutdown.clone()),

@@ -15,6 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::bucket_watch::{self, BucketWatch};
 use super::cards::CardKeeper;
+use super::claims::FleetClaims;
+use super::clashes::Clashes;
 use super::config::FederationConfig;
 use super::held_cards::HeldCards;
 use super::link::{NatsLink, Ready, put_heartbeat};
@@ -33,6 +35,8 @@ pub struct Presence {
     /// The stream sequence this bridge has routed everything up to (`apply`).
     pub routed: tokio::sync::watch::Receiver<u64>,
     pub cards: Arc<CardKeeper>,
+    /// Settles a name a card shows held elsewhere while it is held here too.
+    pub clashes: Clashes,
 }
 
 impl Presence {
@@ -42,7 +46,13 @@ impl Presence {
         config: &FederationConfig,
         routed: tokio::sync::watch::Receiver<u64>,
         cards: Arc<CardKeeper>,
+        claims: Arc<FleetClaims>,
     ) -> Presence {
+        let clashes = Clashes {
+            core: core.clone(),
+            claims,
+            cards: cards.clone(),
+        };
         Presence {
             link,
             core,
@@ -50,6 +60,7 @@ impl Presence {
             ttl: Duration::from_millis(config.presence_ttl_ms.max(1)),
             routed,
             cards,
+            clashes,
         }
     }
 
@@ -210,6 +221,7 @@ impl Presence {
             self.core.directory.bridge_back(&card.bridge);
         }
         if let Some(info) = card.into_info() {
+            self.clashes.settle(&info);
             self.core.directory.register_replica(info);
         }
     }

@@ -29,6 +29,17 @@ macro_rules! registry {
             None
         }
 
+        /// Whether one agent of `protocol` may be online through several bridges of a
+        /// fleet at once (`Endpoint::ONLINE_THROUGH_SEVERAL_BRIDGES`).
+        pub fn online_through_several_bridges(protocol: &str) -> bool {
+            $(
+                if protocol == <$endpoint as Endpoint>::NAME {
+                    return <$endpoint as Endpoint>::ONLINE_THROUGH_SEVERAL_BRIDGES;
+                }
+            )*
+            false
+        }
+
         /// Every protocol's translation, as the contract document sees it.
         pub fn translations() -> Vec<&'static dyn Described> {
             vec![$(&DescribedBy::<$endpoint>(std::marker::PhantomData)),*]

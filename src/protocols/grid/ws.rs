@@ -22,7 +22,7 @@ use super::{Grid, PROTOCOL, Source, translate};
 use tokio::time::Instant;
 
 use crate::core::{
-    Delivery, Envelope, Interest, Kind, LogError, Mailbox, SentOnArrival, Session, Status,
+    Closed, Delivery, Envelope, Interest, Kind, LogError, Mailbox, SentOnArrival, Session, Status,
     TAKE_AGAIN_AFTER,
 };
 use crate::protocols::session::{self, Flow, Io, WsSession};
@@ -89,6 +89,9 @@ struct Connection {
     /// Ids of the sent messages being stored: one sent again before it is stored is a
     /// repeat all the same.
     pending_ids: HashSet<String>,
+    /// The fleet gave the program's name to the program another bridge holds under it
+    /// (`Closed::NameTaken`), which was routed everything this socket was.
+    lost_name: bool,
 }
 
 /// With each sent message being stored, its id and sender (to refuse it if it cannot be
@@ -123,6 +126,7 @@ pub fn serve(
             .get("presence")
             .is_some_and(|p| matches!(p.as_str(), "1" | "true" | "yes")),
         pending_ids: HashSet::new(),
+        lost_name: false,
     };
     session::run(conn, socket, grid.shutdown.clone())
 }
@@ -259,6 +263,18 @@ impl WsSession for Connection {
         }
     }
 
+    async fn on_closed(&mut self, io: &mut Io<Sent>, reason: Closed) -> Flow {
+        let (Closed::NameTaken, Some((party, _))) = (reason, &self.identity) else {
+            return Flow::Close;
+        };
+        self.lost_name = true;
+        let party = party.clone();
+        match self.grid.core.directory.holder(&party.agent) {
+            Some(taken) => self.name_taken(io, party, super::name_taken(taken)).await,
+            None => io.close(1008, "name taken").await,
+        }
+    }
+
     async fn finish(mut self) {
         let Some((party, session)) = self.identity.take() else {
             return;
@@ -269,8 +285,10 @@ impl WsSession for Connection {
         // What names no instance an older socket of the program that still takes
         // everything was sent too (a newer one may have opened after it was routed here);
         // not at shutdown, when that one may close after the queue's writer has stopped.
-        let covered = !self.grid.shutdown.is_cancelled()
-            && router.older_session_receiving(&session, |_| true);
+        // So does the program that took the name from this one (`lost_name`).
+        let covered = self.lost_name
+            || (!self.grid.shutdown.is_cancelled()
+                && router.older_session_receiving(&session, |_| true));
         // Nothing accepted is lost with the socket: what it had not sent is queued again.
         let mut left = std::mem::take(&mut self.unsent);
         // Even from a mailbox an overflow closed.
@@ -292,6 +310,10 @@ impl WsSession for Connection {
             // kept what the socket had not sent.
             if requeued {
                 self.grid.flush().await;
+            }
+            // Unless the name is another bridge's now: its presence is that one's to tell.
+            if self.grid.core.directory.held_elsewhere(&party.agent) {
+                return;
             }
             self.grid
                 .core

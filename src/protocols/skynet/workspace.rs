@@ -282,6 +282,28 @@ impl Skynet {
         }
     }
 
+    /// The fleet gave the member's name to an agent another bridge holds
+    /// (`Core::yield_name`): its connection `conn_id` is closing, and the member goes at
+    /// once, with no leave (the name is online elsewhere).
+    pub fn lost_name(&self, agent_id: &str, conn_id: u64) {
+        let mut members = self.workspace.lock();
+        let live_here = (members.by_id.get(agent_id))
+            .is_some_and(|m| m.live.as_ref().is_some_and(|(conn, _)| *conn == conn_id));
+        if !live_here {
+            return;
+        }
+        let Some(member) = members.by_id.remove(agent_id) else {
+            return;
+        };
+        drop(members);
+        if let Some(timer) = member.pending_leave {
+            timer.abort();
+        }
+        if let Some((_, session)) = member.live {
+            self.core.router.detach(&session);
+        }
+    }
+
     async fn grace_expired(&self, agent_id: &str) {
         let removed = {
             let mut members = self.workspace.lock();
@@ -296,6 +318,11 @@ impl Skynet {
     }
 
     async fn announce_leave(&self, agent_id: &str, name: &str) {
+        // The name is another bridge's now (`lost_name`): its presence is that bridge's to
+        // tell.
+        if self.core.directory.held_elsewhere(name) {
+            return;
+        }
         let native = json!({
             "id": new_message_id(),
             "type": "agent.leave",

@@ -13,7 +13,7 @@ use super::translate;
 use super::wire::{self, ClientFrame, FrameError, JoinRequest, SentMessage};
 use super::workspace::Joined;
 use super::{PROTOCOL, Skynet};
-use crate::core::{Closed, Delivery, Envelope, Mailbox, now_ms};
+use crate::core::{Closed, Delivery, Envelope, Mailbox, NameTaken, now_ms};
 use crate::core::{LogError, MessageQuery};
 use crate::protocols::endpoint::{Decoded, Translation};
 use crate::protocols::session::{self, Flow, Io, WsSession};
@@ -112,6 +112,18 @@ impl WsSession for Connection {
             Closed::Gone => {
                 self.joined = None;
                 Flow::Continue
+            }
+            Closed::NameTaken => {
+                // The fleet gave the name to the agent another bridge holds under it.
+                let Some(joined) = self.joined.take() else {
+                    return Flow::Close;
+                };
+                self.skynet.lost_name(&joined.agent_id, self.id);
+                if let Some(taken) = self.skynet.core.directory.holder(&joined.name) {
+                    let text = refusal_text(&joined.name, &taken);
+                    let _ = io.send(wire::error_event(&text, None)).await;
+                }
+                io.close(1000, "").await
             }
             Closed::Overflow | Closed::Shutdown => Flow::Close,
         }
@@ -212,15 +224,7 @@ impl Connection {
             && let Err(taken) = skynet.core.move_here(profile.directory_entry()).await
         {
             tracing::info!(id = %request.id, reason = %taken, "skynet: refused a join held elsewhere");
-            // The same agent online through another bridge, or another agent's name.
-            let text = match taken.holder_protocol == PROTOCOL {
-                true => format!(
-                    "{} is connected{}; disconnect it there first",
-                    profile.name,
-                    taken.on_bridge()
-                ),
-                false => taken.to_string(),
-            };
+            let text = refusal_text(&profile.name, &taken);
             let _ = io.send(wire::error_event(&text, None)).await;
             return io.close(1000, "").await;
         }
@@ -386,5 +390,17 @@ async fn replay(
             tracing::error!(error = %e, "skynet: cannot read replay");
             (Vec::new(), HashSet::new())
         }
+    }
+}
+
+/// Why agent `name` cannot be held here: the same agent online through another bridge, or
+/// another agent's name.
+fn refusal_text(name: &str, taken: &NameTaken) -> String {
+    match taken.holder_protocol == PROTOCOL {
+        true => format!(
+            "{name} is connected{}; disconnect it there first",
+            taken.on_bridge()
+        ),
+        false => taken.to_string(),
     }
 }

@@ -291,7 +291,10 @@ impl Synapse {
         if last {
             self.streams
                 .remove_if(agent_id, |_, open| open.sessions.is_empty());
-            if !self.shutdown.is_cancelled() {
+            // Unless the name is another bridge's now (`Core::yield_name`): its presence is
+            // that bridge's to tell.
+            let held_here = !self.core.directory.held_elsewhere(agent_id);
+            if held_here && !self.shutdown.is_cancelled() {
                 self.core
                     .announce_presence(PROTOCOL, agent_id, false, Presence::Offline, None)
                     .await;

@@ -15,7 +15,7 @@ use super::proto::SynapseMessage;
 use super::shared_inbox::Keeping;
 use super::{PROTOCOL, Synapse, translate};
 use crate::core::{
-    Audience, BRIDGE_AGENT, Envelope, InFlight, Interest, Kind, Outstanding, Revision,
+    Audience, BRIDGE_AGENT, Closed, Envelope, InFlight, Interest, Kind, Outstanding, Revision,
     SentOnArrival, TAKE_AGAIN_AFTER, TakenMail,
 };
 use crate::telemetry;
@@ -285,7 +285,14 @@ impl Synapse {
                     None => break Vec::new(),
                 },
                 next = stream.mailbox.recv() => {
-                    let Ok(delivery) = next else { break Vec::new() };
+                    let delivery = match next {
+                        Ok(delivery) => delivery,
+                        Err(Closed::NameTaken) => {
+                            Box::pin(self.lost_name(&stream.agent, out)).await;
+                            break Vec::new();
+                        }
+                        Err(_) => break Vec::new(),
+                    };
                     let Some(message) = self.encode(&delivery) else { continue };
                     match self.route_for(&stream.agent, true) {
                         // Sent from the inbox already: kept by a bridge that did not yet
@@ -312,6 +319,16 @@ impl Synapse {
         };
         Box::pin(self.settle(&mut storing, out)).await;
         left
+    }
+
+    /// Ends the stream of an agent whose name the fleet gave to the agent another bridge
+    /// holds under it (`Core::yield_name`), with the refusal a stream opened now would get.
+    async fn lost_name(&self, agent: &str, out: &StreamSender) {
+        let text = match self.core.directory.holder(agent) {
+            Some(taken) => taken.to_string(),
+            None => format!("agent_id '{agent}' is held through another bridge"),
+        };
+        out.fail(Status::already_exists(text)).await;
     }
 
     /// Waits for every message the stream has being stored, and settles each in order.
@@ -393,10 +410,13 @@ impl Synapse {
         // Asked once nothing more reaches this stream; not at shutdown, when the older
         // stream may close after the inbox writer has stopped.
         let (sending, sent) = Outstanding::new();
+        // So was the agent another bridge holds, once the name is its (`lost_name`).
+        let lost_name = mailbox.closed() == Some(Closed::NameTaken);
         let left = Leftovers {
-            covered: kind == StreamKind::Messages
-                && !self.shutdown.is_cancelled()
-                && self.older_stream_receiving(&session),
+            covered: lost_name
+                || (kind == StreamKind::Messages
+                    && !self.shutdown.is_cancelled()
+                    && self.older_stream_receiving(&session)),
             from_backlog,
             sending,
         };

@@ -205,6 +205,8 @@ impl Endpoint for Tracker {
     const NAME: &'static str = PROTOCOL;
     type Config = Config;
     type Translation = translate::Translator;
+    /// A member may hold several connections, through one bridge or several.
+    const ONLINE_THROUGH_SEVERAL_BRIDGES: bool = true;
 
     fn listeners(config: &Config) -> Vec<Listening> {
         vec![Listening {
