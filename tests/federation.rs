@@ -1955,6 +1955,68 @@ async fn a_name_two_bridges_cut_off_each_let_a_program_take_is_settled_on_one() 
     assert_eq!(got["id"], "to-the-twin", "{got}");
 }
 
+/// A bridge cut off long enough to be taken for gone comes back holding a Skynet member
+/// whose socket closed meanwhile (it waits out its grace period, online), while the agent
+/// joined through another bridge. The name is held through both; the bridge with no
+/// connection of it gives it up, whatever the rule would say (here its id sorts first),
+/// and the socket open on the other is left alone.
+#[tokio::test]
+async fn a_name_held_only_for_a_member_in_its_grace_period_goes_to_the_bridge_it_is_connected_to() {
+    let mut cluster = Cluster::start(3).await;
+    let urls = cluster.urls();
+    let dir = tempfile::tempdir().unwrap();
+    let on_server = |i: usize| {
+        let nats = &urls[i];
+        format!(
+            "[federation]\nnats = [\"{nats}\"]\nbridge_id = \"b{i}\"\nprefix = \"graced\"\nreplicas = 3\n\
+             heartbeat_ms = 200\npresence_ttl_ms = 1500\npublish_timeout_ms = 1000\n"
+        )
+    };
+    let b0 = spawn_bridge(dir.path(), "b0", &on_server(0)).await;
+    let b1 = spawn_bridge(dir.path(), "b1", &on_server(1)).await;
+    let wanderer = SkynetHttp::new(b0.addr("skynet")).agent("wanderer").await;
+    let (on_b0, _) = SkynetWs::join(b0.addr("skynet"), &wanderer).await;
+    eventually("b1 shows wanderer online through b0", async || {
+        listed(&b1, "wanderer")
+            .await
+            .is_some_and(|a| a["online"] == true && a["bridge"] == "b0")
+    })
+    .await;
+
+    cluster.kill(0);
+    readiness_is(&b0, false).await;
+    on_b0.close().await;
+    let joined = async || {
+        let mut ws = SkynetWs::connect(b1.addr("skynet")).await;
+        ws.action("join", serde_json::json!({ "agent": wanderer }))
+            .await;
+        (ws.next().await["event"] == "workspace.state").then_some(ws)
+    };
+    // Refused until the fleet lets b0's claim go (its heartbeat expires).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut on_b1 = loop {
+        if let Some(ws) = joined().await {
+            break ws;
+        }
+        assert!(Instant::now() < deadline, "b1 never lets wanderer join");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    cluster.restart(0).await;
+    readiness_is(&b0, true).await;
+    eventually("b0 shows wanderer online through b1", async || {
+        listed(&b0, "wanderer")
+            .await
+            .is_some_and(|a| a["online"] == true && a["bridge"] == "b1")
+    })
+    .await;
+    // Past the pause a bridge whose agent is connected waits before it settles a clash.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    on_b1.no_error_before_a_sentinel().await;
+    let held = listed(&b1, "wanderer").await.expect("b1 lists wanderer");
+    assert!(held["online"] == true && held["bridge"].is_null(), "{held}");
+}
+
 /// `name` as bridge `process` lists it (`/admin/api/agents`), if it does.
 async fn listed(process: &BridgeProcess, name: &str) -> Option<serde_json::Value> {
     let agents = format!("http://{}/admin/api/agents", process.addr("admin"));

@@ -287,16 +287,20 @@ impl Directory {
         self.generation.fetch_add(1, Ordering::Release);
     }
 
-    /// Gives `winner`'s name, which an agent of this bridge holds, to the agent another
-    /// bridge holds under it (`winner.bridge`): unlike `register_replica`, over an agent
-    /// online here. Returns the entry replaced; `None`, changing nothing, when the name is
-    /// not held here.
-    pub fn yield_to(&self, winner: AgentInfo) -> Option<AgentInfo> {
+    /// Gives `winner`'s name, which `loser` (an agent of this bridge) holds, to the agent
+    /// another bridge holds under it (`winner.bridge`): unlike `register_replica`, over an
+    /// agent online here. Returns the entry replaced; `None`, changing nothing, when the
+    /// name is not `loser`'s here.
+    pub fn yield_to(&self, winner: AgentInfo, loser: &AgentInfo) -> Option<AgentInfo> {
         debug_assert!(winner.bridge.is_some());
         let Entry::Occupied(mut held) = self.by_name.entry(winner.name.clone()) else {
             return None;
         };
-        if held.get().bridge.is_some() {
+        let current = held.get();
+        if current.bridge.is_some()
+            || current.protocol != loser.protocol
+            || current.native_id != loser.native_id
+        {
             return None;
         }
         let lost = held.insert(winner);
@@ -635,7 +639,12 @@ mod tests {
         dir.register_replica(winner.clone());
         assert_eq!(dir.get("twin").unwrap().protocol, "grid");
 
-        let lost = dir.yield_to(winner.clone()).expect("held here");
+        let grid = AgentInfo::new("twin", "grid", "twin");
+        assert!(
+            dir.yield_to(winner.clone(), &winner).is_none(),
+            "not its agent here"
+        );
+        let lost = dir.yield_to(winner.clone(), &grid).expect("held here");
         assert_eq!((lost.protocol, lost.online), ("grid", true));
         let held = dir.get("twin").unwrap();
         assert_eq!(
@@ -645,6 +654,6 @@ mod tests {
         assert_eq!(dir.by_native("grid", "twin"), None);
         assert_eq!(dir.by_native("synapse", "twin-s").as_deref(), Some("twin"));
         // Held elsewhere now: nothing more to yield.
-        assert!(dir.yield_to(winner).is_none());
+        assert!(dir.yield_to(winner, &grid).is_none());
     }
 }

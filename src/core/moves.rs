@@ -14,7 +14,6 @@ use dashmap::DashMap;
 use super::Core;
 use super::claims::Claiming;
 use super::directory::{AgentInfo, NameTaken};
-use super::mailbox::Closed;
 use super::records::HandOver;
 use crate::telemetry;
 
@@ -145,24 +144,23 @@ impl Core {
         Ok(Some(MoveClaim { info, from }))
     }
 
-    /// Gives the name of an agent online here to `winner`, the agent another bridge holds
-    /// under it (`winner.bridge`): two bridges cut off from the fleet at once each let an
-    /// agent take one name, and the fleet settled it on the other's. The agent's
-    /// connections here are closed with their protocol's name-taken refusal
-    /// (`Closed::NameTaken`), announcing no leave (the name is the winner's now), and the
-    /// fleet's claim of the name is left to the winner. Returns whether the name was held
-    /// here.
-    pub async fn yield_name(&self, winner: AgentInfo) -> bool {
+    /// Gives the name `loser`, an agent of this bridge, holds to `winner`, the agent another
+    /// bridge holds under it (`winner.bridge`): the fleet found the name held through both
+    /// at once and settled it on the other's. `loser`'s connections here are closed with
+    /// their protocol's name-taken refusal (`Closed::NameTaken`), and so is any that
+    /// attaches while the name is held online elsewhere; no leave is announced (the name
+    /// is online elsewhere). Returns whether the name was `loser`'s here.
+    pub async fn yield_name(&self, winner: AgentInfo, loser: &AgentInfo) -> bool {
         // Not while a claim of the name runs here: that claim settles first.
         let _lock = self.claim_locks.lock(&winner.name).await;
         let name = winner.name.clone();
-        let Some(lost) = self.directory.yield_to(winner) else {
+        let Some(lost) = self.directory.yield_to(winner, loser) else {
             return false;
         };
         if lost.online {
             telemetry::agent_online(lost.protocol, false);
         }
-        self.router.close_agent(&name, Closed::NameTaken);
+        self.router.name_lost(&name);
         true
     }
 

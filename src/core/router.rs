@@ -122,6 +122,8 @@ pub struct Router {
     backlog_reader: std::sync::OnceLock<BacklogReader>,
     next_session: AtomicU64,
     by_agent: DashMap<String, Vec<Arc<Session>>, foldhash::fast::RandomState>,
+    /// Names this bridge gave up to agents of other bridges (`name_lost`).
+    names_lost: DashMap<String, ()>,
     sessions: ArcSwap<Vec<Arc<Session>>>,
     /// The sessions whose interest can observe (`Interest::can_observe`).
     observers: ArcSwap<Vec<Arc<Session>>>,
@@ -160,6 +162,7 @@ impl Router {
             backlog_reader: std::sync::OnceLock::new(),
             next_session: AtomicU64::new(1),
             by_agent: DashMap::default(),
+            names_lost: DashMap::default(),
             sessions: ArcSwap::from_pointee(Vec::new()),
             observers: ArcSwap::from_pointee(Vec::new()),
             offline: DashMap::new(),
@@ -277,6 +280,9 @@ impl Router {
             add(&self.observers);
         }
         drop(of_agent);
+        if self.lost_to_another(agent) {
+            session.mailbox.close(Closed::NameTaken);
+        }
         session
     }
 
@@ -304,13 +310,31 @@ impl Router {
         }
     }
 
-    /// Closes the mailbox of every session of `agent` for `reason`; each detaches as its
-    /// connection ends.
-    pub fn close_agent(&self, agent: &str, reason: Closed) {
+    /// Closes the mailbox of every session of `agent`, whose name this bridge gave up to
+    /// another bridge's agent (`Core::yield_name`), with `Closed::NameTaken`: each detaches
+    /// as its connection ends. So is a session that attaches while the directory shows the
+    /// name online elsewhere (one whose claim ran before the name was given up).
+    pub fn name_lost(&self, agent: &str) {
+        self.names_lost.insert(agent.to_owned(), ());
         let sessions = (self.by_agent.get(agent)).map(|sessions| sessions.clone());
         for session in sessions.into_iter().flatten() {
-            session.mailbox.close(reason);
+            session.mailbox.close(Closed::NameTaken);
         }
+    }
+
+    /// Whether a session of `agent` attaching now comes too late for a name given up
+    /// (`name_lost`): the name is online through another bridge. Once it is not, the name
+    /// is forgotten.
+    fn lost_to_another(&self, agent: &str) -> bool {
+        if self.names_lost.is_empty() || !self.names_lost.contains_key(agent) {
+            return false;
+        }
+        let held = self.directory.get(agent);
+        if held.is_some_and(|a| a.bridge.is_some() && a.online) {
+            return true;
+        }
+        self.names_lost.remove(agent);
+        false
     }
 
     pub fn is_connected(&self, agent: &str) -> bool {

@@ -334,7 +334,12 @@ impl FleetClaims {
                 // Gone from the set: released meanwhile (a name claimed here again alone
                 // for another agent is settled next).
                 let released = !self.claimed_alone.contains_key(&info.name);
+                // Given up to another bridge's agent meanwhile (`clashes`): the key is
+                // that agent's, not to be released.
+                let given_up = (self.directory.get(&info.name))
+                    .filter(|held| held.bridge.is_some() && held.online);
                 match claimed {
+                    Ok(()) if let Some(holder) = given_up => self.hand_key_over(&holder).await,
                     Ok(()) if released => self.release(&info),
                     Ok(()) => drop(self.claimed_alone.remove_if(&info.name, |_, e| still(e))),
                     // NATS did not answer in time: tried again shortly.
@@ -350,54 +355,47 @@ impl FleetClaims {
 }
 
 impl FleetClaims {
-    /// Writes the key of `info`'s name as this bridge's, while the directory holds the name
-    /// here (for as long as a claim waits): the fleet settled a clash on this bridge's agent
-    /// (`clashes`), and the key may name the other bridge, whose claim made while cut off
-    /// landed last. A lasting claim of the same agent stays lasting.
-    pub async fn keep_here(&self, info: AgentInfo) {
-        let key = agent_key(&info.name);
+    /// Writes the key of `holder`'s name (held by another bridge's agent, `holder.bridge`)
+    /// as that bridge's, if it names this one: this bridge gave the name up to `holder`
+    /// (`clashes`), and its own claim, made while cut off, may have landed last. A lasting
+    /// claim of the same agent stays lasting. Tried for as long as a claim waits.
+    pub async fn hand_key_over(&self, holder: &AgentInfo) {
+        let Some(bridge) = holder.bridge.clone() else {
+            return;
+        };
+        let key = agent_key(&holder.name);
         let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
-        let held_here = || (self.directory.get(&info.name)).is_some_and(|a| a.bridge.is_none());
-        while held_here() && tokio::time::Instant::now() < deadline {
+        while tokio::time::Instant::now() < deadline {
             let Some(ready) = self.link.ready() else {
                 tokio::time::sleep(RETRY_AFTER).await;
                 continue;
             };
             let entry = match ready.names.entry(&key).await {
-                Ok(entry) => entry.filter(|e| e.operation == Operation::Put),
+                Ok(Some(entry)) if entry.operation == Operation::Put => entry,
+                Ok(_) => return,
                 Err(_) => {
                     tokio::time::sleep(RETRY_AFTER).await;
                     continue;
                 }
             };
-            let held =
-                (entry.as_ref()).and_then(|e| serde_json::from_slice::<Claim>(&e.value).ok());
-            if held
-                .as_ref()
-                .is_some_and(|c| c.bridge == self.link.bridge_id)
-            {
+            let Ok(held) = serde_json::from_slice::<Claim>(&entry.value) else {
+                return;
+            };
+            if held.bridge != self.link.bridge_id {
                 return;
             }
-            let mine = Claim {
-                bridge: self.link.bridge_id.clone(),
-                protocol: info.protocol.to_owned(),
-                role: info.role,
-                native_id: Some(info.native_id.clone()),
-                lasting: held.is_some_and(|c| c.is_for(&info) && c.lasting),
+            let theirs = Claim {
+                bridge: bridge.clone(),
+                protocol: holder.protocol.to_owned(),
+                role: holder.role,
+                native_id: Some(holder.native_id.clone()),
+                lasting: held.lasting && held.is_for(holder),
             };
-            let value = bytes::Bytes::from(serde_json::to_vec(&mine).unwrap_or_default());
-            let written = match entry {
-                Some(entry) => (ready.names.update(&key, value, entry.revision).await)
-                    .map(drop)
-                    .map_err(|e| e.to_string()),
-                None => (ready.names.create(&key, value).await)
-                    .map(drop)
-                    .map_err(|e| e.to_string()),
-            };
-            match written {
-                Ok(()) => return,
+            let value = bytes::Bytes::from(serde_json::to_vec(&theirs).unwrap_or_default());
+            match ready.names.update(&key, value, entry.revision).await {
+                Ok(_) => return,
                 Err(e) => {
-                    tracing::debug!(error = %e, name = %info.name, "federation: writing a settled name's key again");
+                    tracing::debug!(error = %e, name = %holder.name, "federation: handing a name's key over again");
                     tokio::time::sleep(REREAD_AFTER).await;
                 }
             }

@@ -16,11 +16,11 @@ use tokio_util::sync::CancellationToken;
 use super::bucket_watch::{self, BucketWatch};
 use super::cards::CardKeeper;
 use super::claims::FleetClaims;
-use super::clashes::Clashes;
+use super::clashes::{Clashes, Read};
 use super::config::FederationConfig;
 use super::held_cards::HeldCards;
 use super::link::{NatsLink, Ready, put_heartbeat};
-use super::wire::Card;
+use super::wire::{Card, agent_key};
 use crate::core::{Audience, Core, Envelope, Kind, Replicated, Status};
 use crate::telemetry;
 
@@ -51,7 +51,6 @@ impl Presence {
         let clashes = Clashes {
             core: core.clone(),
             claims,
-            cards: cards.clone(),
         };
         Presence {
             link,
@@ -107,6 +106,7 @@ impl Presence {
                 _ = beat.tick() => {
                     let connected = self.link.is_connected();
                     if connected && !was_connected {
+                        self.settle_clashes_missed(&ready).await;
                         // Presence changes while NATS was away did not reach the others.
                         self.put_local_cards();
                     }
@@ -221,8 +221,30 @@ impl Presence {
             self.core.directory.bridge_back(&card.bridge);
         }
         if let Some(info) = card.into_info() {
-            self.clashes.settle(&info);
+            self.clashes.settle(&info, Read::FromTheWatch);
             self.core.directory.register_replica(info);
+        }
+    }
+
+    /// Reads, as NATS is back and before this bridge's cards go in over them, the card of
+    /// each agent this bridge holds online: another bridge may have put one showing the
+    /// name online there while NATS was away, which the watch may not bring (`clashes`).
+    async fn settle_clashes_missed(&self, ready: &Ready) {
+        let mut names = Vec::new();
+        self.core.directory.for_each(|info| {
+            if info.bridge.is_none() && info.online {
+                names.push(info.name.clone());
+            }
+        });
+        for name in names {
+            let Ok(Some(value)) = ready.agents.get(agent_key(&name)).await else {
+                continue;
+            };
+            let card = serde_json::from_slice::<Card>(&value).ok();
+            let there = card.filter(|card| card.bridge != self.link.bridge_id);
+            if let Some(there) = there.and_then(Card::into_info) {
+                self.clashes.settle(&there, Read::FromTheBucket);
+            }
         }
     }
 

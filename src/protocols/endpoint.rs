@@ -30,9 +30,8 @@ pub trait Endpoint: 'static {
     /// Its frames ⇄ the envelope.
     type Translation: Translation;
     /// Whether one agent of the protocol may be online through several bridges of a fleet
-    /// at once. Where it may not, a connection through a second bridge is refused, and an
-    /// agent found online through two (bridges cut off from the fleet together each let it
-    /// in) is settled on one (`federation::clashes`).
+    /// at once. Where it may not, an agent found online through two (bridges cut off from
+    /// the fleet together each let it in) is settled on one (`federation::clashes`).
     const ONLINE_THROUGH_SEVERAL_BRIDGES: bool = false;
 
     /// Where `config` has it listen, with what each listener serves (for `agentbridge
