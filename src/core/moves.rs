@@ -153,14 +153,13 @@ impl Core {
     pub async fn yield_name(&self, winner: AgentInfo, loser: &AgentInfo) -> bool {
         // Not while a claim of the name runs here: that claim settles first.
         let _lock = self.claim_locks.lock(&winner.name).await;
-        let name = winner.name.clone();
-        let Some(lost) = self.directory.yield_to(winner, loser) else {
+        let Some(lost) = self.directory.yield_to(winner.clone(), loser) else {
             return false;
         };
         if lost.online {
             telemetry::agent_online(lost.protocol, false);
         }
-        self.router.name_lost(&name);
+        self.router.name_lost(&winner.name, &winner);
         true
     }
 

@@ -19,7 +19,7 @@ use dashmap::DashMap;
 use foldhash::HashSet;
 
 use super::delivery::Delivery;
-use super::directory::Directory;
+use super::directory::{AgentInfo, Directory};
 use super::envelope::{Audience, Envelope, Protocol};
 use super::mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
 use crate::telemetry;
@@ -114,6 +114,10 @@ struct MailboxSettings {
     backlog_limit: usize,
 }
 
+/// What is told of an agent whose first connection opened or last closed
+/// (`Router::on_connections_changed`).
+pub type ConnectionsHook = Arc<dyn Fn(&str) + Send + Sync>;
+
 pub struct Router {
     directory: Arc<Directory>,
     /// Read for each mailbox made; a reload of the config changes them for the
@@ -122,8 +126,11 @@ pub struct Router {
     backlog_reader: std::sync::OnceLock<BacklogReader>,
     next_session: AtomicU64,
     by_agent: DashMap<String, Vec<Arc<Session>>, foldhash::fast::RandomState>,
-    /// Names this bridge gave up to agents of other bridges (`name_lost`).
-    names_lost: DashMap<String, ()>,
+    /// Names this bridge gave up to agents of other bridges (`name_lost`), each with the
+    /// protocol and native id of the agent it went to.
+    names_lost: DashMap<String, (Protocol, String)>,
+    /// Told the agent's name when its first session attaches or its last detaches.
+    connections_changed: std::sync::OnceLock<ConnectionsHook>,
     sessions: ArcSwap<Vec<Arc<Session>>>,
     /// The sessions whose interest can observe (`Interest::can_observe`).
     observers: ArcSwap<Vec<Arc<Session>>>,
@@ -163,6 +170,7 @@ impl Router {
             next_session: AtomicU64::new(1),
             by_agent: DashMap::default(),
             names_lost: DashMap::default(),
+            connections_changed: std::sync::OnceLock::new(),
             sessions: ArcSwap::from_pointee(Vec::new()),
             observers: ArcSwap::from_pointee(Vec::new()),
             offline: DashMap::new(),
@@ -259,6 +267,7 @@ impl Router {
         // id is in every list before this one, so it is routed everything this one is
         // (`older_session_receiving`).
         let mut of_agent = self.by_agent.entry(agent.to_owned()).or_default();
+        let first = of_agent.is_empty();
         let session = Arc::new(Session {
             id: self.next_session.fetch_add(1, Ordering::Relaxed),
             agent: agent.to_owned(),
@@ -283,18 +292,26 @@ impl Router {
         if self.lost_to_another(agent) {
             session.mailbox.close(Closed::NameTaken);
         }
+        if first {
+            self.connections_changed(agent);
+        }
         session
     }
 
     /// Disconnects a session; messages stop reaching its mailbox.
     pub fn detach(&self, session: &Session) {
+        let mut last = false;
         if let dashmap::mapref::entry::Entry::Occupied(mut list) =
             self.by_agent.entry(session.agent.clone())
         {
             list.get_mut().retain(|s| s.id != session.id);
             if list.get().is_empty() {
                 list.remove();
+                last = true;
             }
+        }
+        if last {
+            self.connections_changed(&session.agent);
         }
         let remove = |list: &ArcSwap<Vec<Arc<Session>>>| {
             list.rcu(|all| {
@@ -310,12 +327,25 @@ impl Router {
         }
     }
 
+    /// Tells `hook` the name of an agent whose first session attached or last detached.
+    pub fn on_connections_changed(&self, hook: ConnectionsHook) {
+        let _ = self.connections_changed.set(hook);
+    }
+
+    fn connections_changed(&self, agent: &str) {
+        if let Some(hook) = self.connections_changed.get() {
+            hook(agent);
+        }
+    }
+
     /// Closes the mailbox of every session of `agent`, whose name this bridge gave up to
-    /// another bridge's agent (`Core::yield_name`), with `Closed::NameTaken`: each detaches
-    /// as its connection ends. So is a session that attaches while the directory shows the
-    /// name online elsewhere (one whose claim ran before the name was given up).
-    pub fn name_lost(&self, agent: &str) {
-        self.names_lost.insert(agent.to_owned(), ());
+    /// `winner`, another bridge's agent (`Core::yield_name`), with `Closed::NameTaken`:
+    /// each detaches as its connection ends. So is a session that attaches while the
+    /// directory shows `winner` online under the name (one whose claim ran before the name
+    /// was given up).
+    pub fn name_lost(&self, agent: &str, winner: &AgentInfo) {
+        let winner = (winner.protocol, winner.native_id.clone());
+        self.names_lost.insert(agent.to_owned(), winner);
         let sessions = (self.by_agent.get(agent)).map(|sessions| sessions.clone());
         for session in sessions.into_iter().flatten() {
             session.mailbox.close(Closed::NameTaken);
@@ -326,15 +356,19 @@ impl Router {
     /// (`name_lost`): the name is online through another bridge. Once it is not, the name
     /// is forgotten.
     fn lost_to_another(&self, agent: &str) -> bool {
-        if self.names_lost.is_empty() || !self.names_lost.contains_key(agent) {
+        if self.names_lost.is_empty() {
             return false;
         }
-        let held = self.directory.get(agent);
-        if held.is_some_and(|a| a.bridge.is_some() && a.online) {
-            return true;
+        let Some(winner) = self.names_lost.get(agent).map(|w| w.clone()) else {
+            return false;
+        };
+        let held = self.directory.get(agent).is_some_and(|a| {
+            a.bridge.is_some() && a.online && a.protocol == winner.0 && a.native_id == winner.1
+        });
+        if !held {
+            self.names_lost.remove(agent);
         }
-        self.names_lost.remove(agent);
-        false
+        held
     }
 
     pub fn is_connected(&self, agent: &str) -> bool {

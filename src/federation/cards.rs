@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::link::{NatsLink, lost_race, put_card};
 use super::wire::{Card, agent_key};
-use crate::core::Directory;
+use crate::core::Core;
 
 /// How long the worker waits before it puts again the cards whose put failed; doubled
 /// while they keep failing, up to `PUT_AGAIN_AT_MOST`.
@@ -69,7 +69,7 @@ impl CardKeeper {
     pub async fn run(
         self: Arc<Self>,
         link: Arc<NatsLink>,
-        directory: Arc<Directory>,
+        core: Arc<Core>,
         shutdown: CancellationToken,
     ) {
         let mut failed = Failed {
@@ -99,7 +99,7 @@ impl CardKeeper {
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                () = self.put(&link, &directory, names, &mut failed) => {}
+                () = self.put(&link, &core, names, &mut failed) => {}
             }
         }
     }
@@ -109,7 +109,7 @@ impl CardKeeper {
     async fn put(
         &self,
         link: &NatsLink,
-        directory: &Directory,
+        core: &Core,
         names: HashMap<String, u32>,
         failed: &mut Failed,
     ) {
@@ -119,8 +119,9 @@ impl CardKeeper {
             Some(ready) => {
                 let (agents, bridge) = (&ready.agents, link.bridge_id.as_str());
                 let cards = names.into_iter().filter_map(|(name, failures)| {
-                    let info = directory.get(&name).filter(|info| info.bridge.is_none())?;
-                    Some((Card::of(&info, bridge), failures))
+                    let info = (core.directory.get(&name)).filter(|info| info.bridge.is_none())?;
+                    let connected = core.router.is_connected(&name);
+                    Some((Card::of(&info, bridge).connected(connected), failures))
                 });
                 let puts = futures_util::stream::iter(cards).map(|(card, failures)| async move {
                     let put = put_own_card(agents, &card).await;

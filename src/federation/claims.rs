@@ -339,7 +339,11 @@ impl FleetClaims {
                 let given_up = (self.directory.get(&info.name))
                     .filter(|held| held.bridge.is_some() && held.online);
                 match claimed {
-                    Ok(()) if let Some(holder) = given_up => self.hand_key_over(&holder).await,
+                    Ok(()) if given_up.is_some() => {
+                        if let Some(holder) = given_up {
+                            self.hand_key_over(&holder, &info).await;
+                        }
+                    }
                     Ok(()) if released => self.release(&info),
                     Ok(()) => drop(self.claimed_alone.remove_if(&info.name, |_, e| still(e))),
                     // NATS did not answer in time: tried again shortly.
@@ -356,10 +360,11 @@ impl FleetClaims {
 
 impl FleetClaims {
     /// Writes the key of `holder`'s name (held by another bridge's agent, `holder.bridge`)
-    /// as that bridge's, if it names this one: this bridge gave the name up to `holder`
-    /// (`clashes`), and its own claim, made while cut off, may have landed last. A lasting
-    /// claim of the same agent stays lasting. Tried for as long as a claim waits.
-    pub async fn hand_key_over(&self, holder: &AgentInfo) {
+    /// as that bridge's, if it still holds this bridge's claim for `loser`: this bridge
+    /// gave the name up to `holder` (`clashes`), and its own claim, made while cut off,
+    /// may have landed last. A lasting claim of the same agent stays lasting. Tried for as
+    /// long as a claim waits.
+    pub async fn hand_key_over(&self, holder: &AgentInfo, loser: &AgentInfo) {
         let Some(bridge) = holder.bridge.clone() else {
             return;
         };
@@ -381,7 +386,9 @@ impl FleetClaims {
             let Ok(held) = serde_json::from_slice::<Claim>(&entry.value) else {
                 return;
             };
-            if held.bridge != self.link.bridge_id {
+            let losers = held.bridge == self.link.bridge_id
+                && (held.is_for(loser) || held.native_id.is_none());
+            if !losers {
                 return;
             }
             let theirs = Claim {

@@ -138,9 +138,12 @@ impl Federation {
             own,
             ..
         } = self;
+        // A card says whether a connection of its agent is open (`clashes`).
+        let keeper = cards.clone();
+        (core.router).on_connections_changed(Arc::new(move |name: &str| keeper.keep(name)));
         let card_keeper = cards
             .clone()
-            .run(link.clone(), core.directory.clone(), shutdown.clone());
+            .run(link.clone(), core.clone(), shutdown.clone());
         let card_keeper = tokio::spawn(card_keeper);
         let (routed_up_to, routed) = tokio::sync::watch::channel(0);
         let doors = doors::open_once_caught_up(link.clone(), routed.clone(), shutdown.clone());

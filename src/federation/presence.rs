@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::bucket_watch::{self, BucketWatch};
 use super::cards::CardKeeper;
 use super::claims::FleetClaims;
-use super::clashes::{Clashes, Read};
+use super::clashes::Clashes;
 use super::config::FederationConfig;
 use super::held_cards::HeldCards;
 use super::link::{NatsLink, Ready, put_heartbeat};
@@ -36,7 +36,7 @@ pub struct Presence {
     pub routed: tokio::sync::watch::Receiver<u64>,
     pub cards: Arc<CardKeeper>,
     /// Settles a name a card shows held elsewhere while it is held here too.
-    pub clashes: Clashes,
+    pub clashes: Arc<Clashes>,
 }
 
 impl Presence {
@@ -48,10 +48,7 @@ impl Presence {
         cards: Arc<CardKeeper>,
         claims: Arc<FleetClaims>,
     ) -> Presence {
-        let clashes = Clashes {
-            core: core.clone(),
-            claims,
-        };
+        let clashes = Arc::new(Clashes::new(core.clone(), claims));
         Presence {
             link,
             core,
@@ -106,9 +103,15 @@ impl Presence {
                 _ = beat.tick() => {
                     let connected = self.link.is_connected();
                     if connected && !was_connected {
-                        self.settle_clashes_missed(&ready).await;
-                        // Presence changes while NATS was away did not reach the others.
-                        self.put_local_cards();
+                        // Presence changes while NATS was away did not reach the others:
+                        // its cards go in, once the others' are read (`clashes`).
+                        tokio::spawn(read_cards_then_put_own(
+                            ready.clone(),
+                            self.core.clone(),
+                            self.cards.clone(),
+                            self.clashes.clone(),
+                            self.link.bridge_id.clone(),
+                        ));
                     }
                     was_connected = connected;
                     self.beat(&ready).await;
@@ -122,7 +125,7 @@ impl Presence {
                         }
                         false => {
                             newest_held.remove(&entry.key);
-                            self.take_in_card(&entry.value, &mut alive);
+                            self.take_in_card(&entry.value, Some(entry.revision), &mut alive);
                         }
                     },
                     None => cards = None,
@@ -130,7 +133,7 @@ impl Presence {
                 Some(entry) = let_go.recv() => {
                     if newest_held.get(&entry.key) == Some(&entry.revision) {
                         newest_held.remove(&entry.key);
-                        self.take_in_card(&entry.value, &mut alive);
+                        self.take_in_card(&entry.value, Some(entry.revision), &mut alive);
                     }
                 }
                 entry = next_entry(&mut watch) => match entry {
@@ -167,7 +170,7 @@ impl Presence {
 
     async fn take_in_cards(&self, ready: &Ready, alive: &mut HashMap<String, Instant>) {
         for value in all_cards(ready).await {
-            self.take_in_card(&value, alive);
+            self.take_in_card(&value, None, alive);
         }
     }
 
@@ -185,7 +188,7 @@ impl Presence {
                 continue;
             }
             let (name, protocol) = (card.name.clone(), card.protocol.clone());
-            self.take_in_card(&value, alive);
+            self.take_in_card(&value, None, alive);
             if let Some(protocol) = super::wire::known_protocol(&protocol) {
                 let mut env = Envelope::new(protocol, name, Kind::PresenceJoin);
                 env.audience = Audience::Everyone;
@@ -206,8 +209,14 @@ impl Presence {
         })
     }
 
-    /// Registers the agent a card from another bridge describes.
-    fn take_in_card(&self, value: &[u8], alive: &mut HashMap<String, Instant>) {
+    /// Registers the agent a card from another bridge describes; one at `revision` of the
+    /// bucket, from its watch, may show a clash too (`clashes`).
+    fn take_in_card(
+        &self,
+        value: &[u8],
+        revision: Option<u64>,
+        alive: &mut HashMap<String, Instant>,
+    ) {
         let Ok(card) = serde_json::from_slice::<Card>(value) else {
             return;
         };
@@ -220,41 +229,12 @@ impl Presence {
             new.insert(Instant::now());
             self.core.directory.bridge_back(&card.bridge);
         }
+        if let Some(revision) = revision {
+            self.clashes.card(&card, revision);
+        }
         if let Some(info) = card.into_info() {
-            self.clashes.settle(&info, Read::FromTheWatch);
             self.core.directory.register_replica(info);
         }
-    }
-
-    /// Reads, as NATS is back and before this bridge's cards go in over them, the card of
-    /// each agent this bridge holds online: another bridge may have put one showing the
-    /// name online there while NATS was away, which the watch may not bring (`clashes`).
-    async fn settle_clashes_missed(&self, ready: &Ready) {
-        let mut names = Vec::new();
-        self.core.directory.for_each(|info| {
-            if info.bridge.is_none() && info.online {
-                names.push(info.name.clone());
-            }
-        });
-        for name in names {
-            let Ok(Some(value)) = ready.agents.get(agent_key(&name)).await else {
-                continue;
-            };
-            let card = serde_json::from_slice::<Card>(&value).ok();
-            let there = card.filter(|card| card.bridge != self.link.bridge_id);
-            if let Some(there) = there.and_then(Card::into_info) {
-                self.clashes.settle(&there, Read::FromTheBucket);
-            }
-        }
-    }
-
-    /// Puts the card of every agent this bridge holds online in the agents bucket.
-    fn put_local_cards(&self) {
-        self.core.directory.for_each(|info| {
-            if info.bridge.is_none() && info.online {
-                self.cards.keep(&info.name);
-            }
-        });
     }
 
     async fn beat(&self, ready: &Ready) {
@@ -321,6 +301,48 @@ impl Presence {
                 held,
             ));
         }
+    }
+}
+
+/// How many cards are read at once as NATS is back, and how long each read may take.
+const READS_AT_ONCE: usize = 64;
+const READ_WITHIN: Duration = Duration::from_secs(2);
+
+/// As NATS is back: reads the card of each agent this bridge holds online (another bridge
+/// may have put one showing the name online there meanwhile, which the watch may not
+/// bring: `clashes`), then puts this bridge's cards over them.
+async fn read_cards_then_put_own(
+    ready: Arc<Ready>,
+    core: Arc<Core>,
+    cards: Arc<CardKeeper>,
+    clashes: Arc<Clashes>,
+    this_bridge: String,
+) {
+    let held_online = || {
+        let mut names = Vec::new();
+        core.directory.for_each(|info| {
+            if info.bridge.is_none() && info.online {
+                names.push(info.name.clone());
+            }
+        });
+        names
+    };
+    let reads = futures_util::stream::iter(held_online()).map(|name| {
+        let read = ready.agents.entry(agent_key(&name));
+        async move { tokio::time::timeout(READ_WITHIN, read).await }
+    });
+    let mut reads = reads.buffer_unordered(READS_AT_ONCE);
+    while let Some(read) = reads.next().await {
+        let Ok(Ok(Some(entry))) = read else {
+            continue;
+        };
+        let card = serde_json::from_slice::<Card>(&entry.value).ok();
+        if let Some(card) = card.filter(|card| card.bridge != this_bridge) {
+            clashes.card(&card, entry.revision);
+        }
+    }
+    for name in held_online() {
+        cards.keep(&name);
     }
 }
 

@@ -162,6 +162,16 @@ pub struct Card {
     pub listed: bool,
     /// The bridge that holds it.
     pub bridge: String,
+    /// Whether a connection of the agent is open on that bridge (one online with none is a
+    /// Skynet member waiting out its grace period): of two bridges holding one name at
+    /// once, a connected agent keeps it (`clashes`). Absent from cards of bridges that did
+    /// not say, which count as connected.
+    #[serde(default = "connected_unless_said")]
+    pub connected: bool,
+}
+
+fn connected_unless_said() -> bool {
+    true
 }
 
 impl Card {
@@ -180,7 +190,14 @@ impl Card {
             created_at: info.created_at,
             listed: info.listed,
             bridge: info.bridge.clone().unwrap_or_else(|| bridge.to_owned()),
+            connected: info.online,
         }
+    }
+
+    /// The card, saying whether a connection of the agent is open on its bridge.
+    pub fn connected(mut self, connected: bool) -> Card {
+        self.connected = connected;
+        self
     }
 
     /// The directory entry, when its protocol is one this bridge knows.

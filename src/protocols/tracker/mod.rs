@@ -405,6 +405,10 @@ impl Tracker {
     /// Announces a member going online or offline to every protocol.
     async fn announce(&self, slug: &str, transition: Option<Transition>) {
         let Some(transition) = transition else { return };
+        // The name is another agent's now (`Core::yield_name`): its presence is not ours.
+        if (self.core.directory.protocol_of(slug)).is_some_and(|p| p != PROTOCOL) {
+            return;
+        }
         let (online, status) = match transition {
             Transition::CameOnline => (true, Status::Online),
             Transition::WentOffline => (false, Status::Offline),

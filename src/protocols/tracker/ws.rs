@@ -13,7 +13,7 @@ use super::chat::{NewMessage, PostError, Posted};
 use super::db::MemberRow;
 use super::wire::{self, AuthorType, ClientFrame, MemberKind};
 use super::{Conn, ConnInterest, PROTOCOL, Tracker, translate};
-use crate::core::{Delivery, Envelope, LogError, Mailbox, Session};
+use crate::core::{Closed, Delivery, Envelope, LogError, Mailbox, Session};
 use crate::protocols::session::{self, Flow, Io, WsSession};
 use crate::shared::websocket::{Message, Refused, Socket, Utf8Bytes};
 use crate::telemetry;
@@ -158,6 +158,16 @@ impl WsSession for Live {
 
     async fn on_open(&mut self, io: &mut Io<Posted>) -> Flow {
         io.send(self.auth_ok()).await
+    }
+
+    async fn on_closed(&mut self, io: &mut Io<Posted>, reason: Closed) -> Flow {
+        // The fleet gave the member's name to another agent (`Core::yield_name`).
+        if reason == Closed::NameTaken
+            && let Some(taken) = self.tracker.core.directory.holder(&self.member.slug)
+        {
+            let _ = io.send(wire::error_frame(&taken.to_string())).await;
+        }
+        Flow::Close
     }
 
     async fn on_frame(&mut self, io: &mut Io<Posted>, message: Message) -> Flow {
