@@ -91,6 +91,12 @@ impl Clashes {
         });
     }
 
+    /// Forgets the cards of `bridge`, gone from the fleet: it holds no agent now, and one
+    /// back puts its cards again.
+    pub fn bridge_gone(&self, bridge: &str) {
+        self.newest.retain(|(_, of), _| of != bridge);
+    }
+
     /// Settles the clash of `here` (this bridge's agent of the name, as it was when the
     /// clash was found) with the newest card `bridge` put of the name, if both still make
     /// it.

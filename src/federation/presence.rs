@@ -267,6 +267,7 @@ impl Presence {
     /// the mail it missed for those whose protocols keep mail (`missed_mail`) if it was
     /// `heard` alive; their mail routed meanwhile waits for that.
     fn gone(&self, ready: &Arc<Ready>, bridge: &str, heard: bool) {
+        self.clashes.bridge_gone(bridge);
         let directory = &self.core.directory;
         // Once a bridge is gone, its missed mail is being read or was (a second notice of
         // one departure, a heartbeat's delete after the TTL's sweep, reads nothing new).
