@@ -2011,7 +2011,7 @@ async fn a_name_held_only_for_a_member_in_its_grace_period_goes_to_the_bridge_it
     })
     .await;
     // Past the moment b1 settles the clash it found in b0's card.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
     on_b1.no_error_before_a_sentinel().await;
     let held = listed(&b1, "wanderer").await.expect("b1 lists wanderer");
     assert!(held["online"] == true && held["bridge"].is_null(), "{held}");

@@ -11,7 +11,7 @@
 //! without locks on every message and replaced on the rare attach or detach.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -129,6 +129,8 @@ pub struct Router {
     /// Names this bridge gave up to agents of other bridges (`name_lost`), each with the
     /// protocol and native id of the agent it went to.
     names_lost: DashMap<String, (Protocol, String)>,
+    /// How many names `names_lost` holds: read on every attach, without a lock.
+    names_lost_count: AtomicUsize,
     /// Told the agent's name when its first session attaches or its last detaches.
     connections_changed: std::sync::OnceLock<ConnectionsHook>,
     sessions: ArcSwap<Vec<Arc<Session>>>,
@@ -170,6 +172,7 @@ impl Router {
             next_session: AtomicU64::new(1),
             by_agent: DashMap::default(),
             names_lost: DashMap::default(),
+            names_lost_count: AtomicUsize::new(0),
             connections_changed: std::sync::OnceLock::new(),
             sessions: ArcSwap::from_pointee(Vec::new()),
             observers: ArcSwap::from_pointee(Vec::new()),
@@ -345,7 +348,9 @@ impl Router {
     /// was given up).
     pub fn name_lost(&self, agent: &str, winner: &AgentInfo) {
         let winner = (winner.protocol, winner.native_id.clone());
-        self.names_lost.insert(agent.to_owned(), winner);
+        if self.names_lost.insert(agent.to_owned(), winner).is_none() {
+            self.names_lost_count.fetch_add(1, Ordering::Relaxed);
+        }
         let sessions = (self.by_agent.get(agent)).map(|sessions| sessions.clone());
         for session in sessions.into_iter().flatten() {
             session.mailbox.close(Closed::NameTaken);
@@ -356,7 +361,7 @@ impl Router {
     /// (`name_lost`): the name is online through another bridge. Once it is not, the name
     /// is forgotten.
     fn lost_to_another(&self, agent: &str) -> bool {
-        if self.names_lost.is_empty() {
+        if self.names_lost_count.load(Ordering::Relaxed) == 0 {
             return false;
         }
         let Some(winner) = self.names_lost.get(agent).map(|w| w.clone()) else {
@@ -365,8 +370,8 @@ impl Router {
         let held = self.directory.get(agent).is_some_and(|a| {
             a.bridge.is_some() && a.online && a.protocol == winner.0 && a.native_id == winner.1
         });
-        if !held {
-            self.names_lost.remove(agent);
+        if !held && self.names_lost.remove(agent).is_some() {
+            self.names_lost_count.fetch_sub(1, Ordering::Relaxed);
         }
         held
     }

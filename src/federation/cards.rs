@@ -157,13 +157,14 @@ impl CardKeeper {
     }
 }
 
-/// Puts `card`, of an agent this bridge holds. One showing the agent online is the latest
-/// word on it, and is put as it is; one showing it offline not over a card showing it
-/// online through another bridge: it connected there after it left here, and that card is
-/// the newer. (Over another bridge's offline card it goes: the agent may have moved here
-/// from there, its card here never landing before it left.)
+/// Puts `card`, of an agent this bridge holds. One showing the agent online and connected
+/// is the latest word on it, and is put as it is; one showing it offline, or online with
+/// no connection open (its last one closing), not over a card showing it online through
+/// another bridge: it connected there after it left here, and that card is the newer.
+/// (Over another bridge's offline card it goes: the agent may have moved here from there,
+/// its card here never landing before it left.)
 async fn put_own_card(agents: &kv::Store, card: &Card) -> Result<(), async_nats::Error> {
-    if card.online {
+    if card.online && card.connected {
         return put_card(agents, card).await;
     }
     let key = agent_key(&card.name);

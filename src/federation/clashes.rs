@@ -21,40 +21,58 @@
 //! announces the agent's status again, which carries its card to every bridge (the one
 //! that lost may have put its card last). The one that lost gives the name up
 //! (`Core::yield_name`): its agent's connections are refused with their protocol's
-//! name-taken error, and no leave is announced; it hands the winner the name's key and
-//! the agent's card where they still describe its own agent. The same agent online
-//! through two bridges is a clash only in a protocol where one agent may not be
-//! (`Endpoint::ONLINE_THROUGH_SEVERAL_BRIDGES`).
+//! name-taken error, and no leave is announced; it puts its card of the name showing its
+//! agent offline, and hands the winner the name's key where it still names its own
+//! agent. A bridge that sees another's card showing a name offline that it holds online
+//! puts its own card again, so the bucket ends on the holder's. Of two bridges that both
+//! gave a name up (each read the other's card before a change of it came), each then
+//! reads the other's offline card, and the name is free for the agent to connect again.
+//! The same agent online through two bridges is a clash only in a protocol where one
+//! agent may not be (`Endpoint::ONLINE_THROUGH_SEVERAL_BRIDGES`).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
+use super::cards::CardKeeper;
 use super::claims::FleetClaims;
-use super::link::Ready;
-use super::wire::{Card, agent_key};
+use super::link::put_card;
+use super::wire::Card;
 use crate::core::{AgentInfo, BRIDGE_PROTOCOL, Core};
 use crate::protocols::registry;
 
 /// How long after a clash is found it is settled: the watch brings meanwhile what it had
-/// yet to of the other bridge's cards.
-const SETTLED_AFTER: Duration = Duration::from_secs(1);
+/// yet to of the other bridge's cards (a card put again after a failed put comes within
+/// two seconds, `cards`).
+const SETTLED_AFTER: Duration = Duration::from_secs(3);
+
+/// How long the revision of a card showing its agent offline is remembered: a card read
+/// from the bucket (as NATS comes back) that is older is not taken for the newest.
+const OFFLINE_REMEMBERED: Duration = Duration::from_secs(60);
+
+/// The newest card a bridge put of a name: its revision in the bucket, and the card while
+/// it shows the agent online (else when it came).
+type Newest = (u64, Result<Card, Instant>);
 
 pub struct Clashes {
     core: Arc<Core>,
     claims: Arc<FleetClaims>,
-    /// The newest card each other bridge put of each name it holds online, with its
-    /// revision in the bucket.
-    newest: DashMap<(String, String), (u64, Card)>,
+    cards: Arc<CardKeeper>,
+    /// The newest card each other bridge put of each name.
+    newest: DashMap<(String, String), Newest>,
+    /// When offline cards were last forgotten (`OFFLINE_REMEMBERED`).
+    pruned: Mutex<Instant>,
 }
 
 impl Clashes {
-    pub fn new(core: Arc<Core>, claims: Arc<FleetClaims>) -> Clashes {
+    pub fn new(core: Arc<Core>, claims: Arc<FleetClaims>, cards: Arc<CardKeeper>) -> Clashes {
         Clashes {
             core,
             claims,
+            cards,
             newest: DashMap::new(),
+            pruned: Mutex::new(Instant::now()),
         }
     }
 
@@ -63,21 +81,22 @@ impl Clashes {
     /// if it makes one.
     pub fn card(self: &Arc<Self>, card: &Card, revision: u64) {
         let key = (card.name.clone(), card.bridge.clone());
-        match card.online {
-            true => {
-                let newer = (self.newest.get(&key)).is_none_or(|known| known.0 < revision);
-                if !newer {
-                    return;
-                }
-                self.newest.insert(key, (revision, card.clone()));
-            }
-            false => {
-                let older = |_: &(String, String), known: &(u64, Card)| known.0 < revision;
-                self.newest.remove_if(&key, older);
-                return;
-            }
+        let newer = (self.newest.get(&key)).is_none_or(|known| known.0 < revision);
+        if !newer {
+            return;
         }
-        let Some(here) = self.core.directory.get(&card.name) else {
+        let here = self.core.directory.get(&card.name);
+        if !card.online {
+            self.newest.insert(key, (revision, Err(Instant::now())));
+            self.forget_offline();
+            // The bucket is to end on the card of the bridge that holds the agent.
+            if here.is_some_and(|here| here.bridge.is_none() && here.online) {
+                self.cards.keep(&card.name);
+            }
+            return;
+        }
+        self.newest.insert(key, (revision, Ok(card.clone())));
+        let Some(here) = here else {
             return;
         };
         if !clash(&here, card) {
@@ -97,13 +116,26 @@ impl Clashes {
         self.newest.retain(|(_, of), _| of != bridge);
     }
 
+    /// Forgets, at most once a `OFFLINE_REMEMBERED`, the offline cards older than that.
+    fn forget_offline(&self) {
+        let mut pruned = self.pruned.lock().unwrap_or_else(|e| e.into_inner());
+        if pruned.elapsed() < OFFLINE_REMEMBERED {
+            return;
+        }
+        *pruned = Instant::now();
+        drop(pruned);
+        (self.newest).retain(|_, (_, card)| {
+            (card.as_ref()).map_or_else(|at| at.elapsed() < OFFLINE_REMEMBERED, |_| true)
+        });
+    }
+
     /// Settles the clash of `here` (this bridge's agent of the name, as it was when the
     /// clash was found) with the newest card `bridge` put of the name, if both still make
     /// it.
     async fn settle(&self, here: AgentInfo, bridge: &str) {
         let name = here.name.as_str();
         let key = (here.name.clone(), bridge.to_owned());
-        let Some(there) = self.newest.get(&key).map(|newest| newest.1.clone()) else {
+        let Some(Ok(there)) = self.newest.get(&key).map(|newest| newest.1.clone()) else {
             return;
         };
         let still_here = (self.core.directory.get(name)).filter(|now| {
@@ -144,8 +176,15 @@ impl Clashes {
         );
         self.claims.forget_claimed_alone(&here);
         if self.core.yield_name(winner.clone(), &here).await {
-            if let Some(ready) = self.claims.link.ready() {
-                hand_card_over(&ready, &winner, &here, this_bridge).await;
+            // The winner, and every bridge, see this bridge hold it no more; the winner
+            // then puts its own card over this one.
+            let mut gone = here.clone();
+            (gone.online, gone.bridge) = (false, None);
+            let card = Card::of(&gone, this_bridge).connected(false);
+            if let Some(ready) = self.claims.link.ready()
+                && let Err(e) = put_card(&ready.agents, &card).await
+            {
+                tracing::warn!(error = %e, name, "federation: the card of a name given up was not put");
             }
             self.claims.hand_key_over(&winner, &here).await;
         }
@@ -161,28 +200,6 @@ fn clash(here: &AgentInfo, there: &Card) -> bool {
         && there.online
         && here.protocol != BRIDGE_PROTOCOL
         && !(same && registry::online_through_several_bridges(here.protocol))
-}
-
-/// Puts `winner`'s card in place of the bucket's card of the name if that one still
-/// describes `loser`, this bridge's agent: the bridges that read it show the name where it
-/// is held.
-async fn hand_card_over(ready: &Ready, winner: &AgentInfo, loser: &AgentInfo, this_bridge: &str) {
-    let key = agent_key(&winner.name);
-    let Ok(Some(entry)) = ready.agents.entry(&key).await else {
-        return;
-    };
-    let describes_loser = serde_json::from_slice::<Card>(&entry.value).is_ok_and(|card| {
-        card.bridge == this_bridge
-            && card.protocol == loser.protocol
-            && card.native_id == loser.native_id
-    });
-    let Ok(card) = serde_json::to_vec(&Card::of(winner, this_bridge)) else {
-        return;
-    };
-    if describes_loser {
-        // Another put came first: it is the winner's, or newer.
-        let _ = ready.agents.update(&key, card.into(), entry.revision).await;
-    }
 }
 
 /// Whether the agent described by `here` (with no connection open, registered at, on the

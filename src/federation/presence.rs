@@ -48,7 +48,7 @@ impl Presence {
         cards: Arc<CardKeeper>,
         claims: Arc<FleetClaims>,
     ) -> Presence {
-        let clashes = Arc::new(Clashes::new(core.clone(), claims));
+        let clashes = Arc::new(Clashes::new(core.clone(), claims, cards.clone()));
         Presence {
             link,
             core,
@@ -105,13 +105,20 @@ impl Presence {
                     if connected && !was_connected {
                         // Presence changes while NATS was away did not reach the others:
                         // its cards go in, once the others' are read (`clashes`).
-                        tokio::spawn(read_cards_then_put_own(
+                        let read_then_put = read_cards_then_put_own(
                             ready.clone(),
                             self.core.clone(),
                             self.cards.clone(),
                             self.clashes.clone(),
                             self.link.bridge_id.clone(),
-                        ));
+                        );
+                        let shutdown = shutdown.clone();
+                        tokio::spawn(async move {
+                            tokio::select! {
+                                _ = shutdown.cancelled() => {}
+                                () = read_then_put => {}
+                            }
+                        });
                     }
                     was_connected = connected;
                     self.beat(&ready).await;
