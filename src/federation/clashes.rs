@@ -8,10 +8,12 @@
 //! while it is online here: one its watch of the agents bucket brings (`presence`), or, as
 //! NATS comes back, one the bucket holds for a name it holds online (put while it was
 //! away, which the watch may not bring), read before it puts its own cards over them.
-//! Every card another bridge put is noted, the newest of each name and bridge; a clash is
-//! settled a moment after it is found, and only if the newest card from that bridge still
-//! shows it: a card the watch brought late (older than the agent's leave there, which let
-//! it move here) is followed by the newer ones.
+//! Every card another bridge put is noted, the newest of each name and bridge, and the
+//! revision of this bridge's own; a clash is settled a moment after it is found, only if
+//! the newest card from that bridge still shows it, and only by the bridge whose card is
+//! the older (the other's turn comes if its card is put again). A card the watch brought
+//! late (from before the agent's leave there, which let it move here) is older than this
+//! bridge's card of the agent, and settles nothing.
 //!
 //! Each of the two settles it by one rule both compute alike from the two cards, whatever
 //! order they came in: an agent with a connection open keeps the name from one with none
@@ -61,6 +63,8 @@ pub struct Clashes {
     cards: Arc<CardKeeper>,
     /// The newest card each other bridge put of each name.
     newest: DashMap<(String, String), Newest>,
+    /// The revision of this bridge's newest card of each name it holds online.
+    own: DashMap<String, u64>,
     /// When offline cards were last forgotten (`OFFLINE_REMEMBERED`).
     pruned: Mutex<Instant>,
 }
@@ -72,6 +76,7 @@ impl Clashes {
             claims,
             cards,
             newest: DashMap::new(),
+            own: DashMap::new(),
             pruned: Mutex::new(Instant::now()),
         }
     }
@@ -110,6 +115,17 @@ impl Clashes {
         });
     }
 
+    /// Notes `card`, this bridge's own, at `revision` in the agents bucket.
+    pub fn own_card(&self, card: &Card, revision: u64) {
+        match card.online {
+            true => {
+                let mut newest = self.own.entry(card.name.clone()).or_default();
+                *newest = (*newest).max(revision);
+            }
+            false => drop(self.own.remove_if(&card.name, |_, known| *known < revision)),
+        }
+    }
+
     /// Forgets the cards of `bridge`, gone from the fleet: it holds no agent now, and one
     /// back puts its cards again.
     pub fn bridge_gone(&self, bridge: &str) {
@@ -135,9 +151,15 @@ impl Clashes {
     async fn settle(&self, here: AgentInfo, bridge: &str) {
         let name = here.name.as_str();
         let key = (here.name.clone(), bridge.to_owned());
-        let Some(Ok(there)) = self.newest.get(&key).map(|newest| newest.1.clone()) else {
+        let Some((revision, Ok(there))) = self.newest.get(&key).map(|newest| newest.clone()) else {
             return;
         };
+        // This bridge put its card of the name after that one: the other bridge settles
+        // (its card is the older), and puts its card again if it keeps the name. So a
+        // card the watch brought from before the agent moved here settles nothing.
+        if (self.own.get(name)).is_some_and(|own| *own > revision) {
+            return;
+        }
         let still_here = (self.core.directory.get(name)).filter(|now| {
             now.bridge.is_none()
                 && now.online
@@ -194,12 +216,15 @@ impl Clashes {
 /// Whether `here` (this bridge's entry of a name) and `there` (another bridge's card of
 /// it) hold the name online through both bridges where only one may.
 fn clash(here: &AgentInfo, there: &Card) -> bool {
-    let same = here.protocol == there.protocol && here.native_id == there.native_id;
+    // Of a protocol whose agents may be online through several bridges, one name is one
+    // agent (a Tracker member's slug), whatever id each bridge knows it by.
+    let several =
+        here.protocol == there.protocol && registry::online_through_several_bridges(here.protocol);
     here.bridge.is_none()
         && here.online
         && there.online
         && here.protocol != BRIDGE_PROTOCOL
-        && !(same && registry::online_through_several_bridges(here.protocol))
+        && !several
 }
 
 /// Whether the agent described by `here` (with no connection open, registered at, on the

@@ -138,9 +138,14 @@ impl Federation {
             own,
             ..
         } = self;
-        // A card says whether a connection of its agent is open (`clashes`).
-        let keeper = cards.clone();
-        (core.router).on_connections_changed(Arc::new(move |name: &str| keeper.keep(name)));
+        // A card says whether a connection of its agent is open (`clashes`): put again as
+        // that changes for an agent online here (a join or leave puts its own).
+        let (keeper, directory) = (cards.clone(), core.directory.clone());
+        (core.router).on_connections_changed(Arc::new(move |name: &str| {
+            if (directory.get(name)).is_some_and(|a| a.bridge.is_none() && a.online) {
+                keeper.keep(name);
+            }
+        }));
         let card_keeper = cards
             .clone()
             .run(link.clone(), core.clone(), shutdown.clone());

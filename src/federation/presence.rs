@@ -228,6 +228,9 @@ impl Presence {
             return;
         };
         if card.bridge == self.link.bridge_id {
+            if let Some(revision) = revision {
+                self.clashes.own_card(&card, revision);
+            }
             return;
         }
         // Every bridge named gets one TTL to show it is alive; one back before its first

@@ -250,10 +250,7 @@ impl Grid {
     /// Registers a program the first time it is seen: its name claimed (fleet-wide, in a
     /// fleet) and kept.
     async fn register(&self, agent: &str) -> Result<(), Invalid> {
-        // Known, unless the fleet gave its name to another protocol's agent since
-        // (`Core::yield_name`): then it is refused as taken.
-        let known = || self.core.directory.protocol_of(agent) == Some(PROTOCOL);
-        if self.programs.contains(agent) && known() {
+        if self.programs.contains(agent) {
             return Ok(());
         }
         let now = crate::core::now_ms();

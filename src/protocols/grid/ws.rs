@@ -269,7 +269,16 @@ impl WsSession for Connection {
         };
         self.lost_name = true;
         let party = party.clone();
-        match self.grid.core.directory.holder(&party.agent) {
+        let holder = self.grid.core.directory.holder(&party.agent);
+        // Given to another protocol's agent: no longer a program this bridge knows, so
+        // what is sent under the name here is refused as taken.
+        if holder
+            .as_ref()
+            .is_some_and(|h| h.holder_protocol != PROTOCOL)
+        {
+            self.grid.programs.remove(&party.agent);
+        }
+        match holder {
             Some(taken) => self.name_taken(io, party, super::name_taken(taken)).await,
             None => io.close(1008, "name taken").await,
         }
