@@ -1810,11 +1810,7 @@ async fn a_message_refused_by_a_bridge_cut_off_and_sent_again_through_another_re
     let dir = tempfile::tempdir().unwrap();
     // b0 refuses soon; b1 rides out the stream's leader being elected again after.
     let on_server = |i: usize, publish_timeout_ms: u32| {
-        let nats = &urls[i];
-        format!(
-            "[federation]\nnats = [\"{nats}\"]\nbridge_id = \"b{i}\"\nprefix = \"refused\"\nreplicas = 3\n\
-             heartbeat_ms = 200\npresence_ttl_ms = 60000\npublish_timeout_ms = {publish_timeout_ms}\n"
-        )
+        on_one_server(&urls[i], i, "refused", 60_000, publish_timeout_ms)
     };
     let b0 = spawn_bridge(dir.path(), "b0", &on_server(0, 1_000)).await;
     let b1 = spawn_bridge(dir.path(), "b1", &on_server(1, 15_000)).await;
@@ -1856,13 +1852,7 @@ async fn a_name_two_bridges_cut_off_each_let_a_program_take_is_settled_on_one() 
     let mut cluster = Cluster::start(3).await;
     let urls = cluster.urls();
     let dir = tempfile::tempdir().unwrap();
-    let on_server = |i: usize| {
-        let nats = &urls[i];
-        format!(
-            "[federation]\nnats = [\"{nats}\"]\nbridge_id = \"b{i}\"\nprefix = \"clash\"\nreplicas = 3\n\
-             heartbeat_ms = 200\npresence_ttl_ms = 60000\npublish_timeout_ms = 1000\n"
-        )
-    };
+    let on_server = |i: usize| on_one_server(&urls[i], i, "clash", 60_000, 1_000);
     let b0 = spawn_bridge(dir.path(), "b0", &on_server(0)).await;
     let b1 = spawn_bridge(dir.path(), "b1", &on_server(1)).await;
     // A Skynet agent both bridges know, which joins through both while they are cut off.
@@ -1969,13 +1959,7 @@ async fn a_name_held_only_for_a_member_in_its_grace_period_goes_to_the_bridge_it
     let mut cluster = Cluster::start(3).await;
     let urls = cluster.urls();
     let dir = tempfile::tempdir().unwrap();
-    let on_server = |i: usize| {
-        let nats = &urls[i];
-        format!(
-            "[federation]\nnats = [\"{nats}\"]\nbridge_id = \"b{i}\"\nprefix = \"graced\"\nreplicas = 3\n\
-             heartbeat_ms = 200\npresence_ttl_ms = 1500\npublish_timeout_ms = 1000\n"
-        )
-    };
+    let on_server = |i: usize| on_one_server(&urls[i], i, "graced", 1_500, 1_000);
     let b0 = spawn_bridge(dir.path(), "b0", &on_server(0)).await;
     let b1 = spawn_bridge(dir.path(), "b1", &on_server(1)).await;
     let wanderer = SkynetHttp::new(b0.addr("skynet")).agent("wanderer").await;
@@ -2023,6 +2007,22 @@ async fn a_name_held_only_for_a_member_in_its_grace_period_goes_to_the_bridge_it
     on_b1.no_error_before_a_sentinel().await;
     let held = listed(&b1, "wanderer").await.expect("b1 lists wanderer");
     assert!(held["online"] == true && held["bridge"].is_null(), "{held}");
+}
+
+/// The `[federation]` section of bridge `b<i>` of fleet `prefix`, on the one NATS server
+/// `nats` of a three-server cluster (so that killing that server cuts it off), with
+/// replicated streams and quick heartbeats.
+fn on_one_server(
+    nats: &str,
+    i: usize,
+    prefix: &str,
+    presence_ttl_ms: u32,
+    publish_timeout_ms: u32,
+) -> String {
+    format!(
+        "[federation]\nnats = [\"{nats}\"]\nbridge_id = \"b{i}\"\nprefix = \"{prefix}\"\nreplicas = 3\n\
+         heartbeat_ms = 200\npresence_ttl_ms = {presence_ttl_ms}\npublish_timeout_ms = {publish_timeout_ms}\n"
+    )
 }
 
 /// How long a clash found as NATS comes back may take to be settled on a loaded machine:
