@@ -176,7 +176,7 @@ impl Presence {
     }
 
     async fn take_in_cards(&self, ready: &Ready, alive: &mut HashMap<String, Instant>) {
-        for value in all_cards(ready).await {
+        for (value, _) in all_cards(ready).await {
             self.take_in_card(&value, None, alive);
         }
     }
@@ -185,10 +185,15 @@ impl Presence {
     /// join event here.
     async fn revive(&self, ready: &Ready, bridge: &str, alive: &mut HashMap<String, Instant>) {
         self.core.directory.bridge_back(bridge);
-        for value in all_cards(ready).await {
+        for (value, revision) in all_cards(ready).await {
             let Ok(card) = serde_json::from_slice::<Card>(&value) else {
                 continue;
             };
+            // Its cards, which this bridge forgot as it took it for gone: one may show a
+            // name online there that is online here too (`clashes`).
+            if card.bridge == bridge {
+                self.clashes.card(&card, revision);
+            }
             let known_offline = (self.core.directory.get(&card.name))
                 .is_some_and(|a| !a.online && a.bridge.as_deref() == Some(bridge));
             if card.bridge != bridge || !card.online || !known_offline {
@@ -357,8 +362,9 @@ async fn read_cards_then_put_own(
     }
 }
 
-/// Every card in the agents bucket, as stored.
-async fn all_cards(ready: &Ready) -> Vec<bytes::Bytes> {
+/// Every card in the agents bucket, as stored, with its revision.
+async fn all_cards(ready: &Ready) -> Vec<(bytes::Bytes, u64)> {
+    use async_nats::jetstream::kv::Operation;
     let Ok(mut keys) = ready.agents.keys().await else {
         return Vec::new();
     };
@@ -368,8 +374,10 @@ async fn all_cards(ready: &Ready) -> Vec<bytes::Bytes> {
     }
     let mut cards = Vec::with_capacity(names.len());
     for key in names {
-        if let Ok(Some(value)) = ready.agents.get(&key).await {
-            cards.push(value);
+        if let Ok(Some(entry)) = ready.agents.entry(&key).await
+            && entry.operation == Operation::Put
+        {
+            cards.push((entry.value, entry.revision));
         }
     }
     cards
