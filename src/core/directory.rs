@@ -102,6 +102,16 @@ impl AgentInfo {
             bridge: None,
         }
     }
+
+    /// Whether `other` is the same agent: of the same protocol, with the same native id.
+    pub fn is_same_agent(&self, other: &AgentInfo) -> bool {
+        self.protocol == other.protocol && self.native_id == other.native_id
+    }
+
+    /// Whether this bridge holds the agent, and it is online.
+    pub fn is_online_here(&self) -> bool {
+        self.bridge.is_none() && self.online
+    }
 }
 
 /// A name is held by an agent of some protocol already.
@@ -148,9 +158,7 @@ impl NameTaken {
 /// Whether `current`, registered under a name, keeps it from `info`: another agent (of
 /// another protocol, or another native id), or one online on another bridge of the fleet.
 fn keeps_from(current: &AgentInfo, info: &AgentInfo) -> bool {
-    current.protocol != info.protocol
-        || current.native_id != info.native_id
-        || (current.bridge.is_some() && current.online)
+    !current.is_same_agent(info) || (current.bridge.is_some() && current.online)
 }
 
 type Map<K, V> = DashMap<K, V, foldhash::fast::RandomState>;
@@ -271,10 +279,10 @@ impl Directory {
         match self.by_name.entry(info.name.clone()) {
             Entry::Occupied(mut held) => {
                 let current = held.get();
-                if current.bridge.is_none() && current.online {
+                if current.is_online_here() {
                     return;
                 }
-                if current.native_id != info.native_id || current.protocol != info.protocol {
+                if !current.is_same_agent(&info) {
                     self.name_native(info.protocol, info.native_id.clone(), &info.name);
                 }
                 held.insert(info);
@@ -297,16 +305,13 @@ impl Directory {
             return None;
         };
         let current = held.get();
-        if current.bridge.is_some()
-            || current.protocol != loser.protocol
-            || current.native_id != loser.native_id
-        {
+        if current.bridge.is_some() || !current.is_same_agent(loser) {
             return None;
         }
         let lost = held.insert(winner);
         let name = &held.get().name;
         let (protocol, native_id) = (held.get().protocol, held.get().native_id.clone());
-        if lost.native_id != native_id || lost.protocol != protocol {
+        if !lost.is_same_agent(held.get()) {
             if let Some(mut names) = self.by_native.get_mut(&lost.native_id) {
                 names.retain(|(p, n)| !(*p == lost.protocol && n == name));
             }

@@ -281,11 +281,8 @@ impl Core {
         self.directory.check_claim(&info)?;
         // The same agent, held by another bridge: it stays there until it connects here
         // (`claim_move`).
-        let held_elsewhere = (self.directory.get(&info.name)).is_some_and(|held| {
-            held.bridge.is_some()
-                && held.protocol == info.protocol
-                && held.native_id == info.native_id
-        });
+        let held_elsewhere = (self.directory.get(&info.name))
+            .is_some_and(|held| held.bridge.is_some() && held.is_same_agent(&info));
         if how == Claiming::Held && held_elsewhere {
             return Ok(());
         }

@@ -40,6 +40,18 @@ impl Claim {
         self.protocol == info.protocol && self.native_id.as_deref() == Some(&info.native_id)
     }
 
+    /// The key's value claiming `agent`'s name for `bridge`.
+    fn value(agent: &AgentInfo, bridge: &str, lasting: bool) -> bytes::Bytes {
+        let claim = Claim {
+            bridge: bridge.to_owned(),
+            protocol: agent.protocol.to_owned(),
+            role: agent.role,
+            native_id: Some(agent.native_id.clone()),
+            lasting,
+        };
+        bytes::Bytes::from(serde_json::to_vec(&claim).unwrap_or_default())
+    }
+
     /// The refusal of a claim on `name`, naming this holder.
     fn taken(self, name: &str) -> NameTaken {
         NameTaken {
@@ -100,16 +112,7 @@ impl FleetClaims {
         rewrite: bool,
     ) -> Result<(), NameTaken> {
         let key = agent_key(&info.name);
-        let claim = |lasting: bool| {
-            let mine = Claim {
-                bridge: self.link.bridge_id.clone(),
-                protocol: info.protocol.to_owned(),
-                role: info.role,
-                native_id: Some(info.native_id.clone()),
-                lasting,
-            };
-            bytes::Bytes::from(serde_json::to_vec(&mine).unwrap_or_default())
-        };
+        let claim = |lasting: bool| Claim::value(info, &self.link.bridge_id, lasting);
         // A registration's claim lasts; so does one an agent the fleet registered moves.
         let fresh = claim(how != Claiming::Held);
         let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
@@ -338,17 +341,15 @@ impl FleetClaims {
                 // that agent's, not to be released.
                 let given_up = (self.directory.get(&info.name))
                     .filter(|held| held.bridge.is_some() && held.online);
-                match claimed {
-                    Ok(()) if given_up.is_some() => {
-                        if let Some(holder) = given_up {
-                            self.hand_key_over(&holder, &info).await;
-                        }
+                match (claimed, given_up) {
+                    (Ok(()), Some(holder)) => self.hand_key_over(&holder, &info).await,
+                    (Ok(()), None) if released => self.release(&info),
+                    (Ok(()), None) => {
+                        drop(self.claimed_alone.remove_if(&info.name, |_, e| still(e)))
                     }
-                    Ok(()) if released => self.release(&info),
-                    Ok(()) => drop(self.claimed_alone.remove_if(&info.name, |_, e| still(e))),
                     // NATS did not answer in time: tried again shortly.
-                    Err(taken) if taken.holder_protocol == BRIDGE_PROTOCOL => {}
-                    Err(taken) => {
+                    (Err(taken), _) if taken.holder_protocol == BRIDGE_PROTOCOL => {}
+                    (Err(taken), _) => {
                         tracing::info!(name = %info.name, holder = %taken, "federation: a name registered here while NATS was away is held by another bridge too; their cards settle it");
                         self.claimed_alone.remove_if(&info.name, |_, e| still(e));
                     }
@@ -356,9 +357,7 @@ impl FleetClaims {
             }
         }
     }
-}
 
-impl FleetClaims {
     /// Writes the key of `holder`'s name (held by another bridge's agent, `holder.bridge`)
     /// as that bridge's, if it still holds this bridge's claim for `loser`: this bridge
     /// gave the name up to `holder` (`clashes`), and its own claim, made while cut off,
@@ -391,14 +390,8 @@ impl FleetClaims {
             if !losers {
                 return;
             }
-            let theirs = Claim {
-                bridge: bridge.clone(),
-                protocol: holder.protocol.to_owned(),
-                role: holder.role,
-                native_id: Some(holder.native_id.clone()),
-                lasting: held.lasting && held.is_for(holder),
-            };
-            let value = bytes::Bytes::from(serde_json::to_vec(&theirs).unwrap_or_default());
+            let lasting = held.lasting && held.is_for(holder);
+            let value = Claim::value(holder, &bridge, lasting);
             match ready.names.update(&key, value, entry.revision).await {
                 Ok(_) => return,
                 Err(e) => {
@@ -412,9 +405,7 @@ impl FleetClaims {
     /// Forgets that `info`'s name was claimed here alone: the fleet settled it on another
     /// bridge's agent (`clashes`), and it is not to be claimed once NATS is back.
     pub fn forget_claimed_alone(&self, info: &AgentInfo) {
-        (self.claimed_alone).remove_if(&info.name, |_, (alone, _)| {
-            alone.native_id == info.native_id && alone.protocol == info.protocol
-        });
+        (self.claimed_alone).remove_if(&info.name, |_, (alone, _)| alone.is_same_agent(info));
     }
 }
 

@@ -95,7 +95,7 @@ impl Clashes {
             self.newest.insert(key, (revision, Err(Instant::now())));
             self.forget_offline();
             // The bucket is to end on the card of the bridge that holds the agent.
-            if here.is_some_and(|here| here.bridge.is_none() && here.online) {
+            if here.is_some_and(|here| here.is_online_here()) {
                 self.cards.keep(&card.name);
             }
             return;
@@ -160,13 +160,9 @@ impl Clashes {
         if (self.own.get(name)).is_some_and(|own| *own > revision) {
             return;
         }
-        let still_here = (self.core.directory.get(name)).filter(|now| {
-            now.bridge.is_none()
-                && now.online
-                && now.protocol == here.protocol
-                && now.native_id == here.native_id
-        });
-        let Some(here) = still_here.filter(|now| clash(now, &there)) else {
+        let still_here = (self.core.directory.get(name))
+            .filter(|now| now.is_same_agent(&here) && clash(now, &there));
+        let Some(here) = still_here else {
             return;
         };
         let this_bridge = self.claims.link.bridge_id.as_str();
@@ -220,11 +216,7 @@ fn clash(here: &AgentInfo, there: &Card) -> bool {
     // agent (a Tracker member's slug), whatever id each bridge knows it by.
     let several =
         here.protocol == there.protocol && registry::online_through_several_bridges(here.protocol);
-    here.bridge.is_none()
-        && here.online
-        && there.online
-        && here.protocol != BRIDGE_PROTOCOL
-        && !several
+    here.is_online_here() && there.online && here.protocol != BRIDGE_PROTOCOL && !several
 }
 
 /// Whether the agent described by `here` (with no connection open, registered at, on the

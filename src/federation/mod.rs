@@ -142,7 +142,7 @@ impl Federation {
         // that changes for an agent online here (a join or leave puts its own).
         let (keeper, directory) = (cards.clone(), core.directory.clone());
         (core.router).on_connections_changed(Arc::new(move |name: &str| {
-            if (directory.get(name)).is_some_and(|a| a.bridge.is_none() && a.online) {
+            if (directory.get(name)).is_some_and(|a| a.is_online_here()) {
                 keeper.keep(name);
             }
         }));

@@ -337,7 +337,7 @@ async fn read_cards_then_put_own(
     let held_online = || {
         let mut names = Vec::new();
         core.directory.for_each(|info| {
-            if info.bridge.is_none() && info.online {
+            if info.is_online_here() {
                 names.push(info.name.clone());
             }
         });
