@@ -10,19 +10,23 @@
 //! recipient cannot slow the others. The session list is an `arc-swap` snapshot, read
 //! without locks on every message and replaced on the rare attach or detach.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+mod kept_mail;
+mod reached;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
-use foldhash::HashSet;
 
 use super::delivery::Delivery;
 use super::directory::{AgentInfo, Directory};
 use super::envelope::{Audience, Envelope, Protocol};
 use super::mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
 use crate::telemetry;
+use kept_mail::HeldBack;
+pub use kept_mail::OfflineSink;
+use reached::Reached;
 
 /// A connected recipient's say in what reaches it.
 pub trait Interest: Send + Sync {
@@ -47,23 +51,6 @@ pub trait Interest: Send + Sync {
 pub struct AddressedOnly;
 impl Interest for AddressedOnly {
     fn can_observe(&self) -> bool {
-        false
-    }
-}
-
-/// Where messages for an agent with no live session go (a callback, a poll queue, a file).
-pub trait OfflineSink: Send + Sync {
-    fn deliver(&self, agent: &str, delivery: &Arc<Delivery>);
-
-    /// Ends once everything `deliver` was given before this call is kept (a sink that
-    /// writes in the background waits for its writer).
-    fn flush(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(std::future::ready(()))
-    }
-
-    /// Whether the protocol keeps messages to everyone for its absent agents too (its
-    /// endpoint does that itself, through its hub; `Router::keep_for` asks).
-    fn keeps_broadcasts(&self) -> bool {
         false
     }
 }
@@ -142,14 +129,8 @@ pub struct Router {
     expiry: std::sync::OnceLock<ExpiryHandler>,
     /// Mail for the agents of bridges gone from the fleet whose missed mail is still being
     /// read (`hold_back_mail_of`), by bridge, in the order it was routed.
-    held_back: Mutex<HeldBack>,
-    /// Whether `held_back` has an entry: routing looks no further when it has none.
-    holding_back: AtomicBool,
+    held_back: HeldBack,
 }
-
-/// Mail held back, by the gone bridge that held its recipients: how many readers of its
-/// missed mail are under way, and (recipient, message) in the order routed.
-type HeldBack = HashMap<String, (usize, Vec<(String, Arc<Delivery>)>)>;
 
 /// What becomes of a message whose ttl ran out in a mailbox of the given protocol.
 pub type ExpiryHandler = Arc<dyn Fn(Arc<Delivery>, Protocol) + Send + Sync>;
@@ -180,8 +161,7 @@ impl Router {
             groups: DashMap::new(),
             mailbox_depth: telemetry::mailbox_depth_histogram(),
             expiry: std::sync::OnceLock::new(),
-            held_back: Mutex::default(),
-            holding_back: AtomicBool::new(false),
+            held_back: HeldBack::default(),
         }
     }
 
@@ -530,128 +510,6 @@ impl Router {
         self.to_sink(&*sink, name, delivery, &earlier, report);
     }
 
-    /// Hands `delivery` to the offline sinks of those of its recipients that are among
-    /// `names`, once each, as if none had a session here: mail another bridge of the fleet
-    /// was to keep and, gone, did not (`federation`). A message to everyone is kept by the
-    /// protocols that keep broadcasts. How many copies were handed on.
-    pub fn keep_for(
-        &self,
-        delivery: &Arc<Delivery>,
-        names: &std::collections::HashSet<String>,
-    ) -> usize {
-        let env = &delivery.envelope;
-        let members;
-        let recipients: Box<dyn Iterator<Item = &str>> = match &env.audience {
-            Audience::Everyone => Box::new(names.iter().map(String::as_str)),
-            Audience::Addressed | Audience::Private => {
-                Box::new(env.to.iter().chain(&env.mentions).map(String::as_str))
-            }
-            Audience::Group(group) => {
-                members = self.members_of(group);
-                Box::new(env.addressees().chain(members.iter().map(String::as_str)))
-            }
-        };
-        let mut kept = HashSet::default();
-        for name in recipients {
-            if name == env.from || !names.contains(name) || kept.contains(name) {
-                continue;
-            }
-            let Some(sink) = self.sink_of(name) else {
-                continue;
-            };
-            if env.audience == Audience::Everyone && !sink.keeps_broadcasts() {
-                continue;
-            }
-            sink.deliver(name, delivery);
-            kept.insert(name);
-        }
-        kept.len()
-    }
-
-    /// Where `name`'s protocol keeps mail for its absent agents, if it does. An agent
-    /// another bridge of the fleet holds has its mail kept there, while that bridge is here.
-    fn sink_of(&self, name: &str) -> Option<Arc<dyn OfflineSink>> {
-        let protocol = self.directory.keeps_mail_of(name)?;
-        self.offline.get(protocol).map(|sink| sink.clone())
-    }
-
-    /// Hands `earlier` and then `delivery` to `sink`, for `name` — or holds them back while
-    /// the missed mail of the gone bridge that held `name` is read.
-    fn to_sink(
-        &self,
-        sink: &dyn OfflineSink,
-        name: &str,
-        delivery: &Arc<Delivery>,
-        earlier: &[Arc<Delivery>],
-        report: &mut RouteReport,
-    ) {
-        report.offline += 1 + earlier.len();
-        // Kept for an agent away: held until it is (`Delivery::held_copy`).
-        let delivery = &delivery.held_copy();
-        if self.holding_back.load(Ordering::Acquire)
-            && let Some(bridge) = self.directory.gone_holder_of(name)
-        {
-            let mut held_back = self.held_back.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((_, held)) = held_back.get_mut(&bridge) {
-                let all = earlier.iter().chain([delivery]);
-                held.extend(all.map(|d| (name.to_owned(), d.clone())));
-                return;
-            }
-            // Released meanwhile: what it held was handed on under the lock, before this.
-        }
-        for left in earlier {
-            sink.deliver(name, left);
-        }
-        sink.deliver(name, delivery);
-    }
-
-    /// Keeps `delivery` for `name`, an agent with no session here, where its protocol keeps
-    /// mail (as `route` does). For an endpoint that keeps some mail itself (a hub's).
-    pub fn keep_offline(&self, name: &str, delivery: &Arc<Delivery>) {
-        if let Some(sink) = self.sink_of(name) {
-            self.to_sink(&*sink, name, delivery, &[], &mut RouteReport::default());
-        }
-    }
-
-    /// From now until `release_mail_of(bridge)`, mail kept for the agents `bridge` held
-    /// waits: what it missed is read first, so that a sender's messages are kept in the
-    /// order sent (`federation`'s missed mail).
-    pub fn hold_back_mail_of(&self, bridge: &str) {
-        let mut held_back = self.held_back.lock().unwrap_or_else(|e| e.into_inner());
-        held_back.entry(bridge.to_owned()).or_default().0 += 1;
-        self.holding_back.store(true, Ordering::Release);
-    }
-
-    /// Whether mail for the agents `bridge` held is held back now.
-    pub fn holds_back_mail_of(&self, bridge: &str) -> bool {
-        self.holding_back.load(Ordering::Acquire)
-            && (self.held_back.lock().unwrap_or_else(|e| e.into_inner())).contains_key(bridge)
-    }
-
-    /// Keeps what was held back for `bridge`'s agents, in the order it was routed, once
-    /// every `hold_back_mail_of(bridge)` is released; from then on their mail is kept as
-    /// it is routed. How much was held back (0 while another hold remains).
-    pub fn release_mail_of(&self, bridge: &str) -> usize {
-        let mut held_back = self.held_back.lock().unwrap_or_else(|e| e.into_inner());
-        match held_back.get_mut(bridge) {
-            Some((holds, _)) if *holds > 1 => {
-                *holds -= 1;
-                return 0;
-            }
-            _ => {}
-        }
-        let (_, held) = held_back.remove(bridge).unwrap_or_default();
-        self.holding_back
-            .store(!held_back.is_empty(), Ordering::Release);
-        // Under the lock: mail routed meanwhile waits for this, and is kept after it.
-        for (name, delivery) in &held {
-            if let Some(sink) = self.sink_of(name) {
-                sink.deliver(name, delivery);
-            }
-        }
-        held.len()
-    }
-
     /// Gives `delivery` to `session`, once; counts what the mailbox's policy dropped.
     fn push(
         &self,
@@ -713,59 +571,6 @@ enum Offer {
     Overflowed,
     /// Its mailbox was closed already: its connection is ending.
     Closed,
-}
-
-/// Sessions (and offline agents) a message has been given to. Fan-outs are usually small:
-/// the first few ids live inline, a scan beats hashing until the list grows, and nothing
-/// is allocated for the common one-to-a-few message.
-#[derive(Default)]
-struct Reached {
-    inline: [u64; Reached::INLINE],
-    len: usize,
-    spilled: Option<HashSet<u64>>,
-    offline: Vec<String>,
-    offline_seen: HashSet<String>,
-}
-
-impl Reached {
-    const INLINE: usize = 32;
-
-    fn contains(&self, id: u64) -> bool {
-        match &self.spilled {
-            Some(set) => set.contains(&id),
-            None => self.inline[..self.len].contains(&id),
-        }
-    }
-
-    /// Records `id`; false when it was there already.
-    fn insert(&mut self, id: u64) -> bool {
-        if let Some(set) = &mut self.spilled {
-            return set.insert(id);
-        }
-        if self.inline[..self.len].contains(&id) {
-            return false;
-        }
-        if self.len < Self::INLINE {
-            self.inline[self.len] = id;
-            self.len += 1;
-        } else {
-            let mut set = HashSet::with_capacity_and_hasher(Self::INLINE * 4, Default::default());
-            set.extend(self.inline);
-            set.insert(id);
-            self.spilled = Some(set);
-        }
-        true
-    }
-
-    /// Records an agent reached offline; false when it was already. Linear in the names
-    /// of a long fan-out (a group, a message naming many), not quadratic.
-    fn insert_name(&mut self, name: &str) -> bool {
-        crate::shared::each_once::push_once(
-            &mut self.offline,
-            &mut self.offline_seen,
-            name.to_owned(),
-        )
-    }
 }
 
 #[cfg(test)]
@@ -918,7 +723,7 @@ mod tests {
 
     /// An offline sink that keeps what it is given: the agent, and the message's id.
     #[derive(Default)]
-    struct KeptSink(Mutex<Vec<(String, String)>>);
+    struct KeptSink(std::sync::Mutex<Vec<(String, String)>>);
 
     impl OfflineSink for KeptSink {
         fn deliver(&self, agent: &str, delivery: &Arc<Delivery>) {
