@@ -34,9 +34,9 @@ pub use log::{LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
 pub use mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
 pub use moves::{MoveClaim, MovedHere, Moves, wait_while};
 pub use records::{
-    ApplyError, Expect, HandOver, LATE_COPY_WINDOW, Record, RecordChange, RecordError,
-    RecordFuture, RecordSink, Revision, SharedRecords, TAKE_AGAIN_AFTER, TakenEach, TakenMail,
-    Tried, sink, take_each, unless_lost, until_not_lost,
+    ApplyError, Expect, FAILED_APPLIED_AGAIN_EVERY, HandOver, LATE_COPY_WINDOW, Record,
+    RecordChange, RecordError, RecordFuture, RecordSink, Revision, SharedRecords, TAKE_AGAIN_AFTER,
+    TakenEach, TakenMail, Tried, sink, take_each, unless_lost, until_not_lost,
 };
 pub use router::{AddressedOnly, Interest, OfflineSink, RouteReport, Router, Session};
 use sent_on_arrival::Arrivals;

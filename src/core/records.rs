@@ -208,7 +208,20 @@ pub struct RecordChange {
 /// applying must be idempotent by revision.
 pub trait RecordSink: Send + Sync {
     fn apply(&self, change: RecordChange) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+
+    /// Tries again, once each, the changes whose apply kept failing for a moment and that no
+    /// later change of their record has replaced. Whoever calls `apply` calls this every
+    /// `FAILED_APPLIED_AGAIN_EVERY`, never at the same time as `apply`.
+    fn apply_failed_again(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(std::future::ready(()))
+    }
 }
+
+/// How often changes whose apply kept failing for a moment are tried again
+/// (`RecordSink::apply_failed_again`): a store that failed for longer than `apply`'s own
+/// tries (a disk full until space is freed) takes them once it is back, rather than at the
+/// record's next change or the bridge's next start.
+pub const FAILED_APPLIED_AGAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Why a change could not be applied, and whether trying it again may do: a store that
 /// failed for a moment (I/O, a disk full until space was freed) may take it on a later
@@ -225,8 +238,9 @@ const APPLY_TRIES: u32 = 4;
 const APPLY_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The sink that applies each change with `apply` on `owner` (an endpoint) while it lives,
-/// tries a change that failed for a moment again (`APPLY_TRIES`), and logs one it could
-/// not apply as one of `what`.
+/// tries a change that failed for a moment again (`APPLY_TRIES`, then every
+/// `FAILED_APPLIED_AGAIN_EVERY` until a later change of its record comes), and logs one it
+/// could not apply as one of `what`.
 pub fn sink<T, F, Fut, E>(owner: &Arc<T>, what: &'static str, apply: F) -> Arc<dyn RecordSink>
 where
     T: Send + Sync + 'static,
@@ -238,6 +252,7 @@ where
         owner: Arc::downgrade(owner),
         what,
         apply,
+        failed: std::sync::Mutex::default(),
     })
 }
 
@@ -245,6 +260,32 @@ struct ApplyWith<T, F> {
     owner: std::sync::Weak<T>,
     what: &'static str,
     apply: F,
+    /// The last change of each record whose apply kept failing for a moment, by key: tried
+    /// again by `apply_failed_again`, and dropped once a later change of the record comes
+    /// (which an older one applied after it could undo: a removal is not by revision).
+    failed: std::sync::Mutex<std::collections::HashMap<String, RecordChange>>,
+}
+
+impl<T, F, Fut, E> ApplyWith<T, F>
+where
+    T: Send + Sync + 'static,
+    F: Fn(Arc<T>, RecordChange) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: ApplyError,
+{
+    fn failed(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, RecordChange>> {
+        self.failed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies `change` once: `Ok`, or the failure and whether it is worth trying again.
+    /// `None` once the owner is gone.
+    async fn apply_once(&self, change: &RecordChange) -> Option<Result<(), (String, bool)>> {
+        let owner = self.owner.upgrade()?;
+        Some(match (self.apply)(owner, change.clone()).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err((e.to_string(), e.worth_trying_again())),
+        })
+    }
 }
 
 impl<T, F, Fut, E> RecordSink for ApplyWith<T, F>
@@ -256,23 +297,46 @@ where
 {
     fn apply(&self, change: RecordChange) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
+            self.failed().remove(&change.key);
             let mut pause = APPLY_AGAIN_AFTER;
             for tried in 1..=APPLY_TRIES {
-                let Some(owner) = self.owner.upgrade() else {
-                    return;
-                };
                 let key = &change.key;
-                let (failed, again) = match (self.apply)(owner, change.clone()).await {
-                    Ok(()) => return,
-                    Err(e) => (e.to_string(), e.worth_trying_again()),
+                let (failed, again) = match self.apply_once(&change).await {
+                    None | Some(Ok(())) => return,
+                    Some(Err(failed)) => failed,
                 };
-                if tried == APPLY_TRIES || !again {
+                if !again {
                     tracing::error!(error = failed, %key, "cannot apply a shared {}", self.what);
+                    return;
+                }
+                if tried == APPLY_TRIES {
+                    tracing::error!(error = failed, %key, "cannot apply a shared {} yet; it is tried again every {:?}", self.what, FAILED_APPLIED_AGAIN_EVERY);
+                    self.failed().insert(change.key.clone(), change);
                     return;
                 }
                 tracing::warn!(error = failed, %key, "applying a shared {} again", self.what);
                 tokio::time::sleep(pause).await;
                 pause *= 2;
+            }
+        })
+    }
+
+    fn apply_failed_again(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            let waiting = std::mem::take(&mut *self.failed());
+            for (key, change) in waiting {
+                match self.apply_once(&change).await {
+                    None => return,
+                    Some(Ok(())) => {
+                        tracing::info!(%key, "applied a shared {} at last", self.what);
+                    }
+                    Some(Err((failed, again))) => {
+                        tracing::debug!(error = failed, %key, "cannot apply a shared {} yet", self.what);
+                        if again {
+                            self.failed().insert(key, change);
+                        }
+                    }
+                }
             }
         })
     }
@@ -388,6 +452,7 @@ mod tests {
     struct Flaky {
         failing: u32,
         tried: AtomicU32,
+        applied: std::sync::Mutex<Vec<Revision>>,
     }
 
     fn change() -> RecordChange {
@@ -414,18 +479,30 @@ mod tests {
         }
     }
 
-    async fn tries_of(failing: u32) -> u32 {
+    /// A sink whose store fails its first `failing` applies, and the revisions it applied.
+    fn flaky_sink(failing: u32) -> (Arc<Flaky>, Arc<dyn RecordSink>) {
         let owner = Arc::new(Flaky {
             failing,
             tried: AtomicU32::new(0),
+            applied: std::sync::Mutex::default(),
         });
-        let sink = sink(&owner, "thing", |flaky: Arc<Flaky>, _| async move {
-            let tried = flaky.tried.fetch_add(1, Ordering::Relaxed) + 1;
-            match tried > flaky.failing {
-                true => Ok(()),
-                false => Err(Failed("the disk is full", true)),
-            }
-        });
+        let sink = sink(
+            &owner,
+            "thing",
+            |flaky: Arc<Flaky>, change: RecordChange| async move {
+                let tried = flaky.tried.fetch_add(1, Ordering::Relaxed) + 1;
+                if tried <= flaky.failing {
+                    return Err(Failed("the disk is full", true));
+                }
+                flaky.applied.lock().unwrap().push(change.revision);
+                Ok(())
+            },
+        );
+        (owner, sink)
+    }
+
+    async fn tries_of(failing: u32) -> u32 {
+        let (owner, sink) = flaky_sink(failing);
         sink.apply(change()).await;
         owner.tried.load(Ordering::Relaxed)
     }
@@ -437,8 +514,36 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_change_that_keeps_failing_is_given_up() {
+    async fn a_change_that_keeps_failing_is_put_aside_after_its_tries() {
         assert_eq!(tries_of(u32::MAX).await, APPLY_TRIES);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_put_aside_is_applied_once_the_store_takes_it() {
+        let (owner, sink) = flaky_sink(APPLY_TRIES + 1);
+        sink.apply(change()).await;
+        sink.apply_failed_again().await;
+        assert_eq!(owner.tried.load(Ordering::Relaxed), APPLY_TRIES + 1);
+        assert!(owner.applied.lock().unwrap().is_empty());
+        sink.apply_failed_again().await;
+        assert_eq!(*owner.applied.lock().unwrap(), [1]);
+        // Applied: not tried again.
+        sink.apply_failed_again().await;
+        assert_eq!(owner.tried.load(Ordering::Relaxed), APPLY_TRIES + 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_put_aside_is_dropped_for_a_later_change_of_its_record() {
+        let (owner, sink) = flaky_sink(APPLY_TRIES);
+        sink.apply(change()).await;
+        let later = RecordChange {
+            revision: 2,
+            ..change()
+        };
+        sink.apply(later).await;
+        sink.apply_failed_again().await;
+        assert_eq!(*owner.applied.lock().unwrap(), [2]);
+        assert_eq!(owner.tried.load(Ordering::Relaxed), APPLY_TRIES + 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -446,12 +551,14 @@ mod tests {
         let owner = Arc::new(Flaky {
             failing: u32::MAX,
             tried: AtomicU32::new(0),
+            applied: std::sync::Mutex::default(),
         });
         let sink = sink(&owner, "thing", |flaky: Arc<Flaky>, _| async move {
             flaky.tried.fetch_add(1, Ordering::Relaxed);
             Err::<(), _>(Failed("not a record this bridge can read", false))
         });
         sink.apply(change()).await;
+        sink.apply_failed_again().await;
         assert_eq!(owner.tried.load(Ordering::Relaxed), 1);
     }
 }

@@ -17,7 +17,8 @@ use super::bucket_watch::{self, BucketWatch};
 use super::link::{NatsLink, lost_race, still_in_process};
 use super::record_positions::RecordPositions;
 use crate::core::{
-    Expect, Record, RecordChange, RecordError, RecordFuture, RecordSink, Revision, SharedRecords,
+    Expect, FAILED_APPLIED_AGAIN_EVERY, Record, RecordChange, RecordError, RecordFuture,
+    RecordSink, Revision, SharedRecords,
 };
 
 /// How long a watch that failed waits before it starts again.
@@ -559,7 +560,22 @@ async fn follow_once(
         bucket_watch::CHECKED_EVERY,
         "records",
     );
-    while let Some(entry) = watch.next().await {
+    // Changes whose apply kept failing are tried again between the watch's entries
+    // (`BucketWatch::next` is cancel-safe), never beside an apply.
+    let mut apply_failed = tokio::time::interval(FAILED_APPLIED_AGAIN_EVERY);
+    apply_failed.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    apply_failed.reset();
+    loop {
+        let entry = tokio::select! {
+            entry = watch.next() => entry,
+            _ = apply_failed.tick() => {
+                sink.apply_failed_again().await;
+                continue;
+            }
+        };
+        let Some(entry) = entry else {
+            return;
+        };
         let Some(key) = record_key(table, &entry.key) else {
             continue;
         };
