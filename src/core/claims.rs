@@ -42,6 +42,16 @@ pub trait NameClaims: Send + Sync {
     /// `release` does.
     fn give_up<'a>(&'a self, agent: &'a AgentInfo)
     -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+    /// Writes the claim of `holder`'s name as its bridge's (`holder.bridge`), if it is still
+    /// this bridge's claim for `loser`: the name is `holder`'s, held there, and this
+    /// bridge's claim of it was not to stand (a clash settled on the other, or a move that
+    /// did not complete). Tried for as long as a claim waits.
+    fn hand_over<'a>(
+        &'a self,
+        holder: &'a AgentInfo,
+        loser: &'a AgentInfo,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 }
 
 /// Claims of one name on this bridge, one at a time: each is settled (its agent
@@ -86,13 +96,15 @@ impl Drop for NameLock {
 /// the directory does not hold the name here (another bridge's agent holds it, or the
 /// caller went away mid-claim), the claim is given up before the next claim of the name
 /// starts: the fleet never keeps a name for this bridge that no agent here holds, which
-/// would refuse it on every other bridge. A name moved here is still the same agent's,
-/// and kept.
+/// would refuse it on every other bridge. A registration moved here is still the same
+/// agent's, and kept; a held agent's name claimed from the bridge that holds it
+/// (`hand_back_to`) goes back to that bridge.
 pub struct Claimed {
     claims: Arc<dyn NameClaims>,
     directory: Arc<Directory>,
     info: AgentInfo,
     how: Claiming,
+    hand_back_to: Option<String>,
     lock: Option<NameLock>,
 }
 
@@ -103,8 +115,18 @@ impl Drop for Claimed {
             return;
         }
         let (claims, info, lock) = (self.claims.clone(), self.info.clone(), self.lock.take());
+        let hand_back_to = self.hand_back_to.take();
         tokio::spawn(async move {
-            claims.give_up(&info).await;
+            match hand_back_to {
+                Some(bridge) => {
+                    let holder = AgentInfo {
+                        bridge: Some(bridge),
+                        ..info.clone()
+                    };
+                    claims.hand_over(&holder, &info).await;
+                }
+                None => claims.give_up(&info).await,
+            }
             drop(lock);
         });
     }
@@ -113,14 +135,15 @@ impl Drop for Claimed {
 /// Claims `info.name` through `claims` as `how` allows, once the directory here would
 /// register it, in a task of its own: a caller dropped mid-claim (its client went away
 /// while NATS was slow to answer) does not stop it half-way, with the name perhaps claimed
-/// in NATS; what it claimed is given up once it settles (`Claimed`, dropped unread with
-/// the channel).
+/// in NATS; what it claimed is given up, or handed back to `hand_back_to`, once it settles
+/// (`Claimed`, dropped unread with the channel).
 pub async fn claim_to_the_end(
     locks: &Arc<ClaimLocks>,
     claims: &Arc<dyn NameClaims>,
     directory: &Arc<Directory>,
     info: &AgentInfo,
     how: Claiming,
+    hand_back_to: Option<String>,
 ) -> Result<Claimed, NameTaken> {
     let (locks, claims, directory) = (locks.clone(), claims.clone(), directory.clone());
     let info = info.clone();
@@ -137,6 +160,7 @@ pub async fn claim_to_the_end(
             directory,
             info,
             how,
+            hand_back_to,
             lock: Some(lock),
         });
         let _ = answer.send(claimed);
@@ -144,4 +168,108 @@ pub async fn claim_to_the_end(
     answered
         .await
         .unwrap_or_else(|_| Err(NameTaken::unsettled(&name)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use tokio::sync::Notify;
+
+    /// Claims that land once `land` is notified, and what became of them afterwards.
+    #[derive(Default)]
+    struct SlowClaims {
+        started: Notify,
+        land: Notify,
+        after: Mutex<Vec<String>>,
+    }
+
+    impl SlowClaims {
+        fn note(&self, what: String) {
+            self.after.lock().unwrap().push(what);
+        }
+
+        /// What became of the claims, once something did (within a bound).
+        async fn settled(&self) -> Vec<String> {
+            for _ in 0..500 {
+                let after = self.after.lock().unwrap().clone();
+                if !after.is_empty() {
+                    return after;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            Vec::new()
+        }
+    }
+
+    impl NameClaims for SlowClaims {
+        fn claim<'a>(&'a self, _: &'a AgentInfo, _: Claiming) -> ClaimFuture<'a> {
+            Box::pin(async move {
+                self.started.notify_one();
+                self.land.notified().await;
+                Ok(())
+            })
+        }
+
+        fn release(&self, agent: &AgentInfo) {
+            self.note(format!("released {}", agent.name));
+        }
+
+        fn give_up<'a>(
+            &'a self,
+            agent: &'a AgentInfo,
+        ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+            Box::pin(async move { self.note(format!("gave up {}", agent.name)) })
+        }
+
+        fn hand_over<'a>(
+            &'a self,
+            holder: &'a AgentInfo,
+            _: &'a AgentInfo,
+        ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+            let to = holder.bridge.clone().unwrap_or_default();
+            Box::pin(async move { self.note(format!("handed {} to {to}", holder.name)) })
+        }
+    }
+
+    /// Claims `mover`, which bridge b0 holds, for this bridge, and drops the caller while
+    /// the claim waits; then lets the claim land. What became of it.
+    async fn claim_dropped_mid_way(hand_back_to: Option<String>) -> Vec<String> {
+        let claims = Arc::new(SlowClaims::default());
+        let directory = Arc::new(Directory::new());
+        let mut held = AgentInfo::new("mover", "synapse", "mover");
+        held.bridge = Some("b0".into());
+        directory.register_replica(held.clone());
+        let info = AgentInfo {
+            bridge: None,
+            ..held
+        };
+        let claiming = tokio::spawn({
+            let (claims, directory) = (claims.clone() as Arc<dyn NameClaims>, directory.clone());
+            async move {
+                let locks = Arc::default();
+                let how = Claiming::Held;
+                claim_to_the_end(&locks, &claims, &directory, &info, how, hand_back_to)
+                    .await
+                    .map(drop)
+            }
+        });
+        claims.started.notified().await;
+        claiming.abort();
+        assert!(claiming.await.unwrap_err().is_cancelled());
+        claims.land.notify_one();
+        claims.settled().await
+    }
+
+    #[tokio::test]
+    async fn a_name_taken_from_its_holder_for_a_caller_gone_mid_claim_goes_back_to_it() {
+        let after = claim_dropped_mid_way(Some("b0".into())).await;
+        assert_eq!(after, ["handed mover to b0"]);
+    }
+
+    #[tokio::test]
+    async fn a_name_claimed_for_a_caller_gone_mid_claim_is_given_up() {
+        let after = claim_dropped_mid_way(None).await;
+        assert_eq!(after, ["gave up mover"]);
+    }
 }

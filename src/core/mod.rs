@@ -290,7 +290,8 @@ impl Core {
             return self.directory.register(info);
         };
         let locks = &self.claim_locks;
-        let claimed = claims::claim_to_the_end(locks, claims, &self.directory, &info, how).await?;
+        let claimed =
+            claims::claim_to_the_end(locks, claims, &self.directory, &info, how, None).await?;
         let registered = self.directory.register(info);
         // Given up unless the directory holds the name here now.
         drop(claimed);

@@ -12,17 +12,21 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 
 use super::Core;
-use super::claims::Claiming;
+use super::claims::{self, Claimed, Claiming};
 use super::directory::{AgentInfo, NameTaken};
 use super::records::HandOver;
 use crate::telemetry;
 
 /// An agent's name claimed for this bridge as it connects here, from the bridge that held
-/// it (`Core::claim_move`).
+/// it (`Core::claim_move`). Dropped before its move completed (`Core::complete_move`), the
+/// name's claim goes back to that bridge, which holds the agent still.
 pub struct MoveClaim {
     info: AgentInfo,
     /// The bridge that held it.
     pub from: String,
+    /// The claim in the fleet, and the right to claim the name here, until the move
+    /// completes; none for a bridge alone.
+    claimed: Option<Claimed>,
 }
 
 /// How long a connection of an agent that moved here waits before it takes its mail
@@ -122,15 +126,11 @@ impl Core {
     /// shows it held by another bridge of the fleet (it was connected there, and is not
     /// now): the name's claim comes here (refused while the agent is online through that
     /// bridge). The directory moves it once the connection is attached (`complete_move`),
-    /// so that no message routed meanwhile is kept here as mail as well as there.
+    /// so that no message routed meanwhile is kept here as mail as well as there. The
+    /// claim runs to its end whether or not its caller waits (`claims::claim_to_the_end`),
+    /// one claim of the name at a time here, as for a registration (`ClaimLocks`).
     pub async fn claim_move(&self, name: &str) -> Result<Option<MoveClaim>, NameTaken> {
         self.leave_arrived(name).await;
-        let claims = self.claims.get();
-        // One claim of the name at a time here, as for a registration (`ClaimLocks`).
-        let _lock = match claims {
-            Some(_) => Some(self.claim_locks.lock(name).await),
-            None => None,
-        };
         let Some(mut info) = self.directory.get(name) else {
             return Ok(None);
         };
@@ -138,10 +138,34 @@ impl Core {
             return Ok(None);
         };
         self.directory.check_claim(&info)?;
-        if let Some(claims) = claims {
-            claims.claim(&info, Claiming::Held).await?;
+        let Some(claims) = self.claims.get() else {
+            return Ok(Some(MoveClaim {
+                info,
+                from,
+                claimed: None,
+            }));
+        };
+        let (locks, directory) = (&self.claim_locks, &self.directory);
+        let hand_back_to = Some(from.clone());
+        let claimed = claims::claim_to_the_end(
+            locks,
+            claims,
+            directory,
+            &info,
+            Claiming::Held,
+            hand_back_to,
+        )
+        .await?;
+        // Another connection of the agent moved it here while this one waited for the
+        // name: nothing is left to move.
+        if (self.directory.get(name)).is_some_and(|now| now.bridge.is_none()) {
+            return Ok(None);
         }
-        Ok(Some(MoveClaim { info, from }))
+        Ok(Some(MoveClaim {
+            info,
+            from,
+            claimed: Some(claimed),
+        }))
     }
 
     /// Gives the name `loser`, an agent of this bridge, holds to `winner`, the agent another
@@ -174,10 +198,13 @@ impl Core {
     }
 
     /// Holds the agent `claim` moved here, its connection attached: every bridge sends it
-    /// live here from its join on, and none other keeps its mail.
-    pub fn complete_move(&self, claim: &MoveClaim) -> Result<(), NameTaken> {
+    /// live here from its join on, and none other keeps its mail. Refused (the agent is
+    /// online through another bridge since), the claim goes back once `claim` is dropped.
+    pub fn complete_move(&self, claim: &mut MoveClaim) -> Result<(), NameTaken> {
         self.directory.register(claim.info.clone())?;
         self.moves.moved(&claim.info.name, &claim.from);
+        // Held here: the claim stands, and the next claim of the name may start.
+        claim.claimed = None;
         Ok(())
     }
 

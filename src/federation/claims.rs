@@ -269,6 +269,18 @@ impl NameClaims for FleetClaims {
         })
     }
 
+    fn hand_over<'a>(
+        &'a self,
+        holder: &'a AgentInfo,
+        loser: &'a AgentInfo,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        Box::pin(async move {
+            // Claimed here alone (NATS was away): not to be claimed once NATS is back.
+            self.forget_claimed_alone(loser);
+            self.hand_key_over(holder, loser).await
+        })
+    }
+
     /// Gives the name up in the background, again until NATS takes it (a release lost while
     /// NATS is away would leave a lasting claim held for good).
     fn release(&self, agent: &AgentInfo) {

@@ -335,7 +335,7 @@ impl WsSession for Connection {
 impl Connection {
     /// Connects the program; it ends when it cannot be (its name is another protocol's).
     async fn identify(&mut self, io: &mut Io<Sent>, party: Party) -> Flow {
-        let moving = match self.grid.hold_program(&party.agent).await {
+        let mut moving = match self.grid.hold_program(&party.agent).await {
             Ok(moving) => moving,
             Err(refusal) => return self.name_taken(io, party, refusal).await,
         };
@@ -358,7 +358,7 @@ impl Connection {
                 presence: self.presence,
             }),
         );
-        if let Some(claim) = &moving
+        if let Some(claim) = &mut moving
             && let Err(taken) = self.grid.core.complete_move(claim)
         {
             // Online through another bridge since its claim came here: what was routed

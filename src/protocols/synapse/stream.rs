@@ -42,7 +42,7 @@ impl Synapse {
         kind: StreamKind,
     ) -> Result<OpenStream, Status> {
         let taken = |taken: crate::core::NameTaken| Status::already_exists(taken.to_string());
-        let moving = match kind {
+        let mut moving = match kind {
             StreamKind::Messages => self.core.claim_move(agent).await.map_err(taken)?,
             StreamKind::Groups => None,
         };
@@ -56,7 +56,7 @@ impl Synapse {
                 synapse: Arc::downgrade(self),
             }),
         );
-        if let Some(claim) = &moving
+        if let Some(claim) = &mut moving
             && let Err(refused) = self.core.complete_move(claim)
         {
             // Online through another bridge since its claim came here: what was routed
