@@ -209,15 +209,25 @@ pub struct RecordChange {
 pub trait RecordSink: Send + Sync {
     fn apply(&self, change: RecordChange) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 
-    /// Tries again, once each, the changes whose apply kept failing for a moment and that no
-    /// later change of their record has replaced. Whoever calls `apply` calls this every
-    /// `FAILED_APPLIED_AGAIN_EVERY`, never at the same time as `apply`.
-    fn apply_failed_again(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+    /// Applies again, as `current` reads them from the fleet now, the records whose last
+    /// change's apply kept failing for a moment, once each, until one fails again (the
+    /// store is not back yet). From the fleet's current record rather than the change that
+    /// failed: this bridge may have applied a later one itself, as its writer. Whoever calls
+    /// `apply` calls this every `FAILED_APPLIED_AGAIN_EVERY`, never at the same time.
+    fn apply_failed_again<'a>(
+        &'a self,
+        _current: CurrentRecord<'a>,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
         Box::pin(std::future::ready(()))
     }
 }
 
-/// How often changes whose apply kept failing for a moment are tried again
+/// Reads a record of the table a sink applies as the fleet holds it now, as a change to
+/// apply (`RecordSink::apply_failed_again`): `None` when the fleet holds nothing of it.
+pub type CurrentRecord<'a> =
+    &'a (dyn Fn(String) -> RecordFuture<'static, Option<RecordChange>> + Send + Sync);
+
+/// How often records whose last change's apply kept failing for a moment are applied again
 /// (`RecordSink::apply_failed_again`): a store that failed for longer than `apply`'s own
 /// tries (a disk full until space is freed) takes them once it is back, rather than at the
 /// record's next change or the bridge's next start.
@@ -238,9 +248,9 @@ const APPLY_TRIES: u32 = 4;
 const APPLY_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The sink that applies each change with `apply` on `owner` (an endpoint) while it lives,
-/// tries a change that failed for a moment again (`APPLY_TRIES`, then every
-/// `FAILED_APPLIED_AGAIN_EVERY` until a later change of its record comes), and logs one it
-/// could not apply as one of `what`.
+/// tries a change that failed for a moment again (`APPLY_TRIES`, then its record every
+/// `FAILED_APPLIED_AGAIN_EVERY` until it applies), and logs one it could not apply as one
+/// of `what`.
 pub fn sink<T, F, Fut, E>(owner: &Arc<T>, what: &'static str, apply: F) -> Arc<dyn RecordSink>
 where
     T: Send + Sync + 'static,
@@ -260,10 +270,9 @@ struct ApplyWith<T, F> {
     owner: std::sync::Weak<T>,
     what: &'static str,
     apply: F,
-    /// The last change of each record whose apply kept failing for a moment, by key: tried
-    /// again by `apply_failed_again`, and dropped once a later change of the record comes
-    /// (which an older one applied after it could undo: a removal is not by revision).
-    failed: std::sync::Mutex<std::collections::HashMap<String, RecordChange>>,
+    /// The records whose last change's apply kept failing for a moment, by key: applied
+    /// again by `apply_failed_again`, or by their next change.
+    failed: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl<T, F, Fut, E> ApplyWith<T, F>
@@ -273,7 +282,7 @@ where
     Fut: Future<Output = Result<(), E>> + Send + 'static,
     E: ApplyError,
 {
-    fn failed(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, RecordChange>> {
+    fn failed(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<String>> {
         self.failed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -297,21 +306,29 @@ where
 {
     fn apply(&self, change: RecordChange) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
-            self.failed().remove(&change.key);
+            let key = &change.key;
+            // Put aside before: tried once, the store most likely not back yet.
+            let put_aside = self.failed().remove(key);
+            let tries = if put_aside { 1 } else { APPLY_TRIES };
             let mut pause = APPLY_AGAIN_AFTER;
-            for tried in 1..=APPLY_TRIES {
-                let key = &change.key;
+            for tried in 1..=tries {
                 let (failed, again) = match self.apply_once(&change).await {
-                    None | Some(Ok(())) => return,
+                    None => return,
+                    Some(Ok(())) if put_aside => {
+                        return tracing::info!(%key, "applied a shared {} at last", self.what);
+                    }
+                    Some(Ok(())) => return,
                     Some(Err(failed)) => failed,
                 };
                 if !again {
                     tracing::error!(error = failed, %key, "cannot apply a shared {}", self.what);
                     return;
                 }
-                if tried == APPLY_TRIES {
-                    tracing::error!(error = failed, %key, "cannot apply a shared {} yet; it is tried again every {:?}", self.what, FAILED_APPLIED_AGAIN_EVERY);
-                    self.failed().insert(change.key.clone(), change);
+                if tried == tries {
+                    if !put_aside {
+                        tracing::error!(error = failed, %key, "cannot apply a shared {} yet; it is tried again every {:?}", self.what, FAILED_APPLIED_AGAIN_EVERY);
+                    }
+                    self.failed().insert(key.clone());
                     return;
                 }
                 tracing::warn!(error = failed, %key, "applying a shared {} again", self.what);
@@ -321,21 +338,22 @@ where
         })
     }
 
-    fn apply_failed_again(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+    fn apply_failed_again<'a>(
+        &'a self,
+        current: CurrentRecord<'a>,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
         Box::pin(async move {
-            let waiting = std::mem::take(&mut *self.failed());
-            for (key, change) in waiting {
-                match self.apply_once(&change).await {
-                    None => return,
-                    Some(Ok(())) => {
-                        tracing::info!(%key, "applied a shared {} at last", self.what);
-                    }
-                    Some(Err((failed, again))) => {
-                        tracing::debug!(error = failed, %key, "cannot apply a shared {} yet", self.what);
-                        if again {
-                            self.failed().insert(key, change);
-                        }
-                    }
+            let put_aside: Vec<String> = self.failed().iter().cloned().collect();
+            for key in put_aside {
+                match current(key.clone()).await {
+                    Ok(Some(change)) => self.apply(change).await,
+                    // Nothing of it left in the fleet to apply.
+                    Ok(None) => drop(self.failed().remove(&key)),
+                    // The fleet did not answer: the next time.
+                    Err(_) => return,
+                }
+                if self.failed().contains(&key) {
+                    return;
                 }
             }
         })
@@ -518,22 +536,37 @@ mod tests {
         assert_eq!(tries_of(u32::MAX).await, APPLY_TRIES);
     }
 
+    /// The fleet's records: each key's current change is at `revision`.
+    fn fleet_at(
+        revision: Revision,
+    ) -> impl Fn(String) -> RecordFuture<'static, Option<RecordChange>> {
+        move |key: String| {
+            let change = RecordChange {
+                key,
+                revision,
+                ..change()
+            };
+            Box::pin(std::future::ready(Ok(Some(change))))
+        }
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_change_put_aside_is_applied_once_the_store_takes_it() {
+    async fn a_record_put_aside_is_applied_as_the_fleet_holds_it_once_the_store_takes_it() {
         let (owner, sink) = flaky_sink(APPLY_TRIES + 1);
         sink.apply(change()).await;
-        sink.apply_failed_again().await;
+        // Once each time: the store is not back yet.
+        sink.apply_failed_again(&fleet_at(2)).await;
         assert_eq!(owner.tried.load(Ordering::Relaxed), APPLY_TRIES + 1);
         assert!(owner.applied.lock().unwrap().is_empty());
-        sink.apply_failed_again().await;
-        assert_eq!(*owner.applied.lock().unwrap(), [1]);
+        sink.apply_failed_again(&fleet_at(3)).await;
+        assert_eq!(*owner.applied.lock().unwrap(), [3]);
         // Applied: not tried again.
-        sink.apply_failed_again().await;
+        sink.apply_failed_again(&fleet_at(4)).await;
         assert_eq!(owner.tried.load(Ordering::Relaxed), APPLY_TRIES + 2);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_change_put_aside_is_dropped_for_a_later_change_of_its_record() {
+    async fn a_record_put_aside_and_changed_since_is_not_applied_again() {
         let (owner, sink) = flaky_sink(APPLY_TRIES);
         sink.apply(change()).await;
         let later = RecordChange {
@@ -541,9 +574,23 @@ mod tests {
             ..change()
         };
         sink.apply(later).await;
-        sink.apply_failed_again().await;
+        sink.apply_failed_again(&fleet_at(2)).await;
         assert_eq!(*owner.applied.lock().unwrap(), [2]);
         assert_eq!(owner.tried.load(Ordering::Relaxed), APPLY_TRIES + 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn records_put_aside_wait_while_the_store_still_fails() {
+        let (owner, sink) = flaky_sink(u32::MAX);
+        for key in ["a", "b", "c"] {
+            let change = RecordChange {
+                key: key.into(),
+                ..change()
+            };
+            sink.apply(change).await;
+        }
+        sink.apply_failed_again(&fleet_at(2)).await;
+        assert_eq!(owner.tried.load(Ordering::Relaxed), 3 * APPLY_TRIES + 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -558,7 +605,7 @@ mod tests {
             Err::<(), _>(Failed("not a record this bridge can read", false))
         });
         sink.apply(change()).await;
-        sink.apply_failed_again().await;
+        sink.apply_failed_again(&fleet_at(2)).await;
         assert_eq!(owner.tried.load(Ordering::Relaxed), 1);
     }
 }

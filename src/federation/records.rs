@@ -560,16 +560,24 @@ async fn follow_once(
         bucket_watch::CHECKED_EVERY,
         "records",
     );
-    // Changes whose apply kept failing are tried again between the watch's entries
-    // (`BucketWatch::next` is cancel-safe), never beside an apply.
+    // Records whose apply kept failing are applied again between the watch's entries
+    // (`BucketWatch::next` is cancel-safe), never beside an apply, as the bucket holds them.
     let mut apply_failed = tokio::time::interval(FAILED_APPLIED_AGAIN_EVERY);
     apply_failed.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     apply_failed.reset();
+    let current = |key: String| -> RecordFuture<'static, Option<RecordChange>> {
+        let (records, bridge_id) = (ready.records.clone(), link.bridge_id.clone());
+        let bucket_key = bucket_key(table, &key);
+        Box::pin(async move {
+            let entry = (records.entry(bucket_key).await).map_err(unavailable)?;
+            Ok(entry.map(|entry| change_of(&bridge_id, key, entry)))
+        })
+    };
     loop {
         let entry = tokio::select! {
             entry = watch.next() => entry,
             _ = apply_failed.tick() => {
-                sink.apply_failed_again().await;
+                sink.apply_failed_again(&current).await;
                 continue;
             }
         };
@@ -579,17 +587,20 @@ async fn follow_once(
         let Some(key) = record_key(table, &entry.key) else {
             continue;
         };
-        let purge = entry.operation == Operation::Purge;
-        let taken_here = is_take_by(&link.bridge_id, purge, &entry.value);
         let revision = entry.revision;
-        sink.apply(RecordChange {
-            key,
-            revision,
-            taken_here,
-            value: value_of(entry),
-        })
-        .await;
+        sink.apply(change_of(&link.bridge_id, key, entry)).await;
         positions.applied(table, revision);
+    }
+}
+
+/// The change `entry`, the bucket's message of the record `key`, makes.
+fn change_of(bridge_id: &str, key: String, entry: kv::Entry) -> RecordChange {
+    let purge = entry.operation == Operation::Purge;
+    RecordChange {
+        key,
+        revision: entry.revision,
+        taken_here: is_take_by(bridge_id, purge, &entry.value),
+        value: value_of(entry),
     }
 }
 
