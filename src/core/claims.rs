@@ -108,6 +108,14 @@ pub struct Claimed {
     lock: Option<NameLock>,
 }
 
+impl Claimed {
+    /// Where the claim goes if it is dropped while the directory does not hold the name
+    /// here: handed to `bridge`, which holds the same agent, or given up.
+    pub(super) fn hand_back_to(&mut self, bridge: Option<String>) {
+        self.hand_back_to = bridge;
+    }
+}
+
 impl Drop for Claimed {
     fn drop(&mut self) {
         let held_here = (self.directory.get(&self.info.name)).is_some_and(|a| a.bridge.is_none());

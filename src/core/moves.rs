@@ -14,6 +14,7 @@ use dashmap::DashMap;
 use super::Core;
 use super::claims::{self, Claimed, Claiming};
 use super::directory::{AgentInfo, NameTaken};
+use super::envelope::Protocol;
 use super::records::HandOver;
 use crate::telemetry;
 
@@ -45,6 +46,10 @@ const LOOK_AGAIN_AFTER: Duration = Duration::from_millis(10);
 /// How long `Core::claim_move` waits for the leave of an agent still shown online through
 /// another bridge before it refuses it: one reconnecting at once is let in.
 const LEAVE_ARRIVES_WITHIN: Duration = Duration::from_secs(1);
+
+/// How many times `Core::claim_move` claims an agent's name again when the agent moved on
+/// to another bridge while the claim waited for its turn.
+const MOVE_CLAIM_TRIES: usize = 3;
 
 /// How long a move is remembered when the bridge left did not say it let the agent go:
 /// far longer than a bridge takes to apply a join, or to be taken for gone.
@@ -122,50 +127,66 @@ impl Moves {
 }
 
 impl Core {
-    /// Claims `name` for this bridge as its agent connects through it, when the directory
-    /// shows it held by another bridge of the fleet (it was connected there, and is not
-    /// now): the name's claim comes here (refused while the agent is online through that
+    /// Claims `name` for this bridge as its agent, of `protocol`, connects through it, when
+    /// the directory shows it held by another bridge of the fleet (it was connected there,
+    /// and is not now): the name's claim comes here (refused while the agent is online through that
     /// bridge). The directory moves it once the connection is attached (`complete_move`),
     /// so that no message routed meanwhile is kept here as mail as well as there. The
     /// claim runs to its end whether or not its caller waits (`claims::claim_to_the_end`),
     /// one claim of the name at a time here, as for a registration (`ClaimLocks`).
-    pub async fn claim_move(&self, name: &str) -> Result<Option<MoveClaim>, NameTaken> {
+    pub async fn claim_move(
+        &self,
+        name: &str,
+        protocol: Protocol,
+    ) -> Result<Option<MoveClaim>, NameTaken> {
         self.leave_arrived(name).await;
-        let Some(mut info) = self.directory.get(name) else {
-            return Ok(None);
-        };
-        let Some(from) = info.bridge.take() else {
-            return Ok(None);
-        };
-        self.directory.check_claim(&info)?;
-        let Some(claims) = self.claims.get() else {
-            return Ok(Some(MoveClaim {
-                info,
-                from,
-                claimed: None,
-            }));
-        };
-        let (locks, directory) = (&self.claim_locks, &self.directory);
-        let hand_back_to = Some(from.clone());
-        let claimed = claims::claim_to_the_end(
-            locks,
-            claims,
-            directory,
-            &info,
-            Claiming::Held,
-            hand_back_to,
-        )
-        .await?;
-        // Another connection of the agent moved it here while this one waited for the
-        // name: nothing is left to move.
-        if (self.directory.get(name)).is_some_and(|now| now.bridge.is_none()) {
-            return Ok(None);
+        for _ in 0..MOVE_CLAIM_TRIES {
+            // Another protocol's agent is not moved: the connection's registration refuses it.
+            let Some(mut info) = (self.directory.get(name)).filter(|a| a.protocol == protocol)
+            else {
+                return Ok(None);
+            };
+            let Some(from) = info.bridge.take() else {
+                return Ok(None);
+            };
+            self.directory.check_claim(&info)?;
+            let Some(claims) = self.claims.get() else {
+                return Ok(Some(MoveClaim {
+                    info,
+                    from,
+                    claimed: None,
+                }));
+            };
+            let (locks, directory, how) = (&self.claim_locks, &self.directory, Claiming::Held);
+            let hand_back_to = Some(from.clone());
+            let mut claimed =
+                claims::claim_to_the_end(locks, claims, directory, &info, how, hand_back_to)
+                    .await?;
+            // Read again, now that no other claim of the name runs here: it may have
+            // changed while this claim waited for its turn.
+            match self.directory.get(name) {
+                // Another connection of the agent moved it here: nothing is left to move.
+                Some(now) if now.bridge.is_none() => return Ok(None),
+                Some(now) if now.is_same_agent(&info) && now.bridge.as_deref() == Some(&from) => {
+                    let claimed = Some(claimed);
+                    return Ok(Some(MoveClaim {
+                        info,
+                        from,
+                        claimed,
+                    }));
+                }
+                // It moved on to another bridge: the claim goes there, and the move is
+                // claimed again from it.
+                Some(now) if now.is_same_agent(&info) => claimed.hand_back_to(now.bridge),
+                // Gone, or another agent's: the claim is given up, and the connection
+                // registers the name as any other.
+                _ => {
+                    claimed.hand_back_to(None);
+                    return Ok(None);
+                }
+            }
         }
-        Ok(Some(MoveClaim {
-            info,
-            from,
-            claimed: Some(claimed),
-        }))
+        Err(NameTaken::unsettled(name))
     }
 
     /// Gives the name `loser`, an agent of this bridge, holds to `winner`, the agent another

@@ -275,9 +275,11 @@ impl NameClaims for FleetClaims {
         loser: &'a AgentInfo,
     ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
         Box::pin(async move {
-            // Claimed here alone (NATS was away): not to be claimed once NATS is back.
-            self.forget_claimed_alone(loser);
-            self.hand_key_over(holder, loser).await
+            // Claimed here alone (NATS was away): not to be claimed once NATS is back, and
+            // no key of it to hand over.
+            if !self.forget_claimed_alone(loser) {
+                self.hand_key_over(holder, loser).await
+            }
         })
     }
 
@@ -349,10 +351,12 @@ impl FleetClaims {
                 // Gone from the set: released meanwhile (a name claimed here again alone
                 // for another agent is settled next).
                 let released = !self.claimed_alone.contains_key(&info.name);
-                // Given up to another bridge's agent meanwhile (`clashes`): the key is
-                // that agent's, not to be released.
-                let given_up = (self.directory.get(&info.name))
-                    .filter(|held| held.bridge.is_some() && held.online);
+                // Given up to another bridge's agent meanwhile (`clashes`), or the same
+                // agent is held by another bridge now (its move here did not complete, or
+                // it moved on): the key is that bridge's, not to be released.
+                let given_up = (self.directory.get(&info.name)).filter(|held| {
+                    held.bridge.is_some() && (held.online || held.is_same_agent(&info))
+                });
                 match (claimed, given_up) {
                     (Ok(()), Some(holder)) => self.hand_key_over(&holder, &info).await,
                     (Ok(()), None) if released => self.release(&info),
@@ -372,57 +376,92 @@ impl FleetClaims {
 
     /// Writes the key of `holder`'s name (held by another bridge's agent, `holder.bridge`)
     /// as that bridge's, if it still holds this bridge's claim for `loser`: this bridge
-    /// gave the name up to `holder` (`clashes`), and its own claim, made while cut off,
-    /// may have landed last. A lasting claim of the same agent stays lasting. Tried for as
-    /// long as a claim waits.
+    /// gave the name up to `holder` (`clashes`), or a move of it here did not complete,
+    /// and its own claim may have landed last. A lasting claim of the same agent stays
+    /// lasting. Tried for as long as a claim waits, then in the background, backing off,
+    /// until it lands or an agent here holds the name again.
     pub async fn hand_key_over(&self, holder: &AgentInfo, loser: &AgentInfo) {
-        let Some(bridge) = holder.bridge.clone() else {
-            return;
-        };
-        let key = agent_key(&holder.name);
         let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
-        while tokio::time::Instant::now() < deadline {
-            let Some(ready) = self.link.ready() else {
-                tokio::time::sleep(RETRY_AFTER).await;
-                continue;
-            };
-            let entry = match ready.names.entry(&key).await {
-                Ok(Some(entry)) if entry.operation == Operation::Put => entry,
-                Ok(_) => return,
-                Err(_) => {
-                    tokio::time::sleep(RETRY_AFTER).await;
-                    continue;
-                }
-            };
-            let Ok(held) = serde_json::from_slice::<Claim>(&entry.value) else {
-                return;
-            };
-            let losers = held.bridge == self.link.bridge_id
-                && (held.is_for(loser) || held.native_id.is_none());
-            if !losers {
-                return;
-            }
-            let lasting = held.lasting && held.is_for(holder);
-            let value = Claim::value(holder, &bridge, lasting);
-            match ready.names.update(&key, value, entry.revision).await {
-                Ok(_) => return,
-                Err(e) => {
-                    tracing::debug!(error = %e, name = %holder.name, "federation: handing a name's key over again");
-                    tokio::time::sleep(REREAD_AFTER).await;
-                }
-            }
+        if hand_key_over_by(&self.link, holder, loser, deadline).await {
+            return;
         }
+        let (link, directory) = (self.link.clone(), self.directory.clone());
+        let (holder, loser) = (holder.clone(), loser.clone());
+        tokio::spawn(async move {
+            let mut wait = RETRY_AFTER;
+            while (directory.get(&holder.name)).is_none_or(|a| a.bridge.is_some()) {
+                if link.is_connected() {
+                    tokio::time::sleep(wait).await;
+                } else {
+                    let _ = link.reconnected(std::time::Instant::now() + wait).await;
+                }
+                let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
+                if hand_key_over_by(&link, &holder, &loser, deadline).await {
+                    return;
+                }
+                wait = (wait * 2).min(RELEASE_RETRY_MAX);
+            }
+        });
     }
 
     /// Forgets that `info`'s name was claimed here alone: the fleet settled it on another
-    /// bridge's agent (`clashes`), and it is not to be claimed once NATS is back.
-    pub fn forget_claimed_alone(&self, info: &AgentInfo) {
-        (self.claimed_alone).remove_if(&info.name, |_, (alone, _)| alone.is_same_agent(info));
+    /// bridge's agent (`clashes`), or its move here did not complete, and it is not to be
+    /// claimed once NATS is back. Whether it was.
+    pub fn forget_claimed_alone(&self, info: &AgentInfo) -> bool {
+        (self.claimed_alone)
+            .remove_if(&info.name, |_, (alone, _)| alone.is_same_agent(info))
+            .is_some()
     }
 }
 
 /// The longest wait between two tries of a release.
 const RELEASE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `FleetClaims::hand_key_over`, tried until `deadline`: whether it is settled (the key
+/// written, or not this bridge's claim for `loser` to hand over).
+async fn hand_key_over_by(
+    link: &NatsLink,
+    holder: &AgentInfo,
+    loser: &AgentInfo,
+    deadline: tokio::time::Instant,
+) -> bool {
+    let Some(bridge) = holder.bridge.clone() else {
+        return true;
+    };
+    let key = agent_key(&holder.name);
+    while tokio::time::Instant::now() < deadline {
+        let Some(ready) = link.ready() else {
+            tokio::time::sleep(RETRY_AFTER).await;
+            continue;
+        };
+        let entry = match ready.names.entry(&key).await {
+            Ok(Some(entry)) if entry.operation == Operation::Put => entry,
+            Ok(_) => return true,
+            Err(_) => {
+                tokio::time::sleep(RETRY_AFTER).await;
+                continue;
+            }
+        };
+        let Ok(held) = serde_json::from_slice::<Claim>(&entry.value) else {
+            return true;
+        };
+        let losers =
+            held.bridge == link.bridge_id && (held.is_for(loser) || held.native_id.is_none());
+        if !losers {
+            return true;
+        }
+        let lasting = held.lasting && held.is_for(holder);
+        let value = Claim::value(holder, &bridge, lasting);
+        match ready.names.update(&key, value, entry.revision).await {
+            Ok(_) => return true,
+            Err(e) => {
+                tracing::debug!(error = %e, name = %holder.name, "federation: handing a name's key over again");
+                tokio::time::sleep(REREAD_AFTER).await;
+            }
+        }
+    }
+    false
+}
 
 /// Deletes `agent`'s name claim if `bridge` holds it, or it is `agent`'s lasting claim;
 /// `Ok` also when there is nothing of ours to release, or it is no longer `wanted` once

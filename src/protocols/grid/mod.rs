@@ -266,7 +266,11 @@ impl Grid {
     /// it, its name is claimed here, to complete once the socket is attached
     /// (`Core::claim_move`).
     pub(super) async fn hold_program(&self, agent: &str) -> Result<Option<MoveClaim>, Invalid> {
-        let moving = self.core.claim_move(agent).await.map_err(name_taken)?;
+        let moving = self
+            .core
+            .claim_move(agent, PROTOCOL)
+            .await
+            .map_err(name_taken)?;
         self.register(agent).await?;
         Ok(moving)
     }

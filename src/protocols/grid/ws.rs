@@ -365,6 +365,8 @@ impl Connection {
             // to this connection meanwhile, that bridge was routed too.
             self.grid.core.router.detach(&session);
             self.grid.sockets.close(&party.agent, socket_id);
+            // The claim goes back now, not once a client slow to read is told.
+            drop(moving);
             return self.name_taken(io, party, super::name_taken(taken)).await;
         }
         self.grid.sockets.attached(&party.agent);

@@ -43,7 +43,7 @@ impl Synapse {
     ) -> Result<OpenStream, Status> {
         let taken = |taken: crate::core::NameTaken| Status::already_exists(taken.to_string());
         let mut moving = match kind {
-            StreamKind::Messages => self.core.claim_move(agent).await.map_err(taken)?,
+            StreamKind::Messages => self.core.claim_move(agent, PROTOCOL).await.map_err(taken)?,
             StreamKind::Groups => None,
         };
         let mailbox = self.core.router.mailbox(PROTOCOL);
