@@ -209,10 +209,10 @@ pub struct RecordChange {
 pub trait RecordSink: Send + Sync {
     fn apply(&self, change: RecordChange) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 
-    /// Applies again, as `current` reads them from the fleet now, the records whose last
-    /// change's apply kept failing for a moment, once each, until one fails again (the
-    /// store is not back yet). From the fleet's current record rather than the change that
-    /// failed: this bridge may have applied a later one itself, as its writer. Whoever calls
+    /// Applies again, once each, the records whose last change's apply kept failing for a
+    /// moment, as `current` reads them from the fleet now (a removal if it holds nothing of
+    /// one any more): from the fleet's current record rather than the change that failed,
+    /// since this bridge may have applied a later one itself, as its writer. Whoever calls
     /// `apply` calls this every `FAILED_APPLIED_AGAIN_EVERY`, never at the same time.
     fn apply_failed_again<'a>(
         &'a self,
@@ -224,6 +224,8 @@ pub trait RecordSink: Send + Sync {
 
 /// Reads a record of the table a sink applies as the fleet holds it now, as a change to
 /// apply (`RecordSink::apply_failed_again`): `None` when the fleet holds nothing of it.
+/// Never older than what this bridge applied: read where writes are decided (a stream's
+/// leader), not from a replica that may be behind.
 pub type CurrentRecord<'a> =
     &'a (dyn Fn(String) -> RecordFuture<'static, Option<RecordChange>> + Send + Sync);
 
@@ -270,9 +272,9 @@ struct ApplyWith<T, F> {
     owner: std::sync::Weak<T>,
     what: &'static str,
     apply: F,
-    /// The records whose last change's apply kept failing for a moment, by key: applied
-    /// again by `apply_failed_again`, or by their next change.
-    failed: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// The records whose last change's apply kept failing for a moment, by key, with that
+    /// change's revision: applied again by `apply_failed_again`, or by their next change.
+    failed: std::sync::Mutex<std::collections::BTreeMap<String, Revision>>,
 }
 
 impl<T, F, Fut, E> ApplyWith<T, F>
@@ -282,7 +284,7 @@ where
     Fut: Future<Output = Result<(), E>> + Send + 'static,
     E: ApplyError,
 {
-    fn failed(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<String>> {
+    fn failed(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, Revision>> {
         self.failed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -308,7 +310,7 @@ where
         Box::pin(async move {
             let key = &change.key;
             // Put aside before: tried once, the store most likely not back yet.
-            let put_aside = self.failed().remove(key);
+            let put_aside = self.failed().remove(key).is_some();
             let tries = if put_aside { 1 } else { APPLY_TRIES };
             let mut pause = APPLY_AGAIN_AFTER;
             for tried in 1..=tries {
@@ -328,7 +330,7 @@ where
                     if !put_aside {
                         tracing::error!(error = failed, %key, "cannot apply a shared {} yet; it is tried again every {:?}", self.what, FAILED_APPLIED_AGAIN_EVERY);
                     }
-                    self.failed().insert(key.clone());
+                    self.failed().insert(key.clone(), change.revision);
                     return;
                 }
                 tracing::warn!(error = failed, %key, "applying a shared {} again", self.what);
@@ -343,17 +345,27 @@ where
         current: CurrentRecord<'a>,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
         Box::pin(async move {
-            let put_aside: Vec<String> = self.failed().iter().cloned().collect();
-            for key in put_aside {
+            let put_aside: Vec<(String, Revision)> = (self.failed().iter())
+                .map(|(k, r)| (k.clone(), *r))
+                .collect();
+            for (key, revision) in put_aside {
                 match current(key.clone()).await {
+                    // Behind what failed here: left for the next time.
+                    Ok(Some(change)) if change.revision < revision => {}
                     Ok(Some(change)) => self.apply(change).await,
-                    // Nothing of it left in the fleet to apply.
-                    Ok(None) => drop(self.failed().remove(&key)),
+                    // Nothing of it left in the fleet (a take's mark expired): removed.
+                    Ok(None) => {
+                        let (value, taken_here) = (None, false);
+                        let removal = RecordChange {
+                            key,
+                            value,
+                            revision,
+                            taken_here,
+                        };
+                        self.apply(removal).await;
+                    }
                     // The fleet did not answer: the next time.
                     Err(_) => return,
-                }
-                if self.failed().contains(&key) {
-                    return;
                 }
             }
         })
@@ -471,6 +483,8 @@ mod tests {
         failing: u32,
         tried: AtomicU32,
         applied: std::sync::Mutex<Vec<Revision>>,
+        /// Whether each change applied was a removal.
+        removed: std::sync::Mutex<Vec<bool>>,
     }
 
     fn change() -> RecordChange {
@@ -503,6 +517,7 @@ mod tests {
             failing,
             tried: AtomicU32::new(0),
             applied: std::sync::Mutex::default(),
+            removed: std::sync::Mutex::default(),
         });
         let sink = sink(
             &owner,
@@ -513,6 +528,7 @@ mod tests {
                     return Err(Failed("the disk is full", true));
                 }
                 flaky.applied.lock().unwrap().push(change.revision);
+                flaky.removed.lock().unwrap().push(change.value.is_none());
                 Ok(())
             },
         );
@@ -580,7 +596,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn records_put_aside_wait_while_the_store_still_fails() {
+    async fn records_put_aside_are_each_tried_once_a_time() {
         let (owner, sink) = flaky_sink(u32::MAX);
         for key in ["a", "b", "c"] {
             let change = RecordChange {
@@ -590,7 +606,37 @@ mod tests {
             sink.apply(change).await;
         }
         sink.apply_failed_again(&fleet_at(2)).await;
-        assert_eq!(owner.tried.load(Ordering::Relaxed), 3 * APPLY_TRIES + 1);
+        assert_eq!(owner.tried.load(Ordering::Relaxed), 3 * APPLY_TRIES + 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_put_aside_is_not_applied_older_than_it_failed() {
+        let (owner, sink) = flaky_sink(APPLY_TRIES);
+        let failed = RecordChange {
+            revision: 5,
+            ..change()
+        };
+        sink.apply(failed).await;
+        sink.apply_failed_again(&fleet_at(4)).await;
+        assert_eq!(owner.tried.load(Ordering::Relaxed), APPLY_TRIES);
+        sink.apply_failed_again(&fleet_at(5)).await;
+        assert_eq!(*owner.applied.lock().unwrap(), [5]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_put_aside_that_the_fleet_holds_nothing_of_is_removed() {
+        let (owner, sink) = flaky_sink(APPLY_TRIES);
+        sink.apply(RecordChange {
+            value: Some(bytes::Bytes::from_static(b"{}")),
+            ..change()
+        })
+        .await;
+        let nothing = |_: String| -> RecordFuture<'static, Option<RecordChange>> {
+            Box::pin(std::future::ready(Ok(None)))
+        };
+        sink.apply_failed_again(&nothing).await;
+        assert_eq!(*owner.applied.lock().unwrap(), [1]);
+        assert_eq!(*owner.removed.lock().unwrap(), [true]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -599,6 +645,7 @@ mod tests {
             failing: u32::MAX,
             tried: AtomicU32::new(0),
             applied: std::sync::Mutex::default(),
+            removed: std::sync::Mutex::default(),
         });
         let sink = sink(&owner, "thing", |flaky: Arc<Flaky>, _| async move {
             flaky.tried.fetch_add(1, Ordering::Relaxed);

@@ -567,11 +567,8 @@ async fn follow_once(
     apply_failed.reset();
     let current = |key: String| -> RecordFuture<'static, Option<RecordChange>> {
         let (records, bridge_id) = (ready.records.clone(), link.bridge_id.clone());
-        let bucket_key = bucket_key(table, &key);
-        Box::pin(async move {
-            let entry = (records.entry(bucket_key).await).map_err(unavailable)?;
-            Ok(entry.map(|entry| change_of(&bridge_id, key, entry)))
-        })
+        let subject = format!("{}{}", records.prefix, bucket_key(table, &key));
+        Box::pin(async move { current_change(&records, &bridge_id, &subject, key).await })
     };
     loop {
         let entry = tokio::select! {
@@ -591,6 +588,34 @@ async fn follow_once(
         sink.apply(change_of(&link.bridge_id, key, entry)).await;
         positions.applied(table, revision);
     }
+}
+
+/// The change the bucket's last message on `subject`, the record `key`'s, makes; read
+/// from the stream's leader, as `FleetRecords::last_message` reads, never from a replica
+/// behind what this bridge applied.
+async fn current_change(
+    records: &kv::Store,
+    bridge_id: &str,
+    subject: &str,
+    key: String,
+) -> Result<Option<RecordChange>, RecordError> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let message = match records
+        .stream
+        .get_last_raw_message_by_subject(subject)
+        .await
+    {
+        Ok(message) => message,
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+        Err(e) => return Err(unavailable(e)),
+    };
+    let purge = kv_operation(&message) == Some("PURGE");
+    Ok(Some(RecordChange {
+        key,
+        revision: message.sequence,
+        taken_here: is_take_by(bridge_id, purge, &message.payload),
+        value: (!is_removal(&message)).then(|| message.payload.clone()),
+    }))
 }
 
 /// The change `entry`, the bucket's message of the record `key`, makes.
