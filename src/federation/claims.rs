@@ -83,6 +83,10 @@ pub struct FleetClaims {
     /// and its pending release gives up rather than free the new claim (it starts again if
     /// that claim fails); a later release of the name takes over.
     pub releasing: Arc<dashmap::DashMap<String, (u64, AgentInfo)>>,
+    /// Names whose key is being handed over in the background (`hand_key_over`), each with
+    /// the id of the task that tries it: a name claimed here again meanwhile leaves this
+    /// map, and the task gives up rather than take the new claim's key.
+    pub handing_over: Arc<dashmap::DashMap<String, u64>>,
     /// Names claimed in this bridge's directory alone, while NATS was away or before the
     /// fleet's buckets were set up: claimed in the names bucket once NATS is back
     /// (`settle_claimed_alone`), unless released meanwhile.
@@ -94,7 +98,8 @@ pub struct FleetClaims {
 /// How often names claimed while NATS was away are looked at, to claim them once it is back.
 const SETTLE_ALONE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The id of the next background release (`FleetClaims::releasing`).
+/// The id of the next background release or hand-over (`FleetClaims::releasing`,
+/// `FleetClaims::handing_over`).
 static NEXT_RELEASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl FleetClaims {
@@ -220,6 +225,7 @@ impl FleetClaims {
 impl NameClaims for FleetClaims {
     fn claim<'a>(&'a self, info: &'a AgentInfo, how: Claiming) -> ClaimFuture<'a> {
         Box::pin(async move {
+            self.handing_over.remove(&info.name);
             let released = self
                 .releasing
                 .remove(&info.name)
@@ -346,19 +352,28 @@ impl FleetClaims {
                 .map(|e| e.value().clone())
                 .collect();
             for (info, how) in alone {
-                let claimed = self.claim_in(&ready, &info, how, true).await;
                 let still = |e: &(AgentInfo, Claiming)| e.0 == info;
+                // The same agent is held by another bridge now (its move here did not
+                // complete, or it moved on): the name is that bridge's, and nothing of
+                // this claim reached the fleet.
+                let held = self.directory.get(&info.name);
+                if held.is_some_and(|held| held.bridge.is_some() && held.is_same_agent(&info)) {
+                    self.claimed_alone.remove_if(&info.name, |_, e| still(e));
+                    continue;
+                }
+                let claimed = self.claim_in(&ready, &info, how, true).await;
                 // Gone from the set: released meanwhile (a name claimed here again alone
                 // for another agent is settled next).
                 let released = !self.claimed_alone.contains_key(&info.name);
-                // Given up to another bridge's agent meanwhile (`clashes`), or the same
-                // agent is held by another bridge now (its move here did not complete, or
-                // it moved on): the key is that bridge's, not to be released.
-                let given_up = (self.directory.get(&info.name)).filter(|held| {
-                    held.bridge.is_some() && (held.online || held.is_same_agent(&info))
-                });
+                // Given up to another bridge's agent meanwhile (`clashes`): the key is
+                // that agent's, not to be released.
+                let given_up = (self.directory.get(&info.name))
+                    .filter(|held| held.bridge.is_some() && held.online);
                 match (claimed, given_up) {
-                    (Ok(()), Some(holder)) => self.hand_key_over(&holder, &info).await,
+                    (Ok(()), Some(holder)) => {
+                        self.claimed_alone.remove_if(&info.name, |_, e| still(e));
+                        self.hand_key_over(&holder, &info).await
+                    }
                     (Ok(()), None) if released => self.release(&info),
                     (Ok(()), None) => {
                         drop(self.claimed_alone.remove_if(&info.name, |_, e| still(e)))
@@ -381,26 +396,42 @@ impl FleetClaims {
     /// lasting. Tried for as long as a claim waits, then in the background, backing off,
     /// until it lands or an agent here holds the name again.
     pub async fn hand_key_over(&self, holder: &AgentInfo, loser: &AgentInfo) {
+        let directory = &self.directory;
+        let id = NEXT_RELEASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.handing_over.insert(holder.name.clone(), id);
+        let handing_over = &self.handing_over;
+        // Until the name is claimed here again, or held here.
+        let wanted = || {
+            handing_over.get(&holder.name).is_some_and(|h| *h == id)
+                && (directory.get(&holder.name)).is_none_or(|a| a.bridge.is_some())
+        };
         let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
-        if hand_key_over_by(&self.link, holder, loser, deadline).await {
+        if hand_key_over_by(&self.link, holder, loser, deadline, wanted).await {
+            self.handing_over.remove_if(&holder.name, |_, h| *h == id);
             return;
         }
         let (link, directory) = (self.link.clone(), self.directory.clone());
+        let handing_over = self.handing_over.clone();
         let (holder, loser) = (holder.clone(), loser.clone());
         tokio::spawn(async move {
+            let wanted = || {
+                handing_over.get(&holder.name).is_some_and(|h| *h == id)
+                    && (directory.get(&holder.name)).is_none_or(|a| a.bridge.is_some())
+            };
             let mut wait = RETRY_AFTER;
-            while (directory.get(&holder.name)).is_none_or(|a| a.bridge.is_some()) {
+            loop {
                 if link.is_connected() {
                     tokio::time::sleep(wait).await;
                 } else {
                     let _ = link.reconnected(std::time::Instant::now() + wait).await;
                 }
                 let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
-                if hand_key_over_by(&link, &holder, &loser, deadline).await {
-                    return;
+                if hand_key_over_by(&link, &holder, &loser, deadline, wanted).await {
+                    break;
                 }
                 wait = (wait * 2).min(RELEASE_RETRY_MAX);
             }
+            handing_over.remove_if(&holder.name, |_, h| *h == id);
         });
     }
 
@@ -417,19 +448,24 @@ impl FleetClaims {
 /// The longest wait between two tries of a release.
 const RELEASE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// `FleetClaims::hand_key_over`, tried until `deadline`: whether it is settled (the key
-/// written, or not this bridge's claim for `loser` to hand over).
+/// `FleetClaims::hand_key_over`, tried until `deadline` while `wanted`: whether it is
+/// settled (the key written, not this bridge's claim for `loser` to hand over, or no longer
+/// wanted).
 async fn hand_key_over_by(
     link: &NatsLink,
     holder: &AgentInfo,
     loser: &AgentInfo,
     deadline: tokio::time::Instant,
+    wanted: impl Fn() -> bool,
 ) -> bool {
     let Some(bridge) = holder.bridge.clone() else {
         return true;
     };
     let key = agent_key(&holder.name);
     while tokio::time::Instant::now() < deadline {
+        if !wanted() {
+            return true;
+        }
         let Some(ready) = link.ready() else {
             tokio::time::sleep(RETRY_AFTER).await;
             continue;
@@ -452,6 +488,9 @@ async fn hand_key_over_by(
         }
         let lasting = held.lasting && held.is_for(holder);
         let value = Claim::value(holder, &bridge, lasting);
+        if !wanted() {
+            return true;
+        }
         match ready.names.update(&key, value, entry.revision).await {
             Ok(_) => return true,
             Err(e) => {

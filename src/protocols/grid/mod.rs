@@ -255,23 +255,34 @@ impl Grid {
         }
         let now = crate::core::now_ms();
         (self.core.register(Self::program(agent, now)).await).map_err(name_taken)?;
-        self.programs.insert(agent.to_owned());
-        if let Err(e) = self.db.add_agent(agent, now).await {
+        self.store_program(agent, now).await;
+        Ok(())
+    }
+
+    /// Keeps `agent` among the programs this bridge has seen, here and in its store.
+    async fn store_program(&self, agent: &str, created_at: i64) {
+        if !self.programs.insert(agent.to_owned()) {
+            return;
+        }
+        if let Err(e) = self.db.add_agent(agent, created_at).await {
             tracing::error!(error = %e, agent, "grid: cannot store a program");
         }
-        Ok(())
     }
 
     /// Registers a program opening a socket here; when another bridge of the fleet held
     /// it, its name is claimed here, to complete once the socket is attached
-    /// (`Core::claim_move`).
+    /// (`Core::claim_move`), and it is only kept as a program seen here meanwhile: the
+    /// move holds the name's claim.
     pub(super) async fn hold_program(&self, agent: &str) -> Result<Option<MoveClaim>, Invalid> {
         let moving = self
             .core
             .claim_move(agent, PROTOCOL)
             .await
             .map_err(name_taken)?;
-        self.register(agent).await?;
+        match &moving {
+            Some(_) => self.store_program(agent, crate::core::now_ms()).await,
+            None => self.register(agent).await?,
+        }
         Ok(moving)
     }
 
