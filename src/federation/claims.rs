@@ -396,28 +396,23 @@ impl FleetClaims {
     /// lasting. Tried for as long as a claim waits, then in the background, backing off,
     /// until it lands or an agent here holds the name again.
     pub async fn hand_key_over(&self, holder: &AgentInfo, loser: &AgentInfo) {
-        let directory = &self.directory;
         let id = NEXT_RELEASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.handing_over.insert(holder.name.clone(), id);
-        let handing_over = &self.handing_over;
+        let (handing_over, directory) = (self.handing_over.clone(), self.directory.clone());
+        let name = holder.name.clone();
         // Until the name is claimed here again, or held here.
-        let wanted = || {
-            handing_over.get(&holder.name).is_some_and(|h| *h == id)
-                && (directory.get(&holder.name)).is_none_or(|a| a.bridge.is_some())
+        let wanted = move || {
+            handing_over.get(&name).is_some_and(|h| *h == id)
+                && (directory.get(&name)).is_none_or(|a| a.bridge.is_some())
         };
         let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
-        if hand_key_over_by(&self.link, holder, loser, deadline, wanted).await {
+        if hand_key_over_by(&self.link, holder, loser, deadline, &wanted).await {
             self.handing_over.remove_if(&holder.name, |_, h| *h == id);
             return;
         }
-        let (link, directory) = (self.link.clone(), self.directory.clone());
-        let handing_over = self.handing_over.clone();
+        let (link, handing_over) = (self.link.clone(), self.handing_over.clone());
         let (holder, loser) = (holder.clone(), loser.clone());
         tokio::spawn(async move {
-            let wanted = || {
-                handing_over.get(&holder.name).is_some_and(|h| *h == id)
-                    && (directory.get(&holder.name)).is_none_or(|a| a.bridge.is_some())
-            };
             let mut wait = RETRY_AFTER;
             loop {
                 if link.is_connected() {
@@ -426,7 +421,7 @@ impl FleetClaims {
                     let _ = link.reconnected(std::time::Instant::now() + wait).await;
                 }
                 let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
-                if hand_key_over_by(&link, &holder, &loser, deadline, wanted).await {
+                if hand_key_over_by(&link, &holder, &loser, deadline, &wanted).await {
                     break;
                 }
                 wait = (wait * 2).min(RELEASE_RETRY_MAX);
@@ -456,7 +451,7 @@ async fn hand_key_over_by(
     holder: &AgentInfo,
     loser: &AgentInfo,
     deadline: tokio::time::Instant,
-    wanted: impl Fn() -> bool,
+    wanted: &impl Fn() -> bool,
 ) -> bool {
     let Some(bridge) = holder.bridge.clone() else {
         return true;
