@@ -46,8 +46,8 @@ pub trait NameClaims: Send + Sync {
     /// Writes the claim of `holder`'s name as its bridge's (`holder.bridge`), if it is still
     /// this bridge's claim for `loser`: the name is `holder`'s, held there, and this
     /// bridge's claim of it was not to stand (a clash settled on the other, or a move that
-    /// did not complete). Tried for as long as a claim waits, then in the background until
-    /// it lands, the name is claimed here again or an agent here holds it.
+    /// did not complete). Tried for as long as a claim waits, and then left: the key names
+    /// this bridge until the name's next claim.
     fn hand_over<'a>(
         &'a self,
         holder: &'a AgentInfo,

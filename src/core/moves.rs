@@ -88,6 +88,13 @@ pub struct MovedHere {
     pub join_refused: bool,
 }
 
+impl MoveClaim {
+    /// The agent moving here, as the bridge it left held it.
+    pub fn agent(&self) -> &AgentInfo {
+        &self.info
+    }
+}
+
 impl Moves {
     fn moved(&self, name: &str, from: &str) {
         self.recent

@@ -83,10 +83,6 @@ pub struct FleetClaims {
     /// and its pending release gives up rather than free the new claim (it starts again if
     /// that claim fails); a later release of the name takes over.
     pub releasing: Arc<dashmap::DashMap<String, (u64, AgentInfo)>>,
-    /// Names whose key is being handed over in the background (`hand_key_over`), each with
-    /// the id of the task that tries it: a name claimed here again meanwhile leaves this
-    /// map, and the task gives up rather than take the new claim's key.
-    pub handing_over: Arc<dashmap::DashMap<String, u64>>,
     /// Names claimed in this bridge's directory alone, while NATS was away or before the
     /// fleet's buckets were set up: claimed in the names bucket once NATS is back
     /// (`settle_claimed_alone`), unless released meanwhile.
@@ -98,8 +94,7 @@ pub struct FleetClaims {
 /// How often names claimed while NATS was away are looked at, to claim them once it is back.
 const SETTLE_ALONE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The id of the next background release or hand-over (`FleetClaims::releasing`,
-/// `FleetClaims::handing_over`).
+/// The id of the next background release (`FleetClaims::releasing`).
 static NEXT_RELEASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl FleetClaims {
@@ -225,7 +220,6 @@ impl FleetClaims {
 impl NameClaims for FleetClaims {
     fn claim<'a>(&'a self, info: &'a AgentInfo, how: Claiming) -> ClaimFuture<'a> {
         Box::pin(async move {
-            self.handing_over.remove(&info.name);
             let released = self
                 .releasing
                 .remove(&info.name)
@@ -352,16 +346,8 @@ impl FleetClaims {
                 .map(|e| e.value().clone())
                 .collect();
             for (info, how) in alone {
-                let still = |e: &(AgentInfo, Claiming)| e.0 == info;
-                // The same agent is held by another bridge now (its move here did not
-                // complete, or it moved on): the name is that bridge's, and nothing of
-                // this claim reached the fleet.
-                let held = self.directory.get(&info.name);
-                if held.is_some_and(|held| held.bridge.is_some() && held.is_same_agent(&info)) {
-                    self.claimed_alone.remove_if(&info.name, |_, e| still(e));
-                    continue;
-                }
                 let claimed = self.claim_in(&ready, &info, how, true).await;
+                let still = |e: &(AgentInfo, Claiming)| e.0 == info;
                 // Gone from the set: released meanwhile (a name claimed here again alone
                 // for another agent is settled next).
                 let released = !self.claimed_alone.contains_key(&info.name);
@@ -370,10 +356,7 @@ impl FleetClaims {
                 let given_up = (self.directory.get(&info.name))
                     .filter(|held| held.bridge.is_some() && held.online);
                 match (claimed, given_up) {
-                    (Ok(()), Some(holder)) => {
-                        self.claimed_alone.remove_if(&info.name, |_, e| still(e));
-                        self.hand_key_over(&holder, &info).await
-                    }
+                    (Ok(()), Some(holder)) => self.hand_key_over(&holder, &info).await,
                     (Ok(()), None) if released => self.release(&info),
                     (Ok(()), None) => {
                         drop(self.claimed_alone.remove_if(&info.name, |_, e| still(e)))
@@ -391,43 +374,46 @@ impl FleetClaims {
 
     /// Writes the key of `holder`'s name (held by another bridge's agent, `holder.bridge`)
     /// as that bridge's, if it still holds this bridge's claim for `loser`: this bridge
-    /// gave the name up to `holder` (`clashes`), or a move of it here did not complete,
-    /// and its own claim may have landed last. A lasting claim of the same agent stays
-    /// lasting. Tried for as long as a claim waits, then in the background, backing off,
-    /// until it lands or an agent here holds the name again.
+    /// gave the name up to `holder` (`clashes`), and its own claim, made while cut off,
+    /// may have landed last; or a move of `holder` here did not complete. A lasting claim
+    /// of the same agent stays lasting. Tried for as long as a claim waits.
     pub async fn hand_key_over(&self, holder: &AgentInfo, loser: &AgentInfo) {
-        let id = NEXT_RELEASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.handing_over.insert(holder.name.clone(), id);
-        let (handing_over, directory) = (self.handing_over.clone(), self.directory.clone());
-        let name = holder.name.clone();
-        // Until the name is claimed here again, or held here.
-        let wanted = move || {
-            handing_over.get(&name).is_some_and(|h| *h == id)
-                && (directory.get(&name)).is_none_or(|a| a.bridge.is_some())
-        };
-        let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
-        if hand_key_over_by(&self.link, holder, loser, deadline, &wanted).await {
-            self.handing_over.remove_if(&holder.name, |_, h| *h == id);
+        let Some(bridge) = holder.bridge.clone() else {
             return;
-        }
-        let (link, handing_over) = (self.link.clone(), self.handing_over.clone());
-        let (holder, loser) = (holder.clone(), loser.clone());
-        tokio::spawn(async move {
-            let mut wait = RETRY_AFTER;
-            loop {
-                if link.is_connected() {
-                    tokio::time::sleep(wait).await;
-                } else {
-                    let _ = link.reconnected(std::time::Instant::now() + wait).await;
+        };
+        let key = agent_key(&holder.name);
+        let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
+        while tokio::time::Instant::now() < deadline {
+            let Some(ready) = self.link.ready() else {
+                tokio::time::sleep(RETRY_AFTER).await;
+                continue;
+            };
+            let entry = match ready.names.entry(&key).await {
+                Ok(Some(entry)) if entry.operation == Operation::Put => entry,
+                Ok(_) => return,
+                Err(_) => {
+                    tokio::time::sleep(RETRY_AFTER).await;
+                    continue;
                 }
-                let deadline = tokio::time::Instant::now() + SETTLE_WITHIN;
-                if hand_key_over_by(&link, &holder, &loser, deadline, &wanted).await {
-                    break;
-                }
-                wait = (wait * 2).min(RELEASE_RETRY_MAX);
+            };
+            let Ok(held) = serde_json::from_slice::<Claim>(&entry.value) else {
+                return;
+            };
+            let losers = held.bridge == self.link.bridge_id
+                && (held.is_for(loser) || held.native_id.is_none());
+            if !losers {
+                return;
             }
-            handing_over.remove_if(&holder.name, |_, h| *h == id);
-        });
+            let lasting = held.lasting && held.is_for(holder);
+            let value = Claim::value(holder, &bridge, lasting);
+            match ready.names.update(&key, value, entry.revision).await {
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, name = %holder.name, "federation: handing a name's key over again");
+                    tokio::time::sleep(REREAD_AFTER).await;
+                }
+            }
+        }
     }
 
     /// Forgets that `info`'s name was claimed here alone: the fleet settled it on another
@@ -442,60 +428,6 @@ impl FleetClaims {
 
 /// The longest wait between two tries of a release.
 const RELEASE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// `FleetClaims::hand_key_over`, tried until `deadline` while `wanted`: whether it is
-/// settled (the key written, not this bridge's claim for `loser` to hand over, or no longer
-/// wanted).
-async fn hand_key_over_by(
-    link: &NatsLink,
-    holder: &AgentInfo,
-    loser: &AgentInfo,
-    deadline: tokio::time::Instant,
-    wanted: &impl Fn() -> bool,
-) -> bool {
-    let Some(bridge) = holder.bridge.clone() else {
-        return true;
-    };
-    let key = agent_key(&holder.name);
-    while tokio::time::Instant::now() < deadline {
-        if !wanted() {
-            return true;
-        }
-        let Some(ready) = link.ready() else {
-            tokio::time::sleep(RETRY_AFTER).await;
-            continue;
-        };
-        let entry = match ready.names.entry(&key).await {
-            Ok(Some(entry)) if entry.operation == Operation::Put => entry,
-            Ok(_) => return true,
-            Err(_) => {
-                tokio::time::sleep(RETRY_AFTER).await;
-                continue;
-            }
-        };
-        let Ok(held) = serde_json::from_slice::<Claim>(&entry.value) else {
-            return true;
-        };
-        let losers =
-            held.bridge == link.bridge_id && (held.is_for(loser) || held.native_id.is_none());
-        if !losers {
-            return true;
-        }
-        let lasting = held.lasting && held.is_for(holder);
-        let value = Claim::value(holder, &bridge, lasting);
-        if !wanted() {
-            return true;
-        }
-        match ready.names.update(&key, value, entry.revision).await {
-            Ok(_) => return true,
-            Err(e) => {
-                tracing::debug!(error = %e, name = %holder.name, "federation: handing a name's key over again");
-                tokio::time::sleep(REREAD_AFTER).await;
-            }
-        }
-    }
-    false
-}
 
 /// Deletes `agent`'s name claim if `bridge` holds it, or it is `agent`'s lasting claim;
 /// `Ok` also when there is nothing of ours to release, or it is no longer `wanted` once

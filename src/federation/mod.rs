@@ -116,7 +116,6 @@ impl Federation {
         let claims = Arc::new(claims::FleetClaims {
             link: self.link.clone(),
             releasing: Arc::default(),
-            handing_over: Arc::default(),
             claimed_alone: Default::default(),
             directory: core.directory.clone(),
         });

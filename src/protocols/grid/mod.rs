@@ -260,7 +260,7 @@ impl Grid {
     }
 
     /// Keeps `agent` among the programs this bridge has seen, here and in its store.
-    async fn store_program(&self, agent: &str, created_at: i64) {
+    pub(super) async fn store_program(&self, agent: &str, created_at: i64) {
         if !self.programs.insert(agent.to_owned()) {
             return;
         }
@@ -271,17 +271,16 @@ impl Grid {
 
     /// Registers a program opening a socket here; when another bridge of the fleet held
     /// it, its name is claimed here, to complete once the socket is attached
-    /// (`Core::claim_move`), and it is only kept as a program seen here meanwhile: the
-    /// move holds the name's claim.
+    /// (`Core::claim_move`), and the program is kept as one seen here once it completes
+    /// (`store_program`).
     pub(super) async fn hold_program(&self, agent: &str) -> Result<Option<MoveClaim>, Invalid> {
         let moving = self
             .core
             .claim_move(agent, PROTOCOL)
             .await
             .map_err(name_taken)?;
-        match &moving {
-            Some(_) => self.store_program(agent, crate::core::now_ms()).await,
-            None => self.register(agent).await?,
+        if moving.is_none() {
+            self.register(agent).await?;
         }
         Ok(moving)
     }

@@ -369,6 +369,10 @@ impl Connection {
             drop(moving);
             return self.name_taken(io, party, super::name_taken(taken)).await;
         }
+        if let Some(claim) = &moving {
+            let created_at = claim.agent().created_at;
+            self.grid.store_program(&party.agent, created_at).await;
+        }
         self.grid.sockets.attached(&party.agent);
         if first {
             self.grid
