@@ -136,11 +136,12 @@ impl Moves {
 impl Core {
     /// Claims `name` for this bridge as its agent, of `protocol`, connects through it, when
     /// the directory shows it held by another bridge of the fleet (it was connected there,
-    /// and is not now): the name's claim comes here (refused while the agent is online through that
-    /// bridge). The directory moves it once the connection is attached (`complete_move`),
-    /// so that no message routed meanwhile is kept here as mail as well as there. The
-    /// claim runs to its end whether or not its caller waits (`claims::claim_to_the_end`),
-    /// one claim of the name at a time here, as for a registration (`ClaimLocks`).
+    /// and is not now): the name's claim comes here (refused while the agent is online
+    /// through that bridge). The directory moves it once the connection is attached
+    /// (`complete_move`), so that no message routed meanwhile is kept here as mail as well
+    /// as there. The claim runs to its end whether or not its caller waits
+    /// (`claims::claim_to_the_end`), one claim of the name at a time here, as for a
+    /// registration (`ClaimLocks`).
     pub async fn claim_move(
         &self,
         name: &str,

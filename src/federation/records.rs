@@ -79,18 +79,7 @@ impl FleetRecords {
         table: &str,
         key: &str,
     ) -> Result<Option<StreamMessage>, RecordError> {
-        use async_nats::jetstream::stream::LastRawMessageErrorKind;
-        let bucket = self.bucket().await?;
-        let subject = format!("{}{}", bucket.prefix, bucket_key(table, key));
-        match bucket
-            .stream
-            .get_last_raw_message_by_subject(&subject)
-            .await
-        {
-            Ok(message) => Ok(Some(message)),
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(e) => Err(unavailable(e)),
-        }
+        last_message_in(&self.bucket().await?, table, key).await
     }
 
     /// Publishes `write` as its record's new value if the key's last message is at
@@ -567,8 +556,11 @@ async fn follow_once(
     apply_failed.reset();
     let current = |key: String| -> RecordFuture<'static, Option<RecordChange>> {
         let (records, bridge_id) = (ready.records.clone(), link.bridge_id.clone());
-        let subject = format!("{}{}", records.prefix, bucket_key(table, &key));
-        Box::pin(async move { current_change(&records, &bridge_id, &subject, key).await })
+        let table = table.to_owned();
+        Box::pin(async move {
+            let message = last_message_in(&records, &table, &key).await?;
+            Ok(message.map(|message| message_change(&bridge_id, key, &message)))
+        })
     };
     loop {
         let entry = tokio::select! {
@@ -590,32 +582,35 @@ async fn follow_once(
     }
 }
 
-/// The change the bucket's last message on `subject`, the record `key`'s, makes; read
-/// from the stream's leader, as `FleetRecords::last_message` reads, never from a replica
-/// behind what this bridge applied.
-async fn current_change(
+/// The last message under `table`'s record `key` in `records`, from the stream's leader
+/// rather than the direct get any replica answers (`FleetRecords::last_message`).
+async fn last_message_in(
     records: &kv::Store,
-    bridge_id: &str,
-    subject: &str,
-    key: String,
-) -> Result<Option<RecordChange>, RecordError> {
+    table: &str,
+    key: &str,
+) -> Result<Option<StreamMessage>, RecordError> {
     use async_nats::jetstream::stream::LastRawMessageErrorKind;
-    let message = match records
+    let subject = format!("{}{}", records.prefix, bucket_key(table, key));
+    match records
         .stream
-        .get_last_raw_message_by_subject(subject)
+        .get_last_raw_message_by_subject(&subject)
         .await
     {
-        Ok(message) => message,
-        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
-        Err(e) => return Err(unavailable(e)),
-    };
-    let purge = kv_operation(&message) == Some("PURGE");
-    Ok(Some(RecordChange {
+        Ok(message) => Ok(Some(message)),
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(unavailable(e)),
+    }
+}
+
+/// The change `message`, the record `key`'s last in the bucket, makes.
+fn message_change(bridge_id: &str, key: String, message: &StreamMessage) -> RecordChange {
+    let purge = kv_operation(message) == Some("PURGE");
+    RecordChange {
         key,
         revision: message.sequence,
         taken_here: is_take_by(bridge_id, purge, &message.payload),
-        value: (!is_removal(&message)).then(|| message.payload.clone()),
-    }))
+        value: (!is_removal(message)).then(|| message.payload.clone()),
+    }
 }
 
 /// The change `entry`, the bucket's message of the record `key`, makes.

@@ -114,8 +114,8 @@ pub struct Router {
     next_session: AtomicU64,
     by_agent: DashMap<String, Vec<Arc<Session>>, foldhash::fast::RandomState>,
     /// Names this bridge gave up to agents of other bridges (`name_lost`), each with the
-    /// protocol and native id of the agent it went to.
-    names_lost: DashMap<String, (Protocol, String)>,
+    /// agent it went to.
+    names_lost: DashMap<String, AgentInfo>,
     /// How many names `names_lost` holds: read on every attach, without a lock.
     names_lost_count: AtomicUsize,
     /// Told the agent's name when its first session attaches or its last detaches.
@@ -327,8 +327,7 @@ impl Router {
     /// directory shows `winner` online under the name (one whose claim ran before the name
     /// was given up).
     pub fn name_lost(&self, agent: &str, winner: &AgentInfo) {
-        let winner = (winner.protocol, winner.native_id.clone());
-        if self.names_lost.insert(agent.to_owned(), winner).is_none() {
+        if (self.names_lost.insert(agent.to_owned(), winner.clone())).is_none() {
             self.names_lost_count.fetch_add(1, Ordering::Relaxed);
         }
         let sessions = (self.by_agent.get(agent)).map(|sessions| sessions.clone());
@@ -347,9 +346,8 @@ impl Router {
         let Some(winner) = self.names_lost.get(agent).map(|w| w.clone()) else {
             return false;
         };
-        let held = self.directory.get(agent).is_some_and(|a| {
-            a.bridge.is_some() && a.online && a.protocol == winner.0 && a.native_id == winner.1
-        });
+        let held = (self.directory.get(agent))
+            .is_some_and(|a| a.bridge.is_some() && a.online && a.is_same_agent(&winner));
         if !held && self.names_lost.remove(agent).is_some() {
             self.names_lost_count.fetch_sub(1, Ordering::Relaxed);
         }
