@@ -3,22 +3,25 @@
 //! agents whose mail the fleet keeps were written or kept, so that a bridge killed before
 //! leaves them in the stretch the other bridges read again (`missed_mail`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::SequenceInfo;
 use tokio_util::sync::CancellationToken;
 
+use super::unwritten::{CARRIED_WITHIN, UnwrittenFloor};
 use crate::telemetry;
 
 /// How long an acknowledgement waits for the batch's deliveries to be written: past this,
-/// a recipient that slow (or a callback retried that long) may lose, if the bridge is
-/// killed, what it had not yet been written. Well within the consumer's `ack_wait`, and
-/// short enough that a slow reader does not hold back applying once `max_ack_pending`
-/// messages of the stream wait.
+/// the batch is late, and acknowledged once the heartbeat carries where it starts
+/// (`UnwrittenFloor`). Well within the consumer's `ack_wait`, and short enough that a slow
+/// reader does not hold back applying once `max_ack_pending` messages of the stream wait.
 pub(super) const WRITTEN_WITHIN: Duration = Duration::from_secs(5);
 
 /// A routed batch waiting for its acknowledgement.
 struct ToAcknowledge {
+    /// The stream sequence of its first message.
+    first: u64,
     last: Last,
     written: Written,
     at: tokio::time::Instant,
@@ -78,6 +81,11 @@ impl Written {
         }
     }
 
+    /// Whether every delivery it waits for is done.
+    pub(super) fn is_done(&self) -> bool {
+        self.routed.is_cancelled() && self.own.iter().all(|own| own.is_cancelled())
+    }
+
     async fn done(&self) {
         self.routed.cancelled().await;
         for own in &self.own {
@@ -100,7 +108,9 @@ impl Written {
 /// written to their connections or kept (`Outstanding`): a bridge killed before has the
 /// batch in the stretch the others read again (`missed_mail`) and keep for its agents,
 /// rather than lose what waited in a mailbox. Meanwhile the applier routes on; a slow
-/// client holds back acknowledgements, not routing.
+/// client holds back acknowledgements, not routing. A batch acknowledged unwritten, past
+/// `WRITTEN_WITHIN`, is late: it is acknowledged once the heartbeat carries it
+/// (`UnwrittenFloor`), so that the stretch read again for a killed bridge starts there.
 pub(super) struct Acks {
     queued: tokio::sync::mpsc::UnboundedSender<ToAcknowledge>,
 }
@@ -109,14 +119,27 @@ impl Acks {
     /// The task that acknowledges what is queued, until the queue is dropped or the bridge
     /// shuts down. Nothing is acknowledged once it does: what a shutdown dropped (a
     /// mailbox's contents, a callback) stays in the stretch the others read again.
-    pub(super) fn start(shutdown: CancellationToken) -> Acks {
+    pub(super) fn start(unwritten: Arc<UnwrittenFloor>, shutdown: CancellationToken) -> Acks {
         let (queued, mut to_ack) = tokio::sync::mpsc::unbounded_channel::<ToAcknowledge>();
         tokio::spawn(async move {
-            while let Some(ToAcknowledge { last, written, at }) = to_ack.recv().await {
-                tokio::select! {
+            while let Some(ToAcknowledge {
+                first,
+                last,
+                written,
+                at,
+            }) = to_ack.recv().await
+            {
+                let done = tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => return,
-                    _ = written.done_by(at + WRITTEN_WITHIN) => {}
+                    done = written.done_by(at + WRITTEN_WITHIN) => done,
+                };
+                if !done {
+                    tokio::select! {
+                        biased;
+                        _ = shutdown.cancelled() => return,
+                        _ = unwritten.carry(first, written, at + WRITTEN_WITHIN + CARRIED_WITHIN) => {}
+                    }
                 }
                 if shutdown.is_cancelled() {
                     return;
@@ -130,9 +153,14 @@ impl Acks {
         Acks { queued }
     }
 
-    /// Acknowledges the batch `last` ends, once `written`.
-    pub(super) fn ack(&self, last: Last, written: Written) {
+    /// Acknowledges the batch from stream sequence `first` to `last`, once `written`.
+    pub(super) fn ack(&self, first: u64, last: Last, written: Written) {
         let at = tokio::time::Instant::now();
-        let _ = self.queued.send(ToAcknowledge { last, written, at });
+        let _ = self.queued.send(ToAcknowledge {
+            first,
+            last,
+            written,
+            at,
+        });
     }
 }

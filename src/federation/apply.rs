@@ -23,6 +23,7 @@ use super::acks::{Acks, Last, WRITTEN_WITHIN, Written, ack_subject};
 use super::link::{NatsLink, Ready};
 use super::own_deliveries::OwnDeliveries;
 use super::stretch::Stretch;
+use super::unwritten::{CARRIED_WITHIN, READ_AGAIN_AT_MOST};
 use super::wire::{BRIDGE_HEADER, Names, RUN_HEADER, Replica};
 use crate::core::{Core, Envelope, Kind, MessageLog, Outstanding, Replicated, Status, now_ms};
 use crate::telemetry;
@@ -143,7 +144,7 @@ impl Applier {
         let mut delay = Duration::from_millis(100);
         // One for every reading of the stream: a new reading's batches are acknowledged
         // after those of the one before, never ahead of them.
-        let acks = Acks::start(shutdown.clone());
+        let acks = Acks::start(ready.unwritten.clone(), shutdown.clone());
         // Where routing stood at the last gap: a gap with nothing routed since (another
         // reader takes from the consumer each time) waits as an error does.
         let mut routed_at_gap = None;
@@ -181,8 +182,13 @@ impl Applier {
         acks: &Acks,
         shutdown: &CancellationToken,
     ) -> Result<ReadingEnded, async_nats::Error> {
-        // What the consumer acknowledged was routed before (also before a restart).
-        self.routed_up_to(ready.consumer.cached_info().ack_floor.stream_sequence);
+        // What the consumer acknowledged was routed before (also before a restart), up to
+        // where the last run's heartbeat says its deliveries were not all written.
+        let ack_floor = ready.consumer.cached_info().ack_floor.stream_sequence;
+        self.routed_up_to(read_again_after(
+            ack_floor,
+            ready.unwritten.left_by_last_run(),
+        ));
         // While the bridge's doors wait for it (`doors`): a stop does not wait for it.
         let mut delivered = tokio::select! {
             _ = shutdown.cancelled() => return Ok(ReadingEnded::Shutdown),
@@ -198,8 +204,8 @@ impl Applier {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break Ok(ReadingEnded::Shutdown),
-                Some((written, last, own)) = writing.next(), if !writing.is_empty() => {
-                    self.route_and_ack(written, last, own, acks);
+                Some((written, first, last, own)) = writing.next(), if !writing.is_empty() => {
+                    self.route_and_ack(written, first, last, own, acks);
                 }
                 next = messages.next(), if writing.len() < WRITING => {
                     let first = match next {
@@ -234,8 +240,9 @@ impl Applier {
                     }
                     let own = std::mem::take(&mut replicas.own);
                     let written = self.apply(replicas).await;
+                    let first = stream_sequence(&batch[0]);
                     let last = batch.pop().expect("a batch holds a message");
-                    writing.push_back(async move { (written.await, last, own) });
+                    writing.push_back(async move { (written.await, first, last, own) });
                     if let Some(ended) = ended {
                         break ended;
                     }
@@ -276,10 +283,22 @@ impl Applier {
         // info counts (one served meanwhile to a pull request left over included).
         let state = stream.info().await?.state.clone();
         self.routed_up_to(state.first_sequence.saturating_sub(1));
-        let first = (info.ack_floor.stream_sequence.max(routed) + 1).max(state.first_sequence);
+        let left = ready.unwritten.left_by_last_run();
+        let after = read_again_after(info.ack_floor.stream_sequence, left);
+        if let Some(left) = left
+            && after > left.saturating_sub(1)
+        {
+            let skipped = after - left.saturating_sub(1);
+            tracing::warn!(
+                skipped,
+                "federation: the last run left more unwritten than is read again"
+            );
+        }
+        let first = (after.max(routed) + 1).max(state.first_sequence);
         let last = info.delivered.stream_sequence.min(state.last_sequence);
         let delivered = Delivered(info.delivered.consumer_sequence);
         if first > last {
+            ready.unwritten.read_again();
             return Ok(delivered);
         }
         let (outstanding, routed) = Outstanding::new();
@@ -290,15 +309,22 @@ impl Applier {
         // (by the next reading's first acknowledgement) before it is written.
         drop(outstanding);
         let written = Written { routed, own };
-        written
-            .done_by(tokio::time::Instant::now() + WRITTEN_WITHIN)
-            .await;
+        let by = tokio::time::Instant::now() + WRITTEN_WITHIN;
+        if !written.done_by(by).await {
+            // Carried on in this run's heartbeats, as the last run's floor was.
+            (ready.unwritten.carry(first, written, by + CARRIED_WITHIN)).await;
+        }
         read?;
+        ready.unwritten.read_again();
         let pending = info.num_ack_pending;
         if pending > 0 && last == info.delivered.stream_sequence {
             let subject = ack_subject(&self.link.names.stream, &consumer, &info.delivered);
             let client = ready.js.client();
-            acks.ack(Last::Delivery { client, subject }, Written::nothing());
+            acks.ack(
+                first,
+                Last::Delivery { client, subject },
+                Written::nothing(),
+            );
         }
         tracing::info!(
             first,
@@ -347,6 +373,7 @@ impl Applier {
     fn route_and_ack(
         &self,
         written: Vec<Applied>,
+        first: u64,
         last: async_nats::jetstream::Message,
         own: Vec<CancellationToken>,
         acks: &Acks,
@@ -355,7 +382,11 @@ impl Applier {
         self.route(written, &outstanding);
         self.routed_through(&last);
         drop(outstanding);
-        acks.ack(Last::Message(Box::new(last)), Written { routed, own });
+        acks.ack(
+            first,
+            Last::Message(Box::new(last)),
+            Written { routed, own },
+        );
     }
 
     fn routed_up_to(&self, sequence: u64) {
@@ -368,10 +399,7 @@ impl Applier {
 
     /// Everything up to `last` in the stream is routed here.
     fn routed_through(&self, last: &async_nats::jetstream::Message) {
-        if let Ok(info) = last.info() {
-            let sequence = info.stream_sequence;
-            self.routed_up_to(sequence);
-        }
+        self.routed_up_to(stream_sequence(last));
     }
 
     /// Routes and acknowledges, in order, every batch being written.
@@ -380,13 +408,14 @@ impl Applier {
         F: Future<
             Output = (
                 Vec<Applied>,
+                u64,
                 async_nats::jetstream::Message,
                 Vec<CancellationToken>,
             ),
         >,
     {
-        while let Some((written, last, own)) = writing.next().await {
-            self.route_and_ack(written, last, own, acks);
+        while let Some((written, first, last, own)) = writing.next().await {
+            self.route_and_ack(written, first, last, own, acks);
         }
     }
 
@@ -597,5 +626,23 @@ impl Applier {
             }
             _ => {}
         }
+    }
+}
+
+/// The stream sequence of `message` (0 if its reply subject does not say: nothing is then
+/// taken for routed, and a batch it starts is read again from the furthest back).
+fn stream_sequence(message: &async_nats::jetstream::Message) -> u64 {
+    message.info().map_or(0, |info| info.stream_sequence)
+}
+
+/// What a reading of the stream takes for routed before, given the consumer's
+/// acknowledgement floor and the floor the last run's heartbeat carried: read again from
+/// the older, at most `READ_AGAIN_AT_MOST` messages before the acknowledgement floor.
+fn read_again_after(ack_floor: u64, left_by_last_run: Option<u64>) -> u64 {
+    match left_by_last_run {
+        Some(unwritten_from) => (unwritten_from.saturating_sub(1))
+            .max(ack_floor.saturating_sub(READ_AGAIN_AT_MOST))
+            .min(ack_floor),
+        None => ack_floor,
     }
 }

@@ -14,6 +14,7 @@ use async_nats::{ConnectOptions, Event};
 use tokio_util::sync::CancellationToken;
 
 use super::config::FederationConfig;
+use super::unwritten::UnwrittenFloor;
 use super::wire::{Card, Heartbeat, Names, agent_key};
 use crate::admin::Readiness;
 use crate::telemetry;
@@ -23,8 +24,9 @@ use crate::telemetry;
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
 
 /// Messages delivered to a bridge and not yet acknowledged, at most. A batch is
-/// acknowledged once what it routed here was written (`acks::WRITTEN_WITHIN` at most), so
-/// this is how far applying runs ahead of a recipient that reads slowly before it waits.
+/// acknowledged once what it routed here was written (`acks::WRITTEN_WITHIN` at most, and
+/// `unwritten::CARRIED_WITHIN` more for a heartbeat to carry it), so this is how far
+/// applying runs ahead of a recipient that reads slowly before it waits.
 const MAX_ACK_PENDING: i64 = 16_384;
 
 /// How often a wait for the client to reconnect looks at its state without an event.
@@ -44,6 +46,8 @@ pub struct Ready {
     pub records: kv::Store,
     /// The files endpoints share (`records`).
     pub files: object_store::ObjectStore,
+    /// Where this bridge's deliveries not yet written begin, which its heartbeats carry.
+    pub unwritten: Arc<UnwrittenFloor>,
 }
 
 pub struct NatsLink {
@@ -338,8 +342,12 @@ impl NatsLink {
             }
         };
         // The first heartbeat before the bridge is ready: from then on the names it claims
-        // are held by a bridge the others see alive.
-        put_heartbeat(&bridges, &self.bridge_id).await?;
+        // are held by a bridge the others see alive. It carries on what the last run's
+        // said of its deliveries not written, until this run has read again from there.
+        let last_beat = bridges.get(&self.bridge_id).await?;
+        let left = last_beat.and_then(|value| Heartbeat::floor_in(&value));
+        let unwritten = Arc::new(UnwrittenFloor::new(left));
+        put_heartbeat(&bridges, &self.bridge_id, &unwritten).await?;
         Ok(Ready {
             js,
             consumer,
@@ -348,18 +356,29 @@ impl NatsLink {
             names,
             records,
             files,
+            unwritten,
         })
     }
 }
 
-/// Puts `bridge`'s heartbeat in the bridges bucket.
-pub async fn put_heartbeat(bridges: &kv::Store, bridge: &str) -> Result<(), async_nats::Error> {
-    let heartbeat = serde_json::to_vec(&Heartbeat {
+/// Puts `bridge`'s heartbeat in the bridges bucket, with the floor of what it acknowledged
+/// unwritten (`UnwrittenFloor`).
+pub async fn put_heartbeat(
+    bridges: &kv::Store,
+    bridge: &str,
+    unwritten: &UnwrittenFloor,
+) -> Result<(), async_nats::Error> {
+    let heartbeat = Heartbeat {
         bridge: bridge.to_owned(),
         at: crate::core::now_ms(),
-    })?;
-    bridges.put(bridge, heartbeat.into()).await?;
-    Ok(())
+        unwritten_from: unwritten.start_put(),
+    };
+    let put: Result<_, async_nats::Error> = match serde_json::to_vec(&heartbeat) {
+        Ok(value) => bridges.put(bridge, value.into()).await.map_err(Into::into),
+        Err(e) => Err(e.into()),
+    };
+    unwritten.put_ended(put.is_ok());
+    put.map(drop)
 }
 
 /// Keeps `card` in the agents bucket, for bridges that start later (or missed the

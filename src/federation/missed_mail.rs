@@ -5,8 +5,9 @@
 //! Grid and Synapse agents was written, its own messages as well as the others'), before
 //! the others took it for gone — would wait for it to come back. So each bridge still here
 //! reads that stretch of the stream again, from the gone bridge's consumer's
-//! acknowledgement floor to the stream's end, and keeps each message for the agents the
-//! gone bridge held. Keeping is once fleet-wide (a kept message's record key is used once),
+//! acknowledgement floor (or, if older, from where its last heartbeat said what it
+//! acknowledged unwritten begins: `UnwrittenFloor`) to the stream's end, and keeps each
+//! message for the agents the gone bridge held. Keeping is once fleet-wide (a kept message's record key is used once),
 //! so every bridge doing this, and the gone bridge applying the same messages if it
 //! restarts, keep one copy between them.
 
@@ -16,15 +17,12 @@ use std::time::Duration;
 
 use super::link::{NatsLink, Ready};
 use super::stretch::Stretch;
+use super::unwritten::READ_AGAIN_AT_MOST;
 use super::wire::{Names, Replica};
 use crate::core::{Core, Delivery, Envelope, Kind, MovedHere};
 
 /// How many times a failed read of the stretch is taken up again.
 const TRIES: u32 = 3;
-
-/// The most messages read again: the stretch of a bridge that lagged further is cut to
-/// its newest this many (and that is logged).
-const MOST_READ: u64 = 200_000;
 
 /// Who the gone bridge held, as this bridge knew them just before it took it for gone.
 pub struct Held {
@@ -34,6 +32,8 @@ pub struct Held {
     /// stream while the gone bridge held them was its to keep, and nobody else kept it, so
     /// it is kept here (`Stage`).
     pub moved: Vec<MovedHere>,
+    /// Where its last heartbeat said its deliveries not written begin (`UnwrittenFloor`).
+    pub unwritten_from: Option<u64>,
 }
 
 /// Where an agent that moved here from the gone bridge is, as the stretch is read — which
@@ -143,9 +143,10 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    /// Reads the stream from after `bridge`'s acknowledgement floor to its end now (at most
-    /// `MOST_READ` messages back), keeping what its agents missed. A failed read is taken up
-    /// again where it stopped, `TRIES` times.
+    /// Reads the stream from after `bridge`'s acknowledgement floor, or from where its
+    /// deliveries not written begin if that is older, to its end now (at most
+    /// `READ_AGAIN_AT_MOST` messages back), keeping what its agents missed. A failed read is
+    /// taken up again where it stopped, `TRIES` times.
     async fn read_missed(&self) {
         let bridge = self.bridge;
         let stretch = match self.stretch().await {
@@ -187,9 +188,14 @@ impl Reader<'_> {
     async fn stretch(&self) -> Result<Option<(u64, u64)>, async_nats::Error> {
         let (link, ready, bridge) = (self.link, self.ready, self.bridge);
         let mut stream = ready.js.get_stream(&link.names.stream).await?;
-        let floor = (stream.consumer_info(Names::consumer_of(bridge)).await?)
+        let acknowledged = (stream.consumer_info(Names::consumer_of(bridge)).await?)
             .ack_floor
             .stream_sequence;
+        // What it acknowledged before it was written is read again too.
+        let floor = match self.held.unwritten_from {
+            Some(unwritten_from) => acknowledged.min(unwritten_from.saturating_sub(1)),
+            None => acknowledged,
+        };
         let state = &stream.info().await?.state;
         let (last, oldest) = (state.last_sequence, state.first_sequence);
         if floor >= last {
@@ -197,7 +203,7 @@ impl Reader<'_> {
         }
         // Not before the stream's first message (what its limits dropped is not there).
         let first = (floor + 1)
-            .max(last.saturating_sub(MOST_READ) + 1)
+            .max(last.saturating_sub(READ_AGAIN_AT_MOST) + 1)
             .max(oldest);
         if first > floor + 1 {
             tracing::warn!(

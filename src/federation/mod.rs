@@ -26,6 +26,7 @@ mod record_positions;
 mod records;
 mod stretch;
 mod unshared;
+mod unwritten;
 mod wire;
 
 use std::path::Path;

@@ -20,7 +20,7 @@ use super::clashes::Clashes;
 use super::config::FederationConfig;
 use super::held_cards::HeldCards;
 use super::link::{NatsLink, Ready, put_heartbeat};
-use super::wire::{Card, agent_key};
+use super::wire::{Card, Heartbeat, agent_key};
 use crate::core::{Audience, Core, Envelope, Kind, Replicated, Status};
 use crate::telemetry;
 
@@ -67,6 +67,9 @@ impl Presence {
         // Bridges this one heard a heartbeat from: only their missed mail is read again
         // when they go (a bridge known from its cards alone may have left long ago).
         let mut heard: HashSet<String> = HashSet::new();
+        // Where each bridge's last heartbeat says its deliveries not written begin: its
+        // missed mail is read again from there if it goes (`UnwrittenFloor`).
+        let mut unwritten: HashMap<String, u64> = HashMap::new();
         self.take_in_cards(&ready, &mut alive).await;
         let mut beat = tokio::time::interval(self.heartbeat);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -122,8 +125,11 @@ impl Presence {
                     }
                     was_connected = connected;
                     self.beat(&ready).await;
-                    self.sweep(&ready, &mut alive, &heard);
+                    self.sweep(&ready, &mut alive, &heard, &unwritten);
                 }
+                // A batch acknowledged before it was written waits for a heartbeat that
+                // carries it.
+                () = ready.unwritten.wanted() => self.beat(&ready).await,
                 card = next_entry(&mut cards) => match card {
                     Some(entry) => match self.moves_away_kept_mail(&entry.value) {
                         true => {
@@ -152,6 +158,10 @@ impl Presence {
                         match entry.operation {
                             Operation::Put => {
                                 let bridge = entry.key;
+                                match Heartbeat::floor_in(&entry.value) {
+                                    Some(floor) => unwritten.insert(bridge.clone(), floor),
+                                    None => unwritten.remove(&bridge),
+                                };
                                 heard.insert(bridge.clone());
                                 if alive.insert(bridge.clone(), Instant::now()).is_none() {
                                     // Back after it was taken for gone (a NATS failover
@@ -161,7 +171,9 @@ impl Presence {
                             }
                             Operation::Delete | Operation::Purge => {
                                 alive.remove(&entry.key);
-                                self.gone(&ready, &entry.key, heard.contains(&entry.key));
+                                let bridge = &entry.key;
+                                let unwritten = unwritten.get(bridge).copied();
+                                self.gone(&ready, bridge, heard.contains(bridge), unwritten);
                             }
                         }
                         telemetry::federation_bridges(alive.len() + 1);
@@ -253,7 +265,8 @@ impl Presence {
     }
 
     async fn beat(&self, ready: &Ready) {
-        if let Err(e) = put_heartbeat(&ready.bridges, &self.link.bridge_id).await {
+        let (bridges, unwritten) = (&ready.bridges, &ready.unwritten);
+        if let Err(e) = put_heartbeat(bridges, &self.link.bridge_id, unwritten).await {
             tracing::debug!(error = %e, "federation: heartbeat not sent");
         }
     }
@@ -264,6 +277,7 @@ impl Presence {
         ready: &Arc<Ready>,
         alive: &mut HashMap<String, Instant>,
         heard: &HashSet<String>,
+        unwritten: &HashMap<String, u64>,
     ) {
         let now = Instant::now();
         let silent: Vec<String> = (alive.iter())
@@ -273,15 +287,18 @@ impl Presence {
         for bridge in silent {
             alive.remove(&bridge);
             tracing::warn!(bridge = %bridge, "federation: a bridge stopped sending heartbeats");
-            self.gone(ready, &bridge, heard.contains(&bridge));
+            let unwritten = unwritten.get(&bridge).copied();
+            self.gone(ready, &bridge, heard.contains(&bridge), unwritten);
         }
         telemetry::federation_bridges(alive.len() + 1);
     }
 
     /// Shows `bridge`'s agents offline, each with a leave event to everyone here, and keeps
     /// the mail it missed for those whose protocols keep mail (`missed_mail`) if it was
-    /// `heard` alive; their mail routed meanwhile waits for that.
-    fn gone(&self, ready: &Arc<Ready>, bridge: &str, heard: bool) {
+    /// `heard` alive — from its acknowledgement floor, or from where its last heartbeat said
+    /// its deliveries not written begin (`unwritten_from`) if that is older; their mail
+    /// routed meanwhile waits for that.
+    fn gone(&self, ready: &Arc<Ready>, bridge: &str, heard: bool, unwritten_from: Option<u64>) {
         self.clashes.bridge_gone(bridge);
         let directory = &self.core.directory;
         // Once a bridge is gone, its missed mail is being read or was (a second notice of
@@ -297,7 +314,11 @@ impl Presence {
                         .is_some_and(|a| a.bridge.is_none())
                 })
                 .collect();
-            super::missed_mail::Held { all, moved }
+            super::missed_mail::Held {
+                all,
+                moved,
+                unwritten_from,
+            }
         });
         if read_missed {
             self.core.router.hold_back_mail_of(bridge);

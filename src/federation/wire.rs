@@ -231,4 +231,15 @@ pub struct Heartbeat {
     /// Milliseconds since the epoch, by the sending bridge's clock (for people reading
     /// the bucket; liveness is judged by when a heartbeat arrives).
     pub at: i64,
+    /// The first stream sequence of what the bridge acknowledged before its deliveries
+    /// were all written (`UnwrittenFloor`): a stretch read again for it starts here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unwritten_from: Option<u64>,
+}
+
+impl Heartbeat {
+    /// The floor a heartbeat's value carries (none in one unreadable).
+    pub fn floor_in(value: &[u8]) -> Option<u64> {
+        (serde_json::from_slice::<Heartbeat>(value).ok()).and_then(|beat| beat.unwritten_from)
+    }
 }
