@@ -368,17 +368,15 @@ pub async fn put_heartbeat(
     bridge: &str,
     unwritten: &UnwrittenFloor,
 ) -> Result<(), async_nats::Error> {
-    let heartbeat = Heartbeat {
+    let put = unwritten.start_put();
+    let value = serde_json::to_vec(&Heartbeat {
         bridge: bridge.to_owned(),
         at: crate::core::now_ms(),
-        unwritten_from: unwritten.start_put(),
-    };
-    let put: Result<_, async_nats::Error> = match serde_json::to_vec(&heartbeat) {
-        Ok(value) => bridges.put(bridge, value.into()).await.map_err(Into::into),
-        Err(e) => Err(e.into()),
-    };
-    unwritten.put_ended(put.is_ok());
-    put.map(drop)
+        unwritten_from: put.carries(),
+    })?;
+    bridges.put(bridge, value.into()).await?;
+    put.landed();
+    Ok(())
 }
 
 /// Keeps `card` in the agents bucket, for bridges that start later (or missed the

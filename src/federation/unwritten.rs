@@ -129,9 +129,9 @@ impl UnwrittenFloor {
         self.wanted.notified().await;
     }
 
-    /// Starts a heartbeat put: the floor it carries, the oldest of the late batches not yet
-    /// done and what the last run left. `put_ended` says how it ended.
-    pub fn start_put(&self) -> Floor {
+    /// Starts a heartbeat put, carrying the oldest of the late batches not yet done and of
+    /// what the last run left.
+    pub fn start_put(&self) -> PutUnderWay<'_> {
         let mut state = self.lock();
         state.late.retain(|(_, written)| !written.is_done());
         let late = state.late.iter().map(|(first, _)| *first).min();
@@ -140,11 +140,15 @@ impl UnwrittenFloor {
             (left, late) => left.or(late),
         };
         state.in_flight = Some(floor);
-        floor
+        PutUnderWay {
+            unwritten: self,
+            carries: floor,
+            landed: false,
+        }
     }
 
-    /// The put `start_put` started ended: it `landed`, or may not have.
-    pub fn put_ended(&self, landed: bool) {
+    /// The put under way ended: it `landed`, or may not have.
+    fn put_ended(&self, landed: bool) {
         let mut state = self.lock();
         if let Some(floor) = state.in_flight.take() {
             // A put that failed may have landed all the same: the bucket holds one floor
@@ -162,6 +166,32 @@ impl UnwrittenFloor {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A heartbeat put under way (`UnwrittenFloor::start_put`). Dropped before it is said to
+/// have `landed` (failed, or given up half-way), it may or may not have.
+pub struct PutUnderWay<'a> {
+    unwritten: &'a UnwrittenFloor,
+    carries: Floor,
+    landed: bool,
+}
+
+impl PutUnderWay<'_> {
+    /// The floor the heartbeat carries.
+    pub fn carries(&self) -> Floor {
+        self.carries
+    }
+
+    /// The put landed.
+    pub fn landed(mut self) {
+        self.landed = true;
+    }
+}
+
+impl Drop for PutUnderWay<'_> {
+    fn drop(&mut self) {
+        self.unwritten.put_ended(self.landed);
     }
 }
 
@@ -189,9 +219,9 @@ mod tests {
         tokio::spawn(async move {
             loop {
                 floor.wanted().await;
-                floor.start_put();
+                let put = floor.start_put();
                 tokio::task::yield_now().await;
-                floor.put_ended(true);
+                put.landed();
             }
         })
     }
@@ -202,11 +232,10 @@ mod tests {
         let beating = heartbeat(floor.clone());
         let (written, done) = batch();
         assert!(floor.carry(100, written, in_ms(5000)).await);
-        assert_eq!(floor.start_put(), Some(100));
-        floor.put_ended(true);
+        assert_eq!(floor.start_put().carries(), Some(100));
         // Once done, the floor moves on.
         done.cancel();
-        assert_eq!(floor.start_put(), None);
+        assert_eq!(floor.start_put().carries(), None);
         beating.abort();
     }
 
@@ -216,17 +245,20 @@ mod tests {
         let (older, older_done) = batch();
         // No one puts heartbeats: the first late batch waits in vain.
         assert!(!floor.carry(100, older, in_ms(10)).await);
-        assert_eq!(floor.start_put(), Some(100));
-        floor.put_ended(true);
+        let put = floor.start_put();
+        assert_eq!(put.carries(), Some(100));
+        put.landed();
         // The older batch is done, and a put of no floor is under way as a newer batch
         // goes late: the bucket's floor covers it, the put under way does not.
         older_done.cancel();
-        assert_eq!(floor.start_put(), None);
+        let put = floor.start_put();
+        assert_eq!(put.carries(), None);
         let (newer, _newer_done) = batch();
         assert!(!floor.carry(200, newer, in_ms(10)).await);
-        floor.put_ended(true);
-        assert_eq!(floor.start_put(), Some(200));
-        floor.put_ended(true);
+        put.landed();
+        let put = floor.start_put();
+        assert_eq!(put.carries(), Some(200));
+        put.landed();
         assert!(floor.is_carried(200));
     }
 
@@ -239,8 +271,9 @@ mod tests {
         floor.read_again();
         done.cancel();
         // A put of no floor fails: the bucket may hold either.
-        assert_eq!(floor.start_put(), None);
-        floor.put_ended(false);
+        let put = floor.start_put();
+        assert_eq!(put.carries(), None);
+        drop(put);
         assert!(!floor.is_carried(70));
     }
 
@@ -251,10 +284,10 @@ mod tests {
         let (older, _older_done) = batch();
         // Late batches need not come in stream order.
         floor.lock().late.extend([(250, newer), (200, older)]);
-        assert_eq!(floor.start_put(), Some(200));
-        floor.put_ended(true);
+        floor.start_put().landed();
+        assert!(floor.is_carried(200) && !floor.is_carried(199));
         assert_eq!(floor.left_by_last_run(), Some(300));
         floor.read_again();
-        assert_eq!(floor.start_put(), Some(200));
+        assert_eq!(floor.start_put().carries(), Some(200));
     }
 }
