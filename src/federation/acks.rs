@@ -63,6 +63,7 @@ pub(super) fn ack_subject(stream: &str, consumer: &str, delivered: &SequenceInfo
 }
 
 /// What tells that a batch's deliveries here are done: written, kept or dropped.
+#[derive(Clone)]
 pub(super) struct Written {
     /// Cancelled once every delivery the batch made that took up its hold is done.
     pub(super) routed: CancellationToken,
@@ -129,20 +130,16 @@ impl Acks {
                 at,
             }) = to_ack.recv().await
             {
-                let done = tokio::select! {
+                let written_or_carried = async {
+                    if !written.done_by(at + WRITTEN_WITHIN).await {
+                        let by = at + WRITTEN_WITHIN + CARRIED_WITHIN;
+                        unwritten.carry(first, written, by).await;
+                    }
+                };
+                tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => return,
-                    done = written.done_by(at + WRITTEN_WITHIN) => done,
-                };
-                if !done {
-                    tokio::select! {
-                        biased;
-                        _ = shutdown.cancelled() => return,
-                        _ = unwritten.carry(first, written, at + WRITTEN_WITHIN + CARRIED_WITHIN) => {}
-                    }
-                }
-                if shutdown.is_cancelled() {
-                    return;
+                    () = written_or_carried => {}
                 }
                 if let Err(e) = last.ack().await {
                     // Redelivered after `ack_wait`, and passed over as applied already.

@@ -23,7 +23,7 @@ use super::acks::{Acks, Last, WRITTEN_WITHIN, Written, ack_subject};
 use super::link::{NatsLink, Ready};
 use super::own_deliveries::OwnDeliveries;
 use super::stretch::Stretch;
-use super::unwritten::{CARRIED_WITHIN, READ_AGAIN_AT_MOST};
+use super::unwritten::{CARRIED_WITHIN, READ_AGAIN_AT_MOST, written_up_to};
 use super::wire::{BRIDGE_HEADER, Names, RUN_HEADER, Replica};
 use crate::core::{Core, Envelope, Kind, MessageLog, Outstanding, Replicated, Status, now_ms};
 use crate::telemetry;
@@ -639,10 +639,5 @@ fn stream_sequence(message: &async_nats::jetstream::Message) -> u64 {
 /// acknowledgement floor and the floor the last run's heartbeat carried: read again from
 /// the older, at most `READ_AGAIN_AT_MOST` messages before the acknowledgement floor.
 fn read_again_after(ack_floor: u64, left_by_last_run: Option<u64>) -> u64 {
-    match left_by_last_run {
-        Some(unwritten_from) => (unwritten_from.saturating_sub(1))
-            .max(ack_floor.saturating_sub(READ_AGAIN_AT_MOST))
-            .min(ack_floor),
-        None => ack_floor,
-    }
+    written_up_to(ack_floor, [left_by_last_run]).max(ack_floor.saturating_sub(READ_AGAIN_AT_MOST))
 }

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use super::link::{NatsLink, Ready};
 use super::stretch::Stretch;
-use super::unwritten::READ_AGAIN_AT_MOST;
-use super::wire::{Names, Replica};
+use super::unwritten::{READ_AGAIN_AT_MOST, written_up_to};
+use super::wire::{Heartbeat, Names, Replica};
 use crate::core::{Core, Delivery, Envelope, Kind, MovedHere};
 
 /// How many times a failed read of the stretch is taken up again.
@@ -191,11 +191,12 @@ impl Reader<'_> {
         let acknowledged = (stream.consumer_info(Names::consumer_of(bridge)).await?)
             .ack_floor
             .stream_sequence;
-        // What it acknowledged before it was written is read again too.
-        let floor = match self.held.unwritten_from {
-            Some(unwritten_from) => acknowledged.min(unwritten_from.saturating_sub(1)),
-            None => acknowledged,
-        };
+        // What it acknowledged before it was written is read again too: from the floor its
+        // last heartbeat carried, as the bucket holds it (unless it was deleted, by a clean
+        // stop) or as the watch brought it (which may lag).
+        let kept = (ready.bridges.get(bridge).await.ok().flatten())
+            .and_then(|value| Heartbeat::floor_in(&value));
+        let floor = written_up_to(acknowledged, [kept, self.held.unwritten_from]);
         let state = &stream.info().await?.state;
         let (last, oldest) = (state.last_sequence, state.first_sequence);
         if floor >= last {

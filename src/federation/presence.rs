@@ -172,8 +172,8 @@ impl Presence {
                             Operation::Delete | Operation::Purge => {
                                 alive.remove(&entry.key);
                                 let bridge = &entry.key;
-                                let unwritten = unwritten.get(bridge).copied();
-                                self.gone(&ready, bridge, heard.contains(bridge), unwritten);
+                                let unwritten_from = unwritten.get(bridge).copied();
+                                self.gone(&ready, bridge, heard.contains(bridge), unwritten_from);
                             }
                         }
                         telemetry::federation_bridges(alive.len() + 1);
@@ -287,8 +287,8 @@ impl Presence {
         for bridge in silent {
             alive.remove(&bridge);
             tracing::warn!(bridge = %bridge, "federation: a bridge stopped sending heartbeats");
-            let unwritten = unwritten.get(&bridge).copied();
-            self.gone(ready, &bridge, heard.contains(&bridge), unwritten);
+            let unwritten_from = unwritten.get(&bridge).copied();
+            self.gone(ready, &bridge, heard.contains(&bridge), unwritten_from);
         }
         telemetry::federation_bridges(alive.len() + 1);
     }

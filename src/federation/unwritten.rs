@@ -8,8 +8,9 @@
 //! still holds its heartbeat (`Applier::apply_unacknowledged`), rather than from its
 //! consumer's acknowledgement floor: what waited for a slow reader is kept or sent again,
 //! not lost. A late batch waits, before its acknowledgement, for a heartbeat carrying a
-//! floor at or before it to land with no put under way carrying a later one; up to
-//! `CARRIED_WITHIN`, after which it is acknowledged all the same (and that is logged).
+//! floor at or before it to land with no put under way carrying a later one, or for its
+//! deliveries to be written meanwhile; up to `CARRIED_WITHIN` more, after which it is
+//! acknowledged all the same (and that is logged).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -35,6 +36,12 @@ const AFTER_A_FAILED_PUT: Duration = Duration::from_millis(200);
 
 /// A floor as a heartbeat carries it: `None` for none.
 type Floor = Option<u64>;
+
+/// What a stretch read again for a bridge takes for done before: its consumer's
+/// acknowledgement floor, or the sequence before the oldest floor it carried, if older.
+pub(super) fn written_up_to(ack_floor: u64, floors: impl IntoIterator<Item = Floor>) -> u64 {
+    (floors.into_iter().flatten()).fold(ack_floor, |up_to, from| up_to.min(from.saturating_sub(1)))
+}
 
 pub struct UnwrittenFloor {
     state: Mutex<State>,
@@ -94,12 +101,12 @@ impl UnwrittenFloor {
 
     /// Carries the batch starting at `first`, about to be acknowledged before `written`
     /// says it is done, in the heartbeats: waits until one carrying it has landed (asking
-    /// for one), at most until `by`; whether one did.
+    /// for one), or it is done, at most until `by`; whether either came.
     pub async fn carry(&self, first: u64, written: Written, by: Instant) -> bool {
         let mut ended = self.ended.subscribe();
-        self.lock().late.push((first, written));
+        self.lock().late.push((first, written.clone()));
         let carried = async {
-            while !self.is_carried(first) {
+            while !self.is_carried(first) && !written.is_done() {
                 if self.lock().failed {
                     tokio::time::sleep(AFTER_A_FAILED_PUT).await;
                 }
@@ -260,6 +267,21 @@ mod tests {
         assert_eq!(put.carries(), Some(200));
         put.landed();
         assert!(floor.is_carried(200));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_batch_written_meanwhile_waits_for_no_heartbeat() {
+        let floor = UnwrittenFloor::new(None);
+        let (written, done) = batch();
+        let by = in_ms(60_000);
+        let carrying = floor.carry(100, written, by);
+        tokio::pin!(carrying);
+        assert!(futures_util::poll!(&mut carrying).is_pending());
+        done.cancel();
+        // Woken by the next put's end, whatever it carries.
+        floor.start_put().landed();
+        assert!(carrying.await);
+        assert!(Instant::now() < by);
     }
 
     #[tokio::test(start_paused = true)]
