@@ -2213,7 +2213,6 @@ async fn a_program_on_a_bridge_killed_and_back_at_once_gets_what_waited_for_it_t
 /// What it was written and the fleet could not know of may come twice.
 #[tokio::test]
 async fn a_program_whose_bridge_is_killed_as_it_reads_gets_what_that_bridge_accepted_for_it() {
-    use common::grid::GridWs;
     let SlowReader {
         fleet,
         dir: _dir,
@@ -2224,9 +2223,7 @@ async fn a_program_whose_bridge_is_killed_as_it_reads_gets_what_that_bridge_acce
     let sending = SentUntilKilled::start(process.addr("grid"), "stayer").await;
     let mut got = read_past_the_kill(process, socket).await;
     let accepted = sending.accepted().await;
-    let mut socket = GridWs::connect_once_free(fleet.nets[1].grid, "stayer").await;
-    let at = (fleet.nets[1].grid, "stayer");
-    read_rest_of(&mut socket, at, &mut got, &accepted).await;
+    read_rest_of((fleet.nets[1].grid, "stayer"), &mut got, &accepted).await;
     fleet.shutdown().await;
 }
 
@@ -2290,7 +2287,6 @@ async fn a_program_on_a_bridge_killed_and_back_at_once_gets_what_it_accepted_bef
 /// stream alike. (What it was written may come twice.)
 #[tokio::test]
 async fn a_program_further_behind_than_acknowledgements_wait_gets_everything_through_another() {
-    use common::grid::GridWs;
     let SlowReader {
         fleet,
         dir: _dir,
@@ -2301,9 +2297,7 @@ async fn a_program_further_behind_than_acknowledgements_wait_gets_everything_thr
     let through = [process.addr("grid"), fleet.nets[0].grid];
     let accepted = sent_and_left_unwritten(&process, &through, "stayer").await;
     let mut got = read_past_the_kill(process, socket).await;
-    let mut socket = GridWs::connect_once_free(fleet.nets[1].grid, "stayer").await;
-    let at = (fleet.nets[1].grid, "stayer");
-    read_rest_of(&mut socket, at, &mut got, &accepted).await;
+    read_rest_of((fleet.nets[1].grid, "stayer"), &mut got, &accepted).await;
     fleet.shutdown().await;
 }
 
@@ -2313,7 +2307,6 @@ async fn a_program_further_behind_than_acknowledgements_wait_gets_everything_thr
 #[tokio::test]
 async fn a_program_further_behind_than_acknowledgements_wait_gets_everything_from_its_bridge_back()
 {
-    use common::grid::GridWs;
     let SlowReader {
         fleet,
         dir,
@@ -2325,9 +2318,7 @@ async fn a_program_further_behind_than_acknowledgements_wait_gets_everything_fro
     let accepted = sent_and_left_unwritten(&process, &through, "stayer").await;
     let mut got = read_past_the_kill(process, socket).await;
     let process = spawn_bridge(dir.path(), "b1", &section).await;
-    let at = (process.addr("grid"), "stayer");
-    let mut socket = GridWs::connect_once_free(at.0, "stayer").await;
-    read_rest_of(&mut socket, at, &mut got, &accepted).await;
+    read_rest_of((process.addr("grid"), "stayer"), &mut got, &accepted).await;
     drop(process);
     fleet.shutdown().await;
 }
@@ -2579,15 +2570,11 @@ impl SentUntilKilled {
     }
 }
 
-/// Reads `socket` until `got` holds every number `accepted` holds (`read_until_got`); it
-/// must.
-async fn read_rest_of(
-    socket: &mut common::grid::GridWs,
-    at: (std::net::SocketAddr, &str),
-    got: &mut Vec<usize>,
-    accepted: &[usize],
-) {
-    read_until_got(socket, at, got, &accepted.iter().copied().collect()).await;
+/// Reads, on a socket the program opens at `at` (a bridge's Grid endpoint, the program's
+/// name), until `got` holds every number `accepted` holds (`read_until_got`); it must.
+async fn read_rest_of(at: (std::net::SocketAddr, &str), got: &mut Vec<usize>, accepted: &[usize]) {
+    let mut socket = common::grid::GridWs::connect_once_free(at.0, at.1).await;
+    read_until_got(&mut socket, at, got, &accepted.iter().copied().collect()).await;
     let missing: Vec<usize> = (accepted.iter().copied())
         .filter(|n| !got.contains(n))
         .collect();
