@@ -495,6 +495,32 @@ async fn deliveries_taken_from_a_bridges_consumer_elsewhere_still_reach_its_agen
     fleet.shutdown().await;
 }
 
+/// A bridge whose consumer of the stream is gone (deleted by hand, as `nats consumer rm`
+/// does) makes it again, from the message after the last it routed: what is sent to its
+/// agents from another bridge reaches them again, in order, none lost meanwhile.
+#[tokio::test]
+async fn a_bridge_whose_consumer_was_deleted_makes_it_again_and_misses_nothing() {
+    let fleet = Fleet::start(2).await;
+    let (mut sender, mut receiver) = skynet_on_b0_to_tracker_on_b1(&fleet).await;
+    sender.chat(&receiver.name, "@coder 0", None).await;
+    chats_in_order(&mut receiver, 1).await;
+    let js = fleet.jetstream().await;
+    let stream = format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase());
+    let stream = js.get_stream(stream).await.expect("the fleet's stream");
+    (stream.delete_consumer("bridge-b1").await).expect("b1's consumer deleted");
+    const COUNT: usize = 20;
+    for n in 1..COUNT {
+        sender
+            .chat(&receiver.name, &format!("@coder {n}"), None)
+            .await;
+    }
+    for n in 1..COUNT {
+        let seen = receiver.next(What::Chat).await;
+        assert_eq!(seen.text, format!("@coder {n}"), "message {n} in order");
+    }
+    fleet.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_name_held_on_another_bridge_is_refused_naming_the_holder_and_its_bridge() {
     let fleet = Fleet::start(2).await;

@@ -15,12 +15,13 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::{DeliverPolicy, PullConsumer};
 use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::acks::{Acks, Last, WRITTEN_WITHIN, Written, ack_subject};
-use super::link::{NatsLink, Ready};
+use super::link::{NatsLink, Ready, durable_consumer};
 use super::own_deliveries::OwnDeliveries;
 use super::stretch::Stretch;
 use super::unwritten::{CARRIED_WITHIN, READ_AGAIN_AT_MOST, written_up_to};
@@ -182,9 +183,10 @@ impl Applier {
         acks: &Acks,
         shutdown: &CancellationToken,
     ) -> Result<ReadingEnded, async_nats::Error> {
+        let consumer = self.consumer(ready).await?;
         // What the consumer acknowledged was routed before (also before a restart), up to
         // where the last run's heartbeat says its deliveries were not all written.
-        let ack_floor = ready.consumer.cached_info().ack_floor.stream_sequence;
+        let ack_floor = consumer.cached_info().ack_floor.stream_sequence;
         self.routed_up_to(read_again_after(
             ack_floor,
             ready.unwritten.left_by_last_run(),
@@ -194,7 +196,7 @@ impl Applier {
             _ = shutdown.cancelled() => return Ok(ReadingEnded::Shutdown),
             applied = self.apply_unacknowledged(ready, acks) => applied?,
         };
-        let mut messages = ready.consumer.messages().await?;
+        let mut messages = consumer.messages().await?;
         // Batches whose store writes are under way, in stream order: the next batch is
         // read and its writes queued meanwhile, and each is routed once its writes and
         // those of every batch before it are done, then acknowledged once what it routed
@@ -253,6 +255,31 @@ impl Applier {
         // a message the store holds is passed over, so one left unrouted now never would be.
         self.route_and_ack_all(&mut writing, acks).await;
         ended
+    }
+
+    /// This bridge's consumer of the stream; made again if it is gone (deleted by hand, or
+    /// lost by the cluster), from the message after the last this run routed (or from now,
+    /// if it routed none: the set-up made the consumer a moment before), so that the
+    /// messages reaching the stream meanwhile are not passed by — or from the stream's
+    /// first, if it has not come that far: a stream made again, its sequences begun anew.
+    async fn consumer(&self, ready: &Ready) -> Result<PullConsumer, async_nats::Error> {
+        let stream = ready.js.get_stream(&self.link.names.stream).await?;
+        let last = stream.cached_info().state.last_sequence;
+        let start = match *self.routed.borrow() {
+            0 => DeliverPolicy::New,
+            routed if routed > last => DeliverPolicy::All,
+            routed => DeliverPolicy::ByStartSequence {
+                start_sequence: routed + 1,
+            },
+        };
+        let (consumer, made) = durable_consumer(&stream, &self.link.bridge_id, start).await?;
+        if made {
+            tracing::warn!(
+                ?start,
+                "federation: this bridge's consumer of the stream was gone; made again"
+            );
+        }
+        Ok(consumer)
     }
 
     /// Applies what the consumer was given and neither acknowledged nor routed here: what a

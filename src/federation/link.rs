@@ -35,9 +35,6 @@ const RECHECK_AFTER: Duration = Duration::from_millis(100);
 /// What the bridge uses once JetStream is set up.
 pub struct Ready {
     pub js: jetstream::Context,
-    /// This bridge's durable consumer of the stream, made before the bridge is ready so
-    /// that nothing published once it is can pass it by.
-    pub consumer: PullConsumer,
     pub agents: kv::Store,
     pub bridges: kv::Store,
     /// Which bridge holds each name (`claims`).
@@ -290,21 +287,10 @@ impl NatsLink {
                 ..Default::default()
             })
             .await?;
-        let name = Names::consumer_of(&self.bridge_id);
-        // Created, or updated to this config: a consumer an older version made takes
-        // today's `max_ack_pending`.
-        let consumer = stream
-            .create_consumer(pull::Config {
-                durable_name: Some(name.clone()),
-                // A bridge new to the fleet starts from now; one that was here before
-                // resumes after the last message it acknowledged.
-                deliver_policy: DeliverPolicy::New,
-                ack_policy: AckPolicy::All,
-                ack_wait: Duration::from_secs(30),
-                max_ack_pending: MAX_ACK_PENDING,
-                ..Default::default()
-            })
-            .await?;
+        // Before the bridge is ready, so that nothing published once it is can pass it by.
+        // A bridge new to the fleet starts from now; one that was here before resumes
+        // after the last message it acknowledged.
+        durable_consumer(&stream, &self.bridge_id, DeliverPolicy::New).await?;
         let replicas = config.replicas;
         let agents = bucket(
             &js,
@@ -350,7 +336,6 @@ impl NatsLink {
         put_heartbeat(&bridges, &self.bridge_id, &unwritten).await?;
         Ok(Ready {
             js,
-            consumer,
             agents,
             bridges,
             names,
@@ -359,6 +344,35 @@ impl NatsLink {
             unwritten,
         })
     }
+}
+
+/// `bridge`'s durable consumer of `stream`: made if there is none, delivering from
+/// `start`; updated to today's settings if there is (a consumer an older version made
+/// takes today's `max_ack_pending`), keeping where it was made to start, which the server
+/// does not let change. Whether it was made, with it.
+pub async fn durable_consumer(
+    stream: &stream::Stream,
+    bridge: &str,
+    start: DeliverPolicy,
+) -> Result<(PullConsumer, bool), async_nats::Error> {
+    use async_nats::jetstream::context::ConsumerInfoErrorKind;
+    let name = Names::consumer_of(bridge);
+    let (deliver_policy, made) = match stream.consumer_info(&name).await {
+        Ok(info) => (info.config.deliver_policy, false),
+        Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => (start, true),
+        Err(e) => return Err(e.into()),
+    };
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some(name),
+            deliver_policy,
+            ack_policy: AckPolicy::All,
+            ack_wait: Duration::from_secs(30),
+            max_ack_pending: MAX_ACK_PENDING,
+            ..Default::default()
+        })
+        .await?;
+    Ok((consumer, made))
 }
 
 /// Puts `bridge`'s heartbeat in the bridges bucket, with the floor of what it acknowledged
