@@ -3,7 +3,9 @@
 //! agents whose mail the fleet keeps were written or kept, so that a bridge killed before
 //! leaves them in the stretch the other bridges read again (`missed_mail`).
 
+use std::ops::RangeInclusive;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::SequenceInfo;
@@ -20,8 +22,8 @@ pub(super) const WRITTEN_WITHIN: Duration = Duration::from_secs(5);
 
 /// A routed batch waiting for its acknowledgement.
 struct ToAcknowledge {
-    /// The stream sequence of its first message.
-    first: u64,
+    /// The stream sequences of its first and last messages.
+    sequences: RangeInclusive<u64>,
     last: Last,
     written: Written,
     at: tokio::time::Instant,
@@ -114,6 +116,8 @@ impl Written {
 /// (`UnwrittenFloor`), so that the stretch read again for a killed bridge starts there.
 pub(super) struct Acks {
     queued: tokio::sync::mpsc::UnboundedSender<ToAcknowledge>,
+    /// The stream sequence acknowledged up to, by this run or before it (`acknowledged`).
+    through: Arc<AtomicU64>,
 }
 
 impl Acks {
@@ -122,9 +126,11 @@ impl Acks {
     /// mailbox's contents, a callback) stays in the stretch the others read again.
     pub(super) fn start(unwritten: Arc<UnwrittenFloor>, shutdown: CancellationToken) -> Acks {
         let (queued, mut to_ack) = tokio::sync::mpsc::unbounded_channel::<ToAcknowledge>();
+        let through = Arc::<AtomicU64>::default();
+        let acknowledged = through.clone();
         tokio::spawn(async move {
             while let Some(ToAcknowledge {
-                first,
+                sequences,
                 last,
                 written,
                 at,
@@ -133,7 +139,7 @@ impl Acks {
                 let written_or_carried = async {
                     if !written.done_by(at + WRITTEN_WITHIN).await {
                         let by = at + WRITTEN_WITHIN + CARRIED_WITHIN;
-                        unwritten.carry(first, written, by).await;
+                        unwritten.carry(*sequences.start(), written, by).await;
                     }
                 };
                 tokio::select! {
@@ -141,23 +147,38 @@ impl Acks {
                     _ = shutdown.cancelled() => return,
                     () = written_or_carried => {}
                 }
-                if let Err(e) = last.ack().await {
+                match last.ack().await {
+                    Ok(()) => _ = acknowledged.fetch_max(*sequences.end(), Ordering::Relaxed),
                     // Redelivered after `ack_wait`, and passed over as applied already.
-                    tracing::debug!(error = %e, "federation: a batch was not acknowledged");
+                    Err(e) => {
+                        tracing::debug!(error = %e, "federation: a batch was not acknowledged")
+                    }
                 }
             }
         });
-        Acks { queued }
+        Acks { queued, through }
     }
 
-    /// Acknowledges the batch from stream sequence `first` to `last`, once `written`.
-    pub(super) fn ack(&self, first: u64, last: Last, written: Written) {
+    /// Acknowledges the batch of the stream `sequences` hold, ending with `last`, once
+    /// `written`.
+    pub(super) fn ack(&self, sequences: RangeInclusive<u64>, last: Last, written: Written) {
         let at = tokio::time::Instant::now();
         let _ = self.queued.send(ToAcknowledge {
-            first,
+            sequences,
             last,
             written,
             at,
         });
+    }
+
+    /// The stream sequence acknowledged up to: what this run acknowledged, or the
+    /// consumer's floor as a reading found it (`acknowledged_at_least`).
+    pub(super) fn acknowledged(&self) -> u64 {
+        self.through.load(Ordering::Relaxed)
+    }
+
+    /// The consumer's acknowledgement floor is at least `floor`.
+    pub(super) fn acknowledged_at_least(&self, floor: u64) {
+        self.through.fetch_max(floor, Ordering::Relaxed);
     }
 }

@@ -13,9 +13,11 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{DeliverPolicy, PullConsumer};
+use async_nats::jetstream::context::{ConsumerInfoError, ConsumerInfoErrorKind};
 use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
@@ -132,6 +134,9 @@ pub struct Applier {
     /// The last stream sequence the consumer had delivered as this run started: what an
     /// earlier run may have routed (`Routing::Again`), set by the first reading.
     pub delivered_before: std::sync::OnceLock<u64>,
+    /// Where an earlier consumer's deliveries end, once the consumer was made again (it
+    /// gave them anew): to be read as `delivered_before`'s are (`Routing::Again`).
+    pub redelivered_through: AtomicU64,
 }
 
 impl Applier {
@@ -183,10 +188,11 @@ impl Applier {
         acks: &Acks,
         shutdown: &CancellationToken,
     ) -> Result<ReadingEnded, async_nats::Error> {
-        let consumer = self.consumer(ready).await?;
+        let consumer = self.consumer(ready, acks).await?;
         // What the consumer acknowledged was routed before (also before a restart), up to
         // where the last run's heartbeat says its deliveries were not all written.
         let ack_floor = consumer.cached_info().ack_floor.stream_sequence;
+        acks.acknowledged_at_least(ack_floor);
         self.routed_up_to(read_again_after(
             ack_floor,
             ready.unwritten.left_by_last_run(),
@@ -234,7 +240,8 @@ impl Applier {
                             break;
                         }
                     }
-                    let mut replicas = self.replicas_of(&batch, 0);
+                    let replayed_through = self.redelivered_through.load(Ordering::Relaxed);
+                    let mut replicas = self.replicas_of(&batch, replayed_through);
                     // Whether one of these was applied is known once the batches before
                     // are written and routed: its first copy may be in one.
                     if replicas.any_maybe_kept() {
@@ -257,28 +264,48 @@ impl Applier {
         ended
     }
 
-    /// This bridge's consumer of the stream; made again if it is gone (deleted by hand, or
-    /// lost by the cluster), from the message after the last this run routed (or from now,
-    /// if it routed none: the set-up made the consumer a moment before), so that the
-    /// messages reaching the stream meanwhile are not passed by — or from the stream's
-    /// first, if it has not come that far: a stream made again, its sequences begun anew.
-    async fn consumer(&self, ready: &Ready) -> Result<PullConsumer, async_nats::Error> {
+    /// This bridge's consumer of the stream. One gone (deleted by hand, or lost by the
+    /// cluster) is made again from the message after the last acknowledged (`acks`): what
+    /// came meanwhile is not passed by, what waits to be written is read again (routed
+    /// here already, it is passed over), and what an earlier run's consumer had delivered
+    /// is taken for delivered again (`redelivered_through`). Before the first reading, it is
+    /// made from now, as the set-up made it a moment before; from the stream's first message
+    /// if the stream is not yet as far on: a stream made again, its sequences begun anew.
+    async fn consumer(
+        &self,
+        ready: &Ready,
+        acks: &Acks,
+    ) -> Result<PullConsumer, async_nats::Error> {
         let stream = ready.js.get_stream(&self.link.names.stream).await?;
-        let last = stream.cached_info().state.last_sequence;
-        let start = match *self.routed.borrow() {
-            0 => DeliverPolicy::New,
-            routed if routed > last => DeliverPolicy::All,
-            routed => DeliverPolicy::ByStartSequence {
-                start_sequence: routed + 1,
+        let name = Names::consumer_of(&self.link.bridge_id);
+        let gone = match stream.get_consumer(&name).await {
+            Ok(consumer) => return Ok(consumer),
+            Err(e) => e,
+        };
+        let not_found = (gone.downcast_ref::<ConsumerInfoError>())
+            .is_some_and(|e| e.kind() == ConsumerInfoErrorKind::NotFound);
+        if !not_found {
+            return Err(gone);
+        }
+        let (last, acknowledged) = (
+            stream.cached_info().state.last_sequence,
+            acks.acknowledged(),
+        );
+        let start = match self.delivered_before.get() {
+            None => DeliverPolicy::New,
+            Some(_) if acknowledged > last => DeliverPolicy::All,
+            Some(_) => DeliverPolicy::ByStartSequence {
+                start_sequence: acknowledged + 1,
             },
         };
-        let (consumer, made) = durable_consumer(&stream, &self.link.bridge_id, start).await?;
-        if made {
-            tracing::warn!(
-                ?start,
-                "federation: this bridge's consumer of the stream was gone; made again"
-            );
+        let consumer = durable_consumer(&stream, &self.link.bridge_id, start).await?;
+        if let Some(&delivered_before) = self.delivered_before.get() {
+            (self.redelivered_through).fetch_max(delivered_before, Ordering::Relaxed);
         }
+        tracing::warn!(
+            ?start,
+            "federation: this bridge's consumer of the stream was gone; made again"
+        );
         Ok(consumer)
     }
 
@@ -348,7 +375,7 @@ impl Applier {
             let subject = ack_subject(&self.link.names.stream, &consumer, &info.delivered);
             let client = ready.js.client();
             acks.ack(
-                first,
+                first..=last,
                 Last::Delivery { client, subject },
                 Written::nothing(),
             );
@@ -409,8 +436,9 @@ impl Applier {
         self.route(written, &outstanding);
         self.routed_through(&last);
         drop(outstanding);
+        let sequences = first..=stream_sequence(&last);
         acks.ack(
-            first,
+            sequences,
             Last::Message(Box::new(last)),
             Written { routed, own },
         );

@@ -349,30 +349,28 @@ impl NatsLink {
 /// `bridge`'s durable consumer of `stream`: made if there is none, delivering from
 /// `start`; updated to today's settings if there is (a consumer an older version made
 /// takes today's `max_ack_pending`), keeping where it was made to start, which the server
-/// does not let change. Whether it was made, with it.
+/// does not let change.
 pub async fn durable_consumer(
     stream: &stream::Stream,
     bridge: &str,
     start: DeliverPolicy,
-) -> Result<(PullConsumer, bool), async_nats::Error> {
+) -> Result<PullConsumer, async_nats::Error> {
     use async_nats::jetstream::context::ConsumerInfoErrorKind;
     let name = Names::consumer_of(bridge);
-    let (deliver_policy, made) = match stream.consumer_info(&name).await {
-        Ok(info) => (info.config.deliver_policy, false),
-        Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => (start, true),
+    let deliver_policy = match stream.consumer_info(&name).await {
+        Ok(info) => info.config.deliver_policy,
+        Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => start,
         Err(e) => return Err(e.into()),
     };
-    let consumer = stream
-        .create_consumer(pull::Config {
-            durable_name: Some(name),
-            deliver_policy,
-            ack_policy: AckPolicy::All,
-            ack_wait: Duration::from_secs(30),
-            max_ack_pending: MAX_ACK_PENDING,
-            ..Default::default()
-        })
-        .await?;
-    Ok((consumer, made))
+    let config = pull::Config {
+        durable_name: Some(name),
+        deliver_policy,
+        ack_policy: AckPolicy::All,
+        ack_wait: Duration::from_secs(30),
+        max_ack_pending: MAX_ACK_PENDING,
+        ..Default::default()
+    };
+    Ok(stream.create_consumer(config).await?)
 }
 
 /// Puts `bridge`'s heartbeat in the bridges bucket, with the floor of what it acknowledged
