@@ -496,8 +496,8 @@ async fn deliveries_taken_from_a_bridges_consumer_elsewhere_still_reach_its_agen
 }
 
 /// A bridge whose consumer of the stream is gone (deleted by hand, as `nats consumer rm`
-/// does) makes it again, from the message after the last it routed: what is sent to its
-/// agents from another bridge reaches them again, in order, none lost meanwhile.
+/// does) makes it again, from the message after the last it acknowledged: what is sent to
+/// its agents from another bridge reaches them again, in order, none lost meanwhile.
 #[tokio::test]
 async fn a_bridge_whose_consumer_was_deleted_makes_it_again_and_misses_nothing() {
     let fleet = Fleet::start(2).await;
@@ -2321,7 +2321,7 @@ async fn a_program_further_behind_than_acknowledgements_wait_gets_everything_thr
         ..
     } = SlowReader::on_a_third_bridge().await;
     let through = [process.addr("grid"), fleet.nets[0].grid];
-    let accepted = sent_and_left_unwritten(&process, &through, "stayer").await;
+    let accepted = sent_and_left_unwritten(&fleet, "b2", &through, "stayer").await;
     let mut got = read_past_the_kill(process, socket).await;
     read_rest_of((fleet.nets[1].grid, "stayer"), &mut got, &accepted).await;
     fleet.shutdown().await;
@@ -2341,7 +2341,7 @@ async fn a_program_further_behind_than_acknowledgements_wait_gets_everything_fro
         socket,
     } = SlowReader::on_a_patient_fleet().await;
     let through = [process.addr("grid"), fleet.nets[0].grid];
-    let accepted = sent_and_left_unwritten(&process, &through, "stayer").await;
+    let accepted = sent_and_left_unwritten(&fleet, "b1", &through, "stayer").await;
     let mut got = read_past_the_kill(process, socket).await;
     let process = spawn_bridge(dir.path(), "b1", &section).await;
     read_rest_of((process.addr("grid"), "stayer"), &mut got, &accepted).await;
@@ -2349,13 +2349,13 @@ async fn a_program_further_behind_than_acknowledgements_wait_gets_everything_fro
     fleet.shutdown().await;
 }
 
-/// Sends `to`, a program reading slowly on the bridge `process`, more numbered notes of
-/// 16 KiB than its socket's buffers hold, eight at a time, through the Grid endpoints
-/// `through` in turn; waits until that bridge acknowledged some of them unwritten, and as
-/// long again as an acknowledgement waits, so that what waits for the program was
-/// acknowledged. The numbers sent (each must be accepted).
+/// Sends `to`, a program reading slowly on the bridge `id` of `fleet`, more numbered notes
+/// of 16 KiB than its socket's buffers hold, eight at a time, through the Grid endpoints
+/// `through` in turn; waits until that bridge's heartbeat carries a late batch and its
+/// consumer acknowledged past it. The numbers sent (each must be accepted).
 async fn sent_and_left_unwritten(
-    process: &BridgeProcess,
+    fleet: &Fleet,
+    id: &str,
     through: &[std::net::SocketAddr],
     to: &'static str,
 ) -> Vec<usize> {
@@ -2382,15 +2382,24 @@ async fn sent_and_left_unwritten(
     tokio::time::timeout(WAIT * 6, sent)
         .await
         .expect("notes accepted within the wait");
-    let metrics = format!("http://{}/metrics", process.addr("admin"));
-    let acknowledged_unwritten = async || {
-        let answer = common::http().get(&metrics).send().await;
-        let text = answer.expect("the bridge answers").text().await.unwrap();
-        metric(&text, "agentbridge_federation_acknowledged_unwritten_total")
-            .is_some_and(|n| n > 0.0)
+    // A late batch carried in the bridge's heartbeat, and acknowledged: what waits for the
+    // program is past the consumer's acknowledgement floor.
+    let js = fleet.jetstream().await;
+    let bridges = js.get_key_value(format!("{}_bridges", fleet.prefix));
+    let bridges = bridges.await.expect("the bridges bucket");
+    let stream = js.get_stream(format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase()));
+    let stream = stream.await.expect("the fleet's stream");
+    let carried_and_acknowledged = async || {
+        let beat = bridges.get(id).await.ok().flatten();
+        let beat = beat.and_then(|value| serde_json::from_slice::<serde_json::Value>(&value).ok());
+        let Some(from) = beat.and_then(|beat| beat["unwritten_from"].as_u64()) else {
+            return false;
+        };
+        let info = stream.consumer_info(format!("bridge-{id}")).await;
+        info.is_ok_and(|info| info.ack_floor.stream_sequence >= from)
     };
-    eventually("a batch acknowledged unwritten", acknowledged_unwritten).await;
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    let what = "a late batch carried in the heartbeat and acknowledged";
+    eventually_within(what, WAIT * 2, carried_and_acknowledged).await;
     numbers
 }
 

@@ -12,7 +12,7 @@ use async_nats::jetstream::consumer::SequenceInfo;
 use tokio_util::sync::CancellationToken;
 
 use super::unwritten::{CARRIED_WITHIN, UnwrittenFloor};
-use crate::telemetry;
+use super::written::Written;
 
 /// How long an acknowledgement waits for the batch's deliveries to be written: past this,
 /// the batch is late, and acknowledged once the heartbeat carries where it starts
@@ -24,6 +24,8 @@ pub(super) const WRITTEN_WITHIN: Duration = Duration::from_secs(5);
 struct ToAcknowledge {
     /// The stream sequences of its first and last messages.
     sequences: RangeInclusive<u64>,
+    /// The consumer that delivered it (`Acks::consumer_made_again`).
+    consumer: u64,
     last: Last,
     written: Written,
     at: tokio::time::Instant,
@@ -64,48 +66,6 @@ pub(super) fn ack_subject(stream: &str, consumer: &str, delivered: &SequenceInfo
     format!("$JS.ACK.{stream}.{consumer}.1.{stream_seq}.{consumer_seq}.0.0")
 }
 
-/// What tells that a batch's deliveries here are done: written, kept or dropped.
-#[derive(Clone)]
-pub(super) struct Written {
-    /// Cancelled once every delivery the batch made that took up its hold is done.
-    pub(super) routed: CancellationToken,
-    /// Cancelled once each of this run's own messages the batch carries is done.
-    pub(super) own: Vec<CancellationToken>,
-}
-
-impl Written {
-    /// Nothing to wait for.
-    pub(super) fn nothing() -> Written {
-        let routed = CancellationToken::new();
-        routed.cancel();
-        Written {
-            routed,
-            own: Vec::new(),
-        }
-    }
-
-    /// Whether every delivery it waits for is done.
-    pub(super) fn is_done(&self) -> bool {
-        self.routed.is_cancelled() && self.own.iter().all(|own| own.is_cancelled())
-    }
-
-    async fn done(&self) {
-        self.routed.cancelled().await;
-        for own in &self.own {
-            own.cancelled().await;
-        }
-    }
-
-    /// Waits until done, at most until `by`; whether it was.
-    pub(super) async fn done_by(&self, by: tokio::time::Instant) -> bool {
-        let done = tokio::time::timeout_at(by, self.done()).await.is_ok();
-        if !done {
-            telemetry::federation_acknowledged_unwritten();
-        }
-        done
-    }
-}
-
 /// Acknowledges routed batches, one after another in stream order, each once what it
 /// routed here for agents whose mail the fleet keeps (Grid programs, Synapse agents) was
 /// written to their connections or kept (`Outstanding`): a bridge killed before has the
@@ -118,6 +78,13 @@ pub(super) struct Acks {
     queued: tokio::sync::mpsc::UnboundedSender<ToAcknowledge>,
     /// The stream sequence acknowledged up to, by this run or before it (`acknowledged`).
     through: Arc<AtomicU64>,
+    /// Counts the consumers made again this run (`consumer_made_again`).
+    consumer: Arc<AtomicU64>,
+    /// Held from a batch's check of its consumer until its acknowledgement is on its way,
+    /// and while the count goes up: an acknowledgement for the old consumer goes out
+    /// before the request that makes the new one, on the same connection, and so finds no
+    /// consumer of that name.
+    acknowledging: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Acks {
@@ -126,11 +93,14 @@ impl Acks {
     /// mailbox's contents, a callback) stays in the stretch the others read again.
     pub(super) fn start(unwritten: Arc<UnwrittenFloor>, shutdown: CancellationToken) -> Acks {
         let (queued, mut to_ack) = tokio::sync::mpsc::unbounded_channel::<ToAcknowledge>();
-        let through = Arc::<AtomicU64>::default();
-        let acknowledged = through.clone();
+        let (through, consumer) = (Arc::<AtomicU64>::default(), Arc::<AtomicU64>::default());
+        let (acknowledged, current) = (through.clone(), consumer.clone());
+        let acknowledging = Arc::new(tokio::sync::Mutex::new(()));
+        let gate = acknowledging.clone();
         tokio::spawn(async move {
             while let Some(ToAcknowledge {
                 sequences,
+                consumer,
                 last,
                 written,
                 at,
@@ -147,6 +117,13 @@ impl Acks {
                     _ = shutdown.cancelled() => return,
                     () = written_or_carried => {}
                 }
+                // An acknowledgement meant for a consumer since made again would reach the
+                // new one, of the same name, and move its floor of deliveries past where
+                // its own are numbered: the new one delivers the batch again instead.
+                let _acknowledging = gate.lock().await;
+                if consumer != current.load(Ordering::Relaxed) {
+                    continue;
+                }
                 match last.ack().await {
                     Ok(()) => _ = acknowledged.fetch_max(*sequences.end(), Ordering::Relaxed),
                     // Redelivered after `ack_wait`, and passed over as applied already.
@@ -156,7 +133,12 @@ impl Acks {
                 }
             }
         });
-        Acks { queued, through }
+        Acks {
+            queued,
+            through,
+            consumer,
+            acknowledging,
+        }
     }
 
     /// Acknowledges the batch of the stream `sequences` hold, ending with `last`, once
@@ -165,6 +147,7 @@ impl Acks {
         let at = tokio::time::Instant::now();
         let _ = self.queued.send(ToAcknowledge {
             sequences,
+            consumer: self.consumer.load(Ordering::Relaxed),
             last,
             written,
             at,
@@ -180,5 +163,14 @@ impl Acks {
     /// The consumer's acknowledgement floor is at least `floor`.
     pub(super) fn acknowledged_at_least(&self, floor: u64) {
         self.through.fetch_max(floor, Ordering::Relaxed);
+    }
+
+    /// The consumer was made again, `acknowledged` up to that stream sequence: the batches
+    /// queued before, which the old one delivered, are waited for as before and not
+    /// acknowledged.
+    pub(super) async fn consumer_made_again(&self, acknowledged: u64) {
+        let _acknowledging = self.acknowledging.lock().await;
+        self.consumer.fetch_add(1, Ordering::Relaxed);
+        self.through.store(acknowledged, Ordering::Relaxed);
     }
 }

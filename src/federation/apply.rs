@@ -22,12 +22,13 @@ use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use super::acks::{Acks, Last, WRITTEN_WITHIN, Written, ack_subject};
+use super::acks::{Acks, Last, WRITTEN_WITHIN, ack_subject};
 use super::link::{NatsLink, Ready, durable_consumer};
 use super::own_deliveries::OwnDeliveries;
-use super::stretch::Stretch;
-use super::unwritten::{CARRIED_WITHIN, READ_AGAIN_AT_MOST, written_up_to};
+use super::stretch::{READ_AGAIN_AT_MOST, Stretch, start_after};
+use super::unwritten::CARRIED_WITHIN;
 use super::wire::{BRIDGE_HEADER, Names, RUN_HEADER, Replica};
+use super::written::Written;
 use crate::core::{Core, Envelope, Kind, MessageLog, Outstanding, Replicated, Status, now_ms};
 use crate::telemetry;
 
@@ -291,17 +292,20 @@ impl Applier {
             stream.cached_info().state.last_sequence,
             acks.acknowledged(),
         );
-        let start = match self.delivered_before.get() {
-            None => DeliverPolicy::New,
-            Some(_) if acknowledged > last => DeliverPolicy::All,
-            Some(_) => DeliverPolicy::ByStartSequence {
-                start_sequence: acknowledged + 1,
-            },
+        let (start, acknowledged) = match self.delivered_before.get() {
+            None => (DeliverPolicy::New, last),
+            Some(_) if acknowledged > last => (DeliverPolicy::All, 0),
+            Some(&delivered_before) => {
+                (self.redelivered_through).fetch_max(delivered_before, Ordering::Relaxed);
+                let start_sequence = acknowledged + 1;
+                (
+                    DeliverPolicy::ByStartSequence { start_sequence },
+                    acknowledged,
+                )
+            }
         };
+        acks.consumer_made_again(acknowledged).await;
         let consumer = durable_consumer(&stream, &self.link.bridge_id, start).await?;
-        if let Some(&delivered_before) = self.delivered_before.get() {
-            (self.redelivered_through).fetch_max(delivered_before, Ordering::Relaxed);
-        }
         tracing::warn!(
             ?start,
             "federation: this bridge's consumer of the stream was gone; made again"
@@ -694,5 +698,5 @@ fn stream_sequence(message: &async_nats::jetstream::Message) -> u64 {
 /// acknowledgement floor and the floor the last run's heartbeat carried: read again from
 /// the older, at most `READ_AGAIN_AT_MOST` messages before the acknowledgement floor.
 fn read_again_after(ack_floor: u64, left_by_last_run: Option<u64>) -> u64 {
-    written_up_to(ack_floor, [left_by_last_run]).max(ack_floor.saturating_sub(READ_AGAIN_AT_MOST))
+    start_after(ack_floor, [left_by_last_run]).max(ack_floor.saturating_sub(READ_AGAIN_AT_MOST))
 }

@@ -16,8 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::link::{NatsLink, Ready};
-use super::stretch::Stretch;
-use super::unwritten::{READ_AGAIN_AT_MOST, written_up_to};
+use super::stretch::{READ_AGAIN_AT_MOST, Stretch, start_after};
 use super::wire::{Heartbeat, Names, Replica};
 use crate::core::{Core, Delivery, Envelope, Kind, MovedHere};
 
@@ -196,7 +195,7 @@ impl Reader<'_> {
         // stop) or as the watch brought it (which may lag).
         let kept = (ready.bridges.get(bridge).await.ok().flatten())
             .and_then(|value| Heartbeat::floor_in(&value));
-        let floor = written_up_to(acknowledged, [kept, self.held.unwritten_from]);
+        let floor = start_after(acknowledged, [kept, self.held.unwritten_from]);
         let state = &stream.info().await?.state;
         let (last, oldest) = (state.last_sequence, state.first_sequence);
         if floor >= last {

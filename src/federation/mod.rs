@@ -28,6 +28,7 @@ mod stretch;
 mod unshared;
 mod unwritten;
 mod wire;
+mod written;
 
 use std::path::Path;
 use std::sync::Arc;

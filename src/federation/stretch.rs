@@ -9,6 +9,19 @@ use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::stream::Stream;
 use futures_util::StreamExt;
 
+/// How far back a stretch read again for a bridge reaches at most (`missed_mail` counts
+/// from the stream's end, a restarted bridge from its acknowledgement floor): a floor
+/// further back is cut, and that is logged.
+pub const READ_AGAIN_AT_MOST: u64 = 200_000;
+
+/// The stream sequence a stretch read again for a bridge starts after: its consumer's
+/// acknowledgement floor, or the one before the oldest floor of what it acknowledged
+/// unwritten (`UnwrittenFloor`), if older.
+pub fn start_after(ack_floor: u64, unwritten_from: impl IntoIterator<Item = Option<u64>>) -> u64 {
+    (unwritten_from.into_iter().flatten())
+        .fold(ack_floor, |after, from| after.min(from.saturating_sub(1)))
+}
+
 /// The longest wait for the next message before the reading is given up.
 const NEXT_WITHIN: Duration = Duration::from_secs(10);
 

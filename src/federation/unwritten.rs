@@ -18,12 +18,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use super::acks::Written;
-
-/// How far back a stretch read again for a bridge reaches at most (`missed_mail` counts
-/// from the stream's end, a restarted bridge from its acknowledgement floor): a floor
-/// further back is cut, and that is logged.
-pub(super) const READ_AGAIN_AT_MOST: u64 = 200_000;
+use super::written::Written;
 
 /// How long past `WRITTEN_WITHIN` a late batch waits for a heartbeat that carries it:
 /// after that (NATS away, heartbeats failing) it is acknowledged all the same, so that
@@ -37,13 +32,9 @@ const AFTER_A_FAILED_PUT: Duration = Duration::from_millis(200);
 /// A floor as a heartbeat carries it: `None` for none.
 type Floor = Option<u64>;
 
-/// What a stretch read again for a bridge takes for done before: its consumer's
-/// acknowledgement floor, or the sequence before the oldest floor it carried, if older.
-pub(super) fn written_up_to(ack_floor: u64, floors: impl IntoIterator<Item = Floor>) -> u64 {
-    (floors.into_iter().flatten()).fold(ack_floor, |up_to, from| up_to.min(from.saturating_sub(1)))
-}
-
-pub struct UnwrittenFloor {
+/// The late batches of this run, what the last run left, and the heartbeat puts that
+/// carry their floor.
+pub(super) struct UnwrittenFloor {
     state: Mutex<State>,
     /// Asks for a heartbeat now: a late batch waits for one that carries it.
     wanted: Notify,
@@ -74,7 +65,7 @@ fn covers(floor: Floor, first: u64) -> bool {
 
 impl UnwrittenFloor {
     /// With the floor the last run's heartbeat carried, which the bridges bucket holds.
-    pub fn new(left_by_last_run: Floor) -> UnwrittenFloor {
+    pub(super) fn new(left_by_last_run: Floor) -> UnwrittenFloor {
         UnwrittenFloor {
             state: Mutex::new(State {
                 left_by_last_run,
@@ -89,20 +80,20 @@ impl UnwrittenFloor {
     }
 
     /// The floor the last run left, if this run has not read again from it yet.
-    pub fn left_by_last_run(&self) -> Floor {
+    pub(super) fn left_by_last_run(&self) -> Floor {
         self.lock().left_by_last_run
     }
 
     /// This run has read again from the floor the last one left (and carries what of that
     /// was not written in time as late).
-    pub fn read_again(&self) {
+    pub(super) fn read_again(&self) {
         self.lock().left_by_last_run = None;
     }
 
     /// Carries the batch starting at `first`, about to be acknowledged before `written`
     /// says it is done, in the heartbeats: waits until one carrying it has landed (asking
     /// for one), or it is done, at most until `by`; whether either came.
-    pub async fn carry(&self, first: u64, written: Written, by: Instant) -> bool {
+    pub(super) async fn carry(&self, first: u64, written: Written, by: Instant) -> bool {
         let mut ended = self.ended.subscribe();
         self.lock().late.push((first, written.clone()));
         let carried = async {
@@ -132,13 +123,13 @@ impl UnwrittenFloor {
     }
 
     /// Resolves once a late batch waits for a heartbeat.
-    pub async fn wanted(&self) {
+    pub(super) async fn wanted(&self) {
         self.wanted.notified().await;
     }
 
     /// Starts a heartbeat put, carrying the oldest of the late batches not yet done and of
     /// what the last run left.
-    pub fn start_put(&self) -> PutUnderWay<'_> {
+    pub(super) fn start_put(&self) -> PutUnderWay<'_> {
         let mut state = self.lock();
         state.late.retain(|(_, written)| !written.is_done());
         let late = state.late.iter().map(|(first, _)| *first).min();
@@ -178,7 +169,7 @@ impl UnwrittenFloor {
 
 /// A heartbeat put under way (`UnwrittenFloor::start_put`). Dropped before it is said to
 /// have `landed` (failed, or given up half-way), it may or may not have.
-pub struct PutUnderWay<'a> {
+pub(super) struct PutUnderWay<'a> {
     unwritten: &'a UnwrittenFloor,
     carries: Floor,
     landed: bool,
@@ -186,12 +177,12 @@ pub struct PutUnderWay<'a> {
 
 impl PutUnderWay<'_> {
     /// The floor the heartbeat carries.
-    pub fn carries(&self) -> Floor {
+    pub(super) fn carries(&self) -> Floor {
         self.carries
     }
 
     /// The put landed.
-    pub fn landed(mut self) {
+    pub(super) fn landed(mut self) {
         self.landed = true;
     }
 }
