@@ -155,7 +155,8 @@ impl Acks {
     }
 
     /// The stream sequence acknowledged up to: what this run acknowledged, or the
-    /// consumer's floor as a reading found it (`acknowledged_at_least`).
+    /// consumer's floor as a reading found it (`acknowledged_at_least`), or where a consumer
+    /// made again starts (`consumer_made_again`).
     pub(super) fn acknowledged(&self) -> u64 {
         self.through.load(Ordering::Relaxed)
     }

@@ -135,8 +135,9 @@ pub struct Applier {
     /// The last stream sequence the consumer had delivered as this run started: what an
     /// earlier run may have routed (`Routing::Again`), set by the first reading.
     pub delivered_before: std::sync::OnceLock<u64>,
-    /// Where an earlier consumer's deliveries end, once the consumer was made again (it
-    /// gave them anew): to be read as `delivered_before`'s are (`Routing::Again`).
+    /// Where an earlier consumer's deliveries end (as far as this run routed, or the earlier
+    /// run's consumer had delivered), once the consumer was made again, which gives them
+    /// anew: to be read as `delivered_before`'s are (`Routing::Again`).
     pub redelivered_through: AtomicU64,
 }
 
@@ -294,9 +295,15 @@ impl Applier {
         );
         let (start, acknowledged) = match self.delivered_before.get() {
             None => (DeliverPolicy::New, last),
-            Some(_) if acknowledged > last => (DeliverPolicy::All, 0),
+            Some(_) if acknowledged > last => {
+                self.redelivered_through.store(0, Ordering::Relaxed);
+                (DeliverPolicy::All, 0)
+            }
             Some(&delivered_before) => {
-                (self.redelivered_through).fetch_max(delivered_before, Ordering::Relaxed);
+                // What the old consumer delivered: up to where this run routed, or further
+                // for what an earlier run's consumer delivered.
+                let delivered = delivered_before.max(*self.routed.borrow());
+                (self.redelivered_through).fetch_max(delivered, Ordering::Relaxed);
                 let start_sequence = acknowledged + 1;
                 (
                     DeliverPolicy::ByStartSequence { start_sequence },
