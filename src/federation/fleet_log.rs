@@ -25,10 +25,8 @@
 //! its own id; a batch goes under an id of its own (`batch:<uuid>`, which no message's can
 //! collide with), the same when it is sent again.
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -36,90 +34,14 @@ use tokio_util::sync::CancellationToken;
 use super::cards::CardKeeper;
 use super::link::NatsLink;
 use super::own_deliveries::OwnDeliveries;
-use super::publisher::{ANSWER_WITHIN, Publisher};
+use super::publisher::{ANSWER_WITHIN, Publisher, refused_unreachable};
 use super::unshared::{Outgoing, Unshared};
-use super::wire::{Card, OutgoingReplica, Replica};
+use super::unsure::Unsure;
+use super::wire::{Card, OutgoingReplica};
 use crate::core::{
     Audience, Directory, Envelope, Kind, Link, LogError, LogFuture, MessageLog, MessageQuery,
     Outstanding, StoredMessage, TaskRequest,
 };
-use crate::telemetry;
-
-/// Why a message that must cross bridges was refused.
-const UNREACHABLE: &str = "the fleet's message log (NATS) is unreachable: the message was not accepted; send it again later";
-
-/// The refusal of a message that must cross bridges while NATS is unreachable, counted.
-pub(super) fn refused_unreachable() -> LogError {
-    telemetry::federation_refused("unreachable");
-    LogError::Refused(UNREACHABLE.into())
-}
-
-/// Ids of messages whose publish ended without JetStream's answer, so the stream may hold
-/// them: published again (a client's retry, likely in a batch under another NATS id, which
-/// JetStream cannot deduplicate), each is marked `resent` for the applying bridges to ask
-/// their stores first. The newest `UNSURE_REMEMBERED` are kept.
-#[derive(Default)]
-pub(super) struct Unsure {
-    /// Whether any is kept: the common case is answered without the lock.
-    any: AtomicBool,
-    ids: Mutex<UnsureIds>,
-}
-
-#[derive(Default)]
-struct UnsureIds {
-    /// Oldest first, with when each was added.
-    order: VecDeque<(Instant, String)>,
-    set: HashSet<String>,
-}
-
-/// Far more than clients retry within: a retry follows its refusal by seconds. Kept at
-/// most this many, for at most this long (after which publishing takes no lock again).
-const UNSURE_REMEMBERED: usize = 65_536;
-const UNSURE_FOR: Duration = Duration::from_secs(600);
-
-impl Unsure {
-    /// The messages `payload` (one publish) carried.
-    pub(super) fn add(&self, payload: &[u8]) {
-        let Ok(replicas) = Replica::all_in(payload) else {
-            return;
-        };
-        let now = Instant::now();
-        let mut ids = self.lock();
-        for replica in replicas.into_iter().filter(|r| !r.transient) {
-            if ids.set.insert(replica.envelope.id.clone()) {
-                ids.order.push_back((now, replica.envelope.id));
-            }
-        }
-        while ids.order.len() > UNSURE_REMEMBERED {
-            ids.forget_oldest();
-        }
-        self.any.store(!ids.order.is_empty(), Ordering::Release);
-    }
-
-    fn contains(&self, id: &str) -> bool {
-        if !self.any.load(Ordering::Acquire) {
-            return false;
-        }
-        let mut ids = self.lock();
-        while (ids.order.front()).is_some_and(|(added, _)| added.elapsed() > UNSURE_FOR) {
-            ids.forget_oldest();
-        }
-        self.any.store(!ids.order.is_empty(), Ordering::Release);
-        ids.set.contains(id)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, UnsureIds> {
-        self.ids.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl UnsureIds {
-    fn forget_oldest(&mut self) {
-        if let Some((_, oldest)) = self.order.pop_front() {
-            self.set.remove(&oldest);
-        }
-    }
-}
 
 /// The hold of a message being appended, kept for its routing once the append completes.
 /// Otherwise the message is not routed here: its hold goes, and if its publish may be in
@@ -447,29 +369,5 @@ impl MessageLog for FleetLog {
 
     fn id_by_uuid(&self, uuid: &str) -> LogFuture<'_, Option<String>> {
         self.local.id_by_uuid(uuid)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn chat(id: &str) -> serde_json::Value {
-        let env = Envelope::with_id(id.into(), "skynet", "a", Kind::Chat);
-        serde_json::json!({ "envelope": env })
-    }
-
-    #[test]
-    fn the_messages_of_a_publish_without_an_answer_are_remembered_newest_first() {
-        let unsure = Unsure::default();
-        assert!(!unsure.contains("m1"));
-        let batch = serde_json::json!([chat("m1"), chat("m2")]);
-        unsure.add(batch.to_string().as_bytes());
-        assert!(unsure.contains("m1") && unsure.contains("m2"));
-        for i in 0..UNSURE_REMEMBERED {
-            unsure.add(chat(&format!("later-{i}")).to_string().as_bytes());
-        }
-        assert!(!unsure.contains("m1") && !unsure.contains("m2"));
-        assert!(unsure.contains(&format!("later-{}", UNSURE_REMEMBERED - 1)));
     }
 }

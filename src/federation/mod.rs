@@ -26,6 +26,7 @@ mod record_positions;
 mod records;
 mod stretch;
 mod unshared;
+mod unsure;
 mod unwritten;
 mod wire;
 mod written;

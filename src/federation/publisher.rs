@@ -14,13 +14,22 @@ use futures_util::stream::FuturesOrdered;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::fleet_log::{Unsure, refused_unreachable};
 use super::link::{NatsLink, lost_race};
 use super::own_deliveries::OwnDeliveries;
 use super::unshared::{Outgoing, Unshared};
+use super::unsure::Unsure;
 use super::wire::{BRIDGE_HEADER, RUN_HEADER};
 use crate::core::LogError;
 use crate::telemetry;
+
+/// Why a message that must cross bridges was refused.
+const UNREACHABLE: &str = "the fleet's message log (NATS) is unreachable: the message was not accepted; send it again later";
+
+/// The refusal of a message that must cross bridges while NATS is unreachable, counted.
+pub(super) fn refused_unreachable() -> LogError {
+    telemetry::federation_refused("unreachable");
+    LogError::Refused(UNREACHABLE.into())
+}
 
 /// Publishes queued messages in order, many in flight at once, and tells each sender
 /// when JetStream holds its message.
