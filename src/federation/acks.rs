@@ -6,19 +6,12 @@
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use async_nats::jetstream::consumer::SequenceInfo;
 use tokio_util::sync::CancellationToken;
 
-use super::unwritten::{CARRIED_WITHIN, UnwrittenFloor};
+use super::unwritten::UnwrittenFloor;
 use super::written::Written;
-
-/// How long an acknowledgement waits for the batch's deliveries to be written: past this,
-/// the batch is late, and acknowledged once the heartbeat carries where it starts
-/// (`UnwrittenFloor`). Well within the consumer's `ack_wait`, and short enough that a slow
-/// reader does not hold back applying once `max_ack_pending` messages of the stream wait.
-pub(super) const WRITTEN_WITHIN: Duration = Duration::from_secs(5);
 
 /// A routed batch waiting for its acknowledgement.
 struct ToAcknowledge {
@@ -106,12 +99,8 @@ impl Acks {
                 at,
             }) = to_ack.recv().await
             {
-                let written_or_carried = async {
-                    if !written.done_by(at + WRITTEN_WITHIN).await {
-                        let by = at + WRITTEN_WITHIN + CARRIED_WITHIN;
-                        unwritten.carry(*sequences.start(), written, by).await;
-                    }
-                };
+                let written_or_carried =
+                    unwritten.written_or_carried(*sequences.start(), written, at);
                 tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => return,

@@ -22,11 +22,10 @@ use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use super::acks::{Acks, Last, WRITTEN_WITHIN, ack_subject};
+use super::acks::{Acks, Last, ack_subject};
 use super::link::{NatsLink, Ready, durable_consumer};
 use super::own_deliveries::OwnDeliveries;
 use super::stretch::{READ_AGAIN_AT_MOST, Stretch, start_after};
-use super::unwritten::CARRIED_WITHIN;
 use super::wire::{BRIDGE_HEADER, Names, RUN_HEADER, Replica};
 use super::written::Written;
 use crate::core::{Core, Envelope, Kind, MessageLog, Outstanding, Replicated, Status, now_ms};
@@ -374,11 +373,12 @@ impl Applier {
         // (by the next reading's first acknowledgement) before it is written.
         drop(outstanding);
         let written = Written { routed, own };
-        let by = tokio::time::Instant::now() + WRITTEN_WITHIN;
-        if !written.done_by(by).await {
-            // Carried on in this run's heartbeats, as the last run's floor was.
-            (ready.unwritten.carry(first, written, by + CARRIED_WITHIN)).await;
-        }
+        // Carried on in this run's heartbeats if it is late, as the last run's floor was.
+        let now = tokio::time::Instant::now();
+        ready
+            .unwritten
+            .written_or_carried(first, written, now)
+            .await;
         read?;
         ready.unwritten.read_again();
         let pending = info.num_ack_pending;

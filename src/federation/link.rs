@@ -24,7 +24,7 @@ use crate::telemetry;
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(600);
 
 /// Messages delivered to a bridge and not yet acknowledged, at most. A batch is
-/// acknowledged once what it routed here was written (`acks::WRITTEN_WITHIN` at most, and
+/// acknowledged once what it routed here was written (`written::WRITTEN_WITHIN` at most, and
 /// `unwritten::CARRIED_WITHIN` more for a heartbeat to carry it), so this is how far
 /// applying runs ahead of a recipient that reads slowly before it waits.
 const MAX_ACK_PENDING: i64 = 16_384;

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use super::written::Written;
+use super::written::{WRITTEN_WITHIN, Written};
 
 /// How long past `WRITTEN_WITHIN` a late batch waits for a heartbeat that carries it:
 /// after that (NATS away, heartbeats failing) it is acknowledged all the same, so that
@@ -88,6 +88,16 @@ impl UnwrittenFloor {
     /// was not written in time as late).
     pub(super) fn read_again(&self) {
         self.lock().left_by_last_run = None;
+    }
+
+    /// Waits, before the batch starting at `first` is acknowledged, until `written` says it
+    /// is done, at most `WRITTEN_WITHIN` from `since`; past that the batch is late, and
+    /// waits to be carried in the heartbeats (`carry`), at most `CARRIED_WITHIN` more.
+    pub(super) async fn written_or_carried(&self, first: u64, written: Written, since: Instant) {
+        if !written.done_by(since + WRITTEN_WITHIN).await {
+            let by = since + WRITTEN_WITHIN + CARRIED_WITHIN;
+            self.carry(first, written, by).await;
+        }
     }
 
     /// Carries the batch starting at `first`, about to be acknowledged before `written`

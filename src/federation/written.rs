@@ -2,9 +2,17 @@
 //! acknowledgement waits for (`acks`) and a late batch is carried in heartbeats until
 //! (`unwritten`).
 
+use std::time::Duration;
+
 use tokio_util::sync::CancellationToken;
 
 use crate::telemetry;
+
+/// How long an acknowledgement waits for the batch's deliveries to be written: past this,
+/// the batch is late, and acknowledged once the heartbeat carries where it starts
+/// (`UnwrittenFloor`). Well within the consumer's `ack_wait`, and short enough that a slow
+/// reader does not hold back applying once `max_ack_pending` messages of the stream wait.
+pub(super) const WRITTEN_WITHIN: Duration = Duration::from_secs(5);
 
 /// What tells that a batch's deliveries here are done: written, kept or dropped.
 #[derive(Clone)]
