@@ -107,11 +107,17 @@ impl Presence {
                     let connected = self.link.is_connected();
                     if connected && !was_connected {
                         // Presence changes while NATS was away did not reach the others:
-                        // its cards go in, once the others' are read (`clashes`).
+                        // its cards go in, once the others' are read (`clashes`). Until
+                        // they have landed, the heartbeats say they are coming, so that a
+                        // bridge that took this one for gone finds no clash in the cards
+                        // from before (put with the agent connected, say, whose socket
+                        // closed while NATS was away).
+                        self.cards.set_coming(true);
+                        let cards = self.cards.clone();
                         let read_then_put = read_cards_then_put_own(
                             ready.clone(),
                             self.core.clone(),
-                            self.cards.clone(),
+                            cards.clone(),
                             self.clashes.clone(),
                             self.link.bridge_id.clone(),
                         );
@@ -119,7 +125,10 @@ impl Presence {
                         tokio::spawn(async move {
                             tokio::select! {
                                 _ = shutdown.cancelled() => {}
-                                () = read_then_put => {}
+                                () = read_then_put => {
+                                    cards.all_put().await;
+                                    cards.set_coming(false);
+                                }
                             }
                         });
                     }
@@ -166,7 +175,8 @@ impl Presence {
                                 if alive.insert(bridge.clone(), Instant::now()).is_none() {
                                     // Back after it was taken for gone (a NATS failover
                                     // longer than the TTL): its agents are online again.
-                                    self.revive(&ready, &bridge, &mut alive).await;
+                                    let coming = Heartbeat::cards_coming_in(&entry.value);
+                                    self.revive(&ready, &bridge, coming, &mut alive).await;
                                 }
                             }
                             Operation::Delete | Operation::Purge => {
@@ -194,8 +204,15 @@ impl Presence {
     }
 
     /// Shows online again the agents whose cards say `bridge` holds them online, each with a
-    /// join event here.
-    async fn revive(&self, ready: &Ready, bridge: &str, alive: &mut HashMap<String, Instant>) {
+    /// join event here. Its cards may show a clash, unless its heartbeat says newer ones
+    /// are `coming` (those will, as the watch brings them).
+    async fn revive(
+        &self,
+        ready: &Ready,
+        bridge: &str,
+        coming: bool,
+        alive: &mut HashMap<String, Instant>,
+    ) {
         self.core.directory.bridge_back(bridge);
         for (value, revision) in all_cards(ready).await {
             let Ok(card) = serde_json::from_slice::<Card>(&value) else {
@@ -203,7 +220,7 @@ impl Presence {
             };
             // Its cards, which this bridge forgot as it took it for gone: one may show a
             // name online there that is online here too (`clashes`).
-            if card.bridge == bridge {
+            if card.bridge == bridge && !coming {
                 self.clashes.card(&card, revision);
             }
             let known_offline = (self.core.directory.get(&card.name))
@@ -266,7 +283,8 @@ impl Presence {
 
     async fn beat(&self, ready: &Ready) {
         let (bridges, unwritten) = (&ready.bridges, &ready.unwritten);
-        if let Err(e) = put_heartbeat(bridges, &self.link.bridge_id, unwritten).await {
+        let (bridge, coming) = (&self.link.bridge_id, self.cards.coming());
+        if let Err(e) = put_heartbeat(bridges, bridge, unwritten, coming).await {
             tracing::debug!(error = %e, "federation: heartbeat not sent");
         }
     }
