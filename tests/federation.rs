@@ -2349,6 +2349,69 @@ async fn a_program_further_behind_than_acknowledgements_wait_gets_everything_fro
     fleet.shutdown().await;
 }
 
+/// As `a_program_further_behind_than_acknowledgements_wait_gets_everything_from_its_bridge_back`,
+/// with a second program on the bridge that reads as it is sent to, while the notes for
+/// the slow one wait. The restarted bridge reads its stretch again from where the slow
+/// one's deliveries not written began, and routes again only what its killed run had not
+/// done with: the prompt program, which had everything, gets nothing twice.
+#[tokio::test]
+async fn a_program_beside_one_further_behind_gets_each_message_once_from_its_bridge_back() {
+    let SlowReader {
+        fleet,
+        dir,
+        section,
+        process,
+        socket,
+    } = SlowReader::on_a_patient_fleet().await;
+    let at = (process.addr("grid"), "prompt");
+    let mut prompt = common::grid::GridWs::quiet(at.0, at.1, None).await;
+    for i in 0..fleet.nets.len() {
+        fleet.wait_known(i, "prompt").await;
+    }
+    let through = [process.addr("grid"), fleet.nets[0].grid];
+    // Numbered past the slow program's notes, and sent beside them through both bridges.
+    let to_prompt: Vec<usize> = (1_000..1_200).collect();
+    let sending_to_prompt = async {
+        let clients = through.map(common::grid::GridHttp::new);
+        for &n in &to_prompt {
+            let note = grid_note(&format!("m{n}"), "neighbour", "prompt", "hello");
+            assert!(clients[n % 2].try_send(&note).await, "note {n} accepted");
+        }
+    };
+    let (mut got_by_prompt, wanted) = (Vec::new(), to_prompt.iter().copied().collect());
+    let reading = read_until_got(&mut prompt, at, &mut got_by_prompt, &wanted);
+    let (accepted, (), ()) = tokio::join!(
+        sent_and_left_unwritten(&fleet, "b1", &through, "stayer"),
+        sending_to_prompt,
+        reading,
+    );
+    let mut got = read_past_the_kill(process, socket).await;
+    got_by_prompt.extend(prompt.read_until_closed().await.iter().filter_map(numbered));
+    let process = spawn_bridge(dir.path(), "b1", &section).await;
+    read_rest_of((process.addr("grid"), "stayer"), &mut got, &accepted).await;
+    // Everything it is sent after the restart comes after what the restart routed again.
+    let at = (process.addr("grid"), "prompt");
+    let mut prompt = common::grid::GridWs::connect_once_free(at.0, at.1).await;
+    let last = grid_note("m9999", "neighbour", "prompt", "the last");
+    assert!(
+        common::grid::GridHttp::new(fleet.nets[0].grid)
+            .try_send(&last)
+            .await
+    );
+    read_until_got(&mut prompt, at, &mut got_by_prompt, &[9_999].into()).await;
+    let mut twice: Vec<usize> = (to_prompt.iter().copied())
+        .filter(|n| got_by_prompt.iter().filter(|m| *m == n).count() > 1)
+        .collect();
+    twice.sort_unstable();
+    let missing: Vec<&usize> = (to_prompt.iter())
+        .filter(|n| !got_by_prompt.contains(n))
+        .collect();
+    assert!(missing.is_empty(), "the prompt program missed {missing:?}");
+    assert!(twice.is_empty(), "the prompt program got {twice:?} twice");
+    drop(process);
+    fleet.shutdown().await;
+}
+
 /// Sends `to`, a program reading slowly on the bridge `id` of `fleet`, more numbered notes
 /// of 16 KiB than its socket's buffers hold, eight at a time, through the Grid endpoints
 /// `through` in turn; waits until that bridge's heartbeat carries a late batch and its

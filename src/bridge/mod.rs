@@ -32,7 +32,8 @@ const FINISH_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 pub struct Bridge {
     core: Arc<Core>,
     store: Store,
-    /// A bridge alone's log, which keeps what is not yet delivered (`store::redelivery`).
+    /// The log that keeps what is not yet delivered (`store::redelivery`), with the store on
+    /// disk.
     redelivery: Option<Arc<RedeliveringLog>>,
     read_budget: ByteBudget,
     admin: Option<SocketAddr>,
@@ -79,38 +80,44 @@ impl Bridge {
             .map_err(|e| StartError::new("store", e))?;
         let shutdown = CancellationToken::new();
         let readiness = Readiness::default();
-        let local: Arc<dyn MessageLog> = Arc::new(store.clone());
         let data_dir = (config.bridge.data_dir != crate::store::IN_MEMORY)
             .then(|| std::path::Path::new(&config.bridge.data_dir));
+        // With its store on disk, a bridge keeps which messages it has not done with
+        // (`store::redelivery`): alone, it routes them again as it starts; in a fleet, it
+        // reads its stream again and leaves out what its last run had done with.
+        let (redelivery, left_undelivered) = match (&config.federation, data_dir) {
+            (None, Some(_)) => {
+                let opened = RedeliveringLog::open(store.clone()).await;
+                (Some(opened.map_err(|e| StartError::new("store", e))?), None)
+            }
+            (Some(_), Some(_)) => {
+                let opened = RedeliveringLog::open_in_fleet(store.clone()).await;
+                let (log, left) = opened.map_err(|e| StartError::new("store", e))?;
+                (Some(log), Some(left))
+            }
+            (_, None) => (None, None),
+        };
+        let local: Arc<dyn MessageLog> = match &redelivery {
+            Some(redelivery) => redelivery.clone(),
+            None => Arc::new(store.clone()),
+        };
         let federation = match &config.federation {
             Some(section) => Some(
-                Federation::connect(section, local.clone(), data_dir, readiness.clone())
-                    .await
-                    .map_err(|e| StartError::new("federation", e))?,
+                Federation::connect(
+                    section,
+                    local.clone(),
+                    left_undelivered.unwrap_or_default(),
+                    data_dir,
+                    readiness.clone(),
+                )
+                .await
+                .map_err(|e| StartError::new("federation", e))?,
             ),
             None => None,
         };
-        // A bridge alone with its store on disk routes again, as it starts, what its last
-        // run had not finished delivering (`store::redelivery`); a fleet reads it again from
-        // its stream.
-        let redelivery = match (&federation, data_dir) {
-            (None, Some(_)) => Some(
-                (RedeliveringLog::open(store.clone()).await)
-                    .map_err(|e| StartError::new("store", e))?,
-            ),
-            // A fleet reads it again from its stream: the bridge, alone again later, is not
-            // to route again what it stored meanwhile.
-            (Some(_), Some(_)) => {
-                let forgot = store.forget_undelivered().await;
-                forgot.map_err(|e| StartError::new("store", e))?;
-                None
-            }
-            (_, None) => None,
-        };
-        let log = match (&federation, &redelivery) {
-            (Some(federation), _) => federation.log(),
-            (None, Some(redelivery)) => redelivery.clone(),
-            (None, None) => local,
+        let log = match &federation {
+            Some(federation) => federation.log(),
+            None => local,
         };
         let core = Core::new(log, Arc::new(store.clone()), &config.routing);
         let bridge_id = (config.federation.as_ref()).map(|f| f.bridge_id.clone());
@@ -200,9 +207,11 @@ impl Bridge {
         }
         if let Some(redelivery) = &redelivery {
             // Once every endpoint is up: the mail of agents away has somewhere to go.
-            let routed = redelivery.route_undelivered(&core).await;
-            if routed > 0 {
-                tracing::info!(routed, "routed again what the last run had not delivered");
+            if config.federation.is_none() {
+                let routed = redelivery.route_undelivered(&core).await;
+                if routed > 0 {
+                    tracing::info!(routed, "routed again what the last run had not delivered");
+                }
             }
             tasks.push(redelivery.keep_pending(shutdown.clone()));
         }
@@ -270,9 +279,8 @@ impl Bridge {
         &self.read_budget
     }
 
-    /// Stops listening, closes every connection, keeps (for a bridge alone) what was not
-    /// delivered to route it again at the next start, and closes the store once its queued
-    /// writes are committed.
+    /// Stops listening, closes every connection, keeps what was not delivered to route it
+    /// again at the next start, and closes the store once its queued writes are committed.
     pub async fn shutdown(self) {
         if let Some(redelivery) = &self.redelivery {
             redelivery.stopping();

@@ -16,6 +16,26 @@ pub struct StoredMessage {
     pub envelope: Envelope,
 }
 
+/// What the last run of a log kept of the messages it had not yet done with as it went
+/// (`store::redelivery`): the ids it kept pending, and the newest message stored when it
+/// kept them. Every message stored up to that one and not among them had been written to
+/// its recipients that hold, or kept as their mail; those stored after it may not have.
+#[derive(Debug, Default)]
+pub struct LeftUndelivered {
+    pub pending: std::collections::HashSet<String>,
+    /// `None` when nothing was kept: then no message is known done with.
+    pub kept_through: Option<i64>,
+}
+
+impl LeftUndelivered {
+    /// Whether the last run had done with `message`, a stored one.
+    pub fn done_with(&self, message: &StoredMessage) -> bool {
+        self.kept_through
+            .is_some_and(|through| message.seq <= through)
+            && !self.pending.contains(&message.envelope.id)
+    }
+}
+
 /// Which stored messages to read back. Results are always chronological.
 #[derive(Clone, Debug, Default)]
 pub struct MessageQuery {

@@ -30,7 +30,7 @@ pub use envelope::{
     new_message_id, now_ms,
 };
 pub use in_flight::InFlight;
-pub use log::{LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
+pub use log::{LeftUndelivered, LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
 pub use mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
 pub use moves::{MoveClaim, MovedHere, Moves, wait_while};
 pub use records::{

@@ -28,7 +28,9 @@ use super::own_deliveries::OwnDeliveries;
 use super::stretch::{READ_AGAIN_AT_MOST, Stretch, start_after};
 use super::wire::{BRIDGE_HEADER, Names, RUN_HEADER, Replica};
 use super::written::Written;
-use crate::core::{Core, Envelope, Kind, MessageLog, Outstanding, Replicated, Status, now_ms};
+use crate::core::{
+    Core, Envelope, Kind, LeftUndelivered, MessageLog, Outstanding, Replicated, Status, now_ms,
+};
 use crate::telemetry;
 
 /// Messages taken from the stream and applied together.
@@ -127,6 +129,8 @@ pub struct Applier {
     pub core: Arc<Core>,
     /// The bridge's own store (not the fleet log: nothing applied is published again).
     pub local: Arc<dyn MessageLog>,
+    /// What the last run had not done with: what it had is not routed again.
+    pub left_undelivered: Arc<LeftUndelivered>,
     /// What this run's own publishes wait for before their acknowledgement.
     pub own: Arc<OwnDeliveries>,
     /// The stream sequence this bridge has routed everything up to.
@@ -585,16 +589,29 @@ impl Applier {
                 seen.insert(id);
             }
         }
-        let mut stored = HashSet::new();
+        // Held, and done with by the last run of this bridge (`LeftUndelivered`): one read
+        // again is not routed again.
+        let (mut stored, mut done) = (HashSet::new(), HashSet::new());
         if !unknown.is_empty() {
             match self.local.read_ids(unknown).await {
-                Ok(found) => stored.extend(found.into_iter().map(|m| m.envelope.id)),
+                Ok(found) => {
+                    for message in found {
+                        if self.left_undelivered.done_with(&message) {
+                            done.insert(message.envelope.id.clone());
+                        }
+                        stored.insert(message.envelope.id);
+                    }
+                }
                 Err(e) => tracing::error!(error = %e, "federation: cannot read the store"),
             }
         }
         replicas.retain(|m| {
             let id = &m.replica.envelope.id;
-            let routed = stored.contains(id) && m.routing == Routing::WhenKept;
+            let routed = match m.routing {
+                Routing::WhenKept => stored.contains(id),
+                Routing::Again | Routing::EarlierRun => done.contains(id),
+                Routing::Never => false,
+            };
             m.replica.transient || !(seen.contains(id) || routed)
         });
         let writes: Vec<_> = (replicas.iter().map(|m| &m.replica))
@@ -650,6 +667,11 @@ impl Applier {
                 transient,
                 ..
             } = replica;
+            // A stored message is pending in the store's log until done with
+            // (`store::redelivery`): its deliveries hold that as they hold the batch.
+            let pending = (!transient)
+                .then(|| self.local.delivery_hold(&envelope.id))
+                .flatten();
             if history {
                 // Its own bridge delivered it while NATS was away; the others keep it.
                 continue;
@@ -661,7 +683,15 @@ impl Applier {
             telemetry::federation_applied((now_ms() - envelope.timestamp).max(0));
             // Presence and status are news only while new: nobody keeps them again.
             let news = transient || envelope.kind.is_presence();
-            let offered = (!news).then_some(outstanding);
+            let both;
+            let offered = match (news, pending) {
+                (true, _) => None,
+                (false, None) => Some(outstanding),
+                (false, Some(pending)) => {
+                    both = Outstanding::dropping((outstanding.clone(), pending));
+                    Some(&both)
+                }
+            };
             let how = Replicated {
                 kept,
                 offered,

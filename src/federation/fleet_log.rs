@@ -335,8 +335,13 @@ impl MessageLog for FleetLog {
         }
     }
 
+    /// What its acknowledgement waits for (`OwnDeliveries`), and what keeps it pending in
+    /// the store's log until then (`store::redelivery`).
     fn delivery_hold(&self, id: &str) -> Option<Outstanding> {
-        self.own.hold_of(id)
+        match (self.own.hold_of(id), self.local.delivery_hold(id)) {
+            (Some(own), Some(pending)) => Some(Outstanding::dropping((own, pending))),
+            (own, pending) => own.or(pending),
+        }
     }
 
     fn read(&self, query: MessageQuery) -> LogFuture<'_, Vec<StoredMessage>> {

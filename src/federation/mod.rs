@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 pub use config::FederationConfig;
 
 use crate::admin::Readiness;
-use crate::core::{Core, MessageLog};
+use crate::core::{Core, LeftUndelivered, MessageLog};
 use fleet_log::FleetLog;
 use link::NatsLink;
 use publisher::Publisher;
@@ -52,6 +52,9 @@ pub struct Federation {
     link: Arc<NatsLink>,
     log: Arc<FleetLog>,
     local: Arc<dyn MessageLog>,
+    /// What the last run of this bridge had not done with: a stretch of the stream read
+    /// again as it starts is not routed again where it had.
+    left_undelivered: Arc<LeftUndelivered>,
     publisher: Publisher,
     cards: Arc<cards::CardKeeper>,
     own: Arc<own_deliveries::OwnDeliveries>,
@@ -59,11 +62,12 @@ pub struct Federation {
 
 impl Federation {
     /// Starts connecting to NATS (the bridge starts degraded if it cannot) and makes the
-    /// fleet's log over `local`. What waits for NATS is kept in `data_dir` (in memory
-    /// without one).
+    /// fleet's log over `local`, whose last run left `left_undelivered`. What waits for
+    /// NATS is kept in `data_dir` (in memory without one).
     pub async fn connect(
         config: &FederationConfig,
         local: Arc<dyn MessageLog>,
+        left_undelivered: LeftUndelivered,
         data_dir: Option<&Path>,
         readiness: Readiness,
     ) -> Result<Federation, String> {
@@ -101,6 +105,7 @@ impl Federation {
             link,
             log,
             local,
+            left_undelivered: Arc::new(left_undelivered),
             publisher,
             cards,
             own,
@@ -137,6 +142,7 @@ impl Federation {
             config,
             link,
             local,
+            left_undelivered,
             cards,
             own,
             ..
@@ -164,6 +170,7 @@ impl Federation {
                 link: link.clone(),
                 core: core.clone(),
                 local,
+                left_undelivered,
                 own,
                 routed: routed_up_to,
                 delivered_before: Default::default(),

@@ -9,6 +9,10 @@
 //! pending and every message stored after (`route_undelivered`). What was done with between
 //! the last keeping and a kill is routed again too: a program or agent away may be given
 //! it twice.
+//!
+//! A bridge in a fleet keeps them alike (`open_in_fleet`), and reads its stream again as it
+//! starts rather than its store: what it reads there that its last run had done with
+//! (`LeftUndelivered`) it does not route again.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 use super::Store;
 use super::messages::{STORED, decodable};
 use crate::core::{
-    Core, Envelope, Link, LogFuture, MessageLog, MessageQuery, Outstanding, Replicated,
-    StoredMessage, TaskRequest,
+    Core, Envelope, LeftUndelivered, Link, LogFuture, MessageLog, MessageQuery, Outstanding,
+    Replicated, StoredMessage, TaskRequest,
 };
 
 /// How often the pending ids are kept, when they changed.
@@ -92,6 +96,21 @@ impl RedeliveringLog {
             pending: Arc::default(),
             stored_before,
         }))
+    }
+
+    /// The log over `store` of a bridge in a fleet, opened before the bridge accepts
+    /// anything, and what its last run left undelivered (read before this run keeps its
+    /// own). Nothing is routed again from the store: the fleet's stream is read again.
+    pub async fn open_in_fleet(
+        store: Store,
+    ) -> Result<(Arc<RedeliveringLog>, LeftUndelivered), super::StoreError> {
+        let left = store.left_undelivered().await?;
+        let log = Arc::new(RedeliveringLog {
+            store,
+            pending: Arc::default(),
+            stored_before: 0,
+        });
+        Ok((log, left))
     }
 
     /// Keeps the pending ids every `KEPT_EVERY` while they change, until the bridge shuts
@@ -257,15 +276,21 @@ impl Store {
         })
     }
 
-    /// A bridge in a fleet keeps nothing for when it runs alone: its stream holds what it
-    /// had not delivered, and everything it stores meanwhile is delivered or kept by the
-    /// fleet.
-    pub fn forget_undelivered(
+    /// What the last run kept of the messages it had not done with (`keep_undelivered`).
+    fn left_undelivered(
         &self,
-    ) -> impl Future<Output = Result<(), super::StoreError>> + Send + 'static {
+    ) -> impl Future<Output = Result<LeftUndelivered, super::StoreError>> + Send + 'static {
+        // On the writer's thread, after every message `open` put in from the journal.
         self.write(|conn| {
-            conn.execute_batch("DELETE FROM undelivered; DELETE FROM undelivered_after;")?;
-            Ok(())
+            let mut ids = conn.prepare("SELECT id FROM undelivered")?;
+            let pending =
+                (ids.query_map([], |r| r.get::<_, String>(0))?).collect::<Result<_, _>>()?;
+            let kept_through: Option<i64> =
+                conn.query_row("SELECT MAX(seq) FROM undelivered_after", [], |r| r.get(0))?;
+            Ok(LeftUndelivered {
+                pending,
+                kept_through,
+            })
         })
     }
 
@@ -362,23 +387,34 @@ mod tests {
         assert!(undelivered(&store).await.is_empty());
     }
 
-    /// What a bridge stored while it ran in a fleet is not routed again when it runs alone
-    /// again; what it stores from then on is.
+    /// What the last run left undelivered, as a bridge in a fleet reads it: nothing a new
+    /// store holds is known done with until something was kept; then what was stored up to
+    /// the keeping and not kept pending is.
     #[tokio::test]
-    async fn what_a_fleet_stored_is_not_routed_again_alone() {
+    async fn a_fleet_learns_which_stored_messages_its_last_run_had_done_with() {
+        use crate::core::MessageLog;
         let store = Store::open(IN_MEMORY).await.unwrap();
-        store
-            .keep_undelivered(|| vec!["m0".to_owned()])
-            .await
-            .unwrap();
-        store.forget_undelivered().await.unwrap();
-        for id in ["m0", "f1", "f2"] {
+        for id in ["m0", "m1", "m2"] {
             store.insert_message(&message(id)).await.unwrap();
         }
-        assert!(undelivered(&store).await.is_empty());
-        store.start_redelivery().await.unwrap();
-        assert!(undelivered(&store).await.is_empty());
-        store.insert_message(&message("a1")).await.unwrap();
-        assert_eq!(undelivered(&store).await, ["a1"]);
+        let stored = |ids: &[&str]| {
+            let ids = ids.iter().map(|id| id.to_string()).collect();
+            store.read_ids(ids)
+        };
+        let done = async |ids: &[&str]| {
+            let left = store.left_undelivered().await.unwrap();
+            let stored = stored(ids).await.unwrap();
+            stored.iter().map(|m| left.done_with(m)).collect::<Vec<_>>()
+        };
+        assert_eq!(done(&["m0", "m1", "m2"]).await, [false; 3]);
+        store
+            .keep_undelivered(|| vec!["m1".to_owned()])
+            .await
+            .unwrap();
+        store.insert_message(&message("m3")).await.unwrap();
+        assert_eq!(
+            done(&["m0", "m1", "m2", "m3"]).await,
+            [true, false, true, false]
+        );
     }
 }
