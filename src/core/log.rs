@@ -20,19 +20,40 @@ pub struct StoredMessage {
 /// (`store::redelivery`): the ids it kept pending, and the newest message stored when it
 /// kept them. Every message stored up to that one and not among them had been written to
 /// its recipients that hold, or kept as their mail; those stored after it may not have.
+/// Until what it covers was read again (`read_again`), this run's keeping carries it on,
+/// so that a run stopped or killed before that leaves it to the next.
 #[derive(Debug, Default)]
 pub struct LeftUndelivered {
     pub pending: std::collections::HashSet<String>,
     /// `None` when nothing was kept: then no message is known done with.
     pub kept_through: Option<i64>,
+    read_again: std::sync::atomic::AtomicBool,
 }
 
 impl LeftUndelivered {
+    pub fn new(pending: std::collections::HashSet<String>, kept_through: Option<i64>) -> Self {
+        LeftUndelivered {
+            pending,
+            kept_through,
+            read_again: Default::default(),
+        }
+    }
+
     /// Whether the last run had done with `message`, a stored one.
     pub fn done_with(&self, message: &StoredMessage) -> bool {
         self.kept_through
             .is_some_and(|through| message.seq <= through)
             && !self.pending.contains(&message.envelope.id)
+    }
+
+    /// What it covers was read again, and what of that was not done with routed again
+    /// (and so pending in this run's own keeping): it need not be carried on.
+    pub fn read_again(&self) {
+        (self.read_again).store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn is_read_again(&self) -> bool {
+        self.read_again.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 

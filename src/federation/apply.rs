@@ -367,6 +367,7 @@ impl Applier {
         let delivered = Delivered(info.delivered.consumer_sequence);
         if first > last {
             ready.unwritten.read_again();
+            self.left_undelivered.read_again();
             return Ok(delivered);
         }
         let (outstanding, routed) = Outstanding::new();
@@ -385,6 +386,7 @@ impl Applier {
             .await;
         read?;
         ready.unwritten.read_again();
+        self.left_undelivered.read_again();
         let pending = info.num_ack_pending;
         if pending > 0 && last == info.delivered.stream_sequence {
             let subject = ack_subject(&self.link.names.stream, &consumer, &info.delivered);

@@ -313,6 +313,7 @@ impl MessageLog for FleetLog {
             settled: false,
         };
         let published = self.publish(env, false, written);
+        let (log, id) = (self.local.clone(), env.id.clone());
         Box::pin(async move {
             let (local, published) = tokio::join!(local, published);
             let published = published.unwrap_or(Err(LogError::Closed));
@@ -323,6 +324,11 @@ impl MessageLog for FleetLog {
                 }
                 (local, published) => {
                     appending.failed(published.is_ok());
+                    // Refused, so never routed: the store's log has it done with, rather
+                    // than pending for good (`store::redelivery`).
+                    if local.is_ok() {
+                        drop(log.delivery_hold(&id));
+                    }
                     local.and(published)
                 }
             }

@@ -67,7 +67,7 @@ impl Federation {
     pub async fn connect(
         config: &FederationConfig,
         local: Arc<dyn MessageLog>,
-        left_undelivered: LeftUndelivered,
+        left_undelivered: Arc<LeftUndelivered>,
         data_dir: Option<&Path>,
         readiness: Readiness,
     ) -> Result<Federation, String> {
@@ -105,7 +105,7 @@ impl Federation {
             link,
             log,
             local,
-            left_undelivered: Arc::new(left_undelivered),
+            left_undelivered,
             publisher,
             cards,
             own,

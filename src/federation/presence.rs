@@ -107,17 +107,11 @@ impl Presence {
                     let connected = self.link.is_connected();
                     if connected && !was_connected {
                         // Presence changes while NATS was away did not reach the others:
-                        // its cards go in, once the others' are read (`clashes`). Until
-                        // they have landed, the heartbeats say they are coming, so that a
-                        // bridge that took this one for gone finds no clash in the cards
-                        // from before (put with the agent connected, say, whose socket
-                        // closed while NATS was away).
-                        self.cards.set_coming(true);
-                        let cards = self.cards.clone();
+                        // its cards go in, once the others' are read (`clashes`).
                         let read_then_put = read_cards_then_put_own(
                             ready.clone(),
                             self.core.clone(),
-                            cards.clone(),
+                            self.cards.clone(),
                             self.clashes.clone(),
                             self.link.bridge_id.clone(),
                         );
@@ -125,10 +119,7 @@ impl Presence {
                         tokio::spawn(async move {
                             tokio::select! {
                                 _ = shutdown.cancelled() => {}
-                                () = read_then_put => {
-                                    cards.all_put().await;
-                                    cards.set_coming(false);
-                                }
+                                () = read_then_put => {}
                             }
                         });
                     }
@@ -175,8 +166,7 @@ impl Presence {
                                 if alive.insert(bridge.clone(), Instant::now()).is_none() {
                                     // Back after it was taken for gone (a NATS failover
                                     // longer than the TTL): its agents are online again.
-                                    let coming = Heartbeat::cards_coming_in(&entry.value);
-                                    self.revive(&ready, &bridge, coming, &mut alive).await;
+                                    self.revive(&ready, &bridge, &mut alive).await;
                                 }
                             }
                             Operation::Delete | Operation::Purge => {
@@ -198,31 +188,24 @@ impl Presence {
     }
 
     async fn take_in_cards(&self, ready: &Ready, alive: &mut HashMap<String, Instant>) {
-        for (value, _) in all_cards(ready).await {
+        for value in all_cards(ready).await {
             self.take_in_card(&value, None, alive);
         }
     }
 
     /// Shows online again the agents whose cards say `bridge` holds them online, each with a
-    /// join event here. Its cards may show a clash, unless its heartbeat says newer ones
-    /// are `coming` (those will, as the watch brings them).
-    async fn revive(
-        &self,
-        ready: &Ready,
-        bridge: &str,
-        coming: bool,
-        alive: &mut HashMap<String, Instant>,
-    ) {
+    /// join event here.
+    async fn revive(&self, ready: &Ready, bridge: &str, alive: &mut HashMap<String, Instant>) {
         self.core.directory.bridge_back(bridge);
-        for (value, revision) in all_cards(ready).await {
+        for value in all_cards(ready).await {
             let Ok(card) = serde_json::from_slice::<Card>(&value) else {
                 continue;
             };
-            // Its cards, which this bridge forgot as it took it for gone: one may show a
-            // name online there that is online here too (`clashes`).
-            if card.bridge == bridge && !coming {
-                self.clashes.card(&card, revision);
-            }
+            // Its cards may show a name online there that is online here too, but one put
+            // before it went may be older than what it holds (its agent's socket closed
+            // while NATS was away): the clash, if there is one, is found from the cards
+            // that come now — those it puts again as NATS comes back, or this bridge's,
+            // which its watch brings it if NATS never went away for it (`clashes`).
             let known_offline = (self.core.directory.get(&card.name))
                 .is_some_and(|a| !a.online && a.bridge.as_deref() == Some(bridge));
             if card.bridge != bridge || !card.online || !known_offline {
@@ -283,8 +266,7 @@ impl Presence {
 
     async fn beat(&self, ready: &Ready) {
         let (bridges, unwritten) = (&ready.bridges, &ready.unwritten);
-        let (bridge, coming) = (&self.link.bridge_id, self.cards.coming());
-        if let Err(e) = put_heartbeat(bridges, bridge, unwritten, coming).await {
+        if let Err(e) = put_heartbeat(bridges, &self.link.bridge_id, unwritten).await {
             tracing::debug!(error = %e, "federation: heartbeat not sent");
         }
     }
@@ -401,8 +383,8 @@ async fn read_cards_then_put_own(
     }
 }
 
-/// Every card in the agents bucket, as stored, with its revision.
-async fn all_cards(ready: &Ready) -> Vec<(bytes::Bytes, u64)> {
+/// Every card in the agents bucket, as stored.
+async fn all_cards(ready: &Ready) -> Vec<bytes::Bytes> {
     use async_nats::jetstream::kv::Operation;
     let Ok(mut keys) = ready.agents.keys().await else {
         return Vec::new();
@@ -416,7 +398,7 @@ async fn all_cards(ready: &Ready) -> Vec<(bytes::Bytes, u64)> {
         if let Ok(Some(entry)) = ready.agents.entry(&key).await
             && entry.operation == Operation::Put
         {
-            cards.push((entry.value, entry.revision));
+            cards.push(entry.value);
         }
     }
     cards

@@ -85,6 +85,9 @@ pub struct RedeliveringLog {
     /// The newest message stored before this run accepted any: what `route_undelivered`
     /// routes again ends there.
     stored_before: i64,
+    /// In a fleet, what the last run left, kept on beside this run's pending messages until
+    /// it was read again.
+    left: Option<Arc<LeftUndelivered>>,
 }
 
 impl RedeliveringLog {
@@ -95,20 +98,23 @@ impl RedeliveringLog {
             store,
             pending: Arc::default(),
             stored_before,
+            left: None,
         }))
     }
 
     /// The log over `store` of a bridge in a fleet, opened before the bridge accepts
     /// anything, and what its last run left undelivered (read before this run keeps its
-    /// own). Nothing is routed again from the store: the fleet's stream is read again.
+    /// own, and kept on with them until the fleet says it was read again). Nothing is
+    /// routed again from the store: the fleet's stream is read again.
     pub async fn open_in_fleet(
         store: Store,
-    ) -> Result<(Arc<RedeliveringLog>, LeftUndelivered), super::StoreError> {
-        let left = store.left_undelivered().await?;
+    ) -> Result<(Arc<RedeliveringLog>, Arc<LeftUndelivered>), super::StoreError> {
+        let left = Arc::new(store.left_undelivered().await?);
         let log = Arc::new(RedeliveringLog {
             store,
             pending: Arc::default(),
             stored_before: 0,
+            left: Some(left.clone()),
         });
         Ok((log, left))
     }
@@ -145,8 +151,18 @@ impl RedeliveringLog {
 
     async fn keep(&self) {
         let pending = self.pending.clone();
-        let ids = move || pending.ids.iter().map(|id| id.clone()).collect();
-        if let Err(e) = self.store.keep_undelivered(ids).await {
+        // What the last run left and this one has not read again yet: its pending ids, and
+        // no later mark than its.
+        let left = (self.left.clone()).filter(|left| !left.is_read_again());
+        let through = (left.as_ref()).map_or(i64::MAX, |left| left.kept_through.unwrap_or(0));
+        let ids = move || {
+            let mut ids: Vec<String> = pending.ids.iter().map(|id| id.clone()).collect();
+            if let Some(left) = left {
+                ids.extend(left.pending.iter().cloned());
+            }
+            ids
+        };
+        if let Err(e) = self.store.keep_undelivered(ids, through).await {
             tracing::error!(error = %e, "store: cannot keep the messages not yet delivered");
         }
     }
@@ -179,7 +195,6 @@ impl RedeliveringLog {
                 if envelope.kind.is_presence() {
                     continue;
                 }
-                self.pending.add(&envelope.id);
                 let hold = self.hold(&envelope.id);
                 let how = Replicated {
                     kept: true,
@@ -192,7 +207,10 @@ impl RedeliveringLog {
         }
     }
 
+    /// Message `id` is pending (it is already if appended in this run, but not if it is
+    /// routed again) until the hold this gives is done.
     fn hold(&self, id: &str) -> Outstanding {
+        self.pending.add(id);
         Outstanding::dropping(Held {
             pending: self.pending.clone(),
             id: id.to_owned(),
@@ -287,19 +305,18 @@ impl Store {
                 (ids.query_map([], |r| r.get::<_, String>(0))?).collect::<Result<_, _>>()?;
             let kept_through: Option<i64> =
                 conn.query_row("SELECT MAX(seq) FROM undelivered_after", [], |r| r.get(0))?;
-            Ok(LeftUndelivered {
-                pending,
-                kept_through,
-            })
+            Ok(LeftUndelivered::new(pending, kept_through))
         })
     }
 
     /// Keeps the ids `pending` gives, read on the writer's thread as the write runs, and the
-    /// newest message the database then holds: every message it holds up to that one that
-    /// is not done with is among them, since a message is pending from before its append.
+    /// newest message the database then holds, or `through` if older: every message it
+    /// holds up to that one that is not done with is among them, since a message is
+    /// pending from before its append.
     pub fn keep_undelivered(
         &self,
         pending: impl FnOnce() -> Vec<String> + Send + 'static,
+        through: i64,
     ) -> impl Future<Output = Result<(), super::StoreError>> + Send + 'static {
         self.write(move |conn| {
             conn.execute("DELETE FROM undelivered", [])?;
@@ -310,8 +327,9 @@ impl Store {
             }
             conn.execute("DELETE FROM undelivered_after", [])?;
             conn.execute(
-                "INSERT INTO undelivered_after (seq) SELECT COALESCE(MAX(seq), 0) FROM messages",
-                [],
+                "INSERT INTO undelivered_after (seq)
+                 SELECT MIN(COALESCE(MAX(seq), 0), ?1) FROM messages",
+                [through],
             )?;
             Ok(())
         })
@@ -380,10 +398,10 @@ mod tests {
             store.insert_message(&message(id)).await.unwrap();
         }
         let pending = || vec!["m2".to_owned(), "m3".to_owned(), "gone".to_owned()];
-        store.keep_undelivered(pending).await.unwrap();
+        store.keep_undelivered(pending, i64::MAX).await.unwrap();
         store.insert_message(&message("m5")).await.unwrap();
         assert_eq!(undelivered(&store).await, ["m2", "m3", "m5"]);
-        store.keep_undelivered(Vec::new).await.unwrap();
+        store.keep_undelivered(Vec::new, i64::MAX).await.unwrap();
         assert!(undelivered(&store).await.is_empty());
     }
 
@@ -408,7 +426,7 @@ mod tests {
         };
         assert_eq!(done(&["m0", "m1", "m2"]).await, [false; 3]);
         store
-            .keep_undelivered(|| vec!["m1".to_owned()])
+            .keep_undelivered(|| vec!["m1".to_owned()], i64::MAX)
             .await
             .unwrap();
         store.insert_message(&message("m3")).await.unwrap();
@@ -416,5 +434,36 @@ mod tests {
             done(&["m0", "m1", "m2", "m3"]).await,
             [true, false, true, false]
         );
+    }
+
+    /// A run in a fleet keeps what its last run left beside its own pending messages, and
+    /// no later mark, until it has read that again: killed or stopped before, it leaves it
+    /// to the next run as it found it.
+    #[tokio::test]
+    async fn a_fleet_keeps_what_its_last_run_left_until_it_was_read_again() {
+        use super::RedeliveringLog;
+        use crate::core::MessageLog;
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        for id in ["m0", "m1", "m2"] {
+            store.insert_message(&message(id)).await.unwrap();
+        }
+        store
+            .keep_undelivered(|| vec!["m0".to_owned()], i64::MAX)
+            .await
+            .unwrap();
+        store.insert_message(&message("m3")).await.unwrap();
+        let (log, left) = RedeliveringLog::open_in_fleet(store.clone()).await.unwrap();
+        let hold = log.delivery_hold("m3");
+        log.stopped().await;
+        let kept = store.left_undelivered().await.unwrap();
+        assert_eq!(kept.kept_through, left.kept_through);
+        let pending: std::collections::HashSet<_> = ["m0", "m3"].map(String::from).into();
+        assert_eq!(kept.pending, pending);
+        left.read_again();
+        drop(hold);
+        log.stopped().await;
+        let kept = store.left_undelivered().await.unwrap();
+        assert!(kept.pending.is_empty());
+        assert!(kept.kept_through > left.kept_through);
     }
 }
