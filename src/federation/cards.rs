@@ -9,12 +9,13 @@
 //! (a revision check).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::kv::{self, CreateErrorKind, Operation};
 use futures_util::StreamExt;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -39,10 +40,30 @@ const PUTS_AT_ONCE: usize = 64;
 const RACES_AT_MOST: usize = 3;
 
 /// The agents whose cards wait to be put.
-#[derive(Default)]
 pub struct CardKeeper {
     waiting: Mutex<HashSet<String>>,
     wake: Notify,
+    /// Whether cards wait to be put, or failed: set as one is kept, cleared once a round
+    /// of puts ends with none waiting and none failed.
+    behind: watch::Sender<bool>,
+    /// Whether the cards in the bucket may be older than what this bridge holds: from its
+    /// start, or NATS coming back, until it has put its own over them (`presence`). Each
+    /// time is numbered, and they are no longer coming once the last numbered has come.
+    coming_from: AtomicU64,
+    came: AtomicU64,
+}
+
+impl Default for CardKeeper {
+    fn default() -> CardKeeper {
+        CardKeeper {
+            waiting: Mutex::default(),
+            wake: Notify::new(),
+            behind: watch::Sender::new(false),
+            // Coming from the start, until the first time NATS is reached has come.
+            coming_from: AtomicU64::new(1),
+            came: AtomicU64::new(0),
+        }
+    }
 }
 
 /// Cards whose put failed, put again at `again_at`.
@@ -60,8 +81,30 @@ impl CardKeeper {
         if !waiting.contains(name) {
             waiting.insert(name.to_owned());
         }
+        self.behind.send_replace(true);
         drop(waiting);
         self.wake.notify_one();
+    }
+
+    /// Once every card kept so far has landed (those kept meanwhile too).
+    pub async fn all_put(&self) {
+        let _ = self.behind.subscribe().wait_for(|behind| !behind).await;
+    }
+
+    /// Whether this bridge's cards in the bucket may be older than what it holds.
+    pub fn coming(&self) -> bool {
+        self.came.load(Ordering::Acquire) < self.coming_from.load(Ordering::Acquire)
+    }
+
+    /// This bridge's cards in the bucket may be older than what it holds, until the number
+    /// this gives has `come`.
+    pub fn start_coming(&self) -> u64 {
+        self.coming_from.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// The cards numbered `time` by `start_coming` were put (or waited for long enough).
+    pub fn come(&self, time: u64) {
+        self.came.fetch_max(time, Ordering::AcqRel);
     }
 
     /// Puts the cards kept, until `shutdown`. New cards are put as they come, also while
@@ -100,6 +143,10 @@ impl CardKeeper {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 () = self.put(&link, &core, names, &mut failed) => {}
+            }
+            let waiting = self.lock();
+            if waiting.is_empty() && failed.names.is_empty() {
+                self.behind.send_replace(false);
             }
         }
     }

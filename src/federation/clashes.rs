@@ -13,7 +13,9 @@
 //! the newest card from that bridge still shows it, and only by the bridge whose card is
 //! the older (the other's turn comes if its card is put again). A card the watch brought
 //! late (from before the agent's leave there, which let it move here) is older than this
-//! bridge's card of the agent, and settles nothing.
+//! bridge's card of the agent, and settles nothing. Nor does a clash with a bridge whose
+//! last heartbeat says its cards are coming (back from a cut-off, its cards in the bucket
+//! may be from before it): the cards it puts find the clash again.
 //!
 //! Each of the two settles it by one rule both compute alike from the two cards, whatever
 //! order they came in: an agent with a connection open keeps the name from one with none
@@ -67,6 +69,9 @@ pub struct Clashes {
     own: DashMap<String, u64>,
     /// When offline cards were last forgotten (`OFFLINE_REMEMBERED`).
     pruned: Mutex<Instant>,
+    /// The bridges whose last heartbeat said their cards are coming
+    /// (`Heartbeat::cards_coming`): a clash with one is settled once they came.
+    cards_coming: DashMap<String, ()>,
 }
 
 impl Clashes {
@@ -78,6 +83,7 @@ impl Clashes {
             newest: DashMap::new(),
             own: DashMap::new(),
             pruned: Mutex::new(Instant::now()),
+            cards_coming: DashMap::new(),
         }
     }
 
@@ -130,6 +136,15 @@ impl Clashes {
     /// back puts its cards again.
     pub fn bridge_gone(&self, bridge: &str) {
         self.newest.retain(|(_, of), _| of != bridge);
+        self.cards_coming.remove(bridge);
+    }
+
+    /// Notes whether `bridge`'s last heartbeat said its cards are coming.
+    pub fn cards_coming(&self, bridge: &str, coming: bool) {
+        match coming {
+            true => drop(self.cards_coming.insert(bridge.to_owned(), ())),
+            false => drop(self.cards_coming.remove(bridge)),
+        }
     }
 
     /// Forgets, at most once a `OFFLINE_REMEMBERED`, the offline cards older than that.
@@ -154,6 +169,11 @@ impl Clashes {
         let Some((revision, Ok(there))) = self.newest.get(&key).map(|newest| newest.clone()) else {
             return;
         };
+        // Its card may be from before it was cut off (a heartbeat put then may have landed
+        // after, saying nothing of it): the card it puts now finds the clash again.
+        if self.cards_coming.contains_key(bridge) {
+            return;
+        }
         // This bridge put its card of the name after that one: the other bridge settles
         // (its card is the older), and puts its card again if it keeps the name. So a
         // card the watch brought from before the agent moved here settles nothing.

@@ -329,11 +329,12 @@ impl NatsLink {
         };
         // The first heartbeat before the bridge is ready: from then on the names it claims
         // are held by a bridge the others see alive. It carries on what the last run's
-        // said of its deliveries not written, until this run has read again from there.
+        // said of its deliveries not written, until this run has read again from there,
+        // and that the last run's cards are to be put over (`Heartbeat::cards_coming`).
         let last_beat = bridges.get(&self.bridge_id).await?;
         let left = last_beat.and_then(|value| Heartbeat::floor_in(&value));
         let unwritten = Arc::new(UnwrittenFloor::new(left));
-        put_heartbeat(&bridges, &self.bridge_id, &unwritten).await?;
+        put_heartbeat(&bridges, &self.bridge_id, &unwritten, true).await?;
         Ok(Ready {
             js,
             agents,
@@ -374,17 +375,19 @@ pub async fn durable_consumer(
 }
 
 /// Puts `bridge`'s heartbeat in the bridges bucket, with the floor of what it acknowledged
-/// unwritten (`UnwrittenFloor`).
+/// unwritten (`UnwrittenFloor`) and whether its cards are coming.
 pub async fn put_heartbeat(
     bridges: &kv::Store,
     bridge: &str,
     unwritten: &UnwrittenFloor,
+    cards_coming: bool,
 ) -> Result<(), async_nats::Error> {
     let put = unwritten.start_put();
     let value = serde_json::to_vec(&Heartbeat {
         bridge: bridge.to_owned(),
         at: crate::core::now_ms(),
         unwritten_from: put.carries(),
+        cards_coming,
     })?;
     bridges.put(bridge, value.into()).await?;
     put.landed();

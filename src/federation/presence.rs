@@ -107,19 +107,30 @@ impl Presence {
                     let connected = self.link.is_connected();
                     if connected && !was_connected {
                         // Presence changes while NATS was away did not reach the others:
-                        // its cards go in, once the others' are read (`clashes`).
+                        // its cards go in, once the others' are read (`clashes`). Until
+                        // they have landed, the heartbeats say they are coming, so that a
+                        // bridge that took this one for gone finds no clash in the cards
+                        // from before (put with the agent connected, say, whose socket
+                        // closed while NATS was away).
+                        let time = self.cards.start_coming();
+                        let cards = self.cards.clone();
                         let read_then_put = read_cards_then_put_own(
                             ready.clone(),
                             self.core.clone(),
-                            self.cards.clone(),
+                            cards.clone(),
                             self.clashes.clone(),
                             self.link.bridge_id.clone(),
                         );
                         let shutdown = shutdown.clone();
                         tokio::spawn(async move {
+                            let put = async {
+                                read_then_put.await;
+                                let all_put = cards.all_put();
+                                let _ = tokio::time::timeout(CARDS_COMING_AT_MOST, all_put).await;
+                            };
                             tokio::select! {
                                 _ = shutdown.cancelled() => {}
-                                () = read_then_put => {}
+                                () = put => cards.come(time),
                             }
                         });
                     }
@@ -163,10 +174,12 @@ impl Presence {
                                     None => unwritten.remove(&bridge),
                                 };
                                 heard.insert(bridge.clone());
+                                let coming = Heartbeat::cards_coming_in(&entry.value);
+                                self.clashes.cards_coming(&bridge, coming);
                                 if alive.insert(bridge.clone(), Instant::now()).is_none() {
                                     // Back after it was taken for gone (a NATS failover
                                     // longer than the TTL): its agents are online again.
-                                    self.revive(&ready, &bridge, &mut alive).await;
+                                    self.revive(&ready, &bridge, coming, &mut alive).await;
                                 }
                             }
                             Operation::Delete | Operation::Purge => {
@@ -188,24 +201,31 @@ impl Presence {
     }
 
     async fn take_in_cards(&self, ready: &Ready, alive: &mut HashMap<String, Instant>) {
-        for value in all_cards(ready).await {
+        for (value, _) in all_cards(ready).await {
             self.take_in_card(&value, None, alive);
         }
     }
 
     /// Shows online again the agents whose cards say `bridge` holds them online, each with a
-    /// join event here.
-    async fn revive(&self, ready: &Ready, bridge: &str, alive: &mut HashMap<String, Instant>) {
+    /// join event here. Its cards may show a clash, unless its heartbeat says newer ones
+    /// are `coming` (those will, as the watch brings them).
+    async fn revive(
+        &self,
+        ready: &Ready,
+        bridge: &str,
+        coming: bool,
+        alive: &mut HashMap<String, Instant>,
+    ) {
         self.core.directory.bridge_back(bridge);
-        for value in all_cards(ready).await {
+        for (value, revision) in all_cards(ready).await {
             let Ok(card) = serde_json::from_slice::<Card>(&value) else {
                 continue;
             };
-            // Its cards may show a name online there that is online here too, but one put
-            // before it went may be older than what it holds (its agent's socket closed
-            // while NATS was away): the clash, if there is one, is found from the cards
-            // that come now — those it puts again as NATS comes back, or this bridge's,
-            // which its watch brings it if NATS never went away for it (`clashes`).
+            // Its cards, which this bridge forgot as it took it for gone: one may show a
+            // name online there that is online here too (`clashes`).
+            if card.bridge == bridge && !coming {
+                self.clashes.card(&card, revision);
+            }
             let known_offline = (self.core.directory.get(&card.name))
                 .is_some_and(|a| !a.online && a.bridge.as_deref() == Some(bridge));
             if card.bridge != bridge || !card.online || !known_offline {
@@ -266,7 +286,8 @@ impl Presence {
 
     async fn beat(&self, ready: &Ready) {
         let (bridges, unwritten) = (&ready.bridges, &ready.unwritten);
-        if let Err(e) = put_heartbeat(bridges, &self.link.bridge_id, unwritten).await {
+        let (bridge, coming) = (&self.link.bridge_id, self.cards.coming());
+        if let Err(e) = put_heartbeat(bridges, bridge, unwritten, coming).await {
             tracing::debug!(error = %e, "federation: heartbeat not sent");
         }
     }
@@ -341,6 +362,11 @@ impl Presence {
     }
 }
 
+/// How long heartbeats say this bridge's cards are coming, at most, once it has read the
+/// others' as NATS came back: a card whose put keeps failing, or cards kept without a
+/// pause, do not keep the others from settling a clash with it for good.
+const CARDS_COMING_AT_MOST: Duration = Duration::from_secs(10);
+
 /// How many cards are read at once as NATS is back, and how long each read may take.
 const READS_AT_ONCE: usize = 64;
 const READ_WITHIN: Duration = Duration::from_secs(2);
@@ -383,8 +409,8 @@ async fn read_cards_then_put_own(
     }
 }
 
-/// Every card in the agents bucket, as stored.
-async fn all_cards(ready: &Ready) -> Vec<bytes::Bytes> {
+/// Every card in the agents bucket, as stored, with its revision.
+async fn all_cards(ready: &Ready) -> Vec<(bytes::Bytes, u64)> {
     use async_nats::jetstream::kv::Operation;
     let Ok(mut keys) = ready.agents.keys().await else {
         return Vec::new();
@@ -398,7 +424,7 @@ async fn all_cards(ready: &Ready) -> Vec<bytes::Bytes> {
         if let Ok(Some(entry)) = ready.agents.entry(&key).await
             && entry.operation == Operation::Put
         {
-            cards.push(entry.value);
+            cards.push((entry.value, entry.revision));
         }
     }
     cards

@@ -235,11 +235,22 @@ pub struct Heartbeat {
     /// were all written (`UnwrittenFloor`): a stretch read again for it starts here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unwritten_from: Option<u64>,
+    /// Whether the bridge's cards in the agents bucket may be older than what it holds:
+    /// from its start, or NATS coming back, until it has put its own over them (`cards`).
+    /// Another bridge reading them meanwhile finds no clash in them: the newer come.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cards_coming: bool,
 }
 
 impl Heartbeat {
     /// The floor a heartbeat's value carries (none in one unreadable).
     pub fn floor_in(value: &[u8]) -> Option<u64> {
         (serde_json::from_slice::<Heartbeat>(value).ok()).and_then(|beat| beat.unwritten_from)
+    }
+
+    /// Whether a heartbeat's value says the bridge's cards are coming (not in one
+    /// unreadable).
+    pub fn cards_coming_in(value: &[u8]) -> bool {
+        serde_json::from_slice::<Heartbeat>(value).is_ok_and(|beat| beat.cards_coming)
     }
 }
