@@ -110,11 +110,15 @@ impl Clashes {
         let Some(here) = here else {
             return;
         };
-        if !clash(&here, card) {
-            return;
+        if clash(&here, card) {
+            self.settle_soon(here, &card.bridge);
         }
-        let clashes = self.clone();
-        let bridge = card.bridge.clone();
+    }
+
+    /// Settles in the background, a moment from now, the clash of `here` with `bridge`'s
+    /// newest card of its name.
+    fn settle_soon(self: &Arc<Self>, here: AgentInfo, bridge: &str) {
+        let (clashes, bridge) = (self.clone(), bridge.to_owned());
         tokio::spawn(async move {
             tokio::time::sleep(SETTLED_AFTER).await;
             clashes.settle(here, &bridge).await;
@@ -139,11 +143,27 @@ impl Clashes {
         self.cards_coming.remove(bridge);
     }
 
-    /// Notes whether `bridge`'s last heartbeat said its cards are coming.
-    pub fn cards_coming(&self, bridge: &str, coming: bool) {
-        match coming {
-            true => drop(self.cards_coming.insert(bridge.to_owned(), ())),
-            false => drop(self.cards_coming.remove(bridge)),
+    /// Notes whether `bridge`'s last heartbeat said its cards are coming. Once they came,
+    /// the clashes its newest cards make that were left unsettled meanwhile are settled.
+    pub fn cards_coming(self: &Arc<Self>, bridge: &str, coming: bool) {
+        if coming {
+            self.cards_coming.insert(bridge.to_owned(), ());
+            return;
+        }
+        if self.cards_coming.remove(bridge).is_none() {
+            return;
+        }
+        let clashing: Vec<AgentInfo> = (self.newest.iter())
+            .filter(|entry| entry.key().1 == bridge)
+            .filter_map(|entry| {
+                let Ok(there) = &entry.value().1 else {
+                    return None;
+                };
+                (self.core.directory.get(&there.name)).filter(|here| clash(here, there))
+            })
+            .collect();
+        for here in clashing {
+            self.settle_soon(here, bridge);
         }
     }
 

@@ -286,7 +286,10 @@ impl Presence {
 
     async fn beat(&self, ready: &Ready) {
         let (bridges, unwritten) = (&ready.bridges, &ready.unwritten);
-        let (bridge, coming) = (&self.link.bridge_id, self.cards.coming());
+        // Coming also while NATS is away: a heartbeat the client holds until it is back may
+        // land before the first tick that sees it back starts a time of its cards coming.
+        let coming = self.cards.coming() || !self.link.is_connected();
+        let bridge = &self.link.bridge_id;
         if let Err(e) = put_heartbeat(bridges, bridge, unwritten, coming).await {
             tracing::debug!(error = %e, "federation: heartbeat not sent");
         }
