@@ -125,12 +125,18 @@ impl Presence {
                         tokio::spawn(async move {
                             let put = async {
                                 read_then_put.await;
-                                let all_put = cards.all_put();
-                                let _ = tokio::time::timeout(CARDS_COMING_AT_MOST, all_put).await;
+                                cards.all_put().await;
+                            };
+                            // They come at the latest then; the reads and puts go on.
+                            let at_most = async {
+                                tokio::time::sleep(CARDS_COMING_AT_MOST).await;
+                                cards.come(time);
+                                std::future::pending::<()>().await
                             };
                             tokio::select! {
                                 _ = shutdown.cancelled() => {}
                                 () = put => cards.come(time),
+                                () = at_most => {}
                             }
                         });
                     }
@@ -365,9 +371,9 @@ impl Presence {
     }
 }
 
-/// How long heartbeats say this bridge's cards are coming, at most, once it has read the
-/// others' as NATS came back: a card whose put keeps failing, or cards kept without a
-/// pause, do not keep the others from settling a clash with it for good.
+/// How long heartbeats say this bridge's cards are coming, at most, from NATS coming back:
+/// many cards to read, a card whose put keeps failing, or cards kept without a pause do
+/// not keep the others from settling a clash with it for long.
 const CARDS_COMING_AT_MOST: Duration = Duration::from_secs(10);
 
 /// How many cards are read at once as NATS is back, and how long each read may take.
