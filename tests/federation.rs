@@ -1787,11 +1787,28 @@ async fn a_bridge_back_from_a_moment_away_hands_over_the_mail_of_an_agent_that_l
     })
     .await;
 
-    // Mail b0 keeps for it, before b0 is cut off.
+    // Mail b0 keeps for it, in the fleet's records, before b0 is cut off (a queue record
+    // b0 writes only after, it keeps on itself alone: it reaches programs on b0 only).
     let sender = common::grid::GridHttp::new(b0.addr("grid"));
     sender
         .send(&grid_request("kept", "sender", "drifter"))
         .await;
+    let js = async_nats::jetstream::new(async_nats::connect(&urls[1]).await.expect("NATS answers"));
+    let records = js.get_key_value("back_records").await;
+    let records = records.expect("the records bucket");
+    eventually("the fleet's records hold the mail", async || {
+        use futures_util::StreamExt;
+        let Ok(mut keys) = records.keys().await else {
+            return false;
+        };
+        while let Some(Ok(key)) = keys.next().await {
+            if key.starts_with("grid-queue.") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
 
     cluster.kill(0);
     readiness_is(&b0, false).await;
