@@ -53,6 +53,15 @@ impl Outstanding {
             guard: Arc::new(guard),
         }
     }
+
+    /// One hold that keeps both `a` and `b` (either that is there) until it is done: for a
+    /// delivery two sources wait on.
+    pub fn both(a: Option<Outstanding>, b: Option<Outstanding>) -> Option<Outstanding> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(Outstanding::dropping((a, b))),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// A message routed to its recipients: a delivery and each of its copies share it.

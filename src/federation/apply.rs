@@ -685,18 +685,10 @@ impl Applier {
             telemetry::federation_applied((now_ms() - envelope.timestamp).max(0));
             // Presence and status are news only while new: nobody keeps them again.
             let news = transient || envelope.kind.is_presence();
-            let both;
-            let offered = match (news, pending) {
-                (true, _) => None,
-                (false, None) => Some(outstanding),
-                (false, Some(pending)) => {
-                    both = Outstanding::dropping((outstanding.clone(), pending));
-                    Some(&both)
-                }
-            };
+            let held = Outstanding::both(Some(outstanding.clone()), pending);
             let how = Replicated {
                 kept,
-                offered,
+                offered: held.as_ref().filter(|_| !news),
                 holders_only,
             };
             self.core.accept_replica(envelope, how);

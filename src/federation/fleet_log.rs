@@ -344,10 +344,7 @@ impl MessageLog for FleetLog {
     /// What its acknowledgement waits for (`OwnDeliveries`), and what keeps it pending in
     /// the store's log until then (`store::redelivery`).
     fn delivery_hold(&self, id: &str) -> Option<Outstanding> {
-        match (self.own.hold_of(id), self.local.delivery_hold(id)) {
-            (Some(own), Some(pending)) => Some(Outstanding::dropping((own, pending))),
-            (own, pending) => own.or(pending),
-        }
+        Outstanding::both(self.own.hold_of(id), self.local.delivery_hold(id))
     }
 
     fn read(&self, query: MessageQuery) -> LogFuture<'_, Vec<StoredMessage>> {
