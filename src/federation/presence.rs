@@ -175,12 +175,13 @@ impl Presence {
                         match entry.operation {
                             Operation::Put => {
                                 let bridge = entry.key;
-                                match Heartbeat::floor_in(&entry.value) {
+                                let beat = Heartbeat::read(&entry.value);
+                                match beat.as_ref().and_then(|beat| beat.unwritten_from) {
                                     Some(floor) => unwritten.insert(bridge.clone(), floor),
                                     None => unwritten.remove(&bridge),
                                 };
                                 heard.insert(bridge.clone());
-                                let coming = Heartbeat::cards_coming_in(&entry.value);
+                                let coming = beat.is_some_and(|beat| beat.cards_coming);
                                 self.clashes.cards_coming(&bridge, coming);
                                 if alive.insert(bridge.clone(), Instant::now()).is_none() {
                                     // Back after it was taken for gone (a NATS failover

@@ -245,12 +245,11 @@ pub struct Heartbeat {
 impl Heartbeat {
     /// The floor a heartbeat's value carries (none in one unreadable).
     pub fn floor_in(value: &[u8]) -> Option<u64> {
-        (serde_json::from_slice::<Heartbeat>(value).ok()).and_then(|beat| beat.unwritten_from)
+        Heartbeat::read(value).and_then(|beat| beat.unwritten_from)
     }
 
-    /// Whether a heartbeat's value says the bridge's cards are coming (not in one
-    /// unreadable).
-    pub fn cards_coming_in(value: &[u8]) -> bool {
-        serde_json::from_slice::<Heartbeat>(value).is_ok_and(|beat| beat.cards_coming)
+    /// The heartbeat a value of the bridges bucket holds (none if it is unreadable).
+    pub fn read(value: &[u8]) -> Option<Heartbeat> {
+        serde_json::from_slice(value).ok()
     }
 }
