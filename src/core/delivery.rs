@@ -9,67 +9,22 @@
 use std::any::Any;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 use super::envelope::{Envelope, Protocol};
+use super::hold::{Offered, Outstanding};
 
 type Encoded = Arc<dyn Any + Send + Sync>;
-
-/// A hold a source of deliveries keeps on them, to learn when they are done with. The
-/// source offers it to its deliveries (`Delivery::offer`); a recipient that writes or
-/// keeps the message for an agent whose mail is kept for it when it is away (a holding
-/// mailbox, an offline sink) takes a copy of the delivery that holds it
-/// (`Delivery::held_copy`), and whatever carries that copy on (a mailbox's backlog, a
-/// queue's writer, a stream's output) keeps it. Once the source let its own go and the
-/// last of those is written, kept or dropped, the hold is done: the token
-/// `Outstanding::new` gave is cancelled, or the guard `Outstanding::dropping` took is
-/// dropped. A fleet's applier acknowledges a batch to the stream only then: a bridge
-/// killed before has the batch read again by the others. A bridge alone keeps the ids of
-/// messages not yet done with, to route them again as it starts (`store::redelivery`).
-/// Recipients whose protocol replays from history do not hold, so one that reads slowly
-/// holds nothing back.
-#[derive(Clone)]
-pub struct Outstanding {
-    /// Says it is done as the last clone drops (its `Drop`).
-    guard: Arc<dyn Send + Sync>,
-}
-
-impl Outstanding {
-    /// A hold, and the token cancelled once it and every clone of it are dropped.
-    pub fn new() -> (Outstanding, CancellationToken) {
-        let done = CancellationToken::new();
-        let guard = Arc::new(done.clone().drop_guard());
-        (Outstanding { guard }, done)
-    }
-
-    /// A hold that drops `guard` once it and every clone of it are dropped: `guard`'s
-    /// `Drop` says it is done.
-    pub fn dropping(guard: impl Send + Sync + 'static) -> Outstanding {
-        Outstanding {
-            guard: Arc::new(guard),
-        }
-    }
-
-    /// One hold that keeps both `a` and `b` (either that is there) until it is done: for a
-    /// delivery two sources wait on.
-    pub fn both(a: Option<Outstanding>, b: Option<Outstanding>) -> Option<Outstanding> {
-        match (a, b) {
-            (Some(a), Some(b)) => Some(Outstanding::dropping((a, b))),
-            (a, b) => a.or(b),
-        }
-    }
-}
 
 /// A message routed to its recipients: a delivery and each of its copies share it.
 pub struct Delivery {
     routed: Arc<Routed>,
     /// What its source offered to hold it by (`Outstanding`): not kept alive by the
     /// delivery; a recipient that takes it up takes a copy that holds it (`held_copy`).
-    offered: Option<Weak<dyn Send + Sync>>,
+    offered: Option<Offered>,
     /// What this copy holds: the hold is each holding recipient's, so that a recipient
     /// that holds nothing (one replaying from history) and reads slowly holds nothing back.
     held: Option<Outstanding>,
@@ -144,23 +99,33 @@ impl Delivery {
     /// Offers it `outstanding`, which a recipient's copy holds once it takes it up
     /// (`held_copy`), for as long as its source keeps its own.
     pub fn offer(&mut self, outstanding: &Outstanding) {
-        self.offered = Some(Arc::downgrade(&outstanding.guard));
+        self.offered = Some(outstanding.offered());
     }
 
-    /// It for a recipient that writes or keeps it for an agent away: a copy holding what
-    /// it was offered, if its source still keeps that, so that the source learns it was
-    /// done with only once this recipient (and whatever it hands the copy on to) was
+    /// It for a recipient that writes or keeps it for an agent away, holding for others
+    /// or unable to say for whom (a hub's): as `held_copy_for`, naming nobody.
+    pub fn held_copy(self: &Arc<Self>) -> Arc<Delivery> {
+        self.held_copy_by(None)
+    }
+
+    /// It for a recipient that writes or keeps it for `agent`, away or not: a copy holding
+    /// what it was offered, if its source still keeps that, so that the source learns it
+    /// was done with only once this recipient (and whatever it hands the copy on to) was
     /// done; the other recipients' copies do not hold it. It itself if it holds already,
     /// or was offered nothing that is still kept.
-    pub fn held_copy(self: &Arc<Self>) -> Arc<Delivery> {
+    pub fn held_copy_for(self: &Arc<Self>, agent: &str) -> Arc<Delivery> {
+        self.held_copy_by(Some(agent))
+    }
+
+    fn held_copy_by(self: &Arc<Self>, recipient: Option<&str>) -> Arc<Delivery> {
         if self.held.is_some() {
             return self.clone();
         }
-        match self.offered.as_ref().and_then(Weak::upgrade) {
-            Some(guard) => Arc::new(Delivery {
+        match self.offered.as_ref().and_then(|o| o.take_up(recipient)) {
+            Some(held) => Arc::new(Delivery {
                 routed: self.routed.clone(),
                 offered: None,
-                held: Some(Outstanding { guard }),
+                held: Some(held),
                 holders_only: self.holders_only,
             }),
             None => self.clone(),

@@ -6,8 +6,8 @@
 use std::pin::Pin;
 
 use super::correlation::{Link, TaskRequest};
-use super::delivery::Outstanding;
 use super::envelope::Envelope;
+use super::hold::Outstanding;
 
 /// A message read back from the log.
 #[derive(Clone, Debug)]

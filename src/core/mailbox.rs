@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use tokio::sync::Notify;
 
-use super::delivery::{Delivery, Outstanding};
+use super::delivery::Delivery;
 use super::envelope::{Envelope, Priority, Protocol};
+use super::hold::Outstanding;
 
 /// What happens to a message that arrives at a full mailbox.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -97,6 +98,8 @@ pub struct Mailbox {
     reader: Option<BacklogReader>,
     /// Whether what it is given holds what its source offered (`holding`).
     holding: bool,
+    /// Whether it holds for other agents than its session's (`holding_for_others`).
+    for_others: bool,
     /// Shared with a read of the backlog under way, which puts what it read in the lanes.
     shared: Arc<Shared>,
     on_expired: Option<ExpiryHook>,
@@ -156,6 +159,7 @@ impl Mailbox {
             backlog_limit: 0,
             reader: None,
             holding: false,
+            for_others: false,
             shared: Arc::new(Shared {
                 state: Mutex::new(Lanes {
                     lanes: Default::default(),
@@ -189,8 +193,22 @@ impl Mailbox {
         self
     }
 
+    /// As `holding`, for a reader that writes or keeps what it is given for other agents
+    /// than its own (a hub's): its copies name no recipient (`Delivery::held_copy`).
+    pub fn holding_for_others(mut self) -> Self {
+        self.holding = true;
+        self.for_others = true;
+        self
+    }
+
     pub fn is_holding(&self) -> bool {
         self.holding
+    }
+
+    /// Whether what it is given is held for its session's agent: the router hands it a
+    /// copy naming that agent (`Delivery::held_copy_for`).
+    pub fn holds_for_its_agent(&self) -> bool {
+        self.holding && !self.for_others
     }
 
     /// `delivery` as this mailbox keeps it: a copy holding what its source offered, if it

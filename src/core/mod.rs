@@ -7,6 +7,7 @@ mod correlation;
 mod delivery;
 mod directory;
 mod envelope;
+mod hold;
 mod in_flight;
 mod log;
 mod mailbox;
@@ -23,12 +24,13 @@ use serde::Deserialize;
 pub use applied::{AppliedMarks, CatchUp};
 pub use claims::{ClaimFuture, Claiming, NameClaims};
 pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, TaskRequest, derived_uuid};
-pub use delivery::{Delivery, Outstanding, Routed};
+pub use delivery::{Delivery, Routed};
 pub use directory::{AgentInfo, Directory, NameTaken, PerGeneration, Role, Status};
 pub use envelope::{
     Attachment, Audience, Envelope, Kind, Origin, Priority, Protocol, TaskInfo, TaskState,
     new_message_id, now_ms,
 };
+pub use hold::{HeldBy, Outstanding};
 pub use in_flight::InFlight;
 pub use log::{LeftUndelivered, LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
 pub use mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};

@@ -105,8 +105,8 @@ impl Router {
         report: &mut RouteReport,
     ) {
         report.offline += 1 + earlier.len();
-        // Kept for an agent away: held until it is (`Delivery::held_copy`).
-        let delivery = &delivery.held_copy();
+        // Kept for an agent away: held until it is (`Delivery::held_copy_for`).
+        let delivery = &delivery.held_copy_for(name);
         if self.held_back.any.load(Ordering::Acquire)
             && let Some(bridge) = self.directory.gone_holder_of(name)
         {

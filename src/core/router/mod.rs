@@ -189,7 +189,7 @@ impl Router {
             settings.capacity,
             settings.policy,
             backlog,
-            keeps_mail,
+            keeps_mail.then_some(Holding::ForItsAgent),
         )
     }
 
@@ -209,7 +209,8 @@ impl Router {
     pub fn hub_mailbox(&self, protocol: Protocol, keeps_mail: bool) -> Arc<Mailbox> {
         let capacity = self.settings.load().capacity;
         let backlog = Some(usize::MAX);
-        self.make_mailbox(protocol, capacity, WhenFull::Replay, backlog, keeps_mail)
+        let holding = keeps_mail.then_some(Holding::ForOthers);
+        self.make_mailbox(protocol, capacity, WhenFull::Replay, backlog, holding)
     }
 
     /// A mailbox of one reading of the settings (a reload between two would mix them);
@@ -220,7 +221,7 @@ impl Router {
         capacity: usize,
         policy: WhenFull,
         backlog: Option<usize>,
-        holding: bool,
+        holding: Option<Holding>,
     ) -> Arc<Mailbox> {
         let mut mailbox = Mailbox::new(protocol, capacity, policy)
             .with_depth_histogram(self.mailbox_depth.clone());
@@ -232,8 +233,10 @@ impl Router {
             mailbox =
                 mailbox.with_expiry_hook(Arc::new(move |delivery| handler(delivery, protocol)));
         }
-        if holding {
-            mailbox = mailbox.holding();
+        match holding {
+            Some(Holding::ForItsAgent) => mailbox = mailbox.holding(),
+            Some(Holding::ForOthers) => mailbox = mailbox.holding_for_others(),
+            None => {}
         }
         Arc::new(mailbox)
     }
@@ -538,7 +541,11 @@ impl Router {
             return Offer::Taken;
         }
         let protocol = session.mailbox.protocol();
-        match session.mailbox.push(delivery.clone()) {
+        let delivery = match session.mailbox.holds_for_its_agent() {
+            true => delivery.held_copy_for(&session.agent),
+            false => delivery.clone(),
+        };
+        match session.mailbox.push(delivery) {
             Pushed::Queued | Pushed::Behind => report.queued += 1,
             Pushed::DroppedOldest => {
                 report.queued += 1;
@@ -559,6 +566,14 @@ impl Router {
         report.dropped += 1;
         telemetry::message_dropped(protocol, telemetry::DropReason::MailboxFullDisconnect);
     }
+}
+
+/// Whom a mailbox that holds what it is given holds it for (`Mailbox::holding`).
+enum Holding {
+    /// Its session's agent.
+    ForItsAgent,
+    /// Other agents: a hub's, keeping mail for agents away.
+    ForOthers,
 }
 
 /// What a session did with a message offered to it.

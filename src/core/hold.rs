@@ -1,0 +1,291 @@
+//! Holds a source of deliveries keeps on them, to learn when they are done with.
+//!
+//! The source offers its hold to its deliveries (`Delivery::offer`); a recipient that
+//! writes or keeps the message for an agent whose mail is kept for it when it is away (a
+//! holding mailbox, an offline sink) takes a copy of the delivery that holds it
+//! (`Delivery::held_copy`), and whatever carries that copy on (a mailbox's backlog, a
+//! queue's writer, a stream's output) keeps it. Once the source let its own go and the
+//! last of those is written, kept or dropped, the hold is done. A fleet's applier
+//! acknowledges a batch to the stream only then: a bridge killed before has the batch read
+//! again by the others. A bridge alone keeps the ids of messages not yet done with, to
+//! route them again as it starts (`store::redelivery`). Recipients whose protocol replays
+//! from history do not hold, so one that reads slowly holds nothing back.
+//!
+//! A hold made by `Outstanding::naming` also tells, until it is done, which agents' copies
+//! still hold it (`HeldBy::holders`): a batch acknowledged before it was written is read
+//! again, after a kill, only for those (`federation::unwritten`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// What an `Outstanding` keeps alive: it says the hold is done as it drops.
+trait Guard: Send + Sync {
+    /// What a copy taken up for `recipient` keeps (`None`: one that holds for others, or
+    /// cannot say for whom).
+    fn taken_by(self: Arc<Self>, recipient: Option<&str>) -> Arc<dyn Guard>;
+}
+
+/// A guard that tells nothing of who holds it.
+struct Plain<G>(G);
+
+impl<G: Send + Sync + 'static> Guard for Plain<G> {
+    fn taken_by(self: Arc<Self>, _: Option<&str>) -> Arc<dyn Guard> {
+        self
+    }
+}
+
+/// Two holds kept as one (`Outstanding::both`): a copy takes up each.
+struct Both(Outstanding, Outstanding);
+
+impl Guard for Both {
+    fn taken_by(self: Arc<Self>, recipient: Option<&str>) -> Arc<dyn Guard> {
+        let (a, b) = (&self.0.guard, &self.1.guard);
+        Arc::new(Plain((
+            a.clone().taken_by(recipient),
+            b.clone().taken_by(recipient),
+        )))
+    }
+}
+
+/// A hold that counts its copies by recipient (`Outstanding::naming`).
+struct Naming {
+    _done: DropGuard,
+    holders: Arc<Mutex<Holders>>,
+}
+
+impl Guard for Naming {
+    fn taken_by(self: Arc<Self>, recipient: Option<&str>) -> Arc<dyn Guard> {
+        let slot = lock(&self.holders).take_up(recipient);
+        Arc::new(Taken { naming: self, slot })
+    }
+}
+
+/// A copy's share of a naming hold: counted for its recipient until it drops.
+struct Taken {
+    naming: Arc<Naming>,
+    /// The recipient's slot in `Holders`; `None` for one not named.
+    slot: Option<usize>,
+}
+
+impl Guard for Taken {
+    fn taken_by(self: Arc<Self>, _: Option<&str>) -> Arc<dyn Guard> {
+        self
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        lock(&self.naming.holders).let_go(self.slot);
+    }
+}
+
+/// How many copies of a naming hold each recipient keeps.
+#[derive(Default)]
+struct Holders {
+    /// Each recipient's slot in `copies`: a name is stored once per hold, not per copy.
+    slot_of: HashMap<Box<str>, usize>,
+    copies: Vec<u32>,
+    /// Copies taken up for no named recipient.
+    unnamed: u32,
+}
+
+impl Holders {
+    fn take_up(&mut self, recipient: Option<&str>) -> Option<usize> {
+        let Some(name) = recipient else {
+            self.unnamed += 1;
+            return None;
+        };
+        let slot = match self.slot_of.get(name) {
+            Some(&slot) => slot,
+            None => {
+                self.copies.push(0);
+                let slot = self.copies.len() - 1;
+                self.slot_of.insert(name.into(), slot);
+                slot
+            }
+        };
+        self.copies[slot] += 1;
+        Some(slot)
+    }
+
+    fn let_go(&mut self, slot: Option<usize>) {
+        let count = match slot {
+            Some(slot) => &mut self.copies[slot],
+            None => &mut self.unnamed,
+        };
+        *count = count.saturating_sub(1);
+    }
+}
+
+fn lock(holders: &Mutex<Holders>) -> std::sync::MutexGuard<'_, Holders> {
+    holders.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A hold a source of deliveries keeps on them (see the module's doc). Once the last clone
+/// drops, and with it every copy taken up from it, it is done: the token
+/// `Outstanding::new` gave is cancelled, the guard `Outstanding::dropping` took is dropped.
+#[derive(Clone)]
+pub struct Outstanding {
+    guard: Arc<dyn Guard>,
+}
+
+impl Outstanding {
+    /// A hold, and the token cancelled once it and every clone of it are dropped.
+    pub fn new() -> (Outstanding, CancellationToken) {
+        let done = CancellationToken::new();
+        let guard = Arc::new(Plain(done.clone().drop_guard()));
+        (Outstanding { guard }, done)
+    }
+
+    /// A hold that drops `guard` once it and every clone of it are dropped: `guard`'s
+    /// `Drop` says it is done.
+    pub fn dropping(guard: impl Send + Sync + 'static) -> Outstanding {
+        Outstanding {
+            guard: Arc::new(Plain(guard)),
+        }
+    }
+
+    /// A hold, and what tells when it is done and, until then, who holds it.
+    pub fn naming() -> (Outstanding, HeldBy) {
+        let done = CancellationToken::new();
+        let holders = Arc::<Mutex<Holders>>::default();
+        let guard = Arc::new(Naming {
+            _done: done.clone().drop_guard(),
+            holders: holders.clone(),
+        });
+        (Outstanding { guard }, HeldBy { done, holders })
+    }
+
+    /// One hold that keeps both `a` and `b` (either that is there) until it is done: for a
+    /// delivery two sources wait on. A copy takes up each, naming its recipient to both.
+    pub fn both(a: Option<Outstanding>, b: Option<Outstanding>) -> Option<Outstanding> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(Outstanding {
+                guard: Arc::new(Both(a, b)),
+            }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// It as a delivery is offered it: kept alive by its source alone.
+    pub(super) fn offered(&self) -> Offered {
+        Offered(Arc::downgrade(&self.guard))
+    }
+}
+
+/// A hold as a delivery is offered it (`Outstanding::offered`).
+pub(super) struct Offered(Weak<dyn Guard>);
+
+impl Offered {
+    /// The hold, taken up for a copy held by `recipient` (`None`: one that holds for
+    /// others, or cannot say for whom), if its source still keeps it.
+    pub(super) fn take_up(&self, recipient: Option<&str>) -> Option<Outstanding> {
+        let guard = self.0.upgrade()?;
+        Some(Outstanding {
+            guard: guard.taken_by(recipient),
+        })
+    }
+}
+
+/// What the source of a naming hold watches (`Outstanding::naming`).
+#[derive(Clone)]
+pub struct HeldBy {
+    done: CancellationToken,
+    holders: Arc<Mutex<Holders>>,
+}
+
+impl HeldBy {
+    /// Of a hold done already.
+    pub fn nothing() -> HeldBy {
+        let done = CancellationToken::new();
+        done.cancel();
+        HeldBy {
+            done,
+            holders: Arc::default(),
+        }
+    }
+
+    /// Whether the source let its hold go and every copy that took it up is done.
+    pub fn is_done(&self) -> bool {
+        self.done.is_cancelled()
+    }
+
+    /// Resolves once it is done.
+    pub async fn done(&self) {
+        self.done.cancelled().await
+    }
+
+    /// The recipients whose copies hold it now; `None` if a copy taken up for no named
+    /// recipient (a hub's, holding for others) does. Copies are taken up as the source
+    /// routes: once it has, the holders only go.
+    pub fn holders(&self) -> Option<Vec<String>> {
+        let holders = lock(&self.holders);
+        if holders.unnamed > 0 {
+            return None;
+        }
+        let held = (holders.slot_of.iter()).filter(|(_, slot)| holders.copies[**slot] > 0);
+        Some(held.map(|(name, _)| name.to_string()).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sorted(mut names: Vec<String>) -> Vec<String> {
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_naming_hold_tells_whose_copies_hold_it_until_it_is_done() {
+        let (hold, held_by) = Outstanding::naming();
+        let offered = hold.offered();
+        let ann = [offered.take_up(Some("ann")), offered.take_up(Some("ann"))];
+        let bob = offered.take_up(Some("bob"));
+        drop(hold);
+        assert_eq!(sorted(held_by.holders().unwrap()), ["ann", "bob"]);
+        drop(bob);
+        assert_eq!(held_by.holders().unwrap(), ["ann"]);
+        let [first, second] = ann;
+        drop(first);
+        assert!(!held_by.is_done(), "ann's second copy holds it");
+        assert_eq!(held_by.holders().unwrap(), ["ann"]);
+        drop(second);
+        assert!(held_by.is_done());
+        assert!(held_by.holders().unwrap().is_empty());
+        // Its source let it go: nothing more takes it up.
+        assert!(offered.take_up(Some("cy")).is_none());
+    }
+
+    #[test]
+    fn a_copy_held_for_nobody_named_leaves_its_holders_untold() {
+        let (hold, held_by) = Outstanding::naming();
+        let for_others = hold.offered().take_up(None);
+        let ann = hold.offered().take_up(Some("ann"));
+        assert_eq!(held_by.holders(), None);
+        drop(for_others);
+        assert_eq!(held_by.holders().unwrap(), ["ann"]);
+        drop((hold, ann));
+        assert!(held_by.is_done());
+    }
+
+    #[test]
+    fn a_copy_of_two_holds_names_its_recipient_to_each() {
+        let (batch, batch_held_by) = Outstanding::naming();
+        let (pending, pending_done) = Outstanding::new();
+        let both = Outstanding::both(Some(batch), Some(pending)).unwrap();
+        let copy = both.offered().take_up(Some("ann"));
+        drop(both);
+        assert_eq!(batch_held_by.holders().unwrap(), ["ann"]);
+        assert!(!pending_done.is_cancelled());
+        // A copy taken up again is the same copy.
+        let again = copy.as_ref().map(|c| c.offered().take_up(Some("bob")));
+        drop(copy);
+        assert_eq!(batch_held_by.holders().unwrap(), ["ann"]);
+        drop(again);
+        assert!(batch_held_by.is_done() && pending_done.is_cancelled());
+    }
+}
