@@ -2380,53 +2380,147 @@ async fn a_program_beside_one_further_behind_gets_each_message_once_from_its_bri
         process,
         socket,
     } = SlowReader::on_a_patient_fleet().await;
-    let at = (process.addr("grid"), "prompt");
-    let mut prompt = common::grid::GridWs::quiet(at.0, at.1, None).await;
-    for i in 0..fleet.nets.len() {
-        fleet.wait_known(i, "prompt").await;
-    }
-    let through = [process.addr("grid"), fleet.nets[0].grid];
-    // Numbered past the slow program's notes, and sent beside them through both bridges.
-    let to_prompt: Vec<usize> = (1_000..1_200).collect();
-    let sending_to_prompt = async {
-        let clients = through.map(common::grid::GridHttp::new);
-        for &n in &to_prompt {
-            let note = grid_note(&format!("m{n}"), "neighbour", "prompt", "hello");
-            assert!(clients[n % 2].try_send(&note).await, "note {n} accepted");
-        }
-    };
-    let (mut got_by_prompt, wanted) = (Vec::new(), to_prompt.iter().copied().collect());
-    let reading = read_until_got(&mut prompt, at, &mut got_by_prompt, &wanted);
-    let (accepted, (), ()) = tokio::join!(
-        sent_and_left_unwritten(&fleet, "b1", &through, "stayer"),
-        sending_to_prompt,
-        reading,
-    );
+    let mut beside = PromptBeside::sent_to(&fleet, "b1", &process).await;
     let mut got = read_past_the_kill(process, socket).await;
-    got_by_prompt.extend(prompt.read_until_closed().await.iter().filter_map(numbered));
+    let mut got_by_prompt = beside.read_past_the_kill().await;
     let process = spawn_bridge(dir.path(), "b1", &section).await;
-    read_rest_of((process.addr("grid"), "stayer"), &mut got, &accepted).await;
+    read_rest_of((process.addr("grid"), "stayer"), &mut got, &beside.accepted).await;
     // Everything it is sent after the restart comes after what the restart routed again.
     let at = (process.addr("grid"), "prompt");
-    let mut prompt = common::grid::GridWs::connect_once_free(at.0, at.1).await;
-    let last = grid_note("m9999", "neighbour", "prompt", "the last");
-    assert!(
-        common::grid::GridHttp::new(fleet.nets[0].grid)
-            .try_send(&last)
-            .await
-    );
-    read_until_got(&mut prompt, at, &mut got_by_prompt, &[9_999].into()).await;
-    let mut twice: Vec<usize> = (to_prompt.iter().copied())
-        .filter(|n| got_by_prompt.iter().filter(|m| *m == n).count() > 1)
-        .collect();
-    twice.sort_unstable();
-    let missing: Vec<&usize> = (to_prompt.iter())
-        .filter(|n| !got_by_prompt.contains(n))
-        .collect();
-    assert!(missing.is_empty(), "the prompt program missed {missing:?}");
-    assert!(twice.is_empty(), "the prompt program got {twice:?} twice");
+    PromptBeside::read_to_a_last_note(&fleet, at, &mut got_by_prompt).await;
+    PromptBeside::assert_each_once(&got_by_prompt);
     drop(process);
     fleet.shutdown().await;
+}
+
+/// As `a_program_beside_one_further_behind_gets_each_message_once_from_its_bridge_back`,
+/// the two programs reconnecting through another bridge once the fleet took theirs for
+/// gone: the others keep again, from the stretch the killed bridge's heartbeat carried, only
+/// what each recipient had not been written — the slow program's notes, not the prompt
+/// one's. Killed once its consumer acknowledged everything, so that nothing the prompt
+/// program had is past the acknowledgement floor (that would come again).
+#[tokio::test]
+async fn a_program_beside_one_further_behind_gets_each_message_once_through_another() {
+    let SlowReader {
+        fleet,
+        dir: _dir,
+        process,
+        socket,
+        ..
+    } = SlowReader::on_a_third_bridge().await;
+    let mut beside = PromptBeside::sent_to(&fleet, "b2", &process).await;
+    let js = fleet.jetstream().await;
+    let stream = js.get_stream(format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase()));
+    let stream = stream.await.expect("the fleet's stream");
+    let all_acknowledged = async || {
+        let last = stream.get_info().await.map(|info| info.state.last_sequence);
+        let info = stream.consumer_info("bridge-b2").await;
+        info.is_ok_and(|info| last.is_ok_and(|last| info.ack_floor.stream_sequence >= last))
+    };
+    // Late batches wait up to `WRITTEN_WITHIN` and `CARRIED_WITHIN` (7 s) for theirs.
+    let what = "the killed bridge's consumer acknowledged everything";
+    eventually_within(what, WAIT * 2, all_acknowledged).await;
+    // Its heartbeat names the slow program's floor, not the prompt one's.
+    let bridges = js.get_key_value(format!("{}_bridges", fleet.prefix));
+    let beat = bridges.await.expect("the bridges bucket").get("b2").await;
+    let beat = beat.ok().flatten().expect("b2's heartbeat");
+    let beat: serde_json::Value = serde_json::from_slice(&beat).expect("a heartbeat");
+    let named = beat["unwritten_for"].as_object().expect("floors by agent");
+    let named: Vec<&String> = named.keys().collect();
+    assert_eq!(named, ["stayer"], "{beat}");
+    let mut got = read_past_the_kill(process, socket).await;
+    let mut got_by_prompt = beside.read_past_the_kill().await;
+    let through = fleet.nets[1].grid;
+    read_rest_of((through, "stayer"), &mut got, &beside.accepted).await;
+    PromptBeside::read_to_a_last_note(&fleet, (through, "prompt"), &mut got_by_prompt).await;
+    PromptBeside::assert_each_once(&got_by_prompt);
+    fleet.shutdown().await;
+}
+
+/// A second program, `prompt`, on the slow reader's bridge, reading as it is sent to: 200
+/// numbered notes (from 1,000) sent to it through that bridge and the fleet's first in
+/// turn, beside the slow one's (`sent_and_left_unwritten`).
+struct PromptBeside {
+    /// The numbers of the notes sent to the slow program.
+    accepted: Vec<usize>,
+    /// What the prompt program read, and its socket.
+    got: Vec<usize>,
+    socket: common::grid::GridWs,
+}
+
+impl PromptBeside {
+    const NOTES: std::ops::Range<usize> = 1_000..1_200;
+    /// The note sent once the programs reconnected, read last.
+    const LAST: usize = 9_999;
+
+    async fn sent_to(fleet: &Fleet, id: &str, process: &BridgeProcess) -> PromptBeside {
+        let at = (process.addr("grid"), "prompt");
+        let mut socket = common::grid::GridWs::quiet(at.0, at.1, None).await;
+        for i in 0..fleet.nets.len() {
+            fleet.wait_known(i, "prompt").await;
+        }
+        let through = [process.addr("grid"), fleet.nets[0].grid];
+        // Sent beside the slow program's notes through both bridges.
+        let sending_to_prompt = async {
+            let clients = through.map(common::grid::GridHttp::new);
+            for n in Self::NOTES {
+                let note = grid_note(&format!("m{n}"), "neighbour", "prompt", "hello");
+                assert!(clients[n % 2].try_send(&note).await, "note {n} accepted");
+            }
+        };
+        let (mut got, wanted) = (Vec::new(), Self::NOTES.collect());
+        let reading = read_until_got(&mut socket, at, &mut got, &wanted);
+        let (accepted, (), ()) = tokio::join!(
+            sent_and_left_unwritten(fleet, id, &through, "stayer"),
+            sending_to_prompt,
+            reading,
+        );
+        PromptBeside {
+            accepted,
+            got,
+            socket,
+        }
+    }
+
+    /// What the prompt program read, up to what its bridge wrote it before it was killed.
+    async fn read_past_the_kill(&mut self) -> Vec<usize> {
+        let read = self.socket.read_until_closed().await;
+        self.got.extend(read.iter().filter_map(numbered));
+        std::mem::take(&mut self.got)
+    }
+
+    /// Reconnects the prompt program at `at`, sends it a last note through the fleet's
+    /// first bridge, and reads until it came.
+    async fn read_to_a_last_note(
+        fleet: &Fleet,
+        at: (std::net::SocketAddr, &str),
+        got: &mut Vec<usize>,
+    ) {
+        let mut prompt = common::grid::GridWs::connect_once_free(at.0, at.1).await;
+        let last = grid_note(
+            &format!("m{}", Self::LAST),
+            "neighbour",
+            "prompt",
+            "the last",
+        );
+        assert!(
+            common::grid::GridHttp::new(fleet.nets[0].grid)
+                .try_send(&last)
+                .await
+        );
+        read_until_got(&mut prompt, at, got, &[Self::LAST].into()).await;
+    }
+
+    /// The prompt program got each of its notes, and none twice.
+    fn assert_each_once(got: &[usize]) {
+        let mut twice: Vec<usize> = (Self::NOTES)
+            .filter(|n| got.iter().filter(|m| *m == n).count() > 1)
+            .collect();
+        twice.sort_unstable();
+        let missing: Vec<usize> = (Self::NOTES).filter(|n| !got.contains(n)).collect();
+        assert!(missing.is_empty(), "the prompt program missed {missing:?}");
+        assert!(twice.is_empty(), "the prompt program got {twice:?} twice");
+    }
 }
 
 /// Sends `to`, a program reading slowly on the bridge `id` of `fleet`, more numbered notes

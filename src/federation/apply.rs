@@ -29,7 +29,8 @@ use super::stretch::{READ_AGAIN_AT_MOST, Stretch, start_after};
 use super::wire::{BRIDGE_HEADER, Names, RUN_HEADER, Replica};
 use super::written::Written;
 use crate::core::{
-    Core, Envelope, Kind, LeftUndelivered, MessageLog, Outstanding, Replicated, Status, now_ms,
+    Core, Envelope, HeldBy, Kind, LeftUndelivered, MessageLog, Outstanding, Replicated, Status,
+    now_ms,
 };
 use crate::telemetry;
 
@@ -44,7 +45,7 @@ const WRITING: usize = 16;
 struct Replicas {
     all: Vec<ToApply>,
     /// What this run's own messages in the batch wait for (`own_deliveries`).
-    own: Vec<CancellationToken>,
+    own: Vec<HeldBy>,
 }
 
 impl Replicas {
@@ -370,7 +371,7 @@ impl Applier {
             self.left_undelivered.read_again();
             return Ok(delivered);
         }
-        let (outstanding, routed) = Outstanding::new();
+        let (outstanding, routed) = Outstanding::naming();
         let mut own = Vec::new();
         let between = (first, last, delivered_before);
         let read = (self.apply_between(&stream, between, &outstanding, &mut own)).await;
@@ -415,7 +416,7 @@ impl Applier {
         stream: &async_nats::jetstream::stream::Stream,
         (first, last, delivered_before): (u64, u64, u64),
         outstanding: &Outstanding,
-        own: &mut Vec<CancellationToken>,
+        own: &mut Vec<HeldBy>,
     ) -> Result<(), async_nats::Error> {
         let mut stretch = Stretch::from(stream, first).await?;
         let mut read_to = first - 1;
@@ -446,10 +447,10 @@ impl Applier {
         written: Vec<Applied>,
         first: u64,
         last: async_nats::jetstream::Message,
-        own: Vec<CancellationToken>,
+        own: Vec<HeldBy>,
         acks: &Acks,
     ) {
-        let (outstanding, routed) = Outstanding::new();
+        let (outstanding, routed) = Outstanding::naming();
         self.route(written, &outstanding);
         self.routed_through(&last);
         drop(outstanding);
@@ -482,7 +483,7 @@ impl Applier {
                 Vec<Applied>,
                 u64,
                 async_nats::jetstream::Message,
-                Vec<CancellationToken>,
+                Vec<HeldBy>,
             ),
         >,
     {

@@ -188,13 +188,13 @@ impl FleetLog {
             .then(|| Card::of(&info, &self.link.bridge_id))
     }
 
-    /// Queues `env` for the stream, with the token cancelled once its deliveries here are
-    /// done, if it is to wait for them; the receiver says when JetStream holds it.
+    /// Queues `env` for the stream, with what says when its deliveries here are done, if it
+    /// is to wait for them; the receiver says when JetStream holds it.
     fn publish(
         &self,
         env: &Envelope,
         transient: bool,
-        written: Option<CancellationToken>,
+        written: Option<crate::core::HeldBy>,
     ) -> oneshot::Receiver<Result<(), LogError>> {
         let (accepted, told) = oneshot::channel();
         let card = self.card(env);

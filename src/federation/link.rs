@@ -374,7 +374,7 @@ pub async fn durable_consumer(
     Ok(stream.create_consumer(config).await?)
 }
 
-/// Puts `bridge`'s heartbeat in the bridges bucket, with the floor of what it acknowledged
+/// Puts `bridge`'s heartbeat in the bridges bucket, with the floors of what it acknowledged
 /// unwritten (`UnwrittenFloor`) and whether its cards are coming.
 pub async fn put_heartbeat(
     bridges: &kv::Store,
@@ -386,7 +386,8 @@ pub async fn put_heartbeat(
     let value = serde_json::to_vec(&Heartbeat {
         bridge: bridge.to_owned(),
         at: crate::core::now_ms(),
-        unwritten_from: put.carries(),
+        unwritten_from: put.carries().from,
+        unwritten_for: put.carries().by_agent.clone(),
         cards_coming,
     })?;
     bridges.put(bridge, value.into()).await?;

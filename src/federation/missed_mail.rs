@@ -7,9 +7,11 @@
 //! reads that stretch of the stream again, from the gone bridge's consumer's
 //! acknowledgement floor (or, if older, from where its last heartbeat said what it
 //! acknowledged unwritten begins: `UnwrittenFloor`) to the stream's end, and keeps each
-//! message for the agents the gone bridge held. Keeping is once fleet-wide (a kept message's record key is used once),
-//! so every bridge doing this, and the gone bridge applying the same messages if it
-//! restarts, keep one copy between them.
+//! message for the agents the gone bridge held — what it had acknowledged, only for the
+//! agents whose deliveries of it the heartbeat said were not written (`Unwritten`).
+//! Keeping is once fleet-wide (a kept message's record key is used once), so every bridge
+//! doing this, and the gone bridge applying the same messages if it restarts, keep one
+//! copy between them.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -17,7 +19,7 @@ use std::time::Duration;
 
 use super::link::{NatsLink, Ready};
 use super::stretch::{READ_AGAIN_AT_MOST, Stretch, start_after};
-use super::wire::{Heartbeat, Names, Replica};
+use super::wire::{Heartbeat, Names, Replica, Unwritten};
 use crate::core::{Core, Delivery, Envelope, Kind, MovedHere};
 
 /// How many times a failed read of the stretch is taken up again.
@@ -31,8 +33,31 @@ pub struct Held {
     /// stream while the gone bridge held them was its to keep, and nobody else kept it, so
     /// it is kept here (`Stage`).
     pub moved: Vec<MovedHere>,
-    /// Where its last heartbeat said its deliveries not written begin (`UnwrittenFloor`).
-    pub unwritten_from: Option<u64>,
+    /// Where its last heartbeat, as the watch brought it, said its deliveries not written
+    /// begin (`UnwrittenFloor`).
+    pub unwritten: Unwritten,
+}
+
+/// The stretch of the stream a gone bridge missed.
+struct Missed {
+    /// Its first and last sequences.
+    first: u64,
+    last: u64,
+    /// The gone bridge's consumer's acknowledgement floor: what it missed before this was
+    /// late, and is kept only for the agents `unwritten` names, each from its floor.
+    acknowledged: u64,
+    unwritten: Unwritten,
+}
+
+impl Missed {
+    /// Whom of `all` the message at `sequence` is kept for (`None`: all of them).
+    fn kept_for(&self, sequence: u64, all: &HashSet<String>) -> Option<HashSet<String>> {
+        if sequence > self.acknowledged || self.unwritten.by_agent.is_none() {
+            return None;
+        }
+        let unwritten = |agent: &&String| self.unwritten.of(agent).is_some_and(|f| f <= sequence);
+        Some(all.iter().filter(unwritten).cloned().collect())
+    }
 }
 
 /// Where an agent that moved here from the gone bridge is, as the stretch is read — which
@@ -148,22 +173,22 @@ impl Reader<'_> {
     /// taken up again where it stopped, `TRIES` times.
     async fn read_missed(&self) {
         let bridge = self.bridge;
-        let stretch = match self.stretch().await {
-            Ok(Some(stretch)) => stretch,
+        let missed = match self.stretch().await {
+            Ok(Some(missed)) => missed,
             Ok(None) => return,
             Err(e) => {
                 tracing::warn!(bridge, error = %e, "federation: cannot find the mail a gone bridge missed");
                 return;
             }
         };
-        let (mut next, last) = stretch;
+        let (mut next, last) = (missed.first, missed.last);
         let mut kept = 0;
         let mut away = match self.held.moved.is_empty() {
             true => Away::default(),
             false => self.away(next, last).await,
         };
         for tries in 1..=TRIES {
-            match self.read_from(next, last, &mut kept, &mut away).await {
+            match self.read_from(&missed, next, &mut kept, &mut away).await {
                 Ok(()) => break,
                 Err((read_to, e)) => {
                     next = read_to + 1;
@@ -183,8 +208,8 @@ impl Reader<'_> {
         }
     }
 
-    /// Where the gone bridge's missed stretch begins and ends; `None` if it missed nothing.
-    async fn stretch(&self) -> Result<Option<(u64, u64)>, async_nats::Error> {
+    /// The gone bridge's missed stretch; `None` if it missed nothing.
+    async fn stretch(&self) -> Result<Option<Missed>, async_nats::Error> {
         let (link, ready, bridge) = (self.link, self.ready, self.bridge);
         let mut stream = ready.js.get_stream(&link.names.stream).await?;
         let acknowledged = (stream.consumer_info(Names::consumer_of(bridge)).await?)
@@ -194,8 +219,11 @@ impl Reader<'_> {
         // last heartbeat carried, as the bucket holds it (unless it was deleted, by a clean
         // stop) or as the watch brought it (which may lag).
         let kept = (ready.bridges.get(bridge).await.ok().flatten())
-            .and_then(|value| Heartbeat::floor_in(&value));
-        let floor = start_after(acknowledged, [kept, self.held.unwritten_from]);
+            .and_then(|value| Heartbeat::read(&value))
+            .map(|beat| beat.unwritten())
+            .unwrap_or_default();
+        let unwritten = kept.and(self.held.unwritten.clone());
+        let floor = start_after(acknowledged, [unwritten.from]);
         let state = &stream.info().await?.state;
         let (last, oldest) = (state.last_sequence, state.first_sequence);
         if floor >= last {
@@ -212,7 +240,12 @@ impl Reader<'_> {
                 "federation: a gone bridge missed more than is read again"
             );
         }
-        Ok(Some((first, last)))
+        Ok(Some(Missed {
+            first,
+            last,
+            acknowledged,
+            unwritten,
+        }))
     }
 
     /// Where each agent that moved from the gone bridge to this one is at the start of the
@@ -226,7 +259,7 @@ impl Reader<'_> {
             self.link.names.messages_of(self.bridge),
         );
         let mut first = std::collections::HashMap::new();
-        let read = self.each_in(next, last, |subject, replica| {
+        let read = self.each_in(next, last, |_, subject, replica| {
             let env = &replica.envelope;
             if let Some(here) = presence_of(&here, &its_own, subject, env)
                 && moved.contains(env.from.as_str())
@@ -250,20 +283,20 @@ impl Reader<'_> {
         away
     }
 
-    /// Reads the stream from `next` to `last`, keeping what `held` missed (adding to `kept`),
-    /// and for the agents that moved here what `away` says nobody else kept for them; on
-    /// failure, the last sequence read, and why.
+    /// Reads the `missed` stretch from `next` on, keeping what `held` missed (adding to
+    /// `kept`), and for the agents that moved here what `away` says nobody else kept for
+    /// them; on failure, the last sequence read, and why.
     async fn read_from(
         &self,
+        missed: &Missed,
         next: u64,
-        last: u64,
         kept: &mut usize,
         away: &mut Away,
     ) -> Result<(), (u64, async_nats::Error)> {
         let (core, held) = (self.core, self.held);
         let its_own = self.link.names.messages_of(self.bridge);
         let here = self.link.names.messages_of(&self.link.bridge_id);
-        self.each_in(next, last, |subject, replica| {
+        self.each_in(next, missed.last, |sequence, subject, replica| {
             let env = &replica.envelope;
             if let Some(here) = presence_of(&here, &its_own, subject, env) {
                 away.set(&env.from, Stage::after(here));
@@ -272,7 +305,10 @@ impl Reader<'_> {
                 return;
             }
             let delivery = Arc::new(Delivery::new(replica.envelope));
-            *kept += core.router.keep_for(&delivery, &held.all);
+            *kept += match missed.kept_for(sequence, &held.all) {
+                None => core.router.keep_for(&delivery, &held.all),
+                Some(late) => core.router.keep_for(&delivery, &late),
+            };
             if !away.kept_for.is_empty() {
                 *kept += core.router.keep_for(&delivery, &away.kept_for);
             }
@@ -280,13 +316,13 @@ impl Reader<'_> {
         .await
     }
 
-    /// Feeds `each` every message of the stream from `next` to `last`, in order, with the
-    /// subject it came on; on failure, the last sequence read, and why.
+    /// Feeds `each` every message of the stream from `next` to `last`, in order, with its
+    /// sequence and the subject it came on; on failure, the last sequence read, and why.
     async fn each_in(
         &self,
         next: u64,
         last: u64,
-        mut each: impl FnMut(&str, Replica),
+        mut each: impl FnMut(u64, &str, Replica),
     ) -> Result<(), (u64, async_nats::Error)> {
         let (link, ready) = (self.link, self.ready);
         let read_to = next - 1;
@@ -299,7 +335,7 @@ impl Reader<'_> {
             match Replica::all_in(&message.payload) {
                 Ok(replicas) => {
                     for replica in replicas {
-                        each(message.subject.as_str(), replica);
+                        each(sequence, message.subject.as_str(), replica);
                     }
                 }
                 Err(e) => {
@@ -362,5 +398,42 @@ mod tests {
         // Not one of the moved agents: nothing changes.
         away.set("y", Stage::AtGone);
         assert!(away.kept_for.is_empty());
+    }
+
+    /// What the gone bridge had acknowledged is kept only for the agents its heartbeat
+    /// named, each from its own floor; what it had not, for all.
+    #[test]
+    fn what_was_acknowledged_is_kept_for_the_agents_behind_from_their_floors() {
+        let all: HashSet<String> = ["slow", "late", "prompt"].map(String::from).into();
+        let by_agent = [("slow".to_owned(), 100), ("late".to_owned(), 150)];
+        let missed = Missed {
+            first: 100,
+            last: 400,
+            acknowledged: 300,
+            unwritten: Unwritten {
+                from: Some(100),
+                by_agent: Some(by_agent.into()),
+            },
+        };
+        let kept_for = |sequence| {
+            let mut names: Vec<String> = missed.kept_for(sequence, &all)?.into_iter().collect();
+            names.sort();
+            Some(names)
+        };
+        assert_eq!(kept_for(120), Some(vec!["slow".to_owned()]));
+        assert_eq!(
+            kept_for(150),
+            Some(vec!["late".to_owned(), "slow".to_owned()])
+        );
+        assert_eq!(kept_for(301), None, "past the floor: for all");
+        // A heartbeat that names no agent: all of it for all.
+        let for_all = Missed {
+            unwritten: Unwritten {
+                from: Some(100),
+                by_agent: None,
+            },
+            ..missed
+        };
+        assert_eq!(for_all.kept_for(120, &all), None);
     }
 }

@@ -6,9 +6,10 @@
 //! stream. A bridge killed before it wrote such a message to its own Grid program or
 //! Synapse agent must leave it in the stretch the others read again (`missed_mail`). So
 //! each message is given a hold as it is appended (`Outstanding`), which its routing
-//! offers to its deliveries (`MessageLog::delivery_hold`), and the token the hold cancels
-//! goes with its publish. When the consumer reads the publish back, the applier waits for
-//! those tokens before acknowledging it, as it waits for a batch it routed itself.
+//! offers to its deliveries (`MessageLog::delivery_hold`), and what says when the hold is
+//! done (`HeldBy`) goes with its publish. When the consumer reads the publish back, the
+//! applier waits for those before acknowledging it, as it waits for a batch it routed
+//! itself.
 //!
 //! A message whose append did not complete here (the local write failed, or the sender
 //! stopped waiting) was not routed here, and its publish may have reached the stream all
@@ -20,9 +21,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
-
-use crate::core::Outstanding;
+use crate::core::{HeldBy, Outstanding};
 
 /// Most entries of each kind kept at once: past this, a message (or publish) is not waited
 /// for, and its acknowledgement follows its routing as it would without this.
@@ -42,20 +41,20 @@ const UNROUTED_FOR: Duration = Duration::from_secs(600);
 pub struct OwnDeliveries {
     /// The hold of each message appended and not yet routed, by message id.
     holds: Entries<Outstanding>,
-    /// For each publish sent and not yet read back, by its NATS message id: cancelled once
-    /// each of its messages' deliveries here is written, kept or dropped.
-    published: Entries<Vec<CancellationToken>>,
+    /// For each publish sent and not yet read back, by its NATS message id: done once each
+    /// of its messages' deliveries here is written, kept or dropped.
+    published: Entries<Vec<HeldBy>>,
     /// Messages whose append did not complete, by id: not routed here.
     unrouted: Entries<()>,
 }
 
 impl OwnDeliveries {
-    /// Message `id` is being appended: the token cancelled once its routing let its hold go
-    /// and each delivery that took the hold up is done; `None` when there is no room (or a
-    /// message with its id is being appended already).
-    pub fn appending(&self, id: &str) -> Option<CancellationToken> {
-        let (hold, done) = Outstanding::new();
-        self.holds.insert(id, hold).then_some(done)
+    /// Message `id` is being appended: what says when its routing let its hold go and each
+    /// delivery that took the hold up is done; `None` when there is no room (or a message
+    /// with its id is being appended already).
+    pub fn appending(&self, id: &str) -> Option<HeldBy> {
+        let (hold, held_by) = Outstanding::naming();
+        self.holds.insert(id, hold).then_some(held_by)
     }
 
     /// The hold of message `id`, for its routing to offer its deliveries (once).
@@ -97,9 +96,9 @@ impl OwnDeliveries {
         !self.unrouted.is_empty()
     }
 
-    /// A publish is being sent under NATS message id `id`, carrying messages with these
-    /// tokens.
-    pub fn sending(&self, id: &str, written: Vec<CancellationToken>) {
+    /// A publish is being sent under NATS message id `id`, carrying messages whose holds
+    /// these watch.
+    pub fn sending(&self, id: &str, written: Vec<HeldBy>) {
         if !written.is_empty() {
             self.published.insert(id, written);
         }
@@ -110,9 +109,9 @@ impl OwnDeliveries {
         self.published.take(id);
     }
 
-    /// The consumer read back the publish under `id`: the tokens to wait for before its
+    /// The consumer read back the publish under `id`: the holds to wait for before its
     /// acknowledgement.
-    pub fn read_back(&self, id: &str) -> Vec<CancellationToken> {
+    pub fn read_back(&self, id: &str) -> Vec<HeldBy> {
         self.published.take(id).unwrap_or_default()
     }
 }
@@ -199,16 +198,17 @@ mod tests {
         let own = OwnDeliveries::default();
         let done = own.appending("m1").expect("room");
         own.sending("batch:1", vec![done]);
-        let [done] = <[_; 1]>::try_from(own.read_back("batch:1")).expect("one token");
+        let [done] =
+            <[_; 1]>::try_from(own.read_back("batch:1")).unwrap_or_else(|_| panic!("one hold"));
         // Not routed yet: its hold is kept for its routing.
-        assert!(!done.is_cancelled());
+        assert!(!done.is_done());
         let hold = own.hold_of("m1").expect("the hold");
         assert!(own.hold_of("m1").is_none(), "given once");
         let taken_up = hold.clone();
         drop(hold);
-        assert!(!done.is_cancelled(), "a delivery still holds it");
+        assert!(!done.is_done(), "a delivery still holds it");
         drop(taken_up);
-        assert!(done.is_cancelled());
+        assert!(done.is_done());
         assert!(own.read_back("batch:1").is_empty(), "read back once");
     }
 
@@ -218,7 +218,7 @@ mod tests {
         assert!(!own.any_unrouted());
         let done = own.appending("m1").expect("room");
         own.not_routed("m1");
-        assert!(done.is_cancelled());
+        assert!(done.is_done());
         assert!(own.hold_of("m1").is_none(), "not routed");
         own.sending("batch:1", vec![done]);
         own.not_published("batch:1");
@@ -234,7 +234,7 @@ mod tests {
         // Refused: nothing to apply.
         let done = own.appending("m2").expect("room");
         own.not_appended("m2");
-        assert!(done.is_cancelled() && !own.take_unrouted("m2"));
+        assert!(done.is_done() && !own.take_unrouted("m2"));
     }
 
     #[test]
@@ -243,7 +243,7 @@ mod tests {
         let first = own.appending("m1").expect("room");
         assert!(own.appending("m1").is_none());
         drop(own.hold_of("m1"));
-        assert!(first.is_cancelled());
+        assert!(first.is_done());
     }
 
     #[test]

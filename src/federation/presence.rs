@@ -20,7 +20,7 @@ use super::clashes::Clashes;
 use super::config::FederationConfig;
 use super::held_cards::HeldCards;
 use super::link::{NatsLink, Ready, put_heartbeat};
-use super::wire::{Card, Heartbeat, agent_key};
+use super::wire::{Card, Heartbeat, Unwritten, agent_key};
 use crate::core::{Audience, Core, Envelope, Kind, Replicated, Status};
 use crate::telemetry;
 
@@ -69,7 +69,7 @@ impl Presence {
         let mut heard: HashSet<String> = HashSet::new();
         // Where each bridge's last heartbeat says its deliveries not written begin: its
         // missed mail is read again from there if it goes (`UnwrittenFloor`).
-        let mut unwritten: HashMap<String, u64> = HashMap::new();
+        let mut unwritten: HashMap<String, Unwritten> = HashMap::new();
         self.take_in_cards(&ready, &mut alive).await;
         let mut beat = tokio::time::interval(self.heartbeat);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -176,9 +176,11 @@ impl Presence {
                             Operation::Put => {
                                 let bridge = entry.key;
                                 let beat = Heartbeat::read(&entry.value);
-                                match beat.as_ref().and_then(|beat| beat.unwritten_from) {
-                                    Some(floor) => unwritten.insert(bridge.clone(), floor),
-                                    None => unwritten.remove(&bridge),
+                                match beat.as_ref().map(Heartbeat::unwritten) {
+                                    Some(floors) if floors.from.is_some() => {
+                                        unwritten.insert(bridge.clone(), floors)
+                                    }
+                                    _ => unwritten.remove(&bridge),
                                 };
                                 heard.insert(bridge.clone());
                                 let coming = beat.is_some_and(|beat| beat.cards_coming);
@@ -192,8 +194,8 @@ impl Presence {
                             Operation::Delete | Operation::Purge => {
                                 alive.remove(&entry.key);
                                 let bridge = &entry.key;
-                                let unwritten_from = unwritten.get(bridge).copied();
-                                self.gone(&ready, bridge, heard.contains(bridge), unwritten_from);
+                                let floors = unwritten.get(bridge).cloned().unwrap_or_default();
+                                self.gone(&ready, bridge, heard.contains(bridge), floors);
                             }
                         }
                         telemetry::federation_bridges(alive.len() + 1);
@@ -308,7 +310,7 @@ impl Presence {
         ready: &Arc<Ready>,
         alive: &mut HashMap<String, Instant>,
         heard: &HashSet<String>,
-        unwritten: &HashMap<String, u64>,
+        unwritten: &HashMap<String, Unwritten>,
     ) {
         let now = Instant::now();
         let silent: Vec<String> = (alive.iter())
@@ -318,8 +320,8 @@ impl Presence {
         for bridge in silent {
             alive.remove(&bridge);
             tracing::warn!(bridge = %bridge, "federation: a bridge stopped sending heartbeats");
-            let unwritten_from = unwritten.get(&bridge).copied();
-            self.gone(ready, &bridge, heard.contains(&bridge), unwritten_from);
+            let floors = unwritten.get(&bridge).cloned().unwrap_or_default();
+            self.gone(ready, &bridge, heard.contains(&bridge), floors);
         }
         telemetry::federation_bridges(alive.len() + 1);
     }
@@ -327,9 +329,9 @@ impl Presence {
     /// Shows `bridge`'s agents offline, each with a leave event to everyone here, and keeps
     /// the mail it missed for those whose protocols keep mail (`missed_mail`) if it was
     /// `heard` alive — from its acknowledgement floor, or from where its last heartbeat said
-    /// its deliveries not written begin (`unwritten_from`) if that is older; their mail
-    /// routed meanwhile waits for that.
-    fn gone(&self, ready: &Arc<Ready>, bridge: &str, heard: bool, unwritten_from: Option<u64>) {
+    /// its deliveries not written begin (`unwritten`) if that is older; their mail routed
+    /// meanwhile waits for that.
+    fn gone(&self, ready: &Arc<Ready>, bridge: &str, heard: bool, unwritten: Unwritten) {
         self.clashes.bridge_gone(bridge);
         let directory = &self.core.directory;
         // Once a bridge is gone, its missed mail is being read or was (a second notice of
@@ -348,7 +350,7 @@ impl Presence {
             super::missed_mail::Held {
                 all,
                 moved,
-                unwritten_from,
+                unwritten,
             }
         });
         if read_missed {

@@ -226,8 +226,8 @@ struct Batch {
     id: String,
     payload: Bytes,
     accepted: Vec<Option<oneshot::Sender<Result<(), LogError>>>>,
-    /// Its messages' tokens (`Outgoing::written`).
-    written: Vec<CancellationToken>,
+    /// What says when its messages' deliveries here are done (`Outgoing::written`).
+    written: Vec<crate::core::HeldBy>,
     /// The history it carries (no one waits for it): put back to wait for NATS again if
     /// the publish is refused.
     history: Vec<Outgoing>,

@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 use serde::Deserialize;
 use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
 
 use crate::core::LogError;
 
@@ -29,9 +28,9 @@ pub struct Outgoing {
     pub id: String,
     pub payload: Bytes,
     pub accepted: Option<oneshot::Sender<Result<(), LogError>>>,
-    /// Cancelled once the message's deliveries on this bridge are done, for its publish's
+    /// Done once the message's deliveries on this bridge are, for its publish's
     /// acknowledgement to wait for (`own_deliveries`).
-    pub written: Option<CancellationToken>,
+    pub written: Option<crate::core::HeldBy>,
 }
 
 impl Outgoing {

@@ -11,13 +11,23 @@
 //! floor at or before it to land with no put under way carrying a later one, or for its
 //! deliveries to be written meanwhile; up to `CARRIED_WITHIN` more, after which it is
 //! acknowledged all the same (and that is logged).
+//!
+//! A heartbeat also carries each agent's own floor: the oldest late batch whose
+//! deliveries to that agent are not yet written (`Written::holders`). What the killed
+//! bridge's consumer had acknowledged is then kept again only for those agents, from
+//! there: one slow reader does not have every other agent of the bridge sent again what
+//! it had since. A late batch some of whose deliveries are held for no named agent (a
+//! hub's, keeping a broadcast for programs away), or more than `MOST_NAMED` agents with a
+//! floor, have the heartbeat carry the oldest floor for every agent.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+use super::wire::Unwritten;
 use super::written::{WRITTEN_WITHIN, Written};
 
 /// How long past `WRITTEN_WITHIN` a late batch waits for a heartbeat that carries it:
@@ -29,7 +39,10 @@ pub(super) const CARRIED_WITHIN: Duration = Duration::from_secs(2);
 /// How long a wait for a heartbeat lets a put that failed rest before it asks for another.
 const AFTER_A_FAILED_PUT: Duration = Duration::from_millis(200);
 
-/// A floor as a heartbeat carries it: `None` for none.
+/// Most agents a heartbeat names a floor of: past this, it carries the oldest for all.
+const MOST_NAMED: usize = 1024;
+
+/// A floor as the last run's heartbeat carried it: `None` for none.
 type Floor = Option<u64>;
 
 /// The late batches of this run, what the last run left, and the heartbeat puts that
@@ -49,18 +62,25 @@ struct State {
     /// done. Pushed by the acknowledgements and by a reading of the stream's unacknowledged
     /// stretch, so not in stream order.
     late: Vec<(u64, Written)>,
-    /// The floor of the heartbeat put under way, if one is.
-    in_flight: Option<Floor>,
-    /// The floor the bridges bucket holds for this bridge, as far as it knows: `None` when
-    /// none, or when a put failed and may or may not have landed.
-    landed: Floor,
+    /// The floors of the heartbeat put under way, if one is.
+    in_flight: Option<Unwritten>,
+    /// The floors the bridges bucket holds for this bridge, as far as it knows: none when
+    /// a put failed and may or may not have landed.
+    landed: Unwritten,
     /// Whether the last put failed.
     failed: bool,
 }
 
-/// Whether a heartbeat carrying `floor` covers a batch starting at `first`.
-fn covers(floor: Floor, first: u64) -> bool {
-    floor.is_some_and(|floor| floor <= first)
+/// Whether a heartbeat carrying `floors` covers a batch starting at `first` whose
+/// deliveries not yet written are `holders`' (`Written::holders`).
+fn covers(floors: &Unwritten, first: u64, holders: Option<&[String]>) -> bool {
+    let covered = |floor: Option<u64>| floor.is_some_and(|floor| floor <= first);
+    covered(floors.from)
+        && match (&floors.by_agent, holders) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(_), Some(holders)) => holders.iter().all(|agent| covered(floors.of(agent))),
+        }
 }
 
 impl UnwrittenFloor {
@@ -71,7 +91,10 @@ impl UnwrittenFloor {
                 left_by_last_run,
                 late: Vec::new(),
                 in_flight: None,
-                landed: left_by_last_run,
+                landed: Unwritten {
+                    from: left_by_last_run,
+                    by_agent: None,
+                },
                 failed: false,
             }),
             wanted: Notify::new(),
@@ -107,7 +130,7 @@ impl UnwrittenFloor {
         let mut ended = self.ended.subscribe();
         self.lock().late.push((first, written.clone()));
         let carried = async {
-            while !self.is_carried(first) && !written.is_done() {
+            while !self.is_carried(first, &written) && !written.is_done() {
                 if self.lock().failed {
                     tokio::time::sleep(AFTER_A_FAILED_PUT).await;
                 }
@@ -126,10 +149,14 @@ impl UnwrittenFloor {
         carried
     }
 
-    /// Whether the bucket holds a floor covering `first`, and the put under way does too.
-    fn is_carried(&self, first: u64) -> bool {
+    /// Whether the bucket holds floors covering the batch starting at `first`, and the put
+    /// under way does too.
+    fn is_carried(&self, first: u64, written: &Written) -> bool {
+        let holders = written.holders();
+        let holders = holders.as_deref();
         let state = self.lock();
-        covers(state.landed, first) && state.in_flight.is_none_or(|floor| covers(floor, first))
+        covers(&state.landed, first, holders)
+            && (state.in_flight.as_ref()).is_none_or(|floors| covers(floors, first, holders))
     }
 
     /// Resolves once a late batch waits for a heartbeat.
@@ -138,19 +165,25 @@ impl UnwrittenFloor {
     }
 
     /// Starts a heartbeat put, carrying the oldest of the late batches not yet done and of
-    /// what the last run left.
+    /// what the last run left, and each agent's oldest, if it can tell them all.
     pub(super) fn start_put(&self) -> PutUnderWay<'_> {
         let mut state = self.lock();
         state.late.retain(|(_, written)| !written.is_done());
         let late = state.late.iter().map(|(first, _)| *first).min();
-        let floor = match (state.left_by_last_run, late) {
+        let from = match (state.left_by_last_run, late) {
             (Some(left), Some(late)) => Some(left.min(late)),
             (left, late) => left.or(late),
         };
-        state.in_flight = Some(floor);
+        // What the last run left is the whole bridge's: its heartbeat may have named no
+        // agent (and this run does not read it again for some only).
+        let by_agent = (from.is_some() && state.left_by_last_run.is_none())
+            .then(|| floors_by_agent(&state.late))
+            .flatten();
+        let floors = Unwritten { from, by_agent };
+        state.in_flight = Some(floors.clone());
         PutUnderWay {
             unwritten: self,
-            carries: floor,
+            carries: floors,
             landed: false,
         }
     }
@@ -158,13 +191,13 @@ impl UnwrittenFloor {
     /// The put under way ended: it `landed`, or may not have.
     fn put_ended(&self, landed: bool) {
         let mut state = self.lock();
-        if let Some(floor) = state.in_flight.take() {
-            // A put that failed may have landed all the same: the bucket holds one floor
-            // or the other, and a later batch is covered only by both.
+        if let Some(floors) = state.in_flight.take() {
+            // A put that failed may have landed all the same: the bucket holds one's floors
+            // or the other's, and a later batch is covered only by both.
             state.landed = match landed {
-                true => floor,
-                false if floor == state.landed => floor,
-                false => None,
+                true => floors,
+                false if floors == state.landed => floors,
+                false => Unwritten::default(),
             };
             state.failed = !landed;
         }
@@ -177,18 +210,35 @@ impl UnwrittenFloor {
     }
 }
 
+/// Each agent's floor: the first sequence of the oldest of the `late` batches whose
+/// deliveries to it are not yet done; `None` if one of them cannot tell whose its are, or
+/// more than `MOST_NAMED` agents have one.
+fn floors_by_agent(late: &[(u64, Written)]) -> Option<BTreeMap<String, u64>> {
+    let mut floors = BTreeMap::new();
+    for (first, written) in late {
+        for agent in written.holders()? {
+            let floor = floors.entry(agent).or_insert(*first);
+            *floor = (*floor).min(*first);
+        }
+        if floors.len() > MOST_NAMED {
+            return None;
+        }
+    }
+    Some(floors)
+}
+
 /// A heartbeat put under way (`UnwrittenFloor::start_put`). Dropped before it is said to
 /// have `landed` (failed, or given up half-way), it may or may not have.
 pub(super) struct PutUnderWay<'a> {
     unwritten: &'a UnwrittenFloor,
-    carries: Floor,
+    carries: Unwritten,
     landed: bool,
 }
 
 impl PutUnderWay<'_> {
-    /// The floor the heartbeat carries.
-    pub(super) fn carries(&self) -> Floor {
-        self.carries
+    /// The floors the heartbeat carries.
+    pub(super) fn carries(&self) -> &Unwritten {
+        &self.carries
     }
 
     /// The put landed.
@@ -206,16 +256,33 @@ impl Drop for PutUnderWay<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::{Delivery, Envelope, Kind, Outstanding};
     use std::sync::Arc;
 
-    /// What a batch is done by, and the token that says so once cancelled.
-    fn batch() -> (Written, tokio_util::sync::CancellationToken) {
-        let routed = tokio_util::sync::CancellationToken::new();
-        let written = Written {
-            routed: routed.clone(),
-            own: Vec::new(),
-        };
-        (written, routed)
+    /// A batch routed to `agents`: what says it is done, and the copies they hold it by
+    /// until they drop them.
+    fn batch_for(agents: &[&str]) -> (Written, Vec<Arc<Delivery>>) {
+        let (hold, routed) = Outstanding::naming();
+        let mut delivery = Delivery::new(Envelope::new("test", "sender", Kind::Chat));
+        delivery.offer(&hold);
+        let delivery = Arc::new(delivery);
+        let copies = (agents.iter())
+            .map(|agent| delivery.held_copy_for(agent))
+            .collect();
+        let own = Vec::new();
+        (Written { routed, own }, copies)
+    }
+
+    fn batch() -> (Written, Vec<Arc<Delivery>>) {
+        batch_for(&["ann"])
+    }
+
+    fn floors(from: u64, by_agent: &[(&str, u64)]) -> Unwritten {
+        let by_agent = by_agent.iter().map(|(a, f)| (a.to_string(), *f));
+        Unwritten {
+            from: Some(from),
+            by_agent: Some(by_agent.collect()),
+        }
     }
 
     fn in_ms(ms: u64) -> Instant {
@@ -238,47 +305,47 @@ mod tests {
     async fn a_late_batch_waits_for_a_heartbeat_that_carries_it() {
         let floor = Arc::new(UnwrittenFloor::new(None));
         let beating = heartbeat(floor.clone());
-        let (written, done) = batch();
+        let (written, copies) = batch();
         assert!(floor.carry(100, written, in_ms(5000)).await);
-        assert_eq!(floor.start_put().carries(), Some(100));
+        assert_eq!(floor.start_put().carries(), &floors(100, &[("ann", 100)]));
         // Once done, the floor moves on.
-        done.cancel();
-        assert_eq!(floor.start_put().carries(), None);
+        drop(copies);
+        assert_eq!(floor.start_put().carries(), &Unwritten::default());
         beating.abort();
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_late_batch_is_not_taken_for_carried_by_a_put_made_before_it() {
         let floor = UnwrittenFloor::new(None);
-        let (older, older_done) = batch();
+        let (older, older_copies) = batch();
         // No one puts heartbeats: the first late batch waits in vain.
         assert!(!floor.carry(100, older, in_ms(10)).await);
         let put = floor.start_put();
-        assert_eq!(put.carries(), Some(100));
+        assert_eq!(put.carries().from, Some(100));
         put.landed();
         // The older batch is done, and a put of no floor is under way as a newer batch
         // goes late: the bucket's floor covers it, the put under way does not.
-        older_done.cancel();
+        drop(older_copies);
         let put = floor.start_put();
-        assert_eq!(put.carries(), None);
-        let (newer, _newer_done) = batch();
-        assert!(!floor.carry(200, newer, in_ms(10)).await);
+        assert_eq!(put.carries().from, None);
+        let (newer, _newer_copies) = batch();
+        assert!(!floor.carry(200, newer.clone(), in_ms(10)).await);
         put.landed();
         let put = floor.start_put();
-        assert_eq!(put.carries(), Some(200));
+        assert_eq!(put.carries().from, Some(200));
         put.landed();
-        assert!(floor.is_carried(200));
+        assert!(floor.is_carried(200, &newer));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_late_batch_written_meanwhile_waits_for_no_heartbeat() {
         let floor = UnwrittenFloor::new(None);
-        let (written, done) = batch();
+        let (written, copies) = batch();
         let by = in_ms(60_000);
         let carrying = floor.carry(100, written, by);
         tokio::pin!(carrying);
         assert!(futures_util::poll!(&mut carrying).is_pending());
-        done.cancel();
+        drop(copies);
         // Woken by the next put's end, whatever it carries.
         floor.start_put().landed();
         assert!(carrying.await);
@@ -288,29 +355,99 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_put_that_failed_may_have_landed() {
         let floor = UnwrittenFloor::new(Some(50));
-        assert!(floor.is_carried(60));
-        let (written, done) = batch();
-        assert!(floor.carry(60, written, Instant::now()).await);
+        let (written, copies) = batch();
+        assert!(floor.is_carried(60, &written));
+        assert!(floor.carry(60, written.clone(), Instant::now()).await);
         floor.read_again();
-        done.cancel();
+        drop(copies);
         // A put of no floor fails: the bucket may hold either.
         let put = floor.start_put();
-        assert_eq!(put.carries(), None);
+        assert_eq!(put.carries().from, None);
         drop(put);
-        assert!(!floor.is_carried(70));
+        assert!(!floor.is_carried(70, &written));
     }
 
     #[test]
     fn the_floor_is_the_oldest_of_what_the_last_run_left_and_what_is_late() {
         let floor = UnwrittenFloor::new(Some(300));
-        let (newer, _newer_done) = batch();
-        let (older, _older_done) = batch();
+        let (newer, _newer_copies) = batch();
+        let (older, _older_copies) = batch();
         // Late batches need not come in stream order.
-        floor.lock().late.extend([(250, newer), (200, older)]);
-        floor.start_put().landed();
-        assert!(floor.is_carried(200) && !floor.is_carried(199));
+        floor
+            .lock()
+            .late
+            .extend([(250, newer), (200, older.clone())]);
+        // What the last run left names no agent.
+        let put = floor.start_put();
+        assert_eq!(put.carries().by_agent, None);
+        put.landed();
+        assert!(floor.is_carried(200, &older) && !floor.is_carried(199, &older));
         assert_eq!(floor.left_by_last_run(), Some(300));
         floor.read_again();
-        assert_eq!(floor.start_put().carries(), Some(200));
+        assert_eq!(floor.start_put().carries(), &floors(200, &[("ann", 200)]));
+    }
+
+    /// Each agent's floor is the oldest late batch it was not yet written; an agent that
+    /// was written everything has none, however far behind another is.
+    #[test]
+    fn each_agent_has_the_floor_of_the_oldest_batch_it_was_not_written() {
+        let floor = UnwrittenFloor::new(None);
+        let (older, older_copies) = batch_for(&["slow", "prompt"]);
+        let (newer, _newer_copies) = batch_for(&["slow", "late"]);
+        floor.lock().late.extend([(300, newer), (100, older)]);
+        let expected = floors(100, &[("late", 300), ("prompt", 100), ("slow", 100)]);
+        assert_eq!(floor.start_put().carries(), &expected);
+        // The prompt one was written its copy; the slow one is still behind.
+        let [slow, prompt] = <[_; 2]>::try_from(older_copies).unwrap();
+        drop(prompt);
+        let expected = floors(100, &[("late", 300), ("slow", 100)]);
+        assert_eq!(floor.start_put().carries(), &expected);
+        drop(slow);
+        let expected = floors(300, &[("late", 300), ("slow", 300)]);
+        assert_eq!(floor.start_put().carries(), &expected);
+    }
+
+    /// A batch held for no named agent (a hub keeping it for programs away) has the
+    /// heartbeat carry the oldest floor for every agent; and a put that named the agents
+    /// of the batches before does not carry a batch of another agent that went late after.
+    #[test]
+    fn a_batch_held_for_nobody_named_is_carried_for_all() {
+        let floor = UnwrittenFloor::new(None);
+        let (named, _named_copies) = batch_for(&["ann"]);
+        floor.lock().late.push((100, named));
+        let put = floor.start_put();
+        assert_eq!(put.carries(), &floors(100, &[("ann", 100)]));
+        put.landed();
+        let (bobs, _bobs_copies) = batch_for(&["bob"]);
+        assert!(
+            !floor.is_carried(200, &bobs),
+            "the heartbeat named no floor of bob's"
+        );
+        let (hubs, hubs_copies) = batch_for(&[]);
+        let (hold, routed) = Outstanding::naming();
+        let mut delivery = Delivery::new(Envelope::new("test", "sender", Kind::Chat));
+        delivery.offer(&hold);
+        let for_others = Arc::new(delivery).held_copy();
+        drop((hold, hubs, hubs_copies));
+        let hubs = Written {
+            routed,
+            own: Vec::new(),
+        };
+        assert!(!floor.is_carried(200, &hubs));
+        floor
+            .lock()
+            .late
+            .extend([(200, hubs.clone()), (300, bobs.clone())]);
+        let put = floor.start_put();
+        let for_all = Unwritten {
+            from: Some(100),
+            by_agent: None,
+        };
+        assert_eq!(put.carries(), &for_all);
+        put.landed();
+        assert!(floor.is_carried(200, &hubs) && floor.is_carried(300, &bobs));
+        drop(for_others);
+        let put = floor.start_put();
+        assert_eq!(put.carries(), &floors(100, &[("ann", 100), ("bob", 300)]));
     }
 }

@@ -1,6 +1,8 @@
 //! What crosses NATS: names of subjects, streams and buckets, and the JSON of a message
 //! with, for a presence change, the card of the agent it is about.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::core::{AgentInfo, BRIDGE_PROTOCOL, Envelope, Protocol, Role, Status};
@@ -235,6 +237,11 @@ pub struct Heartbeat {
     /// were all written (`UnwrittenFloor`): a stretch read again for it starts here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unwritten_from: Option<u64>,
+    /// Where each agent's deliveries not written begin, when the bridge can tell whose
+    /// they are: a stretch read again for it is kept, before its acknowledgement floor,
+    /// only for these agents, each from its own floor (`Unwritten`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unwritten_for: Option<BTreeMap<String, u64>>,
     /// Whether the bridge's cards in the agents bucket may be older than what it holds:
     /// from its start, or NATS coming back, until it has put its own over them (`cards`).
     /// Another bridge reading them meanwhile finds no clash in them: the newer come.
@@ -248,8 +255,109 @@ impl Heartbeat {
         Heartbeat::read(value).and_then(|beat| beat.unwritten_from)
     }
 
+    /// Where its bridge's deliveries not written begin.
+    pub fn unwritten(&self) -> Unwritten {
+        Unwritten {
+            from: self.unwritten_from,
+            by_agent: self
+                .unwritten_for
+                .clone()
+                .filter(|_| self.unwritten_from.is_some()),
+        }
+    }
+
     /// The heartbeat a value of the bridges bucket holds (none if it is unreadable).
     pub fn read(value: &[u8]) -> Option<Heartbeat> {
         serde_json::from_slice(value).ok()
+    }
+}
+
+/// Where a bridge's deliveries acknowledged before they were written begin, as its
+/// heartbeat carries them (`UnwrittenFloor`): a stretch read again for it after a kill
+/// starts at `from`, and what of it its consumer had acknowledged is kept again only for
+/// the agents `by_agent` names, each from its own floor, or for every agent if it is
+/// `None` (a bridge that cannot tell whose they are, or one from before agents were named).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unwritten {
+    /// The oldest floor.
+    pub from: Option<u64>,
+    pub by_agent: Option<BTreeMap<String, u64>>,
+}
+
+impl Unwritten {
+    /// From where `agent`'s deliveries were not written, if any were.
+    pub fn of(&self, agent: &str) -> Option<u64> {
+        match &self.by_agent {
+            None => self.from,
+            Some(by_agent) => by_agent.get(agent).copied(),
+        }
+    }
+
+    /// What either says: the older floor of each agent. (One heartbeat from the bucket,
+    /// one from the watch: either may be the later.)
+    pub fn and(self, other: Unwritten) -> Unwritten {
+        let (a, b) = match (self.from, other.from) {
+            (None, _) => return other,
+            (_, None) => return self,
+            _ => (self, other),
+        };
+        let by_agent = a.by_agent.zip(b.by_agent).map(|(mut a, b)| {
+            for (agent, floor) in b {
+                let older = a.entry(agent).or_insert(floor);
+                *older = (*older).min(floor);
+            }
+            a
+        });
+        Unwritten {
+            from: a.from.min(b.from),
+            by_agent,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unwritten(from: u64, by_agent: Option<&[(&str, u64)]>) -> Unwritten {
+        Unwritten {
+            from: Some(from),
+            by_agent: by_agent.map(|floors| {
+                (floors.iter())
+                    .map(|(agent, floor)| (agent.to_string(), *floor))
+                    .collect()
+            }),
+        }
+    }
+
+    /// Two heartbeats of one bridge (the bucket's, the watch's) say, together, the older
+    /// floor of each agent; if either names none, all are read from the older floor.
+    #[test]
+    fn two_heartbeats_together_say_the_older_floor_of_each_agent() {
+        let a = unwritten(100, Some(&[("slow", 100)]));
+        let b = unwritten(80, Some(&[("slow", 120), ("late", 80)]));
+        let both = a.clone().and(b);
+        assert_eq!(both, unwritten(80, Some(&[("slow", 100), ("late", 80)])));
+        assert_eq!((both.of("slow"), both.of("prompt")), (Some(100), None));
+        let unnamed = unwritten(90, None);
+        assert_eq!(a.clone().and(unnamed.clone()), unwritten(90, None));
+        assert_eq!(unnamed.of("prompt"), Some(90));
+        // One that carries no floor says nothing.
+        assert_eq!(a.clone().and(Unwritten::default()), a);
+        assert_eq!(Unwritten::default().and(a.clone()), a);
+    }
+
+    /// A heartbeat from a bridge of an older version names no agent; one naming agents
+    /// with no floor says nothing.
+    #[test]
+    fn a_heartbeat_tells_its_floors() {
+        let old = br#"{"bridge":"b","at":1,"unwritten_from":7}"#;
+        let beat = Heartbeat::read(old).unwrap();
+        assert_eq!(beat.unwritten(), unwritten(7, None));
+        let named = br#"{"bridge":"b","at":1,"unwritten_from":7,"unwritten_for":{"s":9}}"#;
+        let beat = Heartbeat::read(named).unwrap();
+        assert_eq!(beat.unwritten(), unwritten(7, Some(&[("s", 9)])));
+        let beat = Heartbeat::read(br#"{"bridge":"b","at":1,"unwritten_for":{}}"#).unwrap();
+        assert_eq!(beat.unwritten(), Unwritten::default());
     }
 }

@@ -4,8 +4,7 @@
 
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
+use crate::core::HeldBy;
 use crate::telemetry;
 
 /// How long an acknowledgement waits for the batch's deliveries to be written: past this,
@@ -17,33 +16,43 @@ pub(super) const WRITTEN_WITHIN: Duration = Duration::from_secs(5);
 /// What tells that a batch's deliveries here are done: written, kept or dropped.
 #[derive(Clone)]
 pub(super) struct Written {
-    /// Cancelled once every delivery the batch made that took up its hold is done.
-    pub(super) routed: CancellationToken,
-    /// Cancelled once each of this run's own messages the batch carries is done.
-    pub(super) own: Vec<CancellationToken>,
+    /// Done once every delivery the batch made that took up its hold is done.
+    pub(super) routed: HeldBy,
+    /// Done once each of this run's own messages the batch carries is done.
+    pub(super) own: Vec<HeldBy>,
 }
 
 impl Written {
     /// Nothing to wait for.
     pub(super) fn nothing() -> Written {
-        let routed = CancellationToken::new();
-        routed.cancel();
         Written {
-            routed,
+            routed: HeldBy::nothing(),
             own: Vec::new(),
         }
     }
 
     /// Whether every delivery it waits for is done.
     pub(super) fn is_done(&self) -> bool {
-        self.routed.is_cancelled() && self.own.iter().all(|own| own.is_cancelled())
+        self.routed.is_done() && self.own.iter().all(|own| own.is_done())
     }
 
     async fn done(&self) {
-        self.routed.cancelled().await;
+        self.routed.done().await;
         for own in &self.own {
-            own.cancelled().await;
+            own.done().await;
         }
+    }
+
+    /// The agents whose deliveries are not yet done (`HeldBy::holders`); `None` if a
+    /// delivery held for no named agent (a hub's) is not.
+    pub(super) fn holders(&self) -> Option<Vec<String>> {
+        let mut holders = Vec::new();
+        for held_by in std::iter::once(&self.routed).chain(&self.own) {
+            holders.extend(held_by.holders()?);
+        }
+        holders.sort_unstable();
+        holders.dedup();
+        Some(holders)
     }
 
     /// Waits until done, at most until `by`; whether it was.
