@@ -109,7 +109,7 @@ impl Delivery {
     }
 
     /// It for a recipient that writes or keeps it for `agent`, away or not: a copy holding
-    /// what it was offered, if its source still keeps that, so that the source learns it
+    /// what it was offered, if that is not done yet, so that the source learns it
     /// was done with only once this recipient (and whatever it hands the copy on to) was
     /// done; the other recipients' copies do not hold it. It itself if it holds already,
     /// or was offered nothing that is still kept.

@@ -2,8 +2,9 @@
 //!
 //! The source offers its hold to its deliveries (`Delivery::offer`); a recipient that
 //! writes or keeps the message for an agent whose mail is kept for it when it is away (a
-//! holding mailbox, an offline sink) takes a copy of the delivery that holds it
-//! (`Delivery::held_copy`), and whatever carries that copy on (a mailbox's backlog, a
+//! holding mailbox, an offline sink) takes a copy of the delivery that holds it, naming
+//! that agent (`Delivery::held_copy_for`; the router names a holding mailbox's session's
+//! agent), and whatever carries that copy on (a mailbox's backlog, a
 //! queue's writer, a stream's output) keeps it. Once the source let its own go and the
 //! last of those is written, kept or dropped, the hold is done. A fleet's applier
 //! acknowledges a batch to the stream only then: a bridge killed before has the batch read
@@ -49,16 +50,28 @@ impl Guard for Both {
     }
 }
 
-/// A hold that counts its copies by recipient (`Outstanding::naming`).
+/// A hold that counts its copies by recipient (`Outstanding::naming`): done once its
+/// source and every copy let it go.
 struct Naming {
     _done: DropGuard,
     holders: Arc<Mutex<Holders>>,
 }
 
-impl Guard for Naming {
+/// The source's share of a naming hold, which deliveries are offered: once it drops, the
+/// holders are all known, and nothing takes the hold up any more.
+struct Source(Arc<Naming>);
+
+impl Guard for Source {
     fn taken_by(self: Arc<Self>, recipient: Option<&str>) -> Arc<dyn Guard> {
-        let slot = lock(&self.holders).take_up(recipient);
-        Arc::new(Taken { naming: self, slot })
+        let naming = self.0.clone();
+        let slot = lock(&naming.holders).take_up(recipient);
+        Arc::new(Taken { naming, slot })
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        lock(&self.0.holders).source_let_go = true;
     }
 }
 
@@ -89,6 +102,8 @@ struct Holders {
     copies: Vec<u32>,
     /// Copies taken up for no named recipient.
     unnamed: u32,
+    /// Whether the source let its share go: until then, more copies may be taken up.
+    source_let_go: bool,
 }
 
 impl Holders {
@@ -151,10 +166,10 @@ impl Outstanding {
     pub fn naming() -> (Outstanding, HeldBy) {
         let done = CancellationToken::new();
         let holders = Arc::<Mutex<Holders>>::default();
-        let guard = Arc::new(Naming {
+        let guard = Arc::new(Source(Arc::new(Naming {
             _done: done.clone().drop_guard(),
             holders: holders.clone(),
-        });
+        })));
         (Outstanding { guard }, HeldBy { done, holders })
     }
 
@@ -180,7 +195,8 @@ pub(super) struct Offered(Weak<dyn Guard>);
 
 impl Offered {
     /// The hold, taken up for a copy held by `recipient` (`None`: one that holds for
-    /// others, or cannot say for whom), if its source still keeps it.
+    /// others, or cannot say for whom), if its source still keeps it (a hold of
+    /// `Outstanding::new` or `dropping`: or a copy does).
     pub(super) fn take_up(&self, recipient: Option<&str>) -> Option<Outstanding> {
         let guard = self.0.upgrade()?;
         Some(Outstanding {
@@ -217,12 +233,13 @@ impl HeldBy {
         self.done.cancelled().await
     }
 
-    /// The recipients whose copies hold it now; `None` if a copy taken up for no named
-    /// recipient (a hub's, holding for others) does. Copies are taken up as the source
-    /// routes: once it has, the holders only go.
+    /// The recipients whose copies hold it now; `None` while its source keeps it (more
+    /// copies may come, as an own message not yet routed here), or if a copy taken up
+    /// for no named recipient (a hub's, holding for others) does. Once its source let it
+    /// go, the holders only go.
     pub fn holders(&self) -> Option<Vec<String>> {
         let holders = lock(&self.holders);
-        if holders.unnamed > 0 {
+        if !holders.source_let_go || holders.unnamed > 0 {
             return None;
         }
         let held = (holders.slot_of.iter()).filter(|(_, slot)| holders.copies[**slot] > 0);
@@ -245,6 +262,11 @@ mod tests {
         let offered = hold.offered();
         let ann = [offered.take_up(Some("ann")), offered.take_up(Some("ann"))];
         let bob = offered.take_up(Some("bob"));
+        assert_eq!(
+            held_by.holders(),
+            None,
+            "more may come while its source keeps it"
+        );
         drop(hold);
         assert_eq!(sorted(held_by.holders().unwrap()), ["ann", "bob"]);
         drop(bob);
@@ -265,10 +287,11 @@ mod tests {
         let (hold, held_by) = Outstanding::naming();
         let for_others = hold.offered().take_up(None);
         let ann = hold.offered().take_up(Some("ann"));
+        drop(hold);
         assert_eq!(held_by.holders(), None);
         drop(for_others);
         assert_eq!(held_by.holders().unwrap(), ["ann"]);
-        drop((hold, ann));
+        drop(ann);
         assert!(held_by.is_done());
     }
 

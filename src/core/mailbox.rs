@@ -187,7 +187,8 @@ impl Mailbox {
     /// waits in the backlog as an id: for a reader that writes or keeps mail for agents
     /// whose mail is kept for them when they are away, so that the source learns a
     /// message was done with only once it was. (Readers that replay from history hold
-    /// nothing: a recipient far behind holds nothing back.)
+    /// nothing: a recipient far behind holds nothing back.) The router gives it copies
+    /// naming its session's agent (`holds_for_its_agent`).
     pub fn holding(mut self) -> Self {
         self.holding = true;
         self

@@ -17,8 +17,9 @@
 //! bridge's consumer had acknowledged is then kept again only for those agents, from
 //! there: one slow reader does not have every other agent of the bridge sent again what
 //! it had since. A late batch some of whose deliveries are held for no named agent (a
-//! hub's, keeping a broadcast for programs away), or more than `MOST_NAMED` agents with a
-//! floor, have the heartbeat carry the oldest floor for every agent.
+//! hub's, keeping a broadcast for programs away) or not yet all taken up (an own message
+//! its consumer read back before it was routed here), or more than `MOST_NAMED` agents
+//! with a floor, have the heartbeat carry the oldest floor for every agent.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -39,8 +40,9 @@ pub(super) const CARRIED_WITHIN: Duration = Duration::from_secs(2);
 /// How long a wait for a heartbeat lets a put that failed rest before it asks for another.
 const AFTER_A_FAILED_PUT: Duration = Duration::from_millis(200);
 
-/// Most agents a heartbeat names a floor of: past this, it carries the oldest for all.
-const MOST_NAMED: usize = 1024;
+/// Most agents a heartbeat names a floor of (some 10 KiB of names): past this, it carries
+/// the oldest for all.
+const MOST_NAMED: usize = 256;
 
 /// A floor as the last run's heartbeat carried it: `None` for none.
 type Floor = Option<u64>;
@@ -449,5 +451,27 @@ mod tests {
         drop(for_others);
         let put = floor.start_put();
         assert_eq!(put.carries(), &floors(100, &[("ann", 100), ("bob", 300)]));
+    }
+
+    /// An own message its consumer read back before it was routed here may yet be taken
+    /// up for any agent: until it is routed, the heartbeat carries the oldest floor for all.
+    #[test]
+    fn a_batch_with_an_own_message_not_yet_routed_is_carried_for_all() {
+        let floor = UnwrittenFloor::new(None);
+        let (hold, own) = Outstanding::naming();
+        let (mut written, _copies) = batch_for(&["ann"]);
+        written.own.push(own);
+        floor.lock().late.push((100, written));
+        let for_all = Unwritten {
+            from: Some(100),
+            by_agent: None,
+        };
+        assert_eq!(floor.start_put().carries(), &for_all);
+        let mut delivery = Delivery::new(Envelope::new("test", "sender", Kind::Chat));
+        delivery.offer(&hold);
+        let _bobs = Arc::new(delivery).held_copy_for("bob");
+        drop(hold);
+        let named = floors(100, &[("ann", 100), ("bob", 100)]);
+        assert_eq!(floor.start_put().carries(), &named);
     }
 }

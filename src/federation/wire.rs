@@ -238,8 +238,9 @@ pub struct Heartbeat {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unwritten_from: Option<u64>,
     /// Where each agent's deliveries not written begin, when the bridge can tell whose
-    /// they are: a stretch read again for it is kept, before its acknowledgement floor,
-    /// only for these agents, each from its own floor (`Unwritten`).
+    /// they are: a stretch read again for it is kept, up to its acknowledgement floor,
+    /// only for these agents, each from its own floor (`Unwritten`); for none if it is
+    /// empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unwritten_for: Option<BTreeMap<String, u64>>,
     /// Whether the bridge's cards in the agents bucket may be older than what it holds:

@@ -502,7 +502,8 @@ impl Router {
         // hand and through its own filters (`Mailbox::take_left`). Once that mailbox holds
         // twice its capacity (the connection is stuck on a slow client), what it holds
         // goes to the sink now, then this. One copy, in the first mailbox that keeps it.
-        if (closed.iter()).any(|(mailbox, _)| mailbox.keep_after_overflow(delivery.clone())) {
+        let held = delivery.held_copy_for(name);
+        if (closed.iter()).any(|(mailbox, _)| mailbox.keep_after_overflow(held.clone())) {
             return;
         }
         let earlier: Vec<_> = (closed.iter())
