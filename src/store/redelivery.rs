@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dashmap::DashSet;
+use dashmap::DashMap;
 use tokio_util::sync::CancellationToken;
 
 use super::Store;
@@ -36,7 +36,9 @@ const ROUTED_AGAIN_AT_ONCE: usize = 256;
 /// The ids of messages appended and not yet done with.
 #[derive(Default)]
 struct Pending {
-    ids: DashSet<String>,
+    /// Each with the holds on it not yet done (`Held`): none from its append until its
+    /// routing takes one; one message may be routed, and held, more than once.
+    ids: DashMap<String, u32>,
     changed: AtomicBool,
     /// Set as the bridge stops: what its stopping drops (a mailbox's contents) is not done
     /// with, and stays pending.
@@ -44,16 +46,36 @@ struct Pending {
 }
 
 impl Pending {
-    fn add(&self, id: &str) {
-        self.ids.insert(id.to_owned());
+    /// Message `id` is being appended: pending until the hold its routing takes is done.
+    fn appending(&self, id: &str) {
+        self.ids.entry(id.to_owned()).or_insert(0);
         self.changed();
     }
 
+    /// Message `id` was not appended: no hold will come.
+    fn not_appended(&self, id: &str) {
+        self.ids.remove_if(id, |_, holds| *holds == 0);
+        self.changed();
+    }
+
+    /// A hold on message `id` (`Held`).
+    fn hold(&self, id: &str) {
+        match self.ids.get_mut(id) {
+            Some(mut holds) => *holds += 1,
+            None => *self.ids.entry(id.to_owned()).or_insert(0) += 1,
+        }
+        self.changed();
+    }
+
+    /// A hold on message `id` is done: once the last is, the message is done with.
     fn done(&self, id: &str) {
         if self.stopping.load(Ordering::Acquire) {
             return;
         }
-        self.ids.remove(id);
+        if let Some(mut holds) = self.ids.get_mut(id) {
+            *holds = holds.saturating_sub(1);
+        }
+        self.ids.remove_if(id, |_, holds| *holds == 0);
         self.changed();
     }
 
@@ -156,7 +178,7 @@ impl RedeliveringLog {
         let left = (self.left.clone()).filter(|left| !left.is_read_again());
         let through = (left.as_ref()).map_or(i64::MAX, |left| left.kept_through.unwrap_or(0));
         let ids = move || {
-            let mut ids: Vec<String> = pending.ids.iter().map(|id| id.clone()).collect();
+            let mut ids: Vec<String> = pending.ids.iter().map(|id| id.key().clone()).collect();
             if let Some(left) = left {
                 ids.extend(left.pending.iter().cloned());
             }
@@ -210,7 +232,7 @@ impl RedeliveringLog {
     /// Message `id` is pending (it is already if appended in this run, but not if it is
     /// routed again) until the hold this gives is done.
     fn hold(&self, id: &str) -> Outstanding {
-        self.pending.add(id);
+        self.pending.hold(id);
         Outstanding::dropping(Held {
             pending: self.pending.clone(),
             id: id.to_owned(),
@@ -220,7 +242,7 @@ impl RedeliveringLog {
 
 impl MessageLog for RedeliveringLog {
     fn append(&self, env: &Envelope) -> LogFuture<'static, ()> {
-        self.pending.add(&env.id);
+        self.pending.appending(&env.id);
         let (appended, pending, id) = (
             MessageLog::append(&self.store, env),
             self.pending.clone(),
@@ -229,7 +251,7 @@ impl MessageLog for RedeliveringLog {
         Box::pin(async move {
             let appended = appended.await;
             if appended.is_err() {
-                pending.done(&id);
+                pending.not_appended(&id);
             }
             appended
         })
@@ -465,5 +487,34 @@ mod tests {
         let kept = store.left_undelivered().await.unwrap();
         assert!(kept.pending.is_empty());
         assert!(kept.kept_through > left.kept_through);
+    }
+
+    /// A message is pending from its append until every hold on it is done: its routing's,
+    /// and another's (routed again) as well.
+    #[tokio::test]
+    async fn a_message_held_twice_is_pending_until_both_holds_are_done() {
+        use super::RedeliveringLog;
+        use crate::core::MessageLog;
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        let (log, left) = RedeliveringLog::open_in_fleet(store.clone()).await.unwrap();
+        left.read_again();
+        let pending = async || {
+            log.stopped().await;
+            store.left_undelivered().await.unwrap().pending
+        };
+        log.append(&message("m0")).await.unwrap();
+        assert!(pending().await.contains("m0"), "appended, not yet routed");
+        let (first, second) = (log.delivery_hold("m0"), log.delivery_hold("m0"));
+        drop(first);
+        assert!(
+            pending().await.contains("m0"),
+            "the second hold is not done"
+        );
+        drop(second);
+        assert!(pending().await.is_empty());
+        // One whose append failed is not pending.
+        log.pending.appending("m1");
+        log.pending.not_appended("m1");
+        assert!(pending().await.is_empty());
     }
 }
