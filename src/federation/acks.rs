@@ -69,6 +69,8 @@ pub(super) fn ack_subject(stream: &str, consumer: &str, delivered: &SequenceInfo
 /// (`UnwrittenFloor`), so that the stretch read again for a killed bridge starts there.
 pub(super) struct Acks {
     queued: tokio::sync::mpsc::UnboundedSender<ToAcknowledge>,
+    /// Where the batches routed are named until they are written (`UnwrittenFloor::routed`).
+    unwritten: Arc<UnwrittenFloor>,
     /// The stream sequence acknowledged up to, by this run or before it (`acknowledged`).
     through: Arc<AtomicU64>,
     /// Counts the consumers made again this run (`consumer_made_again`).
@@ -90,6 +92,7 @@ impl Acks {
         let (acknowledged, current) = (through.clone(), consumer.clone());
         let acknowledging = Arc::new(tokio::sync::Mutex::new(()));
         let gate = acknowledging.clone();
+        let floor = unwritten.clone();
         tokio::spawn(async move {
             while let Some(ToAcknowledge {
                 sequences,
@@ -124,6 +127,7 @@ impl Acks {
         });
         Acks {
             queued,
+            unwritten: floor,
             through,
             consumer,
             acknowledging,
@@ -131,9 +135,11 @@ impl Acks {
     }
 
     /// Acknowledges the batch of the stream `sequences` hold, ending with `last`, once
-    /// `written`.
+    /// `written`. Batches come in stream order, routed, their holds let go by the router.
     pub(super) fn ack(&self, sequences: RangeInclusive<u64>, last: Last, written: Written) {
         let at = tokio::time::Instant::now();
+        let (first, end) = (*sequences.start(), *sequences.end());
+        self.unwritten.routed(first, end, written.clone());
         let _ = self.queued.send(ToAcknowledge {
             sequences,
             consumer: self.consumer.load(Ordering::Relaxed),

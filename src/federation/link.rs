@@ -388,6 +388,7 @@ pub async fn put_heartbeat(
         at: crate::core::now_ms(),
         unwritten_from: put.carries().from,
         unwritten_for: put.carries().by_agent.clone(),
+        routed_through: (put.carries().by_agent.as_ref()).map(|_| put.carries().through),
         cards_coming,
     })?;
     bridges.put(bridge, value.into()).await?;

@@ -7,8 +7,9 @@
 //! reads that stretch of the stream again, from the gone bridge's consumer's
 //! acknowledgement floor (or, if older, from where its last heartbeat said what it
 //! acknowledged unwritten begins: `UnwrittenFloor`) to the stream's end, and keeps each
-//! message for the agents the gone bridge held — what it had acknowledged, only for the
-//! agents whose deliveries of it the heartbeat said were not written (`Unwritten`).
+//! message for the agents the gone bridge held — what it had acknowledged, or routed
+//! through as it put its last heartbeat, only for the agents whose deliveries of it that
+//! heartbeat said were not written (`Unwritten`).
 //! Keeping is once fleet-wide (a kept message's record key is used once), so every bridge
 //! doing this, and the gone bridge applying the same messages if it restarts, keep one
 //! copy between them.
@@ -34,8 +35,8 @@ pub struct Held {
     /// it is kept here (`Stage`).
     pub moved: Vec<MovedHere>,
     /// Where its last heartbeat, as the watch brought it, said its deliveries not written
-    /// begin (`UnwrittenFloor`).
-    pub unwritten: Unwritten,
+    /// begin (`UnwrittenFloor`), if it brought one.
+    pub unwritten: Option<Unwritten>,
 }
 
 /// The stretch of the stream a gone bridge missed.
@@ -43,8 +44,9 @@ struct Missed {
     /// Its first and last sequences.
     first: u64,
     last: u64,
-    /// The gone bridge's consumer's acknowledgement floor: what it missed before this was
-    /// late, and is kept only for the agents `unwritten` names, each from its floor.
+    /// The gone bridge's consumer's acknowledgement floor: what it missed up to this, or
+    /// to where `unwritten` tells, is kept only for the agents `unwritten` names, each from
+    /// its floor.
     acknowledged: u64,
     unwritten: Unwritten,
 }
@@ -52,7 +54,7 @@ struct Missed {
 impl Missed {
     /// Whom of `all` the message at `sequence` is kept for (`None`: all of them).
     fn kept_for(&self, sequence: u64, all: &HashSet<String>) -> Option<HashSet<String>> {
-        if sequence > self.acknowledged || self.unwritten.by_agent.is_none() {
+        if self.unwritten.for_all(sequence, self.acknowledged) {
             return None;
         }
         let unwritten = |agent: &&String| self.unwritten.of(agent).is_some_and(|f| f <= sequence);
@@ -220,9 +222,11 @@ impl Reader<'_> {
         // stop) or as the watch brought it (which may lag).
         let kept = (ready.bridges.get(bridge).await.ok().flatten())
             .and_then(|value| Heartbeat::read(&value))
-            .map(|beat| beat.unwritten())
-            .unwrap_or_default();
-        let unwritten = kept.and(self.held.unwritten.clone());
+            .map(|beat| beat.unwritten());
+        let unwritten = match (kept, self.held.unwritten.clone()) {
+            (Some(kept), Some(watched)) => kept.and(watched),
+            (kept, watched) => kept.or(watched).unwrap_or_default(),
+        };
         let floor = start_after(acknowledged, [unwritten.from]);
         let state = &stream.info().await?.state;
         let (last, oldest) = (state.last_sequence, state.first_sequence);
@@ -400,8 +404,9 @@ mod tests {
         assert!(away.kept_for.is_empty());
     }
 
-    /// What the gone bridge had acknowledged is kept only for the agents its heartbeat
-    /// named, each from its own floor; what it had not, for all.
+    /// What the gone bridge had acknowledged, or routed through as it put its heartbeat,
+    /// is kept only for the agents that heartbeat named, each from its own floor; what
+    /// came after, for all.
     #[test]
     fn what_was_acknowledged_is_kept_for_the_agents_behind_from_their_floors() {
         let all: HashSet<String> = ["slow", "late", "prompt"].map(String::from).into();
@@ -413,6 +418,7 @@ mod tests {
             unwritten: Unwritten {
                 from: Some(100),
                 by_agent: Some(by_agent.into()),
+                through: 350,
             },
         };
         let kept_for = |sequence| {
@@ -425,12 +431,16 @@ mod tests {
             kept_for(150),
             Some(vec!["late".to_owned(), "slow".to_owned()])
         );
-        assert_eq!(kept_for(301), None, "past the floor: for all");
+        assert_eq!(
+            kept_for(320),
+            Some(vec!["late".to_owned(), "slow".to_owned()])
+        );
+        assert_eq!(kept_for(351), None, "past what the heartbeat told: for all");
         // A heartbeat that names no agent: all of it for all.
         let for_all = Missed {
             unwritten: Unwritten {
                 from: Some(100),
-                by_agent: None,
+                ..Unwritten::default()
             },
             ..missed
         };

@@ -177,10 +177,8 @@ impl Presence {
                                 let bridge = entry.key;
                                 let beat = Heartbeat::read(&entry.value);
                                 match beat.as_ref().map(Heartbeat::unwritten) {
-                                    Some(floors) if floors.from.is_some() => {
-                                        unwritten.insert(bridge.clone(), floors)
-                                    }
-                                    _ => unwritten.remove(&bridge),
+                                    Some(floors) => unwritten.insert(bridge.clone(), floors),
+                                    None => unwritten.remove(&bridge),
                                 };
                                 heard.insert(bridge.clone());
                                 let coming = beat.is_some_and(|beat| beat.cards_coming);
@@ -194,7 +192,7 @@ impl Presence {
                             Operation::Delete | Operation::Purge => {
                                 alive.remove(&entry.key);
                                 let bridge = &entry.key;
-                                let floors = unwritten.get(bridge).cloned().unwrap_or_default();
+                                let floors = unwritten.get(bridge).cloned();
                                 self.gone(&ready, bridge, heard.contains(bridge), floors);
                             }
                         }
@@ -320,7 +318,7 @@ impl Presence {
         for bridge in silent {
             alive.remove(&bridge);
             tracing::warn!(bridge = %bridge, "federation: a bridge stopped sending heartbeats");
-            let floors = unwritten.get(&bridge).cloned().unwrap_or_default();
+            let floors = unwritten.get(&bridge).cloned();
             self.gone(ready, &bridge, heard.contains(&bridge), floors);
         }
         telemetry::federation_bridges(alive.len() + 1);
@@ -331,7 +329,7 @@ impl Presence {
     /// `heard` alive — from its acknowledgement floor, or from where its last heartbeat said
     /// its deliveries not written begin (`unwritten`) if that is older; their mail routed
     /// meanwhile waits for that.
-    fn gone(&self, ready: &Arc<Ready>, bridge: &str, heard: bool, unwritten: Unwritten) {
+    fn gone(&self, ready: &Arc<Ready>, bridge: &str, heard: bool, unwritten: Option<Unwritten>) {
         self.clashes.bridge_gone(bridge);
         let directory = &self.core.directory;
         // Once a bridge is gone, its missed mail is being read or was (a second notice of

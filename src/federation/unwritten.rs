@@ -12,11 +12,13 @@
 //! deliveries to be written meanwhile; up to `CARRIED_WITHIN` more, after which it is
 //! acknowledged all the same (and that is logged).
 //!
-//! A heartbeat also carries each agent's own floor: the oldest late batch whose
-//! deliveries to that agent are not yet written (`Written::holders`). What the killed
-//! bridge's consumer had acknowledged is then kept again only for those agents, from
-//! there: one slow reader does not have every other agent of the bridge sent again what
-//! it had since. A late batch some of whose deliveries are held for no named agent (a
+//! A heartbeat also carries each agent's own floor: the oldest batch routed here, late or
+//! not yet acknowledged, whose deliveries to that agent are not yet written
+//! (`Written::holders`), and the sequence it routed through as it put it. What the killed
+//! bridge's consumer had acknowledged, or routed through then, is kept again only for
+//! those agents, from there: one slow reader does not have every other agent of the bridge
+//! sent again what it had since, nor does a bridge whose acknowledgements lag behind what
+//! it wrote. A batch some of whose deliveries are held for no named agent (a
 //! hub's, keeping a broadcast for programs away) or not yet all taken up (an own message
 //! its consumer read back before it was routed here), or more than `MOST_NAMED` agents
 //! with a floor, have the heartbeat carry the oldest floor for every agent.
@@ -64,6 +66,11 @@ struct State {
     /// done. Pushed by the acknowledgements and by a reading of the stream's unacknowledged
     /// stretch, so not in stream order.
     late: Vec<(u64, Written)>,
+    /// Batches routed and not yet found done, in stream order: the first sequence of each,
+    /// and what says it is done (`routed`).
+    routed: Vec<(u64, Written)>,
+    /// The last sequence of the last of them.
+    routed_through: u64,
     /// The floors of the heartbeat put under way, if one is.
     in_flight: Option<Unwritten>,
     /// The floors the bridges bucket holds for this bridge, as far as it knows: none when
@@ -92,10 +99,12 @@ impl UnwrittenFloor {
             state: Mutex::new(State {
                 left_by_last_run,
                 late: Vec::new(),
+                routed: Vec::new(),
+                routed_through: 0,
                 in_flight: None,
                 landed: Unwritten {
                     from: left_by_last_run,
-                    by_agent: None,
+                    ..Unwritten::default()
                 },
                 failed: false,
             }),
@@ -161,16 +170,30 @@ impl UnwrittenFloor {
             && (state.in_flight.as_ref()).is_none_or(|floors| covers(floors, first, holders))
     }
 
+    /// The batch from `first` to `last` was routed, its holds let go by their sources: the
+    /// heartbeats name, from now, the agents `written` says it is not yet written to.
+    /// Batches come in stream order, each once its holds' sources let them go, so that
+    /// up to the last, the agents a heartbeat names are all that were not written.
+    pub(super) fn routed(&self, first: u64, last: u64, written: Written) {
+        let mut state = self.lock();
+        if !written.is_done() {
+            state.routed.push((first, written));
+        }
+        state.routed_through = state.routed_through.max(last);
+    }
+
     /// Resolves once a late batch waits for a heartbeat.
     pub(super) async fn wanted(&self) {
         self.wanted.notified().await;
     }
 
     /// Starts a heartbeat put, carrying the oldest of the late batches not yet done and of
-    /// what the last run left, and each agent's oldest, if it can tell them all.
+    /// what the last run left, and each agent's oldest of the batches routed or late, if
+    /// it can tell them all.
     pub(super) fn start_put(&self) -> PutUnderWay<'_> {
         let mut state = self.lock();
         state.late.retain(|(_, written)| !written.is_done());
+        state.routed.retain(|(_, written)| !written.is_done());
         let late = state.late.iter().map(|(first, _)| *first).min();
         let from = match (state.left_by_last_run, late) {
             (Some(left), Some(late)) => Some(left.min(late)),
@@ -178,10 +201,15 @@ impl UnwrittenFloor {
         };
         // What the last run left is the whole bridge's: its heartbeat may have named no
         // agent (and this run does not read it again for some only).
-        let by_agent = (from.is_some() && state.left_by_last_run.is_none())
-            .then(|| floors_by_agent(&state.late))
+        let by_agent = (state.left_by_last_run.is_none())
+            .then(|| floors_by_agent(state.late.iter().chain(&state.routed)))
             .flatten();
-        let floors = Unwritten { from, by_agent };
+        let through = state.routed_through;
+        let floors = Unwritten {
+            from,
+            by_agent,
+            through,
+        };
         state.in_flight = Some(floors.clone());
         PutUnderWay {
             unwritten: self,
@@ -212,12 +240,14 @@ impl UnwrittenFloor {
     }
 }
 
-/// Each agent's floor: the first sequence of the oldest of the `late` batches whose
-/// deliveries to it are not yet done; `None` if one of them cannot tell whose its are, or
-/// more than `MOST_NAMED` agents have one.
-fn floors_by_agent(late: &[(u64, Written)]) -> Option<BTreeMap<String, u64>> {
+/// Each agent's floor: the first sequence of the oldest of `batches` whose deliveries to it
+/// are not yet done; `None` if one of them cannot tell whose its are, or more than
+/// `MOST_NAMED` agents have one.
+fn floors_by_agent<'a>(
+    batches: impl Iterator<Item = &'a (u64, Written)>,
+) -> Option<BTreeMap<String, u64>> {
     let mut floors = BTreeMap::new();
-    for (first, written) in late {
+    for (first, written) in batches {
         for agent in written.holders()? {
             let floor = floors.entry(agent).or_insert(*first);
             *floor = (*floor).min(*first);
@@ -280,10 +310,27 @@ mod tests {
     }
 
     fn floors(from: u64, by_agent: &[(&str, u64)]) -> Unwritten {
-        let by_agent = by_agent.iter().map(|(a, f)| (a.to_string(), *f));
         Unwritten {
             from: Some(from),
+            ..named(by_agent, 0)
+        }
+    }
+
+    /// Floors of no late batch, naming `by_agent` up to `through`.
+    fn named(by_agent: &[(&str, u64)], through: u64) -> Unwritten {
+        let by_agent = by_agent.iter().map(|(a, f)| (a.to_string(), *f));
+        Unwritten {
+            from: None,
             by_agent: Some(by_agent.collect()),
+            through,
+        }
+    }
+
+    /// Floors naming agents no late batch, nor any, routed.
+    fn for_all(from: u64) -> Unwritten {
+        Unwritten {
+            from: Some(from),
+            ..Unwritten::default()
         }
     }
 
@@ -312,7 +359,7 @@ mod tests {
         assert_eq!(floor.start_put().carries(), &floors(100, &[("ann", 100)]));
         // Once done, the floor moves on.
         drop(copies);
-        assert_eq!(floor.start_put().carries(), &Unwritten::default());
+        assert_eq!(floor.start_put().carries(), &named(&[], 0));
         beating.abort();
     }
 
@@ -441,11 +488,7 @@ mod tests {
             .late
             .extend([(200, hubs.clone()), (300, bobs.clone())]);
         let put = floor.start_put();
-        let for_all = Unwritten {
-            from: Some(100),
-            by_agent: None,
-        };
-        assert_eq!(put.carries(), &for_all);
+        assert_eq!(put.carries(), &for_all(100));
         put.landed();
         assert!(floor.is_carried(200, &hubs) && floor.is_carried(300, &bobs));
         drop(for_others);
@@ -462,16 +505,34 @@ mod tests {
         let (mut written, _copies) = batch_for(&["ann"]);
         written.own.push(own);
         floor.lock().late.push((100, written));
-        let for_all = Unwritten {
-            from: Some(100),
-            by_agent: None,
-        };
-        assert_eq!(floor.start_put().carries(), &for_all);
+        assert_eq!(floor.start_put().carries(), &for_all(100));
         let mut delivery = Delivery::new(Envelope::new("test", "sender", Kind::Chat));
         delivery.offer(&hold);
         let _bobs = Arc::new(delivery).held_copy_for("bob");
         drop(hold);
         let named = floors(100, &[("ann", 100), ("bob", 100)]);
         assert_eq!(floor.start_put().carries(), &named);
+    }
+
+    /// The agents a batch routed and not yet acknowledged is not written to are named as
+    /// well, up to the last sequence routed: past the acknowledgement floor too, the
+    /// others keep again only for them.
+    #[test]
+    fn the_batches_routed_name_their_agents_behind_up_to_the_last_routed() {
+        let floor = UnwrittenFloor::new(None);
+        let (first, first_copies) = batch_for(&["prompt", "slow"]);
+        let (second, _second_copies) = batch_for(&["slow"]);
+        floor.routed(100, 199, first);
+        floor.routed(200, 299, second);
+        let (done, done_copies) = batch_for(&["prompt"]);
+        drop(done_copies);
+        floor.routed(300, 399, done);
+        let expected = named(&[("prompt", 100), ("slow", 100)], 399);
+        assert_eq!(floor.start_put().carries(), &expected);
+        let [prompt, slow] = <[_; 2]>::try_from(first_copies).unwrap();
+        drop(prompt);
+        assert_eq!(floor.start_put().carries(), &named(&[("slow", 100)], 399));
+        drop(slow);
+        assert_eq!(floor.start_put().carries(), &named(&[("slow", 200)], 399));
     }
 }

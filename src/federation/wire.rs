@@ -238,11 +238,15 @@ pub struct Heartbeat {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unwritten_from: Option<u64>,
     /// Where each agent's deliveries not written begin, when the bridge can tell whose
-    /// they are: a stretch read again for it is kept, up to its acknowledgement floor,
-    /// only for these agents, each from its own floor (`Unwritten`); for none if it is
-    /// empty.
+    /// they are: a stretch read again for it is kept, up to its acknowledgement floor or
+    /// `routed_through` if further, only for these agents, each from its own floor
+    /// (`Unwritten`); for none if it is empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unwritten_for: Option<BTreeMap<String, u64>>,
+    /// The stream sequence the bridge had routed, and taken the holds of, through as it
+    /// put the heartbeat: up to there, `unwritten_for` names every agent not yet written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routed_through: Option<u64>,
     /// Whether the bridge's cards in the agents bucket may be older than what it holds:
     /// from its start, or NATS coming back, until it has put its own over them (`cards`).
     /// Another bridge reading them meanwhile finds no clash in them: the newer come.
@@ -260,10 +264,8 @@ impl Heartbeat {
     pub fn unwritten(&self) -> Unwritten {
         Unwritten {
             from: self.unwritten_from,
-            by_agent: self
-                .unwritten_for
-                .clone()
-                .filter(|_| self.unwritten_from.is_some()),
+            by_agent: self.unwritten_for.clone(),
+            through: self.routed_through.unwrap_or(0),
         }
     }
 
@@ -273,19 +275,28 @@ impl Heartbeat {
     }
 }
 
-/// Where a bridge's deliveries acknowledged before they were written begin, as its
-/// heartbeat carries them (`UnwrittenFloor`): a stretch read again for it after a kill
-/// starts at `from`, and what of it its consumer had acknowledged is kept again only for
-/// the agents `by_agent` names, each from its own floor, or for every agent if it is
-/// `None` (a bridge that cannot tell whose they are, or one from before agents were named).
+/// Where a bridge's deliveries not yet written begin, as its heartbeat carries them
+/// (`UnwrittenFloor`): a stretch read again for it after a kill starts at `from` if that is
+/// before its consumer's acknowledgement floor; and what of it is up to that floor, or
+/// `through` if further, is kept again only for the agents `by_agent` names, each from its
+/// own floor, or for every agent if it is `None` (a bridge that cannot tell whose they
+/// are, or one from before agents were named). Past both, it is kept for every agent.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Unwritten {
-    /// The oldest floor.
+    /// The first sequence of the oldest batch acknowledged before it was written.
     pub from: Option<u64>,
     pub by_agent: Option<BTreeMap<String, u64>>,
+    /// Where `by_agent` tells up to, past the acknowledgement floor.
+    pub through: u64,
 }
 
 impl Unwritten {
+    /// Whether the message at `sequence` is kept again for every agent of the bridge, its
+    /// consumer's acknowledgement floor `acknowledged`: past what the floors tell of.
+    pub fn for_all(&self, sequence: u64, acknowledged: u64) -> bool {
+        self.by_agent.is_none() || sequence > acknowledged.max(self.through)
+    }
+
     /// From where `agent`'s deliveries were not written, if any were.
     pub fn of(&self, agent: &str) -> Option<u64> {
         match &self.by_agent {
@@ -294,15 +305,14 @@ impl Unwritten {
         }
     }
 
-    /// What either says: the older floor of each agent. (One heartbeat from the bucket,
-    /// one from the watch: either may be the later.)
+    /// What either says: the older floor of each agent, told up to the nearer sequence.
+    /// (One heartbeat from the bucket, one from the watch: either may be the later.)
     pub fn and(self, other: Unwritten) -> Unwritten {
-        let (a, b) = match (self.from, other.from) {
-            (None, _) => return other,
-            (_, None) => return self,
-            _ => (self, other),
+        let from = match (self.from, other.from) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         };
-        let by_agent = a.by_agent.zip(b.by_agent).map(|(mut a, b)| {
+        let by_agent = self.by_agent.zip(other.by_agent).map(|(mut a, b)| {
             for (agent, floor) in b {
                 let older = a.entry(agent).or_insert(floor);
                 *older = (*older).min(floor);
@@ -310,8 +320,9 @@ impl Unwritten {
             a
         });
         Unwritten {
-            from: a.from.min(b.from),
+            from,
             by_agent,
+            through: self.through.min(other.through),
         }
     }
 }
@@ -328,37 +339,64 @@ mod tests {
                     .map(|(agent, floor)| (agent.to_string(), *floor))
                     .collect()
             }),
+            through: 0,
         }
     }
 
     /// Two heartbeats of one bridge (the bucket's, the watch's) say, together, the older
-    /// floor of each agent; if either names none, all are read from the older floor.
+    /// floor of each agent, up to the nearer sequence; if either names none, all are read
+    /// from the older floor.
     #[test]
     fn two_heartbeats_together_say_the_older_floor_of_each_agent() {
-        let a = unwritten(100, Some(&[("slow", 100)]));
-        let b = unwritten(80, Some(&[("slow", 120), ("late", 80)]));
+        let a = Unwritten {
+            through: 500,
+            ..unwritten(100, Some(&[("slow", 100)]))
+        };
+        let b = Unwritten {
+            through: 400,
+            ..unwritten(80, Some(&[("slow", 120), ("late", 80)]))
+        };
         let both = a.clone().and(b);
-        assert_eq!(both, unwritten(80, Some(&[("slow", 100), ("late", 80)])));
+        let expected = unwritten(80, Some(&[("slow", 100), ("late", 80)]));
+        assert_eq!(
+            both,
+            Unwritten {
+                through: 400,
+                ..expected
+            }
+        );
         assert_eq!((both.of("slow"), both.of("prompt")), (Some(100), None));
+        assert!(!both.for_all(400, 0) && both.for_all(401, 0) && !both.for_all(450, 450));
         let unnamed = unwritten(90, None);
-        assert_eq!(a.clone().and(unnamed.clone()), unwritten(90, None));
+        assert_eq!(a.clone().and(unnamed.clone()).by_agent, None);
         assert_eq!(unnamed.of("prompt"), Some(90));
-        // One that carries no floor says nothing.
-        assert_eq!(a.clone().and(Unwritten::default()), a);
-        assert_eq!(Unwritten::default().and(a.clone()), a);
+        assert!(unnamed.for_all(1, 450));
+        // One that names nobody behind and no late batch leaves the other's floors.
+        let nobody = Unwritten {
+            by_agent: Some(BTreeMap::new()),
+            through: 600,
+            ..Unwritten::default()
+        };
+        assert_eq!(nobody.and(a.clone()), a);
     }
 
-    /// A heartbeat from a bridge of an older version names no agent; one naming agents
-    /// with no floor says nothing.
+    /// A heartbeat from a bridge of an older version names no agent.
     #[test]
     fn a_heartbeat_tells_its_floors() {
         let old = br#"{"bridge":"b","at":1,"unwritten_from":7}"#;
         let beat = Heartbeat::read(old).unwrap();
         assert_eq!(beat.unwritten(), unwritten(7, None));
-        let named = br#"{"bridge":"b","at":1,"unwritten_from":7,"unwritten_for":{"s":9}}"#;
+        let named = br#"{"bridge":"b","at":1,"unwritten_from":7,"unwritten_for":{"s":9},"routed_through":12}"#;
         let beat = Heartbeat::read(named).unwrap();
-        assert_eq!(beat.unwritten(), unwritten(7, Some(&[("s", 9)])));
-        let beat = Heartbeat::read(br#"{"bridge":"b","at":1,"unwritten_for":{}}"#).unwrap();
+        let expected = unwritten(7, Some(&[("s", 9)]));
+        assert_eq!(
+            beat.unwritten(),
+            Unwritten {
+                through: 12,
+                ..expected
+            }
+        );
+        let beat = Heartbeat::read(br#"{"bridge":"b","at":1}"#).unwrap();
         assert_eq!(beat.unwritten(), Unwritten::default());
     }
 }

@@ -66,7 +66,9 @@ impl Applier {
         // (by the next reading's first acknowledgement) before it is written.
         drop(outstanding);
         let written = Written { routed, own };
-        // Carried on in this run's heartbeats if it is late, as the last run's floor was.
+        // Carried on in this run's heartbeats if it is late, as the last run's floor was;
+        // named in them meanwhile, as a batch routed is.
+        ready.unwritten.routed(first, last, written.clone());
         let now = tokio::time::Instant::now();
         ready
             .unwritten
