@@ -255,7 +255,7 @@ impl NatsLink {
     ) -> Option<Arc<Ready>> {
         let mut delay = Duration::from_millis(100);
         loop {
-            match self.try_set_up(config).await {
+            match self.try_set_up(config, shutdown).await {
                 Ok(ready) => {
                     let ready = Arc::new(ready);
                     self.ready.store(Some(ready.clone()));
@@ -273,7 +273,11 @@ impl NatsLink {
         }
     }
 
-    async fn try_set_up(&self, config: &FederationConfig) -> Result<Ready, async_nats::Error> {
+    async fn try_set_up(
+        &self,
+        config: &FederationConfig,
+        shutdown: &CancellationToken,
+    ) -> Result<Ready, async_nats::Error> {
         let js = jetstream::ContextBuilder::new()
             .timeout(Duration::from_millis(config.publish_timeout_ms))
             .build(self.client.clone());
@@ -333,7 +337,7 @@ impl NatsLink {
         // and that the last run's cards are to be put over (`Heartbeat::cards_coming`).
         let last_beat = bridges.get(&self.bridge_id).await?;
         let left = last_beat.and_then(|value| Heartbeat::floor_in(&value));
-        let unwritten = Arc::new(UnwrittenFloor::new(left));
+        let unwritten = Arc::new(UnwrittenFloor::new(left, shutdown.clone()));
         put_heartbeat(&bridges, &self.bridge_id, &unwritten, true).await?;
         Ok(Ready {
             js,

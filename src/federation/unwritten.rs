@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::wire::Unwritten;
 use super::written::{WRITTEN_WITHIN, Written};
@@ -53,6 +54,10 @@ type Floor = Option<u64>;
 /// carry their floor.
 pub(super) struct UnwrittenFloor {
     state: Mutex<State>,
+    /// Cancelled as the bridge stops: what its stopping drops (a mailbox's contents) is
+    /// not written, so the heartbeats put from then on name no agent and let go of no
+    /// batch.
+    stopping: CancellationToken,
     /// Asks for a heartbeat now: a late batch waits for one that carries it.
     wanted: Notify,
     /// Changed as each heartbeat put ends.
@@ -66,7 +71,7 @@ struct State {
     /// done. Pushed by the acknowledgements and by a reading of the stream's unacknowledged
     /// stretch, so not in stream order.
     late: Vec<(u64, Written)>,
-    /// Batches routed and not yet found done, in stream order: the first sequence of each,
+    /// Batches routed and not yet found done, in the order routed: the first sequence of each,
     /// and what says it is done (`routed`).
     routed: Vec<(u64, Written)>,
     /// The last sequence of the last of them.
@@ -93,9 +98,11 @@ fn covers(floors: &Unwritten, first: u64, holders: Option<&[String]>) -> bool {
 }
 
 impl UnwrittenFloor {
-    /// With the floor the last run's heartbeat carried, which the bridges bucket holds.
-    pub(super) fn new(left_by_last_run: Floor) -> UnwrittenFloor {
+    /// With the floor the last run's heartbeat carried, which the bridges bucket holds; for
+    /// a bridge that stops once `stopping` is cancelled.
+    pub(super) fn new(left_by_last_run: Floor, stopping: CancellationToken) -> UnwrittenFloor {
         UnwrittenFloor {
+            stopping,
             state: Mutex::new(State {
                 left_by_last_run,
                 late: Vec::new(),
@@ -171,15 +178,26 @@ impl UnwrittenFloor {
     }
 
     /// The batch from `first` to `last` was routed, its holds let go by their sources: the
-    /// heartbeats name, from now, the agents `written` says it is not yet written to.
-    /// Batches come in stream order, each once its holds' sources let them go, so that
-    /// up to the last, the agents a heartbeat names are all that were not written.
+    /// heartbeats name, from now, the agents `written` says it is not yet written to, and
+    /// tell of the stream up to the last sequence routed. Each batch is given once routed,
+    /// everything before it in the stream routed already (a batch routed again, after a
+    /// redelivery or read again, only adds its agents), so that up to there the agents a
+    /// heartbeat names are all that were not written.
     pub(super) fn routed(&self, first: u64, last: u64, written: Written) {
         let mut state = self.lock();
         if !written.is_done() {
             state.routed.push((first, written));
         }
         state.routed_through = state.routed_through.max(last);
+    }
+
+    /// The stream was made again, its sequences begun anew: what this run routed and the
+    /// floors it carried are numbered in the stream gone.
+    pub(super) fn sequences_begun_anew(&self) {
+        let mut state = self.lock();
+        state.routed.clear();
+        state.late.clear();
+        state.routed_through = 0;
     }
 
     /// Resolves once a late batch waits for a heartbeat.
@@ -192,8 +210,11 @@ impl UnwrittenFloor {
     /// it can tell them all.
     pub(super) fn start_put(&self) -> PutUnderWay<'_> {
         let mut state = self.lock();
-        state.late.retain(|(_, written)| !written.is_done());
-        state.routed.retain(|(_, written)| !written.is_done());
+        let stopping = self.stopping.is_cancelled();
+        if !stopping {
+            state.late.retain(|(_, written)| !written.is_done());
+            state.routed.retain(|(_, written)| !written.is_done());
+        }
         let late = state.late.iter().map(|(first, _)| *first).min();
         let from = match (state.left_by_last_run, late) {
             (Some(left), Some(late)) => Some(left.min(late)),
@@ -201,7 +222,7 @@ impl UnwrittenFloor {
         };
         // What the last run left is the whole bridge's: its heartbeat may have named no
         // agent (and this run does not read it again for some only).
-        let by_agent = (state.left_by_last_run.is_none())
+        let by_agent = (state.left_by_last_run.is_none() && !stopping)
             .then(|| floors_by_agent(state.late.iter().chain(&state.routed)))
             .flatten();
         let through = state.routed_through;
@@ -291,15 +312,24 @@ mod tests {
     use crate::core::{Delivery, Envelope, Kind, Outstanding};
     use std::sync::Arc;
 
+    /// A copy of a delivery offered `hold`, as a recipient takes it up for `agent`
+    /// (`None`: a hub's, for others).
+    fn taken_up(hold: &Outstanding, agent: Option<&str>) -> Arc<Delivery> {
+        let mut delivery = Delivery::new(Envelope::new("test", "sender", Kind::Chat));
+        delivery.offer(hold);
+        let delivery = Arc::new(delivery);
+        match agent {
+            Some(agent) => delivery.held_copy_for(agent),
+            None => delivery.held_copy(),
+        }
+    }
+
     /// A batch routed to `agents`: what says it is done, and the copies they hold it by
     /// until they drop them.
     fn batch_for(agents: &[&str]) -> (Written, Vec<Arc<Delivery>>) {
         let (hold, routed) = Outstanding::naming();
-        let mut delivery = Delivery::new(Envelope::new("test", "sender", Kind::Chat));
-        delivery.offer(&hold);
-        let delivery = Arc::new(delivery);
         let copies = (agents.iter())
-            .map(|agent| delivery.held_copy_for(agent))
+            .map(|agent| taken_up(&hold, Some(agent)))
             .collect();
         let own = Vec::new();
         (Written { routed, own }, copies)
@@ -352,7 +382,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_late_batch_waits_for_a_heartbeat_that_carries_it() {
-        let floor = Arc::new(UnwrittenFloor::new(None));
+        let floor = Arc::new(UnwrittenFloor::new(None, CancellationToken::new()));
         let beating = heartbeat(floor.clone());
         let (written, copies) = batch();
         assert!(floor.carry(100, written, in_ms(5000)).await);
@@ -365,7 +395,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_late_batch_is_not_taken_for_carried_by_a_put_made_before_it() {
-        let floor = UnwrittenFloor::new(None);
+        let floor = UnwrittenFloor::new(None, CancellationToken::new());
         let (older, older_copies) = batch();
         // No one puts heartbeats: the first late batch waits in vain.
         assert!(!floor.carry(100, older, in_ms(10)).await);
@@ -388,7 +418,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_late_batch_written_meanwhile_waits_for_no_heartbeat() {
-        let floor = UnwrittenFloor::new(None);
+        let floor = UnwrittenFloor::new(None, CancellationToken::new());
         let (written, copies) = batch();
         let by = in_ms(60_000);
         let carrying = floor.carry(100, written, by);
@@ -403,7 +433,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_put_that_failed_may_have_landed() {
-        let floor = UnwrittenFloor::new(Some(50));
+        let floor = UnwrittenFloor::new(Some(50), CancellationToken::new());
         let (written, copies) = batch();
         assert!(floor.is_carried(60, &written));
         assert!(floor.carry(60, written.clone(), Instant::now()).await);
@@ -418,7 +448,7 @@ mod tests {
 
     #[test]
     fn the_floor_is_the_oldest_of_what_the_last_run_left_and_what_is_late() {
-        let floor = UnwrittenFloor::new(Some(300));
+        let floor = UnwrittenFloor::new(Some(300), CancellationToken::new());
         let (newer, _newer_copies) = batch();
         let (older, _older_copies) = batch();
         // Late batches need not come in stream order.
@@ -440,7 +470,7 @@ mod tests {
     /// was written everything has none, however far behind another is.
     #[test]
     fn each_agent_has_the_floor_of_the_oldest_batch_it_was_not_written() {
-        let floor = UnwrittenFloor::new(None);
+        let floor = UnwrittenFloor::new(None, CancellationToken::new());
         let (older, older_copies) = batch_for(&["slow", "prompt"]);
         let (newer, _newer_copies) = batch_for(&["slow", "late"]);
         floor.lock().late.extend([(300, newer), (100, older)]);
@@ -461,7 +491,7 @@ mod tests {
     /// of the batches before does not carry a batch of another agent that went late after.
     #[test]
     fn a_batch_held_for_nobody_named_is_carried_for_all() {
-        let floor = UnwrittenFloor::new(None);
+        let floor = UnwrittenFloor::new(None, CancellationToken::new());
         let (named, _named_copies) = batch_for(&["ann"]);
         floor.lock().late.push((100, named));
         let put = floor.start_put();
@@ -472,12 +502,9 @@ mod tests {
             !floor.is_carried(200, &bobs),
             "the heartbeat named no floor of bob's"
         );
-        let (hubs, hubs_copies) = batch_for(&[]);
         let (hold, routed) = Outstanding::naming();
-        let mut delivery = Delivery::new(Envelope::new("test", "sender", Kind::Chat));
-        delivery.offer(&hold);
-        let for_others = Arc::new(delivery).held_copy();
-        drop((hold, hubs, hubs_copies));
+        let for_others = taken_up(&hold, None);
+        drop(hold);
         let hubs = Written {
             routed,
             own: Vec::new(),
@@ -500,15 +527,13 @@ mod tests {
     /// up for any agent: until it is routed, the heartbeat carries the oldest floor for all.
     #[test]
     fn a_batch_with_an_own_message_not_yet_routed_is_carried_for_all() {
-        let floor = UnwrittenFloor::new(None);
+        let floor = UnwrittenFloor::new(None, CancellationToken::new());
         let (hold, own) = Outstanding::naming();
         let (mut written, _copies) = batch_for(&["ann"]);
         written.own.push(own);
         floor.lock().late.push((100, written));
         assert_eq!(floor.start_put().carries(), &for_all(100));
-        let mut delivery = Delivery::new(Envelope::new("test", "sender", Kind::Chat));
-        delivery.offer(&hold);
-        let _bobs = Arc::new(delivery).held_copy_for("bob");
+        let _bobs = taken_up(&hold, Some("bob"));
         drop(hold);
         let named = floors(100, &[("ann", 100), ("bob", 100)]);
         assert_eq!(floor.start_put().carries(), &named);
@@ -519,7 +544,7 @@ mod tests {
     /// others keep again only for them.
     #[test]
     fn the_batches_routed_name_their_agents_behind_up_to_the_last_routed() {
-        let floor = UnwrittenFloor::new(None);
+        let floor = UnwrittenFloor::new(None, CancellationToken::new());
         let (first, first_copies) = batch_for(&["prompt", "slow"]);
         let (second, _second_copies) = batch_for(&["slow"]);
         floor.routed(100, 199, first);
@@ -534,5 +559,37 @@ mod tests {
         assert_eq!(floor.start_put().carries(), &named(&[("slow", 100)], 399));
         drop(slow);
         assert_eq!(floor.start_put().carries(), &named(&[("slow", 200)], 399));
+    }
+
+    /// As the bridge stops, what it drops unwritten is done with as far as the holds can
+    /// tell: the heartbeats from then on name no agent, and keep every floor they had.
+    #[test]
+    fn a_stopping_bridge_names_no_agent_and_lets_no_floor_go() {
+        let stopping = CancellationToken::new();
+        let floor = UnwrittenFloor::new(None, stopping.clone());
+        let (late, late_copies) = batch_for(&["slow"]);
+        floor.lock().late.push((100, late));
+        let (routed, routed_copies) = batch_for(&["prompt"]);
+        floor.routed(200, 299, routed);
+        stopping.cancel();
+        drop((late_copies, routed_copies));
+        let stopped = Unwritten {
+            through: 299,
+            ..for_all(100)
+        };
+        assert_eq!(floor.start_put().carries(), &stopped);
+    }
+
+    /// A stream made again begins its sequences anew: what was routed of the old one, and
+    /// the floors of its late batches, are let go.
+    #[test]
+    fn a_stream_made_again_lets_the_old_sequences_go() {
+        let floor = UnwrittenFloor::new(None, CancellationToken::new());
+        let (late, _late_copies) = batch_for(&["slow"]);
+        floor.lock().late.push((100, late));
+        let (routed, _routed_copies) = batch_for(&["slow"]);
+        floor.routed(200, 299, routed);
+        floor.sequences_begun_anew();
+        assert_eq!(floor.start_put().carries(), &named(&[], 0));
     }
 }

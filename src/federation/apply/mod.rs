@@ -304,6 +304,7 @@ impl Applier {
             None => (DeliverPolicy::New, last),
             Some(_) if acknowledged > last => {
                 self.redelivered_through.store(0, Ordering::Relaxed);
+                ready.unwritten.sequences_begun_anew();
                 (DeliverPolicy::All, 0)
             }
             Some(&delivered_before) => {

@@ -67,8 +67,12 @@ impl Applier {
         drop(outstanding);
         let written = Written { routed, own };
         // Carried on in this run's heartbeats if it is late, as the last run's floor was;
-        // named in them meanwhile, as a batch routed is.
-        ready.unwritten.routed(first, last, written.clone());
+        // named in them meanwhile, as a batch routed is, up to where it was routed (a
+        // failed reading stops short).
+        let routed_to = (*self.routed.borrow()).min(last);
+        if routed_to >= first {
+            ready.unwritten.routed(first, routed_to, written.clone());
+        }
         let now = tokio::time::Instant::now();
         ready
             .unwritten
