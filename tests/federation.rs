@@ -2367,6 +2367,43 @@ async fn a_program_further_behind_than_acknowledgements_wait_gets_everything_fro
 }
 
 /// As `a_program_further_behind_than_acknowledgements_wait_gets_everything_from_its_bridge_back`,
+/// the bridge stopped cleanly, alone in its fleet: its stop deletes its heartbeat, and with
+/// it the floor of what it acknowledged unwritten, and no other bridge heard it to keep its
+/// program's mail. Its store kept that floor with what was pending, and it reads the stream
+/// again from there as it starts.
+#[tokio::test]
+async fn a_program_further_behind_than_acknowledgements_wait_gets_everything_from_its_bridge_stopped_and_back()
+ {
+    let fleet = Fleet::start_timed(0, PATIENT).await;
+    let section = federation_section(&fleet.nats, &fleet.prefix, "b1", PATIENT);
+    let SlowReader {
+        fleet,
+        dir,
+        section,
+        mut process,
+        socket,
+    } = SlowReader::on(fleet, "b1", section).await;
+    let through = [process.addr("grid")];
+    let accepted = sent_and_left_unwritten(&fleet, "b1", &through, "stayer").await;
+    process.signal(libc::SIGTERM);
+    let mut socket = socket;
+    let read = socket.read_until_closed().await;
+    let mut got: Vec<usize> = read.iter().filter_map(numbered).collect();
+    assert!(process.exited(WAIT).is_some(), "the bridge stops");
+    let js = fleet.jetstream().await;
+    let bridges = js.get_key_value(format!("{}_bridges", fleet.prefix));
+    let beat = bridges.await.expect("the bridges bucket").get("b1").await;
+    assert!(
+        beat.expect("read").is_none(),
+        "its stop deleted its heartbeat"
+    );
+    let process = spawn_bridge(dir.path(), "b1", &section).await;
+    read_rest_of((process.addr("grid"), "stayer"), &mut got, &accepted).await;
+    drop(process);
+    fleet.shutdown().await;
+}
+
+/// As `a_program_further_behind_than_acknowledgements_wait_gets_everything_from_its_bridge_back`,
 /// with a second program on the bridge that reads as it is sent to, while the notes for
 /// the slow one wait. The restarted bridge reads its stretch again from where the slow
 /// one's deliveries not written began, and routes again only what its killed run had not

@@ -27,6 +27,10 @@ pub struct LeftUndelivered {
     pub pending: std::collections::HashSet<String>,
     /// `None` when nothing was kept: then no message is known done with.
     pub kept_through: Option<i64>,
+    /// In a fleet, where the fleet's stream was to be read again from for what the last
+    /// run acknowledged to it before it was written (its heartbeat's floor, which a clean
+    /// stop deletes from the fleet).
+    pub unwritten_from: Option<u64>,
     read_again: std::sync::atomic::AtomicBool,
 }
 
@@ -35,8 +39,15 @@ impl LeftUndelivered {
         LeftUndelivered {
             pending,
             kept_through,
+            unwritten_from: None,
             read_again: Default::default(),
         }
+    }
+
+    /// With where the fleet's stream was to be read again from (`unwritten_from`).
+    pub fn with_unwritten_from(mut self, unwritten_from: Option<u64>) -> Self {
+        self.unwritten_from = unwritten_from;
+        self
     }
 
     /// Whether the last run had done with `message`, a stored one.

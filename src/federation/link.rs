@@ -247,15 +247,17 @@ impl NatsLink {
     }
 
     /// Creates (or finds) the stream and buckets, retrying until JetStream answers or the
-    /// bridge shuts down.
+    /// bridge shuts down. `left_here` is the floor the last run's store kept
+    /// (`LeftUndelivered::unwritten_from`), read again from if its heartbeat's is gone.
     pub async fn set_up_when_possible(
         &self,
         config: &FederationConfig,
+        left_here: Option<u64>,
         shutdown: &CancellationToken,
     ) -> Option<Arc<Ready>> {
         let mut delay = Duration::from_millis(100);
         loop {
-            match self.try_set_up(config, shutdown).await {
+            match self.try_set_up(config, left_here, shutdown).await {
                 Ok(ready) => {
                     let ready = Arc::new(ready);
                     self.ready.store(Some(ready.clone()));
@@ -276,6 +278,7 @@ impl NatsLink {
     async fn try_set_up(
         &self,
         config: &FederationConfig,
+        left_here: Option<u64>,
         shutdown: &CancellationToken,
     ) -> Result<Ready, async_nats::Error> {
         let js = jetstream::ContextBuilder::new()
@@ -333,10 +336,17 @@ impl NatsLink {
         };
         // The first heartbeat before the bridge is ready: from then on the names it claims
         // are held by a bridge the others see alive. It carries on what the last run's
-        // said of its deliveries not written, until this run has read again from there,
-        // and that the last run's cards are to be put over (`Heartbeat::cards_coming`).
+        // said of its deliveries not written (or its store kept, the heartbeat gone after
+        // a clean stop or two TTLs), until this run has read again from there, and that
+        // the last run's cards are to be put over (`Heartbeat::cards_coming`).
         let last_beat = bridges.get(&self.bridge_id).await?;
-        let left = last_beat.and_then(|value| Heartbeat::floor_in(&value));
+        let left = match (
+            last_beat.and_then(|value| Heartbeat::floor_in(&value)),
+            left_here,
+        ) {
+            (Some(beat), Some(here)) => Some(beat.min(here)),
+            (beat, here) => beat.or(here),
+        };
         let unwritten = Arc::new(UnwrittenFloor::new(left, shutdown.clone()));
         put_heartbeat(&bridges, &self.bridge_id, &unwritten, true).await?;
         Ok(Ready {

@@ -117,6 +117,15 @@ impl Federation {
         self.log.clone()
     }
 
+    /// Where the fleet's stream is to be read again from now, for what this bridge
+    /// acknowledged before it was written (the floor its heartbeats carry): for its store
+    /// to keep (`LeftUndelivered::unwritten_from`), as the heartbeat is deleted when it
+    /// stops and forgotten two TTLs after it was killed.
+    pub fn unwritten_from(&self) -> impl Fn() -> Option<u64> + Send + Sync + 'static {
+        let link = self.link.clone();
+        move || link.set_up().and_then(|ready| ready.unwritten.floor_now())
+    }
+
     /// Runs the fleet's tasks for `core` until `shutdown`.
     pub fn start(self, core: Arc<Core>, shutdown: CancellationToken) -> Vec<JoinHandle<()>> {
         self.log.set_directory(core.directory.clone());
@@ -163,7 +172,9 @@ impl Federation {
         let doors = doors::open_once_caught_up(link.clone(), routed.clone(), shutdown.clone());
         let doors = tokio::spawn(doors);
         let fleet = tokio::spawn(async move {
-            let Some(ready) = link.set_up_when_possible(&config, &shutdown).await else {
+            let left_here = left_undelivered.unwritten_from;
+            let set_up = link.set_up_when_possible(&config, left_here, &shutdown);
+            let Some(ready) = set_up.await else {
                 return;
             };
             let applier = apply::Applier {

@@ -200,6 +200,22 @@ impl UnwrittenFloor {
         state.routed_through = 0;
     }
 
+    /// The oldest floor a heartbeat put now would carry (of the late batches not yet done,
+    /// or all of them once the bridge is stopping, and what the last run left), for the
+    /// bridge's store to keep.
+    pub(super) fn floor_now(&self) -> Floor {
+        let stopping = self.stopping.is_cancelled();
+        let state = self.lock();
+        let late = (state.late.iter())
+            .filter(|(_, written)| stopping || !written.is_done())
+            .map(|(first, _)| *first)
+            .min();
+        match (state.left_by_last_run, late) {
+            (Some(left), Some(late)) => Some(left.min(late)),
+            (left, late) => left.or(late),
+        }
+    }
+
     /// Resolves once a late batch waits for a heartbeat.
     pub(super) async fn wanted(&self) {
         self.wanted.notified().await;

@@ -10,8 +10,9 @@
 //! the last keeping and a kill is routed again too: a program or agent away may be given
 //! it twice.
 //!
-//! A bridge in a fleet keeps them alike (`open_in_fleet`), and reads its stream again as it
-//! starts rather than its store: what it reads there that its last run had done with
+//! A bridge in a fleet keeps them alike (`open_in_fleet`), with where its stream is to be
+//! read again from (`keep_unwritten_from`), and reads its stream again as it starts rather
+//! than its store: what it reads there that its last run had done with
 //! (`LeftUndelivered`) it does not route again.
 
 use std::sync::Arc;
@@ -110,7 +111,13 @@ pub struct RedeliveringLog {
     /// In a fleet, what the last run left, kept on beside this run's pending messages until
     /// it was read again.
     left: Option<Arc<LeftUndelivered>>,
+    /// In a fleet, where its stream is to be read again from now (`unwritten_from`).
+    unwritten_from: std::sync::OnceLock<UnwrittenFrom>,
 }
+
+/// Where a fleet's stream is to be read again from, asked as the pending ids are kept
+/// (`LeftUndelivered::unwritten_from`).
+pub type UnwrittenFrom = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 
 impl RedeliveringLog {
     /// The log over `store`, opened before the bridge accepts anything.
@@ -121,6 +128,7 @@ impl RedeliveringLog {
             pending: Arc::default(),
             stored_before,
             left: None,
+            unwritten_from: Default::default(),
         }))
     }
 
@@ -137,6 +145,7 @@ impl RedeliveringLog {
             pending: Arc::default(),
             stored_before: 0,
             left: Some(left.clone()),
+            unwritten_from: Default::default(),
         });
         Ok((log, left))
     }
@@ -161,6 +170,13 @@ impl RedeliveringLog {
         })
     }
 
+    /// In a fleet, keeps with the pending ids where its stream is to be read again from, as
+    /// `unwritten_from` says (`LeftUndelivered::unwritten_from`): the heartbeat that carries
+    /// it is deleted as the bridge stops, and forgotten two TTLs after it was killed.
+    pub fn keep_unwritten_from(&self, unwritten_from: UnwrittenFrom) {
+        let _ = self.unwritten_from.set(unwritten_from);
+    }
+
     /// The bridge is stopping: what is pending now stays so, whatever its stopping drops.
     pub fn stopping(&self) {
         self.pending.stopping.store(true, Ordering::Release);
@@ -177,6 +193,14 @@ impl RedeliveringLog {
         // no later mark than its.
         let left = (self.left.clone()).filter(|left| !left.is_read_again());
         let through = (left.as_ref()).map_or(i64::MAX, |left| left.kept_through.unwrap_or(0));
+        let now = self
+            .unwritten_from
+            .get()
+            .and_then(|unwritten_from| unwritten_from());
+        let unwritten_from = match (left.as_ref().and_then(|left| left.unwritten_from), now) {
+            (Some(left), Some(now)) => Some(left.min(now)),
+            (left, now) => left.or(now),
+        };
         let ids = move || {
             let mut ids: Vec<String> = pending.ids.iter().map(|id| id.key().clone()).collect();
             if let Some(left) = left {
@@ -184,7 +208,10 @@ impl RedeliveringLog {
             }
             ids
         };
-        if let Err(e) = self.store.keep_undelivered(ids, through).await {
+        if let Err(e) = (self.store)
+            .keep_undelivered(ids, through, unwritten_from)
+            .await
+        {
             tracing::error!(error = %e, "store: cannot keep the messages not yet delivered");
         }
     }
@@ -325,9 +352,13 @@ impl Store {
             let mut ids = conn.prepare("SELECT id FROM undelivered")?;
             let pending =
                 (ids.query_map([], |r| r.get::<_, String>(0))?).collect::<Result<_, _>>()?;
-            let kept_through: Option<i64> =
-                conn.query_row("SELECT MAX(seq) FROM undelivered_after", [], |r| r.get(0))?;
-            Ok(LeftUndelivered::new(pending, kept_through))
+            let (kept_through, unwritten_from): (Option<i64>, Option<i64>) = conn.query_row(
+                "SELECT MAX(seq), MIN(unwritten_from) FROM undelivered_after",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            let unwritten_from = unwritten_from.and_then(|from| u64::try_from(from).ok());
+            Ok(LeftUndelivered::new(pending, kept_through).with_unwritten_from(unwritten_from))
         })
     }
 
@@ -339,7 +370,9 @@ impl Store {
         &self,
         pending: impl FnOnce() -> Vec<String> + Send + 'static,
         through: i64,
+        unwritten_from: Option<u64>,
     ) -> impl Future<Output = Result<(), super::StoreError>> + Send + 'static {
+        let unwritten_from = unwritten_from.and_then(|from| i64::try_from(from).ok());
         self.write(move |conn| {
             conn.execute("DELETE FROM undelivered", [])?;
             let mut insert =
@@ -349,9 +382,9 @@ impl Store {
             }
             conn.execute("DELETE FROM undelivered_after", [])?;
             conn.execute(
-                "INSERT INTO undelivered_after (seq)
-                 SELECT MIN(COALESCE(MAX(seq), 0), ?1) FROM messages",
-                [through],
+                "INSERT INTO undelivered_after (seq, unwritten_from)
+                 SELECT MIN(COALESCE(MAX(seq), 0), ?1), ?2 FROM messages",
+                rusqlite::params![through, unwritten_from],
             )?;
             Ok(())
         })
@@ -420,10 +453,16 @@ mod tests {
             store.insert_message(&message(id)).await.unwrap();
         }
         let pending = || vec!["m2".to_owned(), "m3".to_owned(), "gone".to_owned()];
-        store.keep_undelivered(pending, i64::MAX).await.unwrap();
+        store
+            .keep_undelivered(pending, i64::MAX, None)
+            .await
+            .unwrap();
         store.insert_message(&message("m5")).await.unwrap();
         assert_eq!(undelivered(&store).await, ["m2", "m3", "m5"]);
-        store.keep_undelivered(Vec::new, i64::MAX).await.unwrap();
+        store
+            .keep_undelivered(Vec::new, i64::MAX, None)
+            .await
+            .unwrap();
         assert!(undelivered(&store).await.is_empty());
     }
 
@@ -448,7 +487,7 @@ mod tests {
         };
         assert_eq!(done(&["m0", "m1", "m2"]).await, [false; 3]);
         store
-            .keep_undelivered(|| vec!["m1".to_owned()], i64::MAX)
+            .keep_undelivered(|| vec!["m1".to_owned()], i64::MAX, None)
             .await
             .unwrap();
         store.insert_message(&message("m3")).await.unwrap();
@@ -470,15 +509,18 @@ mod tests {
             store.insert_message(&message(id)).await.unwrap();
         }
         store
-            .keep_undelivered(|| vec!["m0".to_owned()], i64::MAX)
+            .keep_undelivered(|| vec!["m0".to_owned()], i64::MAX, Some(7))
             .await
             .unwrap();
         store.insert_message(&message("m3")).await.unwrap();
         let (log, left) = RedeliveringLog::open_in_fleet(store.clone()).await.unwrap();
+        assert_eq!(left.unwritten_from, Some(7));
+        log.keep_unwritten_from(Box::new(|| Some(9)));
         let hold = log.delivery_hold("m3");
         log.stopped().await;
         let kept = store.left_undelivered().await.unwrap();
         assert_eq!(kept.kept_through, left.kept_through);
+        assert_eq!(kept.unwritten_from, Some(7), "the older of the two");
         let pending: std::collections::HashSet<_> = ["m0", "m3"].map(String::from).into();
         assert_eq!(kept.pending, pending);
         left.read_again();
@@ -487,6 +529,11 @@ mod tests {
         let kept = store.left_undelivered().await.unwrap();
         assert!(kept.pending.is_empty());
         assert!(kept.kept_through > left.kept_through);
+        assert_eq!(
+            kept.unwritten_from,
+            Some(9),
+            "this run's alone once read again"
+        );
     }
 
     /// A message is pending from its append until every hold on it is done: its routing's,

@@ -219,4 +219,13 @@ pub(in crate::store) static MIGRATIONS: &[Migration] = &[
         INSERT INTO undelivered_after (seq) SELECT COALESCE(MAX(seq), 0) FROM messages;
     ",
     },
+    Migration {
+        version: 14,
+        // In a fleet, where the stream of messages is to be read again from for what the
+        // bridge acknowledged before it was written (`LeftUndelivered::unwritten_from`),
+        // kept with the ids: the heartbeat that carries it is deleted as the bridge stops.
+        sql: "
+        ALTER TABLE undelivered_after ADD COLUMN unwritten_from INTEGER;
+    ",
+    },
 ];
