@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use arc_swap::ArcSwapOption;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
+use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use async_nats::jetstream::{self, kv, object_store, stream};
 use async_nats::{ConnectOptions, Event};
 use tokio_util::sync::CancellationToken;
@@ -296,7 +297,15 @@ impl NatsLink {
             .await?;
         // Before the bridge is ready, so that nothing published once it is can pass it by.
         // A bridge new to the fleet starts from now; one that was here before resumes
-        // after the last message it acknowledged.
+        // after the last message it acknowledged. What its store kept of where to read
+        // again from is a consumer's it no longer has (a stream or consumer made again, a
+        // data directory moved to another fleet) when it has to make one.
+        let consumer = Names::consumer_of(&self.bridge_id);
+        let left_here = match stream.consumer_info(&consumer).await {
+            Ok(_) => left_here,
+            Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => None,
+            Err(e) => return Err(e.into()),
+        };
         durable_consumer(&stream, &self.bridge_id, DeliverPolicy::New).await?;
         let replicas = config.replicas;
         let agents = bucket(
@@ -370,7 +379,6 @@ pub async fn durable_consumer(
     bridge: &str,
     start: DeliverPolicy,
 ) -> Result<PullConsumer, async_nats::Error> {
-    use async_nats::jetstream::context::ConsumerInfoErrorKind;
     let name = Names::consumer_of(bridge);
     let deliver_policy = match stream.consumer_info(&name).await {
         Ok(info) => info.config.deliver_policy,

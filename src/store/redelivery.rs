@@ -16,7 +16,7 @@
 //! (`LeftUndelivered`) it does not route again.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -113,6 +113,9 @@ pub struct RedeliveringLog {
     left: Option<Arc<LeftUndelivered>>,
     /// In a fleet, where its stream is to be read again from now (`unwritten_from`).
     unwritten_from: std::sync::OnceLock<UnwrittenFrom>,
+    /// The floor last kept (0 for none): kept again as soon as it moves, whether or not
+    /// the pending ids changed.
+    floor_kept: AtomicU64,
 }
 
 /// Where a fleet's stream is to be read again from, asked as the pending ids are kept
@@ -129,6 +132,7 @@ impl RedeliveringLog {
             stored_before,
             left: None,
             unwritten_from: Default::default(),
+            floor_kept: AtomicU64::new(0),
         }))
     }
 
@@ -146,12 +150,13 @@ impl RedeliveringLog {
             stored_before: 0,
             left: Some(left.clone()),
             unwritten_from: Default::default(),
+            floor_kept: AtomicU64::new(0),
         });
         Ok((log, left))
     }
 
-    /// Keeps the pending ids every `KEPT_EVERY` while they change, until the bridge shuts
-    /// down (`stopped` keeps them a last time).
+    /// Keeps the pending ids every `KEPT_EVERY` while they, or the floor of its stream, change,
+    /// until the bridge shuts down (`stopped` keeps them a last time).
     pub fn keep_pending(
         self: &Arc<Self>,
         shutdown: CancellationToken,
@@ -163,7 +168,9 @@ impl RedeliveringLog {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(KEPT_EVERY) => {}
                 }
-                if log.pending.changed.swap(false, Ordering::AcqRel) {
+                let changed = log.pending.changed.swap(false, Ordering::AcqRel);
+                let floor = log.floor_to_keep().unwrap_or(0);
+                if changed || floor != log.floor_kept.load(Ordering::Relaxed) {
                     log.keep().await;
                 }
             }
@@ -193,14 +200,7 @@ impl RedeliveringLog {
         // no later mark than its.
         let left = (self.left.clone()).filter(|left| !left.is_read_again());
         let through = (left.as_ref()).map_or(i64::MAX, |left| left.kept_through.unwrap_or(0));
-        let now = self
-            .unwritten_from
-            .get()
-            .and_then(|unwritten_from| unwritten_from());
-        let unwritten_from = match (left.as_ref().and_then(|left| left.unwritten_from), now) {
-            (Some(left), Some(now)) => Some(left.min(now)),
-            (left, now) => left.or(now),
-        };
+        let unwritten_from = self.floor_to_keep();
         let ids = move || {
             let mut ids: Vec<String> = pending.ids.iter().map(|id| id.key().clone()).collect();
             if let Some(left) = left {
@@ -208,11 +208,28 @@ impl RedeliveringLog {
             }
             ids
         };
-        if let Err(e) = (self.store)
+        match (self.store)
             .keep_undelivered(ids, through, unwritten_from)
             .await
         {
-            tracing::error!(error = %e, "store: cannot keep the messages not yet delivered");
+            Ok(()) => (self.floor_kept).store(unwritten_from.unwrap_or(0), Ordering::Relaxed),
+            Err(e) => {
+                tracing::error!(error = %e, "store: cannot keep the messages not yet delivered")
+            }
+        }
+    }
+
+    /// Where the stream is to be read again from: the older of what the last run left,
+    /// until it was read again, and what this run says now.
+    fn floor_to_keep(&self) -> Option<u64> {
+        let left = (self.left.as_ref()).filter(|left| !left.is_read_again());
+        let now = self
+            .unwritten_from
+            .get()
+            .and_then(|unwritten_from| unwritten_from());
+        match (left.and_then(|left| left.unwritten_from), now) {
+            (Some(left), Some(now)) => Some(left.min(now)),
+            (left, now) => left.or(now),
         }
     }
 
@@ -563,5 +580,37 @@ mod tests {
         log.pending.appending("m1");
         log.pending.not_appended("m1");
         assert!(pending().await.is_empty());
+    }
+
+    /// In a fleet, the floor of its stream is kept as soon as it moves, though nothing
+    /// pending changed (a batch going late behind a reader that stopped reading).
+    #[tokio::test]
+    async fn a_floor_that_moves_is_kept_though_nothing_pending_changed() {
+        use super::RedeliveringLog;
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use tokio_util::sync::CancellationToken;
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        let (log, left) = RedeliveringLog::open_in_fleet(store.clone()).await.unwrap();
+        left.read_again();
+        let floor = Arc::new(AtomicU64::new(0));
+        let now = floor.clone();
+        log.keep_unwritten_from(Box::new(move || {
+            Some(now.load(Ordering::Relaxed)).filter(|floor| *floor > 0)
+        }));
+        let shutdown = CancellationToken::new();
+        let keeping = log.keep_pending(shutdown.clone());
+        floor.store(5, Ordering::Relaxed);
+        let kept = async {
+            while store.left_undelivered().await.unwrap().unwritten_from != Some(5) {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        };
+        // A bound, not a speed: it is kept within a tick or two of 200 ms.
+        tokio::time::timeout(std::time::Duration::from_secs(10), kept)
+            .await
+            .expect("the floor kept");
+        shutdown.cancel();
+        keeping.await.unwrap();
     }
 }
