@@ -24,6 +24,16 @@ use super::delivery::Delivery;
 use super::envelope::{Envelope, Priority, Protocol};
 use super::hold::Outstanding;
 
+/// Whom a holding mailbox holds what it is given for (`Mailbox::holding`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holding {
+    /// Its session's agent.
+    ForItsAgent,
+    /// Other agents: a hub's, keeping mail for agents away. Its copies name no recipient
+    /// (`Delivery::held_copy`).
+    ForOthers,
+}
+
 /// What happens to a message that arrives at a full mailbox.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -96,10 +106,8 @@ pub struct Mailbox {
     /// mailbox at an overflow, as `disconnect` does).
     backlog_limit: usize,
     reader: Option<BacklogReader>,
-    /// Whether what it is given holds what its source offered (`holding`).
-    holding: bool,
-    /// Whether it holds for other agents than its session's (`holding_for_others`).
-    for_others: bool,
+    /// Whom what it is given holds what its source offered for, if it does (`holding`).
+    holding: Option<Holding>,
     /// Shared with a read of the backlog under way, which puts what it read in the lanes.
     shared: Arc<Shared>,
     on_expired: Option<ExpiryHook>,
@@ -158,8 +166,7 @@ impl Mailbox {
             policy,
             backlog_limit: 0,
             reader: None,
-            holding: false,
-            for_others: false,
+            holding: None,
             shared: Arc::new(Shared {
                 state: Mutex::new(Lanes {
                     lanes: Default::default(),
@@ -187,35 +194,27 @@ impl Mailbox {
     /// waits in the backlog as an id: for a reader that writes or keeps mail for agents
     /// whose mail is kept for them when they are away, so that the source learns a
     /// message was done with only once it was. (Readers that replay from history hold
-    /// nothing: a recipient far behind holds nothing back.) The router gives it copies
-    /// naming its session's agent (`holds_for_its_agent`).
-    pub fn holding(mut self) -> Self {
-        self.holding = true;
-        self
-    }
-
-    /// As `holding`, for a reader that writes or keeps what it is given for other agents
-    /// than its own (a hub's): its copies name no recipient (`Delivery::held_copy`).
-    pub fn holding_for_others(mut self) -> Self {
-        self.holding = true;
-        self.for_others = true;
+    /// nothing: a recipient far behind holds nothing back.) Held for its session's agent
+    /// (`whom`), the router gives it copies naming that agent (`holds_for_its_agent`).
+    pub fn holding(mut self, whom: Holding) -> Self {
+        self.holding = Some(whom);
         self
     }
 
     pub fn is_holding(&self) -> bool {
-        self.holding
+        self.holding.is_some()
     }
 
     /// Whether what it is given is held for its session's agent: the router hands it a
     /// copy naming that agent (`Delivery::held_copy_for`).
     pub fn holds_for_its_agent(&self) -> bool {
-        self.holding && !self.for_others
+        self.holding == Some(Holding::ForItsAgent)
     }
 
     /// `delivery` as this mailbox keeps it: a copy holding what its source offered, if it
     /// is a holding mailbox (`Mailbox::holding`).
     fn taken(&self, delivery: Arc<Delivery>) -> Arc<Delivery> {
-        match self.holding {
+        match self.is_holding() {
             true => delivery.held_copy(),
             false => delivery,
         }
@@ -274,7 +273,7 @@ impl Mailbox {
                             Behind::Stored(StoredId {
                                 id: delivery.envelope.id.clone(),
                                 routed_at: delivery.routed_at,
-                                outstanding: delivery.held().filter(|_| self.holding),
+                                outstanding: delivery.held().filter(|_| self.is_holding()),
                             })
                         } else {
                             Behind::Held(delivery)
@@ -613,7 +612,7 @@ mod tests {
             .collect();
         let mb = Mailbox::new("t", 1, WhenFull::Replay)
             .with_backlog(10, reader(unheld))
-            .holding();
+            .holding(Holding::ForItsAgent);
         assert_eq!(mb.push(all[0].clone()), Pushed::Queued);
         assert_eq!(mb.push(all[1].clone()), Pushed::Behind);
         drop((all, outstanding));

@@ -33,7 +33,7 @@ pub use envelope::{
 pub use hold::{HeldBy, Outstanding};
 pub use in_flight::InFlight;
 pub use log::{LeftUndelivered, LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
-pub use mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
+pub use mailbox::{BacklogReader, Closed, Holding, Mailbox, Pushed, WhenFull};
 pub use moves::{MoveClaim, MovedHere, Moves, wait_while};
 pub use records::{
     ApplyError, Expect, FAILED_APPLIED_AGAIN_EVERY, HandOver, LATE_COPY_WINDOW, Record,

@@ -300,13 +300,8 @@ impl NatsLink {
         // after the last message it acknowledged. What its store kept of where to read
         // again from is a consumer's it no longer has (a stream or consumer made again, a
         // data directory moved to another fleet) when it has to make one.
-        let consumer = Names::consumer_of(&self.bridge_id);
-        let left_here = match stream.consumer_info(&consumer).await {
-            Ok(_) => left_here,
-            Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => None,
-            Err(e) => return Err(e.into()),
-        };
-        durable_consumer(&stream, &self.bridge_id, DeliverPolicy::New).await?;
+        let (_, was_there) = durable_consumer(&stream, &self.bridge_id, DeliverPolicy::New).await?;
+        let left_here = left_here.filter(|_| was_there);
         let replicas = config.replicas;
         let agents = bucket(
             &js,
@@ -349,13 +344,8 @@ impl NatsLink {
         // a clean stop or two TTLs), until this run has read again from there, and that
         // the last run's cards are to be put over (`Heartbeat::cards_coming`).
         let last_beat = bridges.get(&self.bridge_id).await?;
-        let left = match (
-            last_beat.and_then(|value| Heartbeat::floor_in(&value)),
-            left_here,
-        ) {
-            (Some(beat), Some(here)) => Some(beat.min(here)),
-            (beat, here) => beat.or(here),
-        };
+        let left_in_beat = last_beat.and_then(|value| Heartbeat::floor_in(&value));
+        let left = left_in_beat.into_iter().chain(left_here).min();
         let unwritten = Arc::new(UnwrittenFloor::new(left, shutdown.clone()));
         put_heartbeat(&bridges, &self.bridge_id, &unwritten, true).await?;
         Ok(Ready {
@@ -373,16 +363,16 @@ impl NatsLink {
 /// `bridge`'s durable consumer of `stream`: made if there is none, delivering from
 /// `start`; updated to today's settings if there is (a consumer an older version made
 /// takes today's `max_ack_pending`), keeping where it was made to start, which the server
-/// does not let change.
+/// does not let change. With it, whether it was there before.
 pub async fn durable_consumer(
     stream: &stream::Stream,
     bridge: &str,
     start: DeliverPolicy,
-) -> Result<PullConsumer, async_nats::Error> {
+) -> Result<(PullConsumer, bool), async_nats::Error> {
     let name = Names::consumer_of(bridge);
-    let deliver_policy = match stream.consumer_info(&name).await {
-        Ok(info) => info.config.deliver_policy,
-        Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => start,
+    let (deliver_policy, was_there) = match stream.consumer_info(&name).await {
+        Ok(info) => (info.config.deliver_policy, true),
+        Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => (start, false),
         Err(e) => return Err(e.into()),
     };
     let config = pull::Config {
@@ -393,7 +383,7 @@ pub async fn durable_consumer(
         max_ack_pending: MAX_ACK_PENDING,
         ..Default::default()
     };
-    Ok(stream.create_consumer(config).await?)
+    Ok((stream.create_consumer(config).await?, was_there))
 }
 
 /// Puts `bridge`'s heartbeat in the bridges bucket, with the floors of what it acknowledged

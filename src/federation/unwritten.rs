@@ -85,6 +85,17 @@ struct State {
     failed: bool,
 }
 
+impl State {
+    /// The oldest floor: of the late batches not yet done (all of them once the bridge is
+    /// `stopping`: what its stop drops is not written), and of what the last run left.
+    fn oldest(&self, stopping: bool) -> Floor {
+        let late = (self.late.iter()).filter(|(_, written)| stopping || !written.is_done());
+        late.map(|(first, _)| *first)
+            .chain(self.left_by_last_run)
+            .min()
+    }
+}
+
 /// Whether a heartbeat carrying `floors` covers a batch starting at `first` whose
 /// deliveries not yet written are `holders`' (`Written::holders`).
 fn covers(floors: &Unwritten, first: u64, holders: Option<&[String]>) -> bool {
@@ -204,16 +215,7 @@ impl UnwrittenFloor {
     /// or all of them once the bridge is stopping, and what the last run left), for the
     /// bridge's store to keep.
     pub(super) fn floor_now(&self) -> Floor {
-        let stopping = self.stopping.is_cancelled();
-        let state = self.lock();
-        let late = (state.late.iter())
-            .filter(|(_, written)| stopping || !written.is_done())
-            .map(|(first, _)| *first)
-            .min();
-        match (state.left_by_last_run, late) {
-            (Some(left), Some(late)) => Some(left.min(late)),
-            (left, late) => left.or(late),
-        }
+        self.lock().oldest(self.stopping.is_cancelled())
     }
 
     /// Resolves once a late batch waits for a heartbeat.
@@ -231,11 +233,7 @@ impl UnwrittenFloor {
             state.late.retain(|(_, written)| !written.is_done());
             state.routed.retain(|(_, written)| !written.is_done());
         }
-        let late = state.late.iter().map(|(first, _)| *first).min();
-        let from = match (state.left_by_last_run, late) {
-            (Some(left), Some(late)) => Some(left.min(late)),
-            (left, late) => left.or(late),
-        };
+        let from = state.oldest(stopping);
         // What the last run left is the whole bridge's: its heartbeat may have named no
         // agent (and this run does not read it again for some only).
         let by_agent = (state.left_by_last_run.is_none() && !stopping)

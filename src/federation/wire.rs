@@ -308,10 +308,7 @@ impl Unwritten {
     /// What either says: the older floor of each agent, told up to the nearer sequence.
     /// (One heartbeat from the bucket, one from the watch: either may be the later.)
     pub fn and(self, other: Unwritten) -> Unwritten {
-        let from = match (self.from, other.from) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let from = self.from.into_iter().chain(other.from).min();
         let by_agent = self.by_agent.zip(other.by_agent).map(|(mut a, b)| {
             for (agent, floor) in b {
                 let older = a.entry(agent).or_insert(floor);

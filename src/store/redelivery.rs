@@ -227,10 +227,10 @@ impl RedeliveringLog {
             .unwritten_from
             .get()
             .and_then(|unwritten_from| unwritten_from());
-        match (left.and_then(|left| left.unwritten_from), now) {
-            (Some(left), Some(now)) => Some(left.min(now)),
-            (left, now) => left.or(now),
-        }
+        left.and_then(|left| left.unwritten_from)
+            .into_iter()
+            .chain(now)
+            .min()
     }
 
     /// Routes again, to the recipients that hold only, what the last run had not finished

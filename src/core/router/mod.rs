@@ -22,7 +22,7 @@ use dashmap::DashMap;
 use super::delivery::Delivery;
 use super::directory::{AgentInfo, Directory};
 use super::envelope::{Audience, Envelope, Protocol};
-use super::mailbox::{BacklogReader, Closed, Mailbox, Pushed, WhenFull};
+use super::mailbox::{BacklogReader, Closed, Holding, Mailbox, Pushed, WhenFull};
 use crate::telemetry;
 use kept_mail::HeldBack;
 pub use kept_mail::OfflineSink;
@@ -233,10 +233,8 @@ impl Router {
             mailbox =
                 mailbox.with_expiry_hook(Arc::new(move |delivery| handler(delivery, protocol)));
         }
-        match holding {
-            Some(Holding::ForItsAgent) => mailbox = mailbox.holding(),
-            Some(Holding::ForOthers) => mailbox = mailbox.holding_for_others(),
-            None => {}
+        if let Some(whom) = holding {
+            mailbox = mailbox.holding(whom);
         }
         Arc::new(mailbox)
     }
@@ -567,14 +565,6 @@ impl Router {
         report.dropped += 1;
         telemetry::message_dropped(protocol, telemetry::DropReason::MailboxFullDisconnect);
     }
-}
-
-/// Whom a mailbox that holds what it is given holds it for (`Mailbox::holding`).
-enum Holding {
-    /// Its session's agent.
-    ForItsAgent,
-    /// Other agents: a hub's, keeping mail for agents away.
-    ForOthers,
 }
 
 /// What a session did with a message offered to it.

@@ -320,7 +320,7 @@ impl Applier {
             }
         };
         acks.consumer_made_again(acknowledged).await;
-        let consumer = durable_consumer(&stream, &self.link.bridge_id, start).await?;
+        let (consumer, _) = durable_consumer(&stream, &self.link.bridge_id, start).await?;
         tracing::warn!(
             ?start,
             "federation: this bridge's consumer of the stream was gone; made again"
