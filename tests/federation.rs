@@ -7,11 +7,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::fleet::{Fleet, QUICK, SET_UP_WAIT, claim_of, federation_section, start_member};
+use common::grid::{QUIET_AT_MOST, numbered, read_until_got};
 use common::nats::Cluster;
 use common::peers::{Peer, Proto, What};
 use common::skynet::{SkynetHttp, SkynetWs};
 use common::tracker::{TrackerHttp, TrackerWs};
-use common::{WAIT, bridge_toml, process::BridgeProcess};
+use common::{WAIT, bridge_toml, eventually, eventually_within, process::BridgeProcess};
 
 /// The translation contract's matrix with A and B on two bridges (`common::matrix`).
 mod matrix {
@@ -88,19 +89,6 @@ async fn nats_is_back(cluster: &mut Cluster, bridge: &agentbridge::Bridge) {
         bridge.readiness().degraded().is_none()
     })
     .await;
-}
-
-/// Waits, bounded, until `done` holds.
-async fn eventually(what: &str, done: impl AsyncFnMut() -> bool) {
-    eventually_within(what, WAIT, done).await;
-}
-
-async fn eventually_within(what: &str, wait: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + wait;
-    while !done().await {
-        assert!(Instant::now() < deadline, "not within {wait:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 #[tokio::test]
@@ -2417,7 +2405,7 @@ async fn a_program_beside_one_further_behind_gets_each_message_once_from_its_bri
         process,
         socket,
     } = SlowReader::on_a_patient_fleet().await;
-    let mut beside = PromptBeside::sent_to(&fleet, "b1", &process).await;
+    let mut beside = PromptBeside::sent_to(&fleet, "b1", &process, "stayer").await;
     // What was done with in the last 200 ms before a kill is routed again (the bridge keeps
     // what is pending that often: `store::redelivery`): killed well after the prompt
     // program read its last note.
@@ -2427,6 +2415,34 @@ async fn a_program_beside_one_further_behind_gets_each_message_once_from_its_bri
     let process = spawn_bridge(dir.path(), "b1", &section).await;
     read_rest_of((process.addr("grid"), "stayer"), &mut got, &beside.accepted).await;
     // Everything it is sent after the restart comes after what the restart routed again.
+    let at = (process.addr("grid"), "prompt");
+    PromptBeside::read_to_a_last_note(&fleet, at, &mut got_by_prompt).await;
+    PromptBeside::assert_each_once(&got_by_prompt);
+    drop(process);
+    fleet.shutdown().await;
+}
+
+/// As `a_program_beside_one_further_behind_gets_each_message_once_from_its_bridge_back`,
+/// the slow program's notes broadcast, so that the prompt program is sent them too, and
+/// reads them as they come: the restarted bridge routes each broadcast its killed run had
+/// not written to the slow program again to that program only, and the prompt one gets
+/// none of them twice.
+#[tokio::test]
+async fn a_program_beside_one_further_behind_gets_each_broadcast_once_from_its_bridge_back() {
+    let SlowReader {
+        fleet,
+        dir,
+        section,
+        process,
+        socket,
+    } = SlowReader::on_a_patient_fleet().await;
+    let mut beside = PromptBeside::sent_to(&fleet, "b1", &process, "broadcast").await;
+    // Killed well after the prompt program read its last broadcast (as above).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut got = read_past_the_kill(process, socket).await;
+    let mut got_by_prompt = beside.read_past_the_kill().await;
+    let process = spawn_bridge(dir.path(), "b1", &section).await;
+    read_rest_of((process.addr("grid"), "stayer"), &mut got, &beside.accepted).await;
     let at = (process.addr("grid"), "prompt");
     PromptBeside::read_to_a_last_note(&fleet, at, &mut got_by_prompt).await;
     PromptBeside::assert_each_once(&got_by_prompt);
@@ -2450,7 +2466,7 @@ async fn a_program_beside_one_further_behind_gets_each_message_once_through_anot
         socket,
         ..
     } = SlowReader::on_a_third_bridge().await;
-    let mut beside = PromptBeside::sent_to(&fleet, "b2", &process).await;
+    let mut beside = PromptBeside::sent_to(&fleet, "b2", &process, "stayer").await;
     let js = fleet.jetstream().await;
     let stream = js.get_stream(format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase()));
     let stream = stream.await.expect("the fleet's stream");
@@ -2498,7 +2514,14 @@ impl PromptBeside {
     /// The note sent once the programs reconnected, read last.
     const LAST: usize = 9_999;
 
-    async fn sent_to(fleet: &Fleet, id: &str, process: &BridgeProcess) -> PromptBeside {
+    /// The slow program's notes are sent to `slow_to`: `stayer`, or `broadcast`, which the
+    /// prompt program is sent too.
+    async fn sent_to(
+        fleet: &Fleet,
+        id: &str,
+        process: &BridgeProcess,
+        slow_to: &'static str,
+    ) -> PromptBeside {
         let at = (process.addr("grid"), "prompt");
         let mut socket = common::grid::GridWs::quiet(at.0, at.1, None).await;
         for i in 0..fleet.nets.len() {
@@ -2513,10 +2536,13 @@ impl PromptBeside {
                 assert!(clients[n % 2].try_send(&note).await, "note {n} accepted");
             }
         };
-        let (mut got, wanted) = (Vec::new(), Self::NOTES.collect());
+        // A broadcast prompt program reads the slow one's notes as they come too.
+        let slow_ones = (slow_to == "broadcast").then_some(0..LEFT_UNWRITTEN);
+        let wanted = Self::NOTES.chain(slow_ones.into_iter().flatten());
+        let (mut got, wanted) = (Vec::new(), wanted.collect());
         let reading = read_until_got(&mut socket, at, &mut got, &wanted);
         let (accepted, (), ()) = tokio::join!(
-            sent_and_left_unwritten(fleet, id, &through, "stayer"),
+            sent_and_left_unwritten(fleet, id, &through, slow_to),
             sending_to_prompt,
             reading,
         );
@@ -2556,29 +2582,34 @@ impl PromptBeside {
         read_until_got(&mut prompt, at, got, &[Self::LAST].into()).await;
     }
 
-    /// The prompt program got each of its notes, and none twice.
+    /// The prompt program got each of its notes, and no message twice.
     fn assert_each_once(got: &[usize]) {
-        let mut twice: Vec<usize> = (Self::NOTES)
+        let mut twice: Vec<usize> = (got.iter().copied())
             .filter(|n| got.iter().filter(|m| *m == n).count() > 1)
             .collect();
         twice.sort_unstable();
+        twice.dedup();
         let missing: Vec<usize> = (Self::NOTES).filter(|n| !got.contains(n)).collect();
         assert!(missing.is_empty(), "the prompt program missed {missing:?}");
         assert!(twice.is_empty(), "the prompt program got {twice:?} twice");
     }
 }
 
-/// Sends `to`, a program reading slowly on the bridge `id` of `fleet`, more numbered notes
-/// of 16 KiB than its socket's buffers hold, eight at a time, through the Grid endpoints
-/// `through` in turn; waits until that bridge's heartbeat carries a late batch and its
-/// consumer acknowledged past it. The numbers sent (each must be accepted).
+/// How many notes `sent_and_left_unwritten` sends: numbered from 0.
+const LEFT_UNWRITTEN: usize = 300;
+
+/// Sends `to`, a program reading slowly on the bridge `id` of `fleet` (or `broadcast`:
+/// every program), more numbered notes of 16 KiB than its socket's buffers hold, eight at
+/// a time, through the Grid endpoints `through` in turn; waits until that bridge's
+/// heartbeat carries a late batch and its consumer acknowledged past it. The numbers sent
+/// (each must be accepted).
 async fn sent_and_left_unwritten(
     fleet: &Fleet,
     id: &str,
     through: &[std::net::SocketAddr],
     to: &'static str,
 ) -> Vec<usize> {
-    const NOTES: usize = 300;
+    const NOTES: usize = LEFT_UNWRITTEN;
     const SENDERS: usize = 8;
     let pad = "x".repeat(16 << 10);
     let numbers: Vec<usize> = (0..NOTES).collect();
@@ -2942,16 +2973,6 @@ fn send_steadily_padded(
     })
 }
 
-/// The longest a flooded reader waits for the next message before it takes the rest for
-/// lost: on a busy machine the bridge it reconnected to may take seconds to keep, then
-/// hand it, the hundreds of messages a killed bridge left (one record write each).
-const QUIET_AT_MOST: Duration = Duration::from_secs(20);
-
-/// The number of a message `send_steadily` sent (`m<n>`).
-fn numbered(message: &serde_json::Value) -> Option<usize> {
-    message["id"].as_str()?.strip_prefix('m')?.parse().ok()
-}
-
 /// Reads `socket`, a socket of `agent` on the bridge at `addr`, until `got` holds `total`
 /// numbers (each once), or nothing comes for `QUIET_AT_MOST`.
 async fn read_rest(
@@ -2961,36 +2982,6 @@ async fn read_rest(
     total: usize,
 ) {
     read_until_got(socket, at, got, &(0..total).collect()).await;
-}
-
-/// Reads `socket`, a socket of `agent` on the bridge at `addr`, until `got` holds every
-/// number `wanted` holds, or nothing comes for `QUIET_AT_MOST`. A socket the bridge closes
-/// (too far behind, on a busy machine) is opened again, as its program would: what it had
-/// not sent is kept for the program, in order.
-async fn read_until_got(
-    socket: &mut common::grid::GridWs,
-    (addr, agent): (std::net::SocketAddr, &str),
-    got: &mut Vec<usize>,
-    wanted: &std::collections::HashSet<usize>,
-) {
-    let mut seen: std::collections::HashSet<usize> = got.iter().copied().collect();
-    // The wait below is the one that ends the reading, not the socket's own.
-    socket.wait_up_to(2 * QUIET_AT_MOST);
-    while !wanted.is_subset(&seen) {
-        let next = socket.next_message_or_closed();
-        let Ok(next) = tokio::time::timeout(QUIET_AT_MOST, next).await else {
-            break;
-        };
-        let Some(message) = next else {
-            *socket = common::grid::GridWs::connect_once_free(addr, agent).await;
-            socket.wait_up_to(2 * QUIET_AT_MOST);
-            continue;
-        };
-        if let Some(n) = numbered(&message) {
-            seen.insert(n);
-            got.push(n);
-        }
-    }
 }
 
 /// A bridge's count of hand-overs that ended with `outcome`, from its `/metrics`.

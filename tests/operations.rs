@@ -6,10 +6,11 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentbridge::Bridge;
 use agentbridge::bridge::Options;
+use common::eventually;
 use common::process::BridgeProcess;
 use common::skynet::{SkynetHttp, SkynetWs};
 use common::tracker::{TrackerHttp, TrackerWs};
@@ -39,15 +40,6 @@ fn listed(report: &Value, key: &str) -> Vec<String> {
     (report[key].as_array().into_iter().flatten())
         .filter_map(|v| v.as_str().map(str::to_owned))
         .collect()
-}
-
-/// Waits, bounded, until `done` holds.
-async fn eventually(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !done().await {
-        assert!(Instant::now() < deadline, "not within {WAIT:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 const NEW_MEMBER: &str = "\n[[tracker.members]]\nslug = \"newbie\"\ntoken = \"tb-newbie\"\n\n[[tracker.projects]]\nslug = \"later\"\nname = \"Added Later\"\n";

@@ -467,3 +467,120 @@ async fn mail_for_a_synapse_agent_away_accepted_before_kill_9_is_kept() {
     assert_eq!(texts, expected);
     process.kill_9();
 }
+
+/// A Grid program reading slowly (a narrow socket, not read) and one reading as it is sent
+/// to are sent the same broadcasts, of 16 KiB, more than the slow one's socket holds. The
+/// bridge, alone, is killed once the prompt one read them all: started again, it routes
+/// again what its killed run had not written to the slow one to that one only (the agents
+/// it kept each message pending for, `store::redelivery`), and the prompt one gets none of
+/// them twice.
+#[tokio::test]
+async fn a_broadcast_a_slow_program_held_back_is_routed_again_after_kill_9_to_it_only() {
+    broadcasts_held_back_across_a_restart(libc::SIGKILL).await;
+}
+
+/// As `a_broadcast_a_slow_program_held_back_is_routed_again_after_kill_9_to_it_only`, the
+/// bridge stopped: the copies its stop drops unwritten leave their messages pending for
+/// the slow program still.
+#[tokio::test]
+async fn a_broadcast_a_slow_program_held_back_is_routed_again_after_a_stop_to_it_only() {
+    broadcasts_held_back_across_a_restart(libc::SIGTERM).await;
+}
+
+/// Sends broadcasts to a slow program and a prompt one, ends the bridge with `signal` once
+/// the prompt one read them all, starts it again, and reads both programs' mail: the slow
+/// one gets everything, the prompt one nothing twice.
+async fn broadcasts_held_back_across_a_restart(signal: i32) {
+    use common::grid::{GridHttp, GridWs, numbered, read_until_got};
+    const SENT: usize = 300;
+    const LAST: usize = 9_999;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_on_disk(dir.path(), "");
+    let mut process = BridgeProcess::spawn(&config);
+    let grid = process.addr("grid");
+    let http = GridHttp::new(grid);
+    let mut slow = GridWs::quiet_narrow(grid, "stayer").await;
+    let mut prompt = GridWs::quiet(grid, "prompt", None).await;
+    let online = async || {
+        let (_, listed) = http.get("/agents").await;
+        let online = |name: &str| {
+            (listed["agents"].as_array().into_iter().flatten())
+                .any(|a| a["agent"] == name && a["online"] == true)
+        };
+        online("stayer") && online("prompt")
+    };
+    common::eventually("both programs online", online).await;
+    let pad = "x".repeat(16 << 10);
+    let broadcast = |n: usize| {
+        let id = format!("m{n}");
+        let text = json!({ "text": pad });
+        grid_message(
+            &id,
+            "notification",
+            "neighbour",
+            "broadcast",
+            "note",
+            text,
+            None,
+        )
+    };
+    let (mut got_by_prompt, everything) = (Vec::new(), (0..SENT).collect());
+    tokio::join!(
+        flood(&http, SENT, 8, broadcast),
+        read_until_got(
+            &mut prompt,
+            (grid, "prompt"),
+            &mut got_by_prompt,
+            &everything
+        ),
+    );
+    // Ended well after the prompt program read its last broadcast: what was done with in
+    // the last 200 ms before a kill is routed again (the bridge keeps what is pending that
+    // often).
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    process.signal(signal);
+    let mut got: Vec<usize> = (slow.read_until_closed().await.iter())
+        .filter_map(numbered)
+        .collect();
+    got_by_prompt.extend(prompt.read_until_closed().await.iter().filter_map(numbered));
+    assert!(process.exited(common::WAIT).is_some(), "the bridge ends");
+    assert!(
+        got.len() < SENT,
+        "the slow program was written everything already"
+    );
+
+    let process = BridgeProcess::spawn(&config);
+    let grid = process.addr("grid");
+    let mut slow = GridWs::connect_once_free(grid, "stayer").await;
+    read_until_got(&mut slow, (grid, "stayer"), &mut got, &everything).await;
+    let missing: Vec<usize> = (0..SENT).filter(|n| !got.contains(n)).collect();
+    assert!(missing.is_empty(), "the slow program missed {missing:?}");
+    // A last note, read after whatever was kept for the prompt program.
+    let mut prompt = GridWs::connect_once_free(grid, "prompt").await;
+    let last = format!("m{LAST}");
+    let last = grid_message(
+        &last,
+        "notification",
+        "neighbour",
+        "prompt",
+        "note",
+        json!({}),
+        None,
+    );
+    GridHttp::new(grid).send(&last).await;
+    read_until_got(
+        &mut prompt,
+        (grid, "prompt"),
+        &mut got_by_prompt,
+        &[LAST].into(),
+    )
+    .await;
+    assert!(got_by_prompt.contains(&LAST), "the last note came");
+    let mut twice: Vec<usize> = (got_by_prompt.iter().copied())
+        .filter(|n| got_by_prompt.iter().filter(|m| *m == n).count() > 1)
+        .collect();
+    twice.sort_unstable();
+    twice.dedup();
+    assert!(twice.is_empty(), "the prompt program got {twice:?} twice");
+    process.kill_9();
+}

@@ -29,7 +29,27 @@ pub struct Delivery {
     /// that holds nothing (one replaying from history) and reads slowly holds nothing back.
     held: Option<Outstanding>,
     /// For the recipients that hold only (`for_holders_only`).
-    holders_only: bool,
+    holders_only: Option<HoldersOnly>,
+}
+
+/// Which recipients a message routed again is for (`Delivery::for_holders_only`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HoldersOnly {
+    /// Every recipient that holds.
+    Any,
+    /// Those that hold for one of these agents: the ones whose copies still held it when
+    /// the run that routed it last said (`HeldBy::holders`).
+    Of(Arc<[String]>),
+}
+
+impl HoldersOnly {
+    /// Whether a recipient that holds for `agent` is one.
+    pub fn includes(&self, agent: &str) -> bool {
+        match self {
+            HoldersOnly::Any => true,
+            HoldersOnly::Of(agents) => agents.iter().any(|a| a == agent),
+        }
+    }
 }
 
 /// What every copy of a delivery shares.
@@ -92,7 +112,7 @@ impl Delivery {
             }),
             offered: None,
             held: None,
-            holders_only: false,
+            holders_only: None,
         }
     }
 
@@ -126,7 +146,7 @@ impl Delivery {
                 routed: self.routed.clone(),
                 offered: None,
                 held: Some(held),
-                holders_only: self.holders_only,
+                holders_only: self.holders_only.clone(),
             }),
             None => self.clone(),
         }
@@ -138,14 +158,22 @@ impl Delivery {
     }
 
     /// Routes it only to the recipients that write or keep it for an agent away (holding
-    /// mailboxes, offline sinks): a message routed before, which those replaying from
-    /// history had from there, and which only those may not have been written.
-    pub fn for_holders_only(&mut self) {
-        self.holders_only = true;
+    /// mailboxes, offline sinks), and of those only to `which`: a message routed before,
+    /// which those replaying from history had from there, and which only those may not
+    /// have been written.
+    pub fn for_holders_only(&mut self, which: HoldersOnly) {
+        self.holders_only = Some(which);
     }
 
-    pub fn is_for_holders_only(&self) -> bool {
-        self.holders_only
+    pub fn holders_only(&self) -> Option<&HoldersOnly> {
+        self.holders_only.as_ref()
+    }
+
+    /// Whether it is to be kept for `agent`, away (by an offline sink, or a hub keeping mail
+    /// for agents away): always, unless it is routed again for some holders only
+    /// (`for_holders_only`).
+    pub fn is_kept_for(&self, agent: &str) -> bool {
+        (self.holders_only.as_ref()).is_none_or(|only| only.includes(agent))
     }
 }
 

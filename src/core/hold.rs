@@ -54,6 +54,8 @@ impl Guard for Both {
 /// source and every copy let it go.
 struct Naming {
     _done: DropGuard,
+    /// Dropped once it is done, after `_done` (`Outstanding::naming_dropping`).
+    _guard: Box<dyn Send + Sync>,
     holders: Arc<Mutex<Holders>>,
 }
 
@@ -164,10 +166,16 @@ impl Outstanding {
 
     /// A hold, and what tells when it is done and, until then, who holds it.
     pub fn naming() -> (Outstanding, HeldBy) {
+        Self::naming_dropping(())
+    }
+
+    /// As `naming`, dropping `guard` too once it is done, as `dropping` does.
+    pub fn naming_dropping(guard: impl Send + Sync + 'static) -> (Outstanding, HeldBy) {
         let done = CancellationToken::new();
         let holders = Arc::<Mutex<Holders>>::default();
         let guard = Arc::new(Source(Arc::new(Naming {
             _done: done.clone().drop_guard(),
+            _guard: Box::new(guard),
             holders: holders.clone(),
         })));
         (Outstanding { guard }, HeldBy { done, holders })

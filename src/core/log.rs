@@ -4,8 +4,10 @@
 //! embedded SQLite) implements it; `federation` wraps it in one the fleet's bridges share.
 
 use std::pin::Pin;
+use std::sync::Arc;
 
 use super::correlation::{Link, TaskRequest};
+use super::delivery::HoldersOnly;
 use super::envelope::Envelope;
 use super::hold::Outstanding;
 
@@ -24,7 +26,9 @@ pub struct StoredMessage {
 /// so that a run stopped or killed before that leaves it to the next.
 #[derive(Debug, Default)]
 pub struct LeftUndelivered {
-    pub pending: std::collections::HashSet<String>,
+    /// Each with the agents whose recipients had not been written it or kept it as mail,
+    /// where the last run could tell (`HeldBy::holders`).
+    pub pending: std::collections::HashMap<String, Option<Arc<[String]>>>,
     /// `None` when nothing was kept: then no message is known done with.
     pub kept_through: Option<i64>,
     /// In a fleet, where the fleet's stream was to be read again from for what the last
@@ -35,7 +39,10 @@ pub struct LeftUndelivered {
 }
 
 impl LeftUndelivered {
-    pub fn new(pending: std::collections::HashSet<String>, kept_through: Option<i64>) -> Self {
+    pub fn new(
+        pending: std::collections::HashMap<String, Option<Arc<[String]>>>,
+        kept_through: Option<i64>,
+    ) -> Self {
         LeftUndelivered {
             pending,
             kept_through,
@@ -54,7 +61,14 @@ impl LeftUndelivered {
     pub fn done_with(&self, message: &StoredMessage) -> bool {
         self.kept_through
             .is_some_and(|through| message.seq <= through)
-            && !self.pending.contains(&message.envelope.id)
+            && !self.pending.contains_key(&message.envelope.id)
+    }
+
+    /// The recipients that hold a stored message not done with (`done_with`) to route it
+    /// again to, where the last run named them: those it had not been written or kept for.
+    pub fn holders_named(&self, id: &str) -> Option<HoldersOnly> {
+        let agents = self.pending.get(id)?.as_ref()?;
+        Some(HoldersOnly::Of(agents.clone()))
     }
 
     /// What it covers was read again, and what of that was not done with routed again

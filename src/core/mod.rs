@@ -24,7 +24,7 @@ use serde::Deserialize;
 pub use applied::{AppliedMarks, CatchUp};
 pub use claims::{ClaimFuture, Claiming, NameClaims};
 pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, TaskRequest, derived_uuid};
-pub use delivery::{Delivery, Routed};
+pub use delivery::{Delivery, HoldersOnly, Routed};
 pub use directory::{AgentInfo, Directory, NameTaken, PerGeneration, Role, Status};
 pub use envelope::{
     Attachment, Audience, Envelope, Kind, Origin, Priority, Protocol, TaskInfo, TaskState,
@@ -83,7 +83,7 @@ pub const BRIDGE_PROTOCOL: Protocol = "bridge";
 
 /// How a message another bridge of the fleet accepted, or one this bridge routes again
 /// after a restart, is delivered here (`Core::accept_replica`).
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 pub struct Replicated<'a> {
     /// It is in this bridge's log too.
     pub kept: bool,
@@ -91,8 +91,8 @@ pub struct Replicated<'a> {
     /// (`Delivery::held_copy`).
     pub offered: Option<&'a Outstanding>,
     /// Routed here before, by an earlier run of this bridge: again only to the recipients
-    /// that hold (`Delivery::for_holders_only`).
-    pub holders_only: bool,
+    /// that hold, those it names (`Delivery::for_holders_only`).
+    pub holders_only: Option<HoldersOnly>,
 }
 
 /// A message whose store write is queued (see `Core::stage`).
@@ -417,8 +417,8 @@ impl Core {
         if let Some(outstanding) = how.offered {
             delivery.offer(outstanding);
         }
-        if how.holders_only {
-            delivery.for_holders_only();
+        if let Some(which) = how.holders_only {
+            delivery.for_holders_only(which);
         }
         self.route_delivery(delivery)
     }

@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 use super::Store;
 use super::messages::{STORED, decodable};
 use crate::core::{
-    Core, Envelope, LeftUndelivered, Link, LogFuture, MessageLog, MessageQuery, Outstanding,
-    Replicated, StoredMessage, TaskRequest,
+    Core, Envelope, HeldBy, HoldersOnly, LeftUndelivered, Link, LogFuture, MessageLog,
+    MessageQuery, Outstanding, Replicated, StoredMessage, TaskRequest,
 };
 
 /// How often the pending ids are kept, when they changed.
@@ -37,34 +37,82 @@ const ROUTED_AGAIN_AT_ONCE: usize = 256;
 /// The ids of messages appended and not yet done with.
 #[derive(Default)]
 struct Pending {
-    /// Each with the holds on it not yet done (`Held`): none from its append until its
-    /// routing takes one; one message may be routed, and held, more than once.
-    ids: DashMap<String, u32>,
+    ids: DashMap<String, Holds>,
     changed: AtomicBool,
     /// Set as the bridge stops: what its stopping drops (a mailbox's contents) is not done
     /// with, and stays pending.
     stopping: AtomicBool,
 }
 
+/// The holds on a pending message.
+#[derive(Default)]
+struct Holds {
+    /// Those not yet done (`Held`): none from its append until its routing takes one; one
+    /// message may be routed, and held, more than once.
+    count: u32,
+    holders: Holders,
+}
+
+/// Whose copies hold a pending message.
+enum Holders {
+    /// Each hold's, as it tells them (`HeldBy::holders`).
+    Told(Vec<HeldBy>),
+    /// What they told as the bridge began to stop, before its stopping dropped copies
+    /// (`None`: they could not tell).
+    AtStop(Option<Arc<[String]>>),
+}
+
+impl Default for Holders {
+    fn default() -> Self {
+        Holders::Told(Vec::new())
+    }
+}
+
+impl Holders {
+    /// The agents whose copies hold it; `None` if it was never routed, or one of its holds
+    /// cannot tell (`HeldBy::holders`).
+    fn named(&self) -> Option<Arc<[String]>> {
+        let told = match self {
+            Holders::AtStop(named) => return named.clone(),
+            Holders::Told(told) if told.is_empty() => return None,
+            Holders::Told(told) => told,
+        };
+        let mut named = Vec::new();
+        for held_by in told {
+            named.extend(held_by.holders()?);
+        }
+        named.sort_unstable();
+        named.dedup();
+        Some(named.into())
+    }
+}
+
 impl Pending {
     /// Message `id` is being appended: pending until the hold its routing takes is done.
     fn appending(&self, id: &str) {
-        self.ids.entry(id.to_owned()).or_insert(0);
+        self.ids.entry(id.to_owned()).or_default();
         self.changed();
     }
 
     /// Message `id` was not appended: no hold will come.
     fn not_appended(&self, id: &str) {
-        self.ids.remove_if(id, |_, holds| *holds == 0);
+        self.ids.remove_if(id, |_, holds| holds.count == 0);
         self.changed();
     }
 
-    /// A hold on message `id` (`Held`).
-    fn hold(&self, id: &str) {
-        match self.ids.get_mut(id) {
-            Some(mut holds) => *holds += 1,
-            None => *self.ids.entry(id.to_owned()).or_insert(0) += 1,
+    /// A hold on message `id` (`Held`), which `held_by` tells the holders of.
+    fn hold(&self, id: &str, held_by: HeldBy) {
+        let mut holds = match self.ids.get_mut(id) {
+            Some(holds) => holds,
+            None => self.ids.entry(id.to_owned()).or_default(),
+        };
+        holds.count += 1;
+        match &mut holds.holders {
+            Holders::Told(told) => told.push(held_by),
+            // Held again while the bridge stops: its holders are not known as it stopped.
+            at_stop => *at_stop = Holders::AtStop(None),
         }
+        drop(holds);
         self.changed();
     }
 
@@ -74,10 +122,34 @@ impl Pending {
             return;
         }
         if let Some(mut holds) = self.ids.get_mut(id) {
-            *holds = holds.saturating_sub(1);
+            holds.count = holds.count.saturating_sub(1);
         }
-        self.ids.remove_if(id, |_, holds| *holds == 0);
+        self.ids.remove_if(id, |_, holds| holds.count == 0);
         self.changed();
+    }
+
+    /// The bridge begins to stop: each message's holders are taken as they are now, since
+    /// the copies its stopping drops are not done with.
+    fn stopping(&self) {
+        self.stopping.store(true, Ordering::Release);
+        for mut holds in self.ids.iter_mut() {
+            holds.holders = Holders::AtStop(holds.holders.named());
+        }
+    }
+
+    /// Each pending id, with the agents whose copies hold it (`Holders::named`). While the
+    /// bridge stops, a message first held since it began to stop is taken for held by all.
+    fn named(&self) -> Vec<(String, Option<Arc<[String]>>)> {
+        let stopping = self.stopping.load(Ordering::Acquire);
+        (self.ids.iter())
+            .map(|holds| {
+                let named = match &holds.holders {
+                    Holders::Told(_) if stopping => None,
+                    holders => holders.named(),
+                };
+                (holds.key().clone(), named)
+            })
+            .collect()
     }
 
     /// Marks the ids changed; read first, so that the cores do not write the flag's cache
@@ -184,9 +256,10 @@ impl RedeliveringLog {
         let _ = self.unwritten_from.set(unwritten_from);
     }
 
-    /// The bridge is stopping: what is pending now stays so, whatever its stopping drops.
+    /// The bridge is stopping: what is pending now stays so, for the agents it is pending
+    /// for now, whatever its stopping drops.
     pub fn stopping(&self) {
-        self.pending.stopping.store(true, Ordering::Release);
+        self.pending.stopping();
     }
 
     /// The bridge stopped: keeps what is pending, to route it again at the next start.
@@ -202,9 +275,13 @@ impl RedeliveringLog {
         let through = (left.as_ref()).map_or(i64::MAX, |left| left.kept_through.unwrap_or(0));
         let unwritten_from = self.floor_to_keep();
         let ids = move || {
-            let mut ids: Vec<String> = pending.ids.iter().map(|id| id.key().clone()).collect();
+            let mut ids = pending.named();
             if let Some(left) = left {
-                ids.extend(left.pending.iter().cloned());
+                ids.extend(
+                    left.pending
+                        .iter()
+                        .map(|(id, named)| (id.clone(), named.clone())),
+                );
             }
             ids
         };
@@ -235,9 +312,16 @@ impl RedeliveringLog {
 
     /// Routes again, to the recipients that hold only, what the last run had not finished
     /// delivering (the module's doc), up to the newest message stored before this run
-    /// accepted any; how many messages. Presence is news only while new, and is not routed
+    /// accepted any; how many messages. A message the last run kept pending for some
+    /// agents (`HeldBy::holders`) goes to those agents' only. Called before the pending ids
+    /// are first kept (`keep_pending`). Presence is news only while new, and is not routed
     /// again.
     pub async fn route_undelivered(&self, core: &Core) -> usize {
+        // Read before this run keeps its own pending ids over them.
+        let left = self.store.left_undelivered().await.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "store: cannot read which agents the messages not yet delivered were for");
+            LeftUndelivered::default()
+        });
         let mut after = 0;
         let mut routed = 0;
         loop {
@@ -262,10 +346,11 @@ impl RedeliveringLog {
                     continue;
                 }
                 let hold = self.hold(&envelope.id);
+                let holders = left.holders_named(&envelope.id);
                 let how = Replicated {
                     kept: true,
                     offered: Some(&hold),
-                    holders_only: true,
+                    holders_only: Some(holders.unwrap_or(HoldersOnly::Any)),
                 };
                 core.accept_replica(envelope, how);
                 routed += 1;
@@ -276,11 +361,12 @@ impl RedeliveringLog {
     /// Message `id` is pending (it is already if appended in this run, but not if it is
     /// routed again) until the hold this gives is done.
     fn hold(&self, id: &str) -> Outstanding {
-        self.pending.hold(id);
-        Outstanding::dropping(Held {
+        let (hold, held_by) = Outstanding::naming_dropping(Held {
             pending: self.pending.clone(),
             id: id.to_owned(),
-        })
+        });
+        self.pending.hold(id, held_by);
+        hold
     }
 }
 
@@ -366,9 +452,14 @@ impl Store {
     ) -> impl Future<Output = Result<LeftUndelivered, super::StoreError>> + Send + 'static {
         // On the writer's thread, after every message `open` put in from the journal.
         self.write(|conn| {
-            let mut ids = conn.prepare("SELECT id FROM undelivered")?;
-            let pending =
-                (ids.query_map([], |r| r.get::<_, String>(0))?).collect::<Result<_, _>>()?;
+            let mut ids = conn.prepare("SELECT id, holders FROM undelivered")?;
+            let pending = ids.query_map([], |r| {
+                let holders: Option<String> = r.get(1)?;
+                let named =
+                    holders.and_then(|named| serde_json::from_str::<Vec<String>>(&named).ok());
+                Ok((r.get::<_, String>(0)?, named.map(Arc::from)))
+            });
+            let pending = pending?.collect::<Result<_, _>>()?;
             let (kept_through, unwritten_from): (Option<i64>, Option<i64>) = conn.query_row(
                 "SELECT MAX(seq), MIN(unwritten_from) FROM undelivered_after",
                 [],
@@ -379,23 +470,26 @@ impl Store {
         })
     }
 
-    /// Keeps the ids `pending` gives, read on the writer's thread as the write runs, and the
-    /// newest message the database then holds, or `through` if older: every message it
-    /// holds up to that one that is not done with is among them, since a message is
-    /// pending from before its append.
+    /// Keeps the ids `pending` gives, each with the agents it is pending for where known,
+    /// read on the writer's thread as the write runs, and the newest message the database
+    /// then holds, or `through` if older: every message it holds up to that one that is
+    /// not done with is among them, since a message is pending from before its append.
     pub fn keep_undelivered(
         &self,
-        pending: impl FnOnce() -> Vec<String> + Send + 'static,
+        pending: impl FnOnce() -> Vec<(String, Option<Arc<[String]>>)> + Send + 'static,
         through: i64,
         unwritten_from: Option<u64>,
     ) -> impl Future<Output = Result<(), super::StoreError>> + Send + 'static {
         let unwritten_from = unwritten_from.and_then(|from| i64::try_from(from).ok());
         self.write(move |conn| {
             conn.execute("DELETE FROM undelivered", [])?;
-            let mut insert =
-                conn.prepare_cached("INSERT OR IGNORE INTO undelivered (id) VALUES (?1)")?;
-            for id in pending() {
-                insert.execute([id])?;
+            let mut insert = conn.prepare_cached(
+                "INSERT OR IGNORE INTO undelivered (id, holders) VALUES (?1, ?2)",
+            )?;
+            for (id, named) in pending() {
+                let holders =
+                    named.map(|named| serde_json::Value::from(named.to_vec()).to_string());
+                insert.execute(rusqlite::params![id, holders])?;
             }
             conn.execute("DELETE FROM undelivered_after", [])?;
             conn.execute(
@@ -438,6 +532,8 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use crate::core::{Envelope, Kind};
     use crate::store::{IN_MEMORY, Store};
 
@@ -445,6 +541,11 @@ mod tests {
         let mut env = Envelope::new("test", "a", Kind::Chat);
         env.id = id.to_owned();
         env
+    }
+
+    /// Pending ids as kept, with no agents named.
+    fn unnamed(ids: &[&str]) -> Vec<(String, Option<Arc<[String]>>)> {
+        ids.iter().map(|id| (id.to_string(), None)).collect()
     }
 
     async fn undelivered(store: &Store) -> Vec<String> {
@@ -469,7 +570,7 @@ mod tests {
         for id in ["m1", "m2", "m3", "m4"] {
             store.insert_message(&message(id)).await.unwrap();
         }
-        let pending = || vec!["m2".to_owned(), "m3".to_owned(), "gone".to_owned()];
+        let pending = || unnamed(&["m2", "m3", "gone"]);
         store
             .keep_undelivered(pending, i64::MAX, None)
             .await
@@ -504,7 +605,7 @@ mod tests {
         };
         assert_eq!(done(&["m0", "m1", "m2"]).await, [false; 3]);
         store
-            .keep_undelivered(|| vec!["m1".to_owned()], i64::MAX, None)
+            .keep_undelivered(|| unnamed(&["m1"]), i64::MAX, None)
             .await
             .unwrap();
         store.insert_message(&message("m3")).await.unwrap();
@@ -526,7 +627,7 @@ mod tests {
             store.insert_message(&message(id)).await.unwrap();
         }
         store
-            .keep_undelivered(|| vec!["m0".to_owned()], i64::MAX, Some(7))
+            .keep_undelivered(|| unnamed(&["m0"]), i64::MAX, Some(7))
             .await
             .unwrap();
         store.insert_message(&message("m3")).await.unwrap();
@@ -538,8 +639,9 @@ mod tests {
         let kept = store.left_undelivered().await.unwrap();
         assert_eq!(kept.kept_through, left.kept_through);
         assert_eq!(kept.unwritten_from, Some(7), "the older of the two");
-        let pending: std::collections::HashSet<_> = ["m0", "m3"].map(String::from).into();
-        assert_eq!(kept.pending, pending);
+        let mut pending: Vec<&String> = kept.pending.keys().collect();
+        pending.sort();
+        assert_eq!(pending, ["m0", "m3"]);
         left.read_again();
         drop(hold);
         log.stopped().await;
@@ -567,11 +669,14 @@ mod tests {
             store.left_undelivered().await.unwrap().pending
         };
         log.append(&message("m0")).await.unwrap();
-        assert!(pending().await.contains("m0"), "appended, not yet routed");
+        assert!(
+            pending().await.contains_key("m0"),
+            "appended, not yet routed"
+        );
         let (first, second) = (log.delivery_hold("m0"), log.delivery_hold("m0"));
         drop(first);
         assert!(
-            pending().await.contains("m0"),
+            pending().await.contains_key("m0"),
             "the second hold is not done"
         );
         drop(second);
@@ -582,12 +687,61 @@ mod tests {
         assert!(pending().await.is_empty());
     }
 
+    /// A message is kept pending for the agents whose copies hold it, once its routing is
+    /// over; those its routing took for nobody named (a hub's) leave it pending for all. As
+    /// the bridge stops, it stays pending for the agents it was pending for then, whatever
+    /// copies its stopping drops.
+    #[tokio::test]
+    async fn a_message_is_kept_pending_for_the_agents_whose_copies_hold_it() {
+        use super::RedeliveringLog;
+        use crate::core::{Delivery, MessageLog};
+        let store = Store::open(IN_MEMORY).await.unwrap();
+        let (log, left) = RedeliveringLog::open_in_fleet(store.clone()).await.unwrap();
+        left.read_again();
+        let pending_for = async |id: &str| {
+            log.stopped().await;
+            let left = store.left_undelivered().await.unwrap();
+            left.pending
+                .get(id)
+                .cloned()
+                .map(|named| named.map(|n| n.to_vec()))
+        };
+        let routed = |id: &str| {
+            let mut delivery = Delivery::new(message(id));
+            let hold = log.delivery_hold(id).unwrap();
+            delivery.offer(&hold);
+            (Arc::new(delivery), hold)
+        };
+        let (m0, hold) = routed("m0");
+        let copies = [m0.held_copy_for("bob"), m0.held_copy_for("ann")];
+        assert_eq!(pending_for("m0").await, Some(None), "while it is routed");
+        drop(hold);
+        assert_eq!(
+            pending_for("m0").await,
+            Some(Some(vec!["ann".into(), "bob".into()]))
+        );
+        let [bob, ann] = copies;
+        drop(bob);
+        assert_eq!(pending_for("m0").await, Some(Some(vec!["ann".into()])));
+        let (m1, hold) = routed("m1");
+        let hubs = m1.held_copy();
+        drop(hold);
+        assert_eq!(
+            pending_for("m1").await,
+            Some(None),
+            "a hub's copy names nobody"
+        );
+        log.stopping();
+        drop((ann, hubs));
+        assert_eq!(pending_for("m0").await, Some(Some(vec!["ann".into()])));
+        assert_eq!(pending_for("m1").await, Some(None));
+    }
+
     /// In a fleet, the floor of its stream is kept as soon as it moves, though nothing
     /// pending changed (a batch going late behind a reader that stopped reading).
     #[tokio::test]
     async fn a_floor_that_moves_is_kept_though_nothing_pending_changed() {
         use super::RedeliveringLog;
-        use std::sync::Arc;
         use std::sync::atomic::{AtomicU64, Ordering};
         use tokio_util::sync::CancellationToken;
         let store = Store::open(IN_MEMORY).await.unwrap();

@@ -2,6 +2,7 @@
 //! over a WebSocket.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -271,4 +272,44 @@ impl GridWs {
 fn is_presence(msg: &Value) -> bool {
     let action = msg["content"]["action"].as_str().unwrap_or_default();
     action == "agent_online" || action == "agent_offline"
+}
+
+/// The longest a flooded reader waits for the next message before it takes the rest for
+/// lost: on a busy machine the bridge it reconnected to may take seconds to keep, then
+/// hand it, the hundreds of messages a killed bridge left (one record write each).
+pub const QUIET_AT_MOST: Duration = Duration::from_secs(20);
+
+/// The number of a numbered message (`m<n>`).
+pub fn numbered(message: &Value) -> Option<usize> {
+    message["id"].as_str()?.strip_prefix('m')?.parse().ok()
+}
+
+/// Reads `socket`, a socket of `agent` on the bridge at `addr`, until `got` holds every
+/// number `wanted` holds, or nothing comes for `QUIET_AT_MOST`. A socket the bridge closes
+/// (too far behind, on a busy machine) is opened again, as its program would: what it had
+/// not sent is kept for the program, in order.
+pub async fn read_until_got(
+    socket: &mut GridWs,
+    (addr, agent): (std::net::SocketAddr, &str),
+    got: &mut Vec<usize>,
+    wanted: &std::collections::HashSet<usize>,
+) {
+    let mut seen: std::collections::HashSet<usize> = got.iter().copied().collect();
+    // The wait below is the one that ends the reading, not the socket's own.
+    socket.wait_up_to(2 * QUIET_AT_MOST);
+    while !wanted.is_subset(&seen) {
+        let next = socket.next_message_or_closed();
+        let Ok(next) = tokio::time::timeout(QUIET_AT_MOST, next).await else {
+            break;
+        };
+        let Some(message) = next else {
+            *socket = GridWs::connect_once_free(addr, agent).await;
+            socket.wait_up_to(2 * QUIET_AT_MOST);
+            continue;
+        };
+        if let Some(n) = numbered(&message) {
+            seen.insert(n);
+            got.push(n);
+        }
+    }
 }

@@ -24,6 +24,23 @@ use agentbridge::{Bridge, Config};
 /// How long any single expected frame or response may take before the test fails.
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// Waits, bounded by `WAIT`, until `done` holds.
+pub async fn eventually(what: &str, done: impl AsyncFnMut() -> bool) {
+    eventually_within(what, WAIT, done).await;
+}
+
+/// Waits, bounded by `wait`, until `done` holds.
+pub async fn eventually_within(what: &str, wait: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = std::time::Instant::now() + wait;
+    while !done().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within {wait:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// A bridge with every endpoint on an ephemeral loopback port and an in-memory store,
 /// plus `extra` TOML (which may override sections).
 pub async fn start_bridge(extra: &str) -> Bridge {

@@ -127,6 +127,9 @@ impl Router {
     /// Keeps `delivery` for `name`, an agent with no session here, where its protocol keeps
     /// mail (as `route` does). For an endpoint that keeps some mail itself (a hub's).
     pub fn keep_offline(&self, name: &str, delivery: &Arc<Delivery>) {
+        if !delivery.is_kept_for(name) {
+            return;
+        }
         if let Some(sink) = self.sink_of(name) {
             self.to_sink(&*sink, name, delivery, &[], &mut RouteReport::default());
         }

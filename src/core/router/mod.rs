@@ -478,6 +478,7 @@ impl Router {
             // The common case: a live session took it, or none is open.
             if !taken
                 && reached.insert_name(name)
+                && delivery.is_kept_for(name)
                 && let Some(sink) = self.sink_of(name)
             {
                 self.to_sink(&*sink, name, delivery, &[], report);
@@ -535,8 +536,12 @@ impl Router {
         if !reached.insert(session.id) {
             return Offer::Taken;
         }
-        // Its client has it from history.
-        if delivery.is_for_holders_only() && !session.mailbox.is_holding() {
+        // Its client has it from history, or it had been written or kept for its agent. A
+        // hub keeping mail for others keeps it only for those it is for (`is_kept_for`).
+        if let Some(only) = delivery.holders_only()
+            && (!session.mailbox.is_holding()
+                || session.mailbox.holds_for_its_agent() && !only.includes(&session.agent))
+        {
             return Offer::Taken;
         }
         let protocol = session.mailbox.protocol();
@@ -580,10 +585,10 @@ enum Offer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::Outstanding;
     use crate::core::directory::AgentInfo;
     use crate::core::envelope::Kind;
     use crate::core::mailbox::Closed;
+    use crate::core::{HoldersOnly, Outstanding};
 
     struct Observer;
     impl Interest for Observer {
@@ -853,11 +858,45 @@ mod tests {
         let mut env = Envelope::new("test", "a", Kind::Chat);
         env.mentions = vec!["away".into(), "here".into(), "reader".into()];
         let mut delivery = Delivery::new(env);
-        delivery.for_holders_only();
+        delivery.for_holders_only(HoldersOnly::Any);
         r.route(&Arc::new(delivery));
         assert_eq!(sink.agents(), ["away"]);
         assert_eq!(received(&here).len(), 1);
         assert!(received(&reader).is_empty() && received(&watcher).is_empty());
+    }
+
+    /// A message routed again for some holders only (`HoldersOnly::Of`: those its last run
+    /// had not written it or kept it for) reaches those, connected or away, and no other
+    /// recipient that holds for its agent; a hub keeping mail for others has it, to keep
+    /// for those only (`Delivery::is_kept_for`).
+    #[test]
+    fn a_message_for_named_holders_passes_over_the_other_holders() {
+        let agents = [
+            ("away", "queued"),
+            ("gone", "queued"),
+            ("here", "queued"),
+            ("done", "queued"),
+        ];
+        let (r, sink) = router_with_sink(&agents, 4, WhenFull::DropOldest);
+        let here = r.attach("here", r.mailbox("queued"), Arc::new(AddressedOnly));
+        let done = r.attach("done", r.mailbox("queued"), Arc::new(AddressedOnly));
+        let hub = r.attach("\0hub", r.hub_mailbox("queued", true), Arc::new(Observer));
+        let mut env = Envelope::new("test", "a", Kind::Chat);
+        env.mentions = ["away", "gone", "here", "done"].map(String::from).to_vec();
+        let mut delivery = Delivery::new(env);
+        let named: Arc<[String]> = ["away", "here"].map(String::from).into();
+        delivery.for_holders_only(HoldersOnly::Of(named));
+        r.route(&Arc::new(delivery));
+        assert_eq!(sink.agents(), ["away"]);
+        assert_eq!(received(&here).len(), 1);
+        assert!(received(&done).is_empty());
+        let kept_by_hub = hub
+            .mailbox
+            .try_recv()
+            .ok()
+            .flatten()
+            .expect("the hub has it");
+        assert!(kept_by_hub.is_kept_for("away") && !kept_by_hub.is_kept_for("gone"));
     }
 
     #[test]

@@ -28,8 +28,8 @@ use super::own_deliveries::OwnDeliveries;
 use super::wire::{BRIDGE_HEADER, Names, RUN_HEADER, Replica};
 use super::written::Written;
 use crate::core::{
-    Core, Envelope, HeldBy, Kind, LeftUndelivered, MessageLog, Outstanding, Replicated, Status,
-    now_ms,
+    Core, Envelope, HeldBy, HoldersOnly, Kind, LeftUndelivered, MessageLog, Outstanding,
+    Replicated, Status, now_ms,
 };
 use crate::telemetry;
 
@@ -91,7 +91,7 @@ struct Applied {
     replica: Replica,
     /// Whether the store holds it.
     kept: bool,
-    holders_only: bool,
+    holders_only: Option<HoldersOnly>,
 }
 
 /// Why a reading of the stream's consumer ended without an error.
@@ -509,6 +509,7 @@ impl Applier {
             .filter(|r| !r.transient && !stored.contains(&r.envelope.id))
             .map(|r| self.local.append(&r.envelope))
             .collect();
+        let left = self.left_undelivered.clone();
         async move {
             // In the order they were queued: one result for each message to keep.
             let mut written = futures_util::future::join_all(writes).await.into_iter();
@@ -529,9 +530,16 @@ impl Applier {
                             }
                             None => false,
                         });
-                    // What the earlier run had not stored it had not routed either.
-                    let holders_only =
-                        routing == Routing::EarlierRun && stored.contains(&replica.envelope.id);
+                    // What the earlier run had not stored it had not routed either. One it
+                    // kept pending for some agents goes to those agents' recipients only.
+                    let id = &replica.envelope.id;
+                    let named = || left.holders_named(id);
+                    let holders_only = match routing {
+                        _ if !stored.contains(id) => None,
+                        Routing::EarlierRun => Some(named().unwrap_or(HoldersOnly::Any)),
+                        Routing::Again => named(),
+                        Routing::WhenKept | Routing::Never => None,
+                    };
                     Applied {
                         replica,
                         kept,

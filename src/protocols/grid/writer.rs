@@ -231,6 +231,8 @@ impl Grid {
     /// A message for every Grid program: appended to the scratchpad, and queued for each
     /// program it did not reach: one with no socket, or whose first socket attached after
     /// the message was routed. In a fleet, also for the programs of bridges gone from it.
+    /// One routed again after a restart is queued only for the programs it is for
+    /// (`Delivery::is_kept_for`).
     fn take_broadcast(&self, turn: &mut Turn, delivery: Arc<Delivery>) {
         turn.jobs += 1;
         let Some(message) = self.encode(&delivery) else {
@@ -245,7 +247,7 @@ impl Grid {
         let agents: Vec<String> = (self.programs.iter())
             .map(|p| p.clone())
             .filter(|p| !self.reached_by_broadcast(p, &delivery))
-            .filter(|p| *p != delivery.envelope.from)
+            .filter(|p| *p != delivery.envelope.from && delivery.is_kept_for(p))
             .collect();
         turn.appends.push(message.clone());
         // Kept, even for no program, until the turn is written: what holds the message's

@@ -228,4 +228,13 @@ pub(in crate::store) static MIGRATIONS: &[Migration] = &[
         ALTER TABLE undelivered_after ADD COLUMN unwritten_from INTEGER;
     ",
     },
+    Migration {
+        version: 15,
+        // With each id, the agents whose recipients had not been written it or kept it as
+        // mail, as a JSON array (`HeldBy::holders`): it is routed again to those only. NULL
+        // where the bridge could not tell, routed again to every recipient that holds.
+        sql: "
+        ALTER TABLE undelivered ADD COLUMN holders TEXT;
+    ",
+    },
 ];
