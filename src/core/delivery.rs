@@ -38,7 +38,7 @@ pub enum HoldersOnly {
     /// Every recipient that holds.
     Any,
     /// Those that hold for one of these agents: the ones whose copies still held it when
-    /// the run that routed it last said (`HeldBy::holders`).
+    /// the run that routed it last said (`HoldersOf::holders`).
     Of(Arc<[String]>),
 }
 
@@ -165,6 +165,7 @@ impl Delivery {
         self.holders_only = Some(which);
     }
 
+    /// The recipients it is routed again for, if it is (`for_holders_only`).
     pub fn holders_only(&self) -> Option<&HoldersOnly> {
         self.holders_only.as_ref()
     }

@@ -14,9 +14,10 @@
 //!
 //! A hold made by `Outstanding::naming` also tells, until it is done, which agents' copies
 //! still hold it (`HeldBy::holders`): a batch acknowledged before it was written is read
-//! again, after a kill, only for those (`federation::unwritten`).
+//! again, after a kill, only for those (`federation::unwritten`), and a message pending as
+//! a bridge stops or is killed is routed again, as it starts, only to those
+//! (`store::redelivery`, through `Outstanding::naming_dropping`).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -52,18 +53,26 @@ impl Guard for Both {
 
 /// A hold that counts its copies by recipient (`Outstanding::naming`): done once its
 /// source and every copy let it go.
-struct Naming {
-    _done: DropGuard,
-    /// Dropped once it is done, after `_done` (`Outstanding::naming_dropping`).
-    _guard: Box<dyn Send + Sync>,
+struct Naming<G: WatchesHolders> {
     holders: Arc<Mutex<Holders>>,
+    /// Told as the holders change, and dropped once the hold is done.
+    watch: G,
 }
+
+/// What a naming hold tells as its holders change, and drops once it is done
+/// (`Outstanding::naming_dropping`): its `Drop` says the hold is done.
+pub trait WatchesHolders: Send + Sync + 'static {
+    /// The source let the hold go, or a copy did.
+    fn holders_changed(&self) {}
+}
+
+impl WatchesHolders for DropGuard {}
 
 /// The source's share of a naming hold, which deliveries are offered: once it drops, the
 /// holders are all known, and nothing takes the hold up any more.
-struct Source(Arc<Naming>);
+struct Source<G: WatchesHolders>(Arc<Naming<G>>);
 
-impl Guard for Source {
+impl<G: WatchesHolders> Guard for Source<G> {
     fn taken_by(self: Arc<Self>, recipient: Option<&str>) -> Arc<dyn Guard> {
         let naming = self.0.clone();
         let slot = lock(&naming.holders).take_up(recipient);
@@ -71,42 +80,49 @@ impl Guard for Source {
     }
 }
 
-impl Drop for Source {
+impl<G: WatchesHolders> Drop for Source<G> {
     fn drop(&mut self) {
         lock(&self.0.holders).source_let_go = true;
+        self.0.watch.holders_changed();
     }
 }
 
 /// A copy's share of a naming hold: counted for its recipient until it drops.
-struct Taken {
-    naming: Arc<Naming>,
+struct Taken<G: WatchesHolders> {
+    naming: Arc<Naming<G>>,
     /// The recipient's slot in `Holders`; `None` for one not named.
     slot: Option<usize>,
 }
 
-impl Guard for Taken {
+impl<G: WatchesHolders> Guard for Taken<G> {
     fn taken_by(self: Arc<Self>, _: Option<&str>) -> Arc<dyn Guard> {
         self
     }
 }
 
-impl Drop for Taken {
+impl<G: WatchesHolders> Drop for Taken<G> {
     fn drop(&mut self) {
         lock(&self.naming.holders).let_go(self.slot);
+        self.naming.watch.holders_changed();
     }
 }
 
 /// How many copies of a naming hold each recipient keeps.
 #[derive(Default)]
 struct Holders {
-    /// Each recipient's slot in `copies`: a name is stored once per hold, not per copy.
-    slot_of: HashMap<Box<str>, usize>,
-    copies: Vec<u32>,
+    /// Each recipient, stored once per hold, not per copy, with its copies. Most holds
+    /// have one or two: they are looked through, until `MOST_LOOKED_THROUGH`.
+    copies: Vec<(Box<str>, u32)>,
+    /// Each recipient's slot in `copies`, once there are more.
+    slot_of: Option<foldhash::HashMap<Box<str>, usize>>,
     /// Copies taken up for no named recipient.
     unnamed: u32,
     /// Whether the source let its share go: until then, more copies may be taken up.
     source_let_go: bool,
 }
+
+/// Recipients of one hold looked for one by one; past that, by a map.
+const MOST_LOOKED_THROUGH: usize = 8;
 
 impl Holders {
     fn take_up(&mut self, recipient: Option<&str>) -> Option<usize> {
@@ -114,22 +130,35 @@ impl Holders {
             self.unnamed += 1;
             return None;
         };
-        let slot = match self.slot_of.get(name) {
-            Some(&slot) => slot,
-            None => {
-                self.copies.push(0);
-                let slot = self.copies.len() - 1;
-                self.slot_of.insert(name.into(), slot);
-                slot
-            }
+        let slot = match &self.slot_of {
+            Some(slot_of) => slot_of.get(name).copied(),
+            None => self
+                .copies
+                .iter()
+                .position(|(held_by, _)| **held_by == *name),
         };
-        self.copies[slot] += 1;
+        let slot = slot.unwrap_or_else(|| self.add(name));
+        self.copies[slot].1 += 1;
         Some(slot)
+    }
+
+    /// A slot for `name`, new.
+    fn add(&mut self, name: &str) -> usize {
+        self.copies.push((name.into(), 0));
+        let slot = self.copies.len() - 1;
+        if let Some(slot_of) = &mut self.slot_of {
+            slot_of.insert(name.into(), slot);
+        } else if self.copies.len() > MOST_LOOKED_THROUGH {
+            let names = self.copies.iter().enumerate();
+            let slots = names.map(|(slot, (name, _))| (name.clone(), slot));
+            self.slot_of = Some(slots.collect());
+        }
+        slot
     }
 
     fn let_go(&mut self, slot: Option<usize>) {
         let count = match slot {
-            Some(slot) => &mut self.copies[slot],
+            Some(slot) => &mut self.copies[slot].1,
             None => &mut self.unnamed,
         };
         *count = count.saturating_sub(1);
@@ -166,19 +195,20 @@ impl Outstanding {
 
     /// A hold, and what tells when it is done and, until then, who holds it.
     pub fn naming() -> (Outstanding, HeldBy) {
-        Self::naming_dropping(())
+        let done = CancellationToken::new();
+        let (hold, holders) = Self::naming_dropping(done.clone().drop_guard());
+        (hold, HeldBy { done, holders })
     }
 
-    /// As `naming`, dropping `guard` too once it is done, as `dropping` does.
-    pub fn naming_dropping(guard: impl Send + Sync + 'static) -> (Outstanding, HeldBy) {
-        let done = CancellationToken::new();
+    /// A hold that tells who holds it (as `naming`), tells `watch` as they change, and
+    /// drops it once it is done (as `dropping`).
+    pub fn naming_dropping(watch: impl WatchesHolders) -> (Outstanding, HoldersOf) {
         let holders = Arc::<Mutex<Holders>>::default();
         let guard = Arc::new(Source(Arc::new(Naming {
-            _done: done.clone().drop_guard(),
-            _guard: Box::new(guard),
             holders: holders.clone(),
+            watch,
         })));
-        (Outstanding { guard }, HeldBy { done, holders })
+        (Outstanding { guard }, HoldersOf(holders))
     }
 
     /// One hold that keeps both `a` and `b` (either that is there) until it is done: for a
@@ -217,7 +247,7 @@ impl Offered {
 #[derive(Clone)]
 pub struct HeldBy {
     done: CancellationToken,
-    holders: Arc<Mutex<Holders>>,
+    holders: HoldersOf,
 }
 
 impl HeldBy {
@@ -227,7 +257,7 @@ impl HeldBy {
         done.cancel();
         HeldBy {
             done,
-            holders: Arc::default(),
+            holders: HoldersOf(Arc::default()),
         }
     }
 
@@ -241,16 +271,27 @@ impl HeldBy {
         self.done.cancelled().await
     }
 
+    /// The recipients whose copies hold it now (`HoldersOf::holders`).
+    pub fn holders(&self) -> Option<Vec<String>> {
+        self.holders.holders()
+    }
+}
+
+/// Who holds a naming hold (`Outstanding::naming_dropping`). It does not keep the hold.
+#[derive(Clone)]
+pub struct HoldersOf(Arc<Mutex<Holders>>);
+
+impl HoldersOf {
     /// The recipients whose copies hold it now; `None` while its source keeps it (more
     /// copies may come, as an own message not yet routed here), or if a copy taken up
     /// for no named recipient (a hub's, holding for others) does. Once its source let it
     /// go, the holders only go.
     pub fn holders(&self) -> Option<Vec<String>> {
-        let holders = lock(&self.holders);
+        let holders = lock(&self.0);
         if !holders.source_let_go || holders.unnamed > 0 {
             return None;
         }
-        let held = (holders.slot_of.iter()).filter(|(_, slot)| holders.copies[**slot] > 0);
+        let held = (holders.copies.iter()).filter(|(_, copies)| *copies > 0);
         Some(held.map(|(name, _)| name.to_string()).collect())
     }
 }
@@ -288,6 +329,25 @@ mod tests {
         assert!(held_by.holders().unwrap().is_empty());
         // Its source let it go: nothing more takes it up.
         assert!(offered.take_up(Some("cy")).is_none());
+    }
+
+    /// Past the recipients looked through one by one, each is found by the map.
+    #[test]
+    fn a_hold_with_many_holders_counts_each_copy_for_its_own() {
+        let (hold, held_by) = Outstanding::naming();
+        let names: Vec<String> = (0..20).map(|n| format!("agent-{n:02}")).collect();
+        let mut copies: Vec<_> = (names.iter().chain(&names))
+            .map(|name| hold.offered().take_up(Some(name)))
+            .collect();
+        drop(hold);
+        assert_eq!(sorted(held_by.holders().unwrap()), names);
+        // Each one's second copy goes: its first still holds it.
+        copies.truncate(names.len());
+        assert_eq!(sorted(held_by.holders().unwrap()), names);
+        copies.truncate(5);
+        assert_eq!(sorted(held_by.holders().unwrap()), names[..5]);
+        drop(copies);
+        assert!(held_by.is_done());
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub struct StoredMessage {
 #[derive(Debug, Default)]
 pub struct LeftUndelivered {
     /// Each with the agents whose recipients had not been written it or kept it as mail,
-    /// where the last run could tell (`HeldBy::holders`).
+    /// where the last run could tell (`HoldersOf::holders`).
     pub pending: std::collections::HashMap<String, Option<Arc<[String]>>>,
     /// `None` when nothing was kept: then no message is known done with.
     pub kept_through: Option<i64>,

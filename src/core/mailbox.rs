@@ -125,7 +125,8 @@ struct Shared {
 enum Behind {
     /// Its id, with what its delivery is made again with: the store holds the rest.
     Stored(StoredId),
-    /// Not stored (a control signal, a status change): held as it is.
+    /// Not stored (a control signal, a status change), or routed again for some holders
+    /// only (`Delivery::for_holders_only`): held as it is.
     Held(Arc<Delivery>),
 }
 
@@ -269,7 +270,8 @@ impl Mailbox {
             } else {
                 match self.policy {
                     WhenFull::Replay if state.backlog.len() < self.backlog_limit => {
-                        let behind = if delivery.stored {
+                        // One routed again for some holders only keeps that as it waits.
+                        let behind = if delivery.stored && delivery.holders_only().is_none() {
                             Behind::Stored(StoredId {
                                 id: delivery.envelope.id.clone(),
                                 routed_at: delivery.routed_at,

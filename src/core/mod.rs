@@ -30,7 +30,7 @@ pub use envelope::{
     Attachment, Audience, Envelope, Kind, Origin, Priority, Protocol, TaskInfo, TaskState,
     new_message_id, now_ms,
 };
-pub use hold::{HeldBy, Outstanding};
+pub use hold::{HeldBy, HoldersOf, Outstanding, WatchesHolders};
 pub use in_flight::InFlight;
 pub use log::{LeftUndelivered, LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
 pub use mailbox::{BacklogReader, Closed, Holding, Mailbox, Pushed, WhenFull};

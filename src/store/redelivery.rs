@@ -4,11 +4,13 @@
 //! with it only later, once it is written to their connections or kept as their mail: a
 //! bridge killed or stopped meanwhile would lose it. So each message is pending from its
 //! append until its route's hold is done, and every `KEPT_EVERY` the pending ids, and the
-//! newest message the database then holds, are kept (`Store::keep_undelivered`). As it
-//! starts, the bridge routes again, for the recipients that hold only, the messages kept
-//! pending and every message stored after (`route_undelivered`). What was done with between
-//! the last keeping and a kill is routed again too: a program or agent away may be given
-//! it twice.
+//! newest message the database then holds, are kept (`Store::keep_undelivered`), each
+//! with the agents whose copies still hold it, as its hold names them
+//! (`Outstanding::naming_dropping`). As it starts, the bridge routes again, for the
+//! recipients that hold only, the messages kept pending and every message stored after
+//! (`route_undelivered`); one kept with agents named, to those agents' only. What was done
+//! with between the last keeping and a kill is routed again too: a program or agent away
+//! may be given it twice.
 //!
 //! A bridge in a fleet keeps them alike (`open_in_fleet`), with where its stream is to be
 //! read again from (`keep_unwritten_from`), and reads its stream again as it starts rather
@@ -20,13 +22,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
+use smallvec::SmallVec;
 use tokio_util::sync::CancellationToken;
 
 use super::Store;
 use super::messages::{STORED, decodable};
 use crate::core::{
-    Core, Envelope, HeldBy, HoldersOnly, LeftUndelivered, Link, LogFuture, MessageLog,
-    MessageQuery, Outstanding, Replicated, StoredMessage, TaskRequest,
+    Core, Envelope, HoldersOf, HoldersOnly, LeftUndelivered, Link, LogFuture, MessageLog,
+    MessageQuery, Outstanding, Replicated, StoredMessage, TaskRequest, WatchesHolders,
 };
 
 /// How often the pending ids are kept, when they changed.
@@ -50,36 +53,36 @@ struct Holds {
     /// Those not yet done (`Held`): none from its append until its routing takes one; one
     /// message may be routed, and held, more than once.
     count: u32,
-    holders: Holders,
+    pending_for: PendingFor,
 }
 
 /// Whose copies hold a pending message.
-enum Holders {
-    /// Each hold's, as it tells them (`HeldBy::holders`).
-    Told(Vec<HeldBy>),
+enum PendingFor {
+    /// Each hold's, as it tells them (`HoldersOf::holders`): most messages are held once.
+    Told(SmallVec<[HoldersOf; 1]>),
     /// What they told as the bridge began to stop, before its stopping dropped copies
     /// (`None`: they could not tell).
     AtStop(Option<Arc<[String]>>),
 }
 
-impl Default for Holders {
+impl Default for PendingFor {
     fn default() -> Self {
-        Holders::Told(Vec::new())
+        PendingFor::Told(SmallVec::new())
     }
 }
 
-impl Holders {
+impl PendingFor {
     /// The agents whose copies hold it; `None` if it was never routed, or one of its holds
-    /// cannot tell (`HeldBy::holders`).
+    /// cannot tell (`HoldersOf::holders`).
     fn named(&self) -> Option<Arc<[String]>> {
         let told = match self {
-            Holders::AtStop(named) => return named.clone(),
-            Holders::Told(told) if told.is_empty() => return None,
-            Holders::Told(told) => told,
+            PendingFor::AtStop(named) => return named.clone(),
+            PendingFor::Told(told) if told.is_empty() => return None,
+            PendingFor::Told(told) => told,
         };
         let mut named = Vec::new();
-        for held_by in told {
-            named.extend(held_by.holders()?);
+        for holders in told {
+            named.extend(holders.holders()?);
         }
         named.sort_unstable();
         named.dedup();
@@ -100,17 +103,17 @@ impl Pending {
         self.changed();
     }
 
-    /// A hold on message `id` (`Held`), which `held_by` tells the holders of.
-    fn hold(&self, id: &str, held_by: HeldBy) {
+    /// A hold on message `id` (`Held`), whose holders `holders` tells.
+    fn hold(&self, id: &str, holders: HoldersOf) {
         let mut holds = match self.ids.get_mut(id) {
             Some(holds) => holds,
             None => self.ids.entry(id.to_owned()).or_default(),
         };
         holds.count += 1;
-        match &mut holds.holders {
-            Holders::Told(told) => told.push(held_by),
+        match &mut holds.pending_for {
+            PendingFor::Told(told) => told.push(holders),
             // Held again while the bridge stops: its holders are not known as it stopped.
-            at_stop => *at_stop = Holders::AtStop(None),
+            PendingFor::AtStop(named) => *named = None,
         }
         drop(holds);
         self.changed();
@@ -133,18 +136,18 @@ impl Pending {
     fn stopping(&self) {
         self.stopping.store(true, Ordering::Release);
         for mut holds in self.ids.iter_mut() {
-            holds.holders = Holders::AtStop(holds.holders.named());
+            holds.pending_for = PendingFor::AtStop(holds.pending_for.named());
         }
     }
 
-    /// Each pending id, with the agents whose copies hold it (`Holders::named`). While the
+    /// Each pending id, with the agents whose copies hold it (`PendingFor::named`). While the
     /// bridge stops, a message first held since it began to stop is taken for held by all.
     fn named(&self) -> Vec<(String, Option<Arc<[String]>>)> {
         let stopping = self.stopping.load(Ordering::Acquire);
         (self.ids.iter())
             .map(|holds| {
-                let named = match &holds.holders {
-                    Holders::Told(_) if stopping => None,
+                let named = match &holds.pending_for {
+                    PendingFor::Told(_) if stopping => None,
                     holders => holders.named(),
                 };
                 (holds.key().clone(), named)
@@ -161,6 +164,15 @@ impl Pending {
     }
 }
 
+/// The agents of `a` and of `b`; `None` (every recipient that holds) if either is.
+fn either(a: Option<Arc<[String]>>, b: &Option<Arc<[String]>>) -> Option<Arc<[String]>> {
+    let (a, b) = (a?, b.as_ref()?);
+    let mut named: Vec<String> = a.iter().chain(b.iter()).cloned().collect();
+    named.sort_unstable();
+    named.dedup();
+    Some(named.into())
+}
+
 /// A pending message's hold: done with once dropped.
 struct Held {
     pending: Arc<Pending>,
@@ -170,6 +182,15 @@ struct Held {
 impl Drop for Held {
     fn drop(&mut self) {
         self.pending.done(&self.id);
+    }
+}
+
+/// Whom it is pending for is kept again once that changes, though it is not done with: a
+/// message routed to several holders, of which one reads slowly, stays pending for it
+/// alone.
+impl WatchesHolders for Held {
+    fn holders_changed(&self) {
+        self.pending.changed();
     }
 }
 
@@ -275,15 +296,14 @@ impl RedeliveringLog {
         let through = (left.as_ref()).map_or(i64::MAX, |left| left.kept_through.unwrap_or(0));
         let unwritten_from = self.floor_to_keep();
         let ids = move || {
-            let mut ids = pending.named();
-            if let Some(left) = left {
-                ids.extend(
-                    left.pending
-                        .iter()
-                        .map(|(id, named)| (id.clone(), named.clone())),
-                );
+            let mut ids: std::collections::HashMap<_, _> = pending.named().into_iter().collect();
+            // One pending in both runs is pending for the agents of either.
+            for (id, left_for) in left.iter().flat_map(|left| &left.pending) {
+                ids.entry(id.clone())
+                    .and_modify(|named| *named = either(named.take(), left_for))
+                    .or_insert_with(|| left_for.clone());
             }
-            ids
+            ids.into_iter().collect()
         };
         match (self.store)
             .keep_undelivered(ids, through, unwritten_from)
@@ -313,7 +333,7 @@ impl RedeliveringLog {
     /// Routes again, to the recipients that hold only, what the last run had not finished
     /// delivering (the module's doc), up to the newest message stored before this run
     /// accepted any; how many messages. A message the last run kept pending for some
-    /// agents (`HeldBy::holders`) goes to those agents' only. Called before the pending ids
+    /// agents (`HoldersOf::holders`) goes to those agents' only. Called before the pending ids
     /// are first kept (`keep_pending`). Presence is news only while new, and is not routed
     /// again.
     pub async fn route_undelivered(&self, core: &Core) -> usize {
@@ -361,11 +381,11 @@ impl RedeliveringLog {
     /// Message `id` is pending (it is already if appended in this run, but not if it is
     /// routed again) until the hold this gives is done.
     fn hold(&self, id: &str) -> Outstanding {
-        let (hold, held_by) = Outstanding::naming_dropping(Held {
+        let (hold, holders) = Outstanding::naming_dropping(Held {
             pending: self.pending.clone(),
             id: id.to_owned(),
         });
-        self.pending.hold(id, held_by);
+        self.pending.hold(id, holders);
         hold
     }
 }
@@ -454,10 +474,14 @@ impl Store {
         self.write(|conn| {
             let mut ids = conn.prepare("SELECT id, holders FROM undelivered")?;
             let pending = ids.query_map([], |r| {
-                let holders: Option<String> = r.get(1)?;
-                let named =
-                    holders.and_then(|named| serde_json::from_str::<Vec<String>>(&named).ok());
-                Ok((r.get::<_, String>(0)?, named.map(Arc::from)))
+                let (id, holders): (String, Option<String>) = (r.get(0)?, r.get(1)?);
+                // Unreadable, it is pending for every recipient that holds.
+                let named = holders.and_then(|named| {
+                    serde_json::from_str::<Vec<String>>(&named)
+                        .inspect_err(|e| tracing::warn!(error = %e, message_id = %id, "store: unreadable agents a message was pending for"))
+                        .ok()
+                });
+                Ok((id, named.map(Arc::from)))
             });
             let pending = pending?.collect::<Result<_, _>>()?;
             let (kept_through, unwritten_from): (Option<i64>, Option<i64>) = conn.query_row(
@@ -487,8 +511,7 @@ impl Store {
                 "INSERT OR IGNORE INTO undelivered (id, holders) VALUES (?1, ?2)",
             )?;
             for (id, named) in pending() {
-                let holders =
-                    named.map(|named| serde_json::Value::from(named.to_vec()).to_string());
+                let holders = named.and_then(|named| serde_json::to_string(&*named).ok());
                 insert.execute(rusqlite::params![id, holders])?;
             }
             conn.execute("DELETE FROM undelivered_after", [])?;
@@ -533,6 +556,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::sync::atomic::Ordering;
 
     use crate::core::{Envelope, Kind};
     use crate::store::{IN_MEMORY, Store};
@@ -721,7 +745,10 @@ mod tests {
             Some(Some(vec!["ann".into(), "bob".into()]))
         );
         let [bob, ann] = copies;
+        // Kept again once bob's copy was written, though it is still pending for ann.
+        log.pending.changed.store(false, Ordering::Relaxed);
         drop(bob);
+        assert!(log.pending.changed.load(Ordering::Relaxed), "kept again");
         assert_eq!(pending_for("m0").await, Some(Some(vec!["ann".into()])));
         let (m1, hold) = routed("m1");
         let hubs = m1.held_copy();
@@ -737,12 +764,27 @@ mod tests {
         assert_eq!(pending_for("m1").await, Some(None));
     }
 
+    /// A message pending in the last run and in this one is kept pending for the agents of
+    /// either, or for all if either could not tell.
+    #[test]
+    fn a_message_pending_in_two_runs_is_pending_for_the_agents_of_either() {
+        let named = |names: &[&str]| {
+            Some(Arc::from(
+                names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+            ))
+        };
+        let both = super::either(named(&["bob", "ann"]), &named(&["cy", "ann"]));
+        assert_eq!(both, named(&["ann", "bob", "cy"]));
+        assert_eq!(super::either(None, &named(&["ann"])), None);
+        assert_eq!(super::either(named(&["ann"]), &None), None);
+    }
+
     /// In a fleet, the floor of its stream is kept as soon as it moves, though nothing
     /// pending changed (a batch going late behind a reader that stopped reading).
     #[tokio::test]
     async fn a_floor_that_moves_is_kept_though_nothing_pending_changed() {
         use super::RedeliveringLog;
-        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::atomic::AtomicU64;
         use tokio_util::sync::CancellationToken;
         let store = Store::open(IN_MEMORY).await.unwrap();
         let (log, left) = RedeliveringLog::open_in_fleet(store.clone()).await.unwrap();

@@ -73,12 +73,15 @@ enum Routing {
     WhenKept,
     /// Delivered to an earlier run, and perhaps not written: read again by
     /// `Applier::apply_unacknowledged`. Routed where the store holds it, unless this run
-    /// routed it.
+    /// routed it; one the earlier run kept pending for some agents, only to the recipients
+    /// that hold for those (`LeftUndelivered::holders_named`; the hubs that hold nothing
+    /// catch up from the store).
     Again,
     /// Accepted by an earlier run of this bridge, which routed it as it accepted it and
     /// may have been killed before it wrote it: routed again where the store holds it (the
     /// earlier run stored, and so routed, it), only to the recipients that hold
-    /// (`Delivery::for_holders_only`); where it does not, to all.
+    /// (`Delivery::for_holders_only`), and of those, where the earlier run kept it pending
+    /// for some agents, to theirs; where it does not, to all.
     EarlierRun,
     /// Accepted by this run and never routed here (its append did not complete:
     /// `OwnDeliveries::take_unrouted`): routed, although this run passed it

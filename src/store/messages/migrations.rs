@@ -231,7 +231,7 @@ pub(in crate::store) static MIGRATIONS: &[Migration] = &[
     Migration {
         version: 15,
         // With each id, the agents whose recipients had not been written it or kept it as
-        // mail, as a JSON array (`HeldBy::holders`): it is routed again to those only. NULL
+        // mail, as a JSON array (`HoldersOf::holders`): it is routed again to those only. NULL
         // where the bridge could not tell, routed again to every recipient that holds.
         sql: "
         ALTER TABLE undelivered ADD COLUMN holders TEXT;
