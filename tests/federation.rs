@@ -2398,28 +2398,7 @@ async fn a_program_further_behind_than_acknowledgements_wait_gets_everything_fro
 /// done with: the prompt program, which had everything, gets nothing twice.
 #[tokio::test]
 async fn a_program_beside_one_further_behind_gets_each_message_once_from_its_bridge_back() {
-    let SlowReader {
-        fleet,
-        dir,
-        section,
-        process,
-        socket,
-    } = SlowReader::on_a_patient_fleet().await;
-    let mut beside = PromptBeside::sent_to(&fleet, "b1", &process, "stayer").await;
-    // What was done with in the last 200 ms before a kill is routed again (the bridge keeps
-    // what is pending that often: `store::redelivery`): killed well after the prompt
-    // program read its last note.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut got = read_past_the_kill(process, socket).await;
-    let mut got_by_prompt = beside.read_past_the_kill().await;
-    let process = spawn_bridge(dir.path(), "b1", &section).await;
-    read_rest_of((process.addr("grid"), "stayer"), &mut got, &beside.accepted).await;
-    // Everything it is sent after the restart comes after what the restart routed again.
-    let at = (process.addr("grid"), "prompt");
-    PromptBeside::read_to_a_last_note(&fleet, at, &mut got_by_prompt).await;
-    PromptBeside::assert_each_once(&got_by_prompt);
-    drop(process);
-    fleet.shutdown().await;
+    beside_one_further_behind_from_its_bridge_back("stayer").await;
 }
 
 /// As `a_program_beside_one_further_behind_gets_each_message_once_from_its_bridge_back`,
@@ -2429,6 +2408,13 @@ async fn a_program_beside_one_further_behind_gets_each_message_once_from_its_bri
 /// none of them twice.
 #[tokio::test]
 async fn a_program_beside_one_further_behind_gets_each_broadcast_once_from_its_bridge_back() {
+    beside_one_further_behind_from_its_bridge_back("broadcast").await;
+}
+
+/// A slow program and a prompt one beside it on a bridge, the slow one's notes sent to
+/// `slow_to`; the bridge killed and started again: the slow one gets everything, the prompt
+/// one each of its notes once.
+async fn beside_one_further_behind_from_its_bridge_back(slow_to: &'static str) {
     let SlowReader {
         fleet,
         dir,
@@ -2436,13 +2422,16 @@ async fn a_program_beside_one_further_behind_gets_each_broadcast_once_from_its_b
         process,
         socket,
     } = SlowReader::on_a_patient_fleet().await;
-    let mut beside = PromptBeside::sent_to(&fleet, "b1", &process, "broadcast").await;
-    // Killed well after the prompt program read its last broadcast (as above).
+    let mut beside = PromptBeside::sent_to(&fleet, "b1", &process, slow_to).await;
+    // What was done with in the last 200 ms before a kill is routed again (the bridge keeps
+    // what is pending that often: `store::redelivery`): killed well after the prompt
+    // program read its last note.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut got = read_past_the_kill(process, socket).await;
     let mut got_by_prompt = beside.read_past_the_kill().await;
     let process = spawn_bridge(dir.path(), "b1", &section).await;
     read_rest_of((process.addr("grid"), "stayer"), &mut got, &beside.accepted).await;
+    // Everything it is sent after the restart comes after what the restart routed again.
     let at = (process.addr("grid"), "prompt");
     PromptBeside::read_to_a_last_note(&fleet, at, &mut got_by_prompt).await;
     PromptBeside::assert_each_once(&got_by_prompt);
