@@ -82,6 +82,19 @@ impl LeftUndelivered {
     }
 }
 
+/// In a fleet, where the bridge's stream is to be read again from after it stops or is
+/// killed, for what it acknowledged before it was written (the floor its heartbeats carry):
+/// its store keeps it too (`LeftUndelivered::unwritten_from`), as a clean stop deletes the
+/// heartbeat and the fleet forgets one two TTLs old.
+pub trait UnwrittenFrom: Send + Sync {
+    /// Where now.
+    fn now(&self) -> Option<u64>;
+
+    /// The store kept `floor`, which `now` said (or an older one): a batch acknowledged
+    /// unwritten from there on is covered by the store too.
+    fn kept(&self, floor: Option<u64>);
+}
+
 /// Which stored messages to read back. Results are always chronological.
 #[derive(Clone, Debug, Default)]
 pub struct MessageQuery {

@@ -32,7 +32,9 @@ pub use envelope::{
 };
 pub use hold::{HeldBy, HoldersOf, Outstanding, WatchesHolders};
 pub use in_flight::InFlight;
-pub use log::{LeftUndelivered, LogError, LogFuture, MessageLog, MessageQuery, StoredMessage};
+pub use log::{
+    LeftUndelivered, LogError, LogFuture, MessageLog, MessageQuery, StoredMessage, UnwrittenFrom,
+};
 pub use mailbox::{BacklogReader, Closed, Holding, Mailbox, Pushed, WhenFull};
 pub use moves::{MoveClaim, MovedHere, Moves, wait_while};
 pub use records::{

@@ -249,16 +249,21 @@ impl NatsLink {
 
     /// Creates (or finds) the stream and buckets, retrying until JetStream answers or the
     /// bridge shuts down. `left_here` is the floor the last run's store kept
-    /// (`LeftUndelivered::unwritten_from`), read again from if its heartbeat's is gone.
+    /// (`LeftUndelivered::unwritten_from`), read again from if its heartbeat's is gone;
+    /// `kept_here`, whether this run's store keeps it too.
     pub async fn set_up_when_possible(
         &self,
         config: &FederationConfig,
         left_here: Option<u64>,
+        kept_here: bool,
         shutdown: &CancellationToken,
     ) -> Option<Arc<Ready>> {
         let mut delay = Duration::from_millis(100);
         loop {
-            match self.try_set_up(config, left_here, shutdown).await {
+            match self
+                .try_set_up(config, left_here, kept_here, shutdown)
+                .await
+            {
                 Ok(ready) => {
                     let ready = Arc::new(ready);
                     self.ready.store(Some(ready.clone()));
@@ -280,6 +285,7 @@ impl NatsLink {
         &self,
         config: &FederationConfig,
         left_here: Option<u64>,
+        kept_here: bool,
         shutdown: &CancellationToken,
     ) -> Result<Ready, async_nats::Error> {
         let js = jetstream::ContextBuilder::new()
@@ -346,7 +352,7 @@ impl NatsLink {
         let last_beat = bridges.get(&self.bridge_id).await?;
         let left_in_beat = last_beat.and_then(|value| Heartbeat::floor_in(&value));
         let left = left_in_beat.into_iter().chain(left_here).min();
-        let unwritten = Arc::new(UnwrittenFloor::new(left, shutdown.clone()));
+        let unwritten = Arc::new(UnwrittenFloor::new(left, shutdown.clone(), kept_here));
         put_heartbeat(&bridges, &self.bridge_id, &unwritten, true).await?;
         Ok(Ready {
             js,

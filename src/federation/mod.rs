@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 pub use config::FederationConfig;
 
 use crate::admin::Readiness;
-use crate::core::{Core, LeftUndelivered, MessageLog};
+use crate::core::{Core, LeftUndelivered, MessageLog, UnwrittenFrom};
 use fleet_log::FleetLog;
 use link::NatsLink;
 use publisher::Publisher;
@@ -58,6 +58,23 @@ pub struct Federation {
     publisher: Publisher,
     cards: Arc<cards::CardKeeper>,
     own: Arc<own_deliveries::OwnDeliveries>,
+    /// Whether the bridge's store keeps the floor its heartbeats carry (`unwritten_from`).
+    kept_here: std::sync::atomic::AtomicBool,
+}
+
+/// The floor a bridge's heartbeats carry, as its store keeps it.
+struct KeptHere(Arc<NatsLink>);
+
+impl UnwrittenFrom for KeptHere {
+    fn now(&self) -> Option<u64> {
+        (self.0.set_up()).and_then(|ready| ready.unwritten.floor_now())
+    }
+
+    fn kept(&self, floor: Option<u64>) {
+        if let Some(ready) = self.0.set_up() {
+            ready.unwritten.kept_here(floor);
+        }
+    }
 }
 
 impl Federation {
@@ -109,6 +126,7 @@ impl Federation {
             publisher,
             cards,
             own,
+            kept_here: Default::default(),
         })
     }
 
@@ -120,10 +138,11 @@ impl Federation {
     /// Where the fleet's stream is to be read again from now, for what this bridge
     /// acknowledged before it was written (the floor its heartbeats carry): for its store
     /// to keep (`LeftUndelivered::unwritten_from`), as the heartbeat is deleted when it
-    /// stops and forgotten two TTLs after it was killed.
-    pub fn unwritten_from(&self) -> impl Fn() -> Option<u64> + Send + Sync + 'static {
-        let link = self.link.clone();
-        move || link.set_up().and_then(|ready| ready.unwritten.floor_now())
+    /// stops and forgotten two TTLs after it was killed. Asked before `start`: from then
+    /// on, a batch acknowledged unwritten waits until the store kept its floor too.
+    pub fn unwritten_from(&self) -> Arc<dyn UnwrittenFrom> {
+        (self.kept_here).store(true, std::sync::atomic::Ordering::Relaxed);
+        Arc::new(KeptHere(self.link.clone()))
     }
 
     /// Runs the fleet's tasks for `core` until `shutdown`.
@@ -154,8 +173,10 @@ impl Federation {
             left_undelivered,
             cards,
             own,
+            kept_here,
             ..
         } = self;
+        let kept_here = kept_here.into_inner();
         // A card says whether a connection of its agent is open (`clashes`): put again as
         // that changes for an agent online here (a join or leave puts its own).
         let (keeper, directory) = (cards.clone(), core.directory.clone());
@@ -173,7 +194,7 @@ impl Federation {
         let doors = tokio::spawn(doors);
         let fleet = tokio::spawn(async move {
             let left_here = left_undelivered.unwritten_from;
-            let set_up = link.set_up_when_possible(&config, left_here, &shutdown);
+            let set_up = link.set_up_when_possible(&config, left_here, kept_here, &shutdown);
             let Some(ready) = set_up.await else {
                 return;
             };

@@ -83,6 +83,10 @@ struct State {
     landed: Unwritten,
     /// Whether the last put failed.
     failed: bool,
+    /// The floor the bridge's store last kept (`None` within: none yet), if it keeps one
+    /// (`UnwrittenFrom`): a batch acknowledged unwritten waits for it too, as a clean stop
+    /// deletes the heartbeat and the fleet forgets one two TTLs old.
+    kept_here: Option<Floor>,
 }
 
 impl State {
@@ -110,8 +114,13 @@ fn covers(floors: &Unwritten, first: u64, holders: Option<&[String]>) -> bool {
 
 impl UnwrittenFloor {
     /// With the floor the last run's heartbeat carried, which the bridges bucket holds; for
-    /// a bridge that stops once `stopping` is cancelled.
-    pub(super) fn new(left_by_last_run: Floor, stopping: CancellationToken) -> UnwrittenFloor {
+    /// a bridge that stops once `stopping` is cancelled, and whose store keeps the floor
+    /// too if `kept_here` (`kept_here`).
+    pub(super) fn new(
+        left_by_last_run: Floor,
+        stopping: CancellationToken,
+        kept_here: bool,
+    ) -> UnwrittenFloor {
         UnwrittenFloor {
             stopping,
             state: Mutex::new(State {
@@ -125,6 +134,7 @@ impl UnwrittenFloor {
                     ..Unwritten::default()
                 },
                 failed: false,
+                kept_here: kept_here.then_some(None),
             }),
             wanted: Notify::new(),
             ended: watch::Sender::new(()),
@@ -159,11 +169,18 @@ impl UnwrittenFloor {
         let mut ended = self.ended.subscribe();
         self.lock().late.push((first, written.clone()));
         let carried = async {
-            while !self.is_carried(first, &written) && !written.is_done() {
-                if self.lock().failed {
-                    tokio::time::sleep(AFTER_A_FAILED_PUT).await;
+            while !written.is_done() {
+                let in_heartbeats = self.is_carried(first, &written);
+                if in_heartbeats && self.is_kept_here(first) {
+                    break;
                 }
-                self.wanted.notify_one();
+                // The store keeps its floor on its own, within `KEPT_EVERY`.
+                if !in_heartbeats {
+                    if self.lock().failed {
+                        tokio::time::sleep(AFTER_A_FAILED_PUT).await;
+                    }
+                    self.wanted.notify_one();
+                }
                 // The sender is this floor's own: it outlives the wait.
                 let _ = ended.changed().await;
             }
@@ -186,6 +203,23 @@ impl UnwrittenFloor {
         let state = self.lock();
         covers(&state.landed, first, holders)
             && (state.in_flight.as_ref()).is_none_or(|floors| covers(floors, first, holders))
+    }
+
+    /// Whether the floor the store kept covers the batch starting at `first`, if it keeps
+    /// one.
+    fn is_kept_here(&self, first: u64) -> bool {
+        (self.lock().kept_here).is_none_or(|kept| kept.is_some_and(|kept| kept <= first))
+    }
+
+    /// The bridge's store kept `floor` (`UnwrittenFrom::kept`): wakes the late batches
+    /// that wait for it.
+    pub(super) fn kept_here(&self, floor: Floor) {
+        let mut state = self.lock();
+        if state.kept_here.is_some() {
+            state.kept_here = Some(floor);
+        }
+        drop(state);
+        self.ended.send_replace(());
     }
 
     /// The batch from `first` to `last` was routed, its holds let go by their sources: the
@@ -396,7 +430,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_late_batch_waits_for_a_heartbeat_that_carries_it() {
-        let floor = Arc::new(UnwrittenFloor::new(None, CancellationToken::new()));
+        let floor = Arc::new(UnwrittenFloor::new(None, CancellationToken::new(), false));
         let beating = heartbeat(floor.clone());
         let (written, copies) = batch();
         assert!(floor.carry(100, written, in_ms(5000)).await);
@@ -407,9 +441,35 @@ mod tests {
         beating.abort();
     }
 
+    /// Where the bridge's store keeps the floor, a late batch waits until it kept one
+    /// covering it, as well as for a heartbeat.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_batch_waits_for_the_store_to_keep_its_floor_too() {
+        let floor = Arc::new(UnwrittenFloor::new(None, CancellationToken::new(), true));
+        let beating = heartbeat(floor.clone());
+        let (written, _copies) = batch();
+        let carrying = tokio::spawn({
+            let floor = floor.clone();
+            async move { floor.carry(100, written, in_ms(5000)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!carrying.is_finished(), "carried by a heartbeat alone");
+        floor.kept_here(Some(120));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!carrying.is_finished(), "the store kept a later floor");
+        assert_eq!(
+            floor.floor_now(),
+            Some(100),
+            "the floor the store is to keep"
+        );
+        floor.kept_here(Some(100));
+        assert!(carrying.await.unwrap(), "carried");
+        beating.abort();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_late_batch_is_not_taken_for_carried_by_a_put_made_before_it() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new());
+        let floor = UnwrittenFloor::new(None, CancellationToken::new(), false);
         let (older, older_copies) = batch();
         // No one puts heartbeats: the first late batch waits in vain.
         assert!(!floor.carry(100, older, in_ms(10)).await);
@@ -432,7 +492,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_late_batch_written_meanwhile_waits_for_no_heartbeat() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new());
+        let floor = UnwrittenFloor::new(None, CancellationToken::new(), false);
         let (written, copies) = batch();
         let by = in_ms(60_000);
         let carrying = floor.carry(100, written, by);
@@ -447,7 +507,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_put_that_failed_may_have_landed() {
-        let floor = UnwrittenFloor::new(Some(50), CancellationToken::new());
+        let floor = UnwrittenFloor::new(Some(50), CancellationToken::new(), false);
         let (written, copies) = batch();
         assert!(floor.is_carried(60, &written));
         assert!(floor.carry(60, written.clone(), Instant::now()).await);
@@ -462,7 +522,7 @@ mod tests {
 
     #[test]
     fn the_floor_is_the_oldest_of_what_the_last_run_left_and_what_is_late() {
-        let floor = UnwrittenFloor::new(Some(300), CancellationToken::new());
+        let floor = UnwrittenFloor::new(Some(300), CancellationToken::new(), false);
         let (newer, _newer_copies) = batch();
         let (older, _older_copies) = batch();
         // Late batches need not come in stream order.
@@ -484,7 +544,7 @@ mod tests {
     /// was written everything has none, however far behind another is.
     #[test]
     fn each_agent_has_the_floor_of_the_oldest_batch_it_was_not_written() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new());
+        let floor = UnwrittenFloor::new(None, CancellationToken::new(), false);
         let (older, older_copies) = batch_for(&["slow", "prompt"]);
         let (newer, _newer_copies) = batch_for(&["slow", "late"]);
         floor.lock().late.extend([(300, newer), (100, older)]);
@@ -505,7 +565,7 @@ mod tests {
     /// of the batches before does not carry a batch of another agent that went late after.
     #[test]
     fn a_batch_held_for_nobody_named_is_carried_for_all() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new());
+        let floor = UnwrittenFloor::new(None, CancellationToken::new(), false);
         let (named, _named_copies) = batch_for(&["ann"]);
         floor.lock().late.push((100, named));
         let put = floor.start_put();
@@ -541,7 +601,7 @@ mod tests {
     /// up for any agent: until it is routed, the heartbeat carries the oldest floor for all.
     #[test]
     fn a_batch_with_an_own_message_not_yet_routed_is_carried_for_all() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new());
+        let floor = UnwrittenFloor::new(None, CancellationToken::new(), false);
         let (hold, own) = Outstanding::naming();
         let (mut written, _copies) = batch_for(&["ann"]);
         written.own.push(own);
@@ -558,7 +618,7 @@ mod tests {
     /// others keep again only for them.
     #[test]
     fn the_batches_routed_name_their_agents_behind_up_to_the_last_routed() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new());
+        let floor = UnwrittenFloor::new(None, CancellationToken::new(), false);
         let (first, first_copies) = batch_for(&["prompt", "slow"]);
         let (second, _second_copies) = batch_for(&["slow"]);
         floor.routed(100, 199, first);
@@ -580,7 +640,7 @@ mod tests {
     #[test]
     fn a_stopping_bridge_names_no_agent_and_lets_no_floor_go() {
         let stopping = CancellationToken::new();
-        let floor = UnwrittenFloor::new(None, stopping.clone());
+        let floor = UnwrittenFloor::new(None, stopping.clone(), false);
         let (late, late_copies) = batch_for(&["slow"]);
         floor.lock().late.push((100, late));
         let (routed, routed_copies) = batch_for(&["prompt"]);
@@ -598,7 +658,7 @@ mod tests {
     /// the floors of its late batches, are let go.
     #[test]
     fn a_stream_made_again_lets_the_old_sequences_go() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new());
+        let floor = UnwrittenFloor::new(None, CancellationToken::new(), false);
         let (late, _late_copies) = batch_for(&["slow"]);
         floor.lock().late.push((100, late));
         let (routed, _routed_copies) = batch_for(&["slow"]);

@@ -29,7 +29,8 @@ use super::Store;
 use super::messages::{STORED, decodable};
 use crate::core::{
     Core, Envelope, HoldersOf, HoldersOnly, LeftUndelivered, Link, LogFuture, MessageLog,
-    MessageQuery, Outstanding, Replicated, StoredMessage, TaskRequest, WatchesHolders,
+    MessageQuery, Outstanding, Replicated, StoredMessage, TaskRequest, UnwrittenFrom,
+    WatchesHolders,
 };
 
 /// How often the pending ids are kept, when they changed.
@@ -205,15 +206,11 @@ pub struct RedeliveringLog {
     /// it was read again.
     left: Option<Arc<LeftUndelivered>>,
     /// In a fleet, where its stream is to be read again from now (`unwritten_from`).
-    unwritten_from: std::sync::OnceLock<UnwrittenFrom>,
+    unwritten_from: std::sync::OnceLock<Arc<dyn UnwrittenFrom>>,
     /// The floor last kept (0 for none): kept again as soon as it moves, whether or not
     /// the pending ids changed.
     floor_kept: AtomicU64,
 }
-
-/// Where a fleet's stream is to be read again from, asked as the pending ids are kept
-/// (`LeftUndelivered::unwritten_from`).
-pub type UnwrittenFrom = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 
 impl RedeliveringLog {
     /// The log over `store`, opened before the bridge accepts anything.
@@ -271,9 +268,10 @@ impl RedeliveringLog {
     }
 
     /// In a fleet, keeps with the pending ids where its stream is to be read again from, as
-    /// `unwritten_from` says (`LeftUndelivered::unwritten_from`): the heartbeat that carries
-    /// it is deleted as the bridge stops, and forgotten two TTLs after it was killed.
-    pub fn keep_unwritten_from(&self, unwritten_from: UnwrittenFrom) {
+    /// `unwritten_from` says, and tells it once kept (`UnwrittenFrom`): the heartbeat that
+    /// carries it is deleted as the bridge stops, and forgotten two TTLs after it was
+    /// killed.
+    pub fn keep_unwritten_from(&self, unwritten_from: Arc<dyn UnwrittenFrom>) {
         let _ = self.unwritten_from.set(unwritten_from);
     }
 
@@ -309,7 +307,12 @@ impl RedeliveringLog {
             .keep_undelivered(ids, through, unwritten_from)
             .await
         {
-            Ok(()) => (self.floor_kept).store(unwritten_from.unwrap_or(0), Ordering::Relaxed),
+            Ok(()) => {
+                (self.floor_kept).store(unwritten_from.unwrap_or(0), Ordering::Relaxed);
+                if let Some(floor) = self.unwritten_from.get() {
+                    floor.kept(unwritten_from);
+                }
+            }
             Err(e) => {
                 tracing::error!(error = %e, "store: cannot keep the messages not yet delivered")
             }
@@ -320,10 +323,7 @@ impl RedeliveringLog {
     /// until it was read again, and what this run says now.
     fn floor_to_keep(&self) -> Option<u64> {
         let left = (self.left.as_ref()).filter(|left| !left.is_read_again());
-        let now = self
-            .unwritten_from
-            .get()
-            .and_then(|unwritten_from| unwritten_from());
+        let now = (self.unwritten_from.get()).and_then(|floor| floor.now());
         left.and_then(|left| left.unwritten_from)
             .into_iter()
             .chain(now)
@@ -567,6 +567,32 @@ mod tests {
         env
     }
 
+    /// A fleet's floor of its stream as the tests set it (0 for none), and what the store
+    /// said it kept of it.
+    #[derive(Default)]
+    struct Floor {
+        now: std::sync::atomic::AtomicU64,
+        kept: std::sync::Mutex<Vec<Option<u64>>>,
+    }
+
+    impl Floor {
+        fn at(floor: u64) -> Arc<Floor> {
+            let at = Arc::new(Floor::default());
+            at.now.store(floor, Ordering::Relaxed);
+            at
+        }
+    }
+
+    impl crate::core::UnwrittenFrom for Floor {
+        fn now(&self) -> Option<u64> {
+            Some(self.now.load(Ordering::Relaxed)).filter(|floor| *floor > 0)
+        }
+
+        fn kept(&self, floor: Option<u64>) {
+            self.kept.lock().unwrap().push(floor);
+        }
+    }
+
     /// Pending ids as kept, with no agents named.
     fn unnamed(ids: &[&str]) -> Vec<(String, Option<Arc<[String]>>)> {
         ids.iter().map(|id| (id.to_string(), None)).collect()
@@ -657,7 +683,7 @@ mod tests {
         store.insert_message(&message("m3")).await.unwrap();
         let (log, left) = RedeliveringLog::open_in_fleet(store.clone()).await.unwrap();
         assert_eq!(left.unwritten_from, Some(7));
-        log.keep_unwritten_from(Box::new(|| Some(9)));
+        log.keep_unwritten_from(Floor::at(9));
         let hold = log.delivery_hold("m3");
         log.stopped().await;
         let kept = store.left_undelivered().await.unwrap();
@@ -784,19 +810,15 @@ mod tests {
     #[tokio::test]
     async fn a_floor_that_moves_is_kept_though_nothing_pending_changed() {
         use super::RedeliveringLog;
-        use std::sync::atomic::AtomicU64;
         use tokio_util::sync::CancellationToken;
         let store = Store::open(IN_MEMORY).await.unwrap();
         let (log, left) = RedeliveringLog::open_in_fleet(store.clone()).await.unwrap();
         left.read_again();
-        let floor = Arc::new(AtomicU64::new(0));
-        let now = floor.clone();
-        log.keep_unwritten_from(Box::new(move || {
-            Some(now.load(Ordering::Relaxed)).filter(|floor| *floor > 0)
-        }));
+        let floor = Floor::at(0);
+        log.keep_unwritten_from(floor.clone());
         let shutdown = CancellationToken::new();
         let keeping = log.keep_pending(shutdown.clone());
-        floor.store(5, Ordering::Relaxed);
+        floor.now.store(5, Ordering::Relaxed);
         let kept = async {
             while store.left_undelivered().await.unwrap().unwritten_from != Some(5) {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -808,5 +830,7 @@ mod tests {
             .expect("the floor kept");
         shutdown.cancel();
         keeping.await.unwrap();
+        let told = floor.kept.lock().unwrap().clone();
+        assert_eq!(told.last(), Some(&Some(5)), "the fleet is told it was kept");
     }
 }
