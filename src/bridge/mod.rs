@@ -120,7 +120,7 @@ impl Bridge {
             None => local,
         };
         if let (Some(federation), Some(redelivery)) = (&federation, &redelivery) {
-            redelivery.keep_unwritten_from(federation.unwritten_from());
+            redelivery.keep_unwritten_from(federation.kept_by_store());
         }
         let core = Core::new(log, Arc::new(store.clone()), &config.routing);
         let bridge_id = (config.federation.as_ref()).map(|f| f.bridge_id.clone());

@@ -87,12 +87,17 @@ impl LeftUndelivered {
 /// its store keeps it too (`LeftUndelivered::unwritten_from`), as a clean stop deletes the
 /// heartbeat and the fleet forgets one two TTLs old.
 pub trait UnwrittenFrom: Send + Sync {
-    /// Where now.
+    /// Where the stream is to be read again from now (`None`: nowhere before the
+    /// acknowledgement floor).
     fn now(&self) -> Option<u64>;
 
     /// The store kept `floor`, which `now` said (or an older one): a batch acknowledged
     /// unwritten from there on is covered by the store too.
     fn kept(&self, floor: Option<u64>);
+
+    /// Resolves once the fleet asks for the floor to be kept now: a batch acknowledged
+    /// unwritten waits for it.
+    fn wanted(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
 /// Which stored messages to read back. Results are always chronological.

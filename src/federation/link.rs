@@ -15,7 +15,7 @@ use async_nats::{ConnectOptions, Event};
 use tokio_util::sync::CancellationToken;
 
 use super::config::FederationConfig;
-use super::unwritten::UnwrittenFloor;
+use super::unwritten::{StoreFloor, UnwrittenFloor};
 use super::wire::{Card, Heartbeat, Names, agent_key};
 use crate::admin::Readiness;
 use crate::telemetry;
@@ -250,18 +250,18 @@ impl NatsLink {
     /// Creates (or finds) the stream and buckets, retrying until JetStream answers or the
     /// bridge shuts down. `left_here` is the floor the last run's store kept
     /// (`LeftUndelivered::unwritten_from`), read again from if its heartbeat's is gone;
-    /// `kept_here`, whether this run's store keeps it too.
+    /// `kept_by_store`, whether this run's store keeps it too.
     pub async fn set_up_when_possible(
         &self,
         config: &FederationConfig,
         left_here: Option<u64>,
-        kept_here: bool,
+        kept_by_store: bool,
         shutdown: &CancellationToken,
     ) -> Option<Arc<Ready>> {
         let mut delay = Duration::from_millis(100);
         loop {
             match self
-                .try_set_up(config, left_here, kept_here, shutdown)
+                .try_set_up(config, left_here, kept_by_store, shutdown)
                 .await
             {
                 Ok(ready) => {
@@ -285,7 +285,7 @@ impl NatsLink {
         &self,
         config: &FederationConfig,
         left_here: Option<u64>,
-        kept_here: bool,
+        kept_by_store: bool,
         shutdown: &CancellationToken,
     ) -> Result<Ready, async_nats::Error> {
         let js = jetstream::ContextBuilder::new()
@@ -352,7 +352,12 @@ impl NatsLink {
         let last_beat = bridges.get(&self.bridge_id).await?;
         let left_in_beat = last_beat.and_then(|value| Heartbeat::floor_in(&value));
         let left = left_in_beat.into_iter().chain(left_here).min();
-        let unwritten = Arc::new(UnwrittenFloor::new(left, shutdown.clone(), kept_here));
+        // The store holds what it kept last run until this run keeps its own.
+        let store = match kept_by_store {
+            true => StoreFloor::Kept(left_here),
+            false => StoreFloor::NotKept,
+        };
+        let unwritten = Arc::new(UnwrittenFloor::new(left, shutdown.clone(), store));
         put_heartbeat(&bridges, &self.bridge_id, &unwritten, true).await?;
         Ok(Ready {
             js,

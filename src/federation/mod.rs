@@ -58,22 +58,32 @@ pub struct Federation {
     publisher: Publisher,
     cards: Arc<cards::CardKeeper>,
     own: Arc<own_deliveries::OwnDeliveries>,
-    /// Whether the bridge's store keeps the floor its heartbeats carry (`unwritten_from`).
-    kept_here: std::sync::atomic::AtomicBool,
+    /// Whether the bridge's store keeps the floor its heartbeats carry (`kept_by_store`).
+    kept_by_store: std::sync::atomic::AtomicBool,
 }
 
 /// The floor a bridge's heartbeats carry, as its store keeps it.
-struct KeptHere(Arc<NatsLink>);
+struct StoreKeeps(Arc<NatsLink>);
 
-impl UnwrittenFrom for KeptHere {
+impl UnwrittenFrom for StoreKeeps {
     fn now(&self) -> Option<u64> {
         (self.0.set_up()).and_then(|ready| ready.unwritten.floor_now())
     }
 
     fn kept(&self, floor: Option<u64>) {
         if let Some(ready) = self.0.set_up() {
-            ready.unwritten.kept_here(floor);
+            ready.unwritten.store_kept(floor);
         }
+    }
+
+    fn wanted(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            match self.0.set_up() {
+                Some(ready) => ready.unwritten.store_wanted().await,
+                // No batch waits before the fleet is set up.
+                None => std::future::pending().await,
+            }
+        })
     }
 }
 
@@ -126,7 +136,7 @@ impl Federation {
             publisher,
             cards,
             own,
-            kept_here: Default::default(),
+            kept_by_store: Default::default(),
         })
     }
 
@@ -138,11 +148,12 @@ impl Federation {
     /// Where the fleet's stream is to be read again from now, for what this bridge
     /// acknowledged before it was written (the floor its heartbeats carry): for its store
     /// to keep (`LeftUndelivered::unwritten_from`), as the heartbeat is deleted when it
-    /// stops and forgotten two TTLs after it was killed. Asked before `start`: from then
-    /// on, a batch acknowledged unwritten waits until the store kept its floor too.
-    pub fn unwritten_from(&self) -> Arc<dyn UnwrittenFrom> {
-        (self.kept_here).store(true, std::sync::atomic::Ordering::Relaxed);
-        Arc::new(KeptHere(self.link.clone()))
+    /// stops and forgotten two TTLs after it was killed. Asked before `start`, and only
+    /// for a store that keeps it: a batch acknowledged unwritten then waits until the store
+    /// kept its floor too.
+    pub fn kept_by_store(&self) -> Arc<dyn UnwrittenFrom> {
+        (self.kept_by_store).store(true, std::sync::atomic::Ordering::Relaxed);
+        Arc::new(StoreKeeps(self.link.clone()))
     }
 
     /// Runs the fleet's tasks for `core` until `shutdown`.
@@ -173,10 +184,10 @@ impl Federation {
             left_undelivered,
             cards,
             own,
-            kept_here,
+            kept_by_store,
             ..
         } = self;
-        let kept_here = kept_here.into_inner();
+        let kept_by_store = kept_by_store.into_inner();
         // A card says whether a connection of its agent is open (`clashes`): put again as
         // that changes for an agent online here (a join or leave puts its own).
         let (keeper, directory) = (cards.clone(), core.directory.clone());
@@ -194,7 +205,7 @@ impl Federation {
         let doors = tokio::spawn(doors);
         let fleet = tokio::spawn(async move {
             let left_here = left_undelivered.unwritten_from;
-            let set_up = link.set_up_when_possible(&config, left_here, kept_here, &shutdown);
+            let set_up = link.set_up_when_possible(&config, left_here, kept_by_store, &shutdown);
             let Some(ready) = set_up.await else {
                 return;
             };

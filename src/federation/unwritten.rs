@@ -8,9 +8,10 @@
 //! still holds its heartbeat (`Applier::apply_unacknowledged`), rather than from its
 //! consumer's acknowledgement floor: what waited for a slow reader is kept or sent again,
 //! not lost. A late batch waits, before its acknowledgement, for a heartbeat carrying a
-//! floor at or before it to land with no put under way carrying a later one, or for its
-//! deliveries to be written meanwhile; up to `CARRIED_WITHIN` more, after which it is
-//! acknowledged all the same (and that is logged).
+//! floor at or before it to land with no put under way carrying a later one — and, where
+//! the bridge's store keeps the floor too (`StoreFloor`), for the store to keep one at or
+//! before it — or for its deliveries to be written meanwhile; up to `CARRIED_WITHIN` more,
+//! after which it is acknowledged all the same (and that is logged).
 //!
 //! A heartbeat also carries each agent's own floor: the oldest batch routed here, late or
 //! not yet acknowledged, whose deliveries to that agent are not yet written
@@ -34,8 +35,9 @@ use tokio_util::sync::CancellationToken;
 use super::wire::Unwritten;
 use super::written::{WRITTEN_WITHIN, Written};
 
-/// How long past `WRITTEN_WITHIN` a late batch waits for a heartbeat that carries it:
-/// after that (NATS away, heartbeats failing) it is acknowledged all the same, so that
+/// How long past `WRITTEN_WITHIN` a late batch waits for a heartbeat, and the store, to
+/// carry it: after that (NATS away, heartbeats or the store failing) it is acknowledged
+/// all the same, so that
 /// applying goes on. Counted from when the batch was queued, so that batches late at once
 /// wait out one such stretch between them, not one each.
 pub(super) const CARRIED_WITHIN: Duration = Duration::from_secs(2);
@@ -60,8 +62,19 @@ pub(super) struct UnwrittenFloor {
     stopping: CancellationToken,
     /// Asks for a heartbeat now: a late batch waits for one that carries it.
     wanted: Notify,
-    /// Changed as each heartbeat put ends.
+    /// Asks the store to keep the floor now: a late batch waits for it.
+    store_wanted: Notify,
+    /// Changed as each heartbeat put ends, and as the store keeps the floor.
     ended: watch::Sender<()>,
+}
+
+/// The floor the bridge's store keeps too (`core::UnwrittenFrom`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum StoreFloor {
+    /// Its store is in memory: nothing is waited for.
+    NotKept,
+    /// The floor it last kept (`None`: no floor).
+    Kept(Floor),
 }
 
 struct State {
@@ -83,10 +96,10 @@ struct State {
     landed: Unwritten,
     /// Whether the last put failed.
     failed: bool,
-    /// The floor the bridge's store last kept (`None` within: none yet), if it keeps one
-    /// (`UnwrittenFrom`): a batch acknowledged unwritten waits for it too, as a clean stop
-    /// deletes the heartbeat and the fleet forgets one two TTLs old.
-    kept_here: Option<Floor>,
+    /// What the bridge's store keeps of the floor: a batch acknowledged unwritten waits
+    /// for it too, as a clean stop deletes the heartbeat and the fleet forgets one two
+    /// TTLs old.
+    store: StoreFloor,
 }
 
 impl State {
@@ -114,12 +127,12 @@ fn covers(floors: &Unwritten, first: u64, holders: Option<&[String]>) -> bool {
 
 impl UnwrittenFloor {
     /// With the floor the last run's heartbeat carried, which the bridges bucket holds; for
-    /// a bridge that stops once `stopping` is cancelled, and whose store keeps the floor
-    /// too if `kept_here` (`kept_here`).
+    /// a bridge that stops once `stopping` is cancelled, and whose store keeps the floor as
+    /// `store` says (what it holds as this run starts: `store_kept` follows).
     pub(super) fn new(
         left_by_last_run: Floor,
         stopping: CancellationToken,
-        kept_here: bool,
+        store: StoreFloor,
     ) -> UnwrittenFloor {
         UnwrittenFloor {
             stopping,
@@ -134,9 +147,10 @@ impl UnwrittenFloor {
                     ..Unwritten::default()
                 },
                 failed: false,
-                kept_here: kept_here.then_some(None),
+                store,
             }),
             wanted: Notify::new(),
+            store_wanted: Notify::new(),
             ended: watch::Sender::new(()),
         }
     }
@@ -163,18 +177,22 @@ impl UnwrittenFloor {
     }
 
     /// Carries the batch starting at `first`, about to be acknowledged before `written`
-    /// says it is done, in the heartbeats: waits until one carrying it has landed (asking
-    /// for one), or it is done, at most until `by`; whether either came.
+    /// says it is done, in the heartbeats and the store: waits until a heartbeat carrying
+    /// it has landed and the store kept it (asking for each), or it is done, at most until
+    /// `by`; whether it was carried or done.
     pub(super) async fn carry(&self, first: u64, written: Written, by: Instant) -> bool {
         let mut ended = self.ended.subscribe();
         self.lock().late.push((first, written.clone()));
         let carried = async {
             while !written.is_done() {
-                let in_heartbeats = self.is_carried(first, &written);
-                if in_heartbeats && self.is_kept_here(first) {
+                let (in_heartbeats, in_store) =
+                    (self.is_carried(first, &written), self.is_kept(first));
+                if in_heartbeats && in_store {
                     break;
                 }
-                // The store keeps its floor on its own, within `KEPT_EVERY`.
+                if !in_store {
+                    self.store_wanted.notify_one();
+                }
                 if !in_heartbeats {
                     if self.lock().failed {
                         tokio::time::sleep(AFTER_A_FAILED_PUT).await;
@@ -189,7 +207,9 @@ impl UnwrittenFloor {
         if !carried {
             tracing::warn!(
                 first,
-                "federation: a batch was acknowledged unwritten before a heartbeat carried it"
+                in_heartbeat = self.is_carried(first, &written),
+                in_store = self.is_kept(first),
+                "federation: a batch was acknowledged unwritten before a heartbeat and the store carried it"
             );
         }
         carried
@@ -207,19 +227,27 @@ impl UnwrittenFloor {
 
     /// Whether the floor the store kept covers the batch starting at `first`, if it keeps
     /// one.
-    fn is_kept_here(&self, first: u64) -> bool {
-        (self.lock().kept_here).is_none_or(|kept| kept.is_some_and(|kept| kept <= first))
+    fn is_kept(&self, first: u64) -> bool {
+        match self.lock().store {
+            StoreFloor::NotKept => true,
+            StoreFloor::Kept(kept) => kept.is_some_and(|kept| kept <= first),
+        }
     }
 
     /// The bridge's store kept `floor` (`UnwrittenFrom::kept`): wakes the late batches
     /// that wait for it.
-    pub(super) fn kept_here(&self, floor: Floor) {
+    pub(super) fn store_kept(&self, floor: Floor) {
         let mut state = self.lock();
-        if state.kept_here.is_some() {
-            state.kept_here = Some(floor);
+        if let StoreFloor::Kept(kept) = &mut state.store {
+            *kept = floor;
         }
         drop(state);
         self.ended.send_replace(());
+    }
+
+    /// Resolves once a late batch waits for the store to keep the floor.
+    pub(super) async fn store_wanted(&self) {
+        self.store_wanted.notified().await;
     }
 
     /// The batch from `first` to `last` was routed, its holds let go by their sources: the
@@ -430,7 +458,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_late_batch_waits_for_a_heartbeat_that_carries_it() {
-        let floor = Arc::new(UnwrittenFloor::new(None, CancellationToken::new(), false));
+        let floor = Arc::new(UnwrittenFloor::new(
+            None,
+            CancellationToken::new(),
+            StoreFloor::NotKept,
+        ));
         let beating = heartbeat(floor.clone());
         let (written, copies) = batch();
         assert!(floor.carry(100, written, in_ms(5000)).await);
@@ -445,16 +477,22 @@ mod tests {
     /// covering it, as well as for a heartbeat.
     #[tokio::test(start_paused = true)]
     async fn a_late_batch_waits_for_the_store_to_keep_its_floor_too() {
-        let floor = Arc::new(UnwrittenFloor::new(None, CancellationToken::new(), true));
+        let floor = Arc::new(UnwrittenFloor::new(
+            None,
+            CancellationToken::new(),
+            StoreFloor::Kept(None),
+        ));
         let beating = heartbeat(floor.clone());
         let (written, _copies) = batch();
         let carrying = tokio::spawn({
             let floor = floor.clone();
             async move { floor.carry(100, written, in_ms(5000)).await }
         });
+        let asked = tokio::time::timeout(Duration::from_secs(1), floor.store_wanted());
+        asked.await.expect("the store is asked to keep the floor");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!carrying.is_finished(), "carried by a heartbeat alone");
-        floor.kept_here(Some(120));
+        floor.store_kept(Some(120));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!carrying.is_finished(), "the store kept a later floor");
         assert_eq!(
@@ -462,14 +500,14 @@ mod tests {
             Some(100),
             "the floor the store is to keep"
         );
-        floor.kept_here(Some(100));
+        floor.store_kept(Some(100));
         assert!(carrying.await.unwrap(), "carried");
         beating.abort();
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_late_batch_is_not_taken_for_carried_by_a_put_made_before_it() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new(), false);
+        let floor = UnwrittenFloor::new(None, CancellationToken::new(), StoreFloor::NotKept);
         let (older, older_copies) = batch();
         // No one puts heartbeats: the first late batch waits in vain.
         assert!(!floor.carry(100, older, in_ms(10)).await);
@@ -492,7 +530,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_late_batch_written_meanwhile_waits_for_no_heartbeat() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new(), false);
+        let floor = UnwrittenFloor::new(None, CancellationToken::new(), StoreFloor::NotKept);
         let (written, copies) = batch();
         let by = in_ms(60_000);
         let carrying = floor.carry(100, written, by);
@@ -507,7 +545,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_put_that_failed_may_have_landed() {
-        let floor = UnwrittenFloor::new(Some(50), CancellationToken::new(), false);
+        let floor = UnwrittenFloor::new(Some(50), CancellationToken::new(), StoreFloor::NotKept);
         let (written, copies) = batch();
         assert!(floor.is_carried(60, &written));
         assert!(floor.carry(60, written.clone(), Instant::now()).await);
@@ -522,7 +560,7 @@ mod tests {
 
     #[test]
     fn the_floor_is_the_oldest_of_what_the_last_run_left_and_what_is_late() {
-        let floor = UnwrittenFloor::new(Some(300), CancellationToken::new(), false);
+        let floor = UnwrittenFloor::new(Some(300), CancellationToken::new(), StoreFloor::NotKept);
         let (newer, _newer_copies) = batch();
         let (older, _older_copies) = batch();
         // Late batches need not come in stream order.
@@ -544,7 +582,7 @@ mod tests {
     /// was written everything has none, however far behind another is.
     #[test]
     fn each_agent_has_the_floor_of_the_oldest_batch_it_was_not_written() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new(), false);
+        let floor = UnwrittenFloor::new(None, CancellationToken::new(), StoreFloor::NotKept);
         let (older, older_copies) = batch_for(&["slow", "prompt"]);
         let (newer, _newer_copies) = batch_for(&["slow", "late"]);
         floor.lock().late.extend([(300, newer), (100, older)]);
@@ -565,7 +603,7 @@ mod tests {
     /// of the batches before does not carry a batch of another agent that went late after.
     #[test]
     fn a_batch_held_for_nobody_named_is_carried_for_all() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new(), false);
+        let floor = UnwrittenFloor::new(None, CancellationToken::new(), StoreFloor::NotKept);
         let (named, _named_copies) = batch_for(&["ann"]);
         floor.lock().late.push((100, named));
         let put = floor.start_put();
@@ -601,7 +639,7 @@ mod tests {
     /// up for any agent: until it is routed, the heartbeat carries the oldest floor for all.
     #[test]
     fn a_batch_with_an_own_message_not_yet_routed_is_carried_for_all() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new(), false);
+        let floor = UnwrittenFloor::new(None, CancellationToken::new(), StoreFloor::NotKept);
         let (hold, own) = Outstanding::naming();
         let (mut written, _copies) = batch_for(&["ann"]);
         written.own.push(own);
@@ -618,7 +656,7 @@ mod tests {
     /// others keep again only for them.
     #[test]
     fn the_batches_routed_name_their_agents_behind_up_to_the_last_routed() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new(), false);
+        let floor = UnwrittenFloor::new(None, CancellationToken::new(), StoreFloor::NotKept);
         let (first, first_copies) = batch_for(&["prompt", "slow"]);
         let (second, _second_copies) = batch_for(&["slow"]);
         floor.routed(100, 199, first);
@@ -640,7 +678,7 @@ mod tests {
     #[test]
     fn a_stopping_bridge_names_no_agent_and_lets_no_floor_go() {
         let stopping = CancellationToken::new();
-        let floor = UnwrittenFloor::new(None, stopping.clone(), false);
+        let floor = UnwrittenFloor::new(None, stopping.clone(), StoreFloor::NotKept);
         let (late, late_copies) = batch_for(&["slow"]);
         floor.lock().late.push((100, late));
         let (routed, routed_copies) = batch_for(&["prompt"]);
@@ -658,7 +696,7 @@ mod tests {
     /// the floors of its late batches, are let go.
     #[test]
     fn a_stream_made_again_lets_the_old_sequences_go() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new(), false);
+        let floor = UnwrittenFloor::new(None, CancellationToken::new(), StoreFloor::NotKept);
         let (late, _late_copies) = batch_for(&["slow"]);
         floor.lock().late.push((100, late));
         let (routed, _routed_copies) = batch_for(&["slow"]);

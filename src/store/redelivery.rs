@@ -254,9 +254,17 @@ impl RedeliveringLog {
         let log = self.clone();
         tokio::spawn(async move {
             loop {
+                let wanted = async {
+                    match log.unwritten_from.get() {
+                        Some(unwritten_from) => unwritten_from.wanted().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(KEPT_EVERY) => {}
+                    // A batch of its fleet's stream waits for the floor.
+                    _ = wanted => {}
                 }
                 let changed = log.pending.changed.swap(false, Ordering::AcqRel);
                 let floor = log.floor_to_keep().unwrap_or(0);
@@ -309,8 +317,8 @@ impl RedeliveringLog {
         {
             Ok(()) => {
                 (self.floor_kept).store(unwritten_from.unwrap_or(0), Ordering::Relaxed);
-                if let Some(floor) = self.unwritten_from.get() {
-                    floor.kept(unwritten_from);
+                if let Some(fleet) = self.unwritten_from.get() {
+                    fleet.kept(unwritten_from);
                 }
             }
             Err(e) => {
@@ -323,7 +331,7 @@ impl RedeliveringLog {
     /// until it was read again, and what this run says now.
     fn floor_to_keep(&self) -> Option<u64> {
         let left = (self.left.as_ref()).filter(|left| !left.is_read_again());
-        let now = (self.unwritten_from.get()).and_then(|floor| floor.now());
+        let now = (self.unwritten_from.get()).and_then(|fleet| fleet.now());
         left.and_then(|left| left.unwritten_from)
             .into_iter()
             .chain(now)
@@ -590,6 +598,10 @@ mod tests {
 
         fn kept(&self, floor: Option<u64>) {
             self.kept.lock().unwrap().push(floor);
+        }
+
+        fn wanted(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+            Box::pin(std::future::pending())
         }
     }
 
