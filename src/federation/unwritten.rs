@@ -37,9 +37,8 @@ use super::written::{WRITTEN_WITHIN, Written};
 
 /// How long past `WRITTEN_WITHIN` a late batch waits for a heartbeat, and the store, to
 /// carry it: after that (NATS away, heartbeats or the store failing) it is acknowledged
-/// all the same, so that
-/// applying goes on. Counted from when the batch was queued, so that batches late at once
-/// wait out one such stretch between them, not one each.
+/// all the same, so that applying goes on. Counted from when the batch was queued, so that
+/// batches late at once wait out one such stretch between them, not one each.
 pub(super) const CARRIED_WITHIN: Duration = Duration::from_secs(2);
 
 /// How long a wait for a heartbeat lets a put that failed rest before it asks for another.
