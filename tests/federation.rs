@@ -2573,11 +2573,7 @@ impl PromptBeside {
 
     /// The prompt program got each of its notes, and no message twice.
     fn assert_each_once(got: &[usize]) {
-        let mut twice: Vec<usize> = (got.iter().copied())
-            .filter(|n| got.iter().filter(|m| *m == n).count() > 1)
-            .collect();
-        twice.sort_unstable();
-        twice.dedup();
+        let twice = common::grid::got_twice(got);
         let missing: Vec<usize> = (Self::NOTES).filter(|n| !got.contains(n)).collect();
         assert!(missing.is_empty(), "the prompt program missed {missing:?}");
         assert!(twice.is_empty(), "the prompt program got {twice:?} twice");

@@ -576,11 +576,7 @@ async fn broadcasts_held_back_across_a_restart(signal: i32) {
     )
     .await;
     assert!(got_by_prompt.contains(&LAST), "the last note came");
-    let mut twice: Vec<usize> = (got_by_prompt.iter().copied())
-        .filter(|n| got_by_prompt.iter().filter(|m| *m == n).count() > 1)
-        .collect();
-    twice.sort_unstable();
-    twice.dedup();
+    let twice = common::grid::got_twice(&got_by_prompt);
     assert!(twice.is_empty(), "the prompt program got {twice:?} twice");
     process.kill_9();
 }

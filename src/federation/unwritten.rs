@@ -444,6 +444,15 @@ mod tests {
     }
 
     /// Puts heartbeats whenever asked, each landing.
+    /// The floor of a running bridge whose store is in memory, with what the last run left.
+    fn floor_from(left_by_last_run: Floor) -> UnwrittenFloor {
+        UnwrittenFloor::new(
+            left_by_last_run,
+            CancellationToken::new(),
+            StoreFloor::NotKept,
+        )
+    }
+
     fn heartbeat(floor: Arc<UnwrittenFloor>) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             loop {
@@ -457,11 +466,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_late_batch_waits_for_a_heartbeat_that_carries_it() {
-        let floor = Arc::new(UnwrittenFloor::new(
-            None,
-            CancellationToken::new(),
-            StoreFloor::NotKept,
-        ));
+        let floor = Arc::new(floor_from(None));
         let beating = heartbeat(floor.clone());
         let (written, copies) = batch();
         assert!(floor.carry(100, written, in_ms(5000)).await);
@@ -506,7 +511,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_late_batch_is_not_taken_for_carried_by_a_put_made_before_it() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new(), StoreFloor::NotKept);
+        let floor = floor_from(None);
         let (older, older_copies) = batch();
         // No one puts heartbeats: the first late batch waits in vain.
         assert!(!floor.carry(100, older, in_ms(10)).await);
@@ -529,7 +534,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_late_batch_written_meanwhile_waits_for_no_heartbeat() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new(), StoreFloor::NotKept);
+        let floor = floor_from(None);
         let (written, copies) = batch();
         let by = in_ms(60_000);
         let carrying = floor.carry(100, written, by);
@@ -544,7 +549,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_put_that_failed_may_have_landed() {
-        let floor = UnwrittenFloor::new(Some(50), CancellationToken::new(), StoreFloor::NotKept);
+        let floor = floor_from(Some(50));
         let (written, copies) = batch();
         assert!(floor.is_carried(60, &written));
         assert!(floor.carry(60, written.clone(), Instant::now()).await);
@@ -559,7 +564,7 @@ mod tests {
 
     #[test]
     fn the_floor_is_the_oldest_of_what_the_last_run_left_and_what_is_late() {
-        let floor = UnwrittenFloor::new(Some(300), CancellationToken::new(), StoreFloor::NotKept);
+        let floor = floor_from(Some(300));
         let (newer, _newer_copies) = batch();
         let (older, _older_copies) = batch();
         // Late batches need not come in stream order.
@@ -581,7 +586,7 @@ mod tests {
     /// was written everything has none, however far behind another is.
     #[test]
     fn each_agent_has_the_floor_of_the_oldest_batch_it_was_not_written() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new(), StoreFloor::NotKept);
+        let floor = floor_from(None);
         let (older, older_copies) = batch_for(&["slow", "prompt"]);
         let (newer, _newer_copies) = batch_for(&["slow", "late"]);
         floor.lock().late.extend([(300, newer), (100, older)]);
@@ -602,7 +607,7 @@ mod tests {
     /// of the batches before does not carry a batch of another agent that went late after.
     #[test]
     fn a_batch_held_for_nobody_named_is_carried_for_all() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new(), StoreFloor::NotKept);
+        let floor = floor_from(None);
         let (named, _named_copies) = batch_for(&["ann"]);
         floor.lock().late.push((100, named));
         let put = floor.start_put();
@@ -638,7 +643,7 @@ mod tests {
     /// up for any agent: until it is routed, the heartbeat carries the oldest floor for all.
     #[test]
     fn a_batch_with_an_own_message_not_yet_routed_is_carried_for_all() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new(), StoreFloor::NotKept);
+        let floor = floor_from(None);
         let (hold, own) = Outstanding::naming();
         let (mut written, _copies) = batch_for(&["ann"]);
         written.own.push(own);
@@ -655,7 +660,7 @@ mod tests {
     /// others keep again only for them.
     #[test]
     fn the_batches_routed_name_their_agents_behind_up_to_the_last_routed() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new(), StoreFloor::NotKept);
+        let floor = floor_from(None);
         let (first, first_copies) = batch_for(&["prompt", "slow"]);
         let (second, _second_copies) = batch_for(&["slow"]);
         floor.routed(100, 199, first);
@@ -695,7 +700,7 @@ mod tests {
     /// the floors of its late batches, are let go.
     #[test]
     fn a_stream_made_again_lets_the_old_sequences_go() {
-        let floor = UnwrittenFloor::new(None, CancellationToken::new(), StoreFloor::NotKept);
+        let floor = floor_from(None);
         let (late, _late_copies) = batch_for(&["slow"]);
         floor.lock().late.push((100, late));
         let (routed, _routed_copies) = batch_for(&["slow"]);

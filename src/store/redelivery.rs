@@ -85,9 +85,7 @@ impl PendingFor {
         for holders in told {
             named.extend(holders.holders()?);
         }
-        named.sort_unstable();
-        named.dedup();
-        Some(named.into())
+        Some(agents(named))
     }
 }
 
@@ -168,10 +166,14 @@ impl Pending {
 /// The agents of `a` and of `b`; `None` (every recipient that holds) if either is.
 fn either(a: Option<Arc<[String]>>, b: &Option<Arc<[String]>>) -> Option<Arc<[String]>> {
     let (a, b) = (a?, b.as_ref()?);
-    let mut named: Vec<String> = a.iter().chain(b.iter()).cloned().collect();
+    Some(agents(a.iter().chain(b.iter()).cloned().collect()))
+}
+
+/// `named`, each once, in order: as a pending message's agents are kept.
+fn agents(mut named: Vec<String>) -> Arc<[String]> {
     named.sort_unstable();
     named.dedup();
-    Some(named.into())
+    named.into()
 }
 
 /// A pending message's hold: done with once dropped.

@@ -313,3 +313,16 @@ pub async fn read_until_got(
         }
     }
 }
+
+/// The numbers `got` holds more than once, each once, in order.
+pub fn got_twice(got: &[usize]) -> Vec<usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for n in got {
+        *counts.entry(*n).or_insert(0) += 1;
+    }
+    counts
+        .into_iter()
+        .filter(|(_, count)| *count > 1)
+        .map(|(n, _)| n)
+        .collect()
+}
