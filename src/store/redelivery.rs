@@ -4,9 +4,9 @@
 //! with it only later, once it is written to their connections or kept as their mail: a
 //! bridge killed or stopped meanwhile would lose it. So each message is pending from its
 //! append until its route's hold is done, and every `KEPT_EVERY` the pending ids, and the
-//! newest message the database then holds, are kept (`Store::keep_undelivered`), each
-//! with the agents whose copies still hold it, as its hold names them
-//! (`Outstanding::naming_dropping`). As it starts, the bridge routes again, for the
+//! newest message the database then holds, are kept (`Store::keep_undelivered`, in
+//! `undelivered.rs`), each with the agents whose copies still hold it, as its hold names
+//! them (`Outstanding::naming_dropping`). As it starts, the bridge routes again, for the
 //! recipients that hold only, the messages kept pending and every message stored after
 //! (`route_undelivered`); one kept with agents named, to those agents' only. What was done
 //! with between the last keeping and a kill is routed again too: a program or agent away
@@ -25,8 +25,8 @@ use dashmap::DashMap;
 use smallvec::SmallVec;
 use tokio_util::sync::CancellationToken;
 
-use super::Store;
-use super::messages::{STORED, decodable};
+use super::undelivered::PendingRow;
+use super::{Store, UndeliveredRows};
 use crate::core::{
     Core, Envelope, HoldersOf, HoldersOnly, LeftUndelivered, Link, LogFuture, MessageLog,
     MessageQuery, Outstanding, Replicated, StoredMessage, TaskRequest, UnwrittenFrom,
@@ -141,7 +141,7 @@ impl Pending {
 
     /// Each pending id, with the agents whose copies hold it (`PendingFor::named`). While the
     /// bridge stops, a message first held since it began to stop is taken for held by all.
-    fn named(&self) -> Vec<(String, Option<Arc<[String]>>)> {
+    fn named(&self) -> Vec<PendingRow> {
         let stopping = self.stopping.load(Ordering::Acquire);
         (self.ids.iter())
             .map(|holds| {
@@ -212,6 +212,8 @@ pub struct RedeliveringLog {
     /// The floor last kept (0 for none): kept again as soon as it moves, whether or not
     /// the pending ids changed.
     floor_kept: AtomicU64,
+    /// What the table of pending ids holds, so that a keeping writes what changed.
+    kept: UndeliveredRows,
 }
 
 impl RedeliveringLog {
@@ -225,6 +227,7 @@ impl RedeliveringLog {
             left: None,
             unwritten_from: Default::default(),
             floor_kept: AtomicU64::new(0),
+            kept: UndeliveredRows::default(),
         }))
     }
 
@@ -243,6 +246,7 @@ impl RedeliveringLog {
             left: Some(left.clone()),
             unwritten_from: Default::default(),
             floor_kept: AtomicU64::new(0),
+            kept: UndeliveredRows::default(),
         });
         Ok((log, left))
     }
@@ -314,7 +318,7 @@ impl RedeliveringLog {
             ids.into_iter().collect()
         };
         match (self.store)
-            .keep_undelivered(ids, through, unwritten_from)
+            .keep_undelivered(&self.kept, ids, through, unwritten_from)
             .await
         {
             Ok(()) => {
@@ -454,122 +458,13 @@ impl MessageLog for RedeliveringLog {
     }
 }
 
-impl Store {
-    /// A bridge alone starts: the newest message stored before it accepts any, where what
-    /// it routes again ends. When nothing was kept (it ran in a fleet, which reads that
-    /// from its stream instead), a later start routes again what is stored after it.
-    fn start_redelivery(
-        &self,
-    ) -> impl Future<Output = Result<i64, super::StoreError>> + Send + 'static {
-        // On the writer's thread, after every message `open` put in from the journal.
-        self.write(|conn| {
-            let newest: i64 =
-                conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM messages", [], |r| {
-                    r.get(0)
-                })?;
-            conn.execute(
-                "INSERT INTO undelivered_after (seq) SELECT ?1
-                 WHERE NOT EXISTS (SELECT 1 FROM undelivered_after)",
-                [newest],
-            )?;
-            Ok(newest)
-        })
-    }
-
-    /// What the last run kept of the messages it had not done with (`keep_undelivered`).
-    fn left_undelivered(
-        &self,
-    ) -> impl Future<Output = Result<LeftUndelivered, super::StoreError>> + Send + 'static {
-        // On the writer's thread, after every message `open` put in from the journal.
-        self.write(|conn| {
-            let mut ids = conn.prepare("SELECT id, holders FROM undelivered")?;
-            let pending = ids.query_map([], |r| {
-                let (id, holders): (String, Option<String>) = (r.get(0)?, r.get(1)?);
-                // Unreadable, it is pending for every recipient that holds.
-                let named = holders.and_then(|named| {
-                    serde_json::from_str::<Vec<String>>(&named)
-                        .inspect_err(|e| tracing::warn!(error = %e, message_id = %id, "store: unreadable agents a message was pending for"))
-                        .ok()
-                });
-                Ok((id, named.map(Arc::from)))
-            });
-            let pending = pending?.collect::<Result<_, _>>()?;
-            let (kept_through, unwritten_from): (Option<i64>, Option<i64>) = conn.query_row(
-                "SELECT MAX(seq), MIN(unwritten_from) FROM undelivered_after",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )?;
-            let unwritten_from = unwritten_from.and_then(|from| u64::try_from(from).ok());
-            Ok(LeftUndelivered::new(pending, kept_through).with_unwritten_from(unwritten_from))
-        })
-    }
-
-    /// Keeps the ids `pending` gives, each with the agents it is pending for where known,
-    /// read on the writer's thread as the write runs, and the newest message the database
-    /// then holds, or `through` if older: every message it holds up to that one that is
-    /// not done with is among them, since a message is pending from before its append.
-    pub fn keep_undelivered(
-        &self,
-        pending: impl FnOnce() -> Vec<(String, Option<Arc<[String]>>)> + Send + 'static,
-        through: i64,
-        unwritten_from: Option<u64>,
-    ) -> impl Future<Output = Result<(), super::StoreError>> + Send + 'static {
-        let unwritten_from = unwritten_from.and_then(|from| i64::try_from(from).ok());
-        self.write(move |conn| {
-            conn.execute("DELETE FROM undelivered", [])?;
-            let mut insert = conn.prepare_cached(
-                "INSERT OR IGNORE INTO undelivered (id, holders) VALUES (?1, ?2)",
-            )?;
-            for (id, named) in pending() {
-                let holders = named.and_then(|named| serde_json::to_string(&*named).ok());
-                insert.execute(rusqlite::params![id, holders])?;
-            }
-            conn.execute("DELETE FROM undelivered_after", [])?;
-            conn.execute(
-                "INSERT INTO undelivered_after (seq, unwritten_from)
-                 SELECT MIN(COALESCE(MAX(seq), 0), ?1), ?2 FROM messages",
-                rusqlite::params![through, unwritten_from],
-            )?;
-            Ok(())
-        })
-    }
-
-    /// The first `page` messages after `after`, up to `through`, that were kept pending or
-    /// stored after the newest message kept with them, in the order stored.
-    pub async fn undelivered(
-        &self,
-        after: i64,
-        through: i64,
-        page: usize,
-    ) -> Result<Vec<StoredMessage>, super::StoreError> {
-        self.read_messages(move |conn| {
-            let sql = format!(
-                "SELECT {STORED} FROM messages m WHERE m.seq IN (
-                     SELECT seq FROM messages
-                     WHERE id IN (SELECT id FROM undelivered) AND seq > ?1 AND seq <= ?2
-                     UNION
-                     SELECT seq FROM messages
-                     WHERE seq > MAX(?1, (SELECT COALESCE(MAX(seq), 9223372036854775807)
-                                          FROM undelivered_after))
-                       AND seq <= ?2
-                     ORDER BY seq LIMIT ?3)
-                 ORDER BY m.seq"
-            );
-            let mut statement = conn.prepare_cached(&sql)?;
-            let arguments = rusqlite::params![after, through, page as i64];
-            decodable(&mut statement, arguments)
-        })
-        .await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
 
     use crate::core::{Envelope, Kind};
-    use crate::store::{IN_MEMORY, Store};
+    use crate::store::{IN_MEMORY, Store, UndeliveredRows};
 
     fn message(id: &str) -> Envelope {
         let mut env = Envelope::new("test", "a", Kind::Chat);
@@ -628,7 +523,10 @@ mod tests {
     /// page by page.
     #[tokio::test]
     async fn what_was_pending_or_came_after_is_routed_again() {
-        let store = Store::open(IN_MEMORY).await.unwrap();
+        let (store, rows) = (
+            Store::open(IN_MEMORY).await.unwrap(),
+            UndeliveredRows::default(),
+        );
         store.insert_message(&message("m0")).await.unwrap();
         assert_eq!(undelivered(&store).await, ["m0"]);
         for id in ["m1", "m2", "m3", "m4"] {
@@ -636,13 +534,13 @@ mod tests {
         }
         let pending = || unnamed(&["m2", "m3", "gone"]);
         store
-            .keep_undelivered(pending, i64::MAX, None)
+            .keep_undelivered(&rows, pending, i64::MAX, None)
             .await
             .unwrap();
         store.insert_message(&message("m5")).await.unwrap();
         assert_eq!(undelivered(&store).await, ["m2", "m3", "m5"]);
         store
-            .keep_undelivered(Vec::new, i64::MAX, None)
+            .keep_undelivered(&rows, Vec::new, i64::MAX, None)
             .await
             .unwrap();
         assert!(undelivered(&store).await.is_empty());
@@ -654,7 +552,10 @@ mod tests {
     #[tokio::test]
     async fn a_fleet_learns_which_stored_messages_its_last_run_had_done_with() {
         use crate::core::MessageLog;
-        let store = Store::open(IN_MEMORY).await.unwrap();
+        let (store, rows) = (
+            Store::open(IN_MEMORY).await.unwrap(),
+            UndeliveredRows::default(),
+        );
         for id in ["m0", "m1", "m2"] {
             store.insert_message(&message(id)).await.unwrap();
         }
@@ -669,7 +570,7 @@ mod tests {
         };
         assert_eq!(done(&["m0", "m1", "m2"]).await, [false; 3]);
         store
-            .keep_undelivered(|| unnamed(&["m1"]), i64::MAX, None)
+            .keep_undelivered(&rows, || unnamed(&["m1"]), i64::MAX, None)
             .await
             .unwrap();
         store.insert_message(&message("m3")).await.unwrap();
@@ -686,12 +587,15 @@ mod tests {
     async fn a_fleet_keeps_what_its_last_run_left_until_it_was_read_again() {
         use super::RedeliveringLog;
         use crate::core::MessageLog;
-        let store = Store::open(IN_MEMORY).await.unwrap();
+        let (store, rows) = (
+            Store::open(IN_MEMORY).await.unwrap(),
+            UndeliveredRows::default(),
+        );
         for id in ["m0", "m1", "m2"] {
             store.insert_message(&message(id)).await.unwrap();
         }
         store
-            .keep_undelivered(|| unnamed(&["m0"]), i64::MAX, Some(7))
+            .keep_undelivered(&rows, || unnamed(&["m0"]), i64::MAX, Some(7))
             .await
             .unwrap();
         store.insert_message(&message("m3")).await.unwrap();
