@@ -28,26 +28,32 @@ pub struct Delivery {
     /// What this copy holds: the hold is each holding recipient's, so that a recipient
     /// that holds nothing (one replaying from history) and reads slowly holds nothing back.
     held: Option<Outstanding>,
-    /// For the recipients that hold only (`for_holders_only`).
-    holders_only: Option<HoldersOnly>,
+    /// Which of its recipients it is for (`route_to`).
+    recipients: Recipients,
 }
 
-/// Which recipients a message routed again is for (`Delivery::for_holders_only`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum HoldersOnly {
-    /// Every recipient that holds.
-    Any,
-    /// Those that hold for one of these agents: the ones whose copies still held it when
-    /// the run that routed it last said (`HoldersOf::holders`).
-    Of(Arc<[String]>),
+/// Which of its recipients a message is routed to (`Delivery::route_to`). One routed again
+/// by a bridge that routed it before goes only to the recipients that write or keep it for
+/// an agent away (holding mailboxes, offline sinks): those replaying from history had it
+/// from there, and only those that hold may not have been written it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Recipients {
+    /// Every one: a message routed for the first time.
+    #[default]
+    All,
+    /// Routed again: every recipient that holds.
+    Holders,
+    /// Routed again: the recipients that hold for one of these agents, those whose copies
+    /// still held it when the run that routed it last said (`HoldersOf::holders`).
+    HoldersFor(Arc<[String]>),
 }
 
-impl HoldersOnly {
+impl Recipients {
     /// Whether a recipient that holds for `agent` is one.
-    pub fn includes(&self, agent: &str) -> bool {
+    pub fn include_holder_for(&self, agent: &str) -> bool {
         match self {
-            HoldersOnly::Any => true,
-            HoldersOnly::Of(agents) => agents.iter().any(|a| a == agent),
+            Recipients::All | Recipients::Holders => true,
+            Recipients::HoldersFor(agents) => agents.iter().any(|a| a == agent),
         }
     }
 }
@@ -112,7 +118,7 @@ impl Delivery {
             }),
             offered: None,
             held: None,
-            holders_only: None,
+            recipients: Recipients::All,
         }
     }
 
@@ -146,7 +152,7 @@ impl Delivery {
                 routed: self.routed.clone(),
                 offered: None,
                 held: Some(held),
-                holders_only: self.holders_only.clone(),
+                recipients: self.recipients.clone(),
             }),
             None => self.clone(),
         }
@@ -157,24 +163,21 @@ impl Delivery {
         self.held.clone()
     }
 
-    /// Routes it only to the recipients that write or keep it for an agent away (holding
-    /// mailboxes, offline sinks), and of those only to `which`: a message routed before,
-    /// which those replaying from history had from there, and which only those may not
-    /// have been written.
-    pub fn for_holders_only(&mut self, which: HoldersOnly) {
-        self.holders_only = Some(which);
+    /// Routes it to `recipients` only (all of them unless this is called).
+    pub fn route_to(&mut self, recipients: Recipients) {
+        self.recipients = recipients;
     }
 
-    /// The recipients it is routed again for, if it is (`for_holders_only`).
-    pub fn holders_only(&self) -> Option<&HoldersOnly> {
-        self.holders_only.as_ref()
+    /// Which of its recipients it is routed to (`route_to`).
+    pub fn recipients(&self) -> &Recipients {
+        &self.recipients
     }
 
     /// Whether it is to be kept for `agent`, away (by an offline sink, or a hub keeping mail
-    /// for agents away): always, unless it is routed again for some holders only
-    /// (`for_holders_only`).
+    /// for agents away): always, unless it is routed again for the holders for some agents
+    /// only (`Recipients::HoldersFor`).
     pub fn is_kept_for(&self, agent: &str) -> bool {
-        (self.holders_only.as_ref()).is_none_or(|only| only.includes(agent))
+        self.recipients.include_holder_for(agent)
     }
 }
 

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::correlation::{Link, TaskRequest};
-use super::delivery::HoldersOnly;
+use super::delivery::Recipients;
 use super::envelope::Envelope;
 use super::hold::Outstanding;
 
@@ -66,9 +66,9 @@ impl LeftUndelivered {
 
     /// The recipients that hold a stored message not done with (`done_with`) to route it
     /// again to, where the last run named them: those it had not been written or kept for.
-    pub fn holders_named(&self, id: &str) -> Option<HoldersOnly> {
+    pub fn holders_named(&self, id: &str) -> Option<Recipients> {
         let agents = self.pending.get(id)?.as_ref()?;
-        Some(HoldersOnly::Of(agents.clone()))
+        Some(Recipients::HoldersFor(agents.clone()))
     }
 
     /// What it covers was read again, and what of that was not done with routed again

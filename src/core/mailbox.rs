@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use tokio::sync::Notify;
 
-use super::delivery::Delivery;
+use super::delivery::{Delivery, Recipients};
 use super::envelope::{Envelope, Priority, Protocol};
 use super::hold::Outstanding;
 
@@ -125,8 +125,8 @@ struct Shared {
 enum Behind {
     /// Its id, with what its delivery is made again with: the store holds the rest.
     Stored(StoredId),
-    /// Not stored (a control signal, a status change), or routed again for some holders
-    /// only (`Delivery::for_holders_only`): held as it is.
+    /// Not stored (a control signal, a status change), or routed again for its holders
+    /// only (`Recipients`): held as it is, which keeps whom it is for.
     Held(Arc<Delivery>),
 }
 
@@ -271,7 +271,8 @@ impl Mailbox {
                 match self.policy {
                     WhenFull::Replay if state.backlog.len() < self.backlog_limit => {
                         // One routed again for some holders only keeps that as it waits.
-                        let behind = if delivery.stored && delivery.holders_only().is_none() {
+                        let routed_first = *delivery.recipients() == Recipients::All;
+                        let behind = if delivery.stored && routed_first {
                             Behind::Stored(StoredId {
                                 id: delivery.envelope.id.clone(),
                                 routed_at: delivery.routed_at,

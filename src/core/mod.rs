@@ -24,7 +24,7 @@ use serde::Deserialize;
 pub use applied::{AppliedMarks, CatchUp};
 pub use claims::{ClaimFuture, Claiming, NameClaims};
 pub use correlation::{CorrelationIndex, DERIVED_ID_NAMESPACE, Link, TaskRequest, derived_uuid};
-pub use delivery::{Delivery, HoldersOnly, Routed};
+pub use delivery::{Delivery, Recipients, Routed};
 pub use directory::{AgentInfo, Directory, NameTaken, PerGeneration, Role, Status};
 pub use envelope::{
     Attachment, Audience, Envelope, Kind, Origin, Priority, Protocol, TaskInfo, TaskState,
@@ -92,9 +92,9 @@ pub struct Replicated<'a> {
     /// What the recipients that write or keep it for an agent away hold until they did
     /// (`Delivery::held_copy`).
     pub offered: Option<&'a Outstanding>,
-    /// Routed here before, by an earlier run of this bridge: again only to the recipients
-    /// that hold, those it names (`Delivery::for_holders_only`).
-    pub holders_only: Option<HoldersOnly>,
+    /// Which of its recipients it is for: all, unless it was routed here before, by an
+    /// earlier run of this bridge (`Recipients`).
+    pub recipients: Recipients,
 }
 
 /// A message whose store write is queued (see `Core::stage`).
@@ -419,9 +419,7 @@ impl Core {
         if let Some(outstanding) = how.offered {
             delivery.offer(outstanding);
         }
-        if let Some(which) = how.holders_only {
-            delivery.for_holders_only(which);
-        }
+        delivery.route_to(how.recipients);
         self.route_delivery(delivery)
     }
 

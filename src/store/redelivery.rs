@@ -28,9 +28,8 @@ use tokio_util::sync::CancellationToken;
 use super::undelivered::PendingRow;
 use super::{Store, UndeliveredRows};
 use crate::core::{
-    Core, Envelope, HoldersOf, HoldersOnly, LeftUndelivered, Link, LogFuture, MessageLog,
-    MessageQuery, Outstanding, Replicated, StoredMessage, TaskRequest, UnwrittenFrom,
-    WatchesHolders,
+    Core, Envelope, HoldersOf, LeftUndelivered, Link, LogFuture, MessageLog, MessageQuery,
+    Outstanding, Recipients, Replicated, StoredMessage, TaskRequest, UnwrittenFrom, WatchesHolders,
 };
 
 /// How often the pending ids are kept, when they changed.
@@ -384,7 +383,7 @@ impl RedeliveringLog {
                 let how = Replicated {
                     kept: true,
                     offered: Some(&hold),
-                    holders_only: Some(holders.unwrap_or(HoldersOnly::Any)),
+                    recipients: holders.unwrap_or(Recipients::Holders),
                 };
                 core.accept_replica(envelope, how);
                 routed += 1;

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 
-use super::delivery::Delivery;
+use super::delivery::{Delivery, Recipients};
 use super::directory::{AgentInfo, Directory};
 use super::envelope::{Audience, Envelope, Protocol};
 use super::mailbox::{BacklogReader, Closed, Holding, Mailbox, Pushed, WhenFull};
@@ -538,10 +538,15 @@ impl Router {
         }
         // Its client has it from history, or it had been written or kept for its agent. A
         // hub keeping mail for others keeps it only for those it is for (`is_kept_for`).
-        if let Some(only) = delivery.holders_only()
-            && (!session.mailbox.is_holding()
-                || session.mailbox.holds_for_its_agent() && !only.includes(&session.agent))
-        {
+        let passed_over = match delivery.recipients() {
+            Recipients::All => false,
+            again => {
+                !session.mailbox.is_holding()
+                    || session.mailbox.holds_for_its_agent()
+                        && !again.include_holder_for(&session.agent)
+            }
+        };
+        if passed_over {
             return Offer::Taken;
         }
         let protocol = session.mailbox.protocol();
@@ -588,7 +593,7 @@ mod tests {
     use crate::core::directory::AgentInfo;
     use crate::core::envelope::Kind;
     use crate::core::mailbox::Closed;
-    use crate::core::{HoldersOnly, Outstanding};
+    use crate::core::{Outstanding, Recipients};
 
     struct Observer;
     impl Interest for Observer {
@@ -845,11 +850,11 @@ mod tests {
         assert!(done.is_cancelled(), "no holding copy left");
     }
 
-    /// A message routed again for the recipients that hold (`Delivery::for_holders_only`)
+    /// A message routed again for the recipients that hold (`Recipients::Holders`)
     /// reaches them, and the sinks of agents away, but not a client that replays from
     /// history.
     #[test]
-    fn a_message_for_holders_only_passes_over_those_that_replay_from_history() {
+    fn a_message_for_holders_passes_over_those_that_replay_from_history() {
         let agents = [("away", "queued"), ("here", "queued"), ("reader", "test")];
         let (r, sink) = router_with_sink(&agents, 4, WhenFull::DropOldest);
         let watcher = connect(&r, "h", Arc::new(Observer));
@@ -858,14 +863,14 @@ mod tests {
         let mut env = Envelope::new("test", "a", Kind::Chat);
         env.mentions = vec!["away".into(), "here".into(), "reader".into()];
         let mut delivery = Delivery::new(env);
-        delivery.for_holders_only(HoldersOnly::Any);
+        delivery.route_to(Recipients::Holders);
         r.route(&Arc::new(delivery));
         assert_eq!(sink.agents(), ["away"]);
         assert_eq!(received(&here).len(), 1);
         assert!(received(&reader).is_empty() && received(&watcher).is_empty());
     }
 
-    /// A message routed again for some holders only (`HoldersOnly::Of`: those its last run
+    /// A message routed again for some holders only (`Recipients::HoldersFor`: those its last run
     /// had not written it or kept it for) reaches those, connected or away, and no other
     /// recipient that holds for its agent; a hub keeping mail for others has it, to keep
     /// for those only (`Delivery::is_kept_for`).
@@ -885,7 +890,7 @@ mod tests {
         env.mentions = ["away", "gone", "here", "done"].map(String::from).to_vec();
         let mut delivery = Delivery::new(env);
         let named: Arc<[String]> = ["away", "here"].map(String::from).into();
-        delivery.for_holders_only(HoldersOnly::Of(named));
+        delivery.route_to(Recipients::HoldersFor(named));
         r.route(&Arc::new(delivery));
         assert_eq!(sink.agents(), ["away"]);
         assert_eq!(received(&here).len(), 1);

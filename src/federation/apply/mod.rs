@@ -28,8 +28,8 @@ use super::own_deliveries::OwnDeliveries;
 use super::wire::{BRIDGE_HEADER, Names, RUN_HEADER, Replica};
 use super::written::Written;
 use crate::core::{
-    Core, Envelope, HeldBy, HoldersOnly, Kind, LeftUndelivered, MessageLog, Outstanding,
-    Replicated, Status, now_ms,
+    Core, Envelope, HeldBy, Kind, LeftUndelivered, MessageLog, Outstanding, Recipients, Replicated,
+    Status, now_ms,
 };
 use crate::telemetry;
 
@@ -80,7 +80,7 @@ enum Routing {
     /// Accepted by an earlier run of this bridge, which routed it as it accepted it and
     /// may have been killed before it wrote it: routed again where the store holds it (the
     /// earlier run stored, and so routed, it), only to the recipients that hold
-    /// (`Delivery::for_holders_only`), and of those, where the earlier run kept it pending
+    /// (`Recipients::Holders`), and of those, where the earlier run kept it pending
     /// for some agents, to theirs; where it does not, to all.
     EarlierRun,
     /// Accepted by this run and never routed here (its append did not complete:
@@ -94,7 +94,8 @@ struct Applied {
     replica: Replica,
     /// Whether the store holds it.
     kept: bool,
-    holders_only: Option<HoldersOnly>,
+    /// Which of its recipients it is routed to here.
+    recipients: Recipients,
 }
 
 /// Why a reading of the stream's consumer ended without an error.
@@ -537,16 +538,16 @@ impl Applier {
                     // kept pending for some agents goes to those agents' recipients only.
                     let id = &replica.envelope.id;
                     let named = || left.holders_named(id);
-                    let holders_only = match routing {
-                        _ if !stored.contains(id) => None,
-                        Routing::EarlierRun => Some(named().unwrap_or(HoldersOnly::Any)),
-                        Routing::Again => named(),
-                        Routing::WhenKept | Routing::Never => None,
+                    let recipients = match routing {
+                        _ if !stored.contains(id) => Recipients::All,
+                        Routing::EarlierRun => named().unwrap_or(Recipients::Holders),
+                        Routing::Again => named().unwrap_or(Recipients::All),
+                        Routing::WhenKept | Routing::Never => Recipients::All,
                     };
                     Applied {
                         replica,
                         kept,
-                        holders_only,
+                        recipients,
                     }
                 })
                 .collect()
@@ -560,7 +561,7 @@ impl Applier {
             let Applied {
                 replica,
                 kept,
-                holders_only,
+                recipients,
             } = applied;
             let Replica {
                 envelope,
@@ -589,7 +590,7 @@ impl Applier {
             let how = Replicated {
                 kept,
                 offered: held.as_ref().filter(|_| !news),
-                holders_only,
+                recipients,
             };
             self.core.accept_replica(envelope, how);
         }
