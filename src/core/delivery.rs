@@ -32,19 +32,20 @@ pub struct Delivery {
     recipients: Recipients,
 }
 
-/// Which of its recipients a message is routed to (`Delivery::route_to`). One routed again
-/// by a bridge that routed it before goes only to the recipients that write or keep it for
-/// an agent away (holding mailboxes, offline sinks): those replaying from history had it
-/// from there, and only those that hold may not have been written it.
+/// Which of its recipients a message is routed to (`Delivery::route_to`). A bridge routing
+/// again what an earlier run of it routed sends it only to the recipients that write or
+/// keep it for an agent away (holding mailboxes, offline sinks), where it can: those
+/// replaying from history had it from there, and only those that hold may not have been
+/// written it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Recipients {
-    /// Every one: a message routed for the first time.
+    /// Every one.
     #[default]
     All,
-    /// Routed again: every recipient that holds.
+    /// Every recipient that holds.
     Holders,
-    /// Routed again: the recipients that hold for one of these agents, those whose copies
-    /// still held it when the run that routed it last said (`HoldersOf::holders`).
+    /// The recipients that hold for one of these agents: those whose copies still held it
+    /// when the run that routed it last said (`HoldersOf::holders`).
     HoldersFor(Arc<[String]>),
 }
 

@@ -270,9 +270,9 @@ impl Mailbox {
             } else {
                 match self.policy {
                     WhenFull::Replay if state.backlog.len() < self.backlog_limit => {
-                        // One routed again for some holders only keeps that as it waits.
-                        let routed_first = *delivery.recipients() == Recipients::All;
-                        let behind = if delivery.stored && routed_first {
+                        // One routed to some recipients only keeps that as it waits.
+                        let to_all = *delivery.recipients() == Recipients::All;
+                        let behind = if delivery.stored && to_all {
                             Behind::Stored(StoredId {
                                 id: delivery.envelope.id.clone(),
                                 routed_at: delivery.routed_at,

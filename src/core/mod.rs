@@ -92,8 +92,7 @@ pub struct Replicated<'a> {
     /// What the recipients that write or keep it for an agent away hold until they did
     /// (`Delivery::held_copy`).
     pub offered: Option<&'a Outstanding>,
-    /// Which of its recipients it is for: all, unless it was routed here before, by an
-    /// earlier run of this bridge (`Recipients`).
+    /// Which of its recipients it is routed to (`Recipients`).
     pub recipients: Recipients,
 }
 

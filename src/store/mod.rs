@@ -32,8 +32,8 @@
 //! `checkpoint.rs`, `journal.rs`, `priority.rs` the threads and file they name;
 //! `messages.rs` (with `messages/`) the message log's tables and queries; `log.rs` the
 //! core's `MessageLog` on top of them; `redelivery.rs` a bridge alone's, which routes again
-//! after a restart what was not delivered (`undelivered.rs` its tables); `applied_marks.rs` what the hubs applied;
-//! `mail_table.rs` what the endpoints' tables of fleet mail share.
+//! after a restart what was not delivered (`undelivered.rs` its tables); `applied_marks.rs`
+//! what the hubs applied; `mail_table.rs` what the endpoints' tables of fleet mail share.
 
 mod applied_marks;
 mod batch;
@@ -61,7 +61,7 @@ use tokio::sync::oneshot;
 
 pub use mail_table::MailTable;
 pub use redelivery::RedeliveringLog;
-pub use undelivered::UndeliveredRows;
+pub(crate) use undelivered::UndeliveredRows;
 
 use batch::Batch;
 use rounds::{JournalTail, Unapplied};

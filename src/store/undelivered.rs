@@ -5,8 +5,8 @@
 //!
 //! A keeping writes only the rows that changed since the last one this run committed
 //! (`UndeliveredRows`): a slow reader holding thousands of messages keeps them pending for
-//! as long, and rewriting every row each time was work on the writer's thread, which every
-//! stored message waits for, in proportion to the backlog rather than to what moved.
+//! as long, and rewriting every row each time would be work on the writer's thread, which
+//! every stored message waits for, in proportion to the backlog rather than to what moved.
 
 use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,7 +22,7 @@ pub type PendingRow = (String, Option<Arc<[String]>>);
 /// The `undelivered` table as this run's last committed keeping left it, so that the next
 /// writes only what changed. Used on the writer's thread only.
 #[derive(Clone, Default)]
-pub struct UndeliveredRows(Arc<Mutex<Rows>>);
+pub(crate) struct UndeliveredRows(Arc<Mutex<Rows>>);
 
 #[derive(Default)]
 struct Rows {
@@ -89,7 +89,7 @@ impl Store {
     /// not done with is among them, since a message is pending from before its append.
     /// Writes what changed since what `rows` last committed, or every row when that is
     /// less (or not known).
-    pub fn keep_undelivered(
+    pub(crate) fn keep_undelivered(
         &self,
         rows: &UndeliveredRows,
         pending: impl FnOnce() -> Vec<PendingRow> + Send + 'static,
@@ -255,5 +255,23 @@ mod tests {
             keep(&store, &rows, pending).await;
             assert_eq!(kept(&store).await, owned(pending));
         }
+    }
+
+    /// Keepings queued together, which may run in one batch, leave the table as the last
+    /// gave it, and the next keeping writes what changed from there.
+    #[tokio::test]
+    async fn keepings_queued_together_leave_the_last_ones_rows() {
+        let (store, rows) = (
+            Store::open(IN_MEMORY).await.unwrap(),
+            UndeliveredRows::default(),
+        );
+        keep(&store, &rows, &[("m0", None), ("m1", None)]).await;
+        let second: Pending = &[("m1", Some(&["ann"])), ("m2", None)];
+        let third: Pending = &[("m1", None), ("m3", None), ("m4", None)];
+        tokio::join!(keep(&store, &rows, second), keep(&store, &rows, third));
+        assert_eq!(kept(&store).await, owned(third));
+        let fourth: Pending = &[("m1", None), ("m3", None), ("m4", Some(&["bob"]))];
+        keep(&store, &rows, fourth).await;
+        assert_eq!(kept(&store).await, owned(fourth));
     }
 }
