@@ -509,6 +509,44 @@ async fn a_bridge_whose_consumer_was_deleted_makes_it_again_and_misses_nothing()
     fleet.shutdown().await;
 }
 
+/// A stream of messages deleted and made again by hand under running bridges, and already
+/// past the sequence a bridge had acknowledged on the old one when that bridge makes its
+/// consumer again: the bridge reads the new stream from its start (it was made anew, as its
+/// creation time says), so a message sent to its agent early in the new stream arrives.
+#[tokio::test]
+async fn a_bridge_reads_a_stream_made_again_from_its_start_though_it_is_past_the_old_floor() {
+    let fleet = Fleet::start(2).await;
+    let (mut sender, mut receiver) = skynet_on_b0_to_tracker_on_b1(&fleet).await;
+    sender.chat(&receiver.name, "@coder before", None).await;
+    assert_eq!(receiver.next(What::Chat).await.text, "@coder before");
+    let js = fleet.jetstream().await;
+    let name = format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase());
+    let mut stream = js.get_stream(&name).await.expect("the fleet's stream");
+    let old = stream.info().await.expect("its info").clone();
+    js.delete_stream(&name).await.expect("the stream deleted");
+    // Both bridges' readings fail, and try again backing off, up to two seconds apart.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    js.create_stream(old.config.clone())
+        .await
+        .expect("the stream made again");
+    // The receiver's chat first, then, at once, more than the old stream held (messages no
+    // bridge reads as its own, passed over with an error logged): the receiving bridge
+    // most likely makes its consumer again only once the new stream is past the sequence
+    // it had acknowledged on the old one.
+    sender.chat(&receiver.name, "@coder after", None).await;
+    let subject = format!("{}.msg.filler", fleet.prefix);
+    let mut fillers = Vec::new();
+    for _ in 0..old.state.last_sequence + 5 {
+        let published = js.publish(subject.clone(), "filler".into()).await;
+        fillers.push(published.expect("a filler published"));
+    }
+    for filler in fillers {
+        filler.await.expect("a filler stored");
+    }
+    assert_eq!(receiver.next(What::Chat).await.text, "@coder after");
+    fleet.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_name_held_on_another_bridge_is_refused_naming_the_holder_and_its_bridge() {
     let fleet = Fleet::start(2).await;

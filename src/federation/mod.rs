@@ -218,6 +218,7 @@ impl Federation {
                 routed: routed_up_to,
                 delivered_before: Default::default(),
                 redelivered_through: Default::default(),
+                stream_created: Default::default(),
             };
             let handover = handover::serve(link.clone(), core.clone(), positions, shutdown.clone());
             let presence = presence::Presence::new(link, core, &config, routed, cards, claims);

@@ -150,6 +150,9 @@ pub struct Applier {
     /// run's consumer had delivered), once the consumer was made again, which gives them
     /// anew: to be read as `delivered_before`'s are (`Routing::Again`).
     pub redelivered_through: AtomicU64,
+    /// When the stream this run last read was made: one made again by hand begins its
+    /// sequences anew, though it may be past where the old one was acknowledged by now.
+    pub stream_created: std::sync::Mutex<Option<time::OffsetDateTime>>,
 }
 
 impl Applier {
@@ -283,13 +286,21 @@ impl Applier {
     /// here already, it is passed over), and what an earlier run's consumer had delivered
     /// is taken for delivered again (`redelivered_through`). Before the first reading, it is
     /// made from now, as the set-up made it a moment before; from the stream's first message
-    /// if the stream is not yet as far on: a stream made again, its sequences begun anew.
+    /// if the stream was made again (another creation time, or not yet as far on): its
+    /// sequences begun anew.
     async fn consumer(
         &self,
         ready: &Ready,
         acks: &Acks,
     ) -> Result<PullConsumer, async_nats::Error> {
         let stream = ready.js.get_stream(&self.link.names.stream).await?;
+        let created = stream.cached_info().created;
+        let made_again = (self
+            .stream_created
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()))
+        .replace(created)
+        .is_some_and(|before| before != created);
         let name = Names::consumer_of(&self.link.bridge_id);
         let gone = match stream.get_consumer(&name).await {
             Ok(consumer) => return Ok(consumer),
@@ -306,7 +317,7 @@ impl Applier {
         );
         let (start, acknowledged) = match self.delivered_before.get() {
             None => (DeliverPolicy::New, last),
-            Some(_) if acknowledged > last => {
+            Some(_) if made_again || acknowledged > last => {
                 self.redelivered_through.store(0, Ordering::Relaxed);
                 ready.unwritten.sequences_begun_anew();
                 (DeliverPolicy::All, 0)
