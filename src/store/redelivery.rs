@@ -25,7 +25,7 @@ use dashmap::DashMap;
 use smallvec::SmallVec;
 use tokio_util::sync::CancellationToken;
 
-use super::undelivered::PendingRow;
+use super::undelivered::PendingRows;
 use super::{Store, UndeliveredRows};
 use crate::core::{
     Core, Envelope, HoldersOf, LeftUndelivered, Link, LogFuture, MessageLog, MessageQuery,
@@ -140,7 +140,7 @@ impl Pending {
 
     /// Each pending id, with the agents whose copies hold it (`PendingFor::named`). While the
     /// bridge stops, a message first held since it began to stop is taken for held by all.
-    fn named(&self) -> Vec<PendingRow> {
+    fn named(&self) -> PendingRows {
         let stopping = self.stopping.load(Ordering::Acquire);
         (self.ids.iter())
             .map(|holds| {
@@ -307,14 +307,14 @@ impl RedeliveringLog {
         let through = (left.as_ref()).map_or(i64::MAX, |left| left.kept_through.unwrap_or(0));
         let unwritten_from = self.floor_to_keep();
         let ids = move || {
-            let mut ids: std::collections::HashMap<_, _> = pending.named().into_iter().collect();
+            let mut ids = pending.named();
             // One pending in both runs is pending for the agents of either.
             for (id, left_for) in left.iter().flat_map(|left| &left.pending) {
                 ids.entry(id.clone())
                     .and_modify(|named| *named = either(named.take(), left_for))
                     .or_insert_with(|| left_for.clone());
             }
-            ids.into_iter().collect()
+            ids
         };
         match (self.store)
             .keep_undelivered(&self.kept, ids, through, unwritten_from)
@@ -463,6 +463,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use crate::core::{Envelope, Kind};
+    use crate::store::undelivered::PendingRows;
     use crate::store::{IN_MEMORY, Store, UndeliveredRows};
 
     fn message(id: &str) -> Envelope {
@@ -502,7 +503,7 @@ mod tests {
     }
 
     /// Pending ids as kept, with no agents named.
-    fn unnamed(ids: &[&str]) -> Vec<(String, Option<Arc<[String]>>)> {
+    fn unnamed(ids: &[&str]) -> PendingRows {
         ids.iter().map(|id| (id.to_string(), None)).collect()
     }
 
@@ -539,7 +540,7 @@ mod tests {
         store.insert_message(&message("m5")).await.unwrap();
         assert_eq!(undelivered(&store).await, ["m2", "m3", "m5"]);
         store
-            .keep_undelivered(&rows, Vec::new, i64::MAX, None)
+            .keep_undelivered(&rows, PendingRows::default, i64::MAX, None)
             .await
             .unwrap();
         assert!(undelivered(&store).await.is_empty());

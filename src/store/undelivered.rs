@@ -15,9 +15,9 @@ use super::messages::{STORED, decodable};
 use super::{Store, StoreError};
 use crate::core::{LeftUndelivered, StoredMessage};
 
-/// A pending message as kept: its id, and the agents it is pending for (`None`: every
+/// The pending messages as kept: each id, with the agents it is pending for (`None`: every
 /// recipient that holds).
-pub type PendingRow = (String, Option<Arc<[String]>>);
+pub(crate) type PendingRows = HashMap<String, Option<Arc<[String]>>>;
 
 /// The `undelivered` table as this run's last committed keeping left it, so that the next
 /// writes only what changed. Used on the writer's thread only.
@@ -26,7 +26,7 @@ pub(crate) struct UndeliveredRows(Arc<Mutex<Rows>>);
 
 #[derive(Default)]
 struct Rows {
-    rows: HashMap<String, Option<Arc<[String]>>>,
+    rows: PendingRows,
     /// Whether `rows` is what the table holds: not before this run's first keeping
     /// committed (the table holds the last run's), nor from a keeping's write until its
     /// batch committed (a batch that fails undoes it).
@@ -92,7 +92,7 @@ impl Store {
     pub(crate) fn keep_undelivered(
         &self,
         rows: &UndeliveredRows,
-        pending: impl FnOnce() -> Vec<PendingRow> + Send + 'static,
+        pending: impl FnOnce() -> PendingRows + Send + 'static,
         through: i64,
         unwritten_from: Option<u64>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
@@ -100,7 +100,7 @@ impl Store {
         let (written, committed) = (rows.clone(), rows.clone());
         let keep = move |conn: &rusqlite::Connection| {
             let mut kept = written.0.lock().unwrap_or_else(|e| e.into_inner());
-            let now: HashMap<_, _> = pending().into_iter().collect();
+            let now = pending();
             // The rows gone and those new or pending for other agents, unless writing every
             // row is less (most of a short list, under load and prompt readers, is new).
             let changes = (kept.committed)
@@ -198,7 +198,7 @@ mod tests {
     type Pending<'a> = &'a [(&'a str, Option<&'a [&'a str]>)];
 
     async fn keep(store: &Store, rows: &UndeliveredRows, pending: Pending<'_>) {
-        let pending: Vec<_> = (pending.iter())
+        let pending: super::PendingRows = (pending.iter())
             .map(|(id, named)| {
                 let named = named.map(|n| n.iter().map(|a| a.to_string()).collect::<Vec<_>>());
                 (id.to_string(), named.map(Arc::from))
