@@ -368,7 +368,7 @@ async fn a_message_is_published_once_under_its_id_and_never_again() {
         }
     }
     let js = fleet.jetstream().await;
-    let stream_name = format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase());
+    let stream_name = fleet.stream_name();
     let mut stream = js.get_stream(&stream_name).await.expect("the stream");
     let before = stream.info().await.expect("its info").state.last_sequence;
 
@@ -450,7 +450,7 @@ async fn deliveries_taken_from_a_bridges_consumer_elsewhere_still_reach_its_agen
         .subscribe(inbox.clone())
         .await
         .expect("a subscription");
-    let stream = format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase());
+    let stream = fleet.stream_name();
     let request = r#"{"batch":4,"expires":30000000000}"#;
     client
         .publish_with_reply(
@@ -493,7 +493,7 @@ async fn a_bridge_whose_consumer_was_deleted_makes_it_again_and_misses_nothing()
     sender.chat(&receiver.name, "@coder 0", None).await;
     chats_in_order(&mut receiver, 1).await;
     let js = fleet.jetstream().await;
-    let stream = format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase());
+    let stream = fleet.stream_name();
     let stream = js.get_stream(stream).await.expect("the fleet's stream");
     (stream.delete_consumer("bridge-b1").await).expect("b1's consumer deleted");
     const COUNT: usize = 20;
@@ -520,7 +520,7 @@ async fn a_bridge_reads_a_stream_made_again_from_its_start_though_it_is_past_the
     sender.chat(&receiver.name, "@coder before", None).await;
     assert_eq!(receiver.next(What::Chat).await.text, "@coder before");
     let js = fleet.jetstream().await;
-    let name = format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase());
+    let name = fleet.stream_name();
     let mut stream = js.get_stream(&name).await.expect("the fleet's stream");
     let old = stream.info().await.expect("its info").clone();
     js.delete_stream(&name).await.expect("the stream deleted");
@@ -2495,7 +2495,7 @@ async fn a_program_beside_one_further_behind_gets_each_message_once_through_anot
     } = SlowReader::on_a_third_bridge().await;
     let mut beside = PromptBeside::sent_to(&fleet, "b2", &process, "stayer").await;
     let js = fleet.jetstream().await;
-    let stream = js.get_stream(format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase()));
+    let stream = js.get_stream(fleet.stream_name());
     let stream = stream.await.expect("the fleet's stream");
     let sent = stream
         .get_info()
@@ -2660,7 +2660,7 @@ async fn sent_and_left_unwritten(
     let js = fleet.jetstream().await;
     let bridges = js.get_key_value(format!("{}_bridges", fleet.prefix));
     let bridges = bridges.await.expect("the bridges bucket");
-    let stream = js.get_stream(format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase()));
+    let stream = js.get_stream(fleet.stream_name());
     let stream = stream.await.expect("the fleet's stream");
     let carried_and_acknowledged = async || {
         let beat = bridges.get(id).await.ok().flatten();
@@ -2699,7 +2699,7 @@ async fn a_bridge_back_after_a_kill_that_left_its_consumer_full_is_delivered_to_
     // What the killed run had taken: every delivery the consumer allows, none acknowledged
     // (of empty batches, which route nothing).
     let js = fleet.jetstream().await;
-    let stream_name = format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase());
+    let stream_name = fleet.stream_name();
     let stream = js.get_stream(&stream_name).await.expect("the stream");
     let mut consumer: PullConsumer = stream.get_consumer("bridge-b1").await.expect("b1's");
     let most = consumer
@@ -4272,7 +4272,7 @@ async fn the_nats_server_a_bridge_publishes_through_killed_mid_flow_loses_nothin
 async fn the_nats_server_leading_the_stream_killed_mid_flow_loses_nothing() {
     nats_server_killed_mid_flow(async |cluster, fleet| {
         let url = cluster.urls().remove(0);
-        let stream = format!("{}_MESSAGES", fleet.prefix.to_ascii_uppercase());
+        let stream = fleet.stream_name();
         cluster.leading(&url, &stream).await
     })
     .await;

@@ -443,7 +443,6 @@ mod tests {
         Instant::now() + Duration::from_millis(ms)
     }
 
-    /// Puts heartbeats whenever asked, each landing.
     /// The floor of a running bridge whose store is in memory, with what the last run left.
     fn floor_from(left_by_last_run: Floor) -> UnwrittenFloor {
         UnwrittenFloor::new(
@@ -453,6 +452,7 @@ mod tests {
         )
     }
 
+    /// Puts heartbeats whenever asked, each landing.
     fn heartbeat(floor: Arc<UnwrittenFloor>) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             loop {

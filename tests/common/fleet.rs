@@ -165,6 +165,11 @@ impl Fleet {
         }
     }
 
+    /// The name of the fleet's stream of messages.
+    pub fn stream_name(&self) -> String {
+        format!("{}_MESSAGES", self.prefix.to_ascii_uppercase())
+    }
+
     /// A JetStream client of the fleet's cluster.
     pub async fn jetstream(&self) -> async_nats::jetstream::Context {
         let url = self.nats.split('"').nth(1).expect("a NATS URL");

@@ -295,12 +295,14 @@ impl Applier {
     ) -> Result<PullConsumer, async_nats::Error> {
         let stream = ready.js.get_stream(&self.link.names.stream).await?;
         let created = stream.cached_info().created;
-        let made_again = (self
-            .stream_created
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()))
-        .replace(created)
-        .is_some_and(|before| before != created);
+        let made_again = {
+            let mut seen = self
+                .stream_created
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            seen.replace(created)
+                .is_some_and(|before| before != created)
+        };
         let name = Names::consumer_of(&self.link.bridge_id);
         let gone = match stream.get_consumer(&name).await {
             Ok(consumer) => return Ok(consumer),
