@@ -35,7 +35,7 @@ struct ReadinessState {
     doors: Latch,
     /// One report at a time: each reads the state after its own change, so the last to set
     /// the gauge has seen every change before it.
-    reporting: std::sync::Mutex<()>,
+    reporting: parking_lot::Mutex<()>,
 }
 
 impl Readiness {
@@ -46,7 +46,7 @@ impl Readiness {
 
     /// The `agentbridge_ready` gauge, as `/readyz` answers: 1 when ready and not degraded.
     fn report(&self) {
-        let _one = self.0.reporting.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = self.0.reporting.lock();
         crate::telemetry::ready(self.serving() && self.degraded().is_none());
     }
 

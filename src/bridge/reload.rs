@@ -6,8 +6,9 @@
 //! taking a restart and left as it was.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
+use parking_lot::Mutex;
 use toml::{Table, Value};
 
 use crate::admin::{ReloadReport, Token};
@@ -67,11 +68,7 @@ impl Live {
             Ok(config) => config,
             Err(e) => return refused(e.to_string()),
         };
-        let running = self
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let running = self.running.lock().clone();
         let mut report = ReloadReport::default();
         let mut applied = running.clone();
         let sections: Vec<&String> = (running.keys().chain(config.source.0.keys()))
@@ -117,7 +114,7 @@ impl Live {
                 Err(e) => report.needs_restart.push(format!("{section}: {e}")),
             }
         }
-        *self.running.lock().unwrap_or_else(|e| e.into_inner()) = applied;
+        *self.running.lock() = applied;
         telemetry::config_reloaded(true);
         tracing::info!(changed = ?report.changed, needs_restart = ?report.needs_restart, "config reloaded");
         report

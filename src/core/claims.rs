@@ -182,7 +182,7 @@ pub async fn claim_to_the_end(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
+    use parking_lot::Mutex;
     use tokio::sync::Notify;
 
     /// Claims that land once `land` is notified, and what became of them afterwards.
@@ -195,13 +195,13 @@ mod tests {
 
     impl SlowClaims {
         fn note(&self, what: String) {
-            self.after.lock().unwrap().push(what);
+            self.after.lock().push(what);
         }
 
         /// What became of the claims, once something did (within a bound).
         async fn settled(&self) -> Vec<String> {
             for _ in 0..500 {
-                let after = self.after.lock().unwrap().clone();
+                let after = self.after.lock().clone();
                 if !after.is_empty() {
                     return after;
                 }

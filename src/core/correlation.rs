@@ -5,9 +5,10 @@
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use foldhash::HashMap;
+use parking_lot::Mutex;
 
 use uuid::Uuid;
 
@@ -272,12 +273,12 @@ impl CorrelationIndex {
             task_id: assigned_task.map(boxed),
             asks_decision,
         };
-        self.lock().links.insert(entry, self.capacity)
+        self.state.lock().links.insert(entry, self.capacity)
     }
 
     pub fn link(&self, id: &str) -> Option<Link> {
         let hash = self.hasher.hash_one(id);
-        self.lock().links.get(id, hash, self.capacity)
+        self.state.lock().links.get(id, hash, self.capacity)
     }
 
     /// Forgets a message's place in its conversation (it was not accepted after all):
@@ -285,12 +286,15 @@ impl CorrelationIndex {
     /// id was accepted, or applied from another bridge).
     pub fn forget(&self, id: &str, stamp: u64) {
         let hash = self.hasher.hash_one(id);
-        self.lock().links.forget(id, hash, self.capacity, stamp);
+        self.state
+            .lock()
+            .links
+            .forget(id, hash, self.capacity, stamp);
     }
 
     /// Records that `request` assigned task `task_id`.
     pub fn record_task(&self, task_id: &str, request: TaskRequest) {
-        let state = &mut *self.lock();
+        let state = &mut *self.state.lock();
         insert_bounded(
             &mut state.tasks,
             &mut state.task_order,
@@ -301,12 +305,12 @@ impl CorrelationIndex {
     }
 
     pub fn task(&self, task_id: &str) -> Option<TaskRequest> {
-        self.lock().tasks.get(task_id).cloned()
+        self.state.lock().tasks.get(task_id).cloned()
     }
 
     /// Records that `derived` stands for `original` in a protocol that needs another id form.
     pub fn record_derived(&self, derived: &str, original: &str) {
-        let state = &mut *self.lock();
+        let state = &mut *self.state.lock();
         insert_bounded(
             &mut state.originals,
             &mut state.derived_order,
@@ -317,11 +321,7 @@ impl CorrelationIndex {
     }
 
     pub fn original_of(&self, derived: &str) -> Option<String> {
-        self.lock().originals.get(derived).cloned()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().originals.get(derived).cloned()
     }
 }
 

@@ -8,10 +8,11 @@
 
 use std::any::Any;
 use std::ops::Deref;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::envelope::{Envelope, Protocol};
@@ -236,7 +237,7 @@ impl Routed {
             return hit;
         }
         let fresh = encode(&self.envelope);
-        let mut cache = self.encoded.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.encoded.lock();
         if let Some(existing) = find::<T>(&cache, protocol) {
             return existing;
         }
@@ -245,7 +246,7 @@ impl Routed {
     }
 
     fn cached<T: Clone + 'static>(&self, protocol: Protocol) -> Option<T> {
-        let cache = self.encoded.lock().unwrap_or_else(|e| e.into_inner());
+        let cache = self.encoded.lock();
         find(&cache, protocol)
     }
 }

@@ -18,7 +18,9 @@
 //! a bridge stops or is killed is routed again, as it starts, only to those
 //! (`store::redelivery`, through `Outstanding::naming_dropping`).
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -75,14 +77,14 @@ struct Source<G: WatchesHolders>(Arc<Naming<G>>);
 impl<G: WatchesHolders> Guard for Source<G> {
     fn taken_by(self: Arc<Self>, recipient: Option<&str>) -> Arc<dyn Guard> {
         let naming = self.0.clone();
-        let slot = lock(&naming.holders).take_up(recipient);
+        let slot = naming.holders.lock().take_up(recipient);
         Arc::new(Taken { naming, slot })
     }
 }
 
 impl<G: WatchesHolders> Drop for Source<G> {
     fn drop(&mut self) {
-        lock(&self.0.holders).source_let_go = true;
+        self.0.holders.lock().source_let_go = true;
         self.0.watch.holders_changed();
     }
 }
@@ -102,7 +104,7 @@ impl<G: WatchesHolders> Guard for Taken<G> {
 
 impl<G: WatchesHolders> Drop for Taken<G> {
     fn drop(&mut self) {
-        lock(&self.naming.holders).let_go(self.slot);
+        self.naming.holders.lock().let_go(self.slot);
         self.naming.watch.holders_changed();
     }
 }
@@ -163,10 +165,6 @@ impl Holders {
         };
         *count = count.saturating_sub(1);
     }
-}
-
-fn lock(holders: &Mutex<Holders>) -> std::sync::MutexGuard<'_, Holders> {
-    holders.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A hold a source of deliveries keeps on them (see the module's doc). Once the last clone
@@ -287,7 +285,7 @@ impl HoldersOf {
     /// for no named recipient (a hub's, holding for others) does. Once its source let it
     /// go, the holders only go.
     pub fn holders(&self) -> Option<Vec<String>> {
-        let holders = lock(&self.0);
+        let holders = self.0.lock();
         if !holders.source_let_go || holders.unnamed > 0 {
             return None;
         }

@@ -14,9 +14,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use serde::Deserialize;
 use tokio::sync::Notify;
 
@@ -245,7 +246,7 @@ impl Mailbox {
 
     /// Messages waiting, the backlog's included.
     pub fn len(&self) -> usize {
-        let state = self.lock();
+        let state = self.shared.state.lock();
         state.len + state.backlog.len()
     }
 
@@ -257,7 +258,7 @@ impl Mailbox {
         let delivery = self.taken(delivery);
         let lane = delivery.envelope.priority.lane();
         let outcome = {
-            let mut state = self.lock();
+            let mut state = self.shared.state.lock();
             if state.closed.is_some() {
                 return Pushed::Closed;
             }
@@ -340,7 +341,7 @@ impl Mailbox {
     pub fn try_recv(&self) -> Result<Option<Arc<Delivery>>, Closed> {
         loop {
             let next = {
-                let mut state = self.lock();
+                let mut state = self.shared.state.lock();
                 if let Some(reason) = state.closed {
                     return Err(reason);
                 }
@@ -363,7 +364,7 @@ impl Mailbox {
         }
         loop {
             let held = {
-                let mut state = self.lock();
+                let mut state = self.shared.state.lock();
                 if let Some(reason) = state.closed {
                     return Err(reason);
                 }
@@ -411,7 +412,7 @@ impl Mailbox {
             if read.is_none() {
                 tokio::time::sleep(FETCH_RETRY).await;
             }
-            let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = shared.state.lock();
             state.fetching = false;
             if let (None, Some(read)) = (state.closed, read) {
                 let mut read: HashMap<String, Envelope> =
@@ -448,7 +449,7 @@ impl Mailbox {
     /// Messages dropped by the `drop_oldest` / `drop_newest` policy since last asked: the
     /// recipient's endpoint tells it in its protocol.
     pub fn take_untold_drops(&self) -> u64 {
-        std::mem::take(&mut self.lock().untold_drops)
+        std::mem::take(&mut self.shared.state.lock().untold_drops)
     }
 
     /// `delivery`, unless it expired by `now`: then it goes to the expiry hook.
@@ -467,7 +468,7 @@ impl Mailbox {
     /// so a connection stuck on a slow client holds no more than that. False when the
     /// mailbox is open, closed otherwise, or that full.
     pub fn keep_after_overflow(&self, delivery: Arc<Delivery>) -> bool {
-        let mut state = self.lock();
+        let mut state = self.shared.state.lock();
         if state.closed != Some(Closed::Overflow) || state.len >= 2 * self.capacity {
             return false;
         }
@@ -484,7 +485,7 @@ impl Mailbox {
     /// have no backlog: the router gives them none.)
     pub fn take_left(&self) -> Vec<Arc<Delivery>> {
         let left: Vec<Arc<Delivery>> = {
-            let mut state = self.lock();
+            let mut state = self.shared.state.lock();
             state.len = 0;
             state
                 .lanes
@@ -501,7 +502,7 @@ impl Mailbox {
     /// Stops delivery: queued messages are discarded and `recv` returns `reason`.
     pub fn close(&self, reason: Closed) {
         {
-            let mut state = self.lock();
+            let mut state = self.shared.state.lock();
             if state.closed.is_none() {
                 state.closed = Some(reason);
             }
@@ -515,11 +516,7 @@ impl Mailbox {
     }
 
     pub fn closed(&self) -> Option<Closed> {
-        self.lock().closed
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Lanes> {
-        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.state.lock().closed
     }
 }
 
@@ -736,7 +733,7 @@ mod tests {
         let expired = Arc::new(Mutex::new(Vec::new()));
         let sink = expired.clone();
         let mb = Mailbox::new("t", 10, WhenFull::DropOldest).with_expiry_hook(Arc::new(
-            move |d: Arc<Delivery>| sink.lock().unwrap().push(d.envelope.id.clone()),
+            move |d: Arc<Delivery>| sink.lock().push(d.envelope.id.clone()),
         ));
         let mut env = Envelope::new("test", "a", Kind::Chat);
         env.ttl_secs = Some(0);
@@ -744,7 +741,7 @@ mod tests {
         mb.push(Arc::new(Delivery::new(env)));
         mb.push(msg("fresh", Priority::Normal));
         assert_eq!(drain(&mb), ["fresh"]);
-        assert_eq!(*expired.lock().unwrap(), [id]);
+        assert_eq!(*expired.lock(), [id]);
     }
 
     #[tokio::test]

@@ -264,7 +264,7 @@ where
         owner: Arc::downgrade(owner),
         what,
         apply,
-        failed: std::sync::Mutex::default(),
+        failed: parking_lot::Mutex::default(),
     })
 }
 
@@ -274,7 +274,7 @@ struct ApplyWith<T, F> {
     apply: F,
     /// The records whose last change's apply kept failing for a moment, by key, with that
     /// change's revision: applied again by `apply_failed_again`, or by their next change.
-    failed: std::sync::Mutex<std::collections::BTreeMap<String, Revision>>,
+    failed: parking_lot::Mutex<std::collections::BTreeMap<String, Revision>>,
 }
 
 impl<T, F, Fut, E> ApplyWith<T, F>
@@ -284,10 +284,6 @@ where
     Fut: Future<Output = Result<(), E>> + Send + 'static,
     E: ApplyError,
 {
-    fn failed(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, Revision>> {
-        self.failed.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Applies `change` once: `Ok`, or the failure and whether it is worth trying again.
     /// `None` once the owner is gone.
     async fn apply_once(&self, change: &RecordChange) -> Option<Result<(), (String, bool)>> {
@@ -310,7 +306,7 @@ where
         Box::pin(async move {
             let key = &change.key;
             // Put aside before: tried once, the store most likely not back yet.
-            let put_aside = self.failed().remove(key).is_some();
+            let put_aside = self.failed.lock().remove(key).is_some();
             let tries = if put_aside { 1 } else { APPLY_TRIES };
             let mut pause = APPLY_AGAIN_AFTER;
             for tried in 1..=tries {
@@ -330,7 +326,7 @@ where
                     if !put_aside {
                         tracing::error!(error = failed, %key, "cannot apply a shared {} yet; it is tried again every {:?}", self.what, FAILED_APPLIED_AGAIN_EVERY);
                     }
-                    self.failed().insert(key.clone(), change.revision);
+                    self.failed.lock().insert(key.clone(), change.revision);
                     return;
                 }
                 tracing::warn!(error = failed, %key, "applying a shared {} again", self.what);
@@ -345,7 +341,7 @@ where
         current: CurrentRecord<'a>,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
         Box::pin(async move {
-            let put_aside: Vec<(String, Revision)> = (self.failed().iter())
+            let put_aside: Vec<(String, Revision)> = (self.failed.lock().iter())
                 .map(|(k, r)| (k.clone(), *r))
                 .collect();
             for (key, revision) in put_aside {
@@ -482,9 +478,9 @@ mod tests {
     struct Flaky {
         failing: u32,
         tried: AtomicU32,
-        applied: std::sync::Mutex<Vec<Revision>>,
+        applied: parking_lot::Mutex<Vec<Revision>>,
         /// Whether each change applied was a removal.
-        removed: std::sync::Mutex<Vec<bool>>,
+        removed: parking_lot::Mutex<Vec<bool>>,
     }
 
     fn change() -> RecordChange {
@@ -516,8 +512,8 @@ mod tests {
         let owner = Arc::new(Flaky {
             failing,
             tried: AtomicU32::new(0),
-            applied: std::sync::Mutex::default(),
-            removed: std::sync::Mutex::default(),
+            applied: parking_lot::Mutex::default(),
+            removed: parking_lot::Mutex::default(),
         });
         let sink = sink(
             &owner,
@@ -527,8 +523,8 @@ mod tests {
                 if tried <= flaky.failing {
                     return Err(Failed("the disk is full", true));
                 }
-                flaky.applied.lock().unwrap().push(change.revision);
-                flaky.removed.lock().unwrap().push(change.value.is_none());
+                flaky.applied.lock().push(change.revision);
+                flaky.removed.lock().push(change.value.is_none());
                 Ok(())
             },
         );
@@ -573,9 +569,9 @@ mod tests {
         // Once each time: the store is not back yet.
         sink.apply_failed_again(&fleet_at(2)).await;
         assert_eq!(owner.tried.load(Ordering::Relaxed), APPLY_TRIES + 1);
-        assert!(owner.applied.lock().unwrap().is_empty());
+        assert!(owner.applied.lock().is_empty());
         sink.apply_failed_again(&fleet_at(3)).await;
-        assert_eq!(*owner.applied.lock().unwrap(), [3]);
+        assert_eq!(*owner.applied.lock(), [3]);
         // Applied: not tried again.
         sink.apply_failed_again(&fleet_at(4)).await;
         assert_eq!(owner.tried.load(Ordering::Relaxed), APPLY_TRIES + 2);
@@ -591,7 +587,7 @@ mod tests {
         };
         sink.apply(later).await;
         sink.apply_failed_again(&fleet_at(2)).await;
-        assert_eq!(*owner.applied.lock().unwrap(), [2]);
+        assert_eq!(*owner.applied.lock(), [2]);
         assert_eq!(owner.tried.load(Ordering::Relaxed), APPLY_TRIES + 1);
     }
 
@@ -620,7 +616,7 @@ mod tests {
         sink.apply_failed_again(&fleet_at(4)).await;
         assert_eq!(owner.tried.load(Ordering::Relaxed), APPLY_TRIES);
         sink.apply_failed_again(&fleet_at(5)).await;
-        assert_eq!(*owner.applied.lock().unwrap(), [5]);
+        assert_eq!(*owner.applied.lock(), [5]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -635,8 +631,8 @@ mod tests {
             Box::pin(std::future::ready(Ok(None)))
         };
         sink.apply_failed_again(&nothing).await;
-        assert_eq!(*owner.applied.lock().unwrap(), [1]);
-        assert_eq!(*owner.removed.lock().unwrap(), [true]);
+        assert_eq!(*owner.applied.lock(), [1]);
+        assert_eq!(*owner.removed.lock(), [true]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -644,8 +640,8 @@ mod tests {
         let owner = Arc::new(Flaky {
             failing: u32::MAX,
             tried: AtomicU32::new(0),
-            applied: std::sync::Mutex::default(),
-            removed: std::sync::Mutex::default(),
+            applied: parking_lot::Mutex::default(),
+            removed: parking_lot::Mutex::default(),
         });
         let sink = sink(&owner, "thing", |flaky: Arc<Flaky>, _| async move {
             flaky.tried.fetch_add(1, Ordering::Relaxed);

@@ -16,10 +16,11 @@
 //! copy for an id it may yet give back would lose the message.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
+use parking_lot::Mutex;
 
 use super::Kind;
 
@@ -78,7 +79,7 @@ impl Arrivals {
 
     fn sweep(&self) {
         {
-            let mut swept = self.swept.lock().unwrap_or_else(|e| e.into_inner());
+            let mut swept = self.swept.lock();
             if swept.elapsed() < SWEEP_EVERY {
                 return;
             }
@@ -86,7 +87,7 @@ impl Arrivals {
         }
         // Not one an open connection of the agent will merge into when it closes.
         (self.agents)
-            .retain(|_, closed| Arc::strong_count(closed) > 1 || !lock(closed).forgotten());
+            .retain(|_, closed| Arc::strong_count(closed) > 1 || !closed.lock().forgotten());
     }
 }
 
@@ -103,10 +104,6 @@ impl Closed {
         let now = Instant::now();
         self.ids.values().all(|until| now >= *until)
     }
-}
-
-fn lock(closed: &Mutex<Closed>) -> MutexGuard<'_, Closed> {
-    closed.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The ids a connection sent live in its first `ARRIVAL_WINDOW`, in a fleet (boxed: every
@@ -174,7 +171,7 @@ impl SentOnArrival {
         if arriving.ids.contains(id) {
             return true;
         }
-        let closed = lock(&arriving.closed);
+        let closed = arriving.closed.lock();
         (closed.ids.get(id)).is_some_and(|until| Instant::now() < *until)
     }
 
@@ -188,7 +185,7 @@ impl SentOnArrival {
         if arriving.ids.is_empty() || Instant::now() >= until {
             return;
         }
-        let mut closed = lock(&arriving.closed);
+        let mut closed = arriving.closed.lock();
         let now = Instant::now();
         closed.ids.retain(|_, until| now < *until);
         let room = MOST_REMEMBERED.saturating_sub(closed.ids.len());
@@ -294,14 +291,14 @@ mod tests {
         first.closed();
         {
             let entry = arrivals.agents.get("a").unwrap();
-            let mut closed = lock(&entry);
+            let mut closed = entry.lock();
             closed
                 .ids
                 .values_mut()
                 .for_each(|until| *until = Instant::now());
         }
         assert!(!arrivals.opening(true, "a").was_sent("m1"));
-        *arrivals.swept.lock().unwrap() -= SWEEP_EVERY;
+        *arrivals.swept.lock() -= SWEEP_EVERY;
         let _other = arrivals.opening(true, "b");
         assert!(!arrivals.agents.contains_key("a"));
     }
@@ -320,7 +317,7 @@ mod tests {
     fn a_sweep_keeps_what_an_open_connection_will_close_into() {
         let (arrivals, mut open) = opening("a");
         open.sent(Kind::Chat, "m1");
-        *arrivals.swept.lock().unwrap() -= SWEEP_EVERY;
+        *arrivals.swept.lock() -= SWEEP_EVERY;
         let _other = arrivals.opening(true, "b");
         open.closed();
         assert!(arrivals.opening(true, "a").was_sent("m1"));
@@ -338,7 +335,11 @@ mod tests {
         let mut next = arrivals.opening(true, "a");
         assert!(next.was_sent("older") && next.was_sent("newer"));
         // The older connection's ids go when it would have let them go.
-        *lock(&arrivals.agents.get("a").unwrap())
+        *arrivals
+            .agents
+            .get("a")
+            .unwrap()
+            .lock()
             .ids
             .get_mut("older")
             .unwrap() = Instant::now();

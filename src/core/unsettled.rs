@@ -12,8 +12,8 @@
 //! not taken while it is being settled, nor settled while a take of it is under way.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard};
 
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -80,7 +80,7 @@ pub struct Taking<'a> {
 
 impl Drop for Taking<'_> {
     fn drop(&mut self) {
-        let mut turns = lock(&self.mail.turns);
+        let mut turns = self.mail.turns.lock();
         if let Some(count) = turns.taking.get_mut(&self.agent) {
             *count -= 1;
             if *count == 0 {
@@ -98,7 +98,7 @@ struct Settling<'a> {
 
 impl Drop for Settling<'_> {
     fn drop(&mut self) {
-        lock(&self.mail.turns).settling.remove(self.agent);
+        self.mail.turns.lock().settling.remove(self.agent);
         self.mail.settled.notify_waiters();
     }
 }
@@ -106,19 +106,19 @@ impl Drop for Settling<'_> {
 impl UnsettledMail {
     /// Notes message `id` of `agent`'s as unsettled.
     pub fn note(&self, agent: &str, id: &str) {
-        let mut by_agent = lock(&self.by_agent);
+        let mut by_agent = self.by_agent.lock();
         let ids = by_agent.entry(agent.to_owned()).or_default();
         ids.insert(id.to_owned());
     }
 
     /// Whether `agent`'s mail is being settled now.
     pub fn is_settling(&self, agent: &str) -> bool {
-        lock(&self.turns).settling.contains_key(agent)
+        self.turns.lock().settling.contains_key(agent)
     }
 
     /// Whether message `id` of `agent`'s is being settled now.
     pub fn is_settling_message(&self, agent: &str, id: &str) -> bool {
-        (lock(&self.turns).settling.get(agent)).is_some_and(|ids| ids.contains(id))
+        (self.turns.lock().settling.get(agent)).is_some_and(|ids| ids.contains(id))
     }
 
     /// Starts a take of `agent`'s mail, once it is not being settled; no settling of it
@@ -137,7 +137,7 @@ impl UnsettledMail {
 
     /// As `taking`, but `None` rather than wait while `agent`'s mail is being settled.
     pub fn try_taking(&self, agent: &str) -> Option<Taking<'_>> {
-        let mut turns = lock(&self.turns);
+        let mut turns = self.turns.lock();
         if turns.settling.contains_key(agent) {
             return None;
         }
@@ -156,14 +156,14 @@ impl UnsettledMail {
         F: FnMut(String, Vec<String>) -> Fut,
         Fut: Future<Output = ()>,
     {
-        let agents: Vec<String> = lock(&self.by_agent).keys().cloned().collect();
+        let agents: Vec<String> = self.by_agent.lock().keys().cloned().collect();
         for agent in agents {
             let ids = {
-                let mut turns = lock(&self.turns);
+                let mut turns = self.turns.lock();
                 if turns.taking.contains_key(&agent) {
                     continue;
                 }
-                let Some(ids) = lock(&self.by_agent).remove(&agent) else {
+                let Some(ids) = self.by_agent.lock().remove(&agent) else {
                     continue;
                 };
                 turns.settling.insert(agent.clone(), ids.clone());
@@ -179,7 +179,7 @@ impl UnsettledMail {
 
     /// Whether any mail is noted.
     pub fn is_empty(&self) -> bool {
-        lock(&self.by_agent).is_empty()
+        self.by_agent.lock().is_empty()
     }
 
     /// Settles the mail noted (`settle`) every `TAKE_AGAIN_AFTER` while `records` can be
@@ -203,10 +203,6 @@ impl UnsettledMail {
             }
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

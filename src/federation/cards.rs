@@ -9,12 +9,13 @@
 //! (a revision check).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::kv::{self, CreateErrorKind, Operation};
 use futures_util::StreamExt;
+use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -77,7 +78,7 @@ struct Failed {
 impl CardKeeper {
     /// Puts the card of agent `name` soon, as the directory then has it.
     pub fn keep(&self, name: &str) {
-        let mut waiting = self.lock();
+        let mut waiting = self.waiting.lock();
         if !waiting.contains(name) {
             waiting.insert(name.to_owned());
         }
@@ -132,9 +133,10 @@ impl CardKeeper {
                 _ = self.wake.notified() => {}
                 _ = retry => {}
             }
-            let mut names: HashMap<String, u32> = (std::mem::take(&mut *self.lock()).into_iter())
-                .map(|name| (name, 0))
-                .collect();
+            let mut names: HashMap<String, u32> = (std::mem::take(&mut *self.waiting.lock())
+                .into_iter())
+            .map(|name| (name, 0))
+            .collect();
             if Instant::now() >= failed.again_at {
                 for (name, failures) in failed.names.drain() {
                     names.entry(name).or_insert(failures);
@@ -144,7 +146,7 @@ impl CardKeeper {
                 _ = shutdown.cancelled() => return,
                 () = self.put(&link, &core, names, &mut failed) => {}
             }
-            let waiting = self.lock();
+            let waiting = self.waiting.lock();
             if waiting.is_empty() && failed.names.is_empty() {
                 self.behind.send_replace(false);
             }
@@ -197,10 +199,6 @@ impl CardKeeper {
             failed.pause = (failed.pause * 2).min(PUT_AGAIN_AT_MOST);
         }
         failed.names.extend(failing);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

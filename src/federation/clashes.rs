@@ -34,10 +34,12 @@
 //! The same agent online through two bridges is a clash only in a protocol where one
 //! agent may not be (`Endpoint::ONLINE_THROUGH_SEVERAL_BRIDGES`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
+use parking_lot::Mutex;
 
 use super::cards::CardKeeper;
 use super::claims::FleetClaims;
@@ -169,7 +171,7 @@ impl Clashes {
 
     /// Forgets, at most once a `OFFLINE_REMEMBERED`, the offline cards older than that.
     fn forget_offline(&self) {
-        let mut pruned = self.pruned.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pruned = self.pruned.lock();
         if pruned.elapsed() < OFFLINE_REMEMBERED {
             return;
         }

@@ -58,7 +58,7 @@ pub struct NatsLink {
     readiness: Readiness,
     /// Since when the client has been disconnected. A server failing over is ridden out
     /// (messages wait for the client to reconnect); past `grace` NATS is unreachable.
-    disconnected_since: std::sync::Mutex<Option<Instant>>,
+    disconnected_since: parking_lot::Mutex<Option<Instant>>,
     grace: Duration,
     /// Changed whenever the client connects (`reconnected`, `connected_after`).
     connections: tokio::sync::watch::Sender<()>,
@@ -116,7 +116,7 @@ impl NatsLink {
             run_id: uuid::Uuid::new_v4().to_string(),
             ready: ArcSwapOption::empty(),
             readiness,
-            disconnected_since: std::sync::Mutex::new(None),
+            disconnected_since: parking_lot::Mutex::new(None),
             grace: Duration::from_millis(config.publish_timeout_ms),
             connections: tokio::sync::watch::Sender::new(()),
         });
@@ -127,13 +127,15 @@ impl NatsLink {
                 match event {
                     Event::Connected => {
                         tracing::info!("federation: connected to NATS");
-                        *link.disconnected() = None;
+                        *link.disconnected_since.lock() = None;
                         link.update_readiness();
                         link.connections.send_replace(());
                     }
                     Event::Disconnected => {
                         tracing::warn!("federation: disconnected from NATS; reconnecting");
-                        link.disconnected().get_or_insert_with(Instant::now);
+                        link.disconnected_since
+                            .lock()
+                            .get_or_insert_with(Instant::now);
                         link.update_readiness();
                     }
                     other => tracing::debug!(event = %other, "federation: NATS"),
@@ -160,7 +162,7 @@ impl NatsLink {
     /// Whether a message for another bridge is refused at once: the stream was never set
     /// up, or the client has been disconnected for longer than a failover takes.
     pub fn unreachable(&self) -> bool {
-        let away = *self.disconnected();
+        let away = *self.disconnected_since.lock();
         self.ready.load().is_none() || away.is_some_and(|since| since.elapsed() > self.grace)
     }
 
@@ -210,10 +212,6 @@ impl NatsLink {
         let _ = connected
             .wait_for(|()| self.connection() > connection)
             .await;
-    }
-
-    fn disconnected(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
-        (self.disconnected_since.lock()).unwrap_or_else(|e| e.into_inner())
     }
 
     /// How long a publish waits for JetStream's answer (`publish_timeout_ms`).

@@ -17,9 +17,10 @@
 //! `UNROUTED_FOR`).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::core::{HeldBy, Outstanding};
 
@@ -145,7 +146,7 @@ impl<T> Entries<T> {
     /// Keeps `value` under `id`, unless there is no room or `id` is kept already; whether
     /// it was kept.
     fn insert(&self, id: &str, value: T) -> bool {
-        let mut map = self.lock();
+        let mut map = self.map.lock();
         if map.by_id.len() >= MOST {
             self.sweep_locked(&mut map, STALE_AFTER);
         }
@@ -158,7 +159,7 @@ impl<T> Entries<T> {
     }
 
     fn take(&self, id: &str) -> Option<T> {
-        let mut map = self.lock();
+        let mut map = self.map.lock();
         let taken = map.by_id.remove(id).map(|(_, value)| value);
         self.len.store(map.by_id.len(), Ordering::Release);
         taken
@@ -170,7 +171,7 @@ impl<T> Entries<T> {
 
     /// Lets go the entries older than `older_than`.
     fn sweep(&self, older_than: Duration) {
-        self.sweep_locked(&mut self.lock(), older_than);
+        self.sweep_locked(&mut self.map.lock(), older_than);
     }
 
     /// At most once a second, so that a map of fresh entries is not scanned every time.
@@ -182,10 +183,6 @@ impl<T> Entries<T> {
         map.swept = now;
         (map.by_id).retain(|_, (at, _)| now.duration_since(*at) < older_than);
         self.len.store(map.by_id.len(), Ordering::Release);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Map<T>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -41,7 +41,7 @@ pub struct FleetRecords {
     /// What this bridge wrote and applied of each table, for a moved agent's mail.
     pub positions: Arc<RecordPositions>,
     /// Since when writes have found no stream leader to answer them (`no_leader`).
-    pub leaderless_since: std::sync::Mutex<Option<std::time::Instant>>,
+    pub leaderless_since: parking_lot::Mutex<Option<std::time::Instant>>,
 }
 
 fn bucket_key(table: &str, key: &str) -> String {
@@ -101,13 +101,13 @@ impl FleetRecords {
     /// publish waits (quorum lost, say): then one is refused at once rather than made
     /// again, as a leader's election is waited out.
     fn no_leader(&self) -> bool {
-        let mut since = (self.leaderless_since.lock()).unwrap_or_else(|e| e.into_inner());
+        let mut since = self.leaderless_since.lock();
         let since = since.get_or_insert_with(std::time::Instant::now);
         since.elapsed() > self.link.publish_timeout()
     }
 
     fn leader_answered(&self) {
-        *(self.leaderless_since.lock()).unwrap_or_else(|e| e.into_inner()) = None;
+        *self.leaderless_since.lock() = None;
     }
 
     /// What became of `write`, given its publish's `answer`.

@@ -14,9 +14,10 @@ use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Seek, Write};
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use bytes::Bytes;
+use parking_lot::{Mutex, MutexGuard};
 use serde::Deserialize;
 use tokio::sync::oneshot;
 
@@ -155,7 +156,7 @@ impl Unshared {
     }
 
     fn waiting(&self) -> MutexGuard<'_, Waiting> {
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+        self.waiting.lock()
     }
 
     /// Keeps `outgoing` to share once NATS is back: in the file first, when there is one
@@ -174,7 +175,7 @@ impl Unshared {
         let size = outgoing.payload.len();
         // The file's lock is held until the message is queued, so that `shared` cannot
         // empty the file of a line whose message is not in the queue yet.
-        let mut file = (self.file.as_ref()).map(|f| f.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut file = self.file.as_ref().map(|f| f.lock());
         if !self.waiting().has_room(size) {
             tracing::warn!(message_id = %outgoing.id, "federation: too much waits for NATS; this message stays on this bridge alone");
             return;
@@ -228,7 +229,7 @@ impl Unshared {
 
     fn empty_file(&self) {
         let Some(file) = &self.file else { return };
-        let file = file.lock().unwrap_or_else(|e| e.into_inner());
+        let file = file.lock();
         if self.waiting().is_settled()
             && let Err(e) = file.set_len(0).and_then(|()| file.sync_data())
         {

@@ -2,9 +2,10 @@
 //! the same.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use super::wire::Replica;
 
@@ -38,7 +39,7 @@ impl Unsure {
             return;
         };
         let now = Instant::now();
-        let mut ids = self.lock();
+        let mut ids = self.ids.lock();
         for replica in replicas.into_iter().filter(|r| !r.transient) {
             if ids.set.insert(replica.envelope.id.clone()) {
                 ids.order.push_back((now, replica.envelope.id));
@@ -54,16 +55,12 @@ impl Unsure {
         if !self.any.load(Ordering::Acquire) {
             return false;
         }
-        let mut ids = self.lock();
+        let mut ids = self.ids.lock();
         while (ids.order.front()).is_some_and(|(added, _)| added.elapsed() > UNSURE_FOR) {
             ids.forget_oldest();
         }
         self.any.store(!ids.order.is_empty(), Ordering::Release);
         ids.set.contains(id)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, UnsureIds> {
-        self.ids.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -25,9 +25,9 @@
 //! with a floor, have the heartbeat carry the oldest floor for every agent.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -156,13 +156,13 @@ impl UnwrittenFloor {
 
     /// The floor the last run left, if this run has not read again from it yet.
     pub(super) fn left_by_last_run(&self) -> Floor {
-        self.lock().left_by_last_run
+        self.state.lock().left_by_last_run
     }
 
     /// This run has read again from the floor the last one left (and carries what of that
     /// was not written in time as late).
     pub(super) fn read_again(&self) {
-        self.lock().left_by_last_run = None;
+        self.state.lock().left_by_last_run = None;
     }
 
     /// Waits, before the batch starting at `first` is acknowledged, until `written` says it
@@ -181,7 +181,7 @@ impl UnwrittenFloor {
     /// `by`; whether it was carried or done.
     pub(super) async fn carry(&self, first: u64, written: Written, by: Instant) -> bool {
         let mut ended = self.ended.subscribe();
-        self.lock().late.push((first, written.clone()));
+        self.state.lock().late.push((first, written.clone()));
         let carried = async {
             while !written.is_done() {
                 let (in_heartbeats, in_store) =
@@ -193,7 +193,7 @@ impl UnwrittenFloor {
                     self.store_wanted.notify_one();
                 }
                 if !in_heartbeats {
-                    if self.lock().failed {
+                    if self.state.lock().failed {
                         tokio::time::sleep(AFTER_A_FAILED_PUT).await;
                     }
                     self.wanted.notify_one();
@@ -219,7 +219,7 @@ impl UnwrittenFloor {
     fn is_carried(&self, first: u64, written: &Written) -> bool {
         let holders = written.holders();
         let holders = holders.as_deref();
-        let state = self.lock();
+        let state = self.state.lock();
         covers(&state.landed, first, holders)
             && (state.in_flight.as_ref()).is_none_or(|floors| covers(floors, first, holders))
     }
@@ -227,7 +227,7 @@ impl UnwrittenFloor {
     /// Whether the floor the store kept covers the batch starting at `first`, if it keeps
     /// one.
     fn is_kept(&self, first: u64) -> bool {
-        match self.lock().store {
+        match self.state.lock().store {
             StoreFloor::NotKept => true,
             StoreFloor::Kept(kept) => kept.is_some_and(|kept| kept <= first),
         }
@@ -236,7 +236,7 @@ impl UnwrittenFloor {
     /// The bridge's store kept `floor` (`UnwrittenFrom::kept`): wakes the late batches
     /// that wait for it.
     pub(super) fn store_kept(&self, floor: Floor) {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         if let StoreFloor::Kept(kept) = &mut state.store {
             *kept = floor;
         }
@@ -256,7 +256,7 @@ impl UnwrittenFloor {
     /// redelivery or read again, only adds its agents), so that up to there the agents a
     /// heartbeat names are all that were not written.
     pub(super) fn routed(&self, first: u64, last: u64, written: Written) {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         if !written.is_done() {
             state.routed.push((first, written));
         }
@@ -266,7 +266,7 @@ impl UnwrittenFloor {
     /// The stream was made again, its sequences begun anew: what this run routed and the
     /// floors it carried are numbered in the stream gone.
     pub(super) fn sequences_begun_anew(&self) {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         state.routed.clear();
         state.late.clear();
         state.routed_through = 0;
@@ -276,7 +276,7 @@ impl UnwrittenFloor {
     /// or all of them once the bridge is stopping, and what the last run left), for the
     /// bridge's store to keep.
     pub(super) fn floor_now(&self) -> Floor {
-        self.lock().oldest(self.stopping.is_cancelled())
+        self.state.lock().oldest(self.stopping.is_cancelled())
     }
 
     /// Resolves once a late batch waits for a heartbeat.
@@ -288,7 +288,7 @@ impl UnwrittenFloor {
     /// what the last run left, and each agent's oldest of the batches routed or late, if
     /// it can tell them all.
     pub(super) fn start_put(&self) -> PutUnderWay<'_> {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         let stopping = self.stopping.is_cancelled();
         if !stopping {
             state.late.retain(|(_, written)| !written.is_done());
@@ -316,7 +316,7 @@ impl UnwrittenFloor {
 
     /// The put under way ended: it `landed`, or may not have.
     fn put_ended(&self, landed: bool) {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         if let Some(floors) = state.in_flight.take() {
             // A put that failed may have landed all the same: the bucket holds one's floors
             // or the other's, and a later batch is covered only by both.
@@ -329,10 +329,6 @@ impl UnwrittenFloor {
         }
         drop(state);
         self.ended.send_replace(());
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -569,6 +565,7 @@ mod tests {
         let (older, _older_copies) = batch();
         // Late batches need not come in stream order.
         floor
+            .state
             .lock()
             .late
             .extend([(250, newer), (200, older.clone())]);
@@ -589,7 +586,7 @@ mod tests {
         let floor = floor_from(None);
         let (older, older_copies) = batch_for(&["slow", "prompt"]);
         let (newer, _newer_copies) = batch_for(&["slow", "late"]);
-        floor.lock().late.extend([(300, newer), (100, older)]);
+        floor.state.lock().late.extend([(300, newer), (100, older)]);
         let expected = floors(100, &[("late", 300), ("prompt", 100), ("slow", 100)]);
         assert_eq!(floor.start_put().carries(), &expected);
         // The prompt one was written its copy; the slow one is still behind.
@@ -609,7 +606,7 @@ mod tests {
     fn a_batch_held_for_nobody_named_is_carried_for_all() {
         let floor = floor_from(None);
         let (named, _named_copies) = batch_for(&["ann"]);
-        floor.lock().late.push((100, named));
+        floor.state.lock().late.push((100, named));
         let put = floor.start_put();
         assert_eq!(put.carries(), &floors(100, &[("ann", 100)]));
         put.landed();
@@ -627,6 +624,7 @@ mod tests {
         };
         assert!(!floor.is_carried(200, &hubs));
         floor
+            .state
             .lock()
             .late
             .extend([(200, hubs.clone()), (300, bobs.clone())]);
@@ -647,7 +645,7 @@ mod tests {
         let (hold, own) = Outstanding::naming();
         let (mut written, _copies) = batch_for(&["ann"]);
         written.own.push(own);
-        floor.lock().late.push((100, written));
+        floor.state.lock().late.push((100, written));
         assert_eq!(floor.start_put().carries(), &for_all(100));
         let _bobs = taken_up(&hold, Some("bob"));
         drop(hold);
@@ -684,7 +682,7 @@ mod tests {
         let stopping = CancellationToken::new();
         let floor = UnwrittenFloor::new(None, stopping.clone(), StoreFloor::NotKept);
         let (late, late_copies) = batch_for(&["slow"]);
-        floor.lock().late.push((100, late));
+        floor.state.lock().late.push((100, late));
         let (routed, routed_copies) = batch_for(&["prompt"]);
         floor.routed(200, 299, routed);
         stopping.cancel();
@@ -702,7 +700,7 @@ mod tests {
     fn a_stream_made_again_lets_the_old_sequences_go() {
         let floor = floor_from(None);
         let (late, _late_copies) = batch_for(&["slow"]);
-        floor.lock().late.push((100, late));
+        floor.state.lock().late.push((100, late));
         let (routed, _routed_copies) = batch_for(&["slow"]);
         floor.routed(200, 299, routed);
         floor.sequences_begun_anew();

@@ -63,7 +63,7 @@ pub struct Hub {
     filter: Arc<dyn HubFilter>,
     /// The messages it applied as it caught up, or before the restart, passed over if they
     /// are routed to it too.
-    caught_up: std::sync::Mutex<HashSet<String>>,
+    caught_up: parking_lot::Mutex<HashSet<String>>,
     marked: AtomicUsize,
 }
 
@@ -80,7 +80,7 @@ impl Hub {
             session,
             protocol,
             filter,
-            caught_up: std::sync::Mutex::default(),
+            caught_up: parking_lot::Mutex::default(),
             marked: AtomicUsize::new(0),
         }
     }
@@ -143,7 +143,7 @@ impl Hub {
                     continue;
                 }
                 let id = env.id.clone();
-                self.lock_caught_up().insert(id.clone());
+                self.caught_up.lock().insert(id.clone());
                 apply(env).await;
                 self.mark(&id);
                 applied += 1;
@@ -159,7 +159,7 @@ impl Hub {
         match marks.caught_up(self.protocol, through).await {
             // Applied before the restart: passed over too if they are routed again (a fleet
             // routes again what its consumer had not acknowledged).
-            Ok(marked) => self.lock_caught_up().extend(marked),
+            Ok(marked) => self.caught_up.lock().extend(marked),
             Err(e) => {
                 tracing::error!(error = %e, hub = self.protocol, "cannot keep how far the hub caught up")
             }
@@ -180,10 +180,6 @@ impl Hub {
         drop(self.core.applied.mark_applied(self.protocol, id, prune));
     }
 
-    fn lock_caught_up(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.caught_up.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     pub fn mailbox(&self) -> &Mailbox {
         &self.session.mailbox
     }
@@ -201,7 +197,7 @@ impl Hub {
                 _ = shutdown.cancelled() => None,
                 next = self.recv() => next,
             }?;
-            let mut caught_up = self.lock_caught_up();
+            let mut caught_up = self.caught_up.lock();
             if caught_up.is_empty() || !caught_up.remove(&next.envelope.id) {
                 return Some(next);
             }

@@ -53,9 +53,10 @@ mod undelivered;
 mod writer;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 
+use parking_lot::Mutex;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
@@ -424,7 +425,7 @@ impl Store {
 
     /// Queues `job` for the writer; `wake` ends the writer's wait for more messages.
     fn submit(&self, job: Box<dyn Job>, wake: bool) -> Result<(), StoreError> {
-        let writer = self.inner.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let writer = self.inner.writer.lock();
         let writer = writer.as_ref().ok_or(StoreError::Closed)?;
         writer.send(job).map_err(|_| StoreError::Closed)?;
         if wake {
@@ -450,5 +451,5 @@ impl Store {
 }
 
 fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
-    slot.lock().unwrap_or_else(|e| e.into_inner()).take()
+    slot.lock().take()
 }

@@ -477,7 +477,7 @@ mod tests {
     #[derive(Default)]
     struct Floor {
         now: std::sync::atomic::AtomicU64,
-        kept: std::sync::Mutex<Vec<Option<u64>>>,
+        kept: parking_lot::Mutex<Vec<Option<u64>>>,
     }
 
     impl Floor {
@@ -494,7 +494,7 @@ mod tests {
         }
 
         fn kept(&self, floor: Option<u64>) {
-            self.kept.lock().unwrap().push(floor);
+            self.kept.lock().push(floor);
         }
 
         fn wanted(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
@@ -748,7 +748,7 @@ mod tests {
             .expect("the floor kept");
         shutdown.cancel();
         keeping.await.unwrap();
-        let told = floor.kept.lock().unwrap().clone();
+        let told = floor.kept.lock().clone();
         assert_eq!(told.last(), Some(&Some(5)), "the fleet is told it was kept");
     }
 }

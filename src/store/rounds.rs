@@ -213,7 +213,7 @@ impl Store {
     /// so that the backlog stays bounded.
     pub(super) fn journal<'s>(
         &'s self,
-        mut tail: std::sync::MutexGuard<'s, Option<JournalTail>>,
+        mut tail: parking_lot::MutexGuard<'s, Option<JournalTail>>,
         id: Arc<str>,
         record: Vec<u8>,
     ) -> Journaling {
@@ -289,7 +289,7 @@ impl Store {
     /// each write. Returns this caller's own outcome (its record is in the first round).
     pub(super) fn write_rounds<'s>(
         &'s self,
-        mut tail: std::sync::MutexGuard<'s, Option<JournalTail>>,
+        mut tail: parking_lot::MutexGuard<'s, Option<JournalTail>>,
     ) -> Result<(), StoreError> {
         let mut own = Err(StoreError::Closed);
         while self.write_round(tail, &mut own) {
@@ -304,7 +304,7 @@ impl Store {
     /// records came meanwhile: the caller then writes the next round, still `writing`.
     pub(super) fn write_round(
         &self,
-        tail: std::sync::MutexGuard<'_, Option<JournalTail>>,
+        tail: parking_lot::MutexGuard<'_, Option<JournalTail>>,
         own: &mut Result<(), StoreError>,
     ) -> bool {
         let mut tail = tail;
@@ -396,8 +396,8 @@ impl Store {
         more
     }
 
-    pub(super) fn lock_journal(&self) -> std::sync::MutexGuard<'_, Option<JournalTail>> {
-        self.inner.journal.lock().unwrap_or_else(|e| e.into_inner())
+    pub(super) fn lock_journal(&self) -> parking_lot::MutexGuard<'_, Option<JournalTail>> {
+        self.inner.journal.lock()
     }
 
     /// Whether `id` is a message the journal acknowledged and the database does not hold yet.
@@ -416,10 +416,7 @@ impl Store {
         unapplied.sweep_if_grown(applied);
     }
 
-    pub(super) fn lock_unapplied(&self) -> std::sync::MutexGuard<'_, Unapplied> {
-        self.inner
-            .unapplied
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+    pub(super) fn lock_unapplied(&self) -> parking_lot::MutexGuard<'_, Unapplied> {
+        self.inner.unapplied.lock()
     }
 }

@@ -3,8 +3,9 @@
 //! connections reads use beside the writer.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use rusqlite::Connection;
 
 use super::{StoreError, checkpoint};
@@ -96,7 +97,7 @@ impl ReaderPool {
         &self,
         f: impl FnOnce(&Connection) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
-        let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let pooled = self.idle.lock().pop();
         let conn = match pooled {
             Some(conn) => conn,
             None => {
@@ -112,7 +113,7 @@ impl ReaderPool {
             }
         };
         let result = f(&conn);
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.idle.lock();
         if idle.len() < MAX_READERS {
             idle.push(conn);
         }

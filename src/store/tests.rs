@@ -429,20 +429,17 @@ async fn writes_are_told_of_their_commit_in_commit_order() {
         let told = told.clone();
         store.write_then(
             move |c| Ok(c.execute("INSERT INTO t (v) VALUES (?1)", [v]).map(|_| v)?),
-            move |v: &i64| told.lock().unwrap().push(*v),
+            move |v: &i64| told.lock().push(*v),
         )
     };
     // One batch, with a duplicate that fails in its savepoint.
     let writes: Vec<_> = [3, 1, 2, 1, 5].into_iter().map(write).collect();
-    assert!(
-        told.lock().unwrap().is_empty(),
-        "nothing is told before it commits"
-    );
+    assert!(told.lock().is_empty(), "nothing is told before it commits");
     release.send(()).unwrap();
     holding.await.unwrap();
     let answered: Vec<bool> = (futures_util::future::join_all(writes).await.iter())
         .map(Result::is_ok)
         .collect();
     assert_eq!(answered, [true, true, true, false, true]);
-    assert_eq!(*told.lock().unwrap(), [3, 1, 2, 5]);
+    assert_eq!(*told.lock(), [3, 1, 2, 5]);
 }

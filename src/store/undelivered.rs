@@ -9,7 +9,9 @@
 //! every stored message waits for, in proportion to the backlog rather than to what moved.
 
 use foldhash::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::messages::{STORED, decodable};
 use super::{Store, StoreError};
@@ -99,7 +101,7 @@ impl Store {
         let unwritten_from = unwritten_from.and_then(|from| i64::try_from(from).ok());
         let (written, committed) = (rows.clone(), rows.clone());
         let keep = move |conn: &rusqlite::Connection| {
-            let mut kept = written.0.lock().unwrap_or_else(|e| e.into_inner());
+            let mut kept = written.0.lock();
             let now = pending();
             // The rows gone and those new or pending for other agents, unless writing every
             // row is less (most of a short list, under load and prompt readers, is new).
@@ -155,7 +157,7 @@ impl Store {
             Ok(())
         };
         self.write_then(keep, move |_| {
-            (committed.0.lock().unwrap_or_else(|e| e.into_inner())).committed = true;
+            (committed.0.lock()).committed = true;
         })
     }
 

@@ -5,9 +5,10 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures_util::{SinkExt, StreamExt};
+use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
@@ -48,10 +49,7 @@ async fn serve(tcp: tokio::net::TcpStream, routes: Routes) {
     let (me, to) = (param("me").unwrap_or_default(), param("to"));
     let (mut sink, mut stream) = ws.split();
     let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
-    routes
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(me, tx);
+    routes.lock().insert(me, tx);
     tokio::spawn(async move {
         while let Some(frame) = rx.recv().await {
             if sink.send(frame).await.is_err() {
@@ -67,11 +65,7 @@ async fn serve(tcp: tokio::net::TcpStream, routes: Routes) {
         if peer.is_none()
             && let Some(to) = &to
         {
-            peer = routes
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(to)
-                .cloned();
+            peer = routes.lock().get(to).cloned();
         }
         if let Some(peer) = &peer {
             let _ = peer.send(frame);

@@ -4,10 +4,11 @@
 //! sent.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use foldhash::HashSet;
+use parking_lot::Mutex;
 
 use super::{RouteReport, Router};
 use crate::core::delivery::Delivery;
@@ -42,11 +43,7 @@ pub(super) struct HeldBack {
 /// held back for its agents meanwhile, in the order routed.
 type HeldFor = (usize, Vec<(String, Arc<Delivery>)>);
 
-impl HeldBack {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, HeldFor>> {
-        self.by_bridge.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
+impl HeldBack {}
 
 impl Router {
     /// Hands `delivery` to the offline sinks of those of its recipients that are among
@@ -110,7 +107,7 @@ impl Router {
         if self.held_back.any.load(Ordering::Acquire)
             && let Some(bridge) = self.directory.gone_holder_of(name)
         {
-            let mut held_back = self.held_back.lock();
+            let mut held_back = self.held_back.by_bridge.lock();
             if let Some((_, held)) = held_back.get_mut(&bridge) {
                 let all = earlier.iter().chain([delivery]);
                 held.extend(all.map(|d| (name.to_owned(), d.clone())));
@@ -139,21 +136,22 @@ impl Router {
     /// waits: what it missed is read first, so that a sender's messages are kept in the
     /// order sent (`federation`'s missed mail).
     pub fn hold_back_mail_of(&self, bridge: &str) {
-        let mut held_back = self.held_back.lock();
+        let mut held_back = self.held_back.by_bridge.lock();
         held_back.entry(bridge.to_owned()).or_default().0 += 1;
         self.held_back.any.store(true, Ordering::Release);
     }
 
     /// Whether mail for the agents `bridge` held is held back now.
     pub fn holds_back_mail_of(&self, bridge: &str) -> bool {
-        self.held_back.any.load(Ordering::Acquire) && self.held_back.lock().contains_key(bridge)
+        self.held_back.any.load(Ordering::Acquire)
+            && self.held_back.by_bridge.lock().contains_key(bridge)
     }
 
     /// Keeps what was held back for `bridge`'s agents, in the order it was routed, once
     /// every `hold_back_mail_of(bridge)` is released; from then on their mail is kept as
     /// it is routed. How much was held back (0 while another hold remains).
     pub fn release_mail_of(&self, bridge: &str) -> usize {
-        let mut held_back = self.held_back.lock();
+        let mut held_back = self.held_back.by_bridge.lock();
         match held_back.get_mut(bridge) {
             Some((holds, _)) if *holds > 1 => {
                 *holds -= 1;

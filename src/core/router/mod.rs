@@ -737,22 +737,22 @@ mod tests {
 
     /// An offline sink that keeps what it is given: the agent, and the message's id.
     #[derive(Default)]
-    struct KeptSink(std::sync::Mutex<Vec<(String, String)>>);
+    struct KeptSink(parking_lot::Mutex<Vec<(String, String)>>);
 
     impl OfflineSink for KeptSink {
         fn deliver(&self, agent: &str, delivery: &Arc<Delivery>) {
             let kept = (agent.to_owned(), delivery.envelope.id.clone());
-            self.0.lock().unwrap().push(kept);
+            self.0.lock().push(kept);
         }
     }
 
     impl KeptSink {
         fn agents(&self) -> Vec<String> {
-            self.0.lock().unwrap().iter().map(|k| k.0.clone()).collect()
+            self.0.lock().iter().map(|k| k.0.clone()).collect()
         }
 
         fn ids(&self) -> Vec<String> {
-            self.0.lock().unwrap().iter().map(|k| k.1.clone()).collect()
+            self.0.lock().iter().map(|k| k.1.clone()).collect()
         }
     }
 

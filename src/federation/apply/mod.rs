@@ -152,7 +152,7 @@ pub struct Applier {
     pub redelivered_through: AtomicU64,
     /// When the stream this run last read was made: one made again by hand begins its
     /// sequences anew, though it may be past where the old one was acknowledged by now.
-    pub stream_created: std::sync::Mutex<Option<time::OffsetDateTime>>,
+    pub stream_created: parking_lot::Mutex<Option<time::OffsetDateTime>>,
 }
 
 impl Applier {
@@ -296,10 +296,7 @@ impl Applier {
         let stream = ready.js.get_stream(&self.link.names.stream).await?;
         let created = stream.cached_info().created;
         let made_again = {
-            let mut seen = self
-                .stream_created
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut seen = self.stream_created.lock();
             seen.replace(created)
                 .is_some_and(|before| before != created)
         };

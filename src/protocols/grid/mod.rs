@@ -25,11 +25,12 @@ mod writer;
 mod ws;
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use dashmap::DashSet;
+use parking_lot::Mutex;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -400,18 +401,11 @@ impl Grid {
     }
 
     fn mark_in_scratchpad(&self, id: &str) {
-        self.in_scratchpad
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remember(id);
+        self.in_scratchpad.lock().remember(id);
     }
 
     fn in_scratchpad(&self, id: &str) -> bool {
-        self.in_scratchpad
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .ids
-            .contains(id)
+        self.in_scratchpad.lock().ids.contains(id)
     }
 
     /// Whether a message with this id is for the scratchpad: there is one, and it does not
@@ -504,11 +498,7 @@ impl Grid {
     /// A queued copy of a message expired: counted for each copy, but its sender is told
     /// once per message, not once per program it was queued for.
     async fn expired(self: &Arc<Self>, message_id: &str) {
-        let first = self
-            .expiry_told
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remember(message_id);
+        let first = self.expiry_told.lock().remember(message_id);
         if !first {
             telemetry::message_dropped(PROTOCOL, telemetry::DropReason::TtlExpired);
             return;

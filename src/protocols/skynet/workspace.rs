@@ -5,11 +5,12 @@
 //! they cause goes through the core as an Envelope, so agents of other protocols see them.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dashmap::DashMap;
+use parking_lot::Mutex;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use tokio::task::AbortHandle;
@@ -74,25 +75,25 @@ impl Workspace {
         self.next_conn.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Members> {
-        self.members.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     pub fn member_count(&self) -> usize {
-        self.lock().by_id.len()
+        self.members.lock().by_id.len()
     }
 
     /// Joined, whether or not its socket is open (a member in its grace period is joined).
     pub fn is_member(&self, id: &str) -> bool {
-        self.lock().by_id.contains_key(id)
+        self.members.lock().by_id.contains_key(id)
     }
 
     pub fn status_of(&self, id: &str) -> Option<String> {
-        self.lock().by_id.get(id).and_then(|m| m.status.clone())
+        self.members
+            .lock()
+            .by_id
+            .get(id)
+            .and_then(|m| m.status.clone())
     }
 
     pub fn card_of_name(&self, name: &str) -> Option<Value> {
-        let members = self.lock();
+        let members = self.members.lock();
         members
             .by_id
             .values()
@@ -102,7 +103,7 @@ impl Workspace {
 
     /// The joined Skynet members' cards, in join order.
     pub fn cards(&self) -> Vec<Value> {
-        let members = self.lock();
+        let members = self.members.lock();
         let mut list: Vec<&Member> = members.by_id.values().collect();
         list.sort_by_key(|m| m.seq);
         list.iter().map(|m| Value::Object(m.card.clone())).collect()
@@ -148,7 +149,7 @@ impl Skynet {
             .get("status")
             .and_then(Value::as_str)
             .map(str::to_owned);
-        let mut members = ws.lock();
+        let mut members = ws.members.lock();
         let is_new = !members.by_id.contains_key(&profile.id);
         if is_new {
             let seq = members.next_seq;
@@ -238,7 +239,7 @@ impl Skynet {
     /// The explicit `leave` action: the member is removed at once.
     pub async fn leave(&self, agent_id: &str) {
         let removed = {
-            let mut members = self.workspace.lock();
+            let mut members = self.workspace.members.lock();
             members.by_id.remove(agent_id)
         };
         let Some(member) = removed else { return };
@@ -258,7 +259,7 @@ impl Skynet {
         if self.shutdown.is_cancelled() {
             return;
         }
-        let mut members = self.workspace.lock();
+        let mut members = self.workspace.members.lock();
         let Some(member) = members.by_id.get_mut(agent_id) else {
             return;
         };
@@ -286,7 +287,7 @@ impl Skynet {
     /// (`Core::yield_name`): its connection `conn_id` is closing, and the member goes at
     /// once, with no leave (the name is online elsewhere).
     pub fn lost_name(&self, agent_id: &str, conn_id: u64) {
-        let mut members = self.workspace.lock();
+        let mut members = self.workspace.members.lock();
         let live_here = (members.by_id.get(agent_id))
             .is_some_and(|m| m.live.as_ref().is_some_and(|(conn, _)| *conn == conn_id));
         if !live_here {
@@ -306,7 +307,7 @@ impl Skynet {
 
     async fn grace_expired(&self, agent_id: &str) {
         let removed = {
-            let mut members = self.workspace.lock();
+            let mut members = self.workspace.members.lock();
             match members.by_id.get(agent_id) {
                 Some(m) if m.live.is_none() => members.by_id.remove(agent_id),
                 _ => None,
@@ -338,7 +339,7 @@ impl Skynet {
     /// Records a heartbeat's status; a change is announced to every other member.
     pub async fn heartbeat(&self, agent_id: &str, name: &str, status: Option<String>) {
         let changed = {
-            let mut members = self.workspace.lock();
+            let mut members = self.workspace.members.lock();
             let Some(member) = members.by_id.get_mut(agent_id) else {
                 return;
             };

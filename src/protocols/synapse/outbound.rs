@@ -3,10 +3,12 @@
 //! bearer, retried with backoff) or the polling inbox. A callback that keeps failing is
 //! counted and its message kept in the inbox, so nothing accepted is lost.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
+
 use std::time::Duration;
 
 use dashmap::DashMap;
+use parking_lot::Mutex;
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -87,12 +89,7 @@ impl Outbound {
 
     /// Starts the inbox writer and the callback dispatcher.
     pub fn start(&self, synapse: &Arc<Synapse>) -> Vec<JoinHandle<()>> {
-        let Some((mut callbacks, mut inbox)) = self
-            .receivers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        else {
+        let Some((mut callbacks, mut inbox)) = self.receivers.lock().take() else {
             return Vec::new();
         };
         // One writer keeps each agent's inbox in arrival order.

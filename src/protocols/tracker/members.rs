@@ -3,9 +3,10 @@
 //! open and has not missed the heartbeat timeout.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use dashmap::DashMap;
+use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 use super::db::MemberRow;
@@ -108,14 +109,10 @@ impl Members {
         all
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Presence>> {
-        self.presence.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Applies `change` to the member's presence and reports whether it crossed between
     /// online and offline.
     fn transition(&self, slug: &str, change: impl FnOnce(&mut Presence)) -> Option<Transition> {
-        let mut all = self.lock();
+        let mut all = self.presence.lock();
         let presence = all.entry(slug.to_owned()).or_default();
         let (before, status_before) = (presence.online(), presence.status);
         change(presence);
@@ -160,14 +157,14 @@ impl Members {
 
     /// `online | busy | idle | offline`.
     pub fn status(&self, slug: &str) -> &'static str {
-        match self.lock().get(slug) {
+        match self.presence.lock().get(slug) {
             Some(p) if p.online() => p.status.as_str(),
             _ => "offline",
         }
     }
 
     pub fn is_online(&self, slug: &str) -> bool {
-        self.lock().get(slug).is_some_and(Presence::online)
+        self.presence.lock().get(slug).is_some_and(Presence::online)
     }
 }
 

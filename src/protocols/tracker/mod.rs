@@ -26,11 +26,12 @@ pub mod wire;
 mod ws;
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use dashmap::DashMap;
+use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
@@ -112,10 +113,7 @@ pub struct Conn {
 
 impl Conn {
     fn subscribed(&self, project_id: &str) -> bool {
-        self.subscriptions
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(project_id)
+        self.subscriptions.read().contains(project_id)
     }
 
     /// Lobby messages reach everyone; a project's only its subscribers.

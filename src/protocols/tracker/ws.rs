@@ -4,9 +4,10 @@
 //! heartbeats again; the socket stays open.
 
 use std::collections::HashSet;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::RwLock;
 use tokio::time::Instant;
 
 use super::chat::{NewMessage, PostError, Posted};
@@ -269,19 +270,11 @@ impl Live {
                 {
                     return Err(format!("unknown project_id \"{project_id}\""));
                 }
-                self.conn
-                    .subscriptions
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(project_id);
+                self.conn.subscriptions.write().insert(project_id);
                 Ok(())
             }
             ClientFrame::Unsubscribe { project_id } => {
-                self.conn
-                    .subscriptions
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&project_id);
+                self.conn.subscriptions.write().remove(&project_id);
                 Ok(())
             }
             ClientFrame::ChatSend {
