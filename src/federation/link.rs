@@ -15,7 +15,7 @@ use async_nats::{ConnectOptions, Event};
 use tokio_util::sync::CancellationToken;
 
 use super::config::FederationConfig;
-use super::unwritten::{StoreFloor, UnwrittenFloor};
+use super::unwritten::{Carrier, PutUnderWay, StoreFloor, UnwrittenFloor};
 use super::wire::{Card, Heartbeat, Names, agent_key};
 use crate::admin::Readiness;
 use crate::telemetry;
@@ -38,6 +38,8 @@ pub struct Ready {
     pub js: jetstream::Context,
     pub agents: kv::Store,
     pub bridges: kv::Store,
+    /// Each bridge's floors record (`UnwrittenFloor`), which nobody watches.
+    pub floors: kv::Store,
     /// Which bridge holds each name (`claims`).
     pub names: kv::Store,
     /// The records endpoints share (`records`).
@@ -316,6 +318,7 @@ impl NatsLink {
         // bridge held can be taken over, `claims`).
         let keep = Duration::from_millis(config.presence_ttl_ms * 2);
         let bridges = bucket(&js, bucket_config(&self.names.bridges, replicas, keep)).await?;
+        let floors = bucket(&js, bucket_config(&self.names.floors, replicas, keep)).await?;
         let names = bucket(
             &js,
             bucket_config(&self.names.claims, replicas, Duration::ZERO),
@@ -356,11 +359,12 @@ impl NatsLink {
             false => StoreFloor::NotKept,
         };
         let unwritten = Arc::new(UnwrittenFloor::new(left, shutdown.clone(), store));
-        put_heartbeat(&bridges, &self.bridge_id, &unwritten, true).await?;
+        put_floors(self, &bridges, &unwritten, Carrier::Heartbeat, true).await?;
         Ok(Ready {
             js,
             agents,
             bridges,
+            floors,
             names,
             records,
             files,
@@ -395,24 +399,37 @@ pub async fn durable_consumer(
     Ok((stream.create_consumer(config).await?, was_there))
 }
 
-/// Puts `bridge`'s heartbeat in the bridges bucket, with the floors of what it acknowledged
-/// unwritten (`UnwrittenFloor`) and whether its cards are coming.
-pub async fn put_heartbeat(
-    bridges: &kv::Store,
-    bridge: &str,
+/// Puts this bridge's heartbeat in the bridges bucket, or its floors record in the floors
+/// bucket, as `carrier` says: the floors of what it acknowledged unwritten
+/// (`UnwrittenFloor`), and whether its cards are coming.
+pub async fn put_floors(
+    link: &NatsLink,
+    bucket: &kv::Store,
     unwritten: &UnwrittenFloor,
+    carrier: Carrier,
     cards_coming: bool,
 ) -> Result<(), async_nats::Error> {
-    let put = unwritten.start_put();
+    put_started(link, bucket, unwritten.start_put(carrier), cards_coming).await
+}
+
+/// Puts what `put` carries, as `put_floors` does.
+pub async fn put_started(
+    link: &NatsLink,
+    bucket: &kv::Store,
+    put: PutUnderWay<'_>,
+    cards_coming: bool,
+) -> Result<(), async_nats::Error> {
     let value = serde_json::to_vec(&Heartbeat {
-        bridge: bridge.to_owned(),
+        bridge: link.bridge_id.clone(),
+        run: Some(link.run_id.clone()),
+        put: put.number(),
         at: crate::core::now_ms(),
         unwritten_from: put.carries().from,
         unwritten_for: put.carries().by_agent.clone(),
         routed_through: (put.carries().by_agent.as_ref()).map(|_| put.carries().through),
         cards_coming,
     })?;
-    bridges.put(bridge, value.into()).await?;
+    bucket.put(&link.bridge_id, value.into()).await?;
     put.landed();
     Ok(())
 }

@@ -8,8 +8,8 @@
 //! acknowledgement floor (or, if older, from where its last heartbeat said what it
 //! acknowledged unwritten begins: `UnwrittenFloor`) to the stream's end, and keeps each
 //! message for the agents the gone bridge held — what it had acknowledged, or routed
-//! through as it put its last heartbeat, only for the agents whose deliveries of it that
-//! heartbeat said were not written (`Unwritten`).
+//! through as it put its last heartbeat (or its floors record, if that is later), only for
+//! the agents whose deliveries of it that heartbeat said were not written (`Unwritten`).
 //! Keeping is once fleet-wide (a kept message's record key is used once), so every bridge
 //! doing this, and the gone bridge applying the same messages if it restarts, keep one
 //! copy between them.
@@ -34,9 +34,9 @@ pub struct Held {
     /// stream while the gone bridge held them was its to keep, and nobody else kept it, so
     /// it is kept here (`Stage`).
     pub moved: Vec<MovedHere>,
-    /// Where its last heartbeat, as the watch brought it, said its deliveries not written
-    /// begin (`UnwrittenFloor`), if it brought one.
-    pub unwritten: Option<Unwritten>,
+    /// Its last heartbeat as the watch brought it, if it brought one: where it said its
+    /// deliveries not written begin (`UnwrittenFloor`).
+    pub last_beat: Option<Heartbeat>,
 }
 
 /// The stretch of the stream a gone bridge missed.
@@ -59,6 +59,30 @@ impl Missed {
         }
         let unwritten = |agent: &&String| self.unwritten.of(agent).is_some_and(|f| f <= sequence);
         Some(all.iter().filter(unwritten).cloned().collect())
+    }
+}
+
+/// The floors a gone bridge's stretch is read by, from its heartbeat as the bucket `kept` it
+/// and as the watch brought it (`watched`), and its floors `record`: the record where it
+/// is later than each heartbeat known (a put of the same run after it), or else what the
+/// heartbeats say together (either may be the later).
+fn floors_to_read(
+    kept: Option<Heartbeat>,
+    watched: Option<Heartbeat>,
+    record: Option<Heartbeat>,
+) -> Unwritten {
+    let beats: Vec<&Heartbeat> = kept.iter().chain(&watched).collect();
+    if let Some(record) = record
+        && !beats.is_empty()
+        && beats.iter().all(|beat| record.later_than(beat))
+    {
+        return record.unwritten();
+    }
+    match (kept, watched) {
+        (Some(kept), Some(watched)) => kept.unwritten().and(watched.unwritten()),
+        (kept, watched) => {
+            (kept.or(watched).as_ref()).map_or_else(Unwritten::default, Heartbeat::unwritten)
+        }
     }
 }
 
@@ -219,14 +243,12 @@ impl Reader<'_> {
             .stream_sequence;
         // What it acknowledged before it was written is read again too: from the floor its
         // last heartbeat carried, as the bucket holds it (unless it was deleted, by a clean
-        // stop) or as the watch brought it (which may lag).
-        let kept = (ready.bridges.get(bridge).await.ok().flatten())
-            .and_then(|value| Heartbeat::read(&value))
-            .map(|beat| beat.unwritten());
-        let unwritten = match (kept, self.held.unwritten.clone()) {
-            (Some(kept), Some(watched)) => kept.and(watched),
-            (kept, watched) => kept.or(watched).unwrap_or_default(),
+        // stop) or as the watch brought it (which may lag), or its floors record.
+        let read = async |bucket: &async_nats::jetstream::kv::Store| {
+            (bucket.get(bridge).await.ok().flatten()).and_then(|value| Heartbeat::read(&value))
         };
+        let (kept, record) = (read(&ready.bridges).await, read(&ready.floors).await);
+        let unwritten = floors_to_read(kept, self.held.last_beat.clone(), record);
         let floor = start_after(acknowledged, [unwritten.from]);
         let state = &stream.info().await?.state;
         let (last, oldest) = (state.last_sequence, state.first_sequence);
@@ -445,5 +467,48 @@ mod tests {
             ..missed
         };
         assert_eq!(for_all.kept_for(120, &all), None);
+    }
+
+    /// A heartbeat of `run`, its `put`-th put, naming `slow` behind from `floor` and
+    /// telling of the stream through `through`.
+    fn beat(run: &str, put: u64, floor: u64, through: u64) -> Heartbeat {
+        Heartbeat {
+            bridge: "gone".to_owned(),
+            run: Some(run.to_owned()),
+            put,
+            at: 0,
+            unwritten_from: None,
+            unwritten_for: Some([("slow".to_owned(), floor)].into()),
+            routed_through: Some(through),
+            cards_coming: false,
+        }
+    }
+
+    /// The floors record is gone by only where it is a later put of the same run than
+    /// every heartbeat known: a record of a run before, or one older than the heartbeat,
+    /// says less than the heartbeat does.
+    #[test]
+    fn the_floors_record_is_read_by_where_it_is_the_later_put() {
+        let record = beat("run", 7, 300, 500);
+        let read = |kept: Option<Heartbeat>, watched: Option<Heartbeat>| {
+            floors_to_read(kept, watched, Some(record.clone())).through
+        };
+        assert_eq!(read(Some(beat("run", 5, 100, 200)), None), 500);
+        assert_eq!(
+            read(
+                Some(beat("run", 5, 100, 200)),
+                Some(beat("run", 3, 100, 150))
+            ),
+            500
+        );
+        assert_eq!(read(None, Some(beat("run", 6, 100, 200))), 500);
+        assert_eq!(read(Some(beat("run", 9, 100, 200)), None), 200, "older");
+        let restarted = Some(beat("next run", 1, 100, 200));
+        assert_eq!(read(restarted, None), 200, "a run before");
+        // Two heartbeats, the record no later than one: the older of what they say.
+        let (kept, watched) = (beat("run", 8, 100, 250), beat("run", 4, 120, 200));
+        assert_eq!(read(Some(kept), Some(watched)), 200);
+        // No heartbeat known: it cannot be told whose run the record is.
+        assert_eq!(read(None, None), 0);
     }
 }

@@ -15,6 +15,7 @@ mod clashes;
 mod config;
 mod doors;
 mod fleet_log;
+mod floors_record;
 mod handover;
 mod held_cards;
 mod link;
@@ -221,11 +222,13 @@ impl Federation {
                 stream_created: Default::default(),
             };
             let handover = handover::serve(link.clone(), core.clone(), positions, shutdown.clone());
+            let record = floors_record::keep_put(link.clone(), ready.clone(), shutdown.clone());
             let presence = presence::Presence::new(link, core, &config, routed, cards, claims);
             tokio::join!(
                 applier.run(ready.clone(), shutdown.clone()),
                 presence.run(ready, shutdown.clone()),
                 handover,
+                record,
             );
         });
         vec![publisher, sharer, card_keeper, settler, doors, fleet]

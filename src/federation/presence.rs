@@ -19,8 +19,9 @@ use super::claims::FleetClaims;
 use super::clashes::Clashes;
 use super::config::FederationConfig;
 use super::held_cards::HeldCards;
-use super::link::{NatsLink, Ready, put_heartbeat};
-use super::wire::{Card, Heartbeat, Unwritten, agent_key};
+use super::link::{NatsLink, Ready, put_floors};
+use super::unwritten::Carrier;
+use super::wire::{Card, Heartbeat, agent_key};
 use crate::core::{Audience, Core, Envelope, Kind, Replicated, Status};
 use crate::telemetry;
 
@@ -67,9 +68,9 @@ impl Presence {
         // Bridges this one heard a heartbeat from: only their missed mail is read again
         // when they go (a bridge known from its cards alone may have left long ago).
         let mut heard: HashSet<String> = HashSet::new();
-        // Where each bridge's last heartbeat says its deliveries not written begin: its
-        // missed mail is read again from there if it goes (`UnwrittenFloor`).
-        let mut unwritten: HashMap<String, Unwritten> = HashMap::new();
+        // Each bridge's last heartbeat: where it says its deliveries not written begin, from
+        // where its missed mail is read again if it goes (`UnwrittenFloor`).
+        let mut last_beats: HashMap<String, Heartbeat> = HashMap::new();
         self.take_in_cards(&ready, &mut alive).await;
         let mut beat = tokio::time::interval(self.heartbeat);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -142,11 +143,11 @@ impl Presence {
                     }
                     was_connected = connected;
                     self.beat(&ready).await;
-                    self.sweep(&ready, &mut alive, &heard, &unwritten);
+                    self.sweep(&ready, &mut alive, &heard, &last_beats);
                 }
                 // A batch acknowledged before it was written waits for a heartbeat that
                 // carries it.
-                () = ready.unwritten.wanted() => self.beat(&ready).await,
+                () = ready.unwritten.wanted(Carrier::Heartbeat) => self.beat(&ready).await,
                 card = next_entry(&mut cards) => match card {
                     Some(entry) => match self.moves_away_kept_mail(&entry.value) {
                         true => {
@@ -176,12 +177,12 @@ impl Presence {
                             Operation::Put => {
                                 let bridge = entry.key;
                                 let beat = Heartbeat::read(&entry.value);
-                                match beat.as_ref().map(Heartbeat::unwritten) {
-                                    Some(floors) => unwritten.insert(bridge.clone(), floors),
-                                    None => unwritten.remove(&bridge),
+                                let coming = beat.as_ref().is_some_and(|beat| beat.cards_coming);
+                                match beat {
+                                    Some(beat) => last_beats.insert(bridge.clone(), beat),
+                                    None => last_beats.remove(&bridge),
                                 };
                                 heard.insert(bridge.clone());
-                                let coming = beat.is_some_and(|beat| beat.cards_coming);
                                 self.clashes.cards_coming(&bridge, coming);
                                 if alive.insert(bridge.clone(), Instant::now()).is_none() {
                                     // Back after it was taken for gone (a NATS failover
@@ -192,8 +193,8 @@ impl Presence {
                             Operation::Delete | Operation::Purge => {
                                 alive.remove(&entry.key);
                                 let bridge = &entry.key;
-                                let floors = unwritten.get(bridge).cloned();
-                                self.gone(&ready, bridge, heard.contains(bridge), floors);
+                                let beat = last_beats.get(bridge).cloned();
+                                self.gone(&ready, bridge, heard.contains(bridge), beat);
                             }
                         }
                         telemetry::federation_bridges(alive.len() + 1);
@@ -296,8 +297,8 @@ impl Presence {
         // Coming also while NATS is away: a heartbeat the client holds until it is back may
         // land before the first tick that sees it back starts a time of its cards coming.
         let coming = self.cards.coming() || !self.link.is_connected();
-        let bridge = &self.link.bridge_id;
-        if let Err(e) = put_heartbeat(bridges, bridge, unwritten, coming).await {
+        let put = put_floors(&self.link, bridges, unwritten, Carrier::Heartbeat, coming);
+        if let Err(e) = put.await {
             tracing::debug!(error = %e, "federation: heartbeat not sent");
         }
     }
@@ -308,7 +309,7 @@ impl Presence {
         ready: &Arc<Ready>,
         alive: &mut HashMap<String, Instant>,
         heard: &HashSet<String>,
-        unwritten: &HashMap<String, Unwritten>,
+        last_beats: &HashMap<String, Heartbeat>,
     ) {
         let now = Instant::now();
         let silent: Vec<String> = (alive.iter())
@@ -318,18 +319,18 @@ impl Presence {
         for bridge in silent {
             alive.remove(&bridge);
             tracing::warn!(bridge = %bridge, "federation: a bridge stopped sending heartbeats");
-            let floors = unwritten.get(&bridge).cloned();
-            self.gone(ready, &bridge, heard.contains(&bridge), floors);
+            let beat = last_beats.get(&bridge).cloned();
+            self.gone(ready, &bridge, heard.contains(&bridge), beat);
         }
         telemetry::federation_bridges(alive.len() + 1);
     }
 
     /// Shows `bridge`'s agents offline, each with a leave event to everyone here, and keeps
     /// the mail it missed for those whose protocols keep mail (`missed_mail`) if it was
-    /// `heard` alive — from its acknowledgement floor, or from where its last heartbeat said
-    /// its deliveries not written begin (`unwritten`) if that is older; their mail routed
-    /// meanwhile waits for that.
-    fn gone(&self, ready: &Arc<Ready>, bridge: &str, heard: bool, unwritten: Option<Unwritten>) {
+    /// `heard` alive — from its acknowledgement floor, or from where its last heartbeat
+    /// (`last_beat`, as the watch brought it) said its deliveries not written begin if that
+    /// is older; their mail routed meanwhile waits for that.
+    fn gone(&self, ready: &Arc<Ready>, bridge: &str, heard: bool, last_beat: Option<Heartbeat>) {
         self.clashes.bridge_gone(bridge);
         let directory = &self.core.directory;
         // Once a bridge is gone, its missed mail is being read or was (a second notice of
@@ -348,7 +349,7 @@ impl Presence {
             super::missed_mail::Held {
                 all,
                 moved,
-                unwritten,
+                last_beat,
             }
         });
         if read_missed {

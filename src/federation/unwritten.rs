@@ -23,6 +23,14 @@
 //! hub's, keeping a broadcast for programs away) or not yet all taken up (an own message
 //! its consumer read back before it was routed here), or more than `MOST_NAMED` agents
 //! with a floor, have the heartbeat carry the oldest floor for every agent.
+//!
+//! The floors ride in two places (`Carrier`): the heartbeat, which every bridge watches,
+//! and the bridge's floors record, put whenever they changed and at most every
+//! `RECORD_EVERY`, which nobody watches: a bridge taking this one for gone reads it, and
+//! goes by it when it is later than the heartbeat. What was routed after the floors the
+//! others go by is kept again for every agent, so the oftener they are put, the less a
+//! kill has sent twice; putting the heartbeat as often would have every bridge read every
+//! other's. A late batch waits for both to carry it: either may be the one read.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -44,6 +52,9 @@ pub(super) const CARRIED_WITHIN: Duration = Duration::from_secs(2);
 /// How long a wait for a heartbeat lets a put that failed rest before it asks for another.
 const AFTER_A_FAILED_PUT: Duration = Duration::from_millis(200);
 
+/// How often, at most, the floors record is put while the floors change.
+pub(super) const RECORD_EVERY: Duration = Duration::from_millis(50);
+
 /// Most agents a heartbeat names a floor of (some 10 KiB of names): past this, it carries
 /// the oldest for all.
 const MOST_NAMED: usize = 256;
@@ -51,19 +62,36 @@ const MOST_NAMED: usize = 256;
 /// A floor as the last run's heartbeat carried it: `None` for none.
 type Floor = Option<u64>;
 
-/// The late batches of this run, what the last run left, and the heartbeat puts that
-/// carry their floor.
+/// Where the floors are put.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Carrier {
+    /// The heartbeat, in the bridges bucket every bridge watches.
+    Heartbeat,
+    /// The floors record, in a bucket nobody watches, put more often.
+    Record,
+}
+
+impl Carrier {
+    const ALL: [Carrier; 2] = [Carrier::Heartbeat, Carrier::Record];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The late batches of this run, what the last run left, and the puts of the heartbeat
+/// and of the floors record that carry their floor.
 pub(super) struct UnwrittenFloor {
     state: Mutex<State>,
     /// Cancelled as the bridge stops: what its stopping drops (a mailbox's contents) is
     /// not written, so the heartbeats put from then on name no agent and let go of no
     /// batch.
     stopping: CancellationToken,
-    /// Asks for a heartbeat now: a late batch waits for one that carries it.
-    wanted: Notify,
+    /// Asks each carrier for a put now: a late batch waits for one that carries it.
+    wanted: [Notify; 2],
     /// Asks the store to keep the floor now: a late batch waits for it.
     store_wanted: Notify,
-    /// Changed as each heartbeat put ends, and as the store keeps the floor.
+    /// Changed as each put ends, and as the store keeps the floor.
     ended: watch::Sender<()>,
 }
 
@@ -88,17 +116,27 @@ struct State {
     routed: Vec<(u64, Written)>,
     /// The last sequence of the last of them.
     routed_through: u64,
-    /// The floors of the heartbeat put under way, if one is.
-    in_flight: Option<Unwritten>,
-    /// The floors the bridges bucket holds for this bridge, as far as it knows: none when
-    /// a put failed and may or may not have landed.
-    landed: Unwritten,
-    /// Whether the last put failed.
-    failed: bool,
+    /// What each carrier holds, by `Carrier::index`.
+    carriers: [Carried; 2],
+    /// How many puts this run has started, of either carrier: each put is numbered, so
+    /// that of two of one run, the later can be told (`wire::Heartbeat::put`).
+    puts: u64,
     /// What the bridge's store keeps of the floor: a batch acknowledged unwritten waits
     /// for it too, as a clean stop deletes the heartbeat and the fleet forgets one two
     /// TTLs old.
     store: StoreFloor,
+}
+
+/// What one carrier holds of the floors.
+#[derive(Default)]
+struct Carried {
+    /// The floors of its put under way, if one is.
+    in_flight: Option<Unwritten>,
+    /// The floors it holds for this bridge, as far as it knows: none when a put failed and
+    /// may or may not have landed.
+    landed: Unwritten,
+    /// Whether its last put failed.
+    failed: bool,
 }
 
 impl State {
@@ -140,15 +178,22 @@ impl UnwrittenFloor {
                 late: Vec::new(),
                 routed: Vec::new(),
                 routed_through: 0,
-                in_flight: None,
-                landed: Unwritten {
-                    from: left_by_last_run,
-                    ..Unwritten::default()
-                },
-                failed: false,
+                // The bucket holds the last run's heartbeat; what the record holds is not
+                // known until this run puts it.
+                carriers: [
+                    Carried {
+                        landed: Unwritten {
+                            from: left_by_last_run,
+                            ..Unwritten::default()
+                        },
+                        ..Carried::default()
+                    },
+                    Carried::default(),
+                ],
+                puts: 0,
                 store,
             }),
-            wanted: Notify::new(),
+            wanted: [Notify::new(), Notify::new()],
             store_wanted: Notify::new(),
             ended: watch::Sender::new(()),
         }
@@ -176,27 +221,33 @@ impl UnwrittenFloor {
     }
 
     /// Carries the batch starting at `first`, about to be acknowledged before `written`
-    /// says it is done, in the heartbeats and the store: waits until a heartbeat carrying
-    /// it has landed and the store kept it (asking for each), or it is done, at most until
-    /// `by`; whether it was carried or done.
+    /// says it is done, in the heartbeats, the floors record and the store: waits until a
+    /// put of each carrier carrying it has landed and the store kept it (asking for each),
+    /// or it is done, at most until `by`; whether it was carried or done.
     pub(super) async fn carry(&self, first: u64, written: Written, by: Instant) -> bool {
         let mut ended = self.ended.subscribe();
         self.state.lock().late.push((first, written.clone()));
         let carried = async {
             while !written.is_done() {
-                let (in_heartbeats, in_store) =
-                    (self.is_carried(first, &written), self.is_kept(first));
-                if in_heartbeats && in_store {
+                let uncarried: Vec<Carrier> = (Carrier::ALL.into_iter())
+                    .filter(|carrier| !self.is_carried_by(*carrier, first, &written))
+                    .collect();
+                let in_store = self.is_kept(first);
+                if uncarried.is_empty() && in_store {
                     break;
                 }
                 if !in_store {
                     self.store_wanted.notify_one();
                 }
-                if !in_heartbeats {
-                    if self.state.lock().failed {
-                        tokio::time::sleep(AFTER_A_FAILED_PUT).await;
-                    }
-                    self.wanted.notify_one();
+                let failed = {
+                    let state = self.state.lock();
+                    (uncarried.iter()).any(|carrier| state.carriers[carrier.index()].failed)
+                };
+                if failed {
+                    tokio::time::sleep(AFTER_A_FAILED_PUT).await;
+                }
+                for carrier in uncarried {
+                    self.wanted[carrier.index()].notify_one();
                 }
                 // The sender is this floor's own: it outlives the wait.
                 let _ = ended.changed().await;
@@ -206,7 +257,8 @@ impl UnwrittenFloor {
         if !carried {
             tracing::warn!(
                 first,
-                in_heartbeat = self.is_carried(first, &written),
+                in_heartbeat = self.is_carried_by(Carrier::Heartbeat, first, &written),
+                in_record = self.is_carried_by(Carrier::Record, first, &written),
                 in_store = self.is_kept(first),
                 "federation: a batch was acknowledged unwritten before a heartbeat and the store carried it"
             );
@@ -214,14 +266,15 @@ impl UnwrittenFloor {
         carried
     }
 
-    /// Whether the bucket holds floors covering the batch starting at `first`, and the put
+    /// Whether `carrier` holds floors covering the batch starting at `first`, and its put
     /// under way does too.
-    fn is_carried(&self, first: u64, written: &Written) -> bool {
+    fn is_carried_by(&self, carrier: Carrier, first: u64, written: &Written) -> bool {
         let holders = written.holders();
         let holders = holders.as_deref();
         let state = self.state.lock();
-        covers(&state.landed, first, holders)
-            && (state.in_flight.as_ref()).is_none_or(|floors| covers(floors, first, holders))
+        let carried = &state.carriers[carrier.index()];
+        covers(&carried.landed, first, holders)
+            && (carried.in_flight.as_ref()).is_none_or(|floors| covers(floors, first, holders))
     }
 
     /// Whether the floor the store kept covers the batch starting at `first`, if it keeps
@@ -279,15 +332,26 @@ impl UnwrittenFloor {
         self.state.lock().oldest(self.stopping.is_cancelled())
     }
 
-    /// Resolves once a late batch waits for a heartbeat.
-    pub(super) async fn wanted(&self) {
-        self.wanted.notified().await;
+    /// Resolves once a late batch waits for a put of `carrier`.
+    pub(super) async fn wanted(&self, carrier: Carrier) {
+        self.wanted[carrier.index()].notified().await;
     }
 
-    /// Starts a heartbeat put, carrying the oldest of the late batches not yet done and of
-    /// what the last run left, and each agent's oldest of the batches routed or late, if
+    /// Starts a put of `carrier`, carrying the oldest of the late batches not yet done and
+    /// of what the last run left, and each agent's oldest of the batches routed or late, if
     /// it can tell them all.
-    pub(super) fn start_put(&self) -> PutUnderWay<'_> {
+    pub(super) fn start_put(&self, carrier: Carrier) -> PutUnderWay<'_> {
+        self.start(carrier, false)
+            .expect("a put that need not change")
+    }
+
+    /// Starts a put of `carrier` as `start_put` does, unless it would put what it holds
+    /// already (its last put landed with these floors).
+    pub(super) fn start_put_if_changed(&self, carrier: Carrier) -> Option<PutUnderWay<'_>> {
+        self.start(carrier, true)
+    }
+
+    fn start(&self, carrier: Carrier, if_changed: bool) -> Option<PutUnderWay<'_>> {
         let mut state = self.state.lock();
         let stopping = self.stopping.is_cancelled();
         if !stopping {
@@ -306,26 +370,34 @@ impl UnwrittenFloor {
             by_agent,
             through,
         };
-        state.in_flight = Some(floors.clone());
-        PutUnderWay {
+        let carried = &state.carriers[carrier.index()];
+        if if_changed && !carried.failed && carried.landed == floors {
+            return None;
+        }
+        state.carriers[carrier.index()].in_flight = Some(floors.clone());
+        state.puts += 1;
+        Some(PutUnderWay {
             unwritten: self,
+            carrier,
+            number: state.puts,
             carries: floors,
             landed: false,
-        }
+        })
     }
 
-    /// The put under way ended: it `landed`, or may not have.
-    fn put_ended(&self, landed: bool) {
+    /// The put of `carrier` under way ended: it `landed`, or may not have.
+    fn put_ended(&self, carrier: Carrier, landed: bool) {
         let mut state = self.state.lock();
-        if let Some(floors) = state.in_flight.take() {
-            // A put that failed may have landed all the same: the bucket holds one's floors
-            // or the other's, and a later batch is covered only by both.
-            state.landed = match landed {
+        let carried = &mut state.carriers[carrier.index()];
+        if let Some(floors) = carried.in_flight.take() {
+            // A put that failed may have landed all the same: the carrier holds one's
+            // floors or the other's, and a later batch is covered only by both.
+            carried.landed = match landed {
                 true => floors,
-                false if floors == state.landed => floors,
+                false if floors == carried.landed => floors,
                 false => Unwritten::default(),
             };
-            state.failed = !landed;
+            carried.failed = !landed;
         }
         drop(state);
         self.ended.send_replace(());
@@ -351,18 +423,25 @@ fn floors_by_agent<'a>(
     Some(floors)
 }
 
-/// A heartbeat put under way (`UnwrittenFloor::start_put`). Dropped before it is said to
-/// have `landed` (failed, or given up half-way), it may or may not have.
+/// A put of the floors under way (`UnwrittenFloor::start_put`). Dropped before it is said
+/// to have `landed` (failed, or given up half-way), it may or may not have.
 pub(super) struct PutUnderWay<'a> {
     unwritten: &'a UnwrittenFloor,
+    carrier: Carrier,
+    number: u64,
     carries: Unwritten,
     landed: bool,
 }
 
 impl PutUnderWay<'_> {
-    /// The floors the heartbeat carries.
+    /// The floors the put carries.
     pub(super) fn carries(&self) -> &Unwritten {
         &self.carries
+    }
+
+    /// Which of this run's puts it is: a later one has a greater number.
+    pub(super) fn number(&self) -> u64 {
+        self.number
     }
 
     /// The put landed.
@@ -373,7 +452,7 @@ impl PutUnderWay<'_> {
 
 impl Drop for PutUnderWay<'_> {
     fn drop(&mut self) {
-        self.unwritten.put_ended(self.landed);
+        self.unwritten.put_ended(self.carrier, self.landed);
     }
 }
 
@@ -448,16 +527,33 @@ mod tests {
         )
     }
 
-    /// Puts heartbeats whenever asked, each landing.
+    /// Puts heartbeats and the floors record whenever asked, each landing.
     fn heartbeat(floor: Arc<UnwrittenFloor>) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             loop {
-                floor.wanted().await;
-                let put = floor.start_put();
+                let carrier = tokio::select! {
+                    () = floor.wanted(Carrier::Heartbeat) => Carrier::Heartbeat,
+                    () = floor.wanted(Carrier::Record) => Carrier::Record,
+                };
+                let put = floor.start_put(carrier);
                 tokio::task::yield_now().await;
                 put.landed();
             }
         })
+    }
+
+    /// Puts the floors in both carriers, each landing; what they carry.
+    fn put_both(floor: &UnwrittenFloor) -> Unwritten {
+        let record = floor.start_put(Carrier::Record);
+        let carries = record.carries().clone();
+        record.landed();
+        floor.start_put(Carrier::Heartbeat).landed();
+        carries
+    }
+
+    /// Whether both carriers carry the batch starting at `first`.
+    fn carried(floor: &UnwrittenFloor, first: u64, written: &Written) -> bool {
+        (Carrier::ALL.into_iter()).all(|carrier| floor.is_carried_by(carrier, first, written))
     }
 
     #[tokio::test]
@@ -466,10 +562,16 @@ mod tests {
         let beating = heartbeat(floor.clone());
         let (written, copies) = batch();
         assert!(floor.carry(100, written, in_ms(5000)).await);
-        assert_eq!(floor.start_put().carries(), &floors(100, &[("ann", 100)]));
+        assert_eq!(
+            floor.start_put(Carrier::Heartbeat).carries(),
+            &floors(100, &[("ann", 100)])
+        );
         // Once done, the floor moves on.
         drop(copies);
-        assert_eq!(floor.start_put().carries(), &named(&[], 0));
+        assert_eq!(
+            floor.start_put(Carrier::Heartbeat).carries(),
+            &named(&[], 0)
+        );
         beating.abort();
     }
 
@@ -511,21 +613,21 @@ mod tests {
         let (older, older_copies) = batch();
         // No one puts heartbeats: the first late batch waits in vain.
         assert!(!floor.carry(100, older, in_ms(10)).await);
-        let put = floor.start_put();
+        let put = floor.start_put(Carrier::Heartbeat);
         assert_eq!(put.carries().from, Some(100));
         put.landed();
         // The older batch is done, and a put of no floor is under way as a newer batch
         // goes late: the bucket's floor covers it, the put under way does not.
         drop(older_copies);
-        let put = floor.start_put();
+        let put = floor.start_put(Carrier::Heartbeat);
         assert_eq!(put.carries().from, None);
         let (newer, _newer_copies) = batch();
         assert!(!floor.carry(200, newer.clone(), in_ms(10)).await);
         put.landed();
-        let put = floor.start_put();
+        let put = floor.start_put(Carrier::Heartbeat);
         assert_eq!(put.carries().from, Some(200));
         put.landed();
-        assert!(floor.is_carried(200, &newer));
+        assert!(floor.is_carried_by(Carrier::Heartbeat, 200, &newer));
     }
 
     #[tokio::test(start_paused = true)]
@@ -538,7 +640,7 @@ mod tests {
         assert!(futures_util::poll!(&mut carrying).is_pending());
         drop(copies);
         // Woken by the next put's end, whatever it carries.
-        floor.start_put().landed();
+        floor.start_put(Carrier::Heartbeat).landed();
         assert!(carrying.await);
         assert!(Instant::now() < by);
     }
@@ -547,15 +649,18 @@ mod tests {
     async fn a_put_that_failed_may_have_landed() {
         let floor = floor_from(Some(50));
         let (written, copies) = batch();
-        assert!(floor.is_carried(60, &written));
+        assert!(floor.is_carried_by(Carrier::Heartbeat, 60, &written));
+        // The record holds nothing this run put until it puts it.
+        assert!(!floor.is_carried_by(Carrier::Record, 60, &written));
+        floor.start_put(Carrier::Record).landed();
         assert!(floor.carry(60, written.clone(), Instant::now()).await);
         floor.read_again();
         drop(copies);
         // A put of no floor fails: the bucket may hold either.
-        let put = floor.start_put();
+        let put = floor.start_put(Carrier::Heartbeat);
         assert_eq!(put.carries().from, None);
         drop(put);
-        assert!(!floor.is_carried(70, &written));
+        assert!(!floor.is_carried_by(Carrier::Heartbeat, 70, &written));
     }
 
     #[test]
@@ -570,13 +675,39 @@ mod tests {
             .late
             .extend([(250, newer), (200, older.clone())]);
         // What the last run left names no agent.
-        let put = floor.start_put();
-        assert_eq!(put.carries().by_agent, None);
-        put.landed();
-        assert!(floor.is_carried(200, &older) && !floor.is_carried(199, &older));
+        assert_eq!(put_both(&floor).by_agent, None);
+        assert!(carried(&floor, 200, &older) && !carried(&floor, 199, &older));
         assert_eq!(floor.left_by_last_run(), Some(300));
         floor.read_again();
-        assert_eq!(floor.start_put().carries(), &floors(200, &[("ann", 200)]));
+        assert_eq!(
+            floor.start_put(Carrier::Heartbeat).carries(),
+            &floors(200, &[("ann", 200)])
+        );
+    }
+
+    /// The floors record is put only when the floors changed since its last put landed, or
+    /// that put failed; every put of either carrier is numbered after the last.
+    #[test]
+    fn the_record_is_put_again_only_when_the_floors_changed() {
+        let floor = floor_from(None);
+        let put = floor
+            .start_put_if_changed(Carrier::Record)
+            .expect("nothing put yet");
+        let first = put.number();
+        put.landed();
+        assert!(floor.start_put_if_changed(Carrier::Record).is_none());
+        let heartbeat = floor.start_put(Carrier::Heartbeat);
+        assert!(heartbeat.number() > first);
+        let (routed, _copies) = batch_for(&["ann"]);
+        floor.routed(100, 199, routed);
+        let put = floor
+            .start_put_if_changed(Carrier::Record)
+            .expect("changed");
+        assert!(put.number() > heartbeat.number());
+        assert_eq!(put.carries(), &named(&[("ann", 100)], 199));
+        drop(put);
+        let put = floor.start_put_if_changed(Carrier::Record);
+        assert!(put.is_some(), "the last put failed: it may not have landed");
     }
 
     /// Each agent's floor is the oldest late batch it was not yet written; an agent that
@@ -588,15 +719,15 @@ mod tests {
         let (newer, _newer_copies) = batch_for(&["slow", "late"]);
         floor.state.lock().late.extend([(300, newer), (100, older)]);
         let expected = floors(100, &[("late", 300), ("prompt", 100), ("slow", 100)]);
-        assert_eq!(floor.start_put().carries(), &expected);
+        assert_eq!(floor.start_put(Carrier::Heartbeat).carries(), &expected);
         // The prompt one was written its copy; the slow one is still behind.
         let [slow, prompt] = <[_; 2]>::try_from(older_copies).unwrap();
         drop(prompt);
         let expected = floors(100, &[("late", 300), ("slow", 100)]);
-        assert_eq!(floor.start_put().carries(), &expected);
+        assert_eq!(floor.start_put(Carrier::Heartbeat).carries(), &expected);
         drop(slow);
         let expected = floors(300, &[("late", 300), ("slow", 300)]);
-        assert_eq!(floor.start_put().carries(), &expected);
+        assert_eq!(floor.start_put(Carrier::Heartbeat).carries(), &expected);
     }
 
     /// A batch held for no named agent (a hub keeping it for programs away) has the
@@ -607,12 +738,10 @@ mod tests {
         let floor = floor_from(None);
         let (named, _named_copies) = batch_for(&["ann"]);
         floor.state.lock().late.push((100, named));
-        let put = floor.start_put();
-        assert_eq!(put.carries(), &floors(100, &[("ann", 100)]));
-        put.landed();
+        assert_eq!(put_both(&floor), floors(100, &[("ann", 100)]));
         let (bobs, _bobs_copies) = batch_for(&["bob"]);
         assert!(
-            !floor.is_carried(200, &bobs),
+            !carried(&floor, 200, &bobs),
             "the heartbeat named no floor of bob's"
         );
         let (hold, routed) = Outstanding::naming();
@@ -622,18 +751,16 @@ mod tests {
             routed,
             own: Vec::new(),
         };
-        assert!(!floor.is_carried(200, &hubs));
+        assert!(!carried(&floor, 200, &hubs));
         floor
             .state
             .lock()
             .late
             .extend([(200, hubs.clone()), (300, bobs.clone())]);
-        let put = floor.start_put();
-        assert_eq!(put.carries(), &for_all(100));
-        put.landed();
-        assert!(floor.is_carried(200, &hubs) && floor.is_carried(300, &bobs));
+        assert_eq!(put_both(&floor), for_all(100));
+        assert!(carried(&floor, 200, &hubs) && carried(&floor, 300, &bobs));
         drop(for_others);
-        let put = floor.start_put();
+        let put = floor.start_put(Carrier::Heartbeat);
         assert_eq!(put.carries(), &floors(100, &[("ann", 100), ("bob", 300)]));
     }
 
@@ -646,11 +773,11 @@ mod tests {
         let (mut written, _copies) = batch_for(&["ann"]);
         written.own.push(own);
         floor.state.lock().late.push((100, written));
-        assert_eq!(floor.start_put().carries(), &for_all(100));
+        assert_eq!(floor.start_put(Carrier::Heartbeat).carries(), &for_all(100));
         let _bobs = taken_up(&hold, Some("bob"));
         drop(hold);
         let named = floors(100, &[("ann", 100), ("bob", 100)]);
-        assert_eq!(floor.start_put().carries(), &named);
+        assert_eq!(floor.start_put(Carrier::Heartbeat).carries(), &named);
     }
 
     /// The agents a batch routed and not yet acknowledged is not written to are named as
@@ -667,12 +794,18 @@ mod tests {
         drop(done_copies);
         floor.routed(300, 399, done);
         let expected = named(&[("prompt", 100), ("slow", 100)], 399);
-        assert_eq!(floor.start_put().carries(), &expected);
+        assert_eq!(floor.start_put(Carrier::Heartbeat).carries(), &expected);
         let [prompt, slow] = <[_; 2]>::try_from(first_copies).unwrap();
         drop(prompt);
-        assert_eq!(floor.start_put().carries(), &named(&[("slow", 100)], 399));
+        assert_eq!(
+            floor.start_put(Carrier::Heartbeat).carries(),
+            &named(&[("slow", 100)], 399)
+        );
         drop(slow);
-        assert_eq!(floor.start_put().carries(), &named(&[("slow", 200)], 399));
+        assert_eq!(
+            floor.start_put(Carrier::Heartbeat).carries(),
+            &named(&[("slow", 200)], 399)
+        );
     }
 
     /// As the bridge stops, what it drops unwritten is done with as far as the holds can
@@ -691,7 +824,7 @@ mod tests {
             through: 299,
             ..for_all(100)
         };
-        assert_eq!(floor.start_put().carries(), &stopped);
+        assert_eq!(floor.start_put(Carrier::Heartbeat).carries(), &stopped);
     }
 
     /// A stream made again begins its sequences anew: what was routed of the old one, and
@@ -704,6 +837,9 @@ mod tests {
         let (routed, _routed_copies) = batch_for(&["slow"]);
         floor.routed(200, 299, routed);
         floor.sequences_begun_anew();
-        assert_eq!(floor.start_put().carries(), &named(&[], 0));
+        assert_eq!(
+            floor.start_put(Carrier::Heartbeat).carries(),
+            &named(&[], 0)
+        );
     }
 }

@@ -27,6 +27,9 @@ pub struct Names {
     pub agents: String,
     /// Each bridge's heartbeat, by bridge id.
     pub bridges: String,
+    /// Each bridge's floors record, by bridge id: its heartbeat's floors, put more often,
+    /// in a bucket nobody watches (`UnwrittenFloor`).
+    pub floors: String,
     /// Which bridge holds each name, by name.
     pub claims: String,
     /// The records endpoints share, by table and key (`records`).
@@ -42,6 +45,7 @@ impl Names {
             stream: format!("{}_MESSAGES", prefix.to_ascii_uppercase()),
             agents: format!("{prefix}_agents"),
             bridges: format!("{prefix}_bridges"),
+            floors: format!("{prefix}_floors"),
             claims: format!("{prefix}_names"),
             records: format!("{prefix}_records"),
             files: format!("{prefix}_files"),
@@ -226,10 +230,18 @@ pub fn known_protocol(name: &str) -> Option<Protocol> {
         .find(|p| *p == name)
 }
 
-/// A bridge's heartbeat, as it is kept in the bridges bucket.
-#[derive(Debug, Serialize, Deserialize)]
+/// A bridge's heartbeat, as it is kept in the bridges bucket; and, in the same form, its
+/// floors record, kept in the floors bucket.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub bridge: String,
+    /// The run of the bridge that put it (`NatsLink::run_id`), and which of that run's puts
+    /// of either, heartbeat or floors record, it is: of two of one run, the greater is the
+    /// later. Absent from those of bridges that did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub put: u64,
     /// Milliseconds since the epoch, by the sending bridge's clock (for people reading
     /// the bucket; liveness is judged by when a heartbeat arrives).
     pub at: i64,
@@ -273,6 +285,15 @@ impl Heartbeat {
     pub fn read(value: &[u8]) -> Option<Heartbeat> {
         serde_json::from_slice(value).ok()
     }
+
+    /// Whether this was put by the same run of its bridge as `other`, after it.
+    pub fn later_than(&self, other: &Heartbeat) -> bool {
+        self.run.is_some() && self.run == other.run && self.put > other.put
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Where a bridge's deliveries not yet written begin, as its heartbeat carries them

@@ -164,7 +164,16 @@ impl GridWs {
     /// bridge is gone, and the fleet does not yet let the name go), as a program that
     /// reconnects would; within `WAIT`.
     pub async fn connect_once_free(addr: SocketAddr, agent: &str) -> Self {
-        let deadline = std::time::Instant::now() + super::WAIT;
+        Self::connect_once_free_within(addr, agent, super::WAIT).await
+    }
+
+    /// As `connect_once_free`, waiting up to `wait` for the name to be free.
+    pub async fn connect_once_free_within(
+        addr: SocketAddr,
+        agent: &str,
+        wait: std::time::Duration,
+    ) -> Self {
+        let deadline = std::time::Instant::now() + wait;
         loop {
             let mut ws = Self::open(&format!("{}&presence=1", Self::url(addr, agent, None))).await;
             // Refused with an error report, then a close.

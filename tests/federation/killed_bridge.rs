@@ -472,6 +472,106 @@ async fn a_program_beside_one_further_behind_gets_each_message_once_through_anot
     fleet.shutdown().await;
 }
 
+/// A prompt program beside a slow one, on a bridge whose heartbeats are seconds apart,
+/// killed after it was written notes its heartbeat never told of: the slow program holds
+/// back the bridge's acknowledgements, so those notes are past both its acknowledgement
+/// floor and its last heartbeat. Its floors record, put within `RECORD_EVERY`, told of
+/// them; the others go by it, the later put, and send the prompt program none of them
+/// again through another bridge, while the slow program gets what it was not written.
+#[tokio::test]
+async fn a_prompt_program_is_sent_nothing_again_that_the_floors_record_told_of() {
+    const OBSERVING: &str =
+        "heartbeat_ms = 200\npresence_ttl_ms = 8000\npublish_timeout_ms = 2000\n";
+    const SLOW_BEATS: &str =
+        "heartbeat_ms = 6000\npresence_ttl_ms = 8000\npublish_timeout_ms = 2000\n";
+    // Its name is free once the bucket forgot its last heartbeat, two TTLs on.
+    const FREE_WITHIN: Duration = Duration::from_secs(30);
+    const PROMPT_NOTES: std::ops::Range<usize> = 1_000..1_020;
+    const LAST: usize = 9_999;
+    let fleet = Fleet::start_timed(2, OBSERVING).await;
+    let dir = tempfile::tempdir().unwrap();
+    let section = federation_section(&fleet.nats, &fleet.prefix, "b2", SLOW_BEATS);
+    let process = spawn_bridge(dir.path(), "b2", &section).await;
+    let at = process.addr("grid");
+    let slow = common::grid::GridWs::quiet_narrow(at, "stayer").await;
+    let mut prompt = common::grid::GridWs::quiet(at, "prompt", None).await;
+    for i in 0..fleet.nets.len() {
+        fleet.wait_known(i, "stayer").await;
+        fleet.wait_known(i, "prompt").await;
+    }
+    let js = fleet.jetstream().await;
+    let bucket = async |name: &str| {
+        let bucket = js.get_key_value(format!("{}_{name}", fleet.prefix)).await;
+        bucket.expect("the fleet's bucket")
+    };
+    let (bridges, floors) = (bucket("bridges").await, bucket("floors").await);
+    let floors_in = async |bucket: &async_nats::jetstream::kv::Store| {
+        let value = bucket.get("b2").await.ok().flatten();
+        let value = value.and_then(|v| serde_json::from_slice::<serde_json::Value>(&v).ok());
+        value.unwrap_or_default()
+    };
+    // Just after a heartbeat: the next is seconds away.
+    let put_before = floors_in(&bridges).await["put"].as_u64();
+    let beat = async || floors_in(&bridges).await["put"].as_u64() > put_before;
+    eventually_within("a heartbeat of b2", WAIT, beat).await;
+    // Some 5 MB for the slow program, more than its socket's buffers take: the bridge
+    // holds back acknowledgements (up to `WRITTEN_WITHIN`) for what it cannot write.
+    let b0 = common::grid::GridHttp::new(fleet.nets[0].grid);
+    let pad = "x".repeat(200 << 10);
+    let slow_notes: Vec<usize> = (0..25).collect();
+    let (b0, pad) = (&b0, &pad);
+    let sending = slow_notes.chunks(5).map(|notes| async move {
+        for &n in notes {
+            let note = grid_note(&format!("m{n}"), "neighbour", "stayer", pad);
+            assert!(b0.try_send(&note).await, "note {n} accepted");
+        }
+    });
+    futures_util::future::join_all(sending).await;
+    for n in PROMPT_NOTES {
+        let note = grid_note(&format!("m{n}"), "neighbour", "prompt", "hello");
+        assert!(b0.try_send(&note).await, "note {n} accepted");
+    }
+    let mut got = Vec::new();
+    let wanted = PROMPT_NOTES.collect();
+    read_until_got(&mut prompt, (at, "prompt"), &mut got, &wanted).await;
+    let stream = js.get_stream(fleet.stream_name());
+    let mut stream = stream.await.expect("the fleet's stream");
+    let sent = stream.info().await.expect("its info").state.last_sequence;
+
+    let told = async |bucket: &async_nats::jetstream::kv::Store| {
+        let floors = floors_in(bucket).await;
+        let named = floors["unwritten_for"].as_object();
+        let named: Vec<&String> = named.into_iter().flat_map(|named| named.keys()).collect();
+        named == ["stayer"] && floors["routed_through"].as_u64() >= Some(sent)
+    };
+    let what = "a floors record naming the slow program only, past all that was sent";
+    eventually_within(what, WAIT, async || told(&floors).await).await;
+    assert!(
+        !told(&bridges).await,
+        "the heartbeat told of it all too: the bridge took too long to be written this"
+    );
+    got.extend(read_past_the_kill(process, prompt).await);
+    let through = fleet.nets[1].grid;
+    let mut slow = slow;
+    let read = slow.read_until_closed().await;
+    let mut stayer_got: Vec<usize> = read.iter().filter_map(numbered).collect();
+    let connect = common::grid::GridWs::connect_once_free_within;
+    let mut stayer = connect(through, "stayer", FREE_WITHIN).await;
+    let wanted = slow_notes.iter().copied().collect();
+    read_until_got(&mut stayer, (through, "stayer"), &mut stayer_got, &wanted).await;
+    let missing: Vec<&usize> = (slow_notes.iter())
+        .filter(|n| !stayer_got.contains(n))
+        .collect();
+    assert!(missing.is_empty(), "the slow program missed {missing:?}");
+    let mut prompt = connect(through, "prompt", FREE_WITHIN).await;
+    let last = grid_note(&format!("m{LAST}"), "neighbour", "prompt", "the last");
+    assert!(b0.try_send(&last).await);
+    read_until_got(&mut prompt, (through, "prompt"), &mut got, &[LAST].into()).await;
+    let twice = common::grid::got_twice(&got);
+    assert!(twice.is_empty(), "the prompt program got {twice:?} twice");
+    fleet.shutdown().await;
+}
+
 /// A second program, `prompt`, on the slow reader's bridge, reading as it is sent to: 200
 /// numbered notes (from 1,000) sent to it through that bridge and the fleet's first in
 /// turn, beside the slow one's (`sent_and_left_unwritten`).
@@ -720,8 +820,13 @@ struct SlowReader {
 impl SlowReader {
     /// On `b2`, the third bridge of a fleet whose other two are in this process.
     async fn on_a_third_bridge() -> SlowReader {
-        let fleet = Fleet::start(2).await;
-        let section = federation_section(&fleet.nats, &fleet.prefix, "b2", QUICK);
+        SlowReader::on_a_third_bridge_timed(QUICK).await
+    }
+
+    /// As `on_a_third_bridge`, every bridge with `timing` (`federation_section`).
+    async fn on_a_third_bridge_timed(timing: &str) -> SlowReader {
+        let fleet = Fleet::start_timed(2, timing).await;
+        let section = federation_section(&fleet.nats, &fleet.prefix, "b2", timing);
         SlowReader::on(fleet, "b2", section).await
     }
 
