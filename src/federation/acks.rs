@@ -65,9 +65,9 @@ pub(super) fn ack_subject(stream: &str, consumer: &str, delivered: &SequenceInfo
 /// batch in the stretch the others read again (`missed_mail`) and keep for its agents,
 /// rather than lose what waited in a mailbox. Meanwhile the applier routes on; a slow
 /// client holds back acknowledgements, not routing. A batch acknowledged unwritten, past
-/// `WRITTEN_WITHIN`, is late: it is acknowledged once the heartbeat carries it, and the
-/// store where it keeps the floor (`UnwrittenFloor`), so that the stretch read again for a
-/// killed bridge starts there.
+/// `WRITTEN_WITHIN`, is late: it is acknowledged once the heartbeat and the floors record
+/// carry it, and the store where it keeps the floor (`UnwrittenFloor`), so that the stretch
+/// read again for a killed bridge starts there.
 pub(super) struct Acks {
     queued: tokio::sync::mpsc::UnboundedSender<ToAcknowledge>,
     /// Where the batches routed are named until they are written (`UnwrittenFloor::routed`).

@@ -56,6 +56,8 @@ pub struct NatsLink {
     pub bridge_id: String,
     /// This run of the bridge, unique to its process (`wire::RUN_HEADER`).
     pub run_id: String,
+    /// Numbers this run's puts of its floors (`UnwrittenFloor`).
+    puts: Arc<std::sync::atomic::AtomicU64>,
     ready: ArcSwapOption<Ready>,
     readiness: Readiness,
     /// Since when the client has been disconnected. A server failing over is ridden out
@@ -116,6 +118,7 @@ impl NatsLink {
             names: Names::new(&config.prefix),
             bridge_id: config.bridge_id.clone(),
             run_id: uuid::Uuid::new_v4().to_string(),
+            puts: Arc::default(),
             ready: ArcSwapOption::empty(),
             readiness,
             disconnected_since: parking_lot::Mutex::new(None),
@@ -358,8 +361,9 @@ impl NatsLink {
             true => StoreFloor::Kept(left_here),
             false => StoreFloor::NotKept,
         };
-        let unwritten = Arc::new(UnwrittenFloor::new(left, shutdown.clone(), store));
-        put_floors(self, &bridges, &unwritten, Carrier::Heartbeat, true).await?;
+        let puts = self.puts.clone();
+        let unwritten = Arc::new(UnwrittenFloor::new(left, shutdown.clone(), store, puts));
+        put_heartbeat(self, &bridges, &unwritten, true).await?;
         Ok(Ready {
             js,
             agents,
@@ -399,20 +403,20 @@ pub async fn durable_consumer(
     Ok((stream.create_consumer(config).await?, was_there))
 }
 
-/// Puts this bridge's heartbeat in the bridges bucket, or its floors record in the floors
-/// bucket, as `carrier` says: the floors of what it acknowledged unwritten
-/// (`UnwrittenFloor`), and whether its cards are coming.
-pub async fn put_floors(
+/// Puts this bridge's heartbeat in the bridges bucket: the floors of what it acknowledged
+/// unwritten (`UnwrittenFloor`), and whether its cards are coming.
+pub async fn put_heartbeat(
     link: &NatsLink,
-    bucket: &kv::Store,
+    bridges: &kv::Store,
     unwritten: &UnwrittenFloor,
-    carrier: Carrier,
     cards_coming: bool,
 ) -> Result<(), async_nats::Error> {
-    put_started(link, bucket, unwritten.start_put(carrier), cards_coming).await
+    let put = unwritten.start_put(Carrier::Heartbeat);
+    put_started(link, bridges, put, cards_coming).await
 }
 
-/// Puts what `put` carries, as `put_floors` does.
+/// Puts the floors `put` carries in `bucket` (the bridges bucket, or the floors bucket for
+/// the floors record), under this bridge's id.
 pub async fn put_started(
     link: &NatsLink,
     bucket: &kv::Store,

@@ -19,7 +19,7 @@ use super::claims::FleetClaims;
 use super::clashes::Clashes;
 use super::config::FederationConfig;
 use super::held_cards::HeldCards;
-use super::link::{NatsLink, Ready, put_floors};
+use super::link::{NatsLink, Ready, put_heartbeat};
 use super::unwritten::Carrier;
 use super::wire::{Card, Heartbeat, agent_key};
 use crate::core::{Audience, Core, Envelope, Kind, Replicated, Status};
@@ -297,8 +297,7 @@ impl Presence {
         // Coming also while NATS is away: a heartbeat the client holds until it is back may
         // land before the first tick that sees it back starts a time of its cards coming.
         let coming = self.cards.coming() || !self.link.is_connected();
-        let put = put_floors(&self.link, bridges, unwritten, Carrier::Heartbeat, coming);
-        if let Err(e) = put.await {
+        if let Err(e) = put_heartbeat(&self.link, bridges, unwritten, coming).await {
             tracing::debug!(error = %e, "federation: heartbeat not sent");
         }
     }

@@ -7,8 +7,9 @@
 //! others (`missed_mail`), and by itself when it starts again while the bridges bucket
 //! still holds its heartbeat (`Applier::apply_unacknowledged`), rather than from its
 //! consumer's acknowledgement floor: what waited for a slow reader is kept or sent again,
-//! not lost. A late batch waits, before its acknowledgement, for a heartbeat carrying a
-//! floor at or before it to land with no put under way carrying a later one — and, where
+//! not lost. A late batch waits, before its acknowledgement, for a heartbeat and a floors
+//! record (below) carrying a floor at or before it to land with no put of either under way
+//! carrying a later one — and, where
 //! the bridge's store keeps the floor too (`StoreFloor`), for the store to keep one at or
 //! before it — or for its deliveries to be written meanwhile; up to `CARRIED_WITHIN` more,
 //! after which it is acknowledged all the same (and that is logged).
@@ -33,6 +34,8 @@
 //! other's. A late batch waits for both to carry it: either may be the one read.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -43,16 +46,18 @@ use tokio_util::sync::CancellationToken;
 use super::wire::Unwritten;
 use super::written::{WRITTEN_WITHIN, Written};
 
-/// How long past `WRITTEN_WITHIN` a late batch waits for a heartbeat, and the store, to
-/// carry it: after that (NATS away, heartbeats or the store failing) it is acknowledged
+/// How long past `WRITTEN_WITHIN` a late batch waits for a heartbeat, the floors record and
+/// the store to carry it: after that (NATS away, puts or the store failing) it is acknowledged
 /// all the same, so that applying goes on. Counted from when the batch was queued, so that
 /// batches late at once wait out one such stretch between them, not one each.
 pub(super) const CARRIED_WITHIN: Duration = Duration::from_secs(2);
 
-/// How long a wait for a heartbeat lets a put that failed rest before it asks for another.
+/// How long a wait for a put lets a carrier whose last put failed rest before it asks
+/// that carrier for another.
 const AFTER_A_FAILED_PUT: Duration = Duration::from_millis(200);
 
-/// How often, at most, the floors record is put while the floors change.
+/// How often, at most, the floors record is put while the floors change (less often when
+/// working them out takes long: `floors_record`).
 pub(super) const RECORD_EVERY: Duration = Duration::from_millis(50);
 
 /// Most agents a heartbeat names a floor of (some 10 KiB of names): past this, it carries
@@ -84,9 +89,13 @@ impl Carrier {
 pub(super) struct UnwrittenFloor {
     state: Mutex<State>,
     /// Cancelled as the bridge stops: what its stopping drops (a mailbox's contents) is
-    /// not written, so the heartbeats put from then on name no agent and let go of no
-    /// batch.
+    /// not written, so the puts from then on name no agent and let go of no batch.
     stopping: CancellationToken,
+    /// Numbers each put of either carrier, under `state`'s lock as its floors are taken,
+    /// so that of two puts of one run the greater number carries the later floors. Shared
+    /// by every floor this run makes (`NatsLink::puts`: a setting up tried again makes
+    /// another).
+    puts: Arc<AtomicU64>,
     /// Asks each carrier for a put now: a late batch waits for one that carries it.
     wanted: [Notify; 2],
     /// Asks the store to keep the floor now: a late batch waits for it.
@@ -118,9 +127,6 @@ struct State {
     routed_through: u64,
     /// What each carrier holds, by `Carrier::index`.
     carriers: [Carried; 2],
-    /// How many puts this run has started, of either carrier: each put is numbered, so
-    /// that of two of one run, the later can be told (`wire::Heartbeat::put`).
-    puts: u64,
     /// What the bridge's store keeps of the floor: a batch acknowledged unwritten waits
     /// for it too, as a clean stop deletes the heartbeat and the fleet forgets one two
     /// TTLs old.
@@ -165,14 +171,17 @@ fn covers(floors: &Unwritten, first: u64, holders: Option<&[String]>) -> bool {
 impl UnwrittenFloor {
     /// With the floor the last run's heartbeat carried, which the bridges bucket holds; for
     /// a bridge that stops once `stopping` is cancelled, and whose store keeps the floor as
-    /// `store` says (what it holds as this run starts: `store_kept` follows).
+    /// `store` says (what it holds as this run starts: `store_kept` follows); its puts
+    /// numbered by `puts`.
     pub(super) fn new(
         left_by_last_run: Floor,
         stopping: CancellationToken,
         store: StoreFloor,
+        puts: Arc<AtomicU64>,
     ) -> UnwrittenFloor {
         UnwrittenFloor {
             stopping,
+            puts,
             state: Mutex::new(State {
                 left_by_last_run,
                 late: Vec::new(),
@@ -190,7 +199,6 @@ impl UnwrittenFloor {
                     },
                     Carried::default(),
                 ],
-                puts: 0,
                 store,
             }),
             wanted: [Notify::new(), Notify::new()],
@@ -239,14 +247,19 @@ impl UnwrittenFloor {
                 if !in_store {
                     self.store_wanted.notify_one();
                 }
-                let failed = {
+                // A carrier whose last put failed is asked again after a rest; the other at
+                // once.
+                let (failed, ready): (Vec<Carrier>, Vec<Carrier>) = {
                     let state = self.state.lock();
-                    (uncarried.iter()).any(|carrier| state.carriers[carrier.index()].failed)
+                    (uncarried.into_iter()).partition(|c| state.carriers[c.index()].failed)
                 };
-                if failed {
+                for carrier in ready {
+                    self.wanted[carrier.index()].notify_one();
+                }
+                if !failed.is_empty() {
                     tokio::time::sleep(AFTER_A_FAILED_PUT).await;
                 }
-                for carrier in uncarried {
+                for carrier in failed {
                     self.wanted[carrier.index()].notify_one();
                 }
                 // The sender is this floor's own: it outlives the wait.
@@ -260,7 +273,7 @@ impl UnwrittenFloor {
                 in_heartbeat = self.is_carried_by(Carrier::Heartbeat, first, &written),
                 in_record = self.is_carried_by(Carrier::Record, first, &written),
                 in_store = self.is_kept(first),
-                "federation: a batch was acknowledged unwritten before a heartbeat and the store carried it"
+                "federation: a batch was acknowledged unwritten before the heartbeat, the floors record and the store carried it"
             );
         }
         carried
@@ -325,7 +338,7 @@ impl UnwrittenFloor {
         state.routed_through = 0;
     }
 
-    /// The oldest floor a heartbeat put now would carry (of the late batches not yet done,
+    /// The oldest floor a put now would carry (of the late batches not yet done,
     /// or all of them once the bridge is stopping, and what the last run left), for the
     /// bridge's store to keep.
     pub(super) fn floor_now(&self) -> Floor {
@@ -341,8 +354,7 @@ impl UnwrittenFloor {
     /// of what the last run left, and each agent's oldest of the batches routed or late, if
     /// it can tell them all.
     pub(super) fn start_put(&self, carrier: Carrier) -> PutUnderWay<'_> {
-        self.start(carrier, false)
-            .expect("a put that need not change")
+        (self.start(carrier, false)).expect("a put not asked to be changed always starts")
     }
 
     /// Starts a put of `carrier` as `start_put` does, unless it would put what it holds
@@ -372,14 +384,17 @@ impl UnwrittenFloor {
         };
         let carried = &state.carriers[carrier.index()];
         if if_changed && !carried.failed && carried.landed == floors {
+            drop(state);
+            // A late batch that asked for this put may be done with now: it looks again.
+            self.ended.send_replace(());
             return None;
         }
         state.carriers[carrier.index()].in_flight = Some(floors.clone());
-        state.puts += 1;
+        let number = self.puts.fetch_add(1, Ordering::Relaxed) + 1;
         Some(PutUnderWay {
             unwritten: self,
             carrier,
-            number: state.puts,
+            number,
             carries: floors,
             landed: false,
         })
@@ -460,7 +475,6 @@ impl Drop for PutUnderWay<'_> {
 mod tests {
     use super::*;
     use crate::core::{Delivery, Envelope, Kind, Outstanding};
-    use std::sync::Arc;
 
     /// A copy of a delivery offered `hold`, as a recipient takes it up for `agent`
     /// (`None`: a hub's, for others).
@@ -524,6 +538,7 @@ mod tests {
             left_by_last_run,
             CancellationToken::new(),
             StoreFloor::NotKept,
+            Arc::default(),
         )
     }
 
@@ -583,6 +598,7 @@ mod tests {
             None,
             CancellationToken::new(),
             StoreFloor::Kept(None),
+            Arc::default(),
         ));
         let beating = heartbeat(floor.clone());
         let (written, _copies) = batch();
@@ -641,6 +657,23 @@ mod tests {
         drop(copies);
         // Woken by the next put's end, whatever it carries.
         floor.start_put(Carrier::Heartbeat).landed();
+        assert!(carrying.await);
+        assert!(Instant::now() < by);
+    }
+
+    /// A put of the record found not needed wakes a late batch that waits for it, as a
+    /// put's end does: it may have been written meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn a_record_put_not_needed_wakes_a_late_batch_written_meanwhile() {
+        let floor = floor_from(None);
+        put_both(&floor);
+        let (written, copies) = batch();
+        let by = in_ms(60_000);
+        let carrying = floor.carry(100, written, by);
+        tokio::pin!(carrying);
+        assert!(futures_util::poll!(&mut carrying).is_pending());
+        drop(copies);
+        assert!(floor.start_put_if_changed(Carrier::Record).is_none());
         assert!(carrying.await);
         assert!(Instant::now() < by);
     }
@@ -813,7 +846,8 @@ mod tests {
     #[test]
     fn a_stopping_bridge_names_no_agent_and_lets_no_floor_go() {
         let stopping = CancellationToken::new();
-        let floor = UnwrittenFloor::new(None, stopping.clone(), StoreFloor::NotKept);
+        let floor =
+            UnwrittenFloor::new(None, stopping.clone(), StoreFloor::NotKept, Arc::default());
         let (late, late_copies) = batch_for(&["slow"]);
         floor.state.lock().late.push((100, late));
         let (routed, routed_copies) = batch_for(&["prompt"]);

@@ -235,11 +235,12 @@ pub fn known_protocol(name: &str) -> Option<Protocol> {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub bridge: String,
-    /// The run of the bridge that put it (`NatsLink::run_id`), and which of that run's puts
-    /// of either, heartbeat or floors record, it is: of two of one run, the greater is the
-    /// later. Absent from those of bridges that did not say.
+    /// The run of the bridge that put it (`NatsLink::run_id`). Absent from those of
+    /// bridges that did not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,
+    /// Which of that run's puts of its floors, heartbeat or floors record, it is: of two of
+    /// one run, the greater carries the later floors (`later_than`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub put: u64,
     /// Milliseconds since the epoch, by the sending bridge's clock (for people reading
@@ -259,7 +260,8 @@ pub struct Heartbeat {
     /// put the heartbeat: up to there, `unwritten_for` names every agent not yet written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routed_through: Option<u64>,
-    /// Whether the bridge's cards in the agents bucket may be older than what it holds:
+    /// Whether the bridge's cards in the agents bucket may be older than what it holds
+    /// (never said by a floors record):
     /// from its start, or NATS coming back, until it has put its own over them (`cards`).
     /// Another bridge reading them meanwhile finds no clash in them: the newer come.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -281,7 +283,8 @@ impl Heartbeat {
         }
     }
 
-    /// The heartbeat a value of the bridges bucket holds (none if it is unreadable).
+    /// The heartbeat a value of the bridges bucket holds, or the floors record one of the
+    /// floors bucket holds (none if it is unreadable).
     pub fn read(value: &[u8]) -> Option<Heartbeat> {
         serde_json::from_slice(value).ok()
     }

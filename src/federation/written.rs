@@ -1,6 +1,6 @@
 //! What tells that the deliveries a batch of the stream made here are done, which its
-//! acknowledgement waits for (`acks`) and a late batch is carried in heartbeats until
-//! (`unwritten`).
+//! acknowledgement waits for (`acks`) and a late batch is carried in heartbeats and the
+//! floors record until (`unwritten`).
 
 use std::time::Duration;
 
@@ -8,8 +8,8 @@ use crate::core::HeldBy;
 use crate::telemetry;
 
 /// How long an acknowledgement waits for the batch's deliveries to be written: past this,
-/// the batch is late, and acknowledged once the heartbeat carries where it starts
-/// (`UnwrittenFloor`). Well within the consumer's `ack_wait`, and short enough that a slow
+/// the batch is late, and acknowledged once the heartbeat and the floors record carry
+/// where it starts (`UnwrittenFloor`). Well within the consumer's `ack_wait`, and short enough that a slow
 /// reader does not hold back applying once `max_ack_pending` messages of the stream wait.
 pub(super) const WRITTEN_WITHIN: Duration = Duration::from_secs(5);
 
