@@ -646,19 +646,28 @@ mod tests {
         assert!(floor.is_carried_by(Carrier::Heartbeat, 200, &newer));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_late_batch_written_meanwhile_waits_for_no_heartbeat() {
-        let floor = floor_from(None);
+    /// Has a late batch wait to be carried, then written, and `wake` the floor: the batch is
+    /// acknowledged then, well before its bound.
+    async fn carried_once_written(floor: &UnwrittenFloor, wake: impl FnOnce(&UnwrittenFloor)) {
         let (written, copies) = batch();
         let by = in_ms(60_000);
         let carrying = floor.carry(100, written, by);
         tokio::pin!(carrying);
         assert!(futures_util::poll!(&mut carrying).is_pending());
         drop(copies);
-        // Woken by the next put's end, whatever it carries.
-        floor.start_put(Carrier::Heartbeat).landed();
+        wake(floor);
         assert!(carrying.await);
         assert!(Instant::now() < by);
+    }
+
+    /// Woken by the next put's end, whatever it carries.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_batch_written_meanwhile_waits_for_no_heartbeat() {
+        let floor = floor_from(None);
+        carried_once_written(&floor, |floor| {
+            floor.start_put(Carrier::Heartbeat).landed();
+        })
+        .await;
     }
 
     /// A put of the record found not needed wakes a late batch that waits for it, as a
@@ -667,15 +676,10 @@ mod tests {
     async fn a_record_put_not_needed_wakes_a_late_batch_written_meanwhile() {
         let floor = floor_from(None);
         put_both(&floor);
-        let (written, copies) = batch();
-        let by = in_ms(60_000);
-        let carrying = floor.carry(100, written, by);
-        tokio::pin!(carrying);
-        assert!(futures_util::poll!(&mut carrying).is_pending());
-        drop(copies);
-        assert!(floor.start_put_if_changed(Carrier::Record).is_none());
-        assert!(carrying.await);
-        assert!(Instant::now() < by);
+        carried_once_written(&floor, |floor| {
+            assert!(floor.start_put_if_changed(Carrier::Record).is_none());
+        })
+        .await;
     }
 
     #[tokio::test(start_paused = true)]
