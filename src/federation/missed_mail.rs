@@ -63,20 +63,23 @@ impl Missed {
 }
 
 /// The floors a gone bridge's stretch is read by, from its heartbeat as the bucket `kept` it
-/// and as the watch brought it (`watched`), and its floors `record`: the record where it
-/// is later than each heartbeat known (a put of the same run after it), or else what the
-/// heartbeats say together (either may be the later).
+/// and as the watch brought it (`watched`), and its floors `record`. Where the heartbeats
+/// known are of one run, the latest put of that run among the three: each put's floors
+/// cover every batch acknowledged unwritten before it (a late batch waits for both
+/// carriers), so the latest says the least again. Otherwise (a run restarted, or a bridge
+/// that does not number its puts) what the heartbeats say together.
 fn floors_to_read(
     kept: Option<Heartbeat>,
     watched: Option<Heartbeat>,
     record: Option<Heartbeat>,
 ) -> Unwritten {
     let beats: Vec<&Heartbeat> = kept.iter().chain(&watched).collect();
-    if let Some(record) = record
-        && !beats.is_empty()
-        && beats.iter().all(|beat| record.later_than(beat))
+    if let Some(first) = beats.first()
+        && beats.iter().all(|beat| beat.same_run_as(first))
     {
-        return record.unwritten();
+        let record = record.as_ref().filter(|record| record.same_run_as(first));
+        let latest = (beats.iter().copied().chain(record)).max_by_key(|put| put.put);
+        return latest.map_or_else(Unwritten::default, Heartbeat::unwritten);
     }
     match (kept, watched) {
         (Some(kept), Some(watched)) => kept.unwritten().and(watched.unwritten()),
@@ -484,9 +487,8 @@ mod tests {
         }
     }
 
-    /// The floors record is gone by only where it is a later put of the same run than
-    /// every heartbeat known: a record of a run before, or one older than the heartbeat,
-    /// says less than the heartbeat does.
+    /// The latest put of the heartbeats' run is gone by, the floors record's or a
+    /// heartbeat's; a record of another run, or heartbeats of two runs, are not.
     #[test]
     fn the_floors_record_is_read_by_where_it_is_the_later_put() {
         let record = beat("run", 7, 300, 500);
@@ -505,8 +507,11 @@ mod tests {
         assert_eq!(read(Some(beat("run", 9, 100, 200)), None), 200, "older");
         let restarted = Some(beat("next run", 1, 100, 200));
         assert_eq!(read(restarted, None), 200, "a run before");
-        // Two heartbeats, the record no later than one: the older of what they say.
+        // Two heartbeats, one later than the record: the latest.
         let (kept, watched) = (beat("run", 8, 100, 250), beat("run", 4, 120, 200));
+        assert_eq!(read(Some(kept), Some(watched)), 250);
+        // Heartbeats of two runs: the older of what they say.
+        let (kept, watched) = (beat("next run", 1, 100, 250), beat("run", 4, 120, 200));
         assert_eq!(read(Some(kept), Some(watched)), 200);
         // No heartbeat known: it cannot be told whose run the record is.
         assert_eq!(read(None, None), 0);

@@ -240,7 +240,7 @@ pub struct Heartbeat {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,
     /// Which of that run's puts of its floors, heartbeat or floors record, it is: of two of
-    /// one run, the greater carries the later floors (`later_than`).
+    /// one run, the greater carries the later floors.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub put: u64,
     /// Milliseconds since the epoch, by the sending bridge's clock (for people reading
@@ -289,9 +289,10 @@ impl Heartbeat {
         serde_json::from_slice(value).ok()
     }
 
-    /// Whether this was put by the same run of its bridge as `other`, after it.
-    pub fn later_than(&self, other: &Heartbeat) -> bool {
-        self.run.is_some() && self.run == other.run && self.put > other.put
+    /// Whether this was put by the run of its bridge that put `other` (`false` where either
+    /// does not say).
+    pub fn same_run_as(&self, other: &Heartbeat) -> bool {
+        self.run.is_some() && self.run == other.run
     }
 }
 
