@@ -32,8 +32,12 @@ use crate::core::{
     Outstanding, Recipients, Replicated, StoredMessage, TaskRequest, UnwrittenFrom, WatchesHolders,
 };
 
-/// How often the pending ids are kept, when they changed.
-const KEPT_EVERY: Duration = Duration::from_millis(200);
+/// How often, at most, the pending ids are kept, when they changed.
+const KEPT_EVERY: Duration = Duration::from_millis(50);
+/// A keeping writes on the store's writer thread, which every append waits for: the next
+/// waits this many times as long as the last took, if that is longer than `KEPT_EVERY` (a
+/// long list of pending ids, a busy writer), so that keeping takes a small share of it.
+const KEEPING_PACE: u32 = 10;
 /// Messages read at once as they are routed again.
 const ROUTED_AGAIN_AT_ONCE: usize = 256;
 
@@ -250,14 +254,16 @@ impl RedeliveringLog {
         Ok((log, left))
     }
 
-    /// Keeps the pending ids every `KEPT_EVERY` while they, or the floor of its stream, change,
-    /// until the bridge shuts down (`stopped` keeps them a last time).
+    /// Keeps the pending ids every `KEPT_EVERY` (or as `KEEPING_PACE` says) while they, or
+    /// the floor of its stream, change, until the bridge shuts down (`stopped` keeps them a
+    /// last time).
     pub fn keep_pending(
         self: &Arc<Self>,
         shutdown: CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
         let log = self.clone();
         tokio::spawn(async move {
+            let mut next = tokio::time::Instant::now() + KEPT_EVERY;
             loop {
                 let wanted = async {
                     match log.unwritten_from.get() {
@@ -267,15 +273,17 @@ impl RedeliveringLog {
                 };
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(KEPT_EVERY) => {}
+                    _ = tokio::time::sleep_until(next) => {}
                     // A batch of its fleet's stream waits for the floor.
                     _ = wanted => {}
                 }
+                let began = tokio::time::Instant::now();
                 let changed = log.pending.changed.swap(false, Ordering::AcqRel);
                 let floor = log.floor_to_keep().unwrap_or(0);
                 if changed || floor != log.floor_kept.load(Ordering::Relaxed) {
                     log.keep().await;
                 }
+                next = began + KEPT_EVERY.max(began.elapsed() * KEEPING_PACE);
             }
         })
     }
@@ -742,7 +750,7 @@ mod tests {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
         };
-        // A bound, not a speed: it is kept within a tick or two of 200 ms.
+        // A bound, not a speed: it is kept within a tick or two of `KEPT_EVERY`.
         tokio::time::timeout(std::time::Duration::from_secs(10), kept)
             .await
             .expect("the floor kept");
