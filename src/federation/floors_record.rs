@@ -12,12 +12,16 @@ use tokio_util::sync::CancellationToken;
 
 use super::link::{NatsLink, Ready, put_started};
 use super::unwritten::{Carrier, RECORD_EVERY};
+use crate::shared::pace::Pace;
 
 /// Working the floors out goes over every batch not yet written, under the lock the
-/// applier takes as it routes each batch: the next put waits this many times as long as
-/// that took, if that is longer than `RECORD_EVERY`, so that a long backlog (a reader
-/// stuck for seconds) costs that lock a small share of its time.
-const PACE: u32 = 20;
+/// applier takes as it routes each batch: the next put waits twenty times as long as that
+/// took, if that is longer than `RECORD_EVERY`, so that a long backlog (a reader stuck for
+/// seconds) costs that lock a small share of its time.
+const PACE: Pace = Pace {
+    every: RECORD_EVERY,
+    times: 20,
+};
 
 /// Puts the floors record whenever the floors changed, or a late batch waits for it, until
 /// shutdown. A put that fails is tried again at the next turn.
@@ -25,7 +29,7 @@ pub async fn keep_put(link: Arc<NatsLink>, ready: Arc<Ready>, shutdown: Cancella
     loop {
         let began = Instant::now();
         let put = ready.unwritten.start_put_if_changed(Carrier::Record);
-        let next = began + RECORD_EVERY.max(began.elapsed() * PACE);
+        let next = PACE.next_after(began);
         if let Some(put) = put
             && let Err(e) = put_started(&link, &ready.floors, put, false).await
         {

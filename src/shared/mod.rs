@@ -14,6 +14,7 @@ pub mod http_refusals;
 pub mod json_writer;
 pub mod latch;
 pub mod listener;
+pub mod pace;
 pub mod raw_object;
 pub mod text;
 pub mod to_the_end;

@@ -31,13 +31,17 @@ use crate::core::{
     Core, Envelope, HoldersOf, LeftUndelivered, Link, LogFuture, MessageLog, MessageQuery,
     Outstanding, Recipients, Replicated, StoredMessage, TaskRequest, UnwrittenFrom, WatchesHolders,
 };
+use crate::shared::pace::Pace;
 
 /// How often, at most, the pending ids are kept, when they changed.
 const KEPT_EVERY: Duration = Duration::from_millis(50);
 /// A keeping writes on the store's writer thread, which every append waits for: the next
-/// waits this many times as long as the last took, if that is longer than `KEPT_EVERY` (a
-/// long list of pending ids, a busy writer), so that keeping takes a small share of it.
-const KEEPING_PACE: u32 = 10;
+/// waits ten times as long as the last took, if that is longer than `KEPT_EVERY` (a long
+/// list of pending ids, a busy writer), so that keeping takes a small share of it.
+const KEEPING: Pace = Pace {
+    every: KEPT_EVERY,
+    times: 10,
+};
 /// Messages read at once as they are routed again.
 const ROUTED_AGAIN_AT_ONCE: usize = 256;
 
@@ -254,7 +258,7 @@ impl RedeliveringLog {
         Ok((log, left))
     }
 
-    /// Keeps the pending ids every `KEPT_EVERY` (or as `KEEPING_PACE` says) while they, or
+    /// Keeps the pending ids every `KEPT_EVERY` (or as `KEEPING` says) while they, or
     /// the floor of its stream, change, until the bridge shuts down (`stopped` keeps them a
     /// last time).
     pub fn keep_pending(
@@ -283,7 +287,7 @@ impl RedeliveringLog {
                 if changed || floor != log.floor_kept.load(Ordering::Relaxed) {
                     log.keep().await;
                 }
-                next = began + KEPT_EVERY.max(began.elapsed() * KEEPING_PACE);
+                next = KEEPING.next_after(began);
             }
         })
     }

@@ -200,11 +200,8 @@ mod tests {
     type Pending<'a> = &'a [(&'a str, Option<&'a [&'a str]>)];
 
     async fn keep(store: &Store, rows: &UndeliveredRows, pending: Pending<'_>) {
-        let pending: super::PendingRows = (pending.iter())
-            .map(|(id, named)| {
-                let named = named.map(|n| n.iter().map(|a| a.to_string()).collect::<Vec<_>>());
-                (id.to_string(), named.map(Arc::from))
-            })
+        let pending: super::PendingRows = (owned(pending).into_iter())
+            .map(|(id, named)| (id, named.map(Arc::from)))
             .collect();
         (store.keep_undelivered(rows, move || pending, i64::MAX, None))
             .await
