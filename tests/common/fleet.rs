@@ -136,9 +136,7 @@ impl Fleet {
     /// itself (`docs/federation.md`: the records bucket, keys `<table>.<key>`).
     pub async fn records_in(&self, table: &str) -> usize {
         use futures_util::StreamExt;
-        let js = self.jetstream().await;
-        let bucket = (js.get_key_value(format!("{}_records", self.prefix)).await)
-            .expect("the records bucket");
+        let bucket = self.bucket("records").await;
         let mut keys = bucket.keys().await.expect("the records' keys");
         let mut count = 0;
         while let Some(key) = keys.next().await {
@@ -179,8 +177,15 @@ impl Fleet {
 
     /// The fleet's names bucket: which bridge holds each name a client registered.
     pub async fn names(&self) -> async_nats::jetstream::kv::Store {
+        self.bucket("names").await
+    }
+
+    /// The fleet's KV bucket `name` (`bridges`, `floors`, `records`, …: docs/federation.md,
+    /// *Names in NATS*).
+    pub async fn bucket(&self, name: &str) -> async_nats::jetstream::kv::Store {
         let js = self.jetstream().await;
-        (js.get_key_value(format!("{}_names", self.prefix)).await).expect("the names bucket")
+        let bucket = js.get_key_value(format!("{}_{name}", self.prefix)).await;
+        bucket.unwrap_or_else(|e| panic!("the {name} bucket: {e}"))
     }
 
     pub async fn shutdown(self) {

@@ -363,9 +363,7 @@ async fn a_program_further_behind_than_acknowledgements_wait_gets_everything_fro
     let read = socket.read_until_closed().await;
     let mut got: Vec<usize> = read.iter().filter_map(numbered).collect();
     assert!(process.exited(WAIT).is_some(), "the bridge stops");
-    let js = fleet.jetstream().await;
-    let bridges = js.get_key_value(format!("{}_bridges", fleet.prefix));
-    let beat = bridges.await.expect("the bridges bucket").get("b1").await;
+    let beat = fleet.bucket("bridges").await.get("b1").await;
     assert!(
         beat.expect("read").is_none(),
         "its stop deleted its heartbeat"
@@ -451,16 +449,8 @@ async fn a_program_beside_one_further_behind_gets_each_message_once_through_anot
         .state
         .last_sequence;
     // A heartbeat that tells of all that, naming the slow program's floor only.
-    let bridges = js.get_key_value(format!("{}_bridges", fleet.prefix));
-    let bridges = bridges.await.expect("the bridges bucket");
-    let told = async || {
-        let beat = bridges.get("b2").await.ok().flatten();
-        let beat = beat.and_then(|beat| serde_json::from_slice::<serde_json::Value>(&beat).ok());
-        let Some(beat) = beat else { return false };
-        let named = beat["unwritten_for"].as_object();
-        let named: Vec<&String> = named.into_iter().flat_map(|named| named.keys()).collect();
-        named == ["stayer"] && beat["routed_through"].as_u64() >= Some(sent)
-    };
+    let bridges = fleet.bucket("bridges").await;
+    let told = async || tells_of_all_behind_only(&bridges, "b2", sent, "stayer").await;
     let what = "a heartbeat naming the slow program only, past all that was sent";
     eventually_within(what, WAIT, told).await;
     let mut got = read_past_the_kill(process, socket).await;
@@ -501,55 +491,35 @@ async fn a_prompt_program_is_sent_nothing_again_that_the_floors_record_told_of()
         fleet.wait_known(i, "stayer").await;
         fleet.wait_known(i, "prompt").await;
     }
-    let js = fleet.jetstream().await;
-    let bucket = async |name: &str| {
-        let bucket = js.get_key_value(format!("{}_{name}", fleet.prefix)).await;
-        bucket.expect("the fleet's bucket")
-    };
-    let (bridges, floors) = (bucket("bridges").await, bucket("floors").await);
-    let floors_in = async |bucket: &async_nats::jetstream::kv::Store| {
-        let value = bucket.get("b2").await.ok().flatten();
-        let value = value.and_then(|v| serde_json::from_slice::<serde_json::Value>(&v).ok());
-        value.unwrap_or_default()
-    };
+    let (bridges, floors) = (fleet.bucket("bridges").await, fleet.bucket("floors").await);
     // Just after a heartbeat: the next is seconds away.
-    let put_before = floors_in(&bridges).await["put"].as_u64();
-    let beat = async || floors_in(&bridges).await["put"].as_u64() > put_before;
+    let put_before = floors_of(&bridges, "b2").await["put"].as_u64();
+    let beat = async || floors_of(&bridges, "b2").await["put"].as_u64() > put_before;
     eventually_within("a heartbeat of b2", WAIT, beat).await;
     // Some 5 MB for the slow program, more than its socket's buffers take: the bridge
     // holds back acknowledgements (up to `WRITTEN_WITHIN`) for what it cannot write.
     let b0 = common::grid::GridHttp::new(fleet.nets[0].grid);
-    let pad = "x".repeat(200 << 10);
+    let b0 = &b0;
+    let send_all = async |notes: &[usize], to: &str, text: &str| {
+        let sending = notes.chunks(5).map(|notes| async move {
+            for &n in notes {
+                let note = grid_note(&format!("m{n}"), "neighbour", to, text);
+                assert!(b0.try_send(&note).await, "note {n} accepted");
+            }
+        });
+        futures_util::future::join_all(sending).await;
+    };
     let slow_notes: Vec<usize> = (0..25).collect();
-    let (b0, pad) = (&b0, &pad);
-    let sending = slow_notes.chunks(5).map(|notes| async move {
-        for &n in notes {
-            let note = grid_note(&format!("m{n}"), "neighbour", "stayer", pad);
-            assert!(b0.try_send(&note).await, "note {n} accepted");
-        }
-    });
-    futures_util::future::join_all(sending).await;
-    let prompt_notes: Vec<usize> = PROMPT_NOTES.collect();
-    let sending = prompt_notes.chunks(5).map(|notes| async move {
-        for &n in notes {
-            let note = grid_note(&format!("m{n}"), "neighbour", "prompt", "hello");
-            assert!(b0.try_send(&note).await, "note {n} accepted");
-        }
-    });
-    futures_util::future::join_all(sending).await;
+    send_all(&slow_notes, "stayer", &"x".repeat(200 << 10)).await;
+    send_all(&PROMPT_NOTES.collect::<Vec<_>>(), "prompt", "hello").await;
     let mut got = Vec::new();
     let wanted = PROMPT_NOTES.collect();
     read_until_got(&mut prompt, (at, "prompt"), &mut got, &wanted).await;
+    let js = fleet.jetstream().await;
     let stream = js.get_stream(fleet.stream_name());
     let mut stream = stream.await.expect("the fleet's stream");
     let sent = stream.info().await.expect("its info").state.last_sequence;
-
-    let told = async |bucket: &async_nats::jetstream::kv::Store| {
-        let floors = floors_in(bucket).await;
-        let named = floors["unwritten_for"].as_object();
-        let named: Vec<&String> = named.into_iter().flat_map(|named| named.keys()).collect();
-        named == ["stayer"] && floors["routed_through"].as_u64() >= Some(sent)
-    };
+    let told = async |bucket| tells_of_all_behind_only(bucket, "b2", sent, "stayer").await;
     let what = "a floors record naming the slow program only, past all that was sent";
     eventually_within(what, WAIT, async || told(&floors).await).await;
     assert!(
@@ -561,14 +531,9 @@ async fn a_prompt_program_is_sent_nothing_again_that_the_floors_record_told_of()
     let mut slow = slow;
     let read = slow.read_until_closed().await;
     let mut stayer_got: Vec<usize> = read.iter().filter_map(numbered).collect();
+    let at = (through, "stayer");
+    read_rest_of_within(at, &mut stayer_got, &slow_notes, FREE_WITHIN).await;
     let connect = common::grid::GridWs::connect_once_free_within;
-    let mut stayer = connect(through, "stayer", FREE_WITHIN).await;
-    let wanted = slow_notes.iter().copied().collect();
-    read_until_got(&mut stayer, (through, "stayer"), &mut stayer_got, &wanted).await;
-    let missing: Vec<&usize> = (slow_notes.iter())
-        .filter(|n| !stayer_got.contains(n))
-        .collect();
-    assert!(missing.is_empty(), "the slow program missed {missing:?}");
     let mut prompt = connect(through, "prompt", FREE_WITHIN).await;
     let last = grid_note(&format!("m{LAST}"), "neighbour", "prompt", "the last");
     assert!(b0.try_send(&last).await);
@@ -710,15 +675,12 @@ async fn sent_and_left_unwritten(
         .expect("notes accepted within the wait");
     // A late batch carried in the bridge's heartbeat, and acknowledged: what waits for the
     // program is past the consumer's acknowledgement floor.
+    let bridges = fleet.bucket("bridges").await;
     let js = fleet.jetstream().await;
-    let bridges = js.get_key_value(format!("{}_bridges", fleet.prefix));
-    let bridges = bridges.await.expect("the bridges bucket");
     let stream = js.get_stream(fleet.stream_name());
     let stream = stream.await.expect("the fleet's stream");
     let carried_and_acknowledged = async || {
-        let beat = bridges.get(id).await.ok().flatten();
-        let beat = beat.and_then(|value| serde_json::from_slice::<serde_json::Value>(&value).ok());
-        let Some(from) = beat.and_then(|beat| beat["unwritten_from"].as_u64()) else {
+        let Some(from) = floors_of(&bridges, id).await["unwritten_from"].as_u64() else {
             return false;
         };
         let info = stream.consumer_info(format!("bridge-{id}")).await;
@@ -856,6 +818,28 @@ impl SlowReader {
     }
 }
 
+/// The floors `bucket` (the fleet's `bridges` or `floors`) holds for `bridge`, as JSON
+/// (`null` if none).
+async fn floors_of(bucket: &async_nats::jetstream::kv::Store, bridge: &str) -> serde_json::Value {
+    let value = bucket.get(bridge).await.ok().flatten();
+    let value = value.and_then(|v| serde_json::from_slice::<serde_json::Value>(&v).ok());
+    value.unwrap_or_default()
+}
+
+/// Whether the floors `bucket` holds for `bridge` tell of the stream up to `sent`, naming
+/// `behind` alone as not yet written.
+async fn tells_of_all_behind_only(
+    bucket: &async_nats::jetstream::kv::Store,
+    bridge: &str,
+    sent: u64,
+    behind: &str,
+) -> bool {
+    let floors = floors_of(bucket, bridge).await;
+    let named = floors["unwritten_for"].as_object();
+    let named: Vec<&String> = named.into_iter().flat_map(|named| named.keys()).collect();
+    named == [behind] && floors["routed_through"].as_u64() >= Some(sent)
+}
+
 /// Kills `process` (`kill -9`) and reads what its bridge had written to `socket` before:
 /// the numbers of the messages (`numbered`).
 async fn read_past_the_kill(
@@ -934,7 +918,17 @@ impl SentUntilKilled {
 /// Reads, on a socket the program opens at `at` (a bridge's Grid endpoint, the program's
 /// name), until `got` holds every number `accepted` holds (`read_until_got`); it must.
 async fn read_rest_of(at: (std::net::SocketAddr, &str), got: &mut Vec<usize>, accepted: &[usize]) {
-    let mut socket = common::grid::GridWs::connect_once_free(at.0, at.1).await;
+    read_rest_of_within(at, got, accepted, WAIT).await;
+}
+
+/// As `read_rest_of`, waiting up to `wait` for the program's name to be free.
+async fn read_rest_of_within(
+    at: (std::net::SocketAddr, &str),
+    got: &mut Vec<usize>,
+    accepted: &[usize],
+    wait: Duration,
+) {
+    let mut socket = common::grid::GridWs::connect_once_free_within(at.0, at.1, wait).await;
     read_until_got(&mut socket, at, got, &accepted.iter().copied().collect()).await;
     let missing: Vec<usize> = (accepted.iter().copied())
         .filter(|n| !got.contains(n))

@@ -209,9 +209,7 @@ async fn a_tick_claimed_by_a_bridge_that_never_sent_it_is_sent_by_another() {
         .unwrap()
         .as_secs() as i64;
     let tick = ((now_s + 6) / 2 * 2) * 1000;
-    let js = fleet.jetstream().await;
-    let records = js.get_key_value(format!("{}_records", fleet.prefix));
-    let records = records.await.expect("the records bucket");
+    let records = fleet.bucket("records").await;
     let key = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&across.id);
     let claimed = records.put(
         format!("skynet-schedule-ticks.{key}"),
