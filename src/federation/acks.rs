@@ -10,13 +10,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_nats::jetstream::consumer::SequenceInfo;
 use tokio_util::sync::CancellationToken;
 
-use super::unwritten::UnwrittenFloor;
+use super::unwritten::{Numbering, UnwrittenFloor};
 use super::written::Written;
 
 /// A routed batch waiting for its acknowledgement.
 struct ToAcknowledge {
-    /// The stream sequences of its first and last messages.
+    /// The stream sequences of its first and last messages, and their numbering.
     sequences: RangeInclusive<u64>,
+    numbering: Numbering,
     /// The consumer that delivered it (`Acks::consumer_made_again`).
     consumer: u64,
     last: Last,
@@ -97,14 +98,15 @@ impl Acks {
         tokio::spawn(async move {
             while let Some(ToAcknowledge {
                 sequences,
+                numbering,
                 consumer,
                 last,
                 written,
                 at,
             }) = to_ack.recv().await
             {
-                let written_or_carried =
-                    unwritten.written_or_carried(*sequences.start(), written, at);
+                let first = (numbering, *sequences.start());
+                let written_or_carried = unwritten.written_or_carried(first, written, at);
                 tokio::select! {
                     biased;
                     _ = shutdown.cancelled() => return,
@@ -143,6 +145,7 @@ impl Acks {
         self.unwritten.routed(first, end, written.clone());
         let _ = self.queued.send(ToAcknowledge {
             sequences,
+            numbering: self.unwritten.numbering(),
             consumer: self.consumer.load(Ordering::Relaxed),
             last,
             written,

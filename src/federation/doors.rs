@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::link::NatsLink;
+use super::routed::Place;
 
 /// The longest clients wait for a starting bridge to read its stream again.
 const CAUGHT_UP_WITHIN: Duration = Duration::from_secs(10);
@@ -23,13 +24,8 @@ const LOOK_AGAIN_AFTER: Duration = Duration::from_millis(20);
 const ASK_AGAIN_AFTER: Duration = Duration::from_millis(100);
 
 /// Opens the bridge's doors once what the stream held as the bridge was set up is routed
-/// (`routed`, the stream sequence routed up to), or `CAUGHT_UP_WITHIN` after every endpoint
-/// listens.
-pub async fn open_once_caught_up(
-    link: Arc<NatsLink>,
-    mut routed: tokio::sync::watch::Receiver<u64>,
-    shutdown: CancellationToken,
-) {
+/// (`NatsLink::routed`), or `CAUGHT_UP_WITHIN` after every endpoint listens.
+pub async fn open_once_caught_up(link: Arc<NatsLink>, shutdown: CancellationToken) {
     let caught_up = async {
         let ready = loop {
             match link.set_up() {
@@ -41,14 +37,14 @@ pub async fn open_once_caught_up(
         // fleet restarts): within the bound, not given up at the first failure.
         let end = loop {
             match ready.js.get_stream(&link.names.stream).await {
-                Ok(stream) => break stream.cached_info().state.last_sequence,
+                Ok(stream) => break Place::end_of(stream.cached_info()),
                 Err(e) => {
                     tracing::debug!(error = %e, "federation: asking again where the stream ends");
                     tokio::time::sleep(ASK_AGAIN_AFTER).await;
                 }
             }
         };
-        routed.wait_for(|routed| *routed >= end).await.is_ok()
+        link.routed.reached(end).await
     };
     let listening = link.clone();
     let caught_up = async move {
@@ -59,7 +55,7 @@ pub async fn open_once_caught_up(
         _ = shutdown.cancelled() => return,
         caught_up = caught_up => caught_up,
     };
-    if !matches!(caught_up, Ok(true)) {
+    if caught_up.is_err() {
         tracing::warn!(
             within = ?CAUGHT_UP_WITHIN,
             "federation: letting clients in before the stream is read again; what the last run left for them may come after newer messages"

@@ -12,10 +12,11 @@ use std::time::Duration;
 use async_nats::jetstream::kv::Entry;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::link::{NatsLink, Ready};
+use super::routed::Place;
 
 /// How long a held card waits for the stream before it is let go anyway.
 const HELD_AT_MOST: Duration = Duration::from_secs(30);
@@ -26,16 +27,14 @@ pub struct HeldCards(mpsc::UnboundedSender<Entry>);
 impl HeldCards {
     /// Starts holding cards; those let go come out of the receiver (not always in the
     /// order held: a newer card of an agent may come out before an older one).
-    /// `routed` is the stream sequence this bridge has routed everything up to.
     pub fn start(
         link: Arc<NatsLink>,
         ready: Arc<Ready>,
-        routed: watch::Receiver<u64>,
         shutdown: CancellationToken,
     ) -> (HeldCards, mpsc::UnboundedReceiver<Entry>) {
         let (hold, held) = mpsc::unbounded_channel();
         let (let_go, released) = mpsc::unbounded_channel();
-        tokio::spawn(hold_cards(link, ready, routed, held, let_go, shutdown));
+        tokio::spawn(hold_cards(link, ready, held, let_go, shutdown));
         (HeldCards(hold), released)
     }
 
@@ -47,7 +46,6 @@ impl HeldCards {
 async fn hold_cards(
     link: Arc<NatsLink>,
     ready: Arc<Ready>,
-    routed: watch::Receiver<u64>,
     mut held: mpsc::UnboundedReceiver<Entry>,
     let_go: mpsc::UnboundedSender<Entry>,
     shutdown: CancellationToken,
@@ -74,28 +72,33 @@ async fn hold_cards(
             cards.push(card);
         }
         let until = tokio::time::Instant::now() + HELD_AT_MOST;
-        let (link, ready, mut routed) = (link.clone(), ready.clone(), routed.clone());
+        let (link, ready) = (link.clone(), ready.clone());
         waiting.push(async move {
-            // Read after every one of these came.
-            let end = stream_end(&link, &ready, until).await;
-            let caught_up = routed.wait_for(|&at| at >= end);
+            // Read after every one of these came; not told by `until`, the cards wait
+            // their longest.
+            let caught_up = async {
+                match stream_end(&link, &ready, until).await {
+                    Some(end) => link.routed.reached(end).await,
+                    None => std::future::pending().await,
+                }
+            };
             let _ = tokio::time::timeout_at(until, caught_up).await;
             cards
         });
     }
 }
 
-/// The stream's last sequence now, asked again a few times; if it cannot be told by
-/// `until`, none (the cards wait their longest).
-async fn stream_end(link: &NatsLink, ready: &Ready, until: tokio::time::Instant) -> u64 {
+/// Where the stream ends now, asked again a few times; none if it cannot be told by
+/// `until`.
+async fn stream_end(link: &NatsLink, ready: &Ready, until: tokio::time::Instant) -> Option<Place> {
     let mut wait = Duration::from_millis(50);
     loop {
         let asked = tokio::time::timeout_at(until, ready.js.get_stream(&link.names.stream));
         let Ok(answer) = asked.await else {
-            return u64::MAX;
+            return None;
         };
         match answer {
-            Ok(stream) => return stream.cached_info().state.last_sequence,
+            Ok(stream) => return Some(Place::end_of(stream.cached_info())),
             Err(e) if tokio::time::Instant::now() + wait < until => {
                 tracing::debug!(error = %e, "federation: the stream's end is not known yet");
                 tokio::time::sleep(wait).await;
@@ -103,7 +106,7 @@ async fn stream_end(link: &NatsLink, ready: &Ready, until: tokio::time::Instant)
             }
             Err(e) => {
                 tracing::debug!(error = %e, "federation: the stream's end is not known; cards wait their longest");
-                return u64::MAX;
+                return None;
             }
         }
     }

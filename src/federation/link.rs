@@ -15,6 +15,7 @@ use async_nats::{ConnectOptions, Event};
 use tokio_util::sync::CancellationToken;
 
 use super::config::FederationConfig;
+use super::routed::Routed;
 use super::unwritten::{Carrier, PutUnderWay, StoreFloor, UnwrittenFloor};
 use super::wire::{Card, Heartbeat, Names, agent_key};
 use crate::admin::Readiness;
@@ -66,6 +67,8 @@ pub struct NatsLink {
     grace: Duration,
     /// Changed whenever the client connects (`reconnected`, `connected_after`).
     connections: tokio::sync::watch::Sender<()>,
+    /// Where this bridge has routed the stream up to (`apply`).
+    pub routed: Routed,
 }
 
 impl NatsLink {
@@ -124,6 +127,7 @@ impl NatsLink {
             disconnected_since: parking_lot::Mutex::new(None),
             grace: Duration::from_millis(config.publish_timeout_ms),
             connections: tokio::sync::watch::Sender::new(()),
+            routed: Routed::default(),
         });
         let watched = Arc::downgrade(&link);
         tokio::spawn(async move {

@@ -25,6 +25,7 @@ mod presence;
 mod publisher;
 mod record_positions;
 mod records;
+mod routed;
 mod stretch;
 mod unshared;
 mod unsure;
@@ -201,8 +202,7 @@ impl Federation {
             .clone()
             .run(link.clone(), core.clone(), shutdown.clone());
         let card_keeper = tokio::spawn(card_keeper);
-        let (routed_up_to, routed) = tokio::sync::watch::channel(0);
-        let doors = doors::open_once_caught_up(link.clone(), routed.clone(), shutdown.clone());
+        let doors = doors::open_once_caught_up(link.clone(), shutdown.clone());
         let doors = tokio::spawn(doors);
         let fleet = tokio::spawn(async move {
             let left_here = left_undelivered.unwritten_from;
@@ -216,14 +216,12 @@ impl Federation {
                 local,
                 left_undelivered,
                 own,
-                routed: routed_up_to,
                 delivered_before: Default::default(),
                 redelivered_through: Default::default(),
-                stream_created: Default::default(),
             };
             let handover = handover::serve(link.clone(), core.clone(), positions, shutdown.clone());
             let record = floors_record::keep_put(link.clone(), ready.clone(), shutdown.clone());
-            let presence = presence::Presence::new(link, core, &config, routed, cards, claims);
+            let presence = presence::Presence::new(link, core, &config, cards, claims);
             tokio::join!(
                 applier.run(ready.clone(), shutdown.clone()),
                 presence.run(ready, shutdown.clone()),

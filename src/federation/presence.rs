@@ -33,8 +33,6 @@ pub struct Presence {
     pub core: Arc<Core>,
     pub heartbeat: Duration,
     pub ttl: Duration,
-    /// The stream sequence this bridge has routed everything up to (`apply`).
-    pub routed: tokio::sync::watch::Receiver<u64>,
     pub cards: Arc<CardKeeper>,
     /// Settles a name a card shows held elsewhere while it is held here too.
     pub clashes: Arc<Clashes>,
@@ -45,7 +43,6 @@ impl Presence {
         link: Arc<NatsLink>,
         core: Arc<Core>,
         config: &FederationConfig,
-        routed: tokio::sync::watch::Receiver<u64>,
         cards: Arc<CardKeeper>,
         claims: Arc<FleetClaims>,
     ) -> Presence {
@@ -55,7 +52,6 @@ impl Presence {
             core,
             heartbeat: Duration::from_millis(config.heartbeat_ms.max(1)),
             ttl: Duration::from_millis(config.presence_ttl_ms.max(1)),
-            routed,
             cards,
             clashes,
         }
@@ -77,9 +73,8 @@ impl Presence {
         let (mut watch, mut cards) = (None, None);
         let mut watched_before = false;
         let mut was_connected = false;
-        let (link, routed) = (self.link.clone(), self.routed.clone());
         let (held_cards, mut let_go) =
-            HeldCards::start(link, ready.clone(), routed, shutdown.clone());
+            HeldCards::start(self.link.clone(), ready.clone(), shutdown.clone());
         // The revision of the newest watched card of each agent with a card held: a held
         // card let go after a newer one came is not taken in.
         let mut newest_held: HashMap<String, u64> = HashMap::new();

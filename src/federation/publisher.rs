@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::link::{NatsLink, lost_race};
 use super::own_deliveries::OwnDeliveries;
+use super::routed::{Place, Routed};
 use super::unshared::{Outgoing, Unshared};
 use super::unsure::Unsure;
 use super::wire::{BRIDGE_HEADER, RUN_HEADER};
@@ -312,9 +313,7 @@ impl Publisher {
         let (mut open, mut closing) = (true, false);
         // A message that did not fit in the last batch: it starts the next.
         let mut held: Option<Outgoing> = None;
-        // The stream sequence of the last publish acknowledged: each acknowledged after is
-        // past it, in the order sent (`landed`).
-        let mut last_acked: Option<u64> = None;
+        let mut last_acked = LastAcked::default();
         while open || held.is_some() || !in_flight.is_empty() {
             tokio::select! {
                 _ = &mut shutting_down, if !closing => {
@@ -360,7 +359,7 @@ impl Publisher {
                     self.own.sending(&message.id, batch.written);
                     let connection = self.link.connection();
                     let sent = message.send(None, deadline).await;
-                    let acked_before = last_acked;
+                    let acked_before = last_acked.sequence(&self.link.routed);
                     let flight = Flight { message, accepted, history, started, deadline, connection, acked_before };
                     in_flight.send(flight, sent, self.link.clone(), self.answer_within);
                 }
@@ -377,7 +376,7 @@ impl Publisher {
     async fn connected_and_settled(
         &self,
         in_flight: &mut InFlight,
-        last_acked: &mut Option<u64>,
+        last_acked: &mut LastAcked,
         deadline: Instant,
     ) -> bool {
         loop {
@@ -402,9 +401,10 @@ impl Publisher {
     /// with its connection and then carried late, or overtaken while it was sent again)
     /// is out of its senders' order, and refused to them — unless JetStream held its id
     /// from before it was sent (a client's retry, history shared again).
-    async fn landed(&self, flight: Flight, answer: Answer, last_acked: &mut Option<u64>) {
+    async fn landed(&self, flight: Flight, answer: Answer, last_acked: &mut LastAcked) {
         // Refused before it was sent (too large for NATS): JetStream cannot hold it.
         let never_sent = matches!(answer, Answer::Unsendable(_));
+        let last = last_acked.sequence(&self.link.routed);
         let result = match answer {
             // Its first send, and JetStream held the id already: from before it was sent.
             Answer::Acknowledged {
@@ -413,13 +413,13 @@ impl Publisher {
             Answer::Acknowledged { sequence, .. } => Ok(Some(sequence)),
             Answer::Overtaken => Err(OVERTAKEN.to_owned()),
             Answer::Unsendable(e) => Err(e),
-            Answer::Lost => self.send_again(&flight, None, *last_acked).await,
-            Answer::Failed(e) => self.send_again(&flight, Some(e), *last_acked).await,
+            Answer::Lost => self.send_again(&flight, None, last).await,
+            Answer::Failed(e) => self.send_again(&flight, Some(e), last).await,
         };
         let result = match result {
             Ok(None) => Ok(()),
-            Ok(Some(sequence)) if last_acked.is_none_or(|last| sequence > last) => {
-                *last_acked = Some(sequence);
+            Ok(Some(sequence)) if last.is_none_or(|last| sequence > last) => {
+                last_acked.set(sequence, &self.link.routed);
                 Ok(())
             }
             Ok(Some(sequence)) if flight.acked_before.is_some_and(|b| sequence <= b) => Ok(()),
@@ -496,6 +496,34 @@ impl Publisher {
     }
 }
 
+/// The place in the stream of the last publish acknowledged: each acknowledged after is
+/// past it, in the order sent (`Publisher::landed`). A stream made again begins its
+/// sequences anew, and where the old one was acknowledged says nothing of the order in the
+/// new: it is forgotten once the applier reads another stream (`NatsLink::routed`).
+#[derive(Default)]
+struct LastAcked(Option<Place>);
+
+impl LastAcked {
+    /// The sequence acknowledged last, in the stream the applier reads now.
+    fn sequence(&mut self, routed: &Routed) -> Option<u64> {
+        let now = routed.now().stream;
+        match self.0 {
+            Some(Place {
+                stream: Some(then), ..
+            }) if now.is_some_and(|now| now != then) => self.0 = None,
+            // Acknowledged before the applier read any stream: in the one it reads first.
+            Some(ref mut last) if last.stream.is_none() => last.stream = now,
+            _ => {}
+        }
+        self.0.map(|last| last.sequence)
+    }
+
+    fn set(&mut self, sequence: u64, routed: &Routed) {
+        let stream = routed.now().stream;
+        self.0 = Some(Place { stream, sequence });
+    }
+}
+
 /// Why a publish that landed out of its senders' order, or would have, was refused.
 const OVERTAKEN: &str = "a later message of this bridge reached the stream first";
 
@@ -526,5 +554,37 @@ fn tell(
             None => Ok(()),
             Some(reason) => Err(LogError::Refused(reason.clone())),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn made(seconds: i64) -> time::OffsetDateTime {
+        time::OffsetDateTime::from_unix_timestamp(1_800_000_000 + seconds).unwrap()
+    }
+
+    /// A stream made again begins its sequences anew: the publish acknowledged last in the
+    /// one before is forgotten once the applier reads the new one, so that a publish sent
+    /// again is not sent onto a sequence the new stream may never reach.
+    #[test]
+    fn the_last_publish_acknowledged_is_forgotten_once_another_stream_is_read() {
+        let routed = Routed::default();
+        let mut last = LastAcked::default();
+        last.set(40, &routed);
+        routed.reading(made(0), false);
+        assert_eq!(
+            last.sequence(&routed),
+            Some(40),
+            "acknowledged before the applier read: in the stream it reads first"
+        );
+        last.set(50, &routed);
+        routed.reading(made(0), false);
+        assert_eq!(last.sequence(&routed), Some(50), "the same stream");
+        routed.reading(made(5), false);
+        assert_eq!(last.sequence(&routed), None, "a stream made again");
+        last.set(3, &routed);
+        assert_eq!(last.sequence(&routed), Some(3));
     }
 }

@@ -131,7 +131,15 @@ struct State {
     /// for it too, as a clean stop deletes the heartbeat and the fleet forgets one two
     /// TTLs old.
     store: StoreFloor,
+    /// Which numbering of the stream's sequences the batches routed now are in.
+    numbering: Numbering,
 }
+
+/// Which numbering of the stream's sequences a batch is in: one more each time this run
+/// finds the stream made again (`UnwrittenFloor::sequences_begun_anew`). A late batch of
+/// a stream gone is not carried: its sequences would name messages of the new one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Numbering(u64);
 
 /// What one carrier holds of the floors.
 #[derive(Default)]
@@ -200,6 +208,7 @@ impl UnwrittenFloor {
                     Carried::default(),
                 ],
                 store,
+                numbering: Numbering::default(),
             }),
             wanted: [Notify::new(), Notify::new()],
             store_wanted: Notify::new(),
@@ -218,25 +227,48 @@ impl UnwrittenFloor {
         self.state.lock().left_by_last_run = None;
     }
 
+    /// Which numbering of the stream's sequences the batches routed now are in.
+    pub(super) fn numbering(&self) -> Numbering {
+        self.state.lock().numbering
+    }
+
     /// Waits, before the batch starting at `first` is acknowledged, until `written` says it
     /// is done, at most `WRITTEN_WITHIN` from `since`; past that the batch is late, and
     /// waits to be carried in the heartbeats (`carry`), at most `CARRIED_WITHIN` more.
-    pub(super) async fn written_or_carried(&self, first: u64, written: Written, since: Instant) {
+    pub(super) async fn written_or_carried(
+        &self,
+        (numbering, first): (Numbering, u64),
+        written: Written,
+        since: Instant,
+    ) {
         if !written.done_by(since + WRITTEN_WITHIN).await {
             let by = since + WRITTEN_WITHIN + CARRIED_WITHIN;
-            self.carry(first, written, by).await;
+            self.carry((numbering, first), written, by).await;
         }
     }
 
-    /// Carries the batch starting at `first`, about to be acknowledged before `written`
-    /// says it is done, in the heartbeats, the floors record and the store: waits until a
-    /// put of each carrier carrying it has landed and the store kept it (asking for each),
-    /// or it is done, at most until `by`; whether it was carried or done.
-    pub(super) async fn carry(&self, first: u64, written: Written, by: Instant) -> bool {
+    /// Carries the batch starting at `first` of `numbering`, about to be acknowledged
+    /// before `written` says it is done, in the heartbeats, the floors record and the
+    /// store: waits until a put of each carrier carrying it has landed and the store kept
+    /// it (asking for each), or it is done, or its stream is gone (made again), at most
+    /// until `by`; whether it was carried, done or gone.
+    pub(super) async fn carry(
+        &self,
+        (numbering, first): (Numbering, u64),
+        written: Written,
+        by: Instant,
+    ) -> bool {
         let mut ended = self.ended.subscribe();
-        self.state.lock().late.push((first, written.clone()));
+        let gone = || self.state.lock().numbering != numbering;
+        {
+            let mut state = self.state.lock();
+            if state.numbering != numbering {
+                return true;
+            }
+            state.late.push((first, written.clone()));
+        }
         let carried = async {
-            while !written.is_done() {
+            while !written.is_done() && !gone() {
                 let uncarried: Vec<Carrier> = (Carrier::ALL.into_iter())
                     .filter(|carrier| !self.is_carried_by(*carrier, first, &written))
                     .collect();
@@ -336,6 +368,10 @@ impl UnwrittenFloor {
         state.routed.clear();
         state.late.clear();
         state.routed_through = 0;
+        state.numbering.0 += 1;
+        drop(state);
+        // A late batch of the stream gone waits no more.
+        self.ended.send_replace(());
     }
 
     /// The oldest floor a put now would carry (of the late batches not yet done,
@@ -476,6 +512,9 @@ mod tests {
     use super::*;
     use crate::core::{Delivery, Envelope, Kind, Outstanding};
 
+    /// The numbering of the stream's sequences a run starts with.
+    const FIRST_STREAM: Numbering = Numbering(0);
+
     /// A copy of a delivery offered `hold`, as a recipient takes it up for `agent`
     /// (`None`: a hub's, for others).
     fn taken_up(hold: &Outstanding, agent: Option<&str>) -> Arc<Delivery> {
@@ -576,7 +615,7 @@ mod tests {
         let floor = Arc::new(floor_from(None));
         let beating = heartbeat(floor.clone());
         let (written, copies) = batch();
-        assert!(floor.carry(100, written, in_ms(5000)).await);
+        assert!(floor.carry((FIRST_STREAM, 100), written, in_ms(5000)).await);
         assert_eq!(
             floor.start_put(Carrier::Heartbeat).carries(),
             &floors(100, &[("ann", 100)])
@@ -604,7 +643,7 @@ mod tests {
         let (written, _copies) = batch();
         let carrying = tokio::spawn({
             let floor = floor.clone();
-            async move { floor.carry(100, written, in_ms(5000)).await }
+            async move { floor.carry((FIRST_STREAM, 100), written, in_ms(5000)).await }
         });
         let asked = tokio::time::timeout(Duration::from_secs(1), floor.store_wanted());
         asked.await.expect("the store is asked to keep the floor");
@@ -628,7 +667,7 @@ mod tests {
         let floor = floor_from(None);
         let (older, older_copies) = batch();
         // No one puts heartbeats: the first late batch waits in vain.
-        assert!(!floor.carry(100, older, in_ms(10)).await);
+        assert!(!floor.carry((FIRST_STREAM, 100), older, in_ms(10)).await);
         let put = floor.start_put(Carrier::Heartbeat);
         assert_eq!(put.carries().from, Some(100));
         put.landed();
@@ -638,7 +677,11 @@ mod tests {
         let put = floor.start_put(Carrier::Heartbeat);
         assert_eq!(put.carries().from, None);
         let (newer, _newer_copies) = batch();
-        assert!(!floor.carry(200, newer.clone(), in_ms(10)).await);
+        assert!(
+            !floor
+                .carry((FIRST_STREAM, 200), newer.clone(), in_ms(10))
+                .await
+        );
         put.landed();
         let put = floor.start_put(Carrier::Heartbeat);
         assert_eq!(put.carries().from, Some(200));
@@ -651,7 +694,7 @@ mod tests {
     async fn carried_once_written(floor: &UnwrittenFloor, wake: impl FnOnce(&UnwrittenFloor)) {
         let (written, copies) = batch();
         let by = in_ms(60_000);
-        let carrying = floor.carry(100, written, by);
+        let carrying = floor.carry((FIRST_STREAM, 100), written, by);
         tokio::pin!(carrying);
         assert!(futures_util::poll!(&mut carrying).is_pending());
         drop(copies);
@@ -690,7 +733,11 @@ mod tests {
         // The record holds nothing this run put until it puts it.
         assert!(!floor.is_carried_by(Carrier::Record, 60, &written));
         floor.start_put(Carrier::Record).landed();
-        assert!(floor.carry(60, written.clone(), Instant::now()).await);
+        assert!(
+            floor
+                .carry((FIRST_STREAM, 60), written.clone(), Instant::now())
+                .await
+        );
         floor.read_again();
         drop(copies);
         // A put of no floor fails: the bucket may hold either.
@@ -879,5 +926,30 @@ mod tests {
             floor.start_put(Carrier::Heartbeat).carries(),
             &named(&[], 0)
         );
+    }
+
+    /// A late batch of a stream made again meanwhile waits to be carried no more, and one
+    /// that goes late after is not carried: its floor, numbered in the stream gone, would
+    /// name messages of the new one.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_batch_of_a_stream_gone_is_not_carried() {
+        let floor = floor_from(None);
+        let (waiting, _waiting_copies) = batch_for(&["slow"]);
+        let by = in_ms(60_000);
+        let carrying = floor.carry((FIRST_STREAM, 100), waiting, by);
+        tokio::pin!(carrying);
+        assert!(futures_util::poll!(&mut carrying).is_pending());
+        floor.sequences_begun_anew();
+        assert!(carrying.await, "no longer waited for");
+        assert!(Instant::now() < by);
+
+        let (later, _later_copies) = batch_for(&["slow"]);
+        assert!(floor.carry((FIRST_STREAM, 200), later, by).await);
+        assert_eq!(
+            floor.start_put(Carrier::Heartbeat).carries(),
+            &named(&[], 0),
+            "no floor of the stream gone"
+        );
+        assert_ne!(floor.numbering(), FIRST_STREAM);
     }
 }

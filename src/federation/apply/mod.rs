@@ -141,8 +141,6 @@ pub struct Applier {
     pub left_undelivered: Arc<LeftUndelivered>,
     /// What this run's own publishes wait for before their acknowledgement.
     pub own: Arc<OwnDeliveries>,
-    /// The stream sequence this bridge has routed everything up to.
-    pub routed: tokio::sync::watch::Sender<u64>,
     /// The last stream sequence the consumer had delivered as this run started: what an
     /// earlier run may have routed (`Routing::Again`), set by the first reading.
     pub delivered_before: std::sync::OnceLock<u64>,
@@ -150,9 +148,6 @@ pub struct Applier {
     /// run's consumer had delivered), once the consumer was made again, which gives them
     /// anew: to be read as `delivered_before`'s are (`Routing::Again`).
     pub redelivered_through: AtomicU64,
-    /// When the stream this run last read was made: one made again by hand begins its
-    /// sequences anew, though it may be past where the old one was acknowledged by now.
-    pub stream_created: parking_lot::Mutex<Option<time::OffsetDateTime>>,
 }
 
 impl Applier {
@@ -180,8 +175,8 @@ impl Applier {
                         given,
                         "federation: deliveries of the stream's consumer went elsewhere; reading them from the stream"
                     );
-                    let routed = Some(*self.routed.borrow());
-                    if routed > std::mem::replace(&mut routed_at_gap, routed) {
+                    let routed = Some(self.link.routed.now());
+                    if routed != std::mem::replace(&mut routed_at_gap, routed) {
                         delay = Duration::from_millis(100);
                         continue;
                     }
@@ -209,7 +204,7 @@ impl Applier {
         // where the last run's heartbeat says its deliveries were not all written.
         let ack_floor = consumer.cached_info().ack_floor.stream_sequence;
         acks.acknowledged_at_least(ack_floor);
-        self.routed_up_to(read_again_after(
+        self.link.routed.up_to(read_again_after(
             ack_floor,
             ready.unwritten.left_by_last_run(),
         ));
@@ -287,22 +282,27 @@ impl Applier {
     /// is taken for delivered again (`redelivered_through`). Before the first reading, it is
     /// made from now, as the set-up made it a moment before; from the stream's first message
     /// if the stream was made again (another creation time, or not yet as far on): its
-    /// sequences begun anew.
+    /// sequences begun anew. The stream is taken for read (`Routed::reading`) only once
+    /// its consumer is had: a failure before is looked at again as the first time.
     async fn consumer(
         &self,
         ready: &Ready,
         acks: &Acks,
     ) -> Result<PullConsumer, async_nats::Error> {
         let stream = ready.js.get_stream(&self.link.names.stream).await?;
-        let created = stream.cached_info().created;
-        let made_again = {
-            let mut seen = self.stream_created.lock();
-            seen.replace(created)
-                .is_some_and(|before| before != created)
-        };
+        let made = stream.cached_info().created;
+        // Made again (by another creation time), it may be past where the old one was
+        // acknowledged by now.
+        let mut made_again = (self.link.routed.now().stream).is_some_and(|read| read != made);
+        if made_again {
+            self.sequences_begun_anew(ready);
+        }
         let name = Names::consumer_of(&self.link.bridge_id);
         let gone = match stream.get_consumer(&name).await {
-            Ok(consumer) => return Ok(consumer),
+            Ok(consumer) => {
+                self.link.routed.reading(made, made_again);
+                return Ok(consumer);
+            }
             Err(e) => e,
         };
         let not_found = (gone.downcast_ref::<ConsumerInfoError>())
@@ -317,14 +317,16 @@ impl Applier {
         let (start, acknowledged) = match self.delivered_before.get() {
             None => (DeliverPolicy::New, last),
             Some(_) if made_again || acknowledged > last => {
-                self.redelivered_through.store(0, Ordering::Relaxed);
-                ready.unwritten.sequences_begun_anew();
+                if !made_again {
+                    self.sequences_begun_anew(ready);
+                    made_again = true;
+                }
                 (DeliverPolicy::All, 0)
             }
             Some(&delivered_before) => {
                 // What the old consumer delivered: up to where this run routed, or further
                 // for what an earlier run's consumer delivered.
-                let delivered = delivered_before.max(*self.routed.borrow());
+                let delivered = delivered_before.max(self.link.routed.now().sequence);
                 (self.redelivered_through).fetch_max(delivered, Ordering::Relaxed);
                 let start_sequence = acknowledged + 1;
                 (
@@ -335,11 +337,18 @@ impl Applier {
         };
         acks.consumer_made_again(acknowledged).await;
         let (consumer, _) = durable_consumer(&stream, &self.link.bridge_id, start).await?;
+        self.link.routed.reading(made, made_again);
         tracing::warn!(
             ?start,
             "federation: this bridge's consumer of the stream was gone; made again"
         );
         Ok(consumer)
+    }
+
+    /// The stream was made again: what was numbered in the one gone says nothing of it.
+    fn sequences_begun_anew(&self, ready: &Ready) {
+        self.redelivered_through.store(0, Ordering::Relaxed);
+        ready.unwritten.sequences_begun_anew();
     }
 
     /// Routes a written batch, then has it acknowledged (`Acks`) once its deliveries, and
@@ -364,17 +373,9 @@ impl Applier {
         );
     }
 
-    fn routed_up_to(&self, sequence: u64) {
-        self.routed.send_if_modified(|routed| {
-            let further = sequence > *routed;
-            *routed = (*routed).max(sequence);
-            further
-        });
-    }
-
     /// Everything up to `last` in the stream is routed here.
     fn routed_through(&self, last: &async_nats::jetstream::Message) {
-        self.routed_up_to(stream_sequence(last));
+        self.link.routed.up_to(stream_sequence(last));
     }
 
     /// Routes and acknowledges, in order, every batch being written.

@@ -32,13 +32,15 @@ impl Applier {
         let info = stream.consumer_info(&consumer).await?;
         let delivered_before =
             *(self.delivered_before).get_or_init(|| info.delivered.stream_sequence);
-        let routed = *self.routed.borrow();
+        let routed = self.link.routed.now().sequence;
         // Not before the stream's first message (what its limits dropped is not there, and
         // counts as routed: a stream whose every message was dropped is read to its end).
         // Read after the consumer's, so that it ends past every delivery the consumer's
         // info counts (one served meanwhile to a pull request left over included).
         let state = stream.info().await?.state.clone();
-        self.routed_up_to(state.first_sequence.saturating_sub(1));
+        self.link
+            .routed
+            .up_to(state.first_sequence.saturating_sub(1));
         let left = ready.unwritten.left_by_last_run();
         let after = read_again_after(info.ack_floor.stream_sequence, left);
         if let Some(left) = left
@@ -69,14 +71,14 @@ impl Applier {
         // Carried on in this run's heartbeats if it is late, as the last run's floor was;
         // named in them meanwhile, as a batch routed is, up to where it was routed (a
         // failed reading stops short).
-        let routed_to = (*self.routed.borrow()).min(last);
+        let routed_to = self.link.routed.now().sequence.min(last);
         if routed_to >= first {
             ready.unwritten.routed(first, routed_to, written.clone());
         }
         let now = tokio::time::Instant::now();
         ready
             .unwritten
-            .written_or_carried(first, written, now)
+            .written_or_carried((ready.unwritten.numbering(), first), written, now)
             .await;
         read?;
         ready.unwritten.read_again();
@@ -128,7 +130,7 @@ impl Applier {
             own.append(&mut replicas.own);
             let written = self.apply(replicas).await.await;
             self.route(written, outstanding);
-            self.routed_up_to(read_to.min(last));
+            self.link.routed.up_to(read_to.min(last));
         }
         Ok(())
     }
