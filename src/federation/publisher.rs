@@ -144,10 +144,10 @@ struct Flight {
     deadline: Instant,
     /// The client's connection it was sent on (`NatsLink::connection`).
     connection: u64,
-    /// The sequence of the publish acknowledged last when it was sent: JetStream holding
-    /// it already at or before that, from an earlier publish of the same id (a client's
-    /// retry), is no overtaking.
-    acked_before: Option<u64>,
+    /// The publish acknowledged last when it was sent: JetStream holding it already at or
+    /// before that, from an earlier publish of the same id (a client's retry), is no
+    /// overtaking.
+    acked_before: LastAcked,
 }
 
 type Flying = Pin<Box<dyn Future<Output = (Flight, Answer)> + Send>>;
@@ -359,7 +359,7 @@ impl Publisher {
                     self.own.sending(&message.id, batch.written);
                     let connection = self.link.connection();
                     let sent = message.send(None, deadline).await;
-                    let acked_before = last_acked.sequence(&self.link.routed);
+                    let acked_before = last_acked;
                     let flight = Flight { message, accepted, history, started, deadline, connection, acked_before };
                     in_flight.send(flight, sent, self.link.clone(), self.answer_within);
                 }
@@ -405,6 +405,7 @@ impl Publisher {
         // Refused before it was sent (too large for NATS): JetStream cannot hold it.
         let never_sent = matches!(answer, Answer::Unsendable(_));
         let last = last_acked.sequence(&self.link.routed);
+        let acked_before = flight.acked_before.sequence_now(&self.link.routed);
         let result = match answer {
             // Its first send, and JetStream held the id already: from before it was sent.
             Answer::Acknowledged {
@@ -422,7 +423,7 @@ impl Publisher {
                 last_acked.set(sequence, &self.link.routed);
                 Ok(())
             }
-            Ok(Some(sequence)) if flight.acked_before.is_some_and(|b| sequence <= b) => Ok(()),
+            Ok(Some(sequence)) if acked_before.is_some_and(|b| sequence <= b) => Ok(()),
             Ok(Some(_)) => Err(OVERTAKEN.to_owned()),
             Err(e) => Err(e),
         };
@@ -455,8 +456,8 @@ impl Publisher {
 
     /// Sends `flight` again, under its id, until its deadline, but only onto the publish
     /// acknowledged last (`Nats-Expected-Last-Subject-Sequence` at `last_acked`; before
-    /// any in this run, onto none, so that only a copy JetStream holds already is
-    /// answered): publishes are pipelined, and a later one may be on the stream already
+    /// any in this run, or in a stream made again, onto none, so that only a copy
+    /// JetStream holds already is answered): publishes are pipelined, and a later one may be on the stream already
     /// (the client sent what it still held on its new connection), behind which it would
     /// land out of order. A copy JetStream holds is answered with its sequence, which
     /// `landed` checks. `failed`: why the last send failed; none when its connection was
@@ -500,10 +501,16 @@ impl Publisher {
 /// past it, in the order sent (`Publisher::landed`). A stream made again begins its
 /// sequences anew, and where the old one was acknowledged says nothing of the order in the
 /// new: it is forgotten once the applier reads another stream (`NatsLink::routed`).
-#[derive(Default)]
+#[derive(Clone, Copy, Default)]
 struct LastAcked(Option<Place>);
 
 impl LastAcked {
+    /// The sequence acknowledged last, in the stream the applier reads now, as `sequence`
+    /// says, for a copy taken before.
+    fn sequence_now(mut self, routed: &Routed) -> Option<u64> {
+        self.sequence(routed)
+    }
+
     /// The sequence acknowledged last, in the stream the applier reads now.
     fn sequence(&mut self, routed: &Routed) -> Option<u64> {
         let now = routed.now().stream;

@@ -48,18 +48,17 @@ impl Default for Routed {
 }
 
 impl Routed {
-    /// The applier reads, from now, the stream made at `made`: one made again (`anew`, or
-    /// another than the one read before) begins its sequences anew, none of it routed yet.
+    /// The applier reads, from now, the stream made at `made`. One made again (`anew`)
+    /// begins its sequences anew, none of it routed yet; otherwise it is the stream read
+    /// before, whose creation time may read otherwise now.
     pub fn reading(&self, made: OffsetDateTime, anew: bool) {
         self.0.send_if_modified(|routed| {
-            if routed.stream == Some(made) && !anew {
-                return false;
-            }
-            *routed = Place {
+            let sequence = if anew { 0 } else { routed.sequence };
+            let place = Place {
                 stream: Some(made),
-                sequence: 0,
+                sequence,
             };
-            true
+            std::mem::replace(routed, place) != place
         });
     }
 
@@ -119,15 +118,19 @@ mod tests {
         routed.reading(made(0), false);
         assert_eq!(routed.now(), at(0, 1_000), "the same stream read again");
 
-        routed.reading(made(5), false);
+        routed.reading(made(3), false);
+        assert_eq!(
+            routed.now(),
+            at(3, 1_000),
+            "its creation time read otherwise"
+        );
+
+        routed.reading(made(5), true);
         assert_eq!(
             routed.now(),
             at(5, 0),
-            "another stream, routed up to none of it"
+            "made again, routed up to none of it"
         );
-        routed.up_to(7);
-        routed.reading(made(5), true);
-        assert_eq!(routed.now(), at(5, 0), "one found made again otherwise");
         // Reaching its end is waited for until routing reaches it there.
         let end = at(5, 3);
         let mut waiting = std::pin::pin!(routed.reached(end));

@@ -368,6 +368,7 @@ impl UnwrittenFloor {
         state.routed.clear();
         state.late.clear();
         state.routed_through = 0;
+        state.left_by_last_run = None;
         state.numbering.0 += 1;
         drop(state);
         // A late batch of the stream gone waits no more.

@@ -142,8 +142,9 @@ pub struct Applier {
     /// What this run's own publishes wait for before their acknowledgement.
     pub own: Arc<OwnDeliveries>,
     /// The last stream sequence the consumer had delivered as this run started: what an
-    /// earlier run may have routed (`Routing::Again`), set by the first reading.
-    pub delivered_before: std::sync::OnceLock<u64>,
+    /// earlier run may have routed (`Routing::Again`), set by the first reading (none
+    /// before it), and nothing of a stream made again.
+    pub delivered_before: parking_lot::Mutex<Option<u64>>,
     /// Where an earlier consumer's deliveries end (as far as this run routed, or the earlier
     /// run's consumer had delivered), once the consumer was made again, which gives them
     /// anew: to be read as `delivered_before`'s are (`Routing::Again`).
@@ -291,16 +292,12 @@ impl Applier {
     ) -> Result<PullConsumer, async_nats::Error> {
         let stream = ready.js.get_stream(&self.link.names.stream).await?;
         let made = stream.cached_info().created;
-        // Made again (by another creation time), it may be past where the old one was
-        // acknowledged by now.
-        let mut made_again = (self.link.routed.now().stream).is_some_and(|read| read != made);
-        if made_again {
-            self.sequences_begun_anew(ready);
-        }
         let name = Names::consumer_of(&self.link.bridge_id);
         let gone = match stream.get_consumer(&name).await {
+            // Deleting a stream deletes its consumers: this is the stream read before, even
+            // if its creation time now reads otherwise (NATS has been known to change it).
             Ok(consumer) => {
-                self.link.routed.reading(made, made_again);
+                self.link.routed.reading(made, false);
                 return Ok(consumer);
             }
             Err(e) => e,
@@ -314,16 +311,18 @@ impl Applier {
             stream.cached_info().state.last_sequence,
             acks.acknowledged(),
         );
-        let (start, acknowledged) = match self.delivered_before.get() {
-            None => (DeliverPolicy::New, last),
-            Some(_) if made_again || acknowledged > last => {
-                if !made_again {
-                    self.sequences_begun_anew(ready);
-                    made_again = true;
-                }
+        // Made again: by another creation time (it may be past where the old one was
+        // acknowledged by now), or not yet as far on.
+        let made_again =
+            (self.link.routed.now().stream).is_some_and(|read| read != made) || acknowledged > last;
+        let delivered_before = *self.delivered_before.lock();
+        let (start, acknowledged) = match delivered_before {
+            _ if made_again => {
+                self.sequences_begun_anew(ready);
                 (DeliverPolicy::All, 0)
             }
-            Some(&delivered_before) => {
+            None => (DeliverPolicy::New, last),
+            Some(delivered_before) => {
                 // What the old consumer delivered: up to where this run routed, or further
                 // for what an earlier run's consumer delivered.
                 let delivered = delivered_before.max(self.link.routed.now().sequence);
@@ -348,6 +347,7 @@ impl Applier {
     /// The stream was made again: what was numbered in the one gone says nothing of it.
     fn sequences_begun_anew(&self, ready: &Ready) {
         self.redelivered_through.store(0, Ordering::Relaxed);
+        *self.delivered_before.lock() = Some(0);
         ready.unwritten.sequences_begun_anew();
     }
 

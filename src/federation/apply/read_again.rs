@@ -31,7 +31,7 @@ impl Applier {
         let consumer = Names::consumer_of(&self.link.bridge_id);
         let info = stream.consumer_info(&consumer).await?;
         let delivered_before =
-            *(self.delivered_before).get_or_init(|| info.delivered.stream_sequence);
+            *(self.delivered_before.lock()).get_or_insert(info.delivered.stream_sequence);
         let routed = self.link.routed.now().sequence;
         // Not before the stream's first message (what its limits dropped is not there, and
         // counts as routed: a stream whose every message was dropped is read to its end).
