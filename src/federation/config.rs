@@ -10,7 +10,8 @@ use serde::Deserialize;
 pub struct FederationConfig {
     /// The NATS servers of one cluster with JetStream; the client fails over between them.
     pub nats: Vec<String>,
-    /// This bridge's name in the fleet, unique in it; by default the host name.
+    /// This bridge's name in the fleet, unique in it; by default the host name, each
+    /// character a bridge id does not take ('.' of a dotted name) made '-'.
     pub bridge_id: String,
     /// Replicas of the stream and buckets the bridge creates (1 for a single NATS server).
     pub replicas: usize,
@@ -39,7 +40,7 @@ impl Default for FederationConfig {
     fn default() -> Self {
         FederationConfig {
             nats: vec!["nats://127.0.0.1:4222".into()],
-            bridge_id: host_name(),
+            bridge_id: bridge_id_of(&host_name()),
             replicas: 3,
             prefix: "agentbridge".into(),
             heartbeat_ms: 1_000,
@@ -75,6 +76,23 @@ impl FederationConfig {
     }
 }
 
+/// A host name as a bridge id, which subjects, keys and the consumer's name take whole:
+/// letters, digits, '-' and '_'; any other character (the dots of a fully qualified name)
+/// becomes '-', so that two hosts' names stay two ids.
+fn bridge_id_of(host: &str) -> String {
+    let id: String = (host.chars())
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '_' => c,
+            _ => '-',
+        })
+        .collect();
+    if id.is_empty() {
+        "bridge".to_owned()
+    } else {
+        id
+    }
+}
+
 /// The host's name (a pod's name under Kubernetes), or "bridge" when it has none.
 fn host_name() -> String {
     let mut buf = [0u8; 256];
@@ -84,5 +102,21 @@ fn host_name() -> String {
     match std::str::from_utf8(&buf[..len]) {
         Ok(name) if done == 0 && !name.is_empty() => name.to_owned(),
         _ => "bridge".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dotted_host_name_is_a_bridge_id_with_dashes() {
+        assert_eq!(bridge_id_of("pod-a"), "pod-a");
+        assert_eq!(bridge_id_of("node1.example.com"), "node1-example-com");
+        assert_eq!(bridge_id_of("höst"), "h-st");
+        assert_eq!(bridge_id_of(""), "bridge");
+        assert!(super::super::wire::is_token(
+            &FederationConfig::default().bridge_id
+        ));
     }
 }
