@@ -192,8 +192,13 @@ impl Directory {
     /// The bridge of the fleet that holds `agent` (this one, or the one it names); `None`
     /// for a bridge alone, whose listings name no bridge.
     pub fn holding_bridge<'a>(&'a self, agent: &'a AgentInfo) -> Option<&'a str> {
-        let here = self.bridge_id.get()?;
+        let here = self.bridge_id()?;
         Some(agent.bridge.as_deref().unwrap_or(here))
+    }
+
+    /// This bridge's id in a fleet; `None` for a bridge alone.
+    pub fn bridge_id(&self) -> Option<&str> {
+        self.bridge_id.get().map(String::as_str)
     }
 
     /// Claims `info.name` for the agent. Re-registering the same agent (same protocol and

@@ -150,6 +150,28 @@ async fn presence_crosses_bridges_in_every_protocol_naming_the_holders_bridge() 
         "Synapse ListAgents: {agents:?}"
     );
 
+    // A Skynet agent joining through b1 is held by b1 in its join and in b0's listing; the
+    // human joined through b0, by b0.
+    let scout = SkynetHttp::new(fleet.nets[1].skynet).agent("scout").await;
+    let (_scout_ws, _) = SkynetWs::join(fleet.nets[1].skynet, &scout).await;
+    let join = skynet_presence(&mut boss_ws, "agent.join", "scout").await;
+    assert_eq!(join["payload"]["agent"]["bridge"], "b1", "{join}");
+    let held_by = async |name: &str| {
+        let (_, cards) = sk0.get("/api/members").await;
+        (cards.as_array().unwrap().iter())
+            .find(|c| c["name"] == name)
+            .map(|c| c["bridge"].clone())
+    };
+    eventually("b0 lists scout, held by b1", async || {
+        held_by("scout").await == Some(json!("b1"))
+    })
+    .await;
+    assert_eq!(
+        held_by("boss").await,
+        Some(json!("b0")),
+        "Skynet /api/members"
+    );
+
     // A Tracker member on b1 going busy is a Skynet status change on b0.
     let (mut coder, _) = TrackerWs::auth_subscribed(fleet.nets[1].tracker, "tb-coder").await;
     let join = skynet_presence(&mut boss_ws, "agent.join", "coder").await;

@@ -215,10 +215,8 @@ impl Skynet {
 
     /// Broadcasts (and stores) the `agent.join` of a new member.
     pub async fn announce_join(&self, joined: &Joined) {
-        let card = self
-            .workspace
-            .card_of_name(&joined.name)
-            .unwrap_or(Value::Null);
+        let card = (self.workspace.card_of_name(&joined.name))
+            .map_or(Value::Null, |card| self.held_here(card));
         let status = card
             .get("status")
             .and_then(Value::as_str)
@@ -407,7 +405,9 @@ impl Skynet {
     /// Every member as Skynet shows them: joined Skynet members, then online agents of
     /// other protocols as cards.
     pub fn member_cards(&self) -> Vec<Value> {
-        let mut cards = self.workspace.cards();
+        let mut cards: Vec<Value> = (self.workspace.cards().into_iter())
+            .map(|card| self.held_here(card))
+            .collect();
         for peer in self.core.directory.online_foreign(PROTOCOL) {
             cards.push(self.foreign_card(&peer));
         }
@@ -416,6 +416,12 @@ impl Skynet {
 
     pub fn member_count(&self) -> usize {
         self.workspace.member_count() + self.core.directory.online_foreign(PROTOCOL).len()
+    }
+
+    /// The card of a member joined here, naming this bridge in a fleet (as every card
+    /// there names the bridge holding its agent).
+    fn held_here(&self, card: Value) -> Value {
+        held_by(card, self.core.directory.bridge_id())
     }
 
     /// The card shown for an agent of another protocol: a stable UUIDv5 id, `generic`.
@@ -446,11 +452,10 @@ impl Skynet {
             }),
         );
         card.insert("createdAt".into(), json!(peer.created_at));
-        // In a fleet, the bridge that holds it.
-        if let Some(bridge) = self.core.directory.holding_bridge(peer) {
-            card.insert("bridge".into(), json!(bridge));
-        }
-        Value::Object(card)
+        held_by(
+            Value::Object(card),
+            self.core.directory.holding_bridge(peer),
+        )
     }
 
     /// A message as Skynet clients see it.
@@ -539,15 +544,24 @@ impl Peers for Skynet {
 
     fn card(&self, name: &str) -> Option<Value> {
         if let Some(card) = self.workspace.card_of_name(name) {
-            return Some(card);
+            return Some(self.held_here(card));
         }
         let agent = self.core.directory.get(name)?;
         if agent.protocol == PROTOCOL {
             let profile = self.registry.by_id(&agent.native_id)?;
-            return Some(profile.to_json(status_to_skynet(agent.status)));
+            let card = profile.to_json(status_to_skynet(agent.status));
+            return Some(held_by(card, self.core.directory.holding_bridge(&agent)));
         }
         Some(self.foreign_card(&agent))
     }
+}
+
+/// `card`, naming `bridge` as the one holding its agent (in a fleet).
+fn held_by(mut card: Value, bridge: Option<&str>) -> Value {
+    if let (Some(bridge), Some(fields)) = (bridge, card.as_object_mut()) {
+        fields.insert("bridge".into(), json!(bridge));
+    }
+    card
 }
 
 fn presence(kind: Kind, name: &str, native: Value, data: Value) -> Envelope {
