@@ -174,8 +174,13 @@ pub fn router(admin: Admin) -> Router {
                 let degraded = readiness.degraded();
                 async move {
                     // Degraded still serves: the agents on this bridge reach one another.
+                    // Starting says what holds the bridge back too (NATS refusing it).
                     match (ready, degraded) {
-                        (false, _) => (StatusCode::SERVICE_UNAVAILABLE, "starting\n".to_owned()),
+                        (false, None) => (StatusCode::SERVICE_UNAVAILABLE, "starting\n".to_owned()),
+                        (false, Some(reason)) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("starting: {reason}\n"),
+                        ),
                         (true, Some(reason)) => (StatusCode::OK, format!("degraded: {reason}\n")),
                         (true, None) => (StatusCode::OK, "ready\n".to_owned()),
                     }

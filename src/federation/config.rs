@@ -25,14 +25,20 @@ pub struct FederationConfig {
     /// How long a message waits for JetStream to acknowledge it before the sender is told
     /// it could not be accepted.
     pub publish_timeout_ms: u64,
-    /// NATS credentials: a `.creds` file, a token, or a user and password.
+    /// NATS credentials: a `.creds` file, a token, or a user and password. Each key also
+    /// takes the name the `nats` CLI's contexts or nats-server's `tls` block give it.
+    #[serde(alias = "creds")]
     pub creds_file: Option<PathBuf>,
     pub token: Option<String>,
+    #[serde(alias = "username")]
     pub user: Option<String>,
     pub password: Option<String>,
     /// TLS: the CA that signed the servers' certificates, and a client certificate.
+    #[serde(alias = "ca", alias = "ca_file")]
     pub tls_ca: Option<PathBuf>,
+    #[serde(alias = "cert", alias = "cert_file")]
     pub tls_cert: Option<PathBuf>,
+    #[serde(alias = "key", alias = "key_file")]
     pub tls_key: Option<PathBuf>,
 }
 
@@ -118,5 +124,19 @@ mod tests {
         assert!(super::super::wire::is_token(
             &FederationConfig::default().bridge_id
         ));
+    }
+
+    #[test]
+    fn credentials_and_tls_take_the_names_nats_clients_give_them() {
+        let config: FederationConfig = toml::from_str(
+            "creds = 'a.creds'\nusername = 'u'\nca_file = 'ca.pem'\ncert = 'c.pem'\nkey_file = 'k.pem'\n",
+        )
+        .unwrap();
+        assert_eq!(config.creds_file, Some(PathBuf::from("a.creds")));
+        assert_eq!(config.user.as_deref(), Some("u"));
+        assert_eq!(config.tls_ca, Some(PathBuf::from("ca.pem")));
+        assert_eq!(config.tls_cert, Some(PathBuf::from("c.pem")));
+        assert_eq!(config.tls_key, Some(PathBuf::from("k.pem")));
+        assert!(toml::from_str::<FederationConfig>("tls_cafile = 'x'").is_err());
     }
 }

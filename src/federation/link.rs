@@ -11,7 +11,7 @@ use arc_swap::ArcSwapOption;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
 use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use async_nats::jetstream::{self, kv, object_store, stream};
-use async_nats::{ConnectOptions, Event};
+use async_nats::{ClientError, ConnectOptions, Event};
 use tokio_util::sync::CancellationToken;
 
 use super::config::FederationConfig;
@@ -64,6 +64,9 @@ pub struct NatsLink {
     /// Since when the client has been disconnected. A server failing over is ridden out
     /// (messages wait for the client to reconnect); past `grace` NATS is unreachable.
     disconnected_since: parking_lot::Mutex<Option<Instant>>,
+    /// Why the client's last try to connect failed, while it is not connected (shown by
+    /// `/readyz`: an authorization violation is the operator's to mend).
+    connect_failed: parking_lot::Mutex<Option<String>>,
     grace: Duration,
     /// Changed whenever the client connects (`reconnected`, `connected_after`).
     connections: tokio::sync::watch::Sender<()>,
@@ -125,6 +128,7 @@ impl NatsLink {
             ready: ArcSwapOption::empty(),
             readiness,
             disconnected_since: parking_lot::Mutex::new(None),
+            connect_failed: parking_lot::Mutex::new(None),
             grace: Duration::from_millis(config.publish_timeout_ms),
             connections: tokio::sync::watch::Sender::new(()),
             routed: Routed::default(),
@@ -137,6 +141,7 @@ impl NatsLink {
                     Event::Connected => {
                         tracing::info!("federation: connected to NATS");
                         *link.disconnected_since.lock() = None;
+                        *link.connect_failed.lock() = None;
                         link.update_readiness();
                         link.connections.send_replace(());
                     }
@@ -146,6 +151,14 @@ impl NatsLink {
                             .lock()
                             .get_or_insert_with(Instant::now);
                         link.update_readiness();
+                    }
+                    // A try to connect failed; told once for each new reason.
+                    Event::ClientError(ClientError::Other(e)) if !link.is_connected() => {
+                        let told = link.connect_failed.lock().replace(e.clone());
+                        if told.as_ref() != Some(&e) {
+                            tracing::warn!(error = %e, "federation: cannot connect to NATS; trying again");
+                            link.update_readiness();
+                        }
                     }
                     other => tracing::debug!(event = %other, "federation: NATS"),
                 }
@@ -244,14 +257,18 @@ impl NatsLink {
 
     fn update_readiness(&self) {
         let reason = if !self.is_connected() {
-            Some("federation: NATS unreachable; messages to other bridges are refused")
+            let why =
+                (self.connect_failed.lock().as_ref()).map_or(String::new(), |e| format!(" ({e})"));
+            Some(format!(
+                "federation: NATS unreachable{why}; messages to other bridges are refused"
+            ))
         } else if self.ready.load().is_none() {
-            Some("federation: setting up JetStream")
+            Some("federation: setting up JetStream".to_owned())
         } else {
             None
         };
         telemetry::federation_connected(reason.is_none());
-        self.readiness.set_degraded(reason.map(str::to_owned));
+        self.readiness.set_degraded(reason);
     }
 
     /// Creates (or finds) the stream and buckets, retrying until JetStream answers or the

@@ -50,19 +50,25 @@ impl Cluster {
     /// `size` servers in one cluster, each accepting clients when this returns, with a
     /// JetStream meta leader elected.
     pub async fn start(size: usize) -> Cluster {
+        Cluster::start_with(size, "").await
+    }
+
+    /// As `start`, with `settings` added to every server's configuration (who may connect,
+    /// as `authorization`); the cluster's own clients connect without credentials.
+    pub async fn start_with(size: usize, settings: &str) -> Cluster {
         // Ports are picked free, and may be taken by another test before a server binds
         // them: a server that found its port taken is started again on others.
         for _ in 1..TRIES {
-            if let Some(cluster) = Cluster::start_once(size).await {
+            if let Some(cluster) = Cluster::start_once(size, settings).await {
                 return cluster;
             }
         }
-        Cluster::start_once(size)
+        Cluster::start_once(size, settings)
             .await
             .expect("a cluster starts on free ports")
     }
 
-    async fn start_once(size: usize) -> Option<Cluster> {
+    async fn start_once(size: usize, settings: &str) -> Option<Cluster> {
         let binary = server_binary();
         let dir = cluster_dir();
         let free = free_ports(3 * size);
@@ -92,7 +98,7 @@ impl Cluster {
                 &conf,
                 format!(
                     "server_name: \"{name}\"\nlisten: \"127.0.0.1:{client_port}\"\nhttp: \"127.0.0.1:{http_port}\"\n\
-                     jetstream {{\n  store_dir: {store:?}\n  max_memory_store: 256MB\n  max_file_store: 2GB\n}}\n{cluster}"
+                     jetstream {{\n  store_dir: {store:?}\n  max_memory_store: 256MB\n  max_file_store: 2GB\n}}\n{cluster}{settings}"
                 ),
             )
             .expect("the server's config is written");

@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod credentials;
 mod killed_bridge;
 mod mail;
 mod nats_faults;
