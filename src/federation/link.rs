@@ -67,6 +67,8 @@ pub struct NatsLink {
     /// Why the client's last try to connect failed, while it is not connected (shown by
     /// `/readyz`: an authorization violation is the operator's to mend).
     connect_failed: parking_lot::Mutex<Option<String>>,
+    /// Another run putting heartbeats under this bridge's id (`id_clash`), while it does.
+    id_taken_by: parking_lot::Mutex<Option<String>>,
     grace: Duration,
     /// Changed whenever the client connects (`reconnected`, `connected_after`).
     connections: tokio::sync::watch::Sender<()>,
@@ -129,6 +131,7 @@ impl NatsLink {
             readiness,
             disconnected_since: parking_lot::Mutex::new(None),
             connect_failed: parking_lot::Mutex::new(None),
+            id_taken_by: parking_lot::Mutex::new(None),
             grace: Duration::from_millis(config.publish_timeout_ms),
             connections: tokio::sync::watch::Sender::new(()),
             routed: Routed::default(),
@@ -255,8 +258,22 @@ impl NatsLink {
         self.readiness.listening().await
     }
 
+    /// Another bridge runs under this one's id (`run`), or no longer does (`None`).
+    pub fn id_taken_by(&self, run: Option<String>) {
+        match &run {
+            Some(run) => tracing::error!(
+                bridge_id = %self.bridge_id,
+                other_run = %run,
+                "federation: another bridge runs with this bridge_id; they share one place in the stream, and each takes messages meant for the other's agents: give each bridge its own bridge_id"
+            ),
+            None => tracing::info!("federation: no other bridge runs with this bridge_id now"),
+        }
+        *self.id_taken_by.lock() = run;
+        self.update_readiness();
+    }
+
     fn update_readiness(&self) {
-        let reason = if !self.is_connected() {
+        let nats = if !self.is_connected() {
             let why =
                 (self.connect_failed.lock().as_ref()).map_or(String::new(), |e| format!(" ({e})"));
             Some(format!(
@@ -267,8 +284,14 @@ impl NatsLink {
         } else {
             None
         };
-        telemetry::federation_connected(reason.is_none());
-        self.readiness.set_degraded(reason);
+        telemetry::federation_connected(nats.is_none());
+        let taken = (self.id_taken_by.lock().is_some()).then(|| {
+            format!(
+                "federation: another bridge runs with bridge_id {:?}; give each bridge its own",
+                self.bridge_id
+            )
+        });
+        self.readiness.set_degraded(taken.or(nats));
     }
 
     /// Creates (or finds) the stream and buckets, retrying until JetStream answers or the

@@ -18,6 +18,7 @@ mod fleet_log;
 mod floors_record;
 mod handover;
 mod held_cards;
+mod id_clash;
 mod link;
 mod missed_mail;
 mod own_deliveries;

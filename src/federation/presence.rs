@@ -19,6 +19,7 @@ use super::claims::FleetClaims;
 use super::clashes::Clashes;
 use super::config::FederationConfig;
 use super::held_cards::HeldCards;
+use super::id_clash::IdClash;
 use super::link::{NatsLink, Ready, put_heartbeat};
 use super::unwritten::Carrier;
 use super::wire::{Card, Heartbeat, agent_key};
@@ -67,6 +68,7 @@ impl Presence {
         // Each bridge's last heartbeat: where it says its deliveries not written begin, from
         // where its missed mail is read again if it goes (`UnwrittenFloor`).
         let mut last_beats: HashMap<String, Heartbeat> = HashMap::new();
+        let mut id_clash = IdClash::default();
         self.take_in_cards(&ready, &mut alive).await;
         let mut beat = tokio::time::interval(self.heartbeat);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -166,6 +168,13 @@ impl Presence {
                     Some(entry) => {
                         use async_nats::jetstream::kv::Operation;
                         if entry.key == self.link.bridge_id {
+                            if entry.operation == Operation::Put {
+                                let run = Heartbeat::read(&entry.value).and_then(|beat| beat.run);
+                                let own = &self.link.run_id;
+                                if let Some(change) = id_clash.put_by(run.as_deref(), own) {
+                                    self.link.id_taken_by(change);
+                                }
+                            }
                             continue;
                         }
                         match entry.operation {

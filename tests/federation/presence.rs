@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::fleet::{Fleet, QUICK, claim_of};
+use crate::common::fleet::{Fleet, QUICK, claim_of, start_member};
 use crate::common::nats::Cluster;
 use crate::common::peers::Proto;
 use crate::common::skynet::{SkynetHttp, SkynetWs};
@@ -657,5 +657,30 @@ async fn a_release_leaves_the_key_of_a_name_held_here_again() {
     // Room for the release, which reads the key at once, to have deleted it.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(held().await, "the key was released under a name held here");
+    fleet.shutdown().await;
+}
+
+/// Two bridges given one `bridge_id` would share one place in the stream: each says so in
+/// `/readyz` (the other bridges stay ready), until one of them stops.
+#[tokio::test]
+async fn a_bridge_id_used_twice_is_told_by_both_until_one_stops() {
+    let fleet = Fleet::start(2).await;
+    let twin = start_member(&fleet.nats, &fleet.prefix, "b1", ":memory:", QUICK).await;
+    let told = async |bridge: &agentbridge::Bridge| {
+        let (_, readyz) = common::admin_get(bridge, "/readyz").await;
+        readyz.contains("another bridge runs with bridge_id \"b1\"")
+    };
+    eventually("b1 tells of its twin", async || {
+        told(&fleet.nets[1].bridge).await
+    })
+    .await;
+    eventually("the twin tells of b1", async || told(&twin.bridge).await).await;
+    let (_, readyz) = common::admin_get(&fleet.nets[0].bridge, "/readyz").await;
+    assert_eq!(readyz, "ready\n");
+    twin.bridge.shutdown().await;
+    eventually("b1 is ready again", async || {
+        common::admin_get(&fleet.nets[1].bridge, "/readyz").await.1 == "ready\n"
+    })
+    .await;
     fleet.shutdown().await;
 }
