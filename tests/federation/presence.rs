@@ -213,6 +213,27 @@ async fn a_name_held_on_another_bridge_is_refused_naming_the_holder_and_its_brid
         error.contains("grid") && error.contains("'b1'"),
         "names the holder and its bridge: {error}"
     );
+
+    // The Tracker, creating a member of that name.
+    let (status, body) = TrackerHttp::new(fleet.nets[0].tracker, "tb-admin")
+        .post("/members", serde_json::json!({ "slug": "unique" }))
+        .await;
+    assert_eq!(status, 409, "{body}");
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("grid") && detail.contains("'b1'"),
+        "names the holder and its bridge: {body}"
+    );
+
+    // Synapse, an agent sending under that id.
+    let mut synapse = common::synapse::clients(fleet.nets[0].synapse).await;
+    let refused = common::synapse::chat("unique", "someone", "hi");
+    let status = common::synapse::send(&mut synapse, refused).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::AlreadyExists, "{status:?}");
+    assert!(
+        status.message().contains("grid") && status.message().contains("'b1'"),
+        "names the holder and its bridge: {status:?}"
+    );
     fleet.shutdown().await;
 }
 
