@@ -8,6 +8,7 @@ mod common;
 mod credentials;
 mod killed_bridge;
 mod mail;
+mod metrics;
 mod nats_faults;
 mod presence;
 mod records;

@@ -228,7 +228,9 @@ async fn a_name_held_on_another_bridge_is_refused_naming_the_holder_and_its_brid
     // Synapse, an agent sending under that id.
     let mut synapse = common::synapse::clients(fleet.nets[0].synapse).await;
     let refused = common::synapse::chat("unique", "someone", "hi");
-    let status = common::synapse::send(&mut synapse, refused).await.unwrap_err();
+    let status = common::synapse::send(&mut synapse, refused)
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), tonic::Code::AlreadyExists, "{status:?}");
     assert!(
         status.message().contains("grid") && status.message().contains("'b1'"),

@@ -1,0 +1,102 @@
+//! The fleet's metrics (point 8 of the issue), read from a bridge in a process of its own,
+//! as bridges in one process share one recorder: they move with what crosses, and with
+//! NATS going.
+
+use crate::common::fleet::{Fleet, QUICK};
+use crate::common::grid::{GridHttp, GridWs};
+use crate::common::nats::Cluster;
+use crate::common::peers::{Proto, What};
+use crate::common::{self, eventually};
+use crate::support::{grid_request, spawn_member};
+
+/// The value of the sample of `name` whose labels include each of `labels` (`key="value"`)
+/// in a Prometheus scrape.
+fn sample(scrape: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    scrape
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .find(|line| labels.iter().all(|label| line.contains(label)))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+}
+
+async fn scrape(admin: std::net::SocketAddr) -> String {
+    let answer = common::http().get(format!("http://{admin}/metrics")).send();
+    answer
+        .await
+        .expect("/metrics answers")
+        .text()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_bridges_fleet_metrics_follow_what_crosses_and_nats_going() {
+    let mut cluster = Cluster::start(1).await;
+    let fleet = Fleet::start_on(&cluster.toml_list(), 1, QUICK).await;
+    let dir = tempfile::tempdir().unwrap();
+    let process = spawn_member(&fleet, dir.path(), "b1").await;
+    let admin = process.addr("admin");
+    eventually(
+        "b1 counts two bridges, itself included, and is connected",
+        async || {
+            let scrape = scrape(admin).await;
+            sample(&scrape, "agentbridge_federation_bridges", &[]) == Some(2.0)
+                && sample(&scrape, "agentbridge_federation_connected", &[]) == Some(1.0)
+        },
+    )
+    .await;
+
+    // In: b0's Skynet agent to a Grid program on b1, applied there.
+    let (mut program, _) = GridWs::connect(process.addr("grid"), "metered", None).await;
+    fleet.wait_known(0, "metered").await;
+    let mut sky = fleet.nets[0].peer(Proto::Skynet).await;
+    sky.chat("metered", "@metered in", None).await;
+    let got = program.next_message().await;
+    assert!(got.to_string().contains("@metered in"), "{got}");
+    // Out: published by b1, for b0's Skynet agent.
+    let sender = GridHttp::new(process.addr("grid"));
+    sender
+        .send(&grid_request("out-1", "metered", &sky.name))
+        .await;
+    assert_eq!(sky.next(What::Chat).await.text, "out-1");
+
+    let taken = scrape(admin).await;
+    let messages = "agentbridge_federation_messages_total";
+    let count = |name: &str, labels: &[&str]| sample(&taken, name, labels).unwrap_or_default();
+    assert!(
+        count(messages, &["direction=\"in\"", "outcome=\"ok\""]) >= 1.0,
+        "{taken}"
+    );
+    assert!(
+        count(messages, &["direction=\"out\"", "outcome=\"ok\""]) >= 1.0,
+        "{taken}"
+    );
+    assert!(
+        count("agentbridge_federation_apply_lag_seconds_count", &[]) >= 1.0,
+        "{taken}"
+    );
+    assert!(count("agentbridge_federation_publish_duration_seconds_count", &[]) >= 1.0);
+    assert_eq!(
+        sample(&taken, "agentbridge_federation_outbox", &[]),
+        Some(0.0)
+    );
+    // No agent's name is a label.
+    assert!(!taken.contains("metered"), "{taken}");
+
+    // NATS gone: b1 says so.
+    cluster.kill(0);
+    eventually("b1 is no longer connected", async || {
+        sample(
+            &scrape(admin).await,
+            "agentbridge_federation_connected",
+            &[],
+        ) == Some(0.0)
+    })
+    .await;
+    drop(process);
+    fleet.shutdown().await;
+}
