@@ -344,3 +344,33 @@ async fn a_deeply_nested_payload_crosses_bridges() {
     while !watcher.next_text().await.contains("deep-1") {}
     fleet.shutdown().await;
 }
+
+/// Between two Synapse agents on two bridges, a message keeps its id, its `reply_to` and
+/// its `correlation_id` (the conversation), as within one bridge.
+#[tokio::test]
+async fn a_synapse_message_keeps_its_ids_across_bridges() {
+    use crate::common::synapse::{self, Stream};
+    let fleet = Fleet::start(2).await;
+    let mut receiver = Stream::open(fleet.nets[1].synapse, "syn-b").await;
+    fleet.wait_known(0, "syn-b").await;
+    let mut clients = synapse::clients(fleet.nets[0].synapse).await;
+    let mut message = synapse::chat("syn-a", "syn-b", "across");
+    message.id = "syn-msg-1".into();
+    message.reply_to = "syn-msg-0".into();
+    message.correlation_id = "conversation-7".into();
+    synapse::send(&mut clients, message)
+        .await
+        .expect("SendMessage");
+    let got = receiver.next().await;
+    assert_eq!(
+        (
+            got.id.as_str(),
+            got.reply_to.as_str(),
+            got.correlation_id.as_str()
+        ),
+        ("syn-msg-1", "syn-msg-0", "conversation-7"),
+        "{got:?}"
+    );
+    assert_eq!(synapse::text_of(&got), "across");
+    fleet.shutdown().await;
+}
