@@ -209,21 +209,12 @@ pub(super) fn fleet_unavailable(e: &crate::core::RecordError) -> ApiError {
     )
 }
 
-/// A profile with the member's live status, as `GET /api/agents` shows it.
-fn with_status(skynet: &Skynet, profile: &Profile) -> Value {
-    let status = skynet
-        .workspace
-        .status_of(&profile.id)
-        .unwrap_or_else(|| "offline".into());
-    profile.to_json(&status)
-}
-
 async fn list_agents(State(skynet): Shared) -> Response {
     let agents: Vec<Value> = skynet
         .registry
         .list(false)
         .iter()
-        .map(|p| with_status(&skynet, p))
+        .map(|p| skynet.profile_card(p))
         .collect();
     ok(Value::Array(agents))
 }
@@ -240,7 +231,7 @@ async fn list_humans(State(skynet): Shared) -> Response {
 
 async fn get_agent(State(skynet): Shared, Path(id): Path<String>) -> Response {
     match skynet.registry.by_id_or_name(&id, false) {
-        Some(profile) => ok(with_status(&skynet, &profile)),
+        Some(profile) => ok(skynet.profile_card(&profile)),
         None => error(StatusCode::NOT_FOUND, "Agent not found"),
     }
 }

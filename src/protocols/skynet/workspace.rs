@@ -402,16 +402,34 @@ impl Skynet {
         })
     }
 
-    /// Every member as Skynet shows them: joined Skynet members, then online agents of
-    /// other protocols as cards.
+    /// Every member as Skynet shows them: members joined here, then the agents online
+    /// elsewhere (other protocols' agents, and in a fleet Skynet agents joined through
+    /// other bridges) as cards.
     pub fn member_cards(&self) -> Vec<Value> {
         let mut cards: Vec<Value> = (self.workspace.cards().into_iter())
             .map(|card| self.held_here(card))
             .collect();
         for peer in self.core.directory.online_foreign(PROTOCOL) {
-            cards.push(self.foreign_card(&peer));
+            cards.push(self.card_elsewhere(&peer));
         }
         cards
+    }
+
+    /// A registered agent's profile with its live status, as `GET /api/agents` shows it:
+    /// joined here, or in a fleet online through another bridge (which it names);
+    /// offline otherwise.
+    pub fn profile_card(&self, profile: &Profile) -> Value {
+        if let Some(status) = self.workspace.status_of(&profile.id) {
+            return self.held_here(profile.to_json(&status));
+        }
+        match self.core.directory.get(&profile.name) {
+            Some(agent)
+                if agent.online && agent.bridge.is_some() && agent.native_id == profile.id =>
+            {
+                self.card_elsewhere(&agent)
+            }
+            _ => profile.to_json("offline"),
+        }
     }
 
     pub fn member_count(&self) -> usize {
@@ -422,6 +440,21 @@ impl Skynet {
     /// there names the bridge holding its agent).
     fn held_here(&self, card: Value) -> Value {
         held_by(card, self.core.directory.bridge_id())
+    }
+
+    /// The card of an agent not joined here: a Skynet agent's own profile (registrations
+    /// are the fleet's), another protocol's as `foreign_card`; naming its bridge in a fleet.
+    fn card_elsewhere(&self, agent: &AgentInfo) -> Value {
+        let profile = (agent.protocol == PROTOCOL)
+            .then(|| self.registry.by_id(&agent.native_id))
+            .flatten();
+        match profile {
+            Some(profile) => held_by(
+                profile.to_json(status_to_skynet(agent.status)),
+                self.core.directory.holding_bridge(agent),
+            ),
+            None => self.foreign_card(agent),
+        }
     }
 
     /// The card shown for an agent of another protocol: a stable UUIDv5 id, `generic`.
@@ -548,11 +581,9 @@ impl Peers for Skynet {
         }
         let agent = self.core.directory.get(name)?;
         if agent.protocol == PROTOCOL {
-            let profile = self.registry.by_id(&agent.native_id)?;
-            let card = profile.to_json(status_to_skynet(agent.status));
-            return Some(held_by(card, self.core.directory.holding_bridge(&agent)));
+            self.registry.by_id(&agent.native_id)?;
         }
-        Some(self.foreign_card(&agent))
+        Some(self.card_elsewhere(&agent))
     }
 }
 
