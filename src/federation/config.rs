@@ -30,7 +30,6 @@ pub struct FederationConfig {
     #[serde(alias = "creds")]
     pub creds_file: Option<PathBuf>,
     pub token: Option<String>,
-    #[serde(alias = "username")]
     pub user: Option<String>,
     pub password: Option<String>,
     /// TLS: the CA that signed the servers' certificates, and a client certificate.
@@ -84,7 +83,8 @@ impl FederationConfig {
 
 /// A host name as a bridge id, which subjects, keys and the consumer's name take whole:
 /// letters, digits, '-' and '_'; any other character (the dots of a fully qualified name)
-/// becomes '-', so that two hosts' names stay two ids.
+/// becomes '-'. Two hosts whose names differ only there get one id: give them each their
+/// own `bridge_id` (a fleet tells two bridges of one id, `id_clash`).
 fn bridge_id_of(host: &str) -> String {
     let id: String = (host.chars())
         .map(|c| match c {
@@ -129,7 +129,7 @@ mod tests {
     #[test]
     fn credentials_and_tls_take_the_names_nats_clients_give_them() {
         let config: FederationConfig = toml::from_str(
-            "creds = 'a.creds'\nusername = 'u'\nca_file = 'ca.pem'\ncert = 'c.pem'\nkey_file = 'k.pem'\n",
+            "creds = 'a.creds'\nuser = 'u'\nca_file = 'ca.pem'\ncert = 'c.pem'\nkey_file = 'k.pem'\n",
         )
         .unwrap();
         assert_eq!(config.creds_file, Some(PathBuf::from("a.creds")));

@@ -15,6 +15,7 @@ use async_nats::{ClientError, ConnectOptions, Event};
 use tokio_util::sync::CancellationToken;
 
 use super::config::FederationConfig;
+use super::id_clash::Clash;
 use super::routed::Routed;
 use super::unwritten::{Carrier, PutUnderWay, StoreFloor, UnwrittenFloor};
 use super::wire::{Card, Heartbeat, Names, agent_key};
@@ -69,6 +70,8 @@ pub struct NatsLink {
     connect_failed: parking_lot::Mutex<Option<String>>,
     /// Another run putting heartbeats under this bridge's id (`id_clash`), while it does.
     id_taken_by: parking_lot::Mutex<Option<String>>,
+    /// Held while `update_readiness` works out and sets what it says.
+    updating_readiness: parking_lot::Mutex<()>,
     grace: Duration,
     /// Changed whenever the client connects (`reconnected`, `connected_after`).
     connections: tokio::sync::watch::Sender<()>,
@@ -132,6 +135,7 @@ impl NatsLink {
             disconnected_since: parking_lot::Mutex::new(None),
             connect_failed: parking_lot::Mutex::new(None),
             id_taken_by: parking_lot::Mutex::new(None),
+            updating_readiness: parking_lot::Mutex::new(()),
             grace: Duration::from_millis(config.publish_timeout_ms),
             connections: tokio::sync::watch::Sender::new(()),
             routed: Routed::default(),
@@ -155,7 +159,7 @@ impl NatsLink {
                             .get_or_insert_with(Instant::now);
                         link.update_readiness();
                     }
-                    // A try to connect failed; told once for each new reason.
+                    // A try to connect failed; told when its reason changes.
                     Event::ClientError(ClientError::Other(e)) if !link.is_connected() => {
                         let told = link.connect_failed.lock().replace(e.clone());
                         if told.as_ref() != Some(&e) {
@@ -258,21 +262,31 @@ impl NatsLink {
         self.readiness.listening().await
     }
 
-    /// Another bridge runs under this one's id (`run`), or no longer does (`None`).
-    pub fn id_taken_by(&self, run: Option<String>) {
-        match &run {
-            Some(run) => tracing::error!(
-                bridge_id = %self.bridge_id,
-                other_run = %run,
-                "federation: another bridge runs with this bridge_id; they share one place in the stream, and each takes messages meant for the other's agents: give each bridge its own bridge_id"
-            ),
-            None => tracing::info!("federation: no other bridge runs with this bridge_id now"),
-        }
-        *self.id_taken_by.lock() = run;
+    /// Another bridge runs under this one's id, or no longer does: logged, and said by
+    /// `/readyz` meanwhile.
+    pub fn tell_id_clash(&self, clash: Clash) {
+        let other = match clash {
+            Clash::Found(run) => {
+                tracing::error!(
+                    bridge_id = %self.bridge_id,
+                    other_run = %run,
+                    "federation: another bridge runs with this bridge_id; they share one place in the stream, and each takes messages meant for the other's agents: give each bridge its own bridge_id"
+                );
+                Some(run)
+            }
+            Clash::Over => {
+                tracing::info!("federation: no other bridge runs with this bridge_id now");
+                None
+            }
+        };
+        *self.id_taken_by.lock() = other;
         self.update_readiness();
     }
 
+    /// Works out what `/readyz` and the connected gauge say now. Called from the client's
+    /// events and from presence: one at a time, so that an older answer never lands last.
     fn update_readiness(&self) {
+        let _one_at_a_time = self.updating_readiness.lock();
         let nats = if !self.is_connected() {
             let why =
                 (self.connect_failed.lock().as_ref()).map_or(String::new(), |e| format!(" ({e})"));
@@ -291,7 +305,9 @@ impl NatsLink {
                 self.bridge_id
             )
         });
-        self.readiness.set_degraded(taken.or(nats));
+        let reasons: Vec<String> = taken.into_iter().chain(nats).collect();
+        self.readiness
+            .set_degraded((!reasons.is_empty()).then(|| reasons.join("; ")));
     }
 
     /// Creates (or finds) the stream and buckets, retrying until JetStream answers or the

@@ -68,7 +68,7 @@ impl Presence {
         // Each bridge's last heartbeat: where it says its deliveries not written begin, from
         // where its missed mail is read again if it goes (`UnwrittenFloor`).
         let mut last_beats: HashMap<String, Heartbeat> = HashMap::new();
-        let mut id_clash = IdClash::default();
+        let mut id_clash = IdClash::new(self.ttl);
         self.take_in_cards(&ready, &mut alive).await;
         let mut beat = tokio::time::interval(self.heartbeat);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -170,9 +170,9 @@ impl Presence {
                         if entry.key == self.link.bridge_id {
                             if entry.operation == Operation::Put {
                                 let run = Heartbeat::read(&entry.value).and_then(|beat| beat.run);
-                                let own = &self.link.run_id;
-                                if let Some(change) = id_clash.put_by(run.as_deref(), own) {
-                                    self.link.id_taken_by(change);
+                                let (own, now) = (&self.link.run_id, Instant::now());
+                                if let Some(clash) = id_clash.put_by(run.as_deref(), own, now) {
+                                    self.link.tell_id_clash(clash);
                                 }
                             }
                             continue;

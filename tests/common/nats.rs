@@ -306,20 +306,22 @@ impl Cluster {
     /// its connection `agentbridge <bridge_id>`), asked through each server's `/connz`.
     pub async fn serving(&self, name: &str) -> Option<usize> {
         for (i, node) in self.nodes.iter().enumerate() {
-            if node.child.is_none() {
-                continue;
-            }
-            let url = format!("http://127.0.0.1:{}/connz", node.http_port);
-            let Ok(answer) = super::http().get(&url).send().await else {
-                continue;
-            };
-            let connz: serde_json::Value = answer.json().await.unwrap_or_default();
-            let connections = connz["connections"].as_array().into_iter().flatten();
-            if connections.into_iter().any(|c| c["name"] == name) {
+            if node.child.is_some() && self.connections(i).await.iter().any(|c| c["name"] == name) {
                 return Some(i);
             }
         }
         None
+    }
+
+    /// The client connections server `i` holds, as its monitor's `/connz` describes them
+    /// (with the user each connected as); none if it does not answer.
+    pub async fn connections(&self, i: usize) -> Vec<serde_json::Value> {
+        let url = format!("http://127.0.0.1:{}/connz?auth=1", self.nodes[i].http_port);
+        let Ok(answer) = super::http().get(&url).send().await else {
+            return Vec::new();
+        };
+        let connz: serde_json::Value = answer.json().await.unwrap_or_default();
+        connz["connections"].as_array().cloned().unwrap_or_default()
     }
 
     /// The running server that leads the stream `name`, asked through `url`.
