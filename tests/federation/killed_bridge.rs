@@ -218,6 +218,11 @@ async fn a_program_on_a_bridge_killed_and_back_at_once_gets_what_waited_for_it_t
         got.iter().copied().filter(|n| seen.insert(*n)).collect()
     };
     assert_once_in_order(&firsts, TOTAL);
+    // The killed run's last heartbeat, read as the new run starts, is not another bridge
+    // under its id (`id_clash`): many heartbeats later, the bridge is still ready.
+    let readyz = format!("http://{}/readyz", process.addr("admin"));
+    let said = common::http().get(&readyz).send().await.unwrap();
+    assert_eq!(said.text().await.unwrap(), "ready\n");
     drop(process);
     fleet.shutdown().await;
 }
