@@ -69,6 +69,14 @@ impl TrackerHttp {
         Self::finish(self.request(reqwest::Method::POST, path).json(&body)).await
     }
 
+    /// As `post`; `None` when the bridge does not answer (it was killed).
+    pub async fn try_post(&self, path: &str, body: Value) -> Option<(u16, Value)> {
+        let sent = self.request(reqwest::Method::POST, path).json(&body).send();
+        let answer = sent.await.ok()?;
+        let status = answer.status().as_u16();
+        Some((status, answer.json().await.ok()?))
+    }
+
     pub async fn post_raw(&self, path: &str, body: &'static str) -> (u16, Value) {
         Self::finish(
             self.request(reqwest::Method::POST, path)

@@ -111,6 +111,74 @@ async fn what_a_killed_bridge_acknowledged_reaches_its_recipients_once() {
     fleet.shutdown().await;
 }
 
+/// A Tracker member's bridge killed with SIGKILL while the member posts to the lobby:
+/// every message that bridge answered 201 is in the lobby as the other bridge lists it,
+/// once, and reaches the Skynet agent it mentions there, once.
+#[tokio::test]
+async fn what_a_killed_bridge_acknowledged_to_a_tracker_member_is_in_the_fleets_chat_once() {
+    use crate::common::tracker::{TrackerHttp, TrackerWs};
+    use serde_json::json;
+    let fleet = Fleet::start(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let process = spawn_member(&fleet, dir.path(), "b1").await;
+    let mut sky = fleet.nets[0].peer(Proto::Skynet).await;
+    let (_coder, ok) = TrackerWs::auth_subscribed(process.addr("tracker"), "tb-coder").await;
+    let lobby = ok["lobby_chat_id"].as_str().unwrap().to_owned();
+    fleet.wait_known(0, "coder").await;
+
+    let poster = TrackerHttp::new(process.addr("tracker"), "tb-coder");
+    let (acked_tx, mut acked_rx) = tokio::sync::mpsc::unbounded_channel();
+    let posting = tokio::spawn(async move {
+        for n in 0.. {
+            let body = json!({ "chat_id": lobby, "content": format!("@sky m{n}") });
+            match poster.try_post("/messages", body).await {
+                Some((201, _)) => acked_tx.send(format!("@sky m{n}")).unwrap(),
+                _ => break,
+            }
+        }
+    });
+    let mut acked = Vec::new();
+    while acked.len() < 40 {
+        acked.push(acked_rx.recv().await.expect("the member posts"));
+    }
+    process.kill_9();
+    posting.await.unwrap();
+    while let Ok(more) = acked_rx.try_recv() {
+        acked.push(more);
+    }
+
+    let lobby = ok["lobby_chat_id"].as_str().unwrap();
+    let listed = async || {
+        let http = TrackerHttp::new(fleet.nets[0].tracker, "tb-admin");
+        let (_, listed) = (http.get(&format!("/messages?chat_id={lobby}&limit=1000"))).await;
+        (listed.as_array().into_iter().flatten())
+            .filter_map(|m| m["content"].as_str().map(str::to_owned))
+            .collect::<Vec<String>>()
+    };
+    let mut on_b0 = Vec::new();
+    eventually_within("b0 lists every message b1 acknowledged", WAIT, async || {
+        on_b0 = listed().await;
+        acked.iter().all(|said| on_b0.contains(said))
+    })
+    .await;
+    for said in &acked {
+        let times = on_b0.iter().filter(|m| *m == said).count();
+        assert_eq!(times, 1, "{said} listed {times} times: {on_b0:?}");
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut missing: std::collections::HashSet<&String> = acked.iter().collect();
+    while !missing.is_empty() {
+        let message = sky.next(What::Chat).await;
+        assert!(
+            seen.insert(message.text.clone()),
+            "{} arrived twice",
+            message.text
+        );
+        missing.remove(&message.text);
+    }
+    fleet.shutdown().await;
+}
+
 /// A program that leaves its bridge while a sender on another bridge sends to it steadily,
 /// its bridge killed just after, and which connects again through a third gets every
 /// message once, in the order sent: what its socket had not sent (kept before the fleet
