@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::fleet::{Fleet, QUICK, federation_section};
 use crate::common::grid::{QUIET_AT_MOST, numbered, read_until_got};
-use crate::common::peers::{Proto, What};
+use crate::common::peers::{Peer, Proto, What};
 use crate::common::process::BridgeProcess;
 use crate::common::skynet::{SkynetHttp, SkynetWs};
 use crate::common::{self, WAIT, eventually_within};
@@ -88,17 +88,7 @@ async fn what_a_killed_bridge_acknowledged_reaches_its_recipients_once() {
     send_window(&mut sky, 8 * WINDOW).await;
     process.kill_9();
 
-    let mut seen = std::collections::HashSet::new();
-    let mut missing: std::collections::HashSet<String> = acknowledged.iter().cloned().collect();
-    while !missing.is_empty() {
-        let message = receiver.next(What::Chat).await;
-        assert!(
-            seen.insert(message.text.clone()),
-            "{} arrived twice",
-            message.text
-        );
-        missing.remove(&message.text);
-    }
+    let mut seen = each_arrives_once(&mut receiver, &acknowledged).await;
     while let Ok(message) =
         tokio::time::timeout(Duration::from_millis(700), receiver.next(What::Chat)).await
     {
@@ -165,18 +155,23 @@ async fn what_a_killed_bridge_acknowledged_to_a_tracker_member_is_in_the_fleets_
         let times = on_b0.iter().filter(|m| *m == said).count();
         assert_eq!(times, 1, "{said} listed {times} times: {on_b0:?}");
     }
-    let mut seen = std::collections::HashSet::new();
-    let mut missing: std::collections::HashSet<&String> = acked.iter().collect();
-    while !missing.is_empty() {
-        let message = sky.next(What::Chat).await;
-        assert!(
-            seen.insert(message.text.clone()),
-            "{} arrived twice",
-            message.text
-        );
-        missing.remove(&message.text);
-    }
+    each_arrives_once(&mut sky, &acked).await;
     fleet.shutdown().await;
+}
+
+/// Reads `receiver`'s chats until each of `texts` came, none twice; the texts read.
+async fn each_arrives_once(
+    receiver: &mut Peer,
+    texts: &[String],
+) -> std::collections::HashSet<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut missing: std::collections::HashSet<&String> = texts.iter().collect();
+    while !missing.is_empty() {
+        let message = receiver.next(What::Chat).await;
+        missing.remove(&message.text);
+        assert!(seen.insert(message.text), "a chat arrived twice: {seen:?}");
+    }
+    seen
 }
 
 /// A program that leaves its bridge while a sender on another bridge sends to it steadily,
