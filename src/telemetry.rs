@@ -28,6 +28,7 @@ pub const FEDERATION_PUBLISH_DURATION: &str = "agentbridge_federation_publish_du
 pub const FEDERATION_MESSAGES: &str = "agentbridge_federation_messages_total";
 pub const FEDERATION_REFUSED: &str = "agentbridge_federation_refused_total";
 pub const FEDERATION_OUTBOX: &str = "agentbridge_federation_outbox";
+pub const FEDERATION_UNSHARED: &str = "agentbridge_federation_unshared";
 pub const FEDERATION_APPLY_LAG: &str = "agentbridge_federation_apply_lag_seconds";
 pub const FEDERATION_BRIDGES: &str = "agentbridge_federation_bridges";
 pub const FEDERATION_HANDOVERS: &str = "agentbridge_federation_handovers_total";
@@ -105,6 +106,10 @@ pub const METRICS: &[(&str, &str)] = &[
     (
         FEDERATION_OUTBOX,
         "Messages published to the fleet's stream and not yet acknowledged by JetStream.",
+    ),
+    (
+        FEDERATION_UNSHARED,
+        "Messages among this bridge's own agents kept while NATS was away, waiting to reach the fleet's history.",
     ),
     (
         FEDERATION_APPLY_LAG,
@@ -207,7 +212,9 @@ fn describe() {
             }
             MAILBOX_DEPTH | STORE_BATCH_SIZE => metrics::describe_histogram!(*name, *help),
             CONNECTIONS | AGENTS_ONLINE | BUILD_INFO | READY | FEDERATION_CONNECTED
-            | FEDERATION_OUTBOX | FEDERATION_BRIDGES => metrics::describe_gauge!(*name, *help),
+            | FEDERATION_OUTBOX | FEDERATION_UNSHARED | FEDERATION_BRIDGES => {
+                metrics::describe_gauge!(*name, *help)
+            }
             _ => metrics::describe_counter!(*name, *help),
         }
     }
@@ -389,6 +396,7 @@ pub fn bridge_started(protocols: &[&'static str], federated: bool) {
     if federated {
         gauge!(FEDERATION_CONNECTED).increment(0.0);
         gauge!(FEDERATION_OUTBOX).increment(0.0);
+        gauge!(FEDERATION_UNSHARED).increment(0.0);
         gauge!(FEDERATION_BRIDGES).increment(0.0);
         for (direction, outcome) in [("out", "ok"), ("out", "failed"), ("in", "ok")] {
             counter!(FEDERATION_MESSAGES, "direction" => direction, "outcome" => outcome)
@@ -481,6 +489,11 @@ pub fn federation_refused(reason: &'static str) {
 /// `change` more (or fewer) publishes await JetStream's acknowledgement.
 pub fn federation_outbox(change: i64) {
     gauge!(FEDERATION_OUTBOX).increment(change as f64);
+}
+
+/// `waiting` messages kept while NATS was away wait to be shared, or are being shared.
+pub fn federation_unshared(waiting: usize) {
+    gauge!(FEDERATION_UNSHARED).set(waiting as f64);
 }
 
 /// A message from another bridge was applied here, `lag_ms` after it was accepted there.

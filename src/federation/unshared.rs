@@ -22,6 +22,7 @@ use serde::Deserialize;
 use tokio::sync::oneshot;
 
 use crate::core::LogError;
+use crate::telemetry;
 
 /// A message on its way to the stream, with whom to tell once JetStream holds it (no one,
 /// for history).
@@ -80,6 +81,11 @@ impl Waiting {
     /// Whether nothing waits or is being shared: the file may be emptied.
     fn is_settled(&self) -> bool {
         self.queue.is_empty() && self.sharing == 0
+    }
+
+    /// Tells the metrics how many wait or are being shared.
+    fn count(&self) {
+        telemetry::federation_unshared(self.queue.len() + self.sharing);
     }
 }
 
@@ -143,6 +149,7 @@ impl Unshared {
                 "federation: more waits for NATS than is kept; the newest are not shared"
             );
         }
+        waiting.count();
         if !waiting.queue.is_empty() {
             tracing::info!(
                 count = waiting.queue.len(),
@@ -192,6 +199,7 @@ impl Unshared {
         let mut waiting = self.waiting();
         waiting.bytes += size;
         waiting.queue.push_back(outgoing);
+        waiting.count();
     }
 
     /// Everything that waits, taken to be shared: each is `shared` or `put_back` later.
@@ -219,6 +227,7 @@ impl Unshared {
         let done = {
             let mut waiting = self.waiting();
             waiting.sharing = waiting.sharing.saturating_sub(count);
+            waiting.count();
             waiting.is_settled()
         };
         if done && self.file.is_some() {

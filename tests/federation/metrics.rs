@@ -83,7 +83,9 @@ async fn a_bridges_fleet_metrics_follow_what_crosses_and_nats_going() {
     // No agent's name is a label.
     assert!(!taken.contains("metered"), "{taken}");
 
-    // NATS gone: b1 says so.
+    // NATS gone: b1 says so, and keeps what its own agents say meanwhile to share later.
+    let unshared = "agentbridge_federation_unshared";
+    assert_eq!(sample(&taken, unshared, &[]), Some(0.0));
     cluster.kill(0);
     eventually("b1 is no longer connected", async || {
         sample(
@@ -91,6 +93,14 @@ async fn a_bridges_fleet_metrics_follow_what_crosses_and_nats_going() {
             "agentbridge_federation_connected",
             &[],
         ) == Some(0.0)
+    })
+    .await;
+    sender
+        .send(&grid_request("local-1", "poster", "metered"))
+        .await;
+    assert_eq!(program.next_message().await["id"], "local-1");
+    eventually("b1 keeps the local message to share", async || {
+        sample(&scrape(admin).await, unshared, &[]) == Some(1.0)
     })
     .await;
     drop(process);
