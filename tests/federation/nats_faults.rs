@@ -436,3 +436,40 @@ async fn nats_server_killed_mid_flow(pick: impl AsyncFnOnce(&Cluster, &Fleet) ->
     drop(sending.await.expect("the sender"));
     fleet.shutdown().await;
 }
+
+/// What a bridge makes in JetStream has the `replicas` its config asks for: the stream of
+/// messages and every bucket (on the three-server cluster, three), so one server may go.
+#[tokio::test]
+async fn the_stream_and_buckets_have_the_replicas_asked_for() {
+    use futures_util::TryStreamExt;
+    let fleet = Fleet::start(1).await;
+    let js = fleet.jetstream().await;
+    let streams: Vec<_> = (js.streams().try_collect().await).expect("the streams");
+    let ours: Vec<_> = (streams.iter())
+        .filter(|s| {
+            s.config
+                .name
+                .to_ascii_lowercase()
+                .contains(&fleet.prefix.to_ascii_lowercase())
+        })
+        .map(|s| (s.config.name.clone(), s.config.num_replicas))
+        .collect();
+    let names: Vec<&str> = ours.iter().map(|(name, _)| name.as_str()).collect();
+    for made in [
+        "_MESSAGES",
+        "_bridges",
+        "_agents",
+        "_names",
+        "_records",
+        "_floors",
+    ] {
+        assert!(
+            names.iter().any(|name| name.ends_with(made)),
+            "{made} among {names:?}"
+        );
+    }
+    for (name, replicas) in &ours {
+        assert_eq!(*replicas, 3, "{name}");
+    }
+    fleet.shutdown().await;
+}
