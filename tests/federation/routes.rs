@@ -374,3 +374,30 @@ async fn a_synapse_message_keeps_its_ids_across_bridges() {
     assert_eq!(synapse::text_of(&got), "across");
     fleet.shutdown().await;
 }
+
+/// Skynet's `interrupt` asked of one bridge for an agent joined through another reaches the
+/// agent there: it is connected, as the fleet sees it, not refused as away.
+#[tokio::test]
+async fn a_skynet_interrupt_reaches_an_agent_joined_through_another_bridge() {
+    let fleet = Fleet::start(2).await;
+    let agent = SkynetHttp::new(fleet.nets[1].skynet).agent("scout").await;
+    let (mut scout, _) = SkynetWs::join(fleet.nets[1].skynet, &agent).await;
+    fleet.wait_known(0, "scout").await;
+    let id = agent["id"].as_str().unwrap();
+    let path = format!("/api/agents/{id}/interrupt");
+    let body = serde_json::json!({ "reason": "stop" });
+    let (status, answer) = SkynetHttp::new(fleet.nets[0].skynet)
+        .post(&path, body)
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let interrupt = scout.next_message().await;
+    assert_eq!(
+        (&interrupt["type"], &interrupt["payload"]["reason"]),
+        (
+            &serde_json::json!("agent.interrupt"),
+            &serde_json::json!("stop")
+        ),
+        "{interrupt}"
+    );
+    fleet.shutdown().await;
+}

@@ -251,6 +251,14 @@ async fn delete_human(State(skynet): Shared, Path(id): Path<String>) -> Response
     delete(&skynet, &id, true).await
 }
 
+/// Whether a member is connected, as Skynet's server means it: joined (a member in its
+/// grace period included), here or, in a fleet, through another bridge.
+fn is_connected(skynet: &Skynet, profile: &Profile) -> bool {
+    let online_elsewhere = (skynet.core.directory.get(&profile.name))
+        .is_some_and(|a| a.online && a.bridge.is_some() && a.native_id == profile.id);
+    skynet.workspace.is_member(&profile.id) || online_elsewhere
+}
+
 /// Deletes by UUID only (a name is not found), never while the member is joined.
 async fn delete(skynet: &Skynet, id: &str, human: bool) -> Response {
     let (not_found, connected) = if human {
@@ -267,10 +275,7 @@ async fn delete(skynet: &Skynet, id: &str, human: bool) -> Response {
     let Some(profile) = skynet.registry.by_id(id).filter(|p| p.is_human() == human) else {
         return error(StatusCode::NOT_FOUND, not_found);
     };
-    // Joined here, or online through another bridge of the fleet.
-    let online_elsewhere = (skynet.core.directory.get(&profile.name))
-        .is_some_and(|a| a.online && a.bridge.is_some() && a.native_id == profile.id);
-    if skynet.workspace.is_member(&profile.id) || online_elsewhere {
+    if is_connected(skynet, &profile) {
         return error(StatusCode::CONFLICT, connected);
     }
     // An agent's schedules go first, as Skynet's server deletes them: a failure leaves the
@@ -373,8 +378,7 @@ async fn control(skynet: &Skynet, id: &str, body: &Bytes, kind: Kind) -> Respons
     let Some(agent) = skynet.registry.by_id_or_name(id, false) else {
         return error(StatusCode::NOT_FOUND, "Agent not found");
     };
-    // "Connected" as Skynet's server means it: joined, a member in its grace period included.
-    if !skynet.workspace.is_member(&agent.id) {
+    if !is_connected(skynet, &agent) {
         return error(StatusCode::CONFLICT, "Agent is not connected");
     }
     let body = match body_object(body) {
