@@ -1,14 +1,14 @@
 //! Messages cross bridges as they cross protocols in one bridge: broadcasts and observers,
 //! once under their id, in the order sent.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::common::fleet::{Fleet, QUICK, start_member};
 use crate::common::nats::Cluster;
 use crate::common::peers::{Proto, What};
-use crate::common::skynet::{SkynetHttp, SkynetWs};
+use crate::common::skynet::{SkynetHttp, SkynetWs, text_of};
 use crate::common::tracker::TrackerWs;
-use crate::common::{self, eventually};
+use crate::common::{self, WAIT, eventually};
 use crate::support::{
     chats_in_order, holds_text, listed, on_one_server, readiness_is, skynet_on_b0_to_tracker_on_b1,
     spawn_bridge,
@@ -399,5 +399,73 @@ async fn a_skynet_interrupt_reaches_an_agent_joined_through_another_bridge() {
         ),
         "{interrupt}"
     );
+    fleet.shutdown().await;
+}
+
+/// Which agents a human watches is the fleet's: a watch asked of the agent's bridge has
+/// the agent's execution logs sent to the human on another, and an unwatch stops them.
+#[tokio::test]
+async fn a_watch_asked_of_one_bridge_sends_the_logs_to_a_human_on_another() {
+    use serde_json::json;
+    let fleet = Fleet::start(2).await;
+    let (sk0, sk1) = (
+        SkynetHttp::new(fleet.nets[0].skynet),
+        SkynetHttp::new(fleet.nets[1].skynet),
+    );
+    let boss = sk0.human("boss").await;
+    let (mut boss_ws, _) = SkynetWs::join(fleet.nets[0].skynet, &boss).await;
+    let scout = sk1.agent("scout").await;
+    let (mut scout_ws, _) = SkynetWs::join(fleet.nets[1].skynet, &scout).await;
+    fleet.wait_known(0, "scout").await;
+    let watch = |on: &str| format!("/api/agents/{}/{on}", scout["id"].as_str().unwrap());
+    let human = json!({ "humanId": boss["id"] });
+    let (status, answer) = sk1.post(&watch("watch"), human.clone()).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(scout_ws.next_message().await["type"], "agent.watch");
+
+    // Logs, each followed by a chat every human sees, until a log comes before its chat:
+    // b0 follows the watch record as it comes.
+    let deadline = Instant::now() + WAIT;
+    for n in 0.. {
+        let log = json!({ "event": "thinking", "summary": format!("log {n}"), "level": "info" });
+        scout_ws
+            .chat_with(json!({ "type": "execution.log", "payload": log }))
+            .await;
+        scout_ws.chat(&format!("after log {n}")).await;
+        let mut logged = false;
+        loop {
+            let seen = boss_ws.next_message().await;
+            logged |= seen["type"] == "execution.log";
+            if text_of(&seen) == format!("after log {n}") {
+                break;
+            }
+        }
+        if logged {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no log reached the human on b0");
+    }
+
+    // Unwatched through b0: no log reaches the human any more.
+    let (status, _) = sk0.post(&watch("unwatch"), human).await;
+    assert_eq!(status, 200);
+    assert_eq!(scout_ws.next_message().await["type"], "agent.unwatch");
+    eventually("b1 lets the watch go", async || {
+        let log = json!({ "event": "thinking", "summary": "unwatched", "level": "info" });
+        scout_ws
+            .chat_with(json!({ "type": "execution.log", "payload": log }))
+            .await;
+        scout_ws.chat("after unwatched").await;
+        loop {
+            let seen = boss_ws.next_message().await;
+            if seen["type"] == "execution.log" {
+                return false;
+            }
+            if text_of(&seen) == "after unwatched" {
+                return true;
+            }
+        }
+    })
+    .await;
     fleet.shutdown().await;
 }

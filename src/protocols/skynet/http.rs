@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 
 use super::registry::{Profile, RegisterError};
 use super::schedules::ScheduleError;
-use super::{PROTOCOL, Skynet, schedules, ws};
+use super::{PROTOCOL, Skynet, records, schedules, ws};
 use crate::core::MessageQuery;
 use crate::core::{Audience, Envelope, Kind, Origin, new_message_id, now_ms};
 use crate::shared::{http_refusals, to_the_end};
@@ -200,9 +200,9 @@ async fn register(
         })
 }
 
-/// A registration the fleet's records did not take (NATS unreachable, or too contended).
+/// A change the fleet's records did not take (NATS unreachable, or too contended).
 pub(super) fn fleet_unavailable(e: &crate::core::RecordError) -> ApiError {
-    tracing::warn!(error = %e, "skynet: the fleet did not take a registration change");
+    tracing::warn!(error = %e, "skynet: the fleet's records did not take a change");
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         format!("Service Unavailable: {e}; try again later"),
@@ -398,9 +398,11 @@ async fn control(skynet: &Skynet, id: &str, body: &Bytes, kind: Kind) -> Respons
             };
             payload.insert("humanId".into(), json!(human_id));
             if let Some(human) = skynet.registry.by_id_or_name(human_id, true) {
-                skynet
-                    .workspace
-                    .watch(&human.name, &agent.name, kind == Kind::ControlWatch);
+                let on = kind == Kind::ControlWatch;
+                let watched = records::watch(skynet, &human.name, &agent.name, on).await;
+                if let Err(e) = watched {
+                    return fleet_unavailable(&e).into_response();
+                }
             }
             if kind == Kind::ControlWatch {
                 "agent.watch"

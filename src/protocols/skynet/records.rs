@@ -1,21 +1,33 @@
-//! Skynet registrations as records a fleet shares (`core::SharedRecords`): an agent or
-//! human registered through any bridge is listed by every bridge's `GET /api/agents` and
-//! `/api/humans` under the same id, may join through any of them, and is deleted for all.
-//! The fleet's claim on the name is made at registration and moves with the agent to the
-//! bridge it joins through (`Core::move_here`). A bridge alone keeps registrations in its
-//! own tables only.
+//! Skynet state as records a fleet shares (`core::SharedRecords`).
+//!
+//! - Registrations: an agent or human registered through any bridge is listed by every
+//!   bridge's `GET /api/agents` and `/api/humans` under the same id, may join through any
+//!   of them, and is deleted for all. The fleet's claim on the name is made at
+//!   registration and moves with the agent to the bridge it joins through
+//!   (`Core::move_here`).
+//! - Watches: which agents each human watches (`POST /api/agents/:id/watch`), one record
+//!   a pair, so that a human is sent the execution logs of an agent it watches whichever
+//!   bridges the two joined through and whichever bridge was asked.
+//!
+//! A bridge alone keeps registrations in its own tables only, and watches in memory.
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use super::Skynet;
 use super::registry::PROFILES;
-use crate::core::{RecordChange, sink};
+use crate::core::{Expect, RecordChange, RecordError, sink};
 use crate::store::StoreError;
 
-/// Follows the fleet's registrations, when there is a fleet.
+/// The fleet's watches, keyed by `[human, agent]` (names, as JSON).
+const WATCHES: &str = "skynet-watches";
+
+/// Follows the fleet's registrations and watches, when there is a fleet.
 pub fn follow(skynet: &Arc<Skynet>) {
     if let Some(records) = skynet.core.records() {
         records.follow(PROFILES, sink(skynet, "skynet registration", apply));
+        records.follow(WATCHES, sink(skynet, "skynet watch", apply_watch));
     }
 }
 
@@ -25,4 +37,34 @@ async fn apply(skynet: Arc<Skynet>, change: RecordChange) -> Result<(), StoreErr
         skynet.leave(&change.key).await;
     }
     skynet.registry.apply(change).await
+}
+
+/// `human` watches `agent` (`on`) or no longer does: for the whole fleet, when there is
+/// one, then here.
+pub async fn watch(skynet: &Skynet, human: &str, agent: &str, on: bool) -> Result<(), RecordError> {
+    if let Some(records) = skynet.core.records() {
+        let key = serde_json::json!([human, agent]).to_string();
+        if on {
+            let value = Bytes::from_static(b"{}");
+            match records.write(WATCHES, &key, value, Expect::Absent).await {
+                // Watched already.
+                Ok(_) | Err(RecordError::Conflict) => {}
+                Err(e) => return Err(e),
+            }
+        } else {
+            records.remove(WATCHES, &key).await?;
+        }
+    }
+    skynet.workspace.watch(human, agent, on);
+    Ok(())
+}
+
+async fn apply_watch(skynet: Arc<Skynet>, change: RecordChange) -> Result<(), StoreError> {
+    match serde_json::from_str::<(String, String)>(&change.key) {
+        Ok((human, agent)) => (skynet.workspace).watch(&human, &agent, change.value.is_some()),
+        Err(e) => {
+            tracing::warn!(error = %e, key = %change.key, "skynet: a watch record's key is not [human, agent]")
+        }
+    }
+    Ok(())
 }
