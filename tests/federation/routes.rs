@@ -380,15 +380,12 @@ async fn a_synapse_message_keeps_its_ids_across_bridges() {
 #[tokio::test]
 async fn a_skynet_interrupt_reaches_an_agent_joined_through_another_bridge() {
     let fleet = Fleet::start(2).await;
-    let agent = SkynetHttp::new(fleet.nets[1].skynet).agent("scout").await;
-    let (mut scout, _) = SkynetWs::join(fleet.nets[1].skynet, &agent).await;
-    fleet.wait_known(0, "scout").await;
+    let (agent, mut scout) = scout_joined_on_b1(&fleet).await;
     let id = agent["id"].as_str().unwrap();
+    let sk0 = SkynetHttp::new(fleet.nets[0].skynet);
     let path = format!("/api/agents/{id}/interrupt");
     let body = serde_json::json!({ "reason": "stop" });
-    let (status, answer) = SkynetHttp::new(fleet.nets[0].skynet)
-        .post(&path, body)
-        .await;
+    let (status, answer) = sk0.post(&path, body).await;
     assert_eq!(status, 200, "{answer}");
     let interrupt = scout.next_message().await;
     assert_eq!(
@@ -414,9 +411,7 @@ async fn a_watch_asked_of_one_bridge_sends_the_logs_to_a_human_on_another() {
     );
     let boss = sk0.human("boss").await;
     let (mut boss_ws, _) = SkynetWs::join(fleet.nets[0].skynet, &boss).await;
-    let scout = sk1.agent("scout").await;
-    let (mut scout_ws, _) = SkynetWs::join(fleet.nets[1].skynet, &scout).await;
-    fleet.wait_known(0, "scout").await;
+    let (scout, mut scout_ws) = scout_joined_on_b1(&fleet).await;
     let watch = |on: &str| format!("/api/agents/{}/{on}", scout["id"].as_str().unwrap());
     let human = json!({ "humanId": boss["id"] });
     let (status, answer) = sk1.post(&watch("watch"), human.clone()).await;
@@ -468,4 +463,19 @@ async fn a_watch_asked_of_one_bridge_sends_the_logs_to_a_human_on_another() {
     })
     .await;
     fleet.shutdown().await;
+}
+
+/// A Skynet agent, `scout`, registered and joined through b1, once b0 knows it online and
+/// has applied its registration: its card, and its socket.
+async fn scout_joined_on_b1(fleet: &Fleet) -> (serde_json::Value, SkynetWs) {
+    let card = SkynetHttp::new(fleet.nets[1].skynet).agent("scout").await;
+    let (socket, _) = SkynetWs::join(fleet.nets[1].skynet, &card).await;
+    fleet.wait_known(0, "scout").await;
+    let on_b0 = SkynetHttp::new(fleet.nets[0].skynet);
+    let path = format!("/api/agents/{}", card["id"].as_str().unwrap());
+    eventually("b0 has applied scout's registration", async || {
+        on_b0.get(&path).await.0 == 200
+    })
+    .await;
+    (card, socket)
 }
