@@ -117,6 +117,10 @@ async fn what_a_killed_bridge_acknowledged_to_a_tracker_member_is_in_the_fleets_
     fleet.wait_known(0, "coder").await;
 
     let poster = TrackerHttp::new(process.addr("tracker"), "tb-coder");
+    eventually_within("b1 knows the Skynet agent", WAIT, async || {
+        poster.get(&format!("/members/{}", sky.name)).await.0 == 200
+    })
+    .await;
     let (acked_tx, mut acked_rx) = tokio::sync::mpsc::unbounded_channel();
     let posting = tokio::spawn(async move {
         for n in 0.. {

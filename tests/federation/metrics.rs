@@ -57,8 +57,14 @@ async fn a_bridges_fleet_metrics_follow_what_crosses_and_nats_going() {
     sky.chat("metered", "@metered in", None).await;
     let got = program.next_message().await;
     assert!(got.to_string().contains("@metered in"), "{got}");
-    // Out: published by b1, for b0's Skynet agent.
+    // Out: published by b1, for b0's Skynet agent, once b1 knows it.
     let sender = GridHttp::new(process.addr("grid"));
+    eventually("b1 knows the Skynet agent", async || {
+        let (_, listed) = sender.get("/agents").await;
+        let agents = listed["agents"].as_array().cloned().unwrap_or_default();
+        agents.iter().any(|a| a["agent"] == sky.name.as_str())
+    })
+    .await;
     sender
         .send(&grid_request("out-1", "metered", &sky.name))
         .await;

@@ -171,8 +171,8 @@ async fn presence_crosses_bridges_in_every_protocol_naming_the_holders_bridge() 
         Some(json!("b0")),
         "Skynet /api/members"
     );
-    // Its profile too, with the status and bridge b1 gives it: registrations are the
-    // fleet's.
+    // Its profile too, with the status and bridge b1 gives it, once b0 applied the
+    // registration (the fleet's records lag a moment).
     let profile_on = async |skynet| {
         let (_, agents) = SkynetHttp::new(skynet).get("/api/agents").await;
         (agents.as_array().unwrap().iter())
@@ -180,9 +180,14 @@ async fn presence_crosses_bridges_in_every_protocol_naming_the_holders_bridge() 
             .cloned()
             .unwrap_or_default()
     };
-    let profile = profile_on(fleet.nets[0].skynet).await;
-    assert_eq!(profile["bridge"], "b1", "{profile}");
-    assert_eq!(profile, profile_on(fleet.nets[1].skynet).await);
+    eventually("b0 lists scout's profile, held by b1", async || {
+        profile_on(fleet.nets[0].skynet).await["bridge"] == "b1"
+    })
+    .await;
+    assert_eq!(
+        profile_on(fleet.nets[0].skynet).await,
+        profile_on(fleet.nets[1].skynet).await
+    );
 
     // A Tracker member on b1 going busy is a Skynet status change on b0.
     let (mut coder, _) = TrackerWs::auth_subscribed(fleet.nets[1].tracker, "tb-coder").await;
