@@ -412,6 +412,11 @@ async fn a_watch_asked_of_one_bridge_sends_the_logs_to_a_human_on_another() {
     let boss = sk0.human("boss").await;
     let (mut boss_ws, _) = SkynetWs::join(fleet.nets[0].skynet, &boss).await;
     let (scout, mut scout_ws) = scout_joined_on_b1(&fleet).await;
+    let boss_on_b1 = format!("/api/humans/{}", boss["id"].as_str().unwrap());
+    eventually("b1 has applied boss's registration", async || {
+        sk1.get(&boss_on_b1).await.0 == 200
+    })
+    .await;
     let watch = |on: &str| format!("/api/agents/{}/{on}", scout["id"].as_str().unwrap());
     let human = json!({ "humanId": boss["id"] });
     let (status, answer) = sk1.post(&watch("watch"), human.clone()).await;
