@@ -7,21 +7,7 @@ use crate::common::grid::{GridHttp, GridWs};
 use crate::common::nats::Cluster;
 use crate::common::peers::{Proto, What};
 use crate::common::{self, eventually};
-use crate::support::{grid_request, spawn_member};
-
-/// The value of the sample of `name` whose labels include each of `labels` (`key="value"`)
-/// in a Prometheus scrape.
-fn sample(scrape: &str, name: &str, labels: &[&str]) -> Option<f64> {
-    scrape
-        .lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter(|line| {
-            line.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .find(|line| labels.iter().all(|label| line.contains(label)))
-        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
-}
+use crate::support::{grid_request, metric, spawn_member};
 
 async fn scrape(admin: std::net::SocketAddr) -> String {
     let answer = common::http().get(format!("http://{admin}/metrics")).send();
@@ -44,8 +30,8 @@ async fn a_bridges_fleet_metrics_follow_what_crosses_and_nats_going() {
         "b1 counts two bridges, itself included, and is connected",
         async || {
             let scrape = scrape(admin).await;
-            sample(&scrape, "agentbridge_federation_bridges", &[]) == Some(2.0)
-                && sample(&scrape, "agentbridge_federation_connected", &[]) == Some(1.0)
+            metric(&scrape, "agentbridge_federation_bridges") == Some(2.0)
+                && metric(&scrape, "agentbridge_federation_connected") == Some(1.0)
         },
     )
     .await;
@@ -71,14 +57,14 @@ async fn a_bridges_fleet_metrics_follow_what_crosses_and_nats_going() {
     assert_eq!(sky.next(What::Chat).await.text, "out-1");
 
     // Counted as each publish's answer lands, which may come after its delivery.
-    let messages = "agentbridge_federation_messages_total";
     let counted = |taken: &str| {
-        let count = |name: &str, labels: &[&str]| sample(taken, name, labels).unwrap_or_default();
-        count(messages, &["direction=\"in\"", "outcome=\"ok\""]) >= 1.0
-            && count(messages, &["direction=\"out\"", "outcome=\"ok\""]) >= 1.0
-            && count("agentbridge_federation_apply_lag_seconds_count", &[]) >= 1.0
-            && count("agentbridge_federation_publish_duration_seconds_count", &[]) >= 1.0
-            && sample(taken, "agentbridge_federation_outbox", &[]) == Some(0.0)
+        let count = |series: &str| metric(taken, series).unwrap_or_default();
+        count(r#"agentbridge_federation_messages_total{direction="in",outcome="ok"}"#) >= 1.0
+            && count(r#"agentbridge_federation_messages_total{direction="out",outcome="ok"}"#)
+                >= 1.0
+            && count("agentbridge_federation_apply_lag_seconds_count") >= 1.0
+            && count("agentbridge_federation_publish_duration_seconds_count") >= 1.0
+            && metric(taken, "agentbridge_federation_outbox") == Some(0.0)
     };
     eventually(
         "b1 counts a message each way, and nothing in flight",
@@ -91,14 +77,10 @@ async fn a_bridges_fleet_metrics_follow_what_crosses_and_nats_going() {
 
     // NATS gone: b1 says so, and keeps what its own agents say meanwhile to share later.
     let unshared = "agentbridge_federation_unshared";
-    assert_eq!(sample(&taken, unshared, &[]), Some(0.0));
+    assert_eq!(metric(&taken, unshared), Some(0.0));
     cluster.kill(0);
     eventually("b1 is no longer connected", async || {
-        sample(
-            &scrape(admin).await,
-            "agentbridge_federation_connected",
-            &[],
-        ) == Some(0.0)
+        metric(&scrape(admin).await, "agentbridge_federation_connected") == Some(0.0)
     })
     .await;
     sender
@@ -106,7 +88,7 @@ async fn a_bridges_fleet_metrics_follow_what_crosses_and_nats_going() {
         .await;
     assert_eq!(program.next_message().await["id"], "local-1");
     eventually("b1 keeps the local message to share", async || {
-        sample(&scrape(admin).await, unshared, &[]) == Some(1.0)
+        metric(&scrape(admin).await, unshared) == Some(1.0)
     })
     .await;
     drop(process);
