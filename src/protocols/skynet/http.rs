@@ -254,9 +254,7 @@ async fn delete_human(State(skynet): Shared, Path(id): Path<String>) -> Response
 /// Whether a member is connected, as Skynet's server means it: joined (a member in its
 /// grace period included), here or, in a fleet, through another bridge.
 fn is_connected(skynet: &Skynet, profile: &Profile) -> bool {
-    let online_elsewhere = (skynet.core.directory.get(&profile.name))
-        .is_some_and(|a| a.online && a.bridge.is_some() && a.native_id == profile.id);
-    skynet.workspace.is_member(&profile.id) || online_elsewhere
+    skynet.workspace.is_member(&profile.id) || skynet.online_elsewhere(profile).is_some()
 }
 
 /// Deletes by UUID only (a name is not found), never while the member is joined.

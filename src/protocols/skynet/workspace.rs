@@ -422,14 +422,17 @@ impl Skynet {
         if let Some(status) = self.workspace.status_of(&profile.id) {
             return self.held_here(profile.to_json(&status));
         }
-        match self.core.directory.get(&profile.name) {
-            Some(agent)
-                if agent.online && agent.bridge.is_some() && agent.native_id == profile.id =>
-            {
-                self.card_elsewhere(&agent)
-            }
-            _ => profile.to_json("offline"),
+        match self.online_elsewhere(profile) {
+            Some(agent) => self.profile_held(profile, &agent),
+            None => profile.to_json("offline"),
         }
+    }
+
+    /// The agent `profile` registers, while it is online through another bridge of the
+    /// fleet.
+    pub fn online_elsewhere(&self, profile: &Profile) -> Option<AgentInfo> {
+        (self.core.directory.get(&profile.name))
+            .filter(|agent| agent.online && agent.bridge.is_some() && agent.native_id == profile.id)
     }
 
     pub fn member_count(&self) -> usize {
@@ -445,16 +448,24 @@ impl Skynet {
     /// The card of an agent not joined here: a Skynet agent's own profile (registrations
     /// are the fleet's), another protocol's as `foreign_card`; naming its bridge in a fleet.
     fn card_elsewhere(&self, agent: &AgentInfo) -> Value {
-        let profile = (agent.protocol == PROTOCOL)
-            .then(|| self.registry.by_id(&agent.native_id))
-            .flatten();
-        match profile {
-            Some(profile) => held_by(
-                profile.to_json(status_to_skynet(agent.status)),
-                self.core.directory.holding_bridge(agent),
-            ),
+        match self.profile_of(agent) {
+            Some(profile) => self.profile_held(&profile, agent),
             None => self.foreign_card(agent),
         }
+    }
+
+    /// A Skynet agent's registration; none for another protocol's agent.
+    fn profile_of(&self, agent: &AgentInfo) -> Option<Profile> {
+        (agent.protocol == PROTOCOL)
+            .then(|| self.registry.by_id(&agent.native_id))
+            .flatten()
+    }
+
+    /// A Skynet agent's registered profile, with the status and bridge its presence
+    /// carries.
+    fn profile_held(&self, profile: &Profile, agent: &AgentInfo) -> Value {
+        let card = profile.to_json(status_to_skynet(agent.status));
+        held_by(card, self.core.directory.holding_bridge(agent))
     }
 
     /// The card shown for an agent of another protocol: a stable UUIDv5 id, `generic`.
@@ -581,9 +592,9 @@ impl Peers for Skynet {
         }
         let agent = self.core.directory.get(name)?;
         if agent.protocol == PROTOCOL {
-            self.registry.by_id(&agent.native_id)?;
+            return (self.profile_of(&agent)).map(|profile| self.profile_held(&profile, &agent));
         }
-        Some(self.card_elsewhere(&agent))
+        Some(self.foreign_card(&agent))
     }
 }
 
