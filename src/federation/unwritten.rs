@@ -9,10 +9,10 @@
 //! consumer's acknowledgement floor: what waited for a slow reader is kept or sent again,
 //! not lost. A late batch waits, before its acknowledgement, for a heartbeat and a floors
 //! record (below) carrying a floor at or before it to land with no put of either under way
-//! carrying a later one — and, where
-//! the bridge's store keeps the floor too (`StoreFloor`), for the store to keep one at or
-//! before it — or for its deliveries to be written meanwhile; up to `CARRIED_WITHIN` more,
-//! after which it is acknowledged all the same (and that is logged).
+//! carrying a later one — and, where the bridge's store keeps the floor too
+//! (`StoreFloor`), for the store to keep one at or before it — or for its deliveries to be
+//! written meanwhile; up to `CARRIED_WITHIN` more, after which it is acknowledged all the
+//! same (and that is logged).
 //!
 //! A heartbeat also carries each agent's own floor: the oldest batch routed here, late or
 //! not yet acknowledged, whose deliveries to that agent are not yet written
@@ -47,9 +47,10 @@ use super::wire::Unwritten;
 use super::written::{WRITTEN_WITHIN, Written};
 
 /// How long past `WRITTEN_WITHIN` a late batch waits for a heartbeat, the floors record and
-/// the store to carry it: after that (NATS away, puts or the store failing) it is acknowledged
-/// all the same, so that applying goes on. Counted from when the batch was queued, so that
-/// batches late at once wait out one such stretch between them, not one each.
+/// the store to carry it: after that (NATS away, puts or the store failing) it is
+/// acknowledged all the same, so that applying goes on. Counted from when the batch was
+/// queued, so that batches late at once wait out one such stretch between them, not one
+/// each.
 pub(super) const CARRIED_WITHIN: Duration = Duration::from_secs(2);
 
 /// How long a wait for a put lets a carrier whose last put failed rest before it asks

@@ -9,8 +9,9 @@ use crate::telemetry;
 
 /// How long an acknowledgement waits for the batch's deliveries to be written: past this,
 /// the batch is late, and acknowledged once the heartbeat and the floors record carry
-/// where it starts (`UnwrittenFloor`). Well within the consumer's `ack_wait`, and short enough that a slow
-/// reader does not hold back applying once `max_ack_pending` messages of the stream wait.
+/// where it starts (`UnwrittenFloor`). Well within the consumer's `ack_wait`, and short
+/// enough that a slow reader does not hold back applying once `max_ack_pending` messages
+/// of the stream wait.
 pub(super) const WRITTEN_WITHIN: Duration = Duration::from_secs(5);
 
 /// What tells that a batch's deliveries here are done: written, kept or dropped.
