@@ -144,9 +144,13 @@ async fn presence_crosses_bridges_in_every_protocol_naming_the_holders_bridge() 
         .unwrap()
         .into_inner()
         .agents;
-    let prog_info = agents.iter().find(|a| a.agent_id == "prog");
+    let info = |name: &str| agents.iter().find(|a| a.agent_id == name);
     assert!(
-        prog_info.is_some_and(|a| a.is_active && a.system_id == "grid"),
+        info("prog").is_some_and(|a| a.is_active && a.system_id == "grid" && a.endpoint == "b1"),
+        "Synapse ListAgents names the holder's bridge as the endpoint: {agents:?}"
+    );
+    assert!(
+        info("boss").is_some_and(|a| a.endpoint == "b0"),
         "Synapse ListAgents: {agents:?}"
     );
 

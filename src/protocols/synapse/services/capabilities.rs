@@ -132,29 +132,33 @@ impl CapabilitiesService for SynapseApi {
     /// Every agent the bridge knows, whatever its protocol (`system_id`); not the bridge
     /// itself (the directory does not list it), which is the service answering rather
     /// than a peer (`GetCapabilities`).
+    /// `endpoint` is the agent's own Synapse endpoint where this bridge holds one; in a
+    /// fleet, otherwise, the bridge that holds the agent (the address it is reached at),
+    /// as `AgentInfo` has no field of its own for that.
     async fn list_agents(
         &self,
         _request: Request<()>,
     ) -> Result<Response<ListAgentsResponse>, Status> {
-        let agents: Vec<AgentInfoPb> = self
-            .synapse
-            .core
-            .directory
+        let directory = &self.synapse.core.directory;
+        let agents: Vec<AgentInfoPb> = directory
             .list()
             .into_iter()
-            .map(|a| AgentInfoPb {
-                id: a.native_id.clone(),
-                agent_id: a.name.clone(),
-                agent_name: a.description.clone().unwrap_or_else(|| a.name.clone()),
-                system_id: a.protocol.to_owned(),
-                endpoint: self
-                    .synapse
-                    .agents
-                    .get(&a.name)
+            .map(|a| {
+                let own_endpoint = (self.synapse.agents.get(&a.name))
                     .map(|s| s.endpoint.clone())
-                    .unwrap_or_default(),
-                is_active: a.online,
-                trust_level: 0,
+                    .filter(|endpoint| !endpoint.is_empty());
+                let endpoint = own_endpoint
+                    .or_else(|| directory.holding_bridge(&a).map(str::to_owned))
+                    .unwrap_or_default();
+                AgentInfoPb {
+                    id: a.native_id.clone(),
+                    agent_id: a.name.clone(),
+                    agent_name: a.description.clone().unwrap_or_else(|| a.name.clone()),
+                    system_id: a.protocol.to_owned(),
+                    endpoint,
+                    is_active: a.online,
+                    trust_level: 0,
+                }
             })
             .collect();
         Ok(Response::new(ListAgentsResponse {
