@@ -745,6 +745,50 @@ async fn control_endpoints_reach_only_the_agent_and_are_not_stored() {
     w.bridge.shutdown().await;
 }
 
+/// A registration deleted takes its watches with it: a human or agent registered later
+/// under its name starts with none.
+#[tokio::test]
+async fn a_deleted_registrations_watches_go_with_it() {
+    let w = world_with("disconnect_grace_ms = 150").await;
+    let log = |summary: &str| json!({ "type": "execution.log", "payload": { "event": "thinking", "summary": summary, "level": "info" } });
+    let watch = async |agent: &Value, human: &Value| {
+        let path = format!("/api/agents/{}/watch", id(agent));
+        let (status, _) = w.http.post(&path, json!({ "humanId": id(human) })).await;
+        assert_eq!(status, 200);
+    };
+
+    // A human who was never joined watches `a`, and is deleted.
+    let a = w.http.agent("a").await;
+    let (mut ws_a, _) = SkynetWs::join(w.addr, &a).await;
+    let gone = w.http.human("boss").await;
+    watch(&a, &gone).await;
+    assert_eq!(ws_a.next_message().await["type"], "agent.watch");
+    let path = format!("/api/humans/{}", id(&gone));
+    assert_eq!(w.http.delete(&path).await.0, 200);
+
+    // A human of the same name is not sent `a`'s logs.
+    let boss = w.http.human("boss").await;
+    let (mut ws_boss, _) = SkynetWs::join(w.addr, &boss).await;
+    ws_a.chat_with(log("for the old boss")).await;
+    ws_a.chat("sentinel").await;
+    next_is(&mut ws_boss, "sentinel").await;
+
+    // The new boss watches `a`; `a` leaves and is deleted; an agent of the same name is
+    // not watched.
+    watch(&a, &boss).await;
+    ws_a.close().await;
+    assert_eq!(ws_boss.next_message().await["type"], "agent.leave");
+    let path = format!("/api/agents/{}", id(&a));
+    assert_eq!(w.http.delete(&path).await.0, 200);
+    let again = w.http.agent("a").await;
+    let (mut ws_again, _) = SkynetWs::join(w.addr, &again).await;
+    assert_eq!(ws_boss.next_message().await["type"], "agent.join");
+    ws_again.chat_with(log("from the new a")).await;
+    ws_again.chat("sentinel again").await;
+    next_is(&mut ws_boss, "sentinel again").await;
+    w.bridge.shutdown().await;
+}
+
 #[tokio::test]
 async fn history_paginates_by_timestamp() {
     let w = world().await;

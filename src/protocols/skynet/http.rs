@@ -276,7 +276,11 @@ async fn delete(skynet: &Skynet, id: &str, human: bool) -> Response {
     if is_connected(skynet, &profile) {
         return error(StatusCode::CONFLICT, connected);
     }
-    // An agent's schedules go first, as Skynet's server deletes them: a failure leaves the
+    // Its watches go first, and a failure leaves the registration to be deleted again.
+    if let Err(e) = records::forget_watches(skynet, &profile.name).await {
+        return fleet_unavailable(&e).into_response();
+    }
+    // Then an agent's schedules, as Skynet's server deletes them: a failure leaves the
     // agent, to be deleted again.
     let mut deleted_schedules = None;
     if !human {

@@ -59,6 +59,16 @@ pub async fn watch(skynet: &Skynet, human: &str, agent: &str, on: bool) -> Resul
     Ok(())
 }
 
+/// Forgets every watch `name` is in, as the human or as the agent, for the whole fleet:
+/// a registration deleted takes its watches with it, so that one made later under its
+/// name starts with none.
+pub async fn forget_watches(skynet: &Skynet, name: &str) -> Result<(), RecordError> {
+    for (human, agent) in skynet.workspace.watches_of(name) {
+        watch(skynet, &human, &agent, false).await?;
+    }
+    Ok(())
+}
+
 async fn apply_watch(skynet: Arc<Skynet>, change: RecordChange) -> Result<(), StoreError> {
     match serde_json::from_str::<(String, String)>(&change.key) {
         Ok((human, agent)) => (skynet.workspace).watch(&human, &agent, change.value.is_some()),

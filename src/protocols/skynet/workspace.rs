@@ -119,6 +119,20 @@ impl Workspace {
             set.remove(agent);
         }
     }
+
+    /// The watches `name` is in, as the human or as the agent: `(human, agent)` pairs.
+    pub fn watches_of(&self, name: &str) -> Vec<(String, String)> {
+        let mut pairs = Vec::new();
+        for entry in self.watching.iter() {
+            let human = entry.key();
+            for agent in entry.value() {
+                if human == name || agent == name {
+                    pairs.push((human.clone(), agent.clone()));
+                }
+            }
+        }
+        pairs
+    }
 }
 
 /// A Skynet connection's say in routing: humans observe everything but execution logs of
