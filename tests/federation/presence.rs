@@ -205,6 +205,13 @@ async fn presence_crosses_bridges_in_every_protocol_naming_the_holders_bridge() 
         skynet_status(&mut boss_ws, &coder_card).await,
         json!({ "agentId": coder_card, "status": "busy" })
     );
+    // b0's Tracker shows its own member online and busy through b1.
+    let (_, member) = tracker.get("/members/coder").await;
+    assert_eq!(
+        (&member["is_online"], &member["status"], &member["bridge"]),
+        (&json!(true), &json!("busy"), &json!("b1")),
+        "Tracker /members on b0: {member}"
+    );
 
     // Leaving crosses too (the Tracker's `agent.status` is `online | offline` alone).
     drop(prog);

@@ -16,7 +16,20 @@ use crate::shared::clock::iso8601;
 use crate::store::StoreError;
 
 impl Tracker {
+    /// A member as `/members` shows it: online while it has a connection here or, in a
+    /// fleet, through another bridge (whose presence the directory has).
     fn member_out(&self, m: &MemberRow) -> MemberOut {
+        let agent = self.core.directory.get(&m.slug);
+        let online_elsewhere = (agent.as_ref())
+            .filter(|a| a.online && a.bridge.is_some() && a.protocol == PROTOCOL)
+            .filter(|_| !self.members.is_online(&m.slug));
+        let (status, is_online) = match online_elsewhere {
+            Some(a) => (a.status.as_str(), true),
+            None => (
+                self.members.status(&m.slug),
+                self.members.is_online(&m.slug),
+            ),
+        };
         MemberOut {
             id: m.id.clone(),
             slug: m.slug.clone(),
@@ -27,11 +40,11 @@ impl Tracker {
             task_listen: m.task_listen,
             prompt: m.prompt.clone(),
             model: m.model.clone(),
-            status: self.members.status(&m.slug).to_owned(),
-            is_online: self.members.is_online(&m.slug),
+            status: status.to_owned(),
+            is_online,
             protocol: PROTOCOL.to_owned(),
-            bridge: (self.core.directory.get(&m.slug))
-                .and_then(|a| self.core.directory.holding_bridge(&a).map(str::to_owned)),
+            bridge: (agent.as_ref())
+                .and_then(|a| self.core.directory.holding_bridge(a).map(str::to_owned)),
             created_at: iso8601(m.created_at),
         }
     }
