@@ -142,10 +142,17 @@ impl FleetClaims {
                     let same = held.is_for(info);
                     // Not known while NATS does not answer (a stream electing its leader):
                     // asked again rather than decided, as for the claim itself.
-                    let Some(alive) = self.is_alive(ready, &held.bridge).await else {
+                    let Some(heartbeat_kept) = self.is_alive(ready, &held.bridge).await else {
                         tokio::time::sleep(RETRY_AFTER).await;
                         continue;
                     };
+                    // The same agent moving from a bridge this one has taken for gone (no
+                    // heartbeat for a TTL, its agents shown offline) is let through at
+                    // once, not refused until the bucket forgets the heartbeat.
+                    let moving_from_gone = same
+                        && how != Claiming::Registration
+                        && self.directory.is_gone(&held.bridge);
+                    let alive = heartbeat_kept && !moving_from_gone;
                     // Only the same agent's move or hold asks where it is online.
                     let online = match same && alive && how != Claiming::Registration {
                         false => false,
