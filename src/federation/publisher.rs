@@ -380,7 +380,12 @@ impl Publisher {
         deadline: Instant,
     ) -> bool {
         loop {
-            if !self.link.reconnected(deadline).await {
+            // NATS wholly away is not waited for past the time a failover is given.
+            if !self
+                .link
+                .reconnected(self.link.failover_deadline(deadline))
+                .await
+            {
                 return false;
             }
             let connection = self.link.connection();
