@@ -9,6 +9,8 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields, default)]
 pub struct FederationConfig {
     /// The NATS servers of one cluster with JetStream; the client fails over between them.
+    /// A list, or one string of URLs separated by commas, as `NATS_URL` takes them.
+    #[serde(deserialize_with = "servers")]
     pub nats: Vec<String>,
     /// This bridge's name in the fleet, unique in it; by default the host name, each
     /// character a bridge id does not take ('.' of a dotted name) made '-'.
@@ -81,6 +83,24 @@ impl FederationConfig {
     }
 }
 
+/// `nats`: a list of URLs, or one string of them separated by commas.
+fn servers<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Servers {
+        Many(Vec<String>),
+        One(String),
+    }
+    Ok(match Servers::deserialize(de)? {
+        Servers::Many(urls) => urls,
+        Servers::One(urls) => (urls.split(','))
+            .map(str::trim)
+            .filter(|url| !url.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    })
+}
+
 /// A host name as a bridge id, which subjects, keys and the consumer's name take whole:
 /// letters, digits, '-' and '_'; any other character (the dots of a fully qualified name)
 /// becomes '-'. Two hosts whose names differ only there get one id: give them each their
@@ -138,5 +158,18 @@ mod tests {
         assert_eq!(config.tls_cert, Some(PathBuf::from("c.pem")));
         assert_eq!(config.tls_key, Some(PathBuf::from("k.pem")));
         assert!(toml::from_str::<FederationConfig>("tls_cafile = 'x'").is_err());
+    }
+
+    #[test]
+    fn the_servers_are_a_list_or_one_string_of_urls() {
+        let nats = |toml: &str| toml::from_str::<FederationConfig>(toml).map(|c| c.nats);
+        let both = vec!["nats://a:4222".to_owned(), "nats://b:4222".to_owned()];
+        assert_eq!(
+            nats("nats = ['nats://a:4222', 'nats://b:4222']").unwrap(),
+            both
+        );
+        assert_eq!(nats("nats = 'nats://a:4222, nats://b:4222'").unwrap(), both);
+        assert_eq!(nats("nats = 'nats://a:4222'").unwrap(), &both[..1]);
+        assert!(nats("nats = 4222").is_err());
     }
 }
