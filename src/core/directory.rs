@@ -83,6 +83,11 @@ pub struct AgentInfo {
     /// delivers to it, and keeps its mail while it is away.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bridge: Option<String>,
+    /// Whether, online through another bridge, it has a connection open there (one with
+    /// none is a Skynet member waiting out its grace period): only a connected agent
+    /// keeps its name from its own move here.
+    #[serde(skip)]
+    pub connected: bool,
 }
 
 impl AgentInfo {
@@ -100,6 +105,7 @@ impl AgentInfo {
             created_at: super::envelope::now_ms(),
             listed: true,
             bridge: None,
+            connected: true,
         }
     }
 
@@ -156,9 +162,11 @@ impl NameTaken {
 }
 
 /// Whether `current`, registered under a name, keeps it from `info`: another agent (of
-/// another protocol, or another native id), or one online on another bridge of the fleet.
+/// another protocol, or another native id), or one online on another bridge of the fleet
+/// with a connection open there.
 fn keeps_from(current: &AgentInfo, info: &AgentInfo) -> bool {
-    !current.is_same_agent(info) || (current.bridge.is_some() && current.online)
+    !current.is_same_agent(info)
+        || (current.bridge.is_some() && current.online && current.connected)
 }
 
 type Map<K, V> = DashMap<K, V, foldhash::fast::RandomState>;

@@ -200,13 +200,14 @@ impl FleetClaims {
         Err(NameTaken::unsettled(&info.name))
     }
 
-    /// Whether the fleet's card of `info`'s agent shows it online through `bridge`; `None`
+    /// Whether the fleet's card of `info`'s agent shows it online through `bridge`, with a
+    /// connection open there (one waiting out a grace period with none may move); `None`
     /// when NATS did not answer.
     async fn online_at(&self, ready: &Ready, info: &AgentInfo, bridge: &str) -> Option<bool> {
         match ready.agents.get(agent_key(&info.name)).await {
             Ok(Some(value)) => Some(
                 serde_json::from_slice::<Card>(&value)
-                    .is_ok_and(|card| card.online && card.bridge == bridge),
+                    .is_ok_and(|card| card.online && card.connected && card.bridge == bridge),
             ),
             Ok(None) => Some(false),
             Err(_) => None,

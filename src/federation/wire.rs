@@ -219,6 +219,7 @@ impl Card {
         info.created_at = self.created_at;
         info.listed = self.listed;
         info.bridge = Some(self.bridge);
+        info.connected = self.connected;
         Some(info)
     }
 }

@@ -590,6 +590,63 @@ async fn a_name_held_only_for_a_member_in_its_grace_period_goes_to_the_bridge_it
     assert!(held["online"] == true && held["bridge"].is_null(), "{held}");
 }
 
+/// A Skynet agent whose socket dropped on one bridge with no leave (it waits out its grace
+/// period there) joins through another at once: a member with no connection open does not
+/// keep its name from its own move. The bridge it left lists it once, as the other's, and
+/// routes to it there.
+#[tokio::test]
+async fn a_skynet_agent_waiting_out_its_grace_period_joins_through_another_bridge() {
+    use serde_json::json;
+    let fleet = Fleet::start(2).await;
+    let sk0 = SkynetHttp::new(fleet.nets[0].skynet);
+    let roamer = sk0.agent("roamer").await;
+    let (on_b0, _) = SkynetWs::join(fleet.nets[0].skynet, &roamer).await;
+    let on_b1_directory = &fleet.nets[1].bridge.core().directory;
+    eventually("b1 shows roamer online through b0", async || {
+        (on_b1_directory.get("roamer"))
+            .is_some_and(|a| a.online && a.bridge.as_deref() == Some("b0"))
+    })
+    .await;
+    let sk1 = SkynetHttp::new(fleet.nets[1].skynet);
+    let id = roamer["id"].as_str().unwrap();
+    eventually("b1 has roamer's registration", async || {
+        sk1.get(&format!("/api/agents/{id}")).await.0 == 200
+    })
+    .await;
+    on_b0.close().await;
+    eventually("b1 hears roamer has no socket open on b0", async || {
+        (on_b1_directory.get("roamer")).is_some_and(|a| a.online && !a.connected)
+    })
+    .await;
+
+    let mut on_b1 = SkynetWs::connect(fleet.nets[1].skynet).await;
+    on_b1.action("join", json!({ "agent": roamer })).await;
+    let answer = on_b1.next().await;
+    assert_eq!(answer["event"], "workspace.state", "{answer}");
+
+    eventually("b0 lists roamer once, held by b1", async || {
+        let (_, members) = sk0.get("/api/members").await;
+        let held: Vec<_> = (members.as_array().into_iter().flatten())
+            .filter(|card| card["name"] == "roamer")
+            .map(|card| card["bridge"].clone())
+            .collect();
+        held == [json!("b1")]
+    })
+    .await;
+    assert_eq!(sk0.get("/health").await.1["memberCount"], 1);
+    let caller = sk0.agent("caller").await;
+    let (mut caller, _) = SkynetWs::join(fleet.nets[0].skynet, &caller).await;
+    caller.chat("@roamer after the move").await;
+    loop {
+        let message = on_b1.next_message().await;
+        if message["type"] == "chat" {
+            assert_eq!(message["payload"]["text"], "@roamer after the move");
+            break;
+        }
+    }
+    fleet.shutdown().await;
+}
+
 /// How long a clash found as NATS comes back may take to be settled on a loaded machine:
 /// the stream and buckets elect their leaders again, cards are put again after failed
 /// puts, and a clash is settled seconds after it is found.

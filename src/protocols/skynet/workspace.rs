@@ -75,8 +75,10 @@ impl Workspace {
         self.next_conn.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub fn member_count(&self) -> usize {
-        self.members.lock().by_id.len()
+    /// The members `listed` takes, by name.
+    pub fn member_count(&self, listed: impl Fn(&str) -> bool) -> usize {
+        let members = self.members.lock();
+        members.by_id.values().filter(|m| listed(&m.name)).count()
     }
 
     /// Joined, whether or not its socket is open (a member in its grace period is joined).
@@ -101,10 +103,12 @@ impl Workspace {
             .map(|m| Value::Object(m.card.clone()))
     }
 
-    /// The joined Skynet members' cards, in join order.
-    pub fn cards(&self) -> Vec<Value> {
+    /// The cards of the joined Skynet members `listed` takes by name, in join order.
+    pub fn cards(&self, listed: impl Fn(&str) -> bool) -> Vec<Value> {
         let members = self.members.lock();
-        let mut list: Vec<&Member> = members.by_id.values().collect();
+        let mut list: Vec<&Member> = (members.by_id.values())
+            .filter(|m| listed(&m.name))
+            .collect();
         list.sort_by_key(|m| m.seq);
         list.iter().map(|m| Value::Object(m.card.clone())).collect()
     }
@@ -420,7 +424,8 @@ impl Skynet {
     /// elsewhere (other protocols' agents, and in a fleet Skynet agents joined through
     /// other bridges) as cards.
     pub fn member_cards(&self) -> Vec<Value> {
-        let mut cards: Vec<Value> = (self.workspace.cards().into_iter())
+        let mut cards: Vec<Value> = (self.workspace.cards(|name| self.listed_here(name)))
+            .into_iter()
             .map(|card| self.held_here(card))
             .collect();
         for peer in self.core.directory.online_foreign(PROTOCOL) {
@@ -433,7 +438,9 @@ impl Skynet {
     /// joined here, or in a fleet online through another bridge (which it names);
     /// offline otherwise.
     pub fn profile_card(&self, profile: &Profile) -> Value {
-        if let Some(status) = self.workspace.status_of(&profile.id) {
+        if let Some(status) = self.workspace.status_of(&profile.id)
+            && self.listed_here(&profile.name)
+        {
             return self.held_here(profile.to_json(&status));
         }
         match self.online_elsewhere(profile) {
@@ -450,7 +457,16 @@ impl Skynet {
     }
 
     pub fn member_count(&self) -> usize {
-        self.workspace.member_count() + self.core.directory.online_foreign(PROTOCOL).len()
+        let here = self.workspace.member_count(|name| self.listed_here(name));
+        here + self.core.directory.online_foreign(PROTOCOL).len()
+    }
+
+    /// Whether a member joined here is listed as this bridge's: not one waiting out its
+    /// grace period whose agent joined through another bridge since, which the fleet gave
+    /// the name to (listed as that bridge's; its leave, when the grace period ends, is not
+    /// announced).
+    fn listed_here(&self, name: &str) -> bool {
+        !self.core.directory.held_elsewhere(name)
     }
 
     /// The card of a member joined here, naming this bridge in a fleet (as every card
@@ -601,7 +617,9 @@ impl Peers for Skynet {
     }
 
     fn card(&self, name: &str) -> Option<Value> {
-        if let Some(card) = self.workspace.card_of_name(name) {
+        if let Some(card) = self.workspace.card_of_name(name)
+            && self.listed_here(name)
+        {
             return Some(self.held_here(card));
         }
         let agent = self.core.directory.get(name)?;
