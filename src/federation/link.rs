@@ -35,12 +35,6 @@ const MAX_ACK_PENDING: i64 = 16_384;
 /// How often a wait for the client to reconnect looks at its state without an event.
 const RECHECK_AFTER: Duration = Duration::from_millis(100);
 
-/// How long a disconnected client is given to reconnect to another server of the cluster
-/// before a message for another bridge is refused at once (at most `publish_timeout_ms`):
-/// a server failing over takes the client well under this, and NATS wholly away is told
-/// to senders this soon rather than after a publish's whole wait.
-const FAILOVER_WITHIN: Duration = Duration::from_secs(2);
-
 /// What the bridge uses once JetStream is set up.
 pub struct Ready {
     pub js: jetstream::Context,
@@ -69,8 +63,7 @@ pub struct NatsLink {
     ready: ArcSwapOption<Ready>,
     readiness: Readiness,
     /// Since when the client has been disconnected. A server failing over is ridden out
-    /// (messages wait for the client to reconnect); past `failover_within` NATS is
-    /// unreachable.
+    /// (messages wait for the client to reconnect); past `grace` NATS is unreachable.
     disconnected_since: parking_lot::Mutex<Option<Instant>>,
     /// Why the client's last try to connect failed, while it is not connected (shown by
     /// `/readyz`: an authorization violation is the operator's to mend).
@@ -79,8 +72,7 @@ pub struct NatsLink {
     id_taken_by: parking_lot::Mutex<Option<String>>,
     /// Held while `update_readiness` works out and sets what it says.
     updating_readiness: parking_lot::Mutex<()>,
-    publish_timeout: Duration,
-    failover_within: Duration,
+    grace: Duration,
     /// Changed whenever the client connects (`reconnected`, `connected_after`).
     connections: tokio::sync::watch::Sender<()>,
     /// Where this bridge has routed the stream up to (`apply`).
@@ -144,8 +136,7 @@ impl NatsLink {
             connect_failed: parking_lot::Mutex::new(None),
             id_taken_by: parking_lot::Mutex::new(None),
             updating_readiness: parking_lot::Mutex::new(()),
-            publish_timeout: Duration::from_millis(config.publish_timeout_ms),
-            failover_within: FAILOVER_WITHIN.min(Duration::from_millis(config.publish_timeout_ms)),
+            grace: Duration::from_millis(config.publish_timeout_ms),
             connections: tokio::sync::watch::Sender::new(()),
             routed: Routed::default(),
         });
@@ -201,8 +192,7 @@ impl NatsLink {
     /// up, or the client has been disconnected for longer than a failover takes.
     pub fn unreachable(&self) -> bool {
         let away = *self.disconnected_since.lock();
-        self.ready.load().is_none()
-            || away.is_some_and(|since| since.elapsed() > self.failover_within)
+        self.ready.load().is_none() || away.is_some_and(|since| since.elapsed() > self.grace)
     }
 
     /// Waits until the client is connected, or `deadline`; whether it is.
@@ -223,14 +213,13 @@ impl NatsLink {
     }
 
     /// The stream and buckets once the client is connected: a server failing over is
-    /// waited out (the client reconnects to another) for as long as a publish waits, and
-    /// no longer than a failover is given; none at once when NATS has been away longer
-    /// than that (`unreachable`).
+    /// waited out (the client reconnects to another) for as long as a publish waits;
+    /// none at once when NATS has been away longer than that (`unreachable`).
     pub async fn ready_after_failover(&self) -> Option<Arc<Ready>> {
         if let Some(ready) = self.ready() {
             return Some(ready);
         }
-        let deadline = self.failover_deadline(std::time::Instant::now() + self.publish_timeout());
+        let deadline = std::time::Instant::now() + self.publish_timeout();
         if self.unreachable() || !self.reconnected(deadline).await {
             return None;
         }
@@ -256,16 +245,7 @@ impl NatsLink {
 
     /// How long a publish waits for JetStream's answer (`publish_timeout_ms`).
     pub fn publish_timeout(&self) -> Duration {
-        self.publish_timeout
-    }
-
-    /// `deadline`, or sooner when the client has been disconnected: the end of the time a
-    /// failover is given (`FAILOVER_WITHIN`), past which waiting to reconnect is over.
-    pub fn failover_deadline(&self, deadline: std::time::Instant) -> std::time::Instant {
-        match *self.disconnected_since.lock() {
-            Some(since) => deadline.min((since + self.failover_within).into_std()),
-            None => deadline,
-        }
+        self.grace
     }
 
     pub fn is_connected(&self) -> bool {

@@ -380,12 +380,7 @@ impl Publisher {
         deadline: Instant,
     ) -> bool {
         loop {
-            // NATS wholly away is not waited for past the time a failover is given.
-            if !self
-                .link
-                .reconnected(self.link.failover_deadline(deadline))
-                .await
-            {
+            if !self.link.reconnected(deadline).await {
                 return false;
             }
             let connection = self.link.connection();
