@@ -18,8 +18,8 @@
 #   READY_TIMEOUT             seconds to wait for /readyz (default 30)
 #   KEEP=1                    keep the work directory (image store, exported root, logs)
 #
-# Exit status: 0 passed; 77 skipped (podman missing, or not root: chroot needs root), with
-# the reason on stderr; anything else failed.
+# Exit status: 0 passed; 77 skipped (podman missing or unable to run here, or not root:
+# chroot needs root), with the reason on stderr; anything else failed.
 set -euo pipefail
 
 SKIPPED=77
@@ -73,6 +73,13 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+# A machine where podman is installed but cannot work (no overlay or user namespaces, as in
+# some containers) cannot build the image at all: that is a skip, not a failure.
+if ! "${podman[@]}" info >"$work/podman-info.log" 2>&1; then
+    say "skipped: podman cannot run here: $(tail -1 "$work/podman-info.log")"
+    exit "$SKIPPED"
+fi
 
 # --- the base images ---------------------------------------------------------------------
 say "making the base images from $BINARY"
