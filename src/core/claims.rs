@@ -160,7 +160,7 @@ pub async fn claim_to_the_end(
     let (answer, answered) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let lock = locks.lock(&info.name).await;
-        let claimed = match directory.check_claim(&info) {
+        let claimed = match directory.check_claim(&info, how == Claiming::Move) {
             Ok(()) => claims.claim(&info, how).await,
             Err(taken) => Err(taken),
         };

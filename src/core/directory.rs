@@ -162,11 +162,14 @@ impl NameTaken {
 }
 
 /// Whether `current`, registered under a name, keeps it from `info`: another agent (of
-/// another protocol, or another native id), or one online on another bridge of the fleet
-/// with a connection open there.
-fn keeps_from(current: &AgentInfo, info: &AgentInfo) -> bool {
-    !current.is_same_agent(info)
-        || (current.bridge.is_some() && current.online && current.connected)
+/// another protocol, or another native id), or the same one online on another bridge of
+/// the fleet — unless `info` is its move here (`moving`) and it has no connection open
+/// there (a Skynet member waiting out its grace period).
+fn keeps_from(current: &AgentInfo, info: &AgentInfo, moving: bool) -> bool {
+    if !current.is_same_agent(info) {
+        return true;
+    }
+    current.bridge.is_some() && current.online && (current.connected || !moving)
 }
 
 type Map<K, V> = DashMap<K, V, foldhash::fast::RandomState>;
@@ -212,7 +215,17 @@ impl Directory {
     /// Claims `info.name` for the agent. Re-registering the same agent (same protocol and
     /// native id) updates its profile and keeps its presence.
     pub fn register(&self, info: AgentInfo) -> Result<(), NameTaken> {
-        let registered = self.claim(info);
+        let registered = self.claim(info, false);
+        if registered.is_ok() {
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+        registered
+    }
+
+    /// Registers `info` as its agent's move here from another bridge of the fleet: as
+    /// `register`, but over its own entry online there with no connection open.
+    pub fn register_moved(&self, info: AgentInfo) -> Result<(), NameTaken> {
+        let registered = self.claim(info, true);
         if registered.is_ok() {
             self.generation.fetch_add(1, Ordering::Release);
         }
@@ -233,22 +246,28 @@ impl Directory {
         })
     }
 
-    /// Whether `register(info)` would be refused, without registering.
-    pub fn check_claim(&self, info: &AgentInfo) -> Result<(), NameTaken> {
+    /// Whether `register(info)` would be refused (`register_moved`, when `moving`),
+    /// without registering.
+    pub fn check_claim(&self, info: &AgentInfo, moving: bool) -> Result<(), NameTaken> {
         match self.by_name.get(&info.name) {
-            Some(current) if keeps_from(&current, info) => Err(NameTaken::by(&current)),
+            Some(current) if keeps_from(&current, info, moving) => Err(NameTaken::by(&current)),
             _ => Ok(()),
         }
     }
 
-    fn claim(&self, info: AgentInfo) -> Result<(), NameTaken> {
+    fn claim(&self, info: AgentInfo, moving: bool) -> Result<(), NameTaken> {
         match self.by_name.entry(info.name.clone()) {
             Entry::Occupied(mut held) => {
                 let current = held.get();
-                if keeps_from(current, &info) {
+                if keeps_from(current, &info, moving) {
                     return Err(NameTaken::by(current));
                 }
-                let (online, status) = (current.online, current.status);
+                // Presence is this bridge's own: what another bridge's entry said of the
+                // agent there is not carried here.
+                let (online, status) = match current.bridge {
+                    Some(_) => (false, Status::Offline),
+                    None => (current.online, current.status),
+                };
                 held.insert(AgentInfo {
                     online,
                     status,
@@ -643,6 +662,31 @@ mod tests {
         assert_eq!(a.status, Status::Busy);
         assert_eq!(dir.online_foreign("beta").len(), 1);
         assert!(dir.online_foreign("alpha").is_empty());
+    }
+
+    /// An agent online through another bridge with no connection open there (a Skynet
+    /// member waiting out its grace period) is taken by its own move alone, and its
+    /// presence there is not carried here.
+    #[test]
+    fn only_its_own_move_takes_a_name_online_elsewhere_with_no_connection_open() {
+        let dir = Directory::new();
+        let mut there = AgentInfo::new("roamer", "skynet", "id-1");
+        there.bridge = Some("b0".into());
+        (there.online, there.status, there.connected) = (true, Status::Online, true);
+        dir.register_replica(there.clone());
+        let here = AgentInfo::new("roamer", "skynet", "id-1");
+        assert!(dir.check_claim(&here, true).is_err(), "connected there");
+        there.connected = false;
+        dir.register_replica(there);
+        assert!(dir.check_claim(&here, false).is_err());
+        assert!(
+            dir.register(here.clone()).is_err(),
+            "a registration is no move"
+        );
+        assert!(dir.check_claim(&here, true).is_ok());
+        dir.register_moved(here).unwrap();
+        let now = dir.get("roamer").unwrap();
+        assert!(now.bridge.is_none() && !now.online, "{now:?}");
     }
 
     #[test]

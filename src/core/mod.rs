@@ -281,7 +281,8 @@ impl Core {
     }
 
     async fn claim(&self, info: AgentInfo, how: Claiming) -> Result<(), NameTaken> {
-        self.directory.check_claim(&info)?;
+        let moving = how == Claiming::Move;
+        self.directory.check_claim(&info, moving)?;
         // The same agent, held by another bridge: it stays there until it connects here
         // (`claim_move`).
         let held_elsewhere = (self.directory.get(&info.name))
@@ -289,13 +290,17 @@ impl Core {
         if how == Claiming::Held && held_elsewhere {
             return Ok(());
         }
+        let register = |info| match moving {
+            true => self.directory.register_moved(info),
+            false => self.directory.register(info),
+        };
         let Some(claims) = self.claims.get() else {
-            return self.directory.register(info);
+            return register(info);
         };
         let locks = &self.claim_locks;
         let claimed =
             claims::claim_to_the_end(locks, claims, &self.directory, &info, how, None).await?;
-        let registered = self.directory.register(info);
+        let registered = register(info);
         // Given up unless the directory holds the name here now.
         drop(claimed);
         registered

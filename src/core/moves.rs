@@ -157,7 +157,7 @@ impl Core {
             let Some(from) = info.bridge.take() else {
                 return Ok(None);
             };
-            self.directory.check_claim(&info)?;
+            self.directory.check_claim(&info, false)?;
             let Some(claims) = self.claims.get() else {
                 return Ok(Some(MoveClaim {
                     info,

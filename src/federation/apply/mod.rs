@@ -590,7 +590,15 @@ impl Applier {
                 // Its own bridge delivered it while NATS was away; the others keep it.
                 continue;
             }
-            if let Some(info) = agent.and_then(|card| card.into_info()) {
+            if let Some(mut info) = agent.and_then(|card| card.into_info()) {
+                // Made with its presence message, not as the agent's connections changed:
+                // while it is online there, whether one is open is for the agents
+                // bucket's cards to say, and the stream is not ordered with them.
+                let known = (self.core.directory.get(&info.name))
+                    .filter(|k| k.online && k.is_same_agent(&info) && k.bridge == info.bridge);
+                if let Some(known) = known {
+                    info.connected = known.connected;
+                }
                 self.core.directory.register_replica(info);
             }
             self.presence(&envelope);

@@ -252,9 +252,11 @@ async fn delete_human(State(skynet): Shared, Path(id): Path<String>) -> Response
 }
 
 /// Whether a member is connected, as Skynet's server means it: joined (a member in its
-/// grace period included), here or, in a fleet, through another bridge.
+/// grace period included), here or, in a fleet, through another bridge (which then holds
+/// its name, whatever a member it left here waits out).
 fn is_connected(skynet: &Skynet, profile: &Profile) -> bool {
-    skynet.workspace.is_member(&profile.id) || skynet.online_elsewhere(profile).is_some()
+    let joined_here = skynet.workspace.is_member(&profile.id) && skynet.listed_here(&profile.name);
+    joined_here || skynet.online_elsewhere(profile).is_some()
 }
 
 /// Deletes by UUID only (a name is not found), never while the member is joined.

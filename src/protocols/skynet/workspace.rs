@@ -465,8 +465,28 @@ impl Skynet {
     /// grace period whose agent joined through another bridge since, which the fleet gave
     /// the name to (listed as that bridge's; its leave, when the grace period ends, is not
     /// announced).
-    fn listed_here(&self, name: &str) -> bool {
+    pub(super) fn listed_here(&self, name: &str) -> bool {
         !self.core.directory.held_elsewhere(name)
+    }
+
+    /// Forgets `profile`'s member here while it waits out its grace period and the fleet
+    /// gave its name to its agent joined through another bridge (`listed_here`), with no
+    /// leave: the agent joining here again is a new member, announced to the fleet, not a
+    /// reconnect.
+    pub fn forget_member_held_elsewhere(&self, profile: &Profile) {
+        if self.listed_here(&profile.name) {
+            return;
+        }
+        let removed = {
+            let mut members = self.workspace.members.lock();
+            match members.by_id.get(&profile.id) {
+                Some(member) if member.live.is_none() => members.by_id.remove(&profile.id),
+                _ => None,
+            }
+        };
+        if let Some(timer) = removed.and_then(|member| member.pending_leave) {
+            timer.abort();
+        }
     }
 
     /// The card of a member joined here, naming this bridge in a fleet (as every card

@@ -220,6 +220,9 @@ impl Connection {
         };
         // In a fleet, the agent may have been held by another bridge last: its name comes
         // here with it, unless it is online there.
+        if skynet.core.in_fleet() {
+            skynet.forget_member_held_elsewhere(&profile);
+        }
         if skynet.core.in_fleet()
             && let Err(taken) = skynet.core.move_here(profile.directory_entry()).await
         {

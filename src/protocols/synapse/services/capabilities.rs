@@ -133,8 +133,8 @@ impl CapabilitiesService for SynapseApi {
     /// itself (the directory does not list it), which is the service answering rather
     /// than a peer (`GetCapabilities`).
     /// `endpoint` is the agent's own Synapse endpoint where this bridge holds one; in a
-    /// fleet, otherwise, the bridge that holds the agent (the address it is reached at),
-    /// as `AgentInfo` has no field of its own for that.
+    /// fleet, otherwise, the id of the bridge that holds the agent, in place of an
+    /// address, as `AgentInfo` has no field of its own for that.
     async fn list_agents(
         &self,
         _request: Request<()>,
