@@ -148,10 +148,13 @@ impl FleetClaims {
                     };
                     // The same agent moving from a bridge this one has taken for gone (no
                     // heartbeat for a TTL, its agents shown offline) is let through at
-                    // once, not refused until the bucket forgets the heartbeat.
+                    // once, not refused until the bucket forgets the heartbeat — unless
+                    // this bridge was itself away lately, and took the others for gone
+                    // for not hearing them.
                     let moving_from_gone = same
                         && how != Claiming::Registration
-                        && self.directory.is_gone(&held.bridge);
+                        && self.directory.is_gone(&held.bridge)
+                        && self.link.connected_for_a_ttl();
                     let alive = heartbeat_kept && !moving_from_gone;
                     // Only the same agent's move or hold asks where it is online.
                     let online = match same && alive && how != Claiming::Registration {

@@ -65,6 +65,10 @@ pub struct NatsLink {
     /// Since when the client has been disconnected. A server failing over is ridden out
     /// (messages wait for the client to reconnect); past `grace` NATS is unreachable.
     disconnected_since: parking_lot::Mutex<Option<Instant>>,
+    /// When the client last connected again after being disconnected.
+    back_since: parking_lot::Mutex<Option<Instant>>,
+    /// How long a bridge goes unheard before the fleet takes it for gone.
+    presence_ttl: Duration,
     /// Why the client's last try to connect failed, while it is not connected (shown by
     /// `/readyz`: an authorization violation is the operator's to mend).
     connect_failed: parking_lot::Mutex<Option<String>>,
@@ -133,6 +137,8 @@ impl NatsLink {
             ready: ArcSwapOption::empty(),
             readiness,
             disconnected_since: parking_lot::Mutex::new(None),
+            back_since: parking_lot::Mutex::new(None),
+            presence_ttl: Duration::from_millis(config.presence_ttl_ms),
             connect_failed: parking_lot::Mutex::new(None),
             id_taken_by: parking_lot::Mutex::new(None),
             updating_readiness: parking_lot::Mutex::new(()),
@@ -147,7 +153,9 @@ impl NatsLink {
                 match event {
                     Event::Connected => {
                         tracing::info!("federation: connected to NATS");
-                        *link.disconnected_since.lock() = None;
+                        if link.disconnected_since.lock().take().is_some() {
+                            *link.back_since.lock() = Some(Instant::now());
+                        }
                         *link.connect_failed.lock() = None;
                         link.update_readiness();
                         link.connections.send_replace(());
@@ -193,6 +201,15 @@ impl NatsLink {
     pub fn unreachable(&self) -> bool {
         let away = *self.disconnected_since.lock();
         self.ready.load().is_none() || away.is_some_and(|since| since.elapsed() > self.grace)
+    }
+
+    /// Whether the client has been connected for a presence TTL or more (since it started,
+    /// or since it last connected again): bridges this one took for gone while it was
+    /// away have had their heartbeats' time to come back through its watch since.
+    pub fn connected_for_a_ttl(&self) -> bool {
+        self.is_connected()
+            && self.disconnected_since.lock().is_none()
+            && (self.back_since.lock()).is_none_or(|back| back.elapsed() >= self.presence_ttl)
     }
 
     /// Waits until the client is connected, or `deadline`; whether it is.
