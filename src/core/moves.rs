@@ -216,16 +216,14 @@ impl Core {
         true
     }
 
-    /// Ends once `name` is not shown online through another bridge with a connection open
-    /// there, or after `LEAVE_ARRIVES_WITHIN`: an agent connecting here the moment it left
-    /// another bridge is let in once its leave has come (one waiting out a grace period
-    /// there has no leave to wait for).
+    /// Ends once `name` is not shown online through another bridge, or after
+    /// `LEAVE_ARRIVES_WITHIN`: an agent connecting here the moment it left another bridge
+    /// is let in once its leave has come. Whether a connection is open there is not asked:
+    /// a card put as a connection attaches may say none for a moment.
     pub async fn leave_arrived(&self, name: &str) {
         let deadline = tokio::time::Instant::now() + LEAVE_ARRIVES_WITHIN;
-        let online_elsewhere = || {
-            (self.directory.get(name))
-                .is_some_and(|a| a.bridge.is_some() && a.online && a.connected)
-        };
+        let online_elsewhere =
+            || (self.directory.get(name)).is_some_and(|a| a.bridge.is_some() && a.online);
         wait_while(deadline, online_elsewhere).await;
     }
 
