@@ -118,6 +118,11 @@ impl AgentInfo {
     pub fn is_online_here(&self) -> bool {
         self.bridge.is_none() && self.online
     }
+
+    /// Whether another bridge of the fleet holds the agent, and it is online there.
+    pub fn is_online_elsewhere(&self) -> bool {
+        self.bridge.is_some() && self.online
+    }
 }
 
 /// A name is held by an agent of some protocol already.
@@ -169,7 +174,7 @@ fn keeps_from(current: &AgentInfo, info: &AgentInfo, moving: bool) -> bool {
     if !current.is_same_agent(info) {
         return true;
     }
-    current.bridge.is_some() && current.online && (current.connected || !moving)
+    current.is_online_elsewhere() && (current.connected || !moving)
 }
 
 type Map<K, V> = DashMap<K, V, foldhash::fast::RandomState>;
@@ -215,21 +220,13 @@ impl Directory {
     /// Claims `info.name` for the agent. Re-registering the same agent (same protocol and
     /// native id) updates its profile and keeps its presence.
     pub fn register(&self, info: AgentInfo) -> Result<(), NameTaken> {
-        let registered = self.claim(info, false);
-        if registered.is_ok() {
-            self.generation.fetch_add(1, Ordering::Release);
-        }
-        registered
+        self.claim(info, false)
     }
 
     /// Registers `info` as its agent's move here from another bridge of the fleet: as
     /// `register`, but over its own entry online there with no connection open.
     pub fn register_moved(&self, info: AgentInfo) -> Result<(), NameTaken> {
-        let registered = self.claim(info, true);
-        if registered.is_ok() {
-            self.generation.fetch_add(1, Ordering::Release);
-        }
-        registered
+        self.claim(info, true)
     }
 
     /// Registers an agent the bridge knows from its config or its store, as it starts or
@@ -279,6 +276,7 @@ impl Directory {
                 free.insert(info);
             }
         }
+        self.generation.fetch_add(1, Ordering::Release);
         Ok(())
     }
 

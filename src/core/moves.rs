@@ -223,7 +223,7 @@ impl Core {
     pub async fn leave_arrived(&self, name: &str) {
         let deadline = tokio::time::Instant::now() + LEAVE_ARRIVES_WITHIN;
         let online_elsewhere =
-            || (self.directory.get(name)).is_some_and(|a| a.bridge.is_some() && a.online);
+            || (self.directory.get(name)).is_some_and(|a| a.is_online_elsewhere());
         wait_while(deadline, online_elsewhere).await;
     }
 

@@ -364,8 +364,8 @@ impl FleetClaims {
                 let released = !self.claimed_alone.contains_key(&info.name);
                 // Given up to another bridge's agent meanwhile (`clashes`): the key is
                 // that agent's, not to be released.
-                let given_up = (self.directory.get(&info.name))
-                    .filter(|held| held.bridge.is_some() && held.online);
+                let given_up =
+                    (self.directory.get(&info.name)).filter(AgentInfo::is_online_elsewhere);
                 match (claimed, given_up) {
                     (Ok(()), Some(holder)) => self.hand_key_over(&holder, &info).await,
                     (Ok(()), None) if released => self.release(&info),

@@ -459,9 +459,9 @@ impl Publisher {
     /// any in this run, or in a stream made again, onto none, so that only a copy
     /// JetStream holds already is answered): publishes are pipelined, and a later one may
     /// be on the stream already (the client sent what it still held on its new
-    /// connection), behind which it would land out of order. A copy JetStream holds is answered with its sequence, which
-    /// `landed` checks. `failed`: why the last send failed; none when its connection was
-    /// lost, which is sent again at once.
+    /// connection), behind which it would land out of order. A copy JetStream holds is
+    /// answered with its sequence, which `landed` checks. `failed`: why the last send
+    /// failed; none when its connection was lost, which is sent again at once.
     async fn send_again(
         &self,
         flight: &Flight,

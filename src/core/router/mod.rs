@@ -348,7 +348,7 @@ impl Router {
             return false;
         };
         let held = (self.directory.get(agent))
-            .is_some_and(|a| a.bridge.is_some() && a.online && a.is_same_agent(&winner));
+            .is_some_and(|a| a.is_online_elsewhere() && a.is_same_agent(&winner));
         if !held && self.names_lost.remove(agent).is_some() {
             self.names_lost_count.fetch_sub(1, Ordering::Relaxed);
         }

@@ -81,6 +81,15 @@ impl Workspace {
         members.by_id.values().filter(|m| listed(&m.name)).count()
     }
 
+    /// Removes member `id` if it has no socket open (it waits out its grace period).
+    fn remove_if_away(&self, id: &str) -> Option<Member> {
+        let mut members = self.members.lock();
+        match members.by_id.get(id) {
+            Some(member) if member.live.is_none() => members.by_id.remove(id),
+            _ => None,
+        }
+    }
+
     /// Joined, whether or not its socket is open (a member in its grace period is joined).
     pub fn is_member(&self, id: &str) -> bool {
         self.members.lock().by_id.contains_key(id)
@@ -322,14 +331,7 @@ impl Skynet {
     }
 
     async fn grace_expired(&self, agent_id: &str) {
-        let removed = {
-            let mut members = self.workspace.members.lock();
-            match members.by_id.get(agent_id) {
-                Some(m) if m.live.is_none() => members.by_id.remove(agent_id),
-                _ => None,
-            }
-        };
-        if let Some(member) = removed {
+        if let Some(member) = self.workspace.remove_if_away(agent_id) {
             self.announce_leave(agent_id, &member.name).await;
         }
     }
@@ -453,7 +455,7 @@ impl Skynet {
     /// fleet.
     pub fn online_elsewhere(&self, profile: &Profile) -> Option<AgentInfo> {
         (self.core.directory.get(&profile.name))
-            .filter(|agent| agent.online && agent.bridge.is_some() && agent.native_id == profile.id)
+            .filter(|agent| agent.is_online_elsewhere() && agent.native_id == profile.id)
     }
 
     pub fn member_count(&self) -> usize {
@@ -477,13 +479,7 @@ impl Skynet {
         if self.listed_here(&profile.name) {
             return;
         }
-        let removed = {
-            let mut members = self.workspace.members.lock();
-            match members.by_id.get(&profile.id) {
-                Some(member) if member.live.is_none() => members.by_id.remove(&profile.id),
-                _ => None,
-            }
-        };
+        let removed = self.workspace.remove_if_away(&profile.id);
         if let Some(timer) = removed.and_then(|member| member.pending_leave) {
             timer.abort();
         }

@@ -20,15 +20,12 @@ impl Tracker {
     /// fleet, through another bridge (whose presence the directory has).
     fn member_out(&self, m: &MemberRow) -> MemberOut {
         let agent = self.core.directory.get(&m.slug);
+        let online_here = self.members.is_online(&m.slug);
         let online_elsewhere = (agent.as_ref())
-            .filter(|a| a.online && a.bridge.is_some() && a.protocol == PROTOCOL)
-            .filter(|_| !self.members.is_online(&m.slug));
+            .filter(|a| !online_here && a.is_online_elsewhere() && a.protocol == PROTOCOL);
         let (status, is_online) = match online_elsewhere {
             Some(a) => (a.status.as_str(), true),
-            None => (
-                self.members.status(&m.slug),
-                self.members.is_online(&m.slug),
-            ),
+            None => (self.members.status(&m.slug), online_here),
         };
         MemberOut {
             id: m.id.clone(),
